@@ -1,0 +1,1 @@
+//! Parity verdicts classified from pytest's JUnit XML, never from exit codes.

@@ -1,0 +1,4 @@
+//! The one integration-test binary of fvd: every test here runs the real
+//! `fvd` binary (or boots real servers) against real inputs.
+
+mod support;
