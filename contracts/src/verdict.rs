@@ -1,1 +1,992 @@
 //! Parity verdicts classified from pytest's JUnit XML, never from exit codes.
+//!
+//! pytest exits 0 when every test skipped, so the exit code cannot tell a
+//! scaffold from a working port. The classifier therefore reads the JUnit
+//! report case by case ([`parse_junit`]) and uses the exit code, signal and
+//! output tail only as supporting evidence: to notice a killed run, a crash
+//! before the report was written, or an infrastructure fault (CUDA or NCCL
+//! initialisation, out of memory) that must be retried elsewhere rather than
+//! counted as an attempt.
+//!
+//! pytest's own JUnit writer reports a non-strict xpass (an `xfail`-marked
+//! test that passed) as a plain pass. The worker's pytest plugin records the
+//! real outcome of every case as the testcase property
+//! [`OUTCOME_PROPERTY`]; the classifier prefers that property when present,
+//! so an xpass is never mistaken for a `non_skip_pass`.
+
+use std::fmt;
+
+use quick_xml::Reader;
+use quick_xml::events::{BytesStart, Event};
+use serde::{Deserialize, Serialize};
+
+/// Testcase property written by the worker's pytest plugin with the real
+/// outcome of the case: `passed`, `failed`, `skipped`, `xfailed`, `xpassed`
+/// or `xpassed_strict`.
+pub const OUTCOME_PROPERTY: &str = "fvd_outcome";
+
+/// Longest message kept per failing case or skip reason, in characters.
+pub const MAX_MESSAGE_CHARS: usize = 400;
+
+/// Most failing cases listed in a [`Verdict::DebugRed`]; the total is kept.
+pub const MAX_LISTED_FAILURES: usize = 20;
+
+/// Output-tail and report fragments that mark an infrastructure fault rather
+/// than a fault of the port: the same test would pass on a healthy GPU.
+const INFRA_MARKERS: &[&str] = &[
+    "CUDA error: initialization error",
+    "cudaErrorInitializationError",
+    "no CUDA-capable device",
+    "No CUDA GPUs are available",
+    "CUDA driver version is insufficient",
+    "Found no NVIDIA driver",
+    "CUDA-capable device(s) is/are busy or unavailable",
+    "CUDA error: out of memory",
+    "CUDA out of memory",
+    "torch.OutOfMemoryError",
+    "torch.cuda.OutOfMemoryError",
+    "uncorrectable ECC error",
+    "NCCL error",
+    "ncclSystemError",
+    "ncclUnhandledCudaError",
+    "ncclRemoteError",
+    "ncclInternalError",
+];
+
+/// SIGKILL: a run killed with it and not by fvd's own timeout was most likely
+/// taken by the host's out-of-memory killer.
+const SIGKILL: i32 = 9;
+
+/// The parity status spellings of `contracts/parity_status.md`, plus the run
+/// outcomes that are not a component status (`error`, `timeout`,
+/// `infra_error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictStatus {
+    /// At least one test ran and passed; nothing skipped, xfailed or failed.
+    NonSkipPass,
+    /// Skips, xfails or xpasses and no failure: the test is still a scaffold.
+    ScaffoldSkip,
+    /// Both sides ran and the comparison failed.
+    DebugRed,
+    /// The run did not produce a usable result (collection, setup, no tests).
+    Error,
+    /// The run was killed at its timeout.
+    Timeout,
+    /// The host failed the run (lost worker, CUDA/NCCL init, out of memory).
+    InfraError,
+}
+
+impl VerdictStatus {
+    /// The snake_case spelling used in parity status blocks and ledgers.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerdictStatus::NonSkipPass => "non_skip_pass",
+            VerdictStatus::ScaffoldSkip => "scaffold_skip",
+            VerdictStatus::DebugRed => "debug_red",
+            VerdictStatus::Error => "error",
+            VerdictStatus::Timeout => "timeout",
+            VerdictStatus::InfraError => "infra_error",
+        }
+    }
+}
+
+impl fmt::Display for VerdictStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a run ended in [`Verdict::Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// pytest collected no test at all.
+    NoTests,
+    /// A test module failed to import or collect.
+    Collection,
+    /// A fixture failed before the test body ran.
+    Setup,
+    /// A fixture failed after the test body ran.
+    Teardown,
+    /// The JUnit file was requested but not written.
+    JunitMissing,
+    /// The JUnit file exists but could not be read.
+    JunitUnreadable,
+    /// The JUnit file is not JUnit XML fvd can parse.
+    JunitInvalid,
+    /// The process died of a signal before writing its report.
+    Crashed,
+    /// pytest's exit status contradicts its own report (for example exit 1
+    /// with every case passing): the run cannot be trusted as a pass.
+    ExitMismatch,
+    /// pytest rejected its command line or failed internally (exit 2–4).
+    Pytest,
+    /// The run was cancelled before it finished.
+    Cancelled,
+}
+
+impl ErrorKind {
+    /// The snake_case spelling, e.g. `no_tests` (as in `error:no_tests`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::NoTests => "no_tests",
+            ErrorKind::Collection => "collection",
+            ErrorKind::Setup => "setup",
+            ErrorKind::Teardown => "teardown",
+            ErrorKind::JunitMissing => "junit_missing",
+            ErrorKind::JunitUnreadable => "junit_unreadable",
+            ErrorKind::JunitInvalid => "junit_invalid",
+            ErrorKind::Crashed => "crashed",
+            ErrorKind::ExitMismatch => "exit_mismatch",
+            ErrorKind::Pytest => "pytest",
+            ErrorKind::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What kind of non-pass made a run a scaffold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipKind {
+    /// `pytest.skip`, `skipif`, `importorskip` (also at module level).
+    Skip,
+    /// An `xfail`-marked test that failed as expected.
+    Xfail,
+    /// A non-strict `xfail`-marked test that passed: the marker is stale, and
+    /// the run is still not evidence of a pass.
+    Xpass,
+}
+
+/// One skipped, xfailed or xpassed case with its reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkipInfo {
+    /// `classname::name` of the case.
+    pub case: String,
+    pub kind: SkipKind,
+    /// The skip or xfail reason, bounded to [`MAX_MESSAGE_CHARS`].
+    pub reason: String,
+}
+
+/// One failing case with its assertion message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureInfo {
+    /// `classname::name` of the case.
+    pub case: String,
+    /// The failure message (first assertion line), bounded to
+    /// [`MAX_MESSAGE_CHARS`].
+    pub message: String,
+}
+
+/// The classified result of one test run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Verdict {
+    NonSkipPass {
+        passed: usize,
+        /// Whether the worker's pytest plugin reported every case, so that
+        /// a non-strict xpass could not hide among the passes.
+        xpass_checked: bool,
+    },
+    ScaffoldSkip {
+        passed: usize,
+        /// Every skipped, xfailed or xpassed case, in report order.
+        skips: Vec<SkipInfo>,
+    },
+    DebugRed {
+        /// The first [`MAX_LISTED_FAILURES`] failing cases.
+        failures: Vec<FailureInfo>,
+        /// How many cases failed in all.
+        failed: usize,
+        passed: usize,
+    },
+    Error {
+        kind: ErrorKind,
+        /// One line naming the cause (the collection error, the missing file).
+        detail: String,
+    },
+    Timeout,
+    InfraError {
+        /// The marker or condition that showed the fault.
+        cause: String,
+    },
+}
+
+impl Verdict {
+    /// The status spelling of this verdict.
+    pub fn status(&self) -> VerdictStatus {
+        match self {
+            Verdict::NonSkipPass { .. } => VerdictStatus::NonSkipPass,
+            Verdict::ScaffoldSkip { .. } => VerdictStatus::ScaffoldSkip,
+            Verdict::DebugRed { .. } => VerdictStatus::DebugRed,
+            Verdict::Error { .. } => VerdictStatus::Error,
+            Verdict::Timeout => VerdictStatus::Timeout,
+            Verdict::InfraError { .. } => VerdictStatus::InfraError,
+        }
+    }
+
+    /// Whether the run is evidence of parity (`non_skip_pass`).
+    pub fn is_pass(&self) -> bool {
+        matches!(self, Verdict::NonSkipPass { .. })
+    }
+
+    /// Whether the run should be retried on another host without counting as
+    /// an attempt.
+    pub fn is_infra(&self) -> bool {
+        matches!(self, Verdict::InfraError { .. })
+    }
+
+    /// One line for humans and agents: the failing assertion, the skip
+    /// reason, the collection error.
+    pub fn reason(&self) -> String {
+        let line = match self {
+            Verdict::NonSkipPass { passed, .. } => format!("{passed} passed"),
+            Verdict::ScaffoldSkip { skips, .. } => {
+                let mut distinct: Vec<String> = Vec::new();
+                for s in skips {
+                    let label = match s.kind {
+                        SkipKind::Skip => format!("skipped: {}", s.reason),
+                        SkipKind::Xfail => format!("xfail: {}", s.reason),
+                        SkipKind::Xpass => {
+                            format!("xpass (xfail marker is stale): {}", s.reason)
+                        }
+                    };
+                    if !distinct.contains(&label) {
+                        distinct.push(label);
+                    }
+                }
+                match distinct.len() {
+                    0 => "skipped".to_string(),
+                    1 => distinct.remove(0),
+                    n => format!("{} (+{} more reasons)", distinct[0], n - 1),
+                }
+            }
+            Verdict::DebugRed {
+                failures, failed, ..
+            } => match failures.first() {
+                Some(f) if *failed > 1 => {
+                    format!("{}: {} (+{} more failing)", f.case, f.message, failed - 1)
+                }
+                Some(f) => format!("{}: {}", f.case, f.message),
+                None => format!("{failed} failed"),
+            },
+            Verdict::Error { kind, detail } => format!("error:{}: {detail}", kind.as_str()),
+            Verdict::Timeout => "killed at the timeout".to_string(),
+            Verdict::InfraError { cause } => format!("infrastructure: {cause}"),
+        };
+        one_line(&line, 2 * MAX_MESSAGE_CHARS)
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status(), self.reason())
+    }
+}
+
+/// The JUnit side of the evidence of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JunitEvidence<'a> {
+    /// The report's text.
+    Xml(&'a str),
+    /// The file was requested at `path` but not written.
+    Missing { path: &'a str },
+    /// The file exists but reading it failed.
+    Unreadable { path: &'a str, error: &'a str },
+}
+
+/// Everything the classifier looks at for one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunEvidence<'a> {
+    pub junit: JunitEvidence<'a>,
+    /// Killed by fvd at its timeout.
+    pub timed_out: bool,
+    /// Killed by fvd on request.
+    pub cancelled: bool,
+    pub exit_code: Option<i32>,
+    /// The signal that ended the process, if one did.
+    pub signal: Option<i32>,
+    /// The last (redacted) bytes of the run's output.
+    pub output_tail: &'a str,
+    /// The worker stopped answering before reporting the run.
+    pub worker_lost: bool,
+}
+
+/// Classify one run. Precedence: lost worker, timeout, cancellation, a
+/// missing or unusable report, infrastructure markers, errors, failures,
+/// skips, then passes. Nothing that skipped, xfailed or xpassed is a pass.
+pub fn classify(ev: &RunEvidence<'_>) -> Verdict {
+    if ev.worker_lost {
+        return Verdict::InfraError {
+            cause: "worker lost".to_string(),
+        };
+    }
+    if ev.timed_out {
+        return Verdict::Timeout;
+    }
+    if ev.cancelled {
+        return error(ErrorKind::Cancelled, "run cancelled before it finished");
+    }
+    let xml = match ev.junit {
+        JunitEvidence::Xml(xml) => xml,
+        JunitEvidence::Missing { path } => {
+            if let Some(v) = infra_from_tail(ev) {
+                return v;
+            }
+            return no_report(
+                ev,
+                ErrorKind::JunitMissing,
+                &format!("junit xml missing at {path}"),
+            );
+        }
+        JunitEvidence::Unreadable { path, error: e } => {
+            if let Some(v) = infra_from_tail(ev) {
+                return v;
+            }
+            return no_report(
+                ev,
+                ErrorKind::JunitUnreadable,
+                &format!("junit xml unreadable at {path}: {e}"),
+            );
+        }
+    };
+    let report = match parse_junit(xml) {
+        Ok(r) => r,
+        Err(e) => return error(ErrorKind::JunitInvalid, &e.to_string()),
+    };
+    classify_report(&report, ev)
+}
+
+fn classify_report(report: &JunitReport, ev: &RunEvidence<'_>) -> Verdict {
+    let cases = &report.cases;
+    if cases.is_empty() {
+        return match ev.exit_code {
+            Some(code @ 2..=4) => error(
+                ErrorKind::Pytest,
+                &format!("pytest exited {code}: {}", last_line(ev.output_tail)),
+            ),
+            _ => error(ErrorKind::NoTests, "no tests collected"),
+        };
+    }
+
+    let troubled = cases
+        .iter()
+        .any(|c| matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::Error(_)));
+    if troubled {
+        for c in cases {
+            if matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::Error(_))
+                && let Some(m) = infra_marker(&c.message).or_else(|| infra_marker(&c.detail))
+            {
+                return Verdict::InfraError {
+                    cause: format!("{m} in {}", c.id()),
+                };
+            }
+        }
+        if let Some(m) = infra_marker(ev.output_tail) {
+            return Verdict::InfraError {
+                cause: format!("{m} in the output"),
+            };
+        }
+    }
+
+    // Errors outrank failures: a test whose fixture or module broke has not
+    // compared anything yet.
+    for (phase, kind) in [
+        (ErrorPhase::Collection, ErrorKind::Collection),
+        (ErrorPhase::Setup, ErrorKind::Setup),
+        (ErrorPhase::Teardown, ErrorKind::Teardown),
+    ] {
+        if let Some(c) = cases
+            .iter()
+            .find(|c| c.outcome == CaseOutcome::Error(phase))
+        {
+            let what = if c.detail_reason.is_empty() {
+                c.message.clone()
+            } else {
+                c.detail_reason.clone()
+            };
+            return error(kind, &format!("{}: {what}", c.id()));
+        }
+    }
+
+    let passed = cases
+        .iter()
+        .filter(|c| c.outcome == CaseOutcome::Passed)
+        .count();
+    let failing: Vec<&TestCase> = cases
+        .iter()
+        .filter(|c| matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::XpassedStrict))
+        .collect();
+    if !failing.is_empty() {
+        return Verdict::DebugRed {
+            failures: failing
+                .iter()
+                .take(MAX_LISTED_FAILURES)
+                .map(|c| FailureInfo {
+                    case: c.id(),
+                    message: bounded(&c.message),
+                })
+                .collect(),
+            failed: failing.len(),
+            passed,
+        };
+    }
+
+    // From here on pytest should have exited 0 (or 5, "no tests ran", when
+    // every module skipped at import); anything else means the report is
+    // incomplete or pytest broke after writing it.
+    let clean_exit = match ev.exit_code {
+        None | Some(0) => true,
+        Some(5) => passed == 0,
+        Some(_) => false,
+    };
+    if ev.signal.is_some() || !clean_exit {
+        let how = match (ev.exit_code, ev.signal) {
+            (_, Some(sig)) => format!("killed by signal {sig}"),
+            (Some(code), None) => format!("exited {code}"),
+            (None, None) => "ended abnormally".to_string(),
+        };
+        return error(
+            ErrorKind::ExitMismatch,
+            &format!(
+                "pytest {how} although its report shows no failure: {}",
+                last_line(ev.output_tail)
+            ),
+        );
+    }
+
+    let skips: Vec<SkipInfo> = cases
+        .iter()
+        .filter_map(|c| {
+            let kind = match c.outcome {
+                CaseOutcome::Skipped => SkipKind::Skip,
+                CaseOutcome::Xfailed => SkipKind::Xfail,
+                CaseOutcome::Xpassed => SkipKind::Xpass,
+                _ => return None,
+            };
+            Some(SkipInfo {
+                case: c.id(),
+                kind,
+                reason: bounded(&c.message),
+            })
+        })
+        .collect();
+    if !skips.is_empty() {
+        return Verdict::ScaffoldSkip { passed, skips };
+    }
+    if passed == 0 {
+        // Unreachable with pytest's writer, kept so that an odd report can
+        // never fall through to a pass.
+        return error(ErrorKind::NoTests, "no test passed, failed or skipped");
+    }
+    Verdict::NonSkipPass {
+        passed,
+        xpass_checked: report.plugin_complete(),
+    }
+}
+
+fn error(kind: ErrorKind, detail: &str) -> Verdict {
+    Verdict::Error {
+        kind,
+        detail: one_line(detail, MAX_MESSAGE_CHARS),
+    }
+}
+
+/// A run without a usable report: prefer the process's own story (signal,
+/// pytest usage error) over the bare fact that the file is missing.
+fn no_report(ev: &RunEvidence<'_>, kind: ErrorKind, what: &str) -> Verdict {
+    match (ev.signal, ev.exit_code) {
+        (Some(SIGKILL), _) => Verdict::InfraError {
+            cause: format!("killed by SIGKILL outside fvd's timeout (out of memory?); {what}"),
+        },
+        (Some(sig), _) => error(
+            ErrorKind::Crashed,
+            &format!("killed by signal {sig}; {what}"),
+        ),
+        (None, Some(code @ 2..=5)) => {
+            let kind = if code == 5 {
+                ErrorKind::NoTests
+            } else {
+                ErrorKind::Pytest
+            };
+            error(
+                kind,
+                &format!(
+                    "pytest exited {code}; {what}: {}",
+                    last_line(ev.output_tail)
+                ),
+            )
+        }
+        _ => error(kind, &format!("{what}: {}", last_line(ev.output_tail))),
+    }
+}
+
+fn infra_from_tail(ev: &RunEvidence<'_>) -> Option<Verdict> {
+    infra_marker(ev.output_tail).map(|m| Verdict::InfraError {
+        cause: format!("{m} in the output"),
+    })
+}
+
+fn infra_marker(text: &str) -> Option<&'static str> {
+    INFRA_MARKERS.iter().copied().find(|m| text.contains(m))
+}
+
+fn last_line(text: &str) -> &str {
+    text.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+}
+
+fn bounded(text: &str) -> String {
+    one_line(text, MAX_MESSAGE_CHARS)
+}
+
+/// First line of `text`, trimmed, cut to `max` characters with an ellipsis.
+fn one_line(text: &str, max: usize) -> String {
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    if line.chars().count() <= max {
+        line.to_string()
+    } else {
+        let mut s: String = line.chars().take(max.saturating_sub(1)).collect();
+        s.push('…');
+        s
+    }
+}
+
+/// The phase in which a case errored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorPhase {
+    Collection,
+    Setup,
+    Teardown,
+}
+
+/// The outcome of one JUnit testcase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CaseOutcome {
+    Passed,
+    Failed,
+    Error(ErrorPhase),
+    Skipped,
+    Xfailed,
+    /// Non-strict xpass: pytest's writer calls it a pass.
+    Xpassed,
+    /// Strict xpass: pytest fails it.
+    XpassedStrict,
+}
+
+/// One testcase of a JUnit report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestCase {
+    pub classname: String,
+    pub name: String,
+    pub outcome: CaseOutcome,
+    /// The `message` attribute of the failure, error or skip element.
+    pub message: String,
+    /// The text of that element (traceback, skip location), bounded.
+    pub detail: String,
+    /// For errors: the exception line found in the traceback, if any.
+    pub detail_reason: String,
+    pub properties: Vec<(String, String)>,
+}
+
+impl TestCase {
+    /// `classname::name`, or just the name for collection errors.
+    pub fn id(&self) -> String {
+        if self.classname.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{}::{}", self.classname, self.name)
+        }
+    }
+
+    fn property(&self, name: &str) -> Option<&str> {
+        self.properties
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The testcases of a JUnit report, in document order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JunitReport {
+    pub cases: Vec<TestCase>,
+}
+
+impl JunitReport {
+    /// Whether the worker's pytest plugin reported every case that ran (so a
+    /// non-strict xpass would have been seen).
+    pub fn plugin_complete(&self) -> bool {
+        self.cases
+            .iter()
+            .filter(|c| c.outcome != CaseOutcome::Error(ErrorPhase::Collection))
+            .all(|c| c.property(OUTCOME_PROPERTY).is_some())
+    }
+}
+
+/// A JUnit document fvd cannot read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JunitError {
+    #[error("junit xml is not well-formed at byte {position}: {message}")]
+    Malformed { position: u64, message: String },
+    #[error("junit xml has no testsuite element")]
+    NoTestsuite,
+}
+
+/// Longest traceback text kept per case, in bytes (char-aligned).
+const MAX_DETAIL_BYTES: usize = 8 * 1024;
+
+#[derive(Default)]
+struct CaseBuilder {
+    classname: String,
+    name: String,
+    /// (tag, message, type) of the first result child.
+    result: Option<(String, String, String)>,
+    text: String,
+    in_result: bool,
+    properties: Vec<(String, String)>,
+}
+
+/// Parse pytest's JUnit XML (xunit1 or xunit2, with or without a
+/// `<testsuites>` wrapper) into its testcases.
+pub fn parse_junit(xml: &str) -> Result<JunitReport, JunitError> {
+    let mut reader = Reader::from_str(xml);
+    let mut report = JunitReport::default();
+    let mut saw_suite = false;
+    let mut case: Option<CaseBuilder> = None;
+
+    loop {
+        let ev = reader.read_event().map_err(|e| JunitError::Malformed {
+            position: reader.error_position(),
+            message: e.to_string(),
+        })?;
+        let malformed = |e: &dyn fmt::Display| JunitError::Malformed {
+            position: reader.buffer_position(),
+            message: e.to_string(),
+        };
+        match ev {
+            Event::Start(ref e) | Event::Empty(ref e) => {
+                let empty = matches!(ev, Event::Empty(_));
+                let tag = e.local_name();
+                match tag.as_ref() {
+                    "testsuite" => saw_suite = true,
+                    "testcase" => {
+                        let b = CaseBuilder {
+                            classname: attr(e, "classname").map_err(|e| malformed(&e))?,
+                            name: attr(e, "name").map_err(|e| malformed(&e))?,
+                            ..CaseBuilder::default()
+                        };
+                        if empty {
+                            report.cases.push(finish(b));
+                        } else {
+                            case = Some(b);
+                        }
+                    }
+                    t @ ("failure" | "error" | "skipped") => {
+                        if let Some(b) = case.as_mut()
+                            && b.result.is_none()
+                        {
+                            b.result = Some((
+                                t.to_string(),
+                                attr(e, "message").map_err(|e| malformed(&e))?,
+                                attr(e, "type").map_err(|e| malformed(&e))?,
+                            ));
+                            b.in_result = !empty;
+                        }
+                    }
+                    "property" => {
+                        if let Some(b) = case.as_mut() {
+                            b.properties.push((
+                                attr(e, "name").map_err(|e| malformed(&e))?,
+                                attr(e, "value").map_err(|e| malformed(&e))?,
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Event::End(ref e) => match e.local_name().as_ref() {
+                "testcase" => {
+                    if let Some(b) = case.take() {
+                        report.cases.push(finish(b));
+                    }
+                }
+                "failure" | "error" | "skipped" => {
+                    if let Some(b) = case.as_mut() {
+                        b.in_result = false;
+                    }
+                }
+                _ => {}
+            },
+            Event::Text(ref t) => {
+                if let Some(b) = case.as_mut().filter(|b| b.in_result) {
+                    push_bounded(&mut b.text, &t.xml10_content());
+                }
+            }
+            Event::CData(ref t) => {
+                if let Some(b) = case.as_mut().filter(|b| b.in_result) {
+                    push_bounded(&mut b.text, &t.xml10_content());
+                }
+            }
+            Event::GeneralRef(ref r) => {
+                if let Some(b) = case.as_mut().filter(|b| b.in_result) {
+                    let name = r.xml10_content();
+                    if let Ok(Some(ch)) = r.resolve_char_ref() {
+                        push_bounded(&mut b.text, ch.encode_utf8(&mut [0; 4]));
+                    } else if let Some(s) = quick_xml::escape::resolve_predefined_entity(&name) {
+                        push_bounded(&mut b.text, s);
+                    }
+                }
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    if !saw_suite {
+        return Err(JunitError::NoTestsuite);
+    }
+    Ok(report)
+}
+
+fn attr(e: &BytesStart<'_>, name: &str) -> Result<String, String> {
+    for a in e.attributes() {
+        let a = a.map_err(|e| e.to_string())?;
+        if a.key.local_name().as_ref() == name {
+            return a
+                .normalized_value(quick_xml::XmlVersion::Implicit1_0)
+                .map(|v| v.into_owned())
+                .map_err(|e| e.to_string());
+        }
+    }
+    Ok(String::new())
+}
+
+fn push_bounded(buf: &mut String, s: &str) {
+    let room = MAX_DETAIL_BYTES.saturating_sub(buf.len());
+    if s.len() <= room {
+        buf.push_str(s);
+    } else {
+        let mut cut = room;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        buf.push_str(&s[..cut]);
+    }
+}
+
+fn finish(b: CaseBuilder) -> TestCase {
+    let plugin = b
+        .properties
+        .iter()
+        .find(|(n, _)| n == OUTCOME_PROPERTY)
+        .map(|(_, v)| v.clone());
+    let (mut outcome, mut message) = match &b.result {
+        None => (CaseOutcome::Passed, String::new()),
+        Some((tag, message, ty)) => match tag.as_str() {
+            "failure" if message.starts_with("[XPASS(strict)]") => {
+                (CaseOutcome::XpassedStrict, message.clone())
+            }
+            "failure" => (CaseOutcome::Failed, message.clone()),
+            "error" if message == "collection failure" => {
+                (CaseOutcome::Error(ErrorPhase::Collection), message.clone())
+            }
+            "error" if message.starts_with("failed on teardown") => {
+                (CaseOutcome::Error(ErrorPhase::Teardown), message.clone())
+            }
+            "error" => (CaseOutcome::Error(ErrorPhase::Setup), message.clone()),
+            _ if ty == "pytest.xfail" => (CaseOutcome::Xfailed, message.clone()),
+            // Older pytest wrote a non-strict xpass as a skip with this text.
+            _ if message == "xfail-marked test passes unexpectedly" => {
+                (CaseOutcome::Xpassed, message.clone())
+            }
+            _ if message == "collection skipped" => {
+                (CaseOutcome::Skipped, collect_skip_reason(&b.text))
+            }
+            _ => (CaseOutcome::Skipped, message.clone()),
+        },
+    };
+    // The plugin saw the real outcome; pytest's writer cannot express xpass.
+    match plugin.as_deref() {
+        Some("xpassed") if outcome == CaseOutcome::Passed => {
+            outcome = CaseOutcome::Xpassed;
+            message = "xfail-marked test passed".to_string();
+        }
+        Some("xfailed") if outcome == CaseOutcome::Passed => outcome = CaseOutcome::Xfailed,
+        _ => {}
+    }
+    if outcome == CaseOutcome::Xpassed
+        && let Some((_, reason)) = b.properties.iter().find(|(n, _)| n == "fvd_xfail_reason")
+        && !reason.is_empty()
+    {
+        message = reason.clone();
+    }
+    let detail_reason = if matches!(outcome, CaseOutcome::Error(_)) {
+        exception_line(&b.text)
+    } else {
+        String::new()
+    };
+    TestCase {
+        classname: b.classname,
+        name: b.name,
+        outcome,
+        message,
+        detail: b.text,
+        detail_reason,
+        properties: b.properties,
+    }
+}
+
+/// A module-level skip is written as the repr of pytest's
+/// `(path, line, "Skipped: reason")` tuple; pull the reason out of it.
+fn collect_skip_reason(text: &str) -> String {
+    let t = text.trim();
+    if let Some(i) = t.find("Skipped: ") {
+        let rest = &t[i + "Skipped: ".len()..];
+        let rest = rest.strip_suffix(')').unwrap_or(rest);
+        let rest = rest.strip_suffix(['\'', '"']).unwrap_or(rest);
+        return rest.to_string();
+    }
+    t.to_string()
+}
+
+/// The `E   SomeError: message` line of a pytest traceback, which names the
+/// cause better than the generic `collection failure` message.
+fn exception_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix("E ").map(str::trim))
+        .unwrap_or("")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(xml: &str) -> RunEvidence<'_> {
+        RunEvidence {
+            junit: JunitEvidence::Xml(xml),
+            timed_out: false,
+            cancelled: false,
+            exit_code: Some(0),
+            signal: None,
+            output_tail: "",
+            worker_lost: false,
+        }
+    }
+
+    fn suite(body: &str) -> String {
+        format!(
+            r#"<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest" errors="0" failures="0" skipped="0" tests="1">{body}</testsuite></testsuites>"#
+        )
+    }
+
+    #[test]
+    fn plain_pass_with_plugin_is_checked_pass() {
+        let xml = suite(
+            r#"<testcase classname="t" name="a"><properties><property name="fvd_outcome" value="passed"/></properties></testcase>"#,
+        );
+        assert_eq!(
+            classify(&ev(&xml)),
+            Verdict::NonSkipPass {
+                passed: 1,
+                xpass_checked: true
+            }
+        );
+    }
+
+    #[test]
+    fn xpass_property_is_never_a_pass() {
+        let xml = suite(
+            r#"<testcase classname="t" name="a"><properties><property name="fvd_outcome" value="xpassed"/></properties></testcase>"#,
+        );
+        let v = classify(&ev(&xml));
+        assert_eq!(v.status(), VerdictStatus::ScaffoldSkip);
+    }
+
+    #[test]
+    fn all_skipped_without_wrapper_is_scaffold() {
+        let xml = r#"<testsuite name="pytest" tests="1"><testcase classname="t" name="a"><skipped type="pytest.skip" message="needs &lt;ops&gt;">t.py:3: needs ops</skipped></testcase></testsuite>"#;
+        let v = classify(&ev(xml));
+        assert_eq!(v.status(), VerdictStatus::ScaffoldSkip);
+        assert_eq!(v.reason(), "skipped: needs <ops>");
+    }
+
+    #[test]
+    fn failure_message_and_infra_marker() {
+        let xml = suite(
+            r#"<testcase classname="t" name="a"><failure message="AssertionError: Not equal">trace</failure></testcase>"#,
+        );
+        let mut e = ev(&xml);
+        e.exit_code = Some(1);
+        assert_eq!(classify(&e).reason(), "t::a: AssertionError: Not equal");
+        let xml = suite(
+            r#"<testcase classname="t" name="a"><error message="failed on setup with &quot;RuntimeError: CUDA error: initialization error&quot;">x</error></testcase>"#,
+        );
+        assert_eq!(classify(&ev(&xml)).status(), VerdictStatus::InfraError);
+    }
+
+    #[test]
+    fn empty_suite_is_no_tests_and_missing_junit_is_error() {
+        let xml = r#"<testsuites><testsuite name="pytest" tests="0"></testsuite></testsuites>"#;
+        let mut e = ev(xml);
+        e.exit_code = Some(5);
+        assert!(matches!(
+            classify(&e),
+            Verdict::Error {
+                kind: ErrorKind::NoTests,
+                ..
+            }
+        ));
+        let e = RunEvidence {
+            junit: JunitEvidence::Missing { path: "/x/j.xml" },
+            exit_code: Some(1),
+            ..ev("")
+        };
+        let v = classify(&e);
+        assert!(matches!(
+            v,
+            Verdict::Error {
+                kind: ErrorKind::JunitMissing,
+                ..
+            }
+        ));
+        assert!(v.reason().contains("/x/j.xml"), "{}", v.reason());
+    }
+
+    #[test]
+    fn all_pass_with_nonzero_exit_is_not_a_pass() {
+        let xml = suite(r#"<testcase classname="t" name="a"/>"#);
+        let mut e = ev(&xml);
+        e.exit_code = Some(1);
+        assert!(matches!(
+            classify(&e),
+            Verdict::Error {
+                kind: ErrorKind::ExitMismatch,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn malformed_xml_is_error() {
+        let v = classify(&ev("<testsuite><testcase></testsuite>"));
+        assert_eq!(v.status(), VerdictStatus::Error);
+        let v = classify(&ev("not xml at all"));
+        assert_eq!(v.status(), VerdictStatus::Error);
+    }
+
+    #[test]
+    fn status_spellings() {
+        assert_eq!(VerdictStatus::NonSkipPass.to_string(), "non_skip_pass");
+        assert_eq!(Verdict::Timeout.status().as_str(), "timeout");
+        assert_eq!(ErrorKind::NoTests.as_str(), "no_tests");
+    }
+}

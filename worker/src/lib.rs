@@ -1,3 +1,6 @@
 //! The fvd worker: finds the GPUs of its host, runs jobs as subprocesses in
 //! their own process groups pinned to their leased GPUs, and talks to the
 //! orchestrator over one bidirectional gRPC stream.
+
+pub mod exec;
+pub mod gpu;

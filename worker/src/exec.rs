@@ -1,0 +1,911 @@
+//! Job execution: one subprocess per job in its own process group, pinned to
+//! its leased GPUs, with streamed and redacted output, a timeout and
+//! cancellation that take down every process of the job, and a post-run
+//! check that nothing of the job is left.
+//!
+//! A job's processes are found two ways: by process group (the leader is
+//! started with `process_group(0)`, so its pgid is its pid) and by a
+//! per-run cookie in the environment ([`JOB_COOKIE_ENV`]), which catches
+//! descendants that left the group with `setsid`/`setpgid`. The worker does
+//! not become a child subreaper: orphans it adopted would have to be reaped
+//! with `waitpid(-1)`, which would steal exit statuses from tokio's own child
+//! handling. The limit: a descendant that both leaves the process group and
+//! clears its environment (`setsid env -i …`) is not found.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fvd_contracts::verdict::{self, JunitEvidence, RunEvidence, Verdict};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Environment variable carrying the per-run cookie that marks every process
+/// of a job, including those that left its process group.
+pub const JOB_COOKIE_ENV: &str = "FVD_JOB_COOKIE";
+
+/// The placeholder in argv replaced by the JUnit path.
+pub const JUNIT_PLACEHOLDER: &str = "{junitxml}";
+
+/// Most bytes of combined output kept in [`JobOutcome::output_tail`].
+pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
+
+/// How long to wait for the output pipes to close once every process of the
+/// job is gone; a holder fvd could not find (see the module doc) must not
+/// hang the worker.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long to wait for processes to vanish after SIGKILL.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// Interval of `/proc` polling while waiting for processes to exit.
+const POLL: Duration = Duration::from_millis(25);
+
+/// Size of one read from a pipe.
+const CHUNK: usize = 64 * 1024;
+
+/// Secrets shorter than this are not redacted: replacing every `abc` in the
+/// output would destroy it and such a value protects nothing anyway.
+pub const MIN_SECRET_LEN: usize = 4;
+
+/// Module name of the embedded pytest plugin (`-p fvd_pytest_plugin`).
+pub const PYTEST_PLUGIN_MODULE: &str = "fvd_pytest_plugin";
+
+/// Source of the pytest plugin that records each test's real outcome (so a
+/// non-strict xpass is not mistaken for a pass).
+pub const PYTEST_PLUGIN_SOURCE: &str = include_str!("fvd_pytest_plugin.py");
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSpec {
+    pub job_id: String,
+    /// Program and arguments; `{junitxml}` in any element becomes the JUnit
+    /// path.
+    pub argv: Vec<String>,
+    /// Set on top of the worker's environment. `CUDA_VISIBLE_DEVICES` and
+    /// [`JOB_COOKIE_ENV`] are always fvd's own and cannot be overridden.
+    pub env: Vec<(String, String)>,
+    /// Names in `env` whose values are redacted from every byte that leaves
+    /// the job (output events, tail, JUnit text).
+    pub secret_env_names: Vec<String>,
+    pub cwd: PathBuf,
+    /// Host GPU indices leased to the job; empty hides every GPU.
+    pub gpus: Vec<u32>,
+    pub timeout: Duration,
+    /// Time between SIGTERM and SIGKILL.
+    pub grace: Duration,
+    /// Where pytest writes its JUnit report. Deleted before the run so a
+    /// stale report is never read.
+    pub junit: Option<PathBuf>,
+}
+
+/// Which pipe an output chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// Why fvd is stopping the job's processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StopReason {
+    Timeout,
+    Cancelled,
+    /// The main process exited but others of the job were still running.
+    Leftovers,
+}
+
+/// Streamed while the job runs. `Started` comes first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobEvent {
+    Started {
+        pid: u32,
+    },
+    /// A redacted chunk. `seq` increases by one per chunk across both
+    /// streams; `offset` is the byte offset of `data` within its stream's
+    /// redacted output, so chunks of a stream concatenate without gaps.
+    Output {
+        stream: OutputStream,
+        seq: u64,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// fvd sent SIGTERM to the job (SIGKILL follows after the grace).
+    Stopping {
+        reason: StopReason,
+    },
+}
+
+/// The JUnit report of a run, read after the job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JunitFile {
+    NotRequested,
+    /// The report's text, redacted.
+    Read(String),
+    Missing(PathBuf),
+    Unreadable {
+        path: PathBuf,
+        error: String,
+    },
+}
+
+/// A process of a job found in `/proc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub comm: String,
+    /// Found by the job cookie outside the job's process group.
+    pub left_group: bool,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobOutcome {
+    pub job_id: String,
+    pub exit_code: Option<i32>,
+    /// The signal that ended the main process, if one did.
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub cancelled: bool,
+    pub duration: Duration,
+    pub junit: JunitFile,
+    /// The last [`OUTPUT_TAIL_BYTES`] of combined output, redacted.
+    pub output_tail: String,
+    /// Bytes of (redacted) output per stream: stdout, stderr.
+    pub output_bytes: (u64, u64),
+    /// Processes still running after the main process exited, which fvd then
+    /// stopped (a test that leaks a server, a daemonized helper).
+    pub leftovers: Vec<ProcInfo>,
+    /// Processes of the job still alive after all stopping: ought to be
+    /// empty; the worker reports any.
+    pub survivors: Vec<ProcInfo>,
+    /// False when the output pipes were still open at [`DRAIN_TIMEOUT`]
+    /// after every known process was gone; the output may be incomplete.
+    pub output_drained: bool,
+}
+
+impl JobOutcome {
+    /// The evidence the verdict classifier needs (the worker is by definition
+    /// not lost when it has an outcome).
+    pub fn evidence(&self) -> RunEvidence<'_> {
+        let junit = match &self.junit {
+            JunitFile::NotRequested => JunitEvidence::Missing {
+                path: "(no junit path was requested)",
+            },
+            JunitFile::Read(xml) => JunitEvidence::Xml(xml),
+            JunitFile::Missing(p) => JunitEvidence::Missing {
+                path: p.to_str().unwrap_or("(non-utf-8 path)"),
+            },
+            JunitFile::Unreadable { path, error } => JunitEvidence::Unreadable {
+                path: path.to_str().unwrap_or("(non-utf-8 path)"),
+                error,
+            },
+        };
+        RunEvidence {
+            junit,
+            timed_out: self.timed_out,
+            cancelled: self.cancelled,
+            exit_code: self.exit_code,
+            signal: self.signal,
+            output_tail: &self.output_tail,
+            worker_lost: false,
+        }
+    }
+
+    /// Classify this run.
+    pub fn verdict(&self) -> Verdict {
+        verdict::classify(&self.evidence())
+    }
+}
+
+/// A job that could not be run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("job {job_id}: argv is empty")]
+    EmptyArgv { job_id: String },
+    #[error("job {job_id}: cannot spawn {program:?} in {cwd:?}: {source}")]
+    Spawn {
+        job_id: String,
+        program: String,
+        cwd: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("job {job_id}: cannot prepare junit path {path:?}: {source}")]
+    Junit {
+        job_id: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("job {job_id}: waiting for pid {pid} failed: {source}")]
+    Wait {
+        job_id: String,
+        pid: u32,
+        source: std::io::Error,
+    },
+}
+
+/// Put the embedded pytest plugin into `scratch` and make a pytest argv load
+/// it: writes `scratch/fvd_pytest_plugin.py`, prepends `scratch` to the
+/// job's `PYTHONPATH` (keeping the job's or the worker's value), appends
+/// `-p fvd_pytest_plugin` to argv, and points `junit` at
+/// `scratch/junit.xml` when no path was given.
+pub async fn prepare_pytest(spec: &mut JobSpec, scratch: &Path) -> std::io::Result<()> {
+    tokio::fs::create_dir_all(scratch).await?;
+    tokio::fs::write(
+        scratch.join(format!("{PYTEST_PLUGIN_MODULE}.py")),
+        PYTEST_PLUGIN_SOURCE,
+    )
+    .await?;
+    let existing = spec
+        .env
+        .iter()
+        .rposition(|(k, _)| k == "PYTHONPATH")
+        .map(|i| spec.env.remove(i).1)
+        .or_else(|| std::env::var("PYTHONPATH").ok())
+        .filter(|p| !p.is_empty());
+    let dir = scratch.to_string_lossy().into_owned();
+    let value = match existing {
+        Some(p) => format!("{dir}:{p}"),
+        None => dir,
+    };
+    spec.env.push(("PYTHONPATH".to_string(), value));
+    spec.argv.push("-p".to_string());
+    spec.argv.push(PYTEST_PLUGIN_MODULE.to_string());
+    if spec.junit.is_none() {
+        spec.junit = Some(scratch.join("junit.xml"));
+    }
+    Ok(())
+}
+
+/// The argv with the JUnit path substituted for `{junitxml}`, or appended as
+/// `--junitxml=PATH` when no element mentions it.
+pub fn junit_argv(argv: &[String], junit: Option<&Path>) -> Vec<String> {
+    let Some(path) = junit else {
+        return argv.to_vec();
+    };
+    let path = path.to_string_lossy();
+    if argv.iter().any(|a| a.contains(JUNIT_PLACEHOLDER)) {
+        argv.iter()
+            .map(|a| a.replace(JUNIT_PLACEHOLDER, &path))
+            .collect()
+    } else {
+        let mut v = argv.to_vec();
+        v.push(format!("--junitxml={path}"));
+        v
+    }
+}
+
+/// `CUDA_VISIBLE_DEVICES` for a lease: the indices comma-joined, or the empty
+/// string (no GPU visible) for a CPU job.
+pub fn cuda_visible_devices(gpus: &[u32]) -> String {
+    gpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Run one job to its end and report how it ended.
+///
+/// Events go to `events` (a slow receiver slows the job's output, a dropped
+/// one is ignored). On timeout or `cancel`, SIGTERM goes to the whole job,
+/// then SIGKILL after `spec.grace`. If the returned future is dropped, the
+/// job's process group is killed.
+pub async fn run_job(
+    spec: JobSpec,
+    events: mpsc::Sender<JobEvent>,
+    cancel: CancellationToken,
+) -> Result<JobOutcome, ExecError> {
+    let job_id = spec.job_id.clone();
+    let Some(program) = spec.argv.first().cloned() else {
+        return Err(ExecError::EmptyArgv { job_id });
+    };
+    if let Some(path) = &spec.junit {
+        remove_stale(path).map_err(|source| ExecError::Junit {
+            job_id: job_id.clone(),
+            path: path.clone(),
+            source,
+        })?;
+    }
+    let argv = junit_argv(&spec.argv, spec.junit.as_deref());
+    let secrets = secret_values(&spec);
+    let cookie = new_cookie(&job_id);
+
+    let mut cmd = Command::new(&program);
+    cmd.args(&argv[1..])
+        .current_dir(&spec.cwd)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("PYTHONUNBUFFERED", "1")
+        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("CUDA_VISIBLE_DEVICES", cuda_visible_devices(&spec.gpus))
+        .env(JOB_COOKIE_ENV, &cookie);
+
+    let start = Instant::now();
+    let mut child = cmd.spawn().map_err(|source| ExecError::Spawn {
+        job_id: job_id.clone(),
+        program: program.clone(),
+        cwd: spec.cwd.clone(),
+        source,
+    })?;
+    // id() is only None after the child was reaped, which has not happened.
+    let pid = child.id().unwrap_or_default();
+    let pgid = pid as i32;
+    let mut guard = GroupGuard {
+        pgid,
+        cookie: cookie.clone(),
+        armed: true,
+    };
+    tracing::info!(job_id, pid, gpus = ?spec.gpus, "job started");
+    let _ = events.send(JobEvent::Started { pid }).await;
+
+    let (raw_tx, raw_rx) = mpsc::channel::<Raw>(64);
+    let mut readers = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        readers.push(tokio::spawn(read_pipe(
+            out,
+            OutputStream::Stdout,
+            raw_tx.clone(),
+        )));
+    }
+    if let Some(err) = child.stderr.take() {
+        readers.push(tokio::spawn(read_pipe(
+            err,
+            OutputStream::Stderr,
+            raw_tx.clone(),
+        )));
+    }
+    let pump = tokio::spawn(pump(raw_rx, events, secrets.clone()));
+
+    let wait_err = |source| ExecError::Wait {
+        job_id: job_id.clone(),
+        pid,
+        source,
+    };
+    let deadline = tokio::time::Instant::from_std(start + spec.timeout);
+    let mut stop = None;
+    let exited = tokio::select! {
+        biased;
+        st = child.wait() => Some(st.map_err(wait_err)?),
+        _ = tokio::time::sleep_until(deadline) => { stop = Some(StopReason::Timeout); None }
+        _ = cancel.cancelled() => { stop = Some(StopReason::Cancelled); None }
+    };
+
+    let mut leftovers = Vec::new();
+    let status = match exited {
+        Some(status) => {
+            let left = job_processes(pgid, Some(&cookie));
+            if !left.is_empty() {
+                tracing::warn!(job_id, count = left.len(), "job left processes behind");
+                notify(&raw_tx, StopReason::Leftovers).await;
+                stop_job(None, pgid, &cookie, spec.grace).await;
+                leftovers = left;
+            }
+            status
+        }
+        None => {
+            let reason = stop.unwrap_or(StopReason::Cancelled);
+            tracing::warn!(job_id, ?reason, "stopping job");
+            notify(&raw_tx, reason).await;
+            match stop_job(Some(&mut child), pgid, &cookie, spec.grace).await {
+                Some(st) => st,
+                None => child.wait().await.map_err(wait_err)?,
+            }
+        }
+    };
+    let duration = start.elapsed();
+    let survivors = job_processes(pgid, Some(&cookie));
+    if survivors.is_empty() {
+        guard.armed = false;
+    } else {
+        tracing::error!(job_id, ?survivors, "job processes survived SIGKILL");
+    }
+    drop(raw_tx);
+
+    // Pipes close once every holder is gone; bound the wait in case one was
+    // not found.
+    let drain_deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+    let mut output_drained = true;
+    for r in readers {
+        let abort = r.abort_handle();
+        if tokio::time::timeout_at(drain_deadline, r).await.is_err() {
+            abort.abort();
+            output_drained = false;
+        }
+    }
+    if !output_drained {
+        tracing::warn!(
+            job_id,
+            "output pipes still open after the job ended; stopped reading"
+        );
+    }
+    let (output_tail, output_bytes) = pump.await.unwrap_or_default();
+
+    let junit = match &spec.junit {
+        None => JunitFile::NotRequested,
+        Some(path) => match tokio::fs::read(path).await {
+            Ok(bytes) => JunitFile::Read(redact_text(&String::from_utf8_lossy(&bytes), &secrets)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => JunitFile::Missing(path.clone()),
+            Err(e) => JunitFile::Unreadable {
+                path: path.clone(),
+                error: e.to_string(),
+            },
+        },
+    };
+
+    use std::os::unix::process::ExitStatusExt;
+    let outcome = JobOutcome {
+        job_id,
+        exit_code: status.code(),
+        signal: status.signal(),
+        timed_out: stop == Some(StopReason::Timeout),
+        cancelled: stop == Some(StopReason::Cancelled),
+        duration,
+        junit,
+        output_tail,
+        output_bytes,
+        leftovers,
+        survivors,
+        output_drained,
+    };
+    tracing::info!(
+        job_id = outcome.job_id,
+        exit_code = ?outcome.exit_code,
+        signal = ?outcome.signal,
+        timed_out = outcome.timed_out,
+        cancelled = outcome.cancelled,
+        "job ended"
+    );
+    Ok(outcome)
+}
+
+fn remove_stale(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    Ok(())
+}
+
+fn new_cookie(job_id: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // The job id may contain anything; only its shape matters for humans.
+    let id: String = job_id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .take(64)
+        .collect();
+    format!("{id}.{}.{nanos}.{n}", std::process::id())
+}
+
+/// Secret values worth redacting, longest first so that a secret containing
+/// another is replaced whole.
+fn secret_values(spec: &JobSpec) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut out: Vec<(Vec<u8>, Vec<u8>)> = spec
+        .secret_env_names
+        .iter()
+        .filter_map(|name| {
+            let value = spec.env.iter().rev().find(|(k, _)| k == name)?.1.clone();
+            (value.len() >= MIN_SECRET_LEN).then(|| {
+                (
+                    value.into_bytes(),
+                    format!("[redacted:{name}]").into_bytes(),
+                )
+            })
+        })
+        .collect();
+    out.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
+    out
+}
+
+fn redact_text(text: &str, secrets: &[(Vec<u8>, Vec<u8>)]) -> String {
+    let mut r = Redactor::new(secrets.to_vec());
+    let mut out = r.push(text.as_bytes());
+    out.extend(r.finish());
+    let mut s = String::from_utf8_lossy(&out).into_owned();
+    // XML escapes `&<>"'`; catch the escaped spelling of a secret as well.
+    for (value, repl) in secrets {
+        let value = String::from_utf8_lossy(value);
+        let escaped = value
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+            .replace('\'', "&apos;");
+        if escaped != value {
+            s = s.replace(&escaped, &String::from_utf8_lossy(repl));
+        }
+    }
+    s
+}
+
+/// Streaming secret replacement. Bytes that could be the start of a secret
+/// split across chunks are held back until the next chunk decides.
+#[derive(Debug)]
+struct Redactor {
+    secrets: Vec<(Vec<u8>, Vec<u8>)>,
+    pending: Vec<u8>,
+}
+
+impl Redactor {
+    fn new(secrets: Vec<(Vec<u8>, Vec<u8>)>) -> Self {
+        Redactor {
+            secrets,
+            pending: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, data: &[u8]) -> Vec<u8> {
+        if self.secrets.is_empty() {
+            return data.to_vec();
+        }
+        let mut buf = std::mem::take(&mut self.pending);
+        buf.extend_from_slice(data);
+        let mut out = Vec::with_capacity(buf.len());
+        let mut i = 0;
+        'scan: while i < buf.len() {
+            let rest = &buf[i..];
+            for (secret, repl) in &self.secrets {
+                if rest.starts_with(secret) {
+                    out.extend_from_slice(repl);
+                    i += secret.len();
+                    continue 'scan;
+                }
+            }
+            if self
+                .secrets
+                .iter()
+                .any(|(s, _)| rest.len() < s.len() && s.starts_with(rest))
+            {
+                self.pending = rest.to_vec();
+                return out;
+            }
+            out.push(buf[i]);
+            i += 1;
+        }
+        out
+    }
+
+    fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+enum Raw {
+    Chunk(OutputStream, Vec<u8>),
+    Eof(OutputStream),
+    Stopping(StopReason),
+}
+
+async fn read_pipe<R: tokio::io::AsyncRead + Unpin>(
+    mut pipe: R,
+    stream: OutputStream,
+    tx: mpsc::Sender<Raw>,
+) {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if tx
+                    .send(Raw::Chunk(stream, buf[..n].to_vec()))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = tx.send(Raw::Eof(stream)).await;
+}
+
+async fn notify(tx: &mpsc::Sender<Raw>, reason: StopReason) {
+    // Never let a stalled event consumer delay stopping the job.
+    let _ = tokio::time::timeout(Duration::from_millis(200), tx.send(Raw::Stopping(reason))).await;
+}
+
+/// Redact, number and forward output; keep the tail. Returns the tail and
+/// the byte count per stream.
+async fn pump(
+    mut rx: mpsc::Receiver<Raw>,
+    events: mpsc::Sender<JobEvent>,
+    secrets: Vec<(Vec<u8>, Vec<u8>)>,
+) -> (String, (u64, u64)) {
+    let mut redactors = [Redactor::new(secrets.clone()), Redactor::new(secrets)];
+    let mut offsets = [0u64; 2];
+    let mut seq = 0u64;
+    let mut tail: VecDeque<u8> = VecDeque::new();
+    let mut open = true;
+    while let Some(msg) = rx.recv().await {
+        let (stream, data) = match msg {
+            Raw::Chunk(s, d) => (s, redactors[idx(s)].push(&d)),
+            Raw::Eof(s) => (s, redactors[idx(s)].finish()),
+            Raw::Stopping(reason) => {
+                if open {
+                    open = events.send(JobEvent::Stopping { reason }).await.is_ok();
+                }
+                continue;
+            }
+        };
+        if data.is_empty() {
+            continue;
+        }
+        tail.extend(&data);
+        if tail.len() > OUTPUT_TAIL_BYTES {
+            tail.drain(..tail.len() - OUTPUT_TAIL_BYTES);
+        }
+        let offset = offsets[idx(stream)];
+        offsets[idx(stream)] += data.len() as u64;
+        if open {
+            let ev = JobEvent::Output {
+                stream,
+                seq,
+                offset,
+                data,
+            };
+            open = events.send(ev).await.is_ok();
+        }
+        seq += 1;
+    }
+    let tail: Vec<u8> = tail.into();
+    (
+        String::from_utf8_lossy(&tail).into_owned(),
+        (offsets[0], offsets[1]),
+    )
+}
+
+fn idx(s: OutputStream) -> usize {
+    match s {
+        OutputStream::Stdout => 0,
+        OutputStream::Stderr => 1,
+    }
+}
+
+/// SIGTERM every process of the job, wait up to `grace` for all of them (and
+/// the leader, if still unreaped) to exit, then SIGKILL what is left and wait
+/// (bounded) for it to vanish. Returns the leader's status if it was reaped
+/// here.
+async fn stop_job(
+    mut leader: Option<&mut Child>,
+    pgid: i32,
+    cookie: &str,
+    grace: Duration,
+) -> Option<ExitStatus> {
+    let mut status = None;
+    signal_job(pgid, cookie, Signal::SIGTERM);
+    let deadline = Instant::now() + grace;
+    loop {
+        if status.is_none()
+            && let Some(child) = leader.as_deref_mut()
+            && let Ok(Some(st)) = child.try_wait()
+        {
+            status = Some(st);
+        }
+        let leader_done = leader.is_none() || status.is_some();
+        if leader_done && job_processes(pgid, Some(cookie)).is_empty() {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
+    }
+    signal_job(pgid, cookie, Signal::SIGKILL);
+    if status.is_none()
+        && let Some(child) = leader
+    {
+        status = tokio::time::timeout(KILL_WAIT, child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok);
+    }
+    let deadline = Instant::now() + KILL_WAIT;
+    while !job_processes(pgid, Some(cookie)).is_empty() && Instant::now() < deadline {
+        // A straggler that was forking while the group was signalled.
+        signal_job(pgid, cookie, Signal::SIGKILL);
+        tokio::time::sleep(POLL).await;
+    }
+    status
+}
+
+fn signal_job(pgid: i32, cookie: &str, sig: Signal) {
+    // ESRCH (group already empty) is the good case.
+    let _ = killpg(Pid::from_raw(pgid), sig);
+    for p in job_processes(pgid, Some(cookie)) {
+        if p.left_group {
+            let _ = kill(Pid::from_raw(p.pid), sig);
+        }
+    }
+}
+
+/// Disarmed once the job is known to be gone; otherwise kills the job's
+/// processes when `run_job` returns early or its future is dropped.
+struct GroupGuard {
+    pgid: i32,
+    cookie: String,
+    armed: bool,
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            signal_job(self.pgid, &self.cookie, Signal::SIGKILL);
+        }
+    }
+}
+
+/// Live (non-zombie) processes in process group `pgid`, plus, with a cookie,
+/// those outside it whose environment carries `FVD_JOB_COOKIE=cookie`. The
+/// calling process is never listed.
+pub fn job_processes(pgid: i32, cookie: Option<&str>) -> Vec<ProcInfo> {
+    let me = std::process::id() as i32;
+    let needle = cookie.map(|c| format!("{JOB_COOKIE_ENV}={c}\0").into_bytes());
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        // Processes vanish between listing and reading: skip them.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some(st) = parse_stat(&stat) else {
+            continue;
+        };
+        if matches!(st.state, 'Z' | 'X') {
+            continue;
+        }
+        let in_group = st.pgid == pgid;
+        let left_group = !in_group
+            && needle.as_ref().is_some_and(|n| {
+                std::fs::read(entry.path().join("environ"))
+                    .is_ok_and(|env| env.windows(n.len()).any(|w| w == n.as_slice()))
+            });
+        if in_group || left_group {
+            out.push(ProcInfo {
+                pid: st.pid,
+                ppid: st.ppid,
+                pgid: st.pgid,
+                comm: st.comm,
+                left_group,
+            });
+        }
+    }
+    out
+}
+
+struct Stat {
+    pid: i32,
+    comm: String,
+    state: char,
+    ppid: i32,
+    pgid: i32,
+}
+
+/// Parse `/proc/PID/stat`: `pid (comm) state ppid pgrp …`; comm may contain
+/// spaces and parentheses, so split at the last `)`.
+fn parse_stat(s: &str) -> Option<Stat> {
+    let open = s.find('(')?;
+    let close = s.rfind(')')?;
+    let pid = s[..open].trim().parse().ok()?;
+    let comm = s.get(open + 1..close)?.to_string();
+    let mut rest = s.get(close + 1..)?.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    let pgid = rest.next()?.parse().ok()?;
+    Some(Stat {
+        pid,
+        comm,
+        state,
+        ppid,
+        pgid,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secrets(vals: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let spec = JobSpec {
+            job_id: "t".into(),
+            argv: vec!["x".into()],
+            env: vals
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            secret_env_names: vals.iter().map(|(k, _)| k.to_string()).collect(),
+            cwd: ".".into(),
+            gpus: vec![],
+            timeout: Duration::from_secs(1),
+            grace: Duration::from_secs(1),
+            junit: None,
+        };
+        secret_values(&spec)
+    }
+
+    #[test]
+    fn redactor_handles_every_split_point() {
+        let s = secrets(&[("TOK", "hf_secretvalue"), ("SHORT", "abc")]);
+        assert_eq!(s.len(), 1, "values under 4 chars are not redacted");
+        let text = b"a hf_secretvalue b hf_secr c hf_secretvaluehf_secretvalue";
+        let want = b"a [redacted:TOK] b hf_secr c [redacted:TOK][redacted:TOK]";
+        for cut in 0..=text.len() {
+            for cut2 in cut..=text.len() {
+                let mut r = Redactor::new(s.clone());
+                let mut out = r.push(&text[..cut]);
+                out.extend(r.push(&text[cut..cut2]));
+                out.extend(r.push(&text[cut2..]));
+                out.extend(r.finish());
+                assert_eq!(out, want.to_vec(), "split at {cut},{cut2}");
+            }
+        }
+    }
+
+    #[test]
+    fn junit_placeholder_or_append() {
+        let p = Path::new("/s/j.xml");
+        let a = vec!["pytest".to_string(), "--junitxml={junitxml}".to_string()];
+        assert_eq!(junit_argv(&a, Some(p))[1], "--junitxml=/s/j.xml");
+        let a = vec!["pytest".to_string(), "t.py".to_string()];
+        assert_eq!(
+            junit_argv(&a, Some(p)),
+            vec!["pytest", "t.py", "--junitxml=/s/j.xml"]
+        );
+        assert_eq!(junit_argv(&a, None), a);
+    }
+
+    #[test]
+    fn cuda_devices_spelling() {
+        assert_eq!(cuda_visible_devices(&[]), "");
+        assert_eq!(cuda_visible_devices(&[3, 1]), "3,1");
+    }
+
+    #[test]
+    fn stat_with_odd_comm() {
+        let st = parse_stat("123 (a) b (c)) S 1 77 77 0 -1").unwrap();
+        assert_eq!(
+            (st.pid, st.comm.as_str(), st.state, st.ppid, st.pgid),
+            (123, "a) b (c)", 'S', 1, 77)
+        );
+    }
+
+    #[test]
+    fn xml_escaped_secret_is_redacted() {
+        let s = secrets(&[("TOK", "a<b&c\"d")]);
+        let xml = "<x m=\"a&lt;b&amp;c&quot;d\">a<b&c\"d</x>";
+        let red = redact_text(xml, &s);
+        assert!(
+            !red.contains("a&lt;b&amp;c&quot;d") && !red.contains("a<b&c\"d"),
+            "{red}"
+        );
+    }
+}

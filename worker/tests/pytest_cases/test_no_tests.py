@@ -1,0 +1,5 @@
+"""A module with no test in it: pytest collects nothing."""
+
+
+def helper():
+    return 1

@@ -1,0 +1,338 @@
+//! The verdict classifier against real pytest runs: each small file under
+//! `tests/pytest_cases/` runs through `run_job` (real subprocess, real JUnit
+//! file, the embedded pytest plugin) and its verdict must be exactly the
+//! expected one. Needs `python3` with pytest and numpy.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fvd_contracts::verdict::{ErrorKind, FailureInfo, SkipInfo, SkipKind, Verdict};
+use fvd_worker::exec::{JobOutcome, JobSpec, prepare_pytest, run_job};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+fn cases_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/pytest_cases")
+}
+
+struct Run {
+    outcome: JobOutcome,
+    verdict: Verdict,
+}
+
+async fn run_case_with(file: &str, extra: &[&str], timeout: Duration, plugin: bool) -> Run {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut argv: Vec<String> = [
+        "python3",
+        "-m",
+        "pytest",
+        file,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--junitxml={junitxml}",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    let mut spec = JobSpec {
+        job_id: format!("verdict-{file}"),
+        argv,
+        // Keep the source tree clean: no __pycache__ next to the cases.
+        env: vec![("PYTHONDONTWRITEBYTECODE".into(), "1".into())],
+        secret_env_names: vec![],
+        cwd: cases_dir(),
+        gpus: vec![],
+        timeout,
+        grace: Duration::from_secs(2),
+        junit: Some(scratch.path().join("junit.xml")),
+    };
+    if plugin {
+        prepare_pytest(&mut spec, scratch.path()).await.unwrap();
+    }
+    let (tx, mut rx) = mpsc::channel(64);
+    let sink = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let outcome = run_job(spec, tx, CancellationToken::new()).await.unwrap();
+    sink.await.unwrap();
+    let verdict = outcome.verdict();
+    Run { outcome, verdict }
+}
+
+async fn run_case(file: &str, extra: &[&str]) -> Run {
+    run_case_with(file, extra, Duration::from_secs(120), true).await
+}
+
+fn skip(case: &str, kind: SkipKind, reason: &str) -> SkipInfo {
+    SkipInfo {
+        case: case.into(),
+        kind,
+        reason: reason.into(),
+    }
+}
+
+fn assert_verdict(run: &Run, want: Verdict) {
+    assert_eq!(
+        run.verdict, want,
+        "exit {:?}, output:\n{}",
+        run.outcome.exit_code, run.outcome.output_tail
+    );
+}
+
+#[tokio::test]
+async fn pass_is_non_skip_pass_in_both_junit_families() {
+    for family in ["xunit2", "xunit1"] {
+        let run = run_case("test_pass.py", &["-o", &format!("junit_family={family}")]).await;
+        assert_verdict(
+            &run,
+            Verdict::NonSkipPass {
+                passed: 2,
+                xpass_checked: true,
+            },
+        );
+        assert_eq!(run.verdict.status().as_str(), "non_skip_pass");
+    }
+}
+
+#[tokio::test]
+async fn failure_is_debug_red_with_its_assertion() {
+    let run = run_case("test_fail.py", &[]).await;
+    assert_verdict(
+        &run,
+        Verdict::DebugRed {
+            failures: vec![FailureInfo {
+                case: "test_fail::test_outputs_match".into(),
+                message: "AssertionError: outputs differ by 0.5".into(),
+            }],
+            failed: 1,
+            passed: 0,
+        },
+    );
+    assert_eq!(
+        run.verdict.reason(),
+        "test_fail::test_outputs_match: AssertionError: outputs differ by 0.5"
+    );
+}
+
+#[tokio::test]
+async fn collection_error_is_error() {
+    let run = run_case("test_collect_error.py", &[]).await;
+    assert_verdict(
+        &run,
+        Verdict::Error {
+            kind: ErrorKind::Collection,
+            detail: "test_collect_error: ModuleNotFoundError: No module named \
+                     'fvd_module_that_does_not_exist'"
+                .into(),
+        },
+    );
+}
+
+#[tokio::test]
+async fn fixture_error_is_setup_error() {
+    let run = run_case("test_setup_error.py", &[]).await;
+    assert_verdict(
+        &run,
+        Verdict::Error {
+            kind: ErrorKind::Setup,
+            detail: "test_setup_error::test_uses_weights: FileNotFoundError: \
+                     official_weights/tinyport/model.npz"
+                .into(),
+        },
+    );
+}
+
+#[tokio::test]
+async fn skip_is_scaffold_with_reason_in_both_families() {
+    for family in ["xunit2", "xunit1"] {
+        let run = run_case("test_skip.py", &["-o", &format!("junit_family={family}")]).await;
+        // pytest exits 0 here: the exit code alone would call this a pass.
+        assert_eq!(run.outcome.exit_code, Some(0));
+        assert_verdict(
+            &run,
+            Verdict::ScaffoldSkip {
+                passed: 0,
+                skips: vec![skip(
+                    "test_skip::test_port_exists",
+                    SkipKind::Skip,
+                    "fastvideo TinyPort class missing",
+                )],
+            },
+        );
+        assert_eq!(
+            run.verdict.reason(),
+            "skipped: fastvideo TinyPort class missing"
+        );
+    }
+}
+
+#[tokio::test]
+async fn module_level_importorskip_is_scaffold() {
+    let run = run_case("test_importorskip.py", &[]).await;
+    assert_verdict(
+        &run,
+        Verdict::ScaffoldSkip {
+            passed: 0,
+            skips: vec![skip(
+                "test_importorskip",
+                SkipKind::Skip,
+                "could not import 'fvd_private_ops_that_do_not_exist': \
+                 No module named 'fvd_private_ops_that_do_not_exist'",
+            )],
+        },
+    );
+}
+
+#[tokio::test]
+async fn xfail_is_scaffold() {
+    let run = run_case("test_xfail.py", &[]).await;
+    assert_verdict(
+        &run,
+        Verdict::ScaffoldSkip {
+            passed: 0,
+            skips: vec![skip(
+                "test_xfail::test_decoder",
+                SkipKind::Xfail,
+                "decoder not ported yet",
+            )],
+        },
+    );
+}
+
+#[tokio::test]
+async fn non_strict_xpass_is_never_a_pass() {
+    for family in ["xunit2", "xunit1"] {
+        let run = run_case("test_xpass.py", &["-o", &format!("junit_family={family}")]).await;
+        assert_verdict(
+            &run,
+            Verdict::ScaffoldSkip {
+                passed: 0,
+                skips: vec![skip(
+                    "test_xpass::test_norm",
+                    SkipKind::Xpass,
+                    "norm epsilon still wrong",
+                )],
+            },
+        );
+    }
+}
+
+/// The caveat the plugin exists for: pytest's own JUnit writer reports a
+/// non-strict xpass as a plain pass, so without the plugin the classifier
+/// can only say that it could not check.
+#[tokio::test]
+async fn without_the_plugin_xpass_is_unchecked() {
+    let run = run_case_with("test_xpass.py", &[], Duration::from_secs(120), false).await;
+    assert_verdict(
+        &run,
+        Verdict::NonSkipPass {
+            passed: 1,
+            xpass_checked: false,
+        },
+    );
+}
+
+#[tokio::test]
+async fn strict_xpass_is_debug_red() {
+    let run = run_case("test_xpass_strict.py", &[]).await;
+    assert_verdict(
+        &run,
+        Verdict::DebugRed {
+            failures: vec![FailureInfo {
+                case: "test_xpass_strict::test_attention".into(),
+                message: "[XPASS(strict)] attention mask still wrong".into(),
+            }],
+            failed: 1,
+            passed: 0,
+        },
+    );
+}
+
+#[tokio::test]
+async fn no_tests_is_error_no_tests() {
+    let run = run_case("test_no_tests.py", &[]).await;
+    assert_eq!(run.outcome.exit_code, Some(5));
+    assert_verdict(
+        &run,
+        Verdict::Error {
+            kind: ErrorKind::NoTests,
+            detail: "no tests collected".into(),
+        },
+    );
+    assert_eq!(run.verdict.status().as_str(), "error");
+}
+
+#[tokio::test]
+async fn pass_plus_skip_is_scaffold() {
+    let run = run_case("test_mixed.py", &[]).await;
+    assert_verdict(
+        &run,
+        Verdict::ScaffoldSkip {
+            passed: 1,
+            skips: vec![skip(
+                "test_mixed::test_vae",
+                SkipKind::Skip,
+                "official vae needs private ops",
+            )],
+        },
+    );
+}
+
+#[tokio::test]
+async fn hanging_test_is_timeout() {
+    let run = run_case_with("test_hang.py", &[], Duration::from_secs(4), true).await;
+    assert!(run.outcome.timed_out);
+    assert!(
+        run.outcome.survivors.is_empty(),
+        "{:?}",
+        run.outcome.survivors
+    );
+    assert_verdict(&run, Verdict::Timeout);
+    assert_eq!(run.verdict.status().as_str(), "timeout");
+}
+
+#[tokio::test]
+async fn cuda_init_failure_is_infra_error() {
+    let run = run_case("test_cuda_init.py", &[]).await;
+    assert_verdict(
+        &run,
+        Verdict::InfraError {
+            cause: "CUDA error: initialization error in test_cuda_init::test_on_gpu".into(),
+        },
+    );
+}
+
+#[tokio::test]
+async fn missing_junit_is_error_naming_the_file() {
+    let scratch = tempfile::tempdir().unwrap();
+    let junit = scratch.path().join("never-written.xml");
+    let spec = JobSpec {
+        job_id: "no-junit".into(),
+        // Ignores the {junitxml} argument, like a wrapper script that forgot
+        // to pass it on.
+        argv: vec![
+            "python3".into(),
+            "-c".into(),
+            "print('ran')".into(),
+            "{junitxml}".into(),
+        ],
+        env: vec![],
+        secret_env_names: vec![],
+        cwd: cases_dir(),
+        gpus: vec![],
+        timeout: Duration::from_secs(60),
+        grace: Duration::from_secs(1),
+        junit: Some(junit.clone()),
+    };
+    let (tx, mut rx) = mpsc::channel(16);
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let outcome = run_job(spec, tx, CancellationToken::new()).await.unwrap();
+    let v = outcome.verdict();
+    match &v {
+        Verdict::Error {
+            kind: ErrorKind::JunitMissing,
+            detail,
+        } => assert!(detail.contains(junit.to_str().unwrap()), "{detail}"),
+        other => panic!("expected junit_missing, got {other:?}"),
+    }
+}
