@@ -3,6 +3,8 @@
 //! becomes exit code 2 with the error printed once by `main`.
 
 pub mod contracts;
+pub mod port;
+pub mod server;
 pub mod trace;
 
 use clap::{Parser, Subcommand};
@@ -23,11 +25,30 @@ pub enum Command {
     /// Compare, merge and inspect activation traces and tensor dumps.
     #[command(subcommand)]
     Trace(trace::TraceCmd),
+    /// Start (or resume) the port of a family.
+    Submit(port::SubmitArgs),
+    /// Show ports, their phase and their components.
+    Status(port::StatusArgs),
+    /// Print the output of a component's run.
+    Logs(port::LogsArgs),
+    /// Cancel a running port.
+    Cancel(port::CancelArgs),
+    /// Run the orchestrator server.
+    #[command(subcommand)]
+    Orchestrator(server::OrchestratorCmd),
+    /// Run a GPU worker that dials an orchestrator.
+    Worker(server::WorkerArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Contracts(c) => contracts::run(c),
         Command::Trace(c) => trace::run(c),
+        Command::Submit(a) => port::submit(a),
+        Command::Status(a) => port::status(a),
+        Command::Logs(a) => port::logs(a),
+        Command::Cancel(a) => port::cancel(a),
+        Command::Orchestrator(c) => server::serve(c),
+        Command::Worker(a) => server::worker(a),
     }
 }

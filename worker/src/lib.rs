@@ -4,3 +4,4 @@
 
 pub mod exec;
 pub mod gpu;
+pub mod client;

@@ -1,0 +1,273 @@
+//! `ComponentSubagentActor`: one per component of a port. It asks the
+//! scheduler for a run of the component's parity test, classifies the
+//! result from its JUnit report and records it.
+//!
+//! Until the agent loop exists, a verdict other than `non_skip_pass` ends the
+//! component as `blocked` with the precise reason (the failing assertion, the
+//! skip reason, the collection error), as the parity contract asks. An
+//! `infra_error` is not an attempt: the job is retried on another slot.
+
+use std::collections::BTreeMap;
+
+use fvd_contracts::verdict::{self, JunitEvidence, RunEvidence, Verdict};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::broadcast;
+
+use crate::gate::GateMsg;
+use crate::model::{ComponentRow, JobRecord, JobReport, JobResult, PortEvent};
+use crate::scheduler::{QueuedJob, SchedulerMsg};
+use crate::spec::ComponentSpec;
+use crate::store::Store;
+
+/// How many infra errors reported by workers (CUDA init, lost GPU) a
+/// component tolerates before it is blocked on infrastructure.
+pub const MAX_INFRA_VERDICTS: u32 = 3;
+
+#[derive(Debug)]
+pub struct ComponentSubagentActor;
+
+#[derive(Debug)]
+pub struct ComponentArgs {
+    pub family: String,
+    pub spec: ComponentSpec,
+    /// Working directory of the runs on the worker: the port's repository.
+    pub repo: String,
+    pub store: Store,
+    pub scheduler: ActorRef<SchedulerMsg>,
+    pub gate: ActorRef<GateMsg>,
+    pub events: broadcast::Sender<PortEvent>,
+}
+
+#[derive(Debug)]
+pub enum ComponentMsg {
+    Leased { job_id: String, worker_id: String },
+    Started { job_id: String, worker_id: String },
+    Finished { report: JobReport, worker_id: String },
+    /// The worker running the job was lost; the scheduler requeued it
+    /// unless `give_up`.
+    WorkerLost {
+        job_id: String,
+        worker_id: String,
+        give_up: bool,
+    },
+}
+
+#[derive(Debug)]
+pub struct ComponentState {
+    args: ComponentArgs,
+    job_id: Option<String>,
+    infra_verdicts: u32,
+}
+
+impl Actor for ComponentSubagentActor {
+    type Msg = ComponentMsg;
+    type State = ComponentState;
+    type Arguments = ComponentArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: ComponentArgs,
+    ) -> Result<ComponentState, ActorProcessingErr> {
+        Ok(ComponentState {
+            args,
+            job_id: None,
+            infra_verdicts: 0,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        st: &mut ComponentState,
+    ) -> Result<(), ActorProcessingErr> {
+        let row = current(st).await?;
+        if row.is_final() {
+            // Recorded verdicts are not rerun on resume.
+            st.args.gate.cast(GateMsg::ComponentFinal(row))?;
+            return Ok(());
+        }
+        enqueue(&myself, st).await
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: ComponentMsg,
+        st: &mut ComponentState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ComponentMsg::Leased { job_id, worker_id } => {
+                if st.job_id.as_deref() == Some(job_id.as_str()) {
+                    update(st, "running", "", "", &worker_id).await?;
+                }
+            }
+            ComponentMsg::Started { job_id, worker_id } => {
+                tracing::debug!(%job_id, %worker_id, "job process started");
+            }
+            ComponentMsg::WorkerLost {
+                job_id,
+                worker_id,
+                give_up,
+            } => {
+                if st.job_id.as_deref() != Some(job_id.as_str()) {
+                    return Ok(());
+                }
+                if give_up {
+                    let reason = format!("infra_error: worker {worker_id} lost on every retry");
+                    finish(st, "blocked", "infra_error", &reason, &worker_id).await?;
+                } else {
+                    update(st, "queued", "infra_error", &format!("worker {worker_id} lost; retrying on another slot"), "").await?;
+                }
+            }
+            ComponentMsg::Finished { report, worker_id } => {
+                if st.job_id.as_deref() != Some(report.job_id.as_str()) {
+                    return Ok(());
+                }
+                let v = classify(&report);
+                let result = JobResult {
+                    verdict: v.status().as_str().to_string(),
+                    reason: v.reason(),
+                    exit_code: report.exit_code,
+                    signal: report.signal,
+                    duration_ms: report.duration_ms,
+                    junit_xml: report.junit_xml.clone().unwrap_or_default(),
+                    output_tail: report.output_tail.clone(),
+                };
+                if !st
+                    .args
+                    .store
+                    .finish_job(&report.job_id, report.lease_epoch, &result)
+                    .await?
+                {
+                    tracing::warn!(job = %report.job_id, "result for a job no longer running under this lease was rejected");
+                    return Ok(());
+                }
+                st.job_id = None;
+                if !report.survivors.is_empty() {
+                    tracing::error!(job = %report.job_id, survivors = ?report.survivors, "processes of the job outlived it");
+                }
+                if v.is_infra() && st.infra_verdicts < MAX_INFRA_VERDICTS {
+                    st.infra_verdicts += 1;
+                    update(st, "queued", &result.verdict, &result.reason, &worker_id).await?;
+                    return enqueue(&myself, st).await;
+                }
+                let status = if v.is_pass() { "non_skip_pass" } else { "blocked" };
+                let reason = if v.is_pass() {
+                    result.reason.clone()
+                } else {
+                    format!("{}: {}", result.verdict, result.reason)
+                };
+                finish(st, status, &result.verdict, &reason, &worker_id).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn classify(report: &JobReport) -> Verdict {
+    let junit = match (&report.junit_xml, report.junit_error.as_str()) {
+        (Some(xml), _) => JunitEvidence::Xml(xml),
+        (None, e) if e.contains("not written") || e.contains("missing") || e.is_empty() => {
+            JunitEvidence::Missing { path: "junit.xml" }
+        }
+        (None, e) => JunitEvidence::Unreadable {
+            path: "junit.xml",
+            error: e,
+        },
+    };
+    if !report.spawn_error.is_empty() {
+        // The command never ran: as unusable as a pytest that rejected its
+        // command line.
+        return Verdict::Error {
+            kind: verdict::ErrorKind::Pytest,
+            detail: format!("could not start the test: {}", report.spawn_error),
+        };
+    }
+    verdict::classify(&RunEvidence {
+        junit,
+        timed_out: report.timed_out,
+        cancelled: report.cancelled,
+        exit_code: report.exit_code,
+        signal: report.signal,
+        output_tail: &report.output_tail,
+        worker_lost: false,
+    })
+}
+
+async fn current(st: &ComponentState) -> Result<ComponentRow, ActorProcessingErr> {
+    let rows = st.args.store.components(&st.args.family).await?;
+    rows.into_iter()
+        .find(|r| r.name == st.args.spec.name)
+        .ok_or_else(|| format!("component {} has no row in the store", st.args.spec.name).into())
+}
+
+async fn enqueue(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+) -> Result<(), ActorProcessingErr> {
+    let spec = &st.args.spec;
+    let record = st
+        .args
+        .store
+        .queue_job(&JobRecord {
+            family: st.args.family.clone(),
+            component: spec.name.clone(),
+            argv: spec.argv(),
+            cwd: st.args.repo.clone(),
+            gpus_needed: spec.gpus,
+            timeout_ms: spec.timeout.as_millis() as u64,
+            ..JobRecord::default()
+        })
+        .await?;
+    st.job_id = Some(record.job_id.clone());
+    emit(st).await?;
+    let mut env = BTreeMap::new();
+    env.insert("FVD_FAMILY".to_string(), st.args.family.clone());
+    env.insert("FVD_COMPONENT".to_string(), spec.name.clone());
+    env.insert("FVD_RUN".to_string(), record.run_no.to_string());
+    st.args.scheduler.cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
+        record,
+        env,
+        secret_env: spec.env.clone(),
+        notify: myself.clone(),
+    })))?;
+    Ok(())
+}
+
+async fn update(
+    st: &ComponentState,
+    status: &str,
+    verdict: &str,
+    reason: &str,
+    worker_id: &str,
+) -> Result<(), ActorProcessingErr> {
+    st.args
+        .store
+        .set_component(&st.args.family, &st.args.spec.name, status, verdict, reason, worker_id)
+        .await?;
+    emit(st).await
+}
+
+async fn finish(
+    st: &ComponentState,
+    status: &str,
+    verdict: &str,
+    reason: &str,
+    worker_id: &str,
+) -> Result<(), ActorProcessingErr> {
+    update(st, status, verdict, reason, worker_id).await?;
+    let row = current(st).await?;
+    st.args.gate.cast(GateMsg::ComponentFinal(row))?;
+    Ok(())
+}
+
+async fn emit(st: &ComponentState) -> Result<(), ActorProcessingErr> {
+    let row = current(st).await?;
+    // Nobody watching is fine: the store has it.
+    let _ = st.args.events.send(PortEvent::Component {
+        family: st.args.family.clone(),
+        component: row,
+    });
+    Ok(())
+}

@@ -1,0 +1,358 @@
+//! `GateActor`: one per port. It owns the phase state machine P0–P11,
+//! evaluates each phase's predicate over recorded state, refuses every
+//! transition whose predicate fails (recording the unmet conditions), and at
+//! phase 6 dispatches one component actor per component.
+//!
+//! Phases whose work fvd does not drive yet (study, reuse, prototype,
+//! conversion, pipeline) are recorded as `pending` with the reason: they are
+//! never silently passed.
+
+use std::path::Path;
+
+use crate::shim::Phase;
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::sync::broadcast;
+
+use crate::component::{ComponentArgs, ComponentSubagentActor};
+use crate::model::{ComponentRow, GateEventRow, PortEvent};
+use crate::scheduler::SchedulerMsg;
+use crate::spec::PortSpec;
+use crate::store::Store;
+
+#[derive(Debug)]
+pub struct GateActor;
+
+#[derive(Debug)]
+pub struct GateArgs {
+    pub family: String,
+    pub spec: PortSpec,
+    pub repo: String,
+    pub store: Store,
+    pub scheduler: ActorRef<SchedulerMsg>,
+    pub events: broadcast::Sender<PortEvent>,
+}
+
+#[derive(Debug)]
+pub enum GateMsg {
+    /// A component reached `non_skip_pass` or `blocked`.
+    ComponentFinal(ComponentRow),
+    /// Stop the port: components end as blocked with reason `cancelled`.
+    Cancel,
+}
+
+#[derive(Debug)]
+pub struct GateState {
+    args: GateArgs,
+    /// Latest recorded event per phase, to keep resumes from repeating them.
+    recorded: Vec<GateEventRow>,
+    finals: std::collections::BTreeMap<String, ComponentRow>,
+    done: bool,
+}
+
+/// Port states as stored. `waiting` means fvd finished what it drives and
+/// the port waits on phases whose work it does not drive yet.
+pub const RUNNING: &str = "running";
+
+impl Actor for GateActor {
+    type Msg = GateMsg;
+    type State = GateState;
+    type Arguments = GateArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: GateArgs,
+    ) -> Result<GateState, ActorProcessingErr> {
+        let recorded = args.store.gate_events(&args.family).await?;
+        Ok(GateState {
+            args,
+            recorded,
+            finals: Default::default(),
+            done: false,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        st: &mut GateState,
+    ) -> Result<(), ActorProcessingErr> {
+        // P0–P5: the predicates fvd can evaluate before component work.
+        let p0 = prep_conditions(&st.args.spec);
+        if !p0.is_empty() {
+            refuse(st, Phase::P0, p0).await?;
+            // Nothing was dispatched: the port ends here.
+            return finish(&myself, st).await;
+        }
+        record(st, Phase::P0, "passed", vec![]).await?;
+        record(
+            st,
+            Phase::P1,
+            "pending",
+            vec!["reference and architecture study is agent work fvd does not drive yet".into()],
+        )
+        .await?;
+        let p2 = scaffold_conditions(&st.args.spec, Path::new(&st.args.repo));
+        if !p2.is_empty() {
+            refuse(st, Phase::P2, p2).await?;
+            return finish(&myself, st).await;
+        }
+        record(st, Phase::P2, "passed", vec![]).await?;
+        record(
+            st,
+            Phase::P3,
+            "pending",
+            vec!["reuse decisions are not recorded by fvd yet; every component is dispatched".into()],
+        )
+        .await?;
+        record(
+            st,
+            Phase::P4,
+            "pending",
+            vec!["prototype key dumps are not driven by fvd yet".into()],
+        )
+        .await?;
+        match st.args.spec.prep.get("needs_conversion").map(String::as_str) {
+            Some("no") => record(st, Phase::P5, "passed", vec!["needs_conversion: no".into()]).await?,
+            other => {
+                record(
+                    st,
+                    Phase::P5,
+                    "pending",
+                    vec![format!(
+                        "needs_conversion: {}; conversion is not driven by fvd yet",
+                        other.unwrap_or("missing")
+                    )],
+                )
+                .await?
+            }
+        }
+        record(st, Phase::P6, "entered", vec![]).await?;
+        st.args
+            .store
+            .set_port_state(&st.args.family, RUNNING, Phase::P6.id())
+            .await?;
+        for c in st.args.spec.components.clone() {
+            spawn_component(&myself, st, &c).await?;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: GateMsg,
+        st: &mut GateState,
+    ) -> Result<(), ActorProcessingErr> {
+        if st.done {
+            return Ok(());
+        }
+        match msg {
+            GateMsg::ComponentFinal(row) => {
+                st.finals.insert(row.name.clone(), row);
+                if st.finals.len() == st.args.spec.components.len() {
+                    after_components(st).await?;
+                    finish(&myself, st).await?;
+                }
+            }
+            GateMsg::Cancel => {
+                st.args.scheduler.cast(SchedulerMsg::CancelFamily {
+                    family: st.args.family.clone(),
+                })?;
+                for c in &st.args.spec.components {
+                    if !st.finals.contains_key(&c.name) {
+                        st.args
+                            .store
+                            .set_component(&st.args.family, &c.name, "blocked", "cancelled", "cancelled: the port was cancelled", "")
+                            .await?;
+                    }
+                }
+                record(st, Phase::P6, "refused", vec!["the port was cancelled".into()]).await?;
+                st.args
+                    .store
+                    .set_port_state(&st.args.family, "cancelled", Phase::P6.id())
+                    .await?;
+                finish(&myself, st).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        evt: SupervisionEvent,
+        st: &mut GateState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let SupervisionEvent::ActorFailed(who, err) = evt {
+            // A crashed component actor is restarted from the store: it
+            // finds its recorded verdict or queues a fresh run.
+            tracing::error!(actor = ?who.get_id(), %err, "component actor failed; restarting it from the store");
+            let known: Vec<String> = st.finals.keys().cloned().collect();
+            let rows = st.args.store.components(&st.args.family).await?;
+            for c in st.args.spec.components.clone() {
+                let row = rows.iter().find(|r| r.name == c.name);
+                let running = row.is_some_and(|r| !r.is_final());
+                if running && !known.contains(&c.name) && who.get_name() == Some(actor_name(&st.args.family, &c.name)) {
+                    spawn_component(&myself, st, &c).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Component actors are named `family/component`, so a supervision event
+/// says which component failed.
+fn actor_name(family: &str, component: &str) -> String {
+    format!("{family}/{component}")
+}
+
+async fn spawn_component(
+    myself: &ActorRef<GateMsg>,
+    st: &GateState,
+    c: &crate::spec::ComponentSpec,
+) -> Result<(), ActorProcessingErr> {
+    let args = ComponentArgs {
+        family: st.args.family.clone(),
+        spec: c.clone(),
+        repo: st.args.repo.clone(),
+        store: st.args.store.clone(),
+        scheduler: st.args.scheduler.clone(),
+        gate: myself.clone(),
+        events: st.args.events.clone(),
+    };
+    Actor::spawn_linked(
+        Some(actor_name(&st.args.family, &c.name)),
+        ComponentSubagentActor,
+        args,
+        myself.get_cell(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// P6's end and P7–P11 once every component is final.
+async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> {
+    record(st, Phase::P6, "passed", vec!["every component is non_skip_pass or blocked".into()]).await?;
+    let unmet: Vec<String> = st
+        .args
+        .spec
+        .components
+        .iter()
+        .filter_map(|c| {
+            let row = &st.finals[&c.name];
+            (row.status != "non_skip_pass").then(|| format!("component {} is {} ({})", c.name, row.status, row.reason))
+        })
+        .collect();
+    if !unmet.is_empty() {
+        refuse(st, Phase::P7, unmet).await?;
+        return Ok(());
+    }
+    for (phase, why) in [
+        (Phase::P7, "pipeline definition is not driven by fvd yet"),
+        (Phase::P8, "pipeline config, presets and registry are not driven by fvd yet"),
+        (Phase::P9, "ordered verification: conversion and component parity hold; pipeline smoke, pipeline parity and example are not driven by fvd yet"),
+        (Phase::P10, "quality regression is not driven by fvd yet"),
+        (Phase::P11, "post-parity review and handoff need a person"),
+    ] {
+        record(st, phase, "pending", vec![why.into()]).await?;
+    }
+    st.args
+        .store
+        .set_port_state(&st.args.family, "waiting", Phase::P7.id())
+        .await?;
+    Ok(())
+}
+
+/// Records a refusal and blocks the port at `phase`.
+async fn refuse(
+    st: &mut GateState,
+    phase: Phase,
+    conditions: Vec<String>,
+) -> Result<(), ActorProcessingErr> {
+    record(st, phase, "refused", conditions).await?;
+    st.args
+        .store
+        .set_port_state(&st.args.family, "blocked", phase.id())
+        .await?;
+    Ok(())
+}
+
+async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), ActorProcessingErr> {
+    st.done = true;
+    crate::port_status::write(&st.args.store, &st.args.family).await?;
+    let _ = st.args.events.send(PortEvent::Finished {
+        family: st.args.family.clone(),
+    });
+    myself.stop(Some("port finished".into()));
+    Ok(())
+}
+
+/// Records a gate event unless the latest event of that phase already says
+/// the same (a resumed port re-evaluates its predicates).
+async fn record(
+    st: &mut GateState,
+    phase: Phase,
+    outcome: &str,
+    conditions: Vec<String>,
+) -> Result<(), ActorProcessingErr> {
+    let same = st
+        .recorded
+        .iter()
+        .rev()
+        .find(|e| e.phase == phase.id())
+        .is_some_and(|e| e.outcome == outcome && e.conditions == conditions);
+    if same {
+        return Ok(());
+    }
+    let ev = st
+        .args
+        .store
+        .record_gate(&st.args.family, phase.id(), outcome, &conditions)
+        .await?;
+    if outcome == "refused" {
+        tracing::info!(family = %st.args.family, phase = phase.id(), ?conditions, "gate refused a transition");
+    }
+    st.recorded.push(ev.clone());
+    let _ = st.args.events.send(PortEvent::Gate {
+        family: st.args.family.clone(),
+        event: ev,
+    });
+    Ok(())
+}
+
+/// P0: the prep handoff is complete and free of token values.
+pub fn prep_conditions(spec: &PortSpec) -> Vec<String> {
+    let text: String = spec
+        .prep
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\n"))
+        .collect();
+    crate::shim::validate_prep_text(&text)
+        .into_iter()
+        .map(|f| format!("prep.{}: {}", f.field, f.message))
+        .collect()
+}
+
+/// P2: every component's parity test file exists, and the official side
+/// imports (or its private deps are stubbed) so scaffolding may start.
+pub fn scaffold_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
+    let mut unmet = Vec::new();
+    match spec.prep.get("official_env_status").map(String::as_str) {
+        Some("imports_ok" | "private_deps_need_stubs") => {}
+        other => unmet.push(format!(
+            "official_env_status is {}; parity scaffolding needs imports_ok or private_deps_need_stubs",
+            other.unwrap_or("missing")
+        )),
+    }
+    for c in &spec.components {
+        if !repo.join(&c.parity_test).is_file() {
+            unmet.push(format!(
+                "component {}: parity test {} does not exist",
+                c.name, c.parity_test
+            ));
+        }
+    }
+    unmet
+}

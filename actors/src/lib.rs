@@ -1,0 +1,23 @@
+//! The orchestrator's actors and the durable store they commit to.
+//!
+//! * [`orchestrator::OrchestratorActor`]: one per process; starts, resumes
+//!   and supervises ports.
+//! * [`gate::GateActor`]: one per port; the phase state machine P0–P11.
+//! * [`component::ComponentSubagentActor`]: one per component; loops its
+//!   parity test through the scheduler and records verdicts.
+//! * [`scheduler::SchedulerActor`]: workers, slots, queue and leases.
+//!
+//! Persistence lives here, beside the actors, because each state change is
+//! committed by the actor that decides it, before it acts on it; the gRPC
+//! edge never writes to the database itself.
+
+pub mod clock;
+pub mod component;
+pub mod gate;
+pub mod model;
+pub mod orchestrator;
+pub mod port_status;
+pub mod scheduler;
+pub mod spec;
+pub mod store;
+mod shim;

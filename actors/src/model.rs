@@ -1,0 +1,175 @@
+//! Domain types shared by the actors, the store and the gRPC edge. Wire
+//! (prost) types are converted to these at the edge and never travel further.
+
+use std::collections::BTreeMap;
+
+/// A port as stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PortRow {
+    pub family: String,
+    pub repo: String,
+    pub spec_path: String,
+    pub spec_toml: String,
+    /// in_progress | blocked | complete | cancelled
+    pub state: String,
+    /// P0..P11
+    pub phase: String,
+    pub port_status_path: String,
+}
+
+/// A component's current state as stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ComponentRow {
+    pub name: String,
+    /// pending | queued | running | non_skip_pass | blocked
+    pub status: String,
+    /// Verdict of the latest finished run (`debug_red`, `scaffold_skip`, …).
+    pub verdict: String,
+    /// One line: the failing assertion, the skip reason, the collection error.
+    pub reason: String,
+    pub runs: u32,
+    pub worker_id: String,
+}
+
+impl ComponentRow {
+    /// Whether the component reached an end state of phase 6.
+    pub fn is_final(&self) -> bool {
+        matches!(self.status.as_str(), "non_skip_pass" | "blocked")
+    }
+}
+
+/// One recorded gate decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateEventRow {
+    pub phase: String,
+    /// entered | passed | refused | pending
+    pub outcome: String,
+    pub conditions: Vec<String>,
+    pub at_ms: i64,
+}
+
+/// One run of a parity test (a job), as stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobRecord {
+    pub job_id: String,
+    pub family: String,
+    pub component: String,
+    pub run_no: u32,
+    /// queued | running | finished | abandoned
+    pub state: String,
+    pub lease_epoch: u64,
+    pub worker_id: String,
+    pub argv: Vec<String>,
+    pub cwd: String,
+    pub gpus_needed: u32,
+    pub timeout_ms: u64,
+    pub verdict: String,
+    pub reason: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub duration_ms: Option<u64>,
+    pub output_tail: String,
+    pub queued_ms: i64,
+    pub started_ms: Option<i64>,
+    pub finished_ms: Option<i64>,
+    /// Environment variable names passed through (not stored: from the spec).
+    pub env_names: Vec<String>,
+}
+
+/// The classified outcome of a run, as recorded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobResult {
+    pub verdict: String,
+    pub reason: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub duration_ms: u64,
+    pub junit_xml: String,
+    pub output_tail: String,
+}
+
+/// A GPU a worker announced.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_mib: u64,
+}
+
+/// What a worker announced when it registered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerInfo {
+    pub worker_id: String,
+    pub host: String,
+    pub gpus: Vec<GpuInfo>,
+    pub cpu_slots: u32,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A job as handed to a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assignment {
+    pub job_id: String,
+    pub lease_epoch: u64,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub secret_env: Vec<String>,
+    pub cwd: String,
+    pub gpus: Vec<u32>,
+    pub timeout_ms: u64,
+}
+
+/// Messages the orchestrator sends down a worker's stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToWorker {
+    Assign(Assignment),
+    Cancel {
+        job_id: String,
+        lease_epoch: u64,
+        reason: String,
+    },
+}
+
+/// What a worker reported at the end of a job.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobReport {
+    pub job_id: String,
+    pub lease_epoch: u64,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub cancelled: bool,
+    pub duration_ms: u64,
+    pub junit_xml: Option<String>,
+    pub junit_error: String,
+    pub output_tail: String,
+    pub survivors: Vec<u32>,
+    pub spawn_error: String,
+}
+
+/// Events a port emits for watchers (`fvd submit --wait`, `fvd status`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PortEvent {
+    Component {
+        family: String,
+        component: ComponentRow,
+    },
+    Gate {
+        family: String,
+        event: GateEventRow,
+    },
+    Finished {
+        family: String,
+    },
+}
+
+impl PortEvent {
+    pub fn family(&self) -> &str {
+        match self {
+            PortEvent::Component { family, .. }
+            | PortEvent::Gate { family, .. }
+            | PortEvent::Finished { family } => family,
+        }
+    }
+}

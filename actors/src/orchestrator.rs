@@ -1,0 +1,231 @@
+//! `OrchestratorActor`: one per process. It starts ports (one gate actor
+//! each), resumes them from the store after a restart, and supervises them:
+//! a gate actor that fails is restarted from the store, not lost.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::broadcast;
+
+use crate::gate::{GateActor, GateArgs, GateMsg, RUNNING};
+use crate::model::{PortEvent, PortRow};
+use crate::scheduler::SchedulerMsg;
+use crate::spec;
+use crate::store::Store;
+
+#[derive(Debug)]
+pub struct OrchestratorActor;
+
+#[derive(Debug)]
+pub struct OrchestratorArgs {
+    pub store: Store,
+    pub scheduler: ActorRef<SchedulerMsg>,
+    pub events: broadcast::Sender<PortEvent>,
+}
+
+/// A port submission as the edge received it.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    pub family: String,
+    pub repo: String,
+    pub spec_path: String,
+    pub spec_toml: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submitted {
+    pub family: String,
+    pub resumed: bool,
+}
+
+/// Why a submission or cancellation was refused; crosses the wire as a
+/// gRPC status.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PortError {
+    #[error("{0}")]
+    InvalidSpec(String),
+    #[error("spec family {spec} does not match submitted family {submitted}")]
+    FamilyMismatch { spec: String, submitted: String },
+    #[error("no port of family {0}")]
+    UnknownFamily(String),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+#[derive(Debug)]
+pub enum OrchestratorMsg {
+    Submit(Submission, RpcReplyPort<Result<Submitted, PortError>>),
+    Cancel(String, RpcReplyPort<Result<(), PortError>>),
+}
+
+#[derive(Debug)]
+pub struct OrchestratorState {
+    args: OrchestratorArgs,
+    /// Gate actor of each port that is running, by family.
+    ports: HashMap<String, ActorRef<GateMsg>>,
+}
+
+impl Actor for OrchestratorActor {
+    type Msg = OrchestratorMsg;
+    type State = OrchestratorState;
+    type Arguments = OrchestratorArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: OrchestratorArgs,
+    ) -> Result<OrchestratorState, ActorProcessingErr> {
+        Ok(OrchestratorState {
+            args,
+            ports: HashMap::new(),
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        st: &mut OrchestratorState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Ports that were running when the process died resume now.
+        for port in st.args.store.ports().await? {
+            if port.state == RUNNING {
+                tracing::info!(family = %port.family, "resuming port from the store");
+                if let Err(e) = start_gate(&myself, st, &port).await {
+                    tracing::error!(family = %port.family, error = %e, "could not resume port");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: OrchestratorMsg,
+        st: &mut OrchestratorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            OrchestratorMsg::Submit(sub, reply) => {
+                let r = submit(&myself, st, sub).await;
+                let _ = reply.send(r);
+            }
+            OrchestratorMsg::Cancel(family, reply) => {
+                let r = match st.ports.get(&family) {
+                    Some(gate) => gate
+                        .cast(GateMsg::Cancel)
+                        .map_err(|e| PortError::Internal(e.to_string())),
+                    None => match st.args.store.port(&family).await {
+                        Ok(Some(_)) => Ok(()),
+                        Ok(None) => Err(PortError::UnknownFamily(family)),
+                        Err(e) => Err(PortError::Internal(e.to_string())),
+                    },
+                };
+                let _ = reply.send(r);
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        evt: SupervisionEvent,
+        st: &mut OrchestratorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match evt {
+            SupervisionEvent::ActorTerminated(who, _, _) => {
+                st.ports.retain(|_, g| g.get_id() != who.get_id());
+            }
+            SupervisionEvent::ActorFailed(who, err) => {
+                let family = st
+                    .ports
+                    .iter()
+                    .find(|(_, g)| g.get_id() == who.get_id())
+                    .map(|(f, _)| f.clone());
+                if let Some(family) = family {
+                    st.ports.remove(&family);
+                    tracing::error!(%family, %err, "gate actor failed; restarting the port from the store");
+                    if let Some(port) = st.args.store.port(&family).await? {
+                        start_gate(&myself, st, &port).await?;
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+async fn submit(
+    myself: &ActorRef<OrchestratorMsg>,
+    st: &mut OrchestratorState,
+    sub: Submission,
+) -> Result<Submitted, PortError> {
+    let spec = spec::parse(Path::new(&sub.spec_path), &sub.spec_toml)
+        .map_err(|e| PortError::InvalidSpec(e.to_string()))?;
+    if spec.family != sub.family {
+        return Err(PortError::FamilyMismatch {
+            spec: spec.family,
+            submitted: sub.family,
+        });
+    }
+    if st.ports.contains_key(&sub.family) {
+        return Ok(Submitted {
+            family: sub.family,
+            resumed: true,
+        });
+    }
+    let names: Vec<String> = spec.components.iter().map(|c| c.name.clone()).collect();
+    let row = PortRow {
+        family: sub.family.clone(),
+        repo: sub.repo.clone(),
+        spec_path: sub.spec_path.clone(),
+        spec_toml: sub.spec_toml.clone(),
+        state: RUNNING.into(),
+        phase: "P0".into(),
+        port_status_path: String::new(),
+    };
+    let internal = |e: crate::store::StoreError| PortError::Internal(e.to_string());
+    let created = st.args.store.create_port(&row, &names).await.map_err(internal)?;
+    if !created {
+        st.args
+            .store
+            .update_port_spec(&sub.family, &sub.repo, &sub.spec_path, &sub.spec_toml, &names)
+            .await
+            .map_err(internal)?;
+    }
+    start_gate(myself, st, &row).await.map_err(|e| PortError::Internal(e.to_string()))?;
+    Ok(Submitted {
+        family: sub.family,
+        resumed: !created,
+    })
+}
+
+async fn start_gate(
+    myself: &ActorRef<OrchestratorMsg>,
+    st: &mut OrchestratorState,
+    port: &PortRow,
+) -> Result<(), ActorProcessingErr> {
+    let spec = spec::parse(Path::new(&port.spec_path), &port.spec_toml)?;
+    // Runs that were in flight when the last gate of this port died are
+    // rerun once under a new run number; recorded verdicts stay.
+    for c in st.args.store.abandon_unfinished(&port.family).await? {
+        tracing::info!(family = %port.family, component = %c, "rerunning a run that was in flight");
+    }
+    st.args
+        .store
+        .set_port_state(&port.family, RUNNING, &port.phase)
+        .await?;
+    let args = GateArgs {
+        family: port.family.clone(),
+        spec,
+        repo: port.repo.clone(),
+        store: st.args.store.clone(),
+        scheduler: st.args.scheduler.clone(),
+        events: st.args.events.clone(),
+    };
+    let (gate, _) = Actor::spawn_linked(None, GateActor, args, myself.get_cell()).await?;
+    st.ports.insert(port.family.clone(), gate);
+    Ok(())
+}

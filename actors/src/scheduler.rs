@@ -1,0 +1,439 @@
+//! `SchedulerActor`: the worker registry, slots, the job queue and leases.
+//!
+//! One per orchestrator process. Workers are registered by the gRPC edge
+//! with the sender half of their stream; jobs arrive from component actors.
+//! A job is leased to one worker under a fresh, strictly increasing epoch
+//! that is committed to the store before the assignment is sent, so a
+//! result carrying an older epoch can always be told apart and rejected.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::mpsc;
+
+use crate::clock::Clock;
+use crate::component::ComponentMsg;
+use crate::model::{Assignment, JobRecord, JobReport, ToWorker, WorkerInfo};
+use crate::store::Store;
+
+/// How many times a job whose worker was lost is put back in the queue
+/// before its component gives up with `infra_error`.
+pub const MAX_INFRA_RETRIES: u32 = 3;
+
+#[derive(Debug)]
+pub struct SchedulerActor;
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// A worker silent for longer than this loses its leases.
+    pub lease_ttl: Duration,
+    /// How often leases are checked.
+    pub tick: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(5),
+            tick: Duration::from_millis(500),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct SchedulerArgs {
+    pub store: Store,
+    pub clock: Arc<dyn Clock>,
+    pub config: SchedulerConfig,
+}
+
+/// A job waiting for, or holding, a lease.
+#[derive(Debug)]
+pub struct QueuedJob {
+    pub record: JobRecord,
+    /// Literal environment for the job.
+    pub env: BTreeMap<String, String>,
+    /// Names of variables the worker passes through and redacts.
+    pub secret_env: Vec<String>,
+    /// The component actor told about the job's progress.
+    pub notify: ActorRef<ComponentMsg>,
+}
+
+#[derive(Debug)]
+pub enum SchedulerMsg {
+    /// A worker registered; `tx` feeds its Connect stream and `conn`
+    /// (unique per stream, chosen by the edge) tells this stream's
+    /// disconnect apart from an older stream's of the same worker id.
+    WorkerConnected {
+        info: WorkerInfo,
+        tx: mpsc::Sender<ToWorker>,
+        conn: u64,
+    },
+    /// A worker's stream ended.
+    WorkerDisconnected { worker_id: String, conn: u64 },
+    Heartbeat { worker_id: String },
+    Enqueue(Box<QueuedJob>),
+    Started { worker_id: String, job_id: String, lease_epoch: u64 },
+    Log {
+        worker_id: String,
+        job_id: String,
+        lease_epoch: u64,
+        seq: u64,
+        stream: i32,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Finished { worker_id: String, report: JobReport },
+    /// Cancel every queued or running job of a family.
+    CancelFamily { family: String },
+    /// Check leases and heartbeats.
+    Tick,
+    /// Counts for status and tests: (workers, queued, running).
+    Counts(ractor::RpcReplyPort<(usize, usize, usize)>),
+}
+
+#[derive(Debug)]
+struct WorkerSlot {
+    info: WorkerInfo,
+    tx: mpsc::Sender<ToWorker>,
+    /// Identifies this connection, so a stale disconnect of an older stream
+    /// of the same worker id does not drop the new one.
+    conn: u64,
+    free_gpus: BTreeSet<u32>,
+    free_cpu: u32,
+    last_seen_ms: i64,
+}
+
+#[derive(Debug)]
+struct Lease {
+    worker_id: String,
+    epoch: u64,
+    gpus: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    job: QueuedJob,
+    lease: Option<Lease>,
+    infra_retries: u32,
+}
+
+#[derive(Debug)]
+pub struct SchedulerState {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    config: SchedulerConfig,
+    workers: HashMap<String, WorkerSlot>,
+    queue: VecDeque<String>,
+    jobs: HashMap<String, Entry>,
+    next_epoch: u64,
+}
+
+impl Actor for SchedulerActor {
+    type Msg = SchedulerMsg;
+    type State = SchedulerState;
+    type Arguments = SchedulerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: SchedulerArgs,
+    ) -> Result<SchedulerState, ActorProcessingErr> {
+        let next_epoch = args.store.max_epoch().await? + 1;
+        myself.send_interval(args.config.tick, || SchedulerMsg::Tick);
+        Ok(SchedulerState {
+            store: args.store,
+            clock: args.clock,
+            config: args.config,
+            workers: HashMap::new(),
+            queue: VecDeque::new(),
+            jobs: HashMap::new(),
+            next_epoch,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: SchedulerMsg,
+        st: &mut SchedulerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SchedulerMsg::WorkerConnected { info, tx, conn } => {
+                let gpus_json = serde_json::to_string(&info.gpus)?;
+                st.store
+                    .upsert_worker(&info.worker_id, &info.host, &gpus_json, info.cpu_slots)
+                    .await?;
+                // A worker that reconnects under the same id lost whatever it
+                // ran on its previous stream: those jobs go back to the queue.
+                if st.workers.contains_key(&info.worker_id) {
+                    lose_worker(st, &info.worker_id).await?;
+                }
+                tracing::info!(worker = %info.worker_id, gpus = info.gpus.len(), cpu_slots = info.cpu_slots, "worker registered");
+                let slot = WorkerSlot {
+                    free_gpus: info.gpus.iter().map(|g| g.index).collect(),
+                    free_cpu: info.cpu_slots,
+                    last_seen_ms: st.clock.now_ms(),
+                    conn,
+                    tx,
+                    info,
+                };
+                st.workers.insert(slot.info.worker_id.clone(), slot);
+            }
+            SchedulerMsg::WorkerDisconnected { worker_id, conn } => {
+                if st.workers.get(&worker_id).is_some_and(|w| w.conn == conn) {
+                    tracing::info!(worker = %worker_id, "worker disconnected");
+                    lose_worker(st, &worker_id).await?;
+                }
+            }
+            SchedulerMsg::Heartbeat { worker_id } => {
+                let now = st.clock.now_ms();
+                if let Some(w) = st.workers.get_mut(&worker_id) {
+                    w.last_seen_ms = now;
+                }
+            }
+            SchedulerMsg::Enqueue(job) => {
+                let id = job.record.job_id.clone();
+                st.queue.push_back(id.clone());
+                st.jobs.insert(
+                    id,
+                    Entry {
+                        job: *job,
+                        lease: None,
+                        infra_retries: 0,
+                    },
+                );
+            }
+            SchedulerMsg::Started {
+                worker_id,
+                job_id,
+                lease_epoch,
+            } => {
+                if let Some(e) = leased(st, &worker_id, &job_id, lease_epoch) {
+                    let _ = e.job.notify.cast(ComponentMsg::Started {
+                        job_id,
+                        worker_id,
+                    });
+                }
+            }
+            SchedulerMsg::Log {
+                worker_id,
+                job_id,
+                lease_epoch,
+                seq,
+                stream,
+                offset,
+                data,
+            } => {
+                if leased(st, &worker_id, &job_id, lease_epoch).is_some() {
+                    st.store
+                        .append_log(&job_id, seq, stream, offset, &data)
+                        .await?;
+                }
+            }
+            SchedulerMsg::Finished { worker_id, report } => {
+                if leased(st, &worker_id, &report.job_id, report.lease_epoch).is_none() {
+                    return Ok(());
+                }
+                let Some(entry) = st.jobs.remove(&report.job_id) else {
+                    return Ok(());
+                };
+                release(st, &entry);
+                let _ = entry.job.notify.cast(ComponentMsg::Finished {
+                    report,
+                    worker_id,
+                });
+            }
+            SchedulerMsg::CancelFamily { family } => {
+                let ids: Vec<String> = st
+                    .jobs
+                    .iter()
+                    .filter(|(_, e)| e.job.record.family == family)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in ids {
+                    st.queue.retain(|q| q != &id);
+                    if let Some(entry) = st.jobs.remove(&id) {
+                        if let Some(lease) = &entry.lease
+                            && let Some(w) = st.workers.get(&lease.worker_id)
+                        {
+                            let _ = w
+                                .tx
+                                .send(ToWorker::Cancel {
+                                    job_id: id.clone(),
+                                    lease_epoch: lease.epoch,
+                                    reason: "port cancelled".into(),
+                                })
+                                .await;
+                        }
+                        release(st, &entry);
+                    }
+                }
+            }
+            SchedulerMsg::Tick => {
+                let now = st.clock.now_ms();
+                let ttl = st.config.lease_ttl.as_millis() as i64;
+                let lost: Vec<String> = st
+                    .workers
+                    .iter()
+                    .filter(|(_, w)| now - w.last_seen_ms > ttl)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in lost {
+                    tracing::warn!(worker = %id, "worker missed its heartbeats; its leases expire");
+                    lose_worker(st, &id).await?;
+                }
+            }
+            SchedulerMsg::Counts(reply) => {
+                let running = st.jobs.values().filter(|e| e.lease.is_some()).count();
+                let _ = reply.send((st.workers.len(), st.queue.len(), running));
+                return Ok(());
+            }
+        }
+        dispatch(st).await?;
+        Ok(())
+    }
+}
+
+/// The entry of a job when `worker_id` holds its lease under `epoch`;
+/// otherwise the message is stale and is logged and ignored.
+fn leased<'a>(
+    st: &'a mut SchedulerState,
+    worker_id: &str,
+    job_id: &str,
+    epoch: u64,
+) -> Option<&'a mut Entry> {
+    let ok = st.jobs.get(job_id).and_then(|e| e.lease.as_ref()).is_some_and(|l| {
+        l.worker_id == worker_id && l.epoch == epoch
+    });
+    if !ok {
+        tracing::warn!(worker = %worker_id, job = %job_id, epoch, "rejected a message with a stale or unknown lease");
+        return None;
+    }
+    st.jobs.get_mut(job_id)
+}
+
+fn release(st: &mut SchedulerState, entry: &Entry) {
+    if let Some(lease) = &entry.lease
+        && let Some(w) = st.workers.get_mut(&lease.worker_id)
+    {
+        if lease.gpus.is_empty() {
+            w.free_cpu += 1;
+        } else {
+            w.free_gpus.extend(lease.gpus.iter().copied());
+        }
+    }
+}
+
+/// Drops a worker and puts its leased jobs back at the front of the queue,
+/// or ends them as `infra_error` once they were retried enough.
+async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), ActorProcessingErr> {
+    st.workers.remove(worker_id);
+    let mut lost: Vec<String> = st
+        .jobs
+        .iter()
+        .filter(|(_, e)| e.lease.as_ref().is_some_and(|l| l.worker_id == worker_id))
+        .map(|(id, _)| id.clone())
+        .collect();
+    lost.sort();
+    for id in lost.into_iter().rev() {
+        let Some(entry) = st.jobs.get_mut(&id) else {
+            continue;
+        };
+        entry.lease = None;
+        entry.infra_retries += 1;
+        if entry.infra_retries > MAX_INFRA_RETRIES {
+            let entry = st.jobs.remove(&id).expect("entry exists");
+            let _ = entry.job.notify.cast(ComponentMsg::WorkerLost {
+                job_id: id,
+                worker_id: worker_id.to_string(),
+                give_up: true,
+            });
+            continue;
+        }
+        st.store.requeue_job(&id).await?;
+        let _ = entry.job.notify.cast(ComponentMsg::WorkerLost {
+            job_id: id.clone(),
+            worker_id: worker_id.to_string(),
+            give_up: false,
+        });
+        st.queue.push_front(id);
+    }
+    Ok(())
+}
+
+/// Leases queued jobs, first in first out, to workers with room for them.
+async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
+    let mut i = 0;
+    while i < st.queue.len() {
+        let id = st.queue[i].clone();
+        let Some(entry) = st.jobs.get(&id) else {
+            st.queue.remove(i);
+            continue;
+        };
+        let need = entry.job.record.gpus_needed;
+        // Prefer the worker with the most free room so load spreads out.
+        let pick = st
+            .workers
+            .iter()
+            .filter(|(_, w)| {
+                if need == 0 {
+                    w.free_cpu > 0
+                } else {
+                    w.free_gpus.len() >= need as usize
+                }
+            })
+            .max_by_key(|(id, w)| (w.free_cpu as usize + w.free_gpus.len(), std::cmp::Reverse((*id).clone())))
+            .map(|(id, _)| id.clone());
+        let Some(worker_id) = pick else {
+            i += 1;
+            continue;
+        };
+        st.queue.remove(i);
+        let w = st.workers.get_mut(&worker_id).expect("picked worker exists");
+        let gpus: Vec<u32> = if need == 0 {
+            w.free_cpu -= 1;
+            Vec::new()
+        } else {
+            let g: Vec<u32> = w.free_gpus.iter().copied().take(need as usize).collect();
+            for x in &g {
+                w.free_gpus.remove(x);
+            }
+            g
+        };
+        let epoch = st.next_epoch;
+        st.next_epoch += 1;
+        // Committed before the assignment leaves: a crash after this point
+        // finds the job running under this epoch and reruns it once.
+        st.store.lease_job(&id, &worker_id, epoch, &gpus).await?;
+        let entry = st.jobs.get_mut(&id).expect("entry exists");
+        let r = &entry.job.record;
+        let assignment = Assignment {
+            job_id: id.clone(),
+            lease_epoch: epoch,
+            argv: r.argv.clone(),
+            env: entry.job.env.clone(),
+            secret_env: entry.job.secret_env.clone(),
+            cwd: r.cwd.clone(),
+            gpus: gpus.clone(),
+            timeout_ms: r.timeout_ms,
+        };
+        entry.lease = Some(Lease {
+            worker_id: worker_id.clone(),
+            epoch,
+            gpus,
+        });
+        let _ = entry.job.notify.cast(ComponentMsg::Leased {
+            job_id: id.clone(),
+            worker_id: worker_id.clone(),
+        });
+        let tx = st.workers[&worker_id].tx.clone();
+        if tx.send(ToWorker::Assign(assignment)).await.is_err() {
+            // The stream is gone; the disconnect message will requeue it.
+            tracing::warn!(worker = %worker_id, job = %id, "worker stream closed while assigning");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! The port spec: `tests/local_tests/<family>/port.toml` in the port's
+//! repository. It carries the prep handoff fields of the contract and the
+//! components with their parity tests. Environment variables are named,
+//! never valued: a spec holding a token value is refused.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Default parity command; `{test}` is the component's parity test path and
+/// `{junitxml}` the JUnit file the worker collects.
+pub const DEFAULT_COMMAND: &[&str] = &[
+    "python3",
+    "-m",
+    "pytest",
+    "{test}",
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "--junitxml={junitxml}",
+];
+
+/// Why a spec could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("cannot read port spec {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Syntax {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// A parsed, validated port spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PortSpec {
+    pub family: String,
+    /// Prep handoff fields, keyed by the contract's field names, as written.
+    pub prep: BTreeMap<String, String>,
+    pub components: Vec<ComponentSpec>,
+}
+
+/// One component and how to run its parity test.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ComponentSpec {
+    pub name: String,
+    pub component_type: String,
+    /// Repo-relative path of the parity test.
+    pub parity_test: String,
+    pub coverage_scope: String,
+    /// Number of GPUs of one host the test needs (0 = a CPU slot).
+    pub gpus: u32,
+    pub timeout: Duration,
+    /// Names of environment variables passed through to the test.
+    pub env: Vec<String>,
+    /// Command template with `{test}` and `{junitxml}` placeholders.
+    pub command: Vec<String>,
+}
+
+impl ComponentSpec {
+    /// The argv of a run: the template with `{test}` substituted. `{junitxml}`
+    /// stays for the worker, which alone knows where the file goes.
+    pub fn argv(&self) -> Vec<String> {
+        self.command
+            .iter()
+            .map(|a| a.replace("{test}", &self.parity_test).replace("{gpus}", &self.gpus.to_string()))
+            .collect()
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    prep: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    defaults: RawDefaults,
+    #[serde(default, rename = "component")]
+    components: Vec<RawComponent>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDefaults {
+    command: Option<Vec<String>>,
+    timeout_s: Option<u64>,
+    gpus: Option<u32>,
+    env: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawComponent {
+    name: String,
+    #[serde(rename = "type")]
+    component_type: String,
+    parity_test: String,
+    coverage_scope: String,
+    gpus: Option<u32>,
+    timeout_s: Option<u64>,
+    env: Option<Vec<String>>,
+    command: Option<Vec<String>>,
+}
+
+/// Where the spec of `family` lives inside `repo` by convention.
+pub fn default_path(repo: &Path, family: &str) -> PathBuf {
+    repo.join("tests/local_tests")
+        .join(family)
+        .join("port.toml")
+}
+
+/// Reads and parses a spec file.
+pub fn load(path: &Path) -> Result<PortSpec, SpecError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(path, &text)
+}
+
+/// Parses spec text; `path` only names the file in errors.
+pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
+    let raw: RawSpec = toml::from_str(text).map_err(|e| {
+        let (line, column) = e
+            .span()
+            .map(|s| line_col(text, s.start))
+            .unwrap_or((1, 1));
+        SpecError::Syntax {
+            path: path.to_path_buf(),
+            line,
+            column,
+            message: e.message().to_string(),
+        }
+    })?;
+    let invalid = |message: String| SpecError::Invalid {
+        path: path.to_path_buf(),
+        message,
+    };
+    let mut prep = BTreeMap::new();
+    for (k, v) in raw.prep {
+        let s = match v {
+            toml::Value::String(s) => s,
+            toml::Value::Array(items) => items
+                .iter()
+                .map(|i| i.as_str().map(str::to_string).unwrap_or_else(|| i.to_string()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            other => other.to_string(),
+        };
+        prep.insert(k, s);
+    }
+    let family = prep
+        .get("model_family")
+        .cloned()
+        .ok_or_else(|| invalid("prep.model_family is missing".into()))?;
+    if family.is_empty()
+        || !family
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
+        return Err(invalid(format!(
+            "prep.model_family {family:?} is not snake_case"
+        )));
+    }
+    let defaults_cmd: Vec<String> = raw
+        .defaults
+        .command
+        .unwrap_or_else(|| DEFAULT_COMMAND.iter().map(|s| s.to_string()).collect());
+    let mut components = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for c in raw.components {
+        if !seen.insert(c.name.clone()) {
+            return Err(invalid(format!("component {:?} is listed twice", c.name)));
+        }
+        let env = c
+            .env
+            .or_else(|| raw.defaults.env.clone())
+            .unwrap_or_default();
+        for name in &env {
+            if !is_env_name(name) {
+                return Err(invalid(format!(
+                    "component {}: env entry is not a variable name (specs name variables, never values)",
+                    c.name
+                )));
+            }
+        }
+        let command = c.command.unwrap_or_else(|| defaults_cmd.clone());
+        if command.is_empty() {
+            return Err(invalid(format!("component {}: command is empty", c.name)));
+        }
+        components.push(ComponentSpec {
+            name: c.name,
+            component_type: c.component_type,
+            parity_test: c.parity_test,
+            coverage_scope: c.coverage_scope,
+            gpus: c.gpus.or(raw.defaults.gpus).unwrap_or(0),
+            timeout: Duration::from_secs(c.timeout_s.or(raw.defaults.timeout_s).unwrap_or(600)),
+            env,
+            command,
+        });
+    }
+    if components.is_empty() {
+        return Err(invalid("no [[component]] is listed".into()));
+    }
+    Ok(PortSpec {
+        family,
+        prep,
+        components,
+    })
+}
+
+fn is_env_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+}
+
+/// 1-based line and column of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[prep]
+model_family = "tiny"
+official_env_status = "imports_ok"
+
+[[component]]
+name = "embed"
+type = "generic"
+parity_test = "tests/local_tests/generic/test_tiny_embed_parity.py"
+coverage_scope = "both"
+env = ["HF_TOKEN"]
+"#;
+
+    #[test]
+    fn parses_defaults() {
+        let s = parse(Path::new("port.toml"), GOOD).unwrap();
+        assert_eq!(s.family, "tiny");
+        let c = &s.components[0];
+        assert_eq!(c.gpus, 0);
+        assert_eq!(c.timeout, Duration::from_secs(600));
+        assert_eq!(c.argv()[3], "tests/local_tests/generic/test_tiny_embed_parity.py");
+        assert!(c.argv().iter().any(|a| a == "--junitxml={junitxml}"));
+    }
+
+    #[test]
+    fn syntax_error_names_line_and_column() {
+        let bad = "[prep]\nmodel_family = \"tiny\"\nfoo = = 3\n";
+        let err = parse(Path::new("x/port.toml"), bad).unwrap_err().to_string();
+        assert!(err.starts_with("x/port.toml:3:"), "{err}");
+    }
+
+    #[test]
+    fn env_values_are_refused() {
+        let bad = GOOD.replace("[\"HF_TOKEN\"]", "[\"hf_abcdefghijklmnopqrstuvwxyz0123\"]");
+        let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
+        assert!(err.contains("not a variable name"), "{err}");
+        assert!(!err.contains("hf_abc"), "the value must not be echoed: {err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let bad = GOOD.replace("coverage_scope = \"both\"", "coverage_scope = \"both\"\nbogus = 1");
+        let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
+        assert!(err.contains("bogus"), "{err}");
+    }
+}

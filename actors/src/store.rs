@@ -1,0 +1,643 @@
+//! The durable store: one SQLite file in WAL mode with numbered migrations.
+//!
+//! Actors commit every state change here before they acknowledge it or act
+//! on it, so a crash loses nothing that anyone was told about. Only plain
+//! `sqlx::query` is used (no compile-time macros): the build needs no live
+//! database.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+
+use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, PortRow};
+
+/// Numbered migrations, applied in order, each once.
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database {url}: {source}")]
+    Open { url: String, source: sqlx::Error },
+    #[error("database migration {version}: {source}")]
+    Migrate { version: i64, source: sqlx::Error },
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+    #[error("database holds a malformed value in {what}: {message}")]
+    Corrupt { what: &'static str, message: String },
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Handle to the database; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `url` (`sqlite://PATH`)
+    /// and applies pending migrations.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        let open_err = |source| StoreError::Open {
+            url: url.to_string(),
+            source,
+        };
+        let opts = SqliteConnectOptions::from_str(url)
+            .map_err(open_err)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // FULL: a committed transaction survives power loss, not only a crash.
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(std::time::Duration::from_secs(10))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await
+            .map_err(open_err)?;
+        let store = Store { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Opens the database file at `path`.
+    pub async fn open_path(path: &Path) -> Result<Self, StoreError> {
+        Self::open(&format!("sqlite://{}", path.display())).await
+    }
+
+    /// A write transaction that takes the write lock up front: a deferred
+    /// transaction that reads first cannot wait for the lock when it later
+    /// writes (SQLite answers `database is locked` at once), this one can.
+    async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, sqlx::Error> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::query("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)")
+            .execute(&self.pool)
+            .await?;
+        for (version, sql) in MIGRATIONS {
+            let mut tx = self.write_tx().await?;
+            let done: Option<i64> =
+                sqlx::query_scalar("SELECT version FROM schema_migrations WHERE version = ?")
+                    .bind(version)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if done.is_some() {
+                continue;
+            }
+            sqlx::raw_sql(*sql)
+                .execute(&mut *tx)
+                .await
+                .map_err(|source| StoreError::Migrate {
+                    version: *version,
+                    source,
+                })?;
+            sqlx::query("INSERT INTO schema_migrations (version, applied_ms) VALUES (?, ?)")
+                .bind(version)
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    // ----- ports -----------------------------------------------------------
+
+    /// Inserts a new port with its components, or returns false when the
+    /// family already exists (the caller then resumes it).
+    pub async fn create_port(
+        &self,
+        port: &PortRow,
+        components: &[String],
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let exists: Option<String> = sqlx::query_scalar("SELECT family FROM ports WHERE family = ?")
+            .bind(&port.family)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if exists.is_some() {
+            return Ok(false);
+        }
+        let now = now_ms();
+        sqlx::query("INSERT INTO ports (family, repo, spec_path, spec_toml, state, phase, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+            .bind(&port.family)
+            .bind(&port.repo)
+            .bind(&port.spec_path)
+            .bind(&port.spec_toml)
+            .bind(&port.state)
+            .bind(&port.phase)
+            .bind(now)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        for name in components {
+            sqlx::query("INSERT INTO components (family, name, status, updated_ms) VALUES (?, ?, 'pending', ?)")
+                .bind(&port.family)
+                .bind(name)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Replaces the spec of an existing port (a resubmit may edit it) and
+    /// adds rows for components the new spec introduced.
+    pub async fn update_port_spec(
+        &self,
+        family: &str,
+        repo: &str,
+        spec_path: &str,
+        spec_toml: &str,
+        components: &[String],
+    ) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
+        let now = now_ms();
+        sqlx::query("UPDATE ports SET repo = ?, spec_path = ?, spec_toml = ?, updated_ms = ? WHERE family = ?")
+            .bind(repo)
+            .bind(spec_path)
+            .bind(spec_toml)
+            .bind(now)
+            .bind(family)
+            .execute(&mut *tx)
+            .await?;
+        for name in components {
+            sqlx::query("INSERT OR IGNORE INTO components (family, name, status, updated_ms) VALUES (?, ?, 'pending', ?)")
+                .bind(family)
+                .bind(name)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn port(&self, family: &str) -> Result<Option<PortRow>, StoreError> {
+        let row = sqlx::query("SELECT family, repo, spec_path, spec_toml, state, phase, port_status_path FROM ports WHERE family = ?")
+            .bind(family)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| port_row(&r)))
+    }
+
+    pub async fn ports(&self) -> Result<Vec<PortRow>, StoreError> {
+        let rows = sqlx::query("SELECT family, repo, spec_path, spec_toml, state, phase, port_status_path FROM ports ORDER BY created_ms")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(port_row).collect())
+    }
+
+    pub async fn set_port_state(
+        &self,
+        family: &str,
+        state: &str,
+        phase: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE ports SET state = ?, phase = ?, updated_ms = ? WHERE family = ?")
+            .bind(state)
+            .bind(phase)
+            .bind(now_ms())
+            .bind(family)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn set_port_status_path(&self, family: &str, path: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE ports SET port_status_path = ? WHERE family = ?")
+            .bind(path)
+            .bind(family)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    // ----- components ------------------------------------------------------
+
+    pub async fn components(&self, family: &str) -> Result<Vec<ComponentRow>, StoreError> {
+        let rows = sqlx::query("SELECT name, status, verdict, reason, runs, worker_id FROM components WHERE family = ? ORDER BY rowid")
+            .bind(family)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| ComponentRow {
+                name: r.get("name"),
+                status: r.get("status"),
+                verdict: r.get("verdict"),
+                reason: r.get("reason"),
+                runs: r.get::<i64, _>("runs") as u32,
+                worker_id: r.get("worker_id"),
+            })
+            .collect())
+    }
+
+    pub async fn set_component(
+        &self,
+        family: &str,
+        name: &str,
+        status: &str,
+        verdict: &str,
+        reason: &str,
+        worker_id: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE components SET status = ?, verdict = ?, reason = ?, worker_id = ?, updated_ms = ? WHERE family = ? AND name = ?")
+            .bind(status)
+            .bind(verdict)
+            .bind(reason)
+            .bind(worker_id)
+            .bind(now_ms())
+            .bind(family)
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    // ----- jobs ------------------------------------------------------------
+
+    /// Records a new queued run of a component and returns it. Run numbers
+    /// are dense per component, starting at 1.
+    pub async fn queue_job(&self, job: &JobRecord) -> Result<JobRecord, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let last: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(run_no) FROM jobs WHERE family = ? AND component = ?")
+                .bind(&job.family)
+                .bind(&job.component)
+                .fetch_one(&mut *tx)
+                .await?;
+        let run_no = last.unwrap_or(0) + 1;
+        let job_id = format!("{}.{}.{}", job.family, job.component, run_no);
+        let now = now_ms();
+        sqlx::query("INSERT INTO jobs (job_id, family, component, run_no, state, argv, cwd, gpus_needed, timeout_ms, queued_ms) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)")
+            .bind(&job_id)
+            .bind(&job.family)
+            .bind(&job.component)
+            .bind(run_no)
+            .bind(serde_json::to_string(&job.argv).unwrap_or_default())
+            .bind(&job.cwd)
+            .bind(job.gpus_needed as i64)
+            .bind(job.timeout_ms as i64)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE components SET runs = ?, status = 'queued', updated_ms = ? WHERE family = ? AND name = ?")
+            .bind(run_no)
+            .bind(now)
+            .bind(&job.family)
+            .bind(&job.component)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(JobRecord {
+            job_id,
+            run_no: run_no as u32,
+            ..job.clone()
+        })
+    }
+
+    /// Records that `job_id` was leased to `worker_id` under `epoch`.
+    pub async fn lease_job(
+        &self,
+        job_id: &str,
+        worker_id: &str,
+        epoch: u64,
+        gpus: &[u32],
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE jobs SET state = 'running', worker_id = ?, lease_epoch = ?, gpus = ?, started_ms = ? WHERE job_id = ?")
+            .bind(worker_id)
+            .bind(epoch as i64)
+            .bind(serde_json::to_string(gpus).unwrap_or_default())
+            .bind(now_ms())
+            .bind(job_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Puts a leased job back in the queue (its worker was lost).
+    pub async fn requeue_job(&self, job_id: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE jobs SET state = 'queued', worker_id = '' WHERE job_id = ?")
+            .bind(job_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The highest lease epoch ever handed out, so a restarted orchestrator
+    /// keeps epochs increasing and fencing stays sound.
+    pub async fn max_epoch(&self) -> Result<u64, StoreError> {
+        let v: Option<i64> = sqlx::query_scalar("SELECT MAX(lease_epoch) FROM jobs")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(v.unwrap_or(0) as u64)
+    }
+
+    /// Records the result of a run and the component's new state in one
+    /// transaction, but only when the job is still running under `epoch`:
+    /// returns false for a stale or duplicate result.
+    pub async fn finish_job(
+        &self,
+        job_id: &str,
+        epoch: u64,
+        result: &JobResult,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let now = now_ms();
+        let done = sqlx::query("UPDATE jobs SET state = 'finished', verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = 'running'")
+            .bind(&result.verdict)
+            .bind(&result.reason)
+            .bind(result.exit_code)
+            .bind(result.signal)
+            .bind(result.duration_ms as i64)
+            .bind(&result.junit_xml)
+            .bind(&result.output_tail)
+            .bind(now)
+            .bind(job_id)
+            .bind(epoch as i64)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if done == 0 {
+            return Ok(false);
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Marks every unfinished job of a family abandoned and returns their
+    /// components: used when a port resumes after a crash, so each run that
+    /// was in flight is rerun once under a new run number.
+    pub async fn abandon_unfinished(&self, family: &str) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<String> = sqlx::query_scalar(
+            "UPDATE jobs SET state = 'abandoned' WHERE family = ? AND state IN ('queued', 'running') RETURNING component",
+        )
+        .bind(family)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
+    pub async fn job(&self, job_id: &str) -> Result<Option<JobRecord>, StoreError> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("{JOB_SELECT} WHERE job_id = ?")))
+            .bind(job_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| job_row(&r)).transpose()
+    }
+
+    /// Runs of one component, oldest first.
+    pub async fn jobs_of(&self, family: &str, component: &str) -> Result<Vec<JobRecord>, StoreError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "{JOB_SELECT} WHERE family = ? AND component = ? ORDER BY run_no"
+        )))
+            .bind(family)
+            .bind(component)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_row).collect()
+    }
+
+    // ----- logs ------------------------------------------------------------
+
+    /// Appends a log chunk unless one with the same sequence number is
+    /// already stored (a retransmission after a reconnect).
+    pub async fn append_log(
+        &self,
+        job_id: &str,
+        seq: u64,
+        stream: i32,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT OR IGNORE INTO job_logs (job_id, seq, stream, offset, data) VALUES (?, ?, ?, ?, ?)")
+            .bind(job_id)
+            .bind(seq as i64)
+            .bind(stream)
+            .bind(offset as i64)
+            .bind(data)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Log chunks of a job with a sequence number above `after_seq`.
+    pub async fn logs(
+        &self,
+        job_id: &str,
+        after_seq: Option<u64>,
+    ) -> Result<Vec<(u64, i32, Vec<u8>)>, StoreError> {
+        let rows = sqlx::query("SELECT seq, stream, data FROM job_logs WHERE job_id = ? AND seq > ? ORDER BY seq")
+            .bind(job_id)
+            .bind(after_seq.map_or(-1, |s| s as i64))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<i64, _>("seq") as u64,
+                    r.get::<i64, _>("stream") as i32,
+                    r.get::<Vec<u8>, _>("data"),
+                )
+            })
+            .collect())
+    }
+
+    // ----- gate ------------------------------------------------------------
+
+    pub async fn record_gate(
+        &self,
+        family: &str,
+        phase: &str,
+        outcome: &str,
+        conditions: &[String],
+    ) -> Result<GateEventRow, StoreError> {
+        let at_ms = now_ms();
+        sqlx::query("INSERT INTO gate_events (family, phase, outcome, conditions, at_ms) VALUES (?, ?, ?, ?, ?)")
+            .bind(family)
+            .bind(phase)
+            .bind(outcome)
+            .bind(serde_json::to_string(conditions).unwrap_or_default())
+            .bind(at_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(GateEventRow {
+            phase: phase.to_string(),
+            outcome: outcome.to_string(),
+            conditions: conditions.to_vec(),
+            at_ms,
+        })
+    }
+
+    pub async fn gate_events(&self, family: &str) -> Result<Vec<GateEventRow>, StoreError> {
+        let rows = sqlx::query("SELECT phase, outcome, conditions, at_ms FROM gate_events WHERE family = ? ORDER BY id")
+            .bind(family)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let conditions: String = r.get("conditions");
+                Ok(GateEventRow {
+                    phase: r.get("phase"),
+                    outcome: r.get("outcome"),
+                    conditions: serde_json::from_str(&conditions).map_err(|e| {
+                        StoreError::Corrupt {
+                            what: "gate_events.conditions",
+                            message: e.to_string(),
+                        }
+                    })?,
+                    at_ms: r.get("at_ms"),
+                })
+            })
+            .collect()
+    }
+
+    // ----- workers ---------------------------------------------------------
+
+    pub async fn upsert_worker(
+        &self,
+        worker_id: &str,
+        host: &str,
+        gpus_json: &str,
+        cpu_slots: u32,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO workers (worker_id, host, gpus, cpu_slots, last_seen_ms) VALUES (?, ?, ?, ?, ?) ON CONFLICT(worker_id) DO UPDATE SET host = excluded.host, gpus = excluded.gpus, cpu_slots = excluded.cpu_slots, last_seen_ms = excluded.last_seen_ms")
+            .bind(worker_id)
+            .bind(host)
+            .bind(gpus_json)
+            .bind(cpu_slots as i64)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+const JOB_SELECT: &str = "SELECT job_id, family, component, run_no, state, lease_epoch, worker_id, argv, cwd, gpus_needed, timeout_ms, verdict, reason, exit_code, signal, duration_ms, output_tail, queued_ms, started_ms, finished_ms FROM jobs";
+
+fn port_row(r: &sqlx::sqlite::SqliteRow) -> PortRow {
+    PortRow {
+        family: r.get("family"),
+        repo: r.get("repo"),
+        spec_path: r.get("spec_path"),
+        spec_toml: r.get("spec_toml"),
+        state: r.get("state"),
+        phase: r.get("phase"),
+        port_status_path: r.get("port_status_path"),
+    }
+}
+
+fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRecord, StoreError> {
+    let argv: String = r.get("argv");
+    Ok(JobRecord {
+        job_id: r.get("job_id"),
+        family: r.get("family"),
+        component: r.get("component"),
+        run_no: r.get::<i64, _>("run_no") as u32,
+        state: r.get("state"),
+        lease_epoch: r.get::<i64, _>("lease_epoch") as u64,
+        worker_id: r.get("worker_id"),
+        argv: serde_json::from_str(&argv).map_err(|e| StoreError::Corrupt {
+            what: "jobs.argv",
+            message: e.to_string(),
+        })?,
+        cwd: r.get("cwd"),
+        gpus_needed: r.get::<i64, _>("gpus_needed") as u32,
+        timeout_ms: r.get::<i64, _>("timeout_ms") as u64,
+        verdict: r.get("verdict"),
+        reason: r.get("reason"),
+        exit_code: r.get("exit_code"),
+        signal: r.get("signal"),
+        duration_ms: r.get::<Option<i64>, _>("duration_ms").map(|d| d as u64),
+        output_tail: r.get("output_tail"),
+        queued_ms: r.get("queued_ms"),
+        started_ms: r.get("started_ms"),
+        finished_ms: r.get("finished_ms"),
+        env_names: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(family: &str) -> PortRow {
+        PortRow {
+            family: family.into(),
+            repo: "/repo".into(),
+            spec_path: "port.toml".into(),
+            spec_toml: "".into(),
+            state: "in_progress".into(),
+            phase: "P0".into(),
+            port_status_path: String::new(),
+        }
+    }
+
+    fn job(family: &str, component: &str) -> JobRecord {
+        JobRecord {
+            family: family.into(),
+            component: component.into(),
+            argv: vec!["true".into()],
+            cwd: "/".into(),
+            timeout_ms: 1000,
+            ..JobRecord::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn survives_reopen_and_fences_stale_results() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open_path(&path).await.unwrap();
+        assert!(store.create_port(&port("p"), &["a".into()]).await.unwrap());
+        assert!(!store.create_port(&port("p"), &["a".into()]).await.unwrap());
+        let j = store.queue_job(&job("p", "a")).await.unwrap();
+        assert_eq!(j.run_no, 1);
+        assert_eq!(j.job_id, "p.a.1");
+        store.lease_job(&j.job_id, "w1", 7, &[]).await.unwrap();
+        drop(store);
+
+        let store = Store::open_path(&path).await.unwrap();
+        assert_eq!(store.max_epoch().await.unwrap(), 7);
+        let result = JobResult {
+            verdict: "non_skip_pass".into(),
+            ..JobResult::default()
+        };
+        assert!(!store.finish_job(&j.job_id, 6, &result).await.unwrap(), "stale epoch must be refused");
+        assert!(store.finish_job(&j.job_id, 7, &result).await.unwrap());
+        assert!(!store.finish_job(&j.job_id, 7, &result).await.unwrap(), "a duplicate result must be refused");
+        let runs = store.jobs_of("p", "a").await.unwrap();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].verdict, "non_skip_pass");
+    }
+
+    #[tokio::test]
+    async fn abandons_in_flight_runs_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_path(&dir.path().join("s.db")).await.unwrap();
+        store.create_port(&port("p"), &["a".into(), "b".into()]).await.unwrap();
+        let ja = store.queue_job(&job("p", "a")).await.unwrap();
+        store.lease_job(&ja.job_id, "w", 1, &[]).await.unwrap();
+        store.queue_job(&job("p", "b")).await.unwrap();
+        let mut abandoned = store.abandon_unfinished("p").await.unwrap();
+        abandoned.sort();
+        assert_eq!(abandoned, vec!["a".to_string(), "b".to_string()]);
+        assert!(store.abandon_unfinished("p").await.unwrap().is_empty());
+        let next = store.queue_job(&job("p", "a")).await.unwrap();
+        assert_eq!(next.run_no, 2);
+    }
+}

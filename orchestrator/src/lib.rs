@@ -1,0 +1,148 @@
+//! The fvd server: opens the store, spawns the actors, and serves the
+//! worker and port gRPC services on one listener. Embedded mode and
+//! `fvd orchestrator serve` both start it through [`start`]; the only
+//! difference is who owns the process.
+
+pub mod port_api;
+pub mod worker_api;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fvd_actors::clock::{Clock, SystemClock};
+use fvd_actors::model::PortEvent;
+use fvd_actors::orchestrator::{OrchestratorActor, OrchestratorArgs, OrchestratorMsg};
+use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg};
+use fvd_actors::store::{Store, StoreError};
+use fvd_proto::v1::port_service_server::PortServiceServer;
+use fvd_proto::v1::worker_service_server::WorkerServiceServer;
+use ractor::{Actor, ActorRef};
+use tokio::net::TcpListener;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot start the {actor} actor: {message}")]
+    Actor { actor: &'static str, message: String },
+    #[error("cannot read the listener address: {0}")]
+    Listener(std::io::Error),
+}
+
+/// Knobs of a server; defaults suit production.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub scheduler: SchedulerConfig,
+    pub heartbeat_interval: Duration,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            scheduler: SchedulerConfig::default(),
+            heartbeat_interval: Duration::from_secs(1),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Server {
+    pub addr: SocketAddr,
+    pub store: Store,
+    pub scheduler: ActorRef<SchedulerMsg>,
+    pub orchestrator: ActorRef<OrchestratorMsg>,
+    pub events: broadcast::Sender<PortEvent>,
+    serve: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Server {
+    /// `http://ADDR` for clients and workers.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops serving and stops the actors.
+    pub async fn shutdown(self) {
+        self.serve.abort();
+        self.orchestrator.stop(None);
+        self.scheduler.stop(None);
+    }
+
+    /// Waits until the server task ends (it ends only on error or abort).
+    pub async fn wait(self) -> Result<(), String> {
+        match self.serve.await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// Starts the actors and serves both services on `listener`.
+pub async fn start(
+    listener: TcpListener,
+    store: Store,
+    config: ServerConfig,
+) -> Result<Server, ServerError> {
+    let addr = listener.local_addr().map_err(ServerError::Listener)?;
+    let (events, _) = broadcast::channel(1024);
+    let (scheduler, _) = Actor::spawn(
+        None,
+        SchedulerActor,
+        SchedulerArgs {
+            store: store.clone(),
+            clock: config.clock.clone(),
+            config: config.scheduler.clone(),
+        },
+    )
+    .await
+    .map_err(|e| ServerError::Actor {
+        actor: "scheduler",
+        message: e.to_string(),
+    })?;
+    let (orchestrator, _) = Actor::spawn(
+        None,
+        OrchestratorActor,
+        OrchestratorArgs {
+            store: store.clone(),
+            scheduler: scheduler.clone(),
+            events: events.clone(),
+        },
+    )
+    .await
+    .map_err(|e| ServerError::Actor {
+        actor: "orchestrator",
+        message: e.to_string(),
+    })?;
+    let workers = worker_api::WorkerApi {
+        scheduler: scheduler.clone(),
+        heartbeat_interval: config.heartbeat_interval,
+        lease_ttl: config.scheduler.lease_ttl,
+    };
+    let ports = port_api::PortApi {
+        store: store.clone(),
+        orchestrator: orchestrator.clone(),
+        events: events.clone(),
+    };
+    let serve = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(WorkerServiceServer::new(workers))
+            .add_service(PortServiceServer::new(ports))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    tracing::info!(%addr, "orchestrator listening");
+    Ok(Server {
+        addr,
+        store,
+        scheduler,
+        orchestrator,
+        events,
+        serve,
+    })
+}

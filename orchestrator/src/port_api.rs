@@ -1,0 +1,292 @@
+//! `PortService`: the gRPC edge for the CLI. Submissions and cancellations
+//! go to the orchestrator actor; reads come from the store; watches come
+//! from the port event channel.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use fvd_actors::model::{ComponentRow, GateEventRow, PortEvent};
+use fvd_actors::orchestrator::{OrchestratorMsg, PortError, Submission};
+use fvd_actors::store::{Store, StoreError};
+use fvd_proto::v1 as pb;
+use ractor::ActorRef;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+/// How long a CLI call waits for the orchestrator actor to answer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often `logs --follow` looks for new output.
+const FOLLOW_POLL: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone)]
+pub struct PortApi {
+    pub store: Store,
+    pub orchestrator: ActorRef<OrchestratorMsg>,
+    pub events: broadcast::Sender<PortEvent>,
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn port_status(e: PortError) -> Status {
+    match e {
+        PortError::InvalidSpec(m) => Status::invalid_argument(m),
+        e @ PortError::FamilyMismatch { .. } => Status::invalid_argument(e.to_string()),
+        PortError::UnknownFamily(f) => Status::not_found(format!("no port of family {f}")),
+        PortError::Internal(m) => Status::internal(m),
+    }
+}
+
+fn store_status(e: StoreError) -> Status {
+    Status::internal(e.to_string())
+}
+
+async fn call<T>(
+    orch: &ActorRef<OrchestratorMsg>,
+    f: impl FnOnce(ractor::RpcReplyPort<Result<T, PortError>>) -> OrchestratorMsg,
+) -> Result<T, Status>
+where
+    T: Send + 'static,
+{
+    match orch.call(f, Some(CALL_TIMEOUT)).await {
+        Ok(ractor::rpc::CallResult::Success(r)) => r.map_err(port_status),
+        Ok(ractor::rpc::CallResult::Timeout) => Err(Status::deadline_exceeded("orchestrator did not answer in time")),
+        Ok(ractor::rpc::CallResult::SenderError) | Err(_) => Err(Status::unavailable("orchestrator actor is down")),
+    }
+}
+
+/// The wire snapshot of one port, read from the store.
+pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnapshot>, StoreError> {
+    let Some(port) = store.port(family).await? else {
+        return Ok(None);
+    };
+    let components = store.components(family).await?;
+    let gate = store.gate_events(family).await?;
+    Ok(Some(pb::PortSnapshot {
+        family: port.family,
+        state: port.state,
+        phase: port.phase,
+        components: components.into_iter().map(component_wire).collect(),
+        gate_events: gate.into_iter().map(gate_wire).collect(),
+        repo: port.repo,
+        port_status_path: port.port_status_path,
+    }))
+}
+
+fn component_wire(c: ComponentRow) -> pb::ComponentSnapshot {
+    pb::ComponentSnapshot {
+        name: c.name,
+        status: c.status,
+        reason: c.reason,
+        runs: c.runs,
+        worker_id: c.worker_id,
+    }
+}
+
+fn gate_wire(g: GateEventRow) -> pb::GateEvent {
+    pb::GateEvent {
+        phase: g.phase,
+        outcome: g.outcome,
+        conditions: g.conditions,
+        at_ms: g.at_ms,
+    }
+}
+
+fn is_active(state: &str) -> bool {
+    state == fvd_actors::gate::RUNNING
+}
+
+#[tonic::async_trait]
+impl pb::port_service_server::PortService for PortApi {
+    async fn submit(
+        &self,
+        request: Request<pb::SubmitRequest>,
+    ) -> Result<Response<pb::SubmitResponse>, Status> {
+        let r = request.into_inner();
+        if r.family.is_empty() {
+            return Err(Status::invalid_argument("family is empty"));
+        }
+        let sub = Submission {
+            family: r.family,
+            repo: r.repo,
+            spec_path: r.spec_path,
+            spec_toml: r.spec_toml,
+        };
+        let done = call(&self.orchestrator, |reply| OrchestratorMsg::Submit(sub, reply)).await?;
+        Ok(Response::new(pb::SubmitResponse {
+            family: done.family,
+            resumed: done.resumed,
+        }))
+    }
+
+    async fn status(
+        &self,
+        request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let family = request.into_inner().family;
+        let families: Vec<String> = if family.is_empty() {
+            self.store
+                .ports()
+                .await
+                .map_err(store_status)?
+                .into_iter()
+                .map(|p| p.family)
+                .collect()
+        } else {
+            vec![family.clone()]
+        };
+        let mut ports = Vec::new();
+        for f in families {
+            match snapshot(&self.store, &f).await.map_err(store_status)? {
+                Some(s) => ports.push(s),
+                None => return Err(Status::not_found(format!("no port of family {f}"))),
+            }
+        }
+        Ok(Response::new(pb::StatusResponse { ports }))
+    }
+
+    type WatchStream = BoxStream<pb::PortEvent>;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let family = request.into_inner().family;
+        // Subscribe before reading the state, so nothing falls in between.
+        let mut rx = self.events.subscribe();
+        let snap = snapshot(&self.store, &family)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("no port of family {family}")))?;
+        let (tx, out) = mpsc::channel(64);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let send = |e: pb::port_event::Event| pb::PortEvent {
+                family: family.clone(),
+                event: Some(e),
+            };
+            if !is_active(&snap.state) {
+                let _ = tx.send(Ok(send(pb::port_event::Event::Finished(snap)))).await;
+                return;
+            }
+            // What happened before the watch began, then the live events.
+            for g in snap.gate_events.iter().cloned() {
+                if tx.send(Ok(send(pb::port_event::Event::Gate(g)))).await.is_err() {
+                    return;
+                }
+            }
+            for c in snap.components.iter().cloned() {
+                if tx.send(Ok(send(pb::port_event::Event::Component(c)))).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                let ev = match rx.recv().await {
+                    Ok(ev) => ev,
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "watcher lagged; it will see the final snapshot");
+                        continue;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                if ev.family() != family {
+                    continue;
+                }
+                let wire = match ev {
+                    PortEvent::Component { component, .. } => {
+                        pb::port_event::Event::Component(component_wire(component))
+                    }
+                    PortEvent::Gate { event, .. } => pb::port_event::Event::Gate(gate_wire(event)),
+                    PortEvent::Finished { .. } => {
+                        let snap = match snapshot(&store, &family).await {
+                            Ok(Some(s)) => s,
+                            _ => return,
+                        };
+                        let _ = tx.send(Ok(send(pb::port_event::Event::Finished(snap)))).await;
+                        return;
+                    }
+                };
+                if tx.send(Ok(send(wire))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(out))))
+    }
+
+    type LogsStream = BoxStream<pb::LogChunk>;
+
+    async fn logs(
+        &self,
+        request: Request<pb::LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        let r = request.into_inner();
+        let runs = self
+            .store
+            .jobs_of(&r.family, &r.component)
+            .await
+            .map_err(store_status)?;
+        let job = if r.run == 0 {
+            runs.last()
+        } else {
+            runs.iter().find(|j| j.run_no == r.run)
+        }
+        .cloned()
+        .ok_or_else(|| {
+            Status::not_found(format!(
+                "no run {} of component {} in port {}",
+                if r.run == 0 { "at all".to_string() } else { r.run.to_string() },
+                r.component,
+                r.family
+            ))
+        })?;
+        let (tx, out) = mpsc::channel(64);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let mut last: Option<u64> = None;
+            loop {
+                let chunks = match store.logs(&job.job_id, last).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = tx.send(Err(store_status(e))).await;
+                        return;
+                    }
+                };
+                for (seq, stream, data) in chunks {
+                    last = Some(seq);
+                    if tx.send(Ok(pb::LogChunk { stream, data })).await.is_err() {
+                        return;
+                    }
+                }
+                if !r.follow {
+                    return;
+                }
+                let state = match store.job(&job.job_id).await {
+                    Ok(Some(j)) => j.state,
+                    _ => return,
+                };
+                if state == "finished" || state == "abandoned" {
+                    // One last read: chunks stored just before the result.
+                    if let Ok(rest) = store.logs(&job.job_id, last).await {
+                        for (_, stream, data) in rest {
+                            let _ = tx.send(Ok(pb::LogChunk { stream, data })).await;
+                        }
+                    }
+                    return;
+                }
+                tokio::time::sleep(FOLLOW_POLL).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(out))))
+    }
+
+    async fn cancel(
+        &self,
+        request: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::CancelResponse>, Status> {
+        let family = request.into_inner().family;
+        call(&self.orchestrator, |reply| OrchestratorMsg::Cancel(family, reply)).await?;
+        Ok(Response::new(pb::CancelResponse { cancelled: true }))
+    }
+}

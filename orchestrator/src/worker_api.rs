@@ -1,0 +1,194 @@
+//! `WorkerService`: the gRPC edge for workers. Handlers only convert wire
+//! types to domain types and forward them to the scheduler actor; leases,
+//! fencing and state live there.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fvd_actors::model::{GpuInfo, JobReport, ToWorker, WorkerInfo};
+use fvd_actors::scheduler::SchedulerMsg;
+use fvd_proto::v1 as pb;
+use ractor::ActorRef;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Connection ids, unique per stream in this process.
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+
+#[derive(Debug, Clone)]
+pub struct WorkerApi {
+    pub scheduler: ActorRef<SchedulerMsg>,
+    pub heartbeat_interval: Duration,
+    pub lease_ttl: Duration,
+}
+
+type OutStream = Pin<Box<dyn Stream<Item = Result<pb::OrchestratorMsg, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::worker_service_server::WorkerService for WorkerApi {
+    type ConnectStream = OutStream;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::WorkerMsg>>,
+    ) -> Result<Response<OutStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("stream ended before register"))?;
+        let Some(pb::worker_msg::Msg::Register(reg)) = first.msg else {
+            return Err(Status::invalid_argument("the first message must be register"));
+        };
+        let info = worker_info(reg)?;
+        let worker_id = info.worker_id.clone();
+        let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+
+        let (out_tx, out_rx) = mpsc::channel::<Result<pb::OrchestratorMsg, Status>>(64);
+        out_tx
+            .send(Ok(pb::OrchestratorMsg {
+                msg: Some(pb::orchestrator_msg::Msg::Registered(pb::Registered {
+                    heartbeat_interval_ms: self.heartbeat_interval.as_millis() as u64,
+                    lease_ttl_ms: self.lease_ttl.as_millis() as u64,
+                })),
+            }))
+            .await
+            .map_err(|_| Status::cancelled("worker went away"))?;
+
+        let (to_worker, mut from_scheduler) = mpsc::channel::<ToWorker>(64);
+        self.scheduler
+            .cast(SchedulerMsg::WorkerConnected {
+                info,
+                tx: to_worker,
+                conn,
+            })
+            .map_err(|_| Status::unavailable("scheduler is down"))?;
+
+        // Scheduler → worker: domain messages become wire messages here.
+        tokio::spawn(async move {
+            while let Some(m) = from_scheduler.recv().await {
+                if out_tx.send(Ok(to_wire(m))).await.is_err() {
+                    break;
+                }
+            }
+        });
+
+        // Worker → scheduler, until the stream ends.
+        let scheduler = self.scheduler.clone();
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(m)) => {
+                        if let Some(msg) = from_wire(&worker_id, m)
+                            && scheduler.cast(msg).is_err()
+                        {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::warn!(worker = %worker_id, %status, "worker stream failed");
+                        break;
+                    }
+                }
+            }
+            let _ = scheduler.cast(SchedulerMsg::WorkerDisconnected { worker_id, conn });
+        });
+
+        Ok(Response::new(Box::pin(ReceiverStream::new(out_rx))))
+    }
+}
+
+fn worker_info(reg: pb::Register) -> Result<WorkerInfo, Status> {
+    if reg.worker_id.is_empty() {
+        return Err(Status::invalid_argument("register.worker_id is empty"));
+    }
+    Ok(WorkerInfo {
+        worker_id: reg.worker_id,
+        host: reg.host,
+        gpus: reg
+            .gpus
+            .into_iter()
+            .map(|g| GpuInfo {
+                index: g.index,
+                uuid: g.uuid,
+                name: g.name,
+                memory_mib: g.memory_mib,
+            })
+            .collect(),
+        cpu_slots: reg.cpu_slots.max(1),
+        labels: reg.labels.into_iter().collect::<BTreeMap<_, _>>(),
+    })
+}
+
+fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
+    let msg = match m {
+        ToWorker::Assign(a) => pb::orchestrator_msg::Msg::AssignJob(pb::AssignJob {
+            job_id: a.job_id,
+            lease_epoch: a.lease_epoch,
+            argv: a.argv,
+            env: a.env.into_iter().collect(),
+            secret_env: a.secret_env,
+            cwd: a.cwd,
+            gpus: a.gpus,
+            timeout_ms: a.timeout_ms,
+            collect_junit: true,
+        }),
+        ToWorker::Cancel {
+            job_id,
+            lease_epoch,
+            reason,
+        } => pb::orchestrator_msg::Msg::CancelJob(pb::CancelJob {
+            job_id,
+            lease_epoch,
+            reason,
+        }),
+    };
+    pb::OrchestratorMsg { msg: Some(msg) }
+}
+
+fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
+    let worker_id = worker_id.to_string();
+    Some(match m.msg? {
+        pb::worker_msg::Msg::Register(_) => {
+            tracing::warn!(worker = %worker_id, "ignored a second register on one stream");
+            return None;
+        }
+        pb::worker_msg::Msg::Heartbeat(_) => SchedulerMsg::Heartbeat { worker_id },
+        pb::worker_msg::Msg::JobStarted(s) => SchedulerMsg::Started {
+            worker_id,
+            job_id: s.job_id,
+            lease_epoch: s.lease_epoch,
+        },
+        pb::worker_msg::Msg::JobLog(l) => SchedulerMsg::Log {
+            worker_id,
+            job_id: l.job_id,
+            lease_epoch: l.lease_epoch,
+            seq: l.seq,
+            stream: l.stream,
+            offset: l.offset,
+            data: l.data,
+        },
+        pb::worker_msg::Msg::JobFinished(f) => SchedulerMsg::Finished {
+            worker_id,
+            report: JobReport {
+                job_id: f.job_id,
+                lease_epoch: f.lease_epoch,
+                exit_code: f.exit_code,
+                signal: f.signal,
+                timed_out: f.timed_out,
+                cancelled: f.cancelled,
+                duration_ms: f.duration_ms,
+                junit_xml: (f.junit_error.is_empty() && !f.junit_xml.is_empty()).then_some(f.junit_xml),
+                junit_error: f.junit_error,
+                output_tail: f.output_tail,
+                survivors: f.survivors,
+                spawn_error: f.spawn_error,
+            },
+        },
+    })
+}

@@ -1,0 +1,440 @@
+//! `fvd submit`, `fvd status`, `fvd logs`, `fvd cancel`: the porter's
+//! commands. Without `--orchestrator`, `submit` runs embedded: the same
+//! orchestrator and one local worker in this process, talking real gRPC on
+//! loopback, with state in `REPO/.fvd/state.db`.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use fvd_actors::spec;
+use fvd_actors::store::Store;
+use fvd_proto::v1 as pb;
+use fvd_proto::v1::port_service_client::PortServiceClient;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use super::server::{local_worker_config, runtime};
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// Model family, as in `tests/local_tests/<family>/port.toml`.
+    #[arg(long)]
+    pub family: String,
+    /// The port's repository (default: the current directory).
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
+    /// Port spec (default: REPO/tests/local_tests/FAMILY/port.toml).
+    #[arg(long)]
+    pub spec: Option<PathBuf>,
+    /// Orchestrator URL (`http://HOST:PORT`); embedded mode when absent.
+    #[arg(long)]
+    pub orchestrator: Option<String>,
+    /// Show progress until the port ends and exit with its outcome.
+    /// Embedded mode always waits: the port runs in this process.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// One family, or every port when absent.
+    pub family: Option<String>,
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
+    #[arg(long)]
+    pub orchestrator: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    pub family: String,
+    pub component: String,
+    /// Run number (1-based); the latest run when absent.
+    #[arg(long)]
+    pub run: Option<u32>,
+    /// Keep streaming until the run ends.
+    #[arg(long)]
+    pub follow: bool,
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
+    #[arg(long)]
+    pub orchestrator: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    pub family: String,
+    #[arg(long)]
+    pub orchestrator: String,
+}
+
+/// Exit codes of `submit --wait`.
+const EXIT_ALL_PASS: u8 = 0;
+const EXIT_BLOCKED: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+/// The state database of embedded mode inside a repository.
+pub fn state_db(repo: &Path) -> PathBuf {
+    repo.join(".fvd").join("state.db")
+}
+
+pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
+    let repo = match args.repo.canonicalize() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fvd: error: repository {}: {e}", args.repo.display());
+            return Ok(EXIT_USAGE);
+        }
+    };
+    let spec_path = args
+        .spec
+        .clone()
+        .unwrap_or_else(|| spec::default_path(&repo, &args.family));
+    // Validate locally first: a bad spec is a usage error named by file,
+    // line and column, before anything starts.
+    let parsed = match spec::load(&spec_path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fvd: error: {e}");
+            return Ok(EXIT_USAGE);
+        }
+    };
+    if parsed.family != args.family {
+        eprintln!(
+            "fvd: error: {}: prep.model_family is {} but --family is {}",
+            spec_path.display(),
+            parsed.family,
+            args.family
+        );
+        return Ok(EXIT_USAGE);
+    }
+    let spec_toml = std::fs::read_to_string(&spec_path)
+        .with_context(|| format!("cannot read {}", spec_path.display()))?;
+    let request = pb::SubmitRequest {
+        family: args.family.clone(),
+        repo: repo.display().to_string(),
+        spec_path: spec_path.display().to_string(),
+        spec_toml,
+    };
+    let rt = runtime()?;
+    rt.block_on(async move {
+        match args.orchestrator {
+            Some(url) => {
+                let mut client = client(&url).await?;
+                let r = client.submit(request).await.map_err(status_err)?.into_inner();
+                println!(
+                    "{} port {} on {url}",
+                    if r.resumed { "resumed" } else { "submitted" },
+                    r.family
+                );
+                if args.wait {
+                    watch(&mut client, &args.family).await
+                } else {
+                    Ok(EXIT_ALL_PASS)
+                }
+            }
+            None => embedded(&repo, request).await,
+        }
+    })
+}
+
+/// Embedded mode: orchestrator and worker in this process over loopback.
+async fn embedded(repo: &Path, request: pb::SubmitRequest) -> anyhow::Result<u8> {
+    let db = state_db(repo);
+    std::fs::create_dir_all(db.parent().expect("state.db has a parent"))
+        .with_context(|| format!("cannot create {}", db.display()))?;
+    let store = Store::open_path(&db).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("cannot listen on loopback")?;
+    let server = fvd_orchestrator::start(listener, store, Default::default()).await?;
+    let shutdown = CancellationToken::new();
+    let config = local_worker_config(
+        server.url(),
+        repo.join(".fvd").join("worker"),
+        "all",
+        None,
+        None,
+    )
+    .await?;
+    let worker = tokio::spawn(fvd_worker::client::run(config, shutdown.clone()));
+    let mut client = client(&server.url()).await?;
+    let family = request.family.clone();
+    let r = client.submit(request).await.map_err(status_err)?.into_inner();
+    println!(
+        "{} port {} (embedded, state in {})",
+        if r.resumed { "resumed" } else { "submitted" },
+        r.family,
+        db.display()
+    );
+    let code = watch(&mut client, &family).await;
+    shutdown.cancel();
+    let _ = worker.await;
+    server.shutdown().await;
+    code
+}
+
+/// Follows a port's events until it ends; returns the exit code.
+async fn watch(client: &mut PortServiceClient<Channel>, family: &str) -> anyhow::Result<u8> {
+    let mut stream = client
+        .watch(pb::WatchRequest {
+            family: family.to_string(),
+        })
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    let progress = Progress::new(std::io::stderr().is_terminal());
+    while let Some(ev) = stream.message().await.map_err(status_err)? {
+        match ev.event {
+            Some(pb::port_event::Event::Component(c)) => progress.component(&c),
+            Some(pb::port_event::Event::Gate(g)) => progress.gate(&g),
+            Some(pb::port_event::Event::Finished(snap)) => {
+                progress.finish();
+                print_snapshot(&snap);
+                return Ok(outcome(&snap));
+            }
+            None => {}
+        }
+    }
+    bail!("the orchestrator closed the watch of {family} before the port ended")
+}
+
+/// 0 when every component is `non_skip_pass`, 1 otherwise.
+fn outcome(snap: &pb::PortSnapshot) -> u8 {
+    if !snap.components.is_empty()
+        && snap.components.iter().all(|c| c.status == "non_skip_pass")
+    {
+        EXIT_ALL_PASS
+    } else {
+        EXIT_BLOCKED
+    }
+}
+
+/// Live progress: one line per change, with a spinner-free layout so that
+/// logs and terminals read the same; on a terminal, lines are coloured.
+struct Progress {
+    tty: bool,
+}
+
+impl Progress {
+    fn new(tty: bool) -> Self {
+        Self { tty }
+    }
+
+    fn component(&self, c: &pb::ComponentSnapshot) {
+        let mark = match c.status.as_str() {
+            "non_skip_pass" => self.paint("32", "PASS"),
+            "blocked" => self.paint("31", "BLOCKED"),
+            "running" => self.paint("36", "running"),
+            other => other.to_string(),
+        };
+        let mut line = format!("  {:<16} {mark}", c.name);
+        if c.runs > 0 {
+            line.push_str(&format!("  run {}", c.runs));
+        }
+        if !c.worker_id.is_empty() && c.status == "running" {
+            line.push_str(&format!(" on {}", c.worker_id));
+        }
+        if !c.reason.is_empty() && c.status != "running" {
+            line.push_str(&format!("  {}", c.reason));
+        }
+        eprintln!("{line}");
+    }
+
+    fn gate(&self, g: &pb::GateEvent) {
+        let outcome = match g.outcome.as_str() {
+            "refused" => self.paint("31", "refused"),
+            "passed" => self.paint("32", "passed"),
+            other => other.to_string(),
+        };
+        let why = if g.conditions.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", g.conditions.join("; "))
+        };
+        eprintln!("gate {} {outcome}{why}", g.phase);
+    }
+
+    fn finish(&self) {
+        let _ = std::io::stderr().flush();
+    }
+
+    fn paint(&self, code: &str, text: &str) -> String {
+        if self.tty {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_string()
+        }
+    }
+}
+
+fn print_snapshot(s: &pb::PortSnapshot) {
+    println!("port {}: {} at {}", s.family, s.state, s.phase);
+    for c in &s.components {
+        println!(
+            "  {:<16} {:<14} runs={} {}",
+            c.name, c.status, c.runs, c.reason
+        );
+    }
+    if !s.port_status_path.is_empty() {
+        println!("wrote {}", s.port_status_path);
+    }
+}
+
+pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let ports = match &args.orchestrator {
+            Some(url) => {
+                let mut client = client(url).await?;
+                client
+                    .status(pb::StatusRequest {
+                        family: args.family.clone().unwrap_or_default(),
+                    })
+                    .await
+                    .map_err(status_err)?
+                    .into_inner()
+                    .ports
+            }
+            None => {
+                let store = open_local(&args.repo).await?;
+                let families = match &args.family {
+                    Some(f) => vec![f.clone()],
+                    None => store.ports().await?.into_iter().map(|p| p.family).collect(),
+                };
+                let mut ports = Vec::new();
+                for f in families {
+                    match fvd_orchestrator::port_api::snapshot(&store, &f).await? {
+                        Some(s) => ports.push(s),
+                        None => bail!("no port of family {f} in {}", state_db(&args.repo).display()),
+                    }
+                }
+                ports
+            }
+        };
+        if args.json {
+            let v: Vec<serde_json::Value> = ports.iter().map(snapshot_json).collect();
+            let out = if args.family.is_some() && v.len() == 1 {
+                v.into_iter().next().expect("one port")
+            } else {
+                serde_json::Value::Array(v)
+            };
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        } else {
+            for p in &ports {
+                print_snapshot(p);
+            }
+        }
+        Ok(0)
+    })
+}
+
+fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
+    serde_json::json!({
+        "family": s.family,
+        "state": s.state,
+        "phase": s.phase,
+        "repo": s.repo,
+        "port_status_path": s.port_status_path,
+        "components": s.components.iter().map(|c| serde_json::json!({
+            "name": c.name,
+            "status": c.status,
+            "reason": c.reason,
+            "runs": c.runs,
+            "worker_id": c.worker_id,
+        })).collect::<Vec<_>>(),
+        "gate": s.gate_events.iter().map(|g| serde_json::json!({
+            "phase": g.phase,
+            "outcome": g.outcome,
+            "conditions": g.conditions,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let mut out = std::io::stdout().lock();
+        match &args.orchestrator {
+            Some(url) => {
+                let mut client = client(url).await?;
+                let mut stream = client
+                    .logs(pb::LogsRequest {
+                        family: args.family.clone(),
+                        component: args.component.clone(),
+                        run: args.run.unwrap_or(0),
+                        follow: args.follow,
+                    })
+                    .await
+                    .map_err(status_err)?
+                    .into_inner();
+                while let Some(chunk) = stream.message().await.map_err(status_err)? {
+                    out.write_all(&chunk.data)?;
+                }
+            }
+            None => {
+                let store = open_local(&args.repo).await?;
+                let runs = store.jobs_of(&args.family, &args.component).await?;
+                let job = match args.run {
+                    None => runs.last(),
+                    Some(n) => runs.iter().find(|j| j.run_no == n),
+                }
+                .with_context(|| {
+                    format!(
+                        "no run {} of component {} in port {}",
+                        args.run.map_or("at all".to_string(), |n| n.to_string()),
+                        args.component,
+                        args.family
+                    )
+                })?;
+                for (_, _, data) in store.logs(&job.job_id, None).await? {
+                    out.write_all(&data)?;
+                }
+            }
+        }
+        out.flush()?;
+        Ok(0)
+    })
+}
+
+pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let mut client = client(&args.orchestrator).await?;
+        client
+            .cancel(pb::CancelRequest {
+                family: args.family.clone(),
+            })
+            .await
+            .map_err(status_err)?;
+        println!("cancelled port {}", args.family);
+        Ok(0)
+    })
+}
+
+async fn open_local(repo: &Path) -> anyhow::Result<Store> {
+    let db = state_db(repo);
+    if !db.is_file() {
+        bail!("no fvd state at {} (run fvd submit there first, or pass --orchestrator)", db.display());
+    }
+    Ok(Store::open_path(&db).await?)
+}
+
+pub async fn client(url: &str) -> anyhow::Result<PortServiceClient<Channel>> {
+    let channel = Channel::from_shared(url.to_string())
+        .with_context(|| format!("orchestrator address {url} is invalid"))?
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the orchestrator at {url}"))?;
+    Ok(PortServiceClient::new(channel))
+}
+
+fn status_err(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}", s.message())
+}

@@ -1,0 +1,143 @@
+//! `fvd orchestrator serve` and `fvd worker`: the two long-running
+//! processes of a fleet, plus the runtime and worker set-up that embedded
+//! mode shares with them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use fvd_actors::store::Store;
+use fvd_worker::client::WorkerConfig;
+use fvd_worker::gpu::{self, GpuSelection};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Subcommand)]
+pub enum OrchestratorCmd {
+    /// Serve the worker and port services until interrupted.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on, e.g. 0.0.0.0:7070 (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: String,
+    /// State database, `sqlite://PATH`.
+    #[arg(long)]
+    pub db: String,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Orchestrator URL, `http://HOST:PORT`.
+    #[arg(long)]
+    pub orchestrator: String,
+    /// Scratch folder for job files.
+    #[arg(long)]
+    pub workspace: PathBuf,
+    /// GPUs to offer: all, none, or host indices like 0,1.
+    #[arg(long, default_value = "all")]
+    pub gpus: String,
+    /// Jobs that need no GPU run in this many parallel slots.
+    #[arg(long)]
+    pub cpu_slots: Option<u32>,
+    /// Stable worker id (default: host name and process id).
+    #[arg(long)]
+    pub worker_id: Option<String>,
+}
+
+/// The multi-threaded runtime every networked command runs on.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// A worker configuration for this host: its GPUs (filtered by `gpus`) and
+/// CPU slots (default: the number of cores).
+pub async fn local_worker_config(
+    orchestrator: String,
+    workspace: PathBuf,
+    gpus: &str,
+    cpu_slots: Option<u32>,
+    worker_id: Option<String>,
+) -> anyhow::Result<WorkerConfig> {
+    let selection = GpuSelection::parse(gpus)?;
+    let inventory = if selection == GpuSelection::None {
+        Vec::new()
+    } else {
+        gpu::inventory().await
+    };
+    let gpus = selection.apply(&inventory)?;
+    let host = host_name();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    std::fs::create_dir_all(&workspace)
+        .with_context(|| format!("cannot create workspace {}", workspace.display()))?;
+    Ok(WorkerConfig {
+        orchestrator,
+        worker_id: worker_id.unwrap_or_else(|| format!("{host}-{}", std::process::id())),
+        host,
+        workspace,
+        gpus,
+        cpu_slots: cpu_slots.unwrap_or(cores).max(1),
+        labels: Default::default(),
+        grace: Duration::from_secs(5),
+        max_backoff: Duration::from_secs(5),
+    })
+}
+
+pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
+    let OrchestratorCmd::Serve(args) = cmd;
+    runtime()?.block_on(async move {
+        let store = Store::open(&args.db).await?;
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let server = fvd_orchestrator::start(listener, store, Default::default()).await?;
+        // The first line names the address, so scripts can use port 0.
+        println!("fvd orchestrator listening on {}", server.url());
+        tokio::select! {
+            r = server.wait() => r.map_err(|e| anyhow::anyhow!("server stopped: {e}"))?,
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        Ok(0)
+    })
+}
+
+pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
+    runtime()?.block_on(async move {
+        let config = local_worker_config(
+            args.orchestrator,
+            args.workspace,
+            &args.gpus,
+            args.cpu_slots,
+            args.worker_id,
+        )
+        .await?;
+        println!(
+            "fvd worker {} with {} GPU(s) and {} CPU slot(s) dialing {}",
+            config.worker_id,
+            config.gpus.len(),
+            config.cpu_slots,
+            config.orchestrator
+        );
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            stop.cancel();
+        });
+        fvd_worker::client::run(config, shutdown).await?;
+        Ok(0)
+    })
+}

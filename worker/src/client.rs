@@ -1,0 +1,333 @@
+//! The worker's side of the `Connect` stream: dial the orchestrator,
+//! register, heartbeat, run assigned jobs, and reconnect with backoff when
+//! the orchestrator goes away.
+//!
+//! Wire (prost) types are converted here, at the edge, to the exec module's
+//! own types.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fvd_proto::v1 as pb;
+use fvd_proto::v1::worker_service_client::WorkerServiceClient;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::exec::{self, JobEvent, JobSpec, JunitFile, OutputStream};
+use crate::gpu::GpuInfo;
+
+/// How a worker presents itself and where it runs jobs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// `http://HOST:PORT` of the orchestrator.
+    pub orchestrator: String,
+    pub worker_id: String,
+    pub host: String,
+    /// Scratch space: one folder per job for its JUnit file and plugin.
+    pub workspace: PathBuf,
+    pub gpus: Vec<GpuInfo>,
+    pub cpu_slots: u32,
+    pub labels: HashMap<String, String>,
+    /// Between SIGTERM and SIGKILL when a job is stopped.
+    pub grace: Duration,
+    /// Longest wait between two connection attempts.
+    pub max_backoff: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("orchestrator address {url} is invalid: {message}")]
+    BadUrl { url: String, message: String },
+    #[error("orchestrator {url} refused the registration: {status}")]
+    Refused { url: String, status: tonic::Status },
+}
+
+/// Jobs running on this worker: their lease and how to cancel them.
+type Running = Arc<Mutex<HashMap<String, (u64, CancellationToken)>>>;
+
+/// Serves the orchestrator until `shutdown` is cancelled, reconnecting with
+/// exponential backoff (100 ms doubling up to `max_backoff`).
+pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> Result<(), ClientError> {
+    let endpoint = Channel::from_shared(config.orchestrator.clone()).map_err(|e| {
+        ClientError::BadUrl {
+            url: config.orchestrator.clone(),
+            message: e.to_string(),
+        }
+    })?;
+    let running: Running = Arc::default();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        match session(&config, endpoint.clone(), &running, &shutdown).await {
+            Ok(()) => return Ok(()),
+            Err(Session::Refused(status)) => {
+                return Err(ClientError::Refused {
+                    url: config.orchestrator.clone(),
+                    status,
+                });
+            }
+            Err(Session::Lost(why)) => {
+                tracing::warn!(orchestrator = %config.orchestrator, %why, "connection lost; reconnecting");
+            }
+        }
+        // A session that lived a while resets the backoff.
+        if started.elapsed() > Duration::from_secs(10) {
+            backoff = Duration::from_millis(100);
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(config.max_backoff);
+    }
+}
+
+enum Session {
+    Refused(tonic::Status),
+    Lost(String),
+}
+
+async fn session(
+    config: &WorkerConfig,
+    endpoint: tonic::transport::Endpoint,
+    running: &Running,
+    shutdown: &CancellationToken,
+) -> Result<(), Session> {
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| Session::Lost(format!("connect: {e}")))?;
+    let mut client = WorkerServiceClient::new(channel);
+    let (tx, rx) = mpsc::channel::<pb::WorkerMsg>(256);
+    tx.send(msg(pb::worker_msg::Msg::Register(register(config))))
+        .await
+        .map_err(|_| Session::Lost("stream closed".into()))?;
+    let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(status) if status.code() == tonic::Code::Unavailable => {
+            return Err(Session::Lost(status.to_string()));
+        }
+        Err(status) => return Err(Session::Refused(status)),
+    };
+    let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                for (_, (_, cancel)) in running.lock().expect("running lock").iter() {
+                    cancel.cancel();
+                }
+                return Ok(());
+            }
+            _ = heartbeat.tick() => {
+                let jobs = running
+                    .lock()
+                    .expect("running lock")
+                    .iter()
+                    .map(|(id, (epoch, _))| pb::RunningJob { job_id: id.clone(), lease_epoch: *epoch })
+                    .collect();
+                if tx.send(msg(pb::worker_msg::Msg::Heartbeat(pb::Heartbeat { running: jobs }))).await.is_err() {
+                    return Err(Session::Lost("stream closed".into()));
+                }
+            }
+            next = inbound.message() => {
+                match next {
+                    Ok(Some(m)) => handle(config, m, &tx, running),
+                    Ok(None) => return Err(Session::Lost("orchestrator closed the stream".into())),
+                    Err(status) => return Err(Session::Lost(status.to_string())),
+                }
+            }
+        }
+    }
+}
+
+fn msg(m: pb::worker_msg::Msg) -> pb::WorkerMsg {
+    pb::WorkerMsg { msg: Some(m) }
+}
+
+fn register(config: &WorkerConfig) -> pb::Register {
+    pb::Register {
+        worker_id: config.worker_id.clone(),
+        host: config.host.clone(),
+        gpus: config
+            .gpus
+            .iter()
+            .map(|g| pb::Gpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                name: g.name.clone(),
+                memory_mib: g.memory_mib.unwrap_or(0),
+            })
+            .collect(),
+        cpu_slots: config.cpu_slots,
+        labels: config.labels.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    }
+}
+
+fn handle(
+    config: &WorkerConfig,
+    m: pb::OrchestratorMsg,
+    tx: &mpsc::Sender<pb::WorkerMsg>,
+    running: &Running,
+) {
+    match m.msg {
+        Some(pb::orchestrator_msg::Msg::Registered(r)) => {
+            tracing::info!(worker = %config.worker_id, lease_ttl_ms = r.lease_ttl_ms, "registered");
+        }
+        Some(pb::orchestrator_msg::Msg::AssignJob(a)) => {
+            let cancel = CancellationToken::new();
+            running
+                .lock()
+                .expect("running lock")
+                .insert(a.job_id.clone(), (a.lease_epoch, cancel.clone()));
+            let config = config.clone();
+            let tx = tx.clone();
+            let running = running.clone();
+            tokio::spawn(async move {
+                let job_id = a.job_id.clone();
+                let finished = run_assigned(&config, a, &tx, cancel).await;
+                running.lock().expect("running lock").remove(&job_id);
+                let _ = tx.send(msg(pb::worker_msg::Msg::JobFinished(finished))).await;
+            });
+        }
+        Some(pb::orchestrator_msg::Msg::CancelJob(c)) => {
+            let guard = running.lock().expect("running lock");
+            match guard.get(&c.job_id) {
+                Some((epoch, cancel)) if *epoch == c.lease_epoch => {
+                    tracing::info!(job = %c.job_id, reason = %c.reason, "cancelling job");
+                    cancel.cancel();
+                }
+                _ => tracing::warn!(job = %c.job_id, "cancel for a job not running here under that lease"),
+            }
+        }
+        None => {}
+    }
+}
+
+/// Runs one assignment to its end and builds the `JobFinished` report.
+async fn run_assigned(
+    config: &WorkerConfig,
+    a: pb::AssignJob,
+    tx: &mpsc::Sender<pb::WorkerMsg>,
+    cancel: CancellationToken,
+) -> pb::JobFinished {
+    let mut finished = pb::JobFinished {
+        job_id: a.job_id.clone(),
+        lease_epoch: a.lease_epoch,
+        ..Default::default()
+    };
+    // Secret values are read here, on the worker, and nowhere else.
+    let mut env: Vec<(String, String)> = a.env.into_iter().collect();
+    for name in &a.secret_env {
+        if let Ok(v) = std::env::var(name) {
+            env.push((name.clone(), v));
+        }
+    }
+    let mut spec = JobSpec {
+        job_id: a.job_id.clone(),
+        argv: a.argv,
+        env,
+        secret_env_names: a.secret_env,
+        cwd: PathBuf::from(&a.cwd),
+        gpus: a.gpus,
+        timeout: Duration::from_millis(a.timeout_ms),
+        grace: config.grace,
+        junit: None,
+    };
+    let scratch = config.workspace.join("jobs").join(sanitize(&a.job_id));
+    if a.collect_junit {
+        if let Err(e) = exec::prepare_pytest(&mut spec, &scratch).await {
+            finished.spawn_error = format!("cannot prepare {}: {e}", scratch.display());
+            return finished;
+        }
+    }
+    let (etx, mut erx) = mpsc::channel::<JobEvent>(64);
+    let forward = {
+        let tx = tx.clone();
+        let job_id = a.job_id.clone();
+        let epoch = a.lease_epoch;
+        tokio::spawn(async move {
+            while let Some(ev) = erx.recv().await {
+                let m = match ev {
+                    JobEvent::Started { pid } => pb::worker_msg::Msg::JobStarted(pb::JobStarted {
+                        job_id: job_id.clone(),
+                        lease_epoch: epoch,
+                        pid,
+                        started_at_ms: now_ms(),
+                    }),
+                    JobEvent::Output {
+                        stream,
+                        seq,
+                        offset,
+                        data,
+                    } => pb::worker_msg::Msg::JobLog(pb::JobLog {
+                        job_id: job_id.clone(),
+                        lease_epoch: epoch,
+                        stream: match stream {
+                            OutputStream::Stdout => pb::Stream::Stdout as i32,
+                            OutputStream::Stderr => pb::Stream::Stderr as i32,
+                        },
+                        seq,
+                        offset,
+                        data,
+                    }),
+                    JobEvent::Stopping { .. } => continue,
+                };
+                if tx.send(msg(m)).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let outcome = exec::run_job(spec, etx, cancel).await;
+    // Every log chunk leaves before the result does.
+    let _ = forward.await;
+    match outcome {
+        Err(e) => finished.spawn_error = e.to_string(),
+        Ok(o) => {
+            finished.exit_code = o.exit_code;
+            finished.signal = o.signal;
+            finished.timed_out = o.timed_out;
+            finished.cancelled = o.cancelled;
+            finished.duration_ms = o.duration.as_millis() as u64;
+            finished.output_tail = o.output_tail;
+            finished.survivors = o.survivors.iter().map(|p| p.pid as u32).collect();
+            match o.junit {
+                JunitFile::Read(xml) => finished.junit_xml = xml,
+                JunitFile::NotRequested => {}
+                JunitFile::Missing(p) => {
+                    finished.junit_error = format!("junit file {} was not written", p.display());
+                }
+                JunitFile::Unreadable { path, error } => {
+                    finished.junit_error = format!("junit file {} is unreadable: {error}", path.display());
+                }
+            }
+        }
+    }
+    if a.collect_junit {
+        // The scratch folder only held the plugin and the report, both read.
+        let _ = tokio::fs::remove_dir_all(&scratch).await;
+    }
+    finished
+}
+
+fn sanitize(job_id: &str) -> String {
+    job_id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' { c } else { '_' })
+        .collect()
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
