@@ -1,10 +1,183 @@
 //! `fvd trace …`: offline activation-trace and tensor-dump comparison.
+//!
+//! Exit codes: 0 no divergence, 1 divergence, 2 bad input (an `Err` here;
+//! `main` prints it and exits 2). Clap's own usage errors also exit 2.
 
-use clap::Subcommand;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use fvd_trace::dumps::{DumpOptions, compare_dumps};
+use fvd_trace::{CompareOptions, MergeOptions, ShapeIndex, compare, merge_ranks, read_side};
 
 #[derive(Debug, Subcommand)]
-pub enum TraceCmd {}
+pub enum TraceCmd {
+    /// Find the first divergence between a reference trace and a port trace.
+    Compare(CompareArgs),
+    /// Merge the per-rank traces of one run into one trace.
+    Merge(MergeArgs),
+    /// Compare full-tensor dumps (safetensors files or folders of .npy files).
+    Dumps(DumpsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Reference trace (several files: the ranks of one run).
+    #[arg(long, num_args = 1.., required = true)]
+    pub reference: Vec<PathBuf>,
+    /// Port trace (several files: the ranks of one run).
+    #[arg(long, num_args = 1.., required = true)]
+    pub port: Vec<PathBuf>,
+    /// `REGEX=>TEMPLATE` rewriting port module names into reference names; applied in order.
+    #[arg(long = "rename", value_name = "REGEX=>TEMPLATE")]
+    pub rename: Vec<String>,
+    /// `STAT=REL` or `MODULE_REGEX:STAT=REL` (REL may be `off`); later ones win.
+    #[arg(long = "tol", value_name = "STAT=REL")]
+    pub tol: Vec<String>,
+    /// Only reference modules matching this regex.
+    #[arg(long, value_name = "REGEX")]
+    pub layers: Option<String>,
+    /// Only these steps, comma-separated (`null` for rows without a step).
+    #[arg(long, value_name = "LIST")]
+    pub steps: Option<String>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a drift plot (SVG).
+    #[arg(long, value_name = "OUT.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// The rank files of one run.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// A full (unsharded) trace giving the full shapes, to infer the sharded
+    /// dim when shard shapes are equal.
+    #[arg(long)]
+    pub reference: Option<PathBuf>,
+    /// Rename rules mapping these files' module names to the reference's
+    /// (used for the shape lookup only; output keeps the files' names).
+    #[arg(long = "rename", value_name = "REGEX=>TEMPLATE")]
+    pub rename: Vec<String>,
+    /// Output JSONL.
+    #[arg(short = 'o', long = "output", value_name = "OUT.jsonl")]
+    pub output: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct DumpsArgs {
+    /// Reference dump: a .safetensors file or a folder of .npy files.
+    pub a: PathBuf,
+    /// Port dump.
+    pub b: PathBuf,
+    /// `REGEX=>TEMPLATE` applied to the module part of the port's keys.
+    #[arg(long = "rename", value_name = "REGEX=>TEMPLATE")]
+    pub rename: Vec<String>,
+    /// Reference trace whose row order is the execution order.
+    #[arg(long, value_name = "TRACE.jsonl")]
+    pub order: Option<PathBuf>,
+    /// Dim along which per-token cosine is computed.
+    #[arg(long, value_name = "N")]
+    pub token_dim: Option<usize>,
+    /// A tensor diverges below this cosine.
+    #[arg(long, default_value_t = fvd_trace::dumps::DEFAULT_MIN_COSINE)]
+    pub min_cosine: f64,
+    /// A tensor diverges above this rel_diff (1 − 2Σxy/Σ(x²+y²)).
+    #[arg(long, default_value_t = fvd_trace::dumps::DEFAULT_MAX_REL_DIFF)]
+    pub max_rel_diff: f64,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
 
 pub fn run(cmd: TraceCmd) -> anyhow::Result<u8> {
-    match cmd {}
+    match cmd {
+        TraceCmd::Compare(a) => run_compare(a),
+        TraceCmd::Merge(a) => run_merge(a),
+        TraceCmd::Dumps(a) => run_dumps(a),
+    }
+}
+
+fn parse_steps(list: &str) -> anyhow::Result<Vec<Option<i64>>> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s {
+            "null" | "none" => Ok(None),
+            n => n
+                .parse::<i64>()
+                .map(Some)
+                .with_context(|| format!("--steps: {n:?} is not a step number")),
+        })
+        .collect()
+}
+
+fn run_compare(a: CompareArgs) -> anyhow::Result<u8> {
+    let opts = CompareOptions {
+        rename: a.rename,
+        tolerances: a.tol,
+        layers: a.layers,
+        steps: a.steps.as_deref().map(parse_steps).transpose()?,
+        merge: MergeOptions::default(),
+    };
+    let report = compare(&a.reference, &a.port, &opts)?;
+    if let Some(path) = &a.plot {
+        std::fs::write(path, fvd_trace::plot::render_svg(&report))
+            .with_context(|| format!("cannot write plot {}", path.display()))?;
+    }
+    if a.json {
+        let out = std::io::stdout();
+        let mut w = std::io::BufWriter::new(out.lock());
+        serde_json::to_writer(&mut w, &report)?;
+        std::io::Write::write_all(&mut w, b"\n")?;
+    } else {
+        print!("{}", report.render_text());
+    }
+    Ok(if report.diverged() { 1 } else { 0 })
+}
+
+fn run_merge(a: MergeArgs) -> anyhow::Result<u8> {
+    let renamer = fvd_trace::Renamer::parse(&a.rename)?;
+    let shapes = match &a.reference {
+        Some(r) => Some(ShapeIndex::from_records(&fvd_trace::read_trace(r)?)),
+        None => None,
+    };
+    let mut files = read_side(&a.files)?;
+    for f in &mut files {
+        fvd_trace::compare::rename_records(&mut f.records, &renamer);
+    }
+    let mut merged = merge_ranks(files, shapes.as_ref(), &MergeOptions::default());
+    for r in &mut merged.records {
+        if let Some(orig) = r.original_module.take() {
+            r.module = orig;
+        }
+    }
+    fvd_trace::write_trace(&a.output, &merged.records)?;
+    for d in &merged.diagnostics {
+        eprintln!("fvd: [{}] {}", d.code, d.message);
+    }
+    Ok(0)
+}
+
+fn run_dumps(a: DumpsArgs) -> anyhow::Result<u8> {
+    let opts = DumpOptions {
+        rename: a.rename,
+        order: a.order,
+        token_dim: a.token_dim,
+        min_cosine: a.min_cosine,
+        max_rel_diff: a.max_rel_diff,
+    };
+    let report = compare_dumps(&a.a, &a.b, &opts)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.render_text());
+    }
+    Ok(if report.first_divergence.is_some() {
+        1
+    } else {
+        0
+    })
 }

@@ -2,3 +2,4 @@
 //! `fvd` binary (or boots real servers) against real inputs.
 
 mod support;
+mod trace;

@@ -3,4 +3,25 @@
 //! compare full-tensor dumps.
 //!
 //! The library knows nothing of actors, gRPC or the orchestrator: it is usable
-//! offline from the `fvd trace` CLI.
+//! offline from the `fvd trace` CLI. The entry points an orchestrator needs
+//! are [`compare`] (returns a serde-serializable [`Report`], whose
+//! [`Report::drill_down`] is the regex of the next, narrower trace),
+//! [`merge_ranks`] and [`dumps::compare_dumps`].
+
+pub mod compare;
+pub mod diag;
+pub mod dumps;
+pub mod error;
+pub mod merge;
+pub mod plot;
+pub mod record;
+pub mod rename;
+pub mod report;
+
+pub use compare::{CompareOptions, compare, compare_records, drift};
+pub use diag::Diagnostic;
+pub use error::TraceError;
+pub use merge::{MergeOptions, Merged, ShapeIndex, merge_ranks};
+pub use record::{Record, StatValue, TraceFile, read_side, read_trace, write_trace};
+pub use rename::{RenameRule, Renamer};
+pub use report::{FirstDivergence, Report, Row, Unmatched, UnmatchedSides};

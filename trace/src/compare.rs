@@ -1,0 +1,745 @@
+//! First-divergence comparison of two traces, in the reference's execution
+//! order.
+//!
+//! Rows are aligned on `(module, tensor, step, n)` after the port's module
+//! names went through the rename rules, and walked in the order they first
+//! appear in the reference trace (never sorted: `layers.10` runs after
+//! `layers.2`). A row diverges when the shapes differ or a compared stat
+//! drifts beyond its tolerance, where drift is
+//! `|a − b| / max(|a|, |b|, floor)`.
+//!
+//! The floor is what makes stats that sit near zero comparable: `mean` (and
+//! `min`/`max`) use the row's `abs_mean` as floor, `sum` uses
+//! `abs_mean × numel` (the row's L1 mass), so a sum of ±noise that happens
+//! to land near zero does not read as a 100% drift. `abs_mean` and `std` are
+//! plain relative.
+//!
+//! Default tolerances (shape exact, `abs_mean` 5e-3, `max` 2e-2) are
+//! calibrated on the GPT-2 fixture: fp32-vs-bf16 noise reaches 1.4e-3 on
+//! abs_mean and 8e-3 on max, one changed input token reaches 9e-3 / 3e-2,
+//! and a real bug (a wrong norm epsilon) reaches 0.93.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+use crate::diag::{Collector, Diagnostic};
+use crate::error::TraceError;
+use crate::merge::{MergeOptions, ShapeIndex, merge_ranks, occurrences};
+use crate::record::{Record, StatValue, read_side};
+use crate::rename::Renamer;
+use crate::report::{FirstDivergence, Report, Row, Unmatched, UnmatchedSides};
+
+/// Tolerances applied when the caller gives none for a stat.
+pub const DEFAULT_TOLERANCES: [(&str, f64); 2] = [("abs_mean", 5e-3), ("max", 2e-2)];
+
+/// Options of [`compare`]. Everything is plain data (strings for rules and
+/// regexes) so that an orchestrator can deserialize it from its own config.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CompareOptions {
+    /// `REGEX=>TEMPLATE` rules rewriting port module names into reference names.
+    pub rename: Vec<String>,
+    /// `STAT=REL` or `MODULE_REGEX:STAT=REL`; later entries win. `REL` may be
+    /// `off` to stop comparing a stat.
+    pub tolerances: Vec<String>,
+    /// Only rows whose reference module name matches (regex search).
+    pub layers: Option<String>,
+    /// Only these steps (`None` inside selects rows without a step).
+    pub steps: Option<Vec<Option<i64>>>,
+    #[serde(skip)]
+    pub merge: MergeOptions,
+}
+
+/// One tolerance rule.
+#[derive(Debug, Clone)]
+pub struct Tolerance {
+    pub module: Option<Regex>,
+    pub stat: String,
+    pub rel: f64,
+}
+
+impl Tolerance {
+    pub fn parse(spec: &str) -> Result<Self, TraceError> {
+        let bad = |m: &str| TraceError::Option {
+            option: spec.to_string(),
+            message: m.to_string(),
+        };
+        let (left, value) = spec
+            .rsplit_once('=')
+            .ok_or_else(|| bad("expected STAT=REL or MODULE_REGEX:STAT=REL"))?;
+        let rel = match value.trim() {
+            "off" | "none" => f64::INFINITY,
+            v => v
+                .parse::<f64>()
+                .map_err(|_| bad("tolerance is not a number"))?,
+        };
+        if rel.is_nan() || rel < 0.0 {
+            return Err(bad("tolerance must be a non-negative number"));
+        }
+        let (module, stat) = match left.rsplit_once(':') {
+            Some((re, stat)) => (Some(Regex::new(re).map_err(|e| bad(&e.to_string()))?), stat),
+            None => (None, left),
+        };
+        let stat = stat.trim();
+        if stat.is_empty() {
+            return Err(bad("empty stat name"));
+        }
+        Ok(Tolerance {
+            module,
+            stat: stat.to_string(),
+            rel,
+        })
+    }
+}
+
+/// Tolerance rules resolved per module.
+#[derive(Debug, Clone)]
+pub struct Tolerances {
+    rules: Vec<Tolerance>,
+    /// Every stat some rule mentions, in first-mention order (shape first).
+    stats: Vec<String>,
+}
+
+impl Tolerances {
+    pub fn parse(specs: &[String]) -> Result<Self, TraceError> {
+        let mut rules: Vec<Tolerance> = DEFAULT_TOLERANCES
+            .iter()
+            .map(|(s, r)| Tolerance {
+                module: None,
+                stat: s.to_string(),
+                rel: *r,
+            })
+            .collect();
+        for s in specs {
+            rules.push(Tolerance::parse(s)?);
+        }
+        let mut stats: Vec<String> = Vec::new();
+        for r in &rules {
+            if r.stat != "shape" && !stats.contains(&r.stat) {
+                stats.push(r.stat.clone());
+            }
+        }
+        Ok(Tolerances { rules, stats })
+    }
+
+    /// The tolerance of `stat` for `module`: the last matching rule.
+    pub fn get(&self, module: &str, stat: &str) -> Option<f64> {
+        self.rules
+            .iter()
+            .rev()
+            .find(|r| r.stat == stat && r.module.as_ref().is_none_or(|m| m.is_match(module)))
+            .map(|r| r.rel)
+            .filter(|r| r.is_finite())
+    }
+
+    fn shape_checked(&self, module: &str) -> bool {
+        // Shape is compared unless a rule turns it off.
+        self.rules
+            .iter()
+            .rev()
+            .find(|r| r.stat == "shape" && r.module.as_ref().is_none_or(|m| m.is_match(module)))
+            .is_none_or(|r| r.rel.is_finite())
+    }
+}
+
+/// Relative drift of one stat, with the floor described in the module doc.
+pub fn drift(stat: &str, a: f64, b: f64, abs_mean: Option<f64>, numel: Option<u64>) -> f64 {
+    if a == b || (a.is_nan() && b.is_nan()) {
+        return 0.0;
+    }
+    if !a.is_finite() || !b.is_finite() {
+        return f64::INFINITY;
+    }
+    let scale = abs_mean.unwrap_or(0.0).abs();
+    let floor = match stat {
+        "sum" => scale * numel.unwrap_or(1) as f64,
+        "mean" | "min" | "max" => scale,
+        _ => 0.0,
+    };
+    (a - b).abs() / a.abs().max(b.abs()).max(floor).max(f64::MIN_POSITIVE)
+}
+
+/// Compare the reference run (`reference`: the rank files of one run) with
+/// the port run (`port`).
+pub fn compare(
+    reference: &[PathBuf],
+    port: &[PathBuf],
+    opts: &CompareOptions,
+) -> Result<Report, TraceError> {
+    if reference.is_empty() {
+        return Err(TraceError::NoInput { side: "reference" });
+    }
+    if port.is_empty() {
+        return Err(TraceError::NoInput { side: "port" });
+    }
+    let renamer = Renamer::parse(&opts.rename)?;
+    // Validate options before reading possibly large files.
+    Tolerances::parse(&opts.tolerances)?;
+    if let Some(l) = &opts.layers {
+        Regex::new(l).map_err(|e| TraceError::Option {
+            option: l.clone(),
+            message: e.to_string(),
+        })?;
+    }
+    let ref_files = read_side(reference)?;
+    let ref_merged = merge_ranks(ref_files, None, &opts.merge);
+    let mut port_files = read_side(port)?;
+    for f in &mut port_files {
+        rename_records(&mut f.records, &renamer);
+    }
+    let shapes = (port_files.len() > 1).then(|| ShapeIndex::from_records(&ref_merged.records));
+    let port_merged = merge_ranks(port_files, shapes.as_ref(), &opts.merge);
+    let mut diags = Collector::default();
+    diags.extend(prefixed("reference", ref_merged.diagnostics));
+    diags.extend(prefixed("port", port_merged.diagnostics));
+    let merged_sides = reference.len() > 1 || port.len() > 1;
+    let mut report = compare_records(&ref_merged.records, &port_merged.records, opts, diags)?;
+    if merged_sides {
+        // Merged stats are exact up to float rounding, so bit-identity is
+        // not expected of them and its absence says nothing about inputs.
+        for d in &mut report.diagnostics {
+            if d.code == "no_exact_row" {
+                d.message = "no compared row matches bit for bit; expected when a side is merged from rank shards (merged stats are exact only up to rounding)".to_string();
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn prefixed(side: &str, diags: Vec<Diagnostic>) -> Vec<Diagnostic> {
+    diags
+        .into_iter()
+        .map(|d| Diagnostic {
+            code: d.code,
+            message: format!("{side} merge: {}", d.message),
+        })
+        .collect()
+}
+
+/// Rewrite port module names into reference names, remembering the
+/// original in `original_module`.
+pub fn rename_records(records: &mut [Record], renamer: &Renamer) {
+    if renamer.is_empty() {
+        return;
+    }
+    let mut cache: HashMap<String, Option<String>> = HashMap::new();
+    for r in records {
+        let new = match cache.get(&r.module) {
+            Some(v) => v.clone(),
+            None => {
+                let renamed = renamer.apply(&r.module);
+                let v = (renamed != r.module).then_some(renamed);
+                cache.insert(r.module.clone(), v.clone());
+                v
+            }
+        };
+        if let Some(new) = new {
+            let old = std::mem::replace(&mut r.module, new);
+            r.original_module = Some(old);
+        }
+    }
+}
+
+fn port_name(r: &Record) -> &str {
+    r.original_module.as_deref().unwrap_or(&r.module)
+}
+
+fn stat_json(v: Option<&StatValue>) -> serde_json::Value {
+    match v {
+        Some(StatValue::Num(x)) => serde_json::json!(x),
+        Some(StatValue::Text(s)) => serde_json::Value::String(s.clone()),
+        Some(StatValue::Other(o)) => o.clone(),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// The number that names a block in a module path (`blocks.3.attn` → 3),
+/// with the path before it.
+fn block_of(module: &str) -> Option<(&str, &str)> {
+    let mut start = 0;
+    for part in module.split('.') {
+        if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+            let prefix = module[..start].trim_end_matches('.');
+            return Some((prefix, part));
+        }
+        start += part.len() + 1;
+    }
+    None
+}
+
+/// The regex for the next, narrower trace: the block (or top-level module)
+/// holding `module` and everything under it.
+fn drill_regex(module: &str) -> String {
+    let scope = match block_of(module) {
+        Some((prefix, idx)) if prefix.is_empty() => idx.to_string(),
+        Some((prefix, idx)) => format!("{prefix}.{idx}"),
+        None => module.to_string(),
+    };
+    format!("^{}(\\.|$)", regex::escape(&scope))
+}
+
+/// Compare already merged (and renamed) records.
+pub fn compare_records(
+    reference: &[Record],
+    port: &[Record],
+    opts: &CompareOptions,
+    mut diags: Collector,
+) -> Result<Report, TraceError> {
+    let tols = Tolerances::parse(&opts.tolerances)?;
+    let layers = match &opts.layers {
+        Some(l) => Some(Regex::new(l).map_err(|e| TraceError::Option {
+            option: l.clone(),
+            message: e.to_string(),
+        })?),
+        None => None,
+    };
+    let keep = |r: &Record| {
+        layers.as_ref().is_none_or(|re| re.is_match(&r.module))
+            && opts.steps.as_ref().is_none_or(|s| s.contains(&r.step))
+    };
+
+    let port_occ = occurrences(port);
+    let port_index: HashMap<(&str, &str, Option<i64>, u32), usize> = port
+        .iter()
+        .zip(&port_occ)
+        .enumerate()
+        .map(|(i, (r, n))| ((r.module.as_str(), r.tensor.as_str(), r.step, *n), i))
+        .collect();
+    let mut port_used = vec![false; port.len()];
+
+    let mut rows: Vec<Row> = Vec::new();
+    let mut unmatched_ref: Vec<&Record> = Vec::new();
+    let mut first: Option<FirstDivergence> = None;
+    let mut first_row: Option<usize> = None;
+    let mut dtype_pairs: Vec<(String, String)> = Vec::new();
+    let mut dtype_rows = 0usize;
+    let mut shape_mismatches = 0usize;
+
+    for (i, (r, n)) in reference.iter().zip(occurrences(reference)).enumerate() {
+        let key = (r.module.as_str(), r.tensor.as_str(), r.step, n);
+        let Some(&j) = port_index.get(&key) else {
+            if keep(r) {
+                unmatched_ref.push(r);
+            }
+            continue;
+        };
+        port_used[j] = true;
+        if !keep(r) {
+            continue;
+        }
+        let p = &port[j];
+        let shape_ok = match (&r.shape, &p.shape) {
+            (Some(a), Some(b)) => a == b || !tols.shape_checked(&r.module),
+            _ => true,
+        };
+        let abs_mean = match (r.stat_f64("abs_mean"), p.stat_f64("abs_mean")) {
+            (Some(a), Some(b)) => Some(a.abs().max(b.abs())),
+            (a, b) => a.or(b),
+        };
+        let numel = r.element_count().or(p.element_count());
+        let mut drifts = BTreeMap::new();
+        let mut exact = true;
+        let mut any_common = false;
+        let mut worst: Option<(String, f64, f64)> = None; // stat, drift, ratio
+        for (name, rv) in &r.stats {
+            let Some(pv) = p.stat(name) else { continue };
+            any_common = true;
+            match (rv, pv) {
+                (StatValue::Num(a), StatValue::Num(b)) => {
+                    let same = a == b || (a.is_nan() && b.is_nan());
+                    exact &= same;
+                    let d = drift(name, *a, *b, abs_mean, numel);
+                    drifts.insert(name.to_string(), d);
+                    if let Some(tol) = tols.get(&r.module, name)
+                        && d > tol
+                    {
+                        let ratio = if tol > 0.0 { d / tol } else { f64::INFINITY };
+                        if worst.as_ref().is_none_or(|w| ratio > w.2) {
+                            worst = Some((name.to_string(), d, ratio));
+                        }
+                    }
+                }
+                _ => exact &= rv == pv,
+            }
+        }
+        exact &= any_common && r.shape == p.shape;
+        if !shape_ok {
+            shape_mismatches += 1;
+        }
+        if let (Some(a), Some(b)) = (&r.dtype, &p.dtype)
+            && a != b
+        {
+            dtype_rows += 1;
+            if !dtype_pairs.contains(&(a.clone(), b.clone())) {
+                dtype_pairs.push((a.clone(), b.clone()));
+            }
+        }
+        let diverged = !shape_ok || worst.is_some();
+        if diverged && first.is_none() {
+            first_row = Some(rows.len());
+            first = Some(if !shape_ok {
+                FirstDivergence {
+                    reference_module: r.module.clone(),
+                    port_module: port_name(p).to_string(),
+                    tensor: r.tensor.clone(),
+                    step: r.step,
+                    stat: "shape".to_string(),
+                    reference: serde_json::json!(r.shape),
+                    port: serde_json::json!(p.shape),
+                    drift: None,
+                    tolerance: None,
+                }
+            } else {
+                let (stat, d, _) = worst.clone().expect("diverged on a stat");
+                FirstDivergence {
+                    reference_module: r.module.clone(),
+                    port_module: port_name(p).to_string(),
+                    tensor: r.tensor.clone(),
+                    step: r.step,
+                    reference: stat_json(r.stat(&stat)),
+                    port: stat_json(p.stat(&stat)),
+                    tolerance: tols.get(&r.module, &stat),
+                    stat,
+                    drift: Some(d),
+                }
+            });
+        }
+        let exceeded = if !shape_ok {
+            vec!["shape".to_string()]
+        } else {
+            tols.stats
+                .iter()
+                .filter(|s| {
+                    matches!((tols.get(&r.module, s), drifts.get(s.as_str())), (Some(t), Some(d)) if *d > t)
+                })
+                .cloned()
+                .collect()
+        };
+        rows.push(Row {
+            index: i,
+            reference_module: r.module.clone(),
+            port_module: port_name(p).to_string(),
+            tensor: r.tensor.clone(),
+            step: r.step,
+            reference_shape: r.shape.clone(),
+            port_shape: p.shape.clone(),
+            drift: drifts,
+            exceeded,
+            diverged,
+            exact,
+        });
+    }
+
+    let unmatched_port: Vec<&Record> = port
+        .iter()
+        .zip(&port_used)
+        .filter(|(r, used)| !**used && keep(r))
+        .map(|(r, _)| r)
+        .collect();
+    let unmatched = unmatched_lists(&unmatched_ref, &unmatched_port, reference, port);
+
+    // Steps whose rows all match bit for bit, in execution order.
+    let mut step_order: Vec<Option<i64>> = Vec::new();
+    let mut step_exact: HashMap<Option<i64>, bool> = HashMap::new();
+    for row in &rows {
+        match step_exact.get_mut(&row.step) {
+            Some(e) => *e &= row.exact,
+            None => {
+                step_order.push(row.step);
+                step_exact.insert(row.step, row.exact);
+            }
+        }
+    }
+    let exact_steps: Vec<Option<i64>> = step_order
+        .iter()
+        .copied()
+        .filter(|s| step_exact[s])
+        .collect();
+
+    // Diagnostics.
+    let compared = rows.len();
+    let diverged_rows = rows.iter().filter(|r| r.diverged).count();
+    if compared == 0 {
+        diags.push(
+            "nothing_compared",
+            "no row of the reference has a counterpart in the port: check the rename rules, --layers and --steps",
+        );
+    }
+    if compared >= 2 && diverged_rows == compared {
+        diags.push(
+            "inputs_differ",
+            format!(
+                "every compared row diverges, the first one ({}) included: the two sides do not start from identical inputs or weights; verify inputs and run a weight diff before reading layers",
+                rows[0].reference_module
+            ),
+        );
+    } else if compared > 0 && !rows.iter().any(|r| r.exact) {
+        let why = if dtype_pairs.is_empty() {
+            "with identical dtypes this usually means the inputs are not bit-identical".to_string()
+        } else {
+            "expected here since the dtypes differ".to_string()
+        };
+        diags.push(
+            "no_exact_row",
+            format!("no compared row matches bit for bit; {why}"),
+        );
+    }
+    if let (Some(fd), Some(fi)) = (&first, first_row) {
+        let step_rows: Vec<&Row> = rows.iter().filter(|r| r.step == fd.step).collect();
+        let first_block = step_rows.iter().find_map(|r| {
+            block_of(&r.reference_module).map(|b| (b.0.to_string(), b.1.to_string()))
+        });
+        let pos = step_rows
+            .iter()
+            .position(|r| std::ptr::eq(*r, &rows[fi]))
+            .unwrap_or(0);
+        let first_block_pos = step_rows
+            .iter()
+            .position(|r| block_of(&r.reference_module).is_some());
+        let early = match (block_of(&fd.reference_module), &first_block) {
+            (Some((p, i)), Some((fp, fi))) => p == fp && i == fi,
+            (None, _) => first_block_pos.is_some_and(|b| pos < b),
+            _ => false,
+        };
+        if early {
+            diags.push(
+                "early_divergence",
+                format!(
+                    "the first divergence ({}) is at the first block or before it: look at the embedding, adapters, modality dispatch, coordinate embedding and packing before attention or MLP",
+                    fd.port_module
+                ),
+            );
+        }
+    }
+    if shape_mismatches > 0 {
+        diags.push(
+            "shape_mismatch",
+            format!("{shape_mismatches} aligned rows have different shapes"),
+        );
+    }
+    if !dtype_pairs.is_empty() {
+        let pairs: Vec<String> = dtype_pairs
+            .iter()
+            .map(|(a, b)| format!("{a} vs {b}"))
+            .collect();
+        diags.push(
+            "dtype_differs",
+            format!(
+                "{dtype_rows} rows have different dtypes ({}): expect dtype noise",
+                pairs.join(", ")
+            ),
+        );
+    }
+    if !unmatched.reference.is_empty() {
+        diags.push(
+            "only_in_reference",
+            format!(
+                "{} modules are only in the reference (first: {}); add --rename rules or check the trace regex",
+                unmatched.reference.len(),
+                unmatched.reference[0].module
+            ),
+        );
+    }
+    if !unmatched.port.is_empty() {
+        diags.push(
+            "only_in_port",
+            format!(
+                "{} modules are only in the port (first: {})",
+                unmatched.port.len(),
+                unmatched.port[0].module
+            ),
+        );
+    }
+    if !exact_steps.is_empty() && step_order.iter().any(|s| s.is_some()) {
+        let list: Vec<String> = exact_steps.iter().map(|s| step_text(*s)).collect();
+        let tail = match &first {
+            Some(fd) => format!("; the first divergence is at step {}", step_text(fd.step)),
+            None => String::new(),
+        };
+        diags.push(
+            "exact_steps",
+            format!("steps {} match bit for bit{tail}", list.join(", ")),
+        );
+    }
+
+    let (drill_down, drill_down_reference) = match &first {
+        Some(fd) => (
+            Some(drill_regex(&fd.port_module)),
+            Some(drill_regex(&fd.reference_module)),
+        ),
+        None => (None, None),
+    };
+    Ok(Report {
+        first_divergence: first,
+        rows,
+        diagnostics: diags.finish(),
+        unmatched,
+        drill_down,
+        drill_down_reference,
+        exact_steps,
+        tolerances: tols
+            .stats
+            .iter()
+            .filter_map(|s| tols.get("", s).map(|t| (s.clone(), t)))
+            .collect(),
+    })
+}
+
+fn step_text(s: Option<i64>) -> String {
+    s.map_or("null".to_string(), |v| v.to_string())
+}
+
+/// At most this many unmatched modules get nearest-name candidates: the
+/// search is quadratic and a wrong rename can unmatch every module.
+const NEAREST_LIMIT: usize = 50;
+
+fn unmatched_lists(
+    only_ref: &[&Record],
+    only_port: &[&Record],
+    reference: &[Record],
+    port: &[Record],
+) -> UnmatchedSides {
+    fn unique<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+        let mut seen = std::collections::HashSet::new();
+        it.filter(|m| seen.insert(*m)).collect()
+    }
+    let port_names = unique(port.iter().map(|r| r.module.as_str()));
+    let ref_names = unique(reference.iter().map(|r| r.module.as_str()));
+    let ref_list = unique(only_ref.iter().map(|r| r.module.as_str()))
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| Unmatched {
+            module: m.to_string(),
+            renamed: None,
+            nearest: if i < NEAREST_LIMIT {
+                nearest(m, &port_names)
+            } else {
+                Vec::new()
+            },
+        })
+        .collect();
+    let mut port_list = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for r in only_port {
+        if !seen.insert(r.module.as_str()) {
+            continue;
+        }
+        let i = port_list.len();
+        port_list.push(Unmatched {
+            module: port_name(r).to_string(),
+            renamed: r.original_module.as_ref().map(|_| r.module.clone()),
+            nearest: if i < NEAREST_LIMIT {
+                nearest(&r.module, &ref_names)
+            } else {
+                Vec::new()
+            },
+        });
+    }
+    UnmatchedSides {
+        reference: ref_list,
+        port: port_list,
+    }
+}
+
+/// The three names closest to `name`. Distance is an edit distance over
+/// the dotted parts, where two parts cost their normalized character edit
+/// distance and two different numbers cost more than an insertion, so
+/// `blocks.0.norm1` lands next to `transformer.h.0.ln_1`, not `lm_head`.
+fn nearest(name: &str, candidates: &[&str]) -> Vec<String> {
+    let parts: Vec<&str> = name.split('.').collect();
+    let mut scored: Vec<(f64, &str)> = candidates
+        .iter()
+        .filter(|c| **c != name)
+        .map(|c| (path_distance(&parts, &c.split('.').collect::<Vec<_>>()), *c))
+        .collect();
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(b.1)));
+    scored
+        .into_iter()
+        .take(3)
+        .map(|(_, c)| c.to_string())
+        .collect()
+}
+
+fn part_cost(a: &str, b: &str) -> f64 {
+    if a == b {
+        return 0.0;
+    }
+    let num = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
+    if num(a) && num(b) {
+        return 2.0;
+    }
+    levenshtein(a, b) as f64 / a.chars().count().max(b.chars().count()).max(1) as f64
+}
+
+fn path_distance(a: &[&str], b: &[&str]) -> f64 {
+    let mut prev: Vec<f64> = (0..=b.len()).map(|j| j as f64).collect();
+    let mut cur = vec![0.0; b.len() + 1];
+    for i in 1..=a.len() {
+        cur[0] = i as f64;
+        for j in 1..=b.len() {
+            cur[j] = (prev[j] + 1.0)
+                .min(cur[j - 1] + 1.0)
+                .min(prev[j - 1] + part_cost(a[i - 1], b[j - 1]));
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+fn levenshtein(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for i in 1..=a.len() {
+        cur[0] = i;
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            cur[j] = (prev[j] + 1).min(cur[j - 1] + 1).min(prev[j - 1] + cost);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sum_near_zero_uses_the_l1_floor() {
+        // sums of ±noise: 0.1 vs -0.1 over 1000 elements of abs_mean 0.5.
+        let d = drift("sum", 0.1, -0.1, Some(0.5), Some(1000));
+        assert!(d < 1e-3, "{d}");
+        assert_eq!(drift("abs_mean", 1.0, 1.0, None, None), 0.0);
+        assert!((drift("abs_mean", 1.0, 0.5, None, None) - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn tolerance_rules_resolve_last_match_first() {
+        let t = Tolerances::parse(&[
+            "abs_mean=1e-4".to_string(),
+            r"^blocks\.3\.:abs_mean=0.5".to_string(),
+            "max=off".to_string(),
+        ])
+        .unwrap();
+        assert_eq!(t.get("blocks.2.x", "abs_mean"), Some(1e-4));
+        assert_eq!(t.get("blocks.3.x", "abs_mean"), Some(0.5));
+        assert_eq!(t.get("blocks.3.x", "max"), None);
+        assert!(Tolerance::parse("abs_mean").is_err());
+        assert!(Tolerance::parse("abs_mean=x").is_err());
+    }
+
+    #[test]
+    fn drill_down_scopes_to_the_block() {
+        assert_eq!(drill_regex("blocks.3.norm2"), r"^blocks\.3(\.|$)");
+        assert_eq!(drill_regex("tok_embed"), r"^tok_embed(\.|$)");
+        assert_eq!(
+            block_of("transformer.h.10.attn"),
+            Some(("transformer.h", "10"))
+        );
+    }
+}

@@ -1,0 +1,1002 @@
+//! Full-tensor dump comparator.
+//!
+//! Inputs are safetensors files (keys `module:tensor`, optionally `@step`)
+//! or folders of `.npy` files named the same way. The port side's module
+//! part goes through the same rename rules as trace comparison. Per tensor,
+//! in float64: cosine, `rel_diff = 1 − 2Σxy / Σ(x² + y²)`, max |Δ| with its
+//! coordinate and the two values there, mean |Δ|, and, with a token dim,
+//! the cosine of every token.
+//!
+//! A tensor diverges when its cosine drops below [`DEFAULT_MIN_COSINE`] *or*
+//! its rel_diff rises above [`DEFAULT_MAX_REL_DIFF`]: cosine alone is blind
+//! to scale (a wrong norm epsilon rescales the output and keeps cosine at
+//! 0.998), rel_diff is not, because it compares magnitudes too.
+//!
+//! Safetensors headers are JSON objects whose key order writers do not keep,
+//! so the execution order comes from `--order TRACE.jsonl`, else from the
+//! [`ORDER_METADATA_KEY`] entry of the reference's `__metadata__` (a JSON
+//! list of keys, written by the `fvd_trace` Python package), else from a
+//! numeric-aware sort of the keys, with a diagnostic saying so.
+//!
+//! Memory stays bounded whatever the file size: tensors are read through
+//! small memory-mapped windows that are unmapped after use (a mapping of the
+//! whole file would count every touched page in the process's resident set),
+//! decoded chunk by chunk into fixed buffers. The two cores are used by
+//! splitting each tensor's element range between threads.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::diag::{Collector, Diagnostic};
+use crate::error::TraceError;
+use crate::record::read_trace;
+use crate::rename::Renamer;
+use crate::report::{FirstDivergence, Unmatched, UnmatchedSides};
+
+/// Default cosine threshold.
+pub const DEFAULT_MIN_COSINE: f64 = 0.99;
+/// Default rel_diff threshold: about a 4.5% RMS error; bf16 noise is ~1e-5.
+pub const DEFAULT_MAX_REL_DIFF: f64 = 1e-3;
+/// `__metadata__` key holding the execution order (a JSON list of keys).
+pub const ORDER_METADATA_KEY: &str = "fvd_order";
+/// Elements decoded per chunk (per thread): 2 MiB of f64 per side.
+const CHUNK: usize = 1 << 18;
+/// Per-token cosines are listed in the report up to this many tokens.
+const TOKEN_LIST_LIMIT: usize = 4096;
+
+/// Options of [`compare_dumps`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DumpOptions {
+    pub rename: Vec<String>,
+    pub order: Option<PathBuf>,
+    pub token_dim: Option<usize>,
+    pub min_cosine: f64,
+    pub max_rel_diff: f64,
+}
+
+impl Default for DumpOptions {
+    fn default() -> Self {
+        DumpOptions {
+            rename: Vec::new(),
+            order: None,
+            token_dim: None,
+            min_cosine: DEFAULT_MIN_COSINE,
+            max_rel_diff: DEFAULT_MAX_REL_DIFF,
+        }
+    }
+}
+
+/// Element types the comparator reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DType {
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 => 4,
+            DType::F64 => 8,
+        }
+    }
+}
+
+/// Where one tensor's bytes are.
+#[derive(Debug, Clone)]
+pub struct TensorRef {
+    pub key: String,
+    pub module: String,
+    pub tensor: String,
+    pub step: Option<i64>,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub path: PathBuf,
+    pub offset: u64,
+}
+
+impl TensorRef {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// The tensors of one dump and the order its writer recorded, if any.
+#[derive(Debug, Clone)]
+pub struct DumpSource {
+    pub tensors: Vec<TensorRef>,
+    pub order: Option<Vec<String>>,
+}
+
+/// Split `module:tensor@step` into its parts.
+pub fn parse_key(key: &str) -> (String, String, Option<i64>) {
+    let (body, step) = match key.rsplit_once('@') {
+        Some((b, s)) if s.parse::<i64>().is_ok() => (b, s.parse().ok()),
+        _ => (key, None),
+    };
+    match body.split_once(':') {
+        Some((m, t)) => (m.to_string(), t.to_string(), step),
+        None => (body.to_string(), "out".to_string(), step),
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TraceError + '_ {
+    move |e| TraceError::io(path, e)
+}
+
+/// Open a dump: a safetensors file or a folder of `.npy` files.
+pub fn open_dump(path: &Path) -> Result<DumpSource, TraceError> {
+    if path.is_dir() {
+        open_npy_dir(path)
+    } else {
+        open_safetensors(path)
+    }
+}
+
+fn open_safetensors(path: &Path) -> Result<DumpSource, TraceError> {
+    use std::io::Read;
+    let mut f = File::open(path).map_err(io(path))?;
+    let file_len = f.metadata().map_err(io(path))?.len();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n)
+        .map_err(|_| TraceError::dump(path, "not a safetensors file: shorter than its header"))?;
+    let n = u64::from_le_bytes(n);
+    if n > 100_000_000 || 8 + n > file_len {
+        return Err(TraceError::dump(
+            path,
+            "not a safetensors file: bad header length",
+        ));
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header).map_err(io(path))?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
+        .map_err(|e| TraceError::dump(path, format!("bad safetensors header: {e}")))?;
+    let data_start = 8 + n;
+    let mut tensors = Vec::new();
+    let mut order = None;
+    for (key, v) in &header {
+        if key == "__metadata__" {
+            if let Some(s) = v.get(ORDER_METADATA_KEY).and_then(|s| s.as_str()) {
+                let list: Vec<String> = serde_json::from_str(s).map_err(|e| {
+                    TraceError::dump(
+                        path,
+                        format!(
+                            "__metadata__.{ORDER_METADATA_KEY} is not a JSON list of keys: {e}"
+                        ),
+                    )
+                })?;
+                order = Some(list);
+            }
+            continue;
+        }
+        let bad = |m: &str| TraceError::dump(path, format!("tensor {key:?}: {m}"));
+        let dtype = match v.get("dtype").and_then(|d| d.as_str()) {
+            Some("F32") => DType::F32,
+            Some("F16") => DType::F16,
+            Some("BF16") => DType::BF16,
+            Some("F64") => DType::F64,
+            Some(other) => return Err(bad(&format!("unsupported dtype {other}"))),
+            None => return Err(bad("no dtype")),
+        };
+        let shape: Vec<usize> = v
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .ok_or_else(|| bad("no shape"))?
+            .iter()
+            .map(|d| {
+                d.as_u64()
+                    .map(|d| d as usize)
+                    .ok_or_else(|| bad("bad shape"))
+            })
+            .collect::<Result<_, _>>()?;
+        let offs = v
+            .get("data_offsets")
+            .and_then(|s| s.as_array())
+            .ok_or_else(|| bad("no data_offsets"))?;
+        let (s, e) = match (
+            offs.first().and_then(|x| x.as_u64()),
+            offs.get(1).and_then(|x| x.as_u64()),
+        ) {
+            (Some(s), Some(e)) if e >= s => (s, e),
+            _ => return Err(bad("bad data_offsets")),
+        };
+        let numel: usize = shape.iter().product();
+        if (e - s) as usize != numel * dtype.size() || data_start + e > file_len {
+            return Err(bad(
+                "data_offsets do not match the shape or run past the end of the file",
+            ));
+        }
+        let (module, tensor, step) = parse_key(key);
+        tensors.push(TensorRef {
+            key: key.clone(),
+            module,
+            tensor,
+            step,
+            dtype,
+            shape,
+            path: path.to_path_buf(),
+            offset: data_start + s,
+        });
+    }
+    Ok(DumpSource { tensors, order })
+}
+
+fn open_npy_dir(dir: &Path) -> Result<DumpSource, TraceError> {
+    let mut tensors = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let path = entry.map_err(io(dir))?.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("npy") {
+            continue;
+        }
+        let key = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (dtype, shape, offset) = read_npy_header(&path)?;
+        let (module, tensor, step) = parse_key(&key);
+        tensors.push(TensorRef {
+            key,
+            module,
+            tensor,
+            step,
+            dtype,
+            shape,
+            path,
+            offset,
+        });
+    }
+    let order = match std::fs::read_to_string(dir.join(format!("{ORDER_METADATA_KEY}.json"))) {
+        Ok(s) => Some(serde_json::from_str(&s).map_err(|e| {
+            TraceError::dump(
+                dir.join(format!("{ORDER_METADATA_KEY}.json")),
+                e.to_string(),
+            )
+        })?),
+        Err(_) => None,
+    };
+    Ok(DumpSource { tensors, order })
+}
+
+/// Parse a `.npy` header: dtype, shape, and the offset of the data.
+pub fn read_npy_header(path: &Path) -> Result<(DType, Vec<usize>, u64), TraceError> {
+    use std::io::Read;
+    let mut f = File::open(path).map_err(io(path))?;
+    let mut pre = [0u8; 10];
+    f.read_exact(&mut pre)
+        .map_err(|_| TraceError::dump(path, "not a .npy file"))?;
+    if &pre[..6] != b"\x93NUMPY" {
+        return Err(TraceError::dump(path, "not a .npy file: bad magic"));
+    }
+    let (hlen, start) = if pre[6] == 1 {
+        (u16::from_le_bytes([pre[8], pre[9]]) as usize, 10u64)
+    } else {
+        let mut more = [0u8; 2];
+        f.read_exact(&mut more).map_err(io(path))?;
+        (
+            u32::from_le_bytes([pre[8], pre[9], more[0], more[1]]) as usize,
+            12u64,
+        )
+    };
+    let mut h = vec![0u8; hlen];
+    f.read_exact(&mut h).map_err(io(path))?;
+    let h = String::from_utf8_lossy(&h);
+    let field = |name: &str| -> Option<String> {
+        let at = h.find(&format!("'{name}'"))?;
+        let rest = h[at + name.len() + 2..]
+            .trim_start()
+            .strip_prefix(':')?
+            .trim_start();
+        Some(rest.to_string())
+    };
+    let descr = field("descr").ok_or_else(|| TraceError::dump(path, "npy header has no descr"))?;
+    let descr = descr.trim_start_matches('\'');
+    let descr = &descr[..descr.find('\'').unwrap_or(descr.len())];
+    let dtype = match descr {
+        "<f4" | "f4" => DType::F32,
+        "<f8" | "f8" => DType::F64,
+        "<f2" | "f2" => DType::F16,
+        // numpy has no bfloat16; ml_dtypes writes it as a 2-byte void.
+        "<V2" | "|V2" | "bfloat16" => DType::BF16,
+        other => {
+            return Err(TraceError::dump(
+                path,
+                format!("unsupported npy dtype {other} (little-endian f2, f4, f8 or bf16 only)"),
+            ));
+        }
+    };
+    if field("fortran_order").is_some_and(|v| v.starts_with("True")) {
+        return Err(TraceError::dump(
+            path,
+            "fortran-order npy arrays are not supported",
+        ));
+    }
+    let shape_txt =
+        field("shape").ok_or_else(|| TraceError::dump(path, "npy header has no shape"))?;
+    let inner = shape_txt
+        .trim_start_matches('(')
+        .split(')')
+        .next()
+        .unwrap_or("");
+    let shape: Vec<usize> = inner
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim_end_matches('L').parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| TraceError::dump(path, "bad npy shape"))?;
+    Ok((dtype, shape, start + hlen as u64))
+}
+
+/// Map `len` bytes of `file` at `offset`, read-only.
+#[allow(unsafe_code)]
+fn map_window(file: &File, offset: u64, len: usize) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: the mapping is read-only and lives only while one chunk is
+    // decoded. The dumps are finished files nobody writes while fvd reads
+    // them; were one truncated meanwhile, the process could fault, which is
+    // the documented risk of every mmap-based reader.
+    unsafe {
+        memmap2::MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .map(file)
+    }
+}
+
+/// Metrics of one pair of tensors.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    pub cosine: f64,
+    pub rel_diff: f64,
+    pub max_abs_diff: f64,
+    pub max_abs_diff_at: Vec<usize>,
+    pub reference_value: f64,
+    pub port_value: f64,
+    pub mean_abs_diff: f64,
+    pub reference_norm: f64,
+    pub port_norm: f64,
+    pub identical: bool,
+    pub token_cosine_min: Option<f64>,
+    pub token_cosine_min_at: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub token_cosine: Option<Vec<f64>>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Acc {
+    sxy: f64,
+    sxx: f64,
+    syy: f64,
+    sad: f64,
+    max_ad: f64,
+    max_idx: usize,
+    max_x: f64,
+    max_y: f64,
+    identical: bool,
+    tok: Vec<[f64; 3]>,
+}
+
+impl Acc {
+    fn new(tokens: usize) -> Self {
+        Acc {
+            max_ad: -1.0,
+            identical: true,
+            tok: vec![[0.0; 3]; tokens],
+            ..Default::default()
+        }
+    }
+
+    fn combine(&mut self, o: Acc) {
+        self.sxy += o.sxy;
+        self.sxx += o.sxx;
+        self.syy += o.syy;
+        self.sad += o.sad;
+        if o.max_ad > self.max_ad {
+            self.max_ad = o.max_ad;
+            self.max_idx = o.max_idx;
+            self.max_x = o.max_x;
+            self.max_y = o.max_y;
+        }
+        self.identical &= o.identical;
+        for (a, b) in self.tok.iter_mut().zip(o.tok) {
+            a[0] += b[0];
+            a[1] += b[1];
+            a[2] += b[2];
+        }
+    }
+}
+
+fn decode(dtype: DType, bytes: &[u8], out: &mut [f64]) {
+    match dtype {
+        DType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64;
+            }
+        }
+        DType::F64 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+                *o = f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            }
+        }
+        DType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f64();
+            }
+        }
+        DType::BF16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                // bf16 is the top half of an f32.
+                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64;
+            }
+        }
+    }
+}
+
+/// Sums of one chunk, written with independent lanes so the compiler can
+/// vectorize; the max |Δ| position is found in a second pass only for the
+/// rare chunk that raises the running max.
+fn accumulate(xs: &[f64], ys: &[f64], base: usize, acc: &mut Acc) {
+    const L: usize = 4;
+    let mut sxy = [0.0; L];
+    let mut sxx = [0.0; L];
+    let mut syy = [0.0; L];
+    let mut sad = [0.0; L];
+    let mut mad = [0.0f64; L];
+    let mut ne = [false; L];
+    let xc = xs.chunks_exact(L);
+    let yc = ys.chunks_exact(L);
+    let (xr, yr) = (xc.remainder(), yc.remainder());
+    for (x, y) in xc.zip(yc) {
+        for l in 0..L {
+            let d = (x[l] - y[l]).abs();
+            sxy[l] += x[l] * y[l];
+            sxx[l] += x[l] * x[l];
+            syy[l] += y[l] * y[l];
+            sad[l] += d;
+            mad[l] = mad[l].max(d);
+            ne[l] |= x[l].to_bits() != y[l].to_bits();
+        }
+    }
+    for (x, y) in xr.iter().zip(yr) {
+        let d = (x - y).abs();
+        sxy[0] += x * y;
+        sxx[0] += x * x;
+        syy[0] += y * y;
+        sad[0] += d;
+        mad[0] = mad[0].max(d);
+        ne[0] |= x.to_bits() != y.to_bits();
+    }
+    acc.sxy += sxy.iter().sum::<f64>();
+    acc.sxx += sxx.iter().sum::<f64>();
+    acc.syy += syy.iter().sum::<f64>();
+    acc.sad += sad.iter().sum::<f64>();
+    acc.identical &= !ne.iter().any(|b| *b);
+    let chunk_max = mad.iter().copied().fold(0.0, f64::max);
+    if chunk_max > acc.max_ad || acc.max_ad < 0.0 {
+        if let Some(i) = xs
+            .iter()
+            .zip(ys)
+            .position(|(x, y)| (x - y).abs() == chunk_max)
+        {
+            acc.max_ad = chunk_max;
+            acc.max_idx = base + i;
+            acc.max_x = xs[i];
+            acc.max_y = ys[i];
+        }
+    }
+    // NaN never raises the max; make sure a NaN still shows as a mismatch.
+    if acc.max_ad < 0.0 && !xs.is_empty() {
+        acc.max_ad = f64::NAN;
+        acc.max_idx = base;
+        acc.max_x = xs[0];
+        acc.max_y = ys[0];
+    }
+}
+
+fn accumulate_tokens(xs: &[f64], ys: &[f64], base: usize, inner: usize, acc: &mut Acc) {
+    let t = acc.tok.len();
+    let mut i = 0;
+    while i < xs.len() {
+        let pos = base + i;
+        let token = (pos / inner) % t;
+        let end = (i + inner - pos % inner).min(xs.len());
+        let slot = &mut acc.tok[token];
+        for (x, y) in xs[i..end].iter().zip(&ys[i..end]) {
+            slot[0] += x * y;
+            slot[1] += x * x;
+            slot[2] += y * y;
+        }
+        i = end;
+    }
+}
+
+fn scan_range(
+    a: &TensorRef,
+    b: &TensorRef,
+    range: std::ops::Range<usize>,
+    tokens: Option<(usize, usize)>,
+) -> Result<Acc, TraceError> {
+    let fa = File::open(&a.path).map_err(io(&a.path))?;
+    let fb = File::open(&b.path).map_err(io(&b.path))?;
+    let mut acc = Acc::new(tokens.map_or(0, |t| t.0));
+    let mut xs = vec![0.0f64; CHUNK.min(range.len())];
+    let mut ys = vec![0.0f64; CHUNK.min(range.len())];
+    let mut start = range.start;
+    while start < range.end {
+        let len = CHUNK.min(range.end - start);
+        let (sa, sb) = (a.dtype.size(), b.dtype.size());
+        let ma = map_window(&fa, a.offset + (start * sa) as u64, len * sa).map_err(io(&a.path))?;
+        let mb = map_window(&fb, b.offset + (start * sb) as u64, len * sb).map_err(io(&b.path))?;
+        decode(a.dtype, &ma, &mut xs[..len]);
+        decode(b.dtype, &mb, &mut ys[..len]);
+        drop((ma, mb));
+        accumulate(&xs[..len], &ys[..len], start, &mut acc);
+        if let Some((_, inner)) = tokens {
+            accumulate_tokens(&xs[..len], &ys[..len], start, inner, &mut acc);
+        }
+        start += len;
+    }
+    Ok(acc)
+}
+
+fn cosine(sxy: f64, sxx: f64, syy: f64) -> f64 {
+    if sxx == 0.0 && syy == 0.0 {
+        1.0
+    } else if sxx == 0.0 || syy == 0.0 {
+        0.0
+    } else {
+        sxy / (sxx.sqrt() * syy.sqrt())
+    }
+}
+
+fn unravel(mut idx: usize, shape: &[usize]) -> Vec<usize> {
+    let mut out = vec![0; shape.len()];
+    for (o, &d) in out.iter_mut().zip(shape).rev() {
+        if d > 0 {
+            *o = idx % d;
+            idx /= d;
+        }
+    }
+    out
+}
+
+/// Compare two tensors of the same shape, streaming.
+pub fn tensor_metrics(
+    a: &TensorRef,
+    b: &TensorRef,
+    token_dim: Option<usize>,
+    threads: usize,
+) -> Result<Metrics, TraceError> {
+    let n = a.numel();
+    let tokens = token_dim.filter(|&d| d < a.shape.len()).map(|d| {
+        (
+            a.shape[d],
+            a.shape[d + 1..].iter().product::<usize>().max(1),
+        )
+    });
+    let threads = threads.clamp(1, n.div_ceil(CHUNK).max(1));
+    let per = n.div_ceil(threads);
+    let parts: Vec<std::ops::Range<usize>> = (0..threads)
+        .map(|t| (t * per).min(n)..((t + 1) * per).min(n))
+        .collect();
+    let results: Vec<Result<Acc, TraceError>> = if parts.len() == 1 {
+        vec![scan_range(a, b, parts[0].clone(), tokens)]
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = parts
+                .iter()
+                .map(|r| {
+                    let r = r.clone();
+                    s.spawn(move || scan_range(a, b, r, tokens))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("dump scan thread panicked"))
+                .collect()
+        })
+    };
+    let mut acc = Acc::new(tokens.map_or(0, |t| t.0));
+    acc.max_ad = -1.0;
+    for r in results {
+        acc.combine(r?);
+    }
+    let denom = acc.sxx + acc.syy;
+    let rel_diff = if denom == 0.0 {
+        0.0
+    } else {
+        1.0 - 2.0 * acc.sxy / denom
+    };
+    let (token_cosine_min, token_cosine_min_at, token_cosine) = if tokens.is_some() {
+        let cos: Vec<f64> = acc.tok.iter().map(|t| cosine(t[0], t[1], t[2])).collect();
+        let (at, min) = cos
+            .iter()
+            .enumerate()
+            .fold((0, f64::INFINITY), |(bi, bv), (i, &v)| {
+                if v < bv || v.is_nan() && !bv.is_nan() {
+                    (i, v)
+                } else {
+                    (bi, bv)
+                }
+            });
+        let list = (cos.len() <= TOKEN_LIST_LIMIT).then_some(cos);
+        (Some(min), Some(at), list)
+    } else {
+        (None, None, None)
+    };
+    Ok(Metrics {
+        cosine: cosine(acc.sxy, acc.sxx, acc.syy),
+        rel_diff,
+        max_abs_diff: acc.max_ad.max(0.0),
+        max_abs_diff_at: unravel(acc.max_idx, &a.shape),
+        reference_value: acc.max_x,
+        port_value: acc.max_y,
+        mean_abs_diff: if n == 0 { 0.0 } else { acc.sad / n as f64 },
+        reference_norm: acc.sxx.sqrt(),
+        port_norm: acc.syy.sqrt(),
+        identical: acc.identical,
+        token_cosine_min,
+        token_cosine_min_at,
+        token_cosine,
+    })
+}
+
+/// One compared pair of tensors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorResult {
+    pub reference_key: String,
+    pub port_key: String,
+    pub module: String,
+    pub port_module: String,
+    pub tensor: String,
+    pub step: Option<i64>,
+    pub shape: Vec<usize>,
+    pub port_shape: Vec<usize>,
+    /// None when the shapes differ.
+    pub metrics: Option<Metrics>,
+    pub diverged: bool,
+}
+
+/// Everything the dump comparator found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DumpReport {
+    /// First tensor in execution order beyond the thresholds. `stat` is the
+    /// failing metric (`rel_diff`, `cosine` or `shape`), `drift` its value
+    /// (rel_diff, or 1 − cosine), and `reference`/`port` the two tensors'
+    /// L2 norms, which make a scale error visible at a glance.
+    pub first_divergence: Option<FirstDivergence>,
+    pub tensors: Vec<TensorResult>,
+    pub diagnostics: Vec<Diagnostic>,
+    pub unmatched: UnmatchedSides,
+    /// Where the execution order came from: `order_file`, `metadata`, `sorted`.
+    pub order_source: String,
+}
+
+impl DumpReport {
+    pub fn render_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "  {:<6} {:<44} {:>10} {:>10} {:>10} {:>10}",
+            "", "tensor", "cosine", "rel_diff", "max|d|", "mean|d|"
+        );
+        for t in &self.tensors {
+            let mark = if t.diverged { "DIVERG" } else { "ok" };
+            match &t.metrics {
+                Some(m) => {
+                    let _ = writeln!(
+                        s,
+                        "  {:<6} {:<44} {:>10.6} {:>10.3e} {:>10.3e} {:>10.3e}",
+                        mark, t.port_key, m.cosine, m.rel_diff, m.max_abs_diff, m.mean_abs_diff
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        s,
+                        "  {:<6} {:<44} shape {:?} vs {:?}",
+                        mark, t.port_key, t.shape, t.port_shape
+                    );
+                }
+            }
+        }
+        match &self.first_divergence {
+            Some(fd) => {
+                let _ = writeln!(
+                    s,
+                    "\nfirst divergence: {} (reference {}) {}: {} = {}",
+                    fd.port_module,
+                    fd.reference_module,
+                    fd.tensor,
+                    fd.stat,
+                    fd.drift.map_or("-".to_string(), |d| format!("{d:.4e}"))
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "\nno divergence: {} tensors compared",
+                    self.tensors.len()
+                );
+            }
+        }
+        for d in &self.diagnostics {
+            let _ = writeln!(s, "  [{}] {}", d.code, d.message);
+        }
+        s
+    }
+}
+
+/// Numeric-aware ordering: `layers.2` before `layers.10`.
+pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    fn parts(s: &str) -> Vec<(bool, &str)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let bytes = s.as_bytes();
+        for i in 1..=bytes.len() {
+            if i == bytes.len() || bytes[i].is_ascii_digit() != bytes[start].is_ascii_digit() {
+                out.push((bytes[start].is_ascii_digit(), &s[start..i]));
+                start = i;
+            }
+        }
+        out
+    }
+    let (pa, pb) = (parts(a), parts(b));
+    for (x, y) in pa.iter().zip(&pb) {
+        let o = match (x.0, y.0) {
+            (true, true) => {
+                x.1.parse::<u128>()
+                    .unwrap_or(0)
+                    .cmp(&y.1.parse::<u128>().unwrap_or(0))
+                    .then(x.1.cmp(y.1))
+            }
+            _ => x.1.cmp(y.1),
+        };
+        if o.is_ne() {
+            return o;
+        }
+    }
+    pa.len().cmp(&pb.len())
+}
+
+type Ident = (String, String, Option<i64>);
+
+/// Compare two dumps in execution order.
+pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpReport, TraceError> {
+    let renamer = Renamer::parse(&opts.rename)?;
+    let ra = open_dump(a)?;
+    let rb = open_dump(b)?;
+    let mut diags = Collector::default();
+
+    // Execution order of the reference's tensors.
+    let by_ident: HashMap<Ident, usize> = ra
+        .tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| ((t.module.clone(), t.tensor.clone(), t.step), i))
+        .collect();
+    let mut order: Vec<usize> = Vec::new();
+    let mut placed = vec![false; ra.tensors.len()];
+    fn push(i: usize, order: &mut Vec<usize>, placed: &mut [bool]) {
+        if !placed[i] {
+            placed[i] = true;
+            order.push(i);
+        }
+    }
+    let order_source;
+    if let Some(path) = &opts.order {
+        order_source = "order_file".to_string();
+        for r in read_trace(path)? {
+            if let Some(&i) = by_ident.get(&(r.module, r.tensor, r.step)) {
+                push(i, &mut order, &mut placed);
+            }
+        }
+    } else if let Some(list) = &ra.order {
+        order_source = "metadata".to_string();
+        let by_key: HashMap<&str, usize> = ra
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.key.as_str(), i))
+            .collect();
+        for k in list {
+            if let Some(&i) = by_key.get(k.as_str()) {
+                push(i, &mut order, &mut placed);
+            }
+        }
+    } else {
+        order_source = "sorted".to_string();
+        diags.push(
+            "order_fallback",
+            format!(
+                "{} records no execution order (no --order trace, no __metadata__.{ORDER_METADATA_KEY}): tensors are compared in numeric-aware name order, so \"first\" may not be the first to run",
+                a.display()
+            ),
+        );
+    }
+    let mut rest: Vec<usize> = (0..ra.tensors.len()).filter(|i| !placed[*i]).collect();
+    if !rest.is_empty() && order_source != "sorted" {
+        diags.push(
+            "not_in_order",
+            format!(
+                "{} tensors of {} are not in the execution order; compared last, in name order",
+                rest.len(),
+                a.display()
+            ),
+        );
+    }
+    rest.sort_by(|&x, &y| natural_cmp(&ra.tensors[x].key, &ra.tensors[y].key));
+    for i in rest {
+        push(i, &mut order, &mut placed);
+    }
+
+    // Port tensors under reference names.
+    let mut port_by_ident: HashMap<Ident, usize> = HashMap::new();
+    for (i, t) in rb.tensors.iter().enumerate() {
+        port_by_ident.insert((renamer.apply(&t.module), t.tensor.clone(), t.step), i);
+    }
+    let mut port_used = vec![false; rb.tensors.len()];
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+
+    let mut tensors = Vec::new();
+    let mut unmatched_ref = Vec::new();
+    let mut first = None;
+    for &i in &order {
+        let ta = &ra.tensors[i];
+        let Some(&j) = port_by_ident.get(&(ta.module.clone(), ta.tensor.clone(), ta.step)) else {
+            unmatched_ref.push(Unmatched {
+                module: ta.key.clone(),
+                renamed: None,
+                nearest: Vec::new(),
+            });
+            continue;
+        };
+        port_used[j] = true;
+        let tb = &rb.tensors[j];
+        let (metrics, diverged, fd) = if ta.shape != tb.shape {
+            let fd = FirstDivergence {
+                reference_module: ta.module.clone(),
+                port_module: tb.module.clone(),
+                tensor: ta.tensor.clone(),
+                step: ta.step,
+                stat: "shape".to_string(),
+                reference: serde_json::json!(ta.shape),
+                port: serde_json::json!(tb.shape),
+                drift: None,
+                tolerance: None,
+            };
+            (None, true, Some(fd))
+        } else {
+            let m = tensor_metrics(ta, tb, opts.token_dim, threads)?;
+            let rel_bad = !(m.rel_diff <= opts.max_rel_diff);
+            let cos_bad = !(m.cosine >= opts.min_cosine);
+            let fd = (rel_bad || cos_bad).then(|| {
+                let (stat, drift, tol) = if rel_bad {
+                    ("rel_diff", m.rel_diff, opts.max_rel_diff)
+                } else {
+                    ("cosine", 1.0 - m.cosine, 1.0 - opts.min_cosine)
+                };
+                FirstDivergence {
+                    reference_module: ta.module.clone(),
+                    port_module: tb.module.clone(),
+                    tensor: ta.tensor.clone(),
+                    step: ta.step,
+                    stat: stat.to_string(),
+                    reference: serde_json::json!(m.reference_norm),
+                    port: serde_json::json!(m.port_norm),
+                    drift: Some(drift),
+                    tolerance: Some(tol),
+                }
+            });
+            (Some(m), rel_bad || cos_bad, fd)
+        };
+        if tensors.is_empty() && metrics.as_ref().is_none_or(|m| !m.identical) {
+            diags.push(
+                "inputs_differ",
+                format!(
+                    "the first tensor in execution order ({}) is not identical: the two runs do not start from the same inputs (or embedding weights); fix that before reading later tensors",
+                    ta.key
+                ),
+            );
+        }
+        if first.is_none()
+            && let Some(fd) = fd
+        {
+            if let Some(m) = &metrics
+                && fd.stat == "rel_diff"
+                && m.cosine >= opts.min_cosine
+            {
+                diags.push(
+                    "scale_error",
+                    format!(
+                        "{} keeps cosine {:.4} but rel_diff is {:.3e} (norms {:.4e} vs {:.4e}): a magnitude error that cosine alone does not see",
+                        tb.key, m.cosine, m.rel_diff, m.reference_norm, m.port_norm
+                    ),
+                );
+            }
+            first = Some(fd);
+        }
+        tensors.push(TensorResult {
+            reference_key: ta.key.clone(),
+            port_key: tb.key.clone(),
+            module: ta.module.clone(),
+            port_module: tb.module.clone(),
+            tensor: ta.tensor.clone(),
+            step: ta.step,
+            shape: ta.shape.clone(),
+            port_shape: tb.shape.clone(),
+            metrics,
+            diverged,
+        });
+    }
+    let unmatched_port: Vec<Unmatched> = rb
+        .tensors
+        .iter()
+        .zip(&port_used)
+        .filter(|(_, u)| !**u)
+        .map(|(t, _)| Unmatched {
+            module: t.key.clone(),
+            renamed: Some(renamer.apply(&t.module)).filter(|r| *r != t.module),
+            nearest: Vec::new(),
+        })
+        .collect();
+    if !unmatched_ref.is_empty() {
+        diags.push(
+            "only_in_reference",
+            format!(
+                "{} tensors are only in {}",
+                unmatched_ref.len(),
+                a.display()
+            ),
+        );
+    }
+    if !unmatched_port.is_empty() {
+        diags.push(
+            "only_in_port",
+            format!(
+                "{} tensors are only in {}",
+                unmatched_port.len(),
+                b.display()
+            ),
+        );
+    }
+    Ok(DumpReport {
+        first_divergence: first,
+        tensors,
+        diagnostics: diags.finish(),
+        unmatched: UnmatchedSides {
+            reference: unmatched_ref,
+            port: unmatched_port,
+        },
+        order_source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_natural_order() {
+        assert_eq!(
+            parse_key("blocks.3.norm2:out@7"),
+            ("blocks.3.norm2".into(), "out".into(), Some(7))
+        );
+        assert_eq!(parse_key("a:out[0]"), ("a".into(), "out[0]".into(), None));
+        let mut v = vec!["layers.10", "layers.2", "layers.1.attn"];
+        v.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(v, ["layers.1.attn", "layers.2", "layers.10"]);
+    }
+
+    #[test]
+    fn unravel_is_row_major() {
+        assert_eq!(unravel(5, &[2, 3]), vec![1, 2]);
+        assert_eq!(unravel(0, &[]), Vec::<usize>::new());
+    }
+}

@@ -1,0 +1,204 @@
+//! The result of a trace comparison: serializable as one JSON object (what
+//! `fvd trace compare --json` prints and what an orchestrator stores) and
+//! renderable as a short text report for people.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::diag::Diagnostic;
+
+/// The first row, in the reference's execution order, beyond tolerance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FirstDivergence {
+    pub reference_module: String,
+    pub port_module: String,
+    pub tensor: String,
+    pub step: Option<i64>,
+    /// The stat that diverged most relative to its tolerance (`shape` for a
+    /// shape mismatch).
+    pub stat: String,
+    pub reference: serde_json::Value,
+    pub port: serde_json::Value,
+    /// Relative drift of `stat` (null for a shape mismatch).
+    pub drift: Option<f64>,
+    pub tolerance: Option<f64>,
+}
+
+/// One aligned row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// Position of the row in the (merged) reference trace.
+    pub index: usize,
+    pub reference_module: String,
+    pub port_module: String,
+    pub tensor: String,
+    pub step: Option<i64>,
+    pub reference_shape: Option<Vec<u64>>,
+    pub port_shape: Option<Vec<u64>>,
+    /// Relative drift of every numeric stat both sides have.
+    pub drift: BTreeMap<String, f64>,
+    /// Stats beyond tolerance (`shape` included).
+    pub exceeded: Vec<String>,
+    pub diverged: bool,
+    /// Every common stat and the shape are bit-identical.
+    pub exact: bool,
+}
+
+/// A module present on one side only, with the closest names on the other.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unmatched {
+    pub module: String,
+    /// For a port module: its name after the rename rules, when they changed it.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub renamed: Option<String>,
+    pub nearest: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct UnmatchedSides {
+    pub reference: Vec<Unmatched>,
+    pub port: Vec<Unmatched>,
+}
+
+/// Everything `compare` found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub first_divergence: Option<FirstDivergence>,
+    pub rows: Vec<Row>,
+    pub diagnostics: Vec<Diagnostic>,
+    pub unmatched: UnmatchedSides,
+    /// Regex (port names, for `FASTVIDEO_TRACE_LAYERS`) of the next,
+    /// narrower trace: the block holding the first divergence.
+    pub drill_down: Option<String>,
+    /// The same scope in reference names, for the upstream harness.
+    pub drill_down_reference: Option<String>,
+    /// Steps whose rows all match bit for bit.
+    pub exact_steps: Vec<Option<i64>>,
+    /// The global tolerance of each compared stat.
+    pub tolerances: BTreeMap<String, f64>,
+}
+
+impl Report {
+    pub fn diverged(&self) -> bool {
+        self.first_divergence.is_some()
+    }
+
+    /// The regex for the next trace, in the port's module names.
+    pub fn drill_down(&self) -> Option<&str> {
+        self.drill_down.as_deref()
+    }
+
+    /// A short text report: verdict, the rows around the first divergence,
+    /// diagnostics, unmatched modules, drill-down.
+    pub fn render_text(&self) -> String {
+        let mut s = String::new();
+        match &self.first_divergence {
+            None => {
+                let _ = writeln!(s, "no divergence: {} rows compared", self.rows.len());
+            }
+            Some(fd) => {
+                let drift = fd
+                    .drift
+                    .map_or(String::new(), |d| format!(", drift {}", pct(d)));
+                let _ = writeln!(
+                    s,
+                    "first divergence: {} (reference {}) tensor {} step {}: {} {} vs {}{}",
+                    fd.port_module,
+                    fd.reference_module,
+                    fd.tensor,
+                    step_text(fd.step),
+                    fd.stat,
+                    fd.reference,
+                    fd.port,
+                    drift
+                );
+            }
+        }
+        let stats: Vec<&String> = self.tolerances.keys().collect();
+        let first = self.rows.iter().position(|r| r.diverged);
+        // Every row for a small trace; around the divergence for a big one.
+        let (lo, hi) = if self.rows.len() <= 80 {
+            (0, self.rows.len())
+        } else {
+            let f = first.unwrap_or(0);
+            (f.saturating_sub(5), (f + 6).min(self.rows.len()))
+        };
+        if hi > lo {
+            let _ = write!(
+                s,
+                "\n  {:<6} {:<40} {:<8} {:>5}",
+                "", "module", "tensor", "step"
+            );
+            for st in &stats {
+                let _ = write!(s, " {:>10}", st);
+            }
+            let _ = writeln!(s);
+            for row in &self.rows[lo..hi] {
+                let mark = if row.diverged {
+                    "DIVERG"
+                } else if row.exact {
+                    "exact"
+                } else {
+                    "ok"
+                };
+                let _ = write!(
+                    s,
+                    "  {:<6} {:<40} {:<8} {:>5}",
+                    mark,
+                    row.port_module,
+                    row.tensor,
+                    step_text(row.step)
+                );
+                for st in &stats {
+                    let v = row.drift.get(*st).map_or("-".to_string(), |d| pct(*d));
+                    let _ = write!(s, " {:>10}", v);
+                }
+                if row.exceeded.iter().any(|e| e == "shape") {
+                    let _ = write!(
+                        s,
+                        "  shape {:?} vs {:?}",
+                        row.reference_shape, row.port_shape
+                    );
+                }
+                let _ = writeln!(s);
+            }
+        }
+        if !self.diagnostics.is_empty() {
+            let _ = writeln!(s, "\ndiagnostics:");
+            for d in &self.diagnostics {
+                let _ = writeln!(s, "  [{}] {}", d.code, d.message);
+            }
+        }
+        for (side, list) in [
+            ("reference", &self.unmatched.reference),
+            ("port", &self.unmatched.port),
+        ] {
+            for u in list.iter().take(10) {
+                let _ = writeln!(
+                    s,
+                    "only in {side}: {} (nearest: {})",
+                    u.module,
+                    u.nearest.join(", ")
+                );
+            }
+        }
+        if let Some(d) = &self.drill_down {
+            let _ = writeln!(s, "\nnext trace: FASTVIDEO_TRACE_LAYERS='{d}'");
+        }
+        s
+    }
+}
+
+fn pct(d: f64) -> String {
+    if d == 0.0 {
+        "0".to_string()
+    } else {
+        format!("{:.3}%", d * 100.0)
+    }
+}
+
+fn step_text(s: Option<i64>) -> String {
+    s.map_or("null".to_string(), |v| v.to_string())
+}
