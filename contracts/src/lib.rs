@@ -6,3 +6,19 @@
 //! the contracts.
 
 pub mod verdict;
+pub mod block;
+pub mod common;
+pub mod component;
+pub mod contract;
+pub mod conversion;
+pub mod escape_hatch;
+pub mod fields;
+pub mod final_handoff;
+pub mod findings;
+pub mod ids;
+pub mod kind;
+pub mod phase;
+pub mod pipeline;
+pub mod port_status;
+pub mod prep;
+pub mod secrets;
