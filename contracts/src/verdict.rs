@@ -543,13 +543,10 @@ fn bounded(text: &str) -> String {
     one_line(text, MAX_MESSAGE_CHARS)
 }
 
-/// First line of `text`, trimmed, cut to `max` characters with an ellipsis.
+/// `text` as one line (line breaks and runs of blanks become one space), cut
+/// to `max` characters with an ellipsis.
 fn one_line(text: &str, max: usize) -> String {
-    let line = text
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("");
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if line.chars().count() <= max {
         line.to_string()
     } else {
@@ -793,7 +790,7 @@ fn finish(b: CaseBuilder) -> TestCase {
             "failure" if message.starts_with("[XPASS(strict)]") => {
                 (CaseOutcome::XpassedStrict, message.clone())
             }
-            "failure" => (CaseOutcome::Failed, message.clone()),
+            "failure" => (CaseOutcome::Failed, failure_message(message, &b.text)),
             "error" if message == "collection failure" => {
                 (CaseOutcome::Error(ErrorPhase::Collection), message.clone())
             }
@@ -841,6 +838,30 @@ fn finish(b: CaseBuilder) -> TestCase {
         detail_reason,
         properties: b.properties,
     }
+}
+
+/// The failure message, with numpy's "Max absolute/relative difference"
+/// lines (only in the traceback text) in place of its list of first
+/// mismatches: the size of the miss is what a reader needs first.
+fn failure_message(message: &str, text: &str) -> String {
+    let mut m = message.to_string();
+    if let Some(i) = m
+        .find("First ")
+        .filter(|&i| m[i..].contains("mismatches are at"))
+    {
+        m.truncate(i);
+    }
+    for line in text.lines() {
+        let line = line.trim().trim_start_matches('E').trim();
+        if (line.starts_with("Max absolute difference")
+            || line.starts_with("Max relative difference"))
+            && !m.contains(line)
+        {
+            m.push('\n');
+            m.push_str(line);
+        }
+    }
+    m
 }
 
 /// A module-level skip is written as the repr of pytest's

@@ -102,7 +102,7 @@ async fn failure_is_debug_red_with_its_assertion() {
         Verdict::DebugRed {
             failures: vec![FailureInfo {
                 case: "test_fail::test_outputs_match".into(),
-                message: "AssertionError: outputs differ by 0.5".into(),
+                message: "AssertionError: outputs differ by 0.5 assert 1.0 == 1.5".into(),
             }],
             failed: 1,
             passed: 0,
@@ -110,7 +110,7 @@ async fn failure_is_debug_red_with_its_assertion() {
     );
     assert_eq!(
         run.verdict.reason(),
-        "test_fail::test_outputs_match: AssertionError: outputs differ by 0.5"
+        "test_fail::test_outputs_match: AssertionError: outputs differ by 0.5 assert 1.0 == 1.5"
     );
 }
 

@@ -1,0 +1,1 @@
+"""Diffusion transformers and text backbones."""
