@@ -307,8 +307,43 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn missing_binary_means_no_gpus() {
+    async fn missing_or_failing_binary_is_an_error() {
         let e = query_gpus("/nonexistent/nvidia-smi").await.unwrap_err();
         assert!(matches!(e, GpuError::Spawn { .. }), "{e}");
+        let e = query_gpus("false").await.unwrap_err();
+        assert!(matches!(e, GpuError::Failed { .. }), "{e}");
+        // echo prints the query arguments back: not the expected csv.
+        let e = query_gpus("echo").await.unwrap_err();
+        assert!(matches!(e, GpuError::Index { line_no: 1, .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn queries_a_fake_nvidia_smi() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("nvidia-smi");
+        // The fake checks it was asked the documented query.
+        let script = format!(
+            "#!/bin/sh\n[ \"$1 $2\" = \"{}\" ] || exit 9\nprintf '%s' '{H100X2}'\n",
+            NVIDIA_SMI_ARGS.join(" ")
+        );
+        std::fs::write(&fake, script).unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let program = fake.to_str().unwrap();
+        // Another test thread forking while the script was open for writing
+        // can make exec fail with ETXTBSY for a moment.
+        let mut tries = 0;
+        let gpus = loop {
+            match query_gpus(program).await {
+                Err(GpuError::Spawn { source, .. })
+                    if source.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 50 =>
+                {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => break other.unwrap(),
+            }
+        };
+        assert_eq!(gpus, parse_nvidia_smi(H100X2).unwrap());
     }
 }
