@@ -274,7 +274,7 @@ fn block_of(module: &str) -> Option<(&str, &str)> {
 /// holding `module` and everything under it.
 fn drill_regex(module: &str) -> String {
     let scope = match block_of(module) {
-        Some((prefix, idx)) if prefix.is_empty() => idx.to_string(),
+        Some(("", idx)) => idx.to_string(),
         Some((prefix, idx)) => format!("{prefix}.{idx}"),
         None => module.to_string(),
     };

@@ -478,17 +478,16 @@ fn accumulate(xs: &[f64], ys: &[f64], base: usize, acc: &mut Acc) {
     acc.sad += sad.iter().sum::<f64>();
     acc.identical &= !ne.iter().any(|b| *b);
     let chunk_max = mad.iter().copied().fold(0.0, f64::max);
-    if chunk_max > acc.max_ad || acc.max_ad < 0.0 {
-        if let Some(i) = xs
+    if (chunk_max > acc.max_ad || acc.max_ad < 0.0)
+        && let Some(i) = xs
             .iter()
             .zip(ys)
             .position(|(x, y)| (x - y).abs() == chunk_max)
-        {
-            acc.max_ad = chunk_max;
-            acc.max_idx = base + i;
-            acc.max_x = xs[i];
-            acc.max_y = ys[i];
-        }
+    {
+        acc.max_ad = chunk_max;
+        acc.max_idx = base + i;
+        acc.max_x = xs[i];
+        acc.max_y = ys[i];
     }
     // NaN never raises the max; make sure a NaN still shows as a mismatch.
     if acc.max_ad < 0.0 && !xs.is_empty() {
@@ -874,8 +873,9 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
             (None, true, Some(fd))
         } else {
             let m = tensor_metrics(ta, tb, opts.token_dim, threads)?;
-            let rel_bad = !(m.rel_diff <= opts.max_rel_diff);
-            let cos_bad = !(m.cosine >= opts.min_cosine);
+            // NaN metrics must count as diverged, hence the explicit NaN checks.
+            let rel_bad = m.rel_diff.is_nan() || m.rel_diff > opts.max_rel_diff;
+            let cos_bad = m.cosine.is_nan() || m.cosine < opts.min_cosine;
             let fd = (rel_bad || cos_bad).then(|| {
                 let (stat, drift, tol) = if rel_bad {
                     ("rel_diff", m.rel_diff, opts.max_rel_diff)
