@@ -9,7 +9,8 @@
 
 use std::path::Path;
 
-use crate::shim::Phase;
+use fvd_contracts::kind::{ContractKind, check_block};
+use fvd_contracts::phase::Phase;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::broadcast;
 
@@ -80,44 +81,44 @@ impl Actor for GateActor {
         // P0–P5: the predicates fvd can evaluate before component work.
         let p0 = prep_conditions(&st.args.spec);
         if !p0.is_empty() {
-            refuse(st, Phase::P0, p0).await?;
+            refuse(st, Phase::ScopeAndHandoffGate, p0).await?;
             // Nothing was dispatched: the port ends here.
             return finish(&myself, st).await;
         }
-        record(st, Phase::P0, "passed", vec![]).await?;
+        record(st, Phase::ScopeAndHandoffGate, "passed", vec![]).await?;
         record(
             st,
-            Phase::P1,
+            Phase::ReferenceAndArchitectureStudy,
             "pending",
             vec!["reference and architecture study is agent work fvd does not drive yet".into()],
         )
         .await?;
         let p2 = scaffold_conditions(&st.args.spec, Path::new(&st.args.repo));
         if !p2.is_empty() {
-            refuse(st, Phase::P2, p2).await?;
+            refuse(st, Phase::EarlyParityScaffolding, p2).await?;
             return finish(&myself, st).await;
         }
-        record(st, Phase::P2, "passed", vec![]).await?;
+        record(st, Phase::EarlyParityScaffolding, "passed", vec![]).await?;
         record(
             st,
-            Phase::P3,
+            Phase::ReuseGateAndComponentDispatch,
             "pending",
             vec!["reuse decisions are not recorded by fvd yet; every component is dispatched".into()],
         )
         .await?;
         record(
             st,
-            Phase::P4,
+            Phase::NativeComponentPrototype,
             "pending",
             vec!["prototype key dumps are not driven by fvd yet".into()],
         )
         .await?;
         match st.args.spec.prep.get("needs_conversion").map(String::as_str) {
-            Some("no") => record(st, Phase::P5, "passed", vec!["needs_conversion: no".into()]).await?,
+            Some("no") => record(st, Phase::ParamMappingAndWeightConversion, "passed", vec!["needs_conversion: no".into()]).await?,
             other => {
                 record(
                     st,
-                    Phase::P5,
+                    Phase::ParamMappingAndWeightConversion,
                     "pending",
                     vec![format!(
                         "needs_conversion: {}; conversion is not driven by fvd yet",
@@ -127,10 +128,10 @@ impl Actor for GateActor {
                 .await?
             }
         }
-        record(st, Phase::P6, "entered", vec![]).await?;
+        record(st, Phase::ComponentParityDebug, "entered", vec![]).await?;
         st.args
             .store
-            .set_port_state(&st.args.family, RUNNING, Phase::P6.id())
+            .set_port_state(&st.args.family, RUNNING, &Phase::ComponentParityDebug.id())
             .await?;
         for c in st.args.spec.components.clone() {
             spawn_component(&myself, st, &c).await?;
@@ -167,10 +168,10 @@ impl Actor for GateActor {
                             .await?;
                     }
                 }
-                record(st, Phase::P6, "refused", vec!["the port was cancelled".into()]).await?;
+                record(st, Phase::ComponentParityDebug, "refused", vec!["the port was cancelled".into()]).await?;
                 st.args
                     .store
-                    .set_port_state(&st.args.family, "cancelled", Phase::P6.id())
+                    .set_port_state(&st.args.family, "cancelled", &Phase::ComponentParityDebug.id())
                     .await?;
                 finish(&myself, st).await?;
             }
@@ -234,7 +235,7 @@ async fn spawn_component(
 
 /// P6's end and P7–P11 once every component is final.
 async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> {
-    record(st, Phase::P6, "passed", vec!["every component is non_skip_pass or blocked".into()]).await?;
+    record(st, Phase::ComponentParityDebug, "passed", vec!["every component is non_skip_pass or blocked".into()]).await?;
     let unmet: Vec<String> = st
         .args
         .spec
@@ -246,21 +247,21 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
         })
         .collect();
     if !unmet.is_empty() {
-        refuse(st, Phase::P7, unmet).await?;
+        refuse(st, Phase::PipelineStagesAndVariants, unmet).await?;
         return Ok(());
     }
     for (phase, why) in [
-        (Phase::P7, "pipeline definition is not driven by fvd yet"),
-        (Phase::P8, "pipeline config, presets and registry are not driven by fvd yet"),
-        (Phase::P9, "ordered verification: conversion and component parity hold; pipeline smoke, pipeline parity and example are not driven by fvd yet"),
-        (Phase::P10, "quality regression is not driven by fvd yet"),
-        (Phase::P11, "post-parity review and handoff need a person"),
+        (Phase::PipelineStagesAndVariants, "pipeline definition is not driven by fvd yet"),
+        (Phase::PipelineConfigPresetsRegistryExamples, "pipeline config, presets and registry are not driven by fvd yet"),
+        (Phase::ParityActivationAndLocalVerification, "ordered verification: conversion and component parity hold; pipeline smoke, pipeline parity and example are not driven by fvd yet"),
+        (Phase::QualityRegression, "quality regression is not driven by fvd yet"),
+        (Phase::PostParityReviewAndHandoff, "post-parity review and handoff need a person"),
     ] {
         record(st, phase, "pending", vec![why.into()]).await?;
     }
     st.args
         .store
-        .set_port_state(&st.args.family, "waiting", Phase::P7.id())
+        .set_port_state(&st.args.family, "waiting", &Phase::PipelineStagesAndVariants.id())
         .await?;
     Ok(())
 }
@@ -274,14 +275,19 @@ async fn refuse(
     record(st, phase, "refused", conditions).await?;
     st.args
         .store
-        .set_port_state(&st.args.family, "blocked", phase.id())
+        .set_port_state(&st.args.family, "blocked", &phase.id())
         .await?;
     Ok(())
 }
 
 async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), ActorProcessingErr> {
     st.done = true;
-    crate::port_status::write(&st.args.store, &st.args.family).await?;
+    // A status file that cannot be written is reported, not fatal: the
+    // store holds the truth and the next run writes the file again.
+    match crate::port_status::write(&st.args.store, &st.args.family).await {
+        Ok(path) => tracing::info!(path = %path.display(), "wrote PORT_STATUS.md"),
+        Err(e) => tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md"),
+    }
     let _ = st.args.events.send(PortEvent::Finished {
         family: st.args.family.clone(),
     });
@@ -309,10 +315,10 @@ async fn record(
     let ev = st
         .args
         .store
-        .record_gate(&st.args.family, phase.id(), outcome, &conditions)
+        .record_gate(&st.args.family, &phase.id(), outcome, &conditions)
         .await?;
     if outcome == "refused" {
-        tracing::info!(family = %st.args.family, phase = phase.id(), ?conditions, "gate refused a transition");
+        tracing::info!(family = %st.args.family, phase = %phase.id(), ?conditions, "gate refused a transition");
     }
     st.recorded.push(ev.clone());
     let _ = st.args.events.send(PortEvent::Gate {
@@ -329,7 +335,7 @@ pub fn prep_conditions(spec: &PortSpec) -> Vec<String> {
         .iter()
         .map(|(k, v)| format!("{k}: {v}\n"))
         .collect();
-    crate::shim::validate_prep_text(&text)
+    check_block(ContractKind::PrepHandoff, &text, 1)
         .into_iter()
         .map(|f| format!("prep.{}: {}", f.field, f.message))
         .collect()

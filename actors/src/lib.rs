@@ -20,4 +20,3 @@ pub mod port_status;
 pub mod scheduler;
 pub mod spec;
 pub mod store;
-mod shim;

@@ -1,9 +1,438 @@
 //! Writes `tests/local_tests/<family>/PORT_STATUS.md` from the store,
 //! rendered through the `contracts` crate.
+//!
+//! An existing file is imported and updated in place, so what people and
+//! agents wrote there (questions, decisions, notes, sections fvd does not
+//! know) is kept; fvd owns only its components' matrix cells, their parity
+//! command rows, the current phase, and the issue rows it adds for blocked
+//! components.
 
-use crate::store::{Store, StoreError};
+use std::path::{Path, PathBuf};
 
-/// Renders the port's state and writes it into its repository.
-pub async fn write(_store: &Store, _family: &str) -> Result<(), StoreError> {
-    Ok(())
+use fvd_contracts::ids::IdKind;
+use fvd_contracts::phase::Phase;
+use fvd_contracts::port_status::{
+    self, ComponentRow as MatrixRow, IssueRow, ParityCommandRow, PhaseStatus, PortStatus, plain,
+};
+
+use crate::model::{ComponentRow, GateEventRow, JobRecord, PortRow};
+use crate::spec::{self, PortSpec};
+use crate::store::{Store, StoreError, now_ms};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PortStatusError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("no port of family {0}")]
+    UnknownFamily(String),
+    #[error("stored spec of {family} no longer parses: {message}")]
+    Spec { family: String, message: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Renders the port's state and writes it into its repository. Returns the
+/// path written.
+pub async fn write(store: &Store, family: &str) -> Result<PathBuf, PortStatusError> {
+    let port = store
+        .port(family)
+        .await?
+        .ok_or_else(|| PortStatusError::UnknownFamily(family.to_string()))?;
+    let spec = spec::parse(Path::new(&port.spec_path), &port.spec_toml).map_err(|e| {
+        PortStatusError::Spec {
+            family: family.to_string(),
+            message: e.to_string(),
+        }
+    })?;
+    let components = store.components(family).await?;
+    let gate = store.gate_events(family).await?;
+    let mut runs = Vec::new();
+    for c in &components {
+        runs.push(store.jobs_of(family, &c.name).await?);
+    }
+    let rel = spec
+        .prep
+        .get("port_state_file")
+        .filter(|p| !p.contains('<') && !p.starts_with('/') && !p.contains(".."))
+        .cloned()
+        .unwrap_or_else(|| format!("tests/local_tests/{family}/PORT_STATUS.md"));
+    let path = Path::new(&port.repo).join(rel);
+    let existing = std::fs::read_to_string(&path).ok();
+    let text = render(existing.as_deref(), &port, &spec, &components, &runs, &gate, &today());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| PortStatusError::Write {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    // Written beside and renamed over, so a crash never leaves half a file.
+    let tmp = path.with_extension("md.fvd-tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(|source| PortStatusError::Write {
+            path: path.clone(),
+            source,
+        })?;
+    store
+        .set_port_status_path(family, &path.display().to_string())
+        .await?;
+    Ok(path)
+}
+
+/// The contract's `status` for a stored port state.
+fn phase_status(state: &str) -> PhaseStatus {
+    match state {
+        "blocked" | "cancelled" => PhaseStatus::Blocked,
+        "complete" => PhaseStatus::Complete,
+        _ => PhaseStatus::InProgress,
+    }
+}
+
+/// The new file text: `existing` updated, or a fresh file.
+pub fn render(
+    existing: Option<&str>,
+    port: &PortRow,
+    spec: &PortSpec,
+    components: &[ComponentRow],
+    runs: &[Vec<JobRecord>],
+    gate: &[GateEventRow],
+    date: &str,
+) -> String {
+    let mut ps = match existing {
+        Some(text) => port_status::import(text).0,
+        None => PortStatus::new(&display_name(&port.family), &port.family),
+    };
+    for key in [
+        "model_family",
+        "workload_types",
+        "official_ref",
+        "official_ref_dir",
+        "hf_weights_path",
+        "local_weights_dir",
+        "source_layout",
+        "local_tests_readme",
+    ] {
+        if let Some(v) = spec.prep.get(key)
+            && ps.summary.get_plain(key).is_none_or(|s| s.is_empty())
+        {
+            ps.summary.set(key, format!("`{v}`"));
+        }
+    }
+    let phase = port
+        .phase
+        .parse::<Phase>()
+        .unwrap_or(Phase::ComponentParityDebug);
+    let owner = if phase == Phase::ComponentParityDebug {
+        "orchestrator"
+    } else if phase >= Phase::PipelineStagesAndVariants {
+        "pipeline"
+    } else {
+        "orchestrator"
+    };
+    ps.set_phase(phase, phase_status(&port.state), owner, date);
+
+    for (c, spec_c) in components.iter().filter_map(|c| {
+        spec.components
+            .iter()
+            .find(|s| s.name == c.name)
+            .map(|s| (c, s))
+    }) {
+        // The matrix: fvd fills Type and Parity for its components and
+        // leaves every other cell as people wrote it.
+        let t = &mut ps.component_matrix.table;
+        let row = (0..t.rows.len()).find(|&i| {
+            t.cell(i, "Component")
+                .is_some_and(|v| plain(v) == c.name)
+        });
+        let parity = parity_cell(c);
+        match row {
+            Some(i) => {
+                if let Some(col) = t.column("Parity") {
+                    t.rows[i][col] = format!("`{parity}`");
+                }
+            }
+            None => {
+                ps.push_component(MatrixRow {
+                    component: format!("`{}`", c.name),
+                    component_type: format!("`{}`", spec_c.component_type),
+                    reuse_port: "`unknown`".into(),
+                    official_definition: "`unknown`".into(),
+                    official_instantiation: "`unknown`".into(),
+                    fastvideo_target: "`unknown`".into(),
+                    prototype: "`not_started`".into(),
+                    conversion: "`not_started`".into(),
+                    parity: format!("`{parity}`"),
+                    open_issues: "none".into(),
+                });
+            }
+        }
+    }
+
+    // Parity Commands: one row per component, the latest recorded run.
+    for (c, jobs) in components.iter().zip(runs) {
+        let Some(spec_c) = spec.components.iter().find(|s| s.name == c.name) else {
+            continue;
+        };
+        let command = format!("`{}`", display_command(&spec_c.argv()));
+        let last = jobs.iter().rev().find(|j| j.state == "finished");
+        let (result, notes) = match last {
+            Some(j) => (
+                format!("`{}`", j.verdict),
+                format!(
+                    "run {} of {}; {}",
+                    j.run_no,
+                    jobs.len(),
+                    one_line(&j.reason)
+                ),
+            ),
+            None => ("`not_run`".to_string(), String::new()),
+        };
+        let t = &mut ps.parity_commands.table;
+        let scope = format!("component:{}", c.name);
+        let existing = (0..t.rows.len()).find(|&i| {
+            t.cell(i, "Scope").is_some_and(|v| plain(v) == scope)
+                || t.cell(i, "Command").is_some_and(|v| plain(v).contains(&spec_c.parity_test))
+        });
+        let row = ParityCommandRow {
+            scope,
+            command,
+            last_result: result,
+            notes,
+        };
+        match existing {
+            Some(i) => {
+                for (col, v) in row.cells() {
+                    if let Some(ci) = t.column(col) {
+                        t.rows[i][ci] = v;
+                    }
+                }
+            }
+            None => {
+                ps.push_parity_command(row);
+            }
+        }
+    }
+
+    // Issues: one open row per gate refusal and per blocked component,
+    // each added once.
+    let mut issues: Vec<(String, String, String, String)> = gate
+        .iter()
+        .filter(|e| e.outcome == "refused")
+        .map(|e| {
+            (
+                e.phase.clone(),
+                "all".to_string(),
+                format!("gate refused {}", e.phase),
+                e.conditions.join("; "),
+            )
+        })
+        .collect();
+    issues.extend(components.iter().filter(|c| c.status == "blocked").map(|c| {
+        (
+            Phase::ComponentParityDebug.id(),
+            format!("`{}`", c.name),
+            format!("component {} is blocked", c.name),
+            c.reason.clone(),
+        )
+    }));
+    for (phase, component, issue, evidence) in issues {
+        let t = &ps.issues_and_blockers.table;
+        let known = (0..t.rows.len()).any(|i| t.cell(i, "Issue").is_some_and(|v| plain(v) == issue));
+        if known {
+            continue;
+        }
+        let id = ps.next_id(IdKind::Issue);
+        ps.push_issue(IssueRow {
+            id: id.to_string(),
+            phase,
+            owner: if component == "all" {
+                "orchestrator".to_string()
+            } else {
+                format!("component:{}", plain(&component))
+            },
+            component,
+            severity: "blocker".into(),
+            issue,
+            evidence: one_line(&evidence),
+            status: "open".into(),
+            resolution: String::new(),
+        });
+    }
+    ps.render()
+}
+
+/// The Parity cell: the contract status of the component.
+fn parity_cell(c: &ComponentRow) -> String {
+    match c.status.as_str() {
+        "non_skip_pass" => "non_skip_pass".into(),
+        "blocked" => match c.verdict.as_str() {
+            "scaffold_skip" => "scaffold_skip".into(),
+            "debug_red" => "debug_red".into(),
+            _ => "blocked".into(),
+        },
+        "pending" => "not_started".into(),
+        _ => "in_progress".into(),
+    }
+}
+
+fn display_command(argv: &[String]) -> String {
+    argv.iter()
+        .filter(|a| !a.contains("{junitxml}"))
+        .map(|a| {
+            if a.contains(' ') {
+                format!("'{a}'")
+            } else {
+                a.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Table cells hold one line and no pipe.
+fn one_line(s: &str) -> String {
+    let mut out: String = s
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace('|', "\\|");
+    if out.chars().count() > 240 {
+        out = out.chars().take(239).collect::<String>() + "…";
+    }
+    out
+}
+
+fn display_name(family: &str) -> String {
+    family
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_uppercase().collect::<String>() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Today's date (UTC) as YYYY-MM-DD, from the civil-from-days algorithm.
+fn today() -> String {
+    let days = now_ms().div_euclid(86_400_000);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> PortSpec {
+        spec::parse(
+            Path::new("port.toml"),
+            r#"
+[prep]
+model_family = "tiny_port"
+needs_conversion = "no"
+
+[[component]]
+name = "embed"
+type = "generic"
+parity_test = "tests/local_tests/generic/test_tiny_port_embed_parity.py"
+coverage_scope = "both"
+
+[[component]]
+name = "vae"
+type = "vae"
+parity_test = "tests/local_tests/vae/test_tiny_port_vae_parity.py"
+coverage_scope = "both"
+"#,
+        )
+        .unwrap()
+    }
+
+    fn port() -> PortRow {
+        PortRow {
+            family: "tiny_port".into(),
+            state: "blocked".into(),
+            phase: "P7".into(),
+            ..PortRow::default()
+        }
+    }
+
+    fn rows() -> (Vec<ComponentRow>, Vec<Vec<JobRecord>>) {
+        let c = vec![
+            ComponentRow {
+                name: "embed".into(),
+                status: "non_skip_pass".into(),
+                verdict: "non_skip_pass".into(),
+                reason: "3 passed".into(),
+                runs: 1,
+                worker_id: "w".into(),
+            },
+            ComponentRow {
+                name: "vae".into(),
+                status: "blocked".into(),
+                verdict: "scaffold_skip".into(),
+                reason: "scaffold_skip: could not import 'private_ops'".into(),
+                runs: 1,
+                worker_id: "w".into(),
+            },
+        ];
+        let job = |component: &str, verdict: &str| JobRecord {
+            component: component.into(),
+            run_no: 1,
+            state: "finished".into(),
+            verdict: verdict.into(),
+            ..JobRecord::default()
+        };
+        (c, vec![vec![job("embed", "non_skip_pass")], vec![job("vae", "scaffold_skip")]])
+    }
+
+    #[test]
+    fn fresh_file_follows_the_contract_and_imports_clean_of_matrix_findings() {
+        let (c, r) = rows();
+        let text = render(None, &port(), &spec(), &c, &r, &[], "2026-11-26");
+        assert!(text.starts_with("# Tiny Port Port Status"), "{text}");
+        let (ps, _findings) = port_status::import(&text);
+        let comps = ps.components();
+        assert_eq!(comps.len(), 2);
+        assert_eq!(comps[0].parity.as_deref(), Some("`non_skip_pass`"));
+        assert_eq!(comps[1].parity.as_deref(), Some("`scaffold_skip`"));
+        assert_eq!(ps.phase_text().as_deref(), Some(Phase::PipelineStagesAndVariants.slug().as_str()));
+        assert!(text.contains("| I001 |"), "a blocked component gets an issue row: {text}");
+        assert!(text.contains("component:vae"));
+    }
+
+    #[test]
+    fn rerender_keeps_people_rows_and_adds_no_duplicate_issue() {
+        let (c, r) = rows();
+        let first = render(None, &port(), &spec(), &c, &r, &[], "2026-11-26");
+        let edited = first.replace(
+            "## Decisions",
+            "## Decisions\n\n| Date | Decision | Rationale | Impact |\n|---|---|---|---|\n| 2026-11-01 | keep fp32 | tolerance | vae |",
+        );
+        let second = render(Some(&edited), &port(), &spec(), &c, &r, &[], "2026-11-27");
+        assert!(second.contains("| 2026-11-01 | keep fp32 | tolerance | vae |"), "{second}");
+        assert_eq!(second.matches("component vae is blocked").count(), 1, "{second}");
+        assert_eq!(second.matches("component:embed").count(), 1, "{second}");
+    }
+
+    #[test]
+    fn today_is_a_date() {
+        let d = today();
+        assert_eq!(d.len(), 10);
+        assert!(d.starts_with("20"), "{d}");
+    }
 }

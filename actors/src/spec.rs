@@ -39,6 +39,14 @@ pub enum SpecError {
     },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
+    /// The value is deliberately not part of the error.
+    #[error("{path}:{line}: {key}: {message}")]
+    Secret {
+        path: PathBuf,
+        line: usize,
+        key: String,
+        message: String,
+    },
 }
 
 /// A parsed, validated port spec.
@@ -129,6 +137,21 @@ pub fn load(path: &Path) -> Result<PortSpec, SpecError> {
 
 /// Parses spec text; `path` only names the file in errors.
 pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
+    // Refused before anything is parsed or stored: a token value in a spec
+    // must never reach the database, a log or PORT_STATUS.md.
+    if let Some(f) = fvd_contracts::secrets::scan_text(text, 1).into_iter().next() {
+        let line = text.lines().nth(f.line - 1).unwrap_or_default();
+        let key = line
+            .split_once('=')
+            .map(|(k, _)| k.trim().to_string())
+            .unwrap_or(f.field);
+        return Err(SpecError::Secret {
+            path: path.to_path_buf(),
+            line: f.line,
+            key,
+            message: f.message,
+        });
+    }
     let raw: RawSpec = toml::from_str(text).map_err(|e| {
         let (line, column) = e
             .span()
@@ -274,6 +297,15 @@ env = ["HF_TOKEN"]
         let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
         assert!(err.contains("not a variable name"), "{err}");
         assert!(!err.contains("hf_abc"), "the value must not be echoed: {err}");
+    }
+
+    #[test]
+    fn token_values_are_refused_without_echo() {
+        let secret = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789";
+        let bad = GOOD.replace("official_env_status = \"imports_ok\"", &format!("official_env_status = \"imports_ok\"\nnote = \"{secret}\""));
+        let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
+        assert!(err.starts_with("p.toml:5: note:"), "{err}");
+        assert!(!err.contains(secret), "{err}");
     }
 
     #[test]

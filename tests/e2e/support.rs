@@ -20,3 +20,198 @@ pub fn fixtures() -> PathBuf {
     }
     panic!("fixtures not found: looked in {candidates:?}");
 }
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// Polls `f` until it returns `Some`, or panics naming `what` after `limit`.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One component of a generated port: its name and the body of its parity
+/// test (Python, after `import os, time, pytest`).
+#[derive(Debug, Clone)]
+pub struct TestComponent {
+    pub name: String,
+    pub body: String,
+}
+
+impl TestComponent {
+    pub fn new(name: &str, body: &str) -> Self {
+        Self {
+            name: name.into(),
+            body: body.into(),
+        }
+    }
+}
+
+/// A throw-away port repository plus the processes of a fleet (an
+/// orchestrator and workers, each a real `fvd` process on loopback), killed
+/// when the sandbox is dropped.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+    children: Vec<Child>,
+    pub url: Option<String>,
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            children: Vec::new(),
+            url: None,
+        }
+    }
+
+    pub fn repo(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes `tests/local_tests/<family>/port.toml` and one parity test per
+    /// component, with a complete prep handoff.
+    pub fn port(&self, family: &str, components: &[TestComponent]) -> &Self {
+        let root = self.repo();
+        let mut spec = format!(
+            r#"[prep]
+model_family = "{family}"
+workload_types = "T2V"
+official_ref = "official.{family}"
+official_ref_dir = "official"
+official_ref_commit = "unknown"
+hf_weights_path = "none"
+hf_revision = "default"
+local_weights_dir = "official_weights/{family}"
+source_layout = "custom"
+model_index_class = "none"
+components_seen = "{names}"
+needs_conversion = "no"
+hf_token_env = "HF_TOKEN"
+dependency_changes = "none"
+official_env_status = "imports_ok"
+local_tests_readme = "tests/local_tests/{family}/README.md"
+port_state_file = "tests/local_tests/{family}/PORT_STATUS.md"
+gitignore_entries_added = "none"
+next_step = "add-model"
+open_questions = "none"
+escape_hatch = "none"
+
+[defaults]
+timeout_s = 60
+"#,
+            names = components
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let tests = root.join("tests/local_tests/generic");
+        std::fs::create_dir_all(&tests).unwrap();
+        std::fs::create_dir_all(root.join(format!("tests/local_tests/{family}"))).unwrap();
+        for c in components {
+            let rel = format!("tests/local_tests/generic/test_{family}_{}_parity.py", c.name);
+            spec.push_str(&format!(
+                "\n[[component]]\nname = \"{}\"\ntype = \"generic\"\nparity_test = \"{rel}\"\ncoverage_scope = \"implementation_subcomponent\"\n",
+                c.name
+            ));
+            let body: String = c.body.lines().map(|l| format!("    {l}\n")).collect();
+            std::fs::write(
+                root.join(&rel),
+                format!("import os, time, pytest\n\n\ndef test_parity():\n{body}"),
+            )
+            .unwrap();
+        }
+        std::fs::write(root.join(format!("tests/local_tests/{family}/port.toml")), spec).unwrap();
+        self
+    }
+
+    /// Starts `fvd orchestrator serve` on a free loopback port.
+    pub fn serve(&mut self) -> String {
+        let db = self.repo().join("orchestrator.db");
+        let mut child = fvd()
+            .args(["orchestrator", "serve", "--listen", "127.0.0.1:0", "--db"])
+            .arg(format!("sqlite://{}", db.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn orchestrator");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("orchestrator prints its address");
+        let url = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .expect("address on the first line")
+            .to_string();
+        assert!(url.starts_with("http://127.0.0.1:"), "unexpected first line {line:?}");
+        self.children.push(child);
+        self.url = Some(url.clone());
+        url
+    }
+
+    /// Starts `fvd worker` with `slots` CPU slots and no GPU.
+    pub fn worker(&mut self, id: &str, slots: u32) {
+        let url = self.url.clone().expect("serve() first");
+        let child = fvd()
+            .args(["worker", "--orchestrator", &url, "--gpus", "none", "--worker-id", id])
+            .args(["--cpu-slots", &slots.to_string(), "--workspace"])
+            .arg(self.repo().join(format!("ws-{id}")))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn worker");
+        self.children.push(child);
+    }
+
+    /// `fvd status FAMILY --json` against the embedded state of the repo.
+    pub fn local_status(&self, family: &str) -> Option<serde_json::Value> {
+        let out = fvd()
+            .args(["status", family, "--json", "--repo"])
+            .arg(self.repo())
+            .output()
+            .expect("run fvd status");
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        // Workers first, so none logs a lost orchestrator on the way out.
+        for c in self.children.iter_mut().rev() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The `components` of a status JSON as `(name, status, runs, worker_id)`.
+pub fn components(status: &serde_json::Value) -> Vec<(String, String, u64, String)> {
+    status["components"]
+        .as_array()
+        .expect("components array")
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default().to_string(),
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["runs"].as_u64().unwrap_or_default(),
+                c["worker_id"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,282 @@
+//! The port loop end to end through the real binary: embedded mode on the
+//! example port, a fleet of real processes on loopback, kill -9 and resume,
+//! and the gate's refusals.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::support::{Sandbox, TestComponent, components, fvd, wait_for};
+
+/// Copies a folder tree (the example port) so a test can write into it.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if name == ".fvd" || name == "__pycache__" || name == ".pytest_cache" {
+            continue;
+        }
+        let target = to.join(&name);
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+fn status_of<'a>(rows: &'a [(String, String, u64, String)], name: &str) -> &'a (String, String, u64, String) {
+    rows.iter()
+        .find(|r| r.0 == name)
+        .unwrap_or_else(|| panic!("component {name} missing from {rows:?}"))
+}
+
+#[test]
+fn example_port_runs_embedded_end_to_end() {
+    let sb = Sandbox::new();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tinyport");
+    copy_tree(&example, sb.repo());
+    let out = fvd()
+        .args(["submit", "--family", "tinyport", "--wait", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // One component skips and one fails numerically: the port is blocked.
+    assert_eq!(out.status.code(), Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+
+    let status = sb.local_status("tinyport").expect("status after the port");
+    let rows = components(&status);
+    assert_eq!(status_of(&rows, "embed").1, "non_skip_pass", "{rows:?}");
+    assert_eq!(status_of(&rows, "transformer").1, "non_skip_pass", "{rows:?}");
+    assert_eq!(status_of(&rows, "vae").1, "blocked", "{rows:?}");
+    assert_eq!(status_of(&rows, "decoder_norm").1, "blocked", "{rows:?}");
+    let reasons: Vec<&str> = status["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["reason"].as_str().unwrap())
+        .collect();
+    assert!(reasons.iter().any(|r| r.starts_with("scaffold_skip:")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.starts_with("debug_red:")), "{reasons:?}");
+    assert_eq!(status["state"], "blocked");
+    assert_eq!(status["phase"], "P7", "the gate refuses the pipeline phase");
+
+    // PORT_STATUS.md is written through the contracts crate and reads back.
+    let ps = sb.repo().join("tests/local_tests/tinyport/PORT_STATUS.md");
+    let text = std::fs::read_to_string(&ps).expect("PORT_STATUS.md written");
+    assert!(text.contains("## Parity Commands"), "{text}");
+    assert!(text.contains("test_tinyport_embed_parity.py"), "{text}");
+    let check = fvd()
+        .args(["contracts", "check", "--json"])
+        .arg(&ps)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&check.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&check.stdout)));
+    assert_eq!(report["summary"]["model_family"], "tinyport", "{report}");
+    let parity: Vec<(String, String)> = report["summary"]["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["parity"].as_str().unwrap_or_default().trim_matches('`').to_string(),
+            )
+        })
+        .collect();
+    assert!(parity.contains(&("embed".into(), "non_skip_pass".into())), "{parity:?}");
+    assert!(parity.contains(&("vae".into(), "scaffold_skip".into())), "{parity:?}");
+    assert!(parity.contains(&("decoder_norm".into(), "debug_red".into())), "{parity:?}");
+
+    // A second submit resumes: nothing is rerun, the same outcome comes back.
+    let again = fvd()
+        .args(["submit", "--family", "tinyport", "--wait", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(1));
+    let rows = components(&sb.local_status("tinyport").unwrap());
+    assert!(rows.iter().all(|r| r.2 == 1), "recorded verdicts must not rerun: {rows:?}");
+
+    // Logs of a run come back from the store.
+    let logs = fvd()
+        .args(["logs", "tinyport", "decoder_norm", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert!(logs.status.success());
+    let logs = String::from_utf8_lossy(&logs.stdout);
+    assert!(logs.contains("failed"), "pytest output of the red run: {logs}");
+}
+
+#[test]
+fn two_workers_run_components_at_the_same_time() {
+    let mut sb = Sandbox::new();
+    // Each test waits for the other's marker: both pass only if they run
+    // concurrently, which one worker with one slot cannot do.
+    let barrier = |me: &str, other: &str| {
+        format!(
+            "d = os.environ['BARRIER_DIR']\nopen(os.path.join(d, '{me}'), 'w').close()\ndeadline = time.time() + 30\nwhile not os.path.exists(os.path.join(d, '{other}')):\n    assert time.time() < deadline, 'the other component never ran concurrently'\n    time.sleep(0.02)\nassert os.environ['CUDA_VISIBLE_DEVICES'] == ''"
+        )
+    };
+    let dir = sb.repo().join("barrier");
+    std::fs::create_dir_all(&dir).unwrap();
+    let a = barrier("a", "b").replace("os.environ['BARRIER_DIR']", &format!("{:?}", dir.display().to_string()));
+    let b = barrier("b", "a").replace("os.environ['BARRIER_DIR']", &format!("{:?}", dir.display().to_string()));
+    sb.port("duo", &[TestComponent::new("left", &a), TestComponent::new("right", &b)]);
+    let url = sb.serve();
+    sb.worker("w1", 1);
+    sb.worker("w2", 1);
+    let out = fvd()
+        .args(["submit", "--family", "duo", "--wait", "--orchestrator", &url, "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = fvd()
+        .args(["status", "duo", "--json", "--orchestrator", &url])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let rows = components(&status);
+    let mut workers: Vec<&str> = rows.iter().map(|r| r.3.as_str()).collect();
+    workers.sort();
+    assert_eq!(workers, ["w1", "w2"], "one component on each worker: {rows:?}");
+    assert!(rows.iter().all(|r| r.1 == "non_skip_pass"), "{rows:?}");
+}
+
+#[test]
+fn kill_dash_nine_then_resume_reruns_only_what_was_in_flight() {
+    let sb = Sandbox::new();
+    let gate = sb.repo().join("release-slow");
+    let slow = format!(
+        "deadline = time.time() + 30\nwhile not os.path.exists({:?}):\n    assert time.time() < deadline, 'never released'\n    time.sleep(0.02)",
+        gate.display().to_string()
+    );
+    sb.port(
+        "crashy",
+        &[TestComponent::new("fast", "assert 1 + 1 == 2"), TestComponent::new("slow", &slow)],
+    );
+    let mut child = fvd()
+        .args(["submit", "--family", "crashy", "--wait", "--repo"])
+        .arg(sb.repo())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until `fast` has its verdict recorded and `slow` is running.
+    wait_for("fast recorded and slow running", Duration::from_secs(60), || {
+        let s = sb.local_status("crashy")?;
+        let rows = components(&s);
+        let fast = rows.iter().find(|r| r.0 == "fast")?;
+        let slow = rows.iter().find(|r| r.0 == "slow")?;
+        (fast.1 == "non_skip_pass" && slow.1 == "running").then_some(())
+    });
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    std::fs::write(&gate, "go").unwrap();
+
+    let out = fvd()
+        .args(["submit", "--family", "crashy", "--wait", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("resumed port crashy"));
+    let rows = components(&sb.local_status("crashy").unwrap());
+    let fast = status_of(&rows, "fast");
+    let slow = status_of(&rows, "slow");
+    assert_eq!((fast.1.as_str(), fast.2), ("non_skip_pass", 1), "recorded verdicts are not rerun");
+    assert_eq!((slow.1.as_str(), slow.2), ("non_skip_pass", 2), "the in-flight run is rerun once");
+}
+
+#[test]
+fn malformed_spec_names_line_and_column() {
+    let sb = Sandbox::new();
+    sb.port("broken", &[TestComponent::new("x", "pass")]);
+    let spec = sb.repo().join("tests/local_tests/broken/port.toml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    std::fs::write(&spec, text.replace("timeout_s = 60", "timeout_s = = 60")).unwrap();
+    let line = text.lines().position(|l| l == "timeout_s = 60").unwrap() + 1;
+    let out = fvd()
+        .args(["submit", "--family", "broken", "--wait", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("port.toml:{line}:13:")),
+        "error names file, line {line} and column 13: {err}"
+    );
+}
+
+#[test]
+fn missing_parity_test_is_a_gate_refusal_at_p2() {
+    let sb = Sandbox::new();
+    sb.port("holey", &[TestComponent::new("here", "pass"), TestComponent::new("gone", "pass")]);
+    std::fs::remove_file(sb.repo().join("tests/local_tests/generic/test_holey_gone_parity.py")).unwrap();
+    let out = fvd()
+        .args(["submit", "--family", "holey", "--wait", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let status = sb.local_status("holey").unwrap();
+    assert_eq!(status["state"], "blocked");
+    assert_eq!(status["phase"], "P2");
+    let refusal = status["gate"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["outcome"] == "refused")
+        .expect("a recorded refusal");
+    assert_eq!(refusal["phase"], "P2");
+    let conditions = refusal["conditions"].to_string();
+    assert!(conditions.contains("test_holey_gone_parity.py does not exist"), "{conditions}");
+    // Nothing ran.
+    assert!(components(&status).iter().all(|r| r.2 == 0));
+}
+
+#[test]
+fn token_values_in_a_spec_are_refused_and_never_stored_or_echoed() {
+    let sb = Sandbox::new();
+    sb.port("leaky", &[TestComponent::new("x", "pass")]);
+    let spec = sb.repo().join("tests/local_tests/leaky/port.toml");
+    let secret = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789";
+    let text = std::fs::read_to_string(&spec)
+        .unwrap()
+        .replace("open_questions = \"none\"", &format!("open_questions = \"{secret}\""));
+    let line = text.lines().position(|l| l.starts_with("open_questions")).unwrap() + 1;
+    std::fs::write(&spec, text).unwrap();
+    let out = fvd()
+        .args(["submit", "--family", "leaky", "--wait", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("port.toml:{line}: open_questions:")), "{stderr}");
+    let mut seen = format!("{}{stderr}", String::from_utf8_lossy(&out.stdout));
+    // Nothing was stored either.
+    if let Ok(db) = std::fs::read(sb.repo().join(".fvd/state.db")) {
+        seen.push_str(&String::from_utf8_lossy(&db));
+    }
+    assert!(!seen.contains(secret), "the token value must not be echoed or stored");
+}
