@@ -257,6 +257,23 @@ mod tests {
         );
     }
 
+    /// Captured from a real single-H200 host.
+    const H200_REAL: &str = "0, GPU-145098f9-6127-1cc2-0b0a-8a26c242a817, NVIDIA H200, 143771\n";
+
+    #[test]
+    fn parses_real_h200_output() {
+        let gpus = parse_nvidia_smi(H200_REAL).unwrap();
+        assert_eq!(
+            gpus,
+            vec![GpuInfo {
+                index: 0,
+                uuid: "GPU-145098f9-6127-1cc2-0b0a-8a26c242a817".into(),
+                name: "NVIDIA H200".into(),
+                memory_mib: Some(143771),
+            }]
+        );
+    }
+
     #[test]
     fn tolerates_blank_lines_na_memory_and_commas_in_names() {
         let gpus = parse_nvidia_smi("\n3, GPU-x, Odd, Name, [N/A]\n\n").unwrap();
