@@ -169,7 +169,7 @@ pub fn looks_like_port_status(text: &str) -> bool {
         if lower.starts_with("# ") && lower.trim_end().ends_with("port status") {
             return true;
         }
-        if let Some(h) = lower.strip_prefix("## ")
+        if let Some(h) = lower.strip_prefix("##")
             && port_status::SectionId::from_heading(h).is_some()
         {
             sections += 1;

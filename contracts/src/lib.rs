@@ -22,3 +22,5 @@ pub mod pipeline;
 pub mod port_status;
 pub mod prep;
 pub mod secrets;
+#[cfg(test)]
+mod tests;

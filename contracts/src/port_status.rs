@@ -733,7 +733,9 @@ impl PortStatus {
             out.push(String::new());
         }
         if !self.preamble.is_empty() {
+            let start = out.len();
             out.extend(self.preamble.iter().cloned());
+            balance_fences(&mut out, start);
             out.push(String::new());
         }
         self.render_extras(None, &mut out);
@@ -754,6 +756,7 @@ impl PortStatus {
                 SectionId::Decisions => self.decisions.render(&mut out),
             }
             if out.len() > before {
+                balance_fences(&mut out, before);
                 out.push(String::new());
             }
             self.render_extras(Some(id), &mut out);
@@ -768,9 +771,39 @@ impl PortStatus {
 
     fn render_extras(&self, after: Option<SectionId>, out: &mut Vec<String>) {
         for x in self.extra_sections.iter().filter(|x| x.after == after) {
-            out.extend(x.lines.iter().cloned());
+            let start = out.len();
+            if let Some((heading, body)) = x.lines.split_first() {
+                out.push(heading.clone());
+                // the importer trims blank edges; a blank after the heading
+                // is layout, as in the known sections
+                if !body.is_empty() {
+                    out.push(String::new());
+                }
+                out.extend(body.iter().cloned());
+            }
+            balance_fences(out, start);
             out.push(String::new());
         }
+    }
+}
+
+/// `## Heading` (or a bare `##`): the level that splits a status file.
+fn is_section_heading(line: &str) -> bool {
+    let t = line.trim_end();
+    t == "##" || t.starts_with("## ")
+}
+
+/// Whether a line opens or closes a fenced block, as the importer sees it.
+fn is_fence(line: &str) -> bool {
+    let t = line.trim_start();
+    t.starts_with("```") || t.starts_with("~~~")
+}
+
+/// Closes a fence left open by verbatim lines from `start` on, so headings
+/// rendered after them are still headings when the file is read back.
+fn balance_fences(out: &mut Vec<String>, start: usize) {
+    if out[start..].iter().filter(|l| is_fence(l)).count() % 2 == 1 {
+        out.push("```".to_owned());
     }
 }
 
@@ -822,11 +855,10 @@ pub fn import(text: &str) -> (PortStatus, Vec<Finding>) {
     let mut fenced = false;
     for (i, line) in text.lines().enumerate() {
         let no = i + 1;
-        let t = line.trim_start();
-        if t.starts_with("```") || t.starts_with("~~~") {
+        if is_fence(line) {
             fenced = !fenced;
         }
-        if !fenced && line.starts_with("## ") {
+        if !fenced && is_section_heading(line) {
             sections.push(RawSection {
                 heading_line: no,
                 heading: line.trim_end().to_owned(),
@@ -861,11 +893,17 @@ pub fn import(text: &str) -> (PortStatus, Vec<Finding>) {
     while status.preamble.last().is_some_and(|l| l.trim().is_empty()) {
         status.preamble.pop();
     }
+    let lead = status
+        .preamble
+        .iter()
+        .take_while(|l| l.trim().is_empty())
+        .count();
+    status.preamble.drain(..lead);
 
     let mut seen: Vec<SectionId> = Vec::new();
     let mut last_known: Option<SectionId> = None;
     for raw in sections {
-        let id = SectionId::from_heading(&raw.heading[3..]);
+        let id = SectionId::from_heading(raw.heading.get(2..).unwrap_or_default());
         match id {
             Some(id) if !seen.contains(&id) => {
                 seen.push(id);
@@ -883,8 +921,10 @@ pub fn import(text: &str) -> (PortStatus, Vec<Finding>) {
                 }
                 let mut lines = vec![raw.heading];
                 lines.extend(trim_blank(&raw.body).iter().map(|(_, l)| l.clone()));
+                // a repeated known section stays right after the first one, so
+                // a re-import still meets the first one first
                 status.extra_sections.push(ExtraSection {
-                    after: last_known,
+                    after: id.or(last_known),
                     lines,
                 });
             }

@@ -1,0 +1,349 @@
+//! `PORT_STATUS.md` import and render against the four real status files,
+//! and status files built from code.
+
+use super::{PORT_STATUS_FIXTURES, fixture};
+use crate::common::ParityState;
+use crate::ids::IdKind;
+use crate::phase::Phase;
+use crate::port_status::{
+    ComponentRow, DecisionRow, EscapeHatchRow, IssueRow, ParityCommandRow, PhaseStatus, PortStatus,
+    QuestionRow, import, plain, split_row,
+};
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(fixture(rel)).unwrap_or_else(|e| panic!("cannot read {rel}: {e}"))
+}
+
+/// What must survive a round trip: each table row as its cells, each bullet
+/// with whitespace collapsed, every other non-blank line trimmed. Table
+/// separators and blank lines are layout, not content.
+fn content(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| {
+            let t = l.trim();
+            if t.starts_with('|') {
+                let cells = split_row(t);
+                if cells
+                    .iter()
+                    .all(|c| c.trim_matches(':').chars().all(|ch| ch == '-'))
+                {
+                    return None;
+                }
+                Some(format!("row:{}", cells.join("\u{1f}")))
+            } else if let Some(b) = t.strip_prefix("- ") {
+                Some(format!(
+                    "bullet:{}",
+                    b.split_whitespace().collect::<Vec<_>>().join(" ")
+                ))
+            } else {
+                Some(format!("line:{t}"))
+            }
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every element of `want` is in `have`, counting repeats.
+fn contained(want: &[String], have: &[String]) -> Result<(), String> {
+    let mut have = have.to_vec();
+    for w in want {
+        match have.iter().position(|h| h == w) {
+            Some(i) => {
+                have.swap_remove(i);
+            }
+            None => return Err(w.clone()),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn every_fixture_keeps_every_row_bullet_and_line() {
+    for rel in PORT_STATUS_FIXTURES {
+        let original = read(rel);
+        let (status, _) = import(&original);
+        let rendered = status.render();
+        if let Err(missing) = contained(&content(&original), &content(&rendered)) {
+            panic!("{rel}: render dropped `{missing}`");
+        }
+        // rendering is a fixed point: importing the rendering changes nothing
+        let (again, _) = import(&rendered);
+        assert_eq!(again.render(), rendered, "{rel}: render is not stable");
+        assert_eq!(again, status, "{rel}: re-import differs");
+    }
+}
+
+#[test]
+fn known_rows_and_bullets_are_typed_not_verbatim() {
+    let (s, findings) = import(&read("port_status/dreamx_world.md"));
+    assert!(findings.is_empty(), "{findings:#?}");
+    assert_eq!(s.model_family().as_deref(), Some("dreamx_world"));
+    assert_eq!(
+        s.phase_text().as_deref(),
+        Some("phase_11_post_parity_handoff")
+    );
+    assert_eq!(s.phase(), Some(Phase::PostParityReviewAndHandoff));
+    assert_eq!(s.phase_status(), Some(PhaseStatus::Complete));
+    assert_eq!(s.summary.get("source_layout"), Some("`raw_official`"));
+    assert_eq!(
+        s.summary.get_plain("source_layout").as_deref(),
+        Some("raw_official")
+    );
+    // an extra key the contract does not define stays in place
+    assert_eq!(
+        s.conversion_state
+            .get_plain("model_index_status")
+            .as_deref(),
+        Some("smoke_pass")
+    );
+    let comps = s.components();
+    assert_eq!(comps.len(), 8);
+    assert_eq!(comps[0].name, "transformer");
+    assert_eq!(
+        comps[0].parity.as_deref(),
+        Some("strict_load_and_forward_parity_pass")
+    );
+    assert_eq!(comps[3].parity_status, Some(ParityState::NonSkipPass));
+    assert_eq!(s.parity_commands.table.rows.len(), 14);
+    assert_eq!(s.open_questions.table.rows.len(), 7);
+    assert_eq!(s.issues_and_blockers.table.rows.len(), 9);
+    assert!(s.escape_hatches.table.rows.is_empty());
+    assert_eq!(s.handoff_notes.bullets().count(), 8);
+    let extras: Vec<&str> = s
+        .extra_sections
+        .iter()
+        .map(|x| x.lines[0].as_str())
+        .collect();
+    assert_eq!(extras, ["## Quality Regression", "## Final Handoff"]);
+    assert_eq!(s.next_id(IdKind::Question).to_string(), "Q008");
+    assert_eq!(s.next_id(IdKind::EscapeHatch).to_string(), "E001");
+}
+
+#[test]
+fn loose_files_import_with_findings_for_what_is_missing() {
+    let (s, f) = import(&read("port_status/lingbotworld2.md"));
+    assert!(f.is_empty(), "{f:#?}");
+    assert_eq!(s.phase_text().as_deref(), Some("port verified"));
+    assert_eq!(s.phase(), None);
+    let rows = s.component_rows();
+    assert_eq!(rows.len(), 6);
+    assert_eq!(rows[1].component, "VAE");
+    assert_eq!(rows[1].parity, "exact encode/decode pass");
+    assert!(rows[1].official_definition.starts_with('`'));
+    assert_eq!(
+        plain(&rows[1].official_definition),
+        "/mnt/weka/shrd/wm/junda/fv-hub/lingbot-world-v2/wan/modules/vae2_1.py"
+    );
+
+    let (s, f) = import(&read("port_status/flux.md"));
+    assert_eq!(s.model_family().as_deref(), Some("flux"));
+    assert_eq!(f.len(), 10, "{f:#?}");
+    assert!(
+        f.iter()
+            .all(|x| x.message.starts_with("missing required section"))
+    );
+    assert_eq!(s.extra_sections.len(), 7);
+    assert!(s.components().is_empty());
+
+    let (s, f) = import(&read("port_status/minimax_h3.md"));
+    assert!(f.iter().any(|x| x.field == "Component Matrix"
+        && x.message == "missing required section `## Component Matrix`"));
+    // its Decisions section is bullets, not the contract's table: kept, reported
+    assert!(
+        f.iter().any(|x| x.field == "Decisions"
+            && x.line == 30
+            && x.message.starts_with("missing table"))
+    );
+    assert_eq!(s.decisions.before.len(), 7);
+    assert!(s.decisions.table.rows.is_empty());
+    assert_eq!(s.model_family(), None);
+}
+
+#[test]
+fn rendered_fixtures_snapshot() {
+    for rel in PORT_STATUS_FIXTURES {
+        let (status, _) = import(&read(rel));
+        let name = rel
+            .trim_start_matches("port_status/")
+            .trim_end_matches(".md");
+        insta::assert_snapshot!(format!("render_{name}"), status.render());
+    }
+}
+
+fn filled() -> PortStatus {
+    let mut s = PortStatus::new("Wan22 Mini", "wan22_mini");
+    for (k, v) in [
+        ("workload_types", "`T2V`"),
+        ("official_ref", "`https://github.com/example/wan22-mini`"),
+        ("official_ref_dir", "`Wan22Mini/`"),
+        ("hf_weights_path", "`example/Wan22-Mini`"),
+        ("local_weights_dir", "`official_weights/wan22_mini`"),
+        ("source_layout", "`raw_official`"),
+        (
+            "local_tests_readme",
+            "`tests/local_tests/wan22_mini/README.md`",
+        ),
+    ] {
+        s.summary.set(k, v);
+    }
+    s.set_phase(
+        Phase::ComponentParityDebug,
+        PhaseStatus::InProgress,
+        "component:vae",
+        "2026-11-26",
+    );
+    for (k, v) in [
+        (
+            "conversion_script",
+            "`scripts/checkpoint_conversion/wan22_mini_to_diffusers.py`",
+        ),
+        ("converted_weights_dir", "`converted_weights/wan22_mini`"),
+        ("source_layout", "`raw_official`"),
+        ("strict_load_status", "`pass`"),
+        ("passthrough_components", "`none`"),
+        ("retry_history", "`none`"),
+    ] {
+        s.conversion_state.set(k, v);
+    }
+    s.push_component(ComponentRow {
+        component: "vae".into(),
+        component_type: "vae".into(),
+        reuse_port: "reuse".into(),
+        official_definition: "`Wan22Mini/models/vae.py`".into(),
+        official_instantiation: "`Wan22Mini/inference.py`".into(),
+        fastvideo_target: "`fastvideo/models/vaes/wanvae.py`".into(),
+        prototype: "pass".into(),
+        conversion: "pass".into(),
+        parity: "`debug_red`".into(),
+        open_issues: "I001".into(),
+    })
+    .push_parity_command(ParityCommandRow {
+        scope: "vae".into(),
+        command: "`pytest tests/local_tests/vaes/test_wan22_mini_vae_parity.py -v -s`".into(),
+        last_result: "debug_red".into(),
+        notes: "first divergence in decoder.up.2".into(),
+    })
+    .push_question(QuestionRow {
+        id: "Q001".into(),
+        question: "Ship the 480p preset only?".into(),
+        owner: "user".into(),
+        needed_by_phase: "P8".into(),
+        status: "open".into(),
+        resolution: String::new(),
+    })
+    .push_issue(IssueRow {
+        id: "I001".into(),
+        phase: "P6".into(),
+        component: "vae".into(),
+        severity: "high".into(),
+        issue: "decoder drift".into(),
+        evidence: "max abs 0.3 at decoder.up.2".into(),
+        owner: "component:vae".into(),
+        status: "open".into(),
+        resolution: String::new(),
+    })
+    .push_escape_hatch(EscapeHatchRow {
+        id: "E001".into(),
+        phase: "P6".into(),
+        decision_type: "blocker".into(),
+        question: "Accept fp32 decode?".into(),
+        recommended_option: "keep bf16 and fix the norm".into(),
+        status: "open".into(),
+        resolution: String::new(),
+    })
+    .push_decision(DecisionRow {
+        date: "2026-11-26".into(),
+        decision: "Reuse the Wan VAE".into(),
+        rationale: "same graph and shapes".into(),
+        impact: "vae".into(),
+    });
+    s.handoff_notes
+        .push_bullet("vae parity is red at decoder.up.2; see I001");
+    s
+}
+
+#[test]
+fn a_status_built_in_code_renders_validates_and_reimports() {
+    let s = filled();
+    assert_eq!(s.validate(), vec![]);
+    let text = s.render();
+    let (back, findings) = import(&text);
+    assert!(findings.is_empty(), "{findings:#?}");
+    assert_eq!(back, s);
+    assert_eq!(back.phase(), Some(Phase::ComponentParityDebug));
+    assert_eq!(
+        back.components()[0].parity_status,
+        Some(ParityState::DebugRed)
+    );
+    assert_eq!(back.next_id(IdKind::Issue).to_string(), "I002");
+    insta::assert_snapshot!("render_built_in_code", text);
+}
+
+#[test]
+fn a_fresh_skeleton_reports_every_empty_required_value() {
+    let s = PortStatus::new("Wan22 Mini", "wan22_mini");
+    let f = s.validate();
+    // 7 summary + 4 current phase + 6 conversion state values are empty
+    assert_eq!(f.len(), 17, "{f:#?}");
+    assert!(f.iter().all(|x| x.message == "missing value"));
+    assert_eq!(PortStatus::default().validate().len(), 19);
+}
+
+#[test]
+fn status_rules_fire() {
+    let base = filled().render();
+    let dup = base.replace("| I001 | P6 |", "| Q001 | P6 |");
+    let (_, f) = import(&dup);
+    assert!(
+        f.iter()
+            .any(|x| x.field == "ID" && x.message.contains("expected I###")),
+        "{f:#?}"
+    );
+
+    let twice = base.replace(
+        "| Q001 | Ship the 480p preset only? |",
+        "| Q001 | Ship the 480p preset only? | user | P8 | open |  |\n| Q001 | Ship the 480p preset only? |",
+    );
+    let (_, f) = import(&twice);
+    assert!(
+        f.iter()
+            .any(|x| x.message.contains("Q001 is used by more than one row")),
+        "{f:#?}"
+    );
+
+    let (_, f) = import(&base.replace("- status: `in_progress`", "- status: `running`"));
+    assert!(
+        f.iter()
+            .any(|x| x.field == "status" && x.message.contains("expected one of"))
+    );
+    let (_, f) = import(&base.replace("- owner: `component:vae`", "- owner: `bob`"));
+    assert!(f.iter().any(|x| x.field == "owner"));
+
+    let (_, f) = import(&base.replace("| Parity | Open Issues |", "| Open Issues |"));
+    assert!(
+        f.iter()
+            .any(|x| x.field == "Component Matrix" && x.message == "missing column `Parity`")
+    );
+
+    let token = super::examples::fake_hf_token();
+    let leaked = base.replace("decoder drift", &format!("decoder drift, used {token}"));
+    let (_, f) = import(&leaked);
+    let hit = f
+        .iter()
+        .find(|x| x.message.contains("hugging face token"))
+        .expect("token finding");
+    assert_eq!(hit.field, "table row");
+    assert!(f.iter().all(|x| !x.message.contains(&token)));
+
+    let (_, f) = import(&read("contracts/port_status_template.md"));
+    assert!(
+        f.iter()
+            .filter(|x| x.message.starts_with("placeholder"))
+            .count()
+            >= 10,
+        "{f:#?}"
+    );
+}
