@@ -389,24 +389,26 @@ fn classify_report(report: &JunitReport, ev: &RunEvidence<'_>) -> Verdict {
         }
     }
 
-    // Errors outrank failures: a test whose fixture or module broke has not
-    // compared anything yet.
-    for (phase, kind) in [
-        (ErrorPhase::Collection, ErrorKind::Collection),
-        (ErrorPhase::Setup, ErrorKind::Setup),
-        (ErrorPhase::Teardown, ErrorKind::Teardown),
-    ] {
-        if let Some(c) = cases
+    // Collection and setup errors outrank failures: those tests compared
+    // nothing. A teardown error ranks below a failure, whose assertion says
+    // more, but still keeps a run from passing.
+    let errored = |phase: ErrorPhase, kind: ErrorKind| {
+        cases
             .iter()
             .find(|c| c.outcome == CaseOutcome::Error(phase))
-        {
-            let what = if c.detail_reason.is_empty() {
-                c.message.clone()
-            } else {
-                c.detail_reason.clone()
-            };
-            return error(kind, &format!("{}: {what}", c.id()));
-        }
+            .map(|c| {
+                let what = if c.detail_reason.is_empty() {
+                    &c.message
+                } else {
+                    &c.detail_reason
+                };
+                error(kind, &format!("{}: {what}", c.id()))
+            })
+    };
+    if let Some(v) = errored(ErrorPhase::Collection, ErrorKind::Collection)
+        .or_else(|| errored(ErrorPhase::Setup, ErrorKind::Setup))
+    {
+        return v;
     }
 
     let passed = cases
@@ -430,6 +432,10 @@ fn classify_report(report: &JunitReport, ev: &RunEvidence<'_>) -> Verdict {
             failed: failing.len(),
             passed,
         };
+    }
+
+    if let Some(v) = errored(ErrorPhase::Teardown, ErrorKind::Teardown) {
+        return v;
     }
 
     // From here on pytest should have exited 0 (or 5, "no tests ran", when
@@ -1009,5 +1015,86 @@ mod tests {
         assert_eq!(VerdictStatus::NonSkipPass.to_string(), "non_skip_pass");
         assert_eq!(Verdict::Timeout.status().as_str(), "timeout");
         assert_eq!(ErrorKind::NoTests.as_str(), "no_tests");
+    }
+
+    #[test]
+    fn failure_outranks_teardown_error() {
+        let xml = suite(
+            r#"<testcase classname="t" name="a"><failure message="AssertionError: off by 2">x</failure></testcase><testcase classname="t" name="a"><error message="failed on teardown with &quot;OSError: busy&quot;">E   OSError: busy</error></testcase>"#,
+        );
+        let mut e = ev(&xml);
+        e.exit_code = Some(1);
+        assert_eq!(classify(&e).status(), VerdictStatus::DebugRed);
+        let xml = suite(
+            r#"<testcase classname="t" name="a"><error message="failed on teardown with &quot;OSError: busy&quot;">E   OSError: busy</error></testcase>"#,
+        );
+        assert_eq!(
+            classify(&ev(&xml)),
+            Verdict::Error {
+                kind: ErrorKind::Teardown,
+                detail: "t::a: OSError: busy".into()
+            }
+        );
+    }
+
+    /// One testcase element as pytest (with the fvd plugin) writes it.
+    fn case_xml(i: usize, kind: u8) -> String {
+        let prop = |v: &str| {
+            format!(r#"<properties><property name="fvd_outcome" value="{v}" /></properties>"#)
+        };
+        let body = match kind {
+            0 => prop("passed"),
+            1 => format!(
+                r#"{}<skipped type="pytest.skip" message="why {i}">t.py:1: why</skipped>"#,
+                prop("skipped")
+            ),
+            2 => format!(
+                r#"{}<skipped type="pytest.xfail" message="later" />"#,
+                prop("xfailed")
+            ),
+            3 => prop("xpassed"),
+            4 => format!(
+                r#"{}<failure message="AssertionError: bad">E bad</failure>"#,
+                prop("failed")
+            ),
+            _ => format!(
+                r#"{}<error message="failed on setup with &quot;E&quot;">E   OSError: x</error>"#,
+                prop("error")
+            ),
+        };
+        format!(r#"<testcase classname="t" name="c{i}">{body}</testcase>"#)
+    }
+
+    proptest::proptest! {
+        /// A run is a pass exactly when at least one case passed and every
+        /// case passed; any skip, xfail or xpass makes it a scaffold at best.
+        #[test]
+        fn pass_only_when_every_case_passed(
+            kinds in proptest::collection::vec(0u8..6, 0..12),
+            exit in proptest::sample::select(vec![0, 1, 5]),
+        ) {
+            let body: String = kinds.iter().enumerate().map(|(i, k)| case_xml(i, *k)).collect();
+            let xml = suite(&body);
+            let mut e = ev(&xml);
+            e.exit_code = Some(exit);
+            let v = classify(&e);
+            let all_pass = !kinds.is_empty() && kinds.iter().all(|k| *k == 0);
+            if v.is_pass() {
+                proptest::prop_assert!(all_pass && exit == 0, "{v:?} for {kinds:?}");
+            }
+            if all_pass && exit == 0 {
+                proptest::prop_assert!(v.is_pass(), "{v:?}");
+            }
+            let skipped = kinds.iter().any(|k| (1..=3).contains(k));
+            let broken = kinds.iter().any(|k| *k >= 4);
+            if skipped && !broken && exit == 0 {
+                proptest::prop_assert_eq!(v.status(), VerdictStatus::ScaffoldSkip);
+            }
+            if kinds.contains(&5) {
+                proptest::prop_assert_eq!(v.status(), VerdictStatus::Error);
+            } else if kinds.contains(&4) {
+                proptest::prop_assert_eq!(v.status(), VerdictStatus::DebugRed);
+            }
+        }
     }
 }

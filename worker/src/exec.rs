@@ -9,8 +9,13 @@
 //! descendants that left the group with `setsid`/`setpgid`. The worker does
 //! not become a child subreaper: orphans it adopted would have to be reaped
 //! with `waitpid(-1)`, which would steal exit statuses from tokio's own child
-//! handling. The limit: a descendant that both leaves the process group and
-//! clears its environment (`setsid env -i …`) is not found.
+//! handling.
+//!
+//! Limits: a descendant that both leaves the process group and clears its
+//! environment (`setsid env -i …`) is not found (the output pipes it holds
+//! are abandoned after [`DRAIN_TIMEOUT`], see [`JobOutcome::output_drained`]).
+//! Like every pgid-based supervisor, signalling by pgid assumes the pid
+//! space does not wrap around during the few seconds of a job's cleanup.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -371,7 +376,12 @@ pub async fn run_job(
         pid,
         source,
     };
-    let deadline = tokio::time::Instant::from_std(start + spec.timeout);
+    // A "no timeout" Duration::MAX must not overflow the clock.
+    let deadline = tokio::time::Instant::from_std(
+        start
+            .checked_add(spec.timeout)
+            .unwrap_or(start + Duration::from_secs(100 * 365 * 24 * 3600)),
+    );
     let mut stop = None;
     let exited = tokio::select! {
         biased;
@@ -398,6 +408,8 @@ pub async fn run_job(
             notify(&raw_tx, reason).await;
             match stop_job(Some(&mut child), pgid, &cookie, spec.grace).await {
                 Some(st) => st,
+                // Still alive after SIGKILL: stuck in the kernel (D state);
+                // nothing more can be done than to wait for it.
                 None => child.wait().await.map_err(wait_err)?,
             }
         }

@@ -307,6 +307,15 @@ async fn secrets_never_leave_the_worker() {
 }
 
 #[tokio::test]
+async fn unbounded_timeout_runs_to_completion() {
+    let mut s = spec("no-timeout", &["sh", "-c", "exit 3"]);
+    s.timeout = Duration::MAX;
+    let (outcome, _) = run(s, CancellationToken::new()).await;
+    assert_eq!(outcome.exit_code, Some(3));
+    assert!(!outcome.timed_out);
+}
+
+#[tokio::test]
 async fn stale_junit_is_removed_before_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let junit = dir.path().join("junit.xml");

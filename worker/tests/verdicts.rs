@@ -143,6 +143,20 @@ async fn fixture_error_is_setup_error() {
 }
 
 #[tokio::test]
+async fn teardown_error_after_a_pass_is_not_a_pass() {
+    let run = run_case("test_teardown_error.py", &[]).await;
+    assert_verdict(
+        &run,
+        Verdict::Error {
+            kind: ErrorKind::Teardown,
+            detail: "test_teardown_error::test_uses_workspace: RuntimeError: could not release \
+                     the workspace"
+                .into(),
+        },
+    );
+}
+
+#[tokio::test]
 async fn skip_is_scaffold_with_reason_in_both_families() {
     for family in ["xunit2", "xunit1"] {
         let run = run_case("test_skip.py", &["-o", &format!("junit_family={family}")]).await;
