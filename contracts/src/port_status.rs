@@ -943,7 +943,8 @@ pub fn import(text: &str) -> (PortStatus, Vec<Finding>) {
             fill_missing(&mut status, id);
         }
     }
-    findings.sort();
+    // by line, keeping contract order among the whole-file findings
+    findings.sort_by_key(|f| f.line);
     findings.dedup();
     (status, findings)
 }

@@ -4,3 +4,4 @@
 mod support;
 mod trace;
 mod port;
+mod contracts;
