@@ -65,9 +65,12 @@ pub trait Contract: BlockStruct {
     fn check(text: &str, first_line: usize) -> Checked<Self> {
         let mut checked = read::<Self>(text, first_line);
         let parsed = block::parse(text, first_line);
-        if let Some(v) = &checked.value {
-            let inner = inner_map::<Self>(&parsed.map);
-            v.rules(&inner, &mut checked.findings);
+        let inner = inner_map::<Self>(&parsed.map);
+        match &checked.value {
+            Some(v) => v.rules(&inner, &mut checked.findings),
+            // the most consequential rule still applies to a block that
+            // did not read: a pause without a hatch leaves the user unasked
+            None => raw_ask_user_rule(&inner, &mut checked.findings),
         }
         checked.findings.extend(placeholders(&parsed.map, ""));
         checked
@@ -197,6 +200,24 @@ pub fn ask_user_rule(
             "expected none or an escape_hatch block",
         )),
         Slot::None => {}
+    }
+}
+
+/// `ask_user` without an `escape_hatch` block, read from the raw block.
+fn raw_ask_user_rule(map: &Map, findings: &mut Vec<Finding>) {
+    if map.scalar("next_step") != Some("ask_user") {
+        return;
+    }
+    let has_block = matches!(
+        map.get("escape_hatch").map(|e| &e.value),
+        Some(Value::Map(m)) if !m.entries.is_empty()
+    );
+    if !has_block {
+        findings.push(Finding::new(
+            map.line_of("escape_hatch").max(map.line_of("next_step")),
+            "escape_hatch",
+            "next_step ask_user requires an escape_hatch block, not none",
+        ));
     }
 }
 

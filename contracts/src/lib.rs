@@ -24,3 +24,9 @@ pub mod prep;
 pub mod secrets;
 #[cfg(test)]
 mod tests;
+
+pub use contract::{Checked, Contract};
+pub use findings::{ContractError, Finding};
+pub use kind::{ContractKind, Report};
+pub use phase::Phase;
+pub use port_status::PortStatus;

@@ -8,6 +8,29 @@
 //! contract requires but the file lacks is reported as findings, never as an
 //! error: a status file is a log people keep writing to, and refusing to read
 //! one would lose the state it records.
+//!
+//! Building a fresh status file for a port, as the orchestrator does:
+//!
+//! ```
+//! use fvd_contracts::phase::Phase;
+//! use fvd_contracts::port_status::{ComponentRow, PhaseStatus, PortStatus, import};
+//!
+//! let mut status = PortStatus::new("Wan22 Mini", "wan22_mini");
+//! status.set_phase(Phase::NativeComponentPrototype, PhaseStatus::InProgress, "orchestrator", "2026-11-26");
+//! status.push_component(ComponentRow {
+//!     component: "vae".into(),
+//!     parity: "`scaffold_skip`".into(),
+//!     ..ComponentRow::default()
+//! });
+//! status.handoff_notes.push_bullet("vae prototype key dumps pending");
+//! let text = status.render();
+//!
+//! let (back, findings) = import(&text);
+//! assert_eq!(back.phase(), Some(Phase::NativeComponentPrototype));
+//! assert_eq!(back.component_rows()[0].parity_plain(), "scaffold_skip");
+//! // the summary values are still empty, and the check says so
+//! assert!(findings.iter().any(|f| f.field == "official_ref" && f.message == "missing value"));
+//! ```
 
 use serde::Serialize;
 
@@ -518,7 +541,9 @@ macro_rules! row_struct {
             /// Appends a row to the section, mapping by column name.
             pub fn $section(&mut self, row: $name) -> &mut Self {
                 let cells = row.cells();
-                self.section_mut(SectionId::$sid).table.push_named(&cells);
+                if let Some(section) = self.table_mut(SectionId::$sid) {
+                    section.table.push_named(&cells);
+                }
                 self
             }
         }
@@ -625,18 +650,20 @@ impl PortStatus {
         s
     }
 
-    /// The table section `id`. Panics for a field section, which is a bug in
-    /// the caller, not bad input.
-    pub fn section_mut(&mut self, id: SectionId) -> &mut TableSection {
-        match id {
+    /// The table section `id`; `None` for the bullet sections.
+    pub fn table_mut(&mut self, id: SectionId) -> Option<&mut TableSection> {
+        Some(match id {
             SectionId::ComponentMatrix => &mut self.component_matrix,
             SectionId::ParityCommands => &mut self.parity_commands,
             SectionId::OpenQuestions => &mut self.open_questions,
             SectionId::IssuesAndBlockers => &mut self.issues_and_blockers,
             SectionId::EscapeHatches => &mut self.escape_hatches,
             SectionId::Decisions => &mut self.decisions,
-            other => panic!("{} is not a table section", other.heading()),
-        }
+            SectionId::Summary
+            | SectionId::CurrentPhase
+            | SectionId::ConversionState
+            | SectionId::HandoffNotes => return None,
+        })
     }
 
     /// `model_family` from the Summary, or a `Model family:` preamble line.
@@ -957,7 +984,11 @@ fn fill_missing(status: &mut PortStatus, id: SectionId) {
             status.conversion_state = FieldList::with_keys(&CONVERSION_STATE_KEYS);
         }
         SectionId::HandoffNotes => status.handoff_notes = FieldList::default(),
-        table => *status.section_mut(table) = TableSection::new(table.columns()),
+        table => {
+            if let Some(t) = status.table_mut(table) {
+                *t = TableSection::new(table.columns());
+            }
+        }
     }
 }
 
@@ -984,7 +1015,9 @@ fn read_section(
         }
         table => {
             let section = read_table_section(body, id, heading_line, findings);
-            *status.section_mut(table) = section;
+            if let Some(t) = status.table_mut(table) {
+                *t = section;
+            }
         }
     }
 }

@@ -1,5 +1,21 @@
 //! The prep handoff: what `add-model-01-prep` hands to `/add-model` Phase 0,
 //! and the gate that decides whether parity scaffolding may start.
+//!
+//! ```
+//! use fvd_contracts::contract::Contract;
+//! use fvd_contracts::prep::PrepHandoff;
+//!
+//! # let text = "model_family: x\nnext_step: ask_user\nescape_hatch: none\n";
+//! let checked = PrepHandoff::check(text, 1);
+//! for f in &checked.findings {
+//!     println!("{}: {}: {}", f.line, f.field, f.message);
+//! }
+//! assert!(checked.findings.iter().any(|f| f.field == "escape_hatch"
+//!     && f.message.contains("requires an escape_hatch block")));
+//! if let Some(prep) = checked.value {
+//!     let _may_scaffold = prep.ready_for_parity_scaffolding();
+//! }
+//! ```
 
 use crate::block::Map;
 use crate::common::{SourceLayout, YesNo};

@@ -427,3 +427,14 @@ fn real_final_handoff_from_a_status_file() {
     assert_eq!(f.line, 140);
     assert!(f.message.contains("expected one of reused | ported"));
 }
+
+#[test]
+fn ask_user_rule_fires_even_when_other_fields_are_missing() {
+    let text = edit(&ask_user_prep(None), "hf_revision", None);
+    let f = check::<PrepHandoff>(&text);
+    fires(&f, "escape_hatch", "requires an escape_hatch block");
+    fires(&f, "hf_revision", "missing required field");
+    let with_hatch = edit(&ask_user_prep(Some(ESCAPE_NESTED)), "hf_revision", None);
+    let f = check::<PrepHandoff>(&with_hatch);
+    assert!(f.iter().all(|x| x.field != "escape_hatch"), "{f:#?}");
+}
