@@ -50,6 +50,14 @@ block_struct! {
 pub const MAX_ALTERNATIVES: usize = 3;
 
 impl EscapeHatch {
+    /// The `E###` ids the snapshot's evidence cites.
+    pub fn cited_escape_ids(&self) -> Vec<crate::ids::StableId> {
+        crate::ids::find_ids(&self.state_snapshot.evidence.to_string())
+            .into_iter()
+            .filter(|id| id.kind == crate::ids::IdKind::EscapeHatch)
+            .collect()
+    }
+
     /// Rules of a hatch that actually asks; `map` is the hatch's own map and
     /// `prefix` the field path leading to it.
     pub fn ask_rules(&self, map: &Map, findings: &mut Vec<Finding>, prefix: &str) {

@@ -731,8 +731,8 @@ impl PortStatus {
             .collect()
     }
 
-    /// The next free id of a kind: one past the highest in its table.
-    pub fn next_id(&self, kind: IdKind) -> StableId {
+    /// The well-formed ids of a kind in its table, in row order.
+    pub fn ids(&self, kind: IdKind) -> Vec<StableId> {
         let section = match kind {
             IdKind::Question => &self.open_questions,
             IdKind::Issue => &self.issues_and_blockers,
@@ -742,6 +742,39 @@ impl PortStatus {
         (0..t.rows.len())
             .filter_map(|i| t.cell(i, "ID")?.parse::<StableId>().ok())
             .filter(|id| id.kind == kind)
+            .collect()
+    }
+
+    /// The cross-file half of the `ask_user` rule: every `E###` the hatch
+    /// cites must be a row of this file's Escape Hatches table.
+    pub fn check_escape_hatch(&self, hatch: &crate::escape_hatch::EscapeHatch) -> Vec<Finding> {
+        let rows = self.ids(IdKind::EscapeHatch);
+        let cited = hatch.cited_escape_ids();
+        let mut out: Vec<Finding> = cited
+            .iter()
+            .filter(|id| !rows.contains(id))
+            .map(|id| {
+                Finding::new(
+                    0,
+                    "escape_hatch.state_snapshot.evidence",
+                    format!("cites {id}, which has no row in the Escape Hatches table"),
+                )
+            })
+            .collect();
+        if cited.is_empty() {
+            out.push(Finding::new(
+                0,
+                "escape_hatch.state_snapshot.evidence",
+                "must cite the E### escape-hatch row recorded in PORT_STATUS.md",
+            ));
+        }
+        out
+    }
+
+    /// The next free id of a kind: one past the highest in its table.
+    pub fn next_id(&self, kind: IdKind) -> StableId {
+        self.ids(kind)
+            .into_iter()
             .max()
             .map_or(StableId::new(kind, 1), StableId::next)
     }

@@ -347,3 +347,24 @@ fn status_rules_fire() {
         "{f:#?}"
     );
 }
+
+#[test]
+fn a_hatch_must_match_an_escape_hatch_row() {
+    use crate::contract::Contract;
+    use crate::escape_hatch::EscapeHatch;
+    let s = filled();
+    assert_eq!(s.ids(IdKind::EscapeHatch).len(), 1);
+    let hatch = EscapeHatch::parse(super::examples::ESCAPE_NESTED).unwrap();
+    assert_eq!(s.check_escape_hatch(&hatch), vec![]);
+    let other =
+        EscapeHatch::parse(&super::examples::ESCAPE_NESTED.replace("E001", "E002")).unwrap();
+    let f = s.check_escape_hatch(&other);
+    assert_eq!(f.len(), 1);
+    assert_eq!(
+        f[0].message,
+        "cites E002, which has no row in the Escape Hatches table"
+    );
+    let none =
+        EscapeHatch::parse(&super::examples::ESCAPE_NESTED.replace("E001", "see log")).unwrap();
+    assert!(s.check_escape_hatch(&none)[0].message.contains("must cite"));
+}
