@@ -306,6 +306,41 @@ async fn secrets_never_leave_the_worker() {
     }
 }
 
+/// The documented limit: a descendant that leaves the group *and* clears its
+/// environment cannot be found, so it keeps the output pipe open. The job
+/// must still end, after a bounded drain, flagged as not drained.
+#[tokio::test]
+async fn an_unfindable_pipe_holder_does_not_hang_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("holder-ready");
+    // The leader waits until the holder has left the group (it writes the
+    // mark after setsid), so fvd's leftover sweep cannot catch it half-way.
+    let script = format!(
+        "setsid env -i sh -c 'echo HOLDER $$; echo x > {m}; exec sleep 120' &\n\
+         while [ ! -s {m} ]; do sleep 0.01; done",
+        m = mark.display()
+    );
+    let started = Instant::now();
+    let (outcome, events) = run(
+        spec("holder", &["sh", "-c", &script]),
+        CancellationToken::new(),
+    )
+    .await;
+    let out = reassemble(&events);
+    let holders = pids_tagged(&String::from_utf8_lossy(&out["stdout"]), "HOLDER");
+    // Clean up what fvd could not, before asserting anything.
+    for pid in &holders {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
+    assert_eq!(holders.len(), 1);
+    assert_eq!(outcome.exit_code, Some(0));
+    assert!(!outcome.output_drained);
+    assert!(started.elapsed() < Duration::from_secs(60));
+    wait_gone(holders[0]).await;
+}
+
 #[tokio::test]
 async fn unbounded_timeout_runs_to_completion() {
     let mut s = spec("no-timeout", &["sh", "-c", "exit 3"]);
