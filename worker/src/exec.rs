@@ -237,11 +237,13 @@ pub enum ExecError {
     },
 }
 
-/// Put the embedded pytest plugin into `scratch` and make a pytest argv load
-/// it: writes `scratch/fvd_pytest_plugin.py`, prepends `scratch` to the
-/// job's `PYTHONPATH` (keeping the job's or the worker's value), appends
-/// `-p fvd_pytest_plugin` to argv, and points `junit` at
-/// `scratch/junit.xml` when no path was given.
+/// Put the embedded pytest plugin into `scratch` and make pytest load it:
+/// writes `scratch/fvd_pytest_plugin.py`, prepends `scratch` to the job's
+/// `PYTHONPATH` and `-p fvd_pytest_plugin` to its `PYTEST_ADDOPTS` (each
+/// keeping the job's or else the worker's value), and points `junit` at
+/// `scratch/junit.xml` when no path was given. The argv is left alone, so a
+/// wrapper script that runs pytest (or pytest-xdist workers) load the plugin
+/// too; only `{junitxml}` (or an appended `--junitxml`) must reach pytest.
 pub async fn prepare_pytest(spec: &mut JobSpec, scratch: &Path) -> std::io::Result<()> {
     tokio::fs::create_dir_all(scratch).await?;
     tokio::fs::write(
@@ -249,25 +251,34 @@ pub async fn prepare_pytest(spec: &mut JobSpec, scratch: &Path) -> std::io::Resu
         PYTEST_PLUGIN_SOURCE,
     )
     .await?;
-    let existing = spec
-        .env
-        .iter()
-        .rposition(|(k, _)| k == "PYTHONPATH")
-        .map(|i| spec.env.remove(i).1)
-        .or_else(|| std::env::var("PYTHONPATH").ok())
-        .filter(|p| !p.is_empty());
-    let dir = scratch.to_string_lossy().into_owned();
-    let value = match existing {
-        Some(p) => format!("{dir}:{p}"),
-        None => dir,
-    };
-    spec.env.push(("PYTHONPATH".to_string(), value));
-    spec.argv.push("-p".to_string());
-    spec.argv.push(PYTEST_PLUGIN_MODULE.to_string());
+    prepend_env(spec, "PYTHONPATH", &scratch.to_string_lossy(), ":");
+    prepend_env(
+        spec,
+        "PYTEST_ADDOPTS",
+        &format!("-p {PYTEST_PLUGIN_MODULE}"),
+        " ",
+    );
     if spec.junit.is_none() {
         spec.junit = Some(scratch.join("junit.xml"));
     }
     Ok(())
+}
+
+/// Set `name` in the spec's env to `value`, followed by `sep` and the value
+/// the job would otherwise have seen (its own env, else the worker's).
+fn prepend_env(spec: &mut JobSpec, name: &str, value: &str, sep: &str) {
+    let existing = spec
+        .env
+        .iter()
+        .rposition(|(k, _)| k == name)
+        .map(|i| spec.env.remove(i).1)
+        .or_else(|| std::env::var(name).ok())
+        .filter(|p| !p.is_empty());
+    let value = match existing {
+        Some(rest) => format!("{value}{sep}{rest}"),
+        None => value.to_string(),
+    };
+    spec.env.push((name.to_string(), value));
 }
 
 /// The argv with the JUnit path substituted for `{junitxml}`, or appended as
@@ -880,6 +891,37 @@ mod tests {
                 assert_eq!(out, want.to_vec(), "split at {cut},{cut2}");
             }
         }
+    }
+
+    #[tokio::test]
+    async fn prepare_pytest_keeps_the_jobs_own_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = JobSpec {
+            job_id: "p".into(),
+            argv: vec!["pytest".into(), "t.py".into()],
+            env: vec![
+                ("PYTHONPATH".into(), "/job/src".into()),
+                ("PYTEST_ADDOPTS".into(), "-x".into()),
+            ],
+            secret_env_names: vec![],
+            cwd: ".".into(),
+            gpus: vec![],
+            timeout: Duration::from_secs(1),
+            grace: Duration::from_secs(1),
+            junit: None,
+        };
+        prepare_pytest(&mut spec, dir.path()).await.unwrap();
+        let get = |k: &str| spec.env.iter().find(|(n, _)| n == k).unwrap().1.clone();
+        assert_eq!(
+            get("PYTHONPATH"),
+            format!("{}:/job/src", dir.path().display())
+        );
+        assert_eq!(get("PYTEST_ADDOPTS"), "-p fvd_pytest_plugin -x");
+        assert_eq!(spec.env.len(), 2, "replaced, not duplicated");
+        assert_eq!(spec.argv, vec!["pytest", "t.py"]);
+        assert_eq!(spec.junit, Some(dir.path().join("junit.xml")));
+        let plugin = std::fs::read_to_string(dir.path().join("fvd_pytest_plugin.py")).unwrap();
+        assert_eq!(plugin, PYTEST_PLUGIN_SOURCE);
     }
 
     #[test]
