@@ -76,6 +76,7 @@ pub trait Contract: BlockStruct {
         checked
             .findings
             .extend(secrets::scan_text(text, first_line));
+        secrets::redact_findings(&mut checked.findings);
         checked.findings.sort();
         checked.findings.dedup();
         checked

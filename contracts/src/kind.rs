@@ -18,6 +18,7 @@ use crate::findings::{ContractError, Finding};
 use crate::pipeline::{PipelineContext, PipelineHandoff};
 use crate::port_status;
 use crate::prep::PrepHandoff;
+use crate::secrets::redact;
 
 /// Every contract fvd can check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -230,10 +231,19 @@ pub fn check(text: &str, kind: Option<ContractKind>) -> Result<Report, CheckErro
             valid: findings.is_empty(),
             findings,
             summary: Summary::PortStatus {
-                model_family: status.model_family(),
-                phase: status.phase_text(),
-                status: status.current_phase.get_plain("status"),
-                components: status.components(),
+                // the summary repeats values, so secret-looking ones are masked
+                model_family: status.model_family().map(|v| redact(&v)),
+                phase: status.phase_text().map(|v| redact(&v)),
+                status: status.current_phase.get_plain("status").map(|v| redact(&v)),
+                components: status
+                    .components()
+                    .into_iter()
+                    .map(|c| port_status::ComponentSummary {
+                        name: redact(&c.name),
+                        parity: c.parity.map(|p| redact(&p)),
+                        parity_status: c.parity_status,
+                    })
+                    .collect(),
             },
         });
     }

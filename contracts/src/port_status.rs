@@ -1004,6 +1004,7 @@ pub fn import(text: &str) -> (PortStatus, Vec<Finding>) {
         }
     }
     // by line, keeping contract order among the whole-file findings
+    secrets::redact_findings(&mut findings);
     findings.sort_by_key(|f| f.line);
     findings.dedup();
     (status, findings)

@@ -72,6 +72,7 @@ pub fn field_of_line(line: &str) -> String {
     if let Some((key, _)) = t.split_once(':') {
         let key = key.trim().trim_matches('`');
         if !key.is_empty()
+            && scan_line(key).is_none()
             && key
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
@@ -80,6 +81,28 @@ pub fn field_of_line(line: &str) -> String {
         }
     }
     "line".to_owned()
+}
+
+/// What replaces a secret-looking value wherever fvd would otherwise show it.
+pub const REDACTED: &str = "[redacted]";
+
+/// `value`, or [`REDACTED`] when it holds something secret-looking.
+pub fn redact(value: &str) -> String {
+    if scan_line(value).is_some() {
+        REDACTED.to_owned()
+    } else {
+        value.to_owned()
+    }
+}
+
+/// Redacts finding fields built from keys: a pasted token can sit where a
+/// key belongs, and the field name must not repeat it.
+pub fn redact_findings(findings: &mut [Finding]) {
+    for f in findings {
+        if scan_line(&f.field).is_some() {
+            f.field = REDACTED.to_owned();
+        }
+    }
 }
 
 fn is_token_char(c: char) -> bool {
@@ -222,5 +245,26 @@ mod tests {
             Some(SecretKind::HuggingFaceToken)
         );
         assert_eq!(field_of_line(&format!("| I001 | {HF} |")), "table row");
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_values_holding_tokens_are_redacted() {
+        let token = format!("hf_{}", "x7Y".repeat(11));
+        assert_eq!(redact(&token), REDACTED);
+        assert_eq!(redact("non_skip_pass"), "non_skip_pass");
+        let line = format!("{token}: 1");
+        assert_eq!(field_of_line(&line), "line");
+        let mut f = vec![Finding::new(
+            3,
+            token.clone(),
+            "unknown field for this contract",
+        )];
+        redact_findings(&mut f);
+        assert_eq!(f[0].field, REDACTED);
     }
 }

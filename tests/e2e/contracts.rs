@@ -276,3 +276,21 @@ fn unreadable_or_unparsable_input_exits_2_naming_the_file() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("unknown contract kind `nonsense`"));
 }
+
+#[test]
+fn tokens_in_a_status_file_are_masked_in_the_summary() {
+    let token = format!("hf_{}", "Pw4".repeat(11));
+    let original = std::fs::read_to_string(fixtures().join("port_status/dreamx_world.md")).unwrap();
+    let leaked = original.replacen("encode_parity_pass |", &format!("{token} |"), 1);
+    assert_ne!(leaked, original);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("PORT_STATUS.md"), leaked).unwrap();
+    let o = check_in(dir.path(), &["PORT_STATUS.md", "--json"]);
+    assert_eq!(code(&o), 1);
+    let out = stdout(&o);
+    assert!(!out.contains(&token), "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["summary"]["components"][1]["parity"], "[redacted]");
+    assert_eq!(v["findings"][0]["field"], "table row");
+    assert_eq!(v["findings"][0]["line"], 26);
+}
