@@ -384,34 +384,28 @@ fn render_row(cells: &[String]) -> String {
 }
 
 fn escape_cell(c: &str) -> String {
-    let mut out = String::with_capacity(c.len());
-    let mut prev = ' ';
-    for ch in c.chars() {
-        match ch {
-            '\n' | '\r' => out.push(' '),
-            '|' if prev != '\\' => out.push_str("\\|"),
-            _ => out.push(ch),
-        }
-        prev = ch;
-    }
-    out
+    c.replace(['\n', '\r'], " ").replace('|', "\\|")
 }
 
-/// Splits a table line into trimmed cells on unescaped pipes.
+/// Splits a table line into trimmed cells on unescaped pipes; an escaped
+/// pipe (`\|`) is cell text and reads as `|`, so render can escape it back.
 pub fn split_row(line: &str) -> Vec<String> {
     let t = line.trim();
     let t = t.strip_prefix('|').unwrap_or(t);
     let mut cells = Vec::new();
     let mut cur = String::new();
-    let mut prev = ' ';
     for ch in t.chars() {
-        if ch == '|' && prev != '\\' {
-            cells.push(cur.trim().to_owned());
-            cur.clear();
+        if ch == '|' {
+            if cur.ends_with('\\') {
+                cur.pop();
+                cur.push('|');
+            } else {
+                cells.push(cur.trim().to_owned());
+                cur.clear();
+            }
         } else {
             cur.push(ch);
         }
-        prev = ch;
     }
     if !cur.trim().is_empty() {
         cells.push(cur.trim().to_owned());

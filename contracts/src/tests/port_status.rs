@@ -368,3 +368,147 @@ fn a_hatch_must_match_an_escape_hatch_row() {
         EscapeHatch::parse(&super::examples::ESCAPE_NESTED.replace("E001", "see log")).unwrap();
     assert!(s.check_escape_hatch(&none)[0].message.contains("must cite"));
 }
+
+/// Random status files built through the public fields, for the round trip.
+mod random {
+    use crate::fields::sample::Gen;
+    use crate::port_status::{
+        ExtraSection, FieldLine, FieldList, PortStatus, SectionId, Table, TableSection,
+    };
+
+    // cell and value text: backticks, pipes (escaped on render), colons,
+    // angle brackets, unicode; never a newline or edge whitespace
+    const WORDS: &[&str] = &[
+        "`raw_official`",
+        "non_skip_pass",
+        "a | b",
+        "x: y",
+        "tests/local_tests/foo/test_foo_vae_parity.py",
+        "<= 81 frames",
+        "ümlaut → ok",
+        "max_diff=0.5",
+        "Q001",
+        "--",
+        "50%",
+    ];
+
+    fn text(g: &mut Gen) -> String {
+        let n = 1 + g.below(3);
+        (0..n)
+            .map(|_| WORDS[g.below(WORDS.len())])
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Prose a section keeps verbatim: nothing a reader would take for a
+    /// bullet, a table row, a heading or a fence.
+    fn prose(g: &mut Gen) -> Vec<String> {
+        let n = g.below(3);
+        (0..n)
+            .map(|i| format!("Note {i}: {}", text(g).replace('|', "/")))
+            .collect()
+    }
+
+    fn fields(g: &mut Gen, keys: bool) -> FieldList {
+        let n = g.below(5);
+        let mut lines = Vec::new();
+        for i in 0..n {
+            lines.push(match g.below(4) {
+                0 if keys => FieldLine::Field {
+                    key: format!("key_{i}"),
+                    value: String::new(),
+                },
+                1 | 2 if keys => FieldLine::Field {
+                    key: format!("key_{i}"),
+                    value: text(g),
+                },
+                _ if keys => FieldLine::Bullet(text(g).replace(':', ";")),
+                _ => FieldLine::Bullet(text(g)),
+            });
+        }
+        if n > 0 && g.below(3) == 0 {
+            lines.push(FieldLine::Verbatim(format!(
+                "Trailing prose {}",
+                g.below(9)
+            )));
+        }
+        FieldList { lines }
+    }
+
+    fn table(g: &mut Gen) -> TableSection {
+        let cols = 1 + g.below(5);
+        let header: Vec<String> = (0..cols).map(|c| format!("Col {c}")).collect();
+        let rows = (0..g.below(4))
+            .map(|_| {
+                let width = if g.below(4) == 0 {
+                    g.below(cols + 2)
+                } else {
+                    cols
+                };
+                (0..width)
+                    .map(|_| {
+                        if g.below(5) == 0 {
+                            String::new()
+                        } else {
+                            text(g)
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        TableSection {
+            before: prose(g),
+            table: Table { header, rows },
+            after: prose(g),
+        }
+    }
+
+    pub fn status(seed: u64) -> PortStatus {
+        let g = &mut Gen::new(seed);
+        let mut extra_sections: Vec<ExtraSection> = (0..g.below(4))
+            .map(|i| {
+                let pick = g.below(SectionId::ALL.len() + 1);
+                let mut lines = vec![format!("## Extra {i}")];
+                lines.extend(prose(g));
+                ExtraSection {
+                    after: SectionId::ALL.get(pick).copied(),
+                    lines,
+                }
+            })
+            .collect();
+        // render groups extras by anchor in contract order; import reads
+        // them back in that order
+        extra_sections.sort_by_key(|x| x.after);
+        PortStatus {
+            title: if g.below(5) == 0 {
+                String::new()
+            } else {
+                format!("{} Port Status", text(g))
+            },
+            preamble: prose(g),
+            summary: fields(g, true),
+            current_phase: fields(g, true),
+            component_matrix: table(g),
+            conversion_state: fields(g, true),
+            parity_commands: table(g),
+            open_questions: table(g),
+            issues_and_blockers: table(g),
+            escape_hatches: table(g),
+            decisions: table(g),
+            handoff_notes: fields(g, false),
+            extra_sections,
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+    #[test]
+    fn port_status_round_trips(seed: u64) {
+        let s = random::status(seed);
+        let text = s.render();
+        let (back, _) = import(&text);
+        proptest::prop_assert_eq!(back, s, "rendered:\n{}", text);
+    }
+}
