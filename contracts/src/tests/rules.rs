@@ -438,3 +438,29 @@ fn ask_user_rule_fires_even_when_other_fields_are_missing() {
     let f = check::<PrepHandoff>(&with_hatch);
     assert!(f.iter().all(|x| x.field != "escape_hatch"), "{f:#?}");
 }
+
+#[test]
+fn kinds_are_inferred_from_bare_and_fenced_blocks() {
+    use crate::kind::{ContractKind, check};
+    for (text, kind) in [
+        (PREP, ContractKind::PrepHandoff),
+        (ESCAPE_NESTED, ContractKind::EscapeHatch),
+        (COMPONENT_CONTEXT, ContractKind::ComponentContext),
+        (PARITY_STATUS, ContractKind::ParityStatus),
+        (CONVERSION_REQUEST, ContractKind::ConversionRequest),
+        (RETRY, ContractKind::ConversionRetryRequest),
+        (CONVERSION_HANDOFF, ContractKind::ConversionHandoff),
+        (SKILL_HANDOFF, ContractKind::ComponentSkillHandoff),
+        (PIPELINE_CONTEXT, ContractKind::PipelineContext),
+        (PIPELINE_HANDOFF, ContractKind::PipelineHandoff),
+        (FINAL, ContractKind::FinalHandoff),
+    ] {
+        let bare = check(text, None).unwrap();
+        assert_eq!(bare.kind, kind);
+        assert!(bare.valid, "{kind}: {:#?}", bare.findings);
+        let md = format!("# Handoff\n\n```text\n{text}```\n");
+        let fenced = check(&md, None).unwrap();
+        assert_eq!(fenced.kind, kind);
+        assert!(fenced.valid, "{kind}: {:#?}", fenced.findings);
+    }
+}
