@@ -45,14 +45,21 @@ pub fn run(cmd: ContractsCmd) -> anyhow::Result<u8> {
 
 fn check(args: &CheckArgs) -> anyhow::Result<u8> {
     let report = check_file(&args.file, args.kind)?;
+    let code = if report.valid { 0 } else { 1 };
     let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report).context("cannot write the json report")?;
-        writeln!(out)?;
+    let written = if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(out))
     } else {
-        write_human(&mut out, &args.file, &report)?;
+        write_human(&mut out, &args.file, &report)
+    };
+    match written {
+        // `fvd contracts check … | head` closing the pipe is not a failure
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(code),
+        Err(e) => Err(e).context("cannot write the report to stdout"),
+        Ok(()) => Ok(code),
     }
-    Ok(if report.valid { 0 } else { 1 })
 }
 
 /// Reads and checks one file; every error names the file.
@@ -64,7 +71,7 @@ pub fn check_file(path: &Path, kind: Option<ContractKind>) -> anyhow::Result<Rep
     kind::check(&text, kind).map_err(|e| anyhow!("cannot parse {shown}: {e}"))
 }
 
-fn write_human(out: &mut impl Write, file: &Path, report: &Report) -> anyhow::Result<()> {
+fn write_human(out: &mut impl Write, file: &Path, report: &Report) -> std::io::Result<()> {
     let shown = file.display();
     for f in &report.findings {
         writeln!(out, "{shown}:{}: {}: {}", f.line, f.field, f.message)?;
