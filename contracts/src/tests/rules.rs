@@ -464,3 +464,43 @@ fn kinds_are_inferred_from_bare_and_fenced_blocks() {
         assert!(fenced.valid, "{kind}: {:#?}", fenced.findings);
     }
 }
+
+#[test]
+fn finding_messages_follow_the_house_style() {
+    // every message fvd can print for the real inputs: lowercase start, no
+    // trailing period, and a field to point at
+    let mut findings = Vec::new();
+    for rel in [
+        "contracts/prep_handoff.md",
+        "contracts/escape_hatch.md",
+        "contracts/component_context.md",
+        "contracts/parity_status.md",
+        "contracts/conversion_request.md",
+        "contracts/conversion_handoff.md",
+        "contracts/component_skill_handoff.md",
+        "contracts/pipeline_context.md",
+        "contracts/pipeline_handoff.md",
+        "contracts/final_handoff.md",
+        "contracts/port_status_template.md",
+        "port_status/flux.md",
+        "port_status/minimax_h3.md",
+    ] {
+        let text = std::fs::read_to_string(super::fixture(rel)).unwrap();
+        let report = crate::kind::check(&text, None).unwrap();
+        assert!(!report.findings.is_empty(), "{rel}");
+        findings.extend(report.findings);
+    }
+    let token = edit(
+        PREP,
+        "hf_token_env",
+        Some(&format!("hf_token_env: {}", fake_hf_token())),
+    );
+    findings.extend(check::<PrepHandoff>(&token));
+    findings.extend(check::<PrepHandoff>(&ask_user_prep(None)));
+    for f in &findings {
+        let first = f.message.chars().next().unwrap();
+        assert!(!first.is_uppercase(), "{f:?}");
+        assert!(!f.message.ends_with('.'), "{f:?}");
+        assert!(!f.field.is_empty(), "{f:?}");
+    }
+}
