@@ -5,7 +5,6 @@
 //! other workspace crate, so every other part of fvd can share one reading of
 //! the contracts.
 
-pub mod verdict;
 pub mod block;
 pub mod common;
 pub mod component;
@@ -24,6 +23,7 @@ pub mod prep;
 pub mod secrets;
 #[cfg(test)]
 mod tests;
+pub mod verdict;
 
 pub use contract::{Checked, Contract};
 pub use findings::{ContractError, Finding};
