@@ -40,9 +40,18 @@ pub struct ComponentArgs {
 
 #[derive(Debug)]
 pub enum ComponentMsg {
-    Leased { job_id: String, worker_id: String },
-    Started { job_id: String, worker_id: String },
-    Finished { report: JobReport, worker_id: String },
+    Leased {
+        job_id: String,
+        worker_id: String,
+    },
+    Started {
+        job_id: String,
+        worker_id: String,
+    },
+    Finished {
+        report: JobReport,
+        worker_id: String,
+    },
     /// The worker running the job was lost; the scheduler requeued it
     /// unless `give_up`.
     WorkerLost {
@@ -117,7 +126,14 @@ impl Actor for ComponentSubagentActor {
                     let reason = format!("infra_error: worker {worker_id} lost on every retry");
                     finish(st, "blocked", "infra_error", &reason, &worker_id).await?;
                 } else {
-                    update(st, "queued", "infra_error", &format!("worker {worker_id} lost; retrying on another slot"), "").await?;
+                    update(
+                        st,
+                        "queued",
+                        "infra_error",
+                        &format!("worker {worker_id} lost; retrying on another slot"),
+                        "",
+                    )
+                    .await?;
                 }
             }
             ComponentMsg::Finished { report, worker_id } => {
@@ -152,7 +168,11 @@ impl Actor for ComponentSubagentActor {
                     update(st, "queued", &result.verdict, &result.reason, &worker_id).await?;
                     return enqueue(&myself, st).await;
                 }
-                let status = if v.is_pass() { "non_skip_pass" } else { "blocked" };
+                let status = if v.is_pass() {
+                    "non_skip_pass"
+                } else {
+                    "blocked"
+                };
                 let reason = if v.is_pass() {
                     result.reason.clone()
                 } else {
@@ -226,12 +246,14 @@ async fn enqueue(
     env.insert("FVD_FAMILY".to_string(), st.args.family.clone());
     env.insert("FVD_COMPONENT".to_string(), spec.name.clone());
     env.insert("FVD_RUN".to_string(), record.run_no.to_string());
-    st.args.scheduler.cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-        record,
-        env,
-        secret_env: spec.env.clone(),
-        notify: myself.clone(),
-    })))?;
+    st.args
+        .scheduler
+        .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
+            record,
+            env,
+            secret_env: spec.env.clone(),
+            notify: myself.clone(),
+        })))?;
     Ok(())
 }
 
@@ -244,7 +266,14 @@ async fn update(
 ) -> Result<(), ActorProcessingErr> {
     st.args
         .store
-        .set_component(&st.args.family, &st.args.spec.name, status, verdict, reason, worker_id)
+        .set_component(
+            &st.args.family,
+            &st.args.spec.name,
+            status,
+            verdict,
+            reason,
+            worker_id,
+        )
         .await?;
     emit(st).await
 }

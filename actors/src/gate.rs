@@ -103,7 +103,9 @@ impl Actor for GateActor {
             st,
             Phase::ReuseGateAndComponentDispatch,
             "pending",
-            vec!["reuse decisions are not recorded by fvd yet; every component is dispatched".into()],
+            vec![
+                "reuse decisions are not recorded by fvd yet; every component is dispatched".into(),
+            ],
         )
         .await?;
         record(
@@ -113,8 +115,22 @@ impl Actor for GateActor {
             vec!["prototype key dumps are not driven by fvd yet".into()],
         )
         .await?;
-        match st.args.spec.prep.get("needs_conversion").map(String::as_str) {
-            Some("no") => record(st, Phase::ParamMappingAndWeightConversion, "passed", vec!["needs_conversion: no".into()]).await?,
+        match st
+            .args
+            .spec
+            .prep
+            .get("needs_conversion")
+            .map(String::as_str)
+        {
+            Some("no") => {
+                record(
+                    st,
+                    Phase::ParamMappingAndWeightConversion,
+                    "passed",
+                    vec!["needs_conversion: no".into()],
+                )
+                .await?
+            }
             other => {
                 record(
                     st,
@@ -164,14 +180,31 @@ impl Actor for GateActor {
                     if !st.finals.contains_key(&c.name) {
                         st.args
                             .store
-                            .set_component(&st.args.family, &c.name, "blocked", "cancelled", "cancelled: the port was cancelled", "")
+                            .set_component(
+                                &st.args.family,
+                                &c.name,
+                                "blocked",
+                                "cancelled",
+                                "cancelled: the port was cancelled",
+                                "",
+                            )
                             .await?;
                     }
                 }
-                record(st, Phase::ComponentParityDebug, "refused", vec!["the port was cancelled".into()]).await?;
+                record(
+                    st,
+                    Phase::ComponentParityDebug,
+                    "refused",
+                    vec!["the port was cancelled".into()],
+                )
+                .await?;
                 st.args
                     .store
-                    .set_port_state(&st.args.family, "cancelled", &Phase::ComponentParityDebug.id())
+                    .set_port_state(
+                        &st.args.family,
+                        "cancelled",
+                        &Phase::ComponentParityDebug.id(),
+                    )
                     .await?;
                 finish(&myself, st).await?;
             }
@@ -194,7 +227,10 @@ impl Actor for GateActor {
             for c in st.args.spec.components.clone() {
                 let row = rows.iter().find(|r| r.name == c.name);
                 let running = row.is_some_and(|r| !r.is_final());
-                if running && !known.contains(&c.name) && who.get_name() == Some(actor_name(&st.args.family, &c.name)) {
+                if running
+                    && !known.contains(&c.name)
+                    && who.get_name() == Some(actor_name(&st.args.family, &c.name))
+                {
                     spawn_component(&myself, st, &c).await?;
                 }
             }
@@ -235,7 +271,13 @@ async fn spawn_component(
 
 /// P6's end and P7–P11 once every component is final.
 async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> {
-    record(st, Phase::ComponentParityDebug, "passed", vec!["every component is non_skip_pass or blocked".into()]).await?;
+    record(
+        st,
+        Phase::ComponentParityDebug,
+        "passed",
+        vec!["every component is non_skip_pass or blocked".into()],
+    )
+    .await?;
     let unmet: Vec<String> = st
         .args
         .spec
@@ -243,7 +285,8 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
         .iter()
         .filter_map(|c| {
             let row = &st.finals[&c.name];
-            (row.status != "non_skip_pass").then(|| format!("component {} is {} ({})", c.name, row.status, row.reason))
+            (row.status != "non_skip_pass")
+                .then(|| format!("component {} is {} ({})", c.name, row.status, row.reason))
         })
         .collect();
     if !unmet.is_empty() {
@@ -251,17 +294,36 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
         return Ok(());
     }
     for (phase, why) in [
-        (Phase::PipelineStagesAndVariants, "pipeline definition is not driven by fvd yet"),
-        (Phase::PipelineConfigPresetsRegistryExamples, "pipeline config, presets and registry are not driven by fvd yet"),
-        (Phase::ParityActivationAndLocalVerification, "ordered verification: conversion and component parity hold; pipeline smoke, pipeline parity and example are not driven by fvd yet"),
-        (Phase::QualityRegression, "quality regression is not driven by fvd yet"),
-        (Phase::PostParityReviewAndHandoff, "post-parity review and handoff need a person"),
+        (
+            Phase::PipelineStagesAndVariants,
+            "pipeline definition is not driven by fvd yet",
+        ),
+        (
+            Phase::PipelineConfigPresetsRegistryExamples,
+            "pipeline config, presets and registry are not driven by fvd yet",
+        ),
+        (
+            Phase::ParityActivationAndLocalVerification,
+            "ordered verification: conversion and component parity hold; pipeline smoke, pipeline parity and example are not driven by fvd yet",
+        ),
+        (
+            Phase::QualityRegression,
+            "quality regression is not driven by fvd yet",
+        ),
+        (
+            Phase::PostParityReviewAndHandoff,
+            "post-parity review and handoff need a person",
+        ),
     ] {
         record(st, phase, "pending", vec![why.into()]).await?;
     }
     st.args
         .store
-        .set_port_state(&st.args.family, "waiting", &Phase::PipelineStagesAndVariants.id())
+        .set_port_state(
+            &st.args.family,
+            "waiting",
+            &Phase::PipelineStagesAndVariants.id(),
+        )
         .await?;
     Ok(())
 }
@@ -286,7 +348,9 @@ async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), Ac
     // store holds the truth and the next run writes the file again.
     match crate::port_status::write(&st.args.store, &st.args.family).await {
         Ok(path) => tracing::info!(path = %path.display(), "wrote PORT_STATUS.md"),
-        Err(e) => tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md"),
+        Err(e) => {
+            tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md")
+        }
     }
     let _ = st.args.events.send(PortEvent::Finished {
         family: st.args.family.clone(),

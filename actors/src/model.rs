@@ -173,3 +173,15 @@ impl PortEvent {
         }
     }
 }
+
+/// A chunk of a job's output, as stored. A chunk whose `(job_id, seq)` is
+/// already stored is a retransmission and is ignored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogChunk {
+    pub job_id: String,
+    pub seq: u64,
+    /// 1 stdout, 2 stderr.
+    pub stream: i32,
+    pub offset: u64,
+    pub data: Vec<u8>,
+}

@@ -31,6 +31,8 @@ pub struct Submission {
     pub repo: String,
     pub spec_path: String,
     pub spec_toml: String,
+    /// Run every component again instead of resuming.
+    pub rerun: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +51,8 @@ pub enum PortError {
     FamilyMismatch { spec: String, submitted: String },
     #[error("no port of family {0}")]
     UnknownFamily(String),
+    #[error("port {0} is running; cancel it before asking for a rerun")]
+    Busy(String),
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -171,6 +175,9 @@ async fn submit(
         });
     }
     if st.ports.contains_key(&sub.family) {
+        if sub.rerun {
+            return Err(PortError::Busy(sub.family));
+        }
         return Ok(Submitted {
             family: sub.family,
             resumed: true,
@@ -187,15 +194,35 @@ async fn submit(
         port_status_path: String::new(),
     };
     let internal = |e: crate::store::StoreError| PortError::Internal(e.to_string());
-    let created = st.args.store.create_port(&row, &names).await.map_err(internal)?;
+    let created = st
+        .args
+        .store
+        .create_port(&row, &names)
+        .await
+        .map_err(internal)?;
     if !created {
         st.args
             .store
-            .update_port_spec(&sub.family, &sub.repo, &sub.spec_path, &sub.spec_toml, &names)
+            .update_port_spec(
+                &sub.family,
+                &sub.repo,
+                &sub.spec_path,
+                &sub.spec_toml,
+                &names,
+            )
             .await
             .map_err(internal)?;
+        if sub.rerun {
+            st.args
+                .store
+                .reset_components(&sub.family)
+                .await
+                .map_err(internal)?;
+        }
     }
-    start_gate(myself, st, &row).await.map_err(|e| PortError::Internal(e.to_string()))?;
+    start_gate(myself, st, &row)
+        .await
+        .map_err(|e| PortError::Internal(e.to_string()))?;
     Ok(Submitted {
         family: sub.family,
         resumed: !created,

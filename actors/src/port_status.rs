@@ -61,7 +61,15 @@ pub async fn write(store: &Store, family: &str) -> Result<PathBuf, PortStatusErr
         .unwrap_or_else(|| format!("tests/local_tests/{family}/PORT_STATUS.md"));
     let path = Path::new(&port.repo).join(rel);
     let existing = std::fs::read_to_string(&path).ok();
-    let text = render(existing.as_deref(), &port, &spec, &components, &runs, &gate, &today());
+    let text = render(
+        existing.as_deref(),
+        &port,
+        &spec,
+        &components,
+        &runs,
+        &gate,
+        &today(),
+    );
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|source| PortStatusError::Write {
             path: dir.to_path_buf(),
@@ -143,10 +151,8 @@ pub fn render(
         // The matrix: fvd fills Type and Parity for its components and
         // leaves every other cell as people wrote it.
         let t = &mut ps.component_matrix.table;
-        let row = (0..t.rows.len()).find(|&i| {
-            t.cell(i, "Component")
-                .is_some_and(|v| plain(v) == c.name)
-        });
+        let row =
+            (0..t.rows.len()).find(|&i| t.cell(i, "Component").is_some_and(|v| plain(v) == c.name));
         let parity = parity_cell(c);
         match row {
             Some(i) => {
@@ -194,7 +200,8 @@ pub fn render(
         let scope = format!("component:{}", c.name);
         let existing = (0..t.rows.len()).find(|&i| {
             t.cell(i, "Scope").is_some_and(|v| plain(v) == scope)
-                || t.cell(i, "Command").is_some_and(|v| plain(v).contains(&spec_c.parity_test))
+                || t.cell(i, "Command")
+                    .is_some_and(|v| plain(v).contains(&spec_c.parity_test))
         });
         let row = ParityCommandRow {
             scope,
@@ -230,17 +237,30 @@ pub fn render(
             )
         })
         .collect();
-    issues.extend(components.iter().filter(|c| c.status == "blocked").map(|c| {
-        (
-            Phase::ComponentParityDebug.id(),
-            format!("`{}`", c.name),
-            format!("component {} is blocked", c.name),
-            c.reason.clone(),
-        )
-    }));
+    issues.extend(
+        components
+            .iter()
+            .filter(|c| c.status == "blocked")
+            .map(|c| {
+                (
+                    Phase::ComponentParityDebug.id(),
+                    format!("`{}`", c.name),
+                    format!("component {} is blocked", c.name),
+                    c.reason.clone(),
+                )
+            }),
+    );
     for (phase, component, issue, evidence) in issues {
         let t = &ps.issues_and_blockers.table;
-        let known = (0..t.rows.len()).any(|i| t.cell(i, "Issue").is_some_and(|v| plain(v) == issue));
+        // An open row about the same component (written by fvd or by a
+        // person) already tracks it.
+        let known = (0..t.rows.len()).any(|i| {
+            t.cell(i, "Issue").is_some_and(|v| plain(v) == issue)
+                || (component != "all"
+                    && t.cell(i, "Component")
+                        .is_some_and(|v| plain(v) == plain(&component))
+                    && t.cell(i, "Status").is_some_and(|v| plain(v) == "open"))
+        });
         if known {
             continue;
         }
@@ -397,7 +417,13 @@ coverage_scope = "both"
             verdict: verdict.into(),
             ..JobRecord::default()
         };
-        (c, vec![vec![job("embed", "non_skip_pass")], vec![job("vae", "scaffold_skip")]])
+        (
+            c,
+            vec![
+                vec![job("embed", "non_skip_pass")],
+                vec![job("vae", "scaffold_skip")],
+            ],
+        )
     }
 
     #[test]
@@ -410,8 +436,14 @@ coverage_scope = "both"
         assert_eq!(comps.len(), 2);
         assert_eq!(comps[0].parity.as_deref(), Some("`non_skip_pass`"));
         assert_eq!(comps[1].parity.as_deref(), Some("`scaffold_skip`"));
-        assert_eq!(ps.phase_text().as_deref(), Some(Phase::PipelineStagesAndVariants.slug().as_str()));
-        assert!(text.contains("| I001 |"), "a blocked component gets an issue row: {text}");
+        assert_eq!(
+            ps.phase_text().as_deref(),
+            Some(Phase::PipelineStagesAndVariants.slug().as_str())
+        );
+        assert!(
+            text.contains("| I001 |"),
+            "a blocked component gets an issue row: {text}"
+        );
         assert!(text.contains("component:vae"));
     }
 
@@ -424,8 +456,15 @@ coverage_scope = "both"
             "## Decisions\n\n| Date | Decision | Rationale | Impact |\n|---|---|---|---|\n| 2026-11-01 | keep fp32 | tolerance | vae |",
         );
         let second = render(Some(&edited), &port(), &spec(), &c, &r, &[], "2026-11-27");
-        assert!(second.contains("| 2026-11-01 | keep fp32 | tolerance | vae |"), "{second}");
-        assert_eq!(second.matches("component vae is blocked").count(), 1, "{second}");
+        assert!(
+            second.contains("| 2026-11-01 | keep fp32 | tolerance | vae |"),
+            "{second}"
+        );
+        assert_eq!(
+            second.matches("component vae is blocked").count(),
+            1,
+            "{second}"
+        );
         assert_eq!(second.matches("component:embed").count(), 1, "{second}");
     }
 

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::clock::Clock;
 use crate::component::ComponentMsg;
-use crate::model::{Assignment, JobRecord, JobReport, ToWorker, WorkerInfo};
+use crate::model::{Assignment, JobRecord, JobReport, LogChunk, ToWorker, WorkerInfo};
 use crate::store::Store;
 
 /// How many times a job whose worker was lost is put back in the queue
@@ -72,10 +72,21 @@ pub enum SchedulerMsg {
         conn: u64,
     },
     /// A worker's stream ended.
-    WorkerDisconnected { worker_id: String, conn: u64 },
-    Heartbeat { worker_id: String },
+    WorkerDisconnected {
+        worker_id: String,
+        conn: u64,
+    },
+    Heartbeat {
+        worker_id: String,
+    },
     Enqueue(Box<QueuedJob>),
-    Started { worker_id: String, job_id: String, lease_epoch: u64 },
+    Started {
+        worker_id: String,
+        job_id: String,
+        lease_epoch: u64,
+        /// Worker clock, milliseconds since the epoch.
+        at_ms: i64,
+    },
     Log {
         worker_id: String,
         job_id: String,
@@ -85,9 +96,14 @@ pub enum SchedulerMsg {
         offset: u64,
         data: Vec<u8>,
     },
-    Finished { worker_id: String, report: JobReport },
+    Finished {
+        worker_id: String,
+        report: JobReport,
+    },
     /// Cancel every queued or running job of a family.
-    CancelFamily { family: String },
+    CancelFamily {
+        family: String,
+    },
     /// Check leases and heartbeats.
     Tick,
     /// Counts for status and tests: (workers, queued, running).
@@ -129,6 +145,45 @@ pub struct SchedulerState {
     queue: VecDeque<String>,
     jobs: HashMap<String, Entry>,
     next_epoch: u64,
+    /// Output and spawn times are written off the scheduler's path.
+    writer: mpsc::UnboundedSender<Write>,
+}
+
+/// Writes that need no answer before the scheduler moves on: the lease was
+/// checked before they were queued, and losing the last few on a crash only
+/// loses output of a run that will be rerun anyway.
+#[derive(Debug)]
+enum Write {
+    Log(LogChunk),
+    Spawned { job_id: String, at_ms: i64 },
+}
+
+/// Batches queued writes: one transaction (one fsync) for everything that
+/// arrived while the previous batch was being committed.
+fn spawn_writer(store: Store) -> mpsc::UnboundedSender<Write> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Write>();
+    tokio::spawn(async move {
+        let mut batch = Vec::new();
+        while rx.recv_many(&mut batch, 512).await > 0 {
+            let mut logs = Vec::new();
+            for w in batch.drain(..) {
+                match w {
+                    Write::Log(c) => logs.push(c),
+                    Write::Spawned { job_id, at_ms } => {
+                        if let Err(e) = store.mark_spawned(&job_id, at_ms).await {
+                            tracing::error!(job = %job_id, error = %e, "could not record spawn time");
+                        }
+                    }
+                }
+            }
+            if !logs.is_empty()
+                && let Err(e) = store.append_logs(&logs).await
+            {
+                tracing::error!(error = %e, chunks = logs.len(), "could not store job output");
+            }
+        }
+    });
+    tx
 }
 
 impl Actor for SchedulerActor {
@@ -144,6 +199,7 @@ impl Actor for SchedulerActor {
         let next_epoch = args.store.max_epoch().await? + 1;
         myself.send_interval(args.config.tick, || SchedulerMsg::Tick);
         Ok(SchedulerState {
+            writer: spawn_writer(args.store.clone()),
             store: args.store,
             clock: args.clock,
             config: args.config,
@@ -210,12 +266,19 @@ impl Actor for SchedulerActor {
                 worker_id,
                 job_id,
                 lease_epoch,
+                at_ms,
             } => {
-                if let Some(e) = leased(st, &worker_id, &job_id, lease_epoch) {
-                    let _ = e.job.notify.cast(ComponentMsg::Started {
-                        job_id,
-                        worker_id,
+                if leased(st, &worker_id, &job_id, lease_epoch).is_some() {
+                    let _ = st.writer.send(Write::Spawned {
+                        job_id: job_id.clone(),
+                        at_ms,
                     });
+                }
+                if let Some(e) = leased(st, &worker_id, &job_id, lease_epoch) {
+                    let _ = e
+                        .job
+                        .notify
+                        .cast(ComponentMsg::Started { job_id, worker_id });
                 }
             }
             SchedulerMsg::Log {
@@ -228,9 +291,13 @@ impl Actor for SchedulerActor {
                 data,
             } => {
                 if leased(st, &worker_id, &job_id, lease_epoch).is_some() {
-                    st.store
-                        .append_log(&job_id, seq, stream, offset, &data)
-                        .await?;
+                    let _ = st.writer.send(Write::Log(LogChunk {
+                        job_id,
+                        seq,
+                        stream,
+                        offset,
+                        data,
+                    }));
                 }
             }
             SchedulerMsg::Finished { worker_id, report } => {
@@ -241,10 +308,10 @@ impl Actor for SchedulerActor {
                     return Ok(());
                 };
                 release(st, &entry);
-                let _ = entry.job.notify.cast(ComponentMsg::Finished {
-                    report,
-                    worker_id,
-                });
+                let _ = entry
+                    .job
+                    .notify
+                    .cast(ComponentMsg::Finished { report, worker_id });
             }
             SchedulerMsg::CancelFamily { family } => {
                 let ids: Vec<String> = st
@@ -259,9 +326,8 @@ impl Actor for SchedulerActor {
                         if let Some(lease) = &entry.lease
                             && let Some(w) = st.workers.get(&lease.worker_id)
                         {
-                            let _ = w
-                                .tx
-                                .send(ToWorker::Cancel {
+                            let _ =
+                                w.tx.send(ToWorker::Cancel {
                                     job_id: id.clone(),
                                     lease_epoch: lease.epoch,
                                     reason: "port cancelled".into(),
@@ -305,9 +371,11 @@ fn leased<'a>(
     job_id: &str,
     epoch: u64,
 ) -> Option<&'a mut Entry> {
-    let ok = st.jobs.get(job_id).and_then(|e| e.lease.as_ref()).is_some_and(|l| {
-        l.worker_id == worker_id && l.epoch == epoch
-    });
+    let ok = st
+        .jobs
+        .get(job_id)
+        .and_then(|e| e.lease.as_ref())
+        .is_some_and(|l| l.worker_id == worker_id && l.epoch == epoch);
     if !ok {
         tracing::warn!(worker = %worker_id, job = %job_id, epoch, "rejected a message with a stale or unknown lease");
         return None;
@@ -385,14 +453,22 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
                     w.free_gpus.len() >= need as usize
                 }
             })
-            .max_by_key(|(id, w)| (w.free_cpu as usize + w.free_gpus.len(), std::cmp::Reverse((*id).clone())))
+            .max_by_key(|(id, w)| {
+                (
+                    w.free_cpu as usize + w.free_gpus.len(),
+                    std::cmp::Reverse((*id).clone()),
+                )
+            })
             .map(|(id, _)| id.clone());
         let Some(worker_id) = pick else {
             i += 1;
             continue;
         };
         st.queue.remove(i);
-        let w = st.workers.get_mut(&worker_id).expect("picked worker exists");
+        let w = st
+            .workers
+            .get_mut(&worker_id)
+            .expect("picked worker exists");
         let gpus: Vec<u32> = if need == 0 {
             w.free_cpu -= 1;
             Vec::new()

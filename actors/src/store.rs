@@ -12,10 +12,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
-use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, PortRow};
+use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, LogChunk, PortRow};
 
 /// Numbered migrations, applied in order, each once.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/0001_init.sql")),
+    (2, include_str!("../migrations/0002_spawned.sql")),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -122,10 +125,11 @@ impl Store {
         components: &[String],
     ) -> Result<bool, StoreError> {
         let mut tx = self.write_tx().await?;
-        let exists: Option<String> = sqlx::query_scalar("SELECT family FROM ports WHERE family = ?")
-            .bind(&port.family)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let exists: Option<String> =
+            sqlx::query_scalar("SELECT family FROM ports WHERE family = ?")
+                .bind(&port.family)
+                .fetch_optional(&mut *tx)
+                .await?;
         if exists.is_some() {
             return Ok(false);
         }
@@ -328,6 +332,33 @@ impl Store {
         Ok(())
     }
 
+    /// Records when the worker started the job's process.
+    pub async fn mark_spawned(&self, job_id: &str, at_ms: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE jobs SET spawned_ms = ? WHERE job_id = ?")
+            .bind(at_ms)
+            .bind(job_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Resets every component of a port to `pending` so the next start runs
+    /// them all again; the recorded runs stay as history.
+    pub async fn reset_components(&self, family: &str) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query("UPDATE components SET status = 'pending', verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ?")
+            .bind(now_ms())
+            .bind(family)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM gate_events WHERE family = ?")
+            .bind(family)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Puts a leased job back in the queue (its worker was lost).
     pub async fn requeue_job(&self, job_id: &str) -> Result<(), StoreError> {
         sqlx::query("UPDATE jobs SET state = 'queued', worker_id = '' WHERE job_id = ?")
@@ -392,45 +423,47 @@ impl Store {
     }
 
     pub async fn job(&self, job_id: &str) -> Result<Option<JobRecord>, StoreError> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("{JOB_SELECT} WHERE job_id = ?")))
-            .bind(job_id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "{JOB_SELECT} WHERE job_id = ?"
+        )))
+        .bind(job_id)
+        .fetch_optional(&self.pool)
+        .await?;
         row.map(|r| job_row(&r)).transpose()
     }
 
     /// Runs of one component, oldest first.
-    pub async fn jobs_of(&self, family: &str, component: &str) -> Result<Vec<JobRecord>, StoreError> {
+    pub async fn jobs_of(
+        &self,
+        family: &str,
+        component: &str,
+    ) -> Result<Vec<JobRecord>, StoreError> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "{JOB_SELECT} WHERE family = ? AND component = ? ORDER BY run_no"
         )))
-            .bind(family)
-            .bind(component)
-            .fetch_all(&self.pool)
-            .await?;
+        .bind(family)
+        .bind(component)
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter().map(job_row).collect()
     }
 
     // ----- logs ------------------------------------------------------------
 
-    /// Appends a log chunk unless one with the same sequence number is
-    /// already stored (a retransmission after a reconnect).
-    pub async fn append_log(
-        &self,
-        job_id: &str,
-        seq: u64,
-        stream: i32,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<(), StoreError> {
-        sqlx::query("INSERT OR IGNORE INTO job_logs (job_id, seq, stream, offset, data) VALUES (?, ?, ?, ?, ?)")
-            .bind(job_id)
-            .bind(seq as i64)
-            .bind(stream)
-            .bind(offset as i64)
-            .bind(data)
-            .execute(&self.pool)
-            .await?;
+    /// Appends many log chunks in one transaction (one fsync for all).
+    pub async fn append_logs(&self, chunks: &[LogChunk]) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
+        for c in chunks {
+            sqlx::query("INSERT OR IGNORE INTO job_logs (job_id, seq, stream, offset, data) VALUES (?, ?, ?, ?, ?)")
+                .bind(&c.job_id)
+                .bind(c.seq as i64)
+                .bind(c.stream)
+                .bind(c.offset as i64)
+                .bind(&c.data)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -440,11 +473,13 @@ impl Store {
         job_id: &str,
         after_seq: Option<u64>,
     ) -> Result<Vec<(u64, i32, Vec<u8>)>, StoreError> {
-        let rows = sqlx::query("SELECT seq, stream, data FROM job_logs WHERE job_id = ? AND seq > ? ORDER BY seq")
-            .bind(job_id)
-            .bind(after_seq.map_or(-1, |s| s as i64))
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(
+            "SELECT seq, stream, data FROM job_logs WHERE job_id = ? AND seq > ? ORDER BY seq",
+        )
+        .bind(job_id)
+        .bind(after_seq.map_or(-1, |s| s as i64))
+        .fetch_all(&self.pool)
+        .await?;
         Ok(rows
             .iter()
             .map(|r| {
@@ -617,9 +652,15 @@ mod tests {
             verdict: "non_skip_pass".into(),
             ..JobResult::default()
         };
-        assert!(!store.finish_job(&j.job_id, 6, &result).await.unwrap(), "stale epoch must be refused");
+        assert!(
+            !store.finish_job(&j.job_id, 6, &result).await.unwrap(),
+            "stale epoch must be refused"
+        );
         assert!(store.finish_job(&j.job_id, 7, &result).await.unwrap());
-        assert!(!store.finish_job(&j.job_id, 7, &result).await.unwrap(), "a duplicate result must be refused");
+        assert!(
+            !store.finish_job(&j.job_id, 7, &result).await.unwrap(),
+            "a duplicate result must be refused"
+        );
         let runs = store.jobs_of("p", "a").await.unwrap();
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].verdict, "non_skip_pass");
@@ -629,7 +670,10 @@ mod tests {
     async fn abandons_in_flight_runs_once() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_path(&dir.path().join("s.db")).await.unwrap();
-        store.create_port(&port("p"), &["a".into(), "b".into()]).await.unwrap();
+        store
+            .create_port(&port("p"), &["a".into(), "b".into()])
+            .await
+            .unwrap();
         let ja = store.queue_job(&job("p", "a")).await.unwrap();
         store.lease_job(&ja.job_id, "w", 1, &[]).await.unwrap();
         store.queue_job(&job("p", "b")).await.unwrap();

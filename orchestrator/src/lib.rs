@@ -28,7 +28,10 @@ pub enum ServerError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot start the {actor} actor: {message}")]
-    Actor { actor: &'static str, message: String },
+    Actor {
+        actor: &'static str,
+        message: String,
+    },
     #[error("cannot read the listener address: {0}")]
     Listener(std::io::Error),
 }

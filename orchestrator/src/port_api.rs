@@ -34,6 +34,7 @@ fn port_status(e: PortError) -> Status {
         PortError::InvalidSpec(m) => Status::invalid_argument(m),
         e @ PortError::FamilyMismatch { .. } => Status::invalid_argument(e.to_string()),
         PortError::UnknownFamily(f) => Status::not_found(format!("no port of family {f}")),
+        e @ PortError::Busy(_) => Status::failed_precondition(e.to_string()),
         PortError::Internal(m) => Status::internal(m),
     }
 }
@@ -51,8 +52,12 @@ where
 {
     match orch.call(f, Some(CALL_TIMEOUT)).await {
         Ok(ractor::rpc::CallResult::Success(r)) => r.map_err(port_status),
-        Ok(ractor::rpc::CallResult::Timeout) => Err(Status::deadline_exceeded("orchestrator did not answer in time")),
-        Ok(ractor::rpc::CallResult::SenderError) | Err(_) => Err(Status::unavailable("orchestrator actor is down")),
+        Ok(ractor::rpc::CallResult::Timeout) => Err(Status::deadline_exceeded(
+            "orchestrator did not answer in time",
+        )),
+        Ok(ractor::rpc::CallResult::SenderError) | Err(_) => {
+            Err(Status::unavailable("orchestrator actor is down"))
+        }
     }
 }
 
@@ -112,8 +117,12 @@ impl pb::port_service_server::PortService for PortApi {
             repo: r.repo,
             spec_path: r.spec_path,
             spec_toml: r.spec_toml,
+            rerun: r.rerun,
         };
-        let done = call(&self.orchestrator, |reply| OrchestratorMsg::Submit(sub, reply)).await?;
+        let done = call(&self.orchestrator, |reply| {
+            OrchestratorMsg::Submit(sub, reply)
+        })
+        .await?;
         Ok(Response::new(pb::SubmitResponse {
             family: done.family,
             resumed: done.resumed,
@@ -167,17 +176,27 @@ impl pb::port_service_server::PortService for PortApi {
                 event: Some(e),
             };
             if !is_active(&snap.state) {
-                let _ = tx.send(Ok(send(pb::port_event::Event::Finished(snap)))).await;
+                let _ = tx
+                    .send(Ok(send(pb::port_event::Event::Finished(snap))))
+                    .await;
                 return;
             }
             // What happened before the watch began, then the live events.
             for g in snap.gate_events.iter().cloned() {
-                if tx.send(Ok(send(pb::port_event::Event::Gate(g)))).await.is_err() {
+                if tx
+                    .send(Ok(send(pb::port_event::Event::Gate(g))))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
             for c in snap.components.iter().cloned() {
-                if tx.send(Ok(send(pb::port_event::Event::Component(c)))).await.is_err() {
+                if tx
+                    .send(Ok(send(pb::port_event::Event::Component(c))))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -185,7 +204,10 @@ impl pb::port_service_server::PortService for PortApi {
                 let ev = match rx.recv().await {
                     Ok(ev) => ev,
                     Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "watcher lagged; it will see the final snapshot");
+                        tracing::warn!(
+                            missed = n,
+                            "watcher lagged; it will see the final snapshot"
+                        );
                         continue;
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
@@ -203,7 +225,9 @@ impl pb::port_service_server::PortService for PortApi {
                             Ok(Some(s)) => s,
                             _ => return,
                         };
-                        let _ = tx.send(Ok(send(pb::port_event::Event::Finished(snap)))).await;
+                        let _ = tx
+                            .send(Ok(send(pb::port_event::Event::Finished(snap))))
+                            .await;
                         return;
                     }
                 };
@@ -236,7 +260,11 @@ impl pb::port_service_server::PortService for PortApi {
         .ok_or_else(|| {
             Status::not_found(format!(
                 "no run {} of component {} in port {}",
-                if r.run == 0 { "at all".to_string() } else { r.run.to_string() },
+                if r.run == 0 {
+                    "at all".to_string()
+                } else {
+                    r.run.to_string()
+                },
                 r.component,
                 r.family
             ))
@@ -286,7 +314,10 @@ impl pb::port_service_server::PortService for PortApi {
         request: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let family = request.into_inner().family;
-        call(&self.orchestrator, |reply| OrchestratorMsg::Cancel(family, reply)).await?;
+        call(&self.orchestrator, |reply| {
+            OrchestratorMsg::Cancel(family, reply)
+        })
+        .await?;
         Ok(Response::new(pb::CancelResponse { cancelled: true }))
     }
 }

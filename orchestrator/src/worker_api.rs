@@ -42,7 +42,9 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             .await?
             .ok_or_else(|| Status::invalid_argument("stream ended before register"))?;
         let Some(pb::worker_msg::Msg::Register(reg)) = first.msg else {
-            return Err(Status::invalid_argument("the first message must be register"));
+            return Err(Status::invalid_argument(
+                "the first message must be register",
+            ));
         };
         let info = worker_info(reg)?;
         let worker_id = info.worker_id.clone();
@@ -163,6 +165,7 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
             worker_id,
             job_id: s.job_id,
             lease_epoch: s.lease_epoch,
+            at_ms: s.started_at_ms,
         },
         pb::worker_msg::Msg::JobLog(l) => SchedulerMsg::Log {
             worker_id,
@@ -183,7 +186,8 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                 timed_out: f.timed_out,
                 cancelled: f.cancelled,
                 duration_ms: f.duration_ms,
-                junit_xml: (f.junit_error.is_empty() && !f.junit_xml.is_empty()).then_some(f.junit_xml),
+                junit_xml: (f.junit_error.is_empty() && !f.junit_xml.is_empty())
+                    .then_some(f.junit_xml),
                 junit_error: f.junit_error,
                 output_tail: f.output_tail,
                 survivors: f.survivors,

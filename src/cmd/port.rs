@@ -36,6 +36,15 @@ pub struct SubmitArgs {
     /// Embedded mode always waits: the port runs in this process.
     #[arg(long)]
     pub wait: bool,
+    /// Run every component again instead of resuming recorded verdicts.
+    #[arg(long)]
+    pub rerun: bool,
+    /// Embedded mode: GPUs the local worker offers (all, none, or 0,1).
+    #[arg(long, default_value = "all")]
+    pub gpus: String,
+    /// Embedded mode: parallel CPU slots of the local worker (default: cores).
+    #[arg(long)]
+    pub cpu_slots: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -120,13 +129,18 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
         repo: repo.display().to_string(),
         spec_path: spec_path.display().to_string(),
         spec_toml,
+        rerun: args.rerun,
     };
     let rt = runtime()?;
     rt.block_on(async move {
         match args.orchestrator {
             Some(url) => {
                 let mut client = client(&url).await?;
-                let r = client.submit(request).await.map_err(status_err)?.into_inner();
+                let r = client
+                    .submit(request)
+                    .await
+                    .map_err(status_err)?
+                    .into_inner();
                 println!(
                     "{} port {} on {url}",
                     if r.resumed { "resumed" } else { "submitted" },
@@ -138,13 +152,18 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
                     Ok(EXIT_ALL_PASS)
                 }
             }
-            None => embedded(&repo, request).await,
+            None => embedded(&repo, request, &args.gpus, args.cpu_slots).await,
         }
     })
 }
 
 /// Embedded mode: orchestrator and worker in this process over loopback.
-async fn embedded(repo: &Path, request: pb::SubmitRequest) -> anyhow::Result<u8> {
+async fn embedded(
+    repo: &Path,
+    request: pb::SubmitRequest,
+    gpus: &str,
+    cpu_slots: Option<u32>,
+) -> anyhow::Result<u8> {
     let db = state_db(repo);
     std::fs::create_dir_all(db.parent().expect("state.db has a parent"))
         .with_context(|| format!("cannot create {}", db.display()))?;
@@ -157,15 +176,19 @@ async fn embedded(repo: &Path, request: pb::SubmitRequest) -> anyhow::Result<u8>
     let config = local_worker_config(
         server.url(),
         repo.join(".fvd").join("worker"),
-        "all",
-        None,
+        gpus,
+        cpu_slots,
         None,
     )
     .await?;
     let worker = tokio::spawn(fvd_worker::client::run(config, shutdown.clone()));
     let mut client = client(&server.url()).await?;
     let family = request.family.clone();
-    let r = client.submit(request).await.map_err(status_err)?.into_inner();
+    let r = client
+        .submit(request)
+        .await
+        .map_err(status_err)?
+        .into_inner();
     println!(
         "{} port {} (embedded, state in {})",
         if r.resumed { "resumed" } else { "submitted" },
@@ -206,9 +229,7 @@ async fn watch(client: &mut PortServiceClient<Channel>, family: &str) -> anyhow:
 
 /// 0 when every component is `non_skip_pass`, 1 otherwise.
 fn outcome(snap: &pb::PortSnapshot) -> u8 {
-    if !snap.components.is_empty()
-        && snap.components.iter().all(|c| c.status == "non_skip_pass")
-    {
+    if !snap.components.is_empty() && snap.components.iter().all(|c| c.status == "non_skip_pass") {
         EXIT_ALL_PASS
     } else {
         EXIT_BLOCKED
@@ -311,7 +332,10 @@ pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
                 for f in families {
                     match fvd_orchestrator::port_api::snapshot(&store, &f).await? {
                         Some(s) => ports.push(s),
-                        None => bail!("no port of family {f} in {}", state_db(&args.repo).display()),
+                        None => bail!(
+                            "no port of family {f} in {}",
+                            state_db(&args.repo).display()
+                        ),
                     }
                 }
                 ports
@@ -420,7 +444,10 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
 async fn open_local(repo: &Path) -> anyhow::Result<Store> {
     let db = state_db(repo);
     if !db.is_file() {
-        bail!("no fvd state at {} (run fvd submit there first, or pass --orchestrator)", db.display());
+        bail!(
+            "no fvd state at {} (run fvd submit there first, or pass --orchestrator)",
+            db.display()
+        );
     }
     Ok(Store::open_path(&db).await?)
 }

@@ -1,7 +1,7 @@
 //! The one integration-test binary of fvd: every test here runs the real
 //! `fvd` binary (or boots real servers) against real inputs.
 
+mod contracts;
+mod port;
 mod support;
 mod trace;
-mod port;
-mod contracts;

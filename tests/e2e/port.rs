@@ -26,7 +26,10 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-fn status_of<'a>(rows: &'a [(String, String, u64, String)], name: &str) -> &'a (String, String, u64, String) {
+fn status_of<'a>(
+    rows: &'a [(String, String, u64, String)],
+    name: &str,
+) -> &'a (String, String, u64, String) {
     rows.iter()
         .find(|r| r.0 == name)
         .unwrap_or_else(|| panic!("component {name} missing from {rows:?}"))
@@ -45,12 +48,20 @@ fn example_port_runs_embedded_end_to_end() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     // One component skips and one fails numerically: the port is blocked.
-    assert_eq!(out.status.code(), Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
 
     let status = sb.local_status("tinyport").expect("status after the port");
     let rows = components(&status);
     assert_eq!(status_of(&rows, "embed").1, "non_skip_pass", "{rows:?}");
-    assert_eq!(status_of(&rows, "transformer").1, "non_skip_pass", "{rows:?}");
+    assert_eq!(
+        status_of(&rows, "transformer").1,
+        "non_skip_pass",
+        "{rows:?}"
+    );
     assert_eq!(status_of(&rows, "vae").1, "blocked", "{rows:?}");
     assert_eq!(status_of(&rows, "decoder_norm").1, "blocked", "{rows:?}");
     let reasons: Vec<&str> = status["components"]
@@ -59,8 +70,14 @@ fn example_port_runs_embedded_end_to_end() {
         .iter()
         .map(|c| c["reason"].as_str().unwrap())
         .collect();
-    assert!(reasons.iter().any(|r| r.starts_with("scaffold_skip:")), "{reasons:?}");
-    assert!(reasons.iter().any(|r| r.starts_with("debug_red:")), "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r.starts_with("scaffold_skip:")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.starts_with("debug_red:")),
+        "{reasons:?}"
+    );
     assert_eq!(status["state"], "blocked");
     assert_eq!(status["phase"], "P7", "the gate refuses the pipeline phase");
 
@@ -84,13 +101,26 @@ fn example_port_runs_embedded_end_to_end() {
         .map(|c| {
             (
                 c["name"].as_str().unwrap().to_string(),
-                c["parity"].as_str().unwrap_or_default().trim_matches('`').to_string(),
+                c["parity"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .trim_matches('`')
+                    .to_string(),
             )
         })
         .collect();
-    assert!(parity.contains(&("embed".into(), "non_skip_pass".into())), "{parity:?}");
-    assert!(parity.contains(&("vae".into(), "scaffold_skip".into())), "{parity:?}");
-    assert!(parity.contains(&("decoder_norm".into(), "debug_red".into())), "{parity:?}");
+    assert!(
+        parity.contains(&("embed".into(), "non_skip_pass".into())),
+        "{parity:?}"
+    );
+    assert!(
+        parity.contains(&("vae".into(), "scaffold_skip".into())),
+        "{parity:?}"
+    );
+    assert!(
+        parity.contains(&("decoder_norm".into(), "debug_red".into())),
+        "{parity:?}"
+    );
 
     // A second submit resumes: nothing is rerun, the same outcome comes back.
     let again = fvd()
@@ -100,7 +130,31 @@ fn example_port_runs_embedded_end_to_end() {
         .unwrap();
     assert_eq!(again.status.code(), Some(1));
     let rows = components(&sb.local_status("tinyport").unwrap());
-    assert!(rows.iter().all(|r| r.2 == 1), "recorded verdicts must not rerun: {rows:?}");
+    assert!(
+        rows.iter().all(|r| r.2 == 1),
+        "recorded verdicts must not rerun: {rows:?}"
+    );
+
+    // --rerun runs every component again; the first runs stay as history.
+    let rerun = fvd()
+        .args([
+            "submit", "--family", "tinyport", "--wait", "--rerun", "--repo",
+        ])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(rerun.status.code(), Some(1));
+    let rows = components(&sb.local_status("tinyport").unwrap());
+    assert!(
+        rows.iter().all(|r| r.2 == 2),
+        "every component ran a second time: {rows:?}"
+    );
+    let first = fvd()
+        .args(["logs", "tinyport", "embed", "--run", "1", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert!(first.status.success(), "run 1 is still readable");
 
     // Logs of a run come back from the store.
     let logs = fvd()
@@ -110,7 +164,10 @@ fn example_port_runs_embedded_end_to_end() {
         .unwrap();
     assert!(logs.status.success());
     let logs = String::from_utf8_lossy(&logs.stdout);
-    assert!(logs.contains("failed"), "pytest output of the red run: {logs}");
+    assert!(
+        logs.contains("failed"),
+        "pytest output of the red run: {logs}"
+    );
 }
 
 #[test]
@@ -125,14 +182,34 @@ fn two_workers_run_components_at_the_same_time() {
     };
     let dir = sb.repo().join("barrier");
     std::fs::create_dir_all(&dir).unwrap();
-    let a = barrier("a", "b").replace("os.environ['BARRIER_DIR']", &format!("{:?}", dir.display().to_string()));
-    let b = barrier("b", "a").replace("os.environ['BARRIER_DIR']", &format!("{:?}", dir.display().to_string()));
-    sb.port("duo", &[TestComponent::new("left", &a), TestComponent::new("right", &b)]);
+    let a = barrier("a", "b").replace(
+        "os.environ['BARRIER_DIR']",
+        &format!("{:?}", dir.display().to_string()),
+    );
+    let b = barrier("b", "a").replace(
+        "os.environ['BARRIER_DIR']",
+        &format!("{:?}", dir.display().to_string()),
+    );
+    sb.port(
+        "duo",
+        &[
+            TestComponent::new("left", &a),
+            TestComponent::new("right", &b),
+        ],
+    );
     let url = sb.serve();
     sb.worker("w1", 1);
     sb.worker("w2", 1);
     let out = fvd()
-        .args(["submit", "--family", "duo", "--wait", "--orchestrator", &url, "--repo"])
+        .args([
+            "submit",
+            "--family",
+            "duo",
+            "--wait",
+            "--orchestrator",
+            &url,
+            "--repo",
+        ])
         .arg(sb.repo())
         .output()
         .unwrap();
@@ -151,7 +228,11 @@ fn two_workers_run_components_at_the_same_time() {
     let rows = components(&status);
     let mut workers: Vec<&str> = rows.iter().map(|r| r.3.as_str()).collect();
     workers.sort();
-    assert_eq!(workers, ["w1", "w2"], "one component on each worker: {rows:?}");
+    assert_eq!(
+        workers,
+        ["w1", "w2"],
+        "one component on each worker: {rows:?}"
+    );
     assert!(rows.iter().all(|r| r.1 == "non_skip_pass"), "{rows:?}");
 }
 
@@ -165,7 +246,10 @@ fn kill_dash_nine_then_resume_reruns_only_what_was_in_flight() {
     );
     sb.port(
         "crashy",
-        &[TestComponent::new("fast", "assert 1 + 1 == 2"), TestComponent::new("slow", &slow)],
+        &[
+            TestComponent::new("fast", "assert 1 + 1 == 2"),
+            TestComponent::new("slow", &slow),
+        ],
     );
     let mut child = fvd()
         .args(["submit", "--family", "crashy", "--wait", "--repo"])
@@ -175,13 +259,17 @@ fn kill_dash_nine_then_resume_reruns_only_what_was_in_flight() {
         .spawn()
         .unwrap();
     // Wait until `fast` has its verdict recorded and `slow` is running.
-    wait_for("fast recorded and slow running", Duration::from_secs(60), || {
-        let s = sb.local_status("crashy")?;
-        let rows = components(&s);
-        let fast = rows.iter().find(|r| r.0 == "fast")?;
-        let slow = rows.iter().find(|r| r.0 == "slow")?;
-        (fast.1 == "non_skip_pass" && slow.1 == "running").then_some(())
-    });
+    wait_for(
+        "fast recorded and slow running",
+        Duration::from_secs(60),
+        || {
+            let s = sb.local_status("crashy")?;
+            let rows = components(&s);
+            let fast = rows.iter().find(|r| r.0 == "fast")?;
+            let slow = rows.iter().find(|r| r.0 == "slow")?;
+            (fast.1 == "non_skip_pass" && slow.1 == "running").then_some(())
+        },
+    );
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     std::fs::write(&gate, "go").unwrap();
@@ -202,8 +290,16 @@ fn kill_dash_nine_then_resume_reruns_only_what_was_in_flight() {
     let rows = components(&sb.local_status("crashy").unwrap());
     let fast = status_of(&rows, "fast");
     let slow = status_of(&rows, "slow");
-    assert_eq!((fast.1.as_str(), fast.2), ("non_skip_pass", 1), "recorded verdicts are not rerun");
-    assert_eq!((slow.1.as_str(), slow.2), ("non_skip_pass", 2), "the in-flight run is rerun once");
+    assert_eq!(
+        (fast.1.as_str(), fast.2),
+        ("non_skip_pass", 1),
+        "recorded verdicts are not rerun"
+    );
+    assert_eq!(
+        (slow.1.as_str(), slow.2),
+        ("non_skip_pass", 2),
+        "the in-flight run is rerun once"
+    );
 }
 
 #[test]
@@ -230,14 +326,29 @@ fn malformed_spec_names_line_and_column() {
 #[test]
 fn missing_parity_test_is_a_gate_refusal_at_p2() {
     let sb = Sandbox::new();
-    sb.port("holey", &[TestComponent::new("here", "pass"), TestComponent::new("gone", "pass")]);
-    std::fs::remove_file(sb.repo().join("tests/local_tests/generic/test_holey_gone_parity.py")).unwrap();
+    sb.port(
+        "holey",
+        &[
+            TestComponent::new("here", "pass"),
+            TestComponent::new("gone", "pass"),
+        ],
+    );
+    std::fs::remove_file(
+        sb.repo()
+            .join("tests/local_tests/generic/test_holey_gone_parity.py"),
+    )
+    .unwrap();
     let out = fvd()
         .args(["submit", "--family", "holey", "--wait", "--repo"])
         .arg(sb.repo())
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let status = sb.local_status("holey").unwrap();
     assert_eq!(status["state"], "blocked");
     assert_eq!(status["phase"], "P2");
@@ -249,7 +360,10 @@ fn missing_parity_test_is_a_gate_refusal_at_p2() {
         .expect("a recorded refusal");
     assert_eq!(refusal["phase"], "P2");
     let conditions = refusal["conditions"].to_string();
-    assert!(conditions.contains("test_holey_gone_parity.py does not exist"), "{conditions}");
+    assert!(
+        conditions.contains("test_holey_gone_parity.py does not exist"),
+        "{conditions}"
+    );
     // Nothing ran.
     assert!(components(&status).iter().all(|r| r.2 == 0));
 }
@@ -260,10 +374,15 @@ fn token_values_in_a_spec_are_refused_and_never_stored_or_echoed() {
     sb.port("leaky", &[TestComponent::new("x", "pass")]);
     let spec = sb.repo().join("tests/local_tests/leaky/port.toml");
     let secret = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789";
-    let text = std::fs::read_to_string(&spec)
+    let text = std::fs::read_to_string(&spec).unwrap().replace(
+        "open_questions = \"none\"",
+        &format!("open_questions = \"{secret}\""),
+    );
+    let line = text
+        .lines()
+        .position(|l| l.starts_with("open_questions"))
         .unwrap()
-        .replace("open_questions = \"none\"", &format!("open_questions = \"{secret}\""));
-    let line = text.lines().position(|l| l.starts_with("open_questions")).unwrap() + 1;
+        + 1;
     std::fs::write(&spec, text).unwrap();
     let out = fvd()
         .args(["submit", "--family", "leaky", "--wait", "--repo"])
@@ -272,11 +391,17 @@ fn token_values_in_a_spec_are_refused_and_never_stored_or_echoed() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("port.toml:{line}: open_questions:")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("port.toml:{line}: open_questions:")),
+        "{stderr}"
+    );
     let mut seen = format!("{}{stderr}", String::from_utf8_lossy(&out.stdout));
     // Nothing was stored either.
     if let Ok(db) = std::fs::read(sb.repo().join(".fvd/state.db")) {
         seen.push_str(&String::from_utf8_lossy(&db));
     }
-    assert!(!seen.contains(secret), "the token value must not be echoed or stored");
+    assert!(
+        !seen.contains(secret),
+        "the token value must not be echoed or stored"
+    );
 }

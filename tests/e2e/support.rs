@@ -12,7 +12,10 @@ pub fn fvd() -> Command {
 /// `../shared/fixtures` relative to the workspace root; CI lays it out the same way.
 pub fn fixtures() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let candidates = [root.join("../shared/fixtures"), root.join("shared/fixtures")];
+    let candidates = [
+        root.join("../shared/fixtures"),
+        root.join("shared/fixtures"),
+    ];
     for c in &candidates {
         if c.is_dir() {
             return c.clone();
@@ -33,7 +36,10 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>
         if let Some(v) = f() {
             return v;
         }
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -119,7 +125,10 @@ timeout_s = 60
         std::fs::create_dir_all(&tests).unwrap();
         std::fs::create_dir_all(root.join(format!("tests/local_tests/{family}"))).unwrap();
         for c in components {
-            let rel = format!("tests/local_tests/generic/test_{family}_{}_parity.py", c.name);
+            let rel = format!(
+                "tests/local_tests/generic/test_{family}_{}_parity.py",
+                c.name
+            );
             spec.push_str(&format!(
                 "\n[[component]]\nname = \"{}\"\ntype = \"generic\"\nparity_test = \"{rel}\"\ncoverage_scope = \"implementation_subcomponent\"\n",
                 c.name
@@ -131,7 +140,11 @@ timeout_s = 60
             )
             .unwrap();
         }
-        std::fs::write(root.join(format!("tests/local_tests/{family}/port.toml")), spec).unwrap();
+        std::fs::write(
+            root.join(format!("tests/local_tests/{family}/port.toml")),
+            spec,
+        )
+        .unwrap();
         self
     }
 
@@ -155,7 +168,10 @@ timeout_s = 60
             .next()
             .expect("address on the first line")
             .to_string();
-        assert!(url.starts_with("http://127.0.0.1:"), "unexpected first line {line:?}");
+        assert!(
+            url.starts_with("http://127.0.0.1:"),
+            "unexpected first line {line:?}"
+        );
         self.children.push(child);
         self.url = Some(url.clone());
         url
@@ -165,7 +181,15 @@ timeout_s = 60
     pub fn worker(&mut self, id: &str, slots: u32) {
         let url = self.url.clone().expect("serve() first");
         let child = fvd()
-            .args(["worker", "--orchestrator", &url, "--gpus", "none", "--worker-id", id])
+            .args([
+                "worker",
+                "--orchestrator",
+                &url,
+                "--gpus",
+                "none",
+                "--worker-id",
+                id,
+            ])
             .args(["--cpu-slots", &slots.to_string(), "--workspace"])
             .arg(self.repo().join(format!("ws-{id}")))
             .stdout(Stdio::null())

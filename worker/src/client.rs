@@ -52,12 +52,11 @@ type Running = Arc<Mutex<HashMap<String, (u64, CancellationToken)>>>;
 /// Serves the orchestrator until `shutdown` is cancelled, reconnecting with
 /// exponential backoff (100 ms doubling up to `max_backoff`).
 pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> Result<(), ClientError> {
-    let endpoint = Channel::from_shared(config.orchestrator.clone()).map_err(|e| {
-        ClientError::BadUrl {
+    let endpoint =
+        Channel::from_shared(config.orchestrator.clone()).map_err(|e| ClientError::BadUrl {
             url: config.orchestrator.clone(),
             message: e.to_string(),
-        }
-    })?;
+        })?;
     let running: Running = Arc::default();
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -194,7 +193,9 @@ fn handle(
                 let job_id = a.job_id.clone();
                 let finished = run_assigned(&config, a, &tx, cancel).await;
                 running.lock().expect("running lock").remove(&job_id);
-                let _ = tx.send(msg(pb::worker_msg::Msg::JobFinished(finished))).await;
+                let _ = tx
+                    .send(msg(pb::worker_msg::Msg::JobFinished(finished)))
+                    .await;
             });
         }
         Some(pb::orchestrator_msg::Msg::CancelJob(c)) => {
@@ -204,7 +205,9 @@ fn handle(
                     tracing::info!(job = %c.job_id, reason = %c.reason, "cancelling job");
                     cancel.cancel();
                 }
-                _ => tracing::warn!(job = %c.job_id, "cancel for a job not running here under that lease"),
+                _ => {
+                    tracing::warn!(job = %c.job_id, "cancel for a job not running here under that lease")
+                }
             }
         }
         None => {}
@@ -242,11 +245,11 @@ async fn run_assigned(
         junit: None,
     };
     let scratch = config.workspace.join("jobs").join(sanitize(&a.job_id));
-    if a.collect_junit {
-        if let Err(e) = exec::prepare_pytest(&mut spec, &scratch).await {
-            finished.spawn_error = format!("cannot prepare {}: {e}", scratch.display());
-            return finished;
-        }
+    if a.collect_junit
+        && let Err(e) = exec::prepare_pytest(&mut spec, &scratch).await
+    {
+        finished.spawn_error = format!("cannot prepare {}: {e}", scratch.display());
+        return finished;
     }
     let (etx, mut erx) = mpsc::channel::<JobEvent>(64);
     let forward = {
@@ -306,7 +309,8 @@ async fn run_assigned(
                     finished.junit_error = format!("junit file {} was not written", p.display());
                 }
                 JunitFile::Unreadable { path, error } => {
-                    finished.junit_error = format!("junit file {} is unreadable: {error}", path.display());
+                    finished.junit_error =
+                        format!("junit file {} is unreadable: {error}", path.display());
                 }
             }
         }
@@ -321,7 +325,13 @@ async fn run_assigned(
 fn sanitize(job_id: &str) -> String {
     job_id
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 

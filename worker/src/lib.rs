@@ -2,6 +2,6 @@
 //! their own process groups pinned to their leased GPUs, and talks to the
 //! orchestrator over one bidirectional gRPC stream.
 
+pub mod client;
 pub mod exec;
 pub mod gpu;
-pub mod client;

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The project's test command (README "Run the tests"; .ci/run calls it).
+# Installs the Python packages the example ports and the verdict tests run
+# under, then: formatting, clippy with warnings denied, every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
