@@ -107,8 +107,11 @@ impl Actor for ComponentSubagentActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ComponentMsg::Leased { job_id, worker_id } => {
+                // The scheduler recorded `running` with the lease; only
+                // watchers need telling.
                 if st.job_id.as_deref() == Some(job_id.as_str()) {
-                    update(st, "running", "", "", &worker_id).await?;
+                    tracing::debug!(%job_id, %worker_id, "job leased");
+                    emit(st).await?;
                 }
             }
             ComponentMsg::Started { job_id, worker_id } => {
@@ -126,14 +129,9 @@ impl Actor for ComponentSubagentActor {
                     let reason = format!("infra_error: worker {worker_id} lost on every retry");
                     finish(st, "blocked", "infra_error", &reason, &worker_id).await?;
                 } else {
-                    update(
-                        st,
-                        "queued",
-                        "infra_error",
-                        &format!("worker {worker_id} lost; retrying on another slot"),
-                        "",
-                    )
-                    .await?;
+                    // The scheduler recorded the requeue; only watchers
+                    // need telling.
+                    emit(st).await?;
                 }
             }
             ComponentMsg::Finished { report, worker_id } => {

@@ -421,7 +421,12 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
             });
             continue;
         }
-        st.store.requeue_job(&id).await?;
+        st.store
+            .requeue_job(
+                &id,
+                &format!("worker {worker_id} lost; retrying on another slot"),
+            )
+            .await?;
         let _ = entry.job.notify.cast(ComponentMsg::WorkerLost {
             job_id: id.clone(),
             worker_id: worker_id.to_string(),

@@ -310,7 +310,10 @@ env = ["HF_TOKEN"]
         let bad = GOOD.replace("[\"HF_TOKEN\"]", "[\"my-token-value\"]");
         let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
         assert!(err.contains("not a variable name"), "{err}");
-        assert!(!err.contains("my-token-value"), "the value must not be echoed: {err}");
+        assert!(
+            !err.contains("my-token-value"),
+            "the value must not be echoed: {err}"
+        );
     }
 
     #[test]

@@ -43,7 +43,12 @@ pub fn now_ms() -> i64 {
 /// Handle to the database; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Store {
+    /// Readers: WAL lets them run beside the writer.
     pool: SqlitePool,
+    /// The one writer connection. Writers queue for it inside the process
+    /// instead of meeting SQLite's busy handler, which sleeps for up to tens
+    /// of milliseconds per retry and showed up as dispatch latency.
+    writer: SqlitePool,
 }
 
 impl Store {
@@ -62,12 +67,17 @@ impl Store {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(std::time::Duration::from_secs(10))
             .foreign_keys(true);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(opts)
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(opts.clone())
             .await
             .map_err(open_err)?;
-        let store = Store { pool };
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts.create_if_missing(false))
+            .await
+            .map_err(open_err)?;
+        let store = Store { pool, writer };
         store.migrate().await?;
         Ok(store)
     }
@@ -81,12 +91,12 @@ impl Store {
     /// transaction that reads first cannot wait for the lock when it later
     /// writes (SQLite answers `database is locked` at once), this one can.
     async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, sqlx::Error> {
-        self.pool.begin_with("BEGIN IMMEDIATE").await
+        self.writer.begin_with("BEGIN IMMEDIATE").await
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
         sqlx::query("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)")
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         for (version, sql) in MIGRATIONS {
             let mut tx = self.write_tx().await?;
@@ -215,7 +225,7 @@ impl Store {
             .bind(phase)
             .bind(now_ms())
             .bind(family)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
@@ -224,7 +234,7 @@ impl Store {
         sqlx::query("UPDATE ports SET port_status_path = ? WHERE family = ?")
             .bind(path)
             .bind(family)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
@@ -266,7 +276,7 @@ impl Store {
             .bind(now_ms())
             .bind(family)
             .bind(name)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
@@ -321,14 +331,25 @@ impl Store {
         epoch: u64,
         gpus: &[u32],
     ) -> Result<(), StoreError> {
+        // The component's `running` state goes in the same transaction:
+        // one fsync per dispatch instead of two.
+        let mut tx = self.write_tx().await?;
+        let now = now_ms();
         sqlx::query("UPDATE jobs SET state = 'running', worker_id = ?, lease_epoch = ?, gpus = ?, started_ms = ? WHERE job_id = ?")
             .bind(worker_id)
             .bind(epoch as i64)
             .bind(serde_json::to_string(gpus).unwrap_or_default())
-            .bind(now_ms())
+            .bind(now)
             .bind(job_id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        sqlx::query("UPDATE components SET status = 'running', verdict = '', reason = '', worker_id = ?, updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
+            .bind(worker_id)
+            .bind(now)
+            .bind(job_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -337,7 +358,7 @@ impl Store {
         sqlx::query("UPDATE jobs SET spawned_ms = ? WHERE job_id = ?")
             .bind(at_ms)
             .bind(job_id)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
@@ -359,12 +380,21 @@ impl Store {
         Ok(())
     }
 
-    /// Puts a leased job back in the queue (its worker was lost).
-    pub async fn requeue_job(&self, job_id: &str) -> Result<(), StoreError> {
+    /// Puts a leased job back in the queue (its worker was lost); its
+    /// component reads `queued` again in the same transaction.
+    pub async fn requeue_job(&self, job_id: &str, reason: &str) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
         sqlx::query("UPDATE jobs SET state = 'queued', worker_id = '' WHERE job_id = ?")
             .bind(job_id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        sqlx::query("UPDATE components SET status = 'queued', verdict = 'infra_error', reason = ?, worker_id = '', updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
+            .bind(reason)
+            .bind(now_ms())
+            .bind(job_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -417,7 +447,7 @@ impl Store {
             "UPDATE jobs SET state = 'abandoned' WHERE family = ? AND state IN ('queued', 'running') RETURNING component",
         )
         .bind(family)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.writer)
         .await?;
         Ok(rows)
     }
@@ -508,7 +538,7 @@ impl Store {
             .bind(outcome)
             .bind(serde_json::to_string(conditions).unwrap_or_default())
             .bind(at_ms)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(GateEventRow {
             phase: phase.to_string(),
@@ -556,7 +586,7 @@ impl Store {
             .bind(gpus_json)
             .bind(cpu_slots as i64)
             .bind(now_ms())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }

@@ -405,3 +405,125 @@ fn token_values_in_a_spec_are_refused_and_never_stored_or_echoed() {
         "the token value must not be echoed or stored"
     );
 }
+
+/// A test body that blocks until `release` exists (bounded, so a stray
+/// process cannot hang the suite).
+fn blocks_until(release: &Path) -> String {
+    format!(
+        "deadline = time.time() + 60\nwhile not os.path.exists({:?}):\n    assert time.time() < deadline, 'never released'\n    time.sleep(0.02)",
+        release.display().to_string()
+    )
+}
+
+#[test]
+fn a_lost_worker_s_job_finishes_on_another_worker_with_one_verdict() {
+    let mut sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    sb.port(
+        "lossy",
+        &[TestComponent::new("only", &blocks_until(&release))],
+    );
+    let url = sb.serve();
+    sb.worker("w1", 1);
+    sb.worker("w2", 1);
+    let submit = fvd()
+        .args([
+            "submit",
+            "--family",
+            "lossy",
+            "--orchestrator",
+            &url,
+            "--repo",
+        ])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert!(
+        submit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&submit.stderr)
+    );
+    let first = wait_for(
+        "the job running on a worker",
+        Duration::from_secs(60),
+        || {
+            let rows = components(&sb.remote_status("lossy")?);
+            let r = rows.into_iter().next()?;
+            (r.1 == "running" && !r.3.is_empty()).then_some(r.3)
+        },
+    );
+    sb.kill_worker(&first);
+    let second = wait_for(
+        "the job re-placed on the other worker",
+        Duration::from_secs(60),
+        || {
+            let rows = components(&sb.remote_status("lossy")?);
+            let r = rows.into_iter().next()?;
+            (r.1 == "running" && r.3 != first).then_some(r.3)
+        },
+    );
+    assert_ne!(first, second);
+    std::fs::write(&release, "go").unwrap();
+    let done = wait_for("the verdict", Duration::from_secs(60), || {
+        let s = sb.remote_status("lossy")?;
+        (s["state"] != "running").then_some(s)
+    });
+    let rows = components(&done);
+    assert_eq!(rows[0].1, "non_skip_pass", "{done}");
+    assert_eq!(
+        rows[0].2, 1,
+        "a lost worker is not an attempt: one run, one verdict"
+    );
+    assert_eq!(rows[0].3, second);
+}
+
+#[test]
+fn cancel_stops_a_running_port_and_its_job() {
+    let mut sb = Sandbox::new();
+    let never = sb.repo().join("never-created");
+    let pidfile = sb.repo().join("pid");
+    let body = format!(
+        "open({:?}, 'w').write(str(os.getpid()))\n{}",
+        pidfile.display().to_string(),
+        blocks_until(&never)
+    );
+    sb.port("stoppy", &[TestComponent::new("stuck", &body)]);
+    let url = sb.serve();
+    sb.worker("w1", 1);
+    let submit = fvd()
+        .args([
+            "submit",
+            "--family",
+            "stoppy",
+            "--orchestrator",
+            &url,
+            "--repo",
+        ])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert!(submit.status.success());
+    let pid: u32 = wait_for("the test process to start", Duration::from_secs(60), || {
+        std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
+    });
+    let out = fvd()
+        .args(["cancel", "stoppy", "--orchestrator", &url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = wait_for("the port to end", Duration::from_secs(30), || {
+        let s = sb.remote_status("stoppy")?;
+        (s["state"] == "cancelled").then_some(s)
+    });
+    let rows = components(&status);
+    assert_eq!(rows[0].1, "blocked", "{status}");
+    wait_for(
+        "the test process to be killed",
+        Duration::from_secs(30),
+        || (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()),
+    );
+}

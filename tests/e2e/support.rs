@@ -68,6 +68,8 @@ impl TestComponent {
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
     children: Vec<Child>,
+    /// Worker id → index in `children`.
+    workers: Vec<(String, usize)>,
     pub url: Option<String>,
 }
 
@@ -76,6 +78,7 @@ impl Sandbox {
         Self {
             dir: tempfile::tempdir().expect("tempdir"),
             children: Vec::new(),
+            workers: Vec::new(),
             url: None,
         }
     }
@@ -196,7 +199,33 @@ timeout_s = 60
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn worker");
+        self.workers.push((id.to_string(), self.children.len()));
         self.children.push(child);
+    }
+
+    /// SIGKILLs the worker process `id`.
+    pub fn kill_worker(&mut self, id: &str) {
+        let i = self
+            .workers
+            .iter()
+            .find(|(w, _)| w == id)
+            .map(|(_, i)| *i)
+            .expect("known worker");
+        self.children[i].kill().expect("kill worker");
+        self.children[i].wait().expect("reap worker");
+    }
+
+    /// `fvd status FAMILY --json` against the sandbox's orchestrator.
+    pub fn remote_status(&self, family: &str) -> Option<serde_json::Value> {
+        let url = self.url.as_deref()?;
+        let out = fvd()
+            .args(["status", family, "--json", "--orchestrator", url])
+            .output()
+            .expect("run fvd status");
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
     }
 
     /// `fvd status FAMILY --json` against the embedded state of the repo.

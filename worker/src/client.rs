@@ -259,12 +259,16 @@ async fn run_assigned(
         tokio::spawn(async move {
             while let Some(ev) = erx.recv().await {
                 let m = match ev {
-                    JobEvent::Started { pid } => pb::worker_msg::Msg::JobStarted(pb::JobStarted {
-                        job_id: job_id.clone(),
-                        lease_epoch: epoch,
-                        pid,
-                        started_at_ms: now_ms(),
-                    }),
+                    JobEvent::Started { pid, at } => {
+                        pb::worker_msg::Msg::JobStarted(pb::JobStarted {
+                            job_id: job_id.clone(),
+                            lease_epoch: epoch,
+                            pid,
+                            started_at_ms: at
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map_or(0, |d| d.as_millis() as i64),
+                        })
+                    }
                     JobEvent::Output {
                         stream,
                         seq,
@@ -333,11 +337,4 @@ fn sanitize(job_id: &str) -> String {
             }
         })
         .collect()
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }

@@ -111,6 +111,9 @@ pub enum StopReason {
 pub enum JobEvent {
     Started {
         pid: u32,
+        /// When the process was spawned, stamped here rather than where the
+        /// event is read, which may lag under load.
+        at: std::time::SystemTime,
     },
     /// A redacted chunk. `seq` increases by one per chunk across both
     /// streams; `offset` is the byte offset of `data` within its stream's
@@ -122,9 +125,7 @@ pub enum JobEvent {
         data: Vec<u8>,
     },
     /// fvd sent SIGTERM to the job (SIGKILL follows after the grace).
-    Stopping {
-        reason: StopReason,
-    },
+    Stopping { reason: StopReason },
 }
 
 /// The JUnit report of a run, read after the job ended.
@@ -362,7 +363,12 @@ pub async fn run_job(
         armed: true,
     };
     tracing::info!(job_id, pid, gpus = ?spec.gpus, "job started");
-    let _ = events.send(JobEvent::Started { pid }).await;
+    let _ = events
+        .send(JobEvent::Started {
+            pid,
+            at: std::time::SystemTime::now(),
+        })
+        .await;
 
     let (raw_tx, raw_rx) = mpsc::channel::<Raw>(64);
     let mut readers = Vec::new();

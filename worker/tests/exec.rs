@@ -164,7 +164,7 @@ async fn cancel_stops_the_job() {
     // Cancel once the job has shown it is running.
     while let Some(e) = rx.recv().await {
         match e {
-            JobEvent::Started { pid: p } => pid = Some(p as i32),
+            JobEvent::Started { pid: p, .. } => pid = Some(p as i32),
             JobEvent::Output { data, .. } if data.starts_with(b"READY") => {
                 cancel.cancel();
                 break;
