@@ -19,7 +19,6 @@
 //! abs_mean and 8e-3 on max, one changed input token reaches 9e-3 / 3e-2,
 //! and a real bug (a wrong norm epsilon) reaches 0.93.
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use regex::Regex;
@@ -27,8 +26,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::diag::{Collector, Diagnostic};
 use crate::error::TraceError;
+use crate::hash::{FastMap, fast_map};
 use crate::merge::{MergeOptions, ShapeIndex, merge_ranks, occurrences};
-use crate::record::{Record, StatValue, read_side};
+use crate::record::{Name, Record, StatValue, read_side};
 use crate::rename::Renamer;
 use crate::report::{FirstDivergence, Report, Row, Unmatched, UnmatchedSides};
 
@@ -184,9 +184,15 @@ pub fn compare(
             message: e.to_string(),
         })?;
     }
-    let ref_files = read_side(reference)?;
-    let ref_merged = merge_ranks(ref_files, None, &opts.merge);
-    let mut port_files = read_side(port)?;
+    // Both sides are read at once: parsing is most of the work and the
+    // reference would otherwise be parsed on one core while the other idles.
+    let (ref_files, port_files) = std::thread::scope(|s| {
+        let r = s.spawn(|| read_side(reference));
+        let p = read_side(port);
+        (r.join().expect("reference reader panicked"), p)
+    });
+    let ref_merged = merge_ranks(ref_files?, None, &opts.merge);
+    let mut port_files = port_files?;
     for f in &mut port_files {
         rename_records(&mut f.records, &renamer);
     }
@@ -225,13 +231,13 @@ pub fn rename_records(records: &mut [Record], renamer: &Renamer) {
     if renamer.is_empty() {
         return;
     }
-    let mut cache: HashMap<String, Option<String>> = HashMap::new();
+    let mut cache: FastMap<Name, Option<Name>> = fast_map(1024);
     for r in records {
         let new = match cache.get(&r.module) {
             Some(v) => v.clone(),
             None => {
                 let renamed = renamer.apply(&r.module);
-                let v = (renamed != r.module).then_some(renamed);
+                let v = (renamed != *r.module).then(|| Name::from(renamed));
                 cache.insert(r.module.clone(), v.clone());
                 v
             }
@@ -302,11 +308,11 @@ pub fn compare_records(
     };
 
     let port_occ = occurrences(port);
-    let port_index: HashMap<(&str, &str, Option<i64>, u32), usize> = port
+    let port_index: FastMap<(&str, &str, Option<i64>, u32), usize> = port
         .iter()
         .zip(&port_occ)
         .enumerate()
-        .map(|(i, (r, n))| ((r.module.as_str(), r.tensor.as_str(), r.step, *n), i))
+        .map(|(i, (r, n))| ((&*r.module, &*r.tensor, r.step, *n), i))
         .collect();
     let mut port_used = vec![false; port.len()];
 
@@ -319,7 +325,7 @@ pub fn compare_records(
     let mut shape_mismatches = 0usize;
 
     for (i, (r, n)) in reference.iter().zip(occurrences(reference)).enumerate() {
-        let key = (r.module.as_str(), r.tensor.as_str(), r.step, n);
+        let key = (&*r.module, &*r.tensor, r.step, n);
         let Some(&j) = port_index.get(&key) else {
             if keep(r) {
                 unmatched_ref.push(r);
@@ -340,19 +346,19 @@ pub fn compare_records(
             (a, b) => a.or(b),
         };
         let numel = r.element_count().or(p.element_count());
-        let mut drifts = BTreeMap::new();
+        let mut drifts = crate::report::Drifts::default();
         let mut exact = true;
         let mut any_common = false;
         let mut worst: Option<(String, f64, f64)> = None; // stat, drift, ratio
-        for (name, rv) in &r.stats {
+        for (name, rv) in r.stats.iter() {
             let Some(pv) = p.stat(name) else { continue };
             any_common = true;
-            match (rv, pv) {
-                (StatValue::Num(a), StatValue::Num(b)) => {
+            match (&rv, &pv) {
+                (&StatValue::Num(a), &StatValue::Num(b)) => {
                     let same = a == b || (a.is_nan() && b.is_nan());
                     exact &= same;
-                    let d = drift(name, *a, *b, abs_mean, numel);
-                    drifts.insert(name.to_string(), d);
+                    let d = drift(name, a, b, abs_mean, numel);
+                    drifts.insert(name, d);
                     if let Some(tol) = tols.get(&r.module, name)
                         && d > tol
                     {
@@ -373,8 +379,8 @@ pub fn compare_records(
             && a != b
         {
             dtype_rows += 1;
-            if !dtype_pairs.contains(&(a.clone(), b.clone())) {
-                dtype_pairs.push((a.clone(), b.clone()));
+            if !dtype_pairs.contains(&(a.to_string(), b.to_string())) {
+                dtype_pairs.push((a.to_string(), b.to_string()));
             }
         }
         let diverged = !shape_ok || worst.is_some();
@@ -382,9 +388,9 @@ pub fn compare_records(
             first_row = Some(rows.len());
             first = Some(if !shape_ok {
                 FirstDivergence {
-                    reference_module: r.module.clone(),
+                    reference_module: r.module.to_string(),
                     port_module: port_name(p).to_string(),
-                    tensor: r.tensor.clone(),
+                    tensor: r.tensor.to_string(),
                     step: r.step,
                     stat: "shape".to_string(),
                     reference: serde_json::json!(r.shape),
@@ -395,12 +401,12 @@ pub fn compare_records(
             } else {
                 let (stat, d, _) = worst.clone().expect("diverged on a stat");
                 FirstDivergence {
-                    reference_module: r.module.clone(),
+                    reference_module: r.module.to_string(),
                     port_module: port_name(p).to_string(),
-                    tensor: r.tensor.clone(),
+                    tensor: r.tensor.to_string(),
                     step: r.step,
-                    reference: stat_json(r.stat(&stat)),
-                    port: stat_json(p.stat(&stat)),
+                    reference: stat_json(r.stat(&stat).as_ref()),
+                    port: stat_json(p.stat(&stat).as_ref()),
                     tolerance: tols.get(&r.module, &stat),
                     stat,
                     drift: Some(d),
@@ -413,16 +419,16 @@ pub fn compare_records(
             tols.stats
                 .iter()
                 .filter(|s| {
-                    matches!((tols.get(&r.module, s), drifts.get(s.as_str())), (Some(t), Some(d)) if *d > t)
+                    matches!((tols.get(&r.module, s), drifts.get(s)), (Some(t), Some(d)) if d > t)
                 })
                 .cloned()
                 .collect()
         };
         rows.push(Row {
             index: i,
-            reference_module: r.module.clone(),
+            reference_module: r.module.to_string(),
             port_module: port_name(p).to_string(),
-            tensor: r.tensor.clone(),
+            tensor: r.tensor.to_string(),
             step: r.step,
             reference_shape: r.shape.clone(),
             port_shape: p.shape.clone(),
@@ -443,7 +449,7 @@ pub fn compare_records(
 
     // Steps whose rows all match bit for bit, in execution order.
     let mut step_order: Vec<Option<i64>> = Vec::new();
-    let mut step_exact: HashMap<Option<i64>, bool> = HashMap::new();
+    let mut step_exact: FastMap<Option<i64>, bool> = fast_map(16);
     for row in &rows {
         match step_exact.get_mut(&row.step) {
             Some(e) => *e &= row.exact,
@@ -603,12 +609,23 @@ fn unmatched_lists(
     port: &[Record],
 ) -> UnmatchedSides {
     fn unique<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = std::collections::HashSet::with_hasher(std::hash::BuildHasherDefault::<
+            crate::hash::FxHasher,
+        >::default());
         it.filter(|m| seen.insert(*m)).collect()
     }
-    let port_names = unique(port.iter().map(|r| r.module.as_str()));
-    let ref_names = unique(reference.iter().map(|r| r.module.as_str()));
-    let ref_list = unique(only_ref.iter().map(|r| r.module.as_str()))
+    // Candidate lists only when something is unmatched: they walk every row.
+    let port_names = if only_ref.is_empty() {
+        Vec::new()
+    } else {
+        unique(port.iter().map(|r| &*r.module))
+    };
+    let ref_names = if only_port.is_empty() {
+        Vec::new()
+    } else {
+        unique(reference.iter().map(|r| &*r.module))
+    };
+    let ref_list = unique(only_ref.iter().map(|r| &*r.module))
         .into_iter()
         .enumerate()
         .map(|(i, m)| Unmatched {
@@ -622,15 +639,17 @@ fn unmatched_lists(
         })
         .collect();
     let mut port_list = Vec::new();
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = std::collections::HashSet::with_hasher(std::hash::BuildHasherDefault::<
+        crate::hash::FxHasher,
+    >::default());
     for r in only_port {
-        if !seen.insert(r.module.as_str()) {
+        if !seen.insert(&*r.module) {
             continue;
         }
         let i = port_list.len();
         port_list.push(Unmatched {
             module: port_name(r).to_string(),
-            renamed: r.original_module.as_ref().map(|_| r.module.clone()),
+            renamed: r.original_module.as_ref().map(|_| r.module.to_string()),
             nearest: if i < NEAREST_LIMIT {
                 nearest(&r.module, &ref_names)
             } else {

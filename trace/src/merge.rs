@@ -24,10 +24,9 @@
 //! element counts, an `<error: …>` string on one rank) is dropped with a
 //! diagnostic, never approximated.
 
-use std::collections::HashMap;
-
 use crate::diag::{Collector, Diagnostic};
-use crate::record::{Record, StatValue, TraceFile};
+use crate::hash::{FastMap, fast_map};
+use crate::record::{Name, Record, StatValue, TraceFile};
 
 /// Knobs of the merge.
 #[derive(Debug, Clone)]
@@ -52,16 +51,17 @@ impl Default for MergeOptions {
 /// Row identity inside one trace: module, tensor, step and call count.
 pub type RowKey<'a> = (&'a str, &'a str, Option<i64>, u32);
 
+/// Call counts of one rank's rows and where each row key sits.
+type RankIndex<'a> = (Vec<u32>, FastMap<RowKey<'a>, usize>);
+
 /// For each record, how many earlier records had the same module, tensor
 /// and step (a module called twice in one step gives two rows).
 pub fn occurrences(records: &[Record]) -> Vec<u32> {
-    let mut seen: HashMap<(&str, &str, Option<i64>), u32> = HashMap::with_capacity(records.len());
+    let mut seen: FastMap<(&str, &str, Option<i64>), u32> = fast_map(records.len());
     records
         .iter()
         .map(|r| {
-            let c = seen
-                .entry((r.module.as_str(), r.tensor.as_str(), r.step))
-                .or_insert(0);
+            let c = seen.entry((&*r.module, &*r.tensor, r.step)).or_insert(0);
             let n = *c;
             *c += 1;
             n
@@ -73,8 +73,8 @@ pub fn occurrences(records: &[Record]) -> Vec<u32> {
 /// a port row; falls back to the first shape seen for the module/tensor.
 #[derive(Debug, Default)]
 pub struct ShapeIndex {
-    exact: HashMap<(String, String, Option<i64>, u32), Vec<u64>>,
-    loose: HashMap<(String, String), Vec<u64>>,
+    exact: FastMap<(Name, Name, Option<i64>, u32), Vec<u64>>,
+    loose: FastMap<(Name, Name), Vec<u64>>,
 }
 
 impl ShapeIndex {
@@ -94,11 +94,11 @@ impl ShapeIndex {
         idx
     }
 
-    pub fn get(&self, module: &str, tensor: &str, step: Option<i64>, n: u32) -> Option<&[u64]> {
-        // Owned keys keep this simple; the lookup runs once per merged group.
+    pub fn get(&self, module: &Name, tensor: &Name, step: Option<i64>, n: u32) -> Option<&[u64]> {
+        // Cloning the names only bumps reference counts.
         self.exact
-            .get(&(module.to_string(), tensor.to_string(), step, n))
-            .or_else(|| self.loose.get(&(module.to_string(), tensor.to_string())))
+            .get(&(module.clone(), tensor.clone(), step, n))
+            .or_else(|| self.loose.get(&(module.clone(), tensor.clone())))
             .map(Vec::as_slice)
     }
 }
@@ -131,31 +131,48 @@ pub fn merge_ranks(
         };
     }
     let world = files.len();
-    let occ: Vec<Vec<u32>> = files.iter().map(|f| occurrences(&f.records)).collect();
-    let index: Vec<HashMap<RowKey<'_>, usize>> = files
-        .iter()
-        .zip(&occ)
-        .map(|(f, o)| {
-            f.records
-                .iter()
-                .zip(o)
-                .enumerate()
-                .map(|(i, (r, n))| ((r.module.as_str(), r.tensor.as_str(), r.step, *n), i))
-                .collect()
-        })
-        .collect();
+    // Ranks of one run nearly always write the same rows in the same order,
+    // so row i of rank r is tried first; a rank falls back to a keyed index
+    // (built then, once) from its first row that does not line up. While
+    // every earlier row lined up, the call counts line up too.
+    let occ0 = occurrences(&files[0].records);
+    let mut aligned = vec![true; world];
+    let mut index: Vec<Option<RankIndex<'_>>> = (0..world).map(|_| None).collect();
+    fn build(records: &[Record]) -> RankIndex<'_> {
+        let occ = occurrences(records);
+        let mut map = fast_map(records.len());
+        for (i, (r, n)) in records.iter().zip(&occ).enumerate() {
+            map.insert((&*r.module, &*r.tensor, r.step, *n), i);
+        }
+        (occ, map)
+    }
     let mut used: Vec<Vec<bool>> = files.iter().map(|f| vec![false; f.records.len()]).collect();
     let mut out = Vec::with_capacity(files[0].records.len());
+    let mut group: Vec<&Record> = Vec::with_capacity(world);
 
-    for (i, (rec, n)) in files[0].records.iter().zip(&occ[0]).enumerate() {
+    for (i, (rec, n)) in files[0].records.iter().zip(&occ0).enumerate() {
         used[0][i] = true;
-        let key = (rec.module.as_str(), rec.tensor.as_str(), rec.step, *n);
-        let mut group: Vec<&Record> = Vec::with_capacity(world);
+        let key = (&*rec.module, &*rec.tensor, rec.step, *n);
+        group.clear();
         group.push(rec);
         for r in 1..world {
-            if let Some(&j) = index[r].get(&key) {
+            let recs = &files[r].records;
+            if aligned[r] {
+                if let Some(other) = recs.get(i)
+                    && other.step == rec.step
+                    && other.module == rec.module
+                    && other.tensor == rec.tensor
+                {
+                    used[r][i] = true;
+                    group.push(other);
+                    continue;
+                }
+                aligned[r] = false;
+            }
+            let (_, map) = index[r].get_or_insert_with(|| build(recs));
+            if let Some(&j) = map.get(&key) {
                 used[r][j] = true;
-                group.push(&files[r].records[j]);
+                group.push(&recs[j]);
             }
         }
         if group.len() < world {
@@ -177,16 +194,25 @@ pub fn merge_ranks(
     // Rows rank 0 never wrote: keep them (merged across the ranks that have
     // them) after rank 0's rows, in rank order.
     for r in 1..world {
+        if used[r].iter().all(|u| *u) {
+            continue;
+        }
+        for (s, slot) in index.iter_mut().enumerate().skip(r) {
+            if slot.is_none() {
+                *slot = Some(build(&files[s].records));
+            }
+        }
         for (i, rec) in files[r].records.iter().enumerate() {
             if used[r][i] {
                 continue;
             }
             used[r][i] = true;
-            let n = occ[r][i];
-            let key = (rec.module.as_str(), rec.tensor.as_str(), rec.step, n);
+            let n = index[r].as_ref().map_or(0, |x| x.0[i]);
+            let key = (&*rec.module, &*rec.tensor, rec.step, n);
             let mut group = vec![rec];
             for (s, idx) in index.iter().enumerate().skip(r + 1) {
-                if let Some(&j) = idx.get(&key)
+                if let Some((_, map)) = idx
+                    && let Some(&j) = map.get(&key)
                     && !used[s][j]
                 {
                     used[s][j] = true;
@@ -226,7 +252,7 @@ fn replicated(group: &[&Record], tol: f64) -> bool {
         r.shape == first.shape
             && r.stats.len() == first.stats.len()
             && first.stats.iter().all(|(k, v)| match r.stat(k) {
-                Some(w) => same_value(v, w, tol),
+                Some(w) => same_value(&v, &w, tol),
                 None => false,
             })
     })
@@ -349,10 +375,10 @@ pub fn merge_group(
         );
     }
 
-    let names: Vec<crate::record::StatName> = first.stats.iter().map(|(k, _)| k.clone()).collect();
-    let mut stats = Vec::with_capacity(names.len());
+    let names: Vec<String> = first.stats.names();
+    let mut stats = crate::record::Stats::default();
     for name in names {
-        let vals: Vec<Option<&StatValue>> = group.iter().map(|r| r.stat(&name)).collect();
+        let vals: Vec<Option<StatValue>> = group.iter().map(|r| r.stat(&name)).collect();
         if vals.iter().any(Option::is_none) {
             diags.push(
                 "stat_not_mergeable",
@@ -360,7 +386,7 @@ pub fn merge_group(
             );
             continue;
         }
-        let vals: Vec<&StatValue> = vals.into_iter().flatten().collect();
+        let vals: Vec<StatValue> = vals.into_iter().flatten().collect();
         if let Some(err) = vals.iter().find(|v| matches!(v, StatValue::Text(_))) {
             diags.push(
                 "stat_error",
@@ -369,7 +395,7 @@ pub fn merge_group(
                     label(first)
                 ),
             );
-            stats.push((name, (*err).clone()));
+            stats.set(&name, err.clone());
             continue;
         }
         let nums: Option<Vec<f64>> = vals.iter().map(|v| v.as_f64()).collect();
@@ -380,7 +406,7 @@ pub fn merge_group(
             );
             continue;
         };
-        let merged = match name.as_ref() {
+        let merged = match name.as_str() {
             "sum" => Some(nums.iter().sum()),
             "min" => Some(nums.iter().copied().fold(f64::INFINITY, f64::min)),
             "max" => Some(nums.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
@@ -391,7 +417,7 @@ pub fn merge_group(
             _ => None,
         };
         match merged {
-            Some(v) => stats.push((name, StatValue::Num(v))),
+            Some(v) => stats.set(&name, StatValue::Num(v)),
             None => diags.push(
                 "stat_not_mergeable",
                 format!(
@@ -510,6 +536,44 @@ mod tests {
         let m = merge_ranks(vec![a, b], Some(&reference), &MergeOptions::default());
         assert_eq!(m.records[0].shape, Some(vec![1, 8]));
         assert!(m.diagnostics.is_empty());
+    }
+
+    #[test]
+    fn ranks_in_a_different_order_or_with_extra_rows_still_match() {
+        let a = file(
+            0,
+            &[
+                r#"{"module":"m","tensor":"out","step":0,"sum":1.0,"shape":[2]}"#,
+                r#"{"module":"m","tensor":"out","step":0,"sum":5.0,"shape":[2]}"#,
+                r#"{"module":"p","tensor":"out","step":0,"sum":1.0,"shape":[2]}"#,
+            ],
+        );
+        let b = file(
+            1,
+            &[
+                r#"{"module":"p","tensor":"out","step":0,"sum":2.0,"shape":[3]}"#,
+                r#"{"module":"m","tensor":"out","step":0,"sum":2.0,"shape":[3]}"#,
+                r#"{"module":"m","tensor":"out","step":0,"sum":7.0,"shape":[3]}"#,
+                r#"{"module":"q","tensor":"out","step":0,"sum":9.0,"shape":[1]}"#,
+            ],
+        );
+        let m = merge_ranks(vec![a, b], None, &MergeOptions::default());
+        let sums: Vec<(String, f64)> = m
+            .records
+            .iter()
+            .map(|r| (r.module.to_string(), r.stat_f64("sum").unwrap()))
+            .collect();
+        // The second call of m pairs with the second call of m on rank 1.
+        assert_eq!(
+            sums,
+            vec![
+                ("m".to_string(), 3.0),
+                ("m".to_string(), 12.0),
+                ("p".to_string(), 3.0),
+                ("q".to_string(), 9.0)
+            ]
+        );
+        assert!(m.diagnostics.iter().any(|d| d.code == "partial_ranks"));
     }
 
     #[test]

@@ -102,7 +102,7 @@ pub fn render_svg(report: &Report) -> String {
             let end = (i + bucket).min(n);
             let worst = report.rows[i..end]
                 .iter()
-                .filter_map(|r| r.drift.get(*stat).copied())
+                .filter_map(|r| r.drift.get(stat))
                 .fold(None, |acc: Option<f64>, d| {
                     Some(acc.map_or(d, |a| a.max(d)))
                 });

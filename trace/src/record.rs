@@ -73,52 +73,126 @@ fn stat_from_json(v: serde_json::Value) -> StatValue {
     }
 }
 
-/// A stat's name: the known ones are static strings so that reading a
-/// large trace does not allocate one string per stat per record.
-pub type StatName = std::borrow::Cow<'static, str>;
+/// Interned text (module, tensor and dtype names repeat on every step, so
+/// one allocation per distinct name instead of one per record).
+pub type Name = std::sync::Arc<str>;
 
 /// The stat names FastVideo's writer knows, in its order.
 pub const KNOWN_STATS: [&str; 6] = ["abs_mean", "sum", "min", "max", "mean", "std"];
 
-fn stat_name(name: &str) -> StatName {
-    match KNOWN_STATS.iter().find(|k| **k == name) {
-        Some(k) => StatName::Borrowed(k),
-        None => StatName::Owned(name.to_string()),
+fn known_index(name: &str) -> Option<usize> {
+    KNOWN_STATS.iter().position(|k| *k == name)
+}
+
+/// The stats of one record. Numeric values of the known stats live in a
+/// fixed array (a large trace holds millions of records, and a vector of
+/// named values per record costs several times the memory); error strings,
+/// unknown stats and non-numbers are kept, in file order, in `extra`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Stats {
+    known: [f64; 6],
+    mask: u8,
+    extra: Vec<(String, StatValue)>,
+}
+
+impl Stats {
+    pub fn get(&self, name: &str) -> Option<StatValue> {
+        if let Some(i) = known_index(name)
+            && self.mask & (1 << i) != 0
+        {
+            return Some(StatValue::Num(self.known[i]));
+        }
+        self.extra
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+
+    pub fn get_f64(&self, name: &str) -> Option<f64> {
+        match known_index(name) {
+            Some(i) if self.mask & (1 << i) != 0 => Some(self.known[i]),
+            _ => self
+                .extra
+                .iter()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| v.as_f64()),
+        }
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        known_index(name).is_some_and(|i| self.mask & (1 << i) != 0)
+            || self.extra.iter().any(|(k, _)| k == name)
+    }
+
+    pub fn set(&mut self, name: &str, value: StatValue) {
+        self.remove(name);
+        match (known_index(name), value) {
+            (Some(i), StatValue::Num(v)) => {
+                self.known[i] = v;
+                self.mask |= 1 << i;
+            }
+            (_, value) => self.extra.push((name.to_string(), value)),
+        }
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        if let Some(i) = known_index(name) {
+            self.mask &= !(1 << i);
+        }
+        self.extra.retain(|(k, _)| k != name);
+    }
+
+    pub fn len(&self) -> usize {
+        self.mask.count_ones() as usize + self.extra.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every stat: the known numeric ones in FastVideo's order, then the rest.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, StatValue)> + '_ {
+        KNOWN_STATS
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.mask & (1 << i) != 0)
+            .map(|(i, k)| (*k, StatValue::Num(self.known[i])))
+            .chain(self.extra.iter().map(|(k, v)| (k.as_str(), v.clone())))
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.iter().map(|(k, _)| k.to_string()).collect()
     }
 }
 
 /// One line of a trace: the stats of one output tensor of one module call.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Record {
-    pub module: String,
-    pub tensor: String,
+    pub module: Name,
+    pub tensor: Name,
     pub step: Option<i64>,
     pub shape: Option<Vec<u64>>,
-    pub dtype: Option<String>,
+    pub dtype: Option<Name>,
     pub rank: Option<u32>,
     pub world_size: Option<u32>,
     pub numel: Option<u64>,
-    /// Stats in the order the writer put them, unknown ones included.
-    pub stats: Vec<(StatName, StatValue)>,
+    pub stats: Stats,
     /// The module's own name when `module` was rewritten by rename rules
     /// (never written out: a merged port trace keeps the port's names).
-    pub original_module: Option<String>,
+    pub original_module: Option<Name>,
 }
 
 impl Record {
-    pub fn stat(&self, name: &str) -> Option<&StatValue> {
-        self.stats.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    pub fn stat(&self, name: &str) -> Option<StatValue> {
+        self.stats.get(name)
     }
 
     pub fn stat_f64(&self, name: &str) -> Option<f64> {
-        self.stat(name).and_then(StatValue::as_f64)
+        self.stats.get_f64(name)
     }
 
     pub fn set_stat(&mut self, name: &str, value: StatValue) {
-        match self.stats.iter_mut().find(|(k, _)| k == name) {
-            Some(slot) => slot.1 = value,
-            None => self.stats.push((stat_name(name), value)),
-        }
+        self.stats.set(name, value);
     }
 
     /// Element count: the explicit `numel`, else the product of the shape.
@@ -131,17 +205,17 @@ impl Record {
 impl Serialize for Record {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(None)?;
-        map.serialize_entry("module", &self.module)?;
-        map.serialize_entry("tensor", &self.tensor)?;
+        map.serialize_entry("module", &*self.module)?;
+        map.serialize_entry("tensor", &*self.tensor)?;
         map.serialize_entry("step", &self.step)?;
-        for (k, v) in &self.stats {
-            map.serialize_entry(k.as_ref(), &v.to_json())?;
+        for (k, v) in self.stats.iter() {
+            map.serialize_entry(k, &v.to_json())?;
         }
         if let Some(shape) = &self.shape {
             map.serialize_entry("shape", shape)?;
         }
         if let Some(dtype) = &self.dtype {
-            map.serialize_entry("dtype", dtype)?;
+            map.serialize_entry("dtype", &**dtype)?;
         }
         if let Some(rank) = self.rank {
             map.serialize_entry("rank", &rank)?;
@@ -156,7 +230,15 @@ impl Serialize for Record {
     }
 }
 
-impl<'de> Deserialize<'de> for Record {
+/// A record as parsed, before its names are interned.
+struct RawRecord<'a> {
+    module: std::borrow::Cow<'a, str>,
+    tensor: Option<std::borrow::Cow<'a, str>>,
+    dtype: Option<std::borrow::Cow<'a, str>>,
+    rec: Record,
+}
+
+impl<'de> Deserialize<'de> for RawRecord<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_map(RecordVisitor)
     }
@@ -165,39 +247,108 @@ impl<'de> Deserialize<'de> for Record {
 struct RecordVisitor;
 
 impl<'de> Visitor<'de> for RecordVisitor {
-    type Value = Record;
+    type Value = RawRecord<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a trace record object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Record, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawRecord<'de>, A::Error> {
+        use std::borrow::Cow;
         let mut rec = Record::default();
-        let mut module = None;
+        let mut module: Option<Cow<'de, str>> = None;
         let mut tensor = None;
-        // Keys are borrowed when the input allows it, which is most of the
-        // time for JSONL read from a string: no allocation per key.
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            match key.as_ref() {
-                "module" => module = Some(map.next_value::<String>()?),
-                "tensor" => tensor = Some(map.next_value::<String>()?),
-                "step" => {
-                    rec.step = map.next_value::<Option<i64>>()?;
-                }
+        let mut dtype = None;
+        // Keys and names are borrowed from the line when they have no
+        // escapes, which is nearly always: no allocation per key.
+        while let Some(key) = map.next_key::<BorrowedStr<'de>>()? {
+            match key.0.as_ref() {
+                "module" => module = Some(map.next_value::<BorrowedStr<'de>>()?.0),
+                "tensor" => tensor = Some(map.next_value::<BorrowedStr<'de>>()?.0),
+                "step" => rec.step = map.next_value::<Option<i64>>()?,
                 "shape" => rec.shape = map.next_value::<Option<Vec<u64>>>()?,
-                "dtype" => rec.dtype = map.next_value::<Option<String>>()?,
+                "dtype" => dtype = map.next_value::<Option<BorrowedStr<'de>>>()?.map(|d| d.0),
                 "rank" => rec.rank = map.next_value::<Option<u32>>()?,
                 "world_size" => rec.world_size = map.next_value::<Option<u32>>()?,
                 "numel" => rec.numel = map.next_value::<Option<u64>>()?,
                 name => {
                     let v = map.next_value::<StatJson>()?;
-                    rec.stats.push((stat_name(name), v.0));
+                    rec.stats.set(name, v.0);
                 }
             }
         }
-        rec.module = module.ok_or_else(|| de::Error::missing_field("module"))?;
-        rec.tensor = tensor.unwrap_or_else(|| "out".to_string());
-        Ok(rec)
+        let module = module.ok_or_else(|| de::Error::missing_field("module"))?;
+        Ok(RawRecord {
+            module,
+            tensor,
+            dtype,
+            rec,
+        })
+    }
+}
+
+/// A string borrowed from the input when possible.
+struct BorrowedStr<'a>(std::borrow::Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for BorrowedStr<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = BorrowedStr<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(BorrowedStr(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(BorrowedStr(std::borrow::Cow::Owned(v.to_string())))
+            }
+        }
+        deserializer.deserialize_str(V)
+    }
+}
+
+/// Interns names while a trace is read.
+#[derive(Debug, Default)]
+pub struct Interner {
+    names: crate::hash::FastMap<Box<str>, Name>,
+    /// The last few names handed out: tensor and dtype names repeat from
+    /// one record to the next, and a string compare is cheaper than a hash.
+    recent: [Option<Name>; 2],
+}
+
+impl Interner {
+    pub fn intern(&mut self, s: &str) -> Name {
+        for n in self.recent.iter().flatten() {
+            if &**n == s {
+                return n.clone();
+            }
+        }
+        let n = self.intern_hashed(s);
+        self.recent.rotate_right(1);
+        self.recent[0] = Some(n.clone());
+        n
+    }
+
+    fn intern_hashed(&mut self, s: &str) -> Name {
+        if let Some(n) = self.names.get(s) {
+            return n.clone();
+        }
+        let n: Name = Name::from(s);
+        self.names.insert(s.into(), n.clone());
+        n
+    }
+}
+
+impl RawRecord<'_> {
+    fn finish(self, interner: &mut Interner) -> Record {
+        let mut rec = self.rec;
+        // Module names change on every record: straight to the hash map.
+        rec.module = interner.intern_hashed(&self.module);
+        rec.tensor = interner.intern(self.tensor.as_deref().unwrap_or("out"));
+        rec.dtype = self.dtype.map(|d| interner.intern(&d));
+        rec
     }
 }
 
@@ -299,16 +450,21 @@ fn quote_nonfinite(line: &str) -> String {
 
 /// Parse one JSONL line; `None` for a blank line.
 pub fn parse_line(line: &str) -> Result<Option<Record>, String> {
+    parse_line_with(line, &mut Interner::default())
+}
+
+fn parse_line_with(line: &str, interner: &mut Interner) -> Result<Option<Record>, String> {
     let trimmed = line.trim();
     if trimmed.is_empty() {
         return Ok(None);
     }
-    match serde_json::from_str::<Record>(trimmed) {
-        Ok(r) => Ok(Some(r)),
+    match serde_json::from_str::<RawRecord<'_>>(trimmed) {
+        Ok(r) => Ok(Some(r.finish(interner))),
         Err(first) => {
             if trimmed.contains("NaN") || trimmed.contains("Infinity") {
-                serde_json::from_str::<Record>(&quote_nonfinite(trimmed))
-                    .map(Some)
+                let quoted = quote_nonfinite(trimmed);
+                serde_json::from_str::<RawRecord<'_>>(&quoted)
+                    .map(|r| Some(r.finish(interner)))
                     .map_err(|e| e.to_string())
             } else {
                 Err(first.to_string())
@@ -330,8 +486,9 @@ pub struct TraceFile {
 /// Parse a whole trace text; `path` only labels errors.
 pub fn parse_trace(path: &Path, text: &str) -> Result<Vec<Record>, TraceError> {
     let mut records = Vec::with_capacity(text.len() / 256 + 1);
+    let mut interner = Interner::default();
     for (i, line) in text.lines().enumerate() {
-        match parse_line(line) {
+        match parse_line_with(line, &mut interner) {
             Ok(Some(r)) => records.push(r),
             Ok(None) => {}
             Err(message) => {
@@ -348,8 +505,23 @@ pub fn parse_trace(path: &Path, text: &str) -> Result<Vec<Record>, TraceError> {
 
 /// Read one trace file.
 pub fn read_trace(path: &Path) -> Result<Vec<Record>, TraceError> {
-    let text = std::fs::read_to_string(path).map_err(|e| TraceError::io(path, e))?;
-    parse_trace(path, &text)
+    // Mapped rather than read: a multi-rank trace is gigabytes, and copying
+    // it into the heap cost as much kernel time as parsing it.
+    let file = std::fs::File::open(path).map_err(|e| TraceError::io(path, e))?;
+    let len = file.metadata().map_err(|e| TraceError::io(path, e))?.len() as usize;
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let map = crate::dumps::map_window(&file, 0, len).map_err(|e| TraceError::io(path, e))?;
+    let text = std::str::from_utf8(&map).map_err(|e| TraceError::Malformed {
+        path: path.to_path_buf(),
+        line: 1 + map[..e.valid_up_to()]
+            .iter()
+            .filter(|b| **b == b'\n')
+            .count(),
+        message: "not UTF-8 text".to_string(),
+    })?;
+    parse_trace(path, text)
 }
 
 /// The rank encoded in a file name: `rank0`, `rank_1`, `rank-2`, `RANK3`.
@@ -433,12 +605,12 @@ mod tests {
     fn parses_fastvideo_shape_with_errors_nulls_and_unknown_stats() {
         let line = r#"{"module": "block.layers.0", "tensor": "out", "step": null, "abs_mean": 1.5, "sum": "<error: boom>", "kurtosis": 3, "std": NaN, "shape": [1, 4], "dtype": "torch.bfloat16"}"#;
         let r = parse_line(line).unwrap().unwrap();
-        assert_eq!(r.module, "block.layers.0");
+        assert_eq!(&*r.module, "block.layers.0");
         assert_eq!(r.step, None);
         assert_eq!(r.stat_f64("abs_mean"), Some(1.5));
         assert_eq!(
             r.stat("sum"),
-            Some(&StatValue::Text("<error: boom>".to_string()))
+            Some(StatValue::Text("<error: boom>".to_string()))
         );
         assert_eq!(r.stat_f64("kurtosis"), Some(3.0));
         assert!(r.stat_f64("std").unwrap().is_nan());

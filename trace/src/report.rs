@@ -2,6 +2,7 @@
 //! `fvd trace compare --json` prints and what an orchestrator stores) and
 //! renderable as a short text report for people.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -26,6 +27,48 @@ pub struct FirstDivergence {
     pub tolerance: Option<f64>,
 }
 
+/// Drift per stat of one row, serialized as a JSON object. A small vector
+/// with static names for the known stats: a report can hold hundreds of
+/// thousands of rows, and a map of owned strings per row was a visible cost.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Drifts(pub Vec<(Cow<'static, str>, f64)>);
+
+impl Drifts {
+    pub fn get(&self, stat: &str) -> Option<f64> {
+        self.0.iter().find(|(k, _)| k == stat).map(|(_, v)| *v)
+    }
+
+    pub fn insert(&mut self, stat: &str, value: f64) {
+        let name = match crate::record::KNOWN_STATS.iter().find(|k| **k == stat) {
+            Some(k) => Cow::Borrowed(*k),
+            None => Cow::Owned(stat.to_string()),
+        };
+        self.0.push((name, value));
+    }
+}
+
+impl Serialize for Drifts {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k.as_ref(), v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Drifts {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<String, Option<f64>>::deserialize(deserializer)?;
+        Ok(Drifts(
+            map.into_iter()
+                .map(|(k, v)| (Cow::Owned(k), v.unwrap_or(f64::NAN)))
+                .collect(),
+        ))
+    }
+}
+
 /// One aligned row.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
@@ -38,7 +81,7 @@ pub struct Row {
     pub reference_shape: Option<Vec<u64>>,
     pub port_shape: Option<Vec<u64>>,
     /// Relative drift of every numeric stat both sides have.
-    pub drift: BTreeMap<String, f64>,
+    pub drift: Drifts,
     /// Stats beyond tolerance (`shape` included).
     pub exceeded: Vec<String>,
     pub diverged: bool,
@@ -152,7 +195,7 @@ impl Report {
                     step_text(row.step)
                 );
                 for st in &stats {
-                    let v = row.drift.get(*st).map_or("-".to_string(), |d| pct(*d));
+                    let v = row.drift.get(st).map_or("-".to_string(), pct);
                     let _ = write!(s, " {:>10}", v);
                 }
                 if row.exceeded.iter().any(|e| e == "shape") {
