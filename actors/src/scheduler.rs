@@ -76,8 +76,11 @@ pub enum SchedulerMsg {
         worker_id: String,
         conn: u64,
     },
+    /// A worker is alive and runs these `(job_id, lease_epoch)` pairs; a
+    /// job it runs under a lease it no longer holds is cancelled there.
     Heartbeat {
         worker_id: String,
+        running: Vec<(String, u64)>,
     },
     Enqueue(Box<QueuedJob>),
     Started {
@@ -142,7 +145,7 @@ pub struct SchedulerState {
     clock: Arc<dyn Clock>,
     config: SchedulerConfig,
     workers: HashMap<String, WorkerSlot>,
-    queue: VecDeque<String>,
+    queue: FairQueue,
     jobs: HashMap<String, Entry>,
     next_epoch: u64,
     /// Output and spawn times are written off the scheduler's path.
@@ -204,7 +207,7 @@ impl Actor for SchedulerActor {
             clock: args.clock,
             config: args.config,
             workers: HashMap::new(),
-            queue: VecDeque::new(),
+            queue: FairQueue::default(),
             jobs: HashMap::new(),
             next_epoch,
         })
@@ -244,15 +247,37 @@ impl Actor for SchedulerActor {
                     lose_worker(st, &worker_id).await?;
                 }
             }
-            SchedulerMsg::Heartbeat { worker_id } => {
+            SchedulerMsg::Heartbeat { worker_id, running } => {
                 let now = st.clock.now_ms();
-                if let Some(w) = st.workers.get_mut(&worker_id) {
-                    w.last_seen_ms = now;
+                let Some(w) = st.workers.get_mut(&worker_id) else {
+                    return Ok(());
+                };
+                w.last_seen_ms = now;
+                let tx = w.tx.clone();
+                // A worker that came back may still run jobs whose lease
+                // moved elsewhere while it was gone: those are orphans.
+                for (job_id, epoch) in running {
+                    let held = st
+                        .jobs
+                        .get(&job_id)
+                        .and_then(|e| e.lease.as_ref())
+                        .is_some_and(|l| l.worker_id == worker_id && l.epoch == epoch);
+                    if !held {
+                        tracing::warn!(worker = %worker_id, job = %job_id, epoch, "worker runs a job under a lease it no longer holds; cancelling it");
+                        let _ = tx
+                            .send(ToWorker::Cancel {
+                                job_id,
+                                lease_epoch: epoch,
+                                reason: "orphaned: the lease moved to another worker".into(),
+                            })
+                            .await;
+                    }
                 }
+                return Ok(());
             }
             SchedulerMsg::Enqueue(job) => {
                 let id = job.record.job_id.clone();
-                st.queue.push_back(id.clone());
+                st.queue.push_back(&job.record.family, id.clone());
                 st.jobs.insert(
                     id,
                     Entry {
@@ -321,7 +346,7 @@ impl Actor for SchedulerActor {
                     .map(|(id, _)| id.clone())
                     .collect();
                 for id in ids {
-                    st.queue.retain(|q| q != &id);
+                    st.queue.remove(&family, &id);
                     if let Some(entry) = st.jobs.remove(&id) {
                         if let Some(lease) = &entry.lease
                             && let Some(w) = st.workers.get(&lease.worker_id)
@@ -432,23 +457,132 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
             worker_id: worker_id.to_string(),
             give_up: false,
         });
-        st.queue.push_front(id);
+        let family = entry.job.record.family.clone();
+        st.queue.push_front(&family, id);
     }
     Ok(())
 }
 
-/// Leases queued jobs, first in first out, to workers with room for them.
+/// Queued job ids per family, served round robin by family and first in
+/// first out within a family, so one port with many components cannot
+/// starve another.
+#[derive(Debug, Default)]
+pub struct FairQueue {
+    by_family: HashMap<String, VecDeque<String>>,
+    /// Families with queued jobs, in serving order.
+    turn: VecDeque<String>,
+    len: usize,
+}
+
+/// How far into one family's queue the scheduler looks for a job that fits
+/// when the first one does not (a 2-GPU job waiting must not block the
+/// 1-GPU jobs behind it forever, nor cost a scan of a huge queue).
+const LOOKAHEAD: usize = 64;
+
+impl FairQueue {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn push_back(&mut self, family: &str, id: String) {
+        self.queue_of(family).push_back(id);
+        self.len += 1;
+    }
+
+    pub fn push_front(&mut self, family: &str, id: String) {
+        self.queue_of(family).push_front(id);
+        self.len += 1;
+    }
+
+    fn queue_of(&mut self, family: &str) -> &mut VecDeque<String> {
+        if !self.by_family.contains_key(family) {
+            self.turn.push_back(family.to_string());
+        }
+        self.by_family.entry(family.to_string()).or_default()
+    }
+
+    pub fn remove(&mut self, family: &str, id: &str) {
+        if let Some(q) = self.by_family.get_mut(family) {
+            let before = q.len();
+            q.retain(|x| x != id);
+            self.len -= before - q.len();
+            if q.is_empty() {
+                self.by_family.remove(family);
+                self.turn.retain(|f| f != family);
+            }
+        }
+    }
+
+    /// Takes the next job for which `fits` holds: families in turn, the
+    /// served family moving to the back of the turn.
+    pub fn take(&mut self, mut fits: impl FnMut(&str) -> bool) -> Option<String> {
+        for _ in 0..self.turn.len() {
+            let family = self.turn.pop_front()?;
+            let q = self
+                .by_family
+                .get_mut(&family)
+                .expect("family in turn has a queue");
+            let found = q.iter().take(LOOKAHEAD).position(|id| fits(id));
+            let taken = found.and_then(|i| q.remove(i));
+            if q.is_empty() {
+                self.by_family.remove(&family);
+            } else {
+                self.turn.push_back(family);
+            }
+            if let Some(id) = taken {
+                self.len -= 1;
+                return Some(id);
+            }
+        }
+        None
+    }
+}
+
+/// A lease decided in memory, committed with the others of its round.
+#[derive(Debug)]
+struct Planned {
+    job_id: String,
+    worker_id: String,
+    epoch: u64,
+    gpus: Vec<u32>,
+}
+
+/// Leases queued jobs to workers with room for them. All leases of one
+/// round are committed in one transaction (one fsync), then sent.
 async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
-    let mut i = 0;
-    while i < st.queue.len() {
-        let id = st.queue[i].clone();
-        let Some(entry) = st.jobs.get(&id) else {
-            st.queue.remove(i);
-            continue;
+    let mut planned = Vec::new();
+    loop {
+        let free_cpu = st.workers.values().any(|w| w.free_cpu > 0);
+        let max_gpus = st
+            .workers
+            .values()
+            .map(|w| w.free_gpus.len())
+            .max()
+            .unwrap_or(0);
+        if st.queue.is_empty() || (!free_cpu && max_gpus == 0) {
+            break;
+        }
+        let jobs = &st.jobs;
+        let Some(id) = st.queue.take(|id| {
+            jobs.get(id).is_some_and(|e| {
+                let need = e.job.record.gpus_needed as usize;
+                if need == 0 {
+                    free_cpu
+                } else {
+                    need <= max_gpus
+                }
+            })
+        }) else {
+            break;
         };
-        let need = entry.job.record.gpus_needed;
-        // Prefer the worker with the most free room so load spreads out.
-        let pick = st
+        let need = st.jobs[&id].job.record.gpus_needed;
+        // Gang placement: all GPUs of a job on one worker. Among workers
+        // with room, the one with the most free room, so load spreads out.
+        let worker_id = st
             .workers
             .iter()
             .filter(|(_, w)| {
@@ -464,12 +598,8 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
                     std::cmp::Reverse((*id).clone()),
                 )
             })
-            .map(|(id, _)| id.clone());
-        let Some(worker_id) = pick else {
-            i += 1;
-            continue;
-        };
-        st.queue.remove(i);
+            .map(|(id, _)| id.clone())
+            .expect("a worker with room exists: checked above");
         let w = st
             .workers
             .get_mut(&worker_id)
@@ -484,36 +614,57 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             }
             g
         };
-        let epoch = st.next_epoch;
+        planned.push(Planned {
+            job_id: id,
+            worker_id,
+            epoch: st.next_epoch,
+            gpus,
+        });
         st.next_epoch += 1;
-        // Committed before the assignment leaves: a crash after this point
-        // finds the job running under this epoch and reruns it once.
-        st.store.lease_job(&id, &worker_id, epoch, &gpus).await?;
-        let entry = st.jobs.get_mut(&id).expect("entry exists");
+    }
+    if planned.is_empty() {
+        return Ok(());
+    }
+    // Committed before any assignment leaves: a crash after this point finds
+    // the jobs running under these epochs and reruns them once.
+    let rows: Vec<(&str, &str, u64, &[u32])> = planned
+        .iter()
+        .map(|p| {
+            (
+                p.job_id.as_str(),
+                p.worker_id.as_str(),
+                p.epoch,
+                p.gpus.as_slice(),
+            )
+        })
+        .collect();
+    st.store.lease_jobs(&rows).await?;
+    for p in planned {
+        let entry = st.jobs.get_mut(&p.job_id).expect("planned job exists");
         let r = &entry.job.record;
         let assignment = Assignment {
-            job_id: id.clone(),
-            lease_epoch: epoch,
+            job_id: p.job_id.clone(),
+            lease_epoch: p.epoch,
             argv: r.argv.clone(),
             env: entry.job.env.clone(),
             secret_env: entry.job.secret_env.clone(),
             cwd: r.cwd.clone(),
-            gpus: gpus.clone(),
+            gpus: p.gpus.clone(),
             timeout_ms: r.timeout_ms,
         };
         entry.lease = Some(Lease {
-            worker_id: worker_id.clone(),
-            epoch,
-            gpus,
+            worker_id: p.worker_id.clone(),
+            epoch: p.epoch,
+            gpus: p.gpus,
         });
         let _ = entry.job.notify.cast(ComponentMsg::Leased {
-            job_id: id.clone(),
-            worker_id: worker_id.clone(),
+            job_id: p.job_id.clone(),
+            worker_id: p.worker_id.clone(),
         });
-        let tx = st.workers[&worker_id].tx.clone();
+        let tx = st.workers[&p.worker_id].tx.clone();
         if tx.send(ToWorker::Assign(assignment)).await.is_err() {
             // The stream is gone; the disconnect message will requeue it.
-            tracing::warn!(worker = %worker_id, job = %id, "worker stream closed while assigning");
+            tracing::warn!(worker = %p.worker_id, job = %p.job_id, "worker stream closed while assigning");
         }
     }
     Ok(())

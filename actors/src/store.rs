@@ -331,24 +331,31 @@ impl Store {
         epoch: u64,
         gpus: &[u32],
     ) -> Result<(), StoreError> {
-        // The component's `running` state goes in the same transaction:
-        // one fsync per dispatch instead of two.
+        self.lease_jobs(&[(job_id, worker_id, epoch, gpus)]).await
+    }
+
+    /// Records many leases `(job_id, worker_id, epoch, gpus)` in one
+    /// transaction, each with its component's `running` state: one fsync for
+    /// a whole dispatch round.
+    pub async fn lease_jobs(&self, leases: &[(&str, &str, u64, &[u32])]) -> Result<(), StoreError> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
-        sqlx::query("UPDATE jobs SET state = 'running', worker_id = ?, lease_epoch = ?, gpus = ?, started_ms = ? WHERE job_id = ?")
-            .bind(worker_id)
-            .bind(epoch as i64)
-            .bind(serde_json::to_string(gpus).unwrap_or_default())
-            .bind(now)
-            .bind(job_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE components SET status = 'running', verdict = '', reason = '', worker_id = ?, updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
-            .bind(worker_id)
-            .bind(now)
-            .bind(job_id)
-            .execute(&mut *tx)
-            .await?;
+        for (job_id, worker_id, epoch, gpus) in leases {
+            sqlx::query("UPDATE jobs SET state = 'running', worker_id = ?, lease_epoch = ?, gpus = ?, started_ms = ? WHERE job_id = ?")
+                .bind(worker_id)
+                .bind(*epoch as i64)
+                .bind(serde_json::to_string(gpus).unwrap_or_default())
+                .bind(now)
+                .bind(job_id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("UPDATE components SET status = 'running', verdict = '', reason = '', worker_id = ?, updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
+                .bind(worker_id)
+                .bind(now)
+                .bind(job_id)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         Ok(())
     }

@@ -160,7 +160,14 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
             tracing::warn!(worker = %worker_id, "ignored a second register on one stream");
             return None;
         }
-        pb::worker_msg::Msg::Heartbeat(_) => SchedulerMsg::Heartbeat { worker_id },
+        pb::worker_msg::Msg::Heartbeat(h) => SchedulerMsg::Heartbeat {
+            worker_id,
+            running: h
+                .running
+                .into_iter()
+                .map(|r| (r.job_id, r.lease_epoch))
+                .collect(),
+        },
         pb::worker_msg::Msg::JobStarted(s) => SchedulerMsg::Started {
             worker_id,
             job_id: s.job_id,
