@@ -15,6 +15,7 @@ use fvd_actors::model::PortEvent;
 use fvd_actors::orchestrator::{OrchestratorActor, OrchestratorArgs, OrchestratorMsg};
 use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg};
 use fvd_actors::store::{Store, StoreError};
+use fvd_proto::auth::ServerAuth;
 use fvd_proto::v1::port_service_server::PortServiceServer;
 use fvd_proto::v1::worker_service_server::WorkerServiceServer;
 use ractor::{Actor, ActorRef};
@@ -40,6 +41,8 @@ pub enum ServerError {
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub scheduler: SchedulerConfig,
+    /// When set, every call must carry this bearer token.
+    pub token: Option<fvd_proto::auth::Token>,
     pub heartbeat_interval: Duration,
     pub clock: Arc<dyn Clock>,
 }
@@ -48,6 +51,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             scheduler: SchedulerConfig::default(),
+            token: None,
             heartbeat_interval: Duration::from_secs(1),
             clock: Arc::new(SystemClock),
         }
@@ -135,8 +139,14 @@ pub async fn start(
     };
     let serve = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(WorkerServiceServer::new(workers))
-            .add_service(PortServiceServer::new(ports))
+            .add_service(WorkerServiceServer::with_interceptor(
+                workers,
+                ServerAuth::new(config.token.clone()),
+            ))
+            .add_service(PortServiceServer::with_interceptor(
+                ports,
+                ServerAuth::new(config.token.clone()),
+            ))
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
     tracing::info!(%addr, "orchestrator listening");

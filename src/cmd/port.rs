@@ -11,12 +11,14 @@ use anyhow::{Context, bail};
 use clap::Args;
 use fvd_actors::spec;
 use fvd_actors::store::Store;
+use fvd_proto::auth::{ClientAuth, Token};
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::port_service_client::PortServiceClient;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use super::server::{local_worker_config, runtime};
+use super::server::{TokenArgs, local_worker_config, runtime};
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
@@ -45,6 +47,8 @@ pub struct SubmitArgs {
     /// Embedded mode: parallel CPU slots of the local worker (default: cores).
     #[arg(long)]
     pub cpu_slots: Option<u32>,
+    #[command(flatten)]
+    pub token: TokenArgs,
 }
 
 #[derive(Debug, Args)]
@@ -57,6 +61,8 @@ pub struct StatusArgs {
     pub orchestrator: Option<String>,
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub token: TokenArgs,
 }
 
 #[derive(Debug, Args)]
@@ -73,6 +79,8 @@ pub struct LogsArgs {
     pub repo: PathBuf,
     #[arg(long)]
     pub orchestrator: Option<String>,
+    #[command(flatten)]
+    pub token: TokenArgs,
 }
 
 #[derive(Debug, Args)]
@@ -80,6 +88,8 @@ pub struct CancelArgs {
     pub family: String,
     #[arg(long)]
     pub orchestrator: String,
+    #[command(flatten)]
+    pub token: TokenArgs,
 }
 
 /// Exit codes of `submit --wait`.
@@ -135,7 +145,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
     rt.block_on(async move {
         match args.orchestrator {
             Some(url) => {
-                let mut client = client(&url).await?;
+                let mut client = client(&url, args.token.load()?).await?;
                 let r = client
                     .submit(request)
                     .await
@@ -171,7 +181,14 @@ async fn embedded(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .context("cannot listen on loopback")?;
-    let server = fvd_orchestrator::start(listener, store, Default::default()).await?;
+    // A fresh token per run: nothing else on the host can drive the
+    // loopback port while the port runs.
+    let token = Token::random();
+    let config = fvd_orchestrator::ServerConfig {
+        token: Some(token.clone()),
+        ..Default::default()
+    };
+    let server = fvd_orchestrator::start(listener, store, config).await?;
     let shutdown = CancellationToken::new();
     let config = local_worker_config(
         server.url(),
@@ -179,10 +196,11 @@ async fn embedded(
         gpus,
         cpu_slots,
         None,
+        Some(token.clone()),
     )
     .await?;
     let worker = tokio::spawn(fvd_worker::client::run(config, shutdown.clone()));
-    let mut client = client(&server.url()).await?;
+    let mut client = client(&server.url(), Some(token)).await?;
     let family = request.family.clone();
     let r = client
         .submit(request)
@@ -203,7 +221,7 @@ async fn embedded(
 }
 
 /// Follows a port's events until it ends; returns the exit code.
-async fn watch(client: &mut PortServiceClient<Channel>, family: &str) -> anyhow::Result<u8> {
+async fn watch(client: &mut Client, family: &str) -> anyhow::Result<u8> {
     let mut stream = client
         .watch(pb::WatchRequest {
             family: family.to_string(),
@@ -312,7 +330,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
     rt.block_on(async move {
         let ports = match &args.orchestrator {
             Some(url) => {
-                let mut client = client(url).await?;
+                let mut client = client(url, args.token.load()?).await?;
                 client
                     .status(pb::StatusRequest {
                         family: args.family.clone().unwrap_or_default(),
@@ -386,7 +404,7 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
         let mut out = std::io::stdout().lock();
         match &args.orchestrator {
             Some(url) => {
-                let mut client = client(url).await?;
+                let mut client = client(url, args.token.load()?).await?;
                 let mut stream = client
                     .logs(pb::LogsRequest {
                         family: args.family.clone(),
@@ -429,7 +447,7 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
 pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
     let rt = runtime()?;
     rt.block_on(async move {
-        let mut client = client(&args.orchestrator).await?;
+        let mut client = client(&args.orchestrator, args.token.load()?).await?;
         client
             .cancel(pb::CancelRequest {
                 family: args.family.clone(),
@@ -452,14 +470,20 @@ async fn open_local(repo: &Path) -> anyhow::Result<Store> {
     Ok(Store::open_path(&db).await?)
 }
 
-pub async fn client(url: &str) -> anyhow::Result<PortServiceClient<Channel>> {
+/// A port client that presents the token, when one is configured.
+pub type Client = PortServiceClient<InterceptedService<Channel, ClientAuth>>;
+
+pub async fn client(url: &str, token: Option<Token>) -> anyhow::Result<Client> {
     let channel = Channel::from_shared(url.to_string())
         .with_context(|| format!("orchestrator address {url} is invalid"))?
         .connect_timeout(Duration::from_secs(10))
         .connect()
         .await
         .with_context(|| format!("cannot reach the orchestrator at {url}"))?;
-    Ok(PortServiceClient::new(channel))
+    Ok(PortServiceClient::with_interceptor(
+        channel,
+        ClientAuth::new(token),
+    ))
 }
 
 fn status_err(s: tonic::Status) -> anyhow::Error {

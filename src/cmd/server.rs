@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use fvd_actors::store::Store;
+use fvd_proto::auth::{Token, TokenSource};
 use fvd_worker::client::WorkerConfig;
 use fvd_worker::gpu::{self, GpuSelection};
 use tokio_util::sync::CancellationToken;
@@ -18,6 +19,29 @@ pub enum OrchestratorCmd {
     Serve(ServeArgs),
 }
 
+/// Where the bearer token comes from (a file, or a variable named here);
+/// without either, no token is sent or required.
+#[derive(Debug, Clone, Args, Default)]
+pub struct TokenArgs {
+    /// File holding the bearer token.
+    #[arg(long, conflicts_with = "token_env")]
+    pub token_file: Option<PathBuf>,
+    /// Name of the environment variable holding the bearer token.
+    #[arg(long)]
+    pub token_env: Option<String>,
+}
+
+impl TokenArgs {
+    pub fn load(&self) -> anyhow::Result<Option<Token>> {
+        let source = match (&self.token_file, &self.token_env) {
+            (Some(p), _) => TokenSource::File(p.clone()),
+            (None, Some(name)) => TokenSource::Env(name.clone()),
+            (None, None) => return Ok(None),
+        };
+        Ok(Some(Token::load(&source)?))
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Address to listen on, e.g. 0.0.0.0:7070 (port 0 picks a free one).
@@ -26,6 +50,8 @@ pub struct ServeArgs {
     /// State database, `sqlite://PATH`.
     #[arg(long)]
     pub db: String,
+    #[command(flatten)]
+    pub token: TokenArgs,
 }
 
 #[derive(Debug, Args)]
@@ -45,6 +71,25 @@ pub struct WorkerArgs {
     /// Stable worker id (default: host name and process id).
     #[arg(long)]
     pub worker_id: Option<String>,
+    #[command(flatten)]
+    pub token: TokenArgs,
+}
+
+/// Resolves on Ctrl-C or SIGTERM: both end a server or worker normally, so
+/// `main` flushes buffered spans and metrics before the process exits.
+async fn interrupted() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 /// The multi-threaded runtime every networked command runs on.
@@ -71,6 +116,7 @@ pub async fn local_worker_config(
     gpus: &str,
     cpu_slots: Option<u32>,
     worker_id: Option<String>,
+    token: Option<Token>,
 ) -> anyhow::Result<WorkerConfig> {
     let selection = GpuSelection::parse(gpus)?;
     let inventory = if selection == GpuSelection::None {
@@ -93,22 +139,28 @@ pub async fn local_worker_config(
         labels: Default::default(),
         grace: Duration::from_secs(5),
         max_backoff: Duration::from_secs(5),
+        token,
     })
 }
 
 pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
     let OrchestratorCmd::Serve(args) = cmd;
     runtime()?.block_on(async move {
+        let token = args.token.load()?;
         let store = Store::open(&args.db).await?;
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let server = fvd_orchestrator::start(listener, store, Default::default()).await?;
+        let config = fvd_orchestrator::ServerConfig {
+            token,
+            ..Default::default()
+        };
+        let server = fvd_orchestrator::start(listener, store, config).await?;
         // The first line names the address, so scripts can use port 0.
         println!("fvd orchestrator listening on {}", server.url());
         tokio::select! {
             r = server.wait() => r.map_err(|e| anyhow::anyhow!("server stopped: {e}"))?,
-            _ = tokio::signal::ctrl_c() => {}
+            _ = interrupted() => {}
         }
         Ok(0)
     })
@@ -122,6 +174,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
             &args.gpus,
             args.cpu_slots,
             args.worker_id,
+            args.token.load()?,
         )
         .await?;
         println!(
@@ -134,7 +187,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         tokio::spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
+            interrupted().await;
             stop.cancel();
         });
         fvd_worker::client::run(config, shutdown).await?;

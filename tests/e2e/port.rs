@@ -527,3 +527,65 @@ fn cancel_stops_a_running_port_and_its_job() {
         || (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()),
     );
 }
+
+#[test]
+fn calls_without_the_token_are_refused_and_the_token_is_never_logged() {
+    let mut sb = Sandbox::new();
+    let token = "tok-7f3a9c1e5b2d4f6a8c0e";
+    let token_file = sb.repo().join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let tf = token_file.display().to_string();
+    sb.port("guarded", &[TestComponent::new("ok", "assert True")]);
+    let url = sb.serve_with(&["--token-file", &tf]);
+
+    // A worker without the token is refused at registration and exits.
+    let out = sb.worker_with("intruder", 1, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        sb.logs().contains("refused the registration"),
+        "{}",
+        sb.logs()
+    );
+
+    // So is a client.
+    let out = fvd()
+        .args(["status", "--orchestrator", &url])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing or wrong token"));
+
+    // With the token (from an env var named on the command line), it works.
+    let w = sb.worker_with("w1", 1, &["--token-env", "FVD_TEST_TOKEN"]);
+    let mut w = w;
+    w.env("FVD_TEST_TOKEN", token);
+    sb.spawn_worker("w1", w);
+    let out = fvd()
+        .args([
+            "submit",
+            "--family",
+            "guarded",
+            "--wait",
+            "--orchestrator",
+            &url,
+            "--token-file",
+            &tf,
+            "--repo",
+        ])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all = format!(
+        "{}{}{}",
+        sb.logs(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!all.contains(token), "the token value must never be logged");
+}

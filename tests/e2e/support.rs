@@ -29,6 +29,10 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+/// fvd's own debug logs, without the chatter of the libraries below it.
+pub const LOG_FILTER: &str =
+    "debug,sqlx=warn,h2=warn,hyper=warn,hyper_util=warn,tonic=warn,tower=warn";
+
 /// Polls `f` until it returns `Some`, or panics naming `what` after `limit`.
 pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
@@ -153,12 +157,36 @@ timeout_s = 60
 
     /// Starts `fvd orchestrator serve` on a free loopback port.
     pub fn serve(&mut self) -> String {
+        self.serve_with(&[])
+    }
+
+    /// Logs of the sandbox's processes go to files beside the repo, at
+    /// debug level, so tests can search them (for secrets, say).
+    fn log_file(&self, name: &str) -> std::fs::File {
+        std::fs::File::create(self.repo().join(format!("{name}.log"))).expect("log file")
+    }
+
+    /// Everything the sandbox's processes logged so far.
+    pub fn logs(&self) -> String {
+        let mut all = String::new();
+        for e in std::fs::read_dir(self.repo()).unwrap().flatten() {
+            if e.path().extension().is_some_and(|x| x == "log") {
+                all.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
+            }
+        }
+        all
+    }
+
+    /// `serve()` with extra arguments (a token, say).
+    pub fn serve_with(&mut self, extra: &[&str]) -> String {
         let db = self.repo().join("orchestrator.db");
         let mut child = fvd()
             .args(["orchestrator", "serve", "--listen", "127.0.0.1:0", "--db"])
             .arg(format!("sqlite://{}", db.display()))
+            .args(extra)
+            .env("FVD_LOG", LOG_FILTER)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(self.log_file("orchestrator"))
             .spawn()
             .expect("spawn orchestrator");
         let mut line = String::new();
@@ -173,7 +201,8 @@ timeout_s = 60
             .to_string();
         assert!(
             url.starts_with("http://127.0.0.1:"),
-            "unexpected first line {line:?}"
+            "unexpected first line {line:?}; log:\n{}",
+            self.logs()
         );
         self.children.push(child);
         self.url = Some(url.clone());
@@ -182,23 +211,39 @@ timeout_s = 60
 
     /// Starts `fvd worker` with `slots` CPU slots and no GPU.
     pub fn worker(&mut self, id: &str, slots: u32) {
-        let url = self.url.clone().expect("serve() first");
-        let child = fvd()
-            .args([
-                "worker",
-                "--orchestrator",
-                &url,
-                "--gpus",
-                "none",
-                "--worker-id",
-                id,
-            ])
-            .args(["--cpu-slots", &slots.to_string(), "--workspace"])
-            .arg(self.repo().join(format!("ws-{id}")))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+        let child = self
+            .worker_with(id, slots, &[])
             .spawn()
             .expect("spawn worker");
+        self.workers.push((id.to_string(), self.children.len()));
+        self.children.push(child);
+    }
+
+    /// The command of a worker, for a test that runs it itself.
+    pub fn worker_with(&self, id: &str, slots: u32, extra: &[&str]) -> Command {
+        let url = self.url.clone().expect("serve() first");
+        let mut cmd = fvd();
+        cmd.args([
+            "worker",
+            "--orchestrator",
+            &url,
+            "--gpus",
+            "none",
+            "--worker-id",
+            id,
+        ])
+        .args(["--cpu-slots", &slots.to_string(), "--workspace"])
+        .arg(self.repo().join(format!("ws-{id}")))
+        .args(extra)
+        .env("FVD_LOG", LOG_FILTER)
+        .stdout(Stdio::null())
+        .stderr(self.log_file(&format!("worker-{id}")));
+        cmd
+    }
+
+    /// Starts a prepared worker command and keeps it for cleanup.
+    pub fn spawn_worker(&mut self, id: &str, mut cmd: Command) {
+        let child = cmd.spawn().expect("spawn worker");
         self.workers.push((id.to_string(), self.children.len()));
         self.children.push(child);
     }

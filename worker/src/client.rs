@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fvd_proto::auth::{ClientAuth, Token};
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::worker_service_client::WorkerServiceClient;
 use tokio::sync::mpsc;
@@ -36,6 +37,8 @@ pub struct WorkerConfig {
     pub grace: Duration,
     /// Longest wait between two connection attempts.
     pub max_backoff: Duration,
+    /// Bearer token presented on every call, when the orchestrator wants one.
+    pub token: Option<Token>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +106,8 @@ async fn session(
         .connect()
         .await
         .map_err(|e| Session::Lost(format!("connect: {e}")))?;
-    let mut client = WorkerServiceClient::new(channel);
+    let mut client =
+        WorkerServiceClient::with_interceptor(channel, ClientAuth::new(config.token.clone()));
     let (tx, rx) = mpsc::channel::<pb::WorkerMsg>(256);
     tx.send(msg(pb::worker_msg::Msg::Register(register(config))))
         .await

@@ -1,0 +1,203 @@
+//! Bearer-token authentication for both services: clients (workers and the
+//! CLI) attach `authorization: Bearer <token>`; the server refuses any call
+//! without the right one with `UNAUTHENTICATED`.
+//!
+//! The token is read from a file or from an environment variable whose
+//! *name* the operator gives; its value is never printed: `Debug` shows
+//! only whether a token is set.
+
+use std::path::{Path, PathBuf};
+
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::{Request, Status};
+
+/// Where a token comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    File(PathBuf),
+    /// The name of an environment variable holding the token.
+    Env(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("cannot read token file {path}: {source}")]
+    File {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("token environment variable {0} is not set")]
+    EnvUnset(String),
+    #[error("token from {0} is empty")]
+    Empty(String),
+    #[error("token from {0} holds characters a gRPC header cannot carry")]
+    NotAscii(String),
+}
+
+/// A token, kept out of every `Debug` and log line.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl Token {
+    /// Reads the token; surrounding whitespace (a trailing newline in a
+    /// file) is not part of it.
+    pub fn load(source: &TokenSource) -> Result<Self, AuthError> {
+        let (raw, from) = match source {
+            TokenSource::File(p) => (read_file(p)?, p.display().to_string()),
+            TokenSource::Env(name) => (
+                std::env::var(name).map_err(|_| AuthError::EnvUnset(name.clone()))?,
+                format!("${name}"),
+            ),
+        };
+        let t = raw.trim().to_string();
+        if t.is_empty() {
+            return Err(AuthError::Empty(from));
+        }
+        if !t.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(AuthError::NotAscii(from));
+        }
+        Ok(Token(t))
+    }
+
+    /// A fresh random token (embedded mode: orchestrator and worker share it
+    /// in memory, so nothing else on the host can drive the loopback port).
+    pub fn random() -> Self {
+        let mut bytes = [0u8; 32];
+        if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+            use std::io::Read;
+            let _ = f.read_exact(&mut bytes);
+        }
+        Token(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    fn header(&self) -> MetadataValue<Ascii> {
+        format!("Bearer {}", self.0)
+            .parse()
+            .expect("a token of graphic ascii makes a valid header")
+    }
+}
+
+fn read_file(p: &Path) -> Result<String, AuthError> {
+    std::fs::read_to_string(p).map_err(|source| AuthError::File {
+        path: p.to_path_buf(),
+        source,
+    })
+}
+
+/// Client side: adds the header when a token is configured.
+#[derive(Debug, Clone, Default)]
+pub struct ClientAuth {
+    token: Option<Token>,
+}
+
+impl ClientAuth {
+    pub fn new(token: Option<Token>) -> Self {
+        Self { token }
+    }
+}
+
+impl Interceptor for ClientAuth {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(t) = &self.token {
+            req.metadata_mut().insert("authorization", t.header());
+        }
+        Ok(req)
+    }
+}
+
+/// Server side: with a token configured, every call must carry it.
+#[derive(Debug, Clone, Default)]
+pub struct ServerAuth {
+    token: Option<Token>,
+}
+
+impl ServerAuth {
+    pub fn new(token: Option<Token>) -> Self {
+        Self { token }
+    }
+}
+
+impl Interceptor for ServerAuth {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(want) = &self.token else {
+            return Ok(req);
+        };
+        let got = req
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if constant_time_eq(got, want.header().as_bytes()) {
+            Ok(req)
+        } else {
+            Err(Status::unauthenticated("missing or wrong token"))
+        }
+    }
+}
+
+/// Compares without an early exit, so response timing does not reveal how
+/// much of a guessed token was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_refuses_missing_and_wrong_tokens() {
+        let token = Token("s3cret-value".into());
+        let mut server = ServerAuth::new(Some(token.clone()));
+        assert_eq!(
+            server.call(Request::new(())).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        let wrong = ClientAuth::new(Some(Token("s3cret-valuE".into())))
+            .call(Request::new(()))
+            .unwrap();
+        assert!(server.call(wrong).is_err());
+        let right = ClientAuth::new(Some(token)).call(Request::new(())).unwrap();
+        assert!(server.call(right).is_ok());
+    }
+
+    #[test]
+    fn no_token_configured_means_open() {
+        assert!(ServerAuth::default().call(Request::new(())).is_ok());
+    }
+
+    #[test]
+    fn debug_never_shows_the_value() {
+        let t = Token("s3cret-value".into());
+        assert!(!format!("{t:?}").contains("s3cret"));
+        assert!(!format!("{:?}", ClientAuth::new(Some(t))).contains("s3cret"));
+    }
+
+    #[test]
+    fn loads_from_file_and_env_and_names_the_source_on_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tok");
+        std::fs::write(&p, "abc123\n").unwrap();
+        assert_eq!(
+            Token::load(&TokenSource::File(p)).unwrap(),
+            Token("abc123".into())
+        );
+        let err = Token::load(&TokenSource::Env("FVD_TEST_SURELY_UNSET_VAR".into())).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "token environment variable FVD_TEST_SURELY_UNSET_VAR is not set"
+        );
+        assert_eq!(Token::random().0.len(), 64);
+        assert_ne!(Token::random(), Token::random());
+    }
+}
