@@ -10,19 +10,24 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cmd::Cli::parse();
-    // Logs go to stderr so stdout stays machine-readable (`--json`).
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FVD_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match cmd::run(cli) {
+    // Logs go to stderr so stdout stays machine-readable (`--json`); spans
+    // and metrics leave over OTLP only when an endpoint is configured.
+    let mut telemetry =
+        match fvd_telemetry::init(cli.otlp_endpoint.as_deref(), cli.service_name(), "FVD_LOG") {
+            Ok(t) => t,
+            Err(err) => {
+                eprintln!("fvd: error: {err}");
+                return ExitCode::from(2);
+            }
+        };
+    let code = match cmd::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             eprintln!("fvd: error: {err:#}");
             ExitCode::from(2)
         }
-    }
+    };
+    // The command's runtime is gone: flushing may block here.
+    telemetry.shutdown();
+    code
 }

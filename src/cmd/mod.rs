@@ -13,8 +13,24 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "fvd", version, about)]
 pub struct Cli {
+    /// Export spans and metrics over OTLP/gRPC to this collector
+    /// (`http://HOST:4317`); `OTEL_EXPORTER_OTLP_ENDPOINT` does the same.
+    /// Off when neither is set.
+    #[arg(long, global = true, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// `service.name` of this process unless `OTEL_SERVICE_NAME` says.
+    pub fn service_name(&self) -> &'static str {
+        match self.command {
+            Command::Orchestrator(_) => "fvd-orchestrator",
+            Command::Worker(_) => "fvd-worker",
+            _ => "fvd",
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,0 +1,43 @@
+//! OpenTelemetry for fvd: one trace per port, joined across the
+//! orchestrator, the workers and the test and agent processes they start.
+//!
+//! * [`init`] installs the process's `tracing` subscriber: logs to stderr
+//!   (filtered by `FVD_LOG`) and, only when OTLP export is configured, a
+//!   `tracing-opentelemetry` layer plus a meter provider, both exporting
+//!   over OTLP/gRPC. When export is off no exporter, layer or meter exists,
+//!   so `info` spans stay disabled callsites and cost a branch.
+//! * [`propagation`] turns a span into a W3C `traceparent` and back; it
+//!   crosses the worker stream inside `AssignJob` and reaches test and
+//!   agent processes as the `TRACEPARENT` environment variable.
+//! * [`metrics`] holds the instruments (jobs queued and running, queue
+//!   wait, GPU-seconds, attempts, verdicts); they are no-ops while off.
+//! * [`spans`] builds the spans other crates share (agent runs, trace
+//!   comparisons) and the span events (verdict changes, gate refusals,
+//!   escape hatches).
+//! * [`spawn`] spawns a task that stays inside the caller's span.
+//!
+//! Span attributes carry names, ids, counts and verdicts only: never the
+//! value of an environment variable.
+
+pub mod config;
+pub mod metrics;
+pub mod propagation;
+pub mod spans;
+
+mod install;
+
+pub use config::{ExportConfig, ExportDecision};
+pub use install::{Telemetry, TelemetryError, init};
+pub use propagation::{TRACEPARENT, current_traceparent, set_parent, traceparent};
+
+/// Spawns `fut` on the current tokio runtime inside the caller's current
+/// span, so work done by the task (spans, events) stays in the port's trace
+/// instead of starting a new, unparented one.
+pub fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    use tracing::Instrument;
+    tokio::spawn(fut.in_current_span())
+}

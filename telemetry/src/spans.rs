@@ -1,0 +1,68 @@
+//! Spans and span events shared across crates, so every process names
+//! them and their attributes the same way.
+//!
+//! The port loop's own spans (`port`, `phase`, `component`, `attempt`,
+//! `job`) are made where their work happens, in `fvd-actors` and
+//! `fvd-worker`; this module holds the ones whose callers do not exist in
+//! the port loop yet: agent runs (the agent loop) and trace comparisons
+//! (first divergence inside a port). Both are ready to wrap that work.
+
+use tracing::Span;
+use tracing::field::Empty;
+
+/// The span of one agent run on a component (e.g. a debugging attempt).
+/// Start the agent process with [`crate::TRACEPARENT`] set from this span
+/// so its own instrumentation joins the port's trace. Record the outcome
+/// with `span.record("outcome", …)`.
+pub fn agent_run(parent: &Span, family: &str, component: &str, attempt: u32, agent: &str) -> Span {
+    tracing::info_span!(
+        parent: parent,
+        "agent_run",
+        family,
+        component,
+        attempt,
+        agent,
+        outcome = Empty,
+        exit_code = Empty,
+    )
+}
+
+/// The span of one trace comparison (reference vs port activations).
+/// Record the result with [`first_divergence`].
+pub fn trace_comparison(parent: &Span, family: &str, component: &str) -> Span {
+    tracing::info_span!(
+        parent: parent,
+        "trace_comparison",
+        family,
+        component,
+        compared_modules = Empty,
+        first_divergent_module = Empty,
+        diverged = Empty,
+    )
+}
+
+/// Records a comparison's outcome on its span: how many modules were
+/// compared and the first divergent one, if any.
+pub fn first_divergence(span: &Span, compared_modules: u64, first_divergent: Option<&str>) {
+    span.record("compared_modules", compared_modules);
+    span.record("diverged", first_divergent.is_some());
+    if let Some(module) = first_divergent {
+        span.record("first_divergent_module", module);
+    }
+}
+
+/// A component's verdict changed between two attempts.
+pub fn verdict_changed(span: &Span, from: &str, to: &str, attempt: u32) {
+    tracing::info!(parent: span, from, to, attempt, "verdict changed");
+}
+
+/// The gate refused a phase transition; `conditions` are the unmet
+/// predicates as recorded (field names and reasons, never values).
+pub fn gate_refused(span: &Span, phase: &str, conditions: &[String]) {
+    tracing::info!(parent: span, phase, conditions = ?conditions, "gate refused a transition");
+}
+
+/// An escape hatch (a recorded exception to the workflow) is in force.
+pub fn escape_hatch(span: &Span, phase: &str, hatch: &str) {
+    tracing::info!(parent: span, phase, hatch, "escape hatch");
+}
