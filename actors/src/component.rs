@@ -10,8 +10,11 @@
 use std::collections::BTreeMap;
 
 use fvd_contracts::verdict::{self, JunitEvidence, RunEvidence, Verdict};
+use fvd_telemetry::{metrics, spans};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::broadcast;
+use tracing::Span;
+use tracing::field::Empty;
 
 use crate::gate::GateMsg;
 use crate::model::{ComponentRow, JobRecord, JobReport, JobResult, PortEvent};
@@ -28,6 +31,8 @@ pub struct ComponentSubagentActor;
 
 #[derive(Debug)]
 pub struct ComponentArgs {
+    /// The span this component's span hangs under (the port's P6 phase).
+    pub span: Span,
     pub family: String,
     pub spec: ComponentSpec,
     /// Working directory of the runs on the worker: the port's repository.
@@ -66,6 +71,13 @@ pub struct ComponentState {
     args: ComponentArgs,
     job_id: Option<String>,
     infra_verdicts: u32,
+    /// `component` span, open until the component is final.
+    span: Span,
+    /// `attempt` span of the run in flight; the scheduler's `job` span
+    /// hangs under it.
+    attempt: Span,
+    /// Verdict of the previous run, to tell a verdict change.
+    last_verdict: Option<String>,
 }
 
 impl Actor for ComponentSubagentActor {
@@ -78,10 +90,23 @@ impl Actor for ComponentSubagentActor {
         _myself: ActorRef<Self::Msg>,
         args: ComponentArgs,
     ) -> Result<ComponentState, ActorProcessingErr> {
+        let span = tracing::info_span!(
+            parent: &args.span,
+            "component",
+            family = %args.family,
+            component = %args.spec.name,
+            gpus_needed = args.spec.gpus,
+            status = Empty,
+            verdict = Empty,
+            reason = Empty,
+        );
         Ok(ComponentState {
             args,
             job_id: None,
             infra_verdicts: 0,
+            span,
+            attempt: Span::none(),
+            last_verdict: None,
         })
     }
 
@@ -93,6 +118,9 @@ impl Actor for ComponentSubagentActor {
         let row = current(st).await?;
         if row.is_final() {
             // Recorded verdicts are not rerun on resume.
+            st.span.record("status", row.status.as_str());
+            st.span.record("verdict", row.verdict.as_str());
+            st.span = Span::none();
             st.args.gate.cast(GateMsg::ComponentFinal(row))?;
             return Ok(());
         }
@@ -158,6 +186,17 @@ impl Actor for ComponentSubagentActor {
                     return Ok(());
                 }
                 st.job_id = None;
+                let attempt = std::mem::replace(&mut st.attempt, Span::none());
+                attempt.record("verdict", result.verdict.as_str());
+                attempt.record("reason", result.reason.as_str());
+                metrics::verdict(&st.args.family, &st.args.spec.name, &result.verdict);
+                if let Some(prev) = st.last_verdict.replace(result.verdict.clone())
+                    && prev != result.verdict
+                {
+                    let run = current(st).await?.runs;
+                    spans::verdict_changed(&st.span, &prev, &result.verdict, run);
+                }
+                drop(attempt);
                 if !report.survivors.is_empty() {
                     tracing::error!(job = %report.job_id, survivors = ?report.survivors, "processes of the job outlived it");
                 }
@@ -239,6 +278,17 @@ async fn enqueue(
         })
         .await?;
     st.job_id = Some(record.job_id.clone());
+    st.attempt = tracing::info_span!(
+        parent: &st.span,
+        "attempt",
+        family = %st.args.family,
+        component = %spec.name,
+        attempt = record.run_no,
+        job_id = %record.job_id,
+        verdict = Empty,
+        reason = Empty,
+    );
+    metrics::attempt(&st.args.family, &spec.name);
     emit(st).await?;
     let mut env = BTreeMap::new();
     env.insert("FVD_FAMILY".to_string(), st.args.family.clone());
@@ -251,6 +301,7 @@ async fn enqueue(
             env,
             secret_env: spec.env.clone(),
             notify: myself.clone(),
+            span: st.attempt.clone(),
         })))?;
     Ok(())
 }
@@ -277,13 +328,19 @@ async fn update(
 }
 
 async fn finish(
-    st: &ComponentState,
+    st: &mut ComponentState,
     status: &str,
     verdict: &str,
     reason: &str,
     worker_id: &str,
 ) -> Result<(), ActorProcessingErr> {
     update(st, status, verdict, reason, worker_id).await?;
+    st.span.record("status", status);
+    st.span.record("verdict", verdict);
+    st.span.record("reason", reason);
+    // The component is final: its span ends (and is exported) now.
+    st.attempt = Span::none();
+    st.span = Span::none();
     let row = current(st).await?;
     st.args.gate.cast(GateMsg::ComponentFinal(row))?;
     Ok(())

@@ -11,8 +11,11 @@ use std::path::Path;
 
 use fvd_contracts::kind::{ContractKind, check_block};
 use fvd_contracts::phase::Phase;
+use fvd_telemetry::spans;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::broadcast;
+use tracing::Span;
+use tracing::field::Empty;
 
 use crate::component::{ComponentArgs, ComponentSubagentActor};
 use crate::model::{ComponentRow, GateEventRow, PortEvent};
@@ -48,6 +51,11 @@ pub struct GateState {
     recorded: Vec<GateEventRow>,
     finals: std::collections::BTreeMap<String, ComponentRow>,
     done: bool,
+    /// Root of the port's trace; ends when the port finishes.
+    span: Span,
+    /// The phase span still open (P6 from `entered` until it is decided);
+    /// component spans are its children.
+    phase_span: Option<(String, Span)>,
 }
 
 /// Port states as stored. `waiting` means fvd finished what it drives and
@@ -65,11 +73,22 @@ impl Actor for GateActor {
         args: GateArgs,
     ) -> Result<GateState, ActorProcessingErr> {
         let recorded = args.store.gate_events(&args.family).await?;
+        // A root span: one trace per port (per run of its gate).
+        let span = tracing::info_span!(
+            parent: None,
+            "port",
+            family = %args.family,
+            components = args.spec.components.len(),
+            state = Empty,
+            phase = Empty,
+        );
         Ok(GateState {
             args,
             recorded,
             finals: Default::default(),
             done: false,
+            span,
+            phase_span: None,
         })
     }
 
@@ -86,6 +105,11 @@ impl Actor for GateActor {
             return finish(&myself, st).await;
         }
         record(st, Phase::ScopeAndHandoffGate, "passed", vec![]).await?;
+        if let Some(hatch) = st.args.spec.prep.get("escape_hatch")
+            && hatch != "none"
+        {
+            spans::escape_hatch(&st.span, &Phase::ScopeAndHandoffGate.id(), hatch);
+        }
         record(
             st,
             Phase::ReferenceAndArchitectureStudy,
@@ -250,7 +274,12 @@ async fn spawn_component(
     st: &GateState,
     c: &crate::spec::ComponentSpec,
 ) -> Result<(), ActorProcessingErr> {
+    let parent = match &st.phase_span {
+        Some((_, span)) => span.clone(),
+        None => st.span.clone(),
+    };
     let args = ComponentArgs {
+        span: parent,
         family: st.args.family.clone(),
         spec: c.clone(),
         repo: st.args.repo.clone(),
@@ -344,6 +373,10 @@ async fn refuse(
 
 async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), ActorProcessingErr> {
     st.done = true;
+    if let Ok(Some(port)) = st.args.store.port(&st.args.family).await {
+        st.span.record("state", port.state.as_str());
+        st.span.record("phase", port.phase.as_str());
+    }
     // A status file that cannot be written is reported, not fatal: the
     // store holds the truth and the next run writes the file again.
     match crate::port_status::write(&st.args.store, &st.args.family).await {
@@ -355,6 +388,9 @@ async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), Ac
     let _ = st.args.events.send(PortEvent::Finished {
         family: st.args.family.clone(),
     });
+    // Closing the spans now exports them now, not when the actor is reaped.
+    st.phase_span = None;
+    st.span = Span::none();
     myself.stop(Some("port finished".into()));
     Ok(())
 }
@@ -367,6 +403,22 @@ async fn record(
     outcome: &str,
     conditions: Vec<String>,
 ) -> Result<(), ActorProcessingErr> {
+    // A phase decided at once is a short span; one entered stays open (and
+    // parents the work inside it) until its decision is recorded.
+    let span = match st.phase_span.take() {
+        Some((id, span)) if id == phase.id() => span,
+        open => {
+            st.phase_span = open;
+            tracing::info_span!(parent: &st.span, "phase", phase = %phase.id(), family = %st.args.family, outcome = Empty)
+        }
+    };
+    span.record("outcome", outcome);
+    if outcome == "refused" {
+        spans::gate_refused(&span, &phase.id(), &conditions);
+    }
+    if outcome == "entered" {
+        st.phase_span = Some((phase.id(), span));
+    }
     let same = st
         .recorded
         .iter()
@@ -381,9 +433,6 @@ async fn record(
         .store
         .record_gate(&st.args.family, &phase.id(), outcome, &conditions)
         .await?;
-    if outcome == "refused" {
-        tracing::info!(family = %st.args.family, phase = %phase.id(), ?conditions, "gate refused a transition");
-    }
     st.recorded.push(ev.clone());
     let _ = st.args.events.send(PortEvent::Gate {
         family: st.args.family.clone(),

@@ -118,6 +118,9 @@ pub struct Assignment {
     pub cwd: String,
     pub gpus: Vec<u32>,
     pub timeout_ms: u64,
+    /// W3C `traceparent` of the orchestrator's span for this job, when
+    /// tracing is on: the worker's job span becomes its child.
+    pub traceparent: Option<String>,
 }
 
 /// Messages the orchestrator sends down a worker's stream.

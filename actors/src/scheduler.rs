@@ -59,6 +59,9 @@ pub struct QueuedJob {
     pub secret_env: Vec<String>,
     /// The component actor told about the job's progress.
     pub notify: ActorRef<ComponentMsg>,
+    /// The component's `attempt` span: each lease of the job is a `job`
+    /// span under it, and its context travels to the worker.
+    pub span: tracing::Span,
 }
 
 #[derive(Debug)]
@@ -130,6 +133,8 @@ struct Lease {
     worker_id: String,
     epoch: u64,
     gpus: Vec<u32>,
+    /// The `job` span of this lease; it ends with the lease.
+    span: tracing::Span,
 }
 
 #[derive(Debug)]
@@ -332,6 +337,13 @@ impl Actor for SchedulerActor {
                 let Some(entry) = st.jobs.remove(&report.job_id) else {
                     return Ok(());
                 };
+                if let Some(lease) = &entry.lease {
+                    let gpu_seconds = lease.gpus.len() as f64 * report.duration_ms as f64 / 1000.0;
+                    lease.span.record("gpu_seconds", gpu_seconds);
+                    lease.span.record("duration_ms", report.duration_ms);
+                    let r = &entry.job.record;
+                    fvd_telemetry::metrics::gpu_seconds(&r.family, &r.component, gpu_seconds);
+                }
                 release(st, &entry);
                 let _ = entry
                     .job
@@ -384,6 +396,10 @@ impl Actor for SchedulerActor {
             }
         }
         dispatch(st).await?;
+        if fvd_telemetry::metrics::enabled() {
+            let running = st.jobs.values().filter(|e| e.lease.is_some()).count();
+            fvd_telemetry::metrics::jobs(st.queue.len(), running);
+        }
         Ok(())
     }
 }
@@ -542,6 +558,18 @@ impl FairQueue {
     }
 }
 
+/// The UUIDs of a worker's GPUs in `leased`, comma-separated (a span
+/// attribute of the job).
+fn gpu_uuids(worker: &WorkerInfo, leased: &[u32]) -> String {
+    worker
+        .gpus
+        .iter()
+        .filter(|g| leased.contains(&g.index))
+        .map(|g| g.uuid.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A lease decided in memory, committed with the others of its round.
 #[derive(Debug)]
 struct Planned {
@@ -639,9 +667,32 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
         })
         .collect();
     st.store.lease_jobs(&rows).await?;
+    let now = st.clock.now_ms();
     for p in planned {
+        let worker = &st.workers[&p.worker_id].info;
         let entry = st.jobs.get_mut(&p.job_id).expect("planned job exists");
         let r = &entry.job.record;
+        let queue_wait_ms = (now - r.queued_ms).max(0);
+        fvd_telemetry::metrics::queue_wait(
+            &r.family,
+            std::time::Duration::from_millis(queue_wait_ms as u64),
+        );
+        let span = tracing::info_span!(
+            parent: &entry.job.span,
+            "job",
+            family = %r.family,
+            component = %r.component,
+            attempt = r.run_no,
+            job_id = %p.job_id,
+            lease_epoch = p.epoch,
+            worker_id = %p.worker_id,
+            gpus = p.gpus.len(),
+            // Evaluated only when the span is recorded.
+            gpu_uuids = %gpu_uuids(worker, &p.gpus),
+            queue_wait_ms,
+            gpu_seconds = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
         let assignment = Assignment {
             job_id: p.job_id.clone(),
             lease_epoch: p.epoch,
@@ -651,11 +702,13 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             cwd: r.cwd.clone(),
             gpus: p.gpus.clone(),
             timeout_ms: r.timeout_ms,
+            traceparent: fvd_telemetry::traceparent(&span),
         };
         entry.lease = Some(Lease {
             worker_id: p.worker_id.clone(),
             epoch: p.epoch,
             gpus: p.gpus,
+            span,
         });
         let _ = entry.job.notify.cast(ComponentMsg::Leased {
             job_id: p.job_id.clone(),

@@ -151,6 +151,7 @@ impl Harness {
                 env: BTreeMap::new(),
                 secret_env: Vec::new(),
                 notify: self.sink.clone(),
+                span: tracing::Span::none(),
             })))
             .unwrap();
         id

@@ -139,6 +139,7 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
             gpus: a.gpus,
             timeout_ms: a.timeout_ms,
             collect_junit: true,
+            traceparent: a.traceparent.unwrap_or_default(),
         }),
         ToWorker::Cancel {
             job_id,

@@ -4,4 +4,5 @@
 mod contracts;
 mod port;
 mod support;
+mod telemetry;
 mod trace;

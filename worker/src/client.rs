@@ -193,7 +193,22 @@ fn handle(
             let config = config.clone();
             let tx = tx.clone();
             let running = running.clone();
-            tokio::spawn(async move {
+            // The worker's side of the job, a child of the orchestrator's
+            // `job` span whose context came with the assignment.
+            let span = tracing::info_span!(
+                parent: None,
+                "job.run",
+                job_id = %a.job_id,
+                lease_epoch = a.lease_epoch,
+                worker_id = %config.worker_id,
+                gpus = a.gpus.len(),
+                gpu_uuids = %gpu_uuids(&config, &a.gpus),
+                exit_code = tracing::field::Empty,
+                duration_ms = tracing::field::Empty,
+            );
+            fvd_telemetry::set_parent(&span, &a.traceparent);
+            let _entered = span.enter();
+            fvd_telemetry::spawn(async move {
                 let job_id = a.job_id.clone();
                 let finished = run_assigned(&config, a, &tx, cancel).await;
                 running.lock().expect("running lock").remove(&job_id);
@@ -232,6 +247,13 @@ async fn run_assigned(
     };
     // Secret values are read here, on the worker, and nowhere else.
     let mut env: Vec<(String, String)> = a.env.into_iter().collect();
+    // The test process joins the port's trace under this worker's span; if
+    // this worker does not export, the orchestrator's context still joins.
+    let traceparent = fvd_telemetry::current_traceparent()
+        .or_else(|| (!a.traceparent.is_empty()).then(|| a.traceparent.clone()));
+    if let Some(tp) = traceparent {
+        env.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
+    }
     for name in &a.secret_env {
         if let Ok(v) = std::env::var(name) {
             env.push((name.clone(), v));
@@ -260,7 +282,7 @@ async fn run_assigned(
         let tx = tx.clone();
         let job_id = a.job_id.clone();
         let epoch = a.lease_epoch;
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             while let Some(ev) = erx.recv().await {
                 let m = match ev {
                     JobEvent::Started { pid, at } => {
@@ -303,6 +325,11 @@ async fn run_assigned(
     match outcome {
         Err(e) => finished.spawn_error = e.to_string(),
         Ok(o) => {
+            let span = tracing::Span::current();
+            if let Some(code) = o.exit_code {
+                span.record("exit_code", code);
+            }
+            span.record("duration_ms", o.duration.as_millis() as u64);
             finished.exit_code = o.exit_code;
             finished.signal = o.signal;
             finished.timed_out = o.timed_out;
@@ -328,6 +355,17 @@ async fn run_assigned(
         let _ = tokio::fs::remove_dir_all(&scratch).await;
     }
     finished
+}
+
+/// The UUIDs of the leased host GPUs, comma-separated (span attribute).
+fn gpu_uuids(config: &WorkerConfig, leased: &[u32]) -> String {
+    config
+        .gpus
+        .iter()
+        .filter(|g| leased.contains(&g.index))
+        .map(|g| g.uuid.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn sanitize(job_id: &str) -> String {
