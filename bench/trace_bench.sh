@@ -22,6 +22,7 @@ DUMP_GB="${DUMP_GB:-2}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/targets/trace}"
 mkdir -p "$out"
 
+echo "== $(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== building release fvd"
 (cd "$root" && cargo build --release -p fvd --quiet)
 fvd="$CARGO_TARGET_DIR/release/fvd"
@@ -107,3 +108,4 @@ EOF
   awk -v b="$bytes" -v t="$cat_t" -v c="$copy_gbs" \
     'BEGIN { printf "   baselines: page-cache read %.2f GB/s, numpy memory copy %.2f GB/s\n", b / t / 1e9, c }'
 fi
+echo "== load average at end: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine slows both sides)"
