@@ -28,6 +28,9 @@ pub struct GateActor;
 
 #[derive(Debug)]
 pub struct GateArgs {
+    /// Trace context the port's span continues (from the submitter); a
+    /// new trace when `None`.
+    pub traceparent: Option<String>,
     pub family: String,
     pub spec: PortSpec,
     pub repo: String,
@@ -82,6 +85,9 @@ impl Actor for GateActor {
             state = Empty,
             phase = Empty,
         );
+        if let Some(tp) = &args.traceparent {
+            fvd_telemetry::set_parent(&span, tp);
+        }
         Ok(GateState {
             args,
             recorded,

@@ -33,6 +33,9 @@ pub struct Submission {
     pub spec_toml: String,
     /// Run every component again instead of resuming.
     pub rerun: bool,
+    /// W3C `traceparent` of the submitter's span (gRPC metadata), so the
+    /// port's trace joins the caller's (e.g. an agent's).
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -95,7 +98,7 @@ impl Actor for OrchestratorActor {
         for port in st.args.store.ports().await? {
             if port.state == RUNNING {
                 tracing::info!(family = %port.family, "resuming port from the store");
-                if let Err(e) = start_gate(&myself, st, &port).await {
+                if let Err(e) = start_gate(&myself, st, &port, None).await {
                     tracing::error!(family = %port.family, error = %e, "could not resume port");
                 }
             }
@@ -151,7 +154,7 @@ impl Actor for OrchestratorActor {
                     st.ports.remove(&family);
                     tracing::error!(%family, %err, "gate actor failed; restarting the port from the store");
                     if let Some(port) = st.args.store.port(&family).await? {
-                        start_gate(&myself, st, &port).await?;
+                        start_gate(&myself, st, &port, None).await?;
                     }
                 }
             }
@@ -220,7 +223,7 @@ async fn submit(
                 .map_err(internal)?;
         }
     }
-    start_gate(myself, st, &row)
+    start_gate(myself, st, &row, sub.traceparent)
         .await
         .map_err(|e| PortError::Internal(e.to_string()))?;
     Ok(Submitted {
@@ -233,6 +236,7 @@ async fn start_gate(
     myself: &ActorRef<OrchestratorMsg>,
     st: &mut OrchestratorState,
     port: &PortRow,
+    traceparent: Option<String>,
 ) -> Result<(), ActorProcessingErr> {
     let spec = spec::parse(Path::new(&port.spec_path), &port.spec_toml)?;
     // Runs that were in flight when the last gate of this port died are
@@ -245,6 +249,7 @@ async fn start_gate(
         .set_port_state(&port.family, RUNNING, &port.phase)
         .await?;
     let args = GateArgs {
+        traceparent,
         family: port.family.clone(),
         spec,
         repo: port.repo.clone(),

@@ -108,6 +108,13 @@ impl pb::port_service_server::PortService for PortApi {
         &self,
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
+        // The caller's trace context, when it sent one: the port's trace
+        // continues it.
+        let traceparent = request
+            .metadata()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let r = request.into_inner();
         if r.family.is_empty() {
             return Err(Status::invalid_argument("family is empty"));
@@ -118,6 +125,7 @@ impl pb::port_service_server::PortService for PortApi {
             spec_path: r.spec_path,
             spec_toml: r.spec_toml,
             rerun: r.rerun,
+            traceparent,
         };
         let done = call(&self.orchestrator, |reply| {
             OrchestratorMsg::Submit(sub, reply)

@@ -141,13 +141,25 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
         spec_toml,
         rerun: args.rerun,
     };
+    // The port's trace continues this command's span, which continues the
+    // caller's (an agent's `TRACEPARENT`) when there is one.
+    let span = tracing::info_span!(
+        "submit",
+        family = %args.family,
+        embedded = args.orchestrator.is_none()
+    );
+    if let Ok(tp) = std::env::var(fvd_telemetry::TRACEPARENT) {
+        fvd_telemetry::set_parent(&span, &tp);
+    }
+    // `block_on` polls the command's future on this thread, inside the span.
+    let _in_span = span.enter();
     let rt = runtime()?;
     rt.block_on(async move {
         match args.orchestrator {
             Some(url) => {
                 let mut client = client(&url, args.token.load()?).await?;
                 let r = client
-                    .submit(request)
+                    .submit(traced(request))
                     .await
                     .map_err(status_err)?
                     .into_inner();
@@ -203,7 +215,7 @@ async fn embedded(
     let mut client = client(&server.url(), Some(token)).await?;
     let family = request.family.clone();
     let r = client
-        .submit(request)
+        .submit(traced(request))
         .await
         .map_err(status_err)?
         .into_inner();
@@ -484,6 +496,19 @@ pub async fn client(url: &str, token: Option<Token>) -> anyhow::Result<Client> {
         channel,
         ClientAuth::new(token),
     ))
+}
+
+/// The submit call, carrying the trace context as W3C `traceparent` gRPC
+/// metadata: this process's span when it exports, else an inherited
+/// `TRACEPARENT`, else none (the port starts its own trace).
+fn traced(request: pb::SubmitRequest) -> tonic::Request<pb::SubmitRequest> {
+    let mut request = tonic::Request::new(request);
+    let context = fvd_telemetry::current_traceparent()
+        .or_else(|| std::env::var(fvd_telemetry::TRACEPARENT).ok());
+    if let Some(value) = context.and_then(|tp| tp.parse().ok()) {
+        request.metadata_mut().insert("traceparent", value);
+    }
+    request
 }
 
 fn status_err(s: tonic::Status) -> anyhow::Error {

@@ -308,10 +308,11 @@ fn write_traceparent(file: &Path) -> String {
     )
 }
 
-fn submit(url: &str, family: &str, repo: &Path) -> Option<i32> {
+fn submit(url: &str, family: &str, repo: &Path, env: &[(&str, &str)]) -> Option<i32> {
     let mut cmd = fvd();
     clean_env(&mut cmd);
     let out = cmd
+        .envs(env.iter().copied())
         .args([
             "submit",
             "--family",
@@ -374,8 +375,18 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     worker_env.push((TOKEN_ENV, TOKEN_VALUE));
     fleet.worker(&sb, "w1", &worker_env);
 
-    // One component passes, one is blocked: exit code 1.
-    assert_eq!(submit(&fleet.url, "otelport", sb.repo()), Some(1));
+    // Submitted from inside a caller's trace (an agent's, say): the CLI's
+    // span continues it, and the context crosses to the orchestrator as
+    // gRPC metadata. One component passes, one is blocked: exit code 1.
+    let caller = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let caller_tp = format!("00-{}-{}-01", caller.0, caller.1);
+    let mut submit_env = quick.to_vec();
+    submit_env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint));
+    submit_env.push(("TRACEPARENT", &caller_tp));
+    assert_eq!(
+        submit(&fleet.url, "otelport", sb.repo(), &submit_env),
+        Some(1)
+    );
     fleet.stop();
 
     let spans = wait_for("the port span", Duration::from_secs(20), || {
@@ -387,10 +398,12 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     let port = one(&spans, "port span", |s| s.name == "port");
     assert_eq!(attr(port, "family"), "otelport");
     assert_eq!(port.service, "fvd-orchestrator");
-    assert!(
-        port.parent.is_empty() || port.parent.chars().all(|c| c == '0'),
-        "port is a root"
-    );
+    // The port continues the caller's trace: caller → submit (CLI) → port.
+    let cli = one(&spans, "submit span", |s| s.name == "submit");
+    assert_eq!(cli.service, "fvd");
+    assert_eq!((cli.trace_id.as_str(), cli.parent.as_str()), caller);
+    assert_eq!(port.trace_id, caller.0);
+    assert_eq!(port.parent, cli.span_id);
     let trace = port.trace_id.clone();
     for s in spans
         .iter()
@@ -542,7 +555,7 @@ fn without_an_endpoint_nothing_is_exported_or_dialled() {
     ];
     let mut fleet = Fleet::serve(&sb, &[], &tuning);
     let worker_pid = fleet.worker(&sb, "w1", &tuning);
-    assert_eq!(submit(&fleet.url, "quiet", sb.repo()), Some(0));
+    assert_eq!(submit(&fleet.url, "quiet", sb.repo(), &[]), Some(0));
     assert_eq!(std::fs::read_to_string(&seen).unwrap(), "absent");
 
     // The worker's only connection is to the orchestrator; the
