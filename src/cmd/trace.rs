@@ -122,7 +122,25 @@ fn run_compare(a: CompareArgs) -> anyhow::Result<u8> {
         steps: a.steps.as_deref().map(parse_steps).transpose()?,
         merge: MergeOptions::default(),
     };
-    let report = compare(&a.reference, &a.port, &opts)?;
+    // A comparison run by an agent or a test joins the port's trace: the
+    // worker gives them TRACEPARENT, FVD_FAMILY and FVD_COMPONENT.
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let span = fvd_telemetry::spans::trace_comparison(
+        &tracing::Span::none(),
+        &var("FVD_FAMILY"),
+        &var("FVD_COMPONENT"),
+    );
+    fvd_telemetry::set_parent(&span, &var(fvd_telemetry::TRACEPARENT));
+    let report = span.in_scope(|| compare(&a.reference, &a.port, &opts))?;
+    fvd_telemetry::spans::first_divergence(
+        &span,
+        report.rows.len() as u64,
+        report
+            .first_divergence
+            .as_ref()
+            .map(|f| (f.reference_module.as_str(), f.stat.as_str())),
+    );
+    drop(span);
     if let Some(path) = &a.plot {
         std::fs::write(path, fvd_trace::plot::render_svg(&report))
             .with_context(|| format!("cannot write plot {}", path.display()))?;

@@ -27,27 +27,32 @@ pub fn agent_run(parent: &Span, family: &str, component: &str, attempt: u32, age
     )
 }
 
-/// The span of one trace comparison (reference vs port activations).
-/// Record the result with [`first_divergence`].
+/// The span of one trace comparison (reference vs port activations);
+/// `parent` may be `Span::none()` for a root (then continue a remote
+/// context with [`crate::set_parent`]). Record the result with
+/// [`first_divergence`].
 pub fn trace_comparison(parent: &Span, family: &str, component: &str) -> Span {
     tracing::info_span!(
         parent: parent,
         "trace_comparison",
         family,
         component,
-        compared_modules = Empty,
-        first_divergent_module = Empty,
+        compared_rows = Empty,
         diverged = Empty,
+        first_divergent_module = Empty,
+        first_divergent_stat = Empty,
     )
 }
 
-/// Records a comparison's outcome on its span: how many modules were
-/// compared and the first divergent one, if any.
-pub fn first_divergence(span: &Span, compared_modules: u64, first_divergent: Option<&str>) {
-    span.record("compared_modules", compared_modules);
-    span.record("diverged", first_divergent.is_some());
-    if let Some(module) = first_divergent {
+/// Records a comparison's outcome on its span: how many rows (module ×
+/// tensor × step) were compared and, if it diverged, the first divergent
+/// module (in the reference's execution order) and the stat that drifted.
+pub fn first_divergence(span: &Span, compared_rows: u64, first: Option<(&str, &str)>) {
+    span.record("compared_rows", compared_rows);
+    span.record("diverged", first.is_some());
+    if let Some((module, stat)) = first {
         span.record("first_divergent_module", module);
+        span.record("first_divergent_stat", stat);
     }
 }
 

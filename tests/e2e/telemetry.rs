@@ -570,3 +570,102 @@ fn without_an_endpoint_nothing_is_exported_or_dialled() {
     assert_eq!(trap.connections.load(Ordering::SeqCst), 0);
     assert!(trap.spans().is_empty());
 }
+
+#[test]
+fn embedded_mode_exports_the_same_tree_from_one_process() {
+    let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
+    let sb = Sandbox::new();
+    let seen = sb.repo().join("traceparent.txt");
+    sb.port(
+        "embedded",
+        &[TestComponent::new("solo", &write_traceparent(&seen))],
+    );
+    let mut cmd = fvd();
+    clean_env(&mut cmd);
+    // The flag is global: it may come before the subcommand.
+    let out = cmd
+        .args(["--otlp-endpoint", &receiver.endpoint()])
+        .args(["submit", "--family", "embedded", "--gpus", "none", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The process flushed before it exited: no waiting needed.
+    let spans = receiver.spans();
+    let port = one(&spans, "port span", |s| s.name == "port");
+    let job = one(&spans, "job span", |s| s.name == "job");
+    let run = one(&spans, "job.run span", |s| s.name == "job.run");
+    assert!(spans.iter().all(|s| s.service == "fvd"), "{spans:#?}");
+    assert!(
+        spans.iter().all(|s| s.trace_id == port.trace_id),
+        "{spans:#?}"
+    );
+    assert_eq!(run.parent, job.span_id);
+    let tp = std::fs::read_to_string(&seen).unwrap();
+    assert_eq!(tp, format!("00-{}-{}-01", port.trace_id, run.span_id));
+}
+
+/// Port names → reference names of the gpt2 fixture (its README).
+const GPT2_RENAMES: [&str; 8] = [
+    r"^blocks\.(\d+)=>transformer.h.$1",
+    r"\.norm1$=>.ln_1",
+    r"\.norm2$=>.ln_2",
+    r"\.attention$=>.attn",
+    r"\.ffn(\.|$)=>.mlp$1",
+    r"^tok_embed$=>transformer.wte",
+    r"^pos_embed$=>transformer.wpe",
+    r"^final_norm$=>transformer.ln_f",
+];
+
+#[test]
+fn a_trace_comparison_joins_its_caller_s_trace_with_the_first_divergent_module() {
+    let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
+    let dir = crate::support::fixtures().join("traces/gpt2");
+    let caller = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let mut cmd = fvd();
+    clean_env(&mut cmd);
+    cmd.args(["trace", "compare", "--json", "--reference"])
+        .arg(dir.join("official.jsonl"))
+        .arg("--port")
+        .arg(dir.join("port_bug.jsonl"));
+    for r in GPT2_RENAMES {
+        cmd.args(["--rename", r]);
+    }
+    // As a worker starts a test or agent process.
+    let out = cmd
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+        .env("TRACEPARENT", format!("00-{}-{}-01", caller.0, caller.1))
+        .env("FVD_FAMILY", "gpt2")
+        .env("FVD_COMPONENT", "transformer")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "the bug case diverges");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let spans = receiver.spans();
+    let cmp = one(&spans, "trace_comparison span", |s| {
+        s.name == "trace_comparison"
+    });
+    assert_eq!((cmp.trace_id.as_str(), cmp.parent.as_str()), caller);
+    assert_eq!(attr(cmp, "family"), "gpt2");
+    assert_eq!(attr(cmp, "component"), "transformer");
+    assert_eq!(attr(cmp, "diverged"), "true");
+    assert_eq!(
+        attr(cmp, "first_divergent_module"),
+        report["first_divergence"]["reference_module"]
+            .as_str()
+            .unwrap()
+    );
+    assert_eq!(
+        attr(cmp, "first_divergent_stat"),
+        report["first_divergence"]["stat"].as_str().unwrap()
+    );
+    assert_eq!(
+        attr(cmp, "compared_rows"),
+        report["rows"].as_array().unwrap().len().to_string()
+    );
+}
