@@ -12,6 +12,7 @@ pub mod compare;
 pub mod diag;
 pub mod dumps;
 pub mod error;
+mod fastparse;
 pub mod hash;
 pub mod merge;
 pub mod plot;

@@ -231,11 +231,11 @@ impl Serialize for Record {
 }
 
 /// A record as parsed, before its names are interned.
-struct RawRecord<'a> {
-    module: std::borrow::Cow<'a, str>,
-    tensor: Option<std::borrow::Cow<'a, str>>,
-    dtype: Option<std::borrow::Cow<'a, str>>,
-    rec: Record,
+pub(crate) struct RawRecord<'a> {
+    pub(crate) module: std::borrow::Cow<'a, str>,
+    pub(crate) tensor: Option<std::borrow::Cow<'a, str>>,
+    pub(crate) dtype: Option<std::borrow::Cow<'a, str>>,
+    pub(crate) rec: Record,
 }
 
 impl<'de> Deserialize<'de> for RawRecord<'de> {
@@ -342,7 +342,7 @@ impl Interner {
 }
 
 impl RawRecord<'_> {
-    fn finish(self, interner: &mut Interner) -> Record {
+    pub(crate) fn finish(self, interner: &mut Interner) -> Record {
         let mut rec = self.rec;
         // Module names change on every record: straight to the hash map.
         rec.module = interner.intern_hashed(&self.module);
@@ -457,6 +457,9 @@ fn parse_line_with(line: &str, interner: &mut Interner) -> Result<Option<Record>
     let trimmed = line.trim();
     if trimmed.is_empty() {
         return Ok(None);
+    }
+    if let Some(r) = crate::fastparse::parse(trimmed) {
+        return Ok(Some(r.finish(interner)));
     }
     match serde_json::from_str::<RawRecord<'_>>(trimmed) {
         Ok(r) => Ok(Some(r.finish(interner))),
