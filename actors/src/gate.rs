@@ -103,6 +103,19 @@ impl Actor for GateActor {
         myself: ActorRef<Self::Msg>,
         st: &mut GateState,
     ) -> Result<(), ActorProcessingErr> {
+        // A prep handoff that pauses to ask the user is an escape hatch:
+        // the trace says so before P0 decides (only the kind, never the
+        // question's text).
+        let prep = &st.args.spec.prep;
+        let asks = prep.get("next_step").is_some_and(|s| s == "ask_user");
+        let hatch = prep.get("escape_hatch").is_some_and(|s| s != "none");
+        if asks || hatch {
+            spans::escape_hatch(
+                &st.span,
+                &Phase::ScopeAndHandoffGate.id(),
+                if asks { "ask_user" } else { "declared" },
+            );
+        }
         // P0–P5: the predicates fvd can evaluate before component work.
         let p0 = prep_conditions(&st.args.spec);
         if !p0.is_empty() {
@@ -111,11 +124,6 @@ impl Actor for GateActor {
             return finish(&myself, st).await;
         }
         record(st, Phase::ScopeAndHandoffGate, "passed", vec![]).await?;
-        if let Some(hatch) = st.args.spec.prep.get("escape_hatch")
-            && hatch != "none"
-        {
-            spans::escape_hatch(&st.span, &Phase::ScopeAndHandoffGate.id(), hatch);
-        }
         record(
             st,
             Phase::ReferenceAndArchitectureStudy,

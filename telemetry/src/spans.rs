@@ -67,7 +67,8 @@ pub fn gate_refused(span: &Span, phase: &str, conditions: &[String]) {
     tracing::info!(parent: span, phase, conditions = ?conditions, "gate refused a transition");
 }
 
-/// An escape hatch (a recorded exception to the workflow) is in force.
+/// An escape hatch: the workflow paused to ask the user. `hatch` is a
+/// short kind (`ask_user`, a decision type), never the question's text.
 pub fn escape_hatch(span: &Span, phase: &str, hatch: &str) {
     tracing::info!(parent: span, phase, hatch, "escape hatch");
 }

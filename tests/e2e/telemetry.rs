@@ -669,3 +669,48 @@ fn a_trace_comparison_joins_its_caller_s_trace_with_the_first_divergent_module()
         report["rows"].as_array().unwrap().len().to_string()
     );
 }
+
+#[test]
+fn a_prep_handoff_that_asks_the_user_is_an_escape_hatch_and_a_p0_refusal() {
+    let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
+    let sb = Sandbox::new();
+    sb.port("asking", &[TestComponent::new("solo", "pass")]);
+    let spec = sb.repo().join("tests/local_tests/asking/port.toml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    std::fs::write(
+        &spec,
+        text.replace("next_step = \"add-model\"", "next_step = \"ask_user\""),
+    )
+    .unwrap();
+    let mut cmd = fvd();
+    clean_env(&mut cmd);
+    let out = cmd
+        .args(["--otlp-endpoint", &receiver.endpoint()])
+        .args(["submit", "--family", "asking", "--gpus", "none", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spans = receiver.spans();
+    let port = one(&spans, "port span", |s| s.name == "port");
+    assert_eq!(attr(port, "state"), "blocked");
+    assert_eq!(attr(port, "phase"), "P0");
+    assert!(port.events.iter().any(|e| e == "escape hatch"), "{port:?}");
+    let p0 = one(&spans, "P0 span", |s| {
+        s.name == "phase" && s.parent == port.span_id
+    });
+    assert_eq!(attr(p0, "outcome"), "refused");
+    assert!(
+        p0.events.iter().any(|e| e == "gate refused a transition"),
+        "{p0:?}"
+    );
+    assert!(
+        !spans.iter().any(|s| s.name == "component"),
+        "nothing is dispatched after a P0 refusal"
+    );
+}
