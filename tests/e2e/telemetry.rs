@@ -26,6 +26,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
 use prost::Message;
 
 use crate::support::{Sandbox, TestComponent, fvd, wait_for};
@@ -54,6 +55,8 @@ struct Got {
 struct Received {
     spans: Vec<Got>,
     metric_names: Vec<String>,
+    /// Latest value of each counter point: (metric, sorted attributes).
+    sums: HashMap<(String, Vec<(String, String)>), f64>,
     /// Every request as its protobuf bytes, to search for secrets.
     bytes: Vec<Vec<u8>>,
 }
@@ -129,6 +132,24 @@ impl MetricsService for Sink {
             for sm in &rm.scope_metrics {
                 for m in &sm.metrics {
                     r.metric_names.push(m.name.clone());
+                    let Some(metric::Data::Sum(sum)) = &m.data else {
+                        continue;
+                    };
+                    for p in &sum.data_points {
+                        let mut attrs: Vec<(String, String)> = p
+                            .attributes
+                            .iter()
+                            .map(|kv| (kv.key.clone(), value(kv)))
+                            .collect();
+                        attrs.sort();
+                        let v = match p.value {
+                            Some(number_data_point::Value::AsInt(i)) => i as f64,
+                            Some(number_data_point::Value::AsDouble(d)) => d,
+                            None => continue,
+                        };
+                        // Cumulative: the latest export holds the total.
+                        r.sums.insert((m.name.clone(), attrs), v);
+                    }
                 }
             }
         }
@@ -479,6 +500,23 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     ] {
         assert!(names.iter().any(|n| n == m), "{m} missing from {names:?}");
     }
+    // Counters carry port, component and verdict as attributes.
+    let sums = receiver.sink.received.lock().unwrap().sums.clone();
+    let key = |metric: &str, extra: &[(&str, &str)]| {
+        let mut a: Vec<(String, String)> = [("family", "otelport"), ("component", "leaky")]
+            .iter()
+            .chain(extra)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        a.sort();
+        (metric.to_string(), a)
+    };
+    assert_eq!(
+        sums.get(&key("fvd.verdicts", &[("verdict", "debug_red")])),
+        Some(&1.0),
+        "{sums:?}"
+    );
+    assert_eq!(sums.get(&key("fvd.attempts", &[])), Some(&1.0), "{sums:?}");
 
     // No byte of anything received holds the secret's value.
     let r = receiver.sink.received.lock().unwrap();
