@@ -1,0 +1,1 @@
+"""FastVideo model implementations."""

@@ -1,0 +1,1 @@
+"""Official checkpoint → port conversion."""
