@@ -112,6 +112,8 @@ pub enum SchedulerMsg {
     },
     /// Check leases and heartbeats.
     Tick,
+    /// Lease what can be leased (sent by the scheduler to itself).
+    Dispatch,
     /// Counts for status and tests: (workers, queued, running).
     Counts(ractor::RpcReplyPort<(usize, usize, usize)>),
 }
@@ -153,6 +155,8 @@ pub struct SchedulerState {
     queue: FairQueue,
     jobs: HashMap<String, Entry>,
     next_epoch: u64,
+    /// A `Dispatch` message is already in the mailbox.
+    dispatch_pending: bool,
     /// Output and spawn times are written off the scheduler's path.
     writer: mpsc::UnboundedSender<Write>,
 }
@@ -215,12 +219,13 @@ impl Actor for SchedulerActor {
             queue: FairQueue::default(),
             jobs: HashMap::new(),
             next_epoch,
+            dispatch_pending: false,
         })
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: SchedulerMsg,
         st: &mut SchedulerState,
     ) -> Result<(), ActorProcessingErr> {
@@ -389,13 +394,24 @@ impl Actor for SchedulerActor {
                     lose_worker(st, &id).await?;
                 }
             }
+            SchedulerMsg::Dispatch => {
+                st.dispatch_pending = false;
+                dispatch(st).await?;
+                return Ok(());
+            }
             SchedulerMsg::Counts(reply) => {
                 let running = st.jobs.values().filter(|e| e.lease.is_some()).count();
                 let _ = reply.send((st.workers.len(), st.queue.len(), running));
                 return Ok(());
             }
         }
-        dispatch(st).await?;
+        // Dispatch once the messages already waiting are handled: under load
+        // many finished jobs free their slots first and one round (one
+        // commit) leases them all; when idle the round runs right away.
+        if !st.dispatch_pending {
+            st.dispatch_pending = true;
+            myself.cast(SchedulerMsg::Dispatch)?;
+        }
         if fvd_telemetry::metrics::enabled() {
             let running = st.jobs.values().filter(|e| e.lease.is_some()).count();
             fvd_telemetry::metrics::jobs(st.queue.len(), running);
@@ -620,11 +636,11 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
                     w.free_gpus.len() >= need as usize
                 }
             })
-            .max_by_key(|(id, w)| {
-                (
-                    w.free_cpu as usize + w.free_gpus.len(),
-                    std::cmp::Reverse((*id).clone()),
-                )
+            // Ties go to the smallest id, without cloning ids per candidate.
+            .max_by(|(ia, a), (ib, b)| {
+                (a.free_cpu as usize + a.free_gpus.len())
+                    .cmp(&(b.free_cpu as usize + b.free_gpus.len()))
+                    .then_with(|| ib.cmp(ia))
             })
             .map(|(id, _)| id.clone())
             .expect("a worker with room exists: checked above");

@@ -286,41 +286,54 @@ impl Store {
     /// Records a new queued run of a component and returns it. Run numbers
     /// are dense per component, starting at 1.
     pub async fn queue_job(&self, job: &JobRecord) -> Result<JobRecord, StoreError> {
+        let mut v = self.queue_jobs(std::slice::from_ref(job)).await?;
+        Ok(v.pop().expect("one record in, one out"))
+    }
+
+    /// Records many queued runs in one transaction (one fsync), in order.
+    pub async fn queue_jobs(&self, jobs: &[JobRecord]) -> Result<Vec<JobRecord>, StoreError> {
         let mut tx = self.write_tx().await?;
-        let last: Option<i64> =
-            sqlx::query_scalar("SELECT MAX(run_no) FROM jobs WHERE family = ? AND component = ?")
+        let now = now_ms();
+        let mut out = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let last: Option<i64> = sqlx::query_scalar(
+                "SELECT MAX(run_no) FROM jobs WHERE family = ? AND component = ?",
+            )
+            .bind(&job.family)
+            .bind(&job.component)
+            .fetch_one(&mut *tx)
+            .await?;
+            let run_no = last.unwrap_or(0) + 1;
+            let job_id = format!("{}.{}.{}", job.family, job.component, run_no);
+            sqlx::query("INSERT INTO jobs (job_id, family, component, run_no, state, argv, cwd, gpus_needed, timeout_ms, queued_ms) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)")
+                .bind(&job_id)
                 .bind(&job.family)
                 .bind(&job.component)
-                .fetch_one(&mut *tx)
+                .bind(run_no)
+                .bind(serde_json::to_string(&job.argv).unwrap_or_default())
+                .bind(&job.cwd)
+                .bind(job.gpus_needed as i64)
+                .bind(job.timeout_ms as i64)
+                .bind(now)
+                .execute(&mut *tx)
                 .await?;
-        let run_no = last.unwrap_or(0) + 1;
-        let job_id = format!("{}.{}.{}", job.family, job.component, run_no);
-        let now = now_ms();
-        sqlx::query("INSERT INTO jobs (job_id, family, component, run_no, state, argv, cwd, gpus_needed, timeout_ms, queued_ms) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)")
-            .bind(&job_id)
-            .bind(&job.family)
-            .bind(&job.component)
-            .bind(run_no)
-            .bind(serde_json::to_string(&job.argv).unwrap_or_default())
-            .bind(&job.cwd)
-            .bind(job.gpus_needed as i64)
-            .bind(job.timeout_ms as i64)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE components SET runs = ?, status = 'queued', updated_ms = ? WHERE family = ? AND name = ?")
-            .bind(run_no)
-            .bind(now)
-            .bind(&job.family)
-            .bind(&job.component)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query("UPDATE components SET runs = ?, status = 'queued', updated_ms = ? WHERE family = ? AND name = ?")
+                .bind(run_no)
+                .bind(now)
+                .bind(&job.family)
+                .bind(&job.component)
+                .execute(&mut *tx)
+                .await?;
+            out.push(JobRecord {
+                job_id,
+                run_no: run_no as u32,
+                state: "queued".into(),
+                queued_ms: now,
+                ..job.clone()
+            });
+        }
         tx.commit().await?;
-        Ok(JobRecord {
-            job_id,
-            run_no: run_no as u32,
-            ..job.clone()
-        })
+        Ok(out)
     }
 
     /// Records that `job_id` was leased to `worker_id` under `epoch`.

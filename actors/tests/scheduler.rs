@@ -158,8 +158,11 @@ impl Harness {
     }
 
     /// Waits (bounded) for the scheduler to have processed every message
-    /// sent so far: the reply to `Counts` comes after them.
+    /// sent so far and the dispatch round they caused: the first `Counts`
+    /// is answered after the messages, the second after the `Dispatch` the
+    /// scheduler queued for itself behind them.
     async fn settle(&self) -> (usize, usize, usize) {
+        ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap();
         ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap()
     }
 
