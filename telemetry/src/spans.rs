@@ -3,9 +3,10 @@
 //!
 //! The port loop's own spans (`port`, `phase`, `component`, `attempt`,
 //! `job`) are made where their work happens, in `fvd-actors` and
-//! `fvd-worker`; this module holds the ones whose callers do not exist in
-//! the port loop yet: agent runs (the agent loop) and trace comparisons
-//! (first divergence inside a port). Both are ready to wrap that work.
+//! `fvd-worker`; this module holds the ones the port loop does not drive
+//! yet: agent runs (for the agent loop, which does not exist; nothing calls
+//! [`agent_run`] today) and trace comparisons (`fvd trace compare` records
+//! one; the trace actor's drill-down inside a port will too).
 
 use tracing::Span;
 use tracing::field::Empty;
