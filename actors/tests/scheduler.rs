@@ -388,7 +388,7 @@ async fn no_gpu_is_ever_leased_twice_over_a_long_randomized_run() {
         // Finish a random subset of the running jobs.
         let mut keep = Vec::new();
         for r in running.drain(..) {
-            if rng.next() % 2 == 0 {
+            if rng.next().is_multiple_of(2) {
                 for g in &r.3 {
                     held.remove(&(r.0.clone(), *g));
                 }

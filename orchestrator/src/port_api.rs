@@ -190,6 +190,13 @@ impl pb::port_service_server::PortService for PortApi {
                 return;
             }
             // What happened before the watch began, then the live events.
+            // An event recorded between the subscription and the snapshot
+            // is in both: it is sent once.
+            let seen: std::collections::HashSet<(String, String, i64)> = snap
+                .gate_events
+                .iter()
+                .map(|g| (g.phase.clone(), g.outcome.clone(), g.at_ms))
+                .collect();
             for g in snap.gate_events.iter().cloned() {
                 if tx
                     .send(Ok(send(pb::port_event::Event::Gate(g))))
@@ -227,7 +234,13 @@ impl pb::port_service_server::PortService for PortApi {
                     PortEvent::Component { component, .. } => {
                         pb::port_event::Event::Component(component_wire(component))
                     }
-                    PortEvent::Gate { event, .. } => pb::port_event::Event::Gate(gate_wire(event)),
+                    PortEvent::Gate { event, .. } => {
+                        if seen.contains(&(event.phase.clone(), event.outcome.clone(), event.at_ms))
+                        {
+                            continue;
+                        }
+                        pb::port_event::Event::Gate(gate_wire(event))
+                    }
                     PortEvent::Finished { .. } => {
                         let snap = match snapshot(&store, &family).await {
                             Ok(Some(s)) => s,

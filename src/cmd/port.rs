@@ -7,6 +7,8 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::collections::HashMap;
+
 use anyhow::{Context, bail};
 use clap::Args;
 use fvd_actors::spec;
@@ -14,6 +16,7 @@ use fvd_actors::store::Store;
 use fvd_proto::auth::{ClientAuth, Token};
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::port_service_client::PortServiceClient;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -266,25 +269,25 @@ fn outcome(snap: &pb::PortSnapshot) -> u8 {
     }
 }
 
-/// Live progress: one line per change, with a spinner-free layout so that
-/// logs and terminals read the same; on a terminal, lines are coloured.
+/// Live progress. On a terminal, one spinner line per component updated in
+/// place, with gate decisions printed above them; otherwise (logs, CI,
+/// pipes) one plain line per change, so the record reads the same.
 struct Progress {
-    tty: bool,
+    bars: Option<(
+        MultiProgress,
+        std::cell::RefCell<HashMap<String, ProgressBar>>,
+    )>,
 }
 
 impl Progress {
     fn new(tty: bool) -> Self {
-        Self { tty }
+        Self {
+            bars: tty.then(|| (MultiProgress::new(), Default::default())),
+        }
     }
 
     fn component(&self, c: &pb::ComponentSnapshot) {
-        let mark = match c.status.as_str() {
-            "non_skip_pass" => self.paint("32", "PASS"),
-            "blocked" => self.paint("31", "BLOCKED"),
-            "running" => self.paint("36", "running"),
-            other => other.to_string(),
-        };
-        let mut line = format!("  {:<16} {mark}", c.name);
+        let mut line = c.status.clone();
         if c.runs > 0 {
             line.push_str(&format!("  run {}", c.runs));
         }
@@ -294,33 +297,52 @@ impl Progress {
         if !c.reason.is_empty() && c.status != "running" {
             line.push_str(&format!("  {}", c.reason));
         }
-        eprintln!("{line}");
+        let Some((mp, bars)) = &self.bars else {
+            eprintln!("  {:<16} {line}", c.name);
+            return;
+        };
+        let mut bars = bars.borrow_mut();
+        let bar = bars.entry(c.name.clone()).or_insert_with(|| {
+            let b = mp.add(ProgressBar::new_spinner());
+            b.set_style(
+                ProgressStyle::with_template("{spinner:.cyan} {prefix:16} {wide_msg}")
+                    .expect("valid progress template"),
+            );
+            b.set_prefix(c.name.clone());
+            b.enable_steady_tick(Duration::from_millis(120));
+            b
+        });
+        match c.status.as_str() {
+            "non_skip_pass" => bar.finish_with_message(format!("\x1b[32m{line}\x1b[0m")),
+            "blocked" => bar.finish_with_message(format!("\x1b[31m{line}\x1b[0m")),
+            _ => bar.set_message(line),
+        }
     }
 
     fn gate(&self, g: &pb::GateEvent) {
-        let outcome = match g.outcome.as_str() {
-            "refused" => self.paint("31", "refused"),
-            "passed" => self.paint("32", "passed"),
-            other => other.to_string(),
-        };
         let why = if g.conditions.is_empty() {
             String::new()
         } else {
             format!(": {}", g.conditions.join("; "))
         };
-        eprintln!("gate {} {outcome}{why}", g.phase);
+        let line = format!("gate {} {}{why}", g.phase, g.outcome);
+        match &self.bars {
+            Some((mp, _)) => {
+                let _ = mp.println(line);
+            }
+            None => eprintln!("{line}"),
+        }
     }
 
     fn finish(&self) {
-        let _ = std::io::stderr().flush();
-    }
-
-    fn paint(&self, code: &str, text: &str) -> String {
-        if self.tty {
-            format!("\x1b[{code}m{text}\x1b[0m")
-        } else {
-            text.to_string()
+        if let Some((_, bars)) = &self.bars {
+            for b in bars.borrow().values() {
+                if !b.is_finished() {
+                    b.abandon();
+                }
+            }
         }
+        let _ = std::io::stderr().flush();
     }
 }
 
