@@ -8,7 +8,10 @@
 #
 # GPU_PROOF_SECONDS (default 10) sizes each parity test: a calibration pass
 # times one check of each component, and GPUPORT_REPEATS_<NAME> is set so
-# each test does about that much GPU work. The counts are fixed before
+# each test does about that much GPU work (nominally: on 2 x H200 a check in
+# a long loop cost 1.6-2.2x what calibration measured, so 10 gave 20-26 s
+# per test; the figures are in examples/gpuport/tests/local_tests/gpuport/
+# README.md). The counts are fixed before
 # anything is timed and both runs use them: a job that lands on a busy GPU
 # takes longer instead of doing less.
 #
