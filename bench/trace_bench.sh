@@ -10,6 +10,7 @@
 #
 # Inputs are generated into bench/out/ (gitignored) once and reused.
 # Env: RANKS (8), RECORDS (200000), DUMP_GB (2), SKIP_TRACE=1, SKIP_DUMPS=1,
+#      FVD_BIN (use this fvd binary instead of building one),
 #      CARGO_TARGET_DIR (default /work/targets/trace).
 set -euo pipefail
 
@@ -23,9 +24,14 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/targets/trace}"
 mkdir -p "$out"
 
 echo "== $(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "== building release fvd"
-(cd "$root" && cargo build --release -p fvd --quiet)
-fvd="$CARGO_TARGET_DIR/release/fvd"
+if [[ -n "${FVD_BIN:-}" ]]; then
+  # A binary built earlier (the shared tree may not compile mid-edit).
+  fvd="$FVD_BIN"
+else
+  echo "== building release fvd"
+  (cd "$root" && cargo build --release -p fvd --quiet)
+  fvd="$CARGO_TARGET_DIR/release/fvd"
+fi
 
 # Wall seconds and peak RSS (MiB) of a command, stdout to a file.
 measure() { # name outfile cmd...
