@@ -2,12 +2,18 @@
 //! scheduler for a run of the component's parity test, classifies the
 //! result from its JUnit report and records it.
 //!
-//! Until the agent loop exists, a verdict other than `non_skip_pass` ends the
-//! component as `blocked` with the precise reason (the failing assertion, the
-//! skip reason, the collection error), as the parity contract asks. An
-//! `infra_error` is not an attempt: the job is retried on another slot.
+//! A component without an `[agent]` ends as `blocked` on any verdict other
+//! than `non_skip_pass`, with the precise reason (the failing assertion, the
+//! skip reason, the collection error), as the parity contract asks. A
+//! component with one loops: after a red run the coding agent runs in the
+//! component's git worktree with the packet of [`crate::agent`], its work is
+//! committed and recorded in the attempt ledger, and the parity test runs
+//! again there, until a `non_skip_pass`, a blocker the agent returns, or
+//! `max_attempts` spent (then `blocked` with the last verdict as evidence).
+//! An `infra_error` is not an attempt: the job is retried on another slot.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use fvd_contracts::verdict::{self, JunitEvidence, RunEvidence, Verdict};
 use fvd_telemetry::{metrics, spans};
@@ -16,11 +22,13 @@ use tokio::sync::broadcast;
 use tracing::Span;
 use tracing::field::Empty;
 
+use crate::agent::{self, LastRun};
 use crate::gate::GateMsg;
 use crate::model::{ComponentRow, JobRecord, JobReport, JobResult, PortEvent};
 use crate::scheduler::{QueuedJob, SchedulerMsg};
 use crate::spec::ComponentSpec;
-use crate::store::Store;
+use crate::store::{AttemptRow, Store, now_ms};
+use crate::worktree::{self, Worktree};
 
 /// How many infra errors reported by workers (CUDA init, lost GPU) a
 /// component tolerates before it is blocked on infrastructure.
@@ -78,6 +86,18 @@ pub struct ComponentState {
     attempt: Span,
     /// Verdict of the previous run, to tell a verdict change.
     last_verdict: Option<String>,
+    /// The agent loop's state, for a component with an `[agent]`.
+    agent: Option<AgentLoop>,
+}
+
+/// What the agent loop of a component needs besides its spec.
+#[derive(Debug)]
+struct AgentLoop {
+    worktree: Worktree,
+    /// The port's prep fields, for the packet's `component_context`.
+    prep: BTreeMap<String, String>,
+    /// Where prompts, handoffs and agent output of each attempt are kept.
+    dir: PathBuf,
 }
 
 impl Actor for ComponentSubagentActor {
@@ -107,6 +127,7 @@ impl Actor for ComponentSubagentActor {
             span,
             attempt: Span::none(),
             last_verdict: None,
+            agent: None,
         })
     }
 
@@ -123,6 +144,15 @@ impl Actor for ComponentSubagentActor {
             st.span = Span::none();
             st.args.gate.cast(GateMsg::ComponentFinal(row))?;
             return Ok(());
+        }
+        if st.args.spec.agent.is_some() {
+            match prepare_agent(st).await {
+                Ok(l) => st.agent = Some(l),
+                Err(e) => {
+                    let reason = format!("error: agent loop cannot start: {e}");
+                    return finish(st, "blocked", "error", &reason, "").await;
+                }
+            }
         }
         enqueue(&myself, st).await
     }
@@ -200,10 +230,19 @@ impl Actor for ComponentSubagentActor {
                 if !report.survivors.is_empty() {
                     tracing::error!(job = %report.job_id, survivors = ?report.survivors, "processes of the job outlived it");
                 }
+                if st.agent.is_some() {
+                    st.args
+                        .store
+                        .set_attempt_verdict(&report.job_id, &result.verdict, &result.reason)
+                        .await?;
+                }
                 if v.is_infra() && st.infra_verdicts < MAX_INFRA_VERDICTS {
                     st.infra_verdicts += 1;
                     update(st, "queued", &result.verdict, &result.reason, &worker_id).await?;
                     return enqueue(&myself, st).await;
+                }
+                if !v.is_pass() && !v.is_infra() && st.agent.is_some() {
+                    return agent_attempt(&myself, st, &report.job_id, &result, &worker_id).await;
                 }
                 let status = if v.is_pass() {
                     "non_skip_pass"
@@ -271,7 +310,11 @@ async fn enqueue(
             family: st.args.family.clone(),
             component: spec.name.clone(),
             argv: spec.argv(),
-            cwd: st.args.repo.clone(),
+            // An agent component's runs test its worktree, not the checkout.
+            cwd: match &st.agent {
+                Some(l) => l.worktree.path.to_string_lossy().into_owned(),
+                None => st.args.repo.clone(),
+            },
             gpus_needed: spec.gpus,
             timeout_ms: spec.timeout.as_millis() as u64,
             ..JobRecord::default()
@@ -303,6 +346,196 @@ async fn enqueue(
             notify: myself.clone(),
             span: st.attempt.clone(),
         })))?;
+    Ok(())
+}
+
+/// Finds or makes the component's worktree and reads the port's prep
+/// fields from the stored spec.
+async fn prepare_agent(st: &ComponentState) -> Result<AgentLoop, String> {
+    let (family, name) = (&st.args.family, &st.args.spec.name);
+    let store = &st.args.store;
+    let known = store
+        .worktree(family, name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let repo = Path::new(&st.args.repo);
+    let wt = worktree::ensure(repo, family, name, known)
+        .await
+        .map_err(|e| e.to_string())?;
+    store
+        .record_worktree(family, name, &wt)
+        .await
+        .map_err(|e| e.to_string())?;
+    let port = store
+        .port(family)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("port {family} has no row in the store"))?;
+    let prep = crate::spec::parse(Path::new(&port.spec_path), &port.spec_toml)
+        .map_err(|e| e.to_string())?
+        .prep;
+    let dir = repo.join(".fvd").join("agent").join(family).join(name);
+    Ok(AgentLoop {
+        worktree: wt,
+        prep,
+        dir,
+    })
+}
+
+/// One turn of the agent loop after a red run `job_id`: spend an attempt
+/// (agent, commit, ledger row) and queue the next run, or block when the
+/// budget is spent or the agent returns a blocker.
+async fn agent_attempt(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    job_id: &str,
+    result: &JobResult,
+    worker_id: &str,
+) -> Result<(), ActorProcessingErr> {
+    let spec = st.args.spec.clone();
+    let family = st.args.family.clone();
+    let a = spec.agent.clone().expect("only agent components loop");
+    let ledger = st.args.store.attempts(&family, &spec.name).await?;
+    let done = ledger.len() as u32;
+    if done >= a.max_attempts {
+        let reason = format!(
+            "{}: {} (agent budget spent: {done} of {} attempts)",
+            result.verdict, result.reason, a.max_attempts
+        );
+        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+    }
+    let attempt = done + 1;
+    update(
+        st,
+        "agent",
+        &result.verdict,
+        &format!(
+            "agent attempt {attempt} of {} after {}",
+            a.max_attempts, result.verdict
+        ),
+        worker_id,
+    )
+    .await?;
+    let lp = st.agent.as_ref().expect("agent components have a loop");
+    let dir = lp.dir.join(format!("attempt-{attempt}"));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let prompt_file = dir.join("prompt.md");
+    let handoff_file = dir.join("handoff.txt");
+    // A handoff left by a crashed earlier try must not pass for this one's.
+    let _ = std::fs::remove_file(&handoff_file);
+    let (prompt_s, handoff_s) = (
+        prompt_file.to_string_lossy().into_owned(),
+        handoff_file.to_string_lossy().into_owned(),
+    );
+    let last = LastRun {
+        job_id,
+        verdict: &result.verdict,
+        reason: &result.reason,
+        output_tail: &result.output_tail,
+    };
+    let text = agent::packet(&agent::Packet {
+        family: &family,
+        spec: &spec,
+        prep: &lp.prep,
+        attempt,
+        max_attempts: a.max_attempts,
+        last,
+        ledger: &ledger,
+        handoff_file: &handoff_s,
+    });
+    std::fs::write(&prompt_file, text)
+        .map_err(|e| format!("cannot write {}: {e}", prompt_file.display()))?;
+    let wt = lp.worktree.path.clone();
+    let wt_s = wt.to_string_lossy().into_owned();
+    let argv = a.argv(&crate::spec::AgentVars {
+        prompt_file: &prompt_s,
+        handoff_file: &handoff_s,
+        worktree: &wt_s,
+        family: &family,
+        component: &spec.name,
+        attempt,
+    });
+    let span = spans::agent_run(&st.span, &family, &spec.name, attempt, &argv[0]);
+    let mut extra = vec![
+        ("FVD_FAMILY".to_string(), family.clone()),
+        ("FVD_COMPONENT".to_string(), spec.name.clone()),
+        ("FVD_ATTEMPT".to_string(), attempt.to_string()),
+        ("FVD_PROMPT_FILE".to_string(), prompt_s.clone()),
+        ("FVD_HANDOFF_FILE".to_string(), handoff_s.clone()),
+    ];
+    if let Some(tp) = fvd_telemetry::traceparent(&span) {
+        extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
+    }
+    let started_ms = now_ms();
+    let exit = agent::run(&argv, &wt, &a.env, &extra, a.timeout, &dir).await;
+    let handoff_text = std::fs::read_to_string(&handoff_file).ok();
+    let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
+    if let Some(e) = &exit.spawn_error {
+        handoff.summary = e.clone();
+    }
+    let outcome = agent::exit_text(exit.exit_code, exit.signal, exit.timed_out);
+    span.record("outcome", outcome.as_str());
+    if let Some(c) = exit.exit_code {
+        span.record("exit_code", c);
+    }
+    drop(span);
+    let commit = match worktree::commit(&wt, &format!("fvd: {} attempt {attempt}", spec.name)).await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            let reason = format!(
+                "{}: {} (agent attempt {attempt} could not be committed: {e})",
+                result.verdict, result.reason
+            );
+            return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+        }
+    };
+    st.args
+        .store
+        .record_attempt(&AttemptRow {
+            family: family.clone(),
+            component: spec.name.clone(),
+            attempt,
+            commit_sha: commit.sha,
+            diff_stat: commit.stat,
+            diff: commit.diff,
+            exit_code: exit.exit_code,
+            signal: exit.signal,
+            timed_out: exit.timed_out,
+            duration_ms: exit.duration_ms,
+            job_before: job_id.to_string(),
+            verdict_before: result.verdict.clone(),
+            reason_before: result.reason.clone(),
+            handoff_status: handoff.status.to_string(),
+            handoff_summary: handoff.summary.clone(),
+            handoff_text: handoff.text.clone(),
+            started_ms,
+            finished_ms: now_ms(),
+            ..AttemptRow::default()
+        })
+        .await?;
+    let stop = match (&exit.spawn_error, handoff.stop_reason()) {
+        (Some(e), _) => Some(e.clone()),
+        (None, s) => s,
+    };
+    if let Some(stop) = stop {
+        let reason = format!(
+            "{}: {} ({stop}, after agent attempt {attempt})",
+            result.verdict, result.reason
+        );
+        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+    }
+    // The port may have been cancelled while the agent ran.
+    if current(st).await?.is_final() {
+        return Ok(());
+    }
+    enqueue(myself, st).await?;
+    if let Some(job) = &st.job_id {
+        st.args
+            .store
+            .set_attempt_job(&family, &spec.name, attempt, job)
+            .await?;
+    }
     Ok(())
 }
 

@@ -6,11 +6,14 @@
 //! * [`component::ComponentSubagentActor`]: one per component; loops its
 //!   parity test through the scheduler and records verdicts.
 //! * [`scheduler::SchedulerActor`]: workers, slots, queue and leases.
+//! * [`agent`] and [`worktree`]: the agent loop's adapter (packet, agent
+//!   subprocess, handoff) and the components' git worktrees.
 //!
 //! Persistence lives here, beside the actors, because each state change is
 //! committed by the actor that decides it, before it acts on it; the gRPC
 //! edge never writes to the database itself.
 
+pub mod agent;
 pub mod clock;
 pub mod component;
 pub mod gate;
@@ -20,3 +23,4 @@ pub mod port_status;
 pub mod scheduler;
 pub mod spec;
 pub mod store;
+pub mod worktree;

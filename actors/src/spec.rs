@@ -73,6 +73,50 @@ pub struct ComponentSpec {
     pub env: Vec<String>,
     /// Command template with `{test}` and `{junitxml}` placeholders.
     pub command: Vec<String>,
+    /// The coding agent that changes the code between red runs; `None`
+    /// keeps the old behaviour (a red run blocks the component).
+    pub agent: Option<AgentSpec>,
+}
+
+/// The `[agent]` table: how to run the coding agent of a component.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentSpec {
+    /// argv template with `{prompt_file}`, `{handoff_file}`, `{worktree}`,
+    /// `{family}`, `{component}` and `{attempt}` placeholders.
+    pub command: Vec<String>,
+    pub timeout: Duration,
+    /// Names of environment variables passed through to the agent.
+    pub env: Vec<String>,
+    /// Agent attempts a component may spend before it is blocked.
+    pub max_attempts: u32,
+}
+
+/// The values an agent's argv template is filled with.
+#[derive(Debug, Clone)]
+pub struct AgentVars<'a> {
+    pub prompt_file: &'a str,
+    pub handoff_file: &'a str,
+    pub worktree: &'a str,
+    pub family: &'a str,
+    pub component: &'a str,
+    pub attempt: u32,
+}
+
+impl AgentSpec {
+    /// The argv of one agent attempt.
+    pub fn argv(&self, v: &AgentVars<'_>) -> Vec<String> {
+        self.command
+            .iter()
+            .map(|a| {
+                a.replace("{prompt_file}", v.prompt_file)
+                    .replace("{handoff_file}", v.handoff_file)
+                    .replace("{worktree}", v.worktree)
+                    .replace("{family}", v.family)
+                    .replace("{component}", v.component)
+                    .replace("{attempt}", &v.attempt.to_string())
+            })
+            .collect()
+    }
 }
 
 impl ComponentSpec {
@@ -97,6 +141,17 @@ struct RawSpec {
     defaults: RawDefaults,
     #[serde(default, rename = "component")]
     components: Vec<RawComponent>,
+    agent: Option<RawAgent>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    command: Vec<String>,
+    timeout_s: Option<u64>,
+    #[serde(default)]
+    env: Vec<String>,
+    max_attempts: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -120,6 +175,9 @@ struct RawComponent {
     timeout_s: Option<u64>,
     env: Option<Vec<String>>,
     command: Option<Vec<String>>,
+    /// Whether the `[agent]` works on this component between red runs.
+    #[serde(default)]
+    agent: bool,
 }
 
 /// Where the spec of `family` lives inside `repo` by convention.
@@ -205,6 +263,30 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         .defaults
         .command
         .unwrap_or_else(|| DEFAULT_COMMAND.iter().map(|s| s.to_string()).collect());
+    let agent = match raw.agent {
+        None => None,
+        Some(a) => {
+            if a.command.is_empty() {
+                return Err(invalid("agent.command is empty".into()));
+            }
+            if a.env.iter().any(|n| !is_env_name(n)) {
+                return Err(invalid(
+                    "agent.env entry is not a variable name (specs name variables, never values)"
+                        .into(),
+                ));
+            }
+            let max_attempts = a.max_attempts.unwrap_or(3);
+            if max_attempts == 0 {
+                return Err(invalid("agent.max_attempts must be at least 1".into()));
+            }
+            Some(AgentSpec {
+                command: a.command,
+                timeout: Duration::from_secs(a.timeout_s.unwrap_or(1800)),
+                env: a.env,
+                max_attempts,
+            })
+        }
+    };
     let mut components = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for c in raw.components {
@@ -224,6 +306,12 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             }
         }
         let command = c.command.unwrap_or_else(|| defaults_cmd.clone());
+        if c.agent && agent.is_none() {
+            return Err(invalid(format!(
+                "component {}: agent = true but the spec has no [agent] table",
+                c.name
+            )));
+        }
         if command.is_empty() {
             return Err(invalid(format!("component {}: command is empty", c.name)));
         }
@@ -236,6 +324,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             timeout: Duration::from_secs(c.timeout_s.or(raw.defaults.timeout_s).unwrap_or(600)),
             env,
             command,
+            agent: if c.agent { agent.clone() } else { None },
         });
     }
     if components.is_empty() {
@@ -326,6 +415,29 @@ env = ["HF_TOKEN"]
         let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
         assert!(err.starts_with("p.toml:5: note:"), "{err}");
         assert!(!err.contains(secret), "{err}");
+    }
+
+    #[test]
+    fn agent_applies_only_to_components_that_ask() {
+        let text = format!(
+            "{GOOD}\n[[component]]\nname = \"b\"\ntype = \"generic\"\nparity_test = \"t.py\"\ncoverage_scope = \"both\"\nagent = true\n\n[agent]\ncommand = [\"agent\", \"{{prompt_file}}\", \"--n={{attempt}}\"]\nmax_attempts = 2\nenv = [\"OPENAI_API_KEY\"]\n"
+        );
+        let s = parse(Path::new("p.toml"), &text).unwrap();
+        assert_eq!(s.components[0].agent, None);
+        let a = s.components[1].agent.as_ref().expect("b has the agent");
+        assert_eq!(a.max_attempts, 2);
+        let argv = a.argv(&AgentVars {
+            prompt_file: "/p.md",
+            handoff_file: "/h",
+            worktree: "/w",
+            family: "tiny",
+            component: "b",
+            attempt: 2,
+        });
+        assert_eq!(argv, ["agent", "/p.md", "--n=2"]);
+        let orphan = text.split("[agent]").next().unwrap().to_string();
+        let err = parse(Path::new("p.toml"), &orphan).unwrap_err().to_string();
+        assert!(err.contains("component b: agent = true but"), "{err}");
     }
 
     #[test]

@@ -13,11 +13,40 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Row, SqlitePool};
 
 use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, LogChunk, PortRow};
+use crate::worktree::Worktree;
+
+/// One agent attempt of the ledger (`agent_attempts`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct AttemptRow {
+    pub family: String,
+    pub component: String,
+    pub attempt: u32,
+    pub commit_sha: String,
+    pub diff_stat: String,
+    pub diff: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub job_before: String,
+    pub verdict_before: String,
+    pub reason_before: String,
+    pub job_after: String,
+    pub verdict_after: String,
+    pub reason_after: String,
+    /// `valid`, `invalid` (with the findings in the summary) or `missing`.
+    pub handoff_status: String,
+    pub handoff_summary: String,
+    pub handoff_text: String,
+    pub started_ms: i64,
+    pub finished_ms: i64,
+}
 
 /// Numbered migrations, applied in order, each once.
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_spawned.sql")),
+    (3, include_str!("../migrations/0003_agent_attempts.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -589,6 +618,150 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    // ----- agent loop ------------------------------------------------------
+
+    pub async fn worktree(
+        &self,
+        family: &str,
+        component: &str,
+    ) -> Result<Option<Worktree>, StoreError> {
+        let row = sqlx::query("SELECT path, branch, base_commit FROM agent_worktrees WHERE family = ? AND component = ?")
+            .bind(family)
+            .bind(component)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| Worktree {
+            path: r.get::<String, _>("path").into(),
+            branch: r.get("branch"),
+            base_commit: r.get("base_commit"),
+        }))
+    }
+
+    pub async fn record_worktree(
+        &self,
+        family: &str,
+        component: &str,
+        wt: &Worktree,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO agent_worktrees (family, component, path, branch, base_commit, created_ms) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(family, component) DO UPDATE SET path = excluded.path, branch = excluded.branch, base_commit = excluded.base_commit")
+            .bind(family)
+            .bind(component)
+            .bind(wt.path.to_string_lossy().as_ref())
+            .bind(&wt.branch)
+            .bind(&wt.base_commit)
+            .bind(now_ms())
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// Appends an attempt to the ledger; its number must be the next one.
+    pub async fn record_attempt(&self, a: &AttemptRow) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO agent_attempts (family, component, attempt, commit_sha, diff_stat, diff, exit_code, signal, timed_out, duration_ms, job_before, verdict_before, reason_before, job_after, verdict_after, reason_after, handoff_status, handoff_summary, handoff_text, started_ms, finished_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            .bind(&a.family)
+            .bind(&a.component)
+            .bind(a.attempt as i64)
+            .bind(&a.commit_sha)
+            .bind(&a.diff_stat)
+            .bind(&a.diff)
+            .bind(a.exit_code)
+            .bind(a.signal)
+            .bind(a.timed_out)
+            .bind(a.duration_ms as i64)
+            .bind(&a.job_before)
+            .bind(&a.verdict_before)
+            .bind(&a.reason_before)
+            .bind(&a.job_after)
+            .bind(&a.verdict_after)
+            .bind(&a.reason_after)
+            .bind(&a.handoff_status)
+            .bind(&a.handoff_summary)
+            .bind(&a.handoff_text)
+            .bind(a.started_ms)
+            .bind(a.finished_ms)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// Records which run tests the attempt's commit.
+    pub async fn set_attempt_job(
+        &self,
+        family: &str,
+        component: &str,
+        attempt: u32,
+        job_after: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE agent_attempts SET job_after = ? WHERE family = ? AND component = ? AND attempt = ?")
+            .bind(job_after)
+            .bind(family)
+            .bind(component)
+            .bind(attempt as i64)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// Fills in the verdict of the run that tested an attempt, if `job_id`
+    /// is such a run.
+    pub async fn set_attempt_verdict(
+        &self,
+        job_id: &str,
+        verdict: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE agent_attempts SET verdict_after = ?, reason_after = ? WHERE job_after = ?",
+        )
+        .bind(verdict)
+        .bind(reason)
+        .bind(job_id)
+        .execute(&self.writer)
+        .await?;
+        Ok(())
+    }
+
+    /// The ledger of a component, oldest attempt first.
+    pub async fn attempts(
+        &self,
+        family: &str,
+        component: &str,
+    ) -> Result<Vec<AttemptRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM agent_attempts WHERE family = ? AND component = ? ORDER BY attempt",
+        )
+        .bind(family)
+        .bind(component)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| AttemptRow {
+                family: r.get("family"),
+                component: r.get("component"),
+                attempt: r.get::<i64, _>("attempt") as u32,
+                commit_sha: r.get("commit_sha"),
+                diff_stat: r.get("diff_stat"),
+                diff: r.get("diff"),
+                exit_code: r.get("exit_code"),
+                signal: r.get("signal"),
+                timed_out: r.get("timed_out"),
+                duration_ms: r.get::<i64, _>("duration_ms") as u64,
+                job_before: r.get("job_before"),
+                verdict_before: r.get("verdict_before"),
+                reason_before: r.get("reason_before"),
+                job_after: r.get("job_after"),
+                verdict_after: r.get("verdict_after"),
+                reason_after: r.get("reason_after"),
+                handoff_status: r.get("handoff_status"),
+                handoff_summary: r.get("handoff_summary"),
+                handoff_text: r.get("handoff_text"),
+                started_ms: r.get("started_ms"),
+                finished_ms: r.get("finished_ms"),
+            })
+            .collect())
     }
 
     // ----- workers ---------------------------------------------------------

@@ -1,0 +1,554 @@
+//! The coding-agent adapter of the agent loop: the packet an agent is given
+//! (`component_context` plus the last verdict, the ledger and the rules), the
+//! agent's run as a subprocess in the component's worktree, and the reading
+//! of the `component_skill_handoff` block it returns.
+//!
+//! Any CLI is an agent: `[agent].command` is an argv template. Nothing here
+//! knows a particular agent; the replay agent of the examples is a program
+//! like any other.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use fvd_contracts::Contract;
+use fvd_contracts::block::fenced_blocks;
+use fvd_contracts::component::{ComponentSkillHandoff, SkillNextStep};
+use fvd_contracts::fields::Slot;
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+use crate::spec::ComponentSpec;
+use crate::store::AttemptRow;
+
+/// The pytest output given to the agent is cut to its last this many bytes.
+pub const OUTPUT_TAIL_BYTES: usize = 4000;
+
+/// Environment variables every agent gets besides the ones its spec names:
+/// enough to find programs and a home, nothing that could hold a secret.
+const BASE_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER"];
+
+/// The last run the agent is asked to fix.
+#[derive(Debug, Clone)]
+pub struct LastRun<'a> {
+    pub job_id: &'a str,
+    pub verdict: &'a str,
+    pub reason: &'a str,
+    pub output_tail: &'a str,
+}
+
+/// What the prompt of one attempt is made of.
+#[derive(Debug, Clone)]
+pub struct Packet<'a> {
+    pub family: &'a str,
+    pub spec: &'a ComponentSpec,
+    /// The port's prep fields.
+    pub prep: &'a BTreeMap<String, String>,
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub last: LastRun<'a>,
+    /// Previous attempts, oldest first.
+    pub ledger: &'a [AttemptRow],
+    pub handoff_file: &'a str,
+}
+
+/// The prompt of one attempt, written to `{prompt_file}`.
+pub fn packet(p: &Packet<'_>) -> String {
+    let Packet {
+        family,
+        spec,
+        prep,
+        attempt,
+        max_attempts,
+        last,
+        ledger,
+        handoff_file,
+    } = p;
+    let mut out = String::new();
+    out.push_str(&format!(
+        "# fvd parity-debug: {family} / {} (attempt {attempt} of {max_attempts})\n\n",
+        spec.name
+    ));
+    out.push_str("## Component context\n\n```text\n");
+    out.push_str(&component_context(family, spec, prep, last));
+    out.push_str("```\n\n");
+    out.push_str(&format!(
+        "## Last verdict\n\nRun `{}`: **{}**. {}\n\nParity command (run from the worktree): `{}`\n\nTail of the pytest output:\n\n```text\n{}\n```\n\n",
+        last.job_id,
+        last.verdict,
+        last.reason,
+        spec.argv().join(" "),
+        tail(last.output_tail, OUTPUT_TAIL_BYTES).trim_end()
+    ));
+    out.push_str("## Previous attempts\n\n");
+    if ledger.is_empty() {
+        out.push_str("None: this is the first attempt.\n\n");
+    }
+    for a in ledger.iter() {
+        out.push_str(&format!(
+            "- attempt {}: commit {}; verdict {} -> {}; agent exit {}; handoff {}: {}\n",
+            a.attempt,
+            short(&a.commit_sha),
+            a.verdict_before,
+            if a.verdict_after.is_empty() {
+                "(not run)"
+            } else {
+                &a.verdict_after
+            },
+            exit_text(a.exit_code, a.signal, a.timed_out),
+            a.handoff_status,
+            a.handoff_summary
+        ));
+        for line in a.diff_stat.lines() {
+            out.push_str(&format!("    {line}\n"));
+        }
+    }
+    if !ledger.is_empty() {
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "## Rules\n\n\
+- Change the port's code in this worktree until the parity test above is a non-skip pass; fvd commits your changes and reruns the test itself. Your own claim of a pass is not evidence: the rerun is.\n\
+- A skip is not a pass. Do not make the test skip, xfail or loosen its tolerance to turn it green.\n\
+- If the mismatch comes from converted weights or the conversion mapping, do not edit conversion scripts or converted weights: return `next_step: phase_5_conversion_retry` with a `conversion_retry_request` naming the failing keys, shapes or prefixes.\n\
+- If you cannot make progress, return `next_step: blocked` with the exact `blocker`.\n\
+- Never write a token or secret value anywhere (code, handoff, output); name environment variables instead.\n\n\
+## Handoff\n\n\
+When done, write a `component_skill_handoff` block (the contract's fields, `mode: parity-debug`, `component: {}`) to `{handoff_file}`, or print it as the last block of your output.\n",
+        spec.name
+    ));
+    out
+}
+
+fn component_context(
+    family: &str,
+    spec: &ComponentSpec,
+    prep: &BTreeMap<String, String>,
+    last: &LastRun<'_>,
+) -> String {
+    let get = |k: &str| {
+        prep.get(k)
+            .filter(|v| !v.is_empty())
+            .cloned()
+            .unwrap_or_else(|| format!("unknown (searched: prep.{k} of port.toml)"))
+    };
+    let conversion = if prep.get("needs_conversion").is_some_and(|v| v == "no") {
+        "not_needed"
+    } else {
+        "unknown"
+    };
+    let searched = format!(
+        "port.toml names no official files; search {}",
+        get("official_ref_dir")
+    );
+    let concern = one_line(&format!("parity is {}: {}", last.verdict, last.reason));
+    format!(
+        "component_context:
+  model_family: {family}
+  component: {name}
+  component_type: {ctype}
+  mode: parity-debug
+  official_ref_dir: {ref_dir}
+  official_definition_files:
+    - path: unknown (searched: {searched})
+      symbols: unknown
+      notes: unknown
+  official_instantiation_files:
+    - path: unknown (searched: {searched})
+      symbols: unknown
+      args: unknown
+  official_weight_source: {weights}
+  fastvideo_target_files:
+    - unknown (searched: port.toml names no target files; the parity test imports them)
+  local_tests_readme: {readme}
+  port_state_file: {state}
+  parity_test: {test}
+  prototype_key_dumps:
+    official: unknown
+    fastvideo: unknown
+  conversion:
+    script: {conversion}
+    converted_component_dir: {conversion}
+    model_index_library: unknown
+    config_file: unknown
+    mapping_notes: {conversion}
+    production_loader_strictness: unknown
+    strict_load: not_run
+  concerns_or_unknowns:
+    - {concern}
+",
+        name = spec.name,
+        ctype = spec.component_type,
+        ref_dir = get("official_ref_dir"),
+        weights = get("hf_weights_path"),
+        readme = get("local_tests_readme"),
+        state = get("port_state_file"),
+        test = spec.parity_test,
+    )
+}
+
+/// The last `max` bytes of `s`, on a character boundary.
+pub fn tail(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut start = s.len() - max;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+fn one_line(s: &str) -> String {
+    let line = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    tail(&line, 400).to_string()
+}
+
+fn short(sha: &str) -> &str {
+    &sha[..sha.len().min(12)]
+}
+
+/// How an agent run ended, in words.
+pub fn exit_text(code: Option<i32>, signal: Option<i32>, timed_out: bool) -> String {
+    match (timed_out, code, signal) {
+        (true, _, _) => "timed out".into(),
+        (_, Some(c), _) => format!("exit {c}"),
+        (_, None, Some(s)) => format!("signal {s}"),
+        _ => "did not start".into(),
+    }
+}
+
+/// How the agent process ended.
+#[derive(Debug, Clone, Default)]
+pub struct AgentExit {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub stdout: String,
+    /// Why the agent could not be started, if it could not.
+    pub spawn_error: Option<String>,
+}
+
+/// Runs the agent `argv` in `cwd` with only the base environment, the
+/// variables `env_names` names and `extra`; kills its whole process group at
+/// `timeout`. Its stdout and stderr are also written to `log_dir`.
+pub async fn run(
+    argv: &[String],
+    cwd: &Path,
+    env_names: &[String],
+    extra: &[(String, String)],
+    timeout: Duration,
+    log_dir: &Path,
+) -> AgentExit {
+    let started = Instant::now();
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .current_dir(cwd)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own group, so a timeout ends the agent's children too.
+        .process_group(0)
+        .kill_on_drop(true);
+    for name in BASE_ENV
+        .iter()
+        .copied()
+        .chain(env_names.iter().map(String::as_str))
+    {
+        if let Some(v) = std::env::var_os(name) {
+            cmd.env(name, v);
+        }
+    }
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return AgentExit {
+                spawn_error: Some(format!("cannot start agent {}: {e}", argv[0])),
+                ..AgentExit::default()
+            };
+        }
+    };
+    let pid = child.id();
+    let mut so = child.stdout.take().expect("stdout is piped");
+    let mut se = child.stderr.take().expect("stderr is piped");
+    let out = tokio::spawn(async move {
+        let mut b = Vec::new();
+        let _ = so.read_to_end(&mut b).await;
+        b
+    });
+    let err = tokio::spawn(async move {
+        let mut b = Vec::new();
+        let _ = se.read_to_end(&mut b).await;
+        b
+    });
+    let (status, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(s) => (s.ok(), false),
+        Err(_) => {
+            if let Some(pid) = pid {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            (child.wait().await.ok(), true)
+        }
+    };
+    let stdout = out.await.unwrap_or_default();
+    let stderr = err.await.unwrap_or_default();
+    let _ = std::fs::write(log_dir.join("agent.stdout"), &stdout);
+    let _ = std::fs::write(log_dir.join("agent.stderr"), &stderr);
+    use std::os::unix::process::ExitStatusExt;
+    AgentExit {
+        exit_code: status.and_then(|s| s.code()),
+        signal: status.and_then(|s| s.signal()),
+        timed_out,
+        duration_ms: started.elapsed().as_millis() as u64,
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        spawn_error: None,
+    }
+}
+
+/// The agent's handoff as fvd read it.
+#[derive(Debug, Clone)]
+pub struct HandoffRead {
+    /// `valid`, `invalid` or `missing`.
+    pub status: &'static str,
+    /// The key fields of a valid block, or the findings of an invalid one.
+    pub summary: String,
+    /// The block as returned; withheld when it holds a token-looking value.
+    pub text: String,
+    pub value: Option<ComponentSkillHandoff>,
+}
+
+impl HandoffRead {
+    /// Why the loop must stop after this handoff, when the agent itself says
+    /// it cannot go on (a blocker, a conversion retry, a question).
+    pub fn stop_reason(&self) -> Option<String> {
+        let h = self.value.as_ref()?;
+        match h.next_step {
+            SkillNextStep::Blocked => Some(format!("agent reports a blocker: {}", h.blocker)),
+            SkillNextStep::Phase5ConversionRetry => Some(match &h.conversion_retry_request {
+                Slot::Text(t) => format!("conversion_retry_request: {}", one_line(t)),
+                // The block itself is in the ledger's handoff text.
+                _ => "conversion_retry_request returned (see the attempt ledger)".into(),
+            }),
+            // fvd answer is not built yet: the question blocks the component.
+            SkillNextStep::AskUser => {
+                Some("agent asks the user (fvd answer is not built yet)".into())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Reads the agent's `component_skill_handoff`: the handoff file when the
+/// agent wrote one, else the last such block of its stdout. A missing or
+/// invalid block is reported as such; nothing is guessed.
+pub fn read_handoff(component: &str, file: Option<&str>, stdout: &str) -> HandoffRead {
+    let block = match file.filter(|t| !t.trim().is_empty()) {
+        Some(text) => Some(unfence(text)),
+        None => last_block(stdout),
+    };
+    let Some(block) = block else {
+        return HandoffRead {
+            status: "missing",
+            summary: "the agent returned no component_skill_handoff block".into(),
+            text: String::new(),
+            value: None,
+        };
+    };
+    let checked = ComponentSkillHandoff::check(&block, 1);
+    let secret = !fvd_contracts::secrets::scan_text(&block, 1).is_empty();
+    let text = if secret {
+        "[withheld: the block holds a token-looking value]".to_string()
+    } else {
+        tail(&block, 16 * 1024).to_string()
+    };
+    let mut findings: Vec<String> = checked.findings.iter().map(|f| f.to_string()).collect();
+    if let Some(v) = &checked.value
+        && v.component.to_string() != component
+    {
+        findings.push(format!(
+            "component: names {} instead of {component}",
+            v.component
+        ));
+    }
+    if !findings.is_empty() || checked.value.is_none() {
+        if findings.is_empty() {
+            findings.push("the block could not be read".into());
+        }
+        return HandoffRead {
+            status: "invalid",
+            summary: one_line(&findings.join("; ")),
+            text,
+            value: None,
+        };
+    }
+    let v = checked.value.expect("checked above");
+    let files = v
+        .files_changed
+        .iter()
+        .map(|f| f.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    HandoffRead {
+        status: "valid",
+        summary: one_line(&format!(
+            "parity_status={} next_step={} files_changed={} blocker={}",
+            v.parity_status.as_str(),
+            v.next_step.as_str(),
+            if files.is_empty() { "none" } else { &files },
+            v.blocker
+        )),
+        text,
+        value: Some(v),
+    }
+}
+
+/// The body of the last fenced block of `text`, or `text` itself.
+fn unfence(text: &str) -> String {
+    match fenced_blocks(text).pop() {
+        Some(f) => f.body,
+        None => text.to_string(),
+    }
+}
+
+/// The last `component: …` block of an agent's output: from the last line
+/// that starts it to the first blank line or fence after it.
+fn last_block(stdout: &str) -> Option<String> {
+    let lines: Vec<&str> = stdout.lines().collect();
+    let start = lines.iter().rposition(|l| l.starts_with("component:"))?;
+    let body: Vec<&str> = lines[start..]
+        .iter()
+        .take_while(|l| !l.trim().is_empty() && !l.trim_start().starts_with("```"))
+        .copied()
+        .collect();
+    Some(body.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fvd_contracts::component::ComponentContext;
+
+    fn spec() -> ComponentSpec {
+        ComponentSpec {
+            name: "timestep_embed".into(),
+            component_type: "generic".into(),
+            parity_test: "tests/t.py".into(),
+            coverage_scope: "implementation_subcomponent".into(),
+            gpus: 0,
+            timeout: Duration::from_secs(10),
+            env: vec![],
+            command: vec!["pytest".into(), "{test}".into()],
+            agent: None,
+        }
+    }
+
+    const HANDOFF: &str = "component: timestep_embed
+mode: parity-debug
+files_changed: fastvideo/layers/timestep.py
+official_files_used: official/tinyport_official/timestep.py
+prototype_key_dumps: none
+port_state_file: tests/local_tests/tinyport/PORT_STATUS.md
+concerns_or_unknowns: none
+parity_test: tests/t.py
+parity_status: non_skip_pass
+production_loader_strictness: stateless
+strict_load: not_run
+pytest_output: pytest tests/t.py: 1 passed
+blocker: none
+conversion_retry_request: none
+readme_updated: no
+next_step: phase_6_continue
+escape_hatch: none";
+
+    #[test]
+    fn the_packet_carries_a_valid_component_context() {
+        let prep: BTreeMap<String, String> = [
+            ("official_ref_dir", "official"),
+            ("needs_conversion", "no"),
+            ("local_tests_readme", "tests/local_tests/tiny/README.md"),
+            ("port_state_file", "tests/local_tests/tiny/PORT_STATUS.md"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let last = LastRun {
+            job_id: "tiny.timestep_embed.1",
+            verdict: "debug_red",
+            reason: "AssertionError: Not equal to tolerance",
+            output_tail: &"x".repeat(10_000),
+        };
+        let spec = spec();
+        let text = packet(&Packet {
+            family: "tiny",
+            spec: &spec,
+            prep: &prep,
+            attempt: 1,
+            max_attempts: 2,
+            last,
+            ledger: &[],
+            handoff_file: "/h.txt",
+        });
+        let block = fenced_blocks(&text)
+            .into_iter()
+            .find(|f| f.body.starts_with("component_context:"))
+            .expect("a component_context block");
+        let checked = ComponentContext::check(&block.body, 1);
+        assert!(checked.is_valid(), "{:?}\n{}", checked.findings, block.body);
+        assert!(text.contains("A skip is not a pass"), "{text}");
+        assert!(text.contains("conversion_retry_request"), "{text}");
+        assert!(text.contains("/h.txt"), "{text}");
+        // The output tail is bounded.
+        assert!(text.len() < 10_000, "{}", text.len());
+    }
+
+    #[test]
+    fn handoff_from_file_or_last_stdout_block() {
+        let r = read_handoff(
+            "timestep_embed",
+            Some(&format!("```text\n{HANDOFF}\n```\n")),
+            "",
+        );
+        assert_eq!(r.status, "valid", "{}", r.summary);
+        assert!(
+            r.summary.contains("parity_status=non_skip_pass"),
+            "{}",
+            r.summary
+        );
+        let stdout = format!("working...\ncomponent: old\n\n{HANDOFF}\n\ndone\n");
+        let r = read_handoff("timestep_embed", None, &stdout);
+        assert_eq!(r.status, "valid", "{}", r.summary);
+        assert!(r.stop_reason().is_none());
+    }
+
+    #[test]
+    fn missing_and_invalid_handoffs_are_recorded_not_guessed() {
+        let r = read_handoff("timestep_embed", None, "I fixed it, trust me\n");
+        assert_eq!(r.status, "missing");
+        let bad = HANDOFF.replace(
+            "parity_status: non_skip_pass",
+            "parity_status: probably_fine",
+        );
+        let r = read_handoff("timestep_embed", Some(&bad), "");
+        assert_eq!(r.status, "invalid");
+        assert!(r.summary.contains("parity_status"), "{}", r.summary);
+        let other = HANDOFF.replace("component: timestep_embed", "component: vae");
+        let r = read_handoff("timestep_embed", Some(&other), "");
+        assert_eq!(r.status, "invalid");
+        assert!(r.summary.contains("names vae"), "{}", r.summary);
+        let blocked = HANDOFF
+            .replace("next_step: phase_6_continue", "next_step: blocked")
+            .replace("blocker: none", "blocker: the official weights are private");
+        let r = read_handoff("timestep_embed", Some(&blocked), "");
+        assert_eq!(r.status, "valid", "{}", r.summary);
+        assert!(r.stop_reason().unwrap().contains("weights are private"));
+    }
+}

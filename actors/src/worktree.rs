@@ -1,0 +1,257 @@
+//! Git worktrees of agent components: each component an agent works on gets
+//! its own worktree on branch `fvd/<family>/<component>`, made from the
+//! port's base commit, so attempts of different components never touch one
+//! another's files and every attempt is a commit on its own branch.
+//!
+//! Worktrees live under `REPO/.fvd/worktrees/`, beside the embedded state,
+//! and `.fvd/` is git-ignored from inside so the port's checkout stays clean.
+
+use std::path::{Path, PathBuf};
+
+use tokio::process::Command;
+
+/// Commits carry this identity so they work on a machine without a git
+/// configuration (a bare CI runner).
+const IDENTITY: &[&str] = &["-c", "user.name=fvd", "-c", "user.email=fvd@localhost"];
+
+/// The recorded diff of one attempt is cut at this many bytes.
+pub const MAX_DIFF_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorktreeError {
+    #[error(
+        "port repository {repo} is not the top of a git repository (components with an agent work in git worktrees; run git init and commit there): {detail}"
+    )]
+    NotARepo { repo: PathBuf, detail: String },
+    #[error("port repository {repo} has no commit to branch from: {detail}")]
+    NoBase { repo: PathBuf, detail: String },
+    #[error("git {args} in {dir}: {detail}")]
+    Git {
+        args: String,
+        dir: PathBuf,
+        detail: String,
+    },
+    #[error("cannot prepare {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A component's worktree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Worktree {
+    pub path: PathBuf,
+    pub branch: String,
+    /// The commit the branch was made from.
+    pub base_commit: String,
+}
+
+/// One attempt as committed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    pub sha: String,
+    /// `git show --stat` of the commit; empty when the attempt changed nothing.
+    pub stat: String,
+    /// The patch, cut at [`MAX_DIFF_BYTES`].
+    pub diff: String,
+}
+
+/// Branch name of a component's worktree.
+pub fn branch(family: &str, component: &str) -> String {
+    format!("fvd/{family}/{component}")
+}
+
+/// Where a component's worktree lives.
+pub fn path(repo: &Path, family: &str, component: &str) -> PathBuf {
+    repo.join(".fvd")
+        .join("worktrees")
+        .join(family)
+        .join(component)
+}
+
+async fn git(dir: &Path, args: &[&str]) -> Result<String, WorktreeError> {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        // Never ask for credentials or an editor: nobody is there to answer.
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_EDITOR", "true")
+        .output()
+        .await
+        .map_err(|e| WorktreeError::Git {
+            args: args.join(" "),
+            dir: dir.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(WorktreeError::Git {
+            args: args.join(" "),
+            dir: dir.to_path_buf(),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
+}
+
+/// Makes the component's worktree, or finds the one a previous start made.
+/// `known` is the worktree the store recorded, if any.
+pub async fn ensure(
+    repo: &Path,
+    family: &str,
+    component: &str,
+    known: Option<Worktree>,
+) -> Result<Worktree, WorktreeError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| WorktreeError::Io { path, source }
+    };
+    let repo = std::fs::canonicalize(repo).map_err(io(repo))?;
+    // The repository must be the port's own: a port folder inside a larger
+    // checkout would otherwise grow branches in that checkout.
+    let top = git(&repo, &["rev-parse", "--show-toplevel"])
+        .await
+        .map_err(|e| WorktreeError::NotARepo {
+            repo: repo.clone(),
+            detail: e.to_string(),
+        })?;
+    if std::fs::canonicalize(&top).map_err(io(Path::new(&top)))? != repo {
+        return Err(WorktreeError::NotARepo {
+            repo: repo.clone(),
+            detail: format!("its repository's top is {top}"),
+        });
+    }
+    let fvd_dir = repo.join(".fvd");
+    std::fs::create_dir_all(&fvd_dir).map_err(io(&fvd_dir))?;
+    let ignore = fvd_dir.join(".gitignore");
+    if !ignore.exists() {
+        std::fs::write(&ignore, "*\n").map_err(io(&ignore))?;
+    }
+    let wt_path = path(&repo, family, component);
+    let branch = branch(family, component);
+    if let Some(k) = known
+        && k.path == wt_path
+        && wt_path.join(".git").exists()
+    {
+        return Ok(k);
+    }
+    // A worktree directory deleted by hand leaves a stale registration.
+    git(&repo, &["worktree", "prune"]).await?;
+    let wt = wt_path.to_string_lossy().to_string();
+    let has_branch = git(
+        &repo,
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("refs/heads/{branch}"),
+        ],
+    )
+    .await
+    .is_ok();
+    let base_commit = if has_branch {
+        let base = git(&repo, &["merge-base", "HEAD", &branch]).await?;
+        git(&repo, &["worktree", "add", &wt, &branch]).await?;
+        base
+    } else {
+        let base = git(&repo, &["rev-parse", "--verify", "HEAD^{commit}"])
+            .await
+            .map_err(|e| WorktreeError::NoBase {
+                repo: repo.clone(),
+                detail: e.to_string(),
+            })?;
+        git(&repo, &["worktree", "add", "-b", &branch, &wt, &base]).await?;
+        base
+    };
+    Ok(Worktree {
+        path: wt_path,
+        branch,
+        base_commit,
+    })
+}
+
+/// Commits everything the agent changed in `worktree`, even nothing (an
+/// empty commit still marks the attempt on the branch).
+pub async fn commit(worktree: &Path, message: &str) -> Result<Commit, WorktreeError> {
+    git(worktree, &["add", "-A"]).await?;
+    let mut args: Vec<&str> = IDENTITY.to_vec();
+    args.extend([
+        "commit",
+        "--quiet",
+        "--allow-empty",
+        "--no-verify",
+        "-m",
+        message,
+    ]);
+    git(worktree, &args).await?;
+    let sha = git(worktree, &["rev-parse", "HEAD"]).await?;
+    let stat = git(worktree, &["show", "--stat", "--format=", "HEAD"]).await?;
+    let mut diff = git(worktree, &["show", "--format=", "--patch", "HEAD"]).await?;
+    if diff.len() > MAX_DIFF_BYTES {
+        let mut cut = MAX_DIFF_BYTES;
+        while !diff.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        diff.truncate(cut);
+        diff.push_str("\n[diff cut at 64 KiB]\n");
+    }
+    Ok(Commit {
+        sha,
+        stat: stat.trim().to_string(),
+        diff,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn repo_with_commit(dir: &Path) {
+        git(dir, &["init", "-q", "-b", "main"]).await.unwrap();
+        std::fs::write(dir.join("a.txt"), "one\n").unwrap();
+        git(dir, &["add", "-A"]).await.unwrap();
+        let mut args: Vec<&str> = IDENTITY.to_vec();
+        args.extend(["commit", "-q", "-m", "base"]);
+        git(dir, &args).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn worktree_branches_from_head_and_commits_attempts() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path();
+        repo_with_commit(repo).await;
+        let head = git(repo, &["rev-parse", "HEAD"]).await.unwrap();
+        let wt = ensure(repo, "fam", "comp", None).await.unwrap();
+        assert_eq!(wt.base_commit, head);
+        assert_eq!(wt.branch, "fvd/fam/comp");
+        std::fs::write(wt.path.join("a.txt"), "two\n").unwrap();
+        let c = commit(&wt.path, "fvd: comp attempt 1").await.unwrap();
+        assert!(c.stat.contains("a.txt"), "{}", c.stat);
+        assert!(c.diff.contains("+two"), "{}", c.diff);
+        let empty = commit(&wt.path, "fvd: comp attempt 2").await.unwrap();
+        assert_eq!(empty.stat, "");
+        let log = git(repo, &["log", "--format=%s", "fvd/fam/comp"])
+            .await
+            .unwrap();
+        assert_eq!(log, "fvd: comp attempt 2\nfvd: comp attempt 1\nbase");
+        // The port's own checkout is untouched and sees no new files.
+        assert_eq!(git(repo, &["status", "--porcelain"]).await.unwrap(), "");
+        // A second start finds the same worktree again.
+        let again = ensure(repo, "fam", "comp", Some(wt.clone())).await.unwrap();
+        assert_eq!(again, wt);
+    }
+
+    #[tokio::test]
+    async fn a_folder_inside_another_checkout_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        repo_with_commit(dir.path()).await;
+        let inner = dir.path().join("port");
+        std::fs::create_dir_all(&inner).unwrap();
+        let err = ensure(&inner, "fam", "comp", None).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("is not the top of a git repository"),
+            "{err}"
+        );
+    }
+}
