@@ -47,6 +47,8 @@ pub enum Command {
     Status(port::StatusArgs),
     /// Print the output of a component's run.
     Logs(port::LogsArgs),
+    /// Show the agent-attempt ledger of a component (embedded state).
+    Attempts(port::AttemptsArgs),
     /// Cancel a running port.
     Cancel(port::CancelArgs),
     /// Run the orchestrator server.
@@ -63,6 +65,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Submit(a) => port::submit(a),
         Command::Status(a) => port::status(a),
         Command::Logs(a) => port::logs(a),
+        Command::Attempts(a) => port::attempts(a),
         Command::Cancel(a) => port::cancel(a),
         Command::Orchestrator(c) => server::serve(c),
         Command::Worker(a) => server::worker(a),

@@ -87,6 +87,17 @@ pub struct LogsArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct AttemptsArgs {
+    pub family: String,
+    pub component: String,
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
+    /// Every recorded field, diffs and handoff blocks included.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct CancelArgs {
     pub family: String,
     #[arg(long)]
@@ -489,6 +500,80 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
             .await
             .map_err(status_err)?;
         println!("cancelled port {}", args.family);
+        Ok(0)
+    })
+}
+
+/// `fvd attempts`: the agent-attempt ledger of a component, from the
+/// embedded state of the repository.
+pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let store = open_local(&args.repo).await?;
+        if store.port(&args.family).await?.is_none() {
+            bail!(
+                "no port {} in {}",
+                args.family,
+                state_db(&args.repo).display()
+            );
+        }
+        let worktree = store.worktree(&args.family, &args.component).await?;
+        let ledger = store.attempts(&args.family, &args.component).await?;
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            let v = serde_json::json!({
+                "family": args.family,
+                "component": args.component,
+                "worktree": worktree.as_ref().map(|w| serde_json::json!({
+                    "path": w.path,
+                    "branch": w.branch,
+                    "base_commit": w.base_commit,
+                })),
+                "attempts": ledger,
+            });
+            writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+            return Ok(0);
+        }
+        match &worktree {
+            Some(w) => writeln!(
+                out,
+                "{} / {}: {} attempt(s) on branch {} from {} ({})",
+                args.family,
+                args.component,
+                ledger.len(),
+                w.branch,
+                &w.base_commit[..w.base_commit.len().min(12)],
+                w.path.display()
+            )?,
+            None => writeln!(
+                out,
+                "{} / {}: no agent worktree (the component has no [agent], or it never started)",
+                args.family, args.component
+            )?,
+        }
+        for a in &ledger {
+            writeln!(
+                out,
+                "attempt {}  commit {}  agent {} in {:.1}s  verdict {} -> {}",
+                a.attempt,
+                &a.commit_sha[..a.commit_sha.len().min(12)],
+                fvd_actors::agent::exit_text(a.exit_code, a.signal, a.timed_out),
+                a.duration_ms as f64 / 1000.0,
+                a.verdict_before,
+                if a.verdict_after.is_empty() {
+                    "(not run yet)"
+                } else {
+                    &a.verdict_after
+                },
+            )?;
+            writeln!(out, "  handoff {}: {}", a.handoff_status, a.handoff_summary)?;
+            if a.diff_stat.is_empty() {
+                writeln!(out, "  no changes")?;
+            }
+            for line in a.diff_stat.lines() {
+                writeln!(out, "  {line}")?;
+            }
+        }
         Ok(0)
     })
 }
