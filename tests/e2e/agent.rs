@@ -1,6 +1,7 @@
 //! The agent loop end to end (issue #5): the example port's planted-bug
 //! component is driven by the replay agent, in its own git worktree, through
-//! a wrong attempt and a fix to `non_skip_pass`.
+//! a wrong attempt and a fix to `non_skip_pass`; a budget of one attempt
+//! blocks it with the last verdict as evidence.
 
 use std::path::Path;
 use std::process::Command;
@@ -204,4 +205,34 @@ fn replay_agent_fixes_the_planted_bug_on_the_second_attempt() {
         human.contains("attempt 2") && human.contains("debug_red -> non_skip_pass"),
         "{human}"
     );
+}
+
+#[test]
+fn a_budget_of_one_attempt_blocks_with_the_last_verdict() {
+    let sb = Sandbox::new();
+    example_repo(&sb, |t| {
+        assert!(t.contains("max_attempts = 3"), "{t}");
+        t.replace("max_attempts = 3", "max_attempts = 1")
+    });
+    let (code, out) = submit(&sb);
+    assert_eq!(code, Some(1), "{out}");
+
+    let status = sb.local_status("tinyport").expect("status after the port");
+    let c = component(&status, COMPONENT);
+    assert_eq!(c["status"], "blocked", "{status}");
+    assert_eq!(c["runs"], 2, "{status}");
+    let reason = c["reason"].as_str().unwrap();
+    assert!(reason.starts_with("debug_red: "), "{reason}");
+    assert!(reason.contains("AssertionError"), "{reason}");
+    assert!(
+        reason.contains("agent budget spent: 1 of 1 attempts"),
+        "{reason}"
+    );
+
+    let l = ledger(&sb);
+    let attempts = l["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{l}");
+    assert_eq!(attempts[0]["verdict_after"], "debug_red", "{l}");
+    let log = git(sb.repo(), &["log", "--format=%s", BRANCH]);
+    assert_eq!(log, "fvd: timestep_embed attempt 1\nbase");
 }
