@@ -510,6 +510,68 @@ escape_hatch: none";
         assert!(text.len() < 10_000, "{}", text.len());
     }
 
+    #[tokio::test]
+    async fn an_agent_is_killed_at_its_timeout_and_a_missing_one_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let argv: Vec<String> = ["sh", "-c", "echo started; sleep 30 & wait"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let started = Instant::now();
+        let exit = run(
+            &argv,
+            dir.path(),
+            &[],
+            &[],
+            Duration::from_millis(300),
+            dir.path(),
+        )
+        .await;
+        assert!(exit.timed_out, "{exit:?}");
+        // The group was killed: the backgrounded sleep did not hold the
+        // pipes open for 30 s.
+        assert!(started.elapsed() < Duration::from_secs(10), "{exit:?}");
+        assert_eq!(exit.stdout, "started\n");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("agent.stdout")).unwrap(),
+            "started\n"
+        );
+
+        let extra = [("FVD_ATTEMPT".to_string(), "2".to_string())];
+        let argv: Vec<String> = ["sh", "-c", "echo $FVD_ATTEMPT; exit 3"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let exit = run(
+            &argv,
+            dir.path(),
+            &[],
+            &extra,
+            Duration::from_secs(30),
+            dir.path(),
+        )
+        .await;
+        assert_eq!((exit.exit_code, exit.timed_out), (Some(3), false));
+        assert_eq!(exit.stdout, "2\n");
+
+        let argv = vec!["/nonexistent/agent".to_string()];
+        let exit = run(
+            &argv,
+            dir.path(),
+            &[],
+            &[],
+            Duration::from_secs(1),
+            dir.path(),
+        )
+        .await;
+        assert!(
+            exit.spawn_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("cannot start agent /nonexistent/agent")),
+            "{exit:?}"
+        );
+    }
+
     #[test]
     fn handoff_from_file_or_last_stdout_block() {
         let r = read_handoff(
