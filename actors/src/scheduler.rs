@@ -463,6 +463,9 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
         .map(|(id, _)| id.clone())
         .collect();
     lost.sort();
+    if !lost.is_empty() {
+        tracing::warn!(worker = %worker_id, jobs = ?lost, "worker lost while running jobs; they go back to the queue");
+    }
     for id in lost.into_iter().rev() {
         let Some(entry) = st.jobs.get_mut(&id) else {
             continue;

@@ -93,7 +93,9 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
                     }
                     Ok(None) => break,
                     Err(status) => {
-                        tracing::warn!(worker = %worker_id, %status, "worker stream failed");
+                        // A worker stopping or dying ends its stream this way; the lost
+                        // leases, if any, are reported by the scheduler.
+                        tracing::info!(worker = %worker_id, %status, "worker stream ended with an error");
                         break;
                     }
                 }
