@@ -167,7 +167,14 @@ pub struct SchedulerState {
 #[derive(Debug)]
 enum Write {
     Log(LogChunk),
-    Spawned { job_id: String, at_ms: i64 },
+    Spawned {
+        job_id: String,
+        at_ms: i64,
+    },
+    /// Delivered once everything queued before it is committed: a
+    /// component learns that its run finished only after the run's output
+    /// is stored, so `logs --follow` never stops short of the last chunk.
+    Notify(ActorRef<ComponentMsg>, Box<ComponentMsg>),
 }
 
 /// Batches queued writes: one transaction (one fsync) for everything that
@@ -178,9 +185,11 @@ fn spawn_writer(store: Store) -> mpsc::UnboundedSender<Write> {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 512).await > 0 {
             let mut logs = Vec::new();
+            let mut notify = Vec::new();
             for w in batch.drain(..) {
                 match w {
                     Write::Log(c) => logs.push(c),
+                    Write::Notify(to, msg) => notify.push((to, msg)),
                     Write::Spawned { job_id, at_ms } => {
                         if let Err(e) = store.mark_spawned(&job_id, at_ms).await {
                             tracing::error!(job = %job_id, error = %e, "could not record spawn time");
@@ -192,6 +201,9 @@ fn spawn_writer(store: Store) -> mpsc::UnboundedSender<Write> {
                 && let Err(e) = store.append_logs(&logs).await
             {
                 tracing::error!(error = %e, chunks = logs.len(), "could not store job output");
+            }
+            for (to, msg) in notify {
+                let _ = to.cast(*msg);
             }
         }
     });
@@ -350,10 +362,10 @@ impl Actor for SchedulerActor {
                     fvd_telemetry::metrics::gpu_seconds(&r.family, &r.component, gpu_seconds);
                 }
                 release(st, &entry);
-                let _ = entry
-                    .job
-                    .notify
-                    .cast(ComponentMsg::Finished { report, worker_id });
+                let _ = st.writer.send(Write::Notify(
+                    entry.job.notify.clone(),
+                    Box::new(ComponentMsg::Finished { report, worker_id }),
+                ));
             }
             SchedulerMsg::CancelFamily { family } => {
                 let ids: Vec<String> = st

@@ -102,6 +102,50 @@ fn is_active(state: &str) -> bool {
     state == fvd_actors::gate::RUNNING
 }
 
+/// Streams a job's stored output `(stream, bytes)` in order; with `follow`,
+/// keeps polling until the run ends. Shared by the gRPC `Logs` call and the
+/// CLI reading an embedded state database directly.
+pub fn log_pump(
+    store: Store,
+    job_id: String,
+    follow: bool,
+) -> mpsc::Receiver<Result<(i32, Vec<u8>), StoreError>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut last: Option<u64> = None;
+        loop {
+            // Read the state before the chunks: a run that had ended by then
+            // has every chunk stored, so this read is the last one needed.
+            let ended = match store.job(&job_id).await {
+                Ok(Some(j)) => j.state == "finished" || j.state == "abandoned",
+                Ok(None) => true,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            let chunks = match store.logs(&job_id, last).await {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            for (seq, stream, data) in chunks {
+                last = Some(seq);
+                if tx.send(Ok((stream, data))).await.is_err() {
+                    return;
+                }
+            }
+            if !follow || ended {
+                return;
+            }
+            tokio::time::sleep(FOLLOW_POLL).await;
+        }
+    });
+    rx
+}
+
 #[tonic::async_trait]
 impl pb::port_service_server::PortService for PortApi {
     async fn submit(
@@ -290,41 +334,16 @@ impl pb::port_service_server::PortService for PortApi {
                 r.family
             ))
         })?;
+        let mut chunks = log_pump(self.store.clone(), job.job_id, r.follow);
         let (tx, out) = mpsc::channel(64);
-        let store = self.store.clone();
         tokio::spawn(async move {
-            let mut last: Option<u64> = None;
-            loop {
-                let chunks = match store.logs(&job.job_id, last).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        let _ = tx.send(Err(store_status(e))).await;
-                        return;
-                    }
-                };
-                for (seq, stream, data) in chunks {
-                    last = Some(seq);
-                    if tx.send(Ok(pb::LogChunk { stream, data })).await.is_err() {
-                        return;
-                    }
-                }
-                if !r.follow {
+            while let Some(c) = chunks.recv().await {
+                let wire = c
+                    .map(|(stream, data)| pb::LogChunk { stream, data })
+                    .map_err(store_status);
+                if tx.send(wire).await.is_err() {
                     return;
                 }
-                let state = match store.job(&job.job_id).await {
-                    Ok(Some(j)) => j.state,
-                    _ => return,
-                };
-                if state == "finished" || state == "abandoned" {
-                    // One last read: chunks stored just before the result.
-                    if let Ok(rest) = store.logs(&job.job_id, last).await {
-                        for (_, stream, data) in rest {
-                            let _ = tx.send(Ok(pb::LogChunk { stream, data })).await;
-                        }
-                    }
-                    return;
-                }
-                tokio::time::sleep(FOLLOW_POLL).await;
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(out))))

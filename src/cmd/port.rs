@@ -479,8 +479,11 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
                         args.family
                     )
                 })?;
-                for (_, _, data) in store.logs(&job.job_id, None).await? {
-                    out.write_all(&data)?;
+                let mut chunks =
+                    fvd_orchestrator::port_api::log_pump(store, job.job_id.clone(), args.follow);
+                while let Some(chunk) = chunks.recv().await {
+                    out.write_all(&chunk?.1)?;
+                    out.flush()?;
                 }
             }
         }

@@ -600,3 +600,50 @@ fn calls_without_the_token_are_refused_and_the_token_is_never_logged() {
     );
     assert!(!all.contains(token), "the token value must never be logged");
 }
+
+#[test]
+fn logs_follow_streams_a_running_component_to_its_last_line() {
+    let sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    let body = format!(
+        "print('first-line', flush=True)\n{}\nprint('last-line', flush=True)",
+        blocks_until(&release)
+    );
+    sb.port("chatty", &[TestComponent::new("talk", &body)]);
+    // `-s` so pytest lets the test's output through as it happens.
+    let spec = sb.repo().join("tests/local_tests/chatty/port.toml");
+    let text = std::fs::read_to_string(&spec).unwrap().replace(
+        "timeout_s = 60",
+        "timeout_s = 60\ncommand = [\"python3\", \"-m\", \"pytest\", \"{test}\", \"-q\", \"-s\", \"-p\", \"no:cacheprovider\", \"--junitxml={junitxml}\"]",
+    );
+    std::fs::write(&spec, text).unwrap();
+    let mut submit = fvd()
+        .args(["submit", "--family", "chatty", "--wait", "--repo"])
+        .arg(sb.repo())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the component running", Duration::from_secs(60), || {
+        let rows = components(&sb.local_status("chatty")?);
+        (rows[0].1 == "running").then_some(())
+    });
+    let out_path = sb.repo().join("follow.out");
+    let mut follow = fvd()
+        .args(["logs", "chatty", "talk", "--follow", "--repo"])
+        .arg(sb.repo())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("the first line streamed", Duration::from_secs(60), || {
+        std::fs::read_to_string(&out_path).ok()?.contains("first-line").then_some(())
+    });
+    std::fs::write(&release, "go").unwrap();
+    let status = wait_for("logs --follow to end with the run", Duration::from_secs(60), || {
+        follow.try_wait().unwrap()
+    });
+    assert!(status.success());
+    let text = std::fs::read_to_string(&out_path).unwrap();
+    assert!(text.contains("last-line"), "the last line before the end is there: {text}");
+    assert_eq!(submit.wait().unwrap().code(), Some(0));
+}
