@@ -636,14 +636,98 @@ fn logs_follow_streams_a_running_component_to_its_last_line() {
         .spawn()
         .unwrap();
     wait_for("the first line streamed", Duration::from_secs(60), || {
-        std::fs::read_to_string(&out_path).ok()?.contains("first-line").then_some(())
+        std::fs::read_to_string(&out_path)
+            .ok()?
+            .contains("first-line")
+            .then_some(())
     });
     std::fs::write(&release, "go").unwrap();
-    let status = wait_for("logs --follow to end with the run", Duration::from_secs(60), || {
-        follow.try_wait().unwrap()
-    });
+    let status = wait_for(
+        "logs --follow to end with the run",
+        Duration::from_secs(60),
+        || follow.try_wait().unwrap(),
+    );
     assert!(status.success());
     let text = std::fs::read_to_string(&out_path).unwrap();
-    assert!(text.contains("last-line"), "the last line before the end is there: {text}");
+    assert!(
+        text.contains("last-line"),
+        "the last line before the end is there: {text}"
+    );
     assert_eq!(submit.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn an_orchestrator_restart_with_workers_connected_loses_no_job() {
+    let mut sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    sb.port(
+        "restarty",
+        &[
+            TestComponent::new("done", "assert True"),
+            TestComponent::new("inflight", &blocks_until(&release)),
+        ],
+    );
+    // A fixed address, so the worker finds the restarted orchestrator.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let url = sb.serve_at(&addr, &[]);
+    sb.worker("w1", 2);
+    let submit = fvd()
+        .args([
+            "submit",
+            "--family",
+            "restarty",
+            "--orchestrator",
+            &url,
+            "--repo",
+        ])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert!(submit.status.success());
+    wait_for(
+        "done recorded and inflight running",
+        Duration::from_secs(60),
+        || {
+            let rows = components(&sb.remote_status("restarty")?);
+            let done = rows.iter().find(|r| r.0 == "done")?;
+            let inflight = rows.iter().find(|r| r.0 == "inflight")?;
+            (done.1 == "non_skip_pass" && inflight.1 == "running").then_some(())
+        },
+    );
+    sb.kill_orchestrator();
+    sb.serve_at(&addr, &[]);
+    // The resumed port reruns the run that was in flight, once, on the
+    // reconnected worker (which is told to kill the orphaned first run).
+    wait_for("the in-flight run rerun", Duration::from_secs(60), || {
+        let rows = components(&sb.remote_status("restarty")?);
+        let inflight = rows.iter().find(|r| r.0 == "inflight")?;
+        (inflight.1 == "running" && inflight.2 == 2).then_some(())
+    });
+    std::fs::write(&release, "go").unwrap();
+    let status = wait_for("the port to end", Duration::from_secs(60), || {
+        let s = sb.remote_status("restarty")?;
+        (s["state"] != "running").then_some(s)
+    });
+    let rows = components(&status);
+    let done = status_of(&rows, "done");
+    let inflight = status_of(&rows, "inflight");
+    assert_eq!(
+        (done.1.as_str(), done.2),
+        ("non_skip_pass", 1),
+        "a recorded verdict is not rerun"
+    );
+    assert_eq!(
+        (inflight.1.as_str(), inflight.2),
+        ("non_skip_pass", 2),
+        "the in-flight run is rerun once"
+    );
+    assert!(
+        sb.logs().contains("no longer holds"),
+        "the orphaned first run was cancelled: {}",
+        sb.logs()
+    );
 }

@@ -74,6 +74,8 @@ pub struct Sandbox {
     children: Vec<Child>,
     /// Worker id → index in `children`.
     workers: Vec<(String, usize)>,
+    /// Index of the running orchestrator in `children`.
+    orchestrator: Option<usize>,
     pub url: Option<String>,
 }
 
@@ -83,6 +85,7 @@ impl Sandbox {
             dir: tempfile::tempdir().expect("tempdir"),
             children: Vec::new(),
             workers: Vec::new(),
+            orchestrator: None,
             url: None,
         }
     }
@@ -179,9 +182,14 @@ timeout_s = 60
 
     /// `serve()` with extra arguments (a token, say).
     pub fn serve_with(&mut self, extra: &[&str]) -> String {
+        self.serve_at("127.0.0.1:0", extra)
+    }
+
+    /// Starts (or restarts, on the same database) the orchestrator on `addr`.
+    pub fn serve_at(&mut self, addr: &str, extra: &[&str]) -> String {
         let db = self.repo().join("orchestrator.db");
         let mut child = fvd()
-            .args(["orchestrator", "serve", "--listen", "127.0.0.1:0", "--db"])
+            .args(["orchestrator", "serve", "--listen", addr, "--db"])
             .arg(format!("sqlite://{}", db.display()))
             .args(extra)
             .env("FVD_LOG", LOG_FILTER)
@@ -204,9 +212,17 @@ timeout_s = 60
             "unexpected first line {line:?}; log:\n{}",
             self.logs()
         );
+        self.orchestrator = Some(self.children.len());
         self.children.push(child);
         self.url = Some(url.clone());
         url
+    }
+
+    /// SIGKILLs the orchestrator process.
+    pub fn kill_orchestrator(&mut self) {
+        let i = self.orchestrator.take().expect("an orchestrator runs");
+        self.children[i].kill().expect("kill orchestrator");
+        self.children[i].wait().expect("reap orchestrator");
     }
 
     /// Starts `fvd worker` with `slots` CPU slots and no GPU.
