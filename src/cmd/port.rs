@@ -172,16 +172,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
         match args.orchestrator {
             Some(url) => {
                 let mut client = client(&url, args.token.load()?).await?;
-                let r = client
-                    .submit(traced(request))
-                    .await
-                    .map_err(status_err)?
-                    .into_inner();
-                println!(
-                    "{} port {} on {url}",
-                    if r.resumed { "resumed" } else { "submitted" },
-                    r.family
-                );
+                send(&mut client, request, &format!("on {url}")).await?;
                 if args.wait {
                     watch(&mut client, &args.family).await
                 } else {
@@ -191,6 +182,18 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
             None => embedded(&repo, request, &args.gpus, args.cpu_slots).await,
         }
     })
+}
+
+/// Submits and says whether the port started or resumed, and where.
+async fn send(client: &mut Client, request: pb::SubmitRequest, place: &str) -> anyhow::Result<()> {
+    let r = client
+        .submit(traced(request))
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    let verb = if r.resumed { "resumed" } else { "submitted" };
+    println!("{verb} port {} {place}", r.family);
+    Ok(())
 }
 
 /// Embedded mode: orchestrator and worker in this process over loopback.
@@ -228,17 +231,12 @@ async fn embedded(
     let worker = tokio::spawn(fvd_worker::client::run(config, shutdown.clone()));
     let mut client = client(&server.url(), Some(token)).await?;
     let family = request.family.clone();
-    let r = client
-        .submit(traced(request))
-        .await
-        .map_err(status_err)?
-        .into_inner();
-    println!(
-        "{} port {} (embedded, state in {})",
-        if r.resumed { "resumed" } else { "submitted" },
-        r.family,
-        db.display()
-    );
+    send(
+        &mut client,
+        request,
+        &format!("(embedded, state in {})", db.display()),
+    )
+    .await?;
     let code = watch(&mut client, &family).await;
     shutdown.cancel();
     let _ = worker.await;

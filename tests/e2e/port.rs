@@ -417,6 +417,22 @@ fn token_values_in_a_spec_are_refused_and_never_stored_or_echoed() {
     );
 }
 
+/// `fvd submit` of `family` to the sandbox's orchestrator, not waiting.
+fn submit_to(sb: &Sandbox, url: &str, family: &str) -> std::process::Output {
+    fvd()
+        .args([
+            "submit",
+            "--family",
+            family,
+            "--orchestrator",
+            url,
+            "--repo",
+        ])
+        .arg(sb.repo())
+        .output()
+        .unwrap()
+}
+
 /// A test body that blocks until `release` exists (bounded, so a stray
 /// process cannot hang the suite).
 fn blocks_until(release: &Path) -> String {
@@ -437,18 +453,7 @@ fn a_lost_worker_s_job_finishes_on_another_worker_with_one_verdict() {
     let url = sb.serve();
     sb.worker("w1", 1);
     sb.worker("w2", 1);
-    let submit = fvd()
-        .args([
-            "submit",
-            "--family",
-            "lossy",
-            "--orchestrator",
-            &url,
-            "--repo",
-        ])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let submit = submit_to(&sb, &url, "lossy");
     assert!(
         submit.status.success(),
         "{}",
@@ -501,18 +506,7 @@ fn cancel_stops_a_running_port_and_its_job() {
     sb.port("stoppy", &[TestComponent::new("stuck", &body)]);
     let url = sb.serve();
     sb.worker("w1", 1);
-    let submit = fvd()
-        .args([
-            "submit",
-            "--family",
-            "stoppy",
-            "--orchestrator",
-            &url,
-            "--repo",
-        ])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let submit = submit_to(&sb, &url, "stoppy");
     assert!(submit.status.success());
     let pid: u32 = wait_for("the test process to start", Duration::from_secs(60), || {
         std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
@@ -675,18 +669,7 @@ fn an_orchestrator_restart_with_workers_connected_loses_no_job() {
         .to_string();
     let url = sb.serve_at(&addr, &[]);
     sb.worker("w1", 2);
-    let submit = fvd()
-        .args([
-            "submit",
-            "--family",
-            "restarty",
-            "--orchestrator",
-            &url,
-            "--repo",
-        ])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let submit = submit_to(&sb, &url, "restarty");
     assert!(submit.status.success());
     wait_for(
         "done recorded and inflight running",
