@@ -56,6 +56,8 @@ pub enum PortError {
     UnknownFamily(String),
     #[error("port {0} is running; cancel it before asking for a rerun")]
     Busy(String),
+    #[error("port {family} is not running here (state {state}); nothing to cancel")]
+    NotRunning { family: String, state: String },
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -123,7 +125,10 @@ impl Actor for OrchestratorActor {
                         .cast(GateMsg::Cancel)
                         .map_err(|e| PortError::Internal(e.to_string())),
                     None => match st.args.store.port(&family).await {
-                        Ok(Some(_)) => Ok(()),
+                        Ok(Some(p)) => Err(PortError::NotRunning {
+                            family,
+                            state: p.state,
+                        }),
                         Ok(None) => Err(PortError::UnknownFamily(family)),
                         Err(e) => Err(PortError::Internal(e.to_string())),
                     },

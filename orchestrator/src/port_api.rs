@@ -34,7 +34,9 @@ fn port_status(e: PortError) -> Status {
         PortError::InvalidSpec(m) => Status::invalid_argument(m),
         e @ PortError::FamilyMismatch { .. } => Status::invalid_argument(e.to_string()),
         PortError::UnknownFamily(f) => Status::not_found(format!("no port of family {f}")),
-        e @ PortError::Busy(_) => Status::failed_precondition(e.to_string()),
+        e @ (PortError::Busy(_) | PortError::NotRunning { .. }) => {
+            Status::failed_precondition(e.to_string())
+        }
         PortError::Internal(m) => Status::internal(m),
     }
 }

@@ -526,6 +526,13 @@ fn cancel_stops_a_running_port_and_its_job() {
     });
     let rows = components(&status);
     assert_eq!(rows[0].1, "blocked", "{status}");
+    // A second cancel says there is nothing left to cancel.
+    let again = fvd()
+        .args(["cancel", "stoppy", "--orchestrator", &url])
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("is not running here"));
     wait_for(
         "the test process to be killed",
         Duration::from_secs(30),
