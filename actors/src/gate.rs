@@ -405,6 +405,9 @@ async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), Ac
     // Closing the spans now exports them now, not when the actor is reaped.
     st.phase_span = None;
     st.span = Span::none();
+    // Component actors of a cancelled port may still wait on runs that will
+    // never report: they end with the port.
+    myself.stop_children(Some("port finished".into()));
     myself.stop(Some("port finished".into()));
     Ok(())
 }
