@@ -65,6 +65,12 @@ pub enum ComponentMsg {
         report: JobReport,
         worker_id: String,
     },
+    /// The queued job cannot be placed for now (`reason`), or can again
+    /// (empty `reason`).
+    Waiting {
+        job_id: String,
+        reason: String,
+    },
     /// The worker running the job was lost; the scheduler requeued it
     /// unless `give_up`.
     WorkerLost {
@@ -174,6 +180,16 @@ impl Actor for ComponentSubagentActor {
             }
             ComponentMsg::Started { job_id, worker_id } => {
                 tracing::debug!(%job_id, %worker_id, "job process started");
+            }
+            ComponentMsg::Waiting { job_id, reason } => {
+                if st.job_id.as_deref() == Some(job_id.as_str()) {
+                    // Only while still queued: a lease recorded meanwhile wins.
+                    st.args
+                        .store
+                        .set_queued_reason(&st.args.family, &st.args.spec.name, &reason)
+                        .await?;
+                    emit(st).await?;
+                }
             }
             ComponentMsg::WorkerLost {
                 job_id,

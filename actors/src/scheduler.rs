@@ -144,6 +144,9 @@ struct Entry {
     job: QueuedJob,
     lease: Option<Lease>,
     infra_retries: u32,
+    /// Why no registered worker can ever hold the job, as last told to
+    /// its component (so it is told once per change, not per round).
+    unplaceable: Option<String>,
 }
 
 #[derive(Debug)]
@@ -262,6 +265,13 @@ impl Actor for SchedulerActor {
                     info,
                 };
                 st.workers.insert(slot.info.worker_id.clone(), slot);
+                let queued: Vec<String> = st
+                    .jobs
+                    .iter()
+                    .filter(|(_, e)| e.lease.is_none())
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                check_placeable(st, &queued);
             }
             SchedulerMsg::WorkerDisconnected { worker_id, conn } => {
                 if st.workers.get(&worker_id).is_some_and(|w| w.conn == conn) {
@@ -301,13 +311,15 @@ impl Actor for SchedulerActor {
                 let id = job.record.job_id.clone();
                 st.queue.push_back(&job.record.family, id.clone());
                 st.jobs.insert(
-                    id,
+                    id.clone(),
                     Entry {
                         job: *job,
                         lease: None,
                         infra_retries: 0,
+                        unplaceable: None,
                     },
                 );
+                check_placeable(st, &[id]);
             }
             SchedulerMsg::Started {
                 worker_id,
@@ -586,6 +598,41 @@ impl FairQueue {
             }
         }
         None
+    }
+}
+
+/// Tells the components of queued jobs that need more GPUs than any
+/// registered worker has (a gang job is never split), and again once such a
+/// worker arrives; without it a 2-GPU component among 1-GPU workers would
+/// wait in silence.
+fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
+    if st.workers.is_empty() {
+        // Workers may simply not have registered yet (embedded start-up).
+        return;
+    }
+    let biggest = st
+        .workers
+        .values()
+        .map(|w| w.info.gpus.len())
+        .max()
+        .unwrap_or(0);
+    for id in ids {
+        let Some(e) = st.jobs.get_mut(id) else {
+            continue;
+        };
+        let need = e.job.record.gpus_needed as usize;
+        let reason = (need > biggest).then(|| {
+            format!(
+                "waiting: needs {need} GPUs on one worker; the largest registered worker has {biggest}"
+            )
+        });
+        if reason != e.unplaceable {
+            e.unplaceable = reason.clone();
+            let _ = e.job.notify.cast(ComponentMsg::Waiting {
+                job_id: id.clone(),
+                reason: reason.unwrap_or_default(),
+            });
+        }
     }
 }
 

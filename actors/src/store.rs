@@ -310,6 +310,24 @@ impl Store {
         Ok(())
     }
 
+    /// Sets the reason of a component that is still `queued` (why it
+    /// waits); a component in any other state is left as it is.
+    pub async fn set_queued_reason(
+        &self,
+        family: &str,
+        name: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE components SET reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status = 'queued'")
+            .bind(reason)
+            .bind(now_ms())
+            .bind(family)
+            .bind(name)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
     // ----- jobs ------------------------------------------------------------
 
     /// Records a new queued run of a component and returns it. Run numbers

@@ -318,12 +318,24 @@ async fn a_multi_gpu_job_lands_on_one_worker_or_waits() {
     let tp = h.enqueue("p", "tp", 2).await;
     let one = h.enqueue("p", "one", 1).await;
     h.settle().await;
-    // Two single-GPU workers: the 2-GPU job waits, the 1-GPU job runs.
+    // Two single-GPU workers: the 2-GPU job waits, and its component is
+    // told why; the 1-GPU job runs.
     let got = match (w1.try_recv(), w2.try_recv()) {
         (Ok(ToWorker::Assign(a)), Err(_)) | (Err(_), Ok(ToWorker::Assign(a))) => a,
         other => panic!("expected exactly one assignment, got {other:?}"),
     };
     assert_eq!(got.job_id, one);
+    let waiting = loop {
+        match tokio::time::timeout(Duration::from_secs(5), h.events.recv()).await {
+            Ok(Some(ComponentMsg::Waiting { job_id, reason })) if job_id == tp => break reason,
+            Ok(Some(_)) => continue,
+            other => panic!("expected a waiting reason for the 2-GPU job, got {other:?}"),
+        }
+    };
+    assert_eq!(
+        waiting,
+        "waiting: needs 2 GPUs on one worker; the largest registered worker has 1"
+    );
     // A worker with two GPUs arrives: the gang job goes there, whole.
     let mut w3 = h.worker("w3", 2, 1);
     let (id, _, gpus) = next_assign(&mut w3).await;

@@ -50,6 +50,10 @@ pub struct ServeArgs {
     /// State database, `sqlite://PATH`.
     #[arg(long)]
     pub db: String,
+    /// Seconds without a heartbeat after which a worker's jobs are
+    /// re-queued elsewhere (workers heartbeat every second).
+    #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
+    pub lease_ttl: f64,
     #[command(flatten)]
     pub token: TokenArgs,
 }
@@ -89,6 +93,16 @@ async fn interrupted() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 1.5 => Ok(v),
+        Ok(_) => Err(format!(
+            "{s} is too short: workers heartbeat every second, so at least 1.5"
+        )),
+        Err(_) => Err(format!("{s} is not a number of seconds")),
     }
 }
 
@@ -151,10 +165,11 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let config = fvd_orchestrator::ServerConfig {
+        let mut config = fvd_orchestrator::ServerConfig {
             token,
             ..Default::default()
         };
+        config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
         let server = fvd_orchestrator::start(listener, store, config).await?;
         // The first line names the address, so scripts can use port 0.
         println!("fvd orchestrator listening on {}", server.url());
