@@ -112,6 +112,10 @@ pub enum SchedulerMsg {
     },
     /// Check leases and heartbeats.
     Tick,
+    /// The worker takes no new job; it leaves once its jobs are done.
+    Drain {
+        worker_id: String,
+    },
     /// Lease what can be leased (sent by the scheduler to itself).
     Dispatch,
     /// Counts for status and tests: (workers, queued, running).
@@ -128,6 +132,8 @@ struct WorkerSlot {
     free_gpus: BTreeSet<u32>,
     free_cpu: u32,
     last_seen_ms: i64,
+    /// Draining: slots freed by finished jobs are not offered again.
+    draining: bool,
 }
 
 #[derive(Debug)]
@@ -260,6 +266,7 @@ impl Actor for SchedulerActor {
                     free_gpus: info.gpus.iter().map(|g| g.index).collect(),
                     free_cpu: info.cpu_slots,
                     last_seen_ms: st.clock.now_ms(),
+                    draining: false,
                     conn,
                     tx,
                     info,
@@ -418,6 +425,15 @@ impl Actor for SchedulerActor {
                     lose_worker(st, &id).await?;
                 }
             }
+            SchedulerMsg::Drain { worker_id } => {
+                if let Some(w) = st.workers.get_mut(&worker_id) {
+                    tracing::info!(worker = %worker_id, "worker drains: no new jobs for it");
+                    w.draining = true;
+                    w.free_cpu = 0;
+                    w.free_gpus.clear();
+                }
+                return Ok(());
+            }
             SchedulerMsg::Dispatch => {
                 st.dispatch_pending = false;
                 dispatch(st).await?;
@@ -467,6 +483,7 @@ fn leased<'a>(
 fn release(st: &mut SchedulerState, entry: &Entry) {
     if let Some(lease) = &entry.lease
         && let Some(w) = st.workers.get_mut(&lease.worker_id)
+        && !w.draining
     {
         if lease.gpus.is_empty() {
             w.free_cpu += 1;

@@ -171,6 +171,7 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                 .map(|r| (r.job_id, r.lease_epoch))
                 .collect(),
         },
+        pb::worker_msg::Msg::Drain(_) => SchedulerMsg::Drain { worker_id },
         pb::worker_msg::Msg::JobStarted(s) => SchedulerMsg::Started {
             worker_id,
             job_id: s.job_id,

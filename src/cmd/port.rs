@@ -228,7 +228,12 @@ async fn embedded(
         Some(token.clone()),
     )
     .await?;
-    let worker = tokio::spawn(fvd_worker::client::run(config, shutdown.clone()));
+    // Embedded mode never drains: the port's end stops the worker.
+    let worker = tokio::spawn(fvd_worker::client::run(
+        config,
+        shutdown.clone(),
+        CancellationToken::new(),
+    ));
     let mut client = client(&server.url(), Some(token)).await?;
     let family = request.family.clone();
     send(

@@ -59,13 +59,16 @@ pub struct ServeArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct WorkerArgs {
+    #[command(subcommand)]
+    pub command: Option<WorkerCmd>,
     /// Orchestrator URL, `http://HOST:PORT`.
-    #[arg(long)]
-    pub orchestrator: String,
+    #[arg(long, required = true)]
+    pub orchestrator: Option<String>,
     /// Scratch folder for job files.
-    #[arg(long)]
-    pub workspace: PathBuf,
+    #[arg(long, required = true)]
+    pub workspace: Option<PathBuf>,
     /// GPUs to offer: all, none, or host indices like 0,1.
     #[arg(long, default_value = "all")]
     pub gpus: String,
@@ -77,6 +80,40 @@ pub struct WorkerArgs {
     pub worker_id: Option<String>,
     #[command(flatten)]
     pub token: TokenArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkerCmd {
+    /// Ask the worker using WORKSPACE to take no new job and to exit once
+    /// the jobs it runs have finished and been reported.
+    Drain {
+        /// The worker's scratch folder (it holds `worker.pid`).
+        #[arg(long)]
+        workspace: PathBuf,
+    },
+}
+
+/// The file a running worker keeps its pid in, inside its workspace.
+fn pid_file(workspace: &std::path::Path) -> PathBuf {
+    workspace.join("worker.pid")
+}
+
+/// `fvd worker drain`: SIGUSR1 to the worker named by the pid file.
+fn drain(workspace: &std::path::Path) -> anyhow::Result<u8> {
+    let path = pid_file(workspace);
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("no running worker: cannot read {}", path.display()))?;
+    let pid: i32 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("{} does not hold a pid", path.display()))?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGUSR1,
+    )
+    .with_context(|| format!("cannot signal worker {pid} named by {}", path.display()))?;
+    println!("asked worker {pid} to drain");
+    Ok(0)
 }
 
 /// Resolves on Ctrl-C or SIGTERM: both end a server or worker normally, so
@@ -182,10 +219,16 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
 }
 
 pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
+    if let Some(WorkerCmd::Drain { workspace }) = &args.command {
+        return drain(workspace);
+    }
+    let (Some(orchestrator), Some(workspace)) = (args.orchestrator, args.workspace) else {
+        anyhow::bail!("fvd worker needs --orchestrator and --workspace");
+    };
     runtime()?.block_on(async move {
         let config = local_worker_config(
-            args.orchestrator,
-            args.workspace,
+            orchestrator,
+            workspace,
             &args.gpus,
             args.cpu_slots,
             args.worker_id,
@@ -205,7 +248,22 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
             interrupted().await;
             stop.cancel();
         });
-        fvd_worker::client::run(config, shutdown).await?;
+        // `fvd worker drain` finds this process through the pid file.
+        let drain = CancellationToken::new();
+        let on_usr1 = drain.clone();
+        let mut usr1 =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+                .context("cannot listen for SIGUSR1")?;
+        tokio::spawn(async move {
+            usr1.recv().await;
+            on_usr1.cancel();
+        });
+        let pid_path = pid_file(&config.workspace);
+        std::fs::write(&pid_path, std::process::id().to_string())
+            .with_context(|| format!("cannot write {}", pid_path.display()))?;
+        let result = fvd_worker::client::run(config, shutdown, drain).await;
+        let _ = std::fs::remove_file(&pid_path);
+        result?;
         Ok(0)
     })
 }

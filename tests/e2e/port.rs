@@ -721,3 +721,73 @@ fn an_orchestrator_restart_with_workers_connected_loses_no_job() {
         sb.logs()
     );
 }
+
+#[test]
+fn a_drained_worker_finishes_its_job_takes_no_new_one_and_exits() {
+    let mut sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    // Both block until released: with one slot, one runs and one waits.
+    sb.port(
+        "drainy",
+        &[
+            TestComponent::new("a", &blocks_until(&release)),
+            TestComponent::new("b", &blocks_until(&release)),
+        ],
+    );
+    let url = sb.serve();
+    sb.worker("w1", 1);
+    let submit = submit_to(&sb, &url, "drainy");
+    assert!(submit.status.success());
+    let (on_w1, waiting) = wait_for(
+        "one running on w1, one queued",
+        Duration::from_secs(60),
+        || {
+            let rows = components(&sb.remote_status("drainy")?);
+            let running = rows.iter().find(|r| r.1 == "running" && r.3 == "w1")?;
+            let queued = rows.iter().find(|r| r.1 == "queued")?;
+            Some((running.0.clone(), queued.0.clone()))
+        },
+    );
+    let out = fvd()
+        .args(["worker", "drain", "--workspace"])
+        .arg(sb.repo().join("ws-w1"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(
+        "the drain to reach the orchestrator",
+        Duration::from_secs(30),
+        || sb.logs().contains("worker drains").then_some(()),
+    );
+    std::fs::write(&release, "go").unwrap();
+    let exit = sb.wait_worker_exit("w1", Duration::from_secs(60));
+    assert!(exit.success(), "a drained worker exits cleanly: {exit:?}");
+    let rows = components(&sb.remote_status("drainy").unwrap());
+    let done = status_of(&rows, &on_w1);
+    assert_eq!(
+        (done.1.as_str(), done.2),
+        ("non_skip_pass", 1),
+        "the running job finished and was reported once"
+    );
+    assert_eq!(
+        status_of(&rows, &waiting).1,
+        "queued",
+        "nothing new went to the draining worker"
+    );
+    sb.worker("w2", 1);
+    let status = wait_for("the port to end", Duration::from_secs(60), || {
+        let s = sb.remote_status("drainy")?;
+        (s["state"] != "running").then_some(s)
+    });
+    let rows = components(&status);
+    let later = status_of(&rows, &waiting);
+    assert_eq!(
+        (later.1.as_str(), later.2, later.3.as_str()),
+        ("non_skip_pass", 1, "w2"),
+        "{status}"
+    );
+}

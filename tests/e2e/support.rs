@@ -264,6 +264,20 @@ timeout_s = 60
         self.children.push(child);
     }
 
+    /// Waits (bounded) for the worker process `id` to exit by itself.
+    pub fn wait_worker_exit(&mut self, id: &str, limit: Duration) -> std::process::ExitStatus {
+        let i = self
+            .workers
+            .iter()
+            .find(|(w, _)| w == id)
+            .map(|(_, i)| *i)
+            .expect("known worker");
+        let child = &mut self.children[i];
+        wait_for(&format!("worker {id} to exit"), limit, || {
+            child.try_wait().unwrap()
+        })
+    }
+
     /// SIGKILLs the worker process `id`.
     pub fn kill_worker(&mut self, id: &str) {
         let i = self

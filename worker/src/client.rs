@@ -52,9 +52,15 @@ pub enum ClientError {
 /// Jobs running on this worker: their lease and how to cancel them.
 type Running = Arc<Mutex<HashMap<String, (u64, CancellationToken)>>>;
 
-/// Serves the orchestrator until `shutdown` is cancelled, reconnecting with
-/// exponential backoff (100 ms doubling up to `max_backoff`).
-pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> Result<(), ClientError> {
+/// Serves the orchestrator until `shutdown` is cancelled (running jobs are
+/// cancelled) or, once `drain` is cancelled, until the jobs it runs have
+/// finished and been reported (no new job is taken meanwhile); reconnects
+/// with exponential backoff (100 ms doubling up to `max_backoff`).
+pub async fn run(
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+    drain: CancellationToken,
+) -> Result<(), ClientError> {
     let endpoint =
         Channel::from_shared(config.orchestrator.clone()).map_err(|e| ClientError::BadUrl {
             url: config.orchestrator.clone(),
@@ -67,7 +73,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> Result<()
             return Ok(());
         }
         let started = Instant::now();
-        match session(&config, endpoint.clone(), &running, &shutdown).await {
+        match session(&config, endpoint.clone(), &running, &shutdown, &drain).await {
             Ok(()) => return Ok(()),
             Err(Session::Refused(status)) => {
                 return Err(ClientError::Refused {
@@ -101,6 +107,7 @@ async fn session(
     endpoint: tonic::transport::Endpoint,
     running: &Running,
     shutdown: &CancellationToken,
+    drain: &CancellationToken,
 ) -> Result<(), Session> {
     let channel = endpoint
         .connect()
@@ -120,8 +127,16 @@ async fn session(
         Err(status) => return Err(Session::Refused(status)),
     };
     let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+    let mut drain_sent = false;
     loop {
         tokio::select! {
+            _ = drain.cancelled(), if !drain_sent => {
+                drain_sent = true;
+                tracing::info!(worker = %config.worker_id, "draining: no new jobs; leaving once the running ones finish");
+                if tx.send(msg(pb::worker_msg::Msg::Drain(pb::Drain {}))).await.is_err() {
+                    return Err(Session::Lost("stream closed".into()));
+                }
+            }
             _ = shutdown.cancelled() => {
                 for (_, (_, cancel)) in running.lock().expect("running lock").iter() {
                     cancel.cancel();
@@ -129,6 +144,9 @@ async fn session(
                 return Ok(());
             }
             _ = heartbeat.tick() => {
+                if drain_sent && running.lock().expect("running lock").is_empty() {
+                    break;
+                }
                 let jobs = running
                     .lock()
                     .expect("running lock")
@@ -148,6 +166,15 @@ async fn session(
             }
         }
     }
+    // Drained. Close our side and wait (bounded) for the orchestrator to
+    // close its side: it reads our last results before it sees the end, so
+    // none is lost to the disconnect.
+    drop(tx);
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(_)) = inbound.message().await {}
+    })
+    .await;
+    Ok(())
 }
 
 fn msg(m: pb::worker_msg::Msg) -> pb::WorkerMsg {
