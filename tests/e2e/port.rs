@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::support::{Sandbox, TestComponent, components, fvd, wait_for};
+use crate::support::{Proxy, Sandbox, TestComponent, components, fvd, wait_for};
 
 /// Copies a folder tree (the example port) so a test can write into it.
 pub(crate) fn copy_tree(from: &Path, to: &Path) {
@@ -789,5 +789,66 @@ fn a_drained_worker_finishes_its_job_takes_no_new_one_and_exits() {
         (later.1.as_str(), later.2, later.3.as_str()),
         ("non_skip_pass", 1, "w2"),
         "{status}"
+    );
+}
+
+#[test]
+fn a_partitioned_worker_s_late_result_is_fenced() {
+    let mut sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    sb.port(
+        "split",
+        &[TestComponent::new("only", &blocks_until(&release))],
+    );
+    let url = sb.serve_with(&["--lease-ttl", "1.5"]);
+    // w1 reaches the orchestrator through a proxy the test can stall.
+    let proxy = Proxy::start(url.trim_start_matches("http://"));
+    let w1 = sb.worker_at(&proxy.url(), "w1", 1, &[]);
+    sb.spawn_worker("w1", w1);
+    let submit = submit_to(&sb, &url, "split");
+    assert!(submit.status.success());
+    wait_for("the job running on w1", Duration::from_secs(60), || {
+        let rows = components(&sb.remote_status("split")?);
+        (rows[0].1 == "running" && rows[0].3 == "w1").then_some(())
+    });
+    sb.worker("w2", 1);
+    // Partition w1: silence both ways, connections stay open.
+    proxy.pause(true);
+    wait_for(
+        "the lease to expire and the job to move to w2",
+        Duration::from_secs(60),
+        || {
+            let rows = components(&sb.remote_status("split")?);
+            (rows[0].1 == "running" && rows[0].3 == "w2").then_some(())
+        },
+    );
+    // Both copies finish; only w2's result may count.
+    std::fs::write(&release, "go").unwrap();
+    let status = wait_for("the verdict from w2", Duration::from_secs(60), || {
+        let s = sb.remote_status("split")?;
+        (s["state"] != "running").then_some(s)
+    });
+    let rows = components(&status);
+    assert_eq!(
+        (rows[0].1.as_str(), rows[0].2, rows[0].3.as_str()),
+        ("non_skip_pass", 1, "w2"),
+        "{status}"
+    );
+    // The partition heals: w1's late result arrives under its old epoch.
+    proxy.pause(false);
+    wait_for(
+        "w1's late result to be fenced",
+        Duration::from_secs(60),
+        || {
+            sb.logs()
+                .contains("rejected a message with a stale or unknown lease")
+                .then_some(())
+        },
+    );
+    let rows = components(&sb.remote_status("split").unwrap());
+    assert_eq!(
+        (rows[0].1.as_str(), rows[0].2, rows[0].3.as_str()),
+        ("non_skip_pass", 1, "w2"),
+        "exactly one verdict"
     );
 }

@@ -238,11 +238,16 @@ timeout_s = 60
     /// The command of a worker, for a test that runs it itself.
     pub fn worker_with(&self, id: &str, slots: u32, extra: &[&str]) -> Command {
         let url = self.url.clone().expect("serve() first");
+        self.worker_at(&url, id, slots, extra)
+    }
+
+    /// A worker command that dials `url` (a proxy, say) instead.
+    pub fn worker_at(&self, url: &str, id: &str, slots: u32, extra: &[&str]) -> Command {
         let mut cmd = fvd();
         cmd.args([
             "worker",
             "--orchestrator",
-            &url,
+            url,
             "--gpus",
             "none",
             "--worker-id",
@@ -342,4 +347,82 @@ pub fn components(status: &serde_json::Value) -> Vec<(String, String, u64, Strin
             )
         })
         .collect()
+}
+
+/// A TCP proxy on loopback that a test can stall: while paused it moves no
+/// byte in either direction but keeps every connection open, the way a
+/// network partition looks to both ends (no reset, just silence).
+#[derive(Debug)]
+pub struct Proxy {
+    pub addr: std::net::SocketAddr,
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Proxy {
+    /// Forwards every connection to `upstream` (`HOST:PORT`).
+    pub fn start(upstream: &str) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let paused = Arc::new(AtomicBool::new(false));
+        let upstream = upstream.to_string();
+        let p = paused.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                for (from, to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let p = p.clone();
+                    std::thread::spawn(move || pump(from, to, &p));
+                }
+            }
+        });
+        Self { addr, paused }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn pause(&self, on: bool) {
+        self.paused.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn pump(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    paused: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{Read, Write};
+    let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if paused.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        match from.read(&mut buf) {
+            Ok(0) => {
+                let _ = to.shutdown(std::net::Shutdown::Write);
+                return;
+            }
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    }
 }
