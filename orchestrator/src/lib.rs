@@ -24,6 +24,20 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
+/// A server certificate chain and its private key, both PEM.
+#[derive(Clone)]
+pub struct TlsIdentity {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for TlsIdentity {
+    // The key is a secret: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsIdentity(<redacted>)")
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error(transparent)]
@@ -35,6 +49,8 @@ pub enum ServerError {
     },
     #[error("cannot read the listener address: {0}")]
     Listener(std::io::Error),
+    #[error("tls certificate or key refused: {0}")]
+    Tls(tonic::transport::Error),
 }
 
 /// Knobs of a server; defaults suit production.
@@ -43,6 +59,9 @@ pub struct ServerConfig {
     pub scheduler: SchedulerConfig,
     /// When set, every call must carry this bearer token.
     pub token: Option<fvd_proto::auth::Token>,
+    /// When set, the listener speaks TLS with this certificate and key
+    /// (PEM), and clients dial `https://`.
+    pub tls: Option<TlsIdentity>,
     pub heartbeat_interval: Duration,
     pub clock: Arc<dyn Clock>,
 }
@@ -52,6 +71,7 @@ impl Default for ServerConfig {
         Self {
             scheduler: SchedulerConfig::default(),
             token: None,
+            tls: None,
             heartbeat_interval: Duration::from_secs(1),
             clock: Arc::new(SystemClock),
         }
@@ -66,13 +86,15 @@ pub struct Server {
     pub scheduler: ActorRef<SchedulerMsg>,
     pub orchestrator: ActorRef<OrchestratorMsg>,
     pub events: broadcast::Sender<PortEvent>,
+    tls: bool,
     serve: JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
 impl Server {
-    /// `http://ADDR` for clients and workers.
+    /// `http://ADDR` (`https://` with TLS) for clients and workers.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Stops serving and stops the actors.
@@ -137,8 +159,15 @@ pub async fn start(
         orchestrator: orchestrator.clone(),
         events: events.clone(),
     };
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &config.tls {
+        let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .map_err(ServerError::Tls)?;
+    }
     let serve = tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             .add_service(WorkerServiceServer::with_interceptor(
                 workers,
                 ServerAuth::new(config.token.clone()),
@@ -152,6 +181,7 @@ pub async fn start(
     tracing::info!(%addr, "orchestrator listening");
     Ok(Server {
         addr,
+        tls: config.tls.is_some(),
         store,
         scheduler,
         orchestrator,

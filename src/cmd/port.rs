@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use super::server::{TokenArgs, local_worker_config, runtime};
+use super::server::{ClientTls, TokenArgs, local_worker_config, runtime};
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
@@ -52,6 +52,8 @@ pub struct SubmitArgs {
     pub cpu_slots: Option<u32>,
     #[command(flatten)]
     pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: ClientTls,
 }
 
 #[derive(Debug, Args)]
@@ -66,6 +68,8 @@ pub struct StatusArgs {
     pub json: bool,
     #[command(flatten)]
     pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: ClientTls,
 }
 
 #[derive(Debug, Args)]
@@ -84,6 +88,8 @@ pub struct LogsArgs {
     pub orchestrator: Option<String>,
     #[command(flatten)]
     pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: ClientTls,
 }
 
 #[derive(Debug, Args)]
@@ -104,6 +110,8 @@ pub struct CancelArgs {
     pub orchestrator: String,
     #[command(flatten)]
     pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: ClientTls,
 }
 
 /// Exit codes of `submit --wait`.
@@ -171,7 +179,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
     rt.block_on(async move {
         match args.orchestrator {
             Some(url) => {
-                let mut client = client(&url, args.token.load()?).await?;
+                let mut client = client(&url, args.token.load()?, args.tls.load()?).await?;
                 send(&mut client, request, &format!("on {url}")).await?;
                 if args.wait {
                     watch(&mut client, &args.family).await
@@ -226,6 +234,7 @@ async fn embedded(
         cpu_slots,
         None,
         Some(token.clone()),
+        None,
     )
     .await?;
     // Embedded mode never drains: the port's end stops the worker.
@@ -234,7 +243,7 @@ async fn embedded(
         shutdown.clone(),
         CancellationToken::new(),
     ));
-    let mut client = client(&server.url(), Some(token)).await?;
+    let mut client = client(&server.url(), Some(token.clone()), None).await?;
     let family = request.family.clone();
     send(
         &mut client,
@@ -378,7 +387,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
     rt.block_on(async move {
         let ports = match &args.orchestrator {
             Some(url) => {
-                let mut client = client(url, args.token.load()?).await?;
+                let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
                 client
                     .status(pb::StatusRequest {
                         family: args.family.clone().unwrap_or_default(),
@@ -452,7 +461,7 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
         let mut out = std::io::stdout().lock();
         match &args.orchestrator {
             Some(url) => {
-                let mut client = client(url, args.token.load()?).await?;
+                let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
                 let mut stream = client
                     .logs(pb::LogsRequest {
                         family: args.family.clone(),
@@ -498,7 +507,7 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
 pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
     let rt = runtime()?;
     rt.block_on(async move {
-        let mut client = client(&args.orchestrator, args.token.load()?).await?;
+        let mut client = client(&args.orchestrator, args.token.load()?, args.tls.load()?).await?;
         client
             .cancel(pb::CancelRequest {
                 family: args.family.clone(),
@@ -598,9 +607,12 @@ async fn open_local(repo: &Path) -> anyhow::Result<Store> {
 /// A port client that presents the token, when one is configured.
 pub type Client = PortServiceClient<InterceptedService<Channel, ClientAuth>>;
 
-pub async fn client(url: &str, token: Option<Token>) -> anyhow::Result<Client> {
-    let channel = Channel::from_shared(url.to_string())
-        .with_context(|| format!("orchestrator address {url} is invalid"))?
+pub async fn client(
+    url: &str,
+    token: Option<Token>,
+    tls_ca: Option<Vec<u8>>,
+) -> anyhow::Result<Client> {
+    let channel = fvd_proto::transport::endpoint(url, tls_ca.as_deref())?
         .connect_timeout(Duration::from_secs(10))
         .connect()
         .await

@@ -42,6 +42,26 @@ impl TokenArgs {
     }
 }
 
+/// TLS for a client (a worker or the CLI) of an `https://` orchestrator.
+#[derive(Debug, Clone, Args, Default)]
+pub struct ClientTls {
+    /// CA certificate (PEM) that signed the orchestrator's certificate.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl ClientTls {
+    pub fn load(&self) -> anyhow::Result<Option<Vec<u8>>> {
+        self.tls_ca
+            .as_ref()
+            .map(|p| {
+                std::fs::read(p)
+                    .with_context(|| format!("cannot read CA certificate {}", p.display()))
+            })
+            .transpose()
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Address to listen on, e.g. 0.0.0.0:7070 (port 0 picks a free one).
@@ -56,6 +76,12 @@ pub struct ServeArgs {
     pub lease_ttl: f64,
     #[command(flatten)]
     pub token: TokenArgs,
+    /// Serve TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -80,6 +106,8 @@ pub struct WorkerArgs {
     pub worker_id: Option<String>,
     #[command(flatten)]
     pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: ClientTls,
 }
 
 #[derive(Debug, Subcommand)]
@@ -168,6 +196,7 @@ pub async fn local_worker_config(
     cpu_slots: Option<u32>,
     worker_id: Option<String>,
     token: Option<Token>,
+    tls_ca: Option<Vec<u8>>,
 ) -> anyhow::Result<WorkerConfig> {
     let selection = GpuSelection::parse(gpus)?;
     let inventory = if selection == GpuSelection::None {
@@ -191,6 +220,7 @@ pub async fn local_worker_config(
         grace: Duration::from_secs(5),
         max_backoff: Duration::from_secs(5),
         token,
+        tls_ca,
     })
 }
 
@@ -202,8 +232,18 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let tls = match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(fvd_orchestrator::TlsIdentity {
+                cert_pem: std::fs::read(cert)
+                    .with_context(|| format!("cannot read certificate {}", cert.display()))?,
+                key_pem: std::fs::read(key)
+                    .with_context(|| format!("cannot read key {}", key.display()))?,
+            }),
+            _ => None,
+        };
         let mut config = fvd_orchestrator::ServerConfig {
             token,
+            tls,
             ..Default::default()
         };
         config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
@@ -233,6 +273,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
             args.cpu_slots,
             args.worker_id,
             args.token.load()?,
+            args.tls.load()?,
         )
         .await?;
         println!(

@@ -852,3 +852,78 @@ fn a_partitioned_worker_s_late_result_is_fenced() {
         "exactly one verdict"
     );
 }
+
+#[test]
+fn a_tls_orchestrator_serves_verified_clients_only() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let mut sb = Sandbox::new();
+    // A CA of the test's own and a server certificate for 127.0.0.1.
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let server_cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    let dir = sb.repo().to_path_buf();
+    let (ca, cert, key) = (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    );
+    std::fs::write(&ca, ca_cert.pem()).unwrap();
+    std::fs::write(&cert, server_cert.pem()).unwrap();
+    std::fs::write(&key, server_key.serialize_pem()).unwrap();
+    let (ca, cert, key) = (
+        ca.display().to_string(),
+        cert.display().to_string(),
+        key.display().to_string(),
+    );
+
+    sb.port("secure", &[TestComponent::new("ok", "assert True")]);
+    let url = sb.serve_with(&["--tls-cert", &cert, "--tls-key", &key]);
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+
+    // Plain http to the TLS listener fails; https without the CA is refused
+    // before dialling.
+    let plain = url.replacen("https://", "http://", 1);
+    let out = fvd()
+        .args(["status", "--orchestrator", &plain])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = fvd()
+        .args(["status", "--orchestrator", &url])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-ca"));
+
+    // With the CA, a worker and a client work end to end.
+    let w = sb.worker_with("w1", 1, &["--tls-ca", &ca]);
+    sb.spawn_worker("w1", w);
+    let out = fvd()
+        .args([
+            "submit",
+            "--family",
+            "secure",
+            "--wait",
+            "--orchestrator",
+            &url,
+            "--tls-ca",
+            &ca,
+            "--repo",
+        ])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

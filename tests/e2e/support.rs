@@ -208,7 +208,7 @@ timeout_s = 60
             .expect("address on the first line")
             .to_string();
         assert!(
-            url.starts_with("http://127.0.0.1:"),
+            url.starts_with("http://127.0.0.1:") || url.starts_with("https://127.0.0.1:"),
             "unexpected first line {line:?}; log:\n{}",
             self.logs()
         );

@@ -16,7 +16,6 @@ use fvd_proto::v1::worker_service_client::WorkerServiceClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use crate::exec::{self, JobEvent, JobSpec, JunitFile, OutputStream};
 use crate::gpu::GpuInfo;
@@ -39,12 +38,14 @@ pub struct WorkerConfig {
     pub max_backoff: Duration,
     /// Bearer token presented on every call, when the orchestrator wants one.
     pub token: Option<Token>,
+    /// CA certificate (PEM) for an `https://` orchestrator.
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("orchestrator address {url} is invalid: {message}")]
-    BadUrl { url: String, message: String },
+    #[error(transparent)]
+    Endpoint(#[from] fvd_proto::transport::EndpointError),
     #[error("orchestrator {url} refused the registration: {status}")]
     Refused { url: String, status: tonic::Status },
 }
@@ -61,11 +62,7 @@ pub async fn run(
     shutdown: CancellationToken,
     drain: CancellationToken,
 ) -> Result<(), ClientError> {
-    let endpoint =
-        Channel::from_shared(config.orchestrator.clone()).map_err(|e| ClientError::BadUrl {
-            url: config.orchestrator.clone(),
-            message: e.to_string(),
-        })?;
+    let endpoint = fvd_proto::transport::endpoint(&config.orchestrator, config.tls_ca.as_deref())?;
     let running: Running = Arc::default();
     let mut backoff = Duration::from_millis(100);
     loop {
