@@ -448,6 +448,7 @@ mod tests {
             env: vec![],
             command: vec!["pytest".into(), "{test}".into()],
             agent: None,
+            placement: Default::default(),
         }
     }
 

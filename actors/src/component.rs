@@ -360,6 +360,7 @@ async fn enqueue(
             env,
             secret_env: spec.env.clone(),
             notify: myself.clone(),
+            placement: spec.placement.clone(),
             span: st.attempt.clone(),
         })))?;
     Ok(())

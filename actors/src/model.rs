@@ -188,3 +188,23 @@ pub struct LogChunk {
     pub offset: u64,
     pub data: Vec<u8>,
 }
+
+/// What a job needs of the worker that runs it beyond a GPU count, and how
+/// its port ranks against others. Derived from the spec each time a job is
+/// queued, so it is not stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Placement {
+    /// Higher is served first; ports of equal priority take turns.
+    pub priority: i32,
+    /// Each leased GPU has at least this much memory.
+    pub gpu_memory_mib: u64,
+    /// The worker carries every one of these labels with the same value.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Placement {
+    /// Whether the job constrains the worker beyond a GPU count.
+    pub fn is_constrained(&self) -> bool {
+        self.gpu_memory_mib > 0 || !self.labels.is_empty()
+    }
+}

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::clock::Clock;
 use crate::component::ComponentMsg;
-use crate::model::{Assignment, JobRecord, JobReport, LogChunk, ToWorker, WorkerInfo};
+use crate::model::{Assignment, JobRecord, JobReport, LogChunk, Placement, ToWorker, WorkerInfo};
 use crate::store::Store;
 
 /// How many times a job whose worker was lost is put back in the queue
@@ -59,6 +59,8 @@ pub struct QueuedJob {
     pub secret_env: Vec<String>,
     /// The component actor told about the job's progress.
     pub notify: ActorRef<ComponentMsg>,
+    /// Priority, GPU memory and labels the job needs.
+    pub placement: Placement,
     /// The component's `attempt` span: each lease of the job is a `job`
     /// span under it, and its context travels to the worker.
     pub span: tracing::Span,
@@ -316,7 +318,8 @@ impl Actor for SchedulerActor {
             }
             SchedulerMsg::Enqueue(job) => {
                 let id = job.record.job_id.clone();
-                st.queue.push_back(&job.record.family, id.clone());
+                st.queue
+                    .push_back(&job.record.family, job.placement.priority, id.clone());
                 st.jobs.insert(
                     id.clone(),
                     Entry {
@@ -534,17 +537,21 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
             give_up: false,
         });
         let family = entry.job.record.family.clone();
-        st.queue.push_front(&family, id);
+        let priority = entry.job.placement.priority;
+        st.queue.push_front(&family, priority, id);
     }
     Ok(())
 }
 
-/// Queued job ids per family, served round robin by family and first in
-/// first out within a family, so one port with many components cannot
-/// starve another.
+/// Queued job ids per family. Families of the highest priority are served
+/// first; families of equal priority take turns (round robin), and within a
+/// family jobs go first in first out, so one port with many components
+/// cannot starve another of its rank.
 #[derive(Debug, Default)]
 pub struct FairQueue {
     by_family: HashMap<String, VecDeque<String>>,
+    /// Priority of each family with queued jobs.
+    priority: HashMap<String, i32>,
     /// Families with queued jobs, in serving order.
     turn: VecDeque<String>,
     len: usize,
@@ -564,21 +571,28 @@ impl FairQueue {
         self.len == 0
     }
 
-    pub fn push_back(&mut self, family: &str, id: String) {
-        self.queue_of(family).push_back(id);
+    pub fn push_back(&mut self, family: &str, priority: i32, id: String) {
+        self.queue_of(family, priority).push_back(id);
         self.len += 1;
     }
 
-    pub fn push_front(&mut self, family: &str, id: String) {
-        self.queue_of(family).push_front(id);
+    pub fn push_front(&mut self, family: &str, priority: i32, id: String) {
+        self.queue_of(family, priority).push_front(id);
         self.len += 1;
     }
 
-    fn queue_of(&mut self, family: &str) -> &mut VecDeque<String> {
+    fn queue_of(&mut self, family: &str, priority: i32) -> &mut VecDeque<String> {
         if !self.by_family.contains_key(family) {
             self.turn.push_back(family.to_string());
         }
+        self.priority.insert(family.to_string(), priority);
         self.by_family.entry(family.to_string()).or_default()
+    }
+
+    fn drop_family(&mut self, family: &str) {
+        self.by_family.remove(family);
+        self.priority.remove(family);
+        self.turn.retain(|f| f != family);
     }
 
     pub fn remove(&mut self, family: &str, id: &str) {
@@ -587,34 +601,76 @@ impl FairQueue {
             q.retain(|x| x != id);
             self.len -= before - q.len();
             if q.is_empty() {
-                self.by_family.remove(family);
-                self.turn.retain(|f| f != family);
+                self.drop_family(family);
             }
         }
     }
 
-    /// Takes the next job for which `fits` holds: families in turn, the
-    /// served family moving to the back of the turn.
+    /// Takes the next job for which `fits` holds: priority levels from the
+    /// highest, families of a level in turn; the served family moves to
+    /// the back of the turn.
     pub fn take(&mut self, mut fits: impl FnMut(&str) -> bool) -> Option<String> {
-        for _ in 0..self.turn.len() {
-            let family = self.turn.pop_front()?;
-            let q = self
-                .by_family
-                .get_mut(&family)
-                .expect("family in turn has a queue");
-            let found = q.iter().take(LOOKAHEAD).position(|id| fits(id));
-            let taken = found.and_then(|i| q.remove(i));
-            if q.is_empty() {
-                self.by_family.remove(&family);
-            } else {
-                self.turn.push_back(family);
-            }
-            if let Some(id) = taken {
+        let mut levels: Vec<i32> = self.priority.values().copied().collect();
+        levels.sort_unstable_by(|a, b| b.cmp(a));
+        levels.dedup();
+        for level in levels {
+            for pos in 0..self.turn.len() {
+                let family = self.turn[pos].clone();
+                if self.priority[&family] != level {
+                    continue;
+                }
+                let q = self
+                    .by_family
+                    .get_mut(&family)
+                    .expect("family in turn has a queue");
+                let Some(i) = q.iter().take(LOOKAHEAD).position(|id| fits(id)) else {
+                    continue;
+                };
+                let id = q.remove(i).expect("position is in the queue");
                 self.len -= 1;
+                if q.is_empty() {
+                    self.drop_family(&family);
+                } else {
+                    self.turn.remove(pos);
+                    self.turn.push_back(family);
+                }
                 return Some(id);
             }
         }
         None
+    }
+}
+
+/// Whether `w` carries every label the job asks for.
+fn labels_match(w: &WorkerSlot, p: &Placement) -> bool {
+    p.labels
+        .iter()
+        .all(|(k, v)| w.info.labels.get(k) == Some(v))
+}
+
+/// GPUs of `w` the job may use: the free ones (or all of them, to ask
+/// whether it could ever fit) with at least the memory it asks for.
+fn usable_gpus(w: &WorkerSlot, p: &Placement, free_only: bool) -> Vec<u32> {
+    w.info
+        .gpus
+        .iter()
+        .filter(|g| g.memory_mib >= p.gpu_memory_mib)
+        .filter(|g| !free_only || w.free_gpus.contains(&g.index))
+        .map(|g| g.index)
+        .collect()
+}
+
+/// Whether `w` has room for the job now.
+fn has_room(w: &WorkerSlot, need: u32, p: &Placement) -> bool {
+    if !labels_match(w, p) {
+        return false;
+    }
+    if need == 0 {
+        w.free_cpu > 0
+    } else if p.gpu_memory_mib == 0 {
+        w.free_gpus.len() >= need as usize
+    } else {
+        usable_gpus(w, p, true).len() >= need as usize
     }
 }
 
@@ -627,22 +683,29 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
         // Workers may simply not have registered yet (embedded start-up).
         return;
     }
-    let biggest = st
-        .workers
-        .values()
-        .map(|w| w.info.gpus.len())
-        .max()
-        .unwrap_or(0);
     for id in ids {
-        let Some(e) = st.jobs.get_mut(id) else {
+        let Some(e) = st.jobs.get(id) else {
             continue;
         };
         let need = e.job.record.gpus_needed as usize;
-        let reason = (need > biggest).then(|| {
-            format!(
-                "waiting: needs {need} GPUs on one worker; the largest registered worker has {biggest}"
-            )
+        let p = &e.job.placement;
+        let fits_somewhere = st
+            .workers
+            .values()
+            .any(|w| labels_match(w, p) && (need == 0 || usable_gpus(w, p, false).len() >= need));
+        let reason = (!fits_somewhere).then(|| {
+            let mut want = format!("{need} GPUs on one worker");
+            if p.gpu_memory_mib > 0 {
+                want.push_str(&format!(" with at least {} MiB each", p.gpu_memory_mib));
+            }
+            if !p.labels.is_empty() {
+                let labels: Vec<String> =
+                    p.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                want.push_str(&format!(" labelled {}", labels.join(",")));
+            }
+            format!("waiting: needs {want}; no registered worker has that")
         });
+        let e = st.jobs.get_mut(id).expect("checked above");
         if reason != e.unplaceable {
             e.unplaceable = reason.clone();
             let _ = e.job.notify.cast(ComponentMsg::Waiting {
@@ -689,11 +752,14 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
         if st.queue.is_empty() || (!free_cpu && max_gpus == 0) {
             break;
         }
-        let jobs = &st.jobs;
+        let (jobs, workers) = (&st.jobs, &st.workers);
         let Some(id) = st.queue.take(|id| {
             jobs.get(id).is_some_and(|e| {
                 let need = e.job.record.gpus_needed as usize;
-                if need == 0 {
+                let p = &e.job.placement;
+                if p.is_constrained() {
+                    workers.values().any(|w| has_room(w, need as u32, p))
+                } else if need == 0 {
                     free_cpu
                 } else {
                     need <= max_gpus
@@ -702,19 +768,15 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
         }) else {
             break;
         };
-        let need = st.jobs[&id].job.record.gpus_needed;
+        let entry = &st.jobs[&id];
+        let need = entry.job.record.gpus_needed;
+        let placement = entry.job.placement.clone();
         // Gang placement: all GPUs of a job on one worker. Among workers
         // with room, the one with the most free room, so load spreads out.
         let worker_id = st
             .workers
             .iter()
-            .filter(|(_, w)| {
-                if need == 0 {
-                    w.free_cpu > 0
-                } else {
-                    w.free_gpus.len() >= need as usize
-                }
-            })
+            .filter(|(_, w)| has_room(w, need, &placement))
             // Ties go to the smallest id, without cloning ids per candidate.
             .max_by(|(ia, a), (ib, b)| {
                 (a.free_cpu as usize + a.free_gpus.len())
@@ -731,7 +793,10 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             w.free_cpu -= 1;
             Vec::new()
         } else {
-            let g: Vec<u32> = w.free_gpus.iter().copied().take(need as usize).collect();
+            let g: Vec<u32> = usable_gpus(w, &placement, true)
+                .into_iter()
+                .take(need as usize)
+                .collect();
             for x in &g {
                 w.free_gpus.remove(x);
             }

@@ -76,6 +76,8 @@ pub struct ComponentSpec {
     /// The coding agent that changes the code between red runs; `None`
     /// keeps the old behaviour (a red run blocks the component).
     pub agent: Option<AgentSpec>,
+    /// Port priority, minimum GPU memory and worker labels of its runs.
+    pub placement: crate::model::Placement,
 }
 
 /// The `[agent]` table: how to run the coding agent of a component.
@@ -161,6 +163,8 @@ struct RawDefaults {
     timeout_s: Option<u64>,
     gpus: Option<u32>,
     env: Option<Vec<String>>,
+    /// Priority of the port's runs against other ports (higher first).
+    priority: Option<i32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,6 +182,10 @@ struct RawComponent {
     /// Whether the `[agent]` works on this component between red runs.
     #[serde(default)]
     agent: bool,
+    /// Minimum memory of each GPU the test gets.
+    gpu_memory_mib: Option<u64>,
+    /// Labels the worker must carry (`fvd worker --label KEY=VALUE`).
+    labels: Option<BTreeMap<String, String>>,
 }
 
 /// Where the spec of `family` lives inside `repo` by convention.
@@ -325,6 +333,11 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             env,
             command,
             agent: if c.agent { agent.clone() } else { None },
+            placement: crate::model::Placement {
+                priority: raw.defaults.priority.unwrap_or(0),
+                gpu_memory_mib: c.gpu_memory_mib.unwrap_or(0),
+                labels: c.labels.unwrap_or_default(),
+            },
         });
     }
     if components.is_empty() {
@@ -381,6 +394,21 @@ env = ["HF_TOKEN"]
             "tests/local_tests/generic/test_tiny_embed_parity.py"
         );
         assert!(c.argv().iter().any(|a| a == "--junitxml={junitxml}"));
+    }
+
+    #[test]
+    fn placement_comes_from_defaults_and_the_component() {
+        let text = GOOD
+            .replace("[[component]]", "[defaults]\npriority = 3\n\n[[component]]")
+            .replace(
+                "env = [\"HF_TOKEN\"]",
+                "env = [\"HF_TOKEN\"]\ngpu_memory_mib = 40000\nlabels = { site = \"a\" }",
+            );
+        let s = parse(Path::new("port.toml"), &text).unwrap();
+        let p = &s.components[0].placement;
+        assert_eq!(p.priority, 3);
+        assert_eq!(p.gpu_memory_mib, 40_000);
+        assert_eq!(p.labels.get("site").map(String::as_str), Some("a"));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use fvd_actors::clock::ManualClock;
 use fvd_actors::component::ComponentMsg;
-use fvd_actors::model::{GpuInfo, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo};
+use fvd_actors::model::{GpuInfo, JobRecord, JobReport, Placement, PortRow, ToWorker, WorkerInfo};
 use fvd_actors::scheduler::{
     QueuedJob, SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg,
 };
@@ -90,6 +90,18 @@ impl Harness {
 
     /// Registers a simulated worker with `gpus` GPUs and `cpu` CPU slots.
     fn worker(&mut self, id: &str, gpus: u32, cpu: u32) -> mpsc::Receiver<ToWorker> {
+        self.worker_with(id, gpus, cpu, 80_000, &[])
+    }
+
+    /// A simulated worker with GPUs of `memory_mib` and `labels`.
+    fn worker_with(
+        &mut self,
+        id: &str,
+        gpus: u32,
+        cpu: u32,
+        memory_mib: u64,
+        labels: &[(&str, &str)],
+    ) -> mpsc::Receiver<ToWorker> {
         let (tx, rx) = mpsc::channel(1024);
         self.conn += 1;
         let info = WorkerInfo {
@@ -100,11 +112,14 @@ impl Harness {
                     index: i,
                     uuid: format!("GPU-{id}-{i}"),
                     name: "sim".into(),
-                    memory_mib: 80_000,
+                    memory_mib,
                 })
                 .collect(),
             cpu_slots: cpu,
-            labels: BTreeMap::new(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         self.sched
             .cast(SchedulerMsg::WorkerConnected {
@@ -131,6 +146,17 @@ impl Harness {
     }
 
     async fn enqueue(&self, family: &str, component: &str, gpus: u32) -> String {
+        self.enqueue_with(family, component, gpus, Placement::default())
+            .await
+    }
+
+    async fn enqueue_with(
+        &self,
+        family: &str,
+        component: &str,
+        gpus: u32,
+        placement: Placement,
+    ) -> String {
         let rec = self
             .store
             .queue_job(&JobRecord {
@@ -151,6 +177,7 @@ impl Harness {
                 env: BTreeMap::new(),
                 secret_env: Vec::new(),
                 notify: self.sink.clone(),
+                placement,
                 span: tracing::Span::none(),
             })))
             .unwrap();
@@ -334,7 +361,7 @@ async fn a_multi_gpu_job_lands_on_one_worker_or_waits() {
     };
     assert_eq!(
         waiting,
-        "waiting: needs 2 GPUs on one worker; the largest registered worker has 1"
+        "waiting: needs 2 GPUs on one worker; no registered worker has that"
     );
     // A worker with two GPUs arrives: the gang job goes there, whole.
     let mut w3 = h.worker("w3", 2, 1);
@@ -414,4 +441,88 @@ async fn no_gpu_is_ever_leased_twice_over_a_long_randomized_run() {
     }
     h.settle().await;
     assert_eq!(drain_finished(&mut h.events).len(), total);
+}
+
+#[tokio::test]
+async fn a_higher_priority_port_is_served_first() {
+    let mut h = Harness::new().await;
+    h.port("low", &["a", "b"]).await;
+    h.port("high", &["x", "y"]).await;
+    let high = Placement {
+        priority: 5,
+        ..Placement::default()
+    };
+    h.enqueue("low", "a", 0).await;
+    h.enqueue("low", "b", 0).await;
+    h.enqueue_with("high", "x", 0, high.clone()).await;
+    h.enqueue_with("high", "y", 0, high).await;
+    h.settle().await;
+    let mut w = h.worker("w", 0, 1);
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        let (id, epoch, _) = next_assign(&mut w).await;
+        order.push(id.clone());
+        h.finished("w", &id, epoch);
+    }
+    assert_eq!(order, ["high.x.1", "high.y.1", "low.a.1", "low.b.1"]);
+}
+
+#[tokio::test]
+async fn labels_and_gpu_memory_choose_the_worker_or_say_why_none_fits() {
+    let mut h = Harness::new().await;
+    h.port("p", &["big", "tagged", "huge"]).await;
+    let mut small = h.worker_with("small", 2, 1, 24_000, &[]);
+    let mut large = h.worker_with("large", 2, 1, 80_000, &[("site", "a")]);
+    let big = h
+        .enqueue_with(
+            "p",
+            "big",
+            1,
+            Placement {
+                gpu_memory_mib: 40_000,
+                ..Placement::default()
+            },
+        )
+        .await;
+    let (id, _, _) = next_assign(&mut large).await;
+    assert_eq!(id, big, "only the large worker's GPUs have the memory");
+    let tagged = h
+        .enqueue_with(
+            "p",
+            "tagged",
+            1,
+            Placement {
+                labels: [("site".to_string(), "a".to_string())].into(),
+                ..Placement::default()
+            },
+        )
+        .await;
+    let (id, _, _) = next_assign(&mut large).await;
+    assert_eq!(id, tagged, "only the large worker carries site=a");
+    assert!(
+        small.try_recv().is_err(),
+        "nothing went to the small worker"
+    );
+    let huge = h
+        .enqueue_with(
+            "p",
+            "huge",
+            1,
+            Placement {
+                gpu_memory_mib: 160_000,
+                ..Placement::default()
+            },
+        )
+        .await;
+    let reason = loop {
+        match tokio::time::timeout(Duration::from_secs(5), h.events.recv()).await {
+            Ok(Some(ComponentMsg::Waiting { job_id, reason })) if job_id == huge => break reason,
+            Ok(Some(_)) => continue,
+            other => panic!("expected a waiting reason, got {other:?}"),
+        }
+    };
+    assert_eq!(
+        reason,
+        "waiting: needs 1 GPUs on one worker with at least 160000 MiB each; no registered worker has that"
+    );
 }

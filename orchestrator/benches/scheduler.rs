@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use fvd_actors::component::ComponentMsg;
-use fvd_actors::model::JobRecord;
+use fvd_actors::model::{JobRecord, Placement};
 use fvd_actors::scheduler::{QueuedJob, SchedulerMsg};
 use fvd_actors::store::Store;
 use fvd_proto::v1 as pb;
@@ -258,6 +258,7 @@ async fn run(workers: usize, gpus: u32, jobs: usize) {
                 env: BTreeMap::new(),
                 secret_env: Vec::new(),
                 notify: sink.clone(),
+                placement: Placement::default(),
                 span: tracing::Span::none(),
             })))
             .expect("enqueue");

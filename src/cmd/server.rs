@@ -104,6 +104,10 @@ pub struct WorkerArgs {
     /// Stable worker id (default: host name and process id).
     #[arg(long)]
     pub worker_id: Option<String>,
+    /// A label components can ask for (`labels` in port.toml), KEY=VALUE;
+    /// repeatable.
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
     #[command(flatten)]
     pub token: TokenArgs,
     #[command(flatten)]
@@ -158,6 +162,13 @@ async fn interrupted() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("label {s:?} is not KEY=VALUE")),
     }
 }
 
@@ -266,7 +277,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
         anyhow::bail!("fvd worker needs --orchestrator and --workspace");
     };
     runtime()?.block_on(async move {
-        let config = local_worker_config(
+        let mut config = local_worker_config(
             orchestrator,
             workspace,
             &args.gpus,
@@ -276,6 +287,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
             args.tls.load()?,
         )
         .await?;
+        config.labels = args.labels.into_iter().collect();
         println!(
             "fvd worker {} with {} GPU(s) and {} CPU slot(s) dialing {}",
             config.worker_id,
