@@ -196,20 +196,17 @@ fn spawn_writer(store: Store) -> mpsc::UnboundedSender<Write> {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 512).await > 0 {
             let mut logs = Vec::new();
+            let mut spawned = Vec::new();
             let mut notify = Vec::new();
             for w in batch.drain(..) {
                 match w {
                     Write::Log(c) => logs.push(c),
+                    Write::Spawned { job_id, at_ms } => spawned.push((job_id, at_ms)),
                     Write::Notify(to, msg) => notify.push((to, msg)),
-                    Write::Spawned { job_id, at_ms } => {
-                        if let Err(e) = store.mark_spawned(&job_id, at_ms).await {
-                            tracing::error!(job = %job_id, error = %e, "could not record spawn time");
-                        }
-                    }
                 }
             }
-            if !logs.is_empty()
-                && let Err(e) = store.append_logs(&logs).await
+            if (!logs.is_empty() || !spawned.is_empty())
+                && let Err(e) = store.append_output(&logs, &spawned).await
             {
                 tracing::error!(error = %e, chunks = logs.len(), "could not store job output");
             }

@@ -420,16 +420,6 @@ impl Store {
         Ok(())
     }
 
-    /// Records when the worker started the job's process.
-    pub async fn mark_spawned(&self, job_id: &str, at_ms: i64) -> Result<(), StoreError> {
-        sqlx::query("UPDATE jobs SET spawned_ms = ? WHERE job_id = ?")
-            .bind(at_ms)
-            .bind(job_id)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
-    }
-
     /// Resets every component of a port to `pending` so the next start runs
     /// them all again; the recorded runs stay as history.
     pub async fn reset_components(&self, family: &str) -> Result<(), StoreError> {
@@ -547,8 +537,13 @@ impl Store {
 
     // ----- logs ------------------------------------------------------------
 
-    /// Appends many log chunks in one transaction (one fsync for all).
-    pub async fn append_logs(&self, chunks: &[LogChunk]) -> Result<(), StoreError> {
+    /// Appends log chunks and records spawn times `(job_id, at_ms)` in one
+    /// transaction: one fsync for everything a batch holds.
+    pub async fn append_output(
+        &self,
+        chunks: &[LogChunk],
+        spawned: &[(String, i64)],
+    ) -> Result<(), StoreError> {
         let mut tx = self.write_tx().await?;
         for c in chunks {
             sqlx::query("INSERT OR IGNORE INTO job_logs (job_id, seq, stream, offset, data) VALUES (?, ?, ?, ?, ?)")
@@ -557,6 +552,13 @@ impl Store {
                 .bind(c.stream)
                 .bind(c.offset as i64)
                 .bind(&c.data)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for (job_id, at_ms) in spawned {
+            sqlx::query("UPDATE jobs SET spawned_ms = ? WHERE job_id = ?")
+                .bind(at_ms)
+                .bind(job_id)
                 .execute(&mut *tx)
                 .await?;
         }
