@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use fvd_actors::scheduler::SchedulerMsg;
 use fvd_actors::spec;
 use fvd_actors::store::Store;
 use fvd_proto::auth::{ClientAuth, Token};
@@ -243,6 +244,17 @@ async fn embedded(
         shutdown.clone(),
         CancellationToken::new(),
     ));
+    // Submit once the local worker has registered, so the first runs are
+    // dispatched at once instead of waiting for it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (workers, _, _) = ractor::call_t!(server.scheduler, SchedulerMsg::Counts, 5000)
+            .context("the scheduler did not answer")?;
+        if workers > 0 || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let mut client = client(&server.url(), Some(token.clone()), None).await?;
     let family = request.family.clone();
     send(
