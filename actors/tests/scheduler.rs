@@ -215,6 +215,17 @@ async fn next_assign(rx: &mut mpsc::Receiver<ToWorker>) -> (String, u64, Vec<u32
     }
 }
 
+/// The next waiting reason the scheduler sends for `job` (bounded wait).
+async fn waiting_reason(events: &mut mpsc::UnboundedReceiver<ComponentMsg>, job: &str) -> String {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), events.recv()).await {
+            Ok(Some(ComponentMsg::Waiting { job_id, reason })) if job_id == job => return reason,
+            Ok(Some(_)) => continue,
+            other => panic!("expected a waiting reason for {job}, got {other:?}"),
+        }
+    }
+}
+
 fn drain_finished(events: &mut mpsc::UnboundedReceiver<ComponentMsg>) -> Vec<String> {
     let mut done = Vec::new();
     while let Ok(m) = events.try_recv() {
@@ -352,13 +363,7 @@ async fn a_multi_gpu_job_lands_on_one_worker_or_waits() {
         other => panic!("expected exactly one assignment, got {other:?}"),
     };
     assert_eq!(got.job_id, one);
-    let waiting = loop {
-        match tokio::time::timeout(Duration::from_secs(5), h.events.recv()).await {
-            Ok(Some(ComponentMsg::Waiting { job_id, reason })) if job_id == tp => break reason,
-            Ok(Some(_)) => continue,
-            other => panic!("expected a waiting reason for the 2-GPU job, got {other:?}"),
-        }
-    };
+    let waiting = waiting_reason(&mut h.events, &tp).await;
     assert_eq!(
         waiting,
         "waiting: needs 2 GPUs on one worker; no registered worker has that"
@@ -514,13 +519,7 @@ async fn labels_and_gpu_memory_choose_the_worker_or_say_why_none_fits() {
             },
         )
         .await;
-    let reason = loop {
-        match tokio::time::timeout(Duration::from_secs(5), h.events.recv()).await {
-            Ok(Some(ComponentMsg::Waiting { job_id, reason })) if job_id == huge => break reason,
-            Ok(Some(_)) => continue,
-            other => panic!("expected a waiting reason, got {other:?}"),
-        }
-    };
+    let reason = waiting_reason(&mut h.events, &huge).await;
     assert_eq!(
         reason,
         "waiting: needs 1 GPUs on one worker with at least 160000 MiB each; no registered worker has that"

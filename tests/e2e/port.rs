@@ -40,11 +40,7 @@ fn example_port_runs_embedded_end_to_end() {
     let sb = Sandbox::new();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tinyport");
     copy_tree(&example, sb.repo());
-    let out = fvd()
-        .args(["submit", "--family", "tinyport", "--wait", "--repo"])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let out = submit_embedded(&sb, "tinyport", &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     // One component skips and one fails numerically: the port is blocked.
@@ -132,11 +128,7 @@ fn example_port_runs_embedded_end_to_end() {
     );
 
     // A second submit resumes: nothing is rerun, the same outcome comes back.
-    let again = fvd()
-        .args(["submit", "--family", "tinyport", "--wait", "--repo"])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let again = submit_embedded(&sb, "tinyport", &[]);
     assert_eq!(again.status.code(), Some(1));
     let rows = components(&sb.local_status("tinyport").unwrap());
     assert!(
@@ -146,13 +138,7 @@ fn example_port_runs_embedded_end_to_end() {
     );
 
     // --rerun runs every component again; the first runs stay as history.
-    let rerun = fvd()
-        .args([
-            "submit", "--family", "tinyport", "--wait", "--rerun", "--repo",
-        ])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let rerun = submit_embedded(&sb, "tinyport", &["--rerun"]);
     assert_eq!(rerun.status.code(), Some(1));
     let rows = components(&sb.local_status("tinyport").unwrap());
     assert!(
@@ -285,11 +271,7 @@ fn kill_dash_nine_then_resume_reruns_only_what_was_in_flight() {
     child.wait().unwrap();
     std::fs::write(&gate, "go").unwrap();
 
-    let out = fvd()
-        .args(["submit", "--family", "crashy", "--wait", "--repo"])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let out = submit_embedded(&sb, "crashy", &[]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -321,11 +303,7 @@ fn malformed_spec_names_line_and_column() {
     let text = std::fs::read_to_string(&spec).unwrap();
     std::fs::write(&spec, text.replace("timeout_s = 60", "timeout_s = = 60")).unwrap();
     let line = text.lines().position(|l| l == "timeout_s = 60").unwrap() + 1;
-    let out = fvd()
-        .args(["submit", "--family", "broken", "--wait", "--repo"])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let out = submit_embedded(&sb, "broken", &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -349,11 +327,7 @@ fn missing_parity_test_is_a_gate_refusal_at_p2() {
             .join("tests/local_tests/generic/test_holey_gone_parity.py"),
     )
     .unwrap();
-    let out = fvd()
-        .args(["submit", "--family", "holey", "--wait", "--repo"])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let out = submit_embedded(&sb, "holey", &[]);
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -395,11 +369,7 @@ fn token_values_in_a_spec_are_refused_and_never_stored_or_echoed() {
         .unwrap()
         + 1;
     std::fs::write(&spec, text).unwrap();
-    let out = fvd()
-        .args(["submit", "--family", "leaky", "--wait", "--repo"])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let out = submit_embedded(&sb, "leaky", &[]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -415,6 +385,17 @@ fn token_values_in_a_spec_are_refused_and_never_stored_or_echoed() {
         !seen.contains(secret),
         "the token value must not be echoed or stored"
     );
+}
+
+/// `fvd submit --wait` of `family` in embedded mode, with `extra` flags.
+fn submit_embedded(sb: &Sandbox, family: &str, extra: &[&str]) -> std::process::Output {
+    fvd()
+        .args(["submit", "--family", family, "--wait"])
+        .args(extra)
+        .arg("--repo")
+        .arg(sb.repo())
+        .output()
+        .unwrap()
 }
 
 /// `fvd submit` of `family` to the sandbox's orchestrator, not waiting.
