@@ -215,6 +215,19 @@ async fn next_assign(rx: &mut mpsc::Receiver<ToWorker>) -> (String, u64, Vec<u32
     }
 }
 
+/// Registers one worker with a single CPU slot and finishes each job it is
+/// given: the order of the `n` assignments is the scheduler's serving order.
+async fn serving_order(h: &mut Harness, n: usize) -> Vec<String> {
+    let mut w = h.worker("w", 0, 1);
+    let mut order = Vec::new();
+    for _ in 0..n {
+        let (id, epoch, _) = next_assign(&mut w).await;
+        order.push(id.clone());
+        h.finished("w", &id, epoch);
+    }
+    order
+}
+
 /// The next waiting reason the scheduler sends for `job` (bounded wait).
 async fn waiting_reason(events: &mut mpsc::UnboundedReceiver<ComponentMsg>, job: &str) -> String {
     loop {
@@ -332,13 +345,7 @@ async fn ports_are_served_round_robin() {
     h.enqueue("small", "x", 0).await;
     h.settle().await;
     // One slot: the order of assignments is the serving order.
-    let mut w = h.worker("w", 0, 1);
-    let mut order = Vec::new();
-    for _ in 0..3 {
-        let (id, epoch, _) = next_assign(&mut w).await;
-        order.push(id.clone());
-        h.finished("w", &id, epoch);
-    }
+    let order = serving_order(&mut h, 3).await;
     assert_eq!(order[0], "big.a.1");
     assert_eq!(
         order[1], "small.x.1",
@@ -462,13 +469,7 @@ async fn a_higher_priority_port_is_served_first() {
     h.enqueue_with("high", "x", 0, high.clone()).await;
     h.enqueue_with("high", "y", 0, high).await;
     h.settle().await;
-    let mut w = h.worker("w", 0, 1);
-    let mut order = Vec::new();
-    for _ in 0..4 {
-        let (id, epoch, _) = next_assign(&mut w).await;
-        order.push(id.clone());
-        h.finished("w", &id, epoch);
-    }
+    let order = serving_order(&mut h, 4).await;
     assert_eq!(order, ["high.x.1", "high.y.1", "low.a.1", "low.b.1"]);
 }
 

@@ -281,18 +281,7 @@ fn kill_dash_nine_then_resume_reruns_only_what_was_in_flight() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("resumed port crashy"));
     let rows = components(&sb.local_status("crashy").unwrap());
-    let fast = status_of(&rows, "fast");
-    let slow = status_of(&rows, "slow");
-    assert_eq!(
-        (fast.1.as_str(), fast.2),
-        ("non_skip_pass", 1),
-        "recorded verdicts are not rerun"
-    );
-    assert_eq!(
-        (slow.1.as_str(), slow.2),
-        ("non_skip_pass", 2),
-        "the in-flight run is rerun once"
-    );
+    assert_resumed(&rows, "fast", "slow");
 }
 
 #[test]
@@ -384,6 +373,23 @@ fn token_values_in_a_spec_are_refused_and_never_stored_or_echoed() {
     assert!(
         !seen.contains(secret),
         "the token value must not be echoed or stored"
+    );
+}
+
+/// After a crash and resume: `recorded` kept its one run, `in_flight`
+/// was rerun exactly once, and both passed.
+fn assert_resumed(rows: &[(String, String, u64, String)], recorded: &str, in_flight: &str) {
+    let r = status_of(rows, recorded);
+    assert_eq!(
+        (r.1.as_str(), r.2),
+        ("non_skip_pass", 1),
+        "a recorded verdict is not rerun"
+    );
+    let f = status_of(rows, in_flight);
+    assert_eq!(
+        (f.1.as_str(), f.2),
+        ("non_skip_pass", 2),
+        "the in-flight run is rerun once"
     );
 }
 
@@ -684,18 +690,7 @@ fn an_orchestrator_restart_with_workers_connected_loses_no_job() {
         (s["state"] != "running").then_some(s)
     });
     let rows = components(&status);
-    let done = status_of(&rows, "done");
-    let inflight = status_of(&rows, "inflight");
-    assert_eq!(
-        (done.1.as_str(), done.2),
-        ("non_skip_pass", 1),
-        "a recorded verdict is not rerun"
-    );
-    assert_eq!(
-        (inflight.1.as_str(), inflight.2),
-        ("non_skip_pass", 2),
-        "the in-flight run is rerun once"
-    );
+    assert_resumed(&rows, "done", "inflight");
     assert!(
         sb.logs().contains("no longer holds"),
         "the orphaned first run was cancelled: {}",
