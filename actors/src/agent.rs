@@ -15,12 +15,13 @@ use std::time::{Duration, Instant};
 use fvd_contracts::Contract;
 use fvd_contracts::block::fenced_blocks;
 use fvd_contracts::component::{ComponentSkillHandoff, SkillNextStep};
+use fvd_contracts::escape_hatch::EscapeHatch;
 use fvd_contracts::fields::Slot;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
 use crate::spec::ComponentSpec;
-use crate::store::AttemptRow;
+use crate::store::{AttemptRow, EscapeRow};
 
 /// The pytest output given to the agent is cut to its last this many bytes.
 pub const OUTPUT_TAIL_BYTES: usize = 4000;
@@ -51,6 +52,11 @@ pub struct Packet<'a> {
     /// Previous attempts, oldest first.
     pub ledger: &'a [AttemptRow],
     pub handoff_file: &'a str,
+    /// Escape hatches of this component a person answered since the last
+    /// attempt: the answers are part of the task.
+    pub answers: &'a [EscapeRow],
+    /// The `E###` id a new escape hatch of this attempt will get.
+    pub next_escape_id: &'a str,
 }
 
 /// The prompt of one attempt, written to `{prompt_file}`.
@@ -64,6 +70,8 @@ pub fn packet(p: &Packet<'_>) -> String {
         last,
         ledger,
         handoff_file,
+        answers,
+        next_escape_id,
     } = p;
     let mut out = String::new();
     out.push_str(&format!(
@@ -107,12 +115,24 @@ pub fn packet(p: &Packet<'_>) -> String {
     if !ledger.is_empty() {
         out.push('\n');
     }
+    if !answers.is_empty() {
+        out.push_str("## Answers to your questions\n\n");
+        for e in answers.iter() {
+            out.push_str(&format!(
+                "- {} (asked in attempt {}): {}\n  Answer: {}\n",
+                e.id, e.attempt, e.question, e.answer
+            ));
+        }
+        out.push_str("\nFollow these answers; do not ask the same question again.\n\n");
+    }
     out.push_str(&format!(
         "## Rules\n\n\
 - Change the port's code in this worktree until the parity test above is a non-skip pass; fvd commits your changes and reruns the test itself. Your own claim of a pass is not evidence: the rerun is.\n\
 - A skip is not a pass. Do not make the test skip, xfail or loosen its tolerance to turn it green.\n\
 - If the mismatch comes from converted weights or the conversion mapping, do not edit conversion scripts or converted weights: return `next_step: phase_5_conversion_retry` with a `conversion_retry_request` naming the failing keys, shapes or prefixes.\n\
 - If you cannot make progress, return `next_step: blocked` with the exact `blocker`.\n\
+- If a decision needs a person (scope, an ambiguity between official sources, cost), return `next_step: ask_user` with an `escape_hatch` whose evidence cites {next_escape_id}; the rest of the port goes on while the question waits, and the answer comes back in your next packet.\n\
+- Before a pass counts, the cleanup gate refuses untracked files, stash entries and debug hooks or breakpoints left in your diff.\n\
 - Never write a token or secret value anywhere (code, handoff, output); name environment variables instead.\n\n\
 ## Handoff\n\n\
 When done, write a `component_skill_handoff` block (the contract's fields, `mode: parity-debug`, `component: {}`) to `{handoff_file}`, or print it as the last block of your output.\n",
@@ -314,6 +334,48 @@ pub async fn run(
     }
 }
 
+/// The environment variable that marks every process of one agent run.
+pub const COOKIE_ENV: &str = "FVD_AGENT_COOKIE";
+
+/// Ends every process still carrying `cookie` in its environment: what is
+/// left of an agent whose orchestrator was killed. An agent left running
+/// would go on editing the worktree under the attempt's rerun. Returns the
+/// pids signalled. Processes of other users cannot be read and are skipped.
+pub fn kill_leftovers(cookie: &str) -> Vec<i32> {
+    if cookie.is_empty() {
+        return Vec::new();
+    }
+    let needle = format!("{COOKIE_ENV}={cookie}");
+    let mut killed = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return killed;
+    };
+    let me = std::process::id() as i32;
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if env.split(|b| *b == 0).any(|var| var == needle.as_bytes()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            killed.push(pid);
+        }
+    }
+    killed
+}
+
 /// The agent's handoff as fvd read it.
 #[derive(Debug, Clone)]
 pub struct HandoffRead {
@@ -329,6 +391,27 @@ pub struct HandoffRead {
 impl HandoffRead {
     /// Why the loop must stop after this handoff, when the agent itself says
     /// it cannot go on (a blocker, a conversion retry, a question).
+    /// The escape hatch of a valid `next_step: ask_user` handoff (the
+    /// contract check already required one that asks).
+    pub fn escape(&self) -> Option<&EscapeHatch> {
+        let h = self.value.as_ref()?;
+        match (&h.next_step, &h.escape_hatch) {
+            (SkillNextStep::AskUser, Slot::Block(e)) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The conversion retry request of a valid handoff that returns one.
+    pub fn conversion_retry(&self) -> Option<String> {
+        let h = self.value.as_ref()?;
+        (h.next_step == SkillNextStep::Phase5ConversionRetry).then(|| {
+            match &h.conversion_retry_request {
+                Slot::Text(t) => one_line(t),
+                _ => "a conversion_retry_request block (see the attempt ledger)".into(),
+            }
+        })
+    }
+
     pub fn stop_reason(&self) -> Option<String> {
         let h = self.value.as_ref()?;
         match h.next_step {
@@ -338,10 +421,8 @@ impl HandoffRead {
                 // The block itself is in the ledger's handoff text.
                 _ => "conversion_retry_request returned (see the attempt ledger)".into(),
             }),
-            // fvd answer is not built yet: the question blocks the component.
-            SkillNextStep::AskUser => {
-                Some("agent asks the user (fvd answer is not built yet)".into())
-            }
+            // A question is not a stop: the component waits for `fvd answer`
+            // (see [`HandoffRead::escape`]).
             _ => None,
         }
     }
@@ -449,6 +530,7 @@ mod tests {
             command: vec!["pytest".into(), "{test}".into()],
             agent: None,
             placement: Default::default(),
+            confirm_runs: 1,
         }
     }
 
@@ -497,6 +579,8 @@ escape_hatch: none";
             last,
             ledger: &[],
             handoff_file: "/h.txt",
+            answers: &[],
+            next_escape_id: "E001",
         });
         let block = fenced_blocks(&text)
             .into_iter()
@@ -571,6 +655,32 @@ escape_hatch: none";
                 .is_some_and(|e| e.starts_with("cannot start agent /nonexistent/agent")),
             "{exit:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn leftovers_of_an_agent_are_found_by_their_cookie() {
+        let mut child = tokio::process::Command::new("sleep")
+            .arg("30")
+            .env(COOKIE_ENV, "fam/comp/1/42")
+            .spawn()
+            .unwrap();
+        let mut other = tokio::process::Command::new("sleep")
+            .arg("30")
+            .env(COOKIE_ENV, "fam/comp/1/43")
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let pid = child.id().unwrap() as i32;
+        assert_eq!(kill_leftovers("fam/comp/1/42"), vec![pid]);
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("the leftover ends")
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9));
+        // A different cookie (another attempt) is left alone.
+        assert!(other.try_wait().unwrap().is_none());
+        assert!(kill_leftovers("").is_empty());
     }
 
     #[test]

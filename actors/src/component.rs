@@ -8,9 +8,17 @@
 //! component with one loops: after a red run the coding agent runs in the
 //! component's git worktree with the packet of [`crate::agent`], its work is
 //! committed and recorded in the attempt ledger, and the parity test runs
-//! again there, until a `non_skip_pass`, a blocker the agent returns, or
-//! `max_attempts` spent (then `blocked` with the last verdict as evidence).
+//! again there, until a `non_skip_pass` that holds for `confirm_runs` runs
+//! and clears the cleanup gate, a blocker the agent returns, or a budget
+//! spent (attempts, wall time, GPU-seconds: then `blocked` with the last
+//! verdict as evidence). An agent that asks the user parks the component in
+//! `ask_user` until `fvd answer`; the rest of the port goes on.
 //! An `infra_error` is not an attempt: the job is retried on another slot.
+//!
+//! Every step is in the store before the next begins: an attempt row is
+//! opened before its agent starts, so after a crash the attempt that was cut
+//! off is found, its leftover processes ended, its worktree reset, and it
+//! runs once more under the same number (see `resume`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,7 +35,7 @@ use crate::gate::GateMsg;
 use crate::model::{ComponentRow, JobRecord, JobReport, JobResult, PortEvent};
 use crate::scheduler::{QueuedJob, SchedulerMsg};
 use crate::spec::ComponentSpec;
-use crate::store::{AttemptRow, Store, now_ms};
+use crate::store::{AttemptRow, EscapeRow, Store, now_ms};
 use crate::worktree::{self, Worktree};
 
 /// How many infra errors reported by workers (CUDA init, lost GPU) a
@@ -77,6 +85,11 @@ pub enum ComponentMsg {
         job_id: String,
         worker_id: String,
         give_up: bool,
+    },
+    /// A person answered an escape hatch of this component (the answer is
+    /// in the store): an `ask_user` component goes on with its next attempt.
+    Answered {
+        id: String,
     },
 }
 
@@ -159,6 +172,7 @@ impl Actor for ComponentSubagentActor {
                     return finish(st, "blocked", "error", &reason, "").await;
                 }
             }
+            return resume(&myself, st, &row).await;
         }
         enqueue(&myself, st).await
     }
@@ -208,6 +222,15 @@ impl Actor for ComponentSubagentActor {
                     emit(st).await?;
                 }
             }
+            ComponentMsg::Answered { id } => {
+                let row = current(st).await?;
+                if row.status != "ask_user" || st.agent.is_none() {
+                    tracing::debug!(%id, status = %row.status, "answer for a component that is not asking");
+                    return Ok(());
+                }
+                tracing::info!(%id, component = %st.args.spec.name, "escape hatch answered; the agent goes on");
+                return after_answer(&myself, st).await;
+            }
             ComponentMsg::Finished { report, worker_id } => {
                 if st.job_id.as_deref() != Some(report.job_id.as_str()) {
                     return Ok(());
@@ -247,9 +270,15 @@ impl Actor for ComponentSubagentActor {
                     tracing::error!(job = %report.job_id, survivors = ?report.survivors, "processes of the job outlived it");
                 }
                 if st.agent.is_some() {
+                    let gpu_ms = report.duration_ms * u64::from(st.args.spec.gpus);
                     st.args
                         .store
-                        .set_attempt_verdict(&report.job_id, &result.verdict, &result.reason)
+                        .set_attempt_verdict(
+                            &report.job_id,
+                            &result.verdict,
+                            &result.reason,
+                            gpu_ms,
+                        )
                         .await?;
                 }
                 if v.is_infra() && st.infra_verdicts < MAX_INFRA_VERDICTS {
@@ -258,7 +287,35 @@ impl Actor for ComponentSubagentActor {
                     return enqueue(&myself, st).await;
                 }
                 if !v.is_pass() && !v.is_infra() && st.agent.is_some() {
-                    return agent_attempt(&myself, st, &report.job_id, &result, &worker_id).await;
+                    return agent_attempt(&myself, st, &report.job_id, &result, &worker_id, FIX)
+                        .await;
+                }
+                if v.is_pass() {
+                    // A pass counts once it held `confirm_runs` times in a
+                    // row on the same code: one more run otherwise.
+                    let streak = passes_in_a_row(st).await?;
+                    let need = st.args.spec.confirm_runs;
+                    if streak < need {
+                        let why = format!("passed {streak} of {need} runs in a row; confirming");
+                        update(st, "confirming", &result.verdict, &why, &worker_id).await?;
+                        return enqueue(&myself, st).await;
+                    }
+                    if let Some(findings) = cleanup_findings(st).await? {
+                        let refused = JobResult {
+                            verdict: CLEANUP_REFUSED.into(),
+                            reason: format!("cleanup gate: {}", findings.join("; ")),
+                            ..result.clone()
+                        };
+                        return agent_attempt(
+                            &myself,
+                            st,
+                            &report.job_id,
+                            &refused,
+                            &worker_id,
+                            CLEANUP,
+                        )
+                        .await;
+                    }
                 }
                 let status = if v.is_pass() {
                     "non_skip_pass"
@@ -328,7 +385,7 @@ async fn enqueue(
             argv: spec.argv(),
             // An agent component's runs test its worktree, not the checkout.
             cwd: match &st.agent {
-                Some(l) => l.worktree.path.to_string_lossy().into_owned(),
+                Some(l) => l.worktree.workdir().to_string_lossy().into_owned(),
                 None => st.args.repo.clone(),
             },
             gpus_needed: spec.gpus,
@@ -399,29 +456,268 @@ async fn prepare_agent(st: &ComponentState) -> Result<AgentLoop, String> {
     })
 }
 
-/// One turn of the agent loop after a red run `job_id`: spend an attempt
-/// (agent, commit, ledger row) and queue the next run, or block when the
-/// budget is spent or the agent returns a blocker.
+/// Kinds of agent turns, as the ledger records them.
+const FIX: &str = "fix";
+const CLEANUP: &str = "cleanup";
+/// The verdict a pass gets when the cleanup gate refuses it.
+const CLEANUP_REFUSED: &str = "cleanup_refused";
+
+/// Where a started agent component stands, from the store: an attempt cut
+/// off by a crash runs again (its leftovers ended, its worktree reset); a
+/// question waits for its answer or goes on with it; an attempt recorded
+/// but not yet tested gets its run; otherwise the parity test runs.
+async fn resume(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    row: &ComponentRow,
+) -> Result<(), ActorProcessingErr> {
+    let (family, name) = (st.args.family.clone(), st.args.spec.name.clone());
+    let ledger = st.args.store.attempts(&family, &name).await?;
+    if let Some(cut) = ledger.iter().find(|a| a.state == "running") {
+        let killed = agent::kill_leftovers(&cut.cookie);
+        tracing::warn!(attempt = cut.attempt, killed = ?killed, "agent attempt was cut off; running it again from its starting commit");
+        let wt = st
+            .agent
+            .as_ref()
+            .expect("agent loop prepared")
+            .worktree
+            .path
+            .clone();
+        if let Err(e) = worktree::reset(&wt, &cut.head_before).await {
+            let reason = format!(
+                "error: attempt {} was cut off and its worktree cannot be reset: {e}",
+                cut.attempt
+            );
+            return finish(st, "blocked", "error", &reason, "").await;
+        }
+        let before = JobResult {
+            verdict: cut.verdict_before.clone(),
+            reason: cut.reason_before.clone(),
+            output_tail: job_tail(st, &cut.job_before).await?,
+            ..JobResult::default()
+        };
+        let (job, kind) = (cut.job_before.clone(), cut.kind.clone());
+        return agent_attempt(myself, st, &job, &before, "", &kind).await;
+    }
+    if row.status == "ask_user" {
+        let answered = answered(st).await?;
+        if answered.is_empty() {
+            st.args.gate.cast(GateMsg::ComponentAsks(row.clone()))?;
+            return Ok(());
+        }
+        return after_answer(myself, st).await;
+    }
+    let untested = ledger
+        .last()
+        .filter(|a| a.verdict_after.is_empty())
+        .map(|a| a.attempt);
+    if row.status == "agent" && untested.is_none() {
+        // Cut off after the red run was recorded and before the attempt
+        // row was opened: the attempt starts from that red run.
+        if let Some((job, last)) = last_result(st).await? {
+            return agent_attempt(myself, st, &job, &last, "", FIX).await;
+        }
+    }
+    enqueue(myself, st).await?;
+    // A recorded attempt whose run was lost with the process is tested by
+    // this run.
+    if let (Some(attempt), Some(job)) = (untested, st.job_id.clone()) {
+        st.args
+            .store
+            .set_attempt_job(&family, &name, attempt, &job)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The answered, not yet given, escape hatches of this component.
+async fn answered(st: &ComponentState) -> Result<Vec<EscapeRow>, ActorProcessingErr> {
+    Ok(st
+        .args
+        .store
+        .escapes(&st.args.family)
+        .await?
+        .into_iter()
+        .filter(|e| e.component == st.args.spec.name && e.status == "answered")
+        .collect())
+}
+
+/// The next attempt after a person answered: it starts from the red run the
+/// question was asked about, and its packet carries the answer.
+async fn after_answer(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+) -> Result<(), ActorProcessingErr> {
+    match last_result(st).await? {
+        Some((job, last)) => agent_attempt(myself, st, &job, &last, "", FIX).await,
+        None => enqueue(myself, st).await,
+    }
+}
+
+/// The latest finished run of the component and its recorded result.
+async fn last_result(
+    st: &ComponentState,
+) -> Result<Option<(String, JobResult)>, ActorProcessingErr> {
+    let jobs = st
+        .args
+        .store
+        .jobs_of(&st.args.family, &st.args.spec.name)
+        .await?;
+    Ok(jobs
+        .into_iter()
+        .rev()
+        .find(|j| j.state == "finished")
+        .map(|j| {
+            (
+                j.job_id.clone(),
+                JobResult {
+                    verdict: j.verdict,
+                    reason: j.reason,
+                    output_tail: j.output_tail,
+                    ..JobResult::default()
+                },
+            )
+        }))
+}
+
+async fn job_tail(st: &ComponentState, job_id: &str) -> Result<String, ActorProcessingErr> {
+    Ok(st
+        .args
+        .store
+        .job(job_id)
+        .await?
+        .map(|j| j.output_tail)
+        .unwrap_or_default())
+}
+
+/// Passing runs in a row since the code last changed (the last recorded
+/// attempt), latest first.
+async fn passes_in_a_row(st: &ComponentState) -> Result<u32, ActorProcessingErr> {
+    let (family, name) = (&st.args.family, &st.args.spec.name);
+    let since = st
+        .args
+        .store
+        .attempts(family, name)
+        .await?
+        .iter()
+        .map(|a| a.finished_ms)
+        .max()
+        .unwrap_or(0);
+    let jobs = st.args.store.jobs_of(family, name).await?;
+    Ok(jobs
+        .iter()
+        .rev()
+        .filter(|j| j.state == "finished")
+        .take_while(|j| j.verdict == "non_skip_pass" && j.queued_ms >= since)
+        .count() as u32)
+}
+
+/// The cleanup gate's findings for an agent component's worktree; `None`
+/// when it is clean or the component has no agent.
+async fn cleanup_findings(st: &ComponentState) -> Result<Option<Vec<String>>, ActorProcessingErr> {
+    let (Some(lp), Some(a)) = (&st.agent, &st.args.spec.agent) else {
+        return Ok(None);
+    };
+    let findings = match crate::cleanup::check(&lp.worktree, &a.cleanup).await {
+        Ok(f) => f,
+        Err(e) => vec![format!("the worktree could not be checked: {e}")],
+    };
+    Ok((!findings.is_empty()).then_some(findings))
+}
+
+/// What the component has spent so far, against its agent's budgets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spent {
+    /// Attempts recorded (an attempt cut off by a crash is not one yet).
+    pub attempts: u32,
+    /// When its first run was queued.
+    pub first_queued_ms: Option<i64>,
+    /// Run time × GPUs of its finished runs.
+    pub gpu_ms: u64,
+    pub now_ms: i64,
+}
+
+/// Which budget of `a` is spent, in words; `None` while all hold.
+pub fn budget_spent(a: &crate::spec::AgentSpec, s: &Spent) -> Option<String> {
+    if s.attempts >= a.max_attempts {
+        return Some(format!(
+            "agent budget spent: {} of {} attempts",
+            s.attempts, a.max_attempts
+        ));
+    }
+    if let (Some(max), Some(first)) = (a.max_wall, s.first_queued_ms) {
+        let used = std::time::Duration::from_millis((s.now_ms - first).max(0) as u64);
+        if used >= max {
+            return Some(format!(
+                "agent budget spent: wall time {} s of {} s",
+                used.as_secs(),
+                max.as_secs()
+            ));
+        }
+    }
+    if let Some(max) = a.max_gpu_s
+        && s.gpu_ms >= max * 1000
+    {
+        return Some(format!(
+            "agent budget spent: {:.1} of {max} GPU-seconds",
+            s.gpu_ms as f64 / 1000.0
+        ));
+    }
+    None
+}
+
+async fn spent(st: &ComponentState, attempts: u32) -> Result<Spent, ActorProcessingErr> {
+    let jobs = st
+        .args
+        .store
+        .jobs_of(&st.args.family, &st.args.spec.name)
+        .await?;
+    Ok(Spent {
+        attempts,
+        first_queued_ms: jobs.iter().map(|j| j.queued_ms).min(),
+        gpu_ms: jobs
+            .iter()
+            .filter(|j| j.state == "finished")
+            .map(|j| j.duration_ms.unwrap_or(0) * u64::from(j.gpus_needed))
+            .sum(),
+        now_ms: now_ms(),
+    })
+}
+
+/// One turn of the agent loop after run `job_id` (red, or a pass the
+/// cleanup gate refused): spend an attempt (agent, commit, ledger row) and
+/// queue the next run; or block when a budget is spent or the agent returns
+/// a blocker; or park in `ask_user` when the agent asks a person.
 async fn agent_attempt(
     myself: &ActorRef<ComponentMsg>,
     st: &mut ComponentState,
     job_id: &str,
     result: &JobResult,
     worker_id: &str,
+    kind: &str,
 ) -> Result<(), ActorProcessingErr> {
     let spec = st.args.spec.clone();
     let family = st.args.family.clone();
     let a = spec.agent.clone().expect("only agent components loop");
     let ledger = st.args.store.attempts(&family, &spec.name).await?;
-    let done = ledger.len() as u32;
-    if done >= a.max_attempts {
-        let reason = format!(
-            "{}: {} (agent budget spent: {done} of {} attempts)",
-            result.verdict, result.reason, a.max_attempts
-        );
+    let recorded: Vec<AttemptRow> = ledger
+        .iter()
+        .filter(|r| r.state == "recorded")
+        .cloned()
+        .collect();
+    // An attempt cut off by a crash runs again under its own number and is
+    // not charged twice.
+    let rerun = ledger
+        .iter()
+        .find(|r| r.state == "running")
+        .map(|r| r.attempt);
+    if rerun.is_none()
+        && let Some(why) = budget_spent(&a, &spent(st, recorded.len() as u32).await?)
+    {
+        let reason = format!("{}: {} ({why})", result.verdict, result.reason);
         return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
     }
-    let attempt = done + 1;
+    let attempt = rerun.unwrap_or(recorded.len() as u32 + 1);
     update(
         st,
         "agent",
@@ -433,6 +729,21 @@ async fn agent_attempt(
         worker_id,
     )
     .await?;
+    let answers = answered(st).await?;
+    let floor = crate::port_status::escape_floor(&st.args.store, &family)
+        .await
+        .unwrap_or(0);
+    let next_escape = st
+        .args
+        .store
+        .escapes(&family)
+        .await?
+        .iter()
+        .filter_map(|e| e.id.strip_prefix('E').and_then(|n| n.parse::<u32>().ok()))
+        .max()
+        .unwrap_or(0)
+        .max(floor)
+        + 1;
     let lp = st.agent.as_ref().expect("agent components have a loop");
     let dir = lp.dir.join(format!("attempt-{attempt}"));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -457,13 +768,37 @@ async fn agent_attempt(
         attempt,
         max_attempts: a.max_attempts,
         last,
-        ledger: &ledger,
+        ledger: &recorded,
         handoff_file: &handoff_s,
+        answers: &answers,
+        next_escape_id: &format!("E{next_escape:03}"),
     });
     std::fs::write(&prompt_file, text)
         .map_err(|e| format!("cannot write {}: {e}", prompt_file.display()))?;
+    // git works on the whole worktree; the agent in the port's folder of it.
     let wt = lp.worktree.path.clone();
-    let wt_s = wt.to_string_lossy().into_owned();
+    let workdir = lp.worktree.workdir();
+    let wt_s = workdir.to_string_lossy().into_owned();
+    let started_ms = now_ms();
+    let cookie = format!("{family}/{}/{attempt}/{started_ms}", spec.name);
+    let head_before = worktree::head(&wt).await.map_err(|e| e.to_string())?;
+    // The row exists before the agent does: a crash from here on finds it.
+    st.args
+        .store
+        .begin_attempt(&AttemptRow {
+            family: family.clone(),
+            component: spec.name.clone(),
+            attempt,
+            job_before: job_id.to_string(),
+            verdict_before: result.verdict.clone(),
+            reason_before: result.reason.clone(),
+            started_ms,
+            head_before,
+            cookie: cookie.clone(),
+            kind: kind.to_string(),
+            ..AttemptRow::default()
+        })
+        .await?;
     let argv = a.argv(&crate::spec::AgentVars {
         prompt_file: &prompt_s,
         handoff_file: &handoff_s,
@@ -479,12 +814,12 @@ async fn agent_attempt(
         ("FVD_ATTEMPT".to_string(), attempt.to_string()),
         ("FVD_PROMPT_FILE".to_string(), prompt_s.clone()),
         ("FVD_HANDOFF_FILE".to_string(), handoff_s.clone()),
+        (agent::COOKIE_ENV.to_string(), cookie),
     ];
     if let Some(tp) = fvd_telemetry::traceparent(&span) {
         extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
-    let started_ms = now_ms();
-    let exit = agent::run(&argv, &wt, &a.env, &extra, a.timeout, &dir).await;
+    let exit = agent::run(&argv, &workdir, &a.env, &extra, a.timeout, &dir).await;
     let handoff_text = std::fs::read_to_string(&handoff_file).ok();
     let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
     if let Some(e) = &exit.spawn_error {
@@ -520,31 +855,52 @@ async fn agent_attempt(
             signal: exit.signal,
             timed_out: exit.timed_out,
             duration_ms: exit.duration_ms,
-            job_before: job_id.to_string(),
-            verdict_before: result.verdict.clone(),
-            reason_before: result.reason.clone(),
             handoff_status: handoff.status.to_string(),
             handoff_summary: handoff.summary.clone(),
             handoff_text: handoff.text.clone(),
-            started_ms,
             finished_ms: now_ms(),
             ..AttemptRow::default()
         })
         .await?;
-    let stop = match (&exit.spawn_error, handoff.stop_reason()) {
-        (Some(e), _) => Some(e.clone()),
-        (None, s) => s,
-    };
-    if let Some(stop) = stop {
+    if !answers.is_empty() {
+        st.args
+            .store
+            .resolve_escapes(&family, &spec.name, attempt)
+            .await?;
+    }
+    // The port may have been cancelled while the agent ran.
+    if current(st).await?.is_final() {
+        return Ok(());
+    }
+    if let Some(e) = &exit.spawn_error {
+        let reason = format!(
+            "{}: {} ({e}, after agent attempt {attempt})",
+            result.verdict, result.reason
+        );
+        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+    }
+    if let Some(hatch) = handoff.escape() {
+        return ask_user(st, attempt, &result.verdict, hatch, worker_id).await;
+    }
+    if let Some(request) = handoff.conversion_retry() {
+        // fvd does not convert weights: the request goes to the gate, which
+        // reopens conversion (P5) with it, and the component stops here.
+        st.args.gate.cast(GateMsg::ConversionRetry {
+            component: spec.name.clone(),
+            request: request.clone(),
+        })?;
+        let reason = format!(
+            "{}: {} (conversion_retry_request after agent attempt {attempt}: {request})",
+            result.verdict, result.reason
+        );
+        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+    }
+    if let Some(stop) = handoff.stop_reason() {
         let reason = format!(
             "{}: {} ({stop}, after agent attempt {attempt})",
             result.verdict, result.reason
         );
         return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
-    }
-    // The port may have been cancelled while the agent ran.
-    if current(st).await?.is_final() {
-        return Ok(());
     }
     enqueue(myself, st).await?;
     if let Some(job) = &st.job_id {
@@ -553,6 +909,49 @@ async fn agent_attempt(
             .set_attempt_job(&family, &spec.name, attempt, job)
             .await?;
     }
+    Ok(())
+}
+
+/// Parks the component on the agent's question: the hatch is recorded
+/// under a fresh `E###` id, `PORT_STATUS.md` shows it, and the gate is told
+/// so the port can pause once nothing else runs.
+async fn ask_user(
+    st: &mut ComponentState,
+    attempt: u32,
+    verdict: &str,
+    hatch: &fvd_contracts::escape_hatch::EscapeHatch,
+    worker_id: &str,
+) -> Result<(), ActorProcessingErr> {
+    let family = st.args.family.clone();
+    let floor = crate::port_status::escape_floor(&st.args.store, &family)
+        .await
+        .unwrap_or(0);
+    let id = st
+        .args
+        .store
+        .raise_escape(
+            &EscapeRow {
+                family: family.clone(),
+                component: st.args.spec.name.clone(),
+                attempt,
+                phase: fvd_contracts::phase::Phase::ComponentParityDebug.id(),
+                decision_type: hatch.decision_type.as_str().to_string(),
+                question: hatch.question.to_string(),
+                recommended: hatch.recommended_option.to_string(),
+                options: hatch.options.iter().map(|o| o.to_string()).collect(),
+                safe_default: hatch.safe_default.to_string(),
+                ..EscapeRow::default()
+            },
+            floor,
+        )
+        .await?;
+    let reason = format!("waiting for an answer to {id}: {}", hatch.question);
+    update(st, "ask_user", verdict, &reason, worker_id).await?;
+    if let Err(e) = crate::port_status::write(&st.args.store, &family).await {
+        tracing::error!(%family, error = %e, "could not write PORT_STATUS.md");
+    }
+    let row = current(st).await?;
+    st.args.gate.cast(GateMsg::ComponentAsks(row))?;
     Ok(())
 }
 
@@ -604,4 +1003,70 @@ async fn emit(st: &ComponentState) -> Result<(), ActorProcessingErr> {
         component: row,
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn agent() -> crate::spec::AgentSpec {
+        crate::spec::AgentSpec {
+            command: vec!["a".into()],
+            timeout: Duration::from_secs(60),
+            env: vec![],
+            max_attempts: 3,
+            max_wall: Some(Duration::from_secs(600)),
+            max_gpu_s: Some(100),
+            cleanup: Default::default(),
+        }
+    }
+
+    #[test]
+    fn each_budget_stops_the_loop_when_spent_and_not_before() {
+        let a = agent();
+        let fresh = Spent {
+            attempts: 2,
+            first_queued_ms: Some(1_000),
+            gpu_ms: 99_999,
+            now_ms: 1_000 + 599_999,
+        };
+        assert_eq!(budget_spent(&a, &fresh), None);
+        let s = Spent {
+            attempts: 3,
+            ..fresh
+        };
+        assert_eq!(
+            budget_spent(&a, &s).as_deref(),
+            Some("agent budget spent: 3 of 3 attempts")
+        );
+        let s = Spent {
+            now_ms: 1_000 + 600_000,
+            ..fresh
+        };
+        assert_eq!(
+            budget_spent(&a, &s).as_deref(),
+            Some("agent budget spent: wall time 600 s of 600 s")
+        );
+        let s = Spent {
+            gpu_ms: 100_000,
+            ..fresh
+        };
+        assert_eq!(
+            budget_spent(&a, &s).as_deref(),
+            Some("agent budget spent: 100.0 of 100 GPU-seconds")
+        );
+        // No limits: only attempts count.
+        let open = crate::spec::AgentSpec {
+            max_wall: None,
+            max_gpu_s: None,
+            ..agent()
+        };
+        let s = Spent {
+            gpu_ms: u64::MAX / 2,
+            now_ms: i64::MAX / 2,
+            ..fresh
+        };
+        assert_eq!(budget_spent(&open, &s), None);
+    }
 }

@@ -14,6 +14,7 @@
 //! edge never writes to the database itself.
 
 pub mod agent;
+pub mod cleanup;
 pub mod clock;
 pub mod component;
 pub mod gate;

@@ -78,6 +78,9 @@ pub struct ComponentSpec {
     pub agent: Option<AgentSpec>,
     /// Port priority, minimum GPU memory and worker labels of its runs.
     pub placement: crate::model::Placement,
+    /// Passing runs in a row (since the last change of its code) before a
+    /// pass counts: 1 takes the first pass, more catch a flaky one.
+    pub confirm_runs: u32,
 }
 
 /// The `[agent]` table: how to run the coding agent of a component.
@@ -91,6 +94,13 @@ pub struct AgentSpec {
     pub env: Vec<String>,
     /// Agent attempts a component may spend before it is blocked.
     pub max_attempts: u32,
+    /// Wall time a component may spend from its first run on; `None` is
+    /// no limit.
+    pub max_wall: Option<Duration>,
+    /// GPU-seconds (run time × GPUs) its runs may spend; `None` is no limit.
+    pub max_gpu_s: Option<u64>,
+    /// The cleanup gate a pass must clear before it counts.
+    pub cleanup: crate::cleanup::CleanupRules,
 }
 
 /// The values an agent's argv template is filled with.
@@ -154,6 +164,13 @@ struct RawAgent {
     #[serde(default)]
     env: Vec<String>,
     max_attempts: Option<u32>,
+    max_wall_s: Option<u64>,
+    max_gpu_s: Option<u64>,
+    /// Regexes refused on the lines an agent's branch adds.
+    forbidden_patterns: Option<Vec<String>>,
+    /// Globs of untracked files the cleanup gate lets stay.
+    #[serde(default)]
+    allowed_untracked: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -165,6 +182,7 @@ struct RawDefaults {
     env: Option<Vec<String>>,
     /// Priority of the port's runs against other ports (higher first).
     priority: Option<i32>,
+    confirm_runs: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -186,6 +204,7 @@ struct RawComponent {
     gpu_memory_mib: Option<u64>,
     /// Labels the worker must carry (`fvd worker --label KEY=VALUE`).
     labels: Option<BTreeMap<String, String>>,
+    confirm_runs: Option<u32>,
 }
 
 /// Where the spec of `family` lives inside `repo` by convention.
@@ -287,11 +306,26 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             if max_attempts == 0 {
                 return Err(invalid("agent.max_attempts must be at least 1".into()));
             }
+            let cleanup = crate::cleanup::CleanupRules {
+                forbidden: a.forbidden_patterns.unwrap_or_else(|| {
+                    crate::cleanup::DEFAULT_FORBIDDEN
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect()
+                }),
+                allowed_untracked: a.allowed_untracked,
+            };
+            cleanup
+                .validate()
+                .map_err(|e| invalid(format!("agent.forbidden_patterns: {e}")))?;
             Some(AgentSpec {
                 command: a.command,
                 timeout: Duration::from_secs(a.timeout_s.unwrap_or(1800)),
                 env: a.env,
                 max_attempts,
+                max_wall: a.max_wall_s.map(Duration::from_secs),
+                max_gpu_s: a.max_gpu_s,
+                cleanup,
             })
         }
     };
@@ -323,6 +357,13 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         if command.is_empty() {
             return Err(invalid(format!("component {}: command is empty", c.name)));
         }
+        let confirm_runs = c.confirm_runs.or(raw.defaults.confirm_runs).unwrap_or(1);
+        if confirm_runs == 0 {
+            return Err(invalid(format!(
+                "component {}: confirm_runs must be at least 1",
+                c.name
+            )));
+        }
         components.push(ComponentSpec {
             name: c.name,
             component_type: c.component_type,
@@ -338,6 +379,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 gpu_memory_mib: c.gpu_memory_mib.unwrap_or(0),
                 labels: c.labels.unwrap_or_default(),
             },
+            confirm_runs,
         });
     }
     if components.is_empty() {
@@ -454,6 +496,8 @@ env = ["HF_TOKEN"]
         assert_eq!(s.components[0].agent, None);
         let a = s.components[1].agent.as_ref().expect("b has the agent");
         assert_eq!(a.max_attempts, 2);
+        assert_eq!((a.max_wall, a.max_gpu_s), (None, None));
+        assert!(a.cleanup.forbidden.iter().any(|p| p.contains("breakpoint")));
         let argv = a.argv(&AgentVars {
             prompt_file: "/p.md",
             handoff_file: "/h",
@@ -466,6 +510,30 @@ env = ["HF_TOKEN"]
         let orphan = text.split("[agent]").next().unwrap().to_string();
         let err = parse(Path::new("p.toml"), &orphan).unwrap_err().to_string();
         assert!(err.contains("component b: agent = true but"), "{err}");
+    }
+
+    #[test]
+    fn budgets_confirm_runs_and_cleanup_rules_are_read_and_checked() {
+        let text = format!(
+            "{GOOD}confirm_runs = 2\nagent = true\n\n[agent]\ncommand = [\"a\"]\nmax_wall_s = 600\nmax_gpu_s = 3600\nforbidden_patterns = [\"print\\\\(\"]\nallowed_untracked = [\"dumps/**\"]\n"
+        );
+        let s = parse(Path::new("p.toml"), &text).unwrap();
+        let c = &s.components[0];
+        assert_eq!(c.confirm_runs, 2);
+        let a = c.agent.as_ref().unwrap();
+        assert_eq!(a.max_wall, Some(Duration::from_secs(600)));
+        assert_eq!(a.max_gpu_s, Some(3600));
+        assert_eq!(a.cleanup.forbidden, ["print\\("]);
+        assert_eq!(a.cleanup.allowed_untracked, ["dumps/**"]);
+        let bad = text.replace("print\\\\(", "print(");
+        let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
+        assert!(
+            err.starts_with("p.toml: agent.forbidden_patterns: forbidden pattern \"print(\""),
+            "{err}"
+        );
+        let zero = text.replace("confirm_runs = 2", "confirm_runs = 0");
+        let err = parse(Path::new("p.toml"), &zero).unwrap_err().to_string();
+        assert!(err.contains("confirm_runs must be at least 1"), "{err}");
     }
 
     #[test]

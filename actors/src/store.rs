@@ -40,6 +40,42 @@ pub struct AttemptRow {
     pub handoff_text: String,
     pub started_ms: i64,
     pub finished_ms: i64,
+    /// `running` from just before the agent starts until its work is
+    /// committed and recorded; `recorded` after.
+    pub state: String,
+    /// The worktree's HEAD when the attempt began: a restart resets to it.
+    pub head_before: String,
+    /// Marks the agent's processes (`FVD_AGENT_COOKIE`) so a restart can
+    /// find and end what is left of an agent cut off by a crash.
+    pub cookie: String,
+    /// How many times the attempt was run: more than 1 only after a crash.
+    pub tries: u32,
+    /// GPU-milliseconds of the run that tested the attempt.
+    pub gpu_ms_after: u64,
+    /// `fix` after a red run, `cleanup` after a pass the cleanup gate refused.
+    pub kind: String,
+}
+
+/// An escape hatch an agent raised (`escape_hatches`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct EscapeRow {
+    pub family: String,
+    /// `E001`, … per port.
+    pub id: String,
+    pub component: String,
+    pub attempt: u32,
+    pub phase: String,
+    pub decision_type: String,
+    pub question: String,
+    pub recommended: String,
+    pub options: Vec<String>,
+    pub safe_default: String,
+    /// `open`, `answered` or `resolved`.
+    pub status: String,
+    pub answer: String,
+    pub asked_ms: i64,
+    pub answered_ms: Option<i64>,
+    pub resolved_attempt: Option<u32>,
 }
 
 /// Numbered migrations, applied in order, each once.
@@ -47,6 +83,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_spawned.sql")),
     (3, include_str!("../migrations/0003_agent_attempts.sql")),
+    (4, include_str!("../migrations/0004_agent_durability.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +96,14 @@ pub enum StoreError {
     Sql(#[from] sqlx::Error),
     #[error("database holds a malformed value in {what}: {message}")]
     Corrupt { what: &'static str, message: String },
+    #[error("port {family} has no escape hatch {id}")]
+    UnknownEscape { family: String, id: String },
+    #[error("escape hatch {id} of port {family} is {status}, not open")]
+    EscapeNotOpen {
+        family: String,
+        id: String,
+        status: String,
+    },
 }
 
 /// Milliseconds since the Unix epoch.
@@ -656,6 +701,7 @@ impl Store {
             path: r.get::<String, _>("path").into(),
             branch: r.get("branch"),
             base_commit: r.get("base_commit"),
+            prefix: String::new(),
         }))
     }
 
@@ -677,12 +723,29 @@ impl Store {
         Ok(())
     }
 
-    /// Appends an attempt to the ledger; its number must be the next one.
-    pub async fn record_attempt(&self, a: &AttemptRow) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO agent_attempts (family, component, attempt, commit_sha, diff_stat, diff, exit_code, signal, timed_out, duration_ms, job_before, verdict_before, reason_before, job_after, verdict_after, reason_after, handoff_status, handoff_summary, handoff_text, started_ms, finished_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    /// Opens attempt `a.attempt` before its agent starts (state
+    /// `running`). Opening it again after a crash keeps the one row and
+    /// counts the new try.
+    pub async fn begin_attempt(&self, a: &AttemptRow) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO agent_attempts (family, component, attempt, commit_sha, diff_stat, diff, timed_out, duration_ms, job_before, verdict_before, reason_before, handoff_status, handoff_summary, handoff_text, started_ms, finished_ms, state, head_before, cookie, tries, kind) VALUES (?, ?, ?, '', '', '', 0, 0, ?, ?, ?, '', '', '', ?, 0, 'running', ?, ?, 1, ?) ON CONFLICT(family, component, attempt) DO UPDATE SET state = 'running', tries = tries + 1, head_before = excluded.head_before, cookie = excluded.cookie, started_ms = excluded.started_ms")
             .bind(&a.family)
             .bind(&a.component)
             .bind(a.attempt as i64)
+            .bind(&a.job_before)
+            .bind(&a.verdict_before)
+            .bind(&a.reason_before)
+            .bind(a.started_ms)
+            .bind(&a.head_before)
+            .bind(&a.cookie)
+            .bind(&a.kind)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// Completes a `running` attempt with what its agent did.
+    pub async fn record_attempt(&self, a: &AttemptRow) -> Result<(), StoreError> {
+        sqlx::query("UPDATE agent_attempts SET commit_sha = ?, diff_stat = ?, diff = ?, exit_code = ?, signal = ?, timed_out = ?, duration_ms = ?, handoff_status = ?, handoff_summary = ?, handoff_text = ?, finished_ms = ?, state = 'recorded' WHERE family = ? AND component = ? AND attempt = ?")
             .bind(&a.commit_sha)
             .bind(&a.diff_stat)
             .bind(&a.diff)
@@ -690,17 +753,13 @@ impl Store {
             .bind(a.signal)
             .bind(a.timed_out)
             .bind(a.duration_ms as i64)
-            .bind(&a.job_before)
-            .bind(&a.verdict_before)
-            .bind(&a.reason_before)
-            .bind(&a.job_after)
-            .bind(&a.verdict_after)
-            .bind(&a.reason_after)
             .bind(&a.handoff_status)
             .bind(&a.handoff_summary)
             .bind(&a.handoff_text)
-            .bind(a.started_ms)
             .bind(a.finished_ms)
+            .bind(&a.family)
+            .bind(&a.component)
+            .bind(a.attempt as i64)
             .execute(&self.writer)
             .await?;
         Ok(())
@@ -731,12 +790,14 @@ impl Store {
         job_id: &str,
         verdict: &str,
         reason: &str,
+        gpu_ms: u64,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE agent_attempts SET verdict_after = ?, reason_after = ? WHERE job_after = ?",
+            "UPDATE agent_attempts SET verdict_after = ?, reason_after = ?, gpu_ms_after = ? WHERE job_after = ?",
         )
         .bind(verdict)
         .bind(reason)
+        .bind(gpu_ms as i64)
         .bind(job_id)
         .execute(&self.writer)
         .await?;
@@ -780,8 +841,149 @@ impl Store {
                 handoff_text: r.get("handoff_text"),
                 started_ms: r.get("started_ms"),
                 finished_ms: r.get("finished_ms"),
+                state: r.get("state"),
+                head_before: r.get("head_before"),
+                cookie: r.get("cookie"),
+                tries: r.get::<i64, _>("tries") as u32,
+                gpu_ms_after: r.get::<i64, _>("gpu_ms_after") as u64,
+                kind: r.get("kind"),
             })
             .collect())
+    }
+
+    /// Records an escape hatch under the next free `E###` id of the port,
+    /// above `floor` (the highest id people already use in PORT_STATUS.md).
+    /// Returns the id given.
+    pub async fn raise_escape(&self, e: &EscapeRow, floor: u32) -> Result<String, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM escape_hatches WHERE family = ?")
+            .bind(&e.family)
+            .fetch_all(&mut *tx)
+            .await?;
+        let top = ids
+            .iter()
+            .filter_map(|i| i.strip_prefix('E').and_then(|n| n.parse::<u32>().ok()))
+            .max()
+            .unwrap_or(0)
+            .max(floor);
+        let id = format!("E{:03}", top + 1);
+        let options = serde_json::to_string(&e.options).expect("strings serialize");
+        sqlx::query("INSERT INTO escape_hatches (family, id, component, attempt, phase, decision_type, question, recommended, options, safe_default, status, asked_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)")
+            .bind(&e.family)
+            .bind(&id)
+            .bind(&e.component)
+            .bind(e.attempt as i64)
+            .bind(&e.phase)
+            .bind(&e.decision_type)
+            .bind(&e.question)
+            .bind(&e.recommended)
+            .bind(options)
+            .bind(&e.safe_default)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    /// Escape hatches of a port, oldest first.
+    pub async fn escapes(&self, family: &str) -> Result<Vec<EscapeRow>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM escape_hatches WHERE family = ? ORDER BY id")
+            .bind(family)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let options: String = r.get("options");
+                Ok(EscapeRow {
+                    family: r.get("family"),
+                    id: r.get("id"),
+                    component: r.get("component"),
+                    attempt: r.get::<i64, _>("attempt") as u32,
+                    phase: r.get("phase"),
+                    decision_type: r.get("decision_type"),
+                    question: r.get("question"),
+                    recommended: r.get("recommended"),
+                    options: serde_json::from_str(&options).map_err(|e| StoreError::Corrupt {
+                        what: "escape_hatches.options",
+                        message: e.to_string(),
+                    })?,
+                    safe_default: r.get("safe_default"),
+                    status: r.get("status"),
+                    answer: r.get("answer"),
+                    asked_ms: r.get("asked_ms"),
+                    answered_ms: r.get("answered_ms"),
+                    resolved_attempt: r
+                        .get::<Option<i64>, _>("resolved_attempt")
+                        .map(|a| a as u32),
+                })
+            })
+            .collect()
+    }
+
+    /// Records the answer to an open escape hatch and returns the hatch.
+    /// Only an `open` hatch takes an answer: a second answer is refused.
+    pub async fn answer_escape(
+        &self,
+        family: &str,
+        id: &str,
+        answer: &str,
+    ) -> Result<EscapeRow, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM escape_hatches WHERE family = ? AND id = ?")
+                .bind(family)
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        match status.as_deref() {
+            None => {
+                return Err(StoreError::UnknownEscape {
+                    family: family.into(),
+                    id: id.into(),
+                });
+            }
+            Some("open") => {}
+            Some(other) => {
+                return Err(StoreError::EscapeNotOpen {
+                    family: family.into(),
+                    id: id.into(),
+                    status: other.into(),
+                });
+            }
+        }
+        sqlx::query("UPDATE escape_hatches SET status = 'answered', answer = ?, answered_ms = ? WHERE family = ? AND id = ?")
+            .bind(answer)
+            .bind(now_ms())
+            .bind(family)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.escapes(family)
+            .await?
+            .into_iter()
+            .find(|e| e.id == id)
+            .ok_or_else(|| StoreError::UnknownEscape {
+                family: family.into(),
+                id: id.into(),
+            })
+    }
+
+    /// Marks the component's answered hatches as given to `attempt`.
+    pub async fn resolve_escapes(
+        &self,
+        family: &str,
+        component: &str,
+        attempt: u32,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE escape_hatches SET status = 'resolved', resolved_attempt = ? WHERE family = ? AND component = ? AND status = 'answered'")
+            .bind(attempt as i64)
+            .bind(family)
+            .bind(component)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
     }
 
     // ----- workers ---------------------------------------------------------

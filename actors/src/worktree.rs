@@ -5,6 +5,11 @@
 //!
 //! Worktrees live under `REPO/.fvd/worktrees/`, beside the embedded state,
 //! and `.fvd/` is git-ignored from inside so the port's checkout stays clean.
+//!
+//! A port folder inside a larger checkout (a FastVideo clone with the port
+//! under it, or fvd's own `examples/tinyport`) gets a worktree of that
+//! checkout; its runs and its agent work in the same folder inside the
+//! worktree (`Worktree::workdir`).
 
 use std::path::{Path, PathBuf};
 
@@ -20,7 +25,7 @@ pub const MAX_DIFF_BYTES: usize = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum WorktreeError {
     #[error(
-        "port repository {repo} is not the top of a git repository (components with an agent work in git worktrees; run git init and commit there): {detail}"
+        "port repository {repo} is not inside a git repository (components with an agent work in git worktrees; run git init and commit there): {detail}"
     )]
     NotARepo { repo: PathBuf, detail: String },
     #[error("port repository {repo} has no commit to branch from: {detail}")]
@@ -45,6 +50,18 @@ pub struct Worktree {
     pub branch: String,
     /// The commit the branch was made from.
     pub base_commit: String,
+    /// Where the port folder sits inside the repository (`examples/tinyport/`),
+    /// empty when it is the repository's top. Found again at each start,
+    /// not stored.
+    pub prefix: String,
+}
+
+impl Worktree {
+    /// The port folder inside the worktree: where its runs and its agent
+    /// work.
+    pub fn workdir(&self) -> PathBuf {
+        self.path.join(&self.prefix)
+    }
 }
 
 /// One attempt as committed.
@@ -70,7 +87,7 @@ pub fn path(repo: &Path, family: &str, component: &str) -> PathBuf {
         .join(component)
 }
 
-async fn git(dir: &Path, args: &[&str]) -> Result<String, WorktreeError> {
+pub(crate) async fn git(dir: &Path, args: &[&str]) -> Result<String, WorktreeError> {
     let out = Command::new("git")
         .args(args)
         .current_dir(dir)
@@ -107,20 +124,12 @@ pub async fn ensure(
         move |source| WorktreeError::Io { path, source }
     };
     let repo = std::fs::canonicalize(repo).map_err(io(repo))?;
-    // The repository must be the port's own: a port folder inside a larger
-    // checkout would otherwise grow branches in that checkout.
-    let top = git(&repo, &["rev-parse", "--show-toplevel"])
+    let prefix = git(&repo, &["rev-parse", "--show-prefix"])
         .await
         .map_err(|e| WorktreeError::NotARepo {
             repo: repo.clone(),
             detail: e.to_string(),
         })?;
-    if std::fs::canonicalize(&top).map_err(io(Path::new(&top)))? != repo {
-        return Err(WorktreeError::NotARepo {
-            repo: repo.clone(),
-            detail: format!("its repository's top is {top}"),
-        });
-    }
     let fvd_dir = repo.join(".fvd");
     std::fs::create_dir_all(&fvd_dir).map_err(io(&fvd_dir))?;
     let ignore = fvd_dir.join(".gitignore");
@@ -133,7 +142,7 @@ pub async fn ensure(
         && k.path == wt_path
         && wt_path.join(".git").exists()
     {
-        return Ok(k);
+        return Ok(Worktree { prefix, ..k });
     }
     // A worktree directory deleted by hand leaves a stale registration.
     git(&repo, &["worktree", "prune"]).await?;
@@ -167,6 +176,7 @@ pub async fn ensure(
         path: wt_path,
         branch,
         base_commit,
+        prefix,
     })
 }
 
@@ -200,6 +210,20 @@ pub async fn commit(worktree: &Path, message: &str) -> Result<Commit, WorktreeEr
         stat: stat.trim().to_string(),
         diff,
     })
+}
+
+/// The commit `worktree` has checked out.
+pub async fn head(worktree: &Path) -> Result<String, WorktreeError> {
+    git(worktree, &["rev-parse", "HEAD"]).await
+}
+
+/// Puts `worktree` back at `sha` exactly: what an agent cut off by a crash
+/// half-wrote (edits, new files, even a commit) is thrown away, so the
+/// attempt runs again from the state it first began in.
+pub async fn reset(worktree: &Path, sha: &str) -> Result<(), WorktreeError> {
+    git(worktree, &["reset", "--quiet", "--hard", sha]).await?;
+    git(worktree, &["clean", "--quiet", "-fd"]).await?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -242,15 +266,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_folder_inside_another_checkout_is_refused() {
+    async fn a_port_folder_inside_a_checkout_works_in_the_same_folder_of_its_worktree() {
         let dir = tempfile::tempdir().unwrap();
-        repo_with_commit(dir.path()).await;
-        let inner = dir.path().join("port");
-        std::fs::create_dir_all(&inner).unwrap();
-        let err = ensure(&inner, "fam", "comp", None).await.unwrap_err();
+        let top = dir.path();
+        std::fs::create_dir_all(top.join("examples/port")).unwrap();
+        std::fs::write(top.join("examples/port/m.py"), "x = 1\n").unwrap();
+        repo_with_commit(top).await;
+        let inner = top.join("examples/port");
+        let wt = ensure(&inner, "fam", "comp", None).await.unwrap();
+        assert_eq!(wt.prefix, "examples/port/");
+        assert_eq!(
+            wt.path,
+            path(&std::fs::canonicalize(&inner).unwrap(), "fam", "comp")
+        );
+        assert!(wt.workdir().join("m.py").is_file());
+        std::fs::write(wt.workdir().join("m.py"), "x = 2\n").unwrap();
+        let c = commit(&wt.path, "fvd: comp attempt 1").await.unwrap();
+        assert!(c.stat.contains("examples/port/m.py"), "{}", c.stat);
+        // The checkout itself shows nothing new: .fvd/ ignores itself.
+        assert_eq!(git(top, &["status", "--porcelain"]).await.unwrap(), "");
+        let again = ensure(
+            &inner,
+            "fam",
+            "comp",
+            Some(Worktree {
+                prefix: String::new(),
+                ..wt.clone()
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(again, wt);
+
+        let bare = tempfile::tempdir().unwrap();
+        let err = ensure(bare.path(), "fam", "comp", None).await.unwrap_err();
         assert!(
-            err.to_string()
-                .contains("is not the top of a git repository"),
+            err.to_string().contains("is not inside a git repository"),
             "{err}"
         );
     }
