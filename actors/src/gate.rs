@@ -43,6 +43,13 @@ pub struct GateArgs {
 pub enum GateMsg {
     /// A component reached `non_skip_pass` or `blocked`.
     ComponentFinal(ComponentRow),
+    /// A component's agent asked a person (`ask_user`): the port pauses
+    /// once every other component is final.
+    ComponentAsks(ComponentRow),
+    /// `fvd answer` recorded the answer to escape hatch `id` of `component`.
+    Answered { component: String, id: String },
+    /// A component's agent returned a conversion retry request.
+    ConversionRetry { component: String, request: String },
     /// Stop the port: components end as blocked with reason `cancelled`.
     Cancel,
 }
@@ -53,6 +60,8 @@ pub struct GateState {
     /// Latest recorded event per phase, to keep resumes from repeating them.
     recorded: Vec<GateEventRow>,
     finals: std::collections::BTreeMap<String, ComponentRow>,
+    /// Components waiting in `ask_user` for an answer.
+    asking: std::collections::BTreeSet<String>,
     done: bool,
     /// Root of the port's trace; ends when the port finishes.
     span: Span,
@@ -64,6 +73,8 @@ pub struct GateState {
 /// Port states as stored. `waiting` means fvd finished what it drives and
 /// the port waits on phases whose work it does not drive yet.
 pub const RUNNING: &str = "running";
+/// Port state while its only unfinished components wait for `fvd answer`.
+pub const ASK_USER: &str = "ask_user";
 
 impl Actor for GateActor {
     type Msg = GateMsg;
@@ -92,6 +103,7 @@ impl Actor for GateActor {
             args,
             recorded,
             finals: Default::default(),
+            asking: Default::default(),
             done: false,
             span,
             phase_span: None,
@@ -204,11 +216,45 @@ impl Actor for GateActor {
         }
         match msg {
             GateMsg::ComponentFinal(row) => {
+                st.asking.remove(&row.name);
                 st.finals.insert(row.name.clone(), row);
                 if st.finals.len() == st.args.spec.components.len() {
                     after_components(st).await?;
                     finish(&myself, st).await?;
+                } else {
+                    pause_if_only_questions_remain(st).await?;
                 }
+            }
+            GateMsg::ComponentAsks(row) => {
+                spans::escape_hatch(&st.span, &Phase::ComponentParityDebug.id(), "ask_user");
+                st.asking.insert(row.name);
+                pause_if_only_questions_remain(st).await?;
+            }
+            GateMsg::Answered { component, id } => {
+                st.asking.remove(&component);
+                st.args
+                    .store
+                    .set_port_state(&st.args.family, RUNNING, &Phase::ComponentParityDebug.id())
+                    .await?;
+                match ractor::registry::where_is(actor_name(&st.args.family, &component)) {
+                    Some(cell) => {
+                        cell.send_message(crate::component::ComponentMsg::Answered { id })?
+                    }
+                    None => {
+                        tracing::warn!(family = %st.args.family, %component, %id, "answer for a component that is not running here")
+                    }
+                }
+            }
+            GateMsg::ConversionRetry { component, request } => {
+                record(
+                    st,
+                    Phase::ParamMappingAndWeightConversion,
+                    "reopened",
+                    vec![format!(
+                        "component {component} returned a conversion_retry_request: {request}; conversion is not driven by fvd, so the component stays blocked until conversion is redone and the port resubmitted"
+                    )],
+                )
+                .await?;
             }
             GateMsg::Cancel => {
                 st.args.scheduler.cast(SchedulerMsg::CancelFamily {
@@ -313,6 +359,32 @@ async fn spawn_component(
 }
 
 /// P6's end and P7–P11 once every component is final.
+/// When every component is final or waiting for an answer (and one is),
+/// the port pauses: state `ask_user`, `PORT_STATUS.md` written, and
+/// watchers told it ended for now. The actors stay: an answer resumes the
+/// waiting component where it is.
+async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorProcessingErr> {
+    if st.asking.is_empty() || st.finals.len() + st.asking.len() < st.args.spec.components.len() {
+        return Ok(());
+    }
+    st.args
+        .store
+        .set_port_state(&st.args.family, ASK_USER, &Phase::ComponentParityDebug.id())
+        .await?;
+    match crate::port_status::write(&st.args.store, &st.args.family).await {
+        Ok(path) => {
+            tracing::info!(path = %path.display(), "port waits for answers; wrote PORT_STATUS.md")
+        }
+        Err(e) => {
+            tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md")
+        }
+    }
+    let _ = st.args.events.send(PortEvent::Finished {
+        family: st.args.family.clone(),
+    });
+    Ok(())
+}
+
 async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> {
     record(
         st,

@@ -8,11 +8,11 @@ use std::path::Path;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::broadcast;
 
-use crate::gate::{GateActor, GateArgs, GateMsg, RUNNING};
+use crate::gate::{ASK_USER, GateActor, GateArgs, GateMsg, RUNNING};
 use crate::model::{PortEvent, PortRow};
 use crate::scheduler::SchedulerMsg;
 use crate::spec;
-use crate::store::Store;
+use crate::store::{EscapeRow, Store, StoreError};
 
 #[derive(Debug)]
 pub struct OrchestratorActor;
@@ -58,14 +58,34 @@ pub enum PortError {
     Busy(String),
     #[error("port {family} is not running here (state {state}); nothing to cancel")]
     NotRunning { family: String, state: String },
+    #[error("port {family} has no escape hatch {id}")]
+    UnknownEscape { family: String, id: String },
+    /// The answer does not fit the hatch (an option out of range, an empty
+    /// or secret-looking text, a hatch already answered).
+    #[error("{0}")]
+    InvalidAnswer(String),
     #[error("internal: {0}")]
     Internal(String),
+}
+
+/// How a person answers an escape hatch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AnswerChoice {
+    /// 1-based index into the hatch's options.
+    Option(u32),
+    Text(String),
 }
 
 #[derive(Debug)]
 pub enum OrchestratorMsg {
     Submit(Submission, RpcReplyPort<Result<Submitted, PortError>>),
     Cancel(String, RpcReplyPort<Result<(), PortError>>),
+    Answer {
+        family: String,
+        id: String,
+        choice: AnswerChoice,
+        reply: RpcReplyPort<Result<EscapeRow, PortError>>,
+    },
 }
 
 #[derive(Debug)]
@@ -96,9 +116,10 @@ impl Actor for OrchestratorActor {
         myself: ActorRef<Self::Msg>,
         st: &mut OrchestratorState,
     ) -> Result<(), ActorProcessingErr> {
-        // Ports that were running when the process died resume now.
+        // Ports that were running when the process died resume now; so do
+        // ports paused on questions, whose answers may come to this process.
         for port in st.args.store.ports().await? {
-            if port.state == RUNNING {
+            if port.state == RUNNING || port.state == ASK_USER {
                 tracing::info!(family = %port.family, "resuming port from the store");
                 if let Err(e) = start_gate(&myself, st, &port, None).await {
                     tracing::error!(family = %port.family, error = %e, "could not resume port");
@@ -133,6 +154,15 @@ impl Actor for OrchestratorActor {
                         Err(e) => Err(PortError::Internal(e.to_string())),
                     },
                 };
+                let _ = reply.send(r);
+            }
+            OrchestratorMsg::Answer {
+                family,
+                id,
+                choice,
+                reply,
+            } => {
+                let r = answer(&myself, st, &family, &id, choice).await;
                 let _ = reply.send(r);
             }
         }
@@ -235,6 +265,99 @@ async fn submit(
         family: sub.family,
         resumed: !created,
     })
+}
+
+/// Records the answer to escape hatch `id` and wakes the component that
+/// asked: through the port's gate when it runs here, else by resuming the
+/// port from the store (embedded mode, a paused port after a restart).
+async fn answer(
+    myself: &ActorRef<OrchestratorMsg>,
+    st: &mut OrchestratorState,
+    family: &str,
+    id: &str,
+    choice: AnswerChoice,
+) -> Result<EscapeRow, PortError> {
+    let internal = |e: StoreError| PortError::Internal(e.to_string());
+    let port = st
+        .args
+        .store
+        .port(family)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| PortError::UnknownFamily(family.to_string()))?;
+    let hatch = st
+        .args
+        .store
+        .escapes(family)
+        .await
+        .map_err(internal)?
+        .into_iter()
+        .find(|e| e.id == id)
+        .ok_or_else(|| PortError::UnknownEscape {
+            family: family.to_string(),
+            id: id.to_string(),
+        })?;
+    let text = match choice {
+        AnswerChoice::Option(n) => {
+            let Some(o) = (n as usize)
+                .checked_sub(1)
+                .and_then(|i| hatch.options.get(i))
+            else {
+                return Err(PortError::InvalidAnswer(format!(
+                    "escape hatch {id} has options 1 to {}; --option {n} is none of them",
+                    hatch.options.len()
+                )));
+            };
+            format!("option {n}: {o}")
+        }
+        AnswerChoice::Text(t) => {
+            let t = t.trim().to_string();
+            if t.is_empty() {
+                return Err(PortError::InvalidAnswer(format!(
+                    "the answer to {id} is empty"
+                )));
+            }
+            // The answer goes into the store, PORT_STATUS.md and a packet:
+            // a token value must reach none of them.
+            if !fvd_contracts::secrets::scan_text(&t, 1).is_empty() {
+                return Err(PortError::InvalidAnswer(format!(
+                    "the answer to {id} holds a token-looking value; name the environment variable instead"
+                )));
+            }
+            t
+        }
+    };
+    let row = st
+        .args
+        .store
+        .answer_escape(family, id, &text)
+        .await
+        .map_err(|e| match e {
+            e @ StoreError::EscapeNotOpen { .. } => PortError::InvalidAnswer(e.to_string()),
+            e => internal(e),
+        })?;
+    // Running before the reply: a watch that starts right after the answer
+    // must not see the pause and end at once.
+    st.args
+        .store
+        .set_port_state(family, RUNNING, &port.phase)
+        .await
+        .map_err(internal)?;
+    match st.ports.get(family) {
+        Some(gate) => gate
+            .cast(GateMsg::Answered {
+                component: row.component.clone(),
+                id: id.to_string(),
+            })
+            .map_err(|e| PortError::Internal(e.to_string()))?,
+        None => start_gate(myself, st, &port, None)
+            .await
+            .map_err(|e| PortError::Internal(e.to_string()))?,
+    }
+    crate::port_status::write(&st.args.store, family)
+        .await
+        .map_err(|e| PortError::Internal(e.to_string()))?;
+    Ok(row)
 }
 
 async fn start_gate(

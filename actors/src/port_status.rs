@@ -4,20 +4,21 @@
 //! An existing file is imported and updated in place, so what people and
 //! agents wrote there (questions, decisions, notes, sections fvd does not
 //! know) is kept; fvd owns only its components' matrix cells, their parity
-//! command rows, the current phase, and the issue rows it adds for blocked
-//! components.
+//! command rows, the current phase, the issue rows it adds for blocked
+//! components, and the escape-hatch rows of the questions agents asked.
 
 use std::path::{Path, PathBuf};
 
 use fvd_contracts::ids::IdKind;
 use fvd_contracts::phase::Phase;
 use fvd_contracts::port_status::{
-    self, ComponentRow as MatrixRow, IssueRow, ParityCommandRow, PhaseStatus, PortStatus, plain,
+    self, ComponentRow as MatrixRow, ESCAPE_COLUMNS, IssueRow, ParityCommandRow, PhaseStatus,
+    PortStatus, plain,
 };
 
 use crate::model::{ComponentRow, GateEventRow, JobRecord, PortRow};
 use crate::spec::{self, PortSpec};
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::{EscapeRow, Store, StoreError, now_ms};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PortStatusError {
@@ -53,13 +54,8 @@ pub async fn write(store: &Store, family: &str) -> Result<PathBuf, PortStatusErr
     for c in &components {
         runs.push(store.jobs_of(family, &c.name).await?);
     }
-    let rel = spec
-        .prep
-        .get("port_state_file")
-        .filter(|p| !p.contains('<') && !p.starts_with('/') && !p.contains(".."))
-        .cloned()
-        .unwrap_or_else(|| format!("tests/local_tests/{family}/PORT_STATUS.md"));
-    let path = Path::new(&port.repo).join(rel);
+    let escapes = store.escapes(family).await?;
+    let path = file_path(&port, &spec);
     let existing = std::fs::read_to_string(&path).ok();
     let text = render(
         existing.as_deref(),
@@ -68,6 +64,7 @@ pub async fn write(store: &Store, family: &str) -> Result<PathBuf, PortStatusErr
         &components,
         &runs,
         &gate,
+        &escapes,
         &today(),
     );
     if let Some(dir) = path.parent() {
@@ -90,6 +87,44 @@ pub async fn write(store: &Store, family: &str) -> Result<PathBuf, PortStatusErr
     Ok(path)
 }
 
+/// Where the port's `PORT_STATUS.md` lives: `prep.port_state_file` when it
+/// is a plain relative path, else the convention.
+fn file_path(port: &PortRow, spec: &PortSpec) -> PathBuf {
+    let rel = spec
+        .prep
+        .get("port_state_file")
+        .filter(|p| !p.contains('<') && !p.starts_with('/') && !p.contains(".."))
+        .cloned()
+        .unwrap_or_else(|| format!("tests/local_tests/{}/PORT_STATUS.md", port.family));
+    Path::new(&port.repo).join(rel)
+}
+
+/// The highest `E###` number the port's `PORT_STATUS.md` already uses
+/// (rows people wrote included), so an id fvd gives never collides.
+pub async fn escape_floor(store: &Store, family: &str) -> Result<u32, PortStatusError> {
+    let port = store
+        .port(family)
+        .await?
+        .ok_or_else(|| PortStatusError::UnknownFamily(family.to_string()))?;
+    let spec = spec::parse(Path::new(&port.spec_path), &port.spec_toml).map_err(|e| {
+        PortStatusError::Spec {
+            family: family.to_string(),
+            message: e.to_string(),
+        }
+    })?;
+    Ok(std::fs::read_to_string(file_path(&port, &spec))
+        .map(|text| {
+            port_status::import(&text)
+                .0
+                .ids(IdKind::EscapeHatch)
+                .into_iter()
+                .map(|id| id.number)
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0))
+}
+
 /// The contract's `status` for a stored port state.
 fn phase_status(state: &str) -> PhaseStatus {
     match state {
@@ -100,6 +135,7 @@ fn phase_status(state: &str) -> PhaseStatus {
 }
 
 /// The new file text: `existing` updated, or a fresh file.
+#[allow(clippy::too_many_arguments)]
 pub fn render(
     existing: Option<&str>,
     port: &PortRow,
@@ -107,6 +143,7 @@ pub fn render(
     components: &[ComponentRow],
     runs: &[Vec<JobRecord>],
     gate: &[GateEventRow],
+    escapes: &[EscapeRow],
     date: &str,
 ) -> String {
     let mut ps = match existing {
@@ -281,6 +318,54 @@ pub fn render(
             resolution: String::new(),
         });
     }
+
+    // Escape hatches: one row per question an agent asked, by the id fvd
+    // gave it; its status follows the answer.
+    for e in escapes {
+        let status = match e.status.as_str() {
+            "open" => "open",
+            _ => "resolved",
+        };
+        let resolution = match (e.status.as_str(), e.resolved_attempt) {
+            ("open", _) => format!("waiting: fvd answer {} {} --option N", e.family, e.id),
+            (_, Some(a)) => one_line(&format!("answered: {}; given to attempt {a}", e.answer)),
+            _ => one_line(&format!("answered: {}", e.answer)),
+        };
+        let cells = [
+            e.id.clone(),
+            e.phase.clone(),
+            format!("`{}`", e.decision_type),
+            one_line(&format!("{} (component `{}`)", e.question, e.component)),
+            one_line(&e.recommended),
+            format!("`{status}`"),
+            resolution,
+        ];
+        let t = &mut ps.escape_hatches.table;
+        let row = (0..t.rows.len()).find(|&i| t.cell(i, "ID").is_some_and(|v| plain(v) == e.id));
+        match row {
+            Some(i) => {
+                for (col, v) in ESCAPE_COLUMNS.iter().zip(cells) {
+                    if let Some(ci) = t.column(col) {
+                        t.rows[i][ci] = v;
+                    }
+                }
+            }
+            None => {
+                let row = t
+                    .header
+                    .iter()
+                    .map(|h| {
+                        ESCAPE_COLUMNS
+                            .iter()
+                            .position(|c| c == h)
+                            .map(|k| cells[k].clone())
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                t.rows.push(row);
+            }
+        }
+    }
     ps.render()
 }
 
@@ -429,7 +514,7 @@ coverage_scope = "both"
     #[test]
     fn fresh_file_follows_the_contract_and_imports_clean_of_matrix_findings() {
         let (c, r) = rows();
-        let text = render(None, &port(), &spec(), &c, &r, &[], "2026-11-26");
+        let text = render(None, &port(), &spec(), &c, &r, &[], &[], "2026-11-26");
         assert!(text.starts_with("# Tiny Port Port Status"), "{text}");
         let (ps, _findings) = port_status::import(&text);
         let comps = ps.components();
@@ -450,12 +535,21 @@ coverage_scope = "both"
     #[test]
     fn rerender_keeps_people_rows_and_adds_no_duplicate_issue() {
         let (c, r) = rows();
-        let first = render(None, &port(), &spec(), &c, &r, &[], "2026-11-26");
+        let first = render(None, &port(), &spec(), &c, &r, &[], &[], "2026-11-26");
         let edited = first.replace(
             "## Decisions",
             "## Decisions\n\n| Date | Decision | Rationale | Impact |\n|---|---|---|---|\n| 2026-11-01 | keep fp32 | tolerance | vae |",
         );
-        let second = render(Some(&edited), &port(), &spec(), &c, &r, &[], "2026-11-27");
+        let second = render(
+            Some(&edited),
+            &port(),
+            &spec(),
+            &c,
+            &r,
+            &[],
+            &[],
+            "2026-11-27",
+        );
         assert!(
             second.contains("| 2026-11-01 | keep fp32 | tolerance | vae |"),
             "{second}"
@@ -466,6 +560,61 @@ coverage_scope = "both"
             "{second}"
         );
         assert_eq!(second.matches("component:embed").count(), 1, "{second}");
+    }
+
+    #[test]
+    fn escape_rows_follow_the_answer_and_keep_people_rows() {
+        let (c, r) = rows();
+        let mut e = EscapeRow {
+            family: "tiny_port".into(),
+            id: "E002".into(),
+            component: "vae".into(),
+            attempt: 1,
+            phase: "P6".into(),
+            decision_type: "ambiguity".into(),
+            question: "which shift?".into(),
+            recommended: "3.0".into(),
+            options: vec!["3.0".into(), "1.0".into()],
+            safe_default: "3.0".into(),
+            status: "open".into(),
+            ..EscapeRow::default()
+        };
+        let people = "| E001 | P1 | `scope` | skip audio? | yes | `resolved` | skipped |";
+        let first = render(None, &port(), &spec(), &c, &r, &[], std::slice::from_ref(&e), "2026-11-26")
+            .replace(
+                "| ID | Phase | Decision Type | Question | Recommended Option | Status | Resolution |\n|---|---|---|---|---|---|---|",
+                &format!("| ID | Phase | Decision Type | Question | Recommended Option | Status | Resolution |\n|---|---|---|---|---|---|---|\n{people}"),
+            );
+        assert!(first.contains(people), "{first}");
+        assert!(
+            first.contains("| E002 | P6 | `ambiguity` | which shift? (component `vae`) | 3.0 | `open` | waiting: fvd answer tiny_port E002 --option N |"),
+            "{first}"
+        );
+        e.status = "resolved".into();
+        e.answer = "3.0".into();
+        e.resolved_attempt = Some(2);
+        let second = render(
+            Some(&first),
+            &port(),
+            &spec(),
+            &c,
+            &r,
+            &[],
+            &[e],
+            "2026-11-27",
+        );
+        assert!(second.contains(people), "{second}");
+        assert_eq!(second.matches("| E002 |").count(), 1, "{second}");
+        assert!(
+            second.contains("| `resolved` | answered: 3.0; given to attempt 2 |"),
+            "{second}"
+        );
+        let (status, findings) = port_status::import(&second);
+        assert_eq!(status.ids(IdKind::EscapeHatch).len(), 2);
+        assert!(
+            findings.iter().all(|f| !f.field.contains("Escape")),
+            "{findings:?}"
+        );
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use fvd_actors::model::{ComponentRow, GateEventRow, PortEvent};
-use fvd_actors::orchestrator::{OrchestratorMsg, PortError, Submission};
-use fvd_actors::store::{Store, StoreError};
+use fvd_actors::orchestrator::{AnswerChoice, OrchestratorMsg, PortError, Submission};
+use fvd_actors::store::{EscapeRow, Store, StoreError};
 use fvd_proto::v1 as pb;
 use ractor::ActorRef;
 use tokio::sync::{broadcast, mpsc};
@@ -37,6 +37,8 @@ fn port_status(e: PortError) -> Status {
         e @ (PortError::Busy(_) | PortError::NotRunning { .. }) => {
             Status::failed_precondition(e.to_string())
         }
+        e @ PortError::UnknownEscape { .. } => Status::not_found(e.to_string()),
+        PortError::InvalidAnswer(m) => Status::invalid_argument(m),
         PortError::Internal(m) => Status::internal(m),
     }
 }
@@ -70,7 +72,9 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     };
     let components = store.components(family).await?;
     let gate = store.gate_events(family).await?;
+    let escapes = store.escapes(family).await?;
     Ok(Some(pb::PortSnapshot {
+        escapes: escapes.into_iter().map(escape_wire).collect(),
         family: port.family,
         state: port.state,
         phase: port.phase,
@@ -88,6 +92,20 @@ fn component_wire(c: ComponentRow) -> pb::ComponentSnapshot {
         reason: c.reason,
         runs: c.runs,
         worker_id: c.worker_id,
+    }
+}
+
+pub fn escape_wire(e: EscapeRow) -> pb::EscapeHatch {
+    pb::EscapeHatch {
+        id: e.id,
+        component: e.component,
+        decision_type: e.decision_type,
+        question: e.question,
+        recommended: e.recommended,
+        options: e.options,
+        status: e.status,
+        answer: e.answer,
+        attempt: e.attempt,
     }
 }
 
@@ -304,6 +322,32 @@ impl pb::port_service_server::PortService for PortApi {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(out))))
+    }
+
+    async fn answer(
+        &self,
+        request: Request<pb::AnswerRequest>,
+    ) -> Result<Response<pb::AnswerResponse>, Status> {
+        let r = request.into_inner();
+        let choice = match r.choice {
+            Some(pb::answer_request::Choice::Option(n)) => AnswerChoice::Option(n),
+            Some(pb::answer_request::Choice::Text(t)) => AnswerChoice::Text(t),
+            None => {
+                return Err(Status::invalid_argument(
+                    "an answer needs an option or a text",
+                ));
+            }
+        };
+        let row = call(&self.orchestrator, |reply| OrchestratorMsg::Answer {
+            family: r.family,
+            id: r.id,
+            choice,
+            reply,
+        })
+        .await?;
+        Ok(Response::new(pb::AnswerResponse {
+            escape: Some(escape_wire(row)),
+        }))
     }
 
     type LogsStream = BoxStream<pb::LogChunk>;

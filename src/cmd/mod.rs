@@ -1,6 +1,7 @@
 //! The subcommands of `fvd`. Each returns the process exit code it wants
-//! (0 success, 1 findings or divergence, 2 usage or input error); an `Err`
-//! becomes exit code 2 with the error printed once by `main`.
+//! (0 success, 1 findings or divergence, 2 usage or input error, 3 a port
+//! paused on a question for `fvd answer`); an `Err` becomes exit code 2
+//! with the error printed once by `main`.
 
 pub mod contracts;
 pub mod port;
@@ -51,6 +52,9 @@ pub enum Command {
     Attempts(port::AttemptsArgs),
     /// Cancel a running port.
     Cancel(port::CancelArgs),
+    /// Answer a question (escape hatch E###) an agent asked; the component
+    /// that waits on it goes on.
+    Answer(port::AnswerArgs),
     /// Run the orchestrator server.
     #[command(subcommand)]
     Orchestrator(server::OrchestratorCmd),
@@ -67,6 +71,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Logs(a) => port::logs(a),
         Command::Attempts(a) => port::attempts(a),
         Command::Cancel(a) => port::cancel(a),
+        Command::Answer(a) => port::answer(a),
         Command::Orchestrator(c) => server::serve(c),
         Command::Worker(a) => server::worker(a),
     }

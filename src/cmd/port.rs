@@ -1,5 +1,5 @@
-//! `fvd submit`, `fvd status`, `fvd logs`, `fvd cancel`: the porter's
-//! commands. Without `--orchestrator`, `submit` runs embedded: the same
+//! `fvd submit`, `fvd status`, `fvd logs`, `fvd cancel`, `fvd answer`,
+//! `fvd attempts`: the porter's commands. Without `--orchestrator`, `submit` runs embedded: the same
 //! orchestrator and one local worker in this process, talking real gRPC on
 //! loopback, with state in `REPO/.fvd/state.db`.
 
@@ -102,6 +102,45 @@ pub struct AttemptsArgs {
     /// Every recorded field, diffs and handoff blocks included.
     #[arg(long)]
     pub json: bool,
+    /// Read this state database instead of REPO/.fvd/state.db (on the
+    /// orchestrator's host, its `--db` file).
+    #[arg(long)]
+    pub db: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("choice").required(true).args(["option", "text"])))]
+pub struct AnswerArgs {
+    pub family: String,
+    /// The escape hatch, as `fvd status` and PORT_STATUS.md name it (`E001`).
+    pub id: String,
+    /// Pick one of the hatch's options (1-based).
+    #[arg(long)]
+    pub option: Option<u32>,
+    /// Answer in words instead.
+    #[arg(long)]
+    pub text: Option<String>,
+    /// The port's repository, for embedded mode (default: the current directory).
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
+    /// Orchestrator URL; embedded mode (the port resumes in this process)
+    /// when absent.
+    #[arg(long)]
+    pub orchestrator: Option<String>,
+    /// With --orchestrator: show progress until the port ends or pauses
+    /// again. Embedded mode always waits.
+    #[arg(long)]
+    pub wait: bool,
+    /// Embedded mode: GPUs the local worker offers (all, none, or 0,1).
+    #[arg(long, default_value = "all")]
+    pub gpus: String,
+    /// Embedded mode: parallel CPU slots of the local worker (default: cores).
+    #[arg(long)]
+    pub cpu_slots: Option<u32>,
+    #[command(flatten)]
+    pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: ClientTls,
 }
 
 #[derive(Debug, Args)]
@@ -119,6 +158,8 @@ pub struct CancelArgs {
 const EXIT_ALL_PASS: u8 = 0;
 const EXIT_BLOCKED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
+/// The port paused: its only unfinished components wait for `fvd answer`.
+const EXIT_ASK_USER: u8 = 3;
 
 /// The state database of embedded mode inside a repository.
 pub fn state_db(repo: &Path) -> PathBuf {
@@ -188,9 +229,68 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
                     Ok(EXIT_ALL_PASS)
                 }
             }
-            None => embedded(&repo, request, &args.gpus, args.cpu_slots).await,
+            None => embedded(&repo, Action::Submit(request), &args.gpus, args.cpu_slots).await,
         }
     })
+}
+
+/// What an embedded run asks of the orchestrator it starts.
+enum Action {
+    Submit(pb::SubmitRequest),
+    Answer(pb::AnswerRequest),
+}
+
+/// `fvd answer`: records the answer to an escape hatch; the component that
+/// asked goes on with it.
+pub fn answer(args: AnswerArgs) -> anyhow::Result<u8> {
+    let request = pb::AnswerRequest {
+        family: args.family.clone(),
+        id: args.id.trim().to_uppercase(),
+        choice: match (args.option, &args.text) {
+            (Some(n), _) => Some(pb::answer_request::Choice::Option(n)),
+            (None, Some(t)) => Some(pb::answer_request::Choice::Text(t.clone())),
+            (None, None) => unreachable!("clap requires one of --option and --text"),
+        },
+    };
+    let rt = runtime()?;
+    rt.block_on(async move {
+        match &args.orchestrator {
+            Some(url) => {
+                let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
+                send_answer(&mut client, request).await?;
+                if args.wait {
+                    watch(&mut client, &args.family).await
+                } else {
+                    Ok(EXIT_ALL_PASS)
+                }
+            }
+            None => {
+                let repo = args
+                    .repo
+                    .canonicalize()
+                    .with_context(|| format!("repository {}", args.repo.display()))?;
+                // The port must exist here: answering starts nothing new.
+                open_local(&repo).await?;
+                embedded(&repo, Action::Answer(request), &args.gpus, args.cpu_slots).await
+            }
+        }
+    })
+}
+
+async fn send_answer(client: &mut Client, request: pb::AnswerRequest) -> anyhow::Result<()> {
+    let r = client
+        .answer(request)
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    let e = r
+        .escape
+        .context("the orchestrator returned no escape hatch")?;
+    println!(
+        "answered {} of component {}: {}",
+        e.id, e.component, e.answer
+    );
+    Ok(())
 }
 
 /// Submits and says whether the port started or resumed, and where.
@@ -208,7 +308,7 @@ async fn send(client: &mut Client, request: pb::SubmitRequest, place: &str) -> a
 /// Embedded mode: orchestrator and worker in this process over loopback.
 async fn embedded(
     repo: &Path,
-    request: pb::SubmitRequest,
+    action: Action,
     gpus: &str,
     cpu_slots: Option<u32>,
 ) -> anyhow::Result<u8> {
@@ -256,14 +356,21 @@ async fn embedded(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let mut client = client(&server.url(), Some(token.clone()), None).await?;
-    let family = request.family.clone();
-    send(
-        &mut client,
-        request,
-        &format!("(embedded, state in {})", db.display()),
-    )
-    .await?;
-    let code = watch(&mut client, &family).await;
+    let sent = match action {
+        Action::Submit(request) => {
+            let family = request.family.clone();
+            let place = format!("(embedded, state in {})", db.display());
+            send(&mut client, request, &place).await.map(|()| family)
+        }
+        Action::Answer(request) => {
+            let family = request.family.clone();
+            send_answer(&mut client, request).await.map(|()| family)
+        }
+    };
+    let code = match sent {
+        Ok(family) => watch(&mut client, &family).await,
+        Err(e) => Err(e),
+    };
     shutdown.cancel();
     let _ = worker.await;
     server.shutdown().await;
@@ -295,9 +402,14 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<u8> {
     bail!("the orchestrator closed the watch of {family} before the port ended")
 }
 
-/// 0 when every component is `non_skip_pass`, 1 otherwise.
+/// 0 when every component is `non_skip_pass`, 3 when the port paused on
+/// questions, 1 otherwise.
 fn outcome(snap: &pb::PortSnapshot) -> u8 {
-    if !snap.components.is_empty() && snap.components.iter().all(|c| c.status == "non_skip_pass") {
+    if snap.state == fvd_actors::gate::ASK_USER {
+        EXIT_ASK_USER
+    } else if !snap.components.is_empty()
+        && snap.components.iter().all(|c| c.status == "non_skip_pass")
+    {
         EXIT_ALL_PASS
     } else {
         EXIT_BLOCKED
@@ -389,6 +501,24 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             c.name, c.status, c.runs, c.reason
         );
     }
+    for e in s.escapes.iter().filter(|e| e.status == "open") {
+        println!(
+            "  {} {} asks ({}): {}",
+            e.id, e.component, e.decision_type, e.question
+        );
+        for (i, o) in e.options.iter().enumerate() {
+            let rec = if *o == e.recommended {
+                " (recommended)"
+            } else {
+                ""
+            };
+            println!("      {}. {o}{rec}", i + 1);
+        }
+        println!(
+            "    answer: fvd answer {} {} --option N  (or --text \"...\")",
+            s.family, e.id
+        );
+    }
     if !s.port_status_path.is_empty() {
         println!("wrote {}", s.port_status_path);
     }
@@ -458,6 +588,17 @@ fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
             "reason": c.reason,
             "runs": c.runs,
             "worker_id": c.worker_id,
+        })).collect::<Vec<_>>(),
+        "escapes": s.escapes.iter().map(|e| serde_json::json!({
+            "id": e.id,
+            "component": e.component,
+            "decision_type": e.decision_type,
+            "question": e.question,
+            "recommended": e.recommended,
+            "options": e.options,
+            "status": e.status,
+            "answer": e.answer,
+            "attempt": e.attempt,
         })).collect::<Vec<_>>(),
         "gate": s.gate_events.iter().map(|g| serde_json::json!({
             "phase": g.phase,
@@ -536,13 +677,13 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
 pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
     let rt = runtime()?;
     rt.block_on(async move {
-        let store = open_local(&args.repo).await?;
+        let db = args.db.clone().unwrap_or_else(|| state_db(&args.repo));
+        if !db.is_file() {
+            bail!("no fvd state at {}", db.display());
+        }
+        let store = Store::open_path(&db).await?;
         if store.port(&args.family).await?.is_none() {
-            bail!(
-                "no port {} in {}",
-                args.family,
-                state_db(&args.repo).display()
-            );
+            bail!("no port {} in {}", args.family, db.display());
         }
         let worktree = store.worktree(&args.family, &args.component).await?;
         let ledger = store.attempts(&args.family, &args.component).await?;
@@ -587,7 +728,11 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
                 fvd_actors::agent::exit_text(a.exit_code, a.signal, a.timed_out),
                 a.duration_ms as f64 / 1000.0,
                 a.verdict_before,
-                if a.verdict_after.is_empty() {
+                if a.state == "running" {
+                    "(agent running or cut off)"
+                } else if a.handoff_summary.contains("next_step=ask_user") {
+                    "(asked the user)"
+                } else if a.verdict_after.is_empty() {
                     "(not run yet)"
                 } else {
                     &a.verdict_after
