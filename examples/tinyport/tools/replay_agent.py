@@ -2,7 +2,11 @@
 """A replay coding agent for tests and examples: attempt N applies the
 recorded patch NNNN.patch of a folder to the worktree and hands back the
 recorded NNNN.handoff (a component_skill_handoff block), as a real agent
-would after reading its prompt and editing code.
+would after reading its prompt and editing code. An attempt with a handoff
+but no patch changes nothing (an agent that only asks a question). When
+NNNN.expect exists, each of its lines must appear in the prompt, or the
+agent refuses: that is how a recording proves it was given, say, the
+answer to the question it asked.
 
 fvd runs it like any agent CLI, from the port's `[agent].command`:
 
@@ -48,14 +52,31 @@ def main():
     folder = worktree / a.patches
     patch = folder / f"{a.attempt:04d}.patch"
     handoff = folder / f"{a.attempt:04d}.handoff"
-    if not patch.is_file():
+    expect = folder / f"{a.attempt:04d}.expect"
+    if expect.is_file():
+        for want in expect.read_text().splitlines():
+            if want.strip() and want.strip() not in packet:
+                print(f"replay_agent: the prompt lacks {want.strip()!r} ({expect.name})", file=sys.stderr)
+                return 2
+    if not patch.is_file() and not handoff.is_file():
         print(f"replay_agent: no recorded patch {patch} for attempt {a.attempt}", file=sys.stderr)
         return 2
-    done = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch)], cwd=worktree)
-    if done.returncode != 0:
-        print(f"replay_agent: patch {patch} does not apply", file=sys.stderr)
-        return 1
-    print(f"replay_agent: applied {patch.name}")
+    if patch.is_file():
+        # Patches are recorded relative to the port folder, which may sit
+        # below the top of its repository (fvd's own examples/tinyport).
+        prefix = subprocess.run(
+            ["git", "rev-parse", "--show-prefix"], cwd=worktree, capture_output=True, text=True
+        ).stdout.strip()
+        cmd = ["git", "apply", "--whitespace=nowarn"]
+        if prefix:
+            cmd.append(f"--directory={prefix.rstrip('/')}")
+        done = subprocess.run(cmd + [str(patch)], cwd=worktree)
+        if done.returncode != 0:
+            print(f"replay_agent: patch {patch} does not apply", file=sys.stderr)
+            return 1
+        print(f"replay_agent: applied {patch.name}")
+    else:
+        print(f"replay_agent: attempt {a.attempt} changes nothing; it hands back {handoff.name}")
     if handoff.is_file():
         pathlib.Path(a.handoff).write_text(handoff.read_text())
     return 0

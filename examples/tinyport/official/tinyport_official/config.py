@@ -18,3 +18,5 @@ class TinyPortConfig:
     decoder_norm_eps: float = 1e-6
     image_channels: int = 3
     upscale: int = 2
+    # Sampler time shift; the shipped T2I preset overrides it (scheduler.py).
+    time_shift: float = 1.0
