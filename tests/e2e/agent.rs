@@ -741,3 +741,49 @@ fn a_fleet_orchestrator_takes_the_answer_over_grpc() {
     assert_eq!(status["escapes"][0]["status"], "resolved", "{status}");
     assert_eq!(status["state"], "blocked", "{status}");
 }
+
+#[test]
+fn a_port_folder_inside_a_larger_checkout_runs_its_agents_in_worktrees_of_it() {
+    // Like the README's own run: examples/tinyport inside fvd's checkout.
+    let sb = Sandbox::new();
+    let port = sb.repo().join("sub/tinyport");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tinyport");
+    copy_tree(&example, &port);
+    git(sb.repo(), &["init", "-q", "-b", "main"]);
+    git(sb.repo(), &["add", "sub"]);
+    git(sb.repo(), &["commit", "-q", "-m", "base"]);
+    let run = |args: &[&str]| {
+        let out = fvd().args(args).arg("--repo").arg(&port).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, out) = run(&["submit", "--family", "tinyport", "--wait"]);
+    assert_eq!(code, Some(3), "{out}");
+    assert!(
+        out.contains("timestep_embed   non_skip_pass  runs=3"),
+        "{out}"
+    );
+    let (code, out) = run(&["answer", "tinyport", "E001", "--option", "1"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("time_shift       non_skip_pass  runs=2"),
+        "{out}"
+    );
+    // The branches live in the enclosing repository and their commits name
+    // the port folder's files by their path there.
+    let stat = git(
+        sb.repo(),
+        &["show", "--stat", "--format=", "fvd/tinyport/time_shift"],
+    );
+    assert!(
+        stat.contains("sub/tinyport/fastvideo/layers/time_shift.py"),
+        "{stat}"
+    );
+    // The enclosing checkout shows only the PORT_STATUS.md fvd wrote.
+    assert_eq!(
+        git(sb.repo(), &["status", "--porcelain", "sub"]),
+        " M sub/tinyport/tests/local_tests/tinyport/PORT_STATUS.md"
+    );
+}
