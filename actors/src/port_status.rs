@@ -35,9 +35,11 @@ pub enum PortStatusError {
     },
 }
 
-/// Renders the port's state and writes it into its repository. Returns the
-/// path written.
-pub async fn write(store: &Store, family: &str) -> Result<PathBuf, PortStatusError> {
+/// The stored port and its spec.
+async fn port_and_spec(
+    store: &Store,
+    family: &str,
+) -> Result<(PortRow, PortSpec), PortStatusError> {
     let port = store
         .port(family)
         .await?
@@ -48,6 +50,13 @@ pub async fn write(store: &Store, family: &str) -> Result<PathBuf, PortStatusErr
             message: e.to_string(),
         }
     })?;
+    Ok((port, spec))
+}
+
+/// Renders the port's state and writes it into its repository. Returns the
+/// path written.
+pub async fn write(store: &Store, family: &str) -> Result<PathBuf, PortStatusError> {
+    let (port, spec) = port_and_spec(store, family).await?;
     let components = store.components(family).await?;
     let gate = store.gate_events(family).await?;
     let mut runs = Vec::new();
@@ -102,16 +111,7 @@ fn file_path(port: &PortRow, spec: &PortSpec) -> PathBuf {
 /// The highest `E###` number the port's `PORT_STATUS.md` already uses
 /// (rows people wrote included), so an id fvd gives never collides.
 pub async fn escape_floor(store: &Store, family: &str) -> Result<u32, PortStatusError> {
-    let port = store
-        .port(family)
-        .await?
-        .ok_or_else(|| PortStatusError::UnknownFamily(family.to_string()))?;
-    let spec = spec::parse(Path::new(&port.spec_path), &port.spec_toml).map_err(|e| {
-        PortStatusError::Spec {
-            family: family.to_string(),
-            message: e.to_string(),
-        }
-    })?;
+    let (port, spec) = port_and_spec(store, family).await?;
     Ok(std::fs::read_to_string(file_path(&port, &spec))
         .map(|text| {
             port_status::import(&text)

@@ -50,18 +50,23 @@ fn example_repo(sb: &Sandbox, edit: impl Fn(String) -> String) -> String {
     git(sb.repo(), &["rev-parse", "HEAD"])
 }
 
-fn submit(sb: &Sandbox) -> (Option<i32>, String) {
-    let out = fvd()
-        .args(["submit", "--family", "tinyport", "--wait", "--repo"])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+/// Runs `cmd`; its exit code and its stdout and stderr, labelled.
+fn outcome(cmd: &mut Command) -> (Option<i32>, String) {
+    let out = cmd.output().unwrap();
     let text = format!(
         "stdout:\n{}\nstderr:\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.code(), text)
+}
+
+fn submit(sb: &Sandbox) -> (Option<i32>, String) {
+    outcome(
+        fvd()
+            .args(["submit", "--family", "tinyport", "--wait", "--repo"])
+            .arg(sb.repo()),
+    )
 }
 
 fn ledger(sb: &Sandbox) -> serde_json::Value {
@@ -295,19 +300,13 @@ fn without_time_shift(spec: String) -> String {
 }
 
 fn answer(sb: &Sandbox, args: &[&str]) -> (Option<i32>, String) {
-    let out = fvd()
-        .args(["answer", "tinyport"])
-        .args(args)
-        .arg("--repo")
-        .arg(sb.repo())
-        .output()
-        .unwrap();
-    let text = format!(
-        "stdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
+    outcome(
+        fvd()
+            .args(["answer", "tinyport"])
+            .args(args)
+            .arg("--repo")
+            .arg(sb.repo()),
+    )
 }
 
 fn ledger_of(sb: &Sandbox, component: &str, db: Option<&Path>) -> serde_json::Value {
