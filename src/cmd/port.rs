@@ -739,6 +739,17 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
                 },
             )?;
             writeln!(out, "  handoff {}: {}", a.handoff_status, a.handoff_summary)?;
+            let mut notes = vec![format!("{} turn", a.kind)];
+            if a.gpu_ms_after > 0 {
+                notes.push(format!(
+                    "{:.1} GPU-s in its run",
+                    a.gpu_ms_after as f64 / 1000.0
+                ));
+            }
+            if a.tries > 1 {
+                notes.push(format!("run {} times (cut off by a restart)", a.tries));
+            }
+            writeln!(out, "  {}", notes.join("; "))?;
             if a.diff_stat.is_empty() {
                 writeln!(out, "  no changes")?;
             }
