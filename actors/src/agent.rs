@@ -449,6 +449,7 @@ mod tests {
             command: vec!["pytest".into(), "{test}".into()],
             agent: None,
             placement: Default::default(),
+            trace: None,
         }
     }
 

@@ -49,6 +49,8 @@ pub struct ComponentArgs {
     pub scheduler: ActorRef<SchedulerMsg>,
     pub gate: ActorRef<GateMsg>,
     pub events: broadcast::Sender<PortEvent>,
+    /// The port's trace actor, when some component has `[component.trace]`.
+    pub trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
 }
 
 #[derive(Debug)]
@@ -78,6 +80,13 @@ pub enum ComponentMsg {
         worker_id: String,
         give_up: bool,
     },
+    /// The trace actor's answer to a red run handed to it: the run, back,
+    /// and the investigation's one-line summary.
+    Traced {
+        report: JobReport,
+        worker_id: String,
+        summary: String,
+    },
 }
 
 #[derive(Debug)]
@@ -94,6 +103,8 @@ pub struct ComponentState {
     last_verdict: Option<String>,
     /// The agent loop's state, for a component with an `[agent]`.
     agent: Option<AgentLoop>,
+    /// The last run drilled down by the trace actor and its summary.
+    traced: Option<(String, String)>,
 }
 
 /// What the agent loop of a component needs besides its spec.
@@ -134,6 +145,7 @@ impl Actor for ComponentSubagentActor {
             attempt: Span::none(),
             last_verdict: None,
             agent: None,
+            traced: None,
         })
     }
 
@@ -208,11 +220,37 @@ impl Actor for ComponentSubagentActor {
                     emit(st).await?;
                 }
             }
+            ComponentMsg::Traced {
+                report,
+                worker_id,
+                summary,
+            } => {
+                st.traced = Some((report.job_id.clone(), summary));
+                myself.cast(ComponentMsg::Finished { report, worker_id })?;
+            }
             ComponentMsg::Finished { report, worker_id } => {
                 if st.job_id.as_deref() != Some(report.job_id.as_str()) {
                     return Ok(());
                 }
                 let v = classify(&report);
+                // A red run is drilled down first; `Traced` brings it back.
+                if let Some(trace) = &st.args.trace
+                    && crate::trace_actor::wants(&st.args.spec, v.status().as_str())
+                    && st.traced.as_ref().is_none_or(|t| t.0 != report.job_id)
+                    && trace
+                        .cast(crate::trace_actor::TraceMsg::Investigate(Box::new(
+                            crate::trace_actor::Investigate {
+                                spec: st.args.spec.clone(),
+                                report: report.clone(),
+                                worker_id: worker_id.clone(),
+                                reply: myself.clone(),
+                                span: st.span.clone(),
+                            },
+                        )))
+                        .is_ok()
+                {
+                    return Ok(());
+                }
                 let result = JobResult {
                     verdict: v.status().as_str().to_string(),
                     reason: v.reason(),
@@ -268,7 +306,8 @@ impl Actor for ComponentSubagentActor {
                 let reason = if v.is_pass() {
                     result.reason.clone()
                 } else {
-                    format!("{}: {}", result.verdict, result.reason)
+                    let note = crate::trace_actor::note(st.traced.as_ref(), &report.job_id);
+                    format!("{}: {}{note}", result.verdict, result.reason)
                 };
                 finish(st, status, &result.verdict, &reason, &worker_id).await?;
             }
@@ -277,7 +316,7 @@ impl Actor for ComponentSubagentActor {
     }
 }
 
-fn classify(report: &JobReport) -> Verdict {
+pub(crate) fn classify(report: &JobReport) -> Verdict {
     let junit = match (&report.junit_xml, report.junit_error.as_str()) {
         (Some(xml), _) => JunitEvidence::Xml(xml),
         (None, e) if e.contains("not written") || e.contains("missing") || e.is_empty() => {
@@ -359,9 +398,10 @@ async fn enqueue(
             record,
             env,
             secret_env: spec.env.clone(),
-            notify: myself.clone(),
+            notify: myself.get_derived(),
             placement: spec.placement.clone(),
             span: st.attempt.clone(),
+            collect_env: None,
         })))?;
     Ok(())
 }

@@ -78,6 +78,8 @@ pub struct ComponentSpec {
     pub agent: Option<AgentSpec>,
     /// Port priority, minimum GPU memory and worker labels of its runs.
     pub placement: crate::model::Placement,
+    /// `[component.trace]`: drill down with activation traces when red.
+    pub trace: Option<crate::trace_spec::TraceSpec>,
 }
 
 /// The `[agent]` table: how to run the coding agent of a component.
@@ -186,6 +188,8 @@ struct RawComponent {
     gpu_memory_mib: Option<u64>,
     /// Labels the worker must carry (`fvd worker --label KEY=VALUE`).
     labels: Option<BTreeMap<String, String>>,
+    /// Validated while deserializing, so its errors carry line and column.
+    trace: Option<crate::trace_spec::TraceSpec>,
 }
 
 /// Where the spec of `family` lives inside `repo` by convention.
@@ -338,6 +342,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 gpu_memory_mib: c.gpu_memory_mib.unwrap_or(0),
                 labels: c.labels.unwrap_or_default(),
             },
+            trace: c.trace,
         });
     }
     if components.is_empty() {
