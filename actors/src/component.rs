@@ -307,7 +307,7 @@ impl Actor for ComponentSubagentActor {
                     result.reason.clone()
                 } else {
                     let note = crate::trace_actor::note(st.traced.as_ref(), &report.job_id);
-                    format!("{}: {}{note}", result.verdict, result.reason)
+                    format!("{}: {note}{}", result.verdict, result.reason)
                 };
                 finish(st, status, &result.verdict, &reason, &worker_id).await?;
             }

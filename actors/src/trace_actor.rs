@@ -205,17 +205,22 @@ pub fn summary(
         ),
         (o, Some(fd)) => {
             let how = if o == Outcome::Leaf {
-                format!("first divergent leaf after {steps} trace steps")
+                format!("leaf after {steps} trace steps")
             } else {
-                format!("trace depth {steps} reached before a leaf")
+                format!("trace depth {steps} spent before a leaf")
             };
+            let mut at = String::new();
+            if fd.tensor != "out" {
+                at.push_str(&format!(", tensor {}", fd.tensor));
+            }
+            if let Some(step) = fd.step {
+                at.push_str(&format!(", step {step}"));
+            }
             format!(
-                "first divergence: {} {} (reference {}, tensor {}, step {}; {how}: {path})",
+                "first divergence: {} {} (reference {}{at}; {how})",
                 fd.port_module,
                 divergence_text(fd),
                 fd.reference_module,
-                fd.tensor,
-                fd.step.map_or("null".to_string(), |s| s.to_string()),
             )
         }
         (_, None) => format!("trace ended without a divergence ({detail})"),
@@ -259,12 +264,21 @@ pub fn wants(spec: &ComponentSpec, verdict: &str) -> bool {
     spec.trace.is_some() && verdict == "debug_red"
 }
 
-/// The component's note on a blocked reason: the summary of the
-/// investigation of exactly this run, when there was one.
+/// Longest note a blocked reason gets: PORT_STATUS.md cuts evidence at 240
+/// characters, and the failing assertion must still show after the note.
+const NOTE_CHARS: usize = 150;
+
+/// The component's note on a blocked reason, put before the failing
+/// assertion so a cut-off evidence cell still names the module: the
+/// summary of the investigation of exactly this run, when there was one.
 pub fn note(traced: Option<&(String, String)>, job_id: &str) -> String {
     match traced {
         Some((job, summary)) if job == job_id && !summary.is_empty() => {
-            format!(" [trace: {summary}]")
+            let mut s: String = summary.chars().take(NOTE_CHARS).collect();
+            if summary.chars().count() > NOTE_CHARS {
+                s.push('…');
+            }
+            format!("{s}; ")
         }
         _ => String::new(),
     }
@@ -555,7 +569,7 @@ async fn step_finished(
         .join(&run);
     let compared = gather_and_compare(&inq.trace, &dir, &report).await;
     let dir_s = dir.to_string_lossy().into_owned();
-    let rep = match compared {
+    let mut rep = match compared {
         Ok(r) => r,
         Err(e) => {
             let _ = st
@@ -566,6 +580,9 @@ async fn step_finished(
             return conclude(st, inq, Outcome::Error, &e).await;
         }
     };
+    if let Some(fd) = inq.last.as_ref().filter(|_| inq.step > 1) {
+        rep.diagnostics.push(narrowed_scope(&inq.tried, fd));
+    }
     let first = rep
         .first_divergence
         .as_ref()
@@ -602,6 +619,23 @@ async fn step_finished(
             conclude(st, inq, o, &detail).await;
         }
     }
+}
+
+/// A narrowed trace starts inside the model, so whole-trace diagnostics
+/// (every row diverges, divergence at the first traced module) describe the
+/// scope, not the model's inputs; the report says so next to them.
+fn narrowed_scope(
+    tried: &[String],
+    previous: &fvd_trace::FirstDivergence,
+) -> fvd_trace::Diagnostic {
+    fvd_trace::Diagnostic::new(
+        "narrowed_scope",
+        format!(
+            "this trace covers only {} (the previous step's first divergence was {}, every module before it matched): diagnostics about inputs or the first block speak of this scope, not of the model",
+            tried.last().map(String::as_str).unwrap_or_default(),
+            previous.port_module
+        ),
+    )
 }
 
 /// Writes the files the worker sent back under `dir` and compares the
@@ -818,16 +852,21 @@ mod tests {
         let s = summary(Outcome::Leaf, Some(&fd), &tried, "");
         assert_eq!(
             s,
-            "first divergence: blocks.2.norm abs_mean drift 0.286 (reference layers.2.norm, tensor out, step 0; first divergent leaf after 2 trace steps: ^a$ -> ^b$)"
+            "first divergence: blocks.2.norm abs_mean drift 0.286 (reference layers.2.norm, step 0; leaf after 2 trace steps)"
         );
-        assert!(summary(Outcome::Depth, Some(&fd), &tried, "").contains("trace depth 2 reached"));
+        assert!(
+            summary(Outcome::Depth, Some(&fd), &tried, "")
+                .ends_with("; trace depth 2 spent before a leaf)")
+        );
         assert_eq!(
             summary(Outcome::Error, None, &tried, "boom"),
             "trace step 2 failed: boom"
         );
+        assert_eq!(note(Some(&("j.1".into(), "x".into())), "j.1"), "x; ");
+        let long = "y".repeat(400);
         assert_eq!(
-            note(Some(&("j.1".into(), "x".into())), "j.1"),
-            " [trace: x]"
+            note(Some(&("j.1".into(), long)), "j.1").chars().count(),
+            NOTE_CHARS + 3
         );
         assert_eq!(note(Some(&("j.1".into(), "x".into())), "j.2"), "");
     }
