@@ -234,21 +234,11 @@ impl Actor for ComponentSubagentActor {
                 }
                 let v = classify(&report);
                 // A red run is drilled down first; `Traced` brings it back.
-                if let Some(trace) = &st.args.trace
-                    && crate::trace_actor::wants(&st.args.spec, v.status().as_str())
-                    && st.traced.as_ref().is_none_or(|t| t.0 != report.job_id)
-                    && trace
-                        .cast(crate::trace_actor::TraceMsg::Investigate(Box::new(
-                            crate::trace_actor::Investigate {
-                                spec: st.args.spec.clone(),
-                                report: report.clone(),
-                                worker_id: worker_id.clone(),
-                                reply: myself.clone(),
-                                span: st.span.clone(),
-                            },
-                        )))
-                        .is_ok()
-                {
+                let traced = st.traced.as_ref();
+                let v_str = v.status().as_str();
+                if crate::trace_actor::hand_over(
+                    &st.args, traced, v_str, &report, &worker_id, &myself, &st.span,
+                ) {
                     return Ok(());
                 }
                 let result = JobResult {

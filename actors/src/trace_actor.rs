@@ -259,9 +259,40 @@ pub async fn spawn_for_port(
 }
 
 /// Whether a finished run of `spec` is one to drill down: red, and the
-/// component has a trace table. The component asks once per run.
+/// component has a trace table.
 pub fn wants(spec: &ComponentSpec, verdict: &str) -> bool {
     spec.trace.is_some() && verdict == "debug_red"
+}
+
+/// The component's side of the hand-over: sends a red run of a traced
+/// component to the port's trace actor, once per run (`traced` holds the
+/// run already investigated). True when handed over: the component then
+/// waits for [`ComponentMsg::Traced`]. A trace actor that is gone is no
+/// reason to stall: the run is then finished as if untraced.
+pub fn hand_over(
+    args: &crate::component::ComponentArgs,
+    traced: Option<&(String, String)>,
+    verdict: &str,
+    report: &JobReport,
+    worker_id: &str,
+    reply: &ActorRef<ComponentMsg>,
+    span: &Span,
+) -> bool {
+    let Some(trace) = &args.trace else {
+        return false;
+    };
+    if !wants(&args.spec, verdict) || traced.is_some_and(|t| t.0 == report.job_id) {
+        return false;
+    }
+    trace
+        .cast(TraceMsg::Investigate(Box::new(Investigate {
+            spec: args.spec.clone(),
+            report: report.clone(),
+            worker_id: worker_id.to_string(),
+            reply: reply.clone(),
+            span: span.clone(),
+        })))
+        .is_ok()
 }
 
 /// Longest note a blocked reason gets: PORT_STATUS.md cuts evidence at 240
