@@ -57,6 +57,9 @@ pub struct Packet<'a> {
     pub answers: &'a [EscapeRow],
     /// The `E###` id a new escape hatch of this attempt will get.
     pub next_escape_id: &'a str,
+    /// One line on the component's latest trace investigation, when it is
+    /// traced (`fvd trace show` has the whole report).
+    pub trace: Option<&'a str>,
 }
 
 /// The prompt of one attempt, written to `{prompt_file}`.
@@ -72,6 +75,7 @@ pub fn packet(p: &Packet<'_>) -> String {
         handoff_file,
         answers,
         next_escape_id,
+        trace,
     } = p;
     let mut out = String::new();
     out.push_str(&format!(
@@ -89,6 +93,12 @@ pub fn packet(p: &Packet<'_>) -> String {
         spec.argv().join(" "),
         tail(last.output_tail, OUTPUT_TAIL_BYTES).trim_end()
     ));
+    if let Some(t) = trace {
+        out.push_str(&format!(
+            "## Trace report\n\nfvd reran the test with activation traces on both sides and compared them: {t}\nThe whole report, with every aligned row: `fvd trace show {family} {} --json`.\n\n",
+            spec.name
+        ));
+    }
     out.push_str("## Previous attempts\n\n");
     if ledger.is_empty() {
         out.push_str("None: this is the first attempt.\n\n");
@@ -531,6 +541,7 @@ mod tests {
             agent: None,
             placement: Default::default(),
             confirm_runs: 1,
+            trace: None,
         }
     }
 
@@ -581,6 +592,7 @@ escape_hatch: none";
             handoff_file: "/h.txt",
             answers: &[],
             next_escape_id: "E001",
+            trace: Some("first divergence: blocks.2.norm max drift 0.542"),
         });
         let block = fenced_blocks(&text)
             .into_iter()
@@ -591,6 +603,10 @@ escape_hatch: none";
         assert!(text.contains("A skip is not a pass"), "{text}");
         assert!(text.contains("conversion_retry_request"), "{text}");
         assert!(text.contains("/h.txt"), "{text}");
+        assert!(
+            text.contains("## Trace report") && text.contains("blocks.2.norm max drift 0.542"),
+            "{text}"
+        );
         // The output tail is bounded.
         assert!(text.len() < 10_000, "{}", text.len());
     }

@@ -57,6 +57,8 @@ pub struct ComponentArgs {
     pub scheduler: ActorRef<SchedulerMsg>,
     pub gate: ActorRef<GateMsg>,
     pub events: broadcast::Sender<PortEvent>,
+    /// The port's trace actor, when some component has `[component.trace]`.
+    pub trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
 }
 
 #[derive(Debug)]
@@ -91,6 +93,13 @@ pub enum ComponentMsg {
     Answered {
         id: String,
     },
+    /// The trace actor's answer to a red run handed to it: the run, back,
+    /// and the investigation's one-line summary.
+    Traced {
+        report: JobReport,
+        worker_id: String,
+        summary: String,
+    },
 }
 
 #[derive(Debug)]
@@ -107,6 +116,8 @@ pub struct ComponentState {
     last_verdict: Option<String>,
     /// The agent loop's state, for a component with an `[agent]`.
     agent: Option<AgentLoop>,
+    /// The last run drilled down by the trace actor and its summary.
+    traced: Option<(String, String)>,
 }
 
 /// What the agent loop of a component needs besides its spec.
@@ -147,6 +158,7 @@ impl Actor for ComponentSubagentActor {
             attempt: Span::none(),
             last_verdict: None,
             agent: None,
+            traced: None,
         })
     }
 
@@ -231,11 +243,27 @@ impl Actor for ComponentSubagentActor {
                 tracing::info!(%id, component = %st.args.spec.name, "escape hatch answered; the agent goes on");
                 return after_answer(&myself, st).await;
             }
+            ComponentMsg::Traced {
+                report,
+                worker_id,
+                summary,
+            } => {
+                st.traced = Some((report.job_id.clone(), summary));
+                myself.cast(ComponentMsg::Finished { report, worker_id })?;
+            }
             ComponentMsg::Finished { report, worker_id } => {
                 if st.job_id.as_deref() != Some(report.job_id.as_str()) {
                     return Ok(());
                 }
                 let v = classify(&report);
+                // A red run is drilled down first; `Traced` brings it back.
+                let traced = st.traced.as_ref();
+                let v_str = v.status().as_str();
+                if crate::trace_actor::hand_over(
+                    &st.args, traced, v_str, &report, &worker_id, &myself, &st.span,
+                ) {
+                    return Ok(());
+                }
                 let result = JobResult {
                     verdict: v.status().as_str().to_string(),
                     reason: v.reason(),
@@ -325,7 +353,8 @@ impl Actor for ComponentSubagentActor {
                 let reason = if v.is_pass() {
                     result.reason.clone()
                 } else {
-                    format!("{}: {}", result.verdict, result.reason)
+                    let note = crate::trace_actor::note(st.traced.as_ref(), &report.job_id);
+                    format!("{}: {note}{}", result.verdict, result.reason)
                 };
                 finish(st, status, &result.verdict, &reason, &worker_id).await?;
             }
@@ -334,7 +363,7 @@ impl Actor for ComponentSubagentActor {
     }
 }
 
-fn classify(report: &JobReport) -> Verdict {
+pub(crate) fn classify(report: &JobReport) -> Verdict {
     let junit = match (&report.junit_xml, report.junit_error.as_str()) {
         (Some(xml), _) => JunitEvidence::Xml(xml),
         (None, e) if e.contains("not written") || e.contains("missing") || e.is_empty() => {
@@ -416,9 +445,10 @@ async fn enqueue(
             record,
             env,
             secret_env: spec.env.clone(),
-            notify: myself.clone(),
+            notify: myself.get_derived(),
             placement: spec.placement.clone(),
             span: st.attempt.clone(),
+            collect_env: None,
         })))?;
     Ok(())
 }
@@ -744,6 +774,11 @@ async fn agent_attempt(
         .unwrap_or(0)
         .max(floor)
         + 1;
+    let trace = st
+        .args
+        .store
+        .latest_trace_summary(&family, &spec.name)
+        .await?;
     let lp = st.agent.as_ref().expect("agent components have a loop");
     let dir = lp.dir.join(format!("attempt-{attempt}"));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -772,6 +807,7 @@ async fn agent_attempt(
         handoff_file: &handoff_s,
         answers: &answers,
         next_escape_id: &format!("E{next_escape:03}"),
+        trace: trace.as_deref(),
     });
     std::fs::write(&prompt_file, text)
         .map_err(|e| format!("cannot write {}: {e}", prompt_file.display()))?;

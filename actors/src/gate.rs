@@ -68,6 +68,8 @@ pub struct GateState {
     /// The phase span still open (P6 from `entered` until it is decided);
     /// component spans are its children.
     phase_span: Option<(String, Span)>,
+    /// The port's trace actor, when some component has `[component.trace]`.
+    trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
 }
 
 /// Port states as stored. `waiting` means fvd finished what it drives and
@@ -107,6 +109,7 @@ impl Actor for GateActor {
             done: false,
             span,
             phase_span: None,
+            trace: None,
         })
     }
 
@@ -199,6 +202,17 @@ impl Actor for GateActor {
             .store
             .set_port_state(&st.args.family, RUNNING, &Phase::ComponentParityDebug.id())
             .await?;
+        if st.args.spec.components.iter().any(|c| c.trace.is_some()) {
+            let a = &st.args;
+            let t = crate::trace_actor::spawn_for_port(
+                &myself,
+                &a.family,
+                &a.store,
+                &a.scheduler,
+                &a.events,
+            );
+            st.trace = Some(t.await?);
+        }
         for c in st.args.spec.components.clone() {
             spawn_component(&myself, st, &c).await?;
         }
@@ -347,6 +361,7 @@ async fn spawn_component(
         scheduler: st.args.scheduler.clone(),
         gate: myself.clone(),
         events: st.args.events.clone(),
+        trace: st.trace.clone(),
     };
     Actor::spawn_linked(
         Some(actor_name(&st.args.family, &c.name)),

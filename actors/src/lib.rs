@@ -6,6 +6,8 @@
 //! * [`component::ComponentSubagentActor`]: one per component; loops its
 //!   parity test through the scheduler and records verdicts.
 //! * [`scheduler::SchedulerActor`]: workers, slots, queue and leases.
+//! * [`trace_actor::TraceActor`]: one per port; drills a red component
+//!   down with traced reruns to its first divergent module.
 //! * [`agent`] and [`worktree`]: the agent loop's adapter (packet, agent
 //!   subprocess, handoff) and the components' git worktrees.
 //!
@@ -24,4 +26,6 @@ pub mod port_status;
 pub mod scheduler;
 pub mod spec;
 pub mod store;
+pub mod trace_actor;
+pub mod trace_spec;
 pub mod worktree;

@@ -121,6 +121,9 @@ pub struct Assignment {
     /// W3C `traceparent` of the orchestrator's span for this job, when
     /// tracing is on: the worker's job span becomes its child.
     pub traceparent: Option<String>,
+    /// Name of a variable the worker sets to an empty folder of its own;
+    /// the files the job leaves there come back in [`JobReport::files`].
+    pub collect_env: Option<String>,
 }
 
 /// Messages the orchestrator sends down a worker's stream.
@@ -149,6 +152,20 @@ pub struct JobReport {
     pub output_tail: String,
     pub survivors: Vec<u32>,
     pub spawn_error: String,
+    /// Files of the folder named by [`Assignment::collect_env`], sent back
+    /// over the stream (the orchestrator may not see the worker's disk).
+    pub files: Vec<CollectedFile>,
+    /// Why the folder's files did not come back (over the size limit,
+    /// unreadable); empty when they did or none were asked for.
+    pub files_error: String,
+}
+
+/// One file a job left in its collected folder.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CollectedFile {
+    /// Relative to the collected folder, `/`-separated, no `..`.
+    pub path: String,
+    pub data: Vec<u8>,
 }
 
 /// Events a port emits for watchers (`fvd submit --wait`, `fvd status`).

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef};
 use tokio::sync::mpsc;
 
 use crate::clock::Clock;
@@ -57,13 +57,18 @@ pub struct QueuedJob {
     pub env: BTreeMap<String, String>,
     /// Names of variables the worker passes through and redacts.
     pub secret_env: Vec<String>,
-    /// The component actor told about the job's progress.
-    pub notify: ActorRef<ComponentMsg>,
+    /// The actor told about the job's progress, in `ComponentMsg`s: the
+    /// component for its parity runs, the trace actor for traced reruns. A
+    /// derived ref (any actor whose messages convert from `ComponentMsg`)
+    /// keeps the scheduler unaware of who queued the job.
+    pub notify: DerivedActorRef<ComponentMsg>,
     /// Priority, GPU memory and labels the job needs.
     pub placement: Placement,
     /// The component's `attempt` span: each lease of the job is a `job`
     /// span under it, and its context travels to the worker.
     pub span: tracing::Span,
+    /// See [`Assignment::collect_env`]; `None` for plain parity runs.
+    pub collect_env: Option<String>,
 }
 
 #[derive(Debug)]
@@ -185,7 +190,7 @@ enum Write {
     /// Delivered once everything queued before it is committed: a
     /// component learns that its run finished only after the run's output
     /// is stored, so `logs --follow` never stops short of the last chunk.
-    Notify(ActorRef<ComponentMsg>, Box<ComponentMsg>),
+    Notify(DerivedActorRef<ComponentMsg>, Box<ComponentMsg>),
 }
 
 /// Batches queued writes: one transaction (one fsync) for everything that
@@ -211,7 +216,7 @@ fn spawn_writer(store: Store) -> mpsc::UnboundedSender<Write> {
                 tracing::error!(error = %e, chunks = logs.len(), "could not store job output");
             }
             for (to, msg) in notify {
-                let _ = to.cast(*msg);
+                let _ = to.send_message(*msg);
             }
         }
     });
@@ -344,7 +349,7 @@ impl Actor for SchedulerActor {
                     let _ = e
                         .job
                         .notify
-                        .cast(ComponentMsg::Started { job_id, worker_id });
+                        .send_message(ComponentMsg::Started { job_id, worker_id });
                 }
             }
             SchedulerMsg::Log {
@@ -515,7 +520,7 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
         entry.infra_retries += 1;
         if entry.infra_retries > MAX_INFRA_RETRIES {
             let entry = st.jobs.remove(&id).expect("entry exists");
-            let _ = entry.job.notify.cast(ComponentMsg::WorkerLost {
+            let _ = entry.job.notify.send_message(ComponentMsg::WorkerLost {
                 job_id: id,
                 worker_id: worker_id.to_string(),
                 give_up: true,
@@ -528,7 +533,7 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
                 &format!("worker {worker_id} lost; retrying on another slot"),
             )
             .await?;
-        let _ = entry.job.notify.cast(ComponentMsg::WorkerLost {
+        let _ = entry.job.notify.send_message(ComponentMsg::WorkerLost {
             job_id: id.clone(),
             worker_id: worker_id.to_string(),
             give_up: false,
@@ -705,7 +710,7 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
         let e = st.jobs.get_mut(id).expect("checked above");
         if reason != e.unplaceable {
             e.unplaceable = reason.clone();
-            let _ = e.job.notify.cast(ComponentMsg::Waiting {
+            let _ = e.job.notify.send_message(ComponentMsg::Waiting {
                 job_id: id.clone(),
                 reason: reason.unwrap_or_default(),
             });
@@ -860,6 +865,7 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             gpus: p.gpus.clone(),
             timeout_ms: r.timeout_ms,
             traceparent: fvd_telemetry::traceparent(&span),
+            collect_env: entry.job.collect_env.clone(),
         };
         entry.lease = Some(Lease {
             worker_id: p.worker_id.clone(),
@@ -867,7 +873,7 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             gpus: p.gpus,
             span,
         });
-        let _ = entry.job.notify.cast(ComponentMsg::Leased {
+        let _ = entry.job.notify.send_message(ComponentMsg::Leased {
             job_id: p.job_id.clone(),
             worker_id: p.worker_id.clone(),
         });

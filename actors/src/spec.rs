@@ -81,6 +81,8 @@ pub struct ComponentSpec {
     /// Passing runs in a row (since the last change of its code) before a
     /// pass counts: 1 takes the first pass, more catch a flaky one.
     pub confirm_runs: u32,
+    /// `[component.trace]`: drill down with activation traces when red.
+    pub trace: Option<crate::trace_spec::TraceSpec>,
 }
 
 /// The `[agent]` table: how to run the coding agent of a component.
@@ -205,6 +207,8 @@ struct RawComponent {
     /// Labels the worker must carry (`fvd worker --label KEY=VALUE`).
     labels: Option<BTreeMap<String, String>>,
     confirm_runs: Option<u32>,
+    /// Validated while deserializing, so its errors carry line and column.
+    trace: Option<crate::trace_spec::TraceSpec>,
 }
 
 /// Where the spec of `family` lives inside `repo` by convention.
@@ -380,6 +384,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 labels: c.labels.unwrap_or_default(),
             },
             confirm_runs,
+            trace: c.trace,
         });
     }
     if components.is_empty() {

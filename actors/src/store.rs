@@ -15,6 +15,8 @@ use sqlx::{Row, SqlitePool};
 use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, LogChunk, PortRow};
 use crate::worktree::Worktree;
 
+pub mod traces;
+
 /// One agent attempt of the ledger (`agent_attempts`).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct AttemptRow {
@@ -84,6 +86,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../migrations/0002_spawned.sql")),
     (3, include_str!("../migrations/0003_agent_attempts.sql")),
     (4, include_str!("../migrations/0004_agent_durability.sql")),
+    (5, include_str!("../migrations/0005_traces.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]

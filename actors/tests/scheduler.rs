@@ -176,7 +176,8 @@ impl Harness {
                 record: rec,
                 env: BTreeMap::new(),
                 secret_env: Vec::new(),
-                notify: self.sink.clone(),
+                notify: self.sink.get_derived(),
+                collect_env: None,
                 placement,
                 span: tracing::Span::none(),
             })))

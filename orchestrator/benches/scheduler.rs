@@ -257,7 +257,8 @@ async fn run(workers: usize, gpus: u32, jobs: usize) {
                 record: r,
                 env: BTreeMap::new(),
                 secret_env: Vec::new(),
-                notify: sink.clone(),
+                notify: sink.get_derived(),
+                collect_env: None,
                 placement: Placement::default(),
                 span: tracing::Span::none(),
             })))

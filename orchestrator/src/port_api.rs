@@ -395,6 +395,29 @@ impl pb::port_service_server::PortService for PortApi {
         Ok(Response::new(Box::pin(ReceiverStream::new(out))))
     }
 
+    async fn trace_report(
+        &self,
+        request: Request<pb::TraceReportRequest>,
+    ) -> Result<Response<pb::TraceReportResponse>, Status> {
+        let r = request.into_inner();
+        let inv = self
+            .store
+            .latest_trace(&r.family, &r.component)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "component {} of port {} has no trace investigation",
+                    r.component, r.family
+                ))
+            })?;
+        let investigation_json = serde_json::to_string(&inv)
+            .map_err(|e| Status::internal(format!("cannot encode the investigation: {e}")))?;
+        Ok(Response::new(pb::TraceReportResponse {
+            investigation_json,
+        }))
+    }
+
     async fn cancel(
         &self,
         request: Request<pb::CancelRequest>,

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fvd_actors::model::{GpuInfo, JobReport, ToWorker, WorkerInfo};
+use fvd_actors::model::{CollectedFile, GpuInfo, JobReport, ToWorker, WorkerInfo};
 use fvd_actors::scheduler::SchedulerMsg;
 use fvd_proto::v1 as pb;
 use ractor::ActorRef;
@@ -142,6 +142,7 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
             timeout_ms: a.timeout_ms,
             collect_junit: true,
             traceparent: a.traceparent.unwrap_or_default(),
+            collect_env: a.collect_env.unwrap_or_default(),
         }),
         ToWorker::Cancel {
             job_id,
@@ -203,6 +204,15 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                 output_tail: f.output_tail,
                 survivors: f.survivors,
                 spawn_error: f.spawn_error,
+                files: f
+                    .files
+                    .into_iter()
+                    .map(|c| CollectedFile {
+                        path: c.path,
+                        data: c.data,
+                    })
+                    .collect(),
+                files_error: f.files_error,
             },
         },
     })

@@ -7,6 +7,7 @@ pub mod contracts;
 pub mod port;
 pub mod server;
 pub mod trace;
+pub mod trace_show;
 
 use clap::{Parser, Subcommand};
 

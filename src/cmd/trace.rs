@@ -18,6 +18,8 @@ pub enum TraceCmd {
     Merge(MergeArgs),
     /// Compare full-tensor dumps (safetensors files or folders of .npy files).
     Dumps(DumpsArgs),
+    /// Show a component's stored drill-down investigation (from a port).
+    Show(super::trace_show::ShowArgs),
 }
 
 #[derive(Debug, Args)]
@@ -97,6 +99,7 @@ pub fn run(cmd: TraceCmd) -> anyhow::Result<u8> {
         TraceCmd::Compare(a) => run_compare(a),
         TraceCmd::Merge(a) => run_merge(a),
         TraceCmd::Dumps(a) => run_dumps(a),
+        TraceCmd::Show(a) => super::trace_show::show(a),
     }
 }
 

@@ -7,3 +7,4 @@ mod port;
 mod support;
 mod telemetry;
 mod trace;
+mod trace_port;

@@ -257,6 +257,9 @@ fn handle(
     }
 }
 
+/// Placeholder for the collected folder in an assignment's literal env.
+pub const COLLECT_DIR: &str = "{collect_dir}";
+
 /// Runs one assignment to its end and builds the `JobFinished` report.
 async fn run_assigned(
     config: &WorkerConfig,
@@ -301,6 +304,29 @@ async fn run_assigned(
         finished.spawn_error = format!("cannot prepare {}: {e}", scratch.display());
         return finished;
     }
+    // A folder of this worker's own for the job's files (a traced rerun's
+    // rank files): empty at the start, read back and sent after the run.
+    let collect_dir = if a.collect_env.is_empty() {
+        None
+    } else {
+        let dir = std::path::absolute(scratch.join("collect")).unwrap_or(scratch.join("collect"));
+        let _ = tokio::fs::remove_dir_all(&dir).await;
+        if let Err(e) = tokio::fs::create_dir_all(&dir).await {
+            finished.spawn_error = format!("cannot prepare {}: {e}", dir.display());
+            return finished;
+        }
+        let path = dir.to_string_lossy().into_owned();
+        // Literal values may name the folder (`FASTVIDEO_TRACE_OUTPUT`
+        // = `{collect_dir}/port_rank<rank>.jsonl`); only this worker knows it.
+        for (name, value) in spec.env.iter_mut() {
+            if !spec.secret_env_names.contains(name) {
+                *value = value.replace(COLLECT_DIR, &path);
+            }
+        }
+        spec.env.push((a.collect_env.clone(), path));
+        Some(dir)
+    };
+    let secrets = exec::secret_values(&spec);
     let (etx, mut erx) = mpsc::channel::<JobEvent>(64);
     let forward = {
         let tx = tx.clone();
@@ -374,8 +400,26 @@ async fn run_assigned(
             }
         }
     }
-    if a.collect_junit {
-        // The scratch folder only held the plugin and the report, both read.
+    if let Some(dir) = &collect_dir {
+        let dir = dir.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            crate::collect::collect(&dir, crate::collect::MAX_COLLECT_BYTES, &secrets)
+        })
+        .await;
+        match read {
+            Ok(Ok(files)) => {
+                finished.files = files
+                    .into_iter()
+                    .map(|(path, data)| pb::CollectedFile { path, data })
+                    .collect()
+            }
+            Ok(Err(e)) => finished.files_error = e.to_string(),
+            Err(e) => finished.files_error = format!("collecting files failed: {e}"),
+        }
+    }
+    if a.collect_junit || collect_dir.is_some() {
+        // The scratch folder only held the plugin, the report and the
+        // collected files, all read.
         let _ = tokio::fs::remove_dir_all(&scratch).await;
     }
     finished

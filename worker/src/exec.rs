@@ -526,7 +526,7 @@ fn new_cookie(job_id: &str) -> String {
 
 /// Secret values worth redacting, longest first so that a secret containing
 /// another is replaced whole.
-fn secret_values(spec: &JobSpec) -> Vec<(Vec<u8>, Vec<u8>)> {
+pub(crate) fn secret_values(spec: &JobSpec) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut out: Vec<(Vec<u8>, Vec<u8>)> = spec
         .secret_env_names
         .iter()
@@ -541,6 +541,15 @@ fn secret_values(spec: &JobSpec) -> Vec<(Vec<u8>, Vec<u8>)> {
         })
         .collect();
     out.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
+    out
+}
+
+/// `data` with every secret value replaced (files a job leaves for
+/// collection leave the worker like its output does: redacted).
+pub(crate) fn redact_bytes(data: &[u8], secrets: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let mut r = Redactor::new(secrets.to_vec());
+    let mut out = r.push(data);
+    out.extend(r.finish());
     out
 }
 

@@ -3,5 +3,6 @@
 //! orchestrator over one bidirectional gRPC stream.
 
 pub mod client;
+pub mod collect;
 pub mod exec;
 pub mod gpu;

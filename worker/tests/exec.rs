@@ -108,10 +108,12 @@ fn pids_tagged(text: &str, tag: &str) -> Vec<i32> {
 }
 
 /// A python child that ignores SIGTERM, prints `TAG pid` and sleeps; with
-/// `setsid` it first leaves the job's session and process group.
+/// `setsid` it first leaves the job's session and process group. The line
+/// is one `write(2)`: `print` may write the text and its newline apart, and
+/// two children sharing the pipe then interleave mid-line.
 fn stubborn(tag: &str, setsid: bool) -> String {
     format!(
-        "python3 -c 'import os, signal, time\n{}signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint(\"{tag}\", os.getpid(), flush=True)\ntime.sleep(3600)' &",
+        "python3 -c 'import os, signal, time\n{}signal.signal(signal.SIGTERM, signal.SIG_IGN)\nos.write(1, (\"{tag} %d\\n\" % os.getpid()).encode())\ntime.sleep(3600)' &",
         if setsid { "os.setsid()\n" } else { "" }
     )
 }

@@ -1,0 +1,957 @@
+//! `TraceActor`: one per port (spawned by the gate when some component has
+//! a `[component.trace]` table). When such a component's run is
+//! `debug_red`, the component hands the run here before it blocks or starts
+//! an agent attempt. The actor reruns the parity test with activation
+//! tracing on (`FASTVIDEO_TRACE_*`, the spec's layer regex), gets the rank
+//! files back from the worker over the job stream, merges and compares
+//! them with [`fvd_trace::compare`], and reruns with the narrowed regex of
+//! the first divergent block ([`fvd_trace::Report::drill_down`]) until the
+//! first divergent leaf module is known or the spec's `depth` is spent.
+//! Every step's report is stored with the investigation; the component gets
+//! a one-line summary back and puts it in its verdict.
+//!
+//! Traced reruns are jobs of the component name `<name>#trace`: they go
+//! through the scheduler (leases, fencing, logs) like any run, but never
+//! count as the component's runs and never change its row, because their
+//! verdict is a diagnosis, not a parity verdict.
+//!
+//! The actor never fails on an investigation's error (a missing file, a
+//! malformed trace, a lost worker): the investigation ends with outcome
+//! `error` and the component continues with that as the summary. A failed
+//! actor would leave components waiting for an answer that never comes.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+
+use fvd_telemetry::spans;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::broadcast;
+use tracing::Span;
+use tracing::field::Empty;
+
+use crate::component::ComponentMsg;
+use crate::gate::GateMsg;
+use crate::model::{CollectedFile, JobRecord, JobReport, JobResult, PortEvent};
+use crate::scheduler::{QueuedJob, SchedulerMsg};
+use crate::spec::ComponentSpec;
+use crate::store::Store;
+use crate::trace_spec::TraceSpec;
+
+/// Variable the worker points at the run's own folder for trace files.
+pub const TRACE_DIR_ENV: &str = "FVD_TRACE_DIR";
+/// The reference side's layer regex (reference module names).
+pub const REFERENCE_LAYERS_ENV: &str = "FVD_TRACE_REFERENCE_LAYERS";
+/// Suffix of the component name traced reruns are recorded under.
+pub const TRACE_JOB_SUFFIX: &str = "#trace";
+/// A stored report over this size keeps only the rows around the first
+/// divergence (a whole-model trace can hold hundreds of thousands of rows).
+pub const MAX_STORED_REPORT_BYTES: usize = 2 * 1024 * 1024;
+/// Rows kept on each side of the first divergence in a trimmed report.
+const TRIM_CONTEXT_ROWS: usize = 40;
+
+#[derive(Debug)]
+pub struct TraceActor;
+
+#[derive(Debug)]
+pub struct TraceArgs {
+    pub family: String,
+    pub store: Store,
+    pub scheduler: ActorRef<SchedulerMsg>,
+    pub events: broadcast::Sender<PortEvent>,
+}
+
+/// A red run handed over by its component.
+#[derive(Debug)]
+pub struct Investigate {
+    pub spec: ComponentSpec,
+    /// The red run's report and worker, handed back untouched in
+    /// [`ComponentMsg::Traced`] so the component finishes it as it would have.
+    pub report: JobReport,
+    pub worker_id: String,
+    /// Where the answer goes.
+    pub reply: ActorRef<ComponentMsg>,
+    /// The component's span: the investigation's span hangs under it.
+    pub span: Span,
+}
+
+#[derive(Debug)]
+pub enum TraceMsg {
+    Investigate(Box<Investigate>),
+    /// Progress of a traced rerun, as the scheduler tells it.
+    Job(ComponentMsg),
+    /// The components under investigation right now (tests, status).
+    InFlight(RpcReplyPort<Vec<String>>),
+}
+
+// The scheduler reports job progress as `ComponentMsg`s to a derived ref;
+// these two conversions make this actor such a ref.
+impl From<ComponentMsg> for TraceMsg {
+    fn from(m: ComponentMsg) -> Self {
+        TraceMsg::Job(m)
+    }
+}
+
+impl TryFrom<TraceMsg> for ComponentMsg {
+    type Error = TraceMsg;
+
+    fn try_from(m: TraceMsg) -> Result<Self, TraceMsg> {
+        match m {
+            TraceMsg::Job(m) => Ok(m),
+            other => Err(other),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct TraceState {
+    args: TraceArgs,
+    /// Where gathered files are written: beside the database.
+    root: PathBuf,
+    /// Investigations in flight, by the job id of their current rerun.
+    running: HashMap<String, Inquiry>,
+}
+
+/// One investigation in flight.
+#[derive(Debug)]
+struct Inquiry {
+    id: i64,
+    spec: ComponentSpec,
+    trace: TraceSpec,
+    cwd: String,
+    red: Option<(JobReport, String)>,
+    reply: ActorRef<ComponentMsg>,
+    span: Span,
+    step: u32,
+    /// Port-side regexes traced so far, in order: the drill path.
+    tried: Vec<String>,
+    reference_layers: String,
+    /// The deepest first divergence seen so far.
+    last: Option<fvd_trace::FirstDivergence>,
+}
+
+/// How an investigation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The first divergent module has nothing narrower to trace.
+    Leaf,
+    /// `depth` traced runs were spent before a leaf.
+    Depth,
+    NoDivergence,
+    Error,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Leaf => "leaf",
+            Outcome::Depth => "depth",
+            Outcome::NoDivergence => "no_divergence",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// What to do after a step's comparison.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Trace again with these (port, reference) regexes.
+    Narrow(String, String),
+    Stop(Outcome),
+}
+
+/// The drill-down rule: narrow while the report offers a regex not traced
+/// yet and steps remain; a regex already traced means the first divergence
+/// is a leaf of the traced scope.
+pub fn next_step(report: &fvd_trace::Report, tried: &[String], depth: u32) -> Next {
+    if report.first_divergence.is_none() {
+        return Next::Stop(Outcome::NoDivergence);
+    }
+    match report.drill_down() {
+        Some(next) if !tried.iter().any(|t| t == next) => {
+            if tried.len() as u32 >= depth {
+                Next::Stop(Outcome::Depth)
+            } else {
+                let reference = report
+                    .drill_down_reference
+                    .clone()
+                    .unwrap_or_else(|| next.to_string());
+                Next::Narrow(next.to_string(), reference)
+            }
+        }
+        _ => Next::Stop(Outcome::Leaf),
+    }
+}
+
+/// The component's one-line summary of an investigation.
+pub fn summary(
+    outcome: Outcome,
+    last: Option<&fvd_trace::FirstDivergence>,
+    tried: &[String],
+    detail: &str,
+) -> String {
+    let steps = tried.len();
+    let path = tried.join(" -> ");
+    match (outcome, last) {
+        (Outcome::Error, _) => format!("trace step {steps} failed: {detail}"),
+        (Outcome::NoDivergence, None) => {
+            format!("trace found no divergence with layers {path} ({detail})")
+        }
+        (Outcome::NoDivergence, Some(fd)) => format!(
+            "trace step {steps} found no divergence with layers {} although step {} saw {} ({})",
+            tried.last().map(String::as_str).unwrap_or_default(),
+            steps.saturating_sub(1),
+            fd.port_module,
+            divergence_text(fd)
+        ),
+        (o, Some(fd)) => {
+            let how = if o == Outcome::Leaf {
+                format!("leaf after {steps} trace steps")
+            } else {
+                format!("trace depth {steps} spent before a leaf")
+            };
+            let mut at = String::new();
+            if fd.tensor != "out" {
+                at.push_str(&format!(", tensor {}", fd.tensor));
+            }
+            if let Some(step) = fd.step {
+                at.push_str(&format!(", step {step}"));
+            }
+            format!(
+                "first divergence: {} {} (reference {}{at}; {how})",
+                fd.port_module,
+                divergence_text(fd),
+                fd.reference_module,
+            )
+        }
+        (_, None) => format!("trace ended without a divergence ({detail})"),
+    }
+}
+
+fn divergence_text(fd: &fvd_trace::FirstDivergence) -> String {
+    match fd.drift {
+        Some(d) => format!("{} drift {d:.3}", fd.stat),
+        None => format!("{} {} vs {}", fd.stat, fd.reference, fd.port),
+    }
+}
+
+/// Spawns the port's trace actor, linked to its gate (it ends with the port).
+pub async fn spawn_for_port(
+    gate: &ActorRef<GateMsg>,
+    family: &str,
+    store: &Store,
+    scheduler: &ActorRef<SchedulerMsg>,
+    events: &broadcast::Sender<PortEvent>,
+) -> Result<ActorRef<TraceMsg>, ActorProcessingErr> {
+    let (actor, _) = Actor::spawn_linked(
+        // `#` cannot clash with a component actor's `family/component`.
+        Some(format!("{family}#trace")),
+        TraceActor,
+        TraceArgs {
+            family: family.to_string(),
+            store: store.clone(),
+            scheduler: scheduler.clone(),
+            events: events.clone(),
+        },
+        gate.get_cell(),
+    )
+    .await?;
+    Ok(actor)
+}
+
+/// Whether a finished run of `spec` is one to drill down: red, and the
+/// component has a trace table.
+pub fn wants(spec: &ComponentSpec, verdict: &str) -> bool {
+    spec.trace.is_some() && verdict == "debug_red"
+}
+
+/// The component's side of the hand-over: sends a red run of a traced
+/// component to the port's trace actor, once per run (`traced` holds the
+/// run already investigated). True when handed over: the component then
+/// waits for [`ComponentMsg::Traced`]. A trace actor that is gone is no
+/// reason to stall: the run is then finished as if untraced.
+pub fn hand_over(
+    args: &crate::component::ComponentArgs,
+    traced: Option<&(String, String)>,
+    verdict: &str,
+    report: &JobReport,
+    worker_id: &str,
+    reply: &ActorRef<ComponentMsg>,
+    span: &Span,
+) -> bool {
+    let Some(trace) = &args.trace else {
+        return false;
+    };
+    if !wants(&args.spec, verdict) || traced.is_some_and(|t| t.0 == report.job_id) {
+        return false;
+    }
+    trace
+        .cast(TraceMsg::Investigate(Box::new(Investigate {
+            spec: args.spec.clone(),
+            report: report.clone(),
+            worker_id: worker_id.to_string(),
+            reply: reply.clone(),
+            span: span.clone(),
+        })))
+        .is_ok()
+}
+
+/// Longest note a blocked reason gets: PORT_STATUS.md cuts evidence at 240
+/// characters, and the failing assertion must still show after the note.
+const NOTE_CHARS: usize = 150;
+
+/// The component's note on a blocked reason, put before the failing
+/// assertion so a cut-off evidence cell still names the module: the
+/// summary of the investigation of exactly this run, when there was one.
+pub fn note(traced: Option<&(String, String)>, job_id: &str) -> String {
+    match traced {
+        Some((job, summary)) if job == job_id && !summary.is_empty() => {
+            let mut s: String = summary.chars().take(NOTE_CHARS).collect();
+            if summary.chars().count() > NOTE_CHARS {
+                s.push('…');
+            }
+            format!("{s}; ")
+        }
+        _ => String::new(),
+    }
+}
+
+impl Actor for TraceActor {
+    type Msg = TraceMsg;
+    type State = TraceState;
+    type Arguments = TraceArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: TraceArgs,
+    ) -> Result<TraceState, ActorProcessingErr> {
+        // In-memory stores (tests) have no folder: a temporary one serves.
+        let root = args
+            .store
+            .files_dir()
+            .unwrap_or_else(|| std::env::temp_dir().join("fvd"))
+            .join("trace");
+        Ok(TraceState {
+            args,
+            root,
+            running: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: TraceMsg,
+        st: &mut TraceState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            TraceMsg::InFlight(reply) => {
+                let names = st.running.values().map(|i| i.spec.name.clone()).collect();
+                let _ = reply.send(names);
+            }
+            TraceMsg::Investigate(ask) => {
+                let inv = *ask;
+                let (family, name) = (st.args.family.clone(), inv.spec.name.clone());
+                let Some(trace) = inv.spec.trace.clone() else {
+                    // The component only asks with a trace table; answer anyway.
+                    let _ = inv.reply.cast(ComponentMsg::Traced {
+                        report: inv.report,
+                        worker_id: inv.worker_id,
+                        summary: String::new(),
+                    });
+                    return Ok(());
+                };
+                let cwd = match st.args.store.job(&inv.report.job_id).await {
+                    Ok(Some(j)) => j.cwd,
+                    _ => String::new(),
+                };
+                let span = spans::trace_comparison(&inv.span, &family, &name);
+                let id = match st
+                    .args
+                    .store
+                    .start_trace(&family, &name, &inv.report.job_id)
+                    .await
+                {
+                    Ok(id) => id,
+                    Err(e) => {
+                        tracing::error!(%family, component = %name, error = %e, "cannot record a trace investigation");
+                        let _ = inv.reply.cast(ComponentMsg::Traced {
+                            report: inv.report,
+                            worker_id: inv.worker_id,
+                            summary: format!("trace not started: {e}"),
+                        });
+                        return Ok(());
+                    }
+                };
+                let inquiry = Inquiry {
+                    id,
+                    reference_layers: trace.reference_layers.clone(),
+                    tried: Vec::new(),
+                    cwd,
+                    red: Some((inv.report, inv.worker_id)),
+                    reply: inv.reply,
+                    span,
+                    step: 0,
+                    last: None,
+                    spec: inv.spec,
+                    trace: trace.clone(),
+                };
+                launch(&myself, st, inquiry, trace.layers.clone()).await;
+            }
+            TraceMsg::Job(m) => job_progress(&myself, st, m).await,
+        }
+        Ok(())
+    }
+}
+
+async fn job_progress(myself: &ActorRef<TraceMsg>, st: &mut TraceState, m: ComponentMsg) {
+    match m {
+        ComponentMsg::Finished { report, worker_id } => {
+            let Some(inq) = st.running.remove(&report.job_id) else {
+                return;
+            };
+            step_finished(myself, st, inq, report, &worker_id).await;
+        }
+        ComponentMsg::WorkerLost {
+            job_id,
+            worker_id,
+            give_up: true,
+        } => {
+            if let Some(inq) = st.running.remove(&job_id) {
+                let e = format!("worker {worker_id} lost on every retry of {job_id}");
+                conclude(st, inq, Outcome::Error, &e).await;
+            }
+        }
+        ComponentMsg::Waiting { job_id, reason } if !reason.is_empty() => {
+            tracing::info!(job = %job_id, %reason, "traced rerun waits");
+        }
+        _ => {}
+    }
+}
+
+/// Queues the next traced rerun of `inq` with port-side regex `layers`;
+/// an error ends the investigation.
+async fn launch(
+    myself: &ActorRef<TraceMsg>,
+    st: &mut TraceState,
+    mut inq: Inquiry,
+    layers: String,
+) {
+    inq.step += 1;
+    inq.tried.push(layers);
+    match enqueue(myself, st, &inq).await {
+        Ok(job_id) => {
+            let _ = progress(st, &inq).await;
+            st.running.insert(job_id, inq);
+        }
+        Err(e) => conclude(st, inq, Outcome::Error, &e).await,
+    }
+}
+
+async fn enqueue(
+    myself: &ActorRef<TraceMsg>,
+    st: &TraceState,
+    inq: &Inquiry,
+) -> Result<String, String> {
+    let spec = &inq.spec;
+    let t = &inq.trace;
+    let layers = inq.tried.last().cloned().unwrap_or_default();
+    let record = st
+        .args
+        .store
+        .queue_job(&JobRecord {
+            family: st.args.family.clone(),
+            component: format!("{}{TRACE_JOB_SUFFIX}", spec.name),
+            argv: spec.argv(),
+            cwd: inq.cwd.clone(),
+            gpus_needed: spec.gpus,
+            timeout_ms: spec.timeout.as_millis() as u64,
+            ..JobRecord::default()
+        })
+        .await
+        .map_err(|e| format!("cannot queue the traced rerun: {e}"))?;
+    st.args
+        .store
+        .add_trace_step(
+            inq.id,
+            inq.step,
+            &layers,
+            &inq.reference_layers,
+            &record.job_id,
+        )
+        .await
+        .map_err(|e| format!("cannot record trace step {}: {e}", inq.step))?;
+    let mut env = std::collections::BTreeMap::new();
+    for (k, v) in [
+        ("FVD_FAMILY", st.args.family.clone()),
+        ("FVD_COMPONENT", spec.name.clone()),
+        ("FVD_RUN", record.run_no.to_string()),
+        ("FVD_TRACE_STEP", inq.step.to_string()),
+        ("FASTVIDEO_TRACE_ACTIVATIONS", "1".to_string()),
+        ("FASTVIDEO_TRACE_LAYERS", layers.clone()),
+        ("FASTVIDEO_TRACE_STATS", t.stats.clone()),
+        (
+            "FASTVIDEO_TRACE_OUTPUT",
+            t.output.replace("{dir}", "{collect_dir}"),
+        ),
+        (REFERENCE_LAYERS_ENV, inq.reference_layers.clone()),
+    ] {
+        env.insert(k.to_string(), v);
+    }
+    if let Some(steps) = &t.steps {
+        env.insert("FASTVIDEO_TRACE_STEPS".to_string(), steps.clone());
+    }
+    let span = tracing::info_span!(
+        parent: &inq.span,
+        "attempt",
+        family = %st.args.family,
+        component = %spec.name,
+        attempt = record.run_no,
+        job_id = %record.job_id,
+        trace_step = inq.step,
+        verdict = Empty,
+        reason = Empty,
+    );
+    let job_id = record.job_id.clone();
+    st.args
+        .scheduler
+        .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
+            record,
+            env,
+            secret_env: spec.env.clone(),
+            notify: myself.get_derived(),
+            placement: spec.placement.clone(),
+            span,
+            collect_env: Some(TRACE_DIR_ENV.to_string()),
+        })))
+        .map_err(|e| format!("scheduler is down: {e}"))?;
+    Ok(job_id)
+}
+
+/// Shows the investigation on the component's row while it runs.
+async fn progress(st: &TraceState, inq: &Inquiry) -> Result<(), crate::store::StoreError> {
+    let (family, name) = (&st.args.family, &inq.spec.name);
+    let reason = format!(
+        "trace step {} of at most {}: FASTVIDEO_TRACE_LAYERS={}",
+        inq.step,
+        inq.trace.depth,
+        inq.tried.last().map(String::as_str).unwrap_or_default()
+    );
+    st.args
+        .store
+        .set_component(family, name, "tracing", "debug_red", &reason, "")
+        .await?;
+    if let Some(row) = st
+        .args
+        .store
+        .components(family)
+        .await?
+        .into_iter()
+        .find(|r| &r.name == name)
+    {
+        let _ = st.args.events.send(PortEvent::Component {
+            family: family.clone(),
+            component: row,
+        });
+    }
+    Ok(())
+}
+
+async fn step_finished(
+    myself: &ActorRef<TraceMsg>,
+    st: &mut TraceState,
+    mut inq: Inquiry,
+    report: JobReport,
+    worker_id: &str,
+) {
+    let v = crate::component::classify(&report);
+    let result = JobResult {
+        verdict: v.status().as_str().to_string(),
+        reason: v.reason(),
+        exit_code: report.exit_code,
+        signal: report.signal,
+        duration_ms: report.duration_ms,
+        junit_xml: report.junit_xml.clone().unwrap_or_default(),
+        output_tail: report.output_tail.clone(),
+    };
+    match st
+        .args
+        .store
+        .finish_job(&report.job_id, report.lease_epoch, &result)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            // A stale result: the rerun goes on under its live lease.
+            tracing::warn!(job = %report.job_id, %worker_id, "stale result of a traced rerun rejected");
+            st.running.insert(report.job_id.clone(), inq);
+            return;
+        }
+        Err(e) => {
+            let e = format!("cannot record the traced rerun {}: {e}", report.job_id);
+            return conclude(st, inq, Outcome::Error, &e).await;
+        }
+    }
+    let run = report.job_id.rsplit('.').next().unwrap_or("0").to_string();
+    let dir = st
+        .root
+        .join(&st.args.family)
+        .join(&inq.spec.name)
+        .join(&run);
+    let compared = gather_and_compare(&inq.trace, &dir, &report).await;
+    let dir_s = dir.to_string_lossy().into_owned();
+    let mut rep = match compared {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = st
+                .args
+                .store
+                .finish_trace_step(inq.id, inq.step, &dir_s, "", "", &e)
+                .await;
+            return conclude(st, inq, Outcome::Error, &e).await;
+        }
+    };
+    if let Some(fd) = inq.last.as_ref().filter(|_| inq.step > 1) {
+        rep.diagnostics.push(narrowed_scope(&inq.tried, fd));
+    }
+    let first = rep
+        .first_divergence
+        .as_ref()
+        .map(|f| f.port_module.clone())
+        .unwrap_or_default();
+    let json = stored_json(&rep);
+    if let Err(e) = st
+        .args
+        .store
+        .finish_trace_step(inq.id, inq.step, &dir_s, &first, &json, "")
+        .await
+    {
+        let e = format!("cannot store the report of trace step {}: {e}", inq.step);
+        return conclude(st, inq, Outcome::Error, &e).await;
+    }
+    spans::first_divergence(
+        &inq.span,
+        rep.rows.len() as u64,
+        rep.first_divergence
+            .as_ref()
+            .map(|f| (f.reference_module.as_str(), f.stat.as_str())),
+    );
+    let next = next_step(&rep, &inq.tried, inq.trace.depth);
+    if let Some(fd) = &rep.first_divergence {
+        inq.last = Some(fd.clone());
+    }
+    match next {
+        Next::Narrow(port, reference) => {
+            inq.reference_layers = reference;
+            launch(myself, st, inq, port).await;
+        }
+        Next::Stop(o) => {
+            let detail = format!("{} rows compared", rep.rows.len());
+            conclude(st, inq, o, &detail).await;
+        }
+    }
+}
+
+/// A narrowed trace starts inside the model, so whole-trace diagnostics
+/// (every row diverges, divergence at the first traced module) describe the
+/// scope, not the model's inputs; the report says so next to them.
+fn narrowed_scope(
+    tried: &[String],
+    previous: &fvd_trace::FirstDivergence,
+) -> fvd_trace::Diagnostic {
+    fvd_trace::Diagnostic::new(
+        "narrowed_scope",
+        format!(
+            "this trace covers only {} (the previous step's first divergence was {}, every module before it matched): diagnostics about inputs or the first block speak of this scope, not of the model",
+            tried.last().map(String::as_str).unwrap_or_default(),
+            previous.port_module
+        ),
+    )
+}
+
+/// Writes the files the worker sent back under `dir` and compares the
+/// two sides' rank files.
+async fn gather_and_compare(
+    trace: &TraceSpec,
+    dir: &Path,
+    report: &JobReport,
+) -> Result<fvd_trace::Report, String> {
+    if !report.files_error.is_empty() {
+        return Err(format!("no trace files came back: {}", report.files_error));
+    }
+    if !report.spawn_error.is_empty() {
+        return Err(format!(
+            "the traced rerun did not start: {}",
+            report.spawn_error
+        ));
+    }
+    let (trace, dir, files) = (trace.clone(), dir.to_path_buf(), report.files.clone());
+    tokio::task::spawn_blocking(move || {
+        let written = write_files(&dir, &files)?;
+        let pick = |side: &str, glob: &str| -> Result<Vec<PathBuf>, String> {
+            let chosen: Vec<PathBuf> = written
+                .iter()
+                .filter(|rel| glob_match(glob, rel))
+                .map(|rel| dir.join(rel))
+                .collect();
+            if chosen.is_empty() {
+                return Err(format!(
+                    "no {side} trace file matches {glob:?} among the {} file(s) the traced rerun wrote ({})",
+                    written.len(),
+                    if written.is_empty() {
+                        "none: does the test trace with FASTVIDEO_TRACE_* and FVD_TRACE_DIR?".to_string()
+                    } else {
+                        written.join(", ")
+                    }
+                ));
+            }
+            Ok(chosen)
+        };
+        let reference = pick("reference", &trace.reference)?;
+        let port = pick("port", &trace.port)?;
+        fvd_trace::compare(&reference, &port, &trace.compare_options()).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| format!("trace comparison panicked: {e}"))?
+}
+
+/// Writes collected files under `dir` (emptied first) and returns their
+/// relative paths. Paths that would leave `dir` are refused: they come
+/// from another machine.
+pub fn write_files(dir: &Path, files: &[CollectedFile]) -> Result<Vec<String>, String> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let mut out = Vec::with_capacity(files.len());
+    for f in files {
+        let rel = Path::new(&f.path);
+        if f.path.is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+            return Err(format!(
+                "collected file path {:?} is not a plain relative path",
+                f.path
+            ));
+        }
+        let target = dir.join(rel);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        }
+        std::fs::write(&target, &f.data)
+            .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+        out.push(f.path.clone());
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// `*` and `?` glob over `/`-separated relative paths; neither crosses a `/`.
+pub fn glob_match(glob: &str, path: &str) -> bool {
+    let (g, p): (Vec<char>, Vec<char>) = (glob.chars().collect(), path.chars().collect());
+    // Iterative wildcard match with one backtrack point per `*`.
+    let (mut gi, mut pi) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while pi < p.len() {
+        if gi < g.len() && (g[gi] == p[pi] || (g[gi] == '?' && p[pi] != '/')) {
+            gi += 1;
+            pi += 1;
+        } else if gi < g.len() && g[gi] == '*' {
+            star = Some((gi, pi));
+            gi += 1;
+        } else if let Some((sg, sp)) = star
+            && p[sp] != '/'
+        {
+            star = Some((sg, sp + 1));
+            gi = sg + 1;
+            pi = sp + 1;
+        } else {
+            return false;
+        }
+    }
+    g[gi..].iter().all(|c| *c == '*')
+}
+
+/// The report as stored: whole, unless it is too big, then only the rows
+/// around the first divergence, with a diagnostic saying so.
+pub fn stored_json(rep: &fvd_trace::Report) -> String {
+    let full = serde_json::to_string(rep).unwrap_or_default();
+    if full.len() <= MAX_STORED_REPORT_BYTES {
+        return full;
+    }
+    let mut r = rep.clone();
+    let at = r.rows.iter().position(|row| row.diverged).unwrap_or(0);
+    let (lo, hi) = (
+        at.saturating_sub(TRIM_CONTEXT_ROWS),
+        (at + TRIM_CONTEXT_ROWS + 1).min(r.rows.len()),
+    );
+    let total = r.rows.len();
+    r.rows = r.rows[lo..hi].to_vec();
+    r.diagnostics.push(fvd_trace::Diagnostic::new(
+        "rows_trimmed",
+        format!(
+            "stored rows {lo}..{hi} of {total} around the first divergence; the gathered files hold the rest"
+        ),
+    ));
+    serde_json::to_string(&r).unwrap_or_default()
+}
+
+/// Ends an investigation: records it and hands the red run back.
+async fn conclude(st: &mut TraceState, mut inq: Inquiry, outcome: Outcome, detail: &str) {
+    let text = summary(outcome, inq.last.as_ref(), &inq.tried, detail);
+    if let Err(e) = st
+        .args
+        .store
+        .finish_trace(inq.id, outcome.as_str(), &text)
+        .await
+    {
+        tracing::error!(family = %st.args.family, component = %inq.spec.name, error = %e, "cannot record the end of a trace investigation");
+    }
+    tracing::info!(family = %st.args.family, component = %inq.spec.name, outcome = outcome.as_str(), summary = %text, "trace investigation ended");
+    if let Some((report, worker_id)) = inq.red.take() {
+        let _ = inq.reply.cast(ComponentMsg::Traced {
+            report,
+            worker_id,
+            summary: text,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fvd_trace::{FirstDivergence, Report};
+
+    fn report(first: Option<&str>, drill: Option<&str>) -> Report {
+        Report {
+            first_divergence: first.map(|m| FirstDivergence {
+                reference_module: m.replace("blocks", "layers"),
+                port_module: m.to_string(),
+                tensor: "out".into(),
+                step: Some(0),
+                stat: "abs_mean".into(),
+                reference: serde_json::json!(1.0),
+                port: serde_json::json!(1.4),
+                drift: Some(0.2857),
+                tolerance: Some(0.005),
+            }),
+            rows: Vec::new(),
+            diagnostics: Vec::new(),
+            unmatched: Default::default(),
+            drill_down: drill.map(str::to_string),
+            drill_down_reference: drill.map(|d| d.replace("blocks", "layers")),
+            exact_steps: Vec::new(),
+            tolerances: Default::default(),
+        }
+    }
+
+    #[test]
+    fn narrows_to_the_block_then_stops_at_the_leaf() {
+        let block = r"^blocks\.2(\.|$)";
+        let tried = vec![r"^blocks\.\d+$".to_string()];
+        assert_eq!(
+            next_step(&report(Some("blocks.2"), Some(block)), &tried, 3),
+            Next::Narrow(block.into(), block.replace("blocks", "layers"))
+        );
+        let tried = vec![tried[0].clone(), block.to_string()];
+        assert_eq!(
+            next_step(&report(Some("blocks.2.norm"), Some(block)), &tried, 3),
+            Next::Stop(Outcome::Leaf)
+        );
+        assert_eq!(
+            next_step(&report(None, None), &tried, 3),
+            Next::Stop(Outcome::NoDivergence)
+        );
+    }
+
+    #[test]
+    fn depth_stops_before_a_leaf_is_known() {
+        let tried = vec![r"^blocks\.\d+$".to_string()];
+        assert_eq!(
+            next_step(
+                &report(Some("blocks.2"), Some(r"^blocks\.2(\.|$)")),
+                &tried,
+                1
+            ),
+            Next::Stop(Outcome::Depth)
+        );
+    }
+
+    #[test]
+    fn summaries_name_the_module_the_stat_and_the_path() {
+        let fd = report(Some("blocks.2.norm"), None)
+            .first_divergence
+            .unwrap();
+        let tried = vec!["^a$".to_string(), "^b$".to_string()];
+        let s = summary(Outcome::Leaf, Some(&fd), &tried, "");
+        assert_eq!(
+            s,
+            "first divergence: blocks.2.norm abs_mean drift 0.286 (reference layers.2.norm, step 0; leaf after 2 trace steps)"
+        );
+        assert!(
+            summary(Outcome::Depth, Some(&fd), &tried, "")
+                .ends_with("; trace depth 2 spent before a leaf)")
+        );
+        assert_eq!(
+            summary(Outcome::Error, None, &tried, "boom"),
+            "trace step 2 failed: boom"
+        );
+        assert_eq!(note(Some(&("j.1".into(), "x".into())), "j.1"), "x; ");
+        let long = "y".repeat(400);
+        assert_eq!(
+            note(Some(&("j.1".into(), long)), "j.1").chars().count(),
+            NOTE_CHARS + 3
+        );
+        assert_eq!(note(Some(&("j.1".into(), "x".into())), "j.2"), "");
+    }
+
+    #[test]
+    fn globs_stay_inside_one_folder_level() {
+        assert!(glob_match("port_rank*.jsonl", "port_rank0.jsonl"));
+        assert!(glob_match("ref/rank?.jsonl", "ref/rank1.jsonl"));
+        assert!(glob_match("*/*.jsonl", "ref/a.jsonl"));
+        assert!(!glob_match("*.jsonl", "ref/a.jsonl"));
+        assert!(!glob_match("port_rank*.jsonl", "reference_rank0.jsonl"));
+        assert!(glob_match("a*b*c", "axxbyyc"));
+        assert!(!glob_match("a*b*c", "axxbyy"));
+    }
+
+    #[test]
+    fn collected_paths_cannot_leave_the_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = |p: &str| CollectedFile {
+            path: p.into(),
+            data: b"{}".to_vec(),
+        };
+        let got = write_files(dir.path(), &[f("b/x.jsonl"), f("a.jsonl")]).unwrap();
+        assert_eq!(got, ["a.jsonl", "b/x.jsonl"]);
+        assert!(dir.path().join("b/x.jsonl").is_file());
+        for bad in ["../x", "/etc/x", "a/../../x", ""] {
+            let err = write_files(dir.path(), &[f(bad)]).unwrap_err();
+            assert!(err.contains("not a plain relative path"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn oversized_reports_keep_the_rows_around_the_divergence() {
+        let mut r = report(Some("m.500"), None);
+        r.rows = (0..40_000)
+            .map(|i| fvd_trace::Row {
+                index: i,
+                reference_module: format!("m.{i}"),
+                port_module: format!("m.{i}"),
+                tensor: "out".into(),
+                step: Some(0),
+                reference_shape: Some(vec![1, 2, 3]),
+                port_shape: Some(vec![1, 2, 3]),
+                drift: Default::default(),
+                exceeded: Vec::new(),
+                diverged: i == 500,
+                exact: false,
+            })
+            .collect();
+        let json = stored_json(&r);
+        assert!(json.len() < MAX_STORED_REPORT_BYTES);
+        let back: Report = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.rows.len(), 2 * TRIM_CONTEXT_ROWS + 1);
+        assert!(back.rows.iter().any(|row| row.diverged));
+        assert_eq!(back.diagnostics.last().unwrap().code, "rows_trimmed");
+    }
+}

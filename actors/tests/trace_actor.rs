@@ -1,0 +1,377 @@
+//! The trace actor against the real scheduler and a simulated worker (a
+//! channel standing in for its stream) that answers each traced rerun with
+//! the rank files a traced run of a two-rank, tensor-parallel port would
+//! send back: the investigation narrows from the blocks to the first
+//! divergent block's modules, stops at the leaf or at its depth, and ends
+//! with an error outcome when no file came back.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fvd_actors::clock::ManualClock;
+use fvd_actors::component::ComponentMsg;
+use fvd_actors::model::{CollectedFile, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo};
+use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg};
+use fvd_actors::store::Store;
+use fvd_actors::trace_actor::{Investigate, TraceActor, TraceArgs, TraceMsg};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::{broadcast, mpsc};
+
+/// Stands in for the component: forwards what the trace actor answers.
+struct Component;
+
+impl Actor for Component {
+    type Msg = ComponentMsg;
+    type State = mpsc::UnboundedSender<ComponentMsg>;
+    type Arguments = mpsc::UnboundedSender<ComponentMsg>;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        tx: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(tx)
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: ComponentMsg,
+        tx: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = tx.send(msg);
+        Ok(())
+    }
+}
+
+const SPEC: &str = r#"
+[prep]
+model_family = "p"
+official_env_status = "imports_ok"
+
+[[component]]
+name = "c"
+type = "dit"
+parity_test = "t.py"
+coverage_scope = "both"
+
+[component.trace]
+layers = '^blocks\.\d+$'
+reference = "ref/rank*.jsonl"
+port = "port/rank*.jsonl"
+depth = DEPTH
+"#;
+
+struct Harness {
+    dir: tempfile::TempDir,
+    store: Store,
+    trace: ActorRef<TraceMsg>,
+    component: ActorRef<ComponentMsg>,
+    answers: mpsc::UnboundedReceiver<ComponentMsg>,
+    worker: mpsc::Receiver<ToWorker>,
+    sched: ActorRef<SchedulerMsg>,
+}
+
+impl Harness {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_path(&dir.path().join("state.db"))
+            .await
+            .unwrap();
+        store
+            .create_port(
+                &PortRow {
+                    family: "p".into(),
+                    repo: "/repo".into(),
+                    state: "running".into(),
+                    ..PortRow::default()
+                },
+                &["c".into()],
+            )
+            .await
+            .unwrap();
+        let (sched, _) = Actor::spawn(
+            None,
+            SchedulerActor,
+            SchedulerArgs {
+                store: store.clone(),
+                clock: Arc::new(ManualClock::default()),
+                config: SchedulerConfig {
+                    lease_ttl: Duration::from_secs(5),
+                    tick: Duration::from_secs(3600),
+                },
+            },
+        )
+        .await
+        .unwrap();
+        let (tx, worker) = mpsc::channel(64);
+        sched
+            .cast(SchedulerMsg::WorkerConnected {
+                info: WorkerInfo {
+                    worker_id: "w".into(),
+                    host: "sim".into(),
+                    gpus: Vec::new(),
+                    cpu_slots: 1,
+                    labels: Default::default(),
+                },
+                tx,
+                conn: 1,
+            })
+            .unwrap();
+        let (events, _) = broadcast::channel(64);
+        let (trace, _) = Actor::spawn(
+            None,
+            TraceActor,
+            TraceArgs {
+                family: "p".into(),
+                store: store.clone(),
+                scheduler: sched.clone(),
+                events,
+            },
+        )
+        .await
+        .unwrap();
+        let (atx, answers) = mpsc::unbounded_channel();
+        let (component, _) = Actor::spawn(None, Component, atx).await.unwrap();
+        Self {
+            dir,
+            store,
+            trace,
+            component,
+            answers,
+            worker,
+            sched,
+        }
+    }
+
+    /// Hands a red run of `c` to the trace actor, as the component does.
+    async fn investigate(&self, depth: u32) {
+        let spec = fvd_actors::spec::parse(
+            Path::new("port.toml"),
+            &SPEC.replace("DEPTH", &depth.to_string()),
+        )
+        .unwrap();
+        let red = self
+            .store
+            .queue_job(&JobRecord {
+                family: "p".into(),
+                component: "c".into(),
+                argv: vec!["pytest".into()],
+                cwd: "/repo/wt".into(),
+                timeout_ms: 1000,
+                ..JobRecord::default()
+            })
+            .await
+            .unwrap();
+        self.trace
+            .cast(TraceMsg::Investigate(Box::new(Investigate {
+                spec: spec.components[0].clone(),
+                report: JobReport {
+                    job_id: red.job_id,
+                    ..JobReport::default()
+                },
+                worker_id: "w".into(),
+                reply: self.component.clone(),
+                span: tracing::Span::none(),
+            })))
+            .unwrap();
+    }
+
+    /// The next traced rerun the worker gets: its job, epoch, env and cwd.
+    async fn assigned(&mut self) -> fvd_actors::model::Assignment {
+        match tokio::time::timeout(Duration::from_secs(5), self.worker.recv()).await {
+            Ok(Some(ToWorker::Assign(a))) => a,
+            other => panic!("expected an assignment, got {other:?}"),
+        }
+    }
+
+    fn finish(&self, a: &fvd_actors::model::Assignment, files: Vec<CollectedFile>, error: &str) {
+        self.sched
+            .cast(SchedulerMsg::Finished {
+                worker_id: "w".into(),
+                report: JobReport {
+                    job_id: a.job_id.clone(),
+                    lease_epoch: a.lease_epoch,
+                    exit_code: Some(1),
+                    files,
+                    files_error: error.into(),
+                    ..JobReport::default()
+                },
+            })
+            .unwrap();
+    }
+
+    async fn answer(&mut self) -> String {
+        match tokio::time::timeout(Duration::from_secs(10), self.answers.recv()).await {
+            Ok(Some(ComponentMsg::Traced {
+                report, summary, ..
+            })) => {
+                assert_eq!(report.job_id, "p.c.1", "the red run comes back");
+                summary
+            }
+            other => panic!("expected the investigation's answer, got {other:?}"),
+        }
+    }
+}
+
+/// One JSONL record of `module` with abs_mean `a` and max `m` on a
+/// `[4, cols]` tensor.
+fn rec(module: &str, a: f64, m: f64, cols: u64, rank: u32, world: u32) -> String {
+    format!(
+        "{{\"module\": \"{module}\", \"tensor\": \"out\", \"step\": 0, \"abs_mean\": {a}, \"max\": {m}, \"shape\": [4, {cols}], \"rank\": {rank}, \"world_size\": {world}}}\n"
+    )
+}
+
+/// The files of a traced run over `modules` `(name, reference abs_mean,
+/// port abs_mean)`: one reference rank with `[4, 8]` tensors and two port
+/// ranks holding `[4, 4]` halves (tensor parallel) whose stats differ
+/// (so they are shards, not replicas) and merge to the port's value.
+fn files(modules: &[(&str, f64, f64)]) -> Vec<CollectedFile> {
+    let side = |f: &dyn Fn(&(&str, f64, f64)) -> String| modules.iter().map(f).collect::<String>();
+    vec![
+        CollectedFile {
+            path: "ref/rank0.jsonl".into(),
+            data: side(&|m| rec(m.0, m.1, 3.3 * m.1, 8, 0, 1)).into_bytes(),
+        },
+        CollectedFile {
+            path: "port/rank0.jsonl".into(),
+            data: side(&|m| rec(m.0, 0.9 * m.2, 2.7 * m.2, 4, 0, 2)).into_bytes(),
+        },
+        CollectedFile {
+            path: "port/rank1.jsonl".into(),
+            data: side(&|m| rec(m.0, 1.1 * m.2, 3.3 * m.2, 4, 1, 2)).into_bytes(),
+        },
+    ]
+}
+
+#[tokio::test]
+async fn narrows_from_the_blocks_to_the_first_divergent_leaf() {
+    let mut h = Harness::new().await;
+    h.investigate(3).await;
+
+    let a = h.assigned().await;
+    assert_eq!(a.job_id, "p.c#trace.1");
+    assert_eq!(a.cwd, "/repo/wt", "the rerun tests what the red run tested");
+    assert_eq!(a.collect_env.as_deref(), Some("FVD_TRACE_DIR"));
+    assert_eq!(a.env["FASTVIDEO_TRACE_ACTIVATIONS"], "1");
+    assert_eq!(a.env["FASTVIDEO_TRACE_LAYERS"], r"^blocks\.\d+$");
+    assert_eq!(
+        a.env["FASTVIDEO_TRACE_OUTPUT"],
+        "{collect_dir}/port_rank<rank>.jsonl"
+    );
+    let busy = ractor::call_t!(h.trace, TraceMsg::InFlight, 5000).unwrap();
+    assert_eq!(busy, ["c"]);
+    h.finish(
+        &a,
+        files(&[
+            ("blocks.0", 1.0, 1.0),
+            ("blocks.1", 1.0, 1.3),
+            ("blocks.2", 1.0, 1.6),
+        ]),
+        "",
+    );
+
+    let a = h.assigned().await;
+    assert_eq!(a.job_id, "p.c#trace.2");
+    assert_eq!(a.env["FASTVIDEO_TRACE_LAYERS"], r"^blocks\.1(\.|$)");
+    assert_eq!(a.env["FVD_TRACE_REFERENCE_LAYERS"], r"^blocks\.1(\.|$)");
+    h.finish(
+        &a,
+        files(&[
+            ("blocks.1.attn", 1.0, 1.0),
+            ("blocks.1.mlp", 2.0, 2.5),
+            ("blocks.1", 1.0, 1.3),
+        ]),
+        "",
+    );
+
+    let summary = h.answer().await;
+    assert_eq!(
+        summary,
+        "first divergence: blocks.1.mlp abs_mean drift 0.200 (reference blocks.1.mlp, step 0; leaf after 2 trace steps)"
+    );
+    let busy = ractor::call_t!(h.trace, TraceMsg::InFlight, 5000).unwrap();
+    assert!(busy.is_empty(), "{busy:?}");
+
+    let inv = h.store.latest_trace("p", "c").await.unwrap().unwrap();
+    assert_eq!((inv.outcome.as_str(), inv.steps.len()), ("leaf", 2));
+    assert_eq!(inv.steps[0].first_module, "blocks.1");
+    assert_eq!(inv.steps[1].first_module, "blocks.1.mlp");
+    // The two port ranks were merged back to the reference's shape.
+    let rows = inv.steps[0].report.as_ref().unwrap()["rows"].clone();
+    assert_eq!(rows[0]["port_shape"], serde_json::json!([4, 8]), "{rows}");
+    // The files are kept where the store keeps its own, one folder per rerun.
+    assert!(h.dir.path().join("trace/p/c/2/port/rank1.jsonl").is_file());
+    assert_eq!(
+        h.store.latest_trace_summary("p", "c").await.unwrap(),
+        Some(summary)
+    );
+    // The reruns' verdicts are recorded under their own name, not as runs of `c`.
+    assert_eq!(h.store.jobs_of("p", "c#trace").await.unwrap().len(), 2);
+    assert_eq!(h.store.jobs_of("p", "c").await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn depth_ends_the_drill_before_a_leaf_and_missing_files_end_it_in_error() {
+    let mut h = Harness::new().await;
+    h.investigate(1).await;
+    let a = h.assigned().await;
+    h.finish(
+        &a,
+        files(&[("blocks.0", 1.0, 1.0), ("blocks.1", 1.0, 1.3)]),
+        "",
+    );
+    let summary = h.answer().await;
+    assert!(
+        summary.starts_with("first divergence: blocks.1 abs_mean drift 0.231 ")
+            && summary.ends_with("; trace depth 1 spent before a leaf)"),
+        "{summary}"
+    );
+    assert_eq!(
+        h.store
+            .latest_trace("p", "c")
+            .await
+            .unwrap()
+            .unwrap()
+            .outcome,
+        "depth"
+    );
+
+    // A rerun whose folder could not come back ends the investigation.
+    let mut h = Harness::new().await;
+    h.investigate(3).await;
+    let a = h.assigned().await;
+    h.finish(&a, Vec::new(), "collected folder /w holds 9 bytes");
+    let summary = h.answer().await;
+    assert_eq!(
+        summary,
+        "trace step 1 failed: no trace files came back: collected folder /w holds 9 bytes"
+    );
+    // And so does one whose files match no glob, naming what was there.
+    h.investigate(3).await;
+    let a = h.assigned().await;
+    let mut f = files(&[("blocks.0", 1.0, 1.0)]);
+    f.retain(|c| c.path.starts_with("ref/"));
+    h.finish(&a, f, "");
+    let summary = h.answer_for_run(2).await;
+    assert!(
+        summary.contains("no port trace file matches \"port/rank*.jsonl\" among the 1 file(s) the traced rerun wrote (ref/rank0.jsonl)"),
+        "{summary}"
+    );
+}
+
+impl Harness {
+    /// Like [`Harness::answer`], for the red run `p.c.N`.
+    async fn answer_for_run(&mut self, n: u32) -> String {
+        match tokio::time::timeout(Duration::from_secs(10), self.answers.recv()).await {
+            Ok(Some(ComponentMsg::Traced {
+                report, summary, ..
+            })) => {
+                assert_eq!(report.job_id, format!("p.c.{n}"));
+                summary
+            }
+            other => panic!("expected the investigation's answer, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,1 @@
+"""Hooks the port runs with: activation tracing for parity debugging."""

@@ -1,0 +1,251 @@
+//! `fvd trace show FAMILY COMPONENT`: the latest drill-down investigation
+//! of a component as the port's trace actor stored it — the first
+//! divergence, the path of layer regexes that led there, and the final
+//! comparison report with its diagnostics. Reads `REPO/.fvd/state.db`, or
+//! asks an orchestrator with `--orchestrator`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use fvd_actors::store::Store;
+use fvd_actors::store::traces::TraceInvestigation;
+use fvd_proto::v1 as pb;
+
+use super::port::{client, state_db};
+use super::server::{ClientTls, TokenArgs, runtime};
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    pub family: String,
+    pub component: String,
+    /// The port's repository (embedded state in REPO/.fvd/state.db).
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
+    /// Orchestrator URL; the embedded state of `--repo` when absent.
+    #[arg(long)]
+    pub orchestrator: Option<String>,
+    /// Print the investigation (steps and their reports) as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: ClientTls,
+}
+
+pub fn show(args: ShowArgs) -> anyhow::Result<u8> {
+    let rt = runtime()?;
+    let inv = rt.block_on(fetch(&args))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&inv)?);
+    } else {
+        print!("{}", render(&inv));
+    }
+    Ok(0)
+}
+
+async fn fetch(args: &ShowArgs) -> anyhow::Result<TraceInvestigation> {
+    if let Some(url) = &args.orchestrator {
+        let mut c = client(url, args.token.load()?, args.tls.load()?).await?;
+        let r = c
+            .trace_report(pb::TraceReportRequest {
+                family: args.family.clone(),
+                component: args.component.clone(),
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+            .into_inner();
+        return serde_json::from_str(&r.investigation_json)
+            .context("the orchestrator sent an investigation that does not parse");
+    }
+    let db = state_db(&args.repo);
+    if !db.is_file() {
+        bail!(
+            "no fvd state at {} (run fvd submit there first, or pass --orchestrator)",
+            db.display()
+        );
+    }
+    let store = Store::open_path(&db).await?;
+    if store.port(&args.family).await?.is_none() {
+        bail!("no port {} in {}", args.family, db.display());
+    }
+    match store.latest_trace(&args.family, &args.component).await? {
+        Some(inv) => Ok(inv),
+        None => bail!(
+            "component {} of port {} has no trace investigation (it needs a [component.trace] table and a debug_red run)",
+            args.component,
+            args.family
+        ),
+    }
+}
+
+/// The text view: headline, summary, drill path, then the last report.
+pub fn render(inv: &TraceInvestigation) -> String {
+    let mut s = String::new();
+    let outcome = match inv.outcome.as_str() {
+        "" => "in progress".to_string(),
+        o => o.to_string(),
+    };
+    let _ = writeln!(
+        s,
+        "{} / {}: trace of run {} ({outcome}, {} step{})",
+        inv.family,
+        inv.component,
+        inv.job_id,
+        inv.steps.len(),
+        if inv.steps.len() == 1 { "" } else { "s" }
+    );
+    if !inv.summary.is_empty() {
+        let _ = writeln!(s, "{}", inv.summary);
+    }
+    let _ = writeln!(s, "\ndrill path:");
+    for st in &inv.steps {
+        let found = if !st.error.is_empty() {
+            format!("failed: {}", st.error)
+        } else if st.report.is_none() {
+            "running".to_string()
+        } else if st.first_module.is_empty() {
+            "no divergence".to_string()
+        } else {
+            format!("first divergence {}", st.first_module)
+        };
+        let _ = writeln!(
+            s,
+            "  {}. FASTVIDEO_TRACE_LAYERS={}  (reference {})\n     run {}: {found}",
+            st.step, st.layers, st.reference_layers, st.job_id
+        );
+    }
+    let last = inv
+        .steps
+        .iter()
+        .rev()
+        .find_map(|st| st.report.as_ref().map(|r| (st.step, r)));
+    if let Some((step, value)) = last {
+        match serde_json::from_value::<fvd_trace::Report>(value.clone()) {
+            Ok(report) => {
+                let _ = writeln!(s, "\nreport of step {step}:");
+                s.push_str(&report.render_text());
+                // The report's own "next trace" is the scope just traced.
+                if inv.outcome == "leaf" {
+                    let _ = writeln!(
+                        s,
+                        "(drill-down done: that scope was step {step}'s; nothing narrower to trace)"
+                    );
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(s, "\nreport of step {step} does not parse: {e}");
+            }
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fvd_actors::store::traces::TraceStep;
+
+    fn report(first: Option<(&str, f64)>, rows: &[(&str, f64)]) -> serde_json::Value {
+        serde_json::json!({
+            "first_divergence": first.map(|(m, d)| serde_json::json!({
+                "reference_module": m.replace("blocks", "layers"),
+                "port_module": m,
+                "tensor": "out",
+                "step": 0,
+                "stat": "abs_mean",
+                "reference": 0.8,
+                "port": 0.8 * (1.0 + d),
+                "drift": d,
+                "tolerance": 0.005,
+            })),
+            "rows": rows.iter().enumerate().map(|(i, (m, d))| serde_json::json!({
+                "index": i,
+                "reference_module": m.replace("blocks", "layers"),
+                "port_module": m,
+                "tensor": "out",
+                "step": 0,
+                "reference_shape": [16, 32],
+                "port_shape": [16, 32],
+                "drift": {"abs_mean": d, "max": d / 2.0},
+                "exceeded": if *d > 0.005 { vec!["abs_mean"] } else { vec![] },
+                "diverged": *d > 0.005,
+                "exact": *d == 0.0,
+            })).collect::<Vec<_>>(),
+            "diagnostics": [{"code": "modules_only_on_one_side", "message": "1 port module has no reference row"}],
+            "unmatched": {"reference": [], "port": []},
+            "drill_down": first.map(|_| "^blocks\\.2(\\.|$)"),
+            "drill_down_reference": first.map(|_| "^layers\\.2(\\.|$)"),
+            "exact_steps": [],
+            "tolerances": {"abs_mean": 0.005, "max": 0.02},
+        })
+    }
+
+    #[test]
+    fn show_renders_the_drill_path_and_the_final_report() {
+        let inv = TraceInvestigation {
+            id: 1,
+            family: "tinyport".into(),
+            component: "refiner".into(),
+            job_id: "tinyport.refiner.1".into(),
+            state: "done".into(),
+            outcome: "leaf".into(),
+            summary: "first divergence: blocks.2.norm abs_mean drift 0.310 (reference layers.2.norm, tensor out, step 0; first divergent leaf after 2 trace steps: ^blocks\\.\\d+$ -> ^blocks\\.2(\\.|$))".into(),
+            started_ms: 0,
+            finished_ms: Some(1),
+            steps: vec![
+                TraceStep {
+                    step: 1,
+                    layers: "^blocks\\.\\d+$".into(),
+                    reference_layers: "^layers\\.\\d+$".into(),
+                    job_id: "tinyport.refiner#trace.1".into(),
+                    first_module: "blocks.2".into(),
+                    report: Some(report(Some(("blocks.2", 0.2)), &[("blocks.0", 0.0), ("blocks.1", 1e-7), ("blocks.2", 0.2)])),
+                    ..TraceStep::default()
+                },
+                TraceStep {
+                    step: 2,
+                    layers: "^blocks\\.2(\\.|$)".into(),
+                    reference_layers: "^layers\\.2(\\.|$)".into(),
+                    job_id: "tinyport.refiner#trace.2".into(),
+                    first_module: "blocks.2.norm".into(),
+                    report: Some(report(Some(("blocks.2.norm", 0.31)), &[("blocks.2.norm", 0.31), ("blocks.2.mlp.fc1", 0.25), ("blocks.2", 0.2)])),
+                    ..TraceStep::default()
+                },
+            ],
+        };
+        insta::assert_snapshot!(render(&inv));
+    }
+
+    #[test]
+    fn a_failed_step_says_why() {
+        let inv = TraceInvestigation {
+            family: "p".into(),
+            component: "c".into(),
+            job_id: "p.c.3".into(),
+            outcome: "error".into(),
+            summary: "trace step 1 failed: no port trace file matches".into(),
+            steps: vec![TraceStep {
+                step: 1,
+                layers: "^a$".into(),
+                reference_layers: "^a$".into(),
+                job_id: "p.c#trace.1".into(),
+                error: "no port trace file matches \"port_rank*.jsonl\"".into(),
+                ..TraceStep::default()
+            }],
+            ..TraceInvestigation::default()
+        };
+        let text = render(&inv);
+        assert!(
+            text.starts_with("p / c: trace of run p.c.3 (error, 1 step)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("run p.c#trace.1: failed: no port trace file matches"),
+            "{text}"
+        );
+        assert!(!text.contains("report of step"), "{text}");
+    }
+}
