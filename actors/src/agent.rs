@@ -47,6 +47,9 @@ pub struct Packet<'a> {
     /// The port's prep fields.
     pub prep: &'a BTreeMap<String, String>,
     pub attempt: u32,
+    /// Which attempt of the budget this one is (attempts before a
+    /// `--rerun` stay in the ledger but no longer count).
+    pub budget_used: u32,
     pub max_attempts: u32,
     pub last: LastRun<'a>,
     /// Previous attempts, oldest first.
@@ -69,6 +72,7 @@ pub fn packet(p: &Packet<'_>) -> String {
         spec,
         prep,
         attempt,
+        budget_used,
         max_attempts,
         last,
         ledger,
@@ -79,7 +83,7 @@ pub fn packet(p: &Packet<'_>) -> String {
     } = p;
     let mut out = String::new();
     out.push_str(&format!(
-        "# fvd parity-debug: {family} / {} (attempt {attempt} of {max_attempts})\n\n",
+        "# fvd parity-debug: {family} / {} (attempt {attempt}; {budget_used} of {max_attempts} in the budget)\n\n",
         spec.name
     ));
     out.push_str("## Component context\n\n```text\n");
@@ -586,6 +590,7 @@ escape_hatch: none";
             spec: &spec,
             prep: &prep,
             attempt: 1,
+            budget_used: 1,
             max_attempts: 2,
             last,
             ledger: &[],

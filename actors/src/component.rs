@@ -696,14 +696,19 @@ pub fn budget_spent(a: &crate::spec::AgentSpec, s: &Spent) -> Option<String> {
     None
 }
 
-async fn spent(st: &ComponentState, attempts: u32) -> Result<Spent, ActorProcessingErr> {
+/// What the component spent since its port was last started over
+/// (`--rerun`): the ledger keeps older attempts as history, the budgets
+/// start again.
+async fn spent(st: &ComponentState, recorded: &[AttemptRow]) -> Result<Spent, ActorProcessingErr> {
+    let since = st.args.store.reset_ms(&st.args.family).await?;
     let jobs = st
         .args
         .store
         .jobs_of(&st.args.family, &st.args.spec.name)
         .await?;
+    let jobs: Vec<_> = jobs.into_iter().filter(|j| j.queued_ms >= since).collect();
     Ok(Spent {
-        attempts,
+        attempts: recorded.iter().filter(|a| a.started_ms >= since).count() as u32,
         first_queued_ms: jobs.iter().map(|j| j.queued_ms).min(),
         gpu_ms: jobs
             .iter()
@@ -741,8 +746,9 @@ async fn agent_attempt(
         .iter()
         .find(|r| r.state == "running")
         .map(|r| r.attempt);
+    let used = spent(st, &recorded).await?;
     if rerun.is_none()
-        && let Some(why) = budget_spent(&a, &spent(st, recorded.len() as u32).await?)
+        && let Some(why) = budget_spent(&a, &used)
     {
         let reason = format!("{}: {} ({why})", result.verdict, result.reason);
         return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
@@ -753,8 +759,10 @@ async fn agent_attempt(
         "agent",
         &result.verdict,
         &format!(
-            "agent attempt {attempt} of {} after {}",
-            a.max_attempts, result.verdict
+            "agent attempt {attempt} ({} of {} in the budget) after {}",
+            used.attempts + 1,
+            a.max_attempts,
+            result.verdict
         ),
         worker_id,
     )
@@ -801,6 +809,7 @@ async fn agent_attempt(
         spec: &spec,
         prep: &lp.prep,
         attempt,
+        budget_used: used.attempts + 1,
         max_attempts: a.max_attempts,
         last,
         ledger: &recorded,

@@ -212,14 +212,35 @@ async fn submit(
             submitted: sub.family,
         });
     }
-    if st.ports.contains_key(&sub.family) {
-        if sub.rerun {
+    if let Some(gate) = st.ports.get(&sub.family).cloned() {
+        if !sub.rerun {
+            return Ok(Submitted {
+                family: sub.family,
+                resumed: true,
+            });
+        }
+        // A port whose components are all final or waiting for an answer
+        // runs nothing (paused, or just resumed into its pause): a rerun
+        // may replace it. One that runs must be cancelled first.
+        let paused = st
+            .args
+            .store
+            .components(&sub.family)
+            .await
+            .map_err(|e| PortError::Internal(e.to_string()))?
+            .iter()
+            .all(|c| c.is_final() || c.status == ASK_USER);
+        if !paused {
             return Err(PortError::Busy(sub.family));
         }
-        return Ok(Submitted {
-            family: sub.family,
-            resumed: true,
-        });
+        gate.stop_children(Some("port rerun".into()));
+        gate.stop_and_wait(
+            Some("port rerun".into()),
+            Some(std::time::Duration::from_secs(10)),
+        )
+        .await
+        .map_err(|e| PortError::Internal(format!("the paused port did not stop: {e}")))?;
+        st.ports.remove(&sub.family);
     }
     let names: Vec<String> = spec.components.iter().map(|c| c.name.clone()).collect();
     let row = PortRow {

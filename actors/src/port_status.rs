@@ -328,6 +328,7 @@ pub fn render(
         };
         let resolution = match (e.status.as_str(), e.resolved_attempt) {
             ("open", _) => format!("waiting: fvd answer {} {} --option N", e.family, e.id),
+            ("withdrawn", _) => "withdrawn: the port was rerun (fvd submit --rerun)".to_string(),
             (_, Some(a)) => one_line(&format!("answered: {}; given to attempt {a}", e.answer)),
             _ => one_line(&format!("answered: {}", e.answer)),
         };

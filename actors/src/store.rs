@@ -72,7 +72,8 @@ pub struct EscapeRow {
     pub recommended: String,
     pub options: Vec<String>,
     pub safe_default: String,
-    /// `open`, `answered` or `resolved`.
+    /// `open`, `answered`, `resolved`, or `withdrawn` (the port was rerun
+    /// before the answer reached an attempt).
     pub status: String,
     pub answer: String,
     pub asked_ms: i64,
@@ -87,6 +88,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../migrations/0003_agent_attempts.sql")),
     (4, include_str!("../migrations/0004_agent_durability.sql")),
     (5, include_str!("../migrations/0005_traces.sql")),
+    (6, include_str!("../migrations/0006_rerun_budget.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -284,6 +286,18 @@ impl Store {
         Ok(row.map(|r| port_row(&r)))
     }
 
+    /// When the port's components were last started over (`--rerun`); 0
+    /// when never. Agent budgets count from here.
+    pub async fn reset_ms(&self, family: &str) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar::<_, i64>("SELECT reset_ms FROM ports WHERE family = ?")
+                .bind(family)
+                .fetch_optional(&self.pool)
+                .await?
+                .unwrap_or(0),
+        )
+    }
+
     pub async fn ports(&self) -> Result<Vec<PortRow>, StoreError> {
         let rows = sqlx::query("SELECT family, repo, spec_path, spec_toml, state, phase, port_status_path FROM ports ORDER BY created_ms")
             .fetch_all(&self.pool)
@@ -472,6 +486,16 @@ impl Store {
     /// them all again; the recorded runs stay as history.
     pub async fn reset_components(&self, family: &str) -> Result<(), StoreError> {
         let mut tx = self.write_tx().await?;
+        sqlx::query("UPDATE ports SET reset_ms = ? WHERE family = ?")
+            .bind(now_ms())
+            .bind(family)
+            .execute(&mut *tx)
+            .await?;
+        // Questions of the old run no longer wait: the rerun asks anew.
+        sqlx::query("UPDATE escape_hatches SET status = 'withdrawn' WHERE family = ? AND status IN ('open', 'answered')")
+            .bind(family)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query("UPDATE components SET status = 'pending', verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ?")
             .bind(now_ms())
             .bind(family)

@@ -246,6 +246,39 @@ fn a_budget_of_one_attempt_blocks_with_the_last_verdict() {
     assert_eq!(attempts[0]["verdict_after"], "debug_red", "{l}");
     let log = git(sb.repo(), &["log", "--format=%s", BRANCH]);
     assert_eq!(log, "fvd: timestep_embed attempt 1\nbase");
+
+    // --rerun starts the budget over; the ledger keeps attempt 1 as history
+    // and the agent's next attempt (the recorded fix) goes on from it.
+    let (code, out) = outcome(
+        fvd()
+            .args([
+                "submit", "--family", "tinyport", "--wait", "--rerun", "--repo",
+            ])
+            .arg(sb.repo()),
+    );
+    // time_shift's replay agent is at its recorded attempt 2, which needs
+    // an answer its packet no longer has (E001 was withdrawn): it refuses,
+    // and with its one attempt spent the component is blocked.
+    assert_eq!(code, Some(1), "{out}");
+    let c = component(&sb.local_status("tinyport").unwrap(), COMPONENT);
+    assert_eq!(c["status"], "non_skip_pass", "{c}");
+    let l = ledger(&sb);
+    let attempts = l["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{l}");
+    assert_eq!(attempts[1]["verdict_after"], "non_skip_pass", "{l}");
+    // The old run's question is withdrawn, not left open.
+    let status = sb.local_status("tinyport").unwrap();
+    let escapes = status["escapes"].as_array().unwrap();
+    assert_eq!(escapes.len(), 1, "{status}");
+    assert_eq!(escapes[0]["status"], "withdrawn", "{status}");
+    let t = component(&status, "time_shift");
+    assert!(
+        t["reason"]
+            .as_str()
+            .unwrap()
+            .contains("agent budget spent: 1 of 1 attempts"),
+        "{t}"
+    );
 }
 
 /// A patch of `path` (relative to the port folder) from `old` to `new`, one
