@@ -48,7 +48,9 @@ pub struct AttemptRow {
     /// The worktree's HEAD when the attempt began: a restart resets to it.
     pub head_before: String,
     /// Marks the agent's processes (`FVD_AGENT_COOKIE`) so a restart can
-    /// find and end what is left of an agent cut off by a crash.
+    /// find and end what is left of an agent cut off by a crash. Internal:
+    /// not shown, not sent.
+    #[serde(skip)]
     pub cookie: String,
     /// How many times the attempt was run: more than 1 only after a crash.
     pub tries: u32,

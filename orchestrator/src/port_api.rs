@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fvd_actors::model::{ComponentRow, GateEventRow, PortEvent};
 use fvd_actors::orchestrator::{AnswerChoice, OrchestratorMsg, PortError, Submission};
-use fvd_actors::store::{EscapeRow, Store, StoreError};
+use fvd_actors::store::{AttemptRow, EscapeRow, Store, StoreError};
 use fvd_proto::v1 as pb;
 use ractor::ActorRef;
 use tokio::sync::{broadcast, mpsc};
@@ -92,6 +92,68 @@ fn component_wire(c: ComponentRow) -> pb::ComponentSnapshot {
         reason: c.reason,
         runs: c.runs,
         worker_id: c.worker_id,
+    }
+}
+
+fn attempt_wire(a: AttemptRow) -> pb::AgentAttempt {
+    pb::AgentAttempt {
+        attempt: a.attempt,
+        kind: a.kind,
+        state: a.state,
+        tries: a.tries,
+        commit_sha: a.commit_sha,
+        diff_stat: a.diff_stat,
+        diff: a.diff,
+        exit_code: a.exit_code,
+        signal: a.signal,
+        timed_out: a.timed_out,
+        duration_ms: a.duration_ms,
+        job_before: a.job_before,
+        verdict_before: a.verdict_before,
+        reason_before: a.reason_before,
+        job_after: a.job_after,
+        verdict_after: a.verdict_after,
+        reason_after: a.reason_after,
+        handoff_status: a.handoff_status,
+        handoff_summary: a.handoff_summary,
+        handoff_text: a.handoff_text,
+        started_ms: a.started_ms,
+        finished_ms: a.finished_ms,
+        gpu_ms_after: a.gpu_ms_after,
+        head_before: a.head_before,
+    }
+}
+
+/// The ledger row of a wire attempt (for the CLI's one renderer).
+pub fn attempt_row(family: &str, component: &str, a: pb::AgentAttempt) -> AttemptRow {
+    AttemptRow {
+        family: family.to_string(),
+        component: component.to_string(),
+        attempt: a.attempt,
+        kind: a.kind,
+        state: a.state,
+        tries: a.tries,
+        commit_sha: a.commit_sha,
+        diff_stat: a.diff_stat,
+        diff: a.diff,
+        exit_code: a.exit_code,
+        signal: a.signal,
+        timed_out: a.timed_out,
+        duration_ms: a.duration_ms,
+        job_before: a.job_before,
+        verdict_before: a.verdict_before,
+        reason_before: a.reason_before,
+        job_after: a.job_after,
+        verdict_after: a.verdict_after,
+        reason_after: a.reason_after,
+        handoff_status: a.handoff_status,
+        handoff_summary: a.handoff_summary,
+        handoff_text: a.handoff_text,
+        started_ms: a.started_ms,
+        finished_ms: a.finished_ms,
+        gpu_ms_after: a.gpu_ms_after,
+        head_before: a.head_before,
+        cookie: String::new(),
     }
 }
 
@@ -415,6 +477,40 @@ impl pb::port_service_server::PortService for PortApi {
             .map_err(|e| Status::internal(format!("cannot encode the investigation: {e}")))?;
         Ok(Response::new(pb::TraceReportResponse {
             investigation_json,
+        }))
+    }
+
+    async fn attempts(
+        &self,
+        request: Request<pb::AttemptsRequest>,
+    ) -> Result<Response<pb::AttemptsResponse>, Status> {
+        let r = request.into_inner();
+        if self
+            .store
+            .port(&r.family)
+            .await
+            .map_err(store_status)?
+            .is_none()
+        {
+            return Err(Status::not_found(format!("no port of family {}", r.family)));
+        }
+        let worktree = self
+            .store
+            .worktree(&r.family, &r.component)
+            .await
+            .map_err(store_status)?;
+        let ledger = self
+            .store
+            .attempts(&r.family, &r.component)
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(pb::AttemptsResponse {
+            worktree: worktree.map(|w| pb::AgentWorktree {
+                path: w.path.display().to_string(),
+                branch: w.branch,
+                base_commit: w.base_commit,
+            }),
+            attempts: ledger.into_iter().map(attempt_wire).collect(),
         }))
     }
 

@@ -49,7 +49,7 @@ pub enum Command {
     Status(port::StatusArgs),
     /// Print the output of a component's run.
     Logs(port::LogsArgs),
-    /// Show the agent-attempt ledger of a component (embedded state).
+    /// Show the agent-attempt ledger of a component.
     Attempts(port::AttemptsArgs),
     /// Cancel a running port.
     Cancel(port::CancelArgs),

@@ -102,10 +102,13 @@ pub struct AttemptsArgs {
     /// Every recorded field, diffs and handoff blocks included.
     #[arg(long)]
     pub json: bool,
-    /// Read this state database instead of REPO/.fvd/state.db (on the
-    /// orchestrator's host, its `--db` file).
+    /// Ask this orchestrator instead of reading REPO/.fvd/state.db.
     #[arg(long)]
-    pub db: Option<PathBuf>,
+    pub orchestrator: Option<String>,
+    #[command(flatten)]
+    pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: ClientTls,
 }
 
 #[derive(Debug, Args)]
@@ -673,20 +676,51 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
 }
 
 /// `fvd attempts`: the agent-attempt ledger of a component, from the
-/// embedded state of the repository.
+/// embedded state of the repository or from an orchestrator.
 pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
     let rt = runtime()?;
     rt.block_on(async move {
-        let db = args.db.clone().unwrap_or_else(|| state_db(&args.repo));
-        if !db.is_file() {
-            bail!("no fvd state at {}", db.display());
-        }
-        let store = Store::open_path(&db).await?;
-        if store.port(&args.family).await?.is_none() {
-            bail!("no port {} in {}", args.family, db.display());
-        }
-        let worktree = store.worktree(&args.family, &args.component).await?;
-        let ledger = store.attempts(&args.family, &args.component).await?;
+        let (worktree, ledger) = match &args.orchestrator {
+            Some(url) => {
+                let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
+                let r = client
+                    .attempts(pb::AttemptsRequest {
+                        family: args.family.clone(),
+                        component: args.component.clone(),
+                    })
+                    .await
+                    .map_err(status_err)?
+                    .into_inner();
+                let worktree = r.worktree.map(|w| fvd_actors::worktree::Worktree {
+                    path: w.path.into(),
+                    branch: w.branch,
+                    base_commit: w.base_commit,
+                    prefix: String::new(),
+                });
+                let ledger = r
+                    .attempts
+                    .into_iter()
+                    .map(|a| {
+                        fvd_orchestrator::port_api::attempt_row(&args.family, &args.component, a)
+                    })
+                    .collect::<Vec<_>>();
+                (worktree, ledger)
+            }
+            None => {
+                let store = open_local(&args.repo).await?;
+                if store.port(&args.family).await?.is_none() {
+                    bail!(
+                        "no port {} in {}",
+                        args.family,
+                        state_db(&args.repo).display()
+                    );
+                }
+                (
+                    store.worktree(&args.family, &args.component).await?,
+                    store.attempts(&args.family, &args.component).await?,
+                )
+            }
+        };
         let mut out = std::io::stdout().lock();
         if args.json {
             let v = serde_json::json!({

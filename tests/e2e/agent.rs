@@ -342,13 +342,15 @@ fn answer(sb: &Sandbox, args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
-fn ledger_of(sb: &Sandbox, component: &str, db: Option<&Path>) -> serde_json::Value {
+/// `fvd attempts --json`: from the embedded state, or from the
+/// orchestrator at `url`.
+fn ledger_of(sb: &Sandbox, component: &str, url: Option<&str>) -> serde_json::Value {
     let mut cmd = fvd();
-    cmd.args(["attempts", "tinyport", component, "--json", "--repo"])
-        .arg(sb.repo());
-    if let Some(db) = db {
-        cmd.arg("--db").arg(db);
-    }
+    cmd.args(["attempts", "tinyport", component, "--json"]);
+    match url {
+        Some(url) => cmd.args(["--orchestrator", url]),
+        None => cmd.arg("--repo").arg(sb.repo()),
+    };
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
@@ -675,8 +677,7 @@ fn kill_9_of_the_orchestrator_during_an_agent_attempt_neither_loses_nor_duplicat
         std::time::Duration::from_secs(60),
         || std::fs::read_to_string(&mark).ok()?.trim().parse().ok(),
     );
-    let db = sb.repo().join("orchestrator.db");
-    let before = ledger_of(&sb, COMPONENT, Some(&db));
+    let before = ledger_of(&sb, COMPONENT, Some(&url));
     let a = before["attempts"].as_array().unwrap();
     assert_eq!(
         a.len(),
@@ -707,7 +708,7 @@ fn kill_9_of_the_orchestrator_during_an_agent_attempt_neither_loses_nor_duplicat
     let c = component(&status, COMPONENT);
     assert_eq!(c["status"], "non_skip_pass", "{status}\n{}", sb.logs());
 
-    let l = ledger_of(&sb, COMPONENT, Some(&db));
+    let l = ledger_of(&sb, COMPONENT, Some(&url));
     let a = l["attempts"].as_array().unwrap();
     assert_eq!(a.len(), 2, "{l}");
     assert_eq!(a[0]["attempt"], 1);
