@@ -325,14 +325,21 @@ class TraceHandle:
         return False
 
 
-def attach(model, prefix="", config=None):
+def attach(model, prefix="", config=None, rank=None, world_size=None):
     """Hook every matching named module of ``model``; ``prefix`` is put in
     front of module names (e.g. ``"transformer."`` to match a pipeline's
-    names). Returns a ``TraceHandle``, or None when tracing is off."""
+    names). Returns a ``TraceHandle``, or None when tracing is off.
+
+    ``rank`` and ``world_size`` default to the process group's (or
+    ``RANK``/``WORLD_SIZE``); a model that one rank runs whole inside a
+    distributed job (the unsharded reference, say) passes ``rank=0,
+    world_size=1`` so its trace is not taken for one shard of several."""
     config = TraceConfig.from_env() if config is None else config
     if not config.enabled:
         return None
-    rank, world_size = _rank_info()
+    group_rank, group_size = _rank_info()
+    rank = group_rank if rank is None else rank
+    world_size = group_size if world_size is None else world_size
     handle = TraceHandle(config, rank, world_size)
     for name, module in model.named_modules():
         full = f"{prefix}{name}" if name else prefix.rstrip(".")
