@@ -166,6 +166,28 @@ class AttachTest(unittest.TestCase):
             order = json.loads(header["__metadata__"][ORDER_METADATA_KEY])
             self.assertEqual(order[:2], ["m.blocks.0:out@0", "m.blocks.1:out@0"])
 
+    def test_rank_override_marks_an_unsharded_run_inside_a_distributed_job(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "ref.jsonl")
+            env = {"RANK": "1", "WORLD_SIZE": "2"}
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                model = FakeModule({"blocks.0": FakeModule({})})
+                cfg = TraceConfig(stats=("sum",), output=out)
+                h = fvd_trace.attach(model, config=cfg, rank=0, world_size=1)
+                h.record("blocks.0", "out", np.ones((2, 2)))
+                h.close()
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            # No `_rank1` suffix and no shard fields of a 2-rank run.
+            rec = read_lines(out)[0]
+            self.assertEqual((rec["rank"], rec["world_size"]), (0, 1))
+
     def test_off_returns_none(self):
         self.assertIsNone(fvd_trace.attach(FakeModule({}), config=TraceConfig(enabled=False)))
 
