@@ -4,6 +4,8 @@
 //! gang placement, and a long randomized run that checks no GPU is ever
 //! leased twice at once.
 
+mod common;
+use common::Sink;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,35 +17,8 @@ use fvd_actors::scheduler::{
     QueuedJob, SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg,
 };
 use fvd_actors::store::Store;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc;
-
-/// Forwards every component message to a channel the test reads.
-struct Sink;
-
-impl Actor for Sink {
-    type Msg = ComponentMsg;
-    type State = mpsc::UnboundedSender<ComponentMsg>;
-    type Arguments = mpsc::UnboundedSender<ComponentMsg>;
-
-    async fn pre_start(
-        &self,
-        _me: ActorRef<Self::Msg>,
-        tx: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(tx)
-    }
-
-    async fn handle(
-        &self,
-        _me: ActorRef<Self::Msg>,
-        msg: ComponentMsg,
-        tx: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        let _ = tx.send(msg);
-        Ok(())
-    }
-}
 
 struct Harness {
     _dir: tempfile::TempDir,

@@ -5,6 +5,8 @@
 //! divergent block's modules, stops at the leaf or at its depth, and ends
 //! with an error outcome when no file came back.
 
+mod common;
+use common::Sink;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,35 +17,8 @@ use fvd_actors::model::{CollectedFile, JobRecord, JobReport, PortRow, ToWorker, 
 use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg};
 use fvd_actors::store::Store;
 use fvd_actors::trace_actor::{Investigate, TraceActor, TraceArgs, TraceMsg};
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorRef};
 use tokio::sync::{broadcast, mpsc};
-
-/// Stands in for the component: forwards what the trace actor answers.
-struct Component;
-
-impl Actor for Component {
-    type Msg = ComponentMsg;
-    type State = mpsc::UnboundedSender<ComponentMsg>;
-    type Arguments = mpsc::UnboundedSender<ComponentMsg>;
-
-    async fn pre_start(
-        &self,
-        _me: ActorRef<Self::Msg>,
-        tx: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(tx)
-    }
-
-    async fn handle(
-        &self,
-        _me: ActorRef<Self::Msg>,
-        msg: ComponentMsg,
-        tx: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        let _ = tx.send(msg);
-        Ok(())
-    }
-}
 
 const SPEC: &str = r#"
 [prep]
@@ -133,7 +108,7 @@ impl Harness {
         .await
         .unwrap();
         let (atx, answers) = mpsc::unbounded_channel();
-        let (component, _) = Actor::spawn(None, Component, atx).await.unwrap();
+        let (component, _) = Actor::spawn(None, Sink, atx).await.unwrap();
         Self {
             dir,
             store,

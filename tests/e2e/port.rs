@@ -198,19 +198,7 @@ fn two_workers_run_components_at_the_same_time() {
     let url = sb.serve();
     sb.worker("w1", 1);
     sb.worker("w2", 1);
-    let out = fvd()
-        .args([
-            "submit",
-            "--family",
-            "duo",
-            "--wait",
-            "--orchestrator",
-            &url,
-            "--repo",
-        ])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let out = sb.submit_remote("duo");
     assert_eq!(
         out.status.code(),
         Some(0),

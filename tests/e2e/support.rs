@@ -295,6 +295,25 @@ timeout_s = 60
         self.children[i].wait().expect("reap worker");
     }
 
+    /// `fvd submit --family FAMILY --wait` of the sandbox's repo to the
+    /// sandbox's orchestrator.
+    pub fn submit_remote(&self, family: &str) -> std::process::Output {
+        let url = self.url.as_deref().expect("serve() first");
+        fvd()
+            .args([
+                "submit",
+                "--family",
+                family,
+                "--wait",
+                "--orchestrator",
+                url,
+                "--repo",
+            ])
+            .arg(self.repo())
+            .output()
+            .expect("run fvd submit")
+    }
+
     /// `fvd status FAMILY --json` against the sandbox's orchestrator.
     pub fn remote_status(&self, family: &str) -> Option<serde_json::Value> {
         let url = self.url.as_deref()?;
