@@ -733,7 +733,7 @@ fn a_fleet_orchestrator_takes_the_answer_over_grpc() {
     example_repo(&sb, |t| t);
     let url = sb.serve();
     sb.worker("w1", 2);
-    let out = sb.submit_remote("tinyport");
+    let out = sb.submit_remote("tinyport", &["--wait"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(3), "{stdout}\n{}", sb.logs());
     assert!(stdout.contains("E001 time_shift asks"), "{stdout}");

@@ -198,7 +198,7 @@ fn two_workers_run_components_at_the_same_time() {
     let url = sb.serve();
     sb.worker("w1", 1);
     sb.worker("w2", 1);
-    let out = sb.submit_remote("duo");
+    let out = sb.submit_remote("duo", &["--wait"]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -393,22 +393,6 @@ fn submit_embedded(sb: &Sandbox, family: &str, extra: &[&str]) -> std::process::
         .unwrap()
 }
 
-/// `fvd submit` of `family` to the sandbox's orchestrator, not waiting.
-fn submit_to(sb: &Sandbox, url: &str, family: &str) -> std::process::Output {
-    fvd()
-        .args([
-            "submit",
-            "--family",
-            family,
-            "--orchestrator",
-            url,
-            "--repo",
-        ])
-        .arg(sb.repo())
-        .output()
-        .unwrap()
-}
-
 /// A test body that blocks until `release` exists (bounded, so a stray
 /// process cannot hang the suite).
 fn blocks_until(release: &Path) -> String {
@@ -426,10 +410,10 @@ fn a_lost_worker_s_job_finishes_on_another_worker_with_one_verdict() {
         "lossy",
         &[TestComponent::new("only", &blocks_until(&release))],
     );
-    let url = sb.serve();
+    sb.serve();
     sb.worker("w1", 1);
     sb.worker("w2", 1);
-    let submit = submit_to(&sb, &url, "lossy");
+    let submit = sb.submit_remote("lossy", &[]);
     assert!(
         submit.status.success(),
         "{}",
@@ -482,7 +466,7 @@ fn cancel_stops_a_running_port_and_its_job() {
     sb.port("stoppy", &[TestComponent::new("stuck", &body)]);
     let url = sb.serve();
     sb.worker("w1", 1);
-    let submit = submit_to(&sb, &url, "stoppy");
+    let submit = sb.submit_remote("stoppy", &[]);
     assert!(submit.status.success());
     let pid: u32 = wait_for("the test process to start", Duration::from_secs(60), || {
         std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
@@ -548,21 +532,7 @@ fn calls_without_the_token_are_refused_and_the_token_is_never_logged() {
     let mut w = w;
     w.env("FVD_TEST_TOKEN", token);
     sb.spawn_worker("w1", w);
-    let out = fvd()
-        .args([
-            "submit",
-            "--family",
-            "guarded",
-            "--wait",
-            "--orchestrator",
-            &url,
-            "--token-file",
-            &tf,
-            "--repo",
-        ])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let out = sb.submit_remote("guarded", &["--wait", "--token-file", &tf]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -650,9 +620,9 @@ fn an_orchestrator_restart_with_workers_connected_loses_no_job() {
         .local_addr()
         .unwrap()
         .to_string();
-    let url = sb.serve_at(&addr, &[]);
+    sb.serve_at(&addr, &[]);
     sb.worker("w1", 2);
-    let submit = submit_to(&sb, &url, "restarty");
+    let submit = sb.submit_remote("restarty", &[]);
     assert!(submit.status.success());
     wait_for(
         "done recorded and inflight running",
@@ -699,9 +669,9 @@ fn a_drained_worker_finishes_its_job_takes_no_new_one_and_exits() {
             TestComponent::new("b", &blocks_until(&release)),
         ],
     );
-    let url = sb.serve();
+    sb.serve();
     sb.worker("w1", 1);
-    let submit = submit_to(&sb, &url, "drainy");
+    let submit = sb.submit_remote("drainy", &[]);
     assert!(submit.status.success());
     let (on_w1, waiting) = wait_for(
         "one running on w1, one queued",
@@ -770,7 +740,7 @@ fn a_partitioned_worker_s_late_result_is_fenced() {
     let proxy = Proxy::start(url.trim_start_matches("http://"));
     let w1 = sb.worker_at(&proxy.url(), "w1", 1, &[]);
     sb.spawn_worker("w1", w1);
-    let submit = submit_to(&sb, &url, "split");
+    let submit = sb.submit_remote("split", &[]);
     assert!(submit.status.success());
     wait_for("the job running on w1", Duration::from_secs(60), || {
         let rows = components(&sb.remote_status("split")?);
@@ -870,21 +840,7 @@ fn a_tls_orchestrator_serves_verified_clients_only() {
     // With the CA, a worker and a client work end to end.
     let w = sb.worker_with("w1", 1, &["--tls-ca", &ca]);
     sb.spawn_worker("w1", w);
-    let out = fvd()
-        .args([
-            "submit",
-            "--family",
-            "secure",
-            "--wait",
-            "--orchestrator",
-            &url,
-            "--tls-ca",
-            &ca,
-            "--repo",
-        ])
-        .arg(sb.repo())
-        .output()
-        .unwrap();
+    let out = sb.submit_remote("secure", &["--wait", "--tls-ca", &ca]);
     assert_eq!(
         out.status.code(),
         Some(0),

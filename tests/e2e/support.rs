@@ -295,20 +295,14 @@ timeout_s = 60
         self.children[i].wait().expect("reap worker");
     }
 
-    /// `fvd submit --family FAMILY --wait` of the sandbox's repo to the
-    /// sandbox's orchestrator.
-    pub fn submit_remote(&self, family: &str) -> std::process::Output {
+    /// `fvd submit --family FAMILY` of the sandbox's repo to the sandbox's
+    /// orchestrator, with `extra` flags (`--wait`, a token, a CA).
+    pub fn submit_remote(&self, family: &str, extra: &[&str]) -> std::process::Output {
         let url = self.url.as_deref().expect("serve() first");
         fvd()
-            .args([
-                "submit",
-                "--family",
-                family,
-                "--wait",
-                "--orchestrator",
-                url,
-                "--repo",
-            ])
+            .args(["submit", "--family", family, "--orchestrator", url])
+            .args(extra)
+            .arg("--repo")
             .arg(self.repo())
             .output()
             .expect("run fvd submit")

@@ -201,7 +201,7 @@ fn a_remote_worker_sends_the_trace_files_over_its_stream() {
     example(&sb);
     let url = sb.serve();
     sb.worker("w1", 2);
-    let out = sb.submit_remote("tinyport");
+    let out = sb.submit_remote("tinyport", &["--wait"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
 
     let status = sb.remote_status("tinyport").expect("remote status");
