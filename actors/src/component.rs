@@ -771,17 +771,7 @@ async fn agent_attempt(
     let floor = crate::port_status::escape_floor(&st.args.store, &family)
         .await
         .unwrap_or(0);
-    let next_escape = st
-        .args
-        .store
-        .escapes(&family)
-        .await?
-        .iter()
-        .filter_map(|e| e.id.strip_prefix('E').and_then(|n| n.parse::<u32>().ok()))
-        .max()
-        .unwrap_or(0)
-        .max(floor)
-        + 1;
+    let next_escape = st.args.store.next_escape_id(&family, floor).await?;
     let trace = st
         .args
         .store
@@ -815,7 +805,7 @@ async fn agent_attempt(
         ledger: &recorded,
         handoff_file: &handoff_s,
         answers: &answers,
-        next_escape_id: &format!("E{next_escape:03}"),
+        next_escape_id: &next_escape,
         trace: trace.as_deref(),
     });
     std::fs::write(&prompt_file, text)

@@ -113,6 +113,17 @@ pub enum StoreError {
     },
 }
 
+/// The `E###` id after the highest of `ids` and of `floor`.
+fn escape_id_after(ids: &[String], floor: u32) -> String {
+    let top = ids
+        .iter()
+        .filter_map(|i| i.strip_prefix('E').and_then(|n| n.parse::<u32>().ok()))
+        .max()
+        .unwrap_or(0)
+        .max(floor);
+    format!("E{:03}", top + 1)
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -889,13 +900,7 @@ impl Store {
             .bind(&e.family)
             .fetch_all(&mut *tx)
             .await?;
-        let top = ids
-            .iter()
-            .filter_map(|i| i.strip_prefix('E').and_then(|n| n.parse::<u32>().ok()))
-            .max()
-            .unwrap_or(0)
-            .max(floor);
-        let id = format!("E{:03}", top + 1);
+        let id = escape_id_after(&ids, floor);
         let options = serde_json::to_string(&e.options).expect("strings serialize");
         sqlx::query("INSERT INTO escape_hatches (family, id, component, attempt, phase, decision_type, question, recommended, options, safe_default, status, asked_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)")
             .bind(&e.family)
@@ -913,6 +918,16 @@ impl Store {
             .await?;
         tx.commit().await?;
         Ok(id)
+    }
+
+    /// The id the next escape hatch of the port will get (see
+    /// [`Store::raise_escape`]), for an agent to cite before it asks.
+    pub async fn next_escape_id(&self, family: &str, floor: u32) -> Result<String, StoreError> {
+        let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM escape_hatches WHERE family = ?")
+            .bind(family)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(escape_id_after(&ids, floor))
     }
 
     /// Escape hatches of a port, oldest first.
