@@ -45,16 +45,23 @@ pub struct SubmitArgs {
     /// Run every component again instead of resuming recorded verdicts.
     #[arg(long)]
     pub rerun: bool,
+    #[command(flatten)]
+    pub local: LocalWorker,
+    #[command(flatten)]
+    pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: ClientTls,
+}
+
+/// What the local worker of embedded mode offers.
+#[derive(Debug, Args)]
+pub struct LocalWorker {
     /// Embedded mode: GPUs the local worker offers (all, none, or 0,1).
     #[arg(long, default_value = "all")]
     pub gpus: String,
     /// Embedded mode: parallel CPU slots of the local worker (default: cores).
     #[arg(long)]
     pub cpu_slots: Option<u32>,
-    #[command(flatten)]
-    pub token: TokenArgs,
-    #[command(flatten)]
-    pub tls: ClientTls,
 }
 
 #[derive(Debug, Args)]
@@ -134,12 +141,8 @@ pub struct AnswerArgs {
     /// again. Embedded mode always waits.
     #[arg(long)]
     pub wait: bool,
-    /// Embedded mode: GPUs the local worker offers (all, none, or 0,1).
-    #[arg(long, default_value = "all")]
-    pub gpus: String,
-    /// Embedded mode: parallel CPU slots of the local worker (default: cores).
-    #[arg(long)]
-    pub cpu_slots: Option<u32>,
+    #[command(flatten)]
+    pub local: LocalWorker,
     #[command(flatten)]
     pub token: TokenArgs,
     #[command(flatten)]
@@ -232,7 +235,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
                     Ok(EXIT_ALL_PASS)
                 }
             }
-            None => embedded(&repo, Action::Submit(request), &args.gpus, args.cpu_slots).await,
+            None => embedded(&repo, Action::Submit(request), &args.local).await,
         }
     })
 }
@@ -274,7 +277,7 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<u8> {
                     .with_context(|| format!("repository {}", args.repo.display()))?;
                 // The port must exist here: answering starts nothing new.
                 open_local(&repo).await?;
-                embedded(&repo, Action::Answer(request), &args.gpus, args.cpu_slots).await
+                embedded(&repo, Action::Answer(request), &args.local).await
             }
         }
     })
@@ -309,12 +312,7 @@ async fn send(client: &mut Client, request: pb::SubmitRequest, place: &str) -> a
 }
 
 /// Embedded mode: orchestrator and worker in this process over loopback.
-async fn embedded(
-    repo: &Path,
-    action: Action,
-    gpus: &str,
-    cpu_slots: Option<u32>,
-) -> anyhow::Result<u8> {
+async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::Result<u8> {
     let db = state_db(repo);
     std::fs::create_dir_all(db.parent().expect("state.db has a parent"))
         .with_context(|| format!("cannot create {}", db.display()))?;
@@ -334,8 +332,8 @@ async fn embedded(
     let config = local_worker_config(
         server.url(),
         repo.join(".fvd").join("worker"),
-        gpus,
-        cpu_slots,
+        &local.gpus,
+        local.cpu_slots,
         None,
         Some(token.clone()),
         None,
