@@ -359,35 +359,16 @@ pub fn kill_leftovers(cookie: &str) -> Vec<i32> {
     if cookie.is_empty() {
         return Vec::new();
     }
-    let needle = format!("{COOKIE_ENV}={cookie}");
-    let mut killed = Vec::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return killed;
-    };
-    let me = std::process::id() as i32;
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if env.split(|b| *b == 0).any(|var| var == needle.as_bytes()) {
+    fvd_procs::find(None, Some((COOKIE_ENV, cookie)))
+        .into_iter()
+        .map(|p| {
             let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
+                nix::unistd::Pid::from_raw(p.pid),
                 nix::sys::signal::Signal::SIGKILL,
             );
-            killed.push(pid);
-        }
-    }
-    killed
+            p.pid
+        })
+        .collect()
 }
 
 /// The agent's handoff as fvd read it.

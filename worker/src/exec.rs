@@ -141,16 +141,7 @@ pub enum JunitFile {
     },
 }
 
-/// A process of a job found in `/proc`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcInfo {
-    pub pid: i32,
-    pub ppid: i32,
-    pub pgid: i32,
-    pub comm: String,
-    /// Found by the job cookie outside the job's process group.
-    pub left_group: bool,
-}
+pub use fvd_procs::ProcInfo;
 
 /// How a job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -794,78 +785,7 @@ impl Drop for GroupGuard {
 /// those outside it whose environment carries `FVD_JOB_COOKIE=cookie`. The
 /// calling process is never listed.
 pub fn job_processes(pgid: i32, cookie: Option<&str>) -> Vec<ProcInfo> {
-    let me = std::process::id() as i32;
-    let needle = cookie.map(|c| format!("{JOB_COOKIE_ENV}={c}\0").into_bytes());
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        // Processes vanish between listing and reading: skip them.
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let Some(st) = parse_stat(&stat) else {
-            continue;
-        };
-        if matches!(st.state, 'Z' | 'X') {
-            continue;
-        }
-        let in_group = st.pgid == pgid;
-        let left_group = !in_group
-            && needle.as_ref().is_some_and(|n| {
-                std::fs::read(entry.path().join("environ"))
-                    .is_ok_and(|env| env.windows(n.len()).any(|w| w == n.as_slice()))
-            });
-        if in_group || left_group {
-            out.push(ProcInfo {
-                pid: st.pid,
-                ppid: st.ppid,
-                pgid: st.pgid,
-                comm: st.comm,
-                left_group,
-            });
-        }
-    }
-    out
-}
-
-struct Stat {
-    pid: i32,
-    comm: String,
-    state: char,
-    ppid: i32,
-    pgid: i32,
-}
-
-/// Parse `/proc/PID/stat`: `pid (comm) state ppid pgrp …`; comm may contain
-/// spaces and parentheses, so split at the last `)`.
-fn parse_stat(s: &str) -> Option<Stat> {
-    let open = s.find('(')?;
-    let close = s.rfind(')')?;
-    let pid = s[..open].trim().parse().ok()?;
-    let comm = s.get(open + 1..close)?.to_string();
-    let mut rest = s.get(close + 1..)?.split_whitespace();
-    let state = rest.next()?.chars().next()?;
-    let ppid = rest.next()?.parse().ok()?;
-    let pgid = rest.next()?.parse().ok()?;
-    Some(Stat {
-        pid,
-        comm,
-        state,
-        ppid,
-        pgid,
-    })
+    fvd_procs::find(Some(pgid), cookie.map(|c| (JOB_COOKIE_ENV, c)))
 }
 
 #[cfg(test)]
@@ -956,15 +876,6 @@ mod tests {
     fn cuda_devices_spelling() {
         assert_eq!(cuda_visible_devices(&[]), "");
         assert_eq!(cuda_visible_devices(&[3, 1]), "3,1");
-    }
-
-    #[test]
-    fn stat_with_odd_comm() {
-        let st = parse_stat("123 (a) b (c)) S 1 77 77 0 -1").unwrap();
-        assert_eq!(
-            (st.pid, st.comm.as_str(), st.state, st.ppid, st.pgid),
-            (123, "a) b (c)", 'S', 1, 77)
-        );
     }
 
     #[test]

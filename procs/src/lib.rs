@@ -1,0 +1,148 @@
+//! Finding live processes in `/proc`: those of a process group, and those
+//! whose environment carries a marker variable (a cookie). Both the worker
+//! (a job's processes, including ones that left its group with `setsid`)
+//! and the orchestrator (what is left of an agent after a crash) need it;
+//! signalling what is found stays with them.
+//!
+//! Linux only. Zombies are never listed (they are gone but for the reaping)
+//! and neither is the calling process; a process that vanishes between the
+//! listing and the reading is skipped.
+
+use std::path::Path;
+
+/// A process found in `/proc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub comm: String,
+    /// Found by the marker, outside the process group asked for (or with
+    /// no group asked for).
+    pub left_group: bool,
+}
+
+/// Live processes in process group `pgid` (when given), plus those outside
+/// it whose environment holds exactly the entry `NAME=VALUE` of `marker`.
+pub fn find(pgid: Option<i32>, marker: Option<(&str, &str)>) -> Vec<ProcInfo> {
+    let me = std::process::id() as i32;
+    let needle = marker.map(|(name, value)| format!("{name}={value}").into_bytes());
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some(st) = parse_stat(&stat) else {
+            continue;
+        };
+        if matches!(st.state, 'Z' | 'X') {
+            continue;
+        }
+        let in_group = pgid == Some(st.pgid);
+        let left_group = !in_group
+            && needle
+                .as_deref()
+                .is_some_and(|n| environ_has(&entry.path(), n));
+        if in_group || left_group {
+            out.push(ProcInfo {
+                pid: st.pid,
+                ppid: st.ppid,
+                pgid: st.pgid,
+                comm: st.comm,
+                left_group,
+            });
+        }
+    }
+    out
+}
+
+/// Whether the environment of the process at `proc_dir` has the entry
+/// `entry` (whole, not as the tail of another variable's name).
+fn environ_has(proc_dir: &Path, entry: &[u8]) -> bool {
+    std::fs::read(proc_dir.join("environ"))
+        .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == entry))
+}
+
+/// The fields of `/proc/PID/stat` fvd reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    pub pid: i32,
+    pub comm: String,
+    pub state: char,
+    pub ppid: i32,
+    pub pgid: i32,
+}
+
+/// Parses `/proc/PID/stat`: `pid (comm) state ppid pgrp …`; comm may
+/// contain spaces and parentheses, so it ends at the last `)`.
+pub fn parse_stat(s: &str) -> Option<Stat> {
+    let open = s.find('(')?;
+    let close = s.rfind(')')?;
+    let pid = s[..open].trim().parse().ok()?;
+    let comm = s.get(open + 1..close)?.to_string();
+    let mut rest = s.get(close + 1..)?.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    let pgid = rest.next()?.parse().ok()?;
+    Some(Stat {
+        pid,
+        comm,
+        state,
+        ppid,
+        pgid,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn stat_with_odd_comm() {
+        let st = parse_stat("123 (a) b (c)) S 1 77 77 0 -1").unwrap();
+        assert_eq!(
+            (st.pid, st.comm.as_str(), st.state, st.ppid, st.pgid),
+            (123, "a) b (c)", 'S', 1, 77)
+        );
+    }
+
+    #[test]
+    fn a_marker_finds_its_process_and_only_a_whole_entry_matches() {
+        let mut marked = Command::new("sleep")
+            .arg("30")
+            .env("FVD_PROCS_TEST", "cookie-1")
+            .spawn()
+            .unwrap();
+        let mut lookalike = Command::new("sleep")
+            .arg("30")
+            .env("X_FVD_PROCS_TEST", "cookie-1")
+            .spawn()
+            .unwrap();
+        let found = find(None, Some(("FVD_PROCS_TEST", "cookie-1")));
+        let pids: Vec<i32> = found.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, vec![marked.id() as i32], "{found:?}");
+        assert!(found[0].left_group);
+        assert!(find(None, Some(("FVD_PROCS_TEST", "cookie-2"))).is_empty());
+        assert!(find(None, None).is_empty());
+        for c in [&mut marked, &mut lookalike] {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+        // Reaped: gone from the listing.
+        assert!(find(None, Some(("FVD_PROCS_TEST", "cookie-1"))).is_empty());
+    }
+}
