@@ -96,7 +96,7 @@ impl TryFrom<RawTrace> for TraceSpec {
         fvd_trace::Renamer::parse(&r.rename).map_err(|e| format!("trace.rename: {e}"))?;
         fvd_trace::compare::Tolerances::parse(&r.tol).map_err(|e| format!("trace.tol: {e}"))?;
         if let Some(s) = &r.steps {
-            parse_steps(s).map_err(|e| format!("trace.steps: {e}"))?;
+            fvd_trace::parse_steps(s).map_err(|e| format!("trace.steps: {e}"))?;
         }
         let output = r.output.unwrap_or_else(|| DEFAULT_OUTPUT.to_string());
         if !output.contains("{dir}") {
@@ -136,26 +136,10 @@ impl TraceSpec {
             steps: self
                 .steps
                 .as_deref()
-                .map(|s| parse_steps(s).expect("validated when the spec was parsed")),
+                .map(|s| fvd_trace::parse_steps(s).expect("validated when the spec was parsed")),
             merge: fvd_trace::MergeOptions::default(),
         }
     }
-}
-
-/// `"0,15,31"` (and `null` for rows without a step), as
-/// `FASTVIDEO_TRACE_STEPS` and `fvd trace compare --steps` read it.
-fn parse_steps(list: &str) -> Result<Vec<Option<i64>>, String> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| match s {
-            "null" | "none" => Ok(None),
-            n => n
-                .parse::<i64>()
-                .map(Some)
-                .map_err(|_| format!("{n:?} is not a step number")),
-        })
-        .collect()
 }
 
 #[cfg(test)]

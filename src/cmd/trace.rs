@@ -103,26 +103,17 @@ pub fn run(cmd: TraceCmd) -> anyhow::Result<u8> {
     }
 }
 
-fn parse_steps(list: &str) -> anyhow::Result<Vec<Option<i64>>> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| match s {
-            "null" | "none" => Ok(None),
-            n => n
-                .parse::<i64>()
-                .map(Some)
-                .with_context(|| format!("--steps: {n:?} is not a step number")),
-        })
-        .collect()
-}
-
 fn run_compare(a: CompareArgs) -> anyhow::Result<u8> {
     let opts = CompareOptions {
         rename: a.rename,
         tolerances: a.tol,
         layers: a.layers,
-        steps: a.steps.as_deref().map(parse_steps).transpose()?,
+        steps: a
+            .steps
+            .as_deref()
+            .map(fvd_trace::parse_steps)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--steps: {e}"))?,
         merge: MergeOptions::default(),
     };
     // A comparison run by an agent or a test joins the port's trace: the

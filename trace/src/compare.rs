@@ -724,6 +724,22 @@ fn levenshtein(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+/// A step list as `FASTVIDEO_TRACE_STEPS` and `fvd trace compare --steps`
+/// write it: `"0,15,31"`, with `null` (or `none`) for rows without a step.
+pub fn parse_steps(list: &str) -> Result<Vec<Option<i64>>, crate::TraceError> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s {
+            "null" | "none" => Ok(None),
+            n => n
+                .parse::<i64>()
+                .map(Some)
+                .map_err(|_| crate::TraceError::Step(n.to_string())),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,8 @@ pub enum TraceError {
     Dump { path: PathBuf, message: String },
     #[error("no input files given for the {side} side")]
     NoInput { side: &'static str },
+    #[error("{0:?} is not a step number")]
+    Step(String),
 }
 
 impl TraceError {

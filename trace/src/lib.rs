@@ -20,7 +20,7 @@ pub mod record;
 pub mod rename;
 pub mod report;
 
-pub use compare::{CompareOptions, compare, compare_records, drift};
+pub use compare::{CompareOptions, compare, compare_records, drift, parse_steps};
 pub use diag::Diagnostic;
 pub use error::TraceError;
 pub use merge::{MergeOptions, Merged, ShapeIndex, merge_ranks};
