@@ -218,7 +218,7 @@ fn component_context(
         weights = get("hf_weights_path"),
         readme = get("local_tests_readme"),
         state = get("port_state_file"),
-        test = spec.parity_test,
+        test = spec.parity_tests.join(", "),
     )
 }
 
@@ -517,8 +517,11 @@ mod tests {
         ComponentSpec {
             name: "timestep_embed".into(),
             component_type: "generic".into(),
-            parity_test: "tests/t.py".into(),
+            parity_tests: vec!["tests/t.py".into()],
             coverage_scope: "implementation_subcomponent".into(),
+            aliases: vec![],
+            set_env: Default::default(),
+            lines: Default::default(),
             gpus: 0,
             timeout: Duration::from_secs(10),
             env: vec![],

@@ -435,7 +435,7 @@ async fn enqueue(
     );
     metrics::attempt(&st.args.family, &spec.name);
     emit(st).await?;
-    let mut env = BTreeMap::new();
+    let mut env = spec.set_env.clone();
     env.insert("FVD_FAMILY".to_string(), st.args.family.clone());
     env.insert("FVD_COMPONENT".to_string(), spec.name.clone());
     env.insert("FVD_RUN".to_string(), record.run_no.to_string());

@@ -237,8 +237,12 @@ pub fn render(
         let scope = format!("component:{}", c.name);
         let existing = (0..t.rows.len()).find(|&i| {
             t.cell(i, "Scope").is_some_and(|v| plain(v) == scope)
-                || t.cell(i, "Command")
-                    .is_some_and(|v| plain(v).contains(&spec_c.parity_test))
+                || t.cell(i, "Command").is_some_and(|v| {
+                    spec_c
+                        .parity_tests
+                        .iter()
+                        .any(|t| plain(v).contains(t.as_str()))
+                })
         });
         let row = ParityCommandRow {
             scope,

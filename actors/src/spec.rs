@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+use toml::Spanned;
 
 /// Default parity command; `{test}` is the component's parity test path and
 /// `{junitxml}` the JUnit file the worker collects.
@@ -53,8 +54,16 @@ pub enum SpecError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PortSpec {
     pub family: String,
+    /// The file the spec was read from, as given (for `file:line` in the
+    /// gate's conditions).
+    pub path: String,
     /// Prep handoff fields, keyed by the contract's field names, as written.
     pub prep: BTreeMap<String, String>,
+    /// 1-based line of each prep field in the spec file.
+    pub prep_lines: BTreeMap<String, usize>,
+    /// `[defaults] preflight`: argv run once per worker per port before its
+    /// first job; a worker where it fails takes no job of the port.
+    pub preflight: Vec<String>,
     pub components: Vec<ComponentSpec>,
 }
 
@@ -63,9 +72,19 @@ pub struct PortSpec {
 pub struct ComponentSpec {
     pub name: String,
     pub component_type: String,
-    /// Repo-relative path of the parity test.
-    pub parity_test: String,
+    /// Repo-relative paths of the parity test files (one or more); `{test}`
+    /// in the command stands for all of them.
+    pub parity_tests: Vec<String>,
     pub coverage_scope: String,
+    /// Other names `PORT_STATUS.md` uses for this component (a matrix row
+    /// `text_encoder/tokenizer`, a Parity Commands scope).
+    pub aliases: Vec<String>,
+    /// Literal, non-secret environment of the runs (`PYTHONPATH`); `{repo}`
+    /// in a value stands for the checkout the run tests.
+    pub set_env: BTreeMap<String, String>,
+    /// 1-based line of each of the component's fields in the spec file
+    /// (`name`, `type`, `coverage_scope`, …).
+    pub lines: BTreeMap<String, usize>,
     /// Number of GPUs of one host the test needs (0 = a CPU slot).
     pub gpus: u32,
     pub timeout: Duration,
@@ -134,23 +153,54 @@ impl AgentSpec {
 }
 
 impl ComponentSpec {
-    /// The argv of a run: the template with `{test}` substituted. `{junitxml}`
-    /// stays for the worker, which alone knows where the file goes.
+    /// The argv of a run: the template with `{test}` substituted (an
+    /// argument that is exactly `{test}` becomes one argument per test
+    /// file; inside a longer argument the files are joined by spaces).
+    /// `{junitxml}` and `{repo}` stay for the worker, which alone knows
+    /// where the file goes and where the checkout is.
     pub fn argv(&self) -> Vec<String> {
-        self.command
-            .iter()
-            .map(|a| {
-                a.replace("{test}", &self.parity_test)
-                    .replace("{gpus}", &self.gpus.to_string())
-            })
-            .collect()
+        let gpus = self.gpus.to_string();
+        let mut out = Vec::with_capacity(self.command.len() + self.parity_tests.len());
+        for a in &self.command {
+            if a == "{test}" {
+                out.extend(self.parity_tests.iter().cloned());
+            } else {
+                out.push(
+                    a.replace("{test}", &self.parity_tests.join(" "))
+                        .replace("{gpus}", &gpus),
+                );
+            }
+        }
+        out
+    }
+
+    /// The first parity test file (every component has at least one).
+    pub fn first_test(&self) -> &str {
+        self.parity_tests.first().map(String::as_str).unwrap_or("")
+    }
+
+    /// Whether a run of `other` would test the same thing in the same way:
+    /// what a resumed port compares to keep a recorded verdict. Line
+    /// numbers and aliases do not count.
+    pub fn same_run(&self, other: &ComponentSpec) -> bool {
+        self.argv() == other.argv()
+            && self.set_env == other.set_env
+            && self.env == other.env
+            && self.gpus == other.gpus
+            && self.timeout == other.timeout
+            && self.placement == other.placement
+            && self.confirm_runs == other.confirm_runs
+            && self.agent == other.agent
+            && self.trace == other.trace
+            && self.component_type == other.component_type
+            && self.coverage_scope == other.coverage_scope
     }
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawSpec {
-    prep: BTreeMap<String, toml::Value>,
+    prep: BTreeMap<String, Spanned<toml::Value>>,
     #[serde(default)]
     defaults: RawDefaults,
     #[serde(default, rename = "component")]
@@ -185,16 +235,32 @@ struct RawDefaults {
     /// Priority of the port's runs against other ports (higher first).
     priority: Option<i32>,
     confirm_runs: Option<u32>,
+    #[serde(default)]
+    set_env: BTreeMap<String, String>,
+    #[serde(default)]
+    preflight: Vec<String>,
+}
+
+/// `parity_test = "a.py"` or `parity_test = ["a.py", "b.py"]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawComponent {
-    name: String,
+    name: Spanned<String>,
     #[serde(rename = "type")]
-    component_type: String,
-    parity_test: String,
-    coverage_scope: String,
+    component_type: Spanned<String>,
+    parity_test: Spanned<OneOrMany>,
+    coverage_scope: Spanned<String>,
+    #[serde(default)]
+    aliases: Vec<String>,
+    #[serde(default)]
+    set_env: BTreeMap<String, String>,
     gpus: Option<u32>,
     timeout_s: Option<u64>,
     env: Option<Vec<String>>,
@@ -261,8 +327,10 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         message,
     };
     let mut prep = BTreeMap::new();
+    let mut prep_lines = BTreeMap::new();
     for (k, v) in raw.prep {
-        let s = match v {
+        prep_lines.insert(k.clone(), line_col(text, v.span().start).0);
+        let s = match v.into_inner() {
             toml::Value::String(s) => s,
             toml::Value::Array(items) => items
                 .iter()
@@ -335,44 +403,88 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
     };
     let mut components = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
+    let default_set_env = raw.defaults.set_env;
+    for name in default_set_env.keys() {
+        if !is_env_name(name) {
+            return Err(invalid(format!(
+                "defaults.set_env: {name:?} is not a variable name"
+            )));
+        }
+    }
     for c in raw.components {
-        if !seen.insert(c.name.clone()) {
-            return Err(invalid(format!("component {:?} is listed twice", c.name)));
+        let line_of = |start: usize| line_col(text, start).0;
+        let mut lines = BTreeMap::new();
+        lines.insert("name".to_string(), line_of(c.name.span().start));
+        lines.insert("type".to_string(), line_of(c.component_type.span().start));
+        lines.insert(
+            "parity_test".to_string(),
+            line_of(c.parity_test.span().start),
+        );
+        lines.insert(
+            "coverage_scope".to_string(),
+            line_of(c.coverage_scope.span().start),
+        );
+        let name = c.name.into_inner();
+        if !seen.insert(name.clone()) {
+            return Err(invalid(format!("component {name:?} is listed twice")));
         }
         let env = c
             .env
             .or_else(|| raw.defaults.env.clone())
             .unwrap_or_default();
-        for name in &env {
-            if !is_env_name(name) {
+        for var in &env {
+            if !is_env_name(var) {
                 return Err(invalid(format!(
-                    "component {}: env entry is not a variable name (specs name variables, never values)",
-                    c.name
+                    "component {name}: env entry is not a variable name (specs name variables, never values)"
                 )));
             }
+        }
+        let mut set_env = default_set_env.clone();
+        for (var, value) in c.set_env {
+            if !is_env_name(&var) {
+                return Err(invalid(format!(
+                    "component {name}: set_env: {var:?} is not a variable name"
+                )));
+            }
+            set_env.insert(var, value);
+        }
+        if let Some(var) = set_env.keys().find(|v| env.contains(v)) {
+            return Err(invalid(format!(
+                "component {name}: {var} is both passed through (env) and set (set_env)"
+            )));
+        }
+        let parity_tests = match c.parity_test.into_inner() {
+            OneOrMany::One(t) => vec![t],
+            OneOrMany::Many(ts) => ts,
+        };
+        if parity_tests.is_empty() || parity_tests.iter().any(|t| t.trim().is_empty()) {
+            return Err(invalid(format!(
+                "component {name}: parity_test names no file"
+            )));
         }
         let command = c.command.unwrap_or_else(|| defaults_cmd.clone());
         if c.agent && agent.is_none() {
             return Err(invalid(format!(
-                "component {}: agent = true but the spec has no [agent] table",
-                c.name
+                "component {name}: agent = true but the spec has no [agent] table"
             )));
         }
         if command.is_empty() {
-            return Err(invalid(format!("component {}: command is empty", c.name)));
+            return Err(invalid(format!("component {name}: command is empty")));
         }
         let confirm_runs = c.confirm_runs.or(raw.defaults.confirm_runs).unwrap_or(1);
         if confirm_runs == 0 {
             return Err(invalid(format!(
-                "component {}: confirm_runs must be at least 1",
-                c.name
+                "component {name}: confirm_runs must be at least 1"
             )));
         }
         components.push(ComponentSpec {
-            name: c.name,
-            component_type: c.component_type,
-            parity_test: c.parity_test,
-            coverage_scope: c.coverage_scope,
+            name,
+            component_type: c.component_type.into_inner(),
+            parity_tests,
+            coverage_scope: c.coverage_scope.into_inner(),
+            aliases: c.aliases,
+            set_env,
+            lines,
             gpus: c.gpus.or(raw.defaults.gpus).unwrap_or(0),
             timeout: Duration::from_secs(c.timeout_s.or(raw.defaults.timeout_s).unwrap_or(600)),
             env,
@@ -392,7 +504,10 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
     }
     Ok(PortSpec {
         family,
+        path: path.display().to_string(),
         prep,
+        prep_lines,
+        preflight: raw.defaults.preflight,
         components,
     })
 }
@@ -539,6 +654,66 @@ env = ["HF_TOKEN"]
         let zero = text.replace("confirm_runs = 2", "confirm_runs = 0");
         let err = parse(Path::new("p.toml"), &zero).unwrap_err().to_string();
         assert!(err.contains("confirm_runs must be at least 1"), "{err}");
+    }
+
+    #[test]
+    fn several_test_files_aliases_and_literal_env() {
+        let text = GOOD.replace(
+            "parity_test = \"tests/local_tests/generic/test_tiny_embed_parity.py\"",
+            "parity_test = [\"t/a.py\", \"t/b.py\"]\naliases = [\"embed/tokenizer\"]\nset_env = { PYTHONPATH = \"{repo}\" }\ncommand = [\"python\", \"-m\", \"pytest\", \"{test}\", \"--files={test}\"]",
+        );
+        let s = parse(Path::new("p.toml"), &text).unwrap();
+        let c = &s.components[0];
+        assert_eq!(c.parity_tests, ["t/a.py", "t/b.py"]);
+        assert_eq!(c.aliases, ["embed/tokenizer"]);
+        assert_eq!(
+            c.set_env.get("PYTHONPATH").map(String::as_str),
+            Some("{repo}")
+        );
+        // `{test}` alone is one argument per file; inside an argument, the
+        // files joined
+        assert_eq!(
+            c.argv(),
+            [
+                "python",
+                "-m",
+                "pytest",
+                "t/a.py",
+                "t/b.py",
+                "--files=t/a.py t/b.py"
+            ]
+        );
+        assert_eq!(c.lines.get("name"), Some(&7));
+        assert_eq!(c.lines.get("coverage_scope"), Some(&13));
+        assert_eq!(s.prep_lines.get("official_env_status"), Some(&4));
+        let both = text.replace("[\"HF_TOKEN\"]", "[\"PYTHONPATH\"]");
+        let err = parse(Path::new("p.toml"), &both).unwrap_err().to_string();
+        assert!(err.contains("PYTHONPATH is both passed through"), "{err}");
+        let empty = GOOD.replace(
+            "\"tests/local_tests/generic/test_tiny_embed_parity.py\"",
+            "[]",
+        );
+        let err = parse(Path::new("p.toml"), &empty).unwrap_err().to_string();
+        assert!(err.contains("parity_test names no file"), "{err}");
+    }
+
+    #[test]
+    fn same_run_ignores_lines_and_aliases_but_not_the_command() {
+        let a = parse(Path::new("p.toml"), GOOD)
+            .unwrap()
+            .components
+            .remove(0);
+        let moved = parse(Path::new("p.toml"), &format!("\n\n{GOOD}"))
+            .unwrap()
+            .components
+            .remove(0);
+        assert_ne!(a.lines, moved.lines);
+        assert!(a.same_run(&moved));
+        let mut other = a.clone();
+        other.aliases.push("x".into());
+        assert!(a.same_run(&other));
+        other.gpus = 1;
+        assert!(!a.same_run(&other));
     }
 
     #[test]

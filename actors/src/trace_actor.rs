@@ -481,7 +481,9 @@ async fn enqueue(
         )
         .await
         .map_err(|e| format!("cannot record trace step {}: {e}", inq.step))?;
-    let mut env = std::collections::BTreeMap::new();
+    // The traced rerun runs as the component's own runs do, plus the
+    // trace variables.
+    let mut env = spec.set_env.clone();
     for (k, v) in [
         ("FVD_FAMILY", st.args.family.clone()),
         ("FVD_COMPONENT", spec.name.clone()),

@@ -259,6 +259,9 @@ fn handle(
 
 /// Placeholder for the collected folder in an assignment's literal env.
 pub const COLLECT_DIR: &str = "{collect_dir}";
+/// Placeholder for the job's checkout (its working directory) in an
+/// assignment's argv and literal env (`PYTHONPATH = "{repo}"`).
+pub const REPO_DIR: &str = "{repo}";
 
 /// Runs one assignment to its end and builds the `JobFinished` report.
 async fn run_assigned(
@@ -281,6 +284,12 @@ async fn run_assigned(
     if let Some(tp) = traceparent {
         env.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
+    // `{repo}` in the argv or a literal value is the checkout the job
+    // tests (its working directory here), which only this worker knows.
+    for (_, value) in env.iter_mut() {
+        *value = value.replace(REPO_DIR, &a.cwd);
+    }
+    let argv = a.argv.iter().map(|x| x.replace(REPO_DIR, &a.cwd)).collect();
     for name in &a.secret_env {
         if let Ok(v) = std::env::var(name) {
             env.push((name.clone(), v));
@@ -288,7 +297,7 @@ async fn run_assigned(
     }
     let mut spec = JobSpec {
         job_id: a.job_id.clone(),
-        argv: a.argv,
+        argv,
         env,
         secret_env_names: a.secret_env,
         cwd: PathBuf::from(&a.cwd),
