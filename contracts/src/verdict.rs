@@ -36,10 +36,6 @@ pub const MAX_LISTED_FAILURES: usize = 20;
 const INFRA_MARKERS: &[&str] = &[
     "CUDA error: initialization error",
     "cudaErrorInitializationError",
-    "no CUDA-capable device",
-    "No CUDA GPUs are available",
-    "CUDA driver version is insufficient",
-    "Found no NVIDIA driver",
     "CUDA-capable device(s) is/are busy or unavailable",
     "CUDA error: out of memory",
     "CUDA out of memory",
@@ -51,6 +47,18 @@ const INFRA_MARKERS: &[&str] = &[
     "ncclUnhandledCudaError",
     "ncclRemoteError",
     "ncclInternalError",
+];
+
+/// Fragments that say the host has no usable CUDA stack at all (no driver, a
+/// driver too old, no device): an environment failure of the worker, which
+/// the same worker will show on every run, not a transient fault.
+const DRIVER_MARKERS: &[&str] = &[
+    "Found no NVIDIA driver",
+    "CUDA driver version is insufficient",
+    "no CUDA-capable device is detected",
+    "No CUDA GPUs are available",
+    "libcuda.so: cannot open shared object file",
+    "NVIDIA-SMI has failed",
 ];
 
 /// SIGKILL: a run killed with it and not by fvd's own timeout was most likely
@@ -75,6 +83,11 @@ pub enum VerdictStatus {
     Timeout,
     /// The host failed the run (lost worker, CUDA/NCCL init, out of memory).
     InfraError,
+    /// The run could not test the code because of something outside the
+    /// repository: a package that is not installed, a missing interpreter
+    /// or working directory, no CUDA driver. Never an attempt of the
+    /// component; the environment must be fixed.
+    Environment,
 }
 
 impl VerdictStatus {
@@ -87,6 +100,7 @@ impl VerdictStatus {
             VerdictStatus::Error => "error",
             VerdictStatus::Timeout => "timeout",
             VerdictStatus::InfraError => "infra_error",
+            VerdictStatus::Environment => "environment",
         }
     }
 }
@@ -210,6 +224,11 @@ pub enum Verdict {
         /// The marker or condition that showed the fault.
         cause: String,
     },
+    /// See [`VerdictStatus::Environment`]; built by [`environment_cause`].
+    Environment {
+        /// One line: `No module named 'torch'`, `cannot start the test: …`.
+        cause: String,
+    },
 }
 
 impl Verdict {
@@ -222,6 +241,7 @@ impl Verdict {
             Verdict::Error { .. } => VerdictStatus::Error,
             Verdict::Timeout => VerdictStatus::Timeout,
             Verdict::InfraError { .. } => VerdictStatus::InfraError,
+            Verdict::Environment { .. } => VerdictStatus::Environment,
         }
     }
 
@@ -234,6 +254,11 @@ impl Verdict {
     /// an attempt.
     pub fn is_infra(&self) -> bool {
         matches!(self, Verdict::InfraError { .. })
+    }
+
+    /// Whether the run failed for a cause outside the repository.
+    pub fn is_environment(&self) -> bool {
+        matches!(self, Verdict::Environment { .. })
     }
 
     /// One line for humans and agents: the failing assertion, the skip
@@ -273,6 +298,7 @@ impl Verdict {
             Verdict::Error { kind, detail } => format!("error:{}: {detail}", kind.as_str()),
             Verdict::Timeout => "killed at the timeout".to_string(),
             Verdict::InfraError { cause } => format!("infrastructure: {cause}"),
+            Verdict::Environment { cause } => cause.clone(),
         };
         one_line(&line, 2 * MAX_MESSAGE_CHARS)
     }
@@ -355,6 +381,97 @@ pub fn classify(ev: &RunEvidence<'_>) -> Verdict {
         Err(e) => return error(ErrorKind::JunitInvalid, &e.to_string()),
     };
     classify_report(&report, ev)
+}
+
+/// Why a run could not test the code, when the cause lies outside the
+/// repository: the command could not start (`spawn_error`: a missing
+/// interpreter or working directory), an import of a top-level package the
+/// repository does not contain (`in_repo(top)` is false: torch, diffusers,
+/// pytest itself), or a host without a usable CUDA driver. `None` when the
+/// run tested the code (whatever its verdict) or failed for a cause inside
+/// the repository: a missing module of the port's own package is a code
+/// error, for the component and its agent.
+///
+/// Only failing evidence is read: a run whose report has no failure or
+/// error is never an environment failure.
+pub fn environment_cause(
+    ev: &RunEvidence<'_>,
+    spawn_error: &str,
+    in_repo: &dyn Fn(&str) -> bool,
+) -> Option<Verdict> {
+    let env = |cause: String| {
+        Some(Verdict::Environment {
+            cause: one_line(&cause, MAX_MESSAGE_CHARS),
+        })
+    };
+    if !spawn_error.is_empty() {
+        return env(format!("cannot start the test: {spawn_error}"));
+    }
+    if ev.timed_out || ev.cancelled || ev.worker_lost {
+        return None;
+    }
+    // The texts that say why the run failed: the failing and erroring cases
+    // of a report, or the output when there is no usable report.
+    let mut texts: Vec<&str> = Vec::new();
+    let parsed = match ev.junit {
+        JunitEvidence::Xml(xml) => parse_junit(xml).ok(),
+        _ => None,
+    };
+    match &parsed {
+        Some(report) => {
+            for c in &report.cases {
+                if matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::Error(_)) {
+                    texts.push(&c.message);
+                    texts.push(&c.detail);
+                }
+            }
+            if texts.is_empty() {
+                return None;
+            }
+        }
+        None => {
+            if ev.exit_code == Some(0) {
+                return None;
+            }
+            texts.push(ev.output_tail);
+        }
+    }
+    for t in &texts {
+        for module in missing_modules(t) {
+            let top = module.split('.').next().unwrap_or(module);
+            if !top.is_empty() && !in_repo(top) {
+                return env(format!("No module named '{module}'"));
+            }
+        }
+    }
+    for t in &texts {
+        if let Some(m) = DRIVER_MARKERS.iter().find(|m| t.contains(*m)) {
+            return env(format!("no usable CUDA driver: {m}"));
+        }
+    }
+    None
+}
+
+/// The module names of every `No module named 'x.y'` (or unquoted, as
+/// `python -m` prints it) in `text`, in order.
+fn missing_modules(text: &str) -> Vec<&str> {
+    const NEEDLE: &str = "No module named ";
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(NEEDLE) {
+        rest = &rest[i + NEEDLE.len()..];
+        let quoted = rest.strip_prefix('\'').or_else(|| rest.strip_prefix('"'));
+        let body = quoted.unwrap_or(rest);
+        let end = body
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+            .unwrap_or(body.len());
+        let name = body[..end].trim_end_matches('.');
+        if !name.is_empty() {
+            out.push(name);
+        }
+        rest = &body[end..];
+    }
+    out
 }
 
 fn classify_report(report: &JunitReport, ev: &RunEvidence<'_>) -> Verdict {
@@ -944,6 +1061,110 @@ mod tests {
         let v = classify(&ev(xml));
         assert_eq!(v.status(), VerdictStatus::ScaffoldSkip);
         assert_eq!(v.reason(), "skipped: needs <ops>");
+    }
+
+    /// A repository holding `fastvideo/` and `tests/`.
+    fn in_repo(top: &str) -> bool {
+        matches!(top, "fastvideo" | "tests")
+    }
+
+    fn collection_error(module: &str) -> String {
+        suite(&format!(
+            r#"<testcase classname="" name="test_x"><error message="collection failure">ImportError while importing test module '/r/test_x.py'.
+Traceback:
+test_x.py:1: in &lt;module&gt;
+    import {module}
+E   ModuleNotFoundError: No module named '{module}'</error></testcase>"#
+        ))
+    }
+
+    #[test]
+    fn a_package_the_repository_lacks_is_the_environment() {
+        let xml = collection_error("torch");
+        let mut e = ev(&xml);
+        e.exit_code = Some(2);
+        let v = environment_cause(&e, "", &in_repo).expect("torch is not in the repo");
+        assert_eq!(v.status(), VerdictStatus::Environment);
+        assert_eq!(v.reason(), "No module named 'torch'");
+        // A dotted name counts by its top-level package.
+        let xml = collection_error("diffusers.models");
+        assert_eq!(
+            environment_cause(&ev(&xml), "", &in_repo).map(|v| v.reason()),
+            Some("No module named 'diffusers.models'".to_string())
+        );
+    }
+
+    #[test]
+    fn a_module_missing_from_the_repository_itself_is_a_code_error() {
+        let xml = collection_error("fastvideo.models.dits.tiny");
+        let mut e = ev(&xml);
+        e.exit_code = Some(2);
+        assert_eq!(environment_cause(&e, "", &in_repo), None);
+        assert_eq!(classify(&e).status(), VerdictStatus::Error);
+    }
+
+    #[test]
+    fn no_pytest_no_interpreter_no_driver() {
+        // `python3 -m pytest` without pytest: no report, the tail says why
+        // (unquoted, as `python -m` prints it).
+        let e = RunEvidence {
+            junit: JunitEvidence::Missing { path: "j.xml" },
+            exit_code: Some(1),
+            output_tail: "/usr/bin/python3: No module named pytest\n",
+            ..ev("")
+        };
+        assert_eq!(
+            environment_cause(&e, "", &in_repo).map(|v| v.reason()),
+            Some("No module named 'pytest'".to_string())
+        );
+        let v = environment_cause(
+            &ev(""),
+            "cannot spawn \"python9\" in \"/r\": No such file or directory",
+            &in_repo,
+        )
+        .unwrap();
+        assert!(
+            v.reason()
+                .starts_with("cannot start the test: cannot spawn"),
+            "{}",
+            v.reason()
+        );
+        let xml = suite(
+            r#"<testcase classname="t" name="a"><error message="failed on setup with &quot;RuntimeError: Found no NVIDIA driver on your system&quot;">x</error></testcase>"#,
+        );
+        assert_eq!(
+            environment_cause(&ev(&xml), "", &in_repo).map(|v| v.status()),
+            Some(VerdictStatus::Environment)
+        );
+    }
+
+    #[test]
+    fn runs_that_tested_are_never_the_environment() {
+        // A numeric failure whose output mentions a missing optional module.
+        let xml = suite(
+            r#"<testcase classname="t" name="a"><failure message="AssertionError: max diff 0.3">assert 0.3 &lt; 1e-3</failure></testcase>"#,
+        );
+        let e = RunEvidence {
+            output_tail: "warning: No module named 'flash_attn'; using sdpa",
+            exit_code: Some(1),
+            ..ev(&xml)
+        };
+        assert_eq!(environment_cause(&e, "", &in_repo), None);
+        // A pass, whatever its output says.
+        let xml = suite(r#"<testcase classname="t" name="a"></testcase>"#);
+        let e = RunEvidence {
+            output_tail: "No module named 'torch' (fell back to numpy)",
+            ..ev(&xml)
+        };
+        assert_eq!(environment_cause(&e, "", &in_repo), None);
+        // Killed at the timeout: a verdict of its own.
+        let e = RunEvidence {
+            timed_out: true,
+            junit: JunitEvidence::Missing { path: "j.xml" },
+            output_tail: "No module named 'torch'",
+            ..ev("")
+        };
+        assert_eq!(environment_cause(&e, "", &in_repo), None);
     }
 
     #[test]
