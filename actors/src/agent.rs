@@ -522,6 +522,7 @@ mod tests {
             aliases: vec![],
             set_env: Default::default(),
             lines: Default::default(),
+            preflight: vec![],
             gpus: 0,
             timeout: Duration::from_secs(10),
             env: vec![],

@@ -76,8 +76,16 @@ pub enum ComponentMsg {
         worker_id: String,
     },
     /// The queued job cannot be placed for now (`reason`), or can again
-    /// (empty `reason`).
+    /// (empty `reason`). `environment`: the only workers that could take it
+    /// failed its environment before.
     Waiting {
+        job_id: String,
+        reason: String,
+        environment: bool,
+    },
+    /// No worker of a fixed fleet (embedded mode) can ever hold the job: it
+    /// left the queue, and `reason` says why and what to change.
+    Unplaceable {
         job_id: String,
         reason: String,
     },
@@ -118,6 +126,12 @@ pub struct ComponentState {
     agent: Option<AgentLoop>,
     /// The last run drilled down by the trace actor and its summary.
     traced: Option<(String, String)>,
+    /// Workers whose environment failed this component's runs, with the
+    /// cause: its next runs go elsewhere (or wait for a fixed worker).
+    exclude: BTreeMap<String, String>,
+    /// The component waits for an environment (no worker without a failed
+    /// environment can take its run); the gate knows.
+    waiting_env: bool,
 }
 
 /// What the agent loop of a component needs besides its spec.
@@ -159,6 +173,8 @@ impl Actor for ComponentSubagentActor {
             last_verdict: None,
             agent: None,
             traced: None,
+            exclude: BTreeMap::new(),
+            waiting_env: false,
         })
     }
 
@@ -198,24 +214,56 @@ impl Actor for ComponentSubagentActor {
         match msg {
             ComponentMsg::Leased { job_id, worker_id } => {
                 // The scheduler recorded `running` with the lease; only
-                // watchers need telling.
+                // watchers (and the gate, if it waited for an environment)
+                // need telling.
                 if st.job_id.as_deref() == Some(job_id.as_str()) {
                     tracing::debug!(%job_id, %worker_id, "job leased");
+                    environment_fixed(st)?;
                     emit(st).await?;
                 }
             }
             ComponentMsg::Started { job_id, worker_id } => {
                 tracing::debug!(%job_id, %worker_id, "job process started");
             }
-            ComponentMsg::Waiting { job_id, reason } => {
-                if st.job_id.as_deref() == Some(job_id.as_str()) {
+            ComponentMsg::Waiting {
+                job_id,
+                reason,
+                environment,
+            } => {
+                if st.job_id.as_deref() != Some(job_id.as_str()) {
+                    return Ok(());
+                }
+                if environment {
+                    // Every worker that could take the run failed its
+                    // environment: the component waits for a fixed one, and
+                    // the port pauses once nothing else runs.
+                    let (family, name) = (&st.args.family, &st.args.spec.name);
+                    st.args.store.set_waiting_env(family, name, &reason).await?;
+                    if !st.waiting_env {
+                        st.waiting_env = true;
+                        st.args
+                            .gate
+                            .cast(GateMsg::ComponentWaitsEnv(name.clone()))?;
+                    }
+                } else {
+                    environment_fixed(st)?;
                     // Only while still queued: a lease recorded meanwhile wins.
                     st.args
                         .store
                         .set_queued_reason(&st.args.family, &st.args.spec.name, &reason)
                         .await?;
-                    emit(st).await?;
                 }
+                emit(st).await?;
+            }
+            ComponentMsg::Unplaceable { job_id, reason } => {
+                if st.job_id.as_deref() != Some(job_id.as_str()) {
+                    return Ok(());
+                }
+                // Never started: no run, no verdict of the code, no agent.
+                st.args.store.unplace_job(&job_id).await?;
+                st.job_id = None;
+                let reason = format!("unplaced: component {} {reason}", st.args.spec.name);
+                finish(st, "blocked", "unplaced", &reason, "").await?;
             }
             ComponentMsg::WorkerLost {
                 job_id,
@@ -255,7 +303,12 @@ impl Actor for ComponentSubagentActor {
                 if st.job_id.as_deref() != Some(report.job_id.as_str()) {
                     return Ok(());
                 }
-                let v = classify(&report);
+                let v = classify(&report, &repo_modules(&st.args.repo, &st.args.spec));
+                if let Verdict::Environment { cause } = &v {
+                    // Not the component's fault: no verdict, no run, no
+                    // agent, no trace; the run goes to another worker.
+                    return environment_failure(&myself, st, &report, &worker_id, cause).await;
+                }
                 // A red run is drilled down first; `Traced` brings it back.
                 let traced = st.traced.as_ref();
                 let v_str = v.status().as_str();
@@ -354,7 +407,7 @@ impl Actor for ComponentSubagentActor {
                     result.reason.clone()
                 } else {
                     let note = crate::trace_actor::note(st.traced.as_ref(), &report.job_id);
-                    format!("{}: {note}{}", result.verdict, result.reason)
+                    classed(&result.verdict, &format!("{note}{}", result.reason))
                 };
                 finish(st, status, &result.verdict, &reason, &worker_id).await?;
             }
@@ -363,7 +416,25 @@ impl Actor for ComponentSubagentActor {
     }
 }
 
-pub(crate) fn classify(report: &JobReport) -> Verdict {
+/// A blocked reason that names its verdict class once: `debug_red: …`, but
+/// `error:collection: …` as the reason of an error already reads.
+fn classed(verdict: &str, reason: &str) -> String {
+    if reason.starts_with(&format!("{verdict}:")) {
+        reason.to_string()
+    } else {
+        format!("{verdict}: {reason}")
+    }
+}
+
+/// The verdict of a run: an environment failure when its cause lies
+/// outside the repository (`in_repo` says which top-level modules the
+/// checkout holds), else what its JUnit report says.
+pub(crate) fn classify(report: &JobReport, in_repo: &dyn Fn(&str) -> bool) -> Verdict {
+    if !report.preflight_error.is_empty() {
+        return Verdict::Environment {
+            cause: report.preflight_error.clone(),
+        };
+    }
     let junit = match (&report.junit_xml, report.junit_error.as_str()) {
         (Some(xml), _) => JunitEvidence::Xml(xml),
         (None, e) if e.contains("not written") || e.contains("missing") || e.is_empty() => {
@@ -374,15 +445,7 @@ pub(crate) fn classify(report: &JobReport) -> Verdict {
             error: e,
         },
     };
-    if !report.spawn_error.is_empty() {
-        // The command never ran: as unusable as a pytest that rejected its
-        // command line.
-        return Verdict::Error {
-            kind: verdict::ErrorKind::Pytest,
-            detail: format!("could not start the test: {}", report.spawn_error),
-        };
-    }
-    verdict::classify(&RunEvidence {
+    let ev = RunEvidence {
         junit,
         timed_out: report.timed_out,
         cancelled: report.cancelled,
@@ -390,7 +453,120 @@ pub(crate) fn classify(report: &JobReport) -> Verdict {
         signal: report.signal,
         output_tail: &report.output_tail,
         worker_lost: false,
-    })
+    };
+    if let Some(env) = verdict::environment_cause(&ev, &report.spawn_error, in_repo) {
+        return env;
+    }
+    verdict::classify(&ev)
+}
+
+/// Which top-level Python modules a component's runs find in the checkout:
+/// the repository's top-level folders and `.py` files, those of the
+/// folders its literal `PYTHONPATH` names inside the checkout, and those
+/// beside its test files (pytest puts the test's root on the path). A
+/// missing module that is none of these is the environment's.
+pub(crate) fn repo_modules(
+    repo: &str,
+    spec: &crate::spec::ComponentSpec,
+) -> impl Fn(&str) -> bool + use<> {
+    let repo = PathBuf::from(repo);
+    let mut roots = vec![repo.clone()];
+    if let Some(pp) = spec.set_env.get("PYTHONPATH") {
+        for part in pp.split(':').filter(|p| !p.is_empty()) {
+            let part = part.replace("{repo}", &repo.to_string_lossy());
+            let p = repo.join(part);
+            if p.starts_with(&repo) {
+                roots.push(p);
+            }
+        }
+    }
+    for t in &spec.parity_tests {
+        let mut dir = repo.join(t);
+        while dir.pop() && dir.starts_with(&repo) && dir != repo {
+            roots.push(dir.clone());
+        }
+    }
+    move |top: &str| {
+        !top.is_empty()
+            && !top.contains(['/', '\\'])
+            && top != ".."
+            && roots
+                .iter()
+                .any(|r| r.join(top).is_dir() || r.join(format!("{top}.py")).is_file())
+    }
+}
+
+/// A run that could not test the code because of its worker's environment:
+/// the run is recorded as such (never a verdict, never counted), the worker
+/// is excluded for this component, and the run is queued again; the
+/// scheduler places it on another worker or says it waits for an
+/// environment.
+async fn environment_failure(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    report: &JobReport,
+    worker_id: &str,
+    cause: &str,
+) -> Result<(), ActorProcessingErr> {
+    let result = JobResult {
+        verdict: verdict::VerdictStatus::Environment.as_str().to_string(),
+        reason: cause.to_string(),
+        exit_code: report.exit_code,
+        signal: report.signal,
+        duration_ms: report.duration_ms,
+        junit_xml: report.junit_xml.clone().unwrap_or_default(),
+        output_tail: report.output_tail.clone(),
+    };
+    if !st
+        .args
+        .store
+        .finish_job_environment(&report.job_id, report.lease_epoch, &result)
+        .await?
+    {
+        tracing::warn!(job = %report.job_id, "result for a job no longer running under this lease was rejected");
+        return Ok(());
+    }
+    tracing::info!(family = %st.args.family, component = %st.args.spec.name, worker = %worker_id, %cause, "environment failure: the run is not counted and goes to another worker, or waits for a fixed one");
+    let attempt = std::mem::replace(&mut st.attempt, Span::none());
+    attempt.record("verdict", result.verdict.as_str());
+    attempt.record("reason", cause);
+    drop(attempt);
+    let old_job = st.job_id.take();
+    st.exclude.insert(worker_id.to_string(), cause.to_string());
+    enqueue(myself, st).await?;
+    // An agent attempt whose test run hit the environment is tested by the
+    // new run instead.
+    if st.agent.is_some()
+        && let (Some(old), Some(new)) = (old_job, st.job_id.clone())
+    {
+        let (family, name) = (&st.args.family, &st.args.spec.name);
+        if let Some(a) = st
+            .args
+            .store
+            .attempts(family, name)
+            .await?
+            .into_iter()
+            .rev()
+            .find(|a| a.job_after == old && a.verdict_after.is_empty())
+        {
+            st.args
+                .store
+                .set_attempt_job(family, name, a.attempt, &new)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The component's run was placed again after it waited for an
+/// environment: the gate learns the port runs again.
+fn environment_fixed(st: &mut ComponentState) -> Result<(), ActorProcessingErr> {
+    if std::mem::take(&mut st.waiting_env) {
+        st.args
+            .gate
+            .cast(GateMsg::EnvironmentFixed(st.args.spec.name.clone()))?;
+    }
+    Ok(())
 }
 
 async fn current(st: &ComponentState) -> Result<ComponentRow, ActorProcessingErr> {
@@ -449,6 +625,8 @@ async fn enqueue(
             placement: spec.placement.clone(),
             span: st.attempt.clone(),
             collect_env: None,
+            exclude: st.exclude.clone(),
+            preflight: spec.preflight.clone(),
         })))?;
     Ok(())
 }
@@ -750,7 +928,7 @@ async fn agent_attempt(
     if rerun.is_none()
         && let Some(why) = budget_spent(&a, &used)
     {
-        let reason = format!("{}: {} ({why})", result.verdict, result.reason);
+        let reason = format!("{} ({why})", classed(&result.verdict, &result.reason));
         return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
     }
     let attempt = rerun.unwrap_or(recorded.len() as u32 + 1);
@@ -871,8 +1049,8 @@ async fn agent_attempt(
         Ok(c) => c,
         Err(e) => {
             let reason = format!(
-                "{}: {} (agent attempt {attempt} could not be committed: {e})",
-                result.verdict, result.reason
+                "{} (agent attempt {attempt} could not be committed: {e})",
+                classed(&result.verdict, &result.reason)
             );
             return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
         }
@@ -909,8 +1087,8 @@ async fn agent_attempt(
     }
     if let Some(e) = &exit.spawn_error {
         let reason = format!(
-            "{}: {} ({e}, after agent attempt {attempt})",
-            result.verdict, result.reason
+            "{} ({e}, after agent attempt {attempt})",
+            classed(&result.verdict, &result.reason)
         );
         return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
     }
@@ -925,15 +1103,15 @@ async fn agent_attempt(
             request: request.clone(),
         })?;
         let reason = format!(
-            "{}: {} (conversion_retry_request after agent attempt {attempt}: {request})",
-            result.verdict, result.reason
+            "{} (conversion_retry_request after agent attempt {attempt}: {request})",
+            classed(&result.verdict, &result.reason)
         );
         return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
     }
     if let Some(stop) = handoff.stop_reason() {
         let reason = format!(
-            "{}: {} ({stop}, after agent attempt {attempt})",
-            result.verdict, result.reason
+            "{} ({stop}, after agent attempt {attempt})",
+            classed(&result.verdict, &result.reason)
         );
         return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
     }
@@ -1044,6 +1222,48 @@ async fn emit(st: &ComponentState) -> Result<(), ActorProcessingErr> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_reason_names_its_class_once() {
+        assert_eq!(
+            classed("error", "error:collection: t.py: boom"),
+            "error:collection: t.py: boom"
+        );
+        assert_eq!(
+            classed("debug_red", "t::a: max diff 0.3"),
+            "debug_red: t::a: max diff 0.3"
+        );
+        assert_eq!(
+            classed("timeout", "killed at the timeout"),
+            "timeout: killed at the timeout"
+        );
+    }
+
+    #[test]
+    fn repository_modules_are_its_folders_files_pythonpath_and_test_roots() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path();
+        for d in ["fastvideo", "src/extra", "tests/local_tests/fam/helpers"] {
+            std::fs::create_dir_all(repo.join(d)).unwrap();
+        }
+        std::fs::write(repo.join("conftest_utils.py"), "").unwrap();
+        let mut spec = crate::spec::parse(
+            Path::new("p.toml"),
+            "[prep]\nmodel_family = \"fam\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = \"tests/local_tests/fam/test_a.py\"\ncoverage_scope = \"both\"\n",
+        )
+        .unwrap()
+        .components
+        .remove(0);
+        spec.set_env
+            .insert("PYTHONPATH".into(), "{repo}/src:/usr/lib/elsewhere".into());
+        let has = repo_modules(&repo.to_string_lossy(), &spec);
+        for m in ["fastvideo", "conftest_utils", "extra", "helpers", "tests"] {
+            assert!(has(m), "{m} is in the repository");
+        }
+        for m in ["torch", "elsewhere", "..", "", "src/extra"] {
+            assert!(!has(m), "{m:?} is not");
+        }
+    }
 
     fn agent() -> crate::spec::AgentSpec {
         crate::spec::AgentSpec {

@@ -47,6 +47,11 @@ pub enum GateMsg {
     /// A component's agent asked a person (`ask_user`): the port pauses
     /// once every other component is final.
     ComponentAsks(ComponentRow),
+    /// No worker with a working environment can take the component's run:
+    /// the port pauses once every other component is final or waiting.
+    ComponentWaitsEnv(String),
+    /// A component that waited for an environment was placed again.
+    EnvironmentFixed(String),
     /// `fvd answer` recorded the answer to escape hatch `id` of `component`.
     Answered { component: String, id: String },
     /// A component's agent returned a conversion retry request.
@@ -63,6 +68,8 @@ pub struct GateState {
     finals: std::collections::BTreeMap<String, ComponentRow>,
     /// Components waiting in `ask_user` for an answer.
     asking: std::collections::BTreeSet<String>,
+    /// Components waiting for a worker with a working environment.
+    waiting_env: std::collections::BTreeSet<String>,
     done: bool,
     /// Root of the port's trace; ends when the port finishes.
     span: Span,
@@ -78,6 +85,9 @@ pub struct GateState {
 pub const RUNNING: &str = "running";
 /// Port state while its only unfinished components wait for `fvd answer`.
 pub const ASK_USER: &str = "ask_user";
+/// Port state while some unfinished component waits for a worker whose
+/// environment can run it, and nothing else runs.
+pub const ENVIRONMENT: &str = "environment";
 
 impl Actor for GateActor {
     type Msg = GateMsg;
@@ -107,6 +117,7 @@ impl Actor for GateActor {
             recorded,
             finals: Default::default(),
             asking: Default::default(),
+            waiting_env: Default::default(),
             done: false,
             span,
             phase_span: None,
@@ -232,6 +243,7 @@ impl Actor for GateActor {
         match msg {
             GateMsg::ComponentFinal(row) => {
                 st.asking.remove(&row.name);
+                st.waiting_env.remove(&row.name);
                 st.finals.insert(row.name.clone(), row);
                 if st.finals.len() == st.args.spec.components.len() {
                     after_components(st).await?;
@@ -244,6 +256,18 @@ impl Actor for GateActor {
                 spans::escape_hatch(&st.span, &Phase::ComponentParityDebug.id(), "ask_user");
                 st.asking.insert(row.name);
                 pause_if_only_questions_remain(st).await?;
+            }
+            GateMsg::ComponentWaitsEnv(name) => {
+                st.waiting_env.insert(name);
+                pause_if_only_questions_remain(st).await?;
+            }
+            GateMsg::EnvironmentFixed(name) => {
+                if st.waiting_env.remove(&name) {
+                    st.args
+                        .store
+                        .set_port_state(&st.args.family, RUNNING, &Phase::ComponentParityDebug.id())
+                        .await?;
+                }
             }
             GateMsg::Answered { component, id } => {
                 st.asking.remove(&component);
@@ -375,21 +399,29 @@ async fn spawn_component(
 }
 
 /// P6's end and P7–P11 once every component is final.
-/// When every component is final or waiting for an answer (and one is),
-/// the port pauses: state `ask_user`, `PORT_STATUS.md` written, and
-/// watchers told it ended for now. The actors stay: an answer resumes the
-/// waiting component where it is.
+/// When every component is final, waiting for an answer or waiting for an
+/// environment (and one is waiting), the port pauses: state `ask_user`, or
+/// `environment` when a component waits for one (an answer would not get
+/// it running), `PORT_STATUS.md` written, and watchers told it ended for
+/// now. The actors stay: an answer, or a worker that can run the waiting
+/// component, resumes it where it is.
 async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorProcessingErr> {
-    if st.asking.is_empty() || st.finals.len() + st.asking.len() < st.args.spec.components.len() {
+    let waiting = st.asking.len() + st.waiting_env.len();
+    if waiting == 0 || st.finals.len() + waiting < st.args.spec.components.len() {
         return Ok(());
     }
+    let state = if st.waiting_env.is_empty() {
+        ASK_USER
+    } else {
+        ENVIRONMENT
+    };
     st.args
         .store
-        .set_port_state(&st.args.family, ASK_USER, &Phase::ComponentParityDebug.id())
+        .set_port_state(&st.args.family, state, &Phase::ComponentParityDebug.id())
         .await?;
     match crate::port_status::write(&st.args.store, &st.args.family).await {
         Ok(path) => {
-            tracing::info!(path = %path.display(), "port waits for answers; wrote PORT_STATUS.md")
+            tracing::info!(path = %path.display(), state, "port paused; wrote PORT_STATUS.md")
         }
         Err(e) => {
             tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md")

@@ -124,6 +124,11 @@ pub struct Assignment {
     /// Name of a variable the worker sets to an empty folder of its own;
     /// the files the job leaves there come back in [`JobReport::files`].
     pub collect_env: Option<String>,
+    /// The port's preflight command (empty for none): the worker runs it
+    /// once per port before its first job of that port.
+    pub preflight: Vec<String>,
+    /// The port the preflight is run for (its family).
+    pub preflight_key: String,
 }
 
 /// Messages the orchestrator sends down a worker's stream.
@@ -158,6 +163,8 @@ pub struct JobReport {
     /// Why the folder's files did not come back (over the size limit,
     /// unreadable); empty when they did or none were asked for.
     pub files_error: String,
+    /// The port's preflight failed on this worker: the job did not run.
+    pub preflight_error: String,
 }
 
 /// One file a job left in its collected folder.

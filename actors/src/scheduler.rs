@@ -31,6 +31,10 @@ pub struct SchedulerConfig {
     pub lease_ttl: Duration,
     /// How often leases are checked.
     pub tick: Duration,
+    /// No worker will join but those registered (embedded mode's one local
+    /// worker): a job none of them can ever hold is refused at once
+    /// ([`ComponentMsg::Unplaceable`]) instead of waiting for one.
+    pub fixed_fleet: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -38,6 +42,7 @@ impl Default for SchedulerConfig {
         Self {
             lease_ttl: Duration::from_secs(5),
             tick: Duration::from_millis(500),
+            fixed_fleet: false,
         }
     }
 }
@@ -69,6 +74,14 @@ pub struct QueuedJob {
     pub span: tracing::Span,
     /// See [`Assignment::collect_env`]; `None` for plain parity runs.
     pub collect_env: Option<String>,
+    /// Workers the job must not go to, each with why (a worker whose
+    /// environment failed this job's run). A worker that connects again
+    /// (restarted, perhaps with its environment fixed) is taken off the
+    /// list.
+    pub exclude: BTreeMap<String, String>,
+    /// The port's `[defaults] preflight` (empty for none), run by each
+    /// worker once before its first job of the port.
+    pub preflight: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -275,7 +288,11 @@ impl Actor for SchedulerActor {
                     tx,
                     info,
                 };
-                st.workers.insert(slot.info.worker_id.clone(), slot);
+                let id = slot.info.worker_id.clone();
+                st.workers.insert(id.clone(), slot);
+                for e in st.jobs.values_mut() {
+                    e.job.exclude.remove(&id);
+                }
                 let queued: Vec<String> = st
                     .jobs
                     .iter()
@@ -691,11 +708,15 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
         };
         let need = e.job.record.gpus_needed as usize;
         let p = &e.job.placement;
-        let fits_somewhere = st
+        let fitting: Vec<&String> = st
             .workers
-            .values()
-            .any(|w| labels_match(w, p) && (need == 0 || usable_gpus(w, p, false).len() >= need));
-        let reason = (!fits_somewhere).then(|| {
+            .iter()
+            .filter(|(_, w)| {
+                labels_match(w, p) && (need == 0 || usable_gpus(w, p, false).len() >= need)
+            })
+            .map(|(wid, _)| wid)
+            .collect();
+        let reason = if fitting.is_empty() {
             let mut want = format!("{need} GPUs on one worker");
             if p.gpu_memory_mib > 0 {
                 want.push_str(&format!(" with at least {} MiB each", p.gpu_memory_mib));
@@ -705,17 +726,85 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
                     p.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 want.push_str(&format!(" labelled {}", labels.join(",")));
             }
-            format!("waiting: needs {want}; no registered worker has that")
-        });
+            if st.config.fixed_fleet {
+                let why = never_fits(st.workers.values(), need, p);
+                let e = st.jobs.remove(id).expect("checked above");
+                st.queue.remove(&e.job.record.family, id);
+                let _ = e.job.notify.send_message(ComponentMsg::Unplaceable {
+                    job_id: id.clone(),
+                    reason: why,
+                });
+                continue;
+            }
+            Some(format!(
+                "waiting: needs {want}; no registered worker has that"
+            ))
+        } else if fitting.iter().all(|w| e.job.exclude.contains_key(*w)) {
+            let mut why: Vec<String> = fitting
+                .iter()
+                .map(|w| format!("worker {w}: {}", e.job.exclude[*w]))
+                .collect();
+            why.sort();
+            Some(why.join("; "))
+        } else {
+            None
+        };
+        let environment = !fitting.is_empty() && reason.is_some();
         let e = st.jobs.get_mut(id).expect("checked above");
         if reason != e.unplaceable {
             e.unplaceable = reason.clone();
             let _ = e.job.notify.send_message(ComponentMsg::Waiting {
                 job_id: id.clone(),
                 reason: reason.unwrap_or_default(),
+                environment,
             });
         }
     }
+}
+
+/// Why no worker of a fixed fleet (embedded mode's machine) can ever hold a
+/// job, and what to do about it.
+fn never_fits<'a>(
+    workers: impl Iterator<Item = &'a WorkerSlot>,
+    need: usize,
+    p: &Placement,
+) -> String {
+    let workers: Vec<&WorkerSlot> = workers.collect();
+    let gpus = workers.iter().map(|w| w.info.gpus.len()).max().unwrap_or(0);
+    let labelled = workers.iter().any(|w| labels_match(w, p));
+    if !labelled {
+        let labels: Vec<String> = p.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        return format!(
+            "needs a worker labelled {}; this machine has no such label: run it on a fleet or drop the labels",
+            labels.join(",")
+        );
+    }
+    let big = workers
+        .iter()
+        .map(|w| usable_gpus(w, p, false).len())
+        .max()
+        .unwrap_or(0);
+    if gpus >= need && big < need {
+        let most = workers
+            .iter()
+            .flat_map(|w| w.info.gpus.iter().map(|g| g.memory_mib))
+            .max()
+            .unwrap_or(0);
+        return format!(
+            "needs {need} GPU{} with at least {} MiB each; this machine's have at most {most} MiB: run it on a fleet or lower gpu_memory_mib",
+            if need == 1 { "" } else { "s" },
+            p.gpu_memory_mib
+        );
+    }
+    let has = match gpus {
+        0 => "none".to_string(),
+        n => n.to_string(),
+    };
+    format!(
+        "needs {need} GPU{}; this machine has {has}: run it on a fleet or set gpus = {}",
+        if need == 1 { "" } else { "s" },
+        gpus.min(need)
+    )
 }
 
 /// The UUIDs of a worker's GPUs in `leased`, comma-separated (a span
@@ -759,7 +848,11 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             jobs.get(id).is_some_and(|e| {
                 let need = e.job.record.gpus_needed as usize;
                 let p = &e.job.placement;
-                if p.is_constrained() {
+                if !e.job.exclude.is_empty() {
+                    workers.iter().any(|(wid, w)| {
+                        !e.job.exclude.contains_key(wid) && has_room(w, need as u32, p)
+                    })
+                } else if p.is_constrained() {
                     workers.values().any(|w| has_room(w, need as u32, p))
                 } else if need == 0 {
                     free_cpu
@@ -773,12 +866,13 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
         let entry = &st.jobs[&id];
         let need = entry.job.record.gpus_needed;
         let placement = entry.job.placement.clone();
+        let exclude = &entry.job.exclude;
         // Gang placement: all GPUs of a job on one worker. Among workers
         // with room, the one with the most free room, so load spreads out.
         let worker_id = st
             .workers
             .iter()
-            .filter(|(_, w)| has_room(w, need, &placement))
+            .filter(|(wid, w)| !exclude.contains_key(*wid) && has_room(w, need, &placement))
             // Ties go to the smallest id, without cloning ids per candidate.
             .max_by(|(ia, a), (ib, b)| {
                 (a.free_cpu as usize + a.free_gpus.len())
@@ -866,6 +960,8 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             timeout_ms: r.timeout_ms,
             traceparent: fvd_telemetry::traceparent(&span),
             collect_env: entry.job.collect_env.clone(),
+            preflight: entry.job.preflight.clone(),
+            preflight_key: r.family.clone(),
         };
         entry.lease = Some(Lease {
             worker_id: p.worker_id.clone(),

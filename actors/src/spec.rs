@@ -61,9 +61,6 @@ pub struct PortSpec {
     pub prep: BTreeMap<String, String>,
     /// 1-based line of each prep field in the spec file.
     pub prep_lines: BTreeMap<String, usize>,
-    /// `[defaults] preflight`: argv run once per worker per port before its
-    /// first job; a worker where it fails takes no job of the port.
-    pub preflight: Vec<String>,
     pub components: Vec<ComponentSpec>,
 }
 
@@ -85,6 +82,9 @@ pub struct ComponentSpec {
     /// 1-based line of each of the component's fields in the spec file
     /// (`name`, `type`, `coverage_scope`, …).
     pub lines: BTreeMap<String, usize>,
+    /// `[defaults] preflight`: argv each worker runs once per port before
+    /// its first job of it; a worker where it fails takes none of them.
+    pub preflight: Vec<String>,
     /// Number of GPUs of one host the test needs (0 = a CPU slot).
     pub gpus: u32,
     pub timeout: Duration,
@@ -485,6 +485,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             aliases: c.aliases,
             set_env,
             lines,
+            preflight: raw.defaults.preflight.clone(),
             gpus: c.gpus.or(raw.defaults.gpus).unwrap_or(0),
             timeout: Duration::from_secs(c.timeout_s.or(raw.defaults.timeout_s).unwrap_or(600)),
             env,
@@ -507,7 +508,6 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         path: path.display().to_string(),
         prep,
         prep_lines,
-        preflight: raw.defaults.preflight,
         components,
     })
 }

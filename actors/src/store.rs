@@ -91,6 +91,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("../migrations/0004_agent_durability.sql")),
     (5, include_str!("../migrations/0005_traces.sql")),
     (6, include_str!("../migrations/0006_rerun_budget.sql")),
+    (7, include_str!("../migrations/0007_runs_counted.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -259,8 +260,10 @@ impl Store {
         Ok(true)
     }
 
-    /// Replaces the spec of an existing port (a resubmit may edit it) and
-    /// adds rows for components the new spec introduced.
+    /// Replaces the spec of an existing port (a resubmit may edit it): adds
+    /// rows for components the new spec introduced, drops those it no
+    /// longer lists (their runs stay as history), and sets the components
+    /// of `replan` back to `pending` so they run again.
     pub async fn update_port_spec(
         &self,
         family: &str,
@@ -268,6 +271,7 @@ impl Store {
         spec_path: &str,
         spec_toml: &str,
         components: &[String],
+        replan: &[String],
     ) -> Result<(), StoreError> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
@@ -284,6 +288,20 @@ impl Store {
                 .bind(family)
                 .bind(name)
                 .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let listed = serde_json::to_string(components).unwrap_or_default();
+        sqlx::query("DELETE FROM components WHERE family = ? AND name NOT IN (SELECT value FROM json_each(?))")
+            .bind(family)
+            .bind(&listed)
+            .execute(&mut *tx)
+            .await?;
+        for name in replan {
+            sqlx::query("UPDATE components SET status = 'pending', verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ? AND name = ?")
+                .bind(now)
+                .bind(family)
+                .bind(name)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -345,8 +363,13 @@ impl Store {
 
     // ----- components ------------------------------------------------------
 
+    /// The port's components. `runs` counts the runs of its parity test that
+    /// started and tested the code: finished or running ones, and those a
+    /// crash cut off after their process started; never a run that waited
+    /// in the queue, was cancelled before it started, could not be placed,
+    /// or failed on its worker's environment.
     pub async fn components(&self, family: &str) -> Result<Vec<ComponentRow>, StoreError> {
-        let rows = sqlx::query("SELECT name, status, verdict, reason, runs, worker_id FROM components WHERE family = ? ORDER BY rowid")
+        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN ('running', 'finished') OR (j.state = 'abandoned' AND j.spawned_ms IS NOT NULL))) AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
             .bind(family)
             .fetch_all(&self.pool)
             .await?;
@@ -439,8 +462,7 @@ impl Store {
                 .bind(now)
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query("UPDATE components SET runs = ?, status = 'queued', updated_ms = ? WHERE family = ? AND name = ?")
-                .bind(run_no)
+            sqlx::query("UPDATE components SET status = 'queued', updated_ms = ? WHERE family = ? AND name = ?")
                 .bind(now)
                 .bind(&job.family)
                 .bind(&job.component)
@@ -493,6 +515,73 @@ impl Store {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Cancels a port no process is running (embedded mode after its
+    /// `submit` ended): every component without a final verdict ends as
+    /// `blocked` / `cancelled`, queued or running jobs as abandoned, and the
+    /// port as `cancelled`. Returns the components it cancelled.
+    pub async fn cancel_port(&self, family: &str) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let now = now_ms();
+        let names: Vec<String> = sqlx::query_scalar(
+            "UPDATE components SET status = 'blocked', verdict = 'cancelled', reason = 'cancelled: the port was cancelled', updated_ms = ? WHERE family = ? AND status NOT IN ('non_skip_pass', 'blocked') RETURNING name",
+        )
+        .bind(now)
+        .bind(family)
+        .fetch_all(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE jobs SET state = 'abandoned' WHERE family = ? AND state IN ('queued', 'running')")
+            .bind(family)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE ports SET state = 'cancelled', updated_ms = ? WHERE family = ?")
+            .bind(now)
+            .bind(family)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(names)
+    }
+
+    /// Forgets a port: its row, components, runs and their output, gate
+    /// decisions, questions, attempt ledger, worktree records and
+    /// investigations, in one transaction. The next submit starts it from
+    /// scratch. Nothing outside the database is touched. False when there
+    /// was no such port.
+    pub async fn delete_port(&self, family: &str) -> Result<bool, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let known: Option<String> = sqlx::query_scalar("SELECT family FROM ports WHERE family = ?")
+            .bind(family)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if known.is_none() {
+            return Ok(false);
+        }
+        sqlx::query(
+            "DELETE FROM job_logs WHERE job_id IN (SELECT job_id FROM jobs WHERE family = ?)",
+        )
+        .bind(family)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM trace_steps WHERE investigation IN (SELECT id FROM trace_investigations WHERE family = ?)")
+            .bind(family)
+            .execute(&mut *tx)
+            .await?;
+        for delete in [
+            "DELETE FROM trace_investigations WHERE family = ?",
+            "DELETE FROM escape_hatches WHERE family = ?",
+            "DELETE FROM agent_attempts WHERE family = ?",
+            "DELETE FROM agent_worktrees WHERE family = ?",
+            "DELETE FROM gate_events WHERE family = ?",
+            "DELETE FROM jobs WHERE family = ?",
+            "DELETE FROM components WHERE family = ?",
+            "DELETE FROM ports WHERE family = ?",
+        ] {
+            sqlx::query(delete).bind(family).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Resets every component of a port to `pending` so the next start runs
@@ -579,6 +668,63 @@ impl Store {
         }
         tx.commit().await?;
         Ok(true)
+    }
+
+    /// Records a run that could not test the code because of its worker's
+    /// environment: the job ends in state `environment` (never `finished`,
+    /// so no verdict, streak or run count sees it) with its evidence kept
+    /// for `fvd logs`. False for a stale or duplicate result.
+    pub async fn finish_job_environment(
+        &self,
+        job_id: &str,
+        epoch: u64,
+        result: &JobResult,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE jobs SET state = 'environment', verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = 'running'")
+            .bind(&result.verdict)
+            .bind(&result.reason)
+            .bind(result.exit_code)
+            .bind(result.signal)
+            .bind(result.duration_ms as i64)
+            .bind(&result.junit_xml)
+            .bind(&result.output_tail)
+            .bind(now_ms())
+            .bind(job_id)
+            .bind(epoch as i64)
+            .execute(&self.writer)
+            .await?
+            .rows_affected();
+        Ok(done > 0)
+    }
+
+    /// A queued job no worker can ever hold (embedded mode's machine lacks
+    /// what it needs): it never started and never will.
+    pub async fn unplace_job(&self, job_id: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE jobs SET state = 'unplaced', verdict = 'unplaced', finished_ms = ? WHERE job_id = ? AND state = 'queued'")
+            .bind(now_ms())
+            .bind(job_id)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// A queued component whose run no worker with a working environment
+    /// can take: status `environment`, with the scheduler's reason (each
+    /// worker and its cause).
+    pub async fn set_waiting_env(
+        &self,
+        family: &str,
+        name: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE components SET status = 'environment', verdict = 'environment', reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status IN ('queued', 'environment')")
+            .bind(reason)
+            .bind(now_ms())
+            .bind(family)
+            .bind(name)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
     }
 
     /// Marks every unfinished job of a family abandoned and returns their

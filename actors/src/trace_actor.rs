@@ -422,7 +422,7 @@ async fn job_progress(myself: &ActorRef<TraceMsg>, st: &mut TraceState, m: Compo
                 conclude(st, inq, Outcome::Error, &e).await;
             }
         }
-        ComponentMsg::Waiting { job_id, reason } if !reason.is_empty() => {
+        ComponentMsg::Waiting { job_id, reason, .. } if !reason.is_empty() => {
             tracing::info!(job = %job_id, %reason, "traced rerun waits");
         }
         _ => {}
@@ -525,6 +525,8 @@ async fn enqueue(
             placement: spec.placement.clone(),
             span,
             collect_env: Some(TRACE_DIR_ENV.to_string()),
+            exclude: Default::default(),
+            preflight: spec.preflight.clone(),
         })))
         .map_err(|e| format!("scheduler is down: {e}"))?;
     Ok(job_id)
@@ -566,7 +568,10 @@ async fn step_finished(
     report: JobReport,
     worker_id: &str,
 ) {
-    let v = crate::component::classify(&report);
+    let v = crate::component::classify(
+        &report,
+        &crate::component::repo_modules(&inq.cwd, &inq.spec),
+    );
     let result = JobResult {
         verdict: v.status().as_str().to_string(),
         reason: v.reason(),

@@ -45,6 +45,7 @@ impl Harness {
                     lease_ttl: Duration::from_secs(5),
                     // Ticks are sent by the tests after moving the clock.
                     tick: Duration::from_secs(3600),
+                    fixed_fleet: false,
                 },
             },
         )
@@ -153,6 +154,8 @@ impl Harness {
                 secret_env: Vec::new(),
                 notify: self.sink.get_derived(),
                 collect_env: None,
+                exclude: Default::default(),
+                preflight: Vec::new(),
                 placement,
                 span: tracing::Span::none(),
             })))
@@ -208,7 +211,9 @@ async fn serving_order(h: &mut Harness, n: usize) -> Vec<String> {
 async fn waiting_reason(events: &mut mpsc::UnboundedReceiver<ComponentMsg>, job: &str) -> String {
     loop {
         match tokio::time::timeout(Duration::from_secs(5), events.recv()).await {
-            Ok(Some(ComponentMsg::Waiting { job_id, reason })) if job_id == job => return reason,
+            Ok(Some(ComponentMsg::Waiting { job_id, reason, .. })) if job_id == job => {
+                return reason;
+            }
             Ok(Some(_)) => continue,
             other => panic!("expected a waiting reason for {job}, got {other:?}"),
         }

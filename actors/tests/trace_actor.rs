@@ -75,6 +75,7 @@ impl Harness {
                 config: SchedulerConfig {
                     lease_ttl: Duration::from_secs(5),
                     tick: Duration::from_secs(3600),
+                    fixed_fleet: false,
                 },
             },
         )

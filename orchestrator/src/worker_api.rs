@@ -143,6 +143,8 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
             collect_junit: true,
             traceparent: a.traceparent.unwrap_or_default(),
             collect_env: a.collect_env.unwrap_or_default(),
+            preflight: a.preflight,
+            preflight_key: a.preflight_key,
         }),
         ToWorker::Cancel {
             job_id,
@@ -213,6 +215,7 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                     })
                     .collect(),
                 files_error: f.files_error,
+                preflight_error: f.preflight_error,
             },
         },
     })

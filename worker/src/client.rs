@@ -53,6 +53,13 @@ pub enum ClientError {
 /// Jobs running on this worker: their lease and how to cancel them.
 type Running = Arc<Mutex<HashMap<String, (u64, CancellationToken)>>>;
 
+/// Outcome of each port's preflight on this worker, by (port, argv): run
+/// once, by the first job that needs it; jobs that arrive meanwhile wait
+/// for the same run. Lives as long as the worker process: a restarted
+/// worker (perhaps with its environment fixed) checks again.
+type Preflights =
+    Arc<Mutex<HashMap<(String, Vec<String>), Arc<tokio::sync::OnceCell<Result<(), String>>>>>>;
+
 /// Serves the orchestrator until `shutdown` is cancelled (running jobs are
 /// cancelled) or, once `drain` is cancelled, until the jobs it runs have
 /// finished and been reported (no new job is taken meanwhile); reconnects
@@ -64,13 +71,23 @@ pub async fn run(
 ) -> Result<(), ClientError> {
     let endpoint = fvd_proto::transport::endpoint(&config.orchestrator, config.tls_ca.as_deref())?;
     let running: Running = Arc::default();
+    let preflights: Preflights = Arc::default();
     let mut backoff = Duration::from_millis(100);
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
         }
         let started = Instant::now();
-        match session(&config, endpoint.clone(), &running, &shutdown, &drain).await {
+        match session(
+            &config,
+            endpoint.clone(),
+            &running,
+            &preflights,
+            &shutdown,
+            &drain,
+        )
+        .await
+        {
             Ok(()) => return Ok(()),
             Err(Session::Refused(status)) => {
                 return Err(ClientError::Refused {
@@ -103,6 +120,7 @@ async fn session(
     config: &WorkerConfig,
     endpoint: tonic::transport::Endpoint,
     running: &Running,
+    preflights: &Preflights,
     shutdown: &CancellationToken,
     drain: &CancellationToken,
 ) -> Result<(), Session> {
@@ -138,6 +156,13 @@ async fn session(
                 for (_, (_, cancel)) in running.lock().expect("running lock").iter() {
                     cancel.cancel();
                 }
+                // The jobs' process groups are ended before the worker
+                // returns (its process may exit right after): no test
+                // outlives a worker that was stopped.
+                let deadline = Instant::now() + config.grace + Duration::from_secs(5);
+                while !running.lock().expect("running lock").is_empty() && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
                 return Ok(());
             }
             _ = heartbeat.tick() => {
@@ -156,7 +181,7 @@ async fn session(
             }
             next = inbound.message() => {
                 match next {
-                    Ok(Some(m)) => handle(config, m, &tx, running),
+                    Ok(Some(m)) => handle(config, m, &tx, running, preflights),
                     Ok(None) => return Err(Session::Lost("orchestrator closed the stream".into())),
                     Err(status) => return Err(Session::Lost(status.to_string())),
                 }
@@ -203,6 +228,7 @@ fn handle(
     m: pb::OrchestratorMsg,
     tx: &mpsc::Sender<pb::WorkerMsg>,
     running: &Running,
+    preflights: &Preflights,
 ) {
     match m.msg {
         Some(pb::orchestrator_msg::Msg::Registered(r)) => {
@@ -217,6 +243,14 @@ fn handle(
             let config = config.clone();
             let tx = tx.clone();
             let running = running.clone();
+            let preflight = (!a.preflight.is_empty()).then(|| {
+                preflights
+                    .lock()
+                    .expect("preflights lock")
+                    .entry((a.preflight_key.clone(), a.preflight.clone()))
+                    .or_default()
+                    .clone()
+            });
             // The worker's side of the job, a child of the orchestrator's
             // `job` span whose context came with the assignment.
             let span = tracing::info_span!(
@@ -234,7 +268,21 @@ fn handle(
             let _entered = span.enter();
             fvd_telemetry::spawn(async move {
                 let job_id = a.job_id.clone();
-                let finished = run_assigned(&config, a, &tx, cancel).await;
+                let finished = match preflight {
+                    Some(cell) => {
+                        let outcome = cell.get_or_init(|| preflight_check(&a)).await.clone();
+                        match outcome {
+                            Ok(()) => run_assigned(&config, a, &tx, cancel).await,
+                            Err(why) => pb::JobFinished {
+                                job_id: a.job_id.clone(),
+                                lease_epoch: a.lease_epoch,
+                                preflight_error: why,
+                                ..Default::default()
+                            },
+                        }
+                    }
+                    None => run_assigned(&config, a, &tx, cancel).await,
+                };
                 running.lock().expect("running lock").remove(&job_id);
                 let _ = tx
                     .send(msg(pb::worker_msg::Msg::JobFinished(finished)))
@@ -255,6 +303,65 @@ fn handle(
         }
         None => {}
     }
+}
+
+/// Longest a preflight may take.
+const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs an assignment's preflight in its working directory with its literal
+/// environment (and passed-through variables): `Err` with one line saying
+/// why when it does not start, exits non-zero or outlives its timeout.
+async fn preflight_check(a: &pb::AssignJob) -> Result<(), String> {
+    let shown = a.preflight.join(" ");
+    let mut cmd = tokio::process::Command::new(&a.preflight[0]);
+    cmd.args(&a.preflight[1..])
+        .current_dir(&a.cwd)
+        .envs(
+            a.env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.replace(REPO_DIR, &a.cwd))),
+        )
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .process_group(0);
+    let secrets: Vec<String> = a
+        .secret_env
+        .iter()
+        .filter_map(|n| std::env::var(n).ok())
+        .filter(|v| !v.is_empty())
+        .collect();
+    let out = match tokio::time::timeout(PREFLIGHT_TIMEOUT, cmd.output()).await {
+        Err(_) => {
+            return Err(format!(
+                "preflight `{shown}` did not finish in {} s",
+                PREFLIGHT_TIMEOUT.as_secs()
+            ));
+        }
+        Ok(Err(e)) => return Err(format!("preflight `{shown}` could not start: {e}")),
+        Ok(Ok(out)) => out,
+    };
+    if out.status.success() {
+        tracing::info!(port = %a.preflight_key, preflight = %shown, "preflight passed");
+        return Ok(());
+    }
+    let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stdout));
+    for s in &secrets {
+        text = text.replace(s.as_str(), "[redacted]");
+    }
+    let last = text
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("no output");
+    let code = out
+        .status
+        .code()
+        .map_or("a signal".to_string(), |c| format!("exit {c}"));
+    let why = format!("preflight `{shown}` failed ({code}): {last}");
+    tracing::warn!(port = %a.preflight_key, %why, "preflight failed: this worker takes no job of the port");
+    Err(why)
 }
 
 /// Placeholder for the collected folder in an assignment's literal env.
