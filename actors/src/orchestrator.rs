@@ -8,7 +8,7 @@ use std::path::Path;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::broadcast;
 
-use crate::gate::{ASK_USER, GateActor, GateArgs, GateMsg, RUNNING};
+use crate::gate::{ASK_USER, ENVIRONMENT, GateActor, GateArgs, GateMsg, RUNNING};
 use crate::model::{PortEvent, PortRow};
 use crate::scheduler::SchedulerMsg;
 use crate::spec;
@@ -22,6 +22,9 @@ pub struct OrchestratorArgs {
     pub store: Store,
     pub scheduler: ActorRef<SchedulerMsg>,
     pub events: broadcast::Sender<PortEvent>,
+    /// Resume ports left running, paused or waiting by an earlier process
+    /// (a fleet orchestrator); embedded mode resumes only what is submitted.
+    pub resume_on_start: bool,
 }
 
 /// A port submission as the edge received it.
@@ -42,6 +45,10 @@ pub struct Submission {
 pub struct Submitted {
     pub family: String,
     pub resumed: bool,
+    /// Every component was started over.
+    pub rerun: bool,
+    /// What the resubmitted spec changed, one line each.
+    pub changes: Vec<String>,
 }
 
 /// Why a submission or cancellation was refused; crosses the wire as a
@@ -54,8 +61,10 @@ pub enum PortError {
     FamilyMismatch { spec: String, submitted: String },
     #[error("no port of family {0}")]
     UnknownFamily(String),
-    #[error("port {0} is running; cancel it before asking for a rerun")]
-    Busy(String),
+    #[error(
+        "port {0} is running here for an earlier submission; cancel it (fvd cancel {0}) or wait for it before {1}"
+    )]
+    Busy(String, &'static str),
     #[error("port {family} is not running here (state {state}); nothing to cancel")]
     NotRunning { family: String, state: String },
     #[error("port {family} has no escape hatch {id}")]
@@ -93,6 +102,10 @@ pub struct OrchestratorState {
     args: OrchestratorArgs,
     /// Gate actor of each port that is running, by family.
     ports: HashMap<String, ActorRef<GateMsg>>,
+    /// Ports a submission in this process started (not resumed at start-up
+    /// from an earlier process): a rerun of one of these is refused while
+    /// it runs, since its submitter is alive.
+    submitted: std::collections::HashSet<String>,
 }
 
 impl Actor for OrchestratorActor {
@@ -108,6 +121,7 @@ impl Actor for OrchestratorActor {
         Ok(OrchestratorState {
             args,
             ports: HashMap::new(),
+            submitted: Default::default(),
         })
     }
 
@@ -117,9 +131,14 @@ impl Actor for OrchestratorActor {
         st: &mut OrchestratorState,
     ) -> Result<(), ActorProcessingErr> {
         // Ports that were running when the process died resume now; so do
-        // ports paused on questions, whose answers may come to this process.
+        // ports paused on questions, whose answers may come to this process,
+        // and ports waiting for an environment, which a worker of this
+        // process may have.
+        if !st.args.resume_on_start {
+            return Ok(());
+        }
         for port in st.args.store.ports().await? {
-            if port.state == RUNNING || port.state == ASK_USER {
+            if port.state == RUNNING || port.state == ASK_USER || port.state == ENVIRONMENT {
                 tracing::info!(family = %port.family, "resuming port from the store");
                 if let Err(e) = start_gate(&myself, st, &port, None).await {
                     tracing::error!(family = %port.family, error = %e, "could not resume port");
@@ -177,7 +196,16 @@ impl Actor for OrchestratorActor {
     ) -> Result<(), ActorProcessingErr> {
         match evt {
             SupervisionEvent::ActorTerminated(who, _, _) => {
-                st.ports.retain(|_, g| g.get_id() != who.get_id());
+                let ended: Vec<String> = st
+                    .ports
+                    .iter()
+                    .filter(|(_, g)| g.get_id() == who.get_id())
+                    .map(|(f, _)| f.clone())
+                    .collect();
+                for f in ended {
+                    st.ports.remove(&f);
+                    st.submitted.remove(&f);
+                }
             }
             SupervisionEvent::ActorFailed(who, err) => {
                 let family = st
@@ -212,35 +240,60 @@ async fn submit(
             submitted: sub.family,
         });
     }
+    let internal = |e: crate::store::StoreError| PortError::Internal(e.to_string());
+    let known = st.args.store.port(&sub.family).await.map_err(internal)?;
+    let rows = st
+        .args
+        .store
+        .components(&sub.family)
+        .await
+        .map_err(internal)?;
+    let plan = known
+        .as_ref()
+        .map(|p| replan(p, &spec, &rows))
+        .unwrap_or_default();
     if let Some(gate) = st.ports.get(&sub.family).cloned() {
-        if !sub.rerun {
+        if !sub.rerun && plan.is_empty() {
             return Ok(Submitted {
                 family: sub.family,
                 resumed: true,
+                rerun: false,
+                changes: Vec::new(),
             });
         }
-        // A port whose components are all final or waiting for an answer
-        // runs nothing (paused, or just resumed into its pause): a rerun
-        // may replace it. One that runs must be cancelled first.
-        let paused = st
-            .args
-            .store
-            .components(&sub.family)
-            .await
-            .map_err(|e| PortError::Internal(e.to_string()))?
+        // A port whose components are all final or waiting (for an answer
+        // or an environment) runs nothing, and one resumed at start-up has
+        // no submitter waiting on it: either may be replaced by a rerun or
+        // a changed spec. One that a submission here is running must be
+        // cancelled first.
+        let paused = rows
             .iter()
-            .all(|c| c.is_final() || c.status == ASK_USER);
-        if !paused {
-            return Err(PortError::Busy(sub.family));
+            .all(|c| c.is_final() || c.status == ASK_USER || c.status == ENVIRONMENT);
+        if !paused && st.submitted.contains(&sub.family) {
+            let what = if sub.rerun {
+                "asking for a rerun"
+            } else {
+                "submitting a changed spec"
+            };
+            return Err(PortError::Busy(sub.family, what));
         }
-        gate.stop_children(Some("port rerun".into()));
+        // Its queued or running jobs go with it; the restarted port queues
+        // what it still needs.
+        st.args
+            .scheduler
+            .cast(SchedulerMsg::CancelFamily {
+                family: sub.family.clone(),
+            })
+            .map_err(|e| PortError::Internal(e.to_string()))?;
+        gate.stop_children(Some("port restarted".into()));
         gate.stop_and_wait(
-            Some("port rerun".into()),
+            Some("port restarted".into()),
             Some(std::time::Duration::from_secs(10)),
         )
         .await
-        .map_err(|e| PortError::Internal(format!("the paused port did not stop: {e}")))?;
+        .map_err(|e| PortError::Internal(format!("the running port did not stop: {e}")))?;
         st.ports.remove(&sub.family);
+        st.submitted.remove(&sub.family);
     }
     let names: Vec<String> = spec.components.iter().map(|c| c.name.clone()).collect();
     let row = PortRow {
@@ -252,7 +305,6 @@ async fn submit(
         phase: "P0".into(),
         port_status_path: String::new(),
     };
-    let internal = |e: crate::store::StoreError| PortError::Internal(e.to_string());
     let created = st
         .args
         .store
@@ -260,6 +312,7 @@ async fn submit(
         .await
         .map_err(internal)?;
     if !created {
+        let again: Vec<String> = plan.iter().map(|c| c.component.clone()).collect();
         st.args
             .store
             .update_port_spec(
@@ -268,6 +321,7 @@ async fn submit(
                 &sub.spec_path,
                 &sub.spec_toml,
                 &names,
+                &again,
             )
             .await
             .map_err(internal)?;
@@ -282,10 +336,106 @@ async fn submit(
     start_gate(myself, st, &row, sub.traceparent)
         .await
         .map_err(|e| PortError::Internal(e.to_string()))?;
+    st.submitted.insert(sub.family.clone());
     Ok(Submitted {
         family: sub.family,
         resumed: !created,
+        rerun: sub.rerun && !created,
+        changes: plan.into_iter().map(|c| c.to_string()).collect(),
     })
+}
+
+/// One component a resubmitted spec plans again, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replan {
+    pub component: String,
+    pub why: String,
+}
+
+impl std::fmt::Display for Replan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "component {}: {}", self.component, self.why)
+    }
+}
+
+/// What a resubmission changes against the stored port: components the new
+/// spec adds, drops or runs differently (their recorded verdict no longer
+/// answers the new question), and components whose record holds no verdict
+/// of their code (cancelled, or never placed). Unchanged components keep
+/// their verdicts.
+pub fn replan(
+    port: &PortRow,
+    new: &spec::PortSpec,
+    rows: &[crate::model::ComponentRow],
+) -> Vec<Replan> {
+    let old = spec::parse(Path::new(&port.spec_path), &port.spec_toml).ok();
+    let mut out = Vec::new();
+    for c in &new.components {
+        let before = old
+            .as_ref()
+            .and_then(|o| o.components.iter().find(|x| x.name == c.name));
+        let row = rows.iter().find(|r| r.name == c.name);
+        let why = match before {
+            None if old.is_some() => Some("new in the spec; it runs".to_string()),
+            None => Some("the stored spec no longer parses; it runs again".to_string()),
+            Some(b) if !b.same_run(c) => Some(format!("{}; it runs again", spec_diff(b, c))),
+            Some(_) => match row {
+                Some(r) if r.is_final() && NO_VERDICT.contains(&r.verdict.as_str()) => {
+                    Some(format!("its last run was {}; it runs again", r.verdict))
+                }
+                _ => None,
+            },
+        };
+        if let Some(why) = why {
+            out.push(Replan {
+                component: c.name.clone(),
+                why,
+            });
+        }
+    }
+    if let Some(o) = &old {
+        for c in &o.components {
+            if !new.components.iter().any(|x| x.name == c.name) {
+                out.push(Replan {
+                    component: c.name.clone(),
+                    why: "no longer in the spec; dropped (its runs stay as history)".into(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Final component verdicts that say nothing about the code: a resubmit
+/// runs such a component again.
+pub const NO_VERDICT: &[&str] = &["cancelled", "unplaced"];
+
+/// The first differences between two specs of one component, for people.
+fn spec_diff(a: &spec::ComponentSpec, b: &spec::ComponentSpec) -> String {
+    let mut d = Vec::new();
+    if a.gpus != b.gpus {
+        d.push(format!("gpus {} -> {}", a.gpus, b.gpus));
+    }
+    if a.argv() != b.argv() {
+        d.push("command or test files changed".to_string());
+    }
+    if a.set_env != b.set_env || a.env != b.env {
+        d.push("environment changed".to_string());
+    }
+    if a.timeout != b.timeout {
+        d.push(format!(
+            "timeout {} s -> {} s",
+            a.timeout.as_secs(),
+            b.timeout.as_secs()
+        ));
+    }
+    if a.placement != b.placement {
+        d.push("placement (memory, labels or priority) changed".to_string());
+    }
+    if d.is_empty() {
+        d.push("its spec changed".to_string());
+    }
+    d.join(", ")
 }
 
 /// Records the answer to escape hatch `id` and wakes the component that

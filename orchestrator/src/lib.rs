@@ -64,6 +64,10 @@ pub struct ServerConfig {
     pub tls: Option<TlsIdentity>,
     pub heartbeat_interval: Duration,
     pub clock: Arc<dyn Clock>,
+    /// Resume the ports the store says were running when the process
+    /// started (a fleet orchestrator). Embedded mode runs only the port it
+    /// was started for, so it does not.
+    pub resume_on_start: bool,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +78,7 @@ impl Default for ServerConfig {
             tls: None,
             heartbeat_interval: Duration::from_secs(1),
             clock: Arc::new(SystemClock),
+            resume_on_start: true,
         }
     }
 }
@@ -142,6 +147,7 @@ pub async fn start(
             store: store.clone(),
             scheduler: scheduler.clone(),
             events: events.clone(),
+            resume_on_start: config.resume_on_start,
         },
     )
     .await

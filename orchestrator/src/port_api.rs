@@ -34,7 +34,7 @@ fn port_status(e: PortError) -> Status {
         PortError::InvalidSpec(m) => Status::invalid_argument(m),
         e @ PortError::FamilyMismatch { .. } => Status::invalid_argument(e.to_string()),
         PortError::UnknownFamily(f) => Status::not_found(format!("no port of family {f}")),
-        e @ (PortError::Busy(_) | PortError::NotRunning { .. }) => {
+        e @ (PortError::Busy(..) | PortError::NotRunning { .. }) => {
             Status::failed_precondition(e.to_string())
         }
         e @ PortError::UnknownEscape { .. } => Status::not_found(e.to_string()),
@@ -260,6 +260,8 @@ impl pb::port_service_server::PortService for PortApi {
         Ok(Response::new(pb::SubmitResponse {
             family: done.family,
             resumed: done.resumed,
+            rerun: done.rerun,
+            changes: done.changes,
         }))
     }
 

@@ -77,6 +77,24 @@ impl Token {
         Token(bytes.iter().map(|b| format!("{b:02x}")).collect())
     }
 
+    /// Writes the token into a new file that only its owner may read
+    /// (mode 0600 from its creation on), replacing an older one: how
+    /// embedded mode lets `fvd cancel` reach the process running a port.
+    pub fn write_private(&self, path: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)?;
+        f.write_all(self.0.as_bytes())
+    }
+
     fn header(&self) -> MetadataValue<Ascii> {
         format!("Bearer {}", self.0)
             .parse()

@@ -4,6 +4,7 @@
 //! with the error printed once by `main`.
 
 pub mod contracts;
+pub mod embedded;
 pub mod port;
 pub mod server;
 pub mod trace;
@@ -53,6 +54,9 @@ pub enum Command {
     Attempts(port::AttemptsArgs),
     /// Cancel a running port.
     Cancel(port::CancelArgs),
+    /// Forget a port's embedded state so the next submit starts it over
+    /// (PORT_STATUS.md, the spec and agent branches are left alone).
+    Reset(port::ResetArgs),
     /// Answer a question (escape hatch E###) an agent asked; the component
     /// that waits on it goes on.
     Answer(port::AnswerArgs),
@@ -72,6 +76,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Logs(a) => port::logs(a),
         Command::Attempts(a) => port::attempts(a),
         Command::Cancel(a) => port::cancel(a),
+        Command::Reset(a) => port::reset(a),
         Command::Answer(a) => port::answer(a),
         Command::Orchestrator(c) => server::serve(c),
         Command::Worker(a) => server::worker(a),

@@ -152,12 +152,27 @@ pub struct AnswerArgs {
 #[derive(Debug, Args)]
 pub struct CancelArgs {
     pub family: String,
+    /// The port's repository, for embedded mode (default: the current
+    /// directory).
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
+    /// Orchestrator URL; embedded mode when absent: the `fvd submit`
+    /// process running the port is told, or, when none runs, the port is
+    /// marked cancelled in REPO/.fvd/state.db.
     #[arg(long)]
-    pub orchestrator: String,
+    pub orchestrator: Option<String>,
     #[command(flatten)]
     pub token: TokenArgs,
     #[command(flatten)]
     pub tls: ClientTls,
+}
+
+#[derive(Debug, Args)]
+pub struct ResetArgs {
+    pub family: String,
+    /// The port's repository (default: the current directory).
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
 }
 
 /// Exit codes of `submit --wait`.
@@ -166,6 +181,12 @@ const EXIT_BLOCKED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 /// The port paused: its only unfinished components wait for `fvd answer`.
 const EXIT_ASK_USER: u8 = 3;
+/// The port paused: some component waits for a worker whose environment
+/// can run it (a package, interpreter or driver is missing).
+const EXIT_ENVIRONMENT: u8 = 4;
+/// Embedded mode was interrupted (Ctrl-C, SIGTERM, a lost terminal); the
+/// port stays resumable.
+const EXIT_INTERRUPTED: u8 = 130;
 
 /// The state database of embedded mode inside a repository.
 pub fn state_db(repo: &Path) -> PathBuf {
@@ -306,28 +327,57 @@ async fn send(client: &mut Client, request: pb::SubmitRequest, place: &str) -> a
         .await
         .map_err(status_err)?
         .into_inner();
-    let verb = if r.resumed { "resumed" } else { "submitted" };
-    println!("{verb} port {} {place}", r.family);
+    let verb = if r.rerun {
+        "reran every component of"
+    } else if r.resumed {
+        "resumed"
+    } else {
+        "submitted"
+    };
+    say(format_args!("{verb} port {} {place}", r.family));
+    for change in &r.changes {
+        say(format_args!("  spec changed: {change}"));
+    }
     Ok(())
 }
 
 /// Embedded mode: orchestrator and worker in this process over loopback.
 async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::Result<u8> {
+    let family = match &action {
+        Action::Submit(r) => r.family.clone(),
+        Action::Answer(r) => r.family.clone(),
+    };
+    if let Some(live) = super::embedded::live(repo, &family) {
+        eprintln!(
+            "fvd: error: port {family} is running in process {} (an fvd submit or answer in {}); wait for it, or run fvd cancel {family}",
+            live.pid,
+            repo.display()
+        );
+        return Ok(EXIT_USAGE);
+    }
+    super::embedded::state_dir(repo)?;
     let db = state_db(repo);
-    std::fs::create_dir_all(db.parent().expect("state.db has a parent"))
-        .with_context(|| format!("cannot create {}", db.display()))?;
     let store = Store::open_path(&db).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .context("cannot listen on loopback")?;
     // A fresh token per run: nothing else on the host can drive the
-    // loopback port while the port runs.
+    // loopback port while the port runs (the run file holds it for the
+    // owner's own `fvd cancel`).
     let token = Token::random();
     let config = fvd_orchestrator::ServerConfig {
         token: Some(token.clone()),
+        // Only the port asked for runs here, on this machine's worker: a
+        // job it can never hold is refused at once, not waited for.
+        resume_on_start: false,
+        scheduler: fvd_actors::scheduler::SchedulerConfig {
+            fixed_fleet: true,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let server = fvd_orchestrator::start(listener, store, config).await?;
+    let _run_file = super::embedded::RunFile::write(repo, &family, &server.url(), &token)?;
     let shutdown = CancellationToken::new();
     let config = local_worker_config(
         server.url(),
@@ -357,25 +407,35 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let mut client = client(&server.url(), Some(token.clone()), None).await?;
-    let sent = match action {
-        Action::Submit(request) => {
-            let family = request.family.clone();
-            let place = format!("(embedded, state in {})", db.display());
-            send(&mut client, request, &place).await.map(|()| family)
+    let run = async {
+        match action {
+            Action::Submit(request) => {
+                let place = format!("(embedded, state in {})", db.display());
+                send(&mut client, request, &place).await?;
+            }
+            Action::Answer(request) => send_answer(&mut client, request).await?,
         }
-        Action::Answer(request) => {
-            let family = request.family.clone();
-            send_answer(&mut client, request).await.map(|()| family)
-        }
+        watch(&mut client, &family).await
     };
-    let code = match sent {
-        Ok(family) => watch(&mut client, &family).await,
-        Err(e) => Err(e),
+    let code = tokio::select! {
+        code = run => code,
+        why = super::embedded::interrupted() => {
+            eprintln!(
+                "fvd: {why}: stopping; the running tests are ended and the port resumes with the next fvd submit --family {family}"
+            );
+            Ok(EXIT_INTERRUPTED)
+        }
     };
     shutdown.cancel();
     let _ = worker.await;
     server.shutdown().await;
     code
+}
+
+/// Prints a line on stdout; a reader that went away (`fvd submit | head`)
+/// does not stop the port, which keeps running to its end.
+fn say(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 /// Follows a port's events until it ends; returns the exit code.
@@ -394,7 +454,7 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<u8> {
             Some(pb::port_event::Event::Gate(g)) => progress.gate(&g),
             Some(pb::port_event::Event::Finished(snap)) => {
                 progress.finish();
-                print_snapshot(&snap);
+                print_snapshot(&snap, true);
                 return Ok(outcome(&snap));
             }
             None => {}
@@ -404,9 +464,11 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<u8> {
 }
 
 /// 0 when every component is `non_skip_pass`, 3 when the port paused on
-/// questions, 1 otherwise.
+/// questions, 4 when it waits for a fixed environment, 1 otherwise.
 fn outcome(snap: &pb::PortSnapshot) -> u8 {
-    if snap.state == fvd_actors::gate::ASK_USER {
+    if snap.state == fvd_actors::gate::ENVIRONMENT {
+        EXIT_ENVIRONMENT
+    } else if snap.state == fvd_actors::gate::ASK_USER {
         EXIT_ASK_USER
     } else if !snap.components.is_empty()
         && snap.components.iter().all(|c| c.status == "non_skip_pass")
@@ -494,35 +556,69 @@ impl Progress {
     }
 }
 
-fn print_snapshot(s: &pb::PortSnapshot) {
-    println!("port {}: {} at {}", s.family, s.state, s.phase);
+/// The port, its components and open questions. Components that wait for
+/// an environment are summed up by cause (one line per worker and cause,
+/// not one blocker each). `after_run`: the snapshot closes a submit or
+/// answer, which wrote PORT_STATUS.md.
+fn print_snapshot(s: &pb::PortSnapshot, after_run: bool) {
+    say(format_args!(
+        "port {}: {} at {}",
+        s.family, s.state, s.phase
+    ));
     for c in &s.components {
-        println!(
+        say(format_args!(
             "  {:<16} {:<14} runs={} {}",
             c.name, c.status, c.runs, c.reason
-        );
+        ));
+    }
+    for (cause, names) in environment_causes(s) {
+        let n = names.len();
+        say(format_args!(
+            "{n} component{} could not run on {cause} ({})",
+            if n == 1 { "" } else { "s" },
+            names.join(", ")
+        ));
+    }
+    if s.state == fvd_actors::gate::ENVIRONMENT {
+        say(format_args!(
+            "  fix the environment of that worker (or start one that has it) and run fvd submit --family {} again: nothing was counted against the components",
+            s.family
+        ));
     }
     for e in s.escapes.iter().filter(|e| e.status == "open") {
-        println!(
+        say(format_args!(
             "  {} {} asks ({}): {}",
             e.id, e.component, e.decision_type, e.question
-        );
+        ));
         for (i, o) in e.options.iter().enumerate() {
             let rec = if *o == e.recommended {
                 " (recommended)"
             } else {
                 ""
             };
-            println!("      {}. {o}{rec}", i + 1);
+            say(format_args!("      {}. {o}{rec}", i + 1));
         }
-        println!(
+        say(format_args!(
             "    answer: fvd answer {} {} --option N  (or --text \"...\")",
             s.family, e.id
-        );
+        ));
     }
-    if !s.port_status_path.is_empty() {
-        println!("wrote {}", s.port_status_path);
+    if after_run && !s.port_status_path.is_empty() {
+        say(format_args!("PORT_STATUS.md: {}", s.port_status_path));
     }
+}
+
+/// Components waiting for an environment, grouped by their cause (`worker
+/// W: No module named 'torch'`), causes in order of first appearance.
+fn environment_causes(s: &pb::PortSnapshot) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for c in s.components.iter().filter(|c| c.status == "environment") {
+        match out.iter_mut().find(|(cause, _)| *cause == c.reason) {
+            Some((_, names)) => names.push(c.name.clone()),
+            None => out.push((c.reason.clone(), vec![c.name.clone()])),
+        }
+    }
+    out
 }
 
 pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
@@ -569,7 +665,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
             println!("{}", serde_json::to_string_pretty(&out)?);
         } else {
             for p in &ports {
-                print_snapshot(p);
+                print_snapshot(p, false);
             }
         }
         Ok(0)
@@ -661,14 +757,79 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
 pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
     let rt = runtime()?;
     rt.block_on(async move {
-        let mut client = client(&args.orchestrator, args.token.load()?, args.tls.load()?).await?;
+        let (url, token, tls) = match &args.orchestrator {
+            Some(url) => (url.clone(), args.token.load()?, args.tls.load()?),
+            None => {
+                let repo = args
+                    .repo
+                    .canonicalize()
+                    .with_context(|| format!("repository {}", args.repo.display()))?;
+                match super::embedded::live(&repo, &args.family) {
+                    // The process running the port ends it, its tests
+                    // first.
+                    Some(live) => (live.url, Some(live.token), None),
+                    None => {
+                        let store = open_local(&repo).await?;
+                        let port = store.port(&args.family).await?.with_context(|| {
+                            format!("no port {} in {}", args.family, state_db(&repo).display())
+                        })?;
+                        let names = store.cancel_port(&args.family).await?;
+                        say(format_args!(
+                            "cancelled port {} (it was {}; no fvd process was running it){}",
+                            args.family,
+                            port.state,
+                            if names.is_empty() {
+                                String::new()
+                            } else {
+                                format!(": {} stopped", names.join(", "))
+                            }
+                        ));
+                        return Ok(0);
+                    }
+                }
+            }
+        };
+        let mut client = client(&url, token, tls).await?;
         client
             .cancel(pb::CancelRequest {
                 family: args.family.clone(),
             })
             .await
             .map_err(status_err)?;
-        println!("cancelled port {}", args.family);
+        say(format_args!("cancelled port {}", args.family));
+        Ok(0)
+    })
+}
+
+/// `fvd reset F`: forgets the port's embedded state. Refused while a
+/// process runs the port.
+pub fn reset(args: ResetArgs) -> anyhow::Result<u8> {
+    let repo = args
+        .repo
+        .canonicalize()
+        .with_context(|| format!("repository {}", args.repo.display()))?;
+    if let Some(live) = super::embedded::live(&repo, &args.family) {
+        eprintln!(
+            "fvd: error: port {} is running in process {}; fvd cancel {} first",
+            args.family, live.pid, args.family
+        );
+        return Ok(EXIT_USAGE);
+    }
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let store = open_local(&repo).await?;
+        if !store.delete_port(&args.family).await? {
+            eprintln!(
+                "fvd: error: no port {} in {}",
+                args.family,
+                state_db(&repo).display()
+            );
+            return Ok(EXIT_USAGE);
+        }
+        say(format_args!(
+            "reset port {}: its runs, verdicts, questions and attempt ledger are forgotten; the next fvd submit starts it over. Kept: PORT_STATUS.md, port.toml, agent branches fvd/{}/* and their worktrees",
+            args.family, args.family
+        ));
         Ok(0)
     })
 }

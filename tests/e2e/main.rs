@@ -3,6 +3,7 @@
 
 mod agent;
 mod contracts;
+mod environment;
 mod port;
 mod support;
 mod telemetry;
