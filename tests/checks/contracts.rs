@@ -174,9 +174,52 @@ pub fn embedded_final_handoff_is_checked_with_file_lines(c: &ContractFiles) {
     assert_eq!(code(&o), 1);
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["kind"], "final_handoff");
+    let findings = v["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{findings:#?}");
     let (line, field) = c.final_handoff_finding;
-    assert_eq!(v["findings"][0]["line"], line);
-    assert_eq!(v["findings"][0]["field"], field);
+    assert_eq!(findings[0]["line"], line);
+    assert_eq!(findings[0]["field"], field);
+    let message = findings[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("expected one of reused | ported"),
+        "{message}"
+    );
+}
+
+/// Every contract document in `contracts/` is read as its contract and is
+/// never valid (they are templates). `port_state.md` describes the status
+/// file inside a fence, so it is a status file only when asked to be.
+pub fn every_contract_template_is_recognised_and_never_valid(c: &ContractFiles) {
+    let contracts = c.root.join("contracts");
+    let o = check_in(&contracts, &["port_state.md"]);
+    assert_eq!(code(&o), 2, "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("no contract block found"),
+        "{}",
+        stderr(&o)
+    );
+    let o = check_in(&contracts, &["port_state.md", "--kind", "port_state"]);
+    assert_eq!(code(&o), 1);
+    assert!(stdout(&o).ends_with("port_state.md: 10 finding(s) in port_status\n"));
+    for (file, kind) in [
+        ("prep_handoff.md", "prep_handoff"),
+        ("port_status_template.md", "port_status"),
+        ("escape_hatch.md", "escape_hatch"),
+        ("component_context.md", "component_context"),
+        ("parity_status.md", "parity_status"),
+        ("conversion_request.md", "conversion_request"),
+        ("conversion_handoff.md", "conversion_handoff"),
+        ("component_skill_handoff.md", "component_skill_handoff"),
+        ("pipeline_context.md", "pipeline_context"),
+        ("pipeline_handoff.md", "pipeline_handoff"),
+        ("final_handoff.md", "final_handoff"),
+    ] {
+        let o = check_in(&contracts, &[file, "--json"]);
+        assert_eq!(code(&o), 1, "{file}: {}{}", stdout(&o), stderr(&o));
+        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["kind"], kind, "{file}");
+        assert_eq!(v["valid"], false, "{file}");
+    }
 }
 
 /// A token pasted into a Parity cell is reported by line and masked in the

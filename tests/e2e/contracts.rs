@@ -103,38 +103,7 @@ fn contract_templates_fail_on_placeholders() {
 
 #[test]
 fn every_contract_template_is_recognised_and_never_valid() {
-    let contracts = fixtures().join("contracts");
-    // port_state.md describes the status file inside a fence: it is no
-    // status file itself unless asked to be read as one
-    let o = check_in(&contracts, &["port_state.md"]);
-    assert_eq!(code(&o), 2, "{}", stdout(&o));
-    assert!(
-        stderr(&o).contains("no contract block found"),
-        "{}",
-        stderr(&o)
-    );
-    let o = check_in(&contracts, &["port_state.md", "--kind", "port_state"]);
-    assert_eq!(code(&o), 1);
-    assert!(stdout(&o).ends_with("port_state.md: 10 finding(s) in port_status\n"));
-    for (file, kind) in [
-        ("prep_handoff.md", "prep_handoff"),
-        ("port_status_template.md", "port_status"),
-        ("escape_hatch.md", "escape_hatch"),
-        ("component_context.md", "component_context"),
-        ("parity_status.md", "parity_status"),
-        ("conversion_request.md", "conversion_request"),
-        ("conversion_handoff.md", "conversion_handoff"),
-        ("component_skill_handoff.md", "component_skill_handoff"),
-        ("pipeline_context.md", "pipeline_context"),
-        ("pipeline_handoff.md", "pipeline_handoff"),
-        ("final_handoff.md", "final_handoff"),
-    ] {
-        let o = check_in(&contracts, &[file, "--json"]);
-        assert_eq!(code(&o), 1, "{file}: {}{}", stdout(&o), stderr(&o));
-        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
-        assert_eq!(v["kind"], kind, "{file}");
-        assert_eq!(v["valid"], false, "{file}");
-    }
+    check::every_contract_template_is_recognised_and_never_valid(&own());
 }
 
 #[test]
