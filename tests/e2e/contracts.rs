@@ -1,39 +1,54 @@
-//! `fvd contracts check` end to end: the real status files and contract
-//! documents, handoff blocks written to temp files, and every exit code.
+//! `fvd contracts check` end to end: the project's status files and
+//! contract templates (`tests/fixtures`), handoff blocks written to temp
+//! files, and every exit code. The same checks on the real FastVideo files
+//! are in the conformance suite.
 
 use std::path::Path;
 use std::process::Output;
 
 use serde_json::Value;
 
-use crate::support::{fixtures, fvd};
+use crate::checks::contracts::{self as check, ContractFiles, code, stderr, stdout};
+use crate::support::fixtures;
 
-/// Runs `fvd contracts check ARGS…` from the fixtures folder, so paths in
-/// the output are the short relative ones the snapshots record.
 fn check_in(dir: &Path, args: &[&str]) -> Output {
-    fvd()
-        .current_dir(dir)
-        .arg("contracts")
-        .arg("check")
-        .args(args)
-        .output()
-        .expect("run fvd")
+    check::check_in(dir, args)
 }
 
-fn check(args: &[&str]) -> Output {
-    check_in(&fixtures(), args)
-}
+const ORBITCAM: &str = "fastvideo/tests/local_tests/orbitcam/PORT_STATUS.md";
 
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("fvd exited by signal")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8(o.stdout.clone()).expect("utf-8 stdout")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8(o.stderr.clone()).expect("utf-8 stderr")
+/// The project's contract inputs and what the checks need to know about them.
+fn own() -> ContractFiles {
+    ContractFiles {
+        root: fixtures(),
+        complete: ORBITCAM,
+        family: "orbitcam",
+        phase: "phase_11_post_parity_handoff",
+        components: &[
+            (
+                "Transformer (`OrbitCamTransformer3DModel`)",
+                "forward_parity_pass",
+            ),
+            ("vae", "encode_decode_parity_pass"),
+            ("text_encoder/tokenizer", "hidden_state_parity_pass"),
+            ("scheduler", "non_skip_pass"),
+            ("camera_embedding", "non_skip_pass"),
+            ("pipeline", "latent_parity_pass"),
+        ],
+        final_handoff_finding: (106, "final_handoff.components[0].reuse_or_port"),
+        leak: ("encode_decode_parity_pass |", 1, 26),
+        sparse: "port_status/sparse.md",
+        sparse_decisions_line: 29,
+        status_files: &[
+            (ORBITCAM, 0),
+            ("fastvideo/tests/local_tests/tidewave/PORT_STATUS.md", 0),
+            ("fastvideo/tests/local_tests/pixelflow/PORT_STATUS.md", 1),
+            ("port_status/sparse.md", 1),
+            ("port_status/leaky.md", 1),
+        ],
+        prep_placeholder_line: 6,
+        retry_placeholder_line: 35,
+    }
 }
 
 const PREP: &str = "model_family: wan22_mini
@@ -60,126 +75,78 @@ escape_hatch: none
 ";
 
 #[test]
-fn dreamx_status_json_reports_family_phase_and_all_components() {
-    let o = check(&["port_status/dreamx_world.md", "--json"]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let v: Value = serde_json::from_str(&stdout(&o)).expect("json");
-    assert_eq!(v["kind"], "port_status");
-    assert_eq!(v["valid"], true);
-    assert_eq!(v["findings"], Value::Array(vec![]));
-    assert_eq!(v["summary"]["model_family"], "dreamx_world");
-    assert_eq!(v["summary"]["phase"], "phase_11_post_parity_handoff");
-    let comps = v["summary"]["components"].as_array().expect("components");
-    let pairs: Vec<(&str, &str)> = comps
-        .iter()
-        .map(|c| (c["name"].as_str().unwrap(), c["parity"].as_str().unwrap()))
-        .collect();
-    assert_eq!(
-        pairs,
-        [
-            ("transformer", "strict_load_and_forward_parity_pass"),
-            ("vae", "encode_parity_pass"),
-            ("text_encoder/tokenizer", "hidden_state_parity_pass"),
-            ("scheduler", "non_skip_pass"),
-            ("camera_conditioning", "non_skip_pass"),
-            ("pipeline", "pipeline_api_vs_worker_forward_parity_pass"),
-            ("ar_transformer", "real_5b_strict_load_pass"),
-            ("ar_pipeline", "short_full_generation_pass"),
-        ]
-    );
-    insta::assert_snapshot!("check_dreamx_json", stdout(&o));
+fn complete_status_json_reports_family_phase_and_all_components() {
+    let out = check::complete_status_summary(&own());
+    insta::assert_snapshot!("check_orbitcam_json", out);
 }
 
 #[test]
-fn dreamx_status_from_the_workspace_root_path() {
-    // the path the issue names, run from the workspace root
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let path = fixtures().join("port_status/dreamx_world.md");
-    let o = check_in(root, &[path.to_str().unwrap(), "--json"]);
-    assert_eq!(code(&o), 0);
-    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["summary"]["components"].as_array().unwrap().len(), 8);
+fn complete_status_by_absolute_path_from_elsewhere() {
+    check::complete_status_by_absolute_path(&own());
 }
 
 #[test]
-fn minimax_status_lists_what_the_contract_misses() {
-    let o = check(&["port_status/minimax_h3.md"]);
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
-    let out = stdout(&o);
-    assert!(out.contains(
-        "port_status/minimax_h3.md:0: Component Matrix: missing required section `## Component Matrix`\n"
-    ));
-    assert!(out.contains("port_status/minimax_h3.md:30: Decisions: missing table"));
-    insta::assert_snapshot!("check_minimax_human", out);
-
-    let o = check(&["port_status/minimax_h3.md", "--json"]);
-    assert_eq!(code(&o), 1);
-    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["valid"], false);
-    assert_eq!(v["summary"]["model_family"], Value::Null);
-    assert_eq!(v["summary"]["components"], Value::Array(vec![]));
-    let f = &v["findings"][0];
-    assert!(f["line"].is_u64() && f["field"].is_string() && f["message"].is_string());
+fn sparse_status_lists_what_the_contract_misses() {
+    let out = check::sparse_status_lists_what_the_contract_misses(&own());
+    insta::assert_snapshot!("check_sparse_human", out);
 }
 
 #[test]
-fn every_real_status_file_is_checked_without_error() {
-    for (file, want) in [
-        ("port_status/dreamx_world.md", 0),
-        ("port_status/lingbotworld2.md", 0),
-        ("port_status/flux.md", 1),
-        ("port_status/minimax_h3.md", 1),
-    ] {
-        let o = check(&[file]);
-        assert_eq!(code(&o), want, "{file}: {}{}", stdout(&o), stderr(&o));
-        assert!(stderr(&o).is_empty(), "{file}: {}", stderr(&o));
-    }
+fn every_status_file_is_checked_without_error() {
+    check::every_status_file_is_checked_without_error(&own());
 }
 
 #[test]
 fn contract_templates_fail_on_placeholders() {
-    let o = check(&["contracts/prep_handoff.md"]);
-    assert_eq!(code(&o), 1);
-    let out = stdout(&o);
-    assert!(
-        out.contains(
-            "contracts/prep_handoff.md:6: model_family: placeholder copied from the template"
-        ),
-        "{out}"
-    );
-    assert!(out.ends_with("finding(s) in prep_handoff\n"));
-    // the second fence of conversion_request.md is the retry request
-    let o = check(&[
-        "contracts/conversion_request.md",
-        "--kind",
-        "conversion_retry_request",
-    ]);
-    assert_eq!(code(&o), 1);
-    assert!(
-        stdout(&o).contains(
-            "contracts/conversion_request.md:37: conversion_retry_request.component: placeholder"
-        ),
-        "{}",
-        stdout(&o)
-    );
+    check::templates_fail_on_placeholders(&own());
+}
+
+#[test]
+fn every_contract_template_is_recognised_and_never_valid() {
+    check::every_contract_template_is_recognised_and_never_valid(&own());
 }
 
 #[test]
 fn embedded_final_handoff_is_checked_with_file_lines() {
-    let o = check(&[
-        "port_status/dreamx_world.md",
-        "--kind",
-        "final_handoff",
-        "--json",
-    ]);
-    assert_eq!(code(&o), 1);
+    check::embedded_final_handoff_is_checked_with_file_lines(&own());
+}
+
+#[test]
+fn tokens_in_a_status_file_are_masked_in_the_summary() {
+    check::tokens_in_a_status_file_are_masked_in_the_summary(&own());
+}
+
+#[test]
+fn credential_looking_values_in_a_fixture_are_never_printed() {
+    let path = "port_status/leaky.md";
+    let text = std::fs::read_to_string(fixtures().join(path)).unwrap();
+    let secrets = [
+        "hf_QuillonFixtureNotARealToken7x2Kq9Lm",
+        "qF1xtureB3arerValue9Zk27Lm44Np",
+        "QfixtureApiKey0a9b8c7d6e5f4",
+    ];
+    for s in secrets {
+        assert!(text.contains(s), "{path} holds {s}");
+    }
+    for args in [vec![path], vec![path, "--json"]] {
+        let o = check_in(&fixtures(), &args);
+        assert_eq!(code(&o), 1);
+        for s in secrets {
+            assert!(!stdout(&o).contains(s), "{}", stdout(&o));
+            assert!(!stderr(&o).contains(s), "{}", stderr(&o));
+        }
+    }
+    let o = check_in(&fixtures(), &[path, "--json"]);
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["kind"], "final_handoff");
-    assert_eq!(v["findings"][0]["line"], 140);
-    assert_eq!(
-        v["findings"][0]["field"],
-        "final_handoff.components[0].reuse_or_port"
-    );
+    let lines: Vec<u64> = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(lines, [26, 42, 54]);
+    assert_eq!(v["summary"]["components"][1]["parity"], "[redacted]");
+    assert_eq!(v["summary"]["components"][0]["parity"], "`non_skip_pass`");
 }
 
 #[test]
@@ -275,22 +242,4 @@ fn unreadable_or_unparsable_input_exits_2_naming_the_file() {
     let o = check_in(dir.path(), &["prose.md", "--kind", "nonsense"]);
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("unknown contract kind `nonsense`"));
-}
-
-#[test]
-fn tokens_in_a_status_file_are_masked_in_the_summary() {
-    let token = format!("hf_{}", "Pw4".repeat(11));
-    let original = std::fs::read_to_string(fixtures().join("port_status/dreamx_world.md")).unwrap();
-    let leaked = original.replacen("encode_parity_pass |", &format!("{token} |"), 1);
-    assert_ne!(leaked, original);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("PORT_STATUS.md"), leaked).unwrap();
-    let o = check_in(dir.path(), &["PORT_STATUS.md", "--json"]);
-    assert_eq!(code(&o), 1);
-    let out = stdout(&o);
-    assert!(!out.contains(&token), "{out}");
-    let v: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["summary"]["components"][1]["parity"], "[redacted]");
-    assert_eq!(v["findings"][0]["field"], "table row");
-    assert_eq!(v["findings"][0]["line"], 26);
 }

@@ -1,7 +1,11 @@
 //! The one integration-test binary of fvd: every test here runs the real
-//! `fvd` binary (or boots real servers) against real inputs.
+//! `fvd` binary (or boots real servers) against the project's own inputs
+//! (`tests/fixtures`); the same checks on the real FastVideo files are the
+//! conformance suite (`tests/conformance`).
 
 mod agent;
+#[path = "../checks/mod.rs"]
+mod checks;
 mod contracts;
 mod environment;
 mod port;

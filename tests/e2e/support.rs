@@ -1,5 +1,5 @@
 //! Shared helpers for the end-to-end tests: locating the built binary and
-//! the `shared/fixtures` folder that sits beside the checkout.
+//! the project's own test inputs in `tests/fixtures`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -9,19 +9,10 @@ pub fn fvd() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fvd"))
 }
 
-/// `../shared/fixtures` relative to the workspace root; CI lays it out the same way.
+/// The repository's `tests/fixtures` (see its README): inputs the project
+/// owns, so the tests need nothing beside the checkout.
 pub fn fixtures() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let candidates = [
-        root.join("../shared/fixtures"),
-        root.join("shared/fixtures"),
-    ];
-    for c in &candidates {
-        if c.is_dir() {
-            return c.clone();
-        }
-    }
-    panic!("fixtures not found: looked in {candidates:?}");
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
 use std::io::{BufRead, BufReader};

@@ -648,37 +648,25 @@ fn embedded_mode_exports_the_same_tree_from_one_process() {
     assert_eq!(tp, format!("00-{}-{}-01", port.trace_id, run.span_id));
 }
 
-/// Port names → reference names of the gpt2 fixture (its README).
-const GPT2_RENAMES: [&str; 8] = [
-    r"^blocks\.(\d+)=>transformer.h.$1",
-    r"\.norm1$=>.ln_1",
-    r"\.norm2$=>.ln_2",
-    r"\.attention$=>.attn",
-    r"\.ffn(\.|$)=>.mlp$1",
-    r"^tok_embed$=>transformer.wte",
-    r"^pos_embed$=>transformer.wpe",
-    r"^final_norm$=>transformer.ln_f",
-];
-
 #[test]
 fn a_trace_comparison_joins_its_caller_s_trace_with_the_first_divergent_module() {
     let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
-    let dir = crate::support::fixtures().join("traces/gpt2");
+    let cases = crate::trace::own();
     let caller = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
     let mut cmd = fvd();
     clean_env(&mut cmd);
     cmd.args(["trace", "compare", "--json", "--reference"])
-        .arg(dir.join("official.jsonl"))
+        .arg(cases.dir.join("official.jsonl"))
         .arg("--port")
-        .arg(dir.join("port_bug.jsonl"));
-    for r in GPT2_RENAMES {
+        .arg(cases.dir.join("port_bug.jsonl"));
+    for r in cases.renames {
         cmd.args(["--rename", r]);
     }
     // As a worker starts a test or agent process.
     let out = cmd
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
         .env("TRACEPARENT", format!("00-{}-{}-01", caller.0, caller.1))
-        .env("FVD_FAMILY", "gpt2")
+        .env("FVD_FAMILY", "tinylm")
         .env("FVD_COMPONENT", "transformer")
         .output()
         .unwrap();
@@ -689,7 +677,7 @@ fn a_trace_comparison_joins_its_caller_s_trace_with_the_first_divergent_module()
         s.name == "trace_comparison"
     });
     assert_eq!((cmp.trace_id.as_str(), cmp.parent.as_str()), caller);
-    assert_eq!(attr(cmp, "family"), "gpt2");
+    assert_eq!(attr(cmp, "family"), "tinylm");
     assert_eq!(attr(cmp, "component"), "transformer");
     assert_eq!(attr(cmp, "diverged"), "true");
     assert_eq!(

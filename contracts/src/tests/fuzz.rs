@@ -1,4 +1,4 @@
-//! Parsers never panic: random bytes and randomly mutated real files (lines
+//! Parsers never panic: random bytes and randomly mutated fixture files (lines
 //! dropped, duplicated, truncated, swapped, re-indented, table cells
 //! removed) go through every parser. The case count is bounded so the suite
 //! stays quick on a two-core CI machine.
@@ -14,7 +14,7 @@ use crate::port_status;
 fn sources() -> Vec<String> {
     let mut v: Vec<String> = PORT_STATUS_FIXTURES
         .iter()
-        .map(|r| std::fs::read_to_string(fixture(r)).unwrap())
+        .map(|(_, r)| std::fs::read_to_string(fixture(r)).unwrap())
         .collect();
     for r in [
         "contracts/port_status_template.md",
@@ -123,7 +123,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_real_files(
+    fn mutated_fixture_files(
         which in 0usize..15,
         ops in proptest::collection::vec((any::<u8>(), any::<u32>(), any::<u32>()), 1..12),
     ) {

@@ -1,5 +1,7 @@
-//! Crate-level tests: contract examples and rules, round trips, the real
-//! `PORT_STATUS.md` fixtures and never-panic fuzzing of every parser.
+//! Crate-level tests: contract examples and rules, round trips, the
+//! project's own `PORT_STATUS.md` fixtures and never-panic fuzzing of every
+//! parser. (The same checks on the real FastVideo files are in the root
+//! package's conformance suite, `tests/conformance`.)
 
 mod examples;
 mod fuzz;
@@ -9,19 +11,30 @@ mod rules;
 
 use std::path::PathBuf;
 
-/// A file under `shared/fixtures`, which CI lays out beside the checkout.
+/// A file under the repository's `tests/fixtures`.
 pub fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/fixtures"
-    ))
-    .join(rel)
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures")).join(rel)
 }
 
-/// The four real status files.
-pub const PORT_STATUS_FIXTURES: [&str; 4] = [
-    "port_status/dreamx_world.md",
-    "port_status/flux.md",
-    "port_status/lingbotworld2.md",
-    "port_status/minimax_h3.md",
+/// The project's status files: a name (for snapshots) and the path.
+pub const PORT_STATUS_FIXTURES: [(&str, &str); 5] = [
+    // complete, contract-shaped, with every quirk of a finished port
+    (
+        "orbitcam",
+        "fastvideo/tests/local_tests/orbitcam/PORT_STATUS.md",
+    ),
+    // free-form: none of the contract's sections
+    (
+        "pixelflow",
+        "fastvideo/tests/local_tests/pixelflow/PORT_STATUS.md",
+    ),
+    // the contract's sections, loosely filled and padded tables
+    (
+        "tidewave",
+        "fastvideo/tests/local_tests/tidewave/PORT_STATUS.md",
+    ),
+    // barely any contract: bullets where a table belongs
+    ("sparse", "port_status/sparse.md"),
+    // in progress, with values that look like credentials
+    ("leaky", "port_status/leaky.md"),
 ];

@@ -416,15 +416,18 @@ fn pipeline_and_final_rules() {
 }
 
 #[test]
-fn real_final_handoff_from_a_status_file() {
-    // dreamx_world's status file embeds a final_handoff whose reuse_or_port
-    // uses a spelling outside the contract; the check must say exactly that
-    let text = std::fs::read_to_string(super::fixture("port_status/dreamx_world.md")).unwrap();
+fn final_handoff_embedded_in_a_status_file() {
+    // orbitcam's status file embeds a final_handoff whose reuse_or_port uses
+    // a spelling outside the contract; the check must say exactly that
+    let text = std::fs::read_to_string(super::fixture(
+        "fastvideo/tests/local_tests/orbitcam/PORT_STATUS.md",
+    ))
+    .unwrap();
     let report = crate::kind::check(&text, Some(crate::kind::ContractKind::FinalHandoff)).unwrap();
     assert_eq!(report.findings.len(), 1, "{:#?}", report.findings);
     let f = &report.findings[0];
     assert_eq!(f.field, "final_handoff.components[0].reuse_or_port");
-    assert_eq!(f.line, 140);
+    assert_eq!(f.line, 106);
     assert!(f.message.contains("expected one of reused | ported"));
 }
 
@@ -467,8 +470,8 @@ fn kinds_are_inferred_from_bare_and_fenced_blocks() {
 
 #[test]
 fn finding_messages_follow_the_house_style() {
-    // every message fvd can print for the real inputs: lowercase start, no
-    // trailing period, and a field to point at
+    // every message fvd can print for the fixture inputs: lowercase start,
+    // no trailing period, and a field to point at
     let mut findings = Vec::new();
     for rel in [
         "contracts/prep_handoff.md",
@@ -482,8 +485,9 @@ fn finding_messages_follow_the_house_style() {
         "contracts/pipeline_handoff.md",
         "contracts/final_handoff.md",
         "contracts/port_status_template.md",
-        "port_status/flux.md",
-        "port_status/minimax_h3.md",
+        "fastvideo/tests/local_tests/pixelflow/PORT_STATUS.md",
+        "port_status/sparse.md",
+        "port_status/leaky.md",
     ] {
         let text = std::fs::read_to_string(super::fixture(rel)).unwrap();
         let report = crate::kind::check(&text, None).unwrap();
