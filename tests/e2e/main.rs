@@ -3,6 +3,7 @@
 
 mod agent;
 mod contracts;
+mod init;
 mod port;
 mod support;
 mod telemetry;

@@ -500,6 +500,21 @@ impl Cx<'_> {
                     || l.contains("conversion is not needed")
                     || l.contains("conversion not needed")
             };
+            let not_required = |v: &str| {
+                matches!(
+                    strip_md(v).to_ascii_lowercase().as_str(),
+                    "not required" | "not_required" | "not needed" | "n/a"
+                )
+            };
+            if let Some(v) = st.conversion_state.get("conversion_script")
+                && not_required(v)
+            {
+                return Pv::Known {
+                    value: "no".into(),
+                    source: "PORT_STATUS.md Conversion State (conversion_script: not required)"
+                        .into(),
+                };
+            }
             let raw = self.input.status.unwrap_or_default();
             if sections_titled(raw, "conversion")
                 .iter()
