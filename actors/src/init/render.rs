@@ -456,6 +456,10 @@ impl Cx<'_> {
                     "{name} builds {} directly",
                     ev.direct.iter().cloned().collect::<Vec<_>>().join(", ")
                 ));
+            } else if let Some(kind) = pyfile::not_parity(t, Some(text)) {
+                // a helper test run beside the parity test (a conversion
+                // check, say) does not decide what the parity test covers
+                why.push(format!("{name} is a {kind} (not counted)"));
             } else {
                 scopes.insert("");
                 why.push(format!(
@@ -466,7 +470,7 @@ impl Cx<'_> {
         let fill_scope = fill("production_loader | implementation_subcomponent | both");
         let coverage = if c.tests.is_empty() {
             (fill_scope, "fill in: no parity test to read it from".into())
-        } else if unreadable || scopes.contains("") {
+        } else if unreadable || scopes.contains("") || scopes.is_empty() {
             (fill_scope, format!("fill in: {}", why.join("; ")))
         } else if scopes.len() == 2 {
             ("both".into(), format!("coverage_scope: {}", why.join("; ")))

@@ -58,7 +58,7 @@ const SKYLARK_STATUS: &str = r#"# Skylark Port Status
 | transformer | `PYTHONPATH=/home/porter/FastVideo ATTN_BACKEND=TORCH_SDPA python -m pytest tests/local_tests/skylark/test_skylark_transformer_parity.py tests/local_tests/skylark/test_skylark_block_parity.py -q -rs` | 3_passed_1_failed | block 7 drifts |
 | vae | `python -m pytest tests/local_tests/skylark/test_skylark_vae_parity.py -v -s` | non_skip_pass | encode and decode |
 | text_encoder | `pytest tests/local_tests/skylark/test_skylark_text_encoder_parity.py` | non_skip_pass | hidden states match |
-| noise_schedule | `SKYLARK_API_TOKEN=abcd1234efgh5678ijkl9012mnop python -m pytest tests/local_tests/skylark/test_skylark_noise_schedule_parity.py -q` | skipped | needs the gated config |
+| noise_schedule | `SKYLARK_API_TOKEN=abcd1234efgh5678ijkl9012mnop python -m pytest tests/local_tests/skylark/test_skylark_noise_schedule_parity.py tests/local_tests/skylark/test_skylark_schedule_conversion.py -q` | skipped | needs the gated config |
 | smoke_video | `PYTHONPATH=/home/porter/FastVideo python /tmp/skylark_smoke.py` | generated | 9 frames |
 | remote_ssim | `modal run /tmp/skylark_ssim.py` | pass | on a rented card |
 | pipeline_smoke | `python -m pytest tests/local_tests/pipelines/test_skylark_pipeline_smoke.py -q` | pass | two steps |
@@ -200,6 +200,10 @@ fn skylark() -> Repo {
         ),
         (
             "tests/local_tests/skylark/test_skylark_conversion.py",
+            PLAIN_TEST,
+        ),
+        (
+            "tests/local_tests/skylark/test_skylark_schedule_conversion.py",
             PLAIN_TEST,
         ),
         (
@@ -367,6 +371,15 @@ fn components_join_matrix_rows_and_parity_commands() {
     assert!(n.set_env.is_empty());
     assert!(!out.toml.contains("abcd1234efgh5678ijkl9012mnop"));
     assert_eq!(n.component_type, "generic");
+    // the conversion check run beside it does not decide the scope
+    assert_eq!(n.coverage_scope, "implementation_subcomponent");
+    assert!(
+        out.toml.contains(
+            "test_skylark_schedule_conversion.py is a conversion script test (not counted)"
+        ),
+        "{}",
+        out.toml
+    );
 
     // a parity-named file the status does not name is a component of its own
     let x = component(&spec, "upsampler");
