@@ -62,9 +62,17 @@ impl Out {
 
     /// A comment line indented by `indent` spaces after the `#` (a list item).
     fn comment_at(&mut self, indent: usize, text: &str) {
-        let t = one_line(text, 400);
+        let t = one_line(text, 1000);
         let t = if secrets::scan_line(&t).is_some() {
-            LEFT_OUT.to_string()
+            // redact the words that look secret; if the line still does
+            // (a value split over words), leave the whole line out
+            let words: Vec<String> = t.split(' ').map(secrets::redact).collect();
+            let r = words.join(" ");
+            if secrets::scan_line(&r).is_some() {
+                LEFT_OUT.to_string()
+            } else {
+                r
+            }
         } else {
             t
         };

@@ -60,7 +60,7 @@ const SKYLARK_STATUS: &str = r#"# Skylark Port Status
 | text_encoder | `pytest tests/local_tests/skylark/test_skylark_text_encoder_parity.py` | non_skip_pass | hidden states match |
 | noise_schedule | `SKYLARK_API_TOKEN=abcd1234efgh5678ijkl9012mnop python -m pytest tests/local_tests/skylark/test_skylark_noise_schedule_parity.py tests/local_tests/skylark/test_skylark_schedule_conversion.py -q` | skipped | needs the gated config |
 | smoke_video | `PYTHONPATH=/home/porter/FastVideo python /tmp/skylark_smoke.py` | generated | 9 frames |
-| remote_ssim | `modal run /tmp/skylark_ssim.py` | pass | on a rented card |
+| remote_ssim | `HF_TOKEN=hf_Zq8mW3xR7tY1uI9oP2aS4dF6gH0jK5lL modal run /tmp/skylark_ssim.py` | pass | on a rented card |
 | pipeline_smoke | `python -m pytest tests/local_tests/pipelines/test_skylark_pipeline_smoke.py -q` | pass | two steps |
 | suite | `python -m pytest tests/local_tests/skylark/ -q` | 11 passed | everything |
 
@@ -469,7 +469,14 @@ fn every_test_file_is_used_or_listed_with_its_reason() {
             "{what}: {rows:?}"
         );
     }
-    assert!(out.toml.contains("modal run /tmp/skylark_ssim.py"));
+    // a token in a command is never copied; the rest of the row is
+    assert!(
+        out.toml
+            .contains("[redacted] modal run /tmp/skylark_ssim.py"),
+        "{}",
+        out.toml
+    );
+    assert!(!out.toml.contains("hf_Zq8mW3"));
 }
 
 #[test]
