@@ -20,6 +20,7 @@ pub mod cleanup;
 pub mod clock;
 pub mod component;
 pub mod gate;
+pub mod init;
 pub mod model;
 pub mod orchestrator;
 pub mod port_status;

@@ -512,7 +512,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
     })
 }
 
-fn is_env_name(s: &str) -> bool {
+pub(crate) fn is_env_name(s: &str) -> bool {
     !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')

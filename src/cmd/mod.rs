@@ -5,6 +5,7 @@
 
 pub mod contracts;
 pub mod embedded;
+pub mod init;
 pub mod port;
 pub mod server;
 pub mod trace;
@@ -44,6 +45,8 @@ pub enum Command {
     /// Compare, merge and inspect activation traces and tensor dumps.
     #[command(subcommand)]
     Trace(trace::TraceCmd),
+    /// Write a family's port.toml from its PORT_STATUS.md, README and test files.
+    Init(init::InitArgs),
     /// Start (or resume) the port of a family.
     Submit(port::SubmitArgs),
     /// Show ports, their phase and their components.
@@ -71,6 +74,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Contracts(c) => contracts::run(c),
         Command::Trace(c) => trace::run(c),
+        Command::Init(a) => init::run(a),
         Command::Submit(a) => port::submit(a),
         Command::Status(a) => port::status(a),
         Command::Logs(a) => port::logs(a),

@@ -8,6 +8,7 @@ mod agent;
 mod checks;
 mod contracts;
 mod environment;
+mod init;
 mod port;
 mod support;
 mod telemetry;

@@ -1,0 +1,766 @@
+//! `fvd init`: the port spec written from what a FastVideo checkout already
+//! records about a family, so a porter starts from the status file, the
+//! README and the test files instead of a blank `port.toml`.
+//!
+//! Pure: [`infer`] takes the texts (and a reader for the repo files they
+//! name) and returns the TOML text and a summary; the CLI does the IO.
+//!
+//! What comes from where:
+//! - `[prep]`: `PORT_STATUS.md`'s Summary and header lines, then the
+//!   README's two-column field tables and `key: value` lines; Conversion
+//!   State (or a conversion section) decides `needs_conversion`; open rows
+//!   of Open Questions and Escape Hatches; the matrix gives
+//!   `components_seen`; `.gitignore` the ignored reference and weight
+//!   folders. A value the contract allows as `unknown` is written so, with
+//!   what was searched; a decision nothing records is an explicit
+//!   `"<fill in: …>"` that P0 refuses, with a comment saying where it comes
+//!   from.
+//! - `[[component]]`: one per Component Matrix row (pipeline rows aside)
+//!   and per Parity Commands row running pytest on test files, joined by
+//!   identity (the normalised label, else the component a test file's name
+//!   names). Without a status file, the README's component/test tables and
+//!   the test files' names (`test_<family>_<component>[_parity].py`).
+//! - Every test file of the family ends in a component or in the closing
+//!   comment with the reason it is not a parity test.
+
+mod command;
+mod markdown;
+mod prep;
+mod pyfile;
+mod render;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use fvd_contracts::port_status::{PortStatus, import};
+
+use crate::spec::SpecError;
+use command::{Parsed, Pytest};
+use markdown::{Label, MdTable, ident, py_paths, strip_md};
+use render::type_of;
+
+/// What the CLI read from the checkout.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// The family: `tests/local_tests/<family>`.
+    pub family: &'a str,
+    /// The name of the checkout's folder (`FastVideo`). An absolute path
+    /// through a folder of that name (or `FastVideo`, `fastvideo-…`) is read
+    /// as a path of the porter's checkout.
+    pub repo_name: &'a str,
+    /// `tests/local_tests/<family>/PORT_STATUS.md`, when present.
+    pub status: Option<&'a str>,
+    /// `tests/local_tests/<family>/README.md`, when present.
+    pub readme: Option<&'a str>,
+    /// The checkout's `.gitignore`, when present.
+    pub gitignore: Option<&'a str>,
+    /// Repo-relative paths of the family folder's `test_*.py` files.
+    pub tests: &'a [String],
+}
+
+/// The spec text and what the CLI reports about it.
+#[derive(Debug, Clone)]
+pub struct Inferred {
+    pub toml: String,
+    pub summary: Summary,
+}
+
+/// What `fvd init` prints after writing the spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Each component's name and test files.
+    pub components: Vec<(String, Vec<String>)>,
+    /// Values left as `"<fill in: …>"`, with their line in the spec.
+    pub placeholders: Vec<Placeholder>,
+    /// Test files no component runs, with the reason.
+    pub unused_tests: Vec<Unused>,
+    /// Rows and commands that are not components, with the reason.
+    pub unused_rows: Vec<Unused>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placeholder {
+    /// 1-based line in the spec.
+    pub line: usize,
+    /// `prep.official_env_status`, `component vae: coverage_scope`.
+    pub field: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unused {
+    pub what: String,
+    pub reason: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("family {0:?} is not a lowercase identifier ([a-z0-9_])")]
+    Family(String),
+    /// A bug of init: what it writes must always parse.
+    #[error("the spec fvd init built does not parse: {0}")]
+    Spec(#[from] SpecError),
+}
+
+/// Component types of the `component_context` contract.
+const TYPES: &[&str] = &[
+    "dit",
+    "vae",
+    "encoder",
+    "scheduler",
+    "conditioner",
+    "upsampler",
+    "vocoder",
+    "generic",
+];
+
+/// Refuses a family that is not a lowercase identifier (`[a-z0-9_]`).
+pub fn check_family(family: &str) -> Result<(), InitError> {
+    if family.is_empty() || ident(family) != family {
+        return Err(InitError::Family(family.to_string()));
+    }
+    Ok(())
+}
+
+/// Builds the spec of `input.family`. `read` returns the text of a
+/// repo-relative file, `None` when it is not in the checkout.
+pub fn infer(
+    input: &Input<'_>,
+    read: &dyn Fn(&str) -> Option<String>,
+) -> Result<Inferred, InitError> {
+    let family = input.family;
+    check_family(family)?;
+    let status = input.status.map(|t| import(t).0);
+    let cx = Cx {
+        input,
+        read,
+        dir: format!("tests/local_tests/{family}"),
+        status: status.as_ref(),
+    };
+    let plan = cx.components();
+    let prep = cx.prep(&plan);
+    let toml = cx.render(&prep, &plan);
+    let spec_path = format!("{}/port.toml", cx.dir);
+    crate::spec::parse(Path::new(&spec_path), &toml.text)?;
+    let summary = Summary {
+        components: plan
+            .cands
+            .iter()
+            .map(|c| (c.name.clone(), c.tests.clone()))
+            .collect(),
+        placeholders: toml.placeholders,
+        unused_tests: plan.unused_tests.clone(),
+        unused_rows: plan.unused_rows.iter().map(|(u, _)| u.clone()).collect(),
+    };
+    Ok(Inferred {
+        toml: toml.text,
+        summary,
+    })
+}
+
+struct Cx<'a> {
+    input: &'a Input<'a>,
+    read: &'a dyn Fn(&str) -> Option<String>,
+    /// `tests/local_tests/<family>`.
+    dir: String,
+    status: Option<&'a PortStatus>,
+}
+
+/// A component in the making.
+#[derive(Debug, Clone)]
+struct Cand {
+    name: String,
+    /// Every label a row gave it (matrix, Parity Commands, README).
+    labels: Vec<Label>,
+    /// The matrix Type cell, markdown stripped.
+    type_cell: Option<String>,
+    /// Repo-relative test files.
+    tests: Vec<String>,
+    /// Where it was found (`Component Matrix row `vae``).
+    from: Vec<String>,
+    /// The first pytest command that runs it.
+    cmd: Option<Pytest>,
+    notes: Vec<String>,
+}
+
+impl Cand {
+    fn new(label: Label, from: String) -> Self {
+        Cand {
+            name: label.name(),
+            labels: vec![label],
+            type_cell: None,
+            tests: Vec::new(),
+            from: vec![from],
+            cmd: None,
+            notes: Vec::new(),
+        }
+    }
+
+    fn add_tests(&mut self, tests: impl IntoIterator<Item = String>) {
+        for t in tests {
+            if !self.tests.contains(&t) {
+                self.tests.push(t);
+            }
+        }
+    }
+
+    fn absorb(&mut self, other: Cand) {
+        for l in other.labels {
+            if !self.labels.contains(&l) {
+                self.labels.push(l);
+            }
+        }
+        if self.type_cell.is_none() {
+            self.type_cell = other.type_cell;
+        }
+        self.add_tests(other.tests);
+        self.from.extend(other.from);
+        if self.cmd.is_none() {
+            self.cmd = other.cmd;
+        }
+        self.notes.extend(other.notes);
+    }
+}
+
+/// The components and everything that did not become one.
+#[derive(Debug, Default)]
+struct Plan {
+    cands: Vec<Cand>,
+    /// Matrix / README rows and commands that are not components, each
+    /// with the command it ran, if any.
+    unused_rows: Vec<(Unused, Option<String>)>,
+    unused_tests: Vec<Unused>,
+    /// The labels of the status file's component table, pipeline rows
+    /// included (`components_seen`).
+    matrix_labels: Vec<String>,
+}
+
+/// Whether a row is the pipeline rather than a component: its Type (or,
+/// without one, its name) says `pipeline`.
+fn is_pipeline_type(c: &Cand) -> bool {
+    let t = c
+        .type_cell
+        .as_deref()
+        .map(|t| ident(&Label::new(t).base))
+        .unwrap_or_default();
+    t == "pipeline" || (t.is_empty() && c.name == "pipeline")
+}
+
+impl Cx<'_> {
+    fn text(&self, path: &str) -> Option<String> {
+        (self.read)(path)
+    }
+
+    /// A path as a row writes it, made repo-relative. A bare file name is
+    /// in the family folder; `./x` and `../x` are relative to `base`.
+    fn resolve(&self, raw: &str, base: &str) -> (String, Option<String>) {
+        let raw = raw.trim().trim_matches('`');
+        if raw.starts_with('/') {
+            return match checkout_rel(raw, self.input.repo_name) {
+                Some(rel) => (
+                    rel,
+                    Some(format!("{raw} is a path of the porter's checkout")),
+                ),
+                None => (
+                    raw.to_string(),
+                    Some(format!("{raw} is outside the checkout")),
+                ),
+            };
+        }
+        let joined = if !raw.contains('/') {
+            format!("{}/{raw}", self.dir)
+        } else if raw.starts_with("./") || raw.starts_with("../") {
+            if base.is_empty() {
+                raw.to_string()
+            } else {
+                format!("{base}/{raw}")
+            }
+        } else {
+            raw.to_string()
+        };
+        (normalise_path(&joined), None)
+    }
+
+    /// Every component, from the status file or (without one) the README
+    /// and the test files' names.
+    fn components(&self) -> Plan {
+        let mut plan = Plan::default();
+        let mut claimed_elsewhere: BTreeMap<String, String> = BTreeMap::new();
+        if let Some(st) = self.status {
+            self.rows_of_matrix(st, &mut plan);
+            self.rows_of_parity_commands(st, &mut plan, &mut claimed_elsewhere);
+        } else if let Some(readme) = self.input.readme {
+            self.rows_of_readme(readme, &mut plan, &mut claimed_elsewhere, true);
+        }
+        // rows still without a test: the README's test tables, then the
+        // file names of the family folder
+        if self.status.is_some()
+            && let Some(readme) = self.input.readme
+        {
+            self.rows_of_readme(readme, &mut plan, &mut claimed_elsewhere, false);
+        }
+        for c in plan.cands.iter_mut().filter(|c| c.tests.is_empty()) {
+            let by_name: Vec<String> = self
+                .input
+                .tests
+                .iter()
+                .filter(|t| {
+                    pyfile::component_of_file(self.input.family, t).as_deref() == Some(&c.name)
+                })
+                .cloned()
+                .collect();
+            if !by_name.is_empty() {
+                c.from.push("test file named after it".into());
+                c.add_tests(by_name);
+            }
+        }
+        self.leftovers(&mut plan, &claimed_elsewhere);
+        // names the spec accepts: non-empty and unique
+        let mut seen = BTreeSet::new();
+        for (i, c) in plan.cands.iter_mut().enumerate() {
+            if c.name.is_empty() {
+                c.name = format!("component_{}", i + 1);
+            }
+            let base = c.name.clone();
+            let mut n = 2;
+            while !seen.insert(c.name.clone()) {
+                c.name = format!("{base}_{n}");
+                n += 1;
+            }
+        }
+        plan
+    }
+
+    fn rows_of_matrix(&self, st: &PortStatus, plan: &mut Plan) {
+        let matrix = &st.component_matrix.table;
+        let table = if !matrix.rows.is_empty() {
+            Some(MdTable {
+                heading: "Component Matrix".into(),
+                header: matrix.header.clone(),
+                rows: matrix.rows.clone(),
+            })
+        } else {
+            // a status file with its own component table (`## Component
+            // Status`) instead of the contract's matrix
+            markdown::tables(self.input.status.unwrap_or_default())
+                .into_iter()
+                .find(|t| {
+                    !t.heading.eq_ignore_ascii_case("issues and blockers")
+                        && t.column_where(|h| h == "component").is_some()
+                        && (t.column_where(|h| h == "type").is_some()
+                            || t.column_where(|h| h.contains("test")).is_some())
+                })
+        };
+        let Some(table) = table else { return };
+        let Some(col) = table.column_where(|h| h == "component") else {
+            return;
+        };
+        let type_col = table.column_where(|h| h == "type");
+        let test_col = table.column_where(|h| h.contains("test"));
+        let mut rows = Vec::new();
+        for i in 0..table.rows.len() {
+            let label = Label::new(table.cell(i, col));
+            if label.text.is_empty() {
+                continue;
+            }
+            plan.matrix_labels.push(label.text.clone());
+            let mut c = Cand::new(
+                label.clone(),
+                format!("{} row `{}`", table.heading, label.text),
+            );
+            c.type_cell = type_col.map(|t| strip_md(table.cell(i, t)));
+            if let Some(t) = test_col {
+                let files = py_paths(table.cell(i, t))
+                    .iter()
+                    .map(|p| self.resolve(p, "").0)
+                    .collect::<Vec<_>>();
+                c.add_tests(files);
+            }
+            if is_pipeline_type(&c) {
+                plan.unused_rows.push((
+                    Unused {
+                        what: format!("{} row `{}`", table.heading, label.text),
+                        reason: "type pipeline: fvd records the pipeline phases, it does not run them as components".into(),
+                    },
+                    None,
+                ));
+                continue;
+            }
+            rows.push(c);
+        }
+        plan.cands.extend(disambiguate(rows));
+    }
+
+    fn rows_of_parity_commands(
+        &self,
+        st: &PortStatus,
+        plan: &mut Plan,
+        claimed_elsewhere: &mut BTreeMap<String, String>,
+    ) {
+        let t = &st.parity_commands.table;
+        let (Some(scope_col), Some(cmd_col)) = (t.column("Scope"), t.column("Command")) else {
+            return;
+        };
+        for row in &t.rows {
+            let cell = |c: usize| row.get(c).map_or("", String::as_str);
+            let scope = Label::new(cell(scope_col));
+            let what = format!("Parity Commands row `{}`", scope.text);
+            for line in command_texts(cell(cmd_col)) {
+                let p = match command::parse(&line) {
+                    Parsed::Pytest(p) if !p.files.is_empty() => p,
+                    Parsed::Pytest(_) => {
+                        plan.unused_rows.push((
+                            Unused {
+                                what: what.clone(),
+                                reason: "runs pytest on a folder, not on named test files".into(),
+                            },
+                            Some(line.clone()),
+                        ));
+                        continue;
+                    }
+                    Parsed::Other => {
+                        plan.unused_rows.push((
+                            Unused {
+                                what: what.clone(),
+                                reason: "does not run pytest on test files".into(),
+                            },
+                            Some(line.clone()),
+                        ));
+                        continue;
+                    }
+                };
+                let mut notes = Vec::new();
+                let files: Vec<String> = p
+                    .files
+                    .iter()
+                    .map(|f| {
+                        let (rel, note) = self.resolve(f, "");
+                        notes.extend(note);
+                        rel
+                    })
+                    .collect();
+                let name = scope.name();
+                let identity = scope.identity();
+                let joined = plan
+                    .cands
+                    .iter()
+                    .position(|c| {
+                        (!name.is_empty() && c.name == name)
+                            || c.labels.iter().any(|l| l.identity() == identity)
+                    })
+                    .or_else(|| {
+                        plan.cands.iter().position(|c| {
+                            files.iter().any(|f| {
+                                pyfile::component_of_file(self.input.family, f).as_deref()
+                                    == Some(c.name.as_str())
+                            })
+                        })
+                    });
+                let mut c = Cand::new(scope.clone(), what.clone());
+                c.add_tests(files.clone());
+                c.cmd = Some(p);
+                c.notes = notes;
+                match joined {
+                    Some(i) => {
+                        let target = &mut plan.cands[i];
+                        if target.cmd.is_some() && target.cmd != c.cmd {
+                            target.notes.push(format!(
+                                "{what} runs it too; its files are added, the first row's command is kept"
+                            ));
+                            c.cmd = None;
+                        }
+                        target.absorb(c);
+                    }
+                    None => {
+                        let reasons: Vec<Option<&str>> = files
+                            .iter()
+                            .map(|f| pyfile::not_parity(f, self.text(f).as_deref()))
+                            .collect();
+                        if type_of(&scope.text).is_none() && reasons.iter().all(Option::is_some) {
+                            let why = files
+                                .iter()
+                                .zip(&reasons)
+                                .map(|(f, r)| {
+                                    let r = r.unwrap_or_default();
+                                    claimed_elsewhere
+                                        .entry(f.clone())
+                                        .or_insert_with(|| format!("{r} ({what})"));
+                                    format!("{}: {r}", pyfile::file_name(f))
+                                })
+                                .collect::<Vec<_>>()
+                                .join("; ");
+                            plan.unused_rows.push((
+                                Unused {
+                                    what: what.clone(),
+                                    reason: format!("not a component parity test ({why})"),
+                                },
+                                Some(line.clone()),
+                            ));
+                        } else if c.name.is_empty() || c.name == "pipeline" {
+                            plan.unused_rows.push((
+                                Unused {
+                                    what: what.clone(),
+                                    reason: if c.name.is_empty() {
+                                        "its scope names no component".into()
+                                    } else {
+                                        "the pipeline: fvd records the pipeline phases, it does not run them as components".into()
+                                    },
+                                },
+                                Some(line.clone()),
+                            ));
+                        } else {
+                            plan.cands.push(c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// README tables with a Component and a Test column. `primary`: they
+    /// make components (no status file); otherwise they only give test files
+    /// to components that have none.
+    fn rows_of_readme(
+        &self,
+        readme: &str,
+        plan: &mut Plan,
+        claimed_elsewhere: &mut BTreeMap<String, String>,
+        primary: bool,
+    ) {
+        let mut rows = Vec::new();
+        for t in markdown::tables(readme) {
+            let (Some(col), Some(test_col)) = (
+                t.column_where(|h| h == "component"),
+                t.column_where(|h| h.contains("test")),
+            ) else {
+                continue;
+            };
+            for i in 0..t.rows.len() {
+                let label = Label::new(t.cell(i, col));
+                let files: Vec<String> = py_paths(t.cell(i, test_col))
+                    .iter()
+                    .map(|p| self.resolve(p, &self.dir).0)
+                    .fold(Vec::new(), |mut acc, f| {
+                        if !acc.contains(&f) {
+                            acc.push(f);
+                        }
+                        acc
+                    });
+                if label.text.is_empty() || files.is_empty() {
+                    continue;
+                }
+                let what = format!("README.md `{}` row `{}`", t.heading, label.text);
+                if !primary {
+                    if let Some(c) = plan
+                        .cands
+                        .iter_mut()
+                        .find(|c| c.tests.is_empty() && c.name == label.name())
+                    {
+                        c.from.push(what);
+                        c.add_tests(files);
+                    }
+                    continue;
+                }
+                let reasons: Vec<Option<&str>> = files
+                    .iter()
+                    .map(|f| pyfile::not_parity(f, self.text(f).as_deref()))
+                    .collect();
+                let pipeline = label.name() == "pipeline";
+                if pipeline
+                    || (type_of(&label.text).is_none() && reasons.iter().all(Option::is_some))
+                {
+                    for (f, r) in files.iter().zip(&reasons) {
+                        let r =
+                            r.unwrap_or("pipeline test (pipeline phases are not component parity)");
+                        claimed_elsewhere
+                            .entry(f.clone())
+                            .or_insert_with(|| format!("{r} ({what})"));
+                    }
+                    plan.unused_rows.push((
+                        Unused {
+                            what,
+                            reason: "not a component parity test".into(),
+                        },
+                        None,
+                    ));
+                    continue;
+                }
+                let mut c = Cand::new(label, what);
+                c.add_tests(files);
+                rows.push(c);
+            }
+        }
+        if primary {
+            plan.cands.extend(disambiguate(rows));
+        }
+    }
+
+    /// Test files of the family that no row named: a component when the
+    /// name says so, else listed with the reason.
+    fn leftovers(&self, plan: &mut Plan, claimed_elsewhere: &BTreeMap<String, String>) {
+        let used: BTreeSet<String> = plan.cands.iter().flat_map(|c| c.tests.clone()).collect();
+        let mut listed: BTreeSet<String> = BTreeSet::new();
+        for t in self.input.tests {
+            if used.contains(t) {
+                continue;
+            }
+            let text = self.text(t);
+            if let Some(r) = claimed_elsewhere.get(t) {
+                plan.unused_tests.push(Unused {
+                    what: t.clone(),
+                    reason: r.clone(),
+                });
+                listed.insert(t.clone());
+                continue;
+            }
+            let reason = pyfile::not_parity(t, text.as_deref());
+            let named = pyfile::component_of_file(self.input.family, t);
+            let parity_named = pyfile::file_name(t).ends_with("_parity.py");
+            match (reason, named) {
+                (None, Some(name)) if self.status.is_none() || parity_named => {
+                    match plan.cands.iter_mut().find(|c| c.name == name) {
+                        Some(c) if self.status.is_none() => {
+                            c.from.push(format!("test file {}", pyfile::file_name(t)));
+                            c.add_tests([t.clone()]);
+                        }
+                        Some(_) => {
+                            plan.unused_tests.push(Unused {
+                                what: t.clone(),
+                                reason: format!(
+                                    "named like a parity test of `{name}`, which PORT_STATUS.md runs with other files"
+                                ),
+                            });
+                        }
+                        None => {
+                            let mut c = Cand::new(
+                                Label::new(&name),
+                                format!("the name of {}", pyfile::file_name(t)),
+                            );
+                            if self.status.is_some() {
+                                c.notes
+                                    .push("PORT_STATUS.md does not name this test file".into());
+                            }
+                            c.add_tests([t.clone()]);
+                            plan.cands.push(c);
+                        }
+                    }
+                }
+                (Some(r), _) => plan.unused_tests.push(Unused {
+                    what: t.clone(),
+                    reason: r.into(),
+                }),
+                (None, None) => plan.unused_tests.push(Unused {
+                    what: t.clone(),
+                    reason: format!(
+                        "its name (test_{}.py or other) names no component and no row names it",
+                        self.input.family
+                    ),
+                }),
+                (None, Some(_)) => plan.unused_tests.push(Unused {
+                    what: t.clone(),
+                    reason: "PORT_STATUS.md names it nowhere and its name does not end in _parity"
+                        .into(),
+                }),
+            }
+            listed.insert(t.clone());
+        }
+        // test files outside the family folder that rows named
+        for (t, r) in claimed_elsewhere {
+            if !listed.contains(t) && !used.contains(t) {
+                plan.unused_tests.push(Unused {
+                    what: t.clone(),
+                    reason: r.clone(),
+                });
+            }
+        }
+    }
+}
+
+/// Rows whose names collide are one component, unless the first words of
+/// their parenthesised qualifiers differ (`vae (video)`, `vae (audio)`):
+/// then the first keeps the name and the others become `<word>_<name>`.
+fn disambiguate(rows: Vec<Cand>) -> Vec<Cand> {
+    let mut words_of: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in &rows {
+        let w = r.labels[0].qualifier_word();
+        let ws = words_of.entry(r.name.clone()).or_default();
+        if !ws.contains(&w) {
+            ws.push(w);
+        }
+    }
+    let mut out: Vec<Cand> = Vec::new();
+    for mut r in rows {
+        let ws = &words_of[&r.name];
+        let w = r.labels[0].qualifier_word();
+        if ws.len() > 1 && ws.first() != Some(&w) {
+            r.name = ident(&format!("{w}_{}", r.name));
+        }
+        match out.iter_mut().find(|o| o.name == r.name) {
+            Some(o) => o.absorb(r),
+            None => out.push(r),
+        }
+    }
+    out
+}
+
+/// The commands of a Command cell: each backticked span, or the whole cell.
+fn command_texts(cell: &str) -> Vec<String> {
+    if cell.contains('`') {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    } else {
+        let s = cell.trim();
+        if s.is_empty() {
+            Vec::new()
+        } else {
+            vec![s.to_string()]
+        }
+    }
+}
+
+/// `a/./b/../c` → `a/c`; no leading `./`.
+fn normalise_path(p: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for seg in p.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                if parts.last().is_some_and(|l| *l != "..") {
+                    parts.pop();
+                } else {
+                    parts.push("..");
+                }
+            }
+            s => parts.push(s),
+        }
+    }
+    parts.join("/")
+}
+
+/// The part of an absolute path below the porter's checkout: after the
+/// first folder named like a checkout (`repo_name`, `FastVideo`,
+/// `fastvideo-…`); `None` when no folder is.
+fn below_checkout(path: &str, repo_name: &str) -> Option<String> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let at = parts.iter().position(|p| {
+        (!repo_name.is_empty() && *p == repo_name)
+            || p.eq_ignore_ascii_case("fastvideo")
+            || p.to_ascii_lowercase().starts_with("fastvideo-")
+    })?;
+    Some(parts[at + 1..].join("/"))
+}
+
+/// A test file's absolute path made repo-relative: below the checkout's
+/// folder, else from `tests/local_tests/` on.
+fn checkout_rel(path: &str, repo_name: &str) -> Option<String> {
+    below_checkout(path, repo_name).or_else(|| {
+        path.find("/tests/local_tests/")
+            .map(|i| path[i + 1..].to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,777 @@
+//! `[prep]`: each prep_handoff field from the status file, the README,
+//! `.gitignore`, or written `unknown` / `"<fill in: …>"` with where it
+//! would come from.
+
+use std::collections::BTreeSet;
+
+use fvd_contracts::common::SourceLayout;
+use fvd_contracts::fields::BlockStruct;
+use fvd_contracts::prep::{DependencyChanges, OfficialEnvStatus, PrepHandoff};
+
+use super::markdown::{self, ident, is_gap, key_words, one_line, strip_md};
+use super::{Cx, Plan, command};
+
+/// One `[prep]` value and why it is what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Pv {
+    Known { value: String, source: String },
+    List { items: Vec<String>, source: String },
+    Unknown { searched: String },
+    Fill { hint: String, from: String },
+}
+
+/// Keys of READMEs' field tables and status headers, as [`key_words`]
+/// writes them, and the prep field each one gives.
+fn synonym(words: &str) -> Option<&'static str> {
+    Some(match words {
+        "model family" => "model_family",
+        "workload types" | "workload type" | "workload" | "workloads" => "workload_types",
+        "official reference" | "official ref" => "official_ref",
+        "official ref dir" | "local reference dir" | "reference dir" | "official reference dir" => {
+            "official_ref_dir"
+        }
+        "official ref commit"
+        | "official commit version"
+        | "official commit"
+        | "official version" => "official_ref_commit",
+        "hf weights path" | "hf weights" => "hf_weights_path",
+        "hf revision" => "hf_revision",
+        "local weights dir" | "local weights" | "raw weights" => "local_weights_dir",
+        "source layout" => "source_layout",
+        "model index class" => "model_index_class",
+        "needs conversion" => "needs_conversion",
+        "hf token env" | "token env var" | "token env" => "hf_token_env",
+        "dependency changes" => "dependency_changes",
+        "official env status" => "official_env_status",
+        "local tests readme" => "local_tests_readme",
+        _ => return None,
+    })
+}
+
+/// A field value found somewhere, and where.
+#[derive(Debug, Clone)]
+struct Found {
+    value: String,
+    source: String,
+}
+
+/// Values written as fields: `(prep field, value as written, where)`.
+fn field_values(text: &str, file: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for t in markdown::tables(text) {
+        if t.header.len() != 2 {
+            continue;
+        }
+        for i in 0..t.rows.len() {
+            if let Some(k) = synonym(&key_words(t.cell(i, 0))) {
+                out.push((
+                    k.to_string(),
+                    t.cell(i, 1).to_string(),
+                    format!("{file} `{}` table", t.heading),
+                ));
+            }
+        }
+    }
+    let fields = <PrepHandoff as BlockStruct>::FIELDS;
+    for line in text.lines() {
+        let l = line.trim().trim_start_matches(['-', '*']).trim();
+        let Some((k, v)) = l.split_once(':') else {
+            continue;
+        };
+        let k = k.trim().trim_matches('`');
+        if fields.contains(&k) {
+            out.push((
+                k.to_string(),
+                v.trim().to_string(),
+                format!("{file} `{k}:` line"),
+            ));
+        }
+    }
+    out
+}
+
+impl Cx<'_> {
+    fn readme_name(&self) -> String {
+        format!("{}/README.md", self.dir)
+    }
+
+    /// Where init looked for a field, for `unknown` and `<fill in>` notes.
+    fn searched(&self, gaps: &[String]) -> String {
+        let mut s = Vec::new();
+        if self.status.is_some() {
+            s.push("PORT_STATUS.md Summary and header".to_string());
+        } else {
+            s.push("no PORT_STATUS.md".to_string());
+        }
+        if self.input.readme.is_some() {
+            s.push("README.md field tables and `key:` lines".to_string());
+        } else {
+            s.push("no README.md".to_string());
+        }
+        let mut out = s.join(", ");
+        for g in gaps {
+            out.push_str(&format!("; {g} leaves it open"));
+        }
+        out
+    }
+
+    /// A field from the status Summary, the status header, then the README.
+    /// `Err` carries the places that hold a gap (`<TODO>`) for it.
+    fn find(&self, key: &str) -> Result<Found, Vec<String>> {
+        let mut gaps = Vec::new();
+        let mut candidates: Vec<(String, String)> = Vec::new();
+        if let Some(st) = self.status {
+            // an empty key is absence (a file without a Summary reads as
+            // the contract's empty skeleton), not a recorded gap
+            if let Some(v) = st.summary.get(key).filter(|v| !strip_md(v).is_empty()) {
+                candidates.push((v.to_string(), "PORT_STATUS.md Summary".into()));
+            }
+            for l in &st.preamble {
+                let l = l.trim().trim_start_matches(['-', '*']).trim();
+                if let Some((k, v)) = l.split_once(':')
+                    && synonym(&key_words(k)) == Some(key)
+                {
+                    candidates.push((v.to_string(), "PORT_STATUS.md header".into()));
+                }
+            }
+        }
+        if let Some(readme) = self.input.readme {
+            for (k, v, src) in field_values(readme, "README.md") {
+                if k == key {
+                    candidates.push((v, src));
+                }
+            }
+        }
+        for (v, source) in candidates {
+            if is_gap(&v) {
+                gaps.push(source);
+            } else {
+                return Ok(Found {
+                    value: strip_md(&v),
+                    source,
+                });
+            }
+        }
+        Err(gaps)
+    }
+
+    fn text_or_fill(&self, key: &str, hint: &str) -> Pv {
+        match self.find(key) {
+            Ok(f) => Pv::Known {
+                value: f.value,
+                source: f.source,
+            },
+            Err(gaps) => Pv::Fill {
+                hint: hint.into(),
+                from: format!("prep decides it; searched {}", self.searched(&gaps)),
+            },
+        }
+    }
+
+    fn text_or_unknown(&self, key: &str) -> Pv {
+        match self.find(key) {
+            Ok(f) => Pv::Known {
+                value: f.value,
+                source: f.source,
+            },
+            Err(gaps) => Pv::Unknown {
+                searched: self.searched(&gaps),
+            },
+        }
+    }
+
+    fn enum_field<T: std::str::FromStr>(&self, key: &str, expected: &str) -> Pv {
+        match self.find(key) {
+            Ok(f) if f.value.parse::<T>().is_ok() => Pv::Known {
+                value: f.value.trim().to_string(),
+                source: f.source,
+            },
+            Ok(f) => Pv::Fill {
+                hint: expected.into(),
+                from: format!(
+                    "{} says {:?}, not a contract value",
+                    f.source,
+                    one_line(&f.value, 80)
+                ),
+            },
+            Err(gaps) => Pv::Fill {
+                hint: expected.into(),
+                from: format!("prep decides it; searched {}", self.searched(&gaps)),
+            },
+        }
+    }
+
+    /// Every texts init reads, for searches across them.
+    fn all_texts(&self) -> Vec<(&'static str, &str)> {
+        let mut v = Vec::new();
+        if let Some(s) = self.input.status {
+            v.push(("PORT_STATUS.md", s));
+        }
+        if let Some(r) = self.input.readme {
+            v.push(("README.md", r));
+        }
+        v
+    }
+
+    pub(super) fn prep(&self, plan: &Plan) -> Vec<(&'static str, Pv)> {
+        let family = self.input.family;
+        let mut out: Vec<(&'static str, Pv)> = Vec::new();
+        for &field in <PrepHandoff as BlockStruct>::FIELDS {
+            let v = match field {
+                "model_family" => {
+                    let source = match self.find("model_family") {
+                        Ok(f) if ident(&f.value) == family => f.source,
+                        Ok(f) => format!(
+                            "the family folder's name ({} says {:?})",
+                            f.source,
+                            one_line(&f.value, 60)
+                        ),
+                        Err(_) => "the family folder's name".into(),
+                    };
+                    Pv::Known {
+                        value: family.into(),
+                        source,
+                    }
+                }
+                "workload_types" => {
+                    self.text_or_fill(field, "T2V, I2V, V2V, T2I or a shim with its rationale")
+                }
+                "official_ref" => {
+                    self.text_or_fill(field, "url or import path of the official implementation")
+                }
+                "official_ref_dir" => {
+                    self.text_or_fill(field, "the reference checkout's folder, or none")
+                }
+                "hf_weights_path" | "local_weights_dir" => {
+                    match (self.find(field), self.download()) {
+                        (Ok(f), _) => Pv::Known {
+                            value: f.value,
+                            source: f.source,
+                        },
+                        (Err(_), Some((id, _))) if field == "hf_weights_path" => Pv::Known {
+                            value: id,
+                            source: "README.md's huggingface-cli download command".into(),
+                        },
+                        (Err(_), Some((_, Some(dir)))) => Pv::Known {
+                            value: dir,
+                            source: "README.md's huggingface-cli download command (--local-dir)"
+                                .into(),
+                        },
+                        (Err(gaps), _) => Pv::Fill {
+                            hint: if field == "hf_weights_path" {
+                                "HF id or local path of the weights".into()
+                            } else {
+                                "where the weights are staged".into()
+                            },
+                            from: format!(
+                                "prep decides it; searched {} and its download commands",
+                                self.searched(&gaps)
+                            ),
+                        },
+                    }
+                }
+                "official_ref_commit" | "hf_revision" => self.text_or_unknown(field),
+                "model_index_class" => self.model_index_class(),
+                "source_layout" => self.source_layout(),
+                "components_seen" => {
+                    if !plan.matrix_labels.is_empty() {
+                        Pv::List {
+                            items: plan.matrix_labels.clone(),
+                            source: "PORT_STATUS.md component table".into(),
+                        }
+                    } else if !plan.cands.is_empty() {
+                        Pv::List {
+                            items: plan.cands.iter().map(|c| c.name.clone()).collect(),
+                            source: "the components below (no component table in PORT_STATUS.md)"
+                                .into(),
+                        }
+                    } else {
+                        Pv::Fill {
+                            hint: "the components of the official model".into(),
+                            from: "no component table and no parity test found".into(),
+                        }
+                    }
+                }
+                "needs_conversion" => self.needs_conversion(),
+                "hf_token_env" => self.hf_token_env(),
+                "dependency_changes" => {
+                    self.enum_field::<DependencyChanges>(field, &DependencyChanges::expected())
+                }
+                "official_env_status" => {
+                    self.enum_field::<OfficialEnvStatus>(field, &OfficialEnvStatus::expected())
+                }
+                "local_tests_readme" => self.local_tests_readme(),
+                "port_state_file" => Pv::Known {
+                    value: format!("{}/PORT_STATUS.md", self.dir),
+                    source: if self.status.is_some() {
+                        "the family's own status file".into()
+                    } else {
+                        "the family's own status file; it does not exist yet, fvd writes it when the port ends".into()
+                    },
+                },
+                "gitignore_entries_added" => self.gitignore_entries(),
+                "next_step" => match out.iter().find(|(k, _)| *k == "official_env_status") {
+                    Some((_, Pv::Known { value, .. }))
+                        if value
+                            .parse::<OfficialEnvStatus>()
+                            .is_ok_and(OfficialEnvStatus::allows_parity_scaffolding) =>
+                    {
+                        Pv::Known {
+                            value: "add-model".into(),
+                            source: "official_env_status, which allows parity scaffolding".into(),
+                        }
+                    }
+                    _ => Pv::Fill {
+                        hint: "add-model | ask_user".into(),
+                        from: "follows official_env_status, which is not decided".into(),
+                    },
+                },
+                "open_questions" => self.open_rows("Q"),
+                "escape_hatch" => match self.open_rows("E") {
+                    Pv::List { items, .. } => Pv::Fill {
+                        hint: "none once the open escape hatches are answered".into(),
+                        from: format!(
+                            "PORT_STATUS.md has open escape hatches: {}",
+                            items.join("; ")
+                        ),
+                    },
+                    _ => Pv::Known {
+                        value: "none".into(),
+                        source: if self.status.is_some() {
+                            "PORT_STATUS.md Escape Hatches: no open row".into()
+                        } else {
+                            "nothing: no PORT_STATUS.md records an escape hatch".into()
+                        },
+                    },
+                },
+                _ => Pv::Fill {
+                    hint: field.into(),
+                    from: "a prep field init does not know yet".into(),
+                },
+            };
+            out.push((field, v));
+        }
+        out
+    }
+
+    /// The repository and folder of the README's first `huggingface-cli
+    /// download ID [--local-dir DIR]` (or `hf download`).
+    fn download(&self) -> Option<(String, Option<String>)> {
+        let readme = self.input.readme?;
+        for line in readme.lines() {
+            let Some(words) = command::words(line.trim()) else {
+                continue;
+            };
+            let Some(at) = words.windows(2).position(|w| {
+                matches!(w[0].as_str(), "huggingface-cli" | "hf") && w[1] == "download"
+            }) else {
+                continue;
+            };
+            let rest = &words[at + 2..];
+            let Some(id) = rest.iter().find(|w| !w.starts_with('-') && w.contains('/')) else {
+                continue;
+            };
+            let dir = rest
+                .iter()
+                .position(|w| w == "--local-dir")
+                .and_then(|i| rest.get(i + 1))
+                .or_else(|| {
+                    rest.iter()
+                        .find_map(|w| w.strip_prefix("--local-dir=").map(|_| w))
+                })
+                .map(|d| d.trim_start_matches("--local-dir=").to_string());
+            return Some((id.clone(), dir));
+        }
+        None
+    }
+
+    fn model_index_class(&self) -> Pv {
+        if let Ok(f) = self.find("model_index_class") {
+            return Pv::Known {
+                value: f.value,
+                source: f.source,
+            };
+        }
+        // `model_index_class=null` in an inspection's output, say
+        for (file, text) in self.all_texts() {
+            if let Some(at) = text.find("model_index_class") {
+                let rest =
+                    text[at + "model_index_class".len()..].trim_start_matches(['`', ' ', '=', ':']);
+                let v: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.'))
+                    .collect();
+                if !v.is_empty() {
+                    let value = if matches!(v.as_str(), "null" | "None" | "none") {
+                        "none".to_string()
+                    } else {
+                        v
+                    };
+                    return Pv::Known {
+                        value,
+                        source: format!("`model_index_class` in {file}"),
+                    };
+                }
+            }
+        }
+        Pv::Unknown {
+            searched: format!(
+                "{}; `model_index_class` anywhere in them",
+                self.searched(&[])
+            ),
+        }
+    }
+
+    fn source_layout(&self) -> Pv {
+        let mut said = Vec::new();
+        let mut candidates: Vec<Found> = Vec::new();
+        if let Ok(f) = self.find("source_layout") {
+            candidates.push(f);
+        }
+        if let Some(v) = self
+            .status
+            .and_then(|s| s.conversion_state.get("source_layout"))
+            .filter(|v| !is_gap(v))
+        {
+            candidates.push(Found {
+                value: strip_md(v),
+                source: "PORT_STATUS.md Conversion State".into(),
+            });
+        }
+        for f in candidates {
+            if f.value.to_ascii_lowercase().parse::<SourceLayout>().is_ok() {
+                return Pv::Known {
+                    value: f.value.to_ascii_lowercase(),
+                    source: f.source,
+                };
+            }
+            said.push(format!("{} says {:?}", f.source, one_line(&f.value, 60)));
+        }
+        for (file, text) in self.all_texts() {
+            let lower = text.to_ascii_lowercase();
+            if lower.contains("diffusers layout") || lower.contains("diffusers checkpoint layout") {
+                return Pv::Known {
+                    value: "diffusers".into(),
+                    source: format!("{file}, which calls the checkpoint a Diffusers layout"),
+                };
+            }
+        }
+        let mut searched = self.searched(&[]);
+        if !said.is_empty() {
+            searched.push_str(&format!("; {}, not a source_layout value", said.join(", ")));
+        }
+        Pv::Unknown { searched }
+    }
+
+    fn needs_conversion(&self) -> Pv {
+        let none_like = |v: &str| {
+            let v = strip_md(v).to_ascii_lowercase();
+            v.is_empty()
+                || matches!(
+                    v.as_str(),
+                    "none"
+                        | "n/a"
+                        | "na"
+                        | "-"
+                        | "no"
+                        | "not_required"
+                        | "not required"
+                        | "not needed"
+                )
+        };
+        if let Some(st) = self.status {
+            for key in ["conversion_script", "converted_weights_dir"] {
+                if let Some(v) = st.conversion_state.get(key)
+                    && !none_like(v)
+                    && !is_gap(v)
+                {
+                    return Pv::Known {
+                        value: "yes".into(),
+                        source: format!("PORT_STATUS.md Conversion State ({key} recorded)"),
+                    };
+                }
+            }
+            let says_no = |text: &str| {
+                let l = text.to_ascii_lowercase();
+                l.contains("no conversion")
+                    || l.contains("not_required")
+                    || l.contains("conversion is not required")
+                    || l.contains("conversion not required")
+                    || l.contains("conversion is not needed")
+                    || l.contains("conversion not needed")
+            };
+            let not_required = |v: &str| {
+                matches!(
+                    strip_md(v).to_ascii_lowercase().as_str(),
+                    "not required" | "not_required" | "not needed" | "n/a"
+                )
+            };
+            if let Some(v) = st.conversion_state.get("conversion_script")
+                && not_required(v)
+            {
+                return Pv::Known {
+                    value: "no".into(),
+                    source: "PORT_STATUS.md Conversion State (conversion_script: not required)"
+                        .into(),
+                };
+            }
+            let raw = self.input.status.unwrap_or_default();
+            if sections_titled(raw, "conversion")
+                .iter()
+                .any(|s| says_no(s))
+            {
+                return Pv::Known {
+                    value: "no".into(),
+                    source: "PORT_STATUS.md, which says conversion is not required".into(),
+                };
+            }
+        }
+        match self.find("needs_conversion") {
+            Ok(f) if matches!(f.value.to_ascii_lowercase().as_str(), "yes" | "no") => Pv::Known {
+                value: f.value.to_ascii_lowercase(),
+                source: f.source,
+            },
+            other => {
+                let gaps = other.err().unwrap_or_default();
+                Pv::Fill {
+                    hint: "yes | no".into(),
+                    from: format!(
+                        "P0 needs it decided: yes when a conversion script or converted folder is recorded; searched PORT_STATUS.md Conversion State, {}",
+                        self.searched(&gaps)
+                    ),
+                }
+            }
+        }
+    }
+
+    fn hf_token_env(&self) -> Pv {
+        const NAMES: [&str; 4] = [
+            "HF_TOKEN",
+            "HUGGINGFACE_HUB_TOKEN",
+            "HUGGING_FACE_HUB_TOKEN",
+            "HF_API_KEY",
+        ];
+        if let Some(readme) = self.input.readme {
+            for name in NAMES {
+                let whole_word = readme.match_indices(name).any(|(i, _)| {
+                    let before = readme[..i].chars().next_back();
+                    let after = readme[i + name.len()..].chars().next();
+                    let edge = |c: Option<char>| {
+                        c.is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'))
+                    };
+                    edge(before) && edge(after)
+                });
+                if whole_word {
+                    return Pv::Known {
+                        value: name.into(),
+                        source: "README.md, which names the variable (never a value)".into(),
+                    };
+                }
+            }
+        }
+        match self.find("hf_token_env") {
+            Ok(f) if crate::spec::is_env_name(&f.value) => Pv::Known {
+                value: f.value,
+                source: f.source,
+            },
+            Ok(f) if f.value.to_ascii_lowercase().starts_with("none") => Pv::Known {
+                value: "none".into(),
+                source: format!("{}: no token variable recorded", f.source),
+            },
+            _ => {
+                if let Some(readme) = self.input.readme {
+                    let l = readme.to_ascii_lowercase();
+                    if let Some(i) = l.find("token env var") {
+                        // the sentence, which may wrap onto the next line
+                        let rest = &l[i..];
+                        let end = [". ", ".\n", "\n\n"]
+                            .iter()
+                            .filter_map(|stop| rest.find(stop))
+                            .min()
+                            .unwrap_or(rest.len())
+                            .min(160);
+                        let sentence = rest.get(..end).unwrap_or(rest);
+                        if sentence.contains("none") {
+                            return Pv::Known {
+                                value: "none".into(),
+                                source: "README.md: no token variable recorded".into(),
+                            };
+                        }
+                    }
+                }
+                Pv::Fill {
+                    hint: "the variable that holds the HF token, or none".into(),
+                    from: "a variable name only, never a value; searched README.md for HF_TOKEN, HUGGINGFACE_HUB_TOKEN and HF_API_KEY".into(),
+                }
+            }
+        }
+    }
+
+    fn local_tests_readme(&self) -> Pv {
+        let canonical = self.readme_name();
+        if self.input.readme.is_some() {
+            let source = match self.find("local_tests_readme") {
+                Ok(f) if f.value != canonical => format!(
+                    "the family's README.md ({} gives {:?})",
+                    f.source,
+                    one_line(&f.value, 100)
+                ),
+                _ => "the family's README.md".into(),
+            };
+            return Pv::Known {
+                value: canonical,
+                source,
+            };
+        }
+        Pv::Fill {
+            hint: "the family's README.md (write it first)".into(),
+            from: format!("{canonical} does not exist"),
+        }
+    }
+
+    fn gitignore_entries(&self) -> Pv {
+        let Some(gi) = self.input.gitignore else {
+            return Pv::Unknown {
+                searched: "the checkout has no .gitignore".into(),
+            };
+        };
+        // the folders prep stages: the reference checkout and the weights
+        let mut wanted: Vec<String> = Vec::new();
+        for key in ["official_ref_dir", "local_weights_dir"] {
+            if let Ok(f) = self.find(key) {
+                wanted.push(f.value);
+            }
+        }
+        if let Some((_, Some(dir))) = self.download() {
+            wanted.push(dir);
+        }
+        if let Some(v) = self
+            .status
+            .and_then(|s| s.conversion_state.get("converted_weights_dir"))
+        {
+            wanted.push(strip_md(v));
+        }
+        let roots: BTreeSet<String> = wanted
+            .iter()
+            .filter(|w| !w.starts_with('/'))
+            .filter_map(|w| {
+                w.trim_start_matches("./")
+                    .split('/')
+                    .next()
+                    .map(str::to_string)
+            })
+            .filter(|r| !r.is_empty() && r != "none" && !r.contains(char::is_whitespace))
+            .collect();
+        let mut items = Vec::new();
+        for line in gi.lines() {
+            let l = line.trim();
+            if l.starts_with('#') || l.is_empty() {
+                continue;
+            }
+            let bare = l.trim_start_matches('/').trim_end_matches('/');
+            if roots.contains(bare) && !items.contains(&l.to_string()) {
+                items.push(l.to_string());
+            }
+        }
+        if items.is_empty() {
+            Pv::Unknown {
+                searched: format!(
+                    ".gitignore for the reference and weight folders ({})",
+                    if roots.is_empty() {
+                        "none recorded".to_string()
+                    } else {
+                        roots.into_iter().collect::<Vec<_>>().join(", ")
+                    }
+                ),
+            }
+        } else {
+            Pv::List {
+                items,
+                source: ".gitignore lines for the reference and weight folders".into(),
+            }
+        }
+    }
+
+    /// Open rows of Open Questions (`Q`) or Escape Hatches (`E`): a list of
+    /// `ID: question`, `none`, or `unknown` without a status file.
+    fn open_rows(&self, kind: &str) -> Pv {
+        let Some(st) = self.status else {
+            return Pv::Unknown {
+                searched: "no PORT_STATUS.md records them".into(),
+            };
+        };
+        let (section, t) = if kind == "Q" {
+            ("Open Questions", &st.open_questions.table)
+        } else {
+            ("Escape Hatches", &st.escape_hatches.table)
+        };
+        let closed = |s: &str| {
+            matches!(
+                strip_md(s).to_ascii_lowercase().as_str(),
+                "resolved"
+                    | "closed"
+                    | "answered"
+                    | "done"
+                    | "complete"
+                    | "completed"
+                    | "fixed"
+                    | "superseded"
+                    | "withdrawn"
+                    | "wontfix"
+                    | "won't fix"
+                    | "n/a"
+            )
+        };
+        let mut items = Vec::new();
+        for i in 0..t.rows.len() {
+            let status = t.cell(i, "Status").unwrap_or_default();
+            let resolution = t.cell(i, "Resolution").unwrap_or_default();
+            if closed(status) || (strip_md(status).is_empty() && !strip_md(resolution).is_empty()) {
+                continue;
+            }
+            let id = strip_md(t.cell(i, "ID").unwrap_or_default());
+            let q = strip_md(t.cell(i, "Question").unwrap_or_default());
+            if id.is_empty() && q.is_empty() {
+                continue;
+            }
+            items.push(one_line(&format!("{id}: {q}"), 160));
+        }
+        if items.is_empty() {
+            Pv::Known {
+                value: "none".into(),
+                source: format!("PORT_STATUS.md {section}: no open row"),
+            }
+        } else {
+            Pv::List {
+                items,
+                source: format!("open rows of PORT_STATUS.md {section}"),
+            }
+        }
+    }
+}
+
+/// The bodies of the `## ` sections of `text` whose heading contains `word`
+/// (case-insensitive), headings inside fences left alone.
+fn sections_titled(text: &str, word: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut inside = false;
+    let mut fenced = false;
+    for line in text.lines() {
+        let t = line.trim_start();
+        if t.starts_with("```") || t.starts_with("~~~") {
+            fenced = !fenced;
+        }
+        if !fenced && t.starts_with("## ") {
+            inside = t.to_ascii_lowercase().contains(word);
+            if inside {
+                out.push(String::new());
+            }
+            continue;
+        }
+        if inside && let Some(last) = out.last_mut() {
+            last.push_str(line);
+            last.push('\n');
+        }
+    }
+    out
+}

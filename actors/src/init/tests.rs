@@ -1,0 +1,936 @@
+//! Inputs here are the project's own, shaped like FastVideo port folders:
+//! a complete contract status file, a status file of its own shape, and a
+//! family with only a README and test files.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use fvd_contracts::fields::BlockStruct;
+use fvd_contracts::prep::PrepHandoff;
+
+use super::render::{quote, repo_value};
+use super::*;
+use crate::spec::{ComponentSpec, PortSpec};
+
+const SKYLARK_STATUS: &str = r#"# Skylark Port Status
+
+## Summary
+
+- model_family: `skylark`
+- workload_types: `T2V`; `I2V first-frame shim`
+- official_ref: `https://example.org/skylark/skylark-ref`
+- official_ref_dir: `SkylarkRef/`
+- hf_weights_path: `example/Skylark-2B`
+- local_weights_dir: `official_weights/skylark`
+- source_layout: `raw_official`
+- local_tests_readme: `/home/porter/FastVideo/tests/local_tests/skylark/README.md`
+
+## Current Phase
+
+- phase: `phase_6_component_parity`
+- status: `in_progress`
+- owner: `orchestrator`
+- last_updated: `2026-01-05`
+
+## Component Matrix
+
+| Component | Type | Reuse/Port | Official Definition | Official Instantiation | FastVideo Target | Prototype | Conversion | Parity | Open Issues |
+|---|---|---|---|---|---|---|---|---|---|
+| Transformer (`SkylarkDiT`) | dit | ported | `SkylarkRef/dit.py` | `SkylarkRef/run.py::build` | `fastvideo/models/dits/skylark.py` | pass | key_map_pass | debug_red | none |
+| vae | vae | reused | `SkylarkRef/vae.py` | `SkylarkRef/run.py::build` | `fastvideo/models/vaes/wanvae.py` | pass | not_required | non_skip_pass | none |
+| text_encoder/tokenizer | encoder | reused | `SkylarkRef/t5.py` | `SkylarkRef/run.py::build` | `fastvideo/models/encoders/t5.py` | pass | not_required | non_skip_pass | none |
+| noise_schedule | generic | ported | `SkylarkRef/schedule.py` | `SkylarkRef/run.py::sample` | `fastvideo/models/schedulers/skylark.py` | pass | not_required | scaffold_skip | Q002 |
+| pipeline | pipeline | ported | `SkylarkRef/pipeline.py` | `SkylarkRef/run.py::main` | `fastvideo/pipelines/basic/skylark/` | pass | model_index_pass | not_started | none |
+
+## Conversion State
+
+- conversion_script: `scripts/checkpoint_conversion/skylark_to_diffusers.py`
+- converted_weights_dir: `converted_weights/skylark`
+- source_layout: `raw_official`
+- strict_load_status: `pass`
+- passthrough_components: `vae and text encoder come from the base model`
+- retry_history: `none`
+
+## Parity Commands
+
+| Scope | Command | Last Result | Notes |
+|---|---|---|---|
+| transformer | `PYTHONPATH=/home/porter/FastVideo ATTN_BACKEND=TORCH_SDPA python -m pytest tests/local_tests/skylark/test_skylark_transformer_parity.py tests/local_tests/skylark/test_skylark_block_parity.py -q -rs` | 3_passed_1_failed | block 7 drifts |
+| vae | `python -m pytest tests/local_tests/skylark/test_skylark_vae_parity.py -v -s` | non_skip_pass | encode and decode |
+| text_encoder | `pytest tests/local_tests/skylark/test_skylark_text_encoder_parity.py` | non_skip_pass | hidden states match |
+| noise_schedule | `SKYLARK_API_TOKEN=abcd1234efgh5678ijkl9012mnop python -m pytest tests/local_tests/skylark/test_skylark_noise_schedule_parity.py tests/local_tests/skylark/test_skylark_schedule_conversion.py -q` | skipped | needs the gated config |
+| smoke_video | `PYTHONPATH=/home/porter/FastVideo python /tmp/skylark_smoke.py` | generated | 9 frames |
+| remote_ssim | `HF_TOKEN=hf_Zq8mW3xR7tY1uI9oP2aS4dF6gH0jK5lL modal run /tmp/skylark_ssim.py` | pass | on a rented card |
+| pipeline_smoke | `python -m pytest tests/local_tests/pipelines/test_skylark_pipeline_smoke.py -q` | pass | two steps |
+| suite | `python -m pytest tests/local_tests/skylark/ -q` | 11 passed | everything |
+
+## Open Questions
+
+| ID | Question | Owner | Needed By Phase | Status | Resolution |
+|---|---|---|---|---|---|
+| Q001 | Is bf16 the dtype the reference runs in? | user | prep | resolved | yes, bf16 |
+| Q002 | Does the schedule shift apply at step 0? | component:noise_schedule | Phase 6 | open | |
+
+## Issues And Blockers
+
+| ID | Phase | Component | Severity | Issue | Evidence | Owner | Status | Resolution |
+|---|---|---|---|---|---|---|---|---|
+
+## Escape Hatches
+
+| ID | Phase | Decision Type | Question | Recommended Option | Status | Resolution |
+|---|---|---|---|---|---|---|
+
+## Decisions
+
+| Date | Decision | Rationale | Impact |
+|---|---|---|---|
+
+## Handoff Notes
+
+- block 7 of the transformer drifts after the norm.
+"#;
+
+const SKYLARK_README: &str = "# Skylark Local Tests
+
+## Reference Assets
+
+| Field | Value |
+|---|---|
+| Model family | `skylark` |
+| Official commit/version | `4f2c9e1d0b7a` |
+| HF revision | `<TODO>` |
+| Needs conversion | `yes` |
+
+Gated downloads read the token from `HF_TOKEN`; write its name here, never its value.
+
+## Official Environment Status
+
+```text
+dependency_changes: installed no-deps editable
+official_env_status: imports_ok
+```
+";
+
+const TRANSFORMER_TEST: &str = "import torch\nfrom fastvideo.models.loader.component_loader import TransformerLoader\n\n\ndef test_forward():\n    model = TransformerLoader().load(path, args)\n    assert torch.cuda.is_available()\n";
+const BLOCK_TEST: &str = "from fastvideo.models.dits.skylark import SkylarkBlock\n\n\ndef test_block():\n    block = SkylarkBlock(cfg)\n";
+const VAE_TEST: &str = "from fastvideo.models.vaes.wanvae import AutoencoderKLWan\n\n\ndef test_encode():\n    vae = AutoencoderKLWan(cfg).to('cuda')\n";
+const ENCODER_TEST: &str = "from fastvideo.models.loader.component_loader import (\n    TextEncoderLoader,\n)\n\n\ndef test_hidden():\n    enc = TextEncoderLoader().load(p, a)\n";
+const SCHEDULE_TEST: &str = "from fastvideo.models.schedulers.skylark import SkylarkSchedule as FVSchedule\n\n\ndef test_steps():\n    s = FVSchedule(shift=3.0)\n";
+const EXTRA_TEST: &str = "from fastvideo.models.loader.component_loader import VAELoader\n\n\ndef test_extra():\n    VAELoader().load(p, a)\n";
+const PLAIN_TEST: &str = "def test_it():\n    assert True\n";
+
+/// A checkout: repo-relative path → text.
+struct Repo {
+    files: BTreeMap<String, String>,
+}
+
+impl Repo {
+    fn new(files: &[(&str, &str)]) -> Self {
+        Repo {
+            files: files
+                .iter()
+                .map(|(p, t)| (p.to_string(), t.to_string()))
+                .collect(),
+        }
+    }
+
+    /// The `test_*.py` files of a family folder.
+    fn tests_of(&self, family: &str) -> Vec<String> {
+        let dir = format!("tests/local_tests/{family}/");
+        self.files
+            .keys()
+            .filter(|p| {
+                p.starts_with(&dir)
+                    && pyfile::file_name(p).starts_with("test_")
+                    && p.ends_with(".py")
+            })
+            .cloned()
+            .collect()
+    }
+
+    fn init(&self, family: &str) -> Inferred {
+        let dir = format!("tests/local_tests/{family}");
+        let tests = self.tests_of(family);
+        let input = Input {
+            family,
+            repo_name: "FastVideo",
+            status: self
+                .files
+                .get(&format!("{dir}/PORT_STATUS.md"))
+                .map(String::as_str),
+            readme: self
+                .files
+                .get(&format!("{dir}/README.md"))
+                .map(String::as_str),
+            gitignore: self.files.get(".gitignore").map(String::as_str),
+            tests: &tests,
+        };
+        infer(&input, &|p: &str| self.files.get(p).cloned()).expect("init infers a spec")
+    }
+}
+
+fn skylark() -> Repo {
+    Repo::new(&[
+        ("tests/local_tests/skylark/PORT_STATUS.md", SKYLARK_STATUS),
+        ("tests/local_tests/skylark/README.md", SKYLARK_README),
+        (
+            "tests/local_tests/skylark/test_skylark_transformer_parity.py",
+            TRANSFORMER_TEST,
+        ),
+        (
+            "tests/local_tests/skylark/test_skylark_block_parity.py",
+            BLOCK_TEST,
+        ),
+        (
+            "tests/local_tests/skylark/test_skylark_vae_parity.py",
+            VAE_TEST,
+        ),
+        (
+            "tests/local_tests/skylark/test_skylark_text_encoder_parity.py",
+            ENCODER_TEST,
+        ),
+        (
+            "tests/local_tests/skylark/test_skylark_noise_schedule_parity.py",
+            SCHEDULE_TEST,
+        ),
+        (
+            "tests/local_tests/skylark/test_skylark_upsampler_parity.py",
+            EXTRA_TEST,
+        ),
+        (
+            "tests/local_tests/skylark/test_skylark_conversion.py",
+            PLAIN_TEST,
+        ),
+        (
+            "tests/local_tests/skylark/test_skylark_schedule_conversion.py",
+            PLAIN_TEST,
+        ),
+        (
+            "tests/local_tests/skylark/test_skylark_registry.py",
+            PLAIN_TEST,
+        ),
+        (
+            "tests/local_tests/skylark/test_skylark_helpers.py",
+            "X = 1\n",
+        ),
+        (
+            "tests/local_tests/pipelines/test_skylark_pipeline_smoke.py",
+            PLAIN_TEST,
+        ),
+        (
+            ".gitignore",
+            "# reference and weights\n/SkylarkRef/\nofficial_weights/\n*.pyc\n",
+        ),
+    ])
+}
+
+fn parsed(out: &Inferred) -> PortSpec {
+    crate::spec::parse(Path::new("port.toml"), &out.toml)
+        .unwrap_or_else(|e| panic!("{e}\n{}", out.toml))
+}
+
+fn component<'a>(spec: &'a PortSpec, name: &str) -> &'a ComponentSpec {
+    spec.components
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no component {name}"))
+}
+
+/// The spec line holding `needle`, 1-based.
+fn line_of(toml: &str, needle: &str) -> usize {
+    toml.lines()
+        .position(|l| l.contains(needle))
+        .map(|i| i + 1)
+        .unwrap_or_else(|| panic!("{needle:?} not in\n{toml}"))
+}
+
+#[test]
+fn a_complete_status_file_gives_a_spec_that_passes_p0() {
+    let out = skylark().init("skylark");
+    let spec = parsed(&out);
+    assert_eq!(out.summary.placeholders, [], "{}", out.toml);
+    assert_eq!(
+        crate::gate::prep_conditions(&spec, Path::new("/r")),
+        Vec::<String>::new(),
+        "{}",
+        out.toml
+    );
+    let p = |k: &str| spec.prep.get(k).map(String::as_str).unwrap_or_default();
+    assert_eq!(p("model_family"), "skylark");
+    assert_eq!(p("workload_types"), "T2V; I2V first-frame shim");
+    assert_eq!(p("official_ref_dir"), "SkylarkRef/");
+    assert_eq!(p("official_ref_commit"), "4f2c9e1d0b7a");
+    assert_eq!(p("source_layout"), "raw_official");
+    assert_eq!(p("needs_conversion"), "yes");
+    assert_eq!(p("hf_token_env"), "HF_TOKEN");
+    assert_eq!(p("dependency_changes"), "installed no-deps editable");
+    assert_eq!(p("official_env_status"), "imports_ok");
+    assert_eq!(p("next_step"), "add-model");
+    assert_eq!(
+        p("local_tests_readme"),
+        "tests/local_tests/skylark/README.md"
+    );
+    assert_eq!(
+        p("port_state_file"),
+        "tests/local_tests/skylark/PORT_STATUS.md"
+    );
+    assert_eq!(
+        p("gitignore_entries_added"),
+        "/SkylarkRef/, official_weights/"
+    );
+    assert_eq!(
+        p("components_seen"),
+        "Transformer (SkylarkDiT), vae, text_encoder/tokenizer, noise_schedule, pipeline"
+    );
+    assert_eq!(
+        p("open_questions"),
+        "Q002: Does the schedule shift apply at step 0?"
+    );
+    assert_eq!(p("escape_hatch"), "none");
+    // `unknown` with the search, on the line above
+    assert_eq!(p("hf_revision"), "unknown");
+    let at = line_of(&out.toml, "hf_revision = ");
+    let above = out.toml.lines().nth(at - 2).unwrap_or_default();
+    assert!(
+        above.starts_with("# unknown; searched") && above.contains("leaves it open"),
+        "{above}"
+    );
+    // every prep field of the contract is written
+    for f in <PrepHandoff as BlockStruct>::FIELDS {
+        assert!(spec.prep.contains_key(*f), "prep.{f} missing");
+    }
+}
+
+#[test]
+fn components_join_matrix_rows_and_parity_commands() {
+    let out = skylark().init("skylark");
+    let spec = parsed(&out);
+    let names: Vec<&str> = spec.components.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "transformer",
+            "vae",
+            "text_encoder",
+            "noise_schedule",
+            "upsampler"
+        ]
+    );
+
+    // "Transformer (`SkylarkDiT`)" joined by its identity; a row running two
+    // files with the checkout's absolute path on PYTHONPATH and its own flags
+    let t = component(&spec, "transformer");
+    assert_eq!(t.component_type, "dit");
+    assert!(t.aliases.is_empty(), "{:?}", t.aliases);
+    assert_eq!(
+        t.parity_tests,
+        [
+            "tests/local_tests/skylark/test_skylark_transformer_parity.py",
+            "tests/local_tests/skylark/test_skylark_block_parity.py"
+        ]
+    );
+    assert_eq!(
+        t.set_env.get("PYTHONPATH").map(String::as_str),
+        Some("{repo}")
+    );
+    assert_eq!(
+        t.set_env.get("ATTN_BACKEND").map(String::as_str),
+        Some("TORCH_SDPA")
+    );
+    assert!(
+        out.toml
+            .contains("# PYTHONPATH was /home/porter/FastVideo (the porter's checkout)"),
+        "{}",
+        out.toml
+    );
+    assert_eq!(t.command, ["python", "-m", "pytest", "{test}", "-q", "-rs"]);
+    assert_eq!(t.coverage_scope, "both");
+    assert_eq!(t.gpus, 1);
+
+    let v = component(&spec, "vae");
+    assert_eq!(v.command, ["python", "-m", "pytest", "{test}", "-v", "-s"]);
+    assert_eq!(v.coverage_scope, "implementation_subcomponent");
+    assert_eq!(v.gpus, 1);
+
+    // the matrix's `text_encoder/tokenizer` and the commands' `text_encoder`
+    let e = component(&spec, "text_encoder");
+    assert_eq!(e.aliases, ["text_encoder/tokenizer"]);
+    assert_eq!(e.component_type, "encoder");
+    assert_eq!(e.coverage_scope, "production_loader");
+    assert_eq!(
+        e.command,
+        crate::spec::DEFAULT_COMMAND,
+        "no flags: the default"
+    );
+    assert_eq!(e.gpus, 0);
+
+    // a token-looking value is passed by name, never copied
+    let n = component(&spec, "noise_schedule");
+    assert_eq!(n.env, ["HF_TOKEN", "SKYLARK_API_TOKEN"]);
+    assert!(n.set_env.is_empty());
+    assert!(!out.toml.contains("abcd1234efgh5678ijkl9012mnop"));
+    assert_eq!(n.component_type, "generic");
+    // the conversion check run beside it does not decide the scope
+    assert_eq!(n.coverage_scope, "implementation_subcomponent");
+    assert!(
+        out.toml.contains(
+            "test_skylark_schedule_conversion.py is a conversion script test (not counted)"
+        ),
+        "{}",
+        out.toml
+    );
+
+    // a parity-named file the status does not name is a component of its own
+    let x = component(&spec, "upsampler");
+    assert_eq!(
+        x.parity_tests,
+        ["tests/local_tests/skylark/test_skylark_upsampler_parity.py"]
+    );
+    assert_eq!(x.component_type, "upsampler");
+    assert!(
+        out.toml
+            .contains("PORT_STATUS.md does not name this test file")
+    );
+}
+
+#[test]
+fn every_test_file_is_used_or_listed_with_its_reason() {
+    let repo = skylark();
+    let out = repo.init("skylark");
+    let spec = parsed(&out);
+    let used: Vec<&str> = spec
+        .components
+        .iter()
+        .flat_map(|c| c.parity_tests.iter().map(String::as_str))
+        .collect();
+    let reason = |file: &str| {
+        out.summary
+            .unused_tests
+            .iter()
+            .find(|u| u.what.ends_with(file))
+            .map(|u| u.reason.clone())
+    };
+    for t in repo.tests_of("skylark") {
+        let listed = reason(&t).is_some();
+        assert!(
+            used.contains(&t.as_str()) != listed,
+            "{t}: used {} listed {listed}",
+            used.contains(&t.as_str())
+        );
+        if listed {
+            assert!(
+                out.toml.contains(&format!("#   {t}: ")),
+                "{t} not in the closing comment"
+            );
+        }
+    }
+    assert_eq!(
+        reason("test_skylark_conversion.py").as_deref(),
+        Some("conversion script test")
+    );
+    assert_eq!(
+        reason("test_skylark_registry.py").as_deref(),
+        Some("registry check")
+    );
+    assert_eq!(
+        reason("test_skylark_helpers.py").as_deref(),
+        Some("defines no test function")
+    );
+    assert_eq!(
+        reason("tests/local_tests/pipelines/test_skylark_pipeline_smoke.py").as_deref(),
+        Some("pipeline smoke (Parity Commands row `pipeline_smoke`)")
+    );
+    // commands that are not pytest on test files, and the pipeline row
+    let rows: Vec<(&str, &str)> = out
+        .summary
+        .unused_rows
+        .iter()
+        .map(|u| (u.what.as_str(), u.reason.as_str()))
+        .collect();
+    for (what, why) in [
+        ("Component Matrix row `pipeline`", "type pipeline"),
+        (
+            "Parity Commands row `smoke_video`",
+            "does not run pytest on test files",
+        ),
+        (
+            "Parity Commands row `remote_ssim`",
+            "does not run pytest on test files",
+        ),
+        ("Parity Commands row `suite`", "runs pytest on a folder"),
+        (
+            "Parity Commands row `pipeline_smoke`",
+            "not a component parity test",
+        ),
+    ] {
+        assert!(
+            rows.iter().any(|(w, r)| *w == what && r.starts_with(why)),
+            "{what}: {rows:?}"
+        );
+    }
+    // a token in a command is never copied; the rest of the row is
+    assert!(
+        out.toml
+            .contains("[redacted] modal run /tmp/skylark_ssim.py"),
+        "{}",
+        out.toml
+    );
+    assert!(!out.toml.contains("hf_Zq8mW3"));
+}
+
+#[test]
+fn placeholders_are_explicit_commented_and_the_only_p0_findings() {
+    // the same port before prep wrote down the environment and conversion
+    let mut repo = skylark();
+    let readme = SKYLARK_README
+        .replace("dependency_changes: installed no-deps editable\n", "")
+        .replace(
+            "official_env_status: imports_ok\n",
+            "official_env_status: <TODO>\n",
+        )
+        .replace("| Needs conversion | `yes` |\n", "")
+        .replace("`HF_TOKEN`", "the usual variable");
+    let status = SKYLARK_STATUS
+        .replace(
+            "`scripts/checkpoint_conversion/skylark_to_diffusers.py`",
+            "",
+        )
+        .replace("`converted_weights/skylark`", "`none`");
+    repo.files
+        .insert("tests/local_tests/skylark/README.md".into(), readme);
+    repo.files
+        .insert("tests/local_tests/skylark/PORT_STATUS.md".into(), status);
+    let out = repo.init("skylark");
+    let spec = parsed(&out);
+    let fields: Vec<&str> = out
+        .summary
+        .placeholders
+        .iter()
+        .map(|p| p.field.as_str())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "prep.needs_conversion",
+            "prep.hf_token_env",
+            "prep.dependency_changes",
+            "prep.official_env_status",
+            "prep.next_step",
+        ]
+    );
+    let lines: Vec<String> = out.toml.lines().map(str::to_string).collect();
+    for p in &out.summary.placeholders {
+        let line = &lines[p.line - 1];
+        assert!(line.contains("\"<fill in: "), "{p:?}: {line}");
+        assert!(
+            lines[p.line - 2].starts_with("# fill in: "),
+            "{p:?}: no comment above"
+        );
+    }
+    // P0 refuses each placeholder, and nothing else
+    let unmet = crate::gate::prep_conditions(&spec, Path::new("/r"));
+    assert!(!unmet.is_empty());
+    let at: Vec<String> = out
+        .summary
+        .placeholders
+        .iter()
+        .map(|p| format!("port.toml:{}:", p.line))
+        .collect();
+    for u in &unmet {
+        assert!(
+            at.iter().any(|a| u.starts_with(a.as_str())),
+            "not a placeholder: {u}"
+        );
+    }
+    for a in &at {
+        assert!(
+            unmet.iter().any(|u| u.starts_with(a.as_str())),
+            "{a} not refused: {unmet:?}"
+        );
+    }
+}
+
+#[test]
+fn open_escape_hatches_leave_the_handoff_undecided() {
+    let mut repo = skylark();
+    let status = SKYLARK_STATUS.replace(
+        "| ID | Phase | Decision Type | Question | Recommended Option | Status | Resolution |\n|---|---|---|---|---|---|---|\n",
+        "| ID | Phase | Decision Type | Question | Recommended Option | Status | Resolution |\n|---|---|---|---|---|---|---|\n| E001 | Phase 6 | scope | Keep the 4-step preset? | 1 | open | |\n",
+    );
+    repo.files
+        .insert("tests/local_tests/skylark/PORT_STATUS.md".into(), status);
+    let out = repo.init("skylark");
+    parsed(&out);
+    assert!(
+        out.summary
+            .placeholders
+            .iter()
+            .any(|p| p.field == "prep.escape_hatch")
+    );
+    assert!(
+        out.toml.contains("E001: Keep the 4-step preset?"),
+        "{}",
+        out.toml
+    );
+}
+
+const HARRIER_README: &str = "# Harrier Local Tests
+
+## Reference Assets
+
+| Field | Value |
+|---|---|
+| Model family | `harrier` |
+| Workload types | `T2V` (with sound) |
+| Official reference | `example/Harrier` (local clone) |
+| Local reference dir | `Harrier/` |
+| Official commit/version | `<TODO>` |
+| HF weights | `example/Harrier-Base` |
+| Local weights dir | `<TODO>` |
+| Source layout | `<TODO: diffusers / raw_official>` |
+| Needs conversion | `<TODO>` |
+
+## Tests in this directory
+
+| Component | Test | Concerns | Status |
+|---|---|---|---|
+| `text encoder` (Qwen) | [`test_harrier_qwen_encoder.py`](./test_harrier_qwen_encoder.py) | encoder and connector | `<TODO>` |
+| `text encoder` (Qwen, full) | [`test_harrier_qwen_parity.py`](./test_harrier_qwen_parity.py) | whole encoder | `<TODO>` |
+| `transformer/DiT` | [`test_harrier.py`](./test_harrier.py) | video branch | `<TODO>` |
+| `transformer/DiT` (audio branch) | [`test_harrier_audio.py`](./test_harrier_audio.py) | sound branch | `<TODO>` |
+| `vae` (video) | [`test_harrier_vae.py`](./test_harrier_vae.py) | encode/decode | `<TODO>` |
+| `vae` (video, loader path) | [`test_harrier_vae_loader_path.py`](./test_harrier_vae_loader_path.py) | through the loader | `<TODO>` |
+| `vae` (audio) | [`test_harrier_audio_vae.py`](./test_harrier_audio_vae.py) | sound codec | `<TODO>` |
+| `pipeline` (smoke) | [`test_harrier_pipeline_smoke.py`](./test_harrier_pipeline_smoke.py) | end to end | `<TODO>` |
+| `registry` | [`test_harrier_registry.py`](./test_harrier_registry.py) | presets resolve | `<TODO>` |
+";
+
+fn harrier() -> Repo {
+    let d = "tests/local_tests/harrier";
+    let files: Vec<(String, &str)> = vec![
+        (format!("{d}/README.md"), HARRIER_README),
+        (format!("{d}/test_harrier_qwen_encoder.py"), ENCODER_TEST),
+        (format!("{d}/test_harrier_qwen_parity.py"), BLOCK_TEST),
+        (format!("{d}/test_harrier.py"), TRANSFORMER_TEST),
+        (format!("{d}/test_harrier_audio.py"), TRANSFORMER_TEST),
+        (format!("{d}/test_harrier_vae.py"), VAE_TEST),
+        (format!("{d}/test_harrier_vae_loader_path.py"), EXTRA_TEST),
+        (format!("{d}/test_harrier_audio_vae.py"), PLAIN_TEST),
+        (format!("{d}/test_harrier_pipeline_smoke.py"), PLAIN_TEST),
+        (format!("{d}/test_harrier_registry.py"), PLAIN_TEST),
+        (
+            format!("{d}/test_harrier_upsampler_parity.py"),
+            SCHEDULE_TEST,
+        ),
+        (format!("{d}/test_harrier_notes.py"), "NOTES = []\n"),
+    ];
+    let refs: Vec<(&str, &str)> = files.iter().map(|(p, t)| (p.as_str(), *t)).collect();
+    Repo::new(&refs)
+}
+
+#[test]
+fn a_family_without_a_status_file_reads_the_readme_and_file_names() {
+    let out = harrier().init("harrier");
+    let spec = parsed(&out);
+    let d = "tests/local_tests/harrier";
+    let got: Vec<(&str, &str, Vec<String>)> = spec
+        .components
+        .iter()
+        .map(|c| {
+            (
+                c.name.as_str(),
+                c.component_type.as_str(),
+                c.parity_tests
+                    .iter()
+                    .map(|t| t.trim_start_matches(&format!("{d}/")).to_string())
+                    .collect(),
+            )
+        })
+        .collect();
+    let want: Vec<(&str, &str, Vec<String>)> = vec![
+        (
+            "text_encoder",
+            "encoder",
+            vec![
+                "test_harrier_qwen_encoder.py".into(),
+                "test_harrier_qwen_parity.py".into(),
+            ],
+        ),
+        ("transformer", "dit", vec!["test_harrier.py".into()]),
+        (
+            "audio_transformer",
+            "dit",
+            vec!["test_harrier_audio.py".into()],
+        ),
+        (
+            "vae",
+            "vae",
+            vec![
+                "test_harrier_vae.py".into(),
+                "test_harrier_vae_loader_path.py".into(),
+            ],
+        ),
+        ("audio_vae", "vae", vec!["test_harrier_audio_vae.py".into()]),
+        (
+            "upsampler",
+            "upsampler",
+            vec!["test_harrier_upsampler_parity.py".into()],
+        ),
+    ];
+    assert_eq!(got, want, "{}", out.toml);
+    assert_eq!(component(&spec, "transformer").aliases, ["transformer/DiT"]);
+    assert_eq!(component(&spec, "audio_vae").aliases, ["vae (audio)"]);
+    // one file through a loader, one building classes: both
+    assert_eq!(component(&spec, "text_encoder").coverage_scope, "both");
+    assert_eq!(component(&spec, "vae").coverage_scope, "both");
+    assert!(
+        component(&spec, "audio_vae")
+            .coverage_scope
+            .starts_with("<fill in:")
+    );
+
+    let reason = |f: &str| {
+        out.summary
+            .unused_tests
+            .iter()
+            .find(|u| u.what == format!("{d}/{f}"))
+            .map(|u| u.reason.as_str())
+    };
+    assert_eq!(
+        reason("test_harrier_pipeline_smoke.py"),
+        Some("pipeline smoke (README.md `Tests in this directory` row `pipeline (smoke)`)")
+    );
+    assert!(reason("test_harrier_registry.py").is_some_and(|r| r.starts_with("registry check")));
+    assert_eq!(
+        reason("test_harrier_notes.py"),
+        Some("defines no test function")
+    );
+
+    let p = |k: &str| spec.prep.get(k).map(String::as_str).unwrap_or_default();
+    assert_eq!(p("workload_types"), "T2V (with sound)");
+    assert_eq!(p("official_ref_dir"), "Harrier/");
+    assert_eq!(p("official_ref_commit"), "unknown");
+    assert_eq!(p("source_layout"), "unknown");
+    assert_eq!(
+        p("port_state_file"),
+        "tests/local_tests/harrier/PORT_STATUS.md"
+    );
+    assert_eq!(
+        p("components_seen"),
+        "text_encoder, transformer, audio_transformer, vae, audio_vae, upsampler"
+    );
+    let fields: Vec<&str> = out
+        .summary
+        .placeholders
+        .iter()
+        .map(|p| p.field.as_str())
+        .collect();
+    for f in [
+        "prep.local_weights_dir",
+        "prep.needs_conversion",
+        "prep.hf_token_env",
+        "prep.official_env_status",
+        "component audio_vae: coverage_scope",
+    ] {
+        assert!(fields.contains(&f), "{f} not a placeholder: {fields:?}");
+    }
+    assert!(
+        out.toml
+            .contains("it does not exist yet, fvd writes it when the port ends")
+    );
+}
+
+const KESTREL_STATUS: &str = "# Kestrel Port Status
+
+Model family: kestrel
+Official ref: example/Kestrel-1 (Diffusers layout)
+Workload: T2I
+
+## Component Status
+
+| Component | Type | Parity test | Status | Notes |
+|---|---|---|---|---|
+| KestrelTransformer2DModel | DiT (ported) | fastvideo/tests/transformers/test_kestrel.py | PASS | bf16 tail |
+| AutoencoderKL | VAE (reused) | tests/local_tests/kestrel/test_kestrel_loaders.py | PASS | loader |
+| CLIPTextModel | encoder (reused) | tests/local_tests/kestrel/test_kestrel_loaders.py | PASS | loader |
+
+## Conversion
+
+No conversion script needed: the checkpoint already loads as published.
+
+## Known Blockers
+
+None.
+";
+
+#[test]
+fn a_status_file_of_its_own_shape_still_gives_components() {
+    let readme = "# Kestrel\n\n```bash\nhuggingface-cli download example/Kestrel-1 --local-dir official_weights/Kestrel-1\n```\n";
+    let repo = Repo::new(&[
+        ("tests/local_tests/kestrel/README.md", readme),
+        (".gitignore", "official_weights/\n"),
+        ("tests/local_tests/kestrel/PORT_STATUS.md", KESTREL_STATUS),
+        (
+            "tests/local_tests/kestrel/test_kestrel_loaders.py",
+            ENCODER_TEST,
+        ),
+    ]);
+    let out = repo.init("kestrel");
+    let spec = parsed(&out);
+    let names: Vec<(&str, &str)> = spec
+        .components
+        .iter()
+        .map(|c| (c.name.as_str(), c.component_type.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("kestreltransformer2dmodel", "dit"),
+            ("autoencoderkl", "vae"),
+            ("cliptextmodel", "encoder")
+        ]
+    );
+    assert_eq!(
+        component(&spec, "kestreltransformer2dmodel").parity_tests,
+        ["fastvideo/tests/transformers/test_kestrel.py"]
+    );
+    assert_eq!(
+        component(&spec, "autoencoderkl").coverage_scope,
+        "production_loader"
+    );
+    let p = |k: &str| spec.prep.get(k).map(String::as_str).unwrap_or_default();
+    assert_eq!(p("needs_conversion"), "no");
+    assert_eq!(p("source_layout"), "diffusers");
+    assert_eq!(p("workload_types"), "T2I");
+    assert_eq!(p("official_ref"), "example/Kestrel-1 (Diffusers layout)");
+    // from the README's download command
+    assert_eq!(p("hf_weights_path"), "example/Kestrel-1");
+    assert_eq!(p("local_weights_dir"), "official_weights/Kestrel-1");
+    assert_eq!(p("gitignore_entries_added"), "official_weights/");
+    // a file without a Summary has no Summary gaps to report
+    assert!(!out.toml.contains("Summary leaves it open"), "{}", out.toml);
+    // a test file outside the checkout: its scope cannot be read
+    let at = line_of(&out.toml, "fastvideo/tests/transformers/test_kestrel.py\"") + 1;
+    assert!(
+        out.toml
+            .lines()
+            .nth(at - 1)
+            .is_some_and(|l| l.starts_with("# fill in: ") && l.contains("not in this checkout")),
+        "{}",
+        out.toml
+    );
+    assert!(
+        out.summary.unused_tests.is_empty(),
+        "{:?}",
+        out.summary.unused_tests
+    );
+}
+
+#[test]
+fn an_empty_family_still_writes_a_spec_that_parses() {
+    let out = Repo::new(&[]).init("bare");
+    let spec = parsed(&out);
+    assert_eq!(spec.components.len(), 1);
+    assert_eq!(spec.components[0].name, "unnamed");
+    let fields: Vec<&str> = out
+        .summary
+        .placeholders
+        .iter()
+        .map(|p| p.field.as_str())
+        .collect();
+    assert!(
+        fields.contains(&"component unnamed: parity_test"),
+        "{fields:?}"
+    );
+}
+
+#[test]
+fn names_are_lowercase_identifiers_and_the_family_must_be_one() {
+    let repo = harrier();
+    let tests = repo.tests_of("harrier");
+    let input = Input {
+        family: "Harrier",
+        repo_name: "FastVideo",
+        status: None,
+        readme: None,
+        gitignore: None,
+        tests: &tests,
+    };
+    let err = infer(&input, &|_| None).unwrap_err().to_string();
+    assert!(
+        err.contains("\"Harrier\" is not a lowercase identifier"),
+        "{err}"
+    );
+    for out in [skylark().init("skylark"), harrier().init("harrier")] {
+        for c in parsed(&out).components {
+            assert!(
+                !c.name.is_empty()
+                    && c.name
+                        .chars()
+                        .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '_'),
+                "{}",
+                c.name
+            );
+        }
+    }
+}
+
+#[test]
+fn checkout_paths_and_values() {
+    assert_eq!(
+        checkout_rel("/workspace/FastVideo/fastvideo/tests/t.py", "FastVideo").as_deref(),
+        Some("fastvideo/tests/t.py")
+    );
+    assert_eq!(
+        checkout_rel("/mnt/x/fastvideo-port-a/tests/local_tests/a/t.py", "repo").as_deref(),
+        Some("tests/local_tests/a/t.py")
+    );
+    assert_eq!(
+        checkout_rel("/data/elsewhere/tests/local_tests/a/t.py", "repo").as_deref(),
+        Some("tests/local_tests/a/t.py")
+    );
+    assert_eq!(checkout_rel("/tmp/x.py", "repo"), None);
+    assert_eq!(
+        repo_value("/srv/checkout:/opt/lib", "checkout"),
+        ("{repo}:/opt/lib".to_string(), true)
+    );
+    assert_eq!(
+        repo_value("/srv/FastVideo/src", "x"),
+        ("{repo}/src".to_string(), true)
+    );
+    assert_eq!(
+        repo_value("/tmp/weights", "x"),
+        ("/tmp/weights".to_string(), false)
+    );
+    assert_eq!(
+        normalise_path("tests/local_tests/a/../pipelines/./t.py"),
+        "tests/local_tests/pipelines/t.py"
+    );
+    assert_eq!(quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
+    assert_eq!(type_of("DiT (ported)"), Some("dit"));
+    assert_eq!(type_of("camera_conditioning"), None);
+    assert_eq!(type_of("Text encoder"), Some("encoder"));
+}
+
+#[test]
+fn readme_gaps_with_notes_and_a_recorded_absence_of_a_token() {
+    let mut repo = harrier();
+    let readme = HARRIER_README
+        .replace("| Local weights dir | `<TODO>` |", "| Local weights dir | `<TODO>` (env: `HARRIER_ROOT`) |")
+        .replace(
+            "## Tests in this directory",
+            "No token values here. Token env var found during\nprep: `none`.\n\n## Tests in this directory",
+        );
+    repo.files
+        .insert("tests/local_tests/harrier/README.md".into(), readme);
+    let out = repo.init("harrier");
+    let spec = parsed(&out);
+    let p = |k: &str| spec.prep.get(k).map(String::as_str).unwrap_or_default();
+    assert_eq!(p("hf_token_env"), "none");
+    assert!(
+        p("local_weights_dir").starts_with("<fill in:"),
+        "{}",
+        p("local_weights_dir")
+    );
+}
