@@ -1,6 +1,7 @@
 //! Crate-level tests: contract examples and rules, round trips, the real
 //! `PORT_STATUS.md` fixtures and never-panic fuzzing of every parser.
 
+mod coauthor;
 mod examples;
 mod fuzz;
 mod port_status;
