@@ -571,6 +571,8 @@ impl<'a> Patcher<'a> {
                     .map(|i| i.id.clone());
                 let id = match same {
                     Some(id) => Some(id),
+                    // an open row people keep about this component tracks it
+                    None if !self.people_open(c).is_empty() => None,
                     None => {
                         let what = match outcome {
                             Outcome::Red => "the parity test fails numerically",
@@ -610,6 +612,9 @@ impl<'a> Patcher<'a> {
             }
             None => {
                 let parity = parity.unwrap_or_else(|| outcome.parity_cell(verdict));
+                // a row fvd adds lists every open issue about the component
+                let mut opened = opened.clone();
+                opened.extend(self.people_open(c));
                 let open = if opened.is_empty() {
                     "none".to_owned()
                 } else {
@@ -703,11 +708,22 @@ impl<'a> Patcher<'a> {
             .enumerate()
             .filter_map(|(k, line)| {
                 let evidence = self.doc.cell(line, ev)?;
-                if !evidence.starts_with(MARK) {
-                    return None;
-                }
-                let seg = parse_segment(&evidence)?;
+                let issue = t.column("Issue").and_then(|c| self.doc.cell(line, c));
                 let component = status_match::normalise_label(&self.doc.cell(line, comp)?);
+                let seg = if evidence.starts_with(MARK) {
+                    parse_segment(&evidence)?
+                } else if is_legacy_issue(issue.as_deref().unwrap_or_default()) {
+                    // an older fvd's row: `component X is blocked`, the
+                    // evidence `verdict: reason`
+                    let (outcome, reason) = evidence.split_once(':')?;
+                    Segment {
+                        outcome: outcome.trim().to_owned(),
+                        regression: false,
+                        reason: reason.trim().to_owned(),
+                    }
+                } else {
+                    return None;
+                };
                 let open = status
                     .and_then(|s| self.doc.cell(line, s))
                     .is_none_or(|s| plain(&s).eq_ignore_ascii_case("open"));
@@ -720,6 +736,33 @@ impl<'a> Patcher<'a> {
                     regression: seg.regression,
                 })
             })
+            .collect()
+    }
+
+    /// The ids of open issue rows fvd did not write that name this component.
+    fn people_open(&self, c: &ComponentInput) -> Vec<String> {
+        let Some(t) = self.doc.table(SectionId::IssuesAndBlockers) else {
+            return Vec::new();
+        };
+        let fvd: Vec<usize> = self.fvd_issues().iter().map(|i| i.row).collect();
+        let (Some(comp), Some(id)) = (t.column("Component"), t.column("ID")) else {
+            return Vec::new();
+        };
+        let status = t.column("Status");
+        t.rows
+            .clone()
+            .enumerate()
+            .filter(|(k, line)| {
+                !fvd.contains(k)
+                    && self
+                        .doc
+                        .cell(*line, comp)
+                        .is_some_and(|v| status_match::match_label(&v, &c.identity()).is_some())
+                    && status
+                        .and_then(|s| self.doc.cell(*line, s))
+                        .is_some_and(|s| plain(&s).eq_ignore_ascii_case("open"))
+            })
+            .filter_map(|(_, line)| self.doc.cell(line, id).map(|v| plain(&v)))
             .collect()
     }
 
@@ -1210,6 +1253,12 @@ fn with_segment(notes: &str, segment: &str) -> String {
         None if notes.trim().is_empty() => segment.to_owned(),
         None => format!("{} {segment}", notes.trim_end()),
     }
+}
+
+/// The Issue cell of a row an fvd before co-authoring added for a blocked
+/// component.
+fn is_legacy_issue(issue: &str) -> bool {
+    crate::status_guard::is_legacy_fvd_issue(issue)
 }
 
 /// The Notes an fvd before co-authoring wrote: `run N of M; reason`.

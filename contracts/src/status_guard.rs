@@ -42,6 +42,15 @@ pub fn is_fvd_line(line: &str) -> bool {
         || (l.starts_with("fvd ") && l.contains("the final handoff above is superseded"))
 }
 
+/// The Issue cell of the rows an fvd before co-authoring added for a
+/// blocked component (`component X is blocked`): fvd's rows too.
+pub fn is_legacy_fvd_issue(issue: &str) -> bool {
+    plain(issue)
+        .strip_prefix("component ")
+        .and_then(|r| r.strip_suffix(" is blocked"))
+        .is_some_and(|name| !name.is_empty() && !name.contains(' '))
+}
+
 /// Checks that `after` differs from `before` only in what fvd owns, and
 /// says what changed; the error names the first line that broke the rule.
 pub fn owned_changes(before: &str, after: &str) -> Result<Changes, String> {
@@ -176,6 +185,9 @@ fn owned_edit(ctx: &Context, old: &str, new: &str) -> Result<bool, String> {
                 col("Evidence")
                     .and_then(|e| a.get(e))
                     .is_some_and(|e| e.trim().starts_with("[fvd "))
+                    || col("Issue")
+                        .and_then(|i| a.get(i))
+                        .is_some_and(|i| is_legacy_fvd_issue(i))
             }
             SectionId::EscapeHatches => Some(k) != col("ID"),
             _ => false,

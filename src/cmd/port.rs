@@ -45,6 +45,11 @@ pub struct SubmitArgs {
     /// Run every component again instead of resuming recorded verdicts.
     #[arg(long)]
     pub rerun: bool,
+    /// Start and write nothing: check the spec and the gate's P0/P2
+    /// conditions, show the PORT_STATUS.md rows each component matches and
+    /// the diff fvd would write there now from the recorded state.
+    #[arg(long)]
+    pub dry_run: bool,
     #[command(flatten)]
     pub local: LocalWorker,
     #[command(flatten)]
@@ -173,6 +178,9 @@ pub fn state_db(repo: &Path) -> PathBuf {
 }
 
 pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
+    if args.dry_run {
+        return super::dry_run::run(&args);
+    }
     let repo = match args.repo.canonicalize() {
         Ok(r) => r,
         Err(e) => {
@@ -520,8 +528,10 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             s.family, e.id
         );
     }
+    // where the file is; whether this command changed it is not known
+    // here (`fvd status` writes nothing)
     if !s.port_status_path.is_empty() {
-        println!("wrote {}", s.port_status_path);
+        println!("status file {}", s.port_status_path);
     }
 }
 

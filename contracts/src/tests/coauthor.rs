@@ -597,3 +597,62 @@ fn a_created_file_checks_clean_and_is_stable() {
         line(&answered, "| E001 |").ends_with("| `resolved` | answered: 3.0; given to attempt 2 |")
     );
 }
+
+#[test]
+fn a_file_an_older_fvd_wrote_is_taken_over_without_doubles() {
+    let old = "# Fam Port Status\n\n## Component Matrix\n\n| Component | Type | Parity | Open Issues |\n|---|---|---|---|\n| `b` | `generic` | `debug_red` | none |\n\n## Parity Commands\n\n| Scope | Command | Last Result | Notes |\n|---|---|---|---|\n| component:b | `pytest t/test_b.py -q` | `debug_red` | run 1 of 1; t::test_b: assert 1 == 2 |\n\n## Issues And Blockers\n\n| ID | Phase | Component | Severity | Issue | Evidence | Owner | Status | Resolution |\n|---|---|---|---|---|---|---|---|---|\n| I001 | P6 | `b` | blocker | component b is blocked | debug_red: t::test_b: assert 1 == 2 | component:b | open |  |\n";
+    let mut b = component("b", &[]);
+    b.parity_tests = vec!["t/test_b.py".into()];
+    b.command = "pytest t/test_b.py -q".into();
+    b.run = run("debug_red", "debug_red: t::test_b: assert 1 == 2");
+    let mut input = Input {
+        date: DATE.into(),
+        components: vec![b],
+        escapes: Vec::new(),
+    };
+    let after = patch(old, &input);
+    assert_owned(old, &after);
+    assert_eq!(
+        after.lines().filter(|l| l.starts_with("| I00")).count(),
+        1,
+        "{after}"
+    );
+    assert!(after.contains("| `debug_red` | I001 |"), "{after}");
+    assert!(
+        after.contains(
+            "| `debug_red` | [fvd 2026-11-26 run 1 on w1: debug_red — t::test_b: assert 1 == 2] |"
+        ),
+        "{after}"
+    );
+    input.components[0].run = run("non_skip_pass", "1 passed");
+    let fixed = patch(&after, &input);
+    assert_owned(&after, &fixed);
+    assert!(
+        line(&fixed, "| I001 |").ends_with("| resolved | passed in fvd run 1 on 2026-11-26 |"),
+        "{fixed}"
+    );
+}
+
+#[test]
+fn an_open_row_people_keep_about_a_component_is_not_doubled() {
+    let kept = FINISHED.replace(
+        "| I002 | P6 | transformer | medium | bf16 forward drifted in the upstream harness. | An fp32 harness agrees. | component:transformer | resolved | Compared in fp32. |",
+        "| I002 | P6 | camera | medium | pose convention differs upstream | notes | component:camera | open |  |",
+    );
+    let mut comps = widget();
+    comps.push(component("camera", &["test_widget_camera_parity.py"]));
+    let input = with_runs(comps, &[("camera", run("debug_red", "debug_red: t: off"))]);
+    let after = patch(&kept, &input);
+    assert_owned(&kept, &after);
+    assert_eq!(
+        after.lines().filter(|l| l.starts_with("| I00")).count(),
+        2,
+        "{after}"
+    );
+    // the row fvd adds lists the people's open issue
+    assert!(
+        line(&after, "| `camera` |").ends_with("| `debug_red` | I002 |"),
+        "{after}"
+    );
+    assert_eq!(patch(&after, &input), after);
+}
