@@ -370,11 +370,6 @@ struct FvdIssue {
     cause: String,
 }
 
-/// Rows added to the Issues table while patching.
-struct NewIssue {
-    id: String,
-}
-
 struct Patcher<'a> {
     doc: StatusDoc,
     input: &'a Input,
@@ -524,42 +519,28 @@ impl<'a> Patcher<'a> {
             .into_iter()
             .filter(|i| i.component == status_match::normalise_label(&c.name))
             .collect();
-        let mut opened: Vec<String> = Vec::new();
-        let mut closed: Vec<String> = Vec::new();
         match outcome {
             Outcome::Pass => {
                 let why = format!("passed in fvd run {} on {}", run.run_no, self.input.date);
                 for i in mine.iter().filter(|i| i.open) {
                     self.resolve(i.row, &why);
-                    closed.push(i.id.clone());
                     self.recovered |= i.regression;
                 }
             }
-            Outcome::Red if recorded => {
-                let open = mine.iter().find(|i| i.open && i.regression);
-                match open {
-                    Some(i) => opened.push(i.id.clone()),
-                    None => {
-                        let was = [old_parity.as_deref(), old_last.as_deref()]
-                            .into_iter()
-                            .flatten()
-                            .map(|o| regressed_from(o).unwrap_or(o))
-                            .find(|o| reads_as_pass(o))
-                            .unwrap_or("a pass")
-                            .to_owned();
-                        if let Some(new) = self.add_issue(
-                            c,
-                            "high",
-                            &format!(
-                                "regression: `debug_red` where this file records {}",
-                                one_line(&was)
-                            ),
-                            &segment,
-                        ) {
-                            self.regressions.push((c.name.clone(), new.id.clone()));
-                            opened.push(new.id);
-                        }
-                    }
+            Outcome::Red if recorded && !mine.iter().any(|i| i.open && i.regression) => {
+                let was = [old_parity.as_deref(), old_last.as_deref()]
+                    .into_iter()
+                    .flatten()
+                    .map(|o| regressed_from(o).unwrap_or(o))
+                    .find(|o| reads_as_pass(o))
+                    .unwrap_or("a pass")
+                    .to_owned();
+                let issue = format!(
+                    "regression: `debug_red` where this file records {}",
+                    one_line(&was)
+                );
+                if let Some(id) = self.add_issue(c, "high", &issue, &segment) {
+                    self.regressions.push((c.name.clone(), id));
                 }
             }
             _ if recorded => {}
@@ -581,7 +562,6 @@ impl<'a> Patcher<'a> {
                             _ => "the parity test errors before a verdict",
                         };
                         self.add_issue(c, "blocker", &format!("`{verdict}`: {what}"), &segment)
-                            .map(|n| n.id)
                     }
                 };
                 if let Some(id) = id {
@@ -595,14 +575,21 @@ impl<'a> Patcher<'a> {
                         .filter(|i| i.open && !i.regression && i.id != id)
                     {
                         self.resolve(i.row, &why);
-                        closed.push(i.id.clone());
                     }
-                    opened.push(id);
                 }
             }
         }
 
-        // The matrix row.
+        // The matrix row: its Open Issues lists fvd's open rows about the
+        // component and none of fvd's resolved ones.
+        let name = status_match::normalise_label(&c.name);
+        let (open_ids, closed_ids): (Vec<FvdIssue>, Vec<FvdIssue>) = self
+            .fvd_issues()
+            .into_iter()
+            .filter(|i| i.component == name)
+            .partition(|i| i.open);
+        let ids = |v: Vec<FvdIssue>| v.into_iter().map(|i| i.id).collect::<Vec<_>>();
+        let (opened, closed) = (ids(open_ids), ids(closed_ids));
         match m {
             Some(r) => {
                 if let Some(v) = &parity {
@@ -782,7 +769,7 @@ impl<'a> Patcher<'a> {
         severity: &str,
         issue: &str,
         evidence: &str,
-    ) -> Option<NewIssue> {
+    ) -> Option<String> {
         let t = self.ensure_table(SectionId::IssuesAndBlockers)?;
         let next = (t.rows.clone())
             .filter_map(|l| {
@@ -806,7 +793,7 @@ impl<'a> Patcher<'a> {
             ("Resolution", String::new()),
         ];
         self.append_row(SectionId::IssuesAndBlockers, &cells);
-        Some(NewIssue { id: next })
+        Some(next)
     }
 
     fn add_matrix_row(&mut self, c: &ComponentInput, parity: &str, open: &str) {

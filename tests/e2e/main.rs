@@ -2,6 +2,7 @@
 //! `fvd` binary (or boots real servers) against real inputs.
 
 mod agent;
+mod coauthor;
 mod contracts;
 mod port;
 mod support;
