@@ -103,6 +103,12 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<u8> {
         show("Parity Commands", &m.parity);
     }
 
+    if let Some(url) = &args.orchestrator {
+        println!(
+            "note: the state of a port on {url} is not read; the diff below comes from {}",
+            state_db(&repo).display()
+        );
+    }
     let plan = recorded_plan(&repo, &spec)?;
     match plan {
         None => println!(
