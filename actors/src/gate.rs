@@ -420,9 +420,7 @@ async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorP
         .set_port_state(&st.args.family, state, &Phase::ComponentParityDebug.id())
         .await?;
     match crate::port_status::write(&st.args.store, &st.args.family).await {
-        Ok(path) => {
-            tracing::info!(path = %path.display(), state, "port paused; wrote PORT_STATUS.md")
-        }
+        Ok(written) => tracing::info!(%written, state, "port paused"),
         Err(e) => {
             tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md")
         }
@@ -514,7 +512,7 @@ async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), Ac
     // A status file that cannot be written is reported, not fatal: the
     // store holds the truth and the next run writes the file again.
     match crate::port_status::write(&st.args.store, &st.args.family).await {
-        Ok(path) => tracing::info!(path = %path.display(), "wrote PORT_STATUS.md"),
+        Ok(written) => tracing::info!(%written, "PORT_STATUS.md"),
         Err(e) => {
             tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md")
         }

@@ -6,6 +6,7 @@
 //! the contracts.
 
 pub mod block;
+pub mod coauthor;
 pub mod common;
 pub mod component;
 pub mod contract;
@@ -21,6 +22,9 @@ pub mod pipeline;
 pub mod port_status;
 pub mod prep;
 pub mod secrets;
+pub mod status_doc;
+pub mod status_guard;
+pub mod status_match;
 #[cfg(test)]
 mod tests;
 pub mod verdict;

@@ -4,6 +4,7 @@
 //! with the error printed once by `main`.
 
 pub mod contracts;
+pub mod dry_run;
 pub mod embedded;
 pub mod init;
 pub mod port;

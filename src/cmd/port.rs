@@ -45,6 +45,11 @@ pub struct SubmitArgs {
     /// Run every component again instead of resuming recorded verdicts.
     #[arg(long)]
     pub rerun: bool,
+    /// Start and write nothing: check the spec and the gate's P0/P2
+    /// conditions, show the PORT_STATUS.md rows each component matches and
+    /// the diff fvd would write there now from the recorded state.
+    #[arg(long)]
+    pub dry_run: bool,
     #[command(flatten)]
     pub local: LocalWorker,
     #[command(flatten)]
@@ -194,6 +199,9 @@ pub fn state_db(repo: &Path) -> PathBuf {
 }
 
 pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
+    if args.dry_run {
+        return super::dry_run::run(&args);
+    }
     let repo = match args.repo.canonicalize() {
         Ok(r) => r,
         Err(e) => {
@@ -454,7 +462,7 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<u8> {
             Some(pb::port_event::Event::Gate(g)) => progress.gate(&g),
             Some(pb::port_event::Event::Finished(snap)) => {
                 progress.finish();
-                print_snapshot(&snap, true);
+                print_snapshot(&snap);
                 return Ok(outcome(&snap));
             }
             None => {}
@@ -558,9 +566,8 @@ impl Progress {
 
 /// The port, its components and open questions. Components that wait for
 /// an environment are summed up by cause (one line per worker and cause,
-/// not one blocker each). `after_run`: the snapshot closes a submit or
-/// answer, which wrote PORT_STATUS.md.
-fn print_snapshot(s: &pb::PortSnapshot, after_run: bool) {
+/// not one blocker each).
+fn print_snapshot(s: &pb::PortSnapshot) {
     say(format_args!(
         "port {}: {} at {}",
         s.family, s.state, s.phase
@@ -603,8 +610,10 @@ fn print_snapshot(s: &pb::PortSnapshot, after_run: bool) {
             s.family, e.id
         ));
     }
-    if after_run && !s.port_status_path.is_empty() {
-        say(format_args!("PORT_STATUS.md: {}", s.port_status_path));
+    // Where the file is; whether this command changed it is not known
+    // here (`fvd status` writes nothing).
+    if !s.port_status_path.is_empty() {
+        say(format_args!("status file {}", s.port_status_path));
     }
 }
 
@@ -665,7 +674,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
             println!("{}", serde_json::to_string_pretty(&out)?);
         } else {
             for p in &ports {
-                print_snapshot(p, false);
+                print_snapshot(p);
             }
         }
         Ok(0)

@@ -16,7 +16,7 @@ use crate::support::{Sandbox, components, fvd};
 const COMPONENT: &str = "timestep_embed";
 const BRANCH: &str = "fvd/tinyport/timestep_embed";
 
-fn git(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .args([
             "-c",

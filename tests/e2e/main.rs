@@ -6,6 +6,7 @@
 mod agent;
 #[path = "../checks/mod.rs"]
 mod checks;
+mod coauthor;
 mod contracts;
 mod environment;
 mod init;

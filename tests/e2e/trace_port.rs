@@ -167,9 +167,9 @@ fn embedded_submit_drills_the_red_refiner_down_to_its_norm() {
     let ps = std::fs::read_to_string(sb.repo().join("tests/local_tests/tinyport/PORT_STATUS.md"))
         .unwrap();
     assert!(
-        ps.lines()
-            .any(|l| l.contains("component refiner is blocked")
-                && l.contains("first divergence: blocks.2.norm")),
+        ps.lines().any(|l| l.starts_with("| I0")
+            && l.contains("| refiner | blocker |")
+            && l.contains("first divergence: blocks.2.norm")),
         "{ps}"
     );
     // The traced reruns' output is kept like any run's.

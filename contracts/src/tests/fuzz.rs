@@ -107,6 +107,49 @@ fn every_parser(text: &str) {
         let _ = kind::check(text, Some(k));
     }
     let _ = kind::check(text, None);
+    coauthor_properties(text);
+}
+
+/// The co-author on any text: it changes only what it owns, and a second
+/// write of the same evidence changes nothing.
+fn coauthor_properties(text: &str) {
+    use crate::coauthor::{ComponentInput, Input, Run, patch};
+    for verdicts in [
+        ["non_skip_pass", "debug_red", "scaffold_skip", "environment"],
+        ["debug_red", "non_skip_pass", "error", "timeout"],
+    ] {
+        let components = ["transformer", "vae", "text_encoder", "scheduler"]
+            .iter()
+            .zip(verdicts)
+            .map(|(name, verdict)| ComponentInput {
+                name: (*name).into(),
+                component_type: "generic".into(),
+                parity_tests: vec![format!("tests/local_tests/x/test_{name}_parity.py")],
+                command: format!("pytest tests/local_tests/x/test_{name}_parity.py"),
+                run: Some(Run {
+                    verdict: verdict.into(),
+                    reason: format!("{verdict}: error:collection: t::{name}: 1 != 2"),
+                    run_no: 1,
+                    worker: "w".into(),
+                }),
+                ..ComponentInput::default()
+            })
+            .collect();
+        let input = Input {
+            date: "2026-11-26".into(),
+            components,
+            escapes: Vec::new(),
+        };
+        let once = patch(text, &input);
+        if let Err(e) = crate::status_guard::owned_changes(text, &once) {
+            panic!("{e}\n--- before:\n{text}\n--- after:\n{once}");
+        }
+        let twice = patch(&once, &input);
+        assert_eq!(
+            twice, once,
+            "a second write changed the file; before:\n{text}"
+        );
+    }
 }
 
 proptest! {

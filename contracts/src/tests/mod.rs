@@ -3,6 +3,7 @@
 //! parser. (The same checks on the real FastVideo files are in the root
 //! package's conformance suite, `tests/conformance`.)
 
+mod coauthor;
 mod examples;
 mod fuzz;
 mod port_status;

@@ -553,3 +553,83 @@ proptest::proptest! {
         proptest::prop_assert_eq!(back, s, "rendered:\n{}", text);
     }
 }
+
+/// The co-author on the real files: a run that did not test the code
+/// changes nothing; one that did changes only what fvd owns, once.
+#[test]
+fn the_co_author_keeps_every_real_file_but_its_own_cells() {
+    use crate::coauthor::{ComponentInput, Input, Run, patch};
+    use crate::status_guard::owned_changes;
+    let input = |verdict: &str, names: &[&str]| Input {
+        date: "2026-11-26".into(),
+        components: names
+            .iter()
+            .map(|n| ComponentInput {
+                name: (*n).into(),
+                component_type: "generic".into(),
+                parity_tests: vec![format!("tests/local_tests/x/test_{n}_parity.py")],
+                command: format!("python3 -m pytest tests/local_tests/x/test_{n}_parity.py -q"),
+                run: Some(Run {
+                    verdict: verdict.into(),
+                    reason: format!("{verdict}: t::{n}: 2 != 3"),
+                    run_no: 1,
+                    worker: "w1".into(),
+                }),
+                ..ComponentInput::default()
+            })
+            .collect(),
+        escapes: Vec::new(),
+    };
+    let names = [
+        "transformer",
+        "vae",
+        "text_encoder",
+        "scheduler",
+        "pipeline",
+    ];
+    for (_, rel) in PORT_STATUS_FIXTURES {
+        let text = read(rel);
+        for untested in ["environment", "cancelled", "infra_error"] {
+            assert_eq!(
+                patch(&text, &input(untested, &names)),
+                text,
+                "{rel} {untested}"
+            );
+        }
+        for verdict in ["non_skip_pass", "debug_red", "scaffold_skip", "error"] {
+            let i = input(verdict, &names);
+            let once = patch(&text, &i);
+            if let Err(e) = owned_changes(&text, &once) {
+                panic!("{rel} {verdict}: {e}");
+            }
+            assert_eq!(patch(&once, &i), once, "{rel} {verdict}");
+        }
+    }
+    // the finished port: a red transformer is a regression; its composite
+    // text encoder row is matched, not doubled
+    let text = read("fastvideo/tests/local_tests/orbitcam/PORT_STATUS.md");
+    let mut i = input("non_skip_pass", &names);
+    i.components[0].run.as_mut().unwrap().verdict = "debug_red".into();
+    let once = patch(&text, &i);
+    let changes = owned_changes(&text, &once).unwrap();
+    assert!(
+        once.contains("`debug_red` (regression; recorded forward_parity_pass)"),
+        "{once}"
+    );
+    assert_eq!(
+        once.lines().filter(|l| l.contains("text_encoder")).count(),
+        text.lines().filter(|l| l.contains("text_encoder")).count()
+    );
+    assert!(
+        changes
+            .added
+            .iter()
+            .any(|l| l.contains("the final handoff above is superseded"))
+    );
+    // after the block's closing fence, before the rows that follow it
+    let block = once.find("final_handoff:").expect("handoff block kept");
+    let fence_end = block + once[block..].find("```").unwrap();
+    let superseded = once.find("the final handoff above is superseded").unwrap();
+    let stray = fence_end + once[fence_end..].find("\n| 20").unwrap();
+    assert!(fence_end < superseded && superseded < stray, "{once}");
+}

@@ -1,0 +1,204 @@
+//! `fvd submit --dry-run`: what a submit would do, with nothing started or
+//! written. It validates the spec, evaluates the gate's P0 and P2
+//! conditions, shows each component's command and the `PORT_STATUS.md`
+//! rows it matches, and prints the diff fvd would write into that file now
+//! from the state recorded in `REPO/.fvd/state.db` (read from a copy, so
+//! not even SQLite's journal files appear in the repository).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use fvd_actors::gate::{prep_conditions, scaffold_conditions};
+use fvd_actors::port_status::{self, Plan};
+use fvd_actors::spec::{self, PortSpec};
+use fvd_actors::store::Store;
+use fvd_contracts::coauthor;
+
+use super::port::{SubmitArgs, state_db};
+use super::server::runtime;
+
+/// Exit codes: 0 the gate would let the port start, 1 it would refuse it,
+/// 2 the spec or the repository is unusable.
+pub fn run(args: &SubmitArgs) -> anyhow::Result<u8> {
+    let repo = match args.repo.canonicalize() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fvd: error: repository {}: {e}", args.repo.display());
+            return Ok(2);
+        }
+    };
+    let spec_path = args
+        .spec
+        .clone()
+        .unwrap_or_else(|| spec::default_path(&repo, &args.family));
+    let spec = match spec::load(&spec_path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fvd: error: {e}");
+            return Ok(2);
+        }
+    };
+    if spec.family != args.family {
+        eprintln!(
+            "fvd: error: {}: prep.model_family is {} but --family is {}",
+            spec_path.display(),
+            spec.family,
+            args.family
+        );
+        return Ok(2);
+    }
+    println!(
+        "dry run of port {}: nothing is started or written",
+        spec.family
+    );
+    println!(
+        "spec {}: valid, {} component(s)",
+        spec_path.display(),
+        spec.components.len()
+    );
+
+    let mut refused = false;
+    for (phase, conditions) in [
+        ("P0", prep_conditions(&spec, &repo)),
+        ("P2", scaffold_conditions(&spec, &repo)),
+    ] {
+        if conditions.is_empty() {
+            println!("gate {phase}: passes");
+        } else {
+            refused = true;
+            println!("gate {phase}: would refuse");
+            for c in conditions {
+                println!("  - {c}");
+            }
+        }
+    }
+
+    let path = port_status::file_path(&repo, &spec);
+    let shown = path.strip_prefix(&repo).unwrap_or(&path).to_path_buf();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    match &text {
+        Some(_) => println!("{}: rows each component matches", shown.display()),
+        None => println!(
+            "{}: no such file; fvd creates it once a run tests the code",
+            shown.display()
+        ),
+    }
+    let inputs: Vec<coauthor::ComponentInput> = spec
+        .components
+        .iter()
+        .map(|c| port_status::component_input(&spec.family, c, None, &[]))
+        .collect();
+    let matches = coauthor::row_matches(text.as_deref().unwrap_or_default(), &inputs);
+    for (c, m) in inputs.iter().zip(&matches) {
+        println!("  {}: {}", c.name, c.command);
+        let show = |what: &str, row: &Option<(usize, String)>| match row {
+            Some((line, label)) => println!("      {what}: line {line}: {label}"),
+            None => println!("      {what}: new row"),
+        };
+        show("Component Matrix", &m.matrix);
+        show("Parity Commands", &m.parity);
+    }
+
+    if let Some(url) = &args.orchestrator {
+        println!(
+            "note: the state of a port on {url} is not read; the diff below comes from {}",
+            state_db(&repo).display()
+        );
+    }
+    let plan = recorded_plan(&repo, &spec)?;
+    match plan {
+        None => println!(
+            "no state recorded for {} in {}: fvd would write nothing now",
+            spec.family,
+            state_db(&repo).display()
+        ),
+        Some(Plan {
+            after: None,
+            skipped,
+            ..
+        }) => println!(
+            "fvd would write nothing now: {}",
+            skipped.unwrap_or_default()
+        ),
+        Some(Plan {
+            before,
+            after: Some(after),
+            ..
+        }) => {
+            let before = before.unwrap_or_default();
+            if before == after {
+                println!(
+                    "{}: fvd would leave it unchanged (from the recorded state)",
+                    shown.display()
+                );
+            } else {
+                println!(
+                    "{}: what fvd would write now (from the recorded state):",
+                    shown.display()
+                );
+                let name = shown.display().to_string();
+                print!(
+                    "{}",
+                    similar::TextDiff::from_lines(&before, &after)
+                        .unified_diff()
+                        .context_radius(2)
+                        .header(&format!("a/{name}"), &format!("b/{name}"))
+                );
+            }
+        }
+    }
+    Ok(if refused { 1 } else { 0 })
+}
+
+/// The write fvd would make from the recorded state, read from a copy of
+/// the database in a temporary folder; `None` when nothing is recorded.
+fn recorded_plan(repo: &Path, spec: &PortSpec) -> anyhow::Result<Option<Plan>> {
+    let db = state_db(repo);
+    if !db.is_file() {
+        return Ok(None);
+    }
+    let copy = TempDir::new()?;
+    for suffix in ["", "-wal"] {
+        let from = PathBuf::from(format!("{}{suffix}", db.display()));
+        if from.is_file() {
+            let to = copy.0.join(format!("state.db{suffix}"));
+            std::fs::copy(&from, &to)
+                .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+        }
+    }
+    let rt = runtime()?;
+    rt.block_on(async {
+        let store = Store::open_path(&copy.0.join("state.db")).await?;
+        if store.port(&spec.family).await?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(
+            port_status::plan(&store, &spec.family, Some((repo, spec))).await?,
+        ))
+    })
+}
+
+/// A folder of the system's temporary directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> anyhow::Result<Self> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = std::env::temp_dir().join(format!("fvd-dry-run-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
