@@ -262,7 +262,7 @@ impl Actor for ComponentSubagentActor {
                 // Never started: no run, no verdict of the code, no agent.
                 st.args.store.unplace_job(&job_id).await?;
                 st.job_id = None;
-                let reason = format!("unplaced: component {} {reason}", st.args.spec.name);
+                let reason = format!("unplaced: {reason}");
                 finish(st, "blocked", "unplaced", &reason, "").await?;
             }
             ComponentMsg::WorkerLost {

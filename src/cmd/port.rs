@@ -572,16 +572,31 @@ fn print_snapshot(s: &pb::PortSnapshot) {
         "port {}: {} at {}",
         s.family, s.state, s.phase
     ));
+    // The gate's latest refusal: why a blocked port stopped where it did.
+    if let Some(g) = s.gate_events.iter().rev().find(|g| g.outcome == "refused") {
+        say(format_args!("  gate refused {}:", g.phase));
+        for c in &g.conditions {
+            say(format_args!("    - {c}"));
+        }
+    }
     for c in &s.components {
         say(format_args!(
             "  {:<16} {:<14} runs={} {}",
             c.name, c.status, c.runs, c.reason
         ));
     }
-    for (cause, names) in environment_causes(s) {
+    for (cause, names) in grouped(s, "environment", "") {
         let n = names.len();
         say(format_args!(
             "{n} component{} could not run on {cause} ({})",
+            if n == 1 { "" } else { "s" },
+            names.join(", ")
+        ));
+    }
+    for (cause, names) in grouped(s, "blocked", "unplaced: ") {
+        let n = names.len();
+        say(format_args!(
+            "{n} component{} cannot run on this machine: {cause} ({})",
             if n == 1 { "" } else { "s" },
             names.join(", ")
         ));
@@ -617,14 +632,19 @@ fn print_snapshot(s: &pb::PortSnapshot) {
     }
 }
 
-/// Components waiting for an environment, grouped by their cause (`worker
-/// W: No module named 'torch'`), causes in order of first appearance.
-fn environment_causes(s: &pb::PortSnapshot) -> Vec<(String, Vec<String>)> {
+/// Components of `status` whose reason starts with `prefix`, grouped by
+/// the rest of it (the cause: `worker W: No module named 'torch'`, `needs 1
+/// GPU; this machine has none: …`), causes in order of first appearance:
+/// what the machine lacks is said once, not once per component.
+fn grouped(s: &pb::PortSnapshot, status: &str, prefix: &str) -> Vec<(String, Vec<String>)> {
     let mut out: Vec<(String, Vec<String>)> = Vec::new();
-    for c in s.components.iter().filter(|c| c.status == "environment") {
-        match out.iter_mut().find(|(cause, _)| *cause == c.reason) {
+    for c in s.components.iter().filter(|c| c.status == status) {
+        let Some(cause) = c.reason.strip_prefix(prefix) else {
+            continue;
+        };
+        match out.iter_mut().find(|(known, _)| known == cause) {
             Some((_, names)) => names.push(c.name.clone()),
-            None => out.push((c.reason.clone(), vec![c.name.clone()])),
+            None => out.push((cause.to_string(), vec![c.name.clone()])),
         }
     }
     out

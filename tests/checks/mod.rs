@@ -5,6 +5,7 @@
 //! assertions.
 
 pub mod contracts;
+pub mod fastvideo;
 pub mod trace;
 
 use std::process::Command;

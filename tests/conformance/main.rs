@@ -15,6 +15,7 @@
 #[path = "../checks/mod.rs"]
 mod checks;
 mod contracts;
+mod fastvideo;
 mod port_status;
 mod trace;
 

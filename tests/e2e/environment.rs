@@ -221,7 +221,12 @@ fn embedded_mode_refuses_what_this_machine_cannot_run_and_rereads_a_changed_spec
     assert_eq!(t["runs"], 0, "never started: {status:#}");
     assert_eq!(
         t["reason"],
-        "unplaced: component transformer needs 1 GPU; this machine has none: run it on a fleet or set gpus = 0"
+        "unplaced: needs 1 GPU; this machine has none: run it on a fleet or set gpus = 0"
+    );
+    assert!(
+        all.lines().any(|l| l
+            == "1 component cannot run on this machine: needs 1 GPU; this machine has none: run it on a fleet or set gpus = 0 (transformer)"),
+        "{all}"
     );
 
     // The porter follows the advice: the resumed port re-reads its spec,

@@ -9,6 +9,7 @@ mod checks;
 mod coauthor;
 mod contracts;
 mod environment;
+mod fastvideo_checkout;
 mod init;
 mod port;
 mod support;
