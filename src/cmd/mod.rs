@@ -4,6 +4,7 @@
 //! with the error printed once by `main`.
 
 pub mod contracts;
+pub mod dashboard;
 pub mod embedded;
 pub mod init;
 pub mod port;
@@ -68,6 +69,9 @@ pub enum Command {
     Orchestrator(server::OrchestratorCmd),
     /// Run a GPU worker that dials an orchestrator.
     Worker(server::WorkerArgs),
+    /// Serve the web dashboard of an embedded state (REPO/.fvd/state.db),
+    /// read-only, while or after `fvd submit` runs there.
+    Dashboard(dashboard::DashboardArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<u8> {
@@ -84,5 +88,6 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Answer(a) => port::answer(a),
         Command::Orchestrator(c) => server::serve(c),
         Command::Worker(a) => server::worker(a),
+        Command::Dashboard(a) => dashboard::run(a),
     }
 }
