@@ -7,6 +7,7 @@ mod agent;
 #[path = "../checks/mod.rs"]
 mod checks;
 mod contracts;
+mod dashboard;
 mod environment;
 mod init;
 mod port;
