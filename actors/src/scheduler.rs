@@ -18,6 +18,9 @@ use crate::component::ComponentMsg;
 use crate::model::{Assignment, JobRecord, JobReport, LogChunk, Placement, ToWorker, WorkerInfo};
 use crate::store::Store;
 
+mod fleet;
+pub use fleet::{FleetJob, FleetView, FleetWorker};
+
 /// How many times a job whose worker was lost is put back in the queue
 /// before its component gives up with `infra_error`.
 pub const MAX_INFRA_RETRIES: u32 = 3;
@@ -140,6 +143,9 @@ pub enum SchedulerMsg {
     Dispatch,
     /// Counts for status and tests: (workers, queued, running).
     Counts(ractor::RpcReplyPort<(usize, usize, usize)>),
+    /// The live fleet for the dashboard: workers, free slots, leases,
+    /// draining, the queue per port. Reads only.
+    Fleet(ractor::RpcReplyPort<FleetView>),
 }
 
 #[derive(Debug)]
@@ -464,6 +470,10 @@ impl Actor for SchedulerActor {
             SchedulerMsg::Counts(reply) => {
                 let running = st.jobs.values().filter(|e| e.lease.is_some()).count();
                 let _ = reply.send((st.workers.len(), st.queue.len(), running));
+                return Ok(());
+            }
+            SchedulerMsg::Fleet(reply) => {
+                let _ = reply.send(fleet::view(st));
                 return Ok(());
             }
         }

@@ -15,6 +15,7 @@ use sqlx::{Row, SqlitePool};
 use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, LogChunk, PortRow};
 use crate::worktree::Worktree;
 
+pub mod dashboard;
 pub mod traces;
 
 /// One agent attempt of the ledger (`agent_attempts`).

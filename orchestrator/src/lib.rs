@@ -3,6 +3,7 @@
 //! `fvd orchestrator serve` both start it through [`start`]; the only
 //! difference is who owns the process.
 
+pub mod dashboard;
 pub mod port_api;
 pub mod worker_api;
 

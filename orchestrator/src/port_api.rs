@@ -192,9 +192,20 @@ pub fn log_pump(
     job_id: String,
     follow: bool,
 ) -> mpsc::Receiver<Result<(i32, Vec<u8>), StoreError>> {
+    log_pump_after(store, job_id, follow, None)
+}
+
+/// [`log_pump`] from the chunk after sequence number `after` (the
+/// dashboard renders what is stored, then follows from there).
+pub fn log_pump_after(
+    store: Store,
+    job_id: String,
+    follow: bool,
+    after: Option<u64>,
+) -> mpsc::Receiver<Result<(i32, Vec<u8>), StoreError>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        let mut last: Option<u64> = None;
+        let mut last: Option<u64> = after;
         loop {
             // Read the state before the chunks: a run that had ended by then
             // has every chunk stored, so this read is the last one needed.

@@ -95,6 +95,12 @@ impl Token {
         f.write_all(self.0.as_bytes())
     }
 
+    /// Whether `candidate` is this token, compared in constant time (the
+    /// dashboard's answer form; gRPC calls go through [`ServerAuth`]).
+    pub fn verify(&self, candidate: &str) -> bool {
+        constant_time_eq(candidate.trim().as_bytes(), self.0.as_bytes())
+    }
+
     fn header(&self) -> MetadataValue<Ascii> {
         format!("Bearer {}", self.0)
             .parse()
@@ -187,6 +193,16 @@ mod tests {
         assert!(server.call(wrong).is_err());
         let right = ClientAuth::new(Some(token)).call(Request::new(())).unwrap();
         assert!(server.call(right).is_ok());
+    }
+
+    #[test]
+    fn verify_accepts_only_the_token_itself() {
+        let t = Token("s3cret-value".into());
+        assert!(t.verify("s3cret-value"));
+        assert!(t.verify("s3cret-value\n"));
+        assert!(!t.verify("s3cret-valuE"));
+        assert!(!t.verify("s3cret"));
+        assert!(!t.verify(""));
     }
 
     #[test]

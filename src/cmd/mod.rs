@@ -4,6 +4,7 @@
 //! with the error printed once by `main`.
 
 pub mod contracts;
+pub mod dashboard;
 pub mod dry_run;
 pub mod embedded;
 pub mod init;
@@ -69,6 +70,9 @@ pub enum Command {
     Orchestrator(server::OrchestratorCmd),
     /// Run a GPU worker that dials an orchestrator.
     Worker(server::WorkerArgs),
+    /// Serve the web dashboard of an embedded state (REPO/.fvd/state.db),
+    /// read-only, while or after `fvd submit` runs there.
+    Dashboard(dashboard::DashboardArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<u8> {
@@ -85,5 +89,6 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Answer(a) => port::answer(a),
         Command::Orchestrator(c) => server::serve(c),
         Command::Worker(a) => server::worker(a),
+        Command::Dashboard(a) => dashboard::run(a),
     }
 }

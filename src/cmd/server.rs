@@ -82,6 +82,11 @@ pub struct ServeArgs {
     /// Private key (PEM) of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Also serve the web dashboard (plain HTTP) on this address, e.g.
+    /// 127.0.0.1:7080; off unless given. Answers from it need --token's
+    /// value when a token is set.
+    #[arg(long, value_name = "ADDR")]
+    pub dashboard: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -150,7 +155,7 @@ fn drain(workspace: &std::path::Path) -> anyhow::Result<u8> {
 
 /// Resolves on Ctrl-C or SIGTERM: both end a server or worker normally, so
 /// `main` flushes buffered spans and metrics before the process exits.
-async fn interrupted() {
+pub async fn interrupted() {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {
@@ -253,7 +258,7 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
             _ => None,
         };
         let mut config = fvd_orchestrator::ServerConfig {
-            token,
+            token: token.clone(),
             tls,
             ..Default::default()
         };
@@ -261,6 +266,25 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
         let server = fvd_orchestrator::start(listener, store, config).await?;
         // The first line names the address, so scripts can use port 0.
         println!("fvd orchestrator listening on {}", server.url());
+        let _dashboard = match &args.dashboard {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} for the dashboard"))?;
+                let dash = fvd_orchestrator::dashboard::Dashboard::live(&server, token.clone());
+                let d = fvd_orchestrator::dashboard::serve(listener, dash)
+                    .context("cannot start the dashboard")?;
+                if token.is_some() && !fvd_orchestrator::dashboard::is_loopback(&d.addr) {
+                    eprintln!(
+                        "fvd: warning: the dashboard on {} speaks plain HTTP: a token typed into its answer form crosses the network in clear (bind it to loopback and use a tunnel)",
+                        d.addr
+                    );
+                }
+                println!("fvd dashboard on {}", d.url());
+                Some(d)
+            }
+            None => None,
+        };
         tokio::select! {
             r = server.wait() => r.map_err(|e| anyhow::anyhow!("server stopped: {e}"))?,
             _ = interrupted() => {}

@@ -38,7 +38,7 @@ pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
 
 /// A copy of `examples/tinyport` made into its own git repository, with
 /// `edit` applied to its port.toml before the first commit.
-fn example_repo(sb: &Sandbox, edit: impl Fn(String) -> String) -> String {
+pub(crate) fn example_repo(sb: &Sandbox, edit: impl Fn(String) -> String) -> String {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tinyport");
     copy_tree(&example, sb.repo());
     let spec = sb.repo().join("tests/local_tests/tinyport/port.toml");

@@ -8,6 +8,7 @@ mod agent;
 mod checks;
 mod coauthor;
 mod contracts;
+mod dashboard;
 mod environment;
 mod fastvideo_checkout;
 mod init;

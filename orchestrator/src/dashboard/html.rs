@@ -1,0 +1,597 @@
+//! The pages, server-side, with maud: every interpolated value is
+//! HTML-escaped by the macro, so a reason, a log line or a diff can never
+//! become markup. A page is a layout around live sections; each section is
+//! rendered by one function that both the page and its event stream call,
+//! so an update is the same markup the page would have on a reload.
+
+use std::hash::{Hash, Hasher};
+
+use fvd_actors::store::AttemptRow;
+use fvd_actors::store::traces::TraceInvestigation;
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+
+use super::views::{
+    ComponentPage, ComponentView, IndexView, LogView, PortView, QuestionView, WorkersView,
+};
+
+/// What the pages may offer besides reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No orchestrator in this process (`fvd dashboard --repo`): no form.
+    ReadOnly,
+    /// Answers go to the orchestrator; `token` says whether it wants its
+    /// bearer token with each.
+    Answer { token: bool },
+}
+
+/// A live section: the page's element and the payload of its updates
+/// carry the same hash, so a client replaces only what changed.
+pub struct Section {
+    pub id: &'static str,
+    pub html: String,
+}
+
+impl Section {
+    pub fn new(id: &'static str, inner: Markup) -> Self {
+        Section {
+            id,
+            html: inner.into_string(),
+        }
+    }
+
+    pub fn hash(&self) -> String {
+        let mut h = std::hash::DefaultHasher::new();
+        self.html.hash(&mut h);
+        format!("{:016x}", h.finish())
+    }
+
+    fn render(&self) -> Markup {
+        html! {
+            div id=(self.id) data-live data-hash=(self.hash()) { (PreEscaped(&self.html)) }
+        }
+    }
+}
+
+/// `2024-05-01 12:03:04Z` from milliseconds since the epoch; empty for 0.
+pub fn time(ms: i64) -> String {
+    if ms <= 0 {
+        return String::new();
+    }
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn duration(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else if ms < 60_000 {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    } else {
+        format!("{}m{:02}s", ms / 60_000, ms % 60_000 / 1000)
+    }
+}
+
+/// Percent-encodes a path segment (families and components are plain
+/// names, but a link must not break on an odd one).
+pub fn seg(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn status(s: &str) -> Markup {
+    html! { span class={ "st st-" (s) } { (s) } }
+}
+
+fn layout(title: &str, events: &str, mode: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · fvd" }
+                link rel="stylesheet" href="/assets/dashboard.css";
+                script src="/assets/dashboard.js" defer {}
+            }
+            body data-events=(events) {
+                header {
+                    a.brand href="/" { "fvd" }
+                    nav { a href="/" { "ports" } a href="/workers" { "workers" } }
+                    span.mode { (mode) }
+                    span #live title="live updates" { "○ connecting" }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+// ----- index ----------------------------------------------------------------
+
+pub fn index_sections(v: &IndexView) -> Vec<Section> {
+    vec![Section::new(
+        "ports",
+        html! {
+            @if v.ports.is_empty() {
+                p.empty { "No port yet: " code { "fvd submit --family F" } " starts one." }
+            } @else {
+                table {
+                    thead { tr { th { "family" } th { "phase" } th { "state" } th { "components" } th { "questions" } th { "started" } th { "updated" } } }
+                    tbody {
+                        @for p in &v.ports {
+                            tr data-family=(p.family) {
+                                td { a href={ "/ports/" (seg(&p.family)) } { (p.family) } }
+                                td { (p.phase) }
+                                td { (status(&p.state)) }
+                                td.counts {
+                                    @for (s, n) in &p.counts { span class={ "count st-" (s) } { (n) " " (s) } " " }
+                                }
+                                td { @if p.open_questions > 0 { span.st.st-ask_user { (p.open_questions) " open" } } }
+                                td.t { (time(p.created_ms)) }
+                                td.t { (time(p.updated_ms)) }
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )]
+}
+
+pub fn index_page(v: &IndexView, mode: &str) -> Markup {
+    let sections = index_sections(v);
+    layout(
+        "ports",
+        "/events",
+        mode,
+        html! {
+            h1 { "Ports" }
+            @for s in &sections { (s.render()) }
+            p.twin { "JSON: " a href="/api/ports" { "/api/ports" } }
+        },
+    )
+}
+
+// ----- port -----------------------------------------------------------------
+
+fn gpus(c: &ComponentView) -> String {
+    if c.gpus.is_empty() {
+        if c.gpus_needed > 0 {
+            format!("{} wanted", c.gpus_needed)
+        } else {
+            String::new()
+        }
+    } else {
+        c.gpus
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+fn question(family: &str, q: &QuestionView, access: Access) -> Markup {
+    html! {
+        article.question id={ "q-" (q.id) } data-status=(q.status) {
+            h3 { (q.id) " · " (q.component) " · " (status(&q.status)) @if !q.decision_type.is_empty() { " · " (q.decision_type) } }
+            p { (q.question) }
+            @if !q.recommended.is_empty() { p.rec { "recommended: " (q.recommended) } }
+            @if q.status == "open" {
+                @match access {
+                    Access::ReadOnly => {
+                        ol { @for o in &q.options { li { (o) } } }
+                        p.note { "Read-only dashboard: answer with " code { "fvd answer " (family) " " (q.id) " --option N" } "." }
+                    }
+                    Access::Answer { token } => {
+                        form.answer method="post" action={ "/ports/" (seg(family)) "/answer" } {
+                            input type="hidden" name="id" value=(q.id);
+                            @for (i, o) in q.options.iter().enumerate() {
+                                label.option {
+                                    input type="radio" name="option" value=(i + 1) required[i == 0];
+                                    " " (i + 1) ". " (o)
+                                }
+                            }
+                            label.option { input type="radio" name="option" value="0"; " other: " input type="text" name="text" placeholder="your answer"; }
+                            @if token {
+                                label.token { "orchestrator token " input type="password" name="token" autocomplete="off" required; }
+                            }
+                            button type="submit" { "answer " (q.id) }
+                            output.result {}
+                        }
+                    }
+                }
+            } @else if !q.answer.is_empty() {
+                p { "answer: " strong { (q.answer) } }
+            }
+        }
+    }
+}
+
+pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
+    let head = html! {
+        p.head {
+            "state " (status(&v.state)) " · phase " strong { (v.phase) }
+            " · started " span.t { (time(v.created_ms)) } " · updated " span.t { (time(v.updated_ms)) }
+        }
+        @if !v.port_status_path.is_empty() { p.path { "status file: " code { (v.port_status_path) } } }
+    };
+    let phases = html! {
+        ol.phases {
+            @for p in &v.phases {
+                li class={ "ph ph-" (if p.outcome.is_empty() { "none" } else { &p.outcome }) @if p.current { " current" } }
+                    title={ (p.id) " " (p.name) @if !p.outcome.is_empty() { ": " (p.outcome) " " (time(p.at_ms)) } } {
+                    b { (p.id) } span { (p.name) }
+                }
+            }
+        }
+        @if !v.refusals.is_empty() {
+            ul.refusals {
+                @for r in &v.refusals {
+                    li {
+                        (status(&r.outcome)) " " b { (r.phase) } " " span.t { (time(r.at_ms)) }
+                        @if !r.conditions.is_empty() { ul { @for c in &r.conditions { li { (c) } } } }
+                    }
+                }
+            }
+        }
+    };
+    let matrix = html! {
+        table.matrix {
+            thead { tr { th { "component" } th { "status" } th { "runs" } th { "worker" } th { "GPUs" } th { "last reason" } th { "time" } } }
+            tbody {
+                @for c in &v.components {
+                    tr id={ "c-" (c.name) } data-component=(c.name) data-status=(c.status) data-updated-ms=(c.updated_ms) {
+                        td { a href={ "/ports/" (seg(&v.family)) "/components/" (seg(&c.name)) } { (c.name) } }
+                        td { (status(&c.status)) }
+                        td.n { (c.runs) }
+                        td.w { (c.worker_id) }
+                        td.w { (gpus(c)) }
+                        td.reason { (c.reason) }
+                        td.t { (time(c.updated_ms)) }
+                    }
+                }
+            }
+        }
+    };
+    let questions = html! {
+        @if v.questions.is_empty() {
+            p.empty { "No question asked." }
+        } @else {
+            @for q in &v.questions { (question(&v.family, q, access)) }
+        }
+    };
+    vec![
+        Section::new("port-head", head),
+        Section::new("phases", phases),
+        Section::new("matrix", matrix),
+        Section::new("questions", questions),
+    ]
+}
+
+pub fn port_page(v: &PortView, access: Access, mode: &str) -> Markup {
+    let s = port_sections(v, access);
+    let f = seg(&v.family);
+    layout(
+        &v.family,
+        &format!("/ports/{f}/events"),
+        mode,
+        html! {
+            h1 { "Port " (v.family) }
+            (s[0].render())
+            h2 { "Phases" }
+            (s[1].render())
+            h2 { "Components" }
+            (s[2].render())
+            h2 { "Questions" }
+            (s[3].render())
+            p.twin { "JSON: " a href={ "/api/ports/" (f) } { "/api/ports/" (v.family) } }
+        },
+    )
+}
+
+// ----- component ------------------------------------------------------------
+
+fn diff(text: &str) -> Markup {
+    html! {
+        pre.diff {
+            @for line in text.lines() {
+                @let class = if line.starts_with("+++") || line.starts_with("---") { "h" }
+                    else if line.starts_with('+') { "add" }
+                    else if line.starts_with('-') { "del" }
+                    else if line.starts_with("@@") { "hunk" }
+                    else { "" };
+                span class=(class) { (line) } "\n"
+            }
+        }
+    }
+}
+
+fn attempts(v: &[AttemptRow]) -> Markup {
+    html! {
+        @if v.is_empty() {
+            p.empty { "No agent attempt." }
+        } @else {
+            @for a in v {
+                details.attempt {
+                    summary {
+                        b { "attempt " (a.attempt) } " " (a.kind) " · " (a.state)
+                        " · " (status(&a.verdict_before)) " → " (status(if a.verdict_after.is_empty() { "pending" } else { &a.verdict_after }))
+                        " · handoff " (a.handoff_status)
+                        @if a.tries > 1 { " · tries " (a.tries) }
+                        " · " (duration(a.duration_ms))
+                        @if !a.commit_sha.is_empty() { " · " code { (a.commit_sha.get(..10).unwrap_or(&a.commit_sha)) } }
+                    }
+                    @if !a.handoff_summary.is_empty() { p { (a.handoff_summary) } }
+                    @if !a.reason_after.is_empty() { p.reason { "after: " (a.reason_after) } }
+                    @if !a.diff_stat.is_empty() { pre.stat { (a.diff_stat) } }
+                    @if a.diff.is_empty() { p.empty { "empty diff" } } @else { (diff(&a.diff)) }
+                }
+            }
+        }
+    }
+}
+
+fn trace(family: &str, component: &str, t: &Option<TraceInvestigation>) -> Markup {
+    html! {
+        @match t {
+            None => { p.empty { "Not traced." } }
+            Some(t) => {
+                p { (status(&t.state)) " " (t.outcome) " · investigated run " code { (t.job_id) } " · " span.t { (time(t.started_ms)) } }
+                @if !t.summary.is_empty() { p.reason { (t.summary) } }
+                @for s in &t.steps {
+                    section.step {
+                        h4 { "step " (s.step) ": " code { (s.layers) } @if !s.first_module.is_empty() { " → first divergent " code { (s.first_module) } } }
+                        @if !s.error.is_empty() { p.reason { (s.error) } }
+                        @if s.report.is_some() {
+                            img.plot src={ "/ports/" (seg(family)) "/components/" (seg(component)) "/trace/" (s.step) "/plot.svg" }
+                                alt={ "drift plot of step " (s.step) } loading="lazy";
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn runs(v: &ComponentPage) -> Markup {
+    let base = format!(
+        "/ports/{}/components/{}",
+        seg(&v.family),
+        seg(&v.component.name)
+    );
+    html! {
+        table.runs {
+            thead { tr { th { "run" } th { "state" } th { "verdict" } th { "worker" } th { "started" } th { "took" } th { "reason" } } }
+            tbody {
+                @for r in v.runs.iter().rev() {
+                    tr {
+                        td { a href={ (base) "?run=" (r.run_no) } { (r.run_no) } }
+                        td { (r.state) }
+                        td { @if !r.verdict.is_empty() { (status(&r.verdict)) } }
+                        td.w { (r.worker_id) }
+                        td.t { (time(r.started_ms.unwrap_or(0))) }
+                        td.w { @if let Some(d) = r.duration_ms { (duration(d)) } }
+                        td.reason { (r.reason) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub fn component_sections(v: &ComponentPage) -> Vec<Section> {
+    let c = &v.component;
+    vec![
+        Section::new(
+            "component-head",
+            html! {
+                p.head { (status(&c.status)) " · " (c.runs) " run(s)" @if !c.worker_id.is_empty() { " · worker " (c.worker_id) } " · updated " span.t { (time(c.updated_ms)) } }
+                @if !c.reason.is_empty() { p.reason { (c.reason) } }
+            },
+        ),
+        Section::new("runs", runs(v)),
+        Section::new("attempts", attempts(&v.attempts)),
+        Section::new("trace", trace(&v.family, &c.name, &v.trace)),
+    ]
+}
+
+fn log(family: &str, component: &str, l: &Option<LogView>) -> Markup {
+    html! {
+        @match l {
+            None => { p.empty { "No run yet." } }
+            Some(l) => {
+                p { "run " (l.run_no) " · " code { (l.job_id) }
+                    @if l.following { " · " span.following { "following" } }
+                    @if l.cut { " · earlier output left out (" code { "fvd logs " (family) " " (component) " --run " (l.run_no) } ")" } }
+                pre #log data-follow=[l.following.then(|| format!(
+                    "/ports/{}/components/{}/log?run={}{}", seg(family), seg(component), l.run_no,
+                    l.last_seq.map(|s| format!("&after={s}")).unwrap_or_default()))] { (l.text) }
+            }
+        }
+    }
+}
+
+pub fn component_page(v: &ComponentPage, mode: &str) -> Markup {
+    let s = component_sections(v);
+    let f = seg(&v.family);
+    let c = seg(&v.component.name);
+    layout(
+        &format!("{} · {}", v.component.name, v.family),
+        &format!("/ports/{f}/components/{c}/events"),
+        mode,
+        html! {
+            p.crumbs { a href={ "/ports/" (f) } { "← port " (v.family) } }
+            h1 { "Component " (v.component.name) }
+            (s[0].render())
+            h2 { "Output" }
+            (log(&v.family, &v.component.name, &v.log))
+            h2 { "Runs" }
+            (s[1].render())
+            h2 { "Agent attempts" }
+            @if let Some(w) = &v.worktree { p.path { "worktree " code { (w.path) } " · branch " code { (w.branch) } } }
+            (s[2].render())
+            h2 { "Trace drill-down" }
+            (s[3].render())
+            p.twin { "JSON: " a href={ "/api/ports/" (f) "/components/" (c) } { "/api/ports/" (v.family) "/components/" (v.component.name) } }
+        },
+    )
+}
+
+// ----- workers --------------------------------------------------------------
+
+pub fn workers_sections(v: &WorkersView) -> Vec<Section> {
+    let body = html! {
+        @if let Some(f) = &v.fleet {
+            @if f.workers.is_empty() { p.empty { "No worker connected." } }
+            @for w in &f.workers {
+                article.worker data-worker=(w.worker_id) {
+                    h3 { (w.worker_id) " · " (w.host)
+                        @if w.draining { " · " span.st.st-draining { "draining" } }
+                        " · heartbeat " span.t { (time(w.last_seen_ms)) } }
+                    p {
+                        "GPUs: " @if w.gpus.is_empty() { "none" }
+                        @for g in &w.gpus {
+                            span class={ "gpu " @if w.free_gpus.contains(&g.index) { "free" } @else { "busy" } }
+                                title={ (g.name) " " (g.memory_mib) " MiB" } { (g.index) } " "
+                        }
+                        " · CPU slots " (w.free_cpu) "/" (w.cpu_slots) " free"
+                        @for (k, val) in &w.labels { " · " code { (k) "=" (val) } }
+                    }
+                    @if !w.jobs.is_empty() {
+                        table {
+                            thead { tr { th { "job" } th { "port" } th { "component" } th { "epoch" } th { "GPUs" } } }
+                            tbody { @for j in &w.jobs { tr {
+                                td { code { (j.job_id) } }
+                                td { a href={ "/ports/" (seg(&j.family)) } { (j.family) } }
+                                td { (j.component) }
+                                td.n { (j.lease_epoch) }
+                                td { (j.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")) }
+                            } } }
+                        }
+                    }
+                }
+            }
+            @if !f.queued.is_empty() {
+                p { "queued: " @for (fam, n) in &f.queued { (fam) " " (n) " " } }
+            }
+        } @else {
+            p.note { "No live scheduler in this process: the workers table as stored (what each worker announced when it registered) and the leases the store records." }
+            table {
+                thead { tr { th { "worker" } th { "host" } th { "GPUs" } th { "CPU slots" } th { "registered" } } }
+                tbody { @for w in &v.stored { tr {
+                    td { (w.worker_id) } td { (w.host) }
+                    td { @for g in &w.gpus { span.gpu title={ (g.name) " " (g.memory_mib) " MiB" } { (g.index) } " " } }
+                    td.n { (w.cpu_slots) } td.t { (time(w.registered_ms)) }
+                } } }
+            }
+            @if !v.leased.is_empty() {
+                h3 { "Leased runs" }
+                table {
+                    thead { tr { th { "job" } th { "worker" } th { "epoch" } th { "GPUs" } th { "started" } } }
+                    tbody { @for j in &v.leased { tr {
+                        td { a href={ "/ports/" (seg(&j.family)) "/components/" (seg(&j.component)) } { (j.job_id) } }
+                        td { (j.worker_id) } td.n { (j.lease_epoch) }
+                        td { (j.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")) }
+                        td.t { (time(j.started_ms.unwrap_or(0))) }
+                    } } }
+                }
+            }
+        }
+    };
+    vec![Section::new("workers", body)]
+}
+
+pub fn workers_page(v: &WorkersView, mode: &str) -> Markup {
+    let s = workers_sections(v);
+    layout(
+        "workers",
+        "/workers/events",
+        mode,
+        html! {
+            h1 { "Workers" }
+            (s[0].render())
+            p.twin { "JSON: " a href="/api/workers" { "/api/workers" } }
+        },
+    )
+}
+
+/// A page for an error (unknown port, refused answer) with a way back.
+pub fn error_page(title: &str, message: &str, back: &str, mode: &str) -> Markup {
+    layout(
+        title,
+        "",
+        mode,
+        html! {
+            h1 { (title) }
+            p.reason { (message) }
+            p { a href=(back) { "back" } }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_utc_civil_dates() {
+        assert_eq!(time(0), "");
+        assert_eq!(time(1_000), "1970-01-01 00:00:01Z");
+        assert_eq!(time(951_782_400_000), "2000-02-29 00:00:00Z");
+        assert_eq!(time(1_735_689_599_000), "2024-12-31 23:59:59Z");
+    }
+
+    #[test]
+    fn values_are_escaped_and_segments_encoded() {
+        let v = PortView {
+            family: "f".into(),
+            state: "running".into(),
+            phase: "P6".into(),
+            repo: String::new(),
+            port_status_path: String::new(),
+            created_ms: 0,
+            updated_ms: 0,
+            phases: Vec::new(),
+            refusals: Vec::new(),
+            components: vec![ComponentView {
+                name: "a/b".into(),
+                status: "blocked".into(),
+                reason: "<script>alert(1)</script>".into(),
+                ..ComponentView::default()
+            }],
+            questions: Vec::new(),
+        };
+        let s = port_sections(&v, Access::ReadOnly);
+        let matrix = &s[2].html;
+        assert!(!matrix.contains("<script>"), "{matrix}");
+        assert!(matrix.contains("&lt;script&gt;"));
+        assert!(matrix.contains("/components/a%2Fb"));
+        assert_eq!(
+            s[2].hash(),
+            Section::new("matrix", PreEscaped(matrix.clone())).hash()
+        );
+    }
+}

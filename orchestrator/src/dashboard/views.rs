@@ -1,0 +1,406 @@
+//! What each page shows, gathered from the store (and the scheduler for
+//! the live fleet) into plain serialisable values. The HTML pages render
+//! these values and the JSON twins return them as they are, so a page and
+//! its twin never disagree. Port data comes from [`port_api::snapshot`];
+//! only what the snapshot leaves out (times, leased GPUs) is read beside it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use fvd_actors::scheduler::{FleetView, SchedulerMsg};
+use fvd_actors::store::dashboard::{LeasedJob, StoredWorker};
+use fvd_actors::store::traces::TraceInvestigation;
+use fvd_actors::store::{AttemptRow, Store, StoreError};
+use fvd_contracts::Phase;
+use fvd_proto::v1 as pb;
+use serde::Serialize;
+
+use crate::port_api;
+
+/// How much of a run's output a page carries; `fvd logs` has the rest.
+pub const LOG_PAGE_BYTES: usize = 512 * 1024;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct IndexView {
+    pub ports: Vec<PortSummary>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PortSummary {
+    pub family: String,
+    pub phase: String,
+    pub state: String,
+    /// Components per status (`non_skip_pass`, `blocked`, `running`, …).
+    pub counts: BTreeMap<String, usize>,
+    pub components: usize,
+    pub open_questions: usize,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PortView {
+    pub family: String,
+    pub state: String,
+    pub phase: String,
+    pub repo: String,
+    pub port_status_path: String,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+    /// P0..P11, each with its latest gate outcome.
+    pub phases: Vec<PhaseView>,
+    /// The gate's refusals and pending decisions with their reasons,
+    /// newest first.
+    pub refusals: Vec<GateView>,
+    pub components: Vec<ComponentView>,
+    pub questions: Vec<QuestionView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseView {
+    pub id: String,
+    pub name: String,
+    /// `entered`, `passed`, `refused`, `pending`, or empty when the gate
+    /// never decided it.
+    pub outcome: String,
+    pub at_ms: i64,
+    pub current: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GateView {
+    pub phase: String,
+    pub outcome: String,
+    pub conditions: Vec<String>,
+    pub at_ms: i64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ComponentView {
+    pub name: String,
+    pub status: String,
+    pub reason: String,
+    pub runs: u32,
+    pub worker_id: String,
+    pub gpus_needed: u32,
+    /// Host GPU indices of the latest run's lease.
+    pub gpus: Vec<u32>,
+    pub updated_ms: i64,
+    /// Latest run: its number and state (`running`, `finished`, …).
+    pub run_no: u32,
+    pub job_state: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QuestionView {
+    pub id: String,
+    pub component: String,
+    pub decision_type: String,
+    pub question: String,
+    pub recommended: String,
+    pub options: Vec<String>,
+    pub status: String,
+    pub answer: String,
+    pub attempt: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ComponentPage {
+    pub family: String,
+    pub port_state: String,
+    pub component: ComponentView,
+    pub runs: Vec<RunView>,
+    pub log: Option<LogView>,
+    pub worktree: Option<WorktreeView>,
+    pub attempts: Vec<AttemptRow>,
+    pub trace: Option<TraceInvestigation>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunView {
+    pub run_no: u32,
+    pub job_id: String,
+    pub state: String,
+    pub verdict: String,
+    pub reason: String,
+    pub worker_id: String,
+    pub exit_code: Option<i32>,
+    pub duration_ms: Option<u64>,
+    pub queued_ms: i64,
+    pub started_ms: Option<i64>,
+    pub finished_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LogView {
+    pub run_no: u32,
+    pub job_id: String,
+    /// The run is still going: the page follows its output.
+    pub following: bool,
+    /// Sequence number of the last chunk in `text` (the page follows from
+    /// the next one); `None` when nothing is stored yet.
+    pub last_seq: Option<u64>,
+    /// Earlier output was left out to keep the page small.
+    pub cut: bool,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorktreeView {
+    pub path: String,
+    pub branch: String,
+    pub base_commit: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkersView {
+    /// A scheduler runs in this process: `fleet` is what it knows now.
+    pub live: bool,
+    pub fleet: Option<FleetView>,
+    /// The `workers` table (what workers announced when they registered)
+    /// and the leases the store records: all there is without a live
+    /// scheduler.
+    pub stored: Vec<StoredWorker>,
+    pub leased: Vec<LeasedJob>,
+}
+
+/// The index: every port with its counts.
+pub async fn index(store: &Store) -> Result<IndexView, StoreError> {
+    let times = store.port_times().await?;
+    let mut ports = Vec::new();
+    for p in store.ports().await? {
+        let Some(snap) = port_api::snapshot(store, &p.family).await? else {
+            continue;
+        };
+        let mut counts = BTreeMap::new();
+        for c in &snap.components {
+            *counts.entry(c.status.clone()).or_insert(0) += 1;
+        }
+        let t = times.get(&snap.family).cloned().unwrap_or_default();
+        ports.push(PortSummary {
+            components: snap.components.len(),
+            open_questions: snap.escapes.iter().filter(|e| e.status == "open").count(),
+            family: snap.family,
+            phase: snap.phase,
+            state: snap.state,
+            counts,
+            created_ms: t.created_ms,
+            updated_ms: t.updated_ms,
+        });
+    }
+    Ok(IndexView { ports })
+}
+
+fn phases(snap: &pb::PortSnapshot) -> Vec<PhaseView> {
+    (0..=11u8)
+        .filter_map(Phase::from_number)
+        .map(|ph| {
+            let id = ph.id();
+            let last = snap.gate_events.iter().rev().find(|g| g.phase == id);
+            PhaseView {
+                current: snap.phase == id,
+                name: ph.name().to_string(),
+                outcome: last.map(|g| g.outcome.clone()).unwrap_or_default(),
+                at_ms: last.map_or(0, |g| g.at_ms),
+                id,
+            }
+        })
+        .collect()
+}
+
+/// One port's page; `None` when there is no such port.
+pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, StoreError> {
+    let Some(snap) = port_api::snapshot(store, family).await? else {
+        return Ok(None);
+    };
+    let times = store.port_times().await?;
+    let mut ctimes = store.component_times(family).await?;
+    let t = times.get(family).cloned().unwrap_or_default();
+    let components = snap
+        .components
+        .iter()
+        .map(|c| {
+            let ct = ctimes.remove(&c.name).unwrap_or_default();
+            ComponentView {
+                name: c.name.clone(),
+                status: c.status.clone(),
+                reason: c.reason.clone(),
+                runs: c.runs,
+                worker_id: c.worker_id.clone(),
+                gpus_needed: ct.gpus_needed,
+                gpus: ct.gpus,
+                updated_ms: ct.updated_ms,
+                run_no: ct.run_no,
+                job_state: ct.job_state,
+            }
+        })
+        .collect();
+    let refusals = snap
+        .gate_events
+        .iter()
+        .rev()
+        .filter(|g| g.outcome == "refused" || g.outcome == "pending")
+        .map(|g| GateView {
+            phase: g.phase.clone(),
+            outcome: g.outcome.clone(),
+            conditions: g.conditions.clone(),
+            at_ms: g.at_ms,
+        })
+        .collect();
+    let questions = snap
+        .escapes
+        .iter()
+        .map(|e| QuestionView {
+            id: e.id.clone(),
+            component: e.component.clone(),
+            decision_type: e.decision_type.clone(),
+            question: e.question.clone(),
+            recommended: e.recommended.clone(),
+            options: e.options.clone(),
+            status: e.status.clone(),
+            answer: e.answer.clone(),
+            attempt: e.attempt,
+        })
+        .collect();
+    Ok(Some(PortView {
+        phases: phases(&snap),
+        family: snap.family,
+        state: snap.state,
+        phase: snap.phase,
+        repo: snap.repo,
+        port_status_path: snap.port_status_path,
+        created_ms: t.created_ms,
+        updated_ms: t.updated_ms,
+        refusals,
+        components,
+        questions,
+    }))
+}
+
+/// Keeps the last `max` bytes of `text`, cut at a line start when one is
+/// near; returns whether anything was cut.
+fn tail(text: String, max: usize) -> (String, bool) {
+    if text.len() <= max {
+        return (text, false);
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    if let Some(nl) = text[start..].find('\n') {
+        start += nl + 1;
+    }
+    (text[start..].to_string(), true)
+}
+
+/// One component's page: runs, the output of run `run` (the latest when
+/// `None`), the attempt ledger and the latest trace investigation. `None`
+/// when the port or the component does not exist.
+pub async fn component(
+    store: &Store,
+    family: &str,
+    name: &str,
+    run: Option<u32>,
+) -> Result<Option<ComponentPage>, StoreError> {
+    let Some(port) = port(store, family).await? else {
+        return Ok(None);
+    };
+    let Some(component) = port.components.into_iter().find(|c| c.name == name) else {
+        return Ok(None);
+    };
+    let jobs = store.jobs_of(family, name).await?;
+    let chosen = match run {
+        Some(n) => jobs.iter().find(|j| j.run_no == n),
+        None => jobs.last(),
+    };
+    let log = match chosen {
+        Some(j) => {
+            let chunks = store.logs(&j.job_id, None).await?;
+            let last_seq = chunks.last().map(|(seq, _, _)| *seq);
+            let bytes: Vec<u8> = chunks.into_iter().flat_map(|(_, _, d)| d).collect();
+            let (text, cut) = tail(String::from_utf8_lossy(&bytes).into_owned(), LOG_PAGE_BYTES);
+            Some(LogView {
+                run_no: j.run_no,
+                job_id: j.job_id.clone(),
+                following: j.state == "queued" || j.state == "running",
+                last_seq,
+                cut,
+                text,
+            })
+        }
+        None => None,
+    };
+    let runs = jobs
+        .iter()
+        .map(|j| RunView {
+            run_no: j.run_no,
+            job_id: j.job_id.clone(),
+            state: j.state.clone(),
+            verdict: j.verdict.clone(),
+            reason: j.reason.clone(),
+            worker_id: j.worker_id.clone(),
+            exit_code: j.exit_code,
+            duration_ms: j.duration_ms,
+            queued_ms: j.queued_ms,
+            started_ms: j.started_ms,
+            finished_ms: j.finished_ms,
+        })
+        .collect();
+    let worktree = store.worktree(family, name).await?.map(|w| WorktreeView {
+        path: w.path.display().to_string(),
+        branch: w.branch,
+        base_commit: w.base_commit,
+    });
+    Ok(Some(ComponentPage {
+        family: family.to_string(),
+        port_state: port.state,
+        component,
+        runs,
+        log,
+        worktree,
+        attempts: store.attempts(family, name).await?,
+        trace: store.latest_trace(family, name).await?,
+    }))
+}
+
+/// The fleet: live from the scheduler when one runs in this process, and
+/// the stored tables in any case.
+pub async fn workers(
+    store: &Store,
+    scheduler: Option<&ractor::ActorRef<SchedulerMsg>>,
+) -> Result<WorkersView, StoreError> {
+    let fleet = match scheduler {
+        Some(s) => match s
+            .call(SchedulerMsg::Fleet, Some(Duration::from_secs(5)))
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(v)) => Some(v),
+            _ => None,
+        },
+        None => None,
+    };
+    Ok(WorkersView {
+        live: scheduler.is_some(),
+        fleet,
+        stored: store.stored_workers().await?,
+        leased: store.leased_jobs().await?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_log_keeps_its_tail_from_a_line_start() {
+        let text = "first line\nsecond line\nthird\n".to_string();
+        assert_eq!(tail(text.clone(), 100), (text, false));
+        let (t, cut) = tail("aaaa\nbbbb\ncccc\n".to_string(), 7);
+        assert!(cut);
+        assert_eq!(t, "cccc\n");
+        // A cut inside a multi-byte character moves to the next boundary.
+        let (t, cut) = tail("ééé\nxy".to_string(), 5);
+        assert!(cut);
+        assert_eq!(t, "xy");
+    }
+}

@@ -1,0 +1,530 @@
+//! The web dashboard (issue #16), in a real browser: Debian's headless
+//! Chromium driven through its chromedriver (WebDriver) watches the example
+//! port's matrix change while a fleet (`fvd orchestrator serve --dashboard`
+//! and an `fvd worker`) runs it, is refused an answer without the token,
+//! answers E001 from the page with it, sees the port resume and end, and
+//! saves screenshots under `target/tmp/dashboard/`. Each matrix change the
+//! page applied is timed from the moment the dashboard received the port
+//! event to the browser's `MutationObserver` callback. A second test serves
+//! an embedded state read-only with `fvd dashboard --repo` while `fvd
+//! submit` writes it.
+//!
+//! Needs `/usr/bin/chromium` and `/usr/bin/chromedriver` (Debian's
+//! `chromium` and `chromium-driver`; `scripts/test.sh` installs them).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+use crate::agent::example_repo;
+use crate::support::{LOG_FILTER, Sandbox, TestComponent, fvd, wait_for};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const TOKEN: &str = "dashboard-test-token-0123456789";
+
+/// Kills its process on drop (a chromedriver, an orchestrator).
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn out_dir() -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A chromedriver on a free loopback port, and a headless Chromium session
+/// through it with a fresh profile.
+fn browser(rt: &tokio::runtime::Runtime, profile: &Path) -> (Kill, Client) {
+    for bin in [CHROMIUM, CHROMEDRIVER] {
+        assert!(
+            Path::new(bin).exists(),
+            "{bin} is missing: install Debian's chromium and chromium-driver (scripts/test.sh does: apt-get install -y chromium chromium-driver)"
+        );
+    }
+    let port = free_port();
+    let driver = Kill(
+        Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn chromedriver"),
+    );
+    wait_for("chromedriver to listen", Duration::from_secs(30), || {
+        TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    let caps = json!({
+        "goog:chromeOptions": {
+            "binary": CHROMIUM,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+                "--window-size=1280,1500",
+                format!("--user-data-dir={}", profile.display()),
+            ]
+        }
+    });
+    let caps = match caps {
+        Value::Object(m) => m,
+        _ => unreachable!(),
+    };
+    let client = rt
+        .block_on(
+            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                .capabilities(caps)
+                .connect(&format!("http://127.0.0.1:{port}")),
+        )
+        .expect("a chromium session through chromedriver");
+    (driver, client)
+}
+
+/// Runs `script` in the page and returns its value.
+fn js(rt: &tokio::runtime::Runtime, c: &Client, script: &str) -> Value {
+    rt.block_on(c.execute(script, vec![])).expect("script runs")
+}
+
+/// Component → status as the page's matrix shows it now.
+const MATRIX: &str = "const m = {}; for (const tr of document.querySelectorAll('#matrix tr[data-component]')) m[tr.dataset.component] = tr.dataset.status; return m;";
+
+fn orchestrator_with_dashboard(sb: &Sandbox, token_file: &Path) -> (Kill, String, String) {
+    let db = sb.repo().join("orchestrator.db");
+    let mut child = fvd()
+        .args(["orchestrator", "serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(format!("sqlite://{}", db.display()))
+        .arg("--token-file")
+        .arg(token_file)
+        .args(["--dashboard", "127.0.0.1:0"])
+        .env("FVD_LOG", LOG_FILTER)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(sb.repo().join("orchestrator.log")).unwrap())
+        .spawn()
+        .expect("spawn orchestrator");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || {
+        let l = lines.next().expect("a line").expect("stdout");
+        l.rsplit(' ').next().unwrap().to_string()
+    };
+    let (url, dash) = (next(), next());
+    // Keep reading stdout, so the server never writes into a closed pipe.
+    std::thread::spawn(move || for _ in lines {});
+    assert!(dash.starts_with("http://127.0.0.1:"), "{dash}");
+    (Kill(child), url, dash)
+}
+
+#[test]
+fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
+    let started = Instant::now();
+    let mut sb = Sandbox::new();
+    example_repo(&sb, |t| t);
+    let token_file = sb.repo().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let (_orch, url, dash) = orchestrator_with_dashboard(&sb, &token_file);
+    sb.url = Some(url.clone());
+    let tok = token_file.to_str().unwrap().to_string();
+    let w = sb.worker_at(&url, "w1", 2, &["--token-file", &tok]);
+    sb.spawn_worker("w1", w);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let profile = tempfile::tempdir().unwrap();
+    let (_driver, c) = browser(&rt, profile.path());
+    let out = out_dir();
+
+    // The index before the port exists; it shows the port once submitted.
+    rt.block_on(c.goto(&format!("{dash}/"))).unwrap();
+    wait_for("the index page to go live", Duration::from_secs(20), || {
+        (js(&rt, &c, "return document.getElementById('live').className") == "on").then_some(())
+    });
+    let submit = sb.submit_remote("tinyport", &["--token-file", &tok]);
+    assert!(
+        submit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&submit.stderr)
+    );
+    wait_for(
+        "the index to list tinyport",
+        Duration::from_secs(30),
+        || {
+            js(
+                &rt,
+                &c,
+                "return !!document.querySelector('#ports tr[data-family=tinyport]')",
+            )
+            .as_bool()
+            .unwrap_or(false)
+            .then_some(())
+        },
+    );
+
+    // The port page: record every change of the matrix as the browser sees it.
+    rt.block_on(c.goto(&format!("{dash}/ports/tinyport")))
+        .unwrap();
+    js(
+        &rt,
+        &c,
+        &format!(
+            "window.seen = []; const sec = document.getElementById('matrix');
+             const snap = () => {{ {MATRIX} }};
+             const upd = () => {{ const u = {{}};
+                 for (const tr of sec.querySelectorAll('tr[data-component]'))
+                     u[tr.dataset.component] = Number(tr.dataset.updatedMs);
+                 return u; }};
+             window.seen.push({{t: performance.timeOrigin + performance.now(), ev: 0, m: snap(), u: upd()}});
+             new MutationObserver(() => window.seen.push({{
+                 t: performance.timeOrigin + performance.now(),
+                 ev: Number(sec.dataset.eventUs || 0), m: snap(), u: upd() }}))
+               .observe(sec, {{childList: true, subtree: true}});
+             return true;"
+        ),
+    );
+    wait_for(
+        "the page to show E001 with its answer form",
+        Duration::from_secs(180),
+        || {
+            js(
+                &rt,
+                &c,
+                "return !!document.querySelector('#q-E001 form.answer')",
+            )
+            .as_bool()
+            .unwrap_or(false)
+            .then_some(())
+        },
+    );
+    let m = js(&rt, &c, MATRIX);
+    assert_eq!(m["time_shift"], "ask_user", "{m}");
+    assert_eq!(m["embed"], "non_skip_pass", "{m}");
+    assert_eq!(m["vae"], "blocked", "{m}");
+    let seen = js(&rt, &c, "return window.seen");
+    let seen = seen.as_array().unwrap();
+    assert!(
+        seen.len() >= 2 && seen.first().map(|s| &s["m"]) != seen.last().map(|s| &s["m"]),
+        "the matrix never changed in the open page: {seen:?}"
+    );
+    std::fs::write(
+        out.join("port-paused.png"),
+        rt.block_on(c.screenshot()).unwrap(),
+    )
+    .unwrap();
+
+    // Without the token the page is refused, and nothing changes.
+    let form = "#q-E001 form.answer";
+    rt.block_on(async {
+        c.find(Locator::Css(&format!(
+            "{form} input[name=option][value='1']"
+        )))
+        .await?
+        .click()
+        .await?;
+        c.find(Locator::Css(&format!("{form} input[name=token]")))
+            .await?
+            .send_keys("not-the-token")
+            .await?;
+        c.find(Locator::Css(&format!("{form} button")))
+            .await?
+            .click()
+            .await
+    })
+    .unwrap();
+    let refused = wait_for("the refusal", Duration::from_secs(20), || {
+        let t = js(
+            &rt,
+            &c,
+            &format!(
+                "const o = document.querySelector('{form} output'); return o.className + ' ' + o.textContent"
+            ),
+        );
+        let t = t.as_str().unwrap_or_default().to_string();
+        t.contains("err").then_some(t)
+    });
+    assert!(
+        refused.contains("missing or wrong orchestrator token"),
+        "{refused}"
+    );
+    assert_eq!(js(&rt, &c, MATRIX)["time_shift"], "ask_user");
+
+    // With it, E001 is answered and the port resumes.
+    rt.block_on(async {
+        c.find(Locator::Css(&format!("{form} input[name=token]")))
+            .await?
+            .send_keys(TOKEN)
+            .await?;
+        c.find(Locator::Css(&format!("{form} button")))
+            .await?
+            .click()
+            .await
+    })
+    .unwrap();
+    wait_for(
+        "time_shift to pass after the answer",
+        Duration::from_secs(120),
+        || (js(&rt, &c, MATRIX)["time_shift"] == "non_skip_pass").then_some(()),
+    );
+    wait_for(
+        "the port to end blocked at P7",
+        Duration::from_secs(60),
+        || {
+            let head = js(
+                &rt,
+                &c,
+                "return document.getElementById('port-head').textContent",
+            );
+            let refused_p7 = js(
+                &rt,
+                &c,
+                "return !!document.querySelector('#phases li.ph-refused b') && document.querySelector('#phases li.ph-refused b').textContent",
+            );
+            (head.as_str().is_some_and(|h| h.contains("blocked")) && refused_p7 == "P7")
+                .then_some(())
+        },
+    );
+    let q = js(
+        &rt,
+        &c,
+        "return document.querySelector('#q-E001').dataset.status",
+    );
+    assert!(q == "answered" || q == "resolved", "{q}");
+    std::fs::write(
+        out.join("port-resumed.png"),
+        rt.block_on(c.screenshot()).unwrap(),
+    )
+    .unwrap();
+
+    // The JSON twin says the same.
+    rt.block_on(c.goto(&format!("{dash}/api/ports/tinyport")))
+        .unwrap();
+    let twin: Value = serde_json::from_str(
+        js(&rt, &c, "return document.body.innerText")
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(twin["state"], "blocked", "{twin}");
+    assert_eq!(twin["questions"][0]["id"], "E001");
+    assert!(
+        twin.to_string().find(TOKEN).is_none() && !sb.logs().contains(TOKEN),
+        "the token reached a page or a log"
+    );
+
+    // The fleet, live from the scheduler: the worker, idle now.
+    rt.block_on(c.goto(&format!("{dash}/workers"))).unwrap();
+    assert!(
+        js(
+            &rt,
+            &c,
+            "return !!document.querySelector('#workers article[data-worker=w1]')"
+        )
+        .as_bool()
+        .unwrap_or(false),
+        "the workers page shows w1"
+    );
+    rt.block_on(c.goto(&format!("{dash}/api/workers"))).unwrap();
+    let fleet: Value = serde_json::from_str(
+        js(&rt, &c, "return document.body.innerText")
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(fleet["live"], true, "{fleet}");
+    assert_eq!(fleet["fleet"]["workers"][0]["worker_id"], "w1", "{fleet}");
+    assert_eq!(fleet["fleet"]["workers"][0]["free_cpu"], 2, "{fleet}");
+
+    // Event → visible: every matrix change that an event caused.
+    let mut ms: Vec<f64> = seen
+        .iter()
+        .filter(|s| s["ev"].as_f64().unwrap_or(0.0) > 0.0)
+        .map(|s| s["t"].as_f64().unwrap() - s["ev"].as_f64().unwrap() / 1000.0)
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    assert!(!ms.is_empty(), "no event-driven matrix change: {seen:?}");
+    let median = ms[ms.len() / 2];
+    let max = ms[ms.len() - 1];
+    // Commit → visible: a component whose status changed, from the time
+    // its row was written (`updated_ms`, before the event is sent).
+    let mut commit: Vec<f64> = seen
+        .windows(2)
+        .flat_map(|w| {
+            let (a, b) = (&w[0], &w[1]);
+            b["m"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, st)| a["m"][k.as_str()] != **st)
+                .filter_map(|(k, _)| Some(b["t"].as_f64()? - b["u"][k.as_str()].as_f64()?))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    commit.sort_by(f64::total_cmp);
+    let report = json!({
+        "changes": ms.len(), "median_ms": median, "max_ms": max, "all_ms": ms,
+        "status_changes": commit.len(),
+        "commit_median_ms": commit.get(commit.len() / 2),
+        "commit_max_ms": commit.last(),
+        "test_s": started.elapsed().as_secs_f64(),
+    });
+    std::fs::write(out.join("latency.json"), report.to_string()).unwrap();
+    eprintln!(
+        "dashboard: event → visible in the browser over {} matrix changes: median {median:.1} ms, max {max:.1} ms; status commit → visible over {} changes: median {:.1} ms, max {:.1} ms (test {:.1} s; screenshots in {})",
+        ms.len(),
+        commit.len(),
+        commit.get(commit.len() / 2).copied().unwrap_or(f64::NAN),
+        commit.last().copied().unwrap_or(f64::NAN),
+        started.elapsed().as_secs_f64(),
+        out.display()
+    );
+    // Generous: a debug build on a shared 2-core machine.
+    assert!(median < 1000.0, "{report}");
+    let _ = rt.block_on(c.close());
+}
+
+/// A plain HTTP/1.0 request on loopback; the status line and the body.
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nAccept: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    )
+}
+
+#[test]
+fn fvd_dashboard_follows_an_embedded_state_read_only_while_submit_writes_it() {
+    let sb = Sandbox::new();
+    let flag = sb.repo().join("go");
+    sb.port(
+        "dash",
+        &[
+            TestComponent::new("quick", "assert True"),
+            TestComponent::new(
+                "slow",
+                &format!(
+                    "while not os.path.exists({:?}):\n    time.sleep(0.05)\nassert True",
+                    flag.display().to_string()
+                ),
+            ),
+        ],
+    );
+    let mut submit = Kill(
+        fvd()
+            .args(["submit", "--family", "dash", "--wait", "--repo"])
+            .arg(sb.repo())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("slow to run", Duration::from_secs(60), || {
+        let s = sb.local_status("dash")?;
+        (s["components"][1]["status"] == "running").then_some(())
+    });
+    let mut d = fvd()
+        .args(["dashboard", "--listen", "127.0.0.1:0", "--repo"])
+        .arg(sb.repo())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(d.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _d = Kill(d);
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .unwrap_or_else(|| panic!("an address in {line:?}"))
+        .to_string();
+
+    let (status, body) = http(&addr, "GET", "/api/ports/dash", "");
+    assert!(status.contains("200"), "{status} {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["components"][1]["status"], "running", "{v}");
+    let (status, body) = http(&addr, "GET", "/ports/dash", "");
+    assert!(
+        status.contains("200") && body.contains("read-only"),
+        "{status}"
+    );
+    assert!(!body.contains("<form"), "a read-only page has no form");
+    let (status, body) = http(&addr, "POST", "/ports/dash/answer", "id=E001&option=1");
+    assert!(
+        status.contains("403") && body.contains("read-only"),
+        "{status} {body}"
+    );
+
+    // The component page follows slow's output while it runs.
+    let (status, body) = http(&addr, "GET", "/ports/dash/components/slow", "");
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        body.contains("data-follow=\"/ports/dash/components/slow/log?run=1"),
+        "a running job's output is followed: {body}"
+    );
+
+    // The page's event stream reports slow's pass, found by polling the
+    // database the submit process writes; the output stream, its end.
+    let stream = |path: &str| {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        s
+    };
+    let read = |s: &mut TcpStream, into: &mut String| {
+        let mut buf = [0u8; 8192];
+        if let Ok(n) = s.read(&mut buf) {
+            into.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    };
+    let mut events = stream("/ports/dash/events");
+    let mut log = stream("/ports/dash/components/slow/log?run=1");
+    std::fs::write(&flag, "").unwrap();
+    let (mut seen, mut output) = (String::new(), String::new());
+    wait_for(
+        "the event stream to show slow passing",
+        Duration::from_secs(60),
+        || {
+            read(&mut events, &mut seen);
+            seen.contains(r#"data-component=\"slow\" data-status=\"non_skip_pass\""#)
+                .then_some(())
+        },
+    );
+    wait_for("the output stream to end", Duration::from_secs(30), || {
+        read(&mut log, &mut output);
+        output.contains("event: end").then_some(())
+    });
+    assert!(
+        output.contains("event: log") && output.contains("1 passed"),
+        "{output}"
+    );
+    let code = wait_for("submit to end", Duration::from_secs(60), || {
+        submit.0.try_wait().unwrap()
+    });
+    assert_eq!(code.code(), Some(0));
+}
