@@ -18,6 +18,17 @@
 //! list of keys, written by the `fvd_trace` Python package), else from a
 //! numeric-aware sort of the keys, with a diagnostic saying so.
 //!
+//! Comparator checks ([`crate::signature`]) run before the first divergence
+//! is read: `inputs_differ` (the first tensor in execution order differs
+//! beyond dtype rounding), `layer_shift` (block outputs match the
+//! neighbouring block of the other side, insides match in place: probed
+//! with at most [`crate::signature::SHIFT_PROBES`] extra tensor passes per
+//! direction; the first divergence is then not named), and on the first
+//! divergent tensor, from one more streaming pass that sums per token
+//! (`--token-dim`) and per channel (`--channel-dim`, default the last dim):
+//! `token_subset`, `token_zero` and `channels`. No common tensor is verdict
+//! `nothing_compared`, never a success.
+//!
 //! Memory stays bounded whatever the file size: tensors are read through
 //! small memory-mapped windows that are unmapped after use (a mapping of the
 //! whole file would count every touched page in the process's resident set),
@@ -34,7 +45,8 @@ use crate::diag::{Collector, Diagnostic};
 use crate::error::TraceError;
 use crate::record::read_trace;
 use crate::rename::Renamer;
-use crate::report::{FirstDivergence, Unmatched, UnmatchedSides};
+use crate::report::{FirstDivergence, Unmatched, UnmatchedSides, Verdict};
+use crate::signature::{self, InputsDiffer, ShiftRow, Signature, Sums, block_of};
 
 /// Default cosine threshold.
 pub const DEFAULT_MIN_COSINE: f64 = 0.99;
@@ -49,6 +61,9 @@ const CHUNK: usize = 1 << 20;
 const BLOCK: usize = 4096;
 /// Per-token cosines are listed in the report up to this many tokens.
 const TOKEN_LIST_LIMIT: usize = 4096;
+/// Per-slice sums of the first divergent tensor are kept for at most this
+/// many tokens or channels (24 bytes each per thread).
+const SLICE_LIMIT: usize = 1 << 22;
 
 /// Options of [`compare_dumps`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -57,6 +72,9 @@ pub struct DumpOptions {
     pub rename: Vec<String>,
     pub order: Option<PathBuf>,
     pub token_dim: Option<usize>,
+    /// Dim of the per-channel slices of the first divergent tensor; the
+    /// last dim when absent.
+    pub channel_dim: Option<usize>,
     pub min_cosine: f64,
     pub max_rel_diff: f64,
 }
@@ -67,6 +85,7 @@ impl Default for DumpOptions {
             rename: Vec::new(),
             order: None,
             token_dim: None,
+            channel_dim: None,
             min_cosine: DEFAULT_MIN_COSINE,
             max_rel_diff: DEFAULT_MAX_REL_DIFF,
         }
@@ -660,6 +679,152 @@ pub fn tensor_metrics(
     })
 }
 
+/// `(count, inner)` of `dim` in `shape`: slice index of element `pos` is
+/// `(pos / inner) % count`.
+fn slicing(shape: &[usize], dim: usize) -> Option<(usize, usize)> {
+    let count = *shape.get(dim)?;
+    let inner = shape[dim + 1..].iter().product::<usize>().max(1);
+    (2..=SLICE_LIMIT).contains(&count).then_some((count, inner))
+}
+
+/// Per-token and per-channel sums of one scan.
+type SliceSums = (Vec<Sums>, Vec<Sums>);
+
+/// Σxy, Σx², Σy² per token and per channel of two tensors of one shape,
+/// streaming as [`tensor_metrics`] does.
+pub fn slice_sums(
+    a: &TensorRef,
+    b: &TensorRef,
+    tokens: Option<(usize, usize)>,
+    channels: Option<(usize, usize)>,
+    threads: usize,
+) -> Result<SliceSums, TraceError> {
+    let n = a.numel();
+    let threads = threads.clamp(1, n.div_ceil(CHUNK).max(1));
+    let per = n.div_ceil(threads);
+    let scan = |range: std::ops::Range<usize>| -> Result<SliceSums, TraceError> {
+        let mut tok = vec![[0.0; 3]; tokens.map_or(0, |t| t.0)];
+        let mut ch = vec![[0.0; 3]; channels.map_or(0, |c| c.0)];
+        walk(a, b, range, |xs, ys, base| {
+            for (k, (x, y)) in xs.iter().zip(ys).enumerate() {
+                let pos = base + k;
+                let v = [x * y, x * x, y * y];
+                for (sums, sl) in [(&mut tok, tokens), (&mut ch, channels)] {
+                    if let Some((count, inner)) = sl {
+                        let s = &mut sums[(pos / inner) % count];
+                        s[0] += v[0];
+                        s[1] += v[1];
+                        s[2] += v[2];
+                    }
+                }
+            }
+        })?;
+        Ok((tok, ch))
+    };
+    let parts: Vec<std::ops::Range<usize>> = (0..threads)
+        .map(|t| (t * per).min(n)..((t + 1) * per).min(n))
+        .collect();
+    let results: Vec<Result<SliceSums, TraceError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = parts
+            .iter()
+            .map(|r| {
+                let r = r.clone();
+                s.spawn(move || scan(r))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("dump slice thread panicked"))
+            .collect()
+    });
+    let mut tok = vec![[0.0; 3]; tokens.map_or(0, |t| t.0)];
+    let mut ch = vec![[0.0; 3]; channels.map_or(0, |c| c.0)];
+    for r in results {
+        let (t, c) = r?;
+        for (acc, part) in [(&mut tok, t), (&mut ch, c)] {
+            for (x, y) in acc.iter_mut().zip(part) {
+                x[0] += y[0];
+                x[1] += y[1];
+                x[2] += y[2];
+            }
+        }
+    }
+    Ok((tok, ch))
+}
+
+/// Streams the element range `range` of two tensors through `f` in decoded
+/// blocks (`f(xs, ys, first element index)`), one mapped window at a time.
+fn walk(
+    a: &TensorRef,
+    b: &TensorRef,
+    range: std::ops::Range<usize>,
+    mut f: impl FnMut(&[f64], &[f64], usize),
+) -> Result<(), TraceError> {
+    let fa = File::open(&a.path).map_err(io(&a.path))?;
+    let fb = File::open(&b.path).map_err(io(&b.path))?;
+    let mut xs = [0.0f64; BLOCK];
+    let mut ys = [0.0f64; BLOCK];
+    let (sa, sb) = (a.dtype.size(), b.dtype.size());
+    let mut start = range.start;
+    while start < range.end {
+        let len = CHUNK.min(range.end - start);
+        let ma = map_window(&fa, a.offset + (start * sa) as u64, len * sa).map_err(io(&a.path))?;
+        let mb = map_window(&fb, b.offset + (start * sb) as u64, len * sb).map_err(io(&b.path))?;
+        let mut i = 0;
+        while i < len {
+            let n = BLOCK.min(len - i);
+            decode(a.dtype, &ma[i * sa..(i + n) * sa], &mut xs[..n]);
+            decode(b.dtype, &mb[i * sb..(i + n) * sb], &mut ys[..n]);
+            f(&xs[..n], &ys[..n], start + i);
+            i += n;
+        }
+        drop((ma, mb));
+        start += len;
+    }
+    Ok(())
+}
+
+/// token_zero / token_subset and channels of the first divergent tensor.
+fn slice_signatures(
+    ta: &TensorRef,
+    tb: &TensorRef,
+    opts: &DumpOptions,
+    threads: usize,
+) -> Result<Vec<Signature>, TraceError> {
+    let nd = ta.shape.len();
+    let token_dim = opts.token_dim.filter(|&d| d < nd);
+    let channel_dim = opts
+        .channel_dim
+        .or(nd.checked_sub(1))
+        .filter(|&d| d < nd && Some(d) != token_dim);
+    let tokens = token_dim.and_then(|d| slicing(&ta.shape, d));
+    let channels = channel_dim.and_then(|d| slicing(&ta.shape, d));
+    if tokens.is_none() && channels.is_none() {
+        return Ok(Vec::new());
+    }
+    let (tok, ch) = slice_sums(ta, tb, tokens, channels, threads)?;
+    let mut out = Vec::new();
+    if let Some(d) = token_dim.filter(|_| tokens.is_some()) {
+        out.extend(signature::token_signature(
+            &ta.key,
+            d,
+            &tok,
+            opts.min_cosine,
+            opts.max_rel_diff,
+        ));
+    }
+    if let Some(d) = channel_dim.filter(|_| channels.is_some()) {
+        out.extend(signature::channel_signature(
+            &ta.key,
+            d,
+            &ch,
+            opts.min_cosine,
+            opts.max_rel_diff,
+        ));
+    }
+    Ok(out)
+}
+
 /// One compared pair of tensors.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TensorResult {
@@ -679,6 +844,13 @@ pub struct TensorResult {
 /// Everything the dump comparator found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DumpReport {
+    /// What the comparison concludes (only `match` is a success).
+    #[serde(default)]
+    pub verdict: Verdict,
+    /// Comparator checks that fired; each is also the first of the
+    /// `diagnostics` with its kind as code.
+    #[serde(default)]
+    pub signatures: Vec<Signature>,
     /// First tensor in execution order beyond the thresholds. `stat` is the
     /// failing metric (`rel_diff`, `cosine` or `shape`), `drift` its value
     /// (rel_diff, or 1 − cosine), and `reference`/`port` the two tensors'
@@ -695,6 +867,22 @@ impl DumpReport {
     pub fn render_text(&self) -> String {
         use std::fmt::Write as _;
         let mut s = String::new();
+        if self.verdict == Verdict::NothingCompared {
+            let why = self
+                .diagnostics
+                .iter()
+                .find(|d| d.code == "nothing_compared")
+                .map_or("no tensor has a counterpart on the other side", |d| {
+                    d.message.as_str()
+                });
+            let _ = writeln!(s, "nothing compared: {why}");
+            for d in &self.diagnostics {
+                if d.code != "nothing_compared" {
+                    let _ = writeln!(s, "  [{}] {}", d.code, d.message);
+                }
+            }
+            return s;
+        }
         let _ = writeln!(
             s,
             "  {:<6} {:<44} {:>10} {:>10} {:>10} {:>10}",
@@ -719,11 +907,20 @@ impl DumpReport {
                 }
             }
         }
-        match &self.first_divergence {
-            Some(fd) => {
+        s.push('\n');
+        s.push_str(&signature::render(&self.signatures));
+        match (&self.first_divergence, self.verdict) {
+            (fd, Verdict::Untrusted) => {
                 let _ = writeln!(
                     s,
-                    "\nfirst divergence: {} (reference {}) {}: {} = {}",
+                    "{}",
+                    crate::report::untrusted_line(&self.signatures, fd.as_ref(), "tensors")
+                );
+            }
+            (Some(fd), _) => {
+                let _ = writeln!(
+                    s,
+                    "first divergence: {} (reference {}) {}: {} = {}",
                     fd.port_module,
                     fd.reference_module,
                     fd.tensor,
@@ -731,16 +928,14 @@ impl DumpReport {
                     fd.drift.map_or("-".to_string(), |d| format!("{d:.4e}"))
                 );
             }
-            None => {
-                let _ = writeln!(
-                    s,
-                    "\nno divergence: {} tensors compared",
-                    self.tensors.len()
-                );
+            (None, _) => {
+                let _ = writeln!(s, "no divergence: {} tensors compared", self.tensors.len());
             }
         }
         for d in &self.diagnostics {
-            let _ = writeln!(s, "  [{}] {}", d.code, d.message);
+            if !crate::report::shown_above(d, &self.signatures) {
+                let _ = writeln!(s, "  [{}] {}", d.code, d.message);
+            }
         }
         s
     }
@@ -858,6 +1053,10 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
 
     let mut tensors = Vec::new();
+    // (reference tensor, port tensor) of each compared pair, for the checks.
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
+    let mut first_at: Option<usize> = None;
+    let mut signatures: Vec<Signature> = Vec::new();
     let mut unmatched_ref = Vec::new();
     let mut first = None;
     for &i in &order {
@@ -910,14 +1109,42 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
             });
             (Some(m), rel_bad || cos_bad, fd)
         };
-        if tensors.is_empty() && metrics.as_ref().is_none_or(|m| !m.identical) {
-            diags.push(
-                "inputs_differ",
-                format!(
-                    "the first tensor in execution order ({}) is not identical: the two runs do not start from the same inputs (or embedding weights); fix that before reading later tensors",
-                    ta.key
-                ),
-            );
+        // The first tensor in execution order is the model's input; a name
+        // sort does not know which one that is, and a block's tensor is not.
+        if i == order[0] && order_source != "sorted" && block_of(&ta.module).is_none() {
+            let (stat, value) = match &metrics {
+                None => ("shape", None),
+                Some(m) => ("rel_diff", Some(m.rel_diff)),
+            };
+            let off = metrics.as_ref().is_none_or(|m| {
+                !m.identical
+                    && (m.rel_diff.is_nan()
+                        || m.rel_diff > signature::INPUT_MAX_REL_DIFF
+                        || m.cosine.is_nan()
+                        || m.cosine < opts.min_cosine)
+            });
+            if off {
+                let what = match &metrics {
+                    None => format!("shape {:?} vs {:?}", ta.shape, tb.shape),
+                    Some(m) => format!(
+                        "rel_diff {:.3e} (cosine {:.6}) where dtype rounding stays below {:.0e}",
+                        m.rel_diff,
+                        m.cosine,
+                        signature::INPUT_MAX_REL_DIFF
+                    ),
+                };
+                signatures.push(signature::inputs_differ(
+                    InputsDiffer {
+                        reference: ta.key.clone(),
+                        port: tb.key.clone(),
+                        step: ta.step,
+                        stat: stat.to_string(),
+                        value: value.filter(|v| v.is_finite()),
+                        threshold: metrics.as_ref().map(|_| signature::INPUT_MAX_REL_DIFF),
+                    },
+                    &what,
+                ));
+            }
         }
         if first.is_none()
             && let Some(fd) = fd
@@ -935,7 +1162,9 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
                 );
             }
             first = Some(fd);
+            first_at = Some(tensors.len());
         }
+        pairs.push((i, j));
         tensors.push(TensorResult {
             reference_key: ta.key.clone(),
             port_key: tb.key.clone(),
@@ -949,6 +1178,51 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
             diverged,
         });
     }
+    // Block outputs matching their neighbour across the two sides.
+    let shift_rows: Vec<ShiftRow<'_>> = tensors
+        .iter()
+        .map(|t: &TensorResult| ShiftRow {
+            module: &t.module,
+            tensor: &t.tensor,
+            step: t.step,
+            diverged: t.diverged,
+        })
+        .collect();
+    let shift = signature::layer_shift(&shift_rows, |p, r| {
+        let (tp, tr) = (&rb.tensors[pairs[p].1], &ra.tensors[pairs[r].0]);
+        if tp.shape != tr.shape {
+            return Ok(None);
+        }
+        let m = tensor_metrics(tr, tp, None, threads)?;
+        Ok::<_, TraceError>(Some(
+            m.rel_diff <= opts.max_rel_diff && m.cosine >= opts.min_cosine,
+        ))
+    })?;
+    if let Some(sig) = shift {
+        if sig.untrusted {
+            first = None;
+            first_at = None;
+        }
+        signatures.push(sig);
+    }
+    // Per-token and per-channel slices of the first divergent tensor.
+    if let Some(at) = first_at
+        && tensors[at].metrics.is_some()
+    {
+        let (ta, tb) = (&ra.tensors[pairs[at].0], &rb.tensors[pairs[at].1]);
+        signatures.extend(slice_signatures(ta, tb, opts, threads)?);
+    }
+    if tensors.is_empty() {
+        diags.push(
+            "nothing_compared",
+            format!(
+                "no tensor of {} has a counterpart in {}: check the rename rules and the keys (module:tensor[@step]) of both dumps",
+                a.display(),
+                b.display()
+            ),
+        );
+    }
+
     let unmatched_port: Vec<Unmatched> = rb
         .tensors
         .iter()
@@ -980,10 +1254,13 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
             ),
         );
     }
+    let verdict = Verdict::of(tensors.len(), &signatures, first.is_some());
     Ok(DumpReport {
+        verdict,
+        diagnostics: crate::compare::lead_diagnostics(diags.finish(), &signatures),
+        signatures,
         first_divergence: first,
         tensors,
-        diagnostics: diags.finish(),
         unmatched: UnmatchedSides {
             reference: unmatched_ref,
             port: unmatched_port,
