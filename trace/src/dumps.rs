@@ -605,6 +605,17 @@ pub fn tensor_metrics(
     token_dim: Option<usize>,
     threads: usize,
 ) -> Result<Metrics, TraceError> {
+    metrics_and_tokens(a, b, token_dim, threads).map(|(m, _)| m)
+}
+
+/// [`tensor_metrics`] and the per-token sums behind its token cosines
+/// (empty without a token dim).
+fn metrics_and_tokens(
+    a: &TensorRef,
+    b: &TensorRef,
+    token_dim: Option<usize>,
+    threads: usize,
+) -> Result<(Metrics, Vec<Sums>), TraceError> {
     let n = a.numel();
     let tokens = token_dim.filter(|&d| d < a.shape.len()).map(|d| {
         (
@@ -662,7 +673,8 @@ pub fn tensor_metrics(
     } else {
         (None, None, None)
     };
-    Ok(Metrics {
+    let token_sums = std::mem::take(&mut acc.tok);
+    let m = Metrics {
         cosine: cosine(acc.sxy, acc.sxx, acc.syy),
         rel_diff,
         max_abs_diff: acc.max_ad.max(0.0),
@@ -676,7 +688,8 @@ pub fn tensor_metrics(
         token_cosine_min,
         token_cosine_min_at,
         token_cosine,
-    })
+    };
+    Ok((m, token_sums))
 }
 
 /// `(count, inner)` of `dim` in `shape`: slice index of element `pos` is
@@ -687,44 +700,28 @@ fn slicing(shape: &[usize], dim: usize) -> Option<(usize, usize)> {
     (2..=SLICE_LIMIT).contains(&count).then_some((count, inner))
 }
 
-/// Per-token and per-channel sums of one scan.
-type SliceSums = (Vec<Sums>, Vec<Sums>);
-
-/// Σxy, Σx², Σy² per token and per channel of two tensors of one shape,
-/// streaming as [`tensor_metrics`] does.
+/// Σxy, Σx², Σy² per slice of `dim` (`(count, inner)` from [`slicing`]) of
+/// two tensors of one shape, streaming as [`tensor_metrics`] does.
 pub fn slice_sums(
     a: &TensorRef,
     b: &TensorRef,
-    tokens: Option<(usize, usize)>,
-    channels: Option<(usize, usize)>,
+    (count, inner): (usize, usize),
     threads: usize,
-) -> Result<SliceSums, TraceError> {
+) -> Result<Vec<Sums>, TraceError> {
     let n = a.numel();
     let threads = threads.clamp(1, n.div_ceil(CHUNK).max(1));
     let per = n.div_ceil(threads);
-    let scan = |range: std::ops::Range<usize>| -> Result<SliceSums, TraceError> {
-        let mut tok = vec![[0.0; 3]; tokens.map_or(0, |t| t.0)];
-        let mut ch = vec![[0.0; 3]; channels.map_or(0, |c| c.0)];
+    let scan = |range: std::ops::Range<usize>| -> Result<SliceAcc, TraceError> {
+        let mut acc = SliceAcc::new(count);
         walk(a, b, range, |xs, ys, base| {
-            for (k, (x, y)) in xs.iter().zip(ys).enumerate() {
-                let pos = base + k;
-                let v = [x * y, x * x, y * y];
-                for (sums, sl) in [(&mut tok, tokens), (&mut ch, channels)] {
-                    if let Some((count, inner)) = sl {
-                        let s = &mut sums[(pos / inner) % count];
-                        s[0] += v[0];
-                        s[1] += v[1];
-                        s[2] += v[2];
-                    }
-                }
-            }
+            add_slices(xs, ys, base, inner, &mut acc)
         })?;
-        Ok((tok, ch))
+        Ok(acc)
     };
     let parts: Vec<std::ops::Range<usize>> = (0..threads)
         .map(|t| (t * per).min(n)..((t + 1) * per).min(n))
         .collect();
-    let results: Vec<Result<SliceSums, TraceError>> = std::thread::scope(|s| {
+    let results: Vec<Result<SliceAcc, TraceError>> = std::thread::scope(|s| {
         let handles: Vec<_> = parts
             .iter()
             .map(|r| {
@@ -737,19 +734,89 @@ pub fn slice_sums(
             .map(|h| h.join().expect("dump slice thread panicked"))
             .collect()
     });
-    let mut tok = vec![[0.0; 3]; tokens.map_or(0, |t| t.0)];
-    let mut ch = vec![[0.0; 3]; channels.map_or(0, |c| c.0)];
+    let mut sums = vec![[0.0; 3]; count];
     for r in results {
-        let (t, c) = r?;
-        for (acc, part) in [(&mut tok, t), (&mut ch, c)] {
-            for (x, y) in acc.iter_mut().zip(part) {
-                x[0] += y[0];
-                x[1] += y[1];
-                x[2] += y[2];
-            }
+        let r = r?;
+        for (i, s) in sums.iter_mut().enumerate() {
+            s[0] += r.xy[i];
+            s[1] += r.xx[i];
+            s[2] += r.yy[i];
         }
     }
-    Ok((tok, ch))
+    Ok(sums)
+}
+
+/// Per-slice sums as three arrays, so that consecutive channels are
+/// consecutive memory and the inner loops vectorize.
+#[derive(Debug)]
+struct SliceAcc {
+    xy: Vec<f64>,
+    xx: Vec<f64>,
+    yy: Vec<f64>,
+}
+
+impl SliceAcc {
+    fn new(count: usize) -> Self {
+        SliceAcc {
+            xy: vec![0.0; count],
+            xx: vec![0.0; count],
+            yy: vec![0.0; count],
+        }
+    }
+}
+
+/// Adds a decoded block (first element index `base`) to its slices: with
+/// `inner == 1` (the last dim) element `i` belongs to slice `(base + i) %
+/// count`, walked as contiguous segments; otherwise each run of `inner`
+/// elements belongs to one slice and is summed in independent lanes.
+fn add_slices(xs: &[f64], ys: &[f64], base: usize, inner: usize, acc: &mut SliceAcc) {
+    let count = acc.xy.len();
+    if inner == 1 {
+        let (mut i, mut c) = (0, base % count);
+        while i < xs.len() {
+            let len = (count - c).min(xs.len() - i);
+            let (x, y) = (&xs[i..i + len], &ys[i..i + len]);
+            let (xy, xx, yy) = (
+                &mut acc.xy[c..c + len],
+                &mut acc.xx[c..c + len],
+                &mut acc.yy[c..c + len],
+            );
+            for k in 0..len {
+                xy[k] += x[k] * y[k];
+                xx[k] += x[k] * x[k];
+                yy[k] += y[k] * y[k];
+            }
+            i += len;
+            c = 0;
+        }
+        return;
+    }
+    const L: usize = 4;
+    let mut i = 0;
+    while i < xs.len() {
+        let pos = base + i;
+        let end = (i + inner - pos % inner).min(xs.len());
+        let (mut sxy, mut sxx, mut syy) = ([0.0; L], [0.0; L], [0.0; L]);
+        let (xc, yc) = (xs[i..end].chunks_exact(L), ys[i..end].chunks_exact(L));
+        let (xr, yr) = (xc.remainder(), yc.remainder());
+        for (x, y) in xc.zip(yc) {
+            for l in 0..L {
+                sxy[l] += x[l] * y[l];
+                sxx[l] += x[l] * x[l];
+                syy[l] += y[l] * y[l];
+            }
+        }
+        for (x, y) in xr.iter().zip(yr) {
+            sxy[0] += x * y;
+            sxx[0] += x * x;
+            syy[0] += y * y;
+        }
+        let slot = (pos / inner) % count;
+        acc.xy[slot] += sxy.iter().sum::<f64>();
+        acc.xx[slot] += sxx.iter().sum::<f64>();
+        acc.yy[slot] += syy.iter().sum::<f64>();
+        i = end;
+    }
 }
 
 /// Streams the element range `range` of two tensors through `f` in decoded
@@ -759,6 +826,19 @@ fn walk(
     b: &TensorRef,
     range: std::ops::Range<usize>,
     mut f: impl FnMut(&[f64], &[f64], usize),
+) -> Result<(), TraceError> {
+    walk_while(a, b, range, |xs, ys, base| {
+        f(xs, ys, base);
+        true
+    })
+}
+
+/// [`walk`] that stops when `f` returns false.
+fn walk_while(
+    a: &TensorRef,
+    b: &TensorRef,
+    range: std::ops::Range<usize>,
+    mut f: impl FnMut(&[f64], &[f64], usize) -> bool,
 ) -> Result<(), TraceError> {
     let fa = File::open(&a.path).map_err(io(&a.path))?;
     let fb = File::open(&b.path).map_err(io(&b.path))?;
@@ -775,7 +855,9 @@ fn walk(
             let n = BLOCK.min(len - i);
             decode(a.dtype, &ma[i * sa..(i + n) * sa], &mut xs[..n]);
             decode(b.dtype, &mb[i * sb..(i + n) * sb], &mut ys[..n]);
-            f(&xs[..n], &ys[..n], start + i);
+            if !f(&xs[..n], &ys[..n], start + i) {
+                return Ok(());
+            }
             i += n;
         }
         drop((ma, mb));
@@ -784,40 +866,68 @@ fn walk(
     Ok(())
 }
 
-/// token_zero / token_subset and channels of the first divergent tensor.
+/// Whether port tensor `b` matches reference tensor `a` (another block's)
+/// within the thresholds. `energy` is Σx² + Σy², known from both tensors'
+/// own comparisons: a match needs Σ(x−y)² ≤ max_rel_diff × energy, so the
+/// scan stops as soon as the running error passes that budget, which for a
+/// pair that does not match is within its first blocks.
+fn cross_match(
+    a: &TensorRef,
+    b: &TensorRef,
+    energy: f64,
+    opts: &DumpOptions,
+) -> Result<bool, TraceError> {
+    let budget = opts.max_rel_diff * energy;
+    let (mut err, mut s) = (0.0f64, [0.0f64; 3]);
+    let mut over = false;
+    walk_while(a, b, 0..a.numel(), |xs, ys, _| {
+        for (x, y) in xs.iter().zip(ys) {
+            err += (x - y) * (x - y);
+            s[0] += x * y;
+            s[1] += x * x;
+            s[2] += y * y;
+        }
+        over = err.is_nan() || err > budget;
+        !over
+    })?;
+    Ok(!over
+        && signature::rel_diff(s) <= opts.max_rel_diff
+        && signature::cosine(s) >= opts.min_cosine)
+}
+
+/// token_zero / token_subset (from the per-token sums of the main pass) and
+/// channels (one more streaming pass) of the first divergent tensor.
 fn slice_signatures(
     ta: &TensorRef,
     tb: &TensorRef,
+    token_sums: &[Sums],
     opts: &DumpOptions,
     threads: usize,
 ) -> Result<Vec<Signature>, TraceError> {
     let nd = ta.shape.len();
     let token_dim = opts.token_dim.filter(|&d| d < nd);
-    let channel_dim = opts
-        .channel_dim
-        .or(nd.checked_sub(1))
-        .filter(|&d| d < nd && Some(d) != token_dim);
-    let tokens = token_dim.and_then(|d| slicing(&ta.shape, d));
-    let channels = channel_dim.and_then(|d| slicing(&ta.shape, d));
-    if tokens.is_none() && channels.is_none() {
-        return Ok(Vec::new());
-    }
-    let (tok, ch) = slice_sums(ta, tb, tokens, channels, threads)?;
     let mut out = Vec::new();
-    if let Some(d) = token_dim.filter(|_| tokens.is_some()) {
+    if let Some(d) = token_dim {
         out.extend(signature::token_signature(
             &ta.key,
             d,
-            &tok,
+            token_sums,
             opts.min_cosine,
             opts.max_rel_diff,
         ));
     }
-    if let Some(d) = channel_dim.filter(|_| channels.is_some()) {
+    let channel_dim = opts
+        .channel_dim
+        .or(nd.checked_sub(1))
+        .filter(|&d| d < nd && Some(d) != token_dim);
+    if let Some(d) = channel_dim
+        && let Some(channels) = slicing(&ta.shape, d)
+    {
+        let sums = slice_sums(ta, tb, channels, threads)?;
         out.extend(signature::channel_signature(
             &ta.key,
             d,
-            &ch,
+            &sums,
             opts.min_cosine,
             opts.max_rel_diff,
         ));
@@ -1056,6 +1166,9 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
     // (reference tensor, port tensor) of each compared pair, for the checks.
     let mut pairs: Vec<(usize, usize)> = Vec::new();
     let mut first_at: Option<usize> = None;
+    // Per-token sums of the latest tensor while no divergence is found: at
+    // the end, those of the first divergent tensor.
+    let mut token_sums: Vec<Sums> = Vec::new();
     let mut signatures: Vec<Signature> = Vec::new();
     let mut unmatched_ref = Vec::new();
     let mut first = None;
@@ -1085,7 +1198,10 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
             };
             (None, true, Some(fd))
         } else {
-            let m = tensor_metrics(ta, tb, opts.token_dim, threads)?;
+            let (m, tok) = metrics_and_tokens(ta, tb, opts.token_dim, threads)?;
+            if first.is_none() {
+                token_sums = tok;
+            }
             // NaN metrics must count as diverged, hence the explicit NaN checks.
             let rel_bad = m.rel_diff.is_nan() || m.rel_diff > opts.max_rel_diff;
             let cos_bad = m.cosine.is_nan() || m.cosine < opts.min_cosine;
@@ -1188,15 +1304,16 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
             diverged: t.diverged,
         })
         .collect();
+    let norms = |t: &TensorResult| t.metrics.as_ref().map(|m| (m.reference_norm, m.port_norm));
     let shift = signature::layer_shift(&shift_rows, |p, r| {
         let (tp, tr) = (&rb.tensors[pairs[p].1], &ra.tensors[pairs[r].0]);
+        let (Some((_, np)), Some((nr, _))) = (norms(&tensors[p]), norms(&tensors[r])) else {
+            return Ok(None);
+        };
         if tp.shape != tr.shape {
             return Ok(None);
         }
-        let m = tensor_metrics(tr, tp, None, threads)?;
-        Ok::<_, TraceError>(Some(
-            m.rel_diff <= opts.max_rel_diff && m.cosine >= opts.min_cosine,
-        ))
+        cross_match(tr, tp, nr * nr + np * np, opts).map(Some)
     })?;
     if let Some(sig) = shift {
         if sig.untrusted {
@@ -1210,7 +1327,7 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
         && tensors[at].metrics.is_some()
     {
         let (ta, tb) = (&ra.tensors[pairs[at].0], &rb.tensors[pairs[at].1]);
-        signatures.extend(slice_signatures(ta, tb, opts, threads)?);
+        signatures.extend(slice_signatures(ta, tb, &token_sums, opts, threads)?);
     }
     if tensors.is_empty() {
         diags.push(
@@ -1283,6 +1400,39 @@ mod tests {
         let mut v = vec!["layers.10", "layers.2", "layers.1.attn"];
         v.sort_by(|a, b| natural_cmp(a, b));
         assert_eq!(v, ["layers.1.attn", "layers.2", "layers.10"]);
+    }
+
+    #[test]
+    fn slices_add_up_like_a_direct_sum_from_any_offset() {
+        // Shape [3, 5, 4]: slices of dim 1 (inner 4) and dim 2 (inner 1).
+        let n = 60;
+        let xs: Vec<f64> = (0..n).map(|i| (i as f64 * 0.37).sin()).collect();
+        let ys: Vec<f64> = (0..n).map(|i| (i as f64 * 0.11).cos()).collect();
+        for (count, inner) in [(5usize, 4usize), (4, 1)] {
+            let mut want = vec![[0.0; 3]; count];
+            for i in 0..n {
+                let s = &mut want[(i / inner) % count];
+                s[0] += xs[i] * ys[i];
+                s[1] += xs[i] * xs[i];
+                s[2] += ys[i] * ys[i];
+            }
+            // Blocks that start and end mid-slice.
+            let mut acc = SliceAcc::new(count);
+            for (lo, hi) in [(0, 7), (7, 33), (33, 60)] {
+                add_slices(&xs[lo..hi], &ys[lo..hi], lo, inner, &mut acc);
+            }
+            let got: Vec<Sums> = (0..count)
+                .map(|i| [acc.xy[i], acc.xx[i], acc.yy[i]])
+                .collect();
+            for (g, w) in got.iter().zip(&want) {
+                for k in 0..3 {
+                    assert!(
+                        (g[k] - w[k]).abs() < 1e-12,
+                        "{count}x{inner}: {g:?} vs {w:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
