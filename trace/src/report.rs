@@ -222,10 +222,16 @@ impl Report {
         self.first_divergence.is_some()
     }
 
-    /// The verdict, computed from the report's contents.
+    /// The verdict, computed from the report's contents. Nothing compared
+    /// is read from the finding [`crate::compare`] puts first when no row
+    /// aligned (a stored report may have been trimmed of its rows).
     pub fn assess(&self) -> Verdict {
+        let nothing = self
+            .diagnostics
+            .iter()
+            .any(|d| d.code == "nothing_compared");
         Verdict::of(
-            self.rows.len(),
+            usize::from(!nothing),
             &self.signatures,
             self.first_divergence.is_some(),
         )
