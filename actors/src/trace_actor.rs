@@ -15,6 +15,15 @@
 //! count as the component's runs and never change its row, because their
 //! verdict is a diagnosis, not a parity verdict.
 //!
+//! A step whose comparison is not a verdict on the port ends the
+//! investigation instead of drilling into it: nothing compared (no module
+//! in common, an empty trace) is outcome `error` with reason
+//! `nothing_compared`, never "no divergence"; a comparator check that
+//! distrusts the comparison ([`fvd_trace::Signature`]: a dumper's layer
+//! shift, inputs that differ) is outcome `untrusted` with the check's
+//! evidence and what to check. Other checks ride along in the summary, so
+//! they reach the blocked reason and the agent's packet.
+//!
 //! The actor never fails on an investigation's error (a missing file, a
 //! malformed trace, a lost worker): the investigation ends with outcome
 //! `error` and the component continues with that as the summary. A failed
@@ -127,6 +136,12 @@ struct Inquiry {
     reference_layers: String,
     /// The deepest first divergence seen so far.
     last: Option<fvd_trace::FirstDivergence>,
+    /// Comparator checks of the latest step that did not stop it, one line
+    /// each, for the summary.
+    checks: Vec<String>,
+    /// A layer shift seen on block outputs whose insides were not traced:
+    /// a narrower step that finds the insides matching confirms it.
+    shift_hint: Option<fvd_trace::Signature>,
 }
 
 /// How an investigation ended.
@@ -138,6 +153,8 @@ pub enum Outcome {
     Depth,
     NoDivergence,
     Error,
+    /// A comparator check says the comparison is not a verdict on the port.
+    Untrusted,
 }
 
 impl Outcome {
@@ -147,6 +164,7 @@ impl Outcome {
             Outcome::Depth => "depth",
             Outcome::NoDivergence => "no_divergence",
             Outcome::Error => "error",
+            Outcome::Untrusted => "untrusted",
         }
     }
 }
@@ -159,10 +177,16 @@ pub enum Next {
     Stop(Outcome),
 }
 
-/// The drill-down rule: narrow while the report offers a regex not traced
-/// yet and steps remain; a regex already traced means the first divergence
-/// is a leaf of the traced scope.
+/// The drill-down rule: stop on a comparison of nothing (an error) or an
+/// untrusted one; narrow while the report offers a regex not traced yet and
+/// steps remain; a regex already traced means the first divergence is a
+/// leaf of the traced scope.
 pub fn next_step(report: &fvd_trace::Report, tried: &[String], depth: u32) -> Next {
+    match report.assess() {
+        fvd_trace::Verdict::NothingCompared => return Next::Stop(Outcome::Error),
+        fvd_trace::Verdict::Untrusted => return Next::Stop(Outcome::Untrusted),
+        _ => {}
+    }
     if report.first_divergence.is_none() {
         return Next::Stop(Outcome::NoDivergence);
     }
@@ -193,6 +217,9 @@ pub fn summary(
     let path = tried.join(" -> ");
     match (outcome, last) {
         (Outcome::Error, _) => format!("trace step {steps} failed: {detail}"),
+        (Outcome::Untrusted, _) => {
+            format!("trace step {steps}: comparison untrusted, no verdict on the port: {detail}")
+        }
         (Outcome::NoDivergence, None) => {
             format!("trace found no divergence with layers {path} ({detail})")
         }
@@ -225,6 +252,66 @@ pub fn summary(
         }
         (_, None) => format!("trace ended without a divergence ({detail})"),
     }
+}
+
+/// Why a step stopped the investigation, for the summary: the
+/// nothing-compared reason, the distrusting checks, or the rows compared.
+pub fn stop_detail(report: &fvd_trace::Report, outcome: Outcome) -> String {
+    match outcome {
+        Outcome::Error => {
+            let why = report
+                .diagnostics
+                .iter()
+                .find(|d| d.code == "nothing_compared")
+                .map_or("no row has a counterpart on the other side", |d| {
+                    d.message.as_str()
+                });
+            format!("nothing_compared: {why}")
+        }
+        Outcome::Untrusted => report
+            .signatures
+            .iter()
+            .filter(|s| s.untrusted)
+            .map(fvd_trace::Signature::line)
+            .collect::<Vec<_>>()
+            .join("; "),
+        _ => format!("{} rows compared", report.rows.len()),
+    }
+}
+
+/// A layer-shift candidate (block outputs matching their neighbour, insides
+/// not traced then) confirmed by a narrower step: its first divergence is a
+/// block output of the candidate whose sub-modules all match in place.
+pub fn confirmed_shift(hint: &fvd_trace::Signature, report: &fvd_trace::Report) -> Option<String> {
+    let fvd_trace::Evidence::LayerShift(ev) = &hint.evidence else {
+        return None;
+    };
+    let fd = report.first_divergence.as_ref()?;
+    let block = fd
+        .reference_module
+        .strip_prefix(ev.prefix.as_str())
+        .map(|r| r.strip_prefix('.').unwrap_or(r))
+        .filter(|_| !ev.prefix.is_empty())
+        .unwrap_or(&fd.reference_module);
+    let n: u64 = block.parse().ok()?;
+    if !ev.pairs.iter().any(|p| p[0] == n) {
+        return None;
+    }
+    let inside = format!("{}.", fd.reference_module);
+    let insides: Vec<&fvd_trace::Row> = report
+        .rows
+        .iter()
+        .filter(|r| r.reference_module.starts_with(&inside) && r.step == fd.step)
+        .collect();
+    if insides.is_empty() || insides.iter().any(|r| r.diverged) {
+        return None;
+    }
+    Some(format!(
+        "layer_shift: {}; the next step traced the insides of {}: all {} match in place while its output diverges, so a dumper's block index is off by one; check: the dumpers' indexing of block outputs (hidden_states[0] is the embedding output, hidden_states[i + 1] block i's output), then trace again",
+        hint.message,
+        fd.port_module,
+        insides.len()
+    ))
 }
 
 fn divergence_text(fd: &fvd_trace::FirstDivergence) -> String {
@@ -393,6 +480,8 @@ impl Actor for TraceActor {
                     span,
                     step: 0,
                     last: None,
+                    checks: Vec::new(),
+                    shift_hint: None,
                     spec: inv.spec,
                     trace: trace.clone(),
                 };
@@ -620,6 +709,25 @@ async fn step_finished(
     };
     if let Some(fd) = inq.last.as_ref().filter(|_| inq.step > 1) {
         rep.diagnostics.push(narrowed_scope(&inq.tried, fd));
+        // A narrowed trace starts inside the model: its first row is no input.
+        rep.drop_signatures("inputs_differ");
+    }
+    let mut next = next_step(&rep, &inq.tried, inq.trace.depth);
+    let mut detail = stop_detail(
+        &rep,
+        match next {
+            Next::Stop(o) => o,
+            Next::Narrow(..) => Outcome::Leaf,
+        },
+    );
+    if next == Next::Stop(Outcome::Leaf)
+        && let Some(confirmed) = inq
+            .shift_hint
+            .as_ref()
+            .and_then(|h| confirmed_shift(h, &rep))
+    {
+        next = Next::Stop(Outcome::Untrusted);
+        detail = confirmed;
     }
     let first = rep
         .first_divergence
@@ -627,10 +735,16 @@ async fn step_finished(
         .map(|f| f.port_module.clone())
         .unwrap_or_default();
     let json = stored_json(&rep);
+    // A step that ends in error says so on its row too (`fvd trace show`).
+    let error = if next == Next::Stop(Outcome::Error) {
+        detail.as_str()
+    } else {
+        ""
+    };
     if let Err(e) = st
         .args
         .store
-        .finish_trace_step(inq.id, inq.step, &dir_s, &first, &json, "")
+        .finish_trace_step(inq.id, inq.step, &dir_s, &first, &json, error)
         .await
     {
         let e = format!("cannot store the report of trace step {}: {e}", inq.step);
@@ -643,19 +757,28 @@ async fn step_finished(
             .as_ref()
             .map(|f| (f.reference_module.as_str(), f.stat.as_str())),
     );
-    let next = next_step(&rep, &inq.tried, inq.trace.depth);
     if let Some(fd) = &rep.first_divergence {
         inq.last = Some(fd.clone());
+    }
+    inq.checks = rep
+        .signatures
+        .iter()
+        .filter(|s| !s.untrusted)
+        .map(fvd_trace::Signature::line)
+        .collect();
+    if let Some(hint) = rep
+        .signatures
+        .iter()
+        .find(|s| s.kind() == "layer_shift" && !s.untrusted)
+    {
+        inq.shift_hint = Some(hint.clone());
     }
     match next {
         Next::Narrow(port, reference) => {
             inq.reference_layers = reference;
             launch(myself, st, inq, port).await;
         }
-        Next::Stop(o) => {
-            let detail = format!("{} rows compared", rep.rows.len());
-            conclude(st, inq, o, &detail).await;
-        }
+        Next::Stop(o) => conclude(st, inq, o, &detail).await,
     }
 }
 
@@ -802,7 +925,11 @@ pub fn stored_json(rep: &fvd_trace::Report) -> String {
 
 /// Ends an investigation: records it and hands the red run back.
 async fn conclude(st: &mut TraceState, mut inq: Inquiry, outcome: Outcome, detail: &str) {
-    let text = summary(outcome, inq.last.as_ref(), &inq.tried, detail);
+    let mut text = summary(outcome, inq.last.as_ref(), &inq.tried, detail);
+    // Checks that localize the error (or hint at a dumper) ride along.
+    if outcome != Outcome::Error && outcome != Outcome::Untrusted && !inq.checks.is_empty() {
+        text.push_str(&format!("; comparator checks: {}", inq.checks.join("; ")));
+    }
     if let Err(e) = st
         .args
         .store
@@ -828,6 +955,8 @@ mod tests {
 
     fn report(first: Option<&str>, drill: Option<&str>) -> Report {
         Report {
+            verdict: Default::default(),
+            signatures: Vec::new(),
             first_divergence: first.map(|m| FirstDivergence {
                 reference_module: m.replace("blocks", "layers"),
                 port_module: m.to_string(),

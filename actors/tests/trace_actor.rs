@@ -351,3 +351,166 @@ impl Harness {
         }
     }
 }
+
+/// Files of a traced run whose two sides name different modules: the
+/// reference `(module, abs_mean)` rows and the port's, one rank each.
+fn sides(reference: &[(&str, f64)], port: &[(&str, f64)]) -> Vec<CollectedFile> {
+    let side = |rows: &[(&str, f64)]| {
+        rows.iter()
+            .map(|(m, a)| rec(m, *a, 3.3 * a, 8, 0, 1))
+            .collect::<String>()
+            .into_bytes()
+    };
+    vec![
+        CollectedFile {
+            path: "ref/rank0.jsonl".into(),
+            data: side(reference),
+        },
+        CollectedFile {
+            path: "port/rank0.jsonl".into(),
+            data: side(port),
+        },
+    ]
+}
+
+#[tokio::test]
+async fn a_step_that_compares_nothing_fails_the_investigation() {
+    // The port's modules have other names than the reference's.
+    let mut h = Harness::new().await;
+    h.investigate(3).await;
+    let a = h.assigned().await;
+    h.finish(
+        &a,
+        sides(
+            &[("blocks.0", 1.0), ("blocks.1", 1.0)],
+            &[("layers.0", 1.0), ("layers.1", 1.3)],
+        ),
+        "",
+    );
+    let summary = h.answer().await;
+    assert!(
+        summary.starts_with("trace step 1 failed: nothing_compared: "),
+        "{summary}"
+    );
+    assert!(!summary.contains("no divergence"), "{summary}");
+    let inv = h.store.latest_trace("p", "c").await.unwrap().unwrap();
+    assert_eq!((inv.outcome.as_str(), inv.steps.len()), ("error", 1));
+    assert!(
+        inv.steps[0].error.starts_with("nothing_compared: "),
+        "{:?}",
+        inv.steps[0]
+    );
+    // The report is kept, and says so first.
+    let rep = inv.steps[0].report.as_ref().unwrap();
+    assert_eq!(rep["diagnostics"][0]["code"], "nothing_compared", "{rep}");
+
+    // An empty port trace: the same.
+    h.investigate(3).await;
+    let a = h.assigned().await;
+    let mut f = sides(&[("blocks.0", 1.0)], &[]);
+    assert!(f[1].data.is_empty());
+    f[1].path = "port/rank0.jsonl".into();
+    h.finish(&a, f, "");
+    let summary = h.answer_for_run(2).await;
+    assert!(
+        summary.starts_with("trace step 1 failed: nothing_compared: "),
+        "{summary}"
+    );
+}
+
+/// Block outputs whose reference labels run one block ahead of the port's
+/// (`blocks.N` of the port is `blocks.N+1` of the reference), and, with
+/// `insides`, their sub-modules matching in place.
+fn shifted(insides: bool) -> Vec<CollectedFile> {
+    let mut rows: Vec<(String, f64, f64)> = Vec::new();
+    for n in 0..4 {
+        if insides {
+            rows.push((format!("blocks.{n}.attn"), 0.5 + n as f64, 0.5 + n as f64));
+            rows.push((format!("blocks.{n}.mlp"), 0.7 + n as f64, 0.7 + n as f64));
+        }
+        // Reference: block n's output is 1 + n; the port writes block n's
+        // real output, which the reference labels n + 1.
+        rows.push((format!("blocks.{n}"), 1.0 + n as f64, 2.0 + n as f64));
+    }
+    let refs: Vec<(&str, f64, f64)> = rows.iter().map(|(m, a, b)| (m.as_str(), *a, *b)).collect();
+    files(&refs)
+}
+
+#[tokio::test]
+async fn a_shifted_dumper_is_an_untrusted_comparison_not_a_divergence() {
+    let mut h = Harness::new().await;
+    h.investigate(3).await;
+    let a = h.assigned().await;
+    h.finish(&a, shifted(true), "");
+    let summary = h.answer().await;
+    assert!(
+        summary.starts_with(
+            "trace step 1: comparison untrusted, no verdict on the port: layer_shift: port blocks.N:out matches reference blocks.N+1:out for N = 0, 1, 2"
+        ),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("check: the dumpers' indexing"),
+        "{summary}"
+    );
+    assert!(!summary.contains("first divergence"), "{summary}");
+    let inv = h.store.latest_trace("p", "c").await.unwrap().unwrap();
+    assert_eq!((inv.outcome.as_str(), inv.steps.len()), ("untrusted", 1));
+    let rep = inv.steps[0].report.as_ref().unwrap();
+    assert_eq!(rep["verdict"], "untrusted");
+    assert_eq!(rep["signatures"][0]["evidence"]["offset"], 1, "{rep}");
+    // What the agent's packet is given is that summary.
+    assert_eq!(
+        h.store.latest_trace_summary("p", "c").await.unwrap(),
+        Some(summary)
+    );
+}
+
+#[tokio::test]
+async fn a_shift_seen_on_block_outputs_is_confirmed_by_their_insides() {
+    // Step 1 traces the block outputs only: a shift candidate that does not
+    // stop the drill (the port's layers could be shifted too).
+    let mut h = Harness::new().await;
+    h.investigate(3).await;
+    let a = h.assigned().await;
+    h.finish(&a, shifted(false), "");
+    let a = h.assigned().await;
+    assert_eq!(a.env["FASTVIDEO_TRACE_LAYERS"], r"^blocks\.0(\.|$)");
+    // Step 2: block 0's insides match in place, its output does not.
+    h.finish(
+        &a,
+        files(&[
+            ("blocks.0.attn", 0.5, 0.5),
+            ("blocks.0.mlp", 0.7, 0.7),
+            ("blocks.0", 1.0, 2.0),
+        ]),
+        "",
+    );
+    let summary = h.answer().await;
+    assert!(
+        summary.starts_with(
+            "trace step 2: comparison untrusted, no verdict on the port: layer_shift: "
+        ),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("the next step traced the insides of blocks.0: all 2 match in place"),
+        "{summary}"
+    );
+    let inv = h.store.latest_trace("p", "c").await.unwrap().unwrap();
+    assert_eq!(inv.outcome, "untrusted");
+
+    // With no step left to look inside, the candidate rides along in the
+    // summary of the divergence it could not explain.
+    let mut h = Harness::new().await;
+    h.investigate(1).await;
+    let a = h.assigned().await;
+    h.finish(&a, shifted(false), "");
+    let summary = h.answer().await;
+    assert!(
+        summary.starts_with("first divergence: blocks.0 ")
+            && summary.contains("; comparator checks: layer_shift: port blocks.N:out matches reference blocks.N+1:out")
+            && summary.contains("check: trace the blocks' sub-modules too"),
+        "{summary}"
+    );
+}

@@ -1,7 +1,9 @@
 //! `fvd trace …`: offline activation-trace and tensor-dump comparison.
 //!
-//! Exit codes: 0 no divergence, 1 divergence, 2 bad input (an `Err` here;
-//! `main` prints it and exits 2). Clap's own usage errors also exit 2.
+//! Exit codes: 0 a match (rows compared, none diverged, no comparator check
+//! distrusts the comparison), 1 divergence, an untrusted comparison or
+//! nothing compared, 2 bad input (an `Err` here; `main` prints it and exits
+//! 2). Clap's own usage errors also exit 2.
 
 use std::path::PathBuf;
 
@@ -80,9 +82,12 @@ pub struct DumpsArgs {
     /// Reference trace whose row order is the execution order.
     #[arg(long, value_name = "TRACE.jsonl")]
     pub order: Option<PathBuf>,
-    /// Dim along which per-token cosine is computed.
+    /// Dim along which per-token cosine is computed (and the token checks run).
     #[arg(long, value_name = "N")]
     pub token_dim: Option<usize>,
+    /// Dim of the per-channel check of the first divergent tensor (default: the last).
+    #[arg(long, value_name = "N")]
+    pub channel_dim: Option<usize>,
     /// A tensor diverges below this cosine.
     #[arg(long, default_value_t = fvd_trace::dumps::DEFAULT_MIN_COSINE)]
     pub min_cosine: f64,
@@ -147,7 +152,7 @@ fn run_compare(a: CompareArgs) -> anyhow::Result<u8> {
     } else {
         print!("{}", report.render_text());
     }
-    Ok(if report.diverged() { 1 } else { 0 })
+    Ok(if report.verdict.passed() { 0 } else { 1 })
 }
 
 fn run_merge(a: MergeArgs) -> anyhow::Result<u8> {
@@ -178,6 +183,7 @@ fn run_dumps(a: DumpsArgs) -> anyhow::Result<u8> {
         rename: a.rename,
         order: a.order,
         token_dim: a.token_dim,
+        channel_dim: a.channel_dim,
         min_cosine: a.min_cosine,
         max_rel_diff: a.max_rel_diff,
     };
@@ -187,9 +193,5 @@ fn run_dumps(a: DumpsArgs) -> anyhow::Result<u8> {
     } else {
         print!("{}", report.render_text());
     }
-    Ok(if report.first_divergence.is_some() {
-        1
-    } else {
-        0
-    })
+    Ok(if report.verdict.passed() { 0 } else { 1 })
 }

@@ -106,6 +106,8 @@ pub fn render(inv: &TraceInvestigation) -> String {
             format!("failed: {}", st.error)
         } else if st.report.is_none() {
             "running".to_string()
+        } else if let Some(kinds) = untrusted(st.report.as_ref()) {
+            format!("comparison untrusted ({kinds})")
         } else if st.first_module.is_empty() {
             "no divergence".to_string()
         } else {
@@ -141,6 +143,17 @@ pub fn render(inv: &TraceInvestigation) -> String {
         }
     }
     s
+}
+
+/// The kinds of the checks that distrust a stored report, if any.
+fn untrusted(report: Option<&serde_json::Value>) -> Option<String> {
+    let kinds: Vec<&str> = report?["signatures"]
+        .as_array()?
+        .iter()
+        .filter(|s| s["untrusted"] == true)
+        .filter_map(|s| s["kind"].as_str())
+        .collect();
+    (!kinds.is_empty()).then(|| kinds.join(", "))
 }
 
 #[cfg(test)]
@@ -247,5 +260,45 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("report of step"), "{text}");
+    }
+
+    #[test]
+    fn an_untrusted_step_is_not_called_a_match() {
+        let mut rep = report(None, &[("blocks.0", 0.3), ("blocks.0.attn", 0.0)]);
+        rep["verdict"] = "untrusted".into();
+        rep["signatures"] = serde_json::json!([{
+            "kind": "layer_shift",
+            "evidence": {"prefix": "blocks", "tensor": "out", "step": 0, "offset": 1,
+                "direction": "reference_ahead", "pairs": [[0, 1], [1, 2]], "probed": 2,
+                "insides_compared": 2, "insides_matching": 2},
+            "untrusted": true,
+            "message": "port blocks.N:out matches reference blocks.N+1:out for N = 0, 1",
+            "check": "the dumpers' indexing of block outputs",
+        }]);
+        let inv = TraceInvestigation {
+            family: "p".into(),
+            component: "c".into(),
+            job_id: "p.c.1".into(),
+            outcome: "untrusted".into(),
+            steps: vec![TraceStep {
+                step: 1,
+                layers: "^a$".into(),
+                reference_layers: "^a$".into(),
+                job_id: "p.c#trace.1".into(),
+                report: Some(rep),
+                ..TraceStep::default()
+            }],
+            ..TraceInvestigation::default()
+        };
+        let text = render(&inv);
+        assert!(
+            text.contains("run p.c#trace.1: comparison untrusted (layer_shift)"),
+            "{text}"
+        );
+        assert!(!text.contains("no divergence"), "{text}");
+        assert!(
+            text.contains("comparator checks:\n  [layer_shift] (untrusted) port blocks.N:out"),
+            "{text}"
+        );
     }
 }

@@ -16,4 +16,5 @@ mod port;
 mod support;
 mod telemetry;
 mod trace;
+mod trace_checks;
 mod trace_port;

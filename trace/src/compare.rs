@@ -18,6 +18,13 @@
 //! calibrated on the GPT-2 fixture: fp32-vs-bf16 noise reaches 1.4e-3 on
 //! abs_mean and 8e-3 on max, one changed input token reaches 9e-3 / 3e-2,
 //! and a real bug (a wrong norm epsilon) reaches 0.93.
+//!
+//! Before the first divergence is read, two comparator checks run
+//! ([`crate::signature`]): `inputs_differ` (the first row in execution
+//! order, the model's input, diverges) and `layer_shift` (block outputs
+//! match the neighbouring block on the other side while their insides match
+//! in place: the first divergence is then not named). A comparison with no
+//! aligned row has verdict `nothing_compared`, never a success.
 
 use std::path::PathBuf;
 
@@ -30,7 +37,8 @@ use crate::hash::{FastMap, fast_map};
 use crate::merge::{MergeOptions, ShapeIndex, merge_ranks, occurrences};
 use crate::record::{Name, Record, StatValue, read_side};
 use crate::rename::Renamer;
-use crate::report::{FirstDivergence, Report, Row, Unmatched, UnmatchedSides};
+use crate::report::{FirstDivergence, Report, Row, Unmatched, UnmatchedSides, Verdict};
+use crate::signature::{self, InputsDiffer, ShiftRow, Signature, block_of};
 
 /// Tolerances applied when the caller gives none for a stat.
 pub const DEFAULT_TOLERANCES: [(&str, f64); 2] = [("abs_mean", 5e-3), ("max", 2e-2)];
@@ -262,20 +270,6 @@ fn stat_json(v: Option<&StatValue>) -> serde_json::Value {
     }
 }
 
-/// The number that names a block in a module path (`blocks.3.attn` → 3),
-/// with the path before it.
-fn block_of(module: &str) -> Option<(&str, &str)> {
-    let mut start = 0;
-    for part in module.split('.') {
-        if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
-            let prefix = module[..start].trim_end_matches('.');
-            return Some((prefix, part));
-        }
-        start += part.len() + 1;
-    }
-    None
-}
-
 /// The regex for the next, narrower trace: the block (or top-level module)
 /// holding `module` and everything under it.
 fn drill_regex(module: &str) -> String {
@@ -317,6 +311,9 @@ pub fn compare_records(
     let mut port_used = vec![false; port.len()];
 
     let mut rows: Vec<Row> = Vec::new();
+    // (reference record, port record) of each row, for the checks.
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
+    let mut first_kept: Option<usize> = None;
     let mut unmatched_ref: Vec<&Record> = Vec::new();
     let mut first: Option<FirstDivergence> = None;
     let mut first_row: Option<usize> = None;
@@ -326,6 +323,9 @@ pub fn compare_records(
 
     for (i, (r, n)) in reference.iter().zip(occurrences(reference)).enumerate() {
         let key = (&*r.module, &*r.tensor, r.step, n);
+        if first_kept.is_none() && keep(r) {
+            first_kept = Some(i);
+        }
         let Some(&j) = port_index.get(&key) else {
             if keep(r) {
                 unmatched_ref.push(r);
@@ -424,6 +424,7 @@ pub fn compare_records(
                 .cloned()
                 .collect()
         };
+        pairs.push((i, j));
         rows.push(Row {
             index: i,
             reference_module: r.module.to_string(),
@@ -465,16 +466,72 @@ pub fn compare_records(
         .filter(|s| step_exact[s])
         .collect();
 
+    // Comparator checks, before any verdict is read.
+    let mut signatures: Vec<Signature> = Vec::new();
+    if opts.layers.is_none()
+        && let (Some(row), Some(fd)) = (rows.first(), &first)
+        && row.diverged
+        && Some(row.index) == first_kept
+        && block_of(&row.reference_module).is_none()
+    {
+        // The first row of the reference is the model's input (a filtered
+        // or block-scoped trace starts inside the model: no such check).
+        // Diverged, it is the first divergence.
+        let what = match fd.drift {
+            Some(d) => format!("{} drift {} beyond tolerance", fd.stat, pct(d)),
+            None => format!("{} {} vs {}", fd.stat, fd.reference, fd.port),
+        };
+        let (stat, value, threshold) = (fd.stat.clone(), fd.drift, fd.tolerance);
+        signatures.push(signature::inputs_differ(
+            InputsDiffer {
+                reference: row.reference_module.clone(),
+                port: row.port_module.clone(),
+                step: row.step,
+                stat,
+                value,
+                threshold,
+            },
+            &what,
+        ));
+    }
+    let shift_rows: Vec<ShiftRow<'_>> = rows
+        .iter()
+        .map(|r| ShiftRow {
+            module: &r.reference_module,
+            tensor: &r.tensor,
+            step: r.step,
+            diverged: r.diverged,
+        })
+        .collect();
+    let shift = signature::layer_shift::<std::convert::Infallible>(&shift_rows, |p, r| {
+        Ok(stats_match(
+            &reference[pairs[r].0],
+            &port[pairs[p].1],
+            &tols,
+        ))
+    })
+    .unwrap_or_else(|never| match never {});
+    if let Some(sig) = shift {
+        if sig.untrusted {
+            // Not a verdict on the model: no first divergence, no drill-down.
+            first = None;
+            first_row = None;
+        }
+        signatures.push(sig);
+    }
+
     // Diagnostics.
     let compared = rows.len();
     let diverged_rows = rows.iter().filter(|r| r.diverged).count();
+    // A signature explains rows that all diverge better than a guess does.
+    let inputs_checked = !signatures.is_empty();
     if compared == 0 {
         diags.push(
             "nothing_compared",
             "no row of the reference has a counterpart in the port: check the rename rules, --layers and --steps",
         );
     }
-    if compared >= 2 && diverged_rows == compared {
+    if compared >= 2 && diverged_rows == compared && !inputs_checked {
         diags.push(
             "inputs_differ",
             format!(
@@ -571,17 +628,22 @@ pub fn compare_records(
         );
     }
 
-    let (drill_down, drill_down_reference) = match &first {
-        Some(fd) => (
-            Some(drill_regex(&fd.port_module)),
-            Some(drill_regex(&fd.reference_module)),
-        ),
-        None => (None, None),
-    };
+    let verdict = Verdict::of(rows.len(), &signatures, first.is_some());
+    // An untrusted comparison is not drilled into.
+    let (drill_down, drill_down_reference) =
+        match first.as_ref().filter(|_| verdict != Verdict::Untrusted) {
+            Some(fd) => (
+                Some(drill_regex(&fd.port_module)),
+                Some(drill_regex(&fd.reference_module)),
+            ),
+            None => (None, None),
+        };
     Ok(Report {
+        verdict,
+        diagnostics: lead_diagnostics(diags.finish(), &signatures),
+        signatures,
         first_divergence: first,
         rows,
-        diagnostics: diags.finish(),
         unmatched,
         drill_down,
         drill_down_reference,
@@ -596,6 +658,47 @@ pub fn compare_records(
 
 fn step_text(s: Option<i64>) -> String {
     s.map_or("null".to_string(), |v| v.to_string())
+}
+
+fn pct(d: f64) -> String {
+    format!("{:.3}%", d * 100.0)
+}
+
+/// Diagnostics in the order a reader needs them: `nothing_compared` first,
+/// then one per signature, then the rest.
+pub(crate) fn lead_diagnostics(rest: Vec<Diagnostic>, signatures: &[Signature]) -> Vec<Diagnostic> {
+    let (mut out, rest): (Vec<Diagnostic>, Vec<Diagnostic>) =
+        rest.into_iter().partition(|d| d.code == "nothing_compared");
+    out.extend(signatures.iter().map(Signature::diagnostic));
+    out.extend(rest);
+    out
+}
+
+/// Whether the port record `p` matches the reference record `r` within the
+/// tolerances of `r`'s module (None: nothing comparable, or other shapes).
+fn stats_match(r: &Record, p: &Record, tols: &Tolerances) -> Option<bool> {
+    if let (Some(a), Some(b)) = (&r.shape, &p.shape)
+        && a != b
+    {
+        return None;
+    }
+    let abs_mean = match (r.stat_f64("abs_mean"), p.stat_f64("abs_mean")) {
+        (Some(a), Some(b)) => Some(a.abs().max(b.abs())),
+        (a, b) => a.or(b),
+    };
+    let numel = r.element_count().or(p.element_count());
+    let mut compared = 0;
+    for (name, rv) in r.stats.iter() {
+        let (Some(tol), StatValue::Num(a)) = (tols.get(&r.module, name), rv) else {
+            continue;
+        };
+        let Some(b) = p.stat_f64(name) else { continue };
+        compared += 1;
+        if drift(name, a, b, abs_mean, numel) > tol {
+            return Some(false);
+        }
+    }
+    (compared > 0).then_some(true)
 }
 
 /// At most this many unmatched modules get nearest-name candidates: the

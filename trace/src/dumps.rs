@@ -18,6 +18,17 @@
 //! list of keys, written by the `fvd_trace` Python package), else from a
 //! numeric-aware sort of the keys, with a diagnostic saying so.
 //!
+//! Comparator checks ([`crate::signature`]) run before the first divergence
+//! is read: `inputs_differ` (the first tensor in execution order differs
+//! beyond dtype rounding), `layer_shift` (block outputs match the
+//! neighbouring block of the other side, insides match in place: probed
+//! with at most [`crate::signature::SHIFT_PROBES`] extra tensor passes per
+//! direction; the first divergence is then not named), and on the first
+//! divergent tensor, from one more streaming pass that sums per token
+//! (`--token-dim`) and per channel (`--channel-dim`, default the last dim):
+//! `token_subset`, `token_zero` and `channels`. No common tensor is verdict
+//! `nothing_compared`, never a success.
+//!
 //! Memory stays bounded whatever the file size: tensors are read through
 //! small memory-mapped windows that are unmapped after use (a mapping of the
 //! whole file would count every touched page in the process's resident set),
@@ -34,7 +45,8 @@ use crate::diag::{Collector, Diagnostic};
 use crate::error::TraceError;
 use crate::record::read_trace;
 use crate::rename::Renamer;
-use crate::report::{FirstDivergence, Unmatched, UnmatchedSides};
+use crate::report::{FirstDivergence, Unmatched, UnmatchedSides, Verdict};
+use crate::signature::{self, InputsDiffer, ShiftRow, Signature, Sums, block_of};
 
 /// Default cosine threshold.
 pub const DEFAULT_MIN_COSINE: f64 = 0.99;
@@ -49,6 +61,9 @@ const CHUNK: usize = 1 << 20;
 const BLOCK: usize = 4096;
 /// Per-token cosines are listed in the report up to this many tokens.
 const TOKEN_LIST_LIMIT: usize = 4096;
+/// Per-slice sums of the first divergent tensor are kept for at most this
+/// many tokens or channels (24 bytes each per thread).
+const SLICE_LIMIT: usize = 1 << 22;
 
 /// Options of [`compare_dumps`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -57,6 +72,9 @@ pub struct DumpOptions {
     pub rename: Vec<String>,
     pub order: Option<PathBuf>,
     pub token_dim: Option<usize>,
+    /// Dim of the per-channel slices of the first divergent tensor; the
+    /// last dim when absent.
+    pub channel_dim: Option<usize>,
     pub min_cosine: f64,
     pub max_rel_diff: f64,
 }
@@ -67,6 +85,7 @@ impl Default for DumpOptions {
             rename: Vec::new(),
             order: None,
             token_dim: None,
+            channel_dim: None,
             min_cosine: DEFAULT_MIN_COSINE,
             max_rel_diff: DEFAULT_MAX_REL_DIFF,
         }
@@ -586,6 +605,17 @@ pub fn tensor_metrics(
     token_dim: Option<usize>,
     threads: usize,
 ) -> Result<Metrics, TraceError> {
+    metrics_and_tokens(a, b, token_dim, threads).map(|(m, _)| m)
+}
+
+/// [`tensor_metrics`] and the per-token sums behind its token cosines
+/// (empty without a token dim).
+fn metrics_and_tokens(
+    a: &TensorRef,
+    b: &TensorRef,
+    token_dim: Option<usize>,
+    threads: usize,
+) -> Result<(Metrics, Vec<Sums>), TraceError> {
     let n = a.numel();
     let tokens = token_dim.filter(|&d| d < a.shape.len()).map(|d| {
         (
@@ -643,7 +673,8 @@ pub fn tensor_metrics(
     } else {
         (None, None, None)
     };
-    Ok(Metrics {
+    let token_sums = std::mem::take(&mut acc.tok);
+    let m = Metrics {
         cosine: cosine(acc.sxy, acc.sxx, acc.syy),
         rel_diff,
         max_abs_diff: acc.max_ad.max(0.0),
@@ -657,7 +688,251 @@ pub fn tensor_metrics(
         token_cosine_min,
         token_cosine_min_at,
         token_cosine,
+    };
+    Ok((m, token_sums))
+}
+
+/// `(count, inner)` of `dim` in `shape`: slice index of element `pos` is
+/// `(pos / inner) % count`.
+fn slicing(shape: &[usize], dim: usize) -> Option<(usize, usize)> {
+    let count = *shape.get(dim)?;
+    let inner = shape[dim + 1..].iter().product::<usize>().max(1);
+    (2..=SLICE_LIMIT).contains(&count).then_some((count, inner))
+}
+
+/// Σxy, Σx², Σy² per slice of `dim` (`(count, inner)` from [`slicing`]) of
+/// two tensors of one shape, streaming as [`tensor_metrics`] does.
+pub fn slice_sums(
+    a: &TensorRef,
+    b: &TensorRef,
+    (count, inner): (usize, usize),
+    threads: usize,
+) -> Result<Vec<Sums>, TraceError> {
+    let n = a.numel();
+    let threads = threads.clamp(1, n.div_ceil(CHUNK).max(1));
+    let per = n.div_ceil(threads);
+    let scan = |range: std::ops::Range<usize>| -> Result<SliceAcc, TraceError> {
+        let mut acc = SliceAcc::new(count);
+        walk(a, b, range, |xs, ys, base| {
+            add_slices(xs, ys, base, inner, &mut acc)
+        })?;
+        Ok(acc)
+    };
+    let parts: Vec<std::ops::Range<usize>> = (0..threads)
+        .map(|t| (t * per).min(n)..((t + 1) * per).min(n))
+        .collect();
+    let results: Vec<Result<SliceAcc, TraceError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = parts
+            .iter()
+            .map(|r| {
+                let r = r.clone();
+                s.spawn(move || scan(r))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("dump slice thread panicked"))
+            .collect()
+    });
+    let mut sums = vec![[0.0; 3]; count];
+    for r in results {
+        let r = r?;
+        for (i, s) in sums.iter_mut().enumerate() {
+            s[0] += r.xy[i];
+            s[1] += r.xx[i];
+            s[2] += r.yy[i];
+        }
+    }
+    Ok(sums)
+}
+
+/// Per-slice sums as three arrays, so that consecutive channels are
+/// consecutive memory and the inner loops vectorize.
+#[derive(Debug)]
+struct SliceAcc {
+    xy: Vec<f64>,
+    xx: Vec<f64>,
+    yy: Vec<f64>,
+}
+
+impl SliceAcc {
+    fn new(count: usize) -> Self {
+        SliceAcc {
+            xy: vec![0.0; count],
+            xx: vec![0.0; count],
+            yy: vec![0.0; count],
+        }
+    }
+}
+
+/// Adds a decoded block (first element index `base`) to its slices: with
+/// `inner == 1` (the last dim) element `i` belongs to slice `(base + i) %
+/// count`, walked as contiguous segments; otherwise each run of `inner`
+/// elements belongs to one slice and is summed in independent lanes.
+fn add_slices(xs: &[f64], ys: &[f64], base: usize, inner: usize, acc: &mut SliceAcc) {
+    let count = acc.xy.len();
+    if inner == 1 {
+        let (mut i, mut c) = (0, base % count);
+        while i < xs.len() {
+            let len = (count - c).min(xs.len() - i);
+            let (x, y) = (&xs[i..i + len], &ys[i..i + len]);
+            let (xy, xx, yy) = (
+                &mut acc.xy[c..c + len],
+                &mut acc.xx[c..c + len],
+                &mut acc.yy[c..c + len],
+            );
+            for k in 0..len {
+                xy[k] += x[k] * y[k];
+                xx[k] += x[k] * x[k];
+                yy[k] += y[k] * y[k];
+            }
+            i += len;
+            c = 0;
+        }
+        return;
+    }
+    const L: usize = 4;
+    let mut i = 0;
+    while i < xs.len() {
+        let pos = base + i;
+        let end = (i + inner - pos % inner).min(xs.len());
+        let (mut sxy, mut sxx, mut syy) = ([0.0; L], [0.0; L], [0.0; L]);
+        let (xc, yc) = (xs[i..end].chunks_exact(L), ys[i..end].chunks_exact(L));
+        let (xr, yr) = (xc.remainder(), yc.remainder());
+        for (x, y) in xc.zip(yc) {
+            for l in 0..L {
+                sxy[l] += x[l] * y[l];
+                sxx[l] += x[l] * x[l];
+                syy[l] += y[l] * y[l];
+            }
+        }
+        for (x, y) in xr.iter().zip(yr) {
+            sxy[0] += x * y;
+            sxx[0] += x * x;
+            syy[0] += y * y;
+        }
+        let slot = (pos / inner) % count;
+        acc.xy[slot] += sxy.iter().sum::<f64>();
+        acc.xx[slot] += sxx.iter().sum::<f64>();
+        acc.yy[slot] += syy.iter().sum::<f64>();
+        i = end;
+    }
+}
+
+/// Streams the element range `range` of two tensors through `f` in decoded
+/// blocks (`f(xs, ys, first element index)`), one mapped window at a time.
+fn walk(
+    a: &TensorRef,
+    b: &TensorRef,
+    range: std::ops::Range<usize>,
+    mut f: impl FnMut(&[f64], &[f64], usize),
+) -> Result<(), TraceError> {
+    walk_while(a, b, range, |xs, ys, base| {
+        f(xs, ys, base);
+        true
     })
+}
+
+/// [`walk`] that stops when `f` returns false.
+fn walk_while(
+    a: &TensorRef,
+    b: &TensorRef,
+    range: std::ops::Range<usize>,
+    mut f: impl FnMut(&[f64], &[f64], usize) -> bool,
+) -> Result<(), TraceError> {
+    let fa = File::open(&a.path).map_err(io(&a.path))?;
+    let fb = File::open(&b.path).map_err(io(&b.path))?;
+    let mut xs = [0.0f64; BLOCK];
+    let mut ys = [0.0f64; BLOCK];
+    let (sa, sb) = (a.dtype.size(), b.dtype.size());
+    let mut start = range.start;
+    while start < range.end {
+        let len = CHUNK.min(range.end - start);
+        let ma = map_window(&fa, a.offset + (start * sa) as u64, len * sa).map_err(io(&a.path))?;
+        let mb = map_window(&fb, b.offset + (start * sb) as u64, len * sb).map_err(io(&b.path))?;
+        let mut i = 0;
+        while i < len {
+            let n = BLOCK.min(len - i);
+            decode(a.dtype, &ma[i * sa..(i + n) * sa], &mut xs[..n]);
+            decode(b.dtype, &mb[i * sb..(i + n) * sb], &mut ys[..n]);
+            if !f(&xs[..n], &ys[..n], start + i) {
+                return Ok(());
+            }
+            i += n;
+        }
+        drop((ma, mb));
+        start += len;
+    }
+    Ok(())
+}
+
+/// Whether port tensor `b` matches reference tensor `a` (another block's)
+/// within the thresholds. `energy` is Σx² + Σy², known from both tensors'
+/// own comparisons: a match needs Σ(x−y)² ≤ max_rel_diff × energy, so the
+/// scan stops as soon as the running error passes that budget, which for a
+/// pair that does not match is within its first blocks.
+fn cross_match(
+    a: &TensorRef,
+    b: &TensorRef,
+    energy: f64,
+    opts: &DumpOptions,
+) -> Result<bool, TraceError> {
+    let budget = opts.max_rel_diff * energy;
+    let (mut err, mut s) = (0.0f64, [0.0f64; 3]);
+    let mut over = false;
+    walk_while(a, b, 0..a.numel(), |xs, ys, _| {
+        for (x, y) in xs.iter().zip(ys) {
+            err += (x - y) * (x - y);
+            s[0] += x * y;
+            s[1] += x * x;
+            s[2] += y * y;
+        }
+        over = err.is_nan() || err > budget;
+        !over
+    })?;
+    Ok(!over
+        && signature::rel_diff(s) <= opts.max_rel_diff
+        && signature::cosine(s) >= opts.min_cosine)
+}
+
+/// token_zero / token_subset (from the per-token sums of the main pass) and
+/// channels (one more streaming pass) of the first divergent tensor.
+fn slice_signatures(
+    ta: &TensorRef,
+    tb: &TensorRef,
+    token_sums: &[Sums],
+    opts: &DumpOptions,
+    threads: usize,
+) -> Result<Vec<Signature>, TraceError> {
+    let nd = ta.shape.len();
+    let token_dim = opts.token_dim.filter(|&d| d < nd);
+    let mut out = Vec::new();
+    if let Some(d) = token_dim {
+        out.extend(signature::token_signature(
+            &ta.key,
+            d,
+            token_sums,
+            opts.min_cosine,
+            opts.max_rel_diff,
+        ));
+    }
+    let channel_dim = opts
+        .channel_dim
+        .or(nd.checked_sub(1))
+        .filter(|&d| d < nd && Some(d) != token_dim);
+    if let Some(d) = channel_dim
+        && let Some(channels) = slicing(&ta.shape, d)
+    {
+        let sums = slice_sums(ta, tb, channels, threads)?;
+        out.extend(signature::channel_signature(
+            &ta.key,
+            d,
+            &sums,
+            opts.min_cosine,
+            opts.max_rel_diff,
+        ));
+    }
+    Ok(out)
 }
 
 /// One compared pair of tensors.
@@ -679,6 +954,13 @@ pub struct TensorResult {
 /// Everything the dump comparator found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DumpReport {
+    /// What the comparison concludes (only `match` is a success).
+    #[serde(default)]
+    pub verdict: Verdict,
+    /// Comparator checks that fired; each is also the first of the
+    /// `diagnostics` with its kind as code.
+    #[serde(default)]
+    pub signatures: Vec<Signature>,
     /// First tensor in execution order beyond the thresholds. `stat` is the
     /// failing metric (`rel_diff`, `cosine` or `shape`), `drift` its value
     /// (rel_diff, or 1 − cosine), and `reference`/`port` the two tensors'
@@ -695,6 +977,22 @@ impl DumpReport {
     pub fn render_text(&self) -> String {
         use std::fmt::Write as _;
         let mut s = String::new();
+        if self.verdict == Verdict::NothingCompared {
+            let why = self
+                .diagnostics
+                .iter()
+                .find(|d| d.code == "nothing_compared")
+                .map_or("no tensor has a counterpart on the other side", |d| {
+                    d.message.as_str()
+                });
+            let _ = writeln!(s, "nothing compared: {why}");
+            for d in &self.diagnostics {
+                if d.code != "nothing_compared" {
+                    let _ = writeln!(s, "  [{}] {}", d.code, d.message);
+                }
+            }
+            return s;
+        }
         let _ = writeln!(
             s,
             "  {:<6} {:<44} {:>10} {:>10} {:>10} {:>10}",
@@ -719,11 +1017,20 @@ impl DumpReport {
                 }
             }
         }
-        match &self.first_divergence {
-            Some(fd) => {
+        s.push('\n');
+        s.push_str(&signature::render(&self.signatures));
+        match (&self.first_divergence, self.verdict) {
+            (fd, Verdict::Untrusted) => {
                 let _ = writeln!(
                     s,
-                    "\nfirst divergence: {} (reference {}) {}: {} = {}",
+                    "{}",
+                    crate::report::untrusted_line(&self.signatures, fd.as_ref(), "tensors")
+                );
+            }
+            (Some(fd), _) => {
+                let _ = writeln!(
+                    s,
+                    "first divergence: {} (reference {}) {}: {} = {}",
                     fd.port_module,
                     fd.reference_module,
                     fd.tensor,
@@ -731,16 +1038,14 @@ impl DumpReport {
                     fd.drift.map_or("-".to_string(), |d| format!("{d:.4e}"))
                 );
             }
-            None => {
-                let _ = writeln!(
-                    s,
-                    "\nno divergence: {} tensors compared",
-                    self.tensors.len()
-                );
+            (None, _) => {
+                let _ = writeln!(s, "no divergence: {} tensors compared", self.tensors.len());
             }
         }
         for d in &self.diagnostics {
-            let _ = writeln!(s, "  [{}] {}", d.code, d.message);
+            if !crate::report::shown_above(d, &self.signatures) {
+                let _ = writeln!(s, "  [{}] {}", d.code, d.message);
+            }
         }
         s
     }
@@ -858,6 +1163,13 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
 
     let mut tensors = Vec::new();
+    // (reference tensor, port tensor) of each compared pair, for the checks.
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
+    let mut first_at: Option<usize> = None;
+    // Per-token sums of the latest tensor while no divergence is found: at
+    // the end, those of the first divergent tensor.
+    let mut token_sums: Vec<Sums> = Vec::new();
+    let mut signatures: Vec<Signature> = Vec::new();
     let mut unmatched_ref = Vec::new();
     let mut first = None;
     for &i in &order {
@@ -886,7 +1198,10 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
             };
             (None, true, Some(fd))
         } else {
-            let m = tensor_metrics(ta, tb, opts.token_dim, threads)?;
+            let (m, tok) = metrics_and_tokens(ta, tb, opts.token_dim, threads)?;
+            if first.is_none() {
+                token_sums = tok;
+            }
             // NaN metrics must count as diverged, hence the explicit NaN checks.
             let rel_bad = m.rel_diff.is_nan() || m.rel_diff > opts.max_rel_diff;
             let cos_bad = m.cosine.is_nan() || m.cosine < opts.min_cosine;
@@ -910,14 +1225,42 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
             });
             (Some(m), rel_bad || cos_bad, fd)
         };
-        if tensors.is_empty() && metrics.as_ref().is_none_or(|m| !m.identical) {
-            diags.push(
-                "inputs_differ",
-                format!(
-                    "the first tensor in execution order ({}) is not identical: the two runs do not start from the same inputs (or embedding weights); fix that before reading later tensors",
-                    ta.key
-                ),
-            );
+        // The first tensor in execution order is the model's input; a name
+        // sort does not know which one that is, and a block's tensor is not.
+        if i == order[0] && order_source != "sorted" && block_of(&ta.module).is_none() {
+            let (stat, value) = match &metrics {
+                None => ("shape", None),
+                Some(m) => ("rel_diff", Some(m.rel_diff)),
+            };
+            let off = metrics.as_ref().is_none_or(|m| {
+                !m.identical
+                    && (m.rel_diff.is_nan()
+                        || m.rel_diff > signature::INPUT_MAX_REL_DIFF
+                        || m.cosine.is_nan()
+                        || m.cosine < opts.min_cosine)
+            });
+            if off {
+                let what = match &metrics {
+                    None => format!("shape {:?} vs {:?}", ta.shape, tb.shape),
+                    Some(m) => format!(
+                        "rel_diff {:.3e} (cosine {:.6}) where dtype rounding stays below {:.0e}",
+                        m.rel_diff,
+                        m.cosine,
+                        signature::INPUT_MAX_REL_DIFF
+                    ),
+                };
+                signatures.push(signature::inputs_differ(
+                    InputsDiffer {
+                        reference: ta.key.clone(),
+                        port: tb.key.clone(),
+                        step: ta.step,
+                        stat: stat.to_string(),
+                        value: value.filter(|v| v.is_finite()),
+                        threshold: metrics.as_ref().map(|_| signature::INPUT_MAX_REL_DIFF),
+                    },
+                    &what,
+                ));
+            }
         }
         if first.is_none()
             && let Some(fd) = fd
@@ -935,7 +1278,9 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
                 );
             }
             first = Some(fd);
+            first_at = Some(tensors.len());
         }
+        pairs.push((i, j));
         tensors.push(TensorResult {
             reference_key: ta.key.clone(),
             port_key: tb.key.clone(),
@@ -949,6 +1294,52 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
             diverged,
         });
     }
+    // Block outputs matching their neighbour across the two sides.
+    let shift_rows: Vec<ShiftRow<'_>> = tensors
+        .iter()
+        .map(|t: &TensorResult| ShiftRow {
+            module: &t.module,
+            tensor: &t.tensor,
+            step: t.step,
+            diverged: t.diverged,
+        })
+        .collect();
+    let norms = |t: &TensorResult| t.metrics.as_ref().map(|m| (m.reference_norm, m.port_norm));
+    let shift = signature::layer_shift(&shift_rows, |p, r| {
+        let (tp, tr) = (&rb.tensors[pairs[p].1], &ra.tensors[pairs[r].0]);
+        let (Some((_, np)), Some((nr, _))) = (norms(&tensors[p]), norms(&tensors[r])) else {
+            return Ok(None);
+        };
+        if tp.shape != tr.shape {
+            return Ok(None);
+        }
+        cross_match(tr, tp, nr * nr + np * np, opts).map(Some)
+    })?;
+    if let Some(sig) = shift {
+        if sig.untrusted {
+            first = None;
+            first_at = None;
+        }
+        signatures.push(sig);
+    }
+    // Per-token and per-channel slices of the first divergent tensor.
+    if let Some(at) = first_at
+        && tensors[at].metrics.is_some()
+    {
+        let (ta, tb) = (&ra.tensors[pairs[at].0], &rb.tensors[pairs[at].1]);
+        signatures.extend(slice_signatures(ta, tb, &token_sums, opts, threads)?);
+    }
+    if tensors.is_empty() {
+        diags.push(
+            "nothing_compared",
+            format!(
+                "no tensor of {} has a counterpart in {}: check the rename rules and the keys (module:tensor[@step]) of both dumps",
+                a.display(),
+                b.display()
+            ),
+        );
+    }
+
     let unmatched_port: Vec<Unmatched> = rb
         .tensors
         .iter()
@@ -980,10 +1371,13 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
             ),
         );
     }
+    let verdict = Verdict::of(tensors.len(), &signatures, first.is_some());
     Ok(DumpReport {
+        verdict,
+        diagnostics: crate::compare::lead_diagnostics(diags.finish(), &signatures),
+        signatures,
         first_divergence: first,
         tensors,
-        diagnostics: diags.finish(),
         unmatched: UnmatchedSides {
             reference: unmatched_ref,
             port: unmatched_port,
@@ -1006,6 +1400,39 @@ mod tests {
         let mut v = vec!["layers.10", "layers.2", "layers.1.attn"];
         v.sort_by(|a, b| natural_cmp(a, b));
         assert_eq!(v, ["layers.1.attn", "layers.2", "layers.10"]);
+    }
+
+    #[test]
+    fn slices_add_up_like_a_direct_sum_from_any_offset() {
+        // Shape [3, 5, 4]: slices of dim 1 (inner 4) and dim 2 (inner 1).
+        let n = 60;
+        let xs: Vec<f64> = (0..n).map(|i| (i as f64 * 0.37).sin()).collect();
+        let ys: Vec<f64> = (0..n).map(|i| (i as f64 * 0.11).cos()).collect();
+        for (count, inner) in [(5usize, 4usize), (4, 1)] {
+            let mut want = vec![[0.0; 3]; count];
+            for i in 0..n {
+                let s = &mut want[(i / inner) % count];
+                s[0] += xs[i] * ys[i];
+                s[1] += xs[i] * xs[i];
+                s[2] += ys[i] * ys[i];
+            }
+            // Blocks that start and end mid-slice.
+            let mut acc = SliceAcc::new(count);
+            for (lo, hi) in [(0, 7), (7, 33), (33, 60)] {
+                add_slices(&xs[lo..hi], &ys[lo..hi], lo, inner, &mut acc);
+            }
+            let got: Vec<Sums> = (0..count)
+                .map(|i| [acc.xy[i], acc.xx[i], acc.yy[i]])
+                .collect();
+            for (g, w) in got.iter().zip(&want) {
+                for k in 0..3 {
+                    assert!(
+                        (g[k] - w[k]).abs() < 1e-12,
+                        "{count}x{inner}: {g:?} vs {w:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! offline from the `fvd trace` CLI. The entry points an orchestrator needs
 //! are [`compare`] (returns a serde-serializable [`Report`], whose
 //! [`Report::drill_down`] is the regex of the next, narrower trace),
-//! [`merge_ranks`] and [`dumps::compare_dumps`].
+//! [`merge_ranks`] and [`dumps::compare_dumps`]. Both comparisons run the
+//! comparator checks of [`signature`] before they name a first divergence,
+//! and a comparison of nothing is never a success ([`Verdict`]).
 
 pub mod compare;
 pub mod diag;
@@ -19,6 +21,7 @@ pub mod plot;
 pub mod record;
 pub mod rename;
 pub mod report;
+pub mod signature;
 
 pub use compare::{CompareOptions, compare, compare_records, drift, parse_steps};
 pub use diag::Diagnostic;
@@ -26,4 +29,5 @@ pub use error::TraceError;
 pub use merge::{MergeOptions, Merged, ShapeIndex, merge_ranks};
 pub use record::{Record, StatValue, TraceFile, read_side, read_trace, write_trace};
 pub use rename::{RenameRule, Renamer};
-pub use report::{FirstDivergence, Report, Row, Unmatched, UnmatchedSides};
+pub use report::{FirstDivergence, Report, Row, Unmatched, UnmatchedSides, Verdict};
+pub use signature::{Evidence, Signature};

@@ -9,6 +9,89 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::diag::Diagnostic;
+use crate::signature::Signature;
+
+/// What a comparison concludes. Only `match` is a success: a comparison
+/// of nothing, or one a comparator check does not trust, fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Rows were compared and none diverged.
+    #[default]
+    Match,
+    /// A first divergence is named.
+    Diverged,
+    /// A comparator check says the comparison cannot be read (a dumper's
+    /// block index off by one, inputs that differ): see `signatures`.
+    Untrusted,
+    /// No row (tensor) has a counterpart on the other side.
+    NothingCompared,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Match => "match",
+            Verdict::Diverged => "diverged",
+            Verdict::Untrusted => "untrusted",
+            Verdict::NothingCompared => "nothing_compared",
+        }
+    }
+
+    /// The one success.
+    pub fn passed(self) -> bool {
+        self == Verdict::Match
+    }
+
+    pub(crate) fn of(compared: usize, signatures: &[Signature], diverged: bool) -> Self {
+        if compared == 0 {
+            Verdict::NothingCompared
+        } else if signatures.iter().any(|s| s.untrusted) {
+            Verdict::Untrusted
+        } else if diverged {
+            Verdict::Diverged
+        } else {
+            Verdict::Match
+        }
+    }
+}
+
+/// The verdict line of a comparison that is not a plain match or
+/// divergence, and the diagnostic codes it already shows.
+pub(crate) fn untrusted_line(
+    signatures: &[Signature],
+    first: Option<&FirstDivergence>,
+    what: &str,
+) -> String {
+    let mut kinds: Vec<&str> = signatures
+        .iter()
+        .filter(|s| s.untrusted)
+        .map(|s| s.kind())
+        .collect();
+    kinds.dedup();
+    match first {
+        Some(fd) => format!(
+            "comparison untrusted ({}): the first difference, {} (reference {}) {}, is not a verdict on the port; fix what the checks above name and compare again",
+            kinds.join(", "),
+            fd.port_module,
+            fd.reference_module,
+            fd.tensor
+        ),
+        None => format!(
+            "comparison untrusted ({}): no first divergence is named; the {what} may all be right; fix what the checks above name and compare again",
+            kinds.join(", ")
+        ),
+    }
+}
+
+/// Whether `d` is already shown above the diagnostics list (a signature's
+/// mirror, or the nothing-compared line).
+pub(crate) fn shown_above(d: &Diagnostic, signatures: &[Signature]) -> bool {
+    d.code == "nothing_compared"
+        || signatures
+            .iter()
+            .any(|s| s.kind() == d.code && s.message == d.message)
+}
 
 /// The first row, in the reference's execution order, beyond tolerance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,6 +191,17 @@ pub struct UnmatchedSides {
 /// Everything `compare` found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// What the comparison concludes; written for JSON readers (Rust code
+    /// calls [`Report::assess`], which also works on reports stored before
+    /// this field existed).
+    #[serde(default)]
+    pub verdict: Verdict,
+    /// Comparator checks that fired, before any verdict is read; each is
+    /// also the first of the `diagnostics` with its kind as code.
+    #[serde(default)]
+    pub signatures: Vec<Signature>,
+    /// Null when the comparison is untrusted because of a dumper's layer
+    /// shift: the model is not shown to diverge.
     pub first_divergence: Option<FirstDivergence>,
     pub rows: Vec<Row>,
     pub diagnostics: Vec<Diagnostic>,
@@ -128,20 +222,73 @@ impl Report {
         self.first_divergence.is_some()
     }
 
+    /// The verdict, computed from the report's contents. Nothing compared
+    /// is read from the finding [`crate::compare`] puts first when no row
+    /// aligned (a stored report may have been trimmed of its rows).
+    pub fn assess(&self) -> Verdict {
+        let nothing = self
+            .diagnostics
+            .iter()
+            .any(|d| d.code == "nothing_compared");
+        Verdict::of(
+            usize::from(!nothing),
+            &self.signatures,
+            self.first_divergence.is_some(),
+        )
+    }
+
+    /// Sets `verdict` from the contents (after a change to them).
+    pub fn settle(&mut self) {
+        self.verdict = self.assess();
+    }
+
+    /// Removes the signatures of `kind` and their diagnostics (a caller
+    /// that knows they do not apply, e.g. an input check on a trace that
+    /// starts inside the model), and settles the verdict again.
+    pub fn drop_signatures(&mut self, kind: &str) {
+        let gone: Vec<String> = self
+            .signatures
+            .iter()
+            .filter(|s| s.kind() == kind)
+            .map(|s| s.message.clone())
+            .collect();
+        self.signatures.retain(|s| s.kind() != kind);
+        self.diagnostics
+            .retain(|d| !(d.code == kind && gone.contains(&d.message)));
+        self.settle();
+    }
+
     /// The regex for the next trace, in the port's module names.
     pub fn drill_down(&self) -> Option<&str> {
         self.drill_down.as_deref()
     }
 
-    /// A short text report: verdict, the rows around the first divergence,
-    /// diagnostics, unmatched modules, drill-down.
+    /// A short text report: comparator checks, verdict, the rows around the
+    /// first divergence, diagnostics, unmatched modules, drill-down.
     pub fn render_text(&self) -> String {
-        let mut s = String::new();
-        match &self.first_divergence {
-            None => {
+        let mut s = crate::signature::render(&self.signatures);
+        match (self.assess(), &self.first_divergence) {
+            (Verdict::NothingCompared, _) => {
+                let why = self
+                    .diagnostics
+                    .iter()
+                    .find(|d| d.code == "nothing_compared")
+                    .map_or("no row has a counterpart on the other side", |d| {
+                        d.message.as_str()
+                    });
+                let _ = writeln!(s, "nothing compared: {why}");
+            }
+            (Verdict::Untrusted, fd) => {
+                let _ = writeln!(
+                    s,
+                    "{}",
+                    untrusted_line(&self.signatures, fd.as_ref(), "model's blocks")
+                );
+            }
+            (_, None) => {
                 let _ = writeln!(s, "no divergence: {} rows compared", self.rows.len());
             }
-            Some(fd) => {
+            (_, Some(fd)) => {
                 let drift = fd
                     .drift
                     .map_or(String::new(), |d| format!(", drift {}", pct(d)));
@@ -208,9 +355,14 @@ impl Report {
                 let _ = writeln!(s);
             }
         }
-        if !self.diagnostics.is_empty() {
+        let rest: Vec<&Diagnostic> = self
+            .diagnostics
+            .iter()
+            .filter(|d| !shown_above(d, &self.signatures))
+            .collect();
+        if !rest.is_empty() {
             let _ = writeln!(s, "\ndiagnostics:");
-            for d in &self.diagnostics {
+            for d in rest {
                 let _ = writeln!(s, "  [{}] {}", d.code, d.message);
             }
         }

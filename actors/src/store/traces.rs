@@ -19,7 +19,7 @@ pub struct TraceInvestigation {
     pub job_id: String,
     /// `running` or `done`.
     pub state: String,
-    /// `leaf`, `depth`, `no_divergence`, `error` or `abandoned`.
+    /// `leaf`, `depth`, `no_divergence`, `error`, `untrusted` or `abandoned`.
     pub outcome: String,
     /// One line; the component's blocked reason quotes it.
     pub summary: String,
