@@ -33,6 +33,11 @@ pub enum PortStatusError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("PORT_STATUS.md of {family}: {source}")]
+    Path {
+        family: String,
+        source: fvd_paths::PathError,
+    },
 }
 
 /// The stored port and its spec.
@@ -64,7 +69,7 @@ pub async fn write(store: &Store, family: &str) -> Result<PathBuf, PortStatusErr
         runs.push(store.jobs_of(family, &c.name).await?);
     }
     let escapes = store.escapes(family).await?;
-    let path = file_path(&port, &spec);
+    let path = file_path(&port, &spec)?;
     let existing = std::fs::read_to_string(&path).ok();
     let text = render(
         existing.as_deref(),
@@ -83,7 +88,9 @@ pub async fn write(store: &Store, family: &str) -> Result<PathBuf, PortStatusErr
         })?;
     }
     // Written beside and renamed over, so a crash never leaves half a file.
+    // A link left where the temporary file goes is removed, not followed.
     let tmp = path.with_extension("md.fvd-tmp");
+    let _ = std::fs::remove_file(&tmp);
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, &path))
         .map_err(|source| PortStatusError::Write {
@@ -96,23 +103,30 @@ pub async fn write(store: &Store, family: &str) -> Result<PathBuf, PortStatusErr
     Ok(path)
 }
 
-/// Where the port's `PORT_STATUS.md` lives: `prep.port_state_file` when it
-/// is a plain relative path, else the convention.
-fn file_path(port: &PortRow, spec: &PortSpec) -> PathBuf {
+/// Where the port's `PORT_STATUS.md` lives: `prep.port_state_file`, or the
+/// convention when it is absent or a template placeholder (`<family>`).
+/// Either is refused if it would leave the repository or pass through a
+/// link (a cloned repository may carry one pointing anywhere).
+fn file_path(port: &PortRow, spec: &PortSpec) -> Result<PathBuf, PortStatusError> {
     let rel = spec
         .prep
         .get("port_state_file")
-        .filter(|p| !p.contains('<') && !p.starts_with('/') && !p.contains(".."))
+        .filter(|p| !p.contains('<'))
         .cloned()
         .unwrap_or_else(|| format!("tests/local_tests/{}/PORT_STATUS.md", port.family));
-    Path::new(&port.repo).join(rel)
+    fvd_paths::join_under_no_links(Path::new(&port.repo), rel).map_err(|source| {
+        PortStatusError::Path {
+            family: port.family.clone(),
+            source,
+        }
+    })
 }
 
 /// The highest `E###` number the port's `PORT_STATUS.md` already uses
 /// (rows people wrote included), so an id fvd gives never collides.
 pub async fn escape_floor(store: &Store, family: &str) -> Result<u32, PortStatusError> {
     let (port, spec) = port_and_spec(store, family).await?;
-    Ok(std::fs::read_to_string(file_path(&port, &spec))
+    Ok(std::fs::read_to_string(file_path(&port, &spec)?)
         .map(|text| {
             port_status::import(&text)
                 .0
@@ -616,6 +630,38 @@ coverage_scope = "both"
             findings.iter().all(|f| !f.field.contains("Escape")),
             "{findings:?}"
         );
+    }
+
+    #[test]
+    fn the_status_file_stays_inside_the_repository() {
+        let dir = tempfile::tempdir().unwrap();
+        let port = PortRow {
+            repo: dir.path().display().to_string(),
+            ..port()
+        };
+        let with = |file: &str| {
+            let mut s = spec();
+            s.prep.insert("port_state_file".into(), file.into());
+            file_path(&port, &s)
+        };
+        assert_eq!(
+            file_path(&port, &spec()).unwrap(),
+            dir.path()
+                .join("tests/local_tests/tiny_port/PORT_STATUS.md")
+        );
+        assert_eq!(
+            with("tests/local_tests/<family>/PORT_STATUS.md").unwrap(),
+            dir.path()
+                .join("tests/local_tests/tiny_port/PORT_STATUS.md")
+        );
+        for bad in ["../../outside.md", "/tmp/outside.md"] {
+            let err = with(bad).unwrap_err().to_string();
+            assert!(err.contains("must stay inside"), "{bad}: {err}");
+        }
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("docs")).unwrap();
+        let err = with("docs/PORT_STATUS.md").unwrap_err().to_string();
+        assert!(err.contains("docs is a symbolic link"), "{err}");
     }
 
     #[test]

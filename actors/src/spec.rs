@@ -190,6 +190,9 @@ struct RawDefaults {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawComponent {
+    /// Checked while deserializing, so a bad name is refused with its line
+    /// and column.
+    #[serde(deserialize_with = "component_name")]
     name: String,
     #[serde(rename = "type")]
     component_type: String,
@@ -209,6 +212,22 @@ struct RawComponent {
     confirm_runs: Option<u32>,
     /// Validated while deserializing, so its errors carry line and column.
     trace: Option<crate::trace_spec::TraceSpec>,
+}
+
+/// A component name: an identifier like the family's. Names become folder
+/// names, branch names and job ids, so nothing else (`..`, `/`, the
+/// `#trace` suffix of traced reruns) may be one.
+fn component_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let name = String::deserialize(d)?;
+    if fvd_paths::is_identifier(&name) {
+        Ok(name)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "component name {} is not an identifier: 1 to {} lowercase ascii letters, digits and _",
+            fvd_paths::shown(&name),
+            fvd_paths::MAX_IDENTIFIER_LEN
+        )))
+    }
 }
 
 /// Where the spec of `family` lives inside `repo` by convention.
@@ -281,13 +300,11 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         .get("model_family")
         .cloned()
         .ok_or_else(|| invalid("prep.model_family is missing".into()))?;
-    if family.is_empty()
-        || !family
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-    {
+    if !fvd_paths::is_identifier(&family) {
         return Err(invalid(format!(
-            "prep.model_family {family:?} is not snake_case"
+            "prep.model_family {} is not snake_case (1 to {} lowercase ascii letters, digits and _)",
+            fvd_paths::shown(&family),
+            fvd_paths::MAX_IDENTIFIER_LEN
         )));
     }
     let defaults_cmd: Vec<String> = raw
@@ -539,6 +556,28 @@ env = ["HF_TOKEN"]
         let zero = text.replace("confirm_runs = 2", "confirm_runs = 0");
         let err = parse(Path::new("p.toml"), &zero).unwrap_err().to_string();
         assert!(err.contains("confirm_runs must be at least 1"), "{err}");
+    }
+
+    #[test]
+    fn component_names_are_identifiers_refused_with_line_and_column() {
+        for bad in [
+            "../../../../tmp/x/esc",
+            "a/b",
+            "/abs",
+            "c#trace",
+            "Embed",
+            "",
+        ] {
+            let text = GOOD.replace("name = \"embed\"", &format!("name = {bad:?}"));
+            let err = parse(Path::new("p.toml"), &text).unwrap_err().to_string();
+            // line 7 of GOOD, the value's column
+            assert!(err.starts_with("p.toml:7:8: "), "{bad:?}: {err}");
+            assert!(err.contains("is not an identifier"), "{bad:?}: {err}");
+        }
+        let long = "x/".repeat(5_000);
+        let text = GOOD.replace("name = \"embed\"", &format!("name = {long:?}"));
+        let err = parse(Path::new("p.toml"), &text).unwrap_err().to_string();
+        assert!(err.len() < 400, "the name is cut: {err}");
     }
 
     #[test]

@@ -1,0 +1,210 @@
+//! Names and relative paths that come from a port spec or over the wire
+//! (from a worker, from a client), before fvd builds a file path out of
+//! them.
+//!
+//! - [`is_identifier`]: the rule for family and component names, which
+//!   become folder names (`.fvd/trace/<family>/<component>/`), branch names
+//!   (`fvd/<family>/<component>`) and job ids (`<family>.<component>`, and
+//!   `<component>#trace` for traced reruns, which the rule keeps out of
+//!   reach of a spec).
+//! - [`join_under`]: the one join of a root with a relative path that
+//!   refuses whatever would leave the root (an absolute path, a `..`
+//!   component, an empty path), lexically.
+//! - [`join_under_no_links`]: the same, and no existing entry between the
+//!   root and the end of the path is a symbolic link, for paths fvd writes
+//!   to inside a checkout it does not own (a cloned repository can carry a
+//!   link to anywhere).
+//!
+//! A crate of its own because the orchestrator's actors, the worker and
+//! the gRPC edge all need it and share no lower crate but `fvd-contracts`,
+//! which is pure (no IO) where the link check has to look at the disk.
+
+use std::path::{Component, Path, PathBuf};
+
+/// Longest family or component name: they become path components and
+/// parts of branch names and job ids.
+pub const MAX_IDENTIFIER_LEN: usize = 64;
+
+/// Characters of an offending input echoed in an error; the rest is cut.
+const ECHO_CHARS: usize = 64;
+
+/// Whether `s` is a family or component name: 1 to [`MAX_IDENTIFIER_LEN`]
+/// lowercase ascii letters, digits and `_`.
+pub fn is_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_IDENTIFIER_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// `s` as `{:?}` shows it, cut to a few dozen characters with `…`: errors
+/// name the input without echoing kilobytes of it.
+pub fn shown(s: &str) -> String {
+    if s.chars().count() <= ECHO_CHARS {
+        return format!("{s:?}");
+    }
+    let head: String = s.chars().take(ECHO_CHARS).collect();
+    format!("{head:?}…")
+}
+
+/// Why a relative path was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("path {path} must stay inside {root}: {why}")]
+pub struct PathError {
+    /// The refused path, cut (see [`shown`]).
+    pub path: String,
+    pub root: PathBuf,
+    pub why: String,
+}
+
+/// `root` joined with `rel`, refused when `rel` could leave `root`: an
+/// absolute path, a `..` component or nothing but `.`. The check is
+/// lexical; see [`join_under_no_links`] for links on the disk.
+pub fn join_under(root: &Path, rel: impl AsRef<Path>) -> Result<PathBuf, PathError> {
+    let rel = rel.as_ref();
+    let refuse = |why: &str| PathError {
+        path: shown(&rel.to_string_lossy()),
+        root: root.to_path_buf(),
+        why: why.to_string(),
+    };
+    let mut out = root.to_path_buf();
+    let mut named = false;
+    for c in rel.components() {
+        match c {
+            Component::Normal(part) => {
+                if part.as_encoded_bytes().contains(&0) {
+                    return Err(refuse("it holds a NUL byte"));
+                }
+                out.push(part);
+                named = true;
+            }
+            Component::CurDir => {}
+            Component::ParentDir => return Err(refuse("it has a `..` component")),
+            Component::RootDir | Component::Prefix(_) => return Err(refuse("it is absolute")),
+        }
+    }
+    if !named {
+        return Err(refuse("it names nothing below the root"));
+    }
+    Ok(out)
+}
+
+/// [`join_under`], and none of the entries below `root` on the way to the
+/// result that exist now is a symbolic link (the root itself may be one).
+/// Checked when called: fvd then writes at once, and whoever could swap an
+/// entry for a link in between could write there directly.
+pub fn join_under_no_links(root: &Path, rel: impl AsRef<Path>) -> Result<PathBuf, PathError> {
+    let rel = rel.as_ref();
+    let full = join_under(root, rel)?;
+    let mut at = root.to_path_buf();
+    for c in rel.components() {
+        let Component::Normal(part) = c else { continue };
+        at.push(part);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let below = at.strip_prefix(root).unwrap_or(&at);
+                return Err(PathError {
+                    path: shown(&rel.to_string_lossy()),
+                    root: root.to_path_buf(),
+                    why: format!("{} is a symbolic link", below.display()),
+                });
+            }
+            Ok(_) => {}
+            // The rest does not exist yet: fvd creates it, as folders and
+            // files, never as links.
+            Err(_) => break,
+        }
+    }
+    Ok(full)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_lowercase_ascii_digits_and_underscores() {
+        for ok in ["tinyport", "decoder_norm", "v2", "_x", "a"] {
+            assert!(is_identifier(ok), "{ok}");
+        }
+        let long = "a".repeat(MAX_IDENTIFIER_LEN + 1);
+        for bad in [
+            "",
+            "..",
+            "a/b",
+            "/abs",
+            "c#trace",
+            "Embed",
+            "a-b",
+            "a.b",
+            "a b",
+            "é",
+            long.as_str(),
+        ] {
+            assert!(!is_identifier(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn plain_relative_paths_join() {
+        let root = Path::new("/r");
+        assert_eq!(
+            join_under(root, "a/b.jsonl").unwrap(),
+            Path::new("/r/a/b.jsonl")
+        );
+        assert_eq!(join_under(root, "./a//b").unwrap(), Path::new("/r/a/b"));
+        assert_eq!(join_under(root, "a..b").unwrap(), Path::new("/r/a..b"));
+    }
+
+    #[test]
+    fn paths_that_leave_the_root_are_refused() {
+        let root = Path::new("/r");
+        for (bad, why) in [
+            ("../x", "`..`"),
+            ("a/../../x", "`..`"),
+            ("a/..", "`..`"),
+            ("/etc/passwd", "absolute"),
+            ("", "names nothing"),
+            (".", "names nothing"),
+            ("a/\0b", "NUL"),
+        ] {
+            let err = join_under(root, bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{bad:?}: {err}");
+            assert!(err.contains("must stay inside /r"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_long_path_is_cut_in_the_error() {
+        let long = format!("../{}", "x".repeat(10_000));
+        let err = join_under(Path::new("/r"), &long).unwrap_err().to_string();
+        assert!(err.len() < 200, "{err}");
+        assert!(err.contains('…'), "{err}");
+    }
+
+    #[test]
+    fn links_below_the_root_are_refused_only_by_the_strict_join() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("real")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("out")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("f"), root.join("real/f")).unwrap();
+        // Lexically fine: the plain join lets both through.
+        assert!(join_under(&root, "out/x").is_ok());
+        let err = join_under_no_links(&root, "out/x").unwrap_err().to_string();
+        assert!(err.contains("out is a symbolic link"), "{err}");
+        let err = join_under_no_links(&root, "real/f")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("real/f is a symbolic link"), "{err}");
+        // Entries that do not exist yet, and a linked root, are fine.
+        assert_eq!(
+            join_under_no_links(&root, "real/new/deeper").unwrap(),
+            root.join("real/new/deeper")
+        );
+        let linked_root = dir.path().join("linked");
+        std::os::unix::fs::symlink(&root, &linked_root).unwrap();
+        assert!(join_under_no_links(&linked_root, "real/x").is_ok());
+    }
+}
