@@ -239,11 +239,17 @@ pub fn default_path(repo: &Path, family: &str) -> PathBuf {
 
 /// Reads and parses a spec file.
 pub fn load(path: &Path) -> Result<PortSpec, SpecError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+    let bytes = std::fs::read(path).map_err(|source| SpecError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse(path, &text)
+    let text = fvd_contracts::text::utf8(&bytes).map_err(|e| SpecError::Syntax {
+        path: path.to_path_buf(),
+        line: e.line,
+        column: e.column,
+        message: e.to_string(),
+    })?;
+    parse(path, text)
 }
 
 /// Parses spec text; `path` only names the file in errors.
@@ -262,7 +268,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         return Err(SpecError::Secret {
             path: path.to_path_buf(),
             line: f.line,
-            key,
+            key: fvd_paths::cut(&key),
             message: f.message,
         });
     }
@@ -272,7 +278,8 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             path: path.to_path_buf(),
             line,
             column,
-            message: e.message().to_string(),
+            // An unknown key or a bad value is quoted in the message: cut.
+            message: fvd_paths::cut_quoted(e.message()),
         }
     })?;
     let invalid = |message: String| SpecError::Invalid {
@@ -581,6 +588,21 @@ env = ["HF_TOKEN"]
     }
 
     #[test]
+    fn a_spec_that_is_not_utf8_is_refused_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("port.toml");
+        let mut bytes = GOOD.as_bytes().to_vec();
+        let at = GOOD.find("generic").unwrap();
+        bytes[at + 3] = 0xff; // line 8: type = "gen\xffric"
+        std::fs::write(&path, &bytes).unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("{}:8:12: not utf-8 text (byte 0xff)", path.display())
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_refused() {
         let bad = GOOD.replace(
             "coverage_scope = \"both\"",
@@ -588,5 +610,14 @@ env = ["HF_TOKEN"]
         );
         let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
         assert!(err.contains("bogus"), "{err}");
+        let long = "k".repeat(10_000);
+        let bad = GOOD.replace(
+            "coverage_scope = \"both\"",
+            &format!("coverage_scope = \"both\"\n{long} = 1"),
+        );
+        let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
+        assert!(err.starts_with("p.toml:11:1: unknown field `kkkk"), "{err}");
+        assert!(err.len() < 400, "the key is cut: {err}");
+        assert!(err.contains("k…`"), "{err}");
     }
 }

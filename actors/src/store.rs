@@ -345,8 +345,12 @@ impl Store {
 
     // ----- components ------------------------------------------------------
 
+    /// The port's components. `runs` counts the runs that started (were
+    /// leased to a worker): one queued and then cancelled or never placed
+    /// is no run. Counted from `jobs`, so no later write can drift from it
+    /// (the `runs` column is no longer read).
     pub async fn components(&self, family: &str) -> Result<Vec<ComponentRow>, StoreError> {
-        let rows = sqlx::query("SELECT name, status, verdict, reason, runs, worker_id FROM components WHERE family = ? ORDER BY rowid")
+        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND j.started_ms IS NOT NULL) AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
             .bind(family)
             .fetch_all(&self.pool)
             .await?;
@@ -439,8 +443,7 @@ impl Store {
                 .bind(now)
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query("UPDATE components SET runs = ?, status = 'queued', updated_ms = ? WHERE family = ? AND name = ?")
-                .bind(run_no)
+            sqlx::query("UPDATE components SET status = 'queued', updated_ms = ? WHERE family = ? AND name = ?")
                 .bind(now)
                 .bind(&job.family)
                 .bind(&job.component)
@@ -1153,6 +1156,45 @@ mod tests {
         let runs = store.jobs_of("p", "a").await.unwrap();
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].verdict, "non_skip_pass");
+    }
+
+    #[tokio::test]
+    async fn runs_count_only_runs_that_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_path(&dir.path().join("s.db")).await.unwrap();
+        store
+            .create_port(&port("p"), &["a".into(), "b".into()])
+            .await
+            .unwrap();
+        let runs = |store: Store| async move {
+            store
+                .components("p")
+                .await
+                .unwrap()
+                .iter()
+                .map(|c| (c.name.clone(), c.runs))
+                .collect::<Vec<_>>()
+        };
+        let j1 = store.queue_job(&job("p", "a")).await.unwrap();
+        store.queue_job(&job("p", "b")).await.unwrap();
+        assert_eq!(
+            runs(store.clone()).await,
+            [("a".into(), 0), ("b".into(), 0)]
+        );
+        store.lease_job(&j1.job_id, "w", 1, &[]).await.unwrap();
+        // A lost worker's job goes back to the queue and starts again: one run.
+        store.requeue_job(&j1.job_id, "worker lost").await.unwrap();
+        store.lease_job(&j1.job_id, "w2", 2, &[]).await.unwrap();
+        // Queued, then cancelled before any worker took it.
+        store.queue_job(&job("p", "a")).await.unwrap();
+        store.abandon_unfinished("p").await.unwrap();
+        // A traced rerun is no run of the component.
+        let t = store.queue_job(&job("p", "a#trace")).await.unwrap();
+        store.lease_job(&t.job_id, "w", 3, &[]).await.unwrap();
+        assert_eq!(
+            runs(store.clone()).await,
+            [("a".into(), 1), ("b".into(), 0)]
+        );
     }
 
     #[tokio::test]

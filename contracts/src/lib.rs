@@ -23,6 +23,7 @@ pub mod prep;
 pub mod secrets;
 #[cfg(test)]
 mod tests;
+pub mod text;
 pub mod verdict;
 
 pub use contract::{Checked, Contract};

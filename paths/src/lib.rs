@@ -37,14 +37,45 @@ pub fn is_identifier(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
-/// `s` as `{:?}` shows it, cut to a few dozen characters with `…`: errors
-/// name the input without echoing kilobytes of it.
+/// `s` cut to a few dozen characters with `…`: errors name the input
+/// without echoing kilobytes of it.
+pub fn cut(s: &str) -> String {
+    if s.chars().count() <= ECHO_CHARS {
+        return s.to_string();
+    }
+    let mut head: String = s.chars().take(ECHO_CHARS).collect();
+    head.push('…');
+    head
+}
+
+/// `s` as `{:?}` shows it, cut like [`cut`].
 pub fn shown(s: &str) -> String {
     if s.chars().count() <= ECHO_CHARS {
         return format!("{s:?}");
     }
     let head: String = s.chars().take(ECHO_CHARS).collect();
     format!("{head:?}…")
+}
+
+/// `message` with every part between backticks or double quotes cut like
+/// [`cut`]: for messages of parsers (serde, toml) that quote the input.
+pub fn cut_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(1024));
+    let mut rest = message;
+    while let Some(open) = rest.find(['`', '"']) {
+        let q = rest.as_bytes()[open] as char;
+        out.push_str(&rest[..=open]);
+        rest = &rest[open + 1..];
+        let close = rest.find(q).unwrap_or(rest.len());
+        out.push_str(&cut(&rest[..close]));
+        rest = &rest[close..];
+        if let Some(r) = rest.strip_prefix(q) {
+            out.push(q);
+            rest = r;
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Why a relative path was refused.
@@ -143,6 +174,23 @@ mod tests {
         ] {
             assert!(!is_identifier(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn quoted_parts_of_a_message_are_cut() {
+        let key = "k".repeat(10_000);
+        let msg =
+            format!("unknown field `{key}`, expected `name` or \"{key}\" and `unclosed {key}");
+        let cut = cut_quoted(&msg);
+        let k = "k".repeat(ECHO_CHARS);
+        assert_eq!(
+            cut,
+            format!(
+                "unknown field `{k}…`, expected `name` or \"{k}…\" and `unclosed {}…",
+                &k[..ECHO_CHARS - 9]
+            )
+        );
+        assert_eq!(cut_quoted("no quotes"), "no quotes");
     }
 
     #[test]
