@@ -342,10 +342,9 @@ pub fn read_npy_header(path: &Path) -> Result<(DType, Vec<usize>, u64), TraceErr
             "npy header runs past the end of the file",
         ));
     }
-    head.truncate(start as usize);
-    (&f).take(hlen as u64)
-        .read_to_end(&mut head)
-        .map_err(io(path))?;
+    // The preamble read may already hold the start of the header.
+    let more = end.saturating_sub(head.len() as u64);
+    (&f).take(more).read_to_end(&mut head).map_err(io(path))?;
     parse_npy_header(path, &head, file_len)
 }
 
@@ -1165,6 +1164,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("shape runs past the end of the file"), "{err}");
+    }
+
+    #[test]
+    fn an_npy_file_is_read_through_its_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = "{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }\n";
+        for (name, bytes) in [("v1.npy", npy(h, 24)), ("tiny_header.npy", npy("", 0))] {
+            std::fs::write(dir.path().join(name), &bytes).unwrap();
+        }
+        assert_eq!(
+            read_npy_header(&dir.path().join("v1.npy")).unwrap(),
+            (DType::F64, vec![3], 10 + h.len() as u64)
+        );
+        let err = read_npy_header(&dir.path().join("tiny_header.npy"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("npy header has no descr"), "{err}");
     }
 
     #[test]
