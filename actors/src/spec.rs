@@ -261,9 +261,11 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         .next()
     {
         let line = text.lines().nth(f.line - 1).unwrap_or_default();
+        // The key is named, unless it is itself the token (a pasted
+        // `hf_… = …` line; found by fvd-fuzz).
         let key = line
             .split_once('=')
-            .map(|(k, _)| k.trim().to_string())
+            .map(|(k, _)| fvd_contracts::secrets::redact(k.trim()))
             .unwrap_or(f.field);
         return Err(SpecError::Secret {
             path: path.to_path_buf(),
@@ -514,6 +516,14 @@ env = ["HF_TOKEN"]
         let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
         assert!(err.starts_with("p.toml:5: note:"), "{err}");
         assert!(!err.contains(secret), "{err}");
+        // A token where the key belongs is not named either.
+        let bad = GOOD.replace(
+            "official_env_status = \"imports_ok\"",
+            &format!("official_env_status = \"imports_ok\"\n{secret} = 1"),
+        );
+        let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
+        assert!(err.starts_with("p.toml:5: [redacted]:"), "{err}");
+        assert!(!err.contains("hf_AbCd"), "{err}");
     }
 
     #[test]
