@@ -57,24 +57,49 @@ pub fn shown(s: &str) -> String {
     format!("{head:?}…")
 }
 
+/// Longest message [`cut_quoted`] returns, whatever is outside quotes.
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+
 /// `message` with every part between backticks or double quotes cut like
-/// [`cut`]: for messages of parsers (serde, toml) that quote the input.
+/// [`cut`] (a `\"` inside double quotes does not end them), and the whole
+/// cut at [`MAX_MESSAGE_CHARS`]: for messages of parsers (serde, toml) that
+/// quote the input.
 pub fn cut_quoted(message: &str) -> String {
-    let mut out = String::with_capacity(message.len().min(1024));
+    let mut out = String::with_capacity(message.len().min(MAX_MESSAGE_CHARS));
     let mut rest = message;
     while let Some(open) = rest.find(['`', '"']) {
-        let q = rest.as_bytes()[open] as char;
+        let q = rest.as_bytes()[open];
         out.push_str(&rest[..=open]);
         rest = &rest[open + 1..];
-        let close = rest.find(q).unwrap_or(rest.len());
+        let bytes = rest.as_bytes();
+        let mut close = 0;
+        while close < bytes.len() && bytes[close] != q {
+            // Debug-quoted text escapes its quotes; backticks have no escapes.
+            close += if q == b'"' && bytes[close] == b'\\' {
+                2
+            } else {
+                1
+            };
+        }
+        let close = close.min(rest.len());
+        // `close` may sit inside a multi-byte char only after a backslash
+        // at the very end; step back to a boundary.
+        let close = (0..=close)
+            .rev()
+            .find(|&i| rest.is_char_boundary(i))
+            .unwrap_or(0);
         out.push_str(&cut(&rest[..close]));
         rest = &rest[close..];
-        if let Some(r) = rest.strip_prefix(q) {
-            out.push(q);
+        if let Some(r) = rest.strip_prefix(q as char) {
+            out.push(q as char);
             rest = r;
         }
     }
     out.push_str(rest);
+    if out.chars().count() > MAX_MESSAGE_CHARS {
+        out = out.chars().take(MAX_MESSAGE_CHARS).collect();
+        out.push('…');
+    }
     out
 }
 
@@ -191,6 +216,16 @@ mod tests {
             )
         );
         assert_eq!(cut_quoted("no quotes"), "no quotes");
+        // An escaped quote does not end a Debug-quoted value.
+        let value = format!("a\\\"{}", "b".repeat(3000));
+        let msg = format!("invalid type: string \"{value}\", expected u64");
+        let cut = cut_quoted(&msg);
+        assert!(cut.ends_with("…\", expected u64"), "{cut}");
+        assert!(cut.len() < 200, "{cut}");
+        // Outside quotes, the whole is bounded.
+        let plain = "x ".repeat(5000);
+        assert_eq!(cut_quoted(&plain).chars().count(), MAX_MESSAGE_CHARS + 1);
+        assert_eq!(cut_quoted("ends in \"é\\"), "ends in \"é\\");
     }
 
     #[test]
