@@ -1,8 +1,7 @@
-//! Crate-level tests: contract examples and rules, round trips, the real
-//! `PORT_STATUS.md` fixtures and never-panic fuzzing of every parser.
+//! Crate-level tests: contract examples and rules, round trips and the real
+//! `PORT_STATUS.md` fixtures. Every parser is fuzzed in `fvd-fuzz`.
 
 mod examples;
-mod fuzz;
 mod port_status;
 mod roundtrip;
 mod rules;
