@@ -255,12 +255,14 @@ pub fn load(path: &Path) -> Result<PortSpec, SpecError> {
 /// Parses spec text; `path` only names the file in errors.
 pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
     // Refused before anything is parsed or stored: a token value in a spec
-    // must never reach the database, a log or PORT_STATUS.md.
-    if let Some(f) = fvd_contracts::secrets::scan_text(text, 1)
+    // must never reach the database, a log or PORT_STATUS.md. Scanned with
+    // toml's escapes decoded, so `"\u00e9hf_…"` does not hide one.
+    let scanned = decoded_for_scan(text);
+    if let Some(f) = fvd_contracts::secrets::scan_text(&scanned, 1)
         .into_iter()
         .next()
     {
-        let line = text.lines().nth(f.line - 1).unwrap_or_default();
+        let line = scanned.lines().nth(f.line - 1).unwrap_or_default();
         // The key is named, unless it is itself the token (a pasted
         // `hf_… = …` line; found by fvd-fuzz).
         let key = line
@@ -430,6 +432,47 @@ fn is_env_name(s: &str) -> bool {
         && !s.starts_with(|c: char| c.is_ascii_digit())
 }
 
+/// `text` with toml's escapes (`\uXXXX`, `\UXXXXXXXX`, `\xHH`, `\t`, `\"`,
+/// …) decoded, line for line: the token scan then sees the strings the
+/// parser will (found by fvd-fuzz: an escaped first character put a token
+/// past the scan of the raw text and into an error message). Decoded
+/// newlines and other control characters become spaces, so line numbers
+/// stay those of the file.
+fn decoded_for_scan(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let esc = &rest[at + 1..];
+        let hex = |n: usize| {
+            esc.get(1..=n)
+                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .map(|v| (char::from_u32(v).unwrap_or(' '), n + 1))
+        };
+        let decoded = match esc.chars().next() {
+            Some('u') => hex(4),
+            Some('U') => hex(8),
+            Some('x') => hex(2),
+            Some(c @ ('"' | '\\')) => Some((c, 1)),
+            Some('t' | 'n' | 'r' | 'b' | 'f' | 'e') => Some((' ', 1)),
+            _ => None,
+        };
+        match decoded {
+            Some((c, len)) => {
+                out.push(if c.is_control() { ' ' } else { c });
+                rest = &esc[len..];
+            }
+            None => {
+                out.push('\\');
+                rest = esc;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// 1-based line and column of a byte offset.
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
@@ -524,6 +567,20 @@ env = ["HF_TOKEN"]
         let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
         assert!(err.starts_with("p.toml:5: [redacted]:"), "{err}");
         assert!(!err.contains("hf_AbCd"), "{err}");
+        // Nor one behind a toml escape, which the parser would decode.
+        for escaped in ["\\u00e9", "\\t", "\\U000000e9", "\\x41 "] {
+            let bad = GOOD.replace(
+                "official_env_status = \"imports_ok\"",
+                &format!("official_env_status = \"imports_ok\"\nnote = \"{escaped}{secret}\""),
+            );
+            let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
+            assert!(err.starts_with("p.toml:5: note:"), "{escaped}: {err}");
+            assert!(!err.contains("hf_AbCd"), "{err}");
+        }
+        assert_eq!(
+            decoded_for_scan("a\\\\u00e9 \\q \\u12"),
+            "a\\u00e9 \\q \\u12"
+        );
     }
 
     #[test]

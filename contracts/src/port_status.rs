@@ -442,7 +442,12 @@ impl TableSection {
 
     fn render(&self, out: &mut Vec<String>) {
         if !self.before.is_empty() {
+            // A fence the lines before the table leave open is closed
+            // before the table, not after it (found by fvd-fuzz: the table
+            // then read back as fenced and moved the closing fence).
+            let start = out.len();
             out.extend(self.before.iter().cloned());
+            balance_fences(out, start);
             out.push(String::new());
         }
         self.table.render(out);

@@ -354,10 +354,15 @@ fn handoff(input: &[u8]) -> u64 {
     };
     assert_eq!(r.status == "valid", r.value.is_some());
     assert!(!r.summary.contains('\n'), "a handoff summary spans lines");
-    assert!(
-        secrets::scan_text(&r.summary, 1).is_empty() && secrets::scan_text(&r.text, 1).is_empty(),
-        "a handoff record repeats a secret-looking value"
-    );
+    // Only a token of the input can leak: the summary keeps the tail of its
+    // findings, and a cut can make `xhf_…` (no token) start with `hf_…`.
+    if !secrets::scan_text(&text, 1).is_empty() {
+        assert!(
+            secrets::scan_text(&r.summary, 1).is_empty()
+                && secrets::scan_text(&r.text, 1).is_empty(),
+            "a handoff record repeats a secret-looking value"
+        );
+    }
     signature(&[r.status, &r.summary])
 }
 
