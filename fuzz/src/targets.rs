@@ -77,10 +77,28 @@ pub const TARGETS: &[Target] = &[
     },
 ];
 
-/// The target called `name`.
+/// The target called `name` (or the self-test below).
 pub fn find(name: &str) -> Option<&'static Target> {
-    TARGETS.iter().find(|t| t.name == name)
+    TARGETS
+        .iter()
+        .chain([&SELFTEST_ABORT])
+        .find(|t| t.name == name)
 }
+
+/// Not a parser: aborts the process on inputs holding `ABORT`, so the
+/// tests can check that a crash which kills the fuzzer is caught and its
+/// input recovered. Not in [`TARGETS`].
+pub const SELFTEST_ABORT: Target = Target {
+    name: "selftest_abort",
+    run: |input| {
+        if input.windows(5).any(|w| w == b"ABORT") {
+            std::process::abort();
+        }
+        input.len() as u64 % 3
+    },
+    dictionary: &[b"ABORT"],
+    seeds: &[],
+};
 
 /// Text of a fuzz input: decoded when it is UTF-8, else the decoder's
 /// error is checked and the text taken lossily.

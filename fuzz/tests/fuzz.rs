@@ -11,54 +11,98 @@ use std::process::Command;
 
 const TARGETS: usize = 8;
 
-fn fuzz(target: &str) {
-    let total: f64 = std::env::var("FVD_FUZZ_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(8.0);
-    let secs = total / TARGETS as f64;
-    let seed = std::env::var("FVD_FUZZ_SEED").unwrap_or_else(|_| {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap();
-        (t.as_nanos() as u64 ^ target.len() as u64).to_string()
-    });
+/// How one target's run ended.
+enum Ended {
+    Clean(String),
+    Failed(String),
+    /// Killed, with the input found by the traced replay.
+    Killed {
+        status: String,
+        stderr: String,
+        input: Option<Vec<u8>>,
+        saved: PathBuf,
+    },
+}
+
+fn run_target(target: &str, secs: f64, seed: &str) -> Ended {
     let crashes = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fuzz-crashes");
     let bin = env!("CARGO_BIN_EXE_fvd-fuzz");
-    let run = |extra: &[&str]| {
+    let run = |secs: f64, extra: &[&str]| {
         Command::new(bin)
-            .args(["run", target, "--secs", &secs.to_string(), "--seed", &seed])
+            .args(["run", target, "--secs", &secs.to_string(), "--seed", seed])
             .arg("--crash-dir")
             .arg(&crashes)
             .args(extra)
             .output()
             .expect("fvd-fuzz runs")
     };
-    let out = run(&[]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
+    let out = run(secs, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     match out.status.code() {
-        Some(0) => {
-            assert!(
-                stdout.starts_with(&format!("{target}: ")),
-                "{stdout}{stderr}"
-            );
-        }
-        Some(1) => panic!("fuzz target {target} found a failing input:\n{stdout}"),
+        Some(0) => Ended::Clean(stdout),
+        Some(1) => Ended::Failed(stdout),
         _ => {
-            // Killed (a stack overflow aborts): the same seed, each input
-            // written out first, leaves the input that killed it.
-            let last = crashes.join(format!("{target}-last-input"));
+            // Killed (a stack overflow aborts): the same seed takes the same
+            // inputs, and written out one by one, the last is the culprit.
+            // Writing is slower, so the replay gets more time.
             std::fs::create_dir_all(&crashes).unwrap();
-            let again = run(&["--trace-inputs", last.to_str().unwrap()]);
-            panic!(
-                "fuzz target {target} killed the process ({}), seed {seed}:\n{stderr}\nreplayed: {}; the input that killed it is {}",
-                out.status,
-                again.status,
-                last.display()
+            let saved = crashes.join(format!("{target}-last-input"));
+            let _ = run(
+                secs * 20.0 + 5.0,
+                &["--trace-inputs", saved.to_str().unwrap()],
+            );
+            Ended::Killed {
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                input: std::fs::read(&saved).ok(),
+                saved,
+            }
+        }
+    }
+}
+
+fn fuzz(target: &str) {
+    let total: f64 = std::env::var("FVD_FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8.0);
+    let seed = std::env::var("FVD_FUZZ_SEED").unwrap_or_else(|_| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        (t.as_nanos() as u64 ^ target.len() as u64).to_string()
+    });
+    match run_target(target, total / TARGETS as f64, &seed) {
+        Ended::Clean(stdout) => {
+            println!("{stdout}");
+            assert!(stdout.starts_with(&format!("{target}: ")), "{stdout}");
+        }
+        Ended::Failed(stdout) => panic!("fuzz target {target} found a failing input:\n{stdout}"),
+        Ended::Killed {
+            status,
+            stderr,
+            saved,
+            ..
+        } => panic!(
+            "fuzz target {target} killed the process ({status}), seed {seed}:\n{stderr}\nthe input that killed it: {}",
+            saved.display()
+        ),
+    }
+}
+
+/// A target that kills the process is caught, and its input recovered.
+#[test]
+fn an_aborting_input_is_recovered_by_replaying_the_seed() {
+    match run_target("selftest_abort", 10.0, "7") {
+        Ended::Killed { input, .. } => {
+            let input = input.expect("the replay left the last input");
+            assert!(
+                input.windows(5).any(|w| w == b"ABORT"),
+                "{:?}",
+                String::from_utf8_lossy(&input)
             );
         }
+        Ended::Clean(out) | Ended::Failed(out) => panic!("not killed: {out}"),
     }
 }
 
