@@ -499,12 +499,15 @@ mod tests {
     fn a_planted_bug_is_found_minimized_and_reproducible_from_the_seed() {
         let config = Config {
             seed: 7,
-            time: Duration::from_secs(10),
+            // Ends at the crash, a few hundred inputs in; the bound is for a
+            // broken engine, not a slow machine.
+            time: Duration::from_secs(120),
             runs: 100_000,
         };
         let seeds = vec![b"some harmless text\nwith lines".to_vec()];
         let a = fuzz(&BOOM, seeds.clone(), config);
         let crash = a.crash.expect("the dictionary token is inserted soon");
+        assert!(crash.run < 10_000, "found only at run {}", crash.run);
         assert_eq!(crash.input, b"BUG");
         assert!(
             crash.message.starts_with("found the bug at "),
