@@ -656,12 +656,21 @@ async fn prepare_agent(st: &ComponentState) -> Result<AgentLoop, String> {
     let prep = crate::spec::parse(Path::new(&port.spec_path), &port.spec_toml)
         .map_err(|e| e.to_string())?
         .prep;
-    let dir = repo.join(".fvd").join("agent").join(family).join(name);
+    let dir = agent_dir(repo, family, name).map_err(|e| e.to_string())?;
     Ok(AgentLoop {
         worktree: wt,
         prep,
         dir,
     })
+}
+
+/// Where a component's packets and handoffs go:
+/// `REPO/.fvd/agent/<family>/<component>`, never elsewhere.
+fn agent_dir(repo: &Path, family: &str, name: &str) -> Result<PathBuf, fvd_paths::PathError> {
+    fvd_paths::join_under_no_links(
+        &repo.join(".fvd").join("agent"),
+        Path::new(family).join(name),
+    )
 }
 
 /// Kinds of agent turns, as the ledger records them.
@@ -1262,6 +1271,18 @@ mod tests {
         }
         for m in ["torch", "elsewhere", "..", "", "src/extra"] {
             assert!(!has(m), "{m:?} is not");
+        }
+    }
+
+    #[test]
+    fn agent_files_stay_under_the_agent_folder() {
+        let repo = Path::new("/r");
+        assert_eq!(
+            agent_dir(repo, "p", "c").unwrap(),
+            Path::new("/r/.fvd/agent/p/c")
+        );
+        for name in ["../../../etc", "/tmp/x", "a/../.."] {
+            assert!(agent_dir(repo, "p", name).is_err(), "{name}");
         }
     }
 

@@ -694,11 +694,16 @@ pub fn scaffold_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
     }
     for c in &spec.components {
         for t in &c.parity_tests {
-            if !repo.join(t).is_file() {
-                unmet.push(format!(
+            match fvd_paths::join_under(repo, t) {
+                Err(e) => unmet.push(format!(
+                    "component {}: parity test is not in the repository: {e}",
+                    c.name
+                )),
+                Ok(p) if !p.is_file() => unmet.push(format!(
                     "component {}: parity test {t} does not exist",
                     c.name
-                ));
+                )),
+                Ok(_) => {}
             }
         }
     }
@@ -822,5 +827,36 @@ coverage_scope = "both"
             "`tests/local_tests/tiny/PORT_STATUS.md`",
             "tiny"
         ));
+    }
+
+    #[test]
+    fn parity_tests_must_be_files_inside_the_repository() {
+        let top = tempfile::tempdir().unwrap();
+        let repo = top.path().join("repo");
+        std::fs::create_dir_all(repo.join("t")).unwrap();
+        std::fs::write(repo.join("t/test_a.py"), "").unwrap();
+        std::fs::write(top.path().join("test_outside.py"), "").unwrap();
+        let spec = |parity_test: &str| {
+            crate::spec::parse(
+                Path::new("p.toml"),
+                &format!(
+                    "[prep]\nmodel_family = \"p\"\nofficial_env_status = \"imports_ok\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = {parity_test:?}\ncoverage_scope = \"both\"\n"
+                ),
+            )
+            .unwrap()
+        };
+        assert!(scaffold_conditions(&spec("t/test_a.py"), &repo).is_empty());
+        let missing = scaffold_conditions(&spec("t/test_b.py"), &repo);
+        assert_eq!(
+            missing,
+            ["component a: parity test t/test_b.py does not exist"]
+        );
+        // Both exist, outside the repository.
+        let outside = top.path().join("test_outside.py").display().to_string();
+        for bad in ["../test_outside.py", outside.as_str()] {
+            let unmet = scaffold_conditions(&spec(bad), &repo);
+            assert_eq!(unmet.len(), 1, "{bad}: {unmet:?}");
+            assert!(unmet[0].contains("is not in the repository"), "{unmet:?}");
+        }
     }
 }

@@ -47,6 +47,11 @@ pub enum PortStatusError {
     /// The patch would have changed what fvd does not own: nothing written.
     #[error("{path}: refused to write: {message}")]
     Guard { path: PathBuf, message: String },
+    #[error("PORT_STATUS.md of {family}: {source}")]
+    Path {
+        family: String,
+        source: fvd_paths::PathError,
+    },
 }
 
 /// What [`write`] did.
@@ -119,7 +124,7 @@ pub async fn plan(
         runs.push(store.jobs_of(family, &c.name).await?);
     }
     let escapes = store.escapes(family).await?;
-    let path = file_path(repo, spec);
+    let path = file_path(repo, spec)?;
     let before = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -183,9 +188,11 @@ pub async fn write(store: &Store, family: &str) -> Result<Written, PortStatusErr
     Ok(written)
 }
 
-/// Written beside and renamed over, so a crash never leaves half a file.
+/// Written beside and renamed over, so a crash never leaves half a file. A
+/// link left where the temporary file goes is removed, not followed.
 fn replace(path: &Path, text: &str) -> Result<(), PortStatusError> {
     let tmp = path.with_extension("md.fvd-tmp");
+    let _ = std::fs::remove_file(&tmp);
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|source| PortStatusError::Write {
@@ -194,16 +201,21 @@ fn replace(path: &Path, text: &str) -> Result<(), PortStatusError> {
         })
 }
 
-/// Where the port's `PORT_STATUS.md` lives: `prep.port_state_file` when it
-/// is a plain relative path, else the convention.
-pub fn file_path(repo: &Path, spec: &PortSpec) -> PathBuf {
+/// Where the port's `PORT_STATUS.md` lives: `prep.port_state_file`, or the
+/// convention when it is absent or a template placeholder (`<family>`).
+/// Either is refused if it would leave the repository or pass through a
+/// link (a cloned repository may carry one pointing anywhere).
+pub fn file_path(repo: &Path, spec: &PortSpec) -> Result<PathBuf, PortStatusError> {
     let rel = spec
         .prep
         .get("port_state_file")
-        .filter(|p| !p.contains('<') && !p.starts_with('/') && !p.contains(".."))
+        .filter(|p| !p.contains('<'))
         .cloned()
         .unwrap_or_else(|| format!("tests/local_tests/{}/PORT_STATUS.md", spec.family));
-    repo.join(rel)
+    fvd_paths::join_under_no_links(repo, rel).map_err(|source| PortStatusError::Path {
+        family: spec.family.clone(),
+        source,
+    })
 }
 
 /// The highest `E###` number the port's `PORT_STATUS.md` already uses
@@ -211,7 +223,7 @@ pub fn file_path(repo: &Path, spec: &PortSpec) -> PathBuf {
 pub async fn escape_floor(store: &Store, family: &str) -> Result<u32, PortStatusError> {
     let (port, spec) = port_and_spec(store, family).await?;
     Ok(
-        std::fs::read_to_string(file_path(Path::new(&port.repo), &spec))
+        std::fs::read_to_string(file_path(Path::new(&port.repo), &spec)?)
             .map(|text| {
                 port_status::import(&text)
                     .0
@@ -780,6 +792,34 @@ set_env = { PYTHONPATH = "{repo}" }
         assert_eq!(std::fs::read_to_string(&file).unwrap(), once);
         let port = store.port("widget_world").await.unwrap().unwrap();
         assert_eq!(port.port_status_path, file.display().to_string());
+    }
+
+    #[test]
+    fn the_status_file_stays_inside_the_repository() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path();
+        let family = spec().family;
+        let with = |file: &str| {
+            let mut s = spec();
+            s.prep.insert("port_state_file".into(), file.into());
+            file_path(repo, &s)
+        };
+        assert_eq!(
+            file_path(repo, &spec()).unwrap(),
+            repo.join(format!("tests/local_tests/{family}/PORT_STATUS.md"))
+        );
+        assert_eq!(
+            with("tests/local_tests/<family>/PORT_STATUS.md").unwrap(),
+            repo.join(format!("tests/local_tests/{family}/PORT_STATUS.md"))
+        );
+        for bad in ["../../outside.md", "/tmp/outside.md"] {
+            let err = with(bad).unwrap_err().to_string();
+            assert!(err.contains("must stay inside"), "{bad}: {err}");
+        }
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("docs")).unwrap();
+        let err = with("docs/PORT_STATUS.md").unwrap_err().to_string();
+        assert!(err.contains("docs is a symbolic link"), "{err}");
     }
 
     #[test]

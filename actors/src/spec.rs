@@ -252,7 +252,9 @@ enum OneOrMany {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawComponent {
-    name: Spanned<String>,
+    /// Checked while deserializing, so a bad name is refused with its line
+    /// and column.
+    name: Spanned<ComponentName>,
     #[serde(rename = "type")]
     component_type: Spanned<String>,
     parity_test: Spanned<OneOrMany>,
@@ -277,6 +279,32 @@ struct RawComponent {
     trace: Option<crate::trace_spec::TraceSpec>,
 }
 
+/// A component name: an identifier like the family's. Names become folder
+/// names, branch names and job ids, so nothing else (`..`, `/`, the
+/// `#trace` suffix of traced reruns) may be one.
+/// A component name, checked as it is read (see [`component_name`]).
+#[derive(Debug)]
+struct ComponentName(String);
+
+impl<'de> Deserialize<'de> for ComponentName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        component_name(d).map(ComponentName)
+    }
+}
+
+fn component_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let name = String::deserialize(d)?;
+    if fvd_paths::is_identifier(&name) {
+        Ok(name)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "component name {} is not an identifier: 1 to {} lowercase ascii letters, digits and _",
+            fvd_paths::shown(&name),
+            fvd_paths::MAX_IDENTIFIER_LEN
+        )))
+    }
+}
+
 /// Where the spec of `family` lives inside `repo` by convention.
 pub fn default_path(repo: &Path, family: &str) -> PathBuf {
     repo.join("tests/local_tests")
@@ -286,30 +314,40 @@ pub fn default_path(repo: &Path, family: &str) -> PathBuf {
 
 /// Reads and parses a spec file.
 pub fn load(path: &Path) -> Result<PortSpec, SpecError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+    let bytes = std::fs::read(path).map_err(|source| SpecError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse(path, &text)
+    let text = fvd_contracts::text::utf8(&bytes).map_err(|e| SpecError::Syntax {
+        path: path.to_path_buf(),
+        line: e.line,
+        column: e.column,
+        message: e.to_string(),
+    })?;
+    parse(path, text)
 }
 
 /// Parses spec text; `path` only names the file in errors.
 pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
     // Refused before anything is parsed or stored: a token value in a spec
-    // must never reach the database, a log or PORT_STATUS.md.
-    if let Some(f) = fvd_contracts::secrets::scan_text(text, 1)
+    // must never reach the database, a log or PORT_STATUS.md. Scanned with
+    // toml's escapes decoded, so `"\u00e9hf_…"` does not hide one.
+    let scanned = decoded_for_scan(text);
+    if let Some(f) = fvd_contracts::secrets::scan_text(&scanned, 1)
         .into_iter()
         .next()
     {
-        let line = text.lines().nth(f.line - 1).unwrap_or_default();
+        let line = scanned.lines().nth(f.line - 1).unwrap_or_default();
+        // The key is named, unless it is itself the token (a pasted
+        // `hf_… = …` line; found by fvd-fuzz).
         let key = line
             .split_once('=')
-            .map(|(k, _)| k.trim().to_string())
+            .map(|(k, _)| fvd_contracts::secrets::redact(k.trim()))
             .unwrap_or(f.field);
         return Err(SpecError::Secret {
             path: path.to_path_buf(),
             line: f.line,
-            key,
+            key: fvd_paths::cut(&key),
             message: f.message,
         });
     }
@@ -319,7 +357,8 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             path: path.to_path_buf(),
             line,
             column,
-            message: e.message().to_string(),
+            // An unknown key or a bad value is quoted in the message: cut.
+            message: fvd_paths::cut_quoted(e.message()),
         }
     })?;
     let invalid = |message: String| SpecError::Invalid {
@@ -349,13 +388,11 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         .get("model_family")
         .cloned()
         .ok_or_else(|| invalid("prep.model_family is missing".into()))?;
-    if family.is_empty()
-        || !family
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-    {
+    if !fvd_paths::is_identifier(&family) {
         return Err(invalid(format!(
-            "prep.model_family {family:?} is not snake_case"
+            "prep.model_family {} is not snake_case (1 to {} lowercase ascii letters, digits and _)",
+            fvd_paths::shown(&family),
+            fvd_paths::MAX_IDENTIFIER_LEN
         )));
     }
     let defaults_cmd: Vec<String> = raw
@@ -424,7 +461,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             "coverage_scope".to_string(),
             line_of(c.coverage_scope.span().start),
         );
-        let name = c.name.into_inner();
+        let name = c.name.into_inner().0;
         if !seen.insert(name.clone()) {
             return Err(invalid(format!("component {name:?} is listed twice")));
         }
@@ -519,6 +556,47 @@ pub(crate) fn is_env_name(s: &str) -> bool {
         && !s.starts_with(|c: char| c.is_ascii_digit())
 }
 
+/// `text` with toml's escapes (`\uXXXX`, `\UXXXXXXXX`, `\xHH`, `\t`, `\"`,
+/// …) decoded, line for line: the token scan then sees the strings the
+/// parser will (found by fvd-fuzz: an escaped first character put a token
+/// past the scan of the raw text and into an error message). Decoded
+/// newlines and other control characters become spaces, so line numbers
+/// stay those of the file.
+fn decoded_for_scan(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let esc = &rest[at + 1..];
+        let hex = |n: usize| {
+            esc.get(1..=n)
+                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .map(|v| (char::from_u32(v).unwrap_or(' '), n + 1))
+        };
+        let decoded = match esc.chars().next() {
+            Some('u') => hex(4),
+            Some('U') => hex(8),
+            Some('x') => hex(2),
+            Some(c @ ('"' | '\\')) => Some((c, 1)),
+            Some('t' | 'n' | 'r' | 'b' | 'f' | 'e') => Some((' ', 1)),
+            _ => None,
+        };
+        match decoded {
+            Some((c, len)) => {
+                out.push(if c.is_control() { ' ' } else { c });
+                rest = &esc[len..];
+            }
+            None => {
+                out.push('\\');
+                rest = esc;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// 1-based line and column of a byte offset.
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
@@ -605,6 +683,28 @@ env = ["HF_TOKEN"]
         let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
         assert!(err.starts_with("p.toml:5: note:"), "{err}");
         assert!(!err.contains(secret), "{err}");
+        // A token where the key belongs is not named either.
+        let bad = GOOD.replace(
+            "official_env_status = \"imports_ok\"",
+            &format!("official_env_status = \"imports_ok\"\n{secret} = 1"),
+        );
+        let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
+        assert!(err.starts_with("p.toml:5: [redacted]:"), "{err}");
+        assert!(!err.contains("hf_AbCd"), "{err}");
+        // Nor one behind a toml escape, which the parser would decode.
+        for escaped in ["\\u00e9", "\\t", "\\U000000e9", "\\x41 "] {
+            let bad = GOOD.replace(
+                "official_env_status = \"imports_ok\"",
+                &format!("official_env_status = \"imports_ok\"\nnote = \"{escaped}{secret}\""),
+            );
+            let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
+            assert!(err.starts_with("p.toml:5: note:"), "{escaped}: {err}");
+            assert!(!err.contains("hf_AbCd"), "{err}");
+        }
+        assert_eq!(
+            decoded_for_scan("a\\\\u00e9 \\q \\u12"),
+            "a\\u00e9 \\q \\u12"
+        );
     }
 
     #[test]
@@ -717,6 +817,43 @@ env = ["HF_TOKEN"]
     }
 
     #[test]
+    fn component_names_are_identifiers_refused_with_line_and_column() {
+        for bad in [
+            "../../../../tmp/x/esc",
+            "a/b",
+            "/abs",
+            "c#trace",
+            "Embed",
+            "",
+        ] {
+            let text = GOOD.replace("name = \"embed\"", &format!("name = {bad:?}"));
+            let err = parse(Path::new("p.toml"), &text).unwrap_err().to_string();
+            // line 7 of GOOD, the value's column
+            assert!(err.starts_with("p.toml:7:8: "), "{bad:?}: {err}");
+            assert!(err.contains("is not an identifier"), "{bad:?}: {err}");
+        }
+        let long = "x/".repeat(5_000);
+        let text = GOOD.replace("name = \"embed\"", &format!("name = {long:?}"));
+        let err = parse(Path::new("p.toml"), &text).unwrap_err().to_string();
+        assert!(err.len() < 400, "the name is cut: {err}");
+    }
+
+    #[test]
+    fn a_spec_that_is_not_utf8_is_refused_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("port.toml");
+        let mut bytes = GOOD.as_bytes().to_vec();
+        let at = GOOD.find("generic").unwrap();
+        bytes[at + 3] = 0xff; // line 8: type = "gen\xffric"
+        std::fs::write(&path, &bytes).unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("{}:8:12: not utf-8 text (byte 0xff)", path.display())
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_refused() {
         let bad = GOOD.replace(
             "coverage_scope = \"both\"",
@@ -724,5 +861,14 @@ env = ["HF_TOKEN"]
         );
         let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
         assert!(err.contains("bogus"), "{err}");
+        let long = "k".repeat(10_000);
+        let bad = GOOD.replace(
+            "coverage_scope = \"both\"",
+            &format!("coverage_scope = \"both\"\n{long} = 1"),
+        );
+        let err = parse(Path::new("p.toml"), &bad).unwrap_err().to_string();
+        assert!(err.starts_with("p.toml:11:1: unknown field `kkkk"), "{err}");
+        assert!(err.len() < 400, "the key is cut: {err}");
+        assert!(err.contains("k…`"), "{err}");
     }
 }

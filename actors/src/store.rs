@@ -365,12 +365,12 @@ impl Store {
     // ----- components ------------------------------------------------------
 
     /// The port's components. `runs` counts the runs of its parity test that
-    /// started and tested the code: finished or running ones, and those a
-    /// crash cut off after their process started; never a run that waited
-    /// in the queue, was cancelled before it started, could not be placed,
-    /// or failed on its worker's environment.
+    /// started (were leased to a worker) and did not fail on their worker's
+    /// environment: one queued and then cancelled or never placed is no
+    /// run, a requeued one counts once. Counted from `jobs`, so no later
+    /// write can drift from it.
     pub async fn components(&self, family: &str) -> Result<Vec<ComponentRow>, StoreError> {
-        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN ('running', 'finished') OR (j.state = 'abandoned' AND j.spawned_ms IS NOT NULL))) AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
+        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND j.started_ms IS NOT NULL AND j.state != 'environment') AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
             .bind(family)
             .fetch_all(&self.pool)
             .await?;
@@ -1300,6 +1300,45 @@ mod tests {
         let runs = store.jobs_of("p", "a").await.unwrap();
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].verdict, "non_skip_pass");
+    }
+
+    #[tokio::test]
+    async fn runs_count_only_runs_that_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_path(&dir.path().join("s.db")).await.unwrap();
+        store
+            .create_port(&port("p"), &["a".into(), "b".into()])
+            .await
+            .unwrap();
+        let runs = |store: Store| async move {
+            store
+                .components("p")
+                .await
+                .unwrap()
+                .iter()
+                .map(|c| (c.name.clone(), c.runs))
+                .collect::<Vec<_>>()
+        };
+        let j1 = store.queue_job(&job("p", "a")).await.unwrap();
+        store.queue_job(&job("p", "b")).await.unwrap();
+        assert_eq!(
+            runs(store.clone()).await,
+            [("a".into(), 0), ("b".into(), 0)]
+        );
+        store.lease_job(&j1.job_id, "w", 1, &[]).await.unwrap();
+        // A lost worker's job goes back to the queue and starts again: one run.
+        store.requeue_job(&j1.job_id, "worker lost").await.unwrap();
+        store.lease_job(&j1.job_id, "w2", 2, &[]).await.unwrap();
+        // Queued, then cancelled before any worker took it.
+        store.queue_job(&job("p", "a")).await.unwrap();
+        store.abandon_unfinished("p").await.unwrap();
+        // A traced rerun is no run of the component.
+        let t = store.queue_job(&job("p", "a#trace")).await.unwrap();
+        store.lease_job(&t.job_id, "w", 3, &[]).await.unwrap();
+        assert_eq!(
+            runs(store.clone()).await,
+            [("a".into(), 1), ("b".into(), 0)]
+        );
     }
 
     #[tokio::test]

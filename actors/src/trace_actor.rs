@@ -30,7 +30,7 @@
 //! actor would leave components waiting for an answer that never comes.
 
 use std::collections::HashMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use fvd_telemetry::spans;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -689,11 +689,13 @@ async fn step_finished(
         }
     }
     let run = report.job_id.rsplit('.').next().unwrap_or("0").to_string();
-    let dir = st
-        .root
-        .join(&st.args.family)
-        .join(&inq.spec.name)
-        .join(&run);
+    let dir = match run_dir(&st.root, &st.args.family, &inq.spec.name, &run) {
+        Ok(d) => d,
+        Err(e) => {
+            let e = format!("cannot place the traced rerun's files: {e}");
+            return conclude(st, inq, Outcome::Error, &e).await;
+        }
+    };
     let compared = gather_and_compare(&inq.trace, &dir, &report).await;
     let dir_s = dir.to_string_lossy().into_owned();
     let mut rep = match compared {
@@ -845,6 +847,20 @@ async fn gather_and_compare(
     .map_err(|e| format!("trace comparison panicked: {e}"))?
 }
 
+/// The folder of one traced rerun's files:
+/// `<root>/<family>/<component>/<run>`. Family and component names are
+/// identifiers (the spec refuses others) and `run` is fvd's own number; the
+/// join still refuses any part that would leave `root` or pass through a
+/// link, whatever stored spec or job id it came from.
+pub fn run_dir(
+    root: &Path,
+    family: &str,
+    component: &str,
+    run: &str,
+) -> Result<PathBuf, fvd_paths::PathError> {
+    fvd_paths::join_under_no_links(root, Path::new(family).join(component).join(run))
+}
+
 /// Writes collected files under `dir` (emptied first) and returns their
 /// relative paths. Paths that would leave `dir` are refused: they come
 /// from another machine.
@@ -853,14 +869,8 @@ pub fn write_files(dir: &Path, files: &[CollectedFile]) -> Result<Vec<String>, S
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let mut out = Vec::with_capacity(files.len());
     for f in files {
-        let rel = Path::new(&f.path);
-        if f.path.is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
-            return Err(format!(
-                "collected file path {:?} is not a plain relative path",
-                f.path
-            ));
-        }
-        let target = dir.join(rel);
+        let target = fvd_paths::join_under(dir, &f.path)
+            .map_err(|e| format!("collected file refused: {e}"))?;
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
@@ -1059,10 +1069,38 @@ mod tests {
         let got = write_files(dir.path(), &[f("b/x.jsonl"), f("a.jsonl")]).unwrap();
         assert_eq!(got, ["a.jsonl", "b/x.jsonl"]);
         assert!(dir.path().join("b/x.jsonl").is_file());
-        for bad in ["../x", "/etc/x", "a/../../x", ""] {
+        for bad in ["../x", "/etc/x", "a/../../x", "", "."] {
             let err = write_files(dir.path(), &[f(bad)]).unwrap_err();
-            assert!(err.contains("not a plain relative path"), "{bad}: {err}");
+            assert!(err.contains("collected file refused"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn the_run_folder_stays_under_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        assert_eq!(
+            run_dir(root, "tinyport", "refiner", "2").unwrap(),
+            root.join("tinyport/refiner/2")
+        );
+        // Names no spec accepts, from a stored spec or a forged job id.
+        for (family, component, run) in [
+            ("p", "../../../../tmp/x/esc", "1"),
+            ("p", "/tmp/x", "1"),
+            ("..", "c", "1"),
+            ("p", "c", ".."),
+            ("p", "a/../..", "1"),
+        ] {
+            let err = run_dir(root, family, component, run)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("must stay inside"), "{component}: {err}");
+        }
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.join("p")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("p/c")).unwrap();
+        let err = run_dir(root, "p", "c", "1").unwrap_err().to_string();
+        assert!(err.contains("p/c is a symbolic link"), "{err}");
     }
 
     #[test]

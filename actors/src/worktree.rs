@@ -41,6 +41,8 @@ pub enum WorktreeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("component worktree: {0}")]
+    Path(#[from] fvd_paths::PathError),
 }
 
 /// A component's worktree.
@@ -79,12 +81,13 @@ pub fn branch(family: &str, component: &str) -> String {
     format!("fvd/{family}/{component}")
 }
 
-/// Where a component's worktree lives.
-pub fn path(repo: &Path, family: &str, component: &str) -> PathBuf {
-    repo.join(".fvd")
-        .join("worktrees")
-        .join(family)
-        .join(component)
+/// Where a component's worktree lives: `REPO/.fvd/worktrees/<family>/<component>`,
+/// refused if the names would lead elsewhere (or through a link).
+pub fn path(repo: &Path, family: &str, component: &str) -> Result<PathBuf, WorktreeError> {
+    Ok(fvd_paths::join_under_no_links(
+        &repo.join(".fvd").join("worktrees"),
+        Path::new(family).join(component),
+    )?)
 }
 
 pub(crate) async fn git(dir: &Path, args: &[&str]) -> Result<String, WorktreeError> {
@@ -136,7 +139,7 @@ pub async fn ensure(
     if !ignore.exists() {
         std::fs::write(&ignore, "*\n").map_err(io(&ignore))?;
     }
-    let wt_path = path(&repo, family, component);
+    let wt_path = path(&repo, family, component)?;
     let branch = branch(family, component);
     if let Some(k) = known
         && k.path == wt_path
@@ -239,6 +242,19 @@ mod tests {
         git(dir, &args).await.unwrap();
     }
 
+    #[test]
+    fn worktree_paths_stay_under_the_worktrees_folder() {
+        let repo = Path::new("/r");
+        assert_eq!(
+            path(repo, "p", "c").unwrap(),
+            Path::new("/r/.fvd/worktrees/p/c")
+        );
+        for (family, component) in [("p", "../../../x"), ("p", "/x"), ("..", "c")] {
+            let err = path(repo, family, component).unwrap_err().to_string();
+            assert!(err.contains("must stay inside"), "{component}: {err}");
+        }
+    }
+
     #[tokio::test]
     async fn worktree_branches_from_head_and_commits_attempts() {
         let dir = tempfile::tempdir().unwrap();
@@ -277,7 +293,7 @@ mod tests {
         assert_eq!(wt.prefix, "examples/port/");
         assert_eq!(
             wt.path,
-            path(&std::fs::canonicalize(&inner).unwrap(), "fam", "comp")
+            path(&std::fs::canonicalize(&inner).unwrap(), "fam", "comp").unwrap()
         );
         assert!(wt.workdir().join("m.py").is_file());
         std::fs::write(wt.workdir().join("m.py"), "x = 2\n").unwrap();

@@ -6,6 +6,8 @@
 //! a strict YAML reader would reject or reinterpret most real blocks. The
 //! parser keeps going after a bad line so one check reports every problem.
 
+use std::collections::HashSet;
+
 use crate::findings::Finding;
 
 /// A node of a block.
@@ -130,11 +132,13 @@ pub fn parse(text: &str, first_line: usize) -> Parsed {
         findings: Vec::new(),
     };
     let mut map = Map::default();
+    // Keys seen, so a block of many keys is not quadratic to check.
+    let mut seen = HashSet::new();
     while p.pos < p.lines.len() {
         let indent = p.lines[p.pos].indent;
         let part = p.map(indent);
         for e in part.entries {
-            if map.get(&e.key).is_some() {
+            if !seen.insert(e.key.clone()) {
                 p.findings.push(Finding::new(
                     e.line,
                     e.key.clone(),
@@ -169,6 +173,7 @@ struct Parser {
 impl Parser {
     fn map(&mut self, indent: usize) -> Map {
         let mut map = Map::default();
+        let mut seen = HashSet::new();
         while let Some(line) = self.lines.get(self.pos) {
             if line.indent < indent {
                 break;
@@ -206,7 +211,7 @@ impl Parser {
             };
             let (key, value, no) = (key.to_owned(), value.to_owned(), line.no);
             self.pos += 1;
-            if map.get(&key).is_some() {
+            if !seen.insert(key.clone()) {
                 self.findings.push(Finding::new(
                     no,
                     key.clone(),

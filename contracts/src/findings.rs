@@ -19,13 +19,48 @@ pub struct Finding {
     pub message: String,
 }
 
+/// Characters of one key of a field path echoed in a finding; a longer
+/// key (a 10 KB unknown key is still one line of input) is cut with `…`.
+pub const MAX_KEY_CHARS: usize = 64;
+/// Characters of a whole field path, for paths of many short keys.
+const MAX_FIELD_CHARS: usize = 4 * MAX_KEY_CHARS;
+
 impl Finding {
+    /// A finding; keys of `field` longer than [`MAX_KEY_CHARS`] are cut.
     pub fn new(line: usize, field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             line,
-            field: field.into(),
+            field: cut_field(field.into()),
             message: message.into(),
         }
+    }
+}
+
+/// `field` with each dotted key, and the whole, cut to a readable length.
+fn cut_field(field: String) -> String {
+    fn cut(s: &str, max: usize) -> String {
+        let mut out: String = s.chars().take(max).collect();
+        out.push('…');
+        out
+    }
+    if field.chars().count() <= MAX_KEY_CHARS {
+        return field;
+    }
+    let keys: Vec<String> = field
+        .split('.')
+        .map(|k| {
+            if k.chars().count() > MAX_KEY_CHARS {
+                cut(k, MAX_KEY_CHARS)
+            } else {
+                k.to_owned()
+            }
+        })
+        .collect();
+    let joined = keys.join(".");
+    if joined.chars().count() > MAX_FIELD_CHARS {
+        cut(&joined, MAX_FIELD_CHARS)
+    } else {
+        joined
     }
 }
 
@@ -76,4 +111,32 @@ fn first_message(findings: &[Finding]) -> String {
     findings
         .first()
         .map_or_else(String::new, |f| format!("{}: {}", f.field, f.message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_keys_are_cut_in_findings() {
+        let f = Finding::new(3, "prep_handoff.model_family", "m");
+        assert_eq!(f.field, "prep_handoff.model_family");
+        let key = "k".repeat(10_000);
+        let f = Finding::new(3, format!("prep_handoff.{key}"), "m");
+        assert_eq!(
+            f.field,
+            format!("prep_handoff.{}…", "k".repeat(MAX_KEY_CHARS))
+        );
+        let block = format!("model_family: x\n{key}: 1\n");
+        let found = crate::kind::check_block(crate::ContractKind::PrepHandoff, &block, 1);
+        let unknown = found
+            .iter()
+            .find(|f| f.message == "unknown field for this contract")
+            .expect("the unknown key is reported");
+        assert_eq!(unknown.line, 2);
+        assert_eq!(unknown.field, format!("{}…", "k".repeat(MAX_KEY_CHARS)));
+        let dotted = "a.".repeat(5_000);
+        let f = Finding::new(3, dotted, "m");
+        assert_eq!(f.field.chars().count(), MAX_FIELD_CHARS + 1);
+    }
 }

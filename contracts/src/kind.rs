@@ -258,7 +258,12 @@ pub fn check(text: &str, kind: Option<ContractKind>) -> Result<Report, CheckErro
         .entries
         .iter()
         .filter_map(|e| match &e.value {
-            Value::Scalar(s) if !s.is_empty() && crate::secrets::scan_line(s).is_none() => {
+            // A token can sit where the key belongs too (found by fvd-fuzz).
+            Value::Scalar(s)
+                if !s.is_empty()
+                    && crate::secrets::scan_line(s).is_none()
+                    && crate::secrets::scan_line(&e.key).is_none() =>
+            {
                 Some((e.key.clone(), s.clone()))
             }
             _ => None,
@@ -325,6 +330,22 @@ fn locate(text: &str, want: Option<ContractKind>) -> Option<(String, usize, Cont
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_as_a_key_stays_out_of_the_summary() {
+        let token = "hf_AbrStUvWxYz0123456789component";
+        let text = format!("model_family: tinyport\nofficial_env_status: imports_ok\n{token}: x\n");
+        let r = check(&text, None).unwrap();
+        let Summary::Block(fields) = &r.summary else {
+            panic!("a block: {:?}", r.summary)
+        };
+        assert_eq!(
+            fields.get("model_family").map(String::as_str),
+            Some("tinyport")
+        );
+        assert!(!fields.contains_key(token), "{fields:?}");
+        assert!(r.findings.iter().all(|f| !f.field.contains(token)));
+    }
 
     #[test]
     fn kind_names_parse() {

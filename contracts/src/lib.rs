@@ -27,6 +27,7 @@ pub mod status_guard;
 pub mod status_match;
 #[cfg(test)]
 mod tests;
+pub mod text;
 pub mod verdict;
 
 pub use contract::{Checked, Contract};

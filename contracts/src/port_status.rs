@@ -442,7 +442,12 @@ impl TableSection {
 
     fn render(&self, out: &mut Vec<String>) {
         if !self.before.is_empty() {
+            // A fence the lines before the table leave open is closed
+            // before the table, not after it (found by fvd-fuzz: the table
+            // then read back as fenced and moved the closing fence).
+            let start = out.len();
             out.extend(self.before.iter().cloned());
+            balance_fences(out, start);
             out.push(String::new());
         }
         self.table.render(out);
@@ -1131,8 +1136,15 @@ fn read_table_section(
     heading_line: usize,
     findings: &mut Vec<Finding>,
 ) -> TableSection {
+    // A table inside a code fence is an example, not the section's table
+    // (found by fvd-fuzz: read as the table, it left the fence around it).
+    let mut fenced = false;
     let start = (0..body.len()).find(|&i| {
-        body[i].1.trim_start().starts_with('|')
+        if is_fence(&body[i].1) {
+            fenced = !fenced;
+        }
+        !fenced
+            && body[i].1.trim_start().starts_with('|')
             && body.get(i + 1).is_some_and(|(_, l)| is_separator(l))
     });
     let Some(start) = start else {

@@ -3,6 +3,7 @@
 //! fencing and state live there.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -190,33 +191,104 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
             offset: l.offset,
             data: l.data,
         },
-        pb::worker_msg::Msg::JobFinished(f) => SchedulerMsg::Finished {
-            worker_id,
-            report: JobReport {
-                job_id: f.job_id,
-                lease_epoch: f.lease_epoch,
-                exit_code: f.exit_code,
-                signal: f.signal,
-                timed_out: f.timed_out,
-                cancelled: f.cancelled,
-                duration_ms: f.duration_ms,
-                junit_xml: (f.junit_error.is_empty() && !f.junit_xml.is_empty())
-                    .then_some(f.junit_xml),
-                junit_error: f.junit_error,
-                output_tail: f.output_tail,
-                survivors: f.survivors,
-                spawn_error: f.spawn_error,
-                files: f
-                    .files
-                    .into_iter()
-                    .map(|c| CollectedFile {
-                        path: c.path,
-                        data: c.data,
+        pb::worker_msg::Msg::JobFinished(f) => {
+            let (files, files_error) = checked_files(&worker_id, f.files, f.files_error);
+            SchedulerMsg::Finished {
+                worker_id,
+                report: JobReport {
+                    job_id: f.job_id,
+                    lease_epoch: f.lease_epoch,
+                    exit_code: f.exit_code,
+                    signal: f.signal,
+                    timed_out: f.timed_out,
+                    cancelled: f.cancelled,
+                    duration_ms: f.duration_ms,
+                    junit_xml: (f.junit_error.is_empty() && !f.junit_xml.is_empty())
+                        .then_some(f.junit_xml),
+                    junit_error: f.junit_error,
+                    output_tail: f.output_tail,
+                    survivors: f.survivors,
+                    spawn_error: f.spawn_error,
+                    files,
+                    files_error,
+                    preflight_error: f.preflight_error,
+                },
+            }
+        }
+    })
+}
+
+/// The files a worker sent back, kept only if every path stays inside the
+/// job's folder: a hostile or broken worker must not name `../x` or `/x`.
+/// One bad path drops them all and says why, so no partial set is compared.
+fn checked_files(
+    worker_id: &str,
+    files: Vec<pb::CollectedFile>,
+    files_error: String,
+) -> (Vec<CollectedFile>, String) {
+    let folder = Path::new("<the job's folder>");
+    if let Some(e) = files
+        .iter()
+        .find_map(|c| fvd_paths::join_under(folder, &c.path).err())
+    {
+        tracing::warn!(worker = %worker_id, error = %e, "refused the files of a job result");
+        return (
+            Vec::new(),
+            format!("worker {worker_id} sent back a file fvd refuses, so none was kept: {e}"),
+        );
+    }
+    let files = files
+        .into_iter()
+        .map(|c| CollectedFile {
+            path: c.path,
+            data: c.data,
+        })
+        .collect();
+    (files, files_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished(paths: &[&str]) -> pb::WorkerMsg {
+        pb::WorkerMsg {
+            msg: Some(pb::worker_msg::Msg::JobFinished(pb::JobFinished {
+                job_id: "p.c#trace.1".into(),
+                lease_epoch: 3,
+                files: paths
+                    .iter()
+                    .map(|p| pb::CollectedFile {
+                        path: p.to_string(),
+                        data: b"{}".to_vec(),
                     })
                     .collect(),
-                files_error: f.files_error,
-                preflight_error: f.preflight_error,
-            },
-        },
-    })
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn report(m: pb::WorkerMsg) -> JobReport {
+        match from_wire("w1", m) {
+            Some(SchedulerMsg::Finished { report, .. }) => report,
+            other => panic!("not a result: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_result_naming_files_outside_its_folder_keeps_none() {
+        let ok = report(finished(&["port_rank0.jsonl", "ref/rank0.jsonl"]));
+        assert_eq!(ok.files.len(), 2);
+        assert_eq!(ok.files_error, "");
+        for bad in ["../../../home/u/.bashrc", "/etc/cron.d/x", "a/../../x"] {
+            let r = report(finished(&["port_rank0.jsonl", bad]));
+            assert!(r.files.is_empty(), "{bad}");
+            assert!(
+                r.files_error
+                    .starts_with("worker w1 sent back a file fvd refuses"),
+                "{bad}: {}",
+                r.files_error
+            );
+        }
+    }
 }

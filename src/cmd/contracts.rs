@@ -66,9 +66,9 @@ fn check(args: &CheckArgs) -> anyhow::Result<u8> {
 pub fn check_file(path: &Path, kind: Option<ContractKind>) -> anyhow::Result<Report> {
     let shown = path.display();
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {shown}"))?;
-    let text =
-        String::from_utf8(bytes).map_err(|_| anyhow!("cannot parse {shown}: not utf-8 text"))?;
-    kind::check(&text, kind).map_err(|e| anyhow!("cannot parse {shown}: {e}"))
+    let text = fvd_contracts::text::utf8(&bytes)
+        .map_err(|e| anyhow!("{shown}:{}:{}: {e}", e.line, e.column))?;
+    kind::check(text, kind).map_err(|e| anyhow!("cannot parse {shown}: {e}"))
 }
 
 fn write_human(out: &mut impl Write, file: &Path, report: &Report) -> std::io::Result<()> {
@@ -87,4 +87,25 @@ fn write_human(out: &mut impl Write, file: &Path, report: &Report) -> std::io::R
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_that_is_not_utf8_is_refused_with_its_line_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("handoff.md");
+        std::fs::write(
+            &path,
+            b"```text\nprep_handoff:\n  model_family: t\xe9st\n```\n",
+        )
+        .unwrap();
+        let err = check_file(&path, None).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("{}:3:18: not utf-8 text (byte 0xe9)", path.display())
+        );
+    }
 }

@@ -73,7 +73,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<u8> {
         }
     }
 
-    let path = port_status::file_path(&repo, &spec);
+    let path = port_status::file_path(&repo, &spec)?;
     let shown = path.strip_prefix(&repo).unwrap_or(&path).to_path_buf();
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),

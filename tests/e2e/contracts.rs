@@ -219,7 +219,7 @@ fn unreadable_or_unparsable_input_exits_2_naming_the_file() {
     assert_eq!(code(&o), 2);
     assert_eq!(
         stderr(&o),
-        "fvd: error: cannot parse binary.bin: not utf-8 text\n"
+        "fvd: error: binary.bin:1:1: not utf-8 text (byte 0xff)\n"
     );
 
     std::fs::write(

@@ -290,6 +290,39 @@ fn malformed_spec_names_line_and_column() {
     );
 }
 
+/// The reproduction of issue #14: a component name that climbs out of the
+/// repository used to put the traced rerun's files wherever it pointed.
+#[test]
+fn a_component_name_that_leaves_the_repository_is_refused_before_anything_runs() {
+    let sb = Sandbox::new();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tinyport");
+    copy_tree(&example, sb.repo());
+    let outside = tempfile::tempdir().unwrap();
+    let escape = outside.path().join("esc");
+    let climb = format!("{}{}", "../".repeat(12), escape.display());
+    let spec = sb.repo().join("tests/local_tests/tinyport/port.toml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    let line = text
+        .lines()
+        .position(|l| l == "name = \"refiner\"")
+        .unwrap()
+        + 1;
+    std::fs::write(
+        &spec,
+        text.replace("name = \"refiner\"", &format!("name = {climb:?}")),
+    )
+    .unwrap();
+    let out = submit_embedded(&sb, "tinyport", &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("port.toml:{line}:8: component name")),
+        "{err}"
+    );
+    assert!(err.contains("is not an identifier"), "{err}");
+    assert!(!escape.exists() && !sb.repo().join(".fvd/state.db").exists());
+}
+
 #[test]
 fn missing_parity_test_is_a_gate_refusal_at_p2() {
     let sb = Sandbox::new();

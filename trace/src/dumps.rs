@@ -170,7 +170,7 @@ fn open_safetensors(path: &Path) -> Result<DumpSource, TraceError> {
     f.read_exact(&mut n)
         .map_err(|_| TraceError::dump(path, "not a safetensors file: shorter than its header"))?;
     let n = u64::from_le_bytes(n);
-    if n > 100_000_000 || 8 + n > file_len {
+    if n > MAX_SAFETENSORS_HEADER || 8 + n > file_len {
         return Err(TraceError::dump(
             path,
             "not a safetensors file: bad header length",
@@ -178,12 +178,28 @@ fn open_safetensors(path: &Path) -> Result<DumpSource, TraceError> {
     }
     let mut header = vec![0u8; n as usize];
     f.read_exact(&mut header).map_err(io(path))?;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
+    parse_safetensors_header(path, &header, file_len)
+}
+
+/// Largest safetensors header read (its JSON), well above any real dump's.
+const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
+
+/// The tensors a safetensors header lists. `header` is its JSON (after
+/// the 8-byte length), `file_len` the whole file's size; `path` names the
+/// file in errors and in the tensors. No tensor may run past the file, and
+/// no key may appear twice (JSON allows it; readers disagree on which one
+/// counts, so the two sides of a comparison could read different tensors).
+pub fn parse_safetensors_header(
+    path: &Path,
+    header: &[u8],
+    file_len: u64,
+) -> Result<DumpSource, TraceError> {
+    let data_start = 8 + header.len() as u64;
+    let header: Header = serde_json::from_slice(header)
         .map_err(|e| TraceError::dump(path, format!("bad safetensors header: {e}")))?;
-    let data_start = 8 + n;
     let mut tensors = Vec::new();
     let mut order = None;
-    for (key, v) in &header {
+    for (key, v) in &header.0 {
         if key == "__metadata__" {
             if let Some(s) = v.get(ORDER_METADATA_KEY).and_then(|s| s.as_str()) {
                 let list: Vec<String> = serde_json::from_str(s).map_err(|e| {
@@ -214,7 +230,7 @@ fn open_safetensors(path: &Path) -> Result<DumpSource, TraceError> {
             .iter()
             .map(|d| {
                 d.as_u64()
-                    .map(|d| d as usize)
+                    .and_then(|d| usize::try_from(d).ok())
                     .ok_or_else(|| bad("bad shape"))
             })
             .collect::<Result<_, _>>()?;
@@ -229,8 +245,10 @@ fn open_safetensors(path: &Path) -> Result<DumpSource, TraceError> {
             (Some(s), Some(e)) if e >= s => (s, e),
             _ => return Err(bad("bad data_offsets")),
         };
-        let numel: usize = shape.iter().product();
-        if (e - s) as usize != numel * dtype.size() || data_start + e > file_len {
+        // Checked: a forged shape or offset must not overflow into a
+        // size that looks right.
+        let bytes = byte_len(&shape, dtype);
+        if bytes != Some(e - s) || data_start.checked_add(e).is_none_or(|end| end > file_len) {
             return Err(bad(
                 "data_offsets do not match the shape or run past the end of the file",
             ));
@@ -248,6 +266,46 @@ fn open_safetensors(path: &Path) -> Result<DumpSource, TraceError> {
         });
     }
     Ok(DumpSource { tensors, order })
+}
+
+/// Bytes of a tensor of `shape` and `dtype`; `None` when that overflows.
+fn byte_len(shape: &[usize], dtype: DType) -> Option<u64> {
+    shape
+        .iter()
+        .try_fold(dtype.size() as u64, |acc, &d| acc.checked_mul(d as u64))
+}
+
+/// A safetensors header's entries in key order (as `serde_json::Map`
+/// keeps them), refused when a key appears twice.
+struct Header(std::collections::BTreeMap<String, serde_json::Value>);
+
+impl<'de> Deserialize<'de> for Header {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = std::collections::BTreeMap<String, serde_json::Value>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = std::collections::BTreeMap::new();
+                while let Some(key) = m.next_key::<String>()? {
+                    if out.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format!(
+                            "key {key:?} appears more than once"
+                        )));
+                    }
+                    let value = m.next_value()?;
+                    out.insert(key, value);
+                }
+                Ok(out)
+            }
+        }
+        Ok(Header(d.deserialize_map(Entries)?))
+    }
 }
 
 fn open_npy_dir(dir: &Path) -> Result<DumpSource, TraceError> {
@@ -289,26 +347,59 @@ fn open_npy_dir(dir: &Path) -> Result<DumpSource, TraceError> {
 /// Parse a `.npy` header: dtype, shape, and the offset of the data.
 pub fn read_npy_header(path: &Path) -> Result<(DType, Vec<usize>, u64), TraceError> {
     use std::io::Read;
-    let mut f = File::open(path).map_err(io(path))?;
-    let mut pre = [0u8; 10];
-    f.read_exact(&mut pre)
-        .map_err(|_| TraceError::dump(path, "not a .npy file"))?;
-    if &pre[..6] != b"\x93NUMPY" {
+    let f = File::open(path).map_err(io(path))?;
+    let file_len = f.metadata().map_err(io(path))?.len();
+    // The preamble, then exactly the header it announces: never a buffer
+    // sized by a length field the file could not back.
+    let mut head = Vec::with_capacity(12);
+    (&f).take(12).read_to_end(&mut head).map_err(io(path))?;
+    let (start, hlen) = npy_extent(path, &head)?;
+    let end = start + hlen as u64;
+    if end > file_len {
+        return Err(TraceError::dump(
+            path,
+            "npy header runs past the end of the file",
+        ));
+    }
+    // The preamble read may already hold the start of the header.
+    let more = end.saturating_sub(head.len() as u64);
+    (&f).take(more).read_to_end(&mut head).map_err(io(path))?;
+    parse_npy_header(path, &head, file_len)
+}
+
+/// Where a `.npy` header starts and how long it is, from the preamble.
+fn npy_extent(path: &Path, head: &[u8]) -> Result<(u64, usize), TraceError> {
+    if head.len() < 10 {
+        return Err(TraceError::dump(path, "not a .npy file"));
+    }
+    if &head[..6] != b"\x93NUMPY" {
         return Err(TraceError::dump(path, "not a .npy file: bad magic"));
     }
-    let (hlen, start) = if pre[6] == 1 {
-        (u16::from_le_bytes([pre[8], pre[9]]) as usize, 10u64)
-    } else {
-        let mut more = [0u8; 2];
-        f.read_exact(&mut more).map_err(io(path))?;
-        (
-            u32::from_le_bytes([pre[8], pre[9], more[0], more[1]]) as usize,
-            12u64,
-        )
-    };
-    let mut h = vec![0u8; hlen];
-    f.read_exact(&mut h).map_err(io(path))?;
-    let h = String::from_utf8_lossy(&h);
+    if head[6] == 1 {
+        return Ok((10, u16::from_le_bytes([head[8], head[9]]) as usize));
+    }
+    match head.get(10..12) {
+        Some(more) => Ok((
+            12,
+            u32::from_le_bytes([head[8], head[9], more[0], more[1]]) as usize,
+        )),
+        None => Err(TraceError::dump(path, "not a .npy file")),
+    }
+}
+
+/// Parse a `.npy` header from the file's first bytes (`head`: preamble and
+/// header) and the file's size: dtype, shape, and the offset of the data,
+/// which must fit in the file.
+pub fn parse_npy_header(
+    path: &Path,
+    head: &[u8],
+    file_len: u64,
+) -> Result<(DType, Vec<usize>, u64), TraceError> {
+    let (start, hlen) = npy_extent(path, head)?;
+    let h = head
+        .get(start as usize..start as usize + hlen)
+        .ok_or_else(|| TraceError::dump(path, "npy header runs past the end of the file"))?;
+    let h = String::from_utf8_lossy(h);
     let field = |name: &str| -> Option<String> {
         let at = h.find(&format!("'{name}'"))?;
         let rest = h[at + name.len() + 2..]
@@ -329,7 +420,10 @@ pub fn read_npy_header(path: &Path) -> Result<(DType, Vec<usize>, u64), TraceErr
         other => {
             return Err(TraceError::dump(
                 path,
-                format!("unsupported npy dtype {other} (little-endian f2, f4, f8 or bf16 only)"),
+                format!(
+                    "unsupported npy dtype {} (little-endian f2, f4, f8 or bf16 only)",
+                    other.chars().take(32).collect::<String>()
+                ),
             ));
         }
     };
@@ -353,7 +447,19 @@ pub fn read_npy_header(path: &Path) -> Result<(DType, Vec<usize>, u64), TraceErr
         .map(|s| s.trim_end_matches('L').parse::<usize>())
         .collect::<Result<_, _>>()
         .map_err(|_| TraceError::dump(path, "bad npy shape"))?;
-    Ok((dtype, shape, start + hlen as u64))
+    let offset = start + hlen as u64;
+    // The data is mapped later: a shape the file cannot back would fault
+    // (SIGBUS) on the first page past its end instead of failing here.
+    if byte_len(&shape, dtype)
+        .and_then(|b| b.checked_add(offset))
+        .is_none_or(|end| end > file_len)
+    {
+        return Err(TraceError::dump(
+            path,
+            "npy shape runs past the end of the file",
+        ));
+    }
+    Ok((dtype, shape, offset))
 }
 
 /// Map `len` bytes of `file` at `offset`, read-only, faulted in at once
@@ -1389,6 +1495,100 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn safetensors(header: &str, data: usize) -> Vec<u8> {
+        let mut f = (header.len() as u64).to_le_bytes().to_vec();
+        f.extend_from_slice(header.as_bytes());
+        f.resize(f.len() + data, 0);
+        f
+    }
+
+    fn open(bytes: &[u8]) -> Result<DumpSource, TraceError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.safetensors");
+        std::fs::write(&path, bytes).unwrap();
+        open_safetensors(&path)
+    }
+
+    #[test]
+    fn a_safetensors_header_with_a_key_twice_is_an_error() {
+        let one = r#"{"a:out":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+        assert_eq!(open(&safetensors(one, 8)).unwrap().tensors.len(), 1);
+        let twice = r#"{"a:out":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a:out":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#;
+        let err = open(&safetensors(twice, 12)).unwrap_err().to_string();
+        assert!(
+            err.contains("bad safetensors header: key \"a:out\" appears more than once"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn forged_safetensors_sizes_are_errors_not_overflows() {
+        for header in [
+            // 2^62 * 2^2 * 4 bytes wraps to 0 in u64 arithmetic.
+            r#"{"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}}"#,
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[18446744073709551611,18446744073709551615]}}"#,
+        ] {
+            let err = parse_safetensors_header(Path::new("d"), header.as_bytes(), 1 << 20)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("data_offsets do not match"), "{err}");
+        }
+    }
+
+    fn npy(header: &str, data: usize) -> Vec<u8> {
+        let mut f = b"\x93NUMPY\x01\x00".to_vec();
+        f.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        f.extend_from_slice(header.as_bytes());
+        f.resize(f.len() + data, 0);
+        f
+    }
+
+    #[test]
+    fn an_npy_shape_the_file_cannot_back_is_an_error() {
+        let h = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }\n";
+        let ok = npy(h, 24);
+        assert_eq!(
+            parse_npy_header(Path::new("x.npy"), &ok, ok.len() as u64).unwrap(),
+            (DType::F32, vec![2, 3], 10 + h.len() as u64)
+        );
+        // Mapped later, the missing bytes would be a SIGBUS, not an error.
+        let short = npy(h, 20);
+        let err = parse_npy_header(Path::new("x.npy"), &short, short.len() as u64)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("shape runs past the end of the file"), "{err}");
+    }
+
+    #[test]
+    fn an_npy_file_is_read_through_its_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = "{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }\n";
+        for (name, bytes) in [("v1.npy", npy(h, 24)), ("tiny_header.npy", npy("", 0))] {
+            std::fs::write(dir.path().join(name), &bytes).unwrap();
+        }
+        assert_eq!(
+            read_npy_header(&dir.path().join("v1.npy")).unwrap(),
+            (DType::F64, vec![3], 10 + h.len() as u64)
+        );
+        let err = read_npy_header(&dir.path().join("tiny_header.npy"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("npy header has no descr"), "{err}");
+    }
+
+    #[test]
+    fn an_npy_header_length_the_file_cannot_back_is_refused_before_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.npy");
+        // Version 2: a 4-byte header length of 4 GiB in a 12-byte file.
+        std::fs::write(&path, b"\x93NUMPY\x02\x00\xff\xff\xff\xff").unwrap();
+        let err = read_npy_header(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("npy header runs past the end of the file"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn keys_and_natural_order() {

@@ -106,7 +106,8 @@ impl<'a> Cursor<'a> {
 
     fn int<T: std::str::FromStr>(&mut self) -> Option<T> {
         let t = self.number()?;
-        if t.bytes().any(|c| matches!(c, b'.' | b'e' | b'E')) {
+        // serde_json reads `-0` as the float -0.0, which no integer field takes.
+        if t.bytes().any(|c| matches!(c, b'.' | b'e' | b'E')) || t == "-0" {
             return None;
         }
         t.parse().ok()
@@ -180,7 +181,9 @@ pub(crate) fn parse(line: &str) -> Option<RawRecord<'_>> {
             "world_size" => rec.world_size = c.opt_int()?,
             "numel" => rec.numel = c.opt_int()?,
             name => {
-                let v: f64 = c.number()?.parse().ok()?;
+                // Out of f64's range (`1e309`) serde refuses the line; so
+                // must this path, or the two would read it differently.
+                let v: f64 = c.number()?.parse().ok().filter(|v: &f64| v.is_finite())?;
                 rec.stats.set(name, StatValue::Num(v));
             }
         }
@@ -247,6 +250,10 @@ mod tests {
             r#"{"tensor":"out"}"#,
             r#"{}"#,
             r#"{"module":"m","shape":[1,-2]}"#,
+            // found by fvd-fuzz (trace_jsonl): serde refuses it, the fast
+            // path read it as infinity
+            r#"{"module":"m","sum":1e309}"#,
+            r#"{"module":"m","step":-0}"#,
         ] {
             assert!(parse(l).is_none(), "fast path must defer {l}");
         }

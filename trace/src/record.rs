@@ -453,6 +453,19 @@ pub fn parse_line(line: &str) -> Result<Option<Record>, String> {
     parse_line_with(line, &mut Interner::default())
 }
 
+/// What the fast path and serde_json each make of one trimmed line (`None`:
+/// the fast path deferred, or serde refused). The fast path must agree
+/// with serde whenever it answers; the fuzzer checks that on mutated lines.
+#[doc(hidden)]
+pub fn parse_line_both_ways(line: &str) -> (Option<Record>, Option<Record>) {
+    let line = line.trim();
+    let fast = crate::fastparse::parse(line).map(|r| r.finish(&mut Interner::default()));
+    let serde = serde_json::from_str::<RawRecord<'_>>(line)
+        .ok()
+        .map(|r| r.finish(&mut Interner::default()));
+    (fast, serde)
+}
+
 fn parse_line_with(line: &str, interner: &mut Interner) -> Result<Option<Record>, String> {
     let trimmed = line.trim();
     if trimmed.is_empty() {

@@ -413,7 +413,13 @@ async fn run_assigned(
         grace: config.grace,
         junit: None,
     };
-    let scratch = config.workspace.join("jobs").join(sanitize(&a.job_id));
+    let scratch = match scratch_dir(&config.workspace, &a.job_id) {
+        Ok(s) => s,
+        Err(e) => {
+            finished.spawn_error = format!("job id refused: {e}");
+            return finished;
+        }
+    };
     if a.collect_junit
         && let Err(e) = exec::prepare_pytest(&mut spec, &scratch).await
     {
@@ -552,6 +558,13 @@ fn gpu_uuids(config: &WorkerConfig, leased: &[u32]) -> String {
         .join(",")
 }
 
+/// The job's own scratch folder, `WORKSPACE/jobs/<job id>`: removed whole
+/// after the run, so a job id (from the wire) of `..` or `.` must never
+/// make it the workspace or its `jobs` folder.
+fn scratch_dir(workspace: &std::path::Path, job_id: &str) -> Result<PathBuf, fvd_paths::PathError> {
+    fvd_paths::join_under_no_links(&workspace.join("jobs"), sanitize(job_id))
+}
+
 fn sanitize(job_id: &str) -> String {
     job_id
         .chars()
@@ -563,4 +576,27 @@ fn sanitize(job_id: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_job_scratch_folder_stays_under_jobs() {
+        let ws = Path::new("/w");
+        assert_eq!(
+            scratch_dir(ws, "tinyport.refiner#trace.2").unwrap(),
+            Path::new("/w/jobs/tinyport.refiner_trace.2")
+        );
+        assert_eq!(
+            scratch_dir(ws, "../../etc").unwrap(),
+            Path::new("/w/jobs/.._.._etc")
+        );
+        // Removing these after the run would remove the workspace.
+        for bad in ["..", ".", ""] {
+            assert!(scratch_dir(ws, bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -33,6 +33,8 @@ pub enum CollectError {
         dir: PathBuf,
         source: std::io::Error,
     },
+    #[error("collected file {path} changed between listing and reading ({why}); nothing was sent")]
+    Changed { path: String, why: String },
 }
 
 /// Every regular file under `dir` (recursively; links are not followed),
@@ -42,39 +44,96 @@ pub fn collect(
     limit: u64,
     secrets: &[(Vec<u8>, Vec<u8>)],
 ) -> Result<Vec<Collected>, CollectError> {
-    let mut paths = Vec::new();
-    if dir.is_dir() {
-        walk(dir, dir, &mut paths).map_err(|source| CollectError::Read {
-            dir: dir.to_path_buf(),
-            source,
-        })?;
-    }
-    paths.sort();
+    let listed = list(dir)?;
     // Sizes first: an oversized folder is refused before anything is read.
-    let bytes: u64 = paths.iter().map(|(_, _, len)| len).sum();
+    let bytes: u64 = listed.iter().map(|l| l.len).sum();
     if bytes > limit {
         return Err(CollectError::TooLarge {
             dir: dir.to_path_buf(),
             bytes,
-            files: paths.len(),
+            files: listed.len(),
             limit,
         });
     }
-    paths
-        .into_iter()
-        .map(|(rel, full, _)| {
-            let data = std::fs::read(&full).map_err(|source| CollectError::Read {
-                dir: dir.to_path_buf(),
-                source,
-            })?;
-            Ok((rel, crate::exec::redact_bytes(&data, secrets)))
+    listed
+        .iter()
+        .map(|l| {
+            Ok((
+                l.rel.clone(),
+                crate::exec::redact_bytes(&read(dir, l)?, secrets),
+            ))
         })
         .collect()
 }
 
-fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf, u64)>) -> std::io::Result<()> {
+/// A regular file as the walk saw it: what is read later must be the same
+/// file (same device and inode) and no bigger.
+#[derive(Debug, Clone)]
+struct Listed {
+    rel: String,
+    full: PathBuf,
+    len: u64,
+    dev: u64,
+    ino: u64,
+}
+
+/// The regular files under `dir`, in path order.
+fn list(dir: &Path) -> Result<Vec<Listed>, CollectError> {
+    let mut out = Vec::new();
+    if dir.is_dir() {
+        walk(dir, dir, &mut out).map_err(|source| CollectError::Read {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    out.sort_by(|a, b| a.rel.cmp(&b.rel));
+    Ok(out)
+}
+
+/// Reads one listed file. The test process (or one it left behind) owns
+/// the folder and may swap an entry for a link, a FIFO or another file
+/// between the listing and the reading: the open does not follow a link in
+/// the last component nor block on a FIFO, and the opened file must be the
+/// one listed (which also catches a folder on the way swapped for a link).
+fn read(dir: &Path, l: &Listed) -> Result<Vec<u8>, CollectError> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let changed = |why: &str| CollectError::Changed {
+        path: l.rel.clone(),
+        why: why.to_string(),
+    };
+    let io = |source| CollectError::Read {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&l.full)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                changed("it is now a symbolic link")
+            } else {
+                io(e)
+            }
+        })?;
+    let m = file.metadata().map_err(io)?;
+    if !m.is_file() || (m.dev(), m.ino()) != (l.dev, l.ino) {
+        return Err(changed("it is no longer the file that was listed"));
+    }
+    let mut data = Vec::with_capacity(l.len as usize);
+    file.take(l.len + 1).read_to_end(&mut data).map_err(io)?;
+    if data.len() as u64 > l.len {
+        return Err(changed("it grew after it was listed"));
+    }
+    Ok(data)
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<Listed>) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
+        // The entry's own type: a link is neither a folder nor a file here.
         let ty = entry.file_type()?;
         let path = entry.path();
         if ty.is_dir() {
@@ -87,7 +146,14 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf, u64)>) -> std::
                 .map(|c| c.as_os_str().to_string_lossy().into_owned())
                 .collect::<Vec<_>>()
                 .join("/");
-            out.push((rel, path, entry.metadata()?.len()));
+            let m = entry.metadata()?;
+            out.push(Listed {
+                rel,
+                full: path,
+                len: m.len(),
+                dev: m.dev(),
+                ino: m.ino(),
+            });
         }
     }
     Ok(())
@@ -109,6 +175,70 @@ mod tests {
         let names: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(names, ["port/rank0.jsonl", "port/rank1.jsonl", "ref.jsonl"]);
         assert_eq!(got[2].1, b"key=[redacted:K]!");
+    }
+
+    #[test]
+    fn links_are_not_followed_even_when_swapped_in_after_the_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("id_rsa");
+        std::fs::write(&secret, "PRIVATE KEY").unwrap();
+        std::fs::create_dir_all(dir.path().join("port")).unwrap();
+        std::fs::write(dir.path().join("port/rank0.jsonl"), "a").unwrap();
+        std::fs::write(dir.path().join("rank1.jsonl"), "b").unwrap();
+        // A link present at the listing is not listed.
+        std::os::unix::fs::symlink(&secret, dir.path().join("key.jsonl")).unwrap();
+        let got = collect(dir.path(), 1024, &[]).unwrap();
+        let names: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(names, ["port/rank0.jsonl", "rank1.jsonl"]);
+
+        // A file swapped for a link after the listing is not read.
+        let listed = list(dir.path()).unwrap();
+        let at = dir.path().join("rank1.jsonl");
+        std::fs::remove_file(&at).unwrap();
+        std::os::unix::fs::symlink(&secret, &at).unwrap();
+        let err = read(dir.path(), &listed[1]).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "rank1.jsonl changed between listing and reading (it is now a symbolic link)"
+            ),
+            "{err}"
+        );
+
+        // A folder swapped for a link: the last component is a plain file,
+        // but not the one listed.
+        std::fs::write(outside.path().join("rank0.jsonl"), "PRIVATE").unwrap();
+        std::fs::remove_dir_all(dir.path().join("port")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("port")).unwrap();
+        let err = read(dir.path(), &listed[0]).unwrap_err().to_string();
+        assert!(err.contains("no longer the file that was listed"), "{err}");
+    }
+
+    #[test]
+    fn a_fifo_swapped_in_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("rank0.jsonl");
+        std::fs::write(&at, "a").unwrap();
+        let listed = list(dir.path()).unwrap();
+        std::fs::remove_file(&at).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&at)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let err = read(dir.path(), &listed[0]).unwrap_err().to_string();
+        assert!(err.contains("no longer the file that was listed"), "{err}");
+    }
+
+    #[test]
+    fn a_file_that_grew_after_the_listing_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("rank0.jsonl");
+        std::fs::write(&at, "a").unwrap();
+        let listed = list(dir.path()).unwrap();
+        std::fs::write(&at, "abc").unwrap();
+        let err = read(dir.path(), &listed[0]).unwrap_err().to_string();
+        assert!(err.contains("it grew after it was listed"), "{err}");
     }
 
     #[test]

@@ -1,11 +1,10 @@
-//! Crate-level tests: contract examples and rules, round trips, the
-//! project's own `PORT_STATUS.md` fixtures and never-panic fuzzing of every
-//! parser. (The same checks on the real FastVideo files are in the root
+//! Crate-level tests: contract examples and rules, round trips and the
+//! project's own `PORT_STATUS.md` fixtures. Every parser is fuzzed in
+//! `fvd-fuzz`. (The same checks on the real FastVideo files are in the root
 //! package's conformance suite, `tests/conformance`.)
 
 mod coauthor;
 mod examples;
-mod fuzz;
 mod port_status;
 mod roundtrip;
 mod rules;
