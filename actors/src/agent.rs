@@ -677,6 +677,18 @@ escape_hatch: none";
             .spawn()
             .unwrap();
         let pid = child.id().unwrap() as i32;
+        // Until the child has exec'd, its environment is still this test's:
+        // wait (bounded) until the cookie shows in /proc.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !std::fs::read(format!("/proc/{pid}/environ"))
+            .is_ok_and(|e| e.windows(12).any(|w| w == b"fam/comp/1/4"))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never exec'd"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         assert_eq!(kill_leftovers("fam/comp/1/42"), vec![pid]);
         let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
             .await

@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use fvd_contracts::verdict::{self, JunitEvidence, RunEvidence, Verdict};
+use fvd_contracts::verdict::{self, Verdict};
 use fvd_telemetry::{metrics, spans};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::broadcast;
@@ -33,7 +33,8 @@ use tracing::field::Empty;
 use crate::agent::{self, LastRun};
 use crate::gate::GateMsg;
 use crate::model::{ComponentRow, JobRecord, JobReport, JobResult, PortEvent};
-use crate::scheduler::{QueuedJob, SchedulerMsg};
+use crate::run_verdict;
+use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use crate::spec::ComponentSpec;
 use crate::store::{AttemptRow, EscapeRow, Store, now_ms};
 use crate::worktree::{self, Worktree};
@@ -63,44 +64,11 @@ pub struct ComponentArgs {
 
 #[derive(Debug)]
 pub enum ComponentMsg {
-    Leased {
-        job_id: String,
-        worker_id: String,
-    },
-    Started {
-        job_id: String,
-        worker_id: String,
-    },
-    Finished {
-        report: JobReport,
-        worker_id: String,
-    },
-    /// The queued job cannot be placed for now (`reason`), or can again
-    /// (empty `reason`). `environment`: the only workers that could take it
-    /// failed its environment before.
-    Waiting {
-        job_id: String,
-        reason: String,
-        environment: bool,
-    },
-    /// No worker of a fixed fleet (embedded mode) can ever hold the job: it
-    /// left the queue, and `reason` says why and what to change.
-    Unplaceable {
-        job_id: String,
-        reason: String,
-    },
-    /// The worker running the job was lost; the scheduler requeued it
-    /// unless `give_up`.
-    WorkerLost {
-        job_id: String,
-        worker_id: String,
-        give_up: bool,
-    },
+    /// Progress of the component's run in flight, from the scheduler.
+    Job(JobEvent),
     /// A person answered an escape hatch of this component (the answer is
     /// in the store): an `ask_user` component goes on with its next attempt.
-    Answered {
-        id: String,
-    },
+    Answered { id: String },
     /// The trace actor's answer to a red run handed to it: the run, back,
     /// and the investigation's one-line summary.
     Traced {
@@ -108,6 +76,23 @@ pub enum ComponentMsg {
         worker_id: String,
         summary: String,
     },
+}
+
+/// The scheduler's events reach the component through a derived ref.
+impl From<JobEvent> for ComponentMsg {
+    fn from(e: JobEvent) -> Self {
+        ComponentMsg::Job(e)
+    }
+}
+
+impl TryFrom<ComponentMsg> for JobEvent {
+    type Error = ComponentMsg;
+    fn try_from(m: ComponentMsg) -> Result<Self, ComponentMsg> {
+        match m {
+            ComponentMsg::Job(e) => Ok(e),
+            other => Err(other),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -212,76 +197,7 @@ impl Actor for ComponentSubagentActor {
         st: &mut ComponentState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ComponentMsg::Leased { job_id, worker_id } => {
-                // The scheduler recorded `running` with the lease; only
-                // watchers (and the gate, if it waited for an environment)
-                // need telling.
-                if st.job_id.as_deref() == Some(job_id.as_str()) {
-                    tracing::debug!(%job_id, %worker_id, "job leased");
-                    environment_fixed(st)?;
-                    emit(st).await?;
-                }
-            }
-            ComponentMsg::Started { job_id, worker_id } => {
-                tracing::debug!(%job_id, %worker_id, "job process started");
-            }
-            ComponentMsg::Waiting {
-                job_id,
-                reason,
-                environment,
-            } => {
-                if st.job_id.as_deref() != Some(job_id.as_str()) {
-                    return Ok(());
-                }
-                if environment {
-                    // Every worker that could take the run failed its
-                    // environment: the component waits for a fixed one, and
-                    // the port pauses once nothing else runs.
-                    let (family, name) = (&st.args.family, &st.args.spec.name);
-                    st.args.store.set_waiting_env(family, name, &reason).await?;
-                    if !st.waiting_env {
-                        st.waiting_env = true;
-                        st.args
-                            .gate
-                            .cast(GateMsg::ComponentWaitsEnv(name.clone()))?;
-                    }
-                } else {
-                    environment_fixed(st)?;
-                    // Only while still queued: a lease recorded meanwhile wins.
-                    st.args
-                        .store
-                        .set_queued_reason(&st.args.family, &st.args.spec.name, &reason)
-                        .await?;
-                }
-                emit(st).await?;
-            }
-            ComponentMsg::Unplaceable { job_id, reason } => {
-                if st.job_id.as_deref() != Some(job_id.as_str()) {
-                    return Ok(());
-                }
-                // Never started: no run, no verdict of the code, no agent.
-                st.args.store.unplace_job(&job_id).await?;
-                st.job_id = None;
-                let reason = format!("unplaced: {reason}");
-                finish(st, "blocked", "unplaced", &reason, "").await?;
-            }
-            ComponentMsg::WorkerLost {
-                job_id,
-                worker_id,
-                give_up,
-            } => {
-                if st.job_id.as_deref() != Some(job_id.as_str()) {
-                    return Ok(());
-                }
-                if give_up {
-                    let reason = format!("infra_error: worker {worker_id} lost on every retry");
-                    finish(st, "blocked", "infra_error", &reason, &worker_id).await?;
-                } else {
-                    // The scheduler recorded the requeue; only watchers
-                    // need telling.
-                    emit(st).await?;
-                }
-            }
+            ComponentMsg::Job(ev) => job_event(&myself, st, ev).await?,
             ComponentMsg::Answered { id } => {
                 let row = current(st).await?;
                 if row.status != "ask_user" || st.agent.is_none() {
@@ -297,123 +213,202 @@ impl Actor for ComponentSubagentActor {
                 summary,
             } => {
                 st.traced = Some((report.job_id.clone(), summary));
-                myself.cast(ComponentMsg::Finished { report, worker_id })?;
-            }
-            ComponentMsg::Finished { report, worker_id } => {
-                if st.job_id.as_deref() != Some(report.job_id.as_str()) {
-                    return Ok(());
-                }
-                let v = classify(&report, &repo_modules(&st.args.repo, &st.args.spec));
-                if let Verdict::Environment { cause } = &v {
-                    // Not the component's fault: no verdict, no run, no
-                    // agent, no trace; the run goes to another worker.
-                    return environment_failure(&myself, st, &report, &worker_id, cause).await;
-                }
-                // A red run is drilled down first; `Traced` brings it back.
-                let traced = st.traced.as_ref();
-                let v_str = v.status().as_str();
-                if crate::trace_actor::hand_over(
-                    &st.args, traced, v_str, &report, &worker_id, &myself, &st.span,
-                ) {
-                    return Ok(());
-                }
-                let result = JobResult {
-                    verdict: v.status().as_str().to_string(),
-                    reason: v.reason(),
-                    exit_code: report.exit_code,
-                    signal: report.signal,
-                    duration_ms: report.duration_ms,
-                    junit_xml: report.junit_xml.clone().unwrap_or_default(),
-                    output_tail: report.output_tail.clone(),
-                };
-                if !st
-                    .args
-                    .store
-                    .finish_job(&report.job_id, report.lease_epoch, &result)
-                    .await?
-                {
-                    tracing::warn!(job = %report.job_id, "result for a job no longer running under this lease was rejected");
-                    return Ok(());
-                }
-                st.job_id = None;
-                let attempt = std::mem::replace(&mut st.attempt, Span::none());
-                attempt.record("verdict", result.verdict.as_str());
-                attempt.record("reason", result.reason.as_str());
-                metrics::verdict(&st.args.family, &st.args.spec.name, &result.verdict);
-                if let Some(prev) = st.last_verdict.replace(result.verdict.clone())
-                    && prev != result.verdict
-                {
-                    let run = current(st).await?.runs;
-                    spans::verdict_changed(&st.span, &prev, &result.verdict, run);
-                }
-                drop(attempt);
-                if !report.survivors.is_empty() {
-                    tracing::error!(job = %report.job_id, survivors = ?report.survivors, "processes of the job outlived it");
-                }
-                if st.agent.is_some() {
-                    let gpu_ms = report.duration_ms * u64::from(st.args.spec.gpus);
-                    st.args
-                        .store
-                        .set_attempt_verdict(
-                            &report.job_id,
-                            &result.verdict,
-                            &result.reason,
-                            gpu_ms,
-                        )
-                        .await?;
-                }
-                if v.is_infra() && st.infra_verdicts < MAX_INFRA_VERDICTS {
-                    st.infra_verdicts += 1;
-                    update(st, "queued", &result.verdict, &result.reason, &worker_id).await?;
-                    return enqueue(&myself, st).await;
-                }
-                if !v.is_pass() && !v.is_infra() && st.agent.is_some() {
-                    return agent_attempt(&myself, st, &report.job_id, &result, &worker_id, FIX)
-                        .await;
-                }
-                if v.is_pass() {
-                    // A pass counts once it held `confirm_runs` times in a
-                    // row on the same code: one more run otherwise.
-                    let streak = passes_in_a_row(st).await?;
-                    let need = st.args.spec.confirm_runs;
-                    if streak < need {
-                        let why = format!("passed {streak} of {need} runs in a row; confirming");
-                        update(st, "confirming", &result.verdict, &why, &worker_id).await?;
-                        return enqueue(&myself, st).await;
-                    }
-                    if let Some(findings) = cleanup_findings(st).await? {
-                        let refused = JobResult {
-                            verdict: CLEANUP_REFUSED.into(),
-                            reason: format!("cleanup gate: {}", findings.join("; ")),
-                            ..result.clone()
-                        };
-                        return agent_attempt(
-                            &myself,
-                            st,
-                            &report.job_id,
-                            &refused,
-                            &worker_id,
-                            CLEANUP,
-                        )
-                        .await;
-                    }
-                }
-                let status = if v.is_pass() {
-                    "non_skip_pass"
-                } else {
-                    "blocked"
-                };
-                let reason = if v.is_pass() {
-                    result.reason.clone()
-                } else {
-                    let note = crate::trace_actor::note(st.traced.as_ref(), &report.job_id);
-                    classed(&result.verdict, &format!("{note}{}", result.reason))
-                };
-                finish(st, status, &result.verdict, &reason, &worker_id).await?;
+                myself.cast(ComponentMsg::Job(JobEvent::Finished { report, worker_id }))?;
             }
         }
         Ok(())
     }
+}
+
+/// Progress of the component's run in flight, as the scheduler reports it.
+async fn job_event(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    ev: JobEvent,
+) -> Result<(), ActorProcessingErr> {
+    let myself = myself.clone();
+    match ev {
+        JobEvent::Leased { job_id, worker_id } => {
+            // The scheduler recorded `running` with the lease; only
+            // watchers (and the gate, if it waited for an environment)
+            // need telling.
+            if st.job_id.as_deref() == Some(job_id.as_str()) {
+                tracing::debug!(%job_id, %worker_id, "job leased");
+                environment_fixed(st)?;
+                emit(st).await?;
+            }
+        }
+        JobEvent::Started { job_id, worker_id } => {
+            tracing::debug!(%job_id, %worker_id, "job process started");
+        }
+        JobEvent::Waiting {
+            job_id,
+            reason,
+            environment,
+        } => {
+            if st.job_id.as_deref() != Some(job_id.as_str()) {
+                return Ok(());
+            }
+            if environment {
+                // Every worker that could take the run failed its
+                // environment: the component waits for a fixed one, and
+                // the port pauses once nothing else runs.
+                let (family, name) = (&st.args.family, &st.args.spec.name);
+                st.args.store.set_waiting_env(family, name, &reason).await?;
+                if !st.waiting_env {
+                    st.waiting_env = true;
+                    st.args
+                        .gate
+                        .cast(GateMsg::ComponentWaitsEnv(name.clone()))?;
+                }
+            } else {
+                environment_fixed(st)?;
+                // Only while still queued: a lease recorded meanwhile wins.
+                st.args
+                    .store
+                    .set_queued_reason(&st.args.family, &st.args.spec.name, &reason)
+                    .await?;
+            }
+            emit(st).await?;
+        }
+        JobEvent::Unplaceable { job_id, reason } => {
+            if st.job_id.as_deref() != Some(job_id.as_str()) {
+                return Ok(());
+            }
+            // Never started: no run, no verdict of the code, no agent.
+            st.args.store.unplace_job(&job_id).await?;
+            st.job_id = None;
+            let reason = format!("unplaced: {reason}");
+            finish(st, "blocked", "unplaced", &reason, "").await?;
+        }
+        JobEvent::WorkerLost {
+            job_id,
+            worker_id,
+            give_up,
+        } => {
+            if st.job_id.as_deref() != Some(job_id.as_str()) {
+                return Ok(());
+            }
+            if give_up {
+                let reason = format!("infra_error: worker {worker_id} lost on every retry");
+                finish(st, "blocked", "infra_error", &reason, &worker_id).await?;
+            } else {
+                // The scheduler recorded the requeue; only watchers
+                // need telling.
+                emit(st).await?;
+            }
+        }
+        JobEvent::Finished { report, worker_id } => {
+            if st.job_id.as_deref() != Some(report.job_id.as_str()) {
+                return Ok(());
+            }
+            let v = run_verdict::classify(
+                &report,
+                &run_verdict::repo_modules(&st.args.repo, &st.args.spec),
+            );
+            if let Verdict::Environment { cause } = &v {
+                // Not the component's fault: no verdict, no run, no
+                // agent, no trace; the run goes to another worker.
+                return environment_failure(&myself, st, &report, &worker_id, cause).await;
+            }
+            // A red run is drilled down first; `Traced` brings it back.
+            let traced = st.traced.as_ref();
+            let v_str = v.status().as_str();
+            if crate::trace_actor::hand_over(
+                &st.args, traced, v_str, &report, &worker_id, &myself, &st.span,
+            ) {
+                return Ok(());
+            }
+            let result = JobResult {
+                verdict: v.status().as_str().to_string(),
+                reason: v.reason(),
+                exit_code: report.exit_code,
+                signal: report.signal,
+                duration_ms: report.duration_ms,
+                junit_xml: report.junit_xml.clone().unwrap_or_default(),
+                output_tail: report.output_tail.clone(),
+            };
+            if !st
+                .args
+                .store
+                .finish_job(&report.job_id, report.lease_epoch, &result)
+                .await?
+            {
+                tracing::warn!(job = %report.job_id, "result for a job no longer running under this lease was rejected");
+                return Ok(());
+            }
+            st.job_id = None;
+            let attempt = std::mem::replace(&mut st.attempt, Span::none());
+            attempt.record("verdict", result.verdict.as_str());
+            attempt.record("reason", result.reason.as_str());
+            metrics::verdict(&st.args.family, &st.args.spec.name, &result.verdict);
+            if let Some(prev) = st.last_verdict.replace(result.verdict.clone())
+                && prev != result.verdict
+            {
+                let run = current(st).await?.runs;
+                spans::verdict_changed(&st.span, &prev, &result.verdict, run);
+            }
+            drop(attempt);
+            if !report.survivors.is_empty() {
+                tracing::error!(job = %report.job_id, survivors = ?report.survivors, "processes of the job outlived it");
+            }
+            if st.agent.is_some() {
+                let gpu_ms = report.duration_ms * u64::from(st.args.spec.gpus);
+                st.args
+                    .store
+                    .set_attempt_verdict(&report.job_id, &result.verdict, &result.reason, gpu_ms)
+                    .await?;
+            }
+            if v.is_infra() && st.infra_verdicts < MAX_INFRA_VERDICTS {
+                st.infra_verdicts += 1;
+                update(st, "queued", &result.verdict, &result.reason, &worker_id).await?;
+                return enqueue(&myself, st).await;
+            }
+            if !v.is_pass() && !v.is_infra() && st.agent.is_some() {
+                return agent_attempt(&myself, st, &report.job_id, &result, &worker_id, FIX).await;
+            }
+            if v.is_pass() {
+                // A pass counts once it held `confirm_runs` times in a
+                // row on the same code: one more run otherwise.
+                let streak = passes_in_a_row(st).await?;
+                let need = st.args.spec.confirm_runs;
+                if streak < need {
+                    let why = format!("passed {streak} of {need} runs in a row; confirming");
+                    update(st, "confirming", &result.verdict, &why, &worker_id).await?;
+                    return enqueue(&myself, st).await;
+                }
+                if let Some(findings) = cleanup_findings(st).await? {
+                    let refused = JobResult {
+                        verdict: CLEANUP_REFUSED.into(),
+                        reason: format!("cleanup gate: {}", findings.join("; ")),
+                        ..result.clone()
+                    };
+                    return agent_attempt(
+                        &myself,
+                        st,
+                        &report.job_id,
+                        &refused,
+                        &worker_id,
+                        CLEANUP,
+                    )
+                    .await;
+                }
+            }
+            let status = if v.is_pass() {
+                "non_skip_pass"
+            } else {
+                "blocked"
+            };
+            let reason = if v.is_pass() {
+                result.reason.clone()
+            } else {
+                let note = crate::trace_actor::note(st.traced.as_ref(), &report.job_id);
+                classed(&result.verdict, &format!("{note}{}", result.reason))
+            };
+            finish(st, status, &result.verdict, &reason, &worker_id).await?;
+        }
+    }
+    Ok(())
 }
 
 /// A blocked reason that names its verdict class once: `debug_red: …`, but
@@ -423,76 +418,6 @@ fn classed(verdict: &str, reason: &str) -> String {
         reason.to_string()
     } else {
         format!("{verdict}: {reason}")
-    }
-}
-
-/// The verdict of a run: an environment failure when its cause lies
-/// outside the repository (`in_repo` says which top-level modules the
-/// checkout holds), else what its JUnit report says.
-pub(crate) fn classify(report: &JobReport, in_repo: &dyn Fn(&str) -> bool) -> Verdict {
-    if !report.preflight_error.is_empty() {
-        return Verdict::Environment {
-            cause: report.preflight_error.clone(),
-        };
-    }
-    let junit = match (&report.junit_xml, report.junit_error.as_str()) {
-        (Some(xml), _) => JunitEvidence::Xml(xml),
-        (None, e) if e.contains("not written") || e.contains("missing") || e.is_empty() => {
-            JunitEvidence::Missing { path: "junit.xml" }
-        }
-        (None, e) => JunitEvidence::Unreadable {
-            path: "junit.xml",
-            error: e,
-        },
-    };
-    let ev = RunEvidence {
-        junit,
-        timed_out: report.timed_out,
-        cancelled: report.cancelled,
-        exit_code: report.exit_code,
-        signal: report.signal,
-        output_tail: &report.output_tail,
-        worker_lost: false,
-    };
-    if let Some(env) = verdict::environment_cause(&ev, &report.spawn_error, in_repo) {
-        return env;
-    }
-    verdict::classify(&ev)
-}
-
-/// Which top-level Python modules a component's runs find in the checkout:
-/// the repository's top-level folders and `.py` files, those of the
-/// folders its literal `PYTHONPATH` names inside the checkout, and those
-/// beside its test files (pytest puts the test's root on the path). A
-/// missing module that is none of these is the environment's.
-pub(crate) fn repo_modules(
-    repo: &str,
-    spec: &crate::spec::ComponentSpec,
-) -> impl Fn(&str) -> bool + use<> {
-    let repo = PathBuf::from(repo);
-    let mut roots = vec![repo.clone()];
-    if let Some(pp) = spec.set_env.get("PYTHONPATH") {
-        for part in pp.split(':').filter(|p| !p.is_empty()) {
-            let part = part.replace("{repo}", &repo.to_string_lossy());
-            let p = repo.join(part);
-            if p.starts_with(&repo) {
-                roots.push(p);
-            }
-        }
-    }
-    for t in &spec.parity_tests {
-        let mut dir = repo.join(t);
-        while dir.pop() && dir.starts_with(&repo) && dir != repo {
-            roots.push(dir.clone());
-        }
-    }
-    move |top: &str| {
-        !top.is_empty()
-            && !top.contains(['/', '\\'])
-            && top != ".."
-            && roots
-                .iter()
-                .any(|r| r.join(top).is_dir() || r.join(format!("{top}.py")).is_file())
     }
 }
 
@@ -1246,32 +1171,6 @@ mod tests {
             classed("timeout", "killed at the timeout"),
             "timeout: killed at the timeout"
         );
-    }
-
-    #[test]
-    fn repository_modules_are_its_folders_files_pythonpath_and_test_roots() {
-        let dir = tempfile::tempdir().unwrap();
-        let repo = dir.path();
-        for d in ["fastvideo", "src/extra", "tests/local_tests/fam/helpers"] {
-            std::fs::create_dir_all(repo.join(d)).unwrap();
-        }
-        std::fs::write(repo.join("conftest_utils.py"), "").unwrap();
-        let mut spec = crate::spec::parse(
-            Path::new("p.toml"),
-            "[prep]\nmodel_family = \"fam\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = \"tests/local_tests/fam/test_a.py\"\ncoverage_scope = \"both\"\n",
-        )
-        .unwrap()
-        .components
-        .remove(0);
-        spec.set_env
-            .insert("PYTHONPATH".into(), "{repo}/src:/usr/lib/elsewhere".into());
-        let has = repo_modules(&repo.to_string_lossy(), &spec);
-        for m in ["fastvideo", "conftest_utils", "extra", "helpers", "tests"] {
-            assert!(has(m), "{m} is in the repository");
-        }
-        for m in ["torch", "elsewhere", "..", "", "src/extra"] {
-            assert!(!has(m), "{m:?} is not");
-        }
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod init;
 pub mod model;
 pub mod orchestrator;
 pub mod port_status;
+pub mod run_verdict;
 pub mod scheduler;
 pub mod spec;
 pub mod store;

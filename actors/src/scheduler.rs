@@ -14,7 +14,6 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef};
 use tokio::sync::mpsc;
 
 use crate::clock::Clock;
-use crate::component::ComponentMsg;
 use crate::model::{Assignment, JobRecord, JobReport, LogChunk, Placement, ToWorker, WorkerInfo};
 use crate::store::Store;
 
@@ -28,6 +27,42 @@ pub const MAX_INFRA_RETRIES: u32 = 3;
 #[derive(Debug)]
 pub struct SchedulerActor;
 
+/// What the scheduler tells whoever queued a job about it. The scheduler
+/// knows no component and no trace actor: a subscriber hands it a
+/// [`DerivedActorRef`] of its own message type (one that converts from
+/// `JobEvent`, as ractor's output ports do) and maps the events into its
+/// own messages.
+#[derive(Debug)]
+pub enum JobEvent {
+    /// The job holds a lease on `worker_id` (committed to the store).
+    Leased { job_id: String, worker_id: String },
+    /// Its process started on the worker.
+    Started { job_id: String, worker_id: String },
+    /// The worker reported its end.
+    Finished {
+        report: JobReport,
+        worker_id: String,
+    },
+    /// The queued job cannot be placed for now (`reason`), or can again
+    /// (empty `reason`). `environment`: the only workers that could take it
+    /// are excluded by the job ([`QueuedJob::exclude`]).
+    Waiting {
+        job_id: String,
+        reason: String,
+        environment: bool,
+    },
+    /// No worker of a fixed fleet (embedded mode) can ever hold the job: it
+    /// left the queue, and `reason` says why and what to change.
+    Unplaceable { job_id: String, reason: String },
+    /// The worker running the job was lost; the job went back to the queue
+    /// unless `give_up` (it was lost too often).
+    WorkerLost {
+        job_id: String,
+        worker_id: String,
+        give_up: bool,
+    },
+}
+
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     /// A worker silent for longer than this loses its leases.
@@ -36,7 +71,7 @@ pub struct SchedulerConfig {
     pub tick: Duration,
     /// No worker will join but those registered (embedded mode's one local
     /// worker): a job none of them can ever hold is refused at once
-    /// ([`ComponentMsg::Unplaceable`]) instead of waiting for one.
+    /// ([`JobEvent::Unplaceable`]) instead of waiting for one.
     pub fixed_fleet: bool,
 }
 
@@ -65,11 +100,11 @@ pub struct QueuedJob {
     pub env: BTreeMap<String, String>,
     /// Names of variables the worker passes through and redacts.
     pub secret_env: Vec<String>,
-    /// The actor told about the job's progress, in `ComponentMsg`s: the
+    /// The actor told about the job's progress, in [`JobEvent`]s: the
     /// component for its parity runs, the trace actor for traced reruns. A
-    /// derived ref (any actor whose messages convert from `ComponentMsg`)
+    /// derived ref (any actor whose messages convert from `JobEvent`)
     /// keeps the scheduler unaware of who queued the job.
-    pub notify: DerivedActorRef<ComponentMsg>,
+    pub notify: DerivedActorRef<JobEvent>,
     /// Priority, GPU memory and labels the job needs.
     pub placement: Placement,
     /// The component's `attempt` span: each lease of the job is a `job`
@@ -209,7 +244,7 @@ enum Write {
     /// Delivered once everything queued before it is committed: a
     /// component learns that its run finished only after the run's output
     /// is stored, so `logs --follow` never stops short of the last chunk.
-    Notify(DerivedActorRef<ComponentMsg>, Box<ComponentMsg>),
+    Notify(DerivedActorRef<JobEvent>, Box<JobEvent>),
 }
 
 /// Batches queued writes: one transaction (one fsync) for everything that
@@ -372,7 +407,7 @@ impl Actor for SchedulerActor {
                     let _ = e
                         .job
                         .notify
-                        .send_message(ComponentMsg::Started { job_id, worker_id });
+                        .send_message(JobEvent::Started { job_id, worker_id });
                 }
             }
             SchedulerMsg::Log {
@@ -411,7 +446,7 @@ impl Actor for SchedulerActor {
                 release(st, &entry);
                 let _ = st.writer.send(Write::Notify(
                     entry.job.notify.clone(),
-                    Box::new(ComponentMsg::Finished { report, worker_id }),
+                    Box::new(JobEvent::Finished { report, worker_id }),
                 ));
             }
             SchedulerMsg::CancelFamily { family } => {
@@ -547,7 +582,7 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
         entry.infra_retries += 1;
         if entry.infra_retries > MAX_INFRA_RETRIES {
             let entry = st.jobs.remove(&id).expect("entry exists");
-            let _ = entry.job.notify.send_message(ComponentMsg::WorkerLost {
+            let _ = entry.job.notify.send_message(JobEvent::WorkerLost {
                 job_id: id,
                 worker_id: worker_id.to_string(),
                 give_up: true,
@@ -560,7 +595,7 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
                 &format!("worker {worker_id} lost; retrying on another slot"),
             )
             .await?;
-        let _ = entry.job.notify.send_message(ComponentMsg::WorkerLost {
+        let _ = entry.job.notify.send_message(JobEvent::WorkerLost {
             job_id: id.clone(),
             worker_id: worker_id.to_string(),
             give_up: false,
@@ -740,7 +775,7 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
                 let why = never_fits(st.workers.values(), need, p);
                 let e = st.jobs.remove(id).expect("checked above");
                 st.queue.remove(&e.job.record.family, id);
-                let _ = e.job.notify.send_message(ComponentMsg::Unplaceable {
+                let _ = e.job.notify.send_message(JobEvent::Unplaceable {
                     job_id: id.clone(),
                     reason: why,
                 });
@@ -763,7 +798,7 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
         let e = st.jobs.get_mut(id).expect("checked above");
         if reason != e.unplaceable {
             e.unplaceable = reason.clone();
-            let _ = e.job.notify.send_message(ComponentMsg::Waiting {
+            let _ = e.job.notify.send_message(JobEvent::Waiting {
                 job_id: id.clone(),
                 reason: reason.unwrap_or_default(),
                 environment,
@@ -979,7 +1014,7 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             gpus: p.gpus,
             span,
         });
-        let _ = entry.job.notify.send_message(ComponentMsg::Leased {
+        let _ = entry.job.notify.send_message(JobEvent::Leased {
             job_id: p.job_id.clone(),
             worker_id: p.worker_id.clone(),
         });

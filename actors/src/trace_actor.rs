@@ -41,7 +41,7 @@ use tracing::field::Empty;
 use crate::component::ComponentMsg;
 use crate::gate::GateMsg;
 use crate::model::{CollectedFile, JobRecord, JobReport, JobResult, PortEvent};
-use crate::scheduler::{QueuedJob, SchedulerMsg};
+use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use crate::spec::ComponentSpec;
 use crate::store::Store;
 use crate::trace_spec::TraceSpec;
@@ -87,20 +87,20 @@ pub struct Investigate {
 pub enum TraceMsg {
     Investigate(Box<Investigate>),
     /// Progress of a traced rerun, as the scheduler tells it.
-    Job(ComponentMsg),
+    Job(JobEvent),
     /// The components under investigation right now (tests, status).
     InFlight(RpcReplyPort<Vec<String>>),
 }
 
-// The scheduler reports job progress as `ComponentMsg`s to a derived ref;
+// The scheduler reports job progress as `JobEvent`s to a derived ref;
 // these two conversions make this actor such a ref.
-impl From<ComponentMsg> for TraceMsg {
-    fn from(m: ComponentMsg) -> Self {
+impl From<JobEvent> for TraceMsg {
+    fn from(m: JobEvent) -> Self {
         TraceMsg::Job(m)
     }
 }
 
-impl TryFrom<TraceMsg> for ComponentMsg {
+impl TryFrom<TraceMsg> for JobEvent {
     type Error = TraceMsg;
 
     fn try_from(m: TraceMsg) -> Result<Self, TraceMsg> {
@@ -493,15 +493,15 @@ impl Actor for TraceActor {
     }
 }
 
-async fn job_progress(myself: &ActorRef<TraceMsg>, st: &mut TraceState, m: ComponentMsg) {
+async fn job_progress(myself: &ActorRef<TraceMsg>, st: &mut TraceState, m: JobEvent) {
     match m {
-        ComponentMsg::Finished { report, worker_id } => {
+        JobEvent::Finished { report, worker_id } => {
             let Some(inq) = st.running.remove(&report.job_id) else {
                 return;
             };
             step_finished(myself, st, inq, report, &worker_id).await;
         }
-        ComponentMsg::WorkerLost {
+        JobEvent::WorkerLost {
             job_id,
             worker_id,
             give_up: true,
@@ -511,7 +511,7 @@ async fn job_progress(myself: &ActorRef<TraceMsg>, st: &mut TraceState, m: Compo
                 conclude(st, inq, Outcome::Error, &e).await;
             }
         }
-        ComponentMsg::Waiting { job_id, reason, .. } if !reason.is_empty() => {
+        JobEvent::Waiting { job_id, reason, .. } if !reason.is_empty() => {
             tracing::info!(job = %job_id, %reason, "traced rerun waits");
         }
         _ => {}
@@ -657,9 +657,9 @@ async fn step_finished(
     report: JobReport,
     worker_id: &str,
 ) {
-    let v = crate::component::classify(
+    let v = crate::run_verdict::classify(
         &report,
-        &crate::component::repo_modules(&inq.cwd, &inq.spec),
+        &crate::run_verdict::repo_modules(&inq.cwd, &inq.spec),
     );
     let result = JobResult {
         verdict: v.status().as_str().to_string(),

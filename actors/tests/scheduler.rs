@@ -11,10 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fvd_actors::clock::ManualClock;
-use fvd_actors::component::ComponentMsg;
 use fvd_actors::model::{GpuInfo, JobRecord, JobReport, Placement, PortRow, ToWorker, WorkerInfo};
 use fvd_actors::scheduler::{
-    QueuedJob, SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg,
+    JobEvent, QueuedJob, SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg,
 };
 use fvd_actors::store::Store;
 use ractor::{Actor, ActorRef};
@@ -25,8 +24,8 @@ struct Harness {
     store: Store,
     clock: Arc<ManualClock>,
     sched: ActorRef<SchedulerMsg>,
-    sink: ActorRef<ComponentMsg>,
-    events: mpsc::UnboundedReceiver<ComponentMsg>,
+    sink: ActorRef<JobEvent>,
+    events: mpsc::UnboundedReceiver<JobEvent>,
     conn: u64,
 }
 
@@ -52,7 +51,7 @@ impl Harness {
         .await
         .unwrap();
         let (tx, events) = mpsc::unbounded_channel();
-        let (sink, _) = Actor::spawn(None, Sink, tx).await.unwrap();
+        let (sink, _) = Actor::spawn(None, Sink::new(), tx).await.unwrap();
         Self {
             _dir: dir,
             store,
@@ -208,10 +207,10 @@ async fn serving_order(h: &mut Harness, n: usize) -> Vec<String> {
 }
 
 /// The next waiting reason the scheduler sends for `job` (bounded wait).
-async fn waiting_reason(events: &mut mpsc::UnboundedReceiver<ComponentMsg>, job: &str) -> String {
+async fn waiting_reason(events: &mut mpsc::UnboundedReceiver<JobEvent>, job: &str) -> String {
     loop {
         match tokio::time::timeout(Duration::from_secs(5), events.recv()).await {
-            Ok(Some(ComponentMsg::Waiting { job_id, reason, .. })) if job_id == job => {
+            Ok(Some(JobEvent::Waiting { job_id, reason, .. })) if job_id == job => {
                 return reason;
             }
             Ok(Some(_)) => continue,
@@ -220,10 +219,10 @@ async fn waiting_reason(events: &mut mpsc::UnboundedReceiver<ComponentMsg>, job:
     }
 }
 
-fn drain_finished(events: &mut mpsc::UnboundedReceiver<ComponentMsg>) -> Vec<String> {
+fn drain_finished(events: &mut mpsc::UnboundedReceiver<JobEvent>) -> Vec<String> {
     let mut done = Vec::new();
     while let Ok(m) = events.try_recv() {
-        if let ComponentMsg::Finished { report, .. } = m {
+        if let JobEvent::Finished { report, .. } = m {
             done.push(report.job_id);
         }
     }

@@ -109,7 +109,7 @@ impl Harness {
         .await
         .unwrap();
         let (atx, answers) = mpsc::unbounded_channel();
-        let (component, _) = Actor::spawn(None, Sink, atx).await.unwrap();
+        let (component, _) = Actor::spawn(None, Sink::new(), atx).await.unwrap();
         Self {
             dir,
             store,

@@ -22,9 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use fvd_actors::component::ComponentMsg;
 use fvd_actors::model::{JobRecord, Placement};
-use fvd_actors::scheduler::{QueuedJob, SchedulerMsg};
+use fvd_actors::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_actors::store::Store;
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::worker_service_client::WorkerServiceClient;
@@ -43,7 +42,7 @@ struct SinkState {
 }
 
 impl Actor for Sink {
-    type Msg = ComponentMsg;
+    type Msg = JobEvent;
     type State = SinkState;
     type Arguments = (usize, oneshot::Sender<Instant>);
 
@@ -62,10 +61,10 @@ impl Actor for Sink {
     async fn handle(
         &self,
         _me: ActorRef<Self::Msg>,
-        msg: ComponentMsg,
+        msg: JobEvent,
         st: &mut SinkState,
     ) -> Result<(), ActorProcessingErr> {
-        if let ComponentMsg::Finished { .. } = msg {
+        if let JobEvent::Finished { .. } = msg {
             st.seen += 1;
             if st.seen == st.want
                 && let Some(tx) = st.done.take()

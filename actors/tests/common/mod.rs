@@ -1,17 +1,30 @@
 //! Helpers shared by the actor integration tests.
 
-use fvd_actors::component::ComponentMsg;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use std::marker::PhantomData;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, Message};
 use tokio::sync::mpsc;
 
-/// Stands in for a component: forwards every message it gets to a channel
-/// the test reads.
-pub struct Sink;
+/// Stands in for a subscriber (a component, the scheduler's client):
+/// forwards every message it gets to a channel the test reads.
+pub struct Sink<M>(PhantomData<fn() -> M>);
 
-impl Actor for Sink {
-    type Msg = ComponentMsg;
-    type State = mpsc::UnboundedSender<ComponentMsg>;
-    type Arguments = mpsc::UnboundedSender<ComponentMsg>;
+impl<M> Sink<M> {
+    pub fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<M> Default for Sink<M> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<M: Message + Sync> Actor for Sink<M> {
+    type Msg = M;
+    type State = mpsc::UnboundedSender<M>;
+    type Arguments = mpsc::UnboundedSender<M>;
 
     async fn pre_start(
         &self,
@@ -24,7 +37,7 @@ impl Actor for Sink {
     async fn handle(
         &self,
         _me: ActorRef<Self::Msg>,
-        msg: ComponentMsg,
+        msg: M,
         tx: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         let _ = tx.send(msg);
