@@ -30,14 +30,14 @@ use tokio::sync::broadcast;
 use tracing::Span;
 use tracing::field::Empty;
 
-use crate::agent::{self, LastRun};
 use crate::gate::GateMsg;
-use crate::model::{ComponentRow, JobRecord, JobReport, JobResult, PortEvent};
 use crate::run_verdict;
 use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
-use crate::spec::ComponentSpec;
-use crate::store::{AttemptRow, EscapeRow, Store, now_ms};
-use crate::worktree::{self, Worktree};
+use fvd_spec::ComponentSpec;
+use fvd_store::model::{ComponentRow, JobRecord, JobReport, JobResult, PortEvent};
+use fvd_store::{AttemptRow, EscapeRow, Store, now_ms};
+use fvd_workspace::agent::{self, LastRun};
+use fvd_workspace::worktree::{self, Worktree};
 
 /// How many infra errors reported by workers (CUDA init, lost GPU) a
 /// component tolerates before it is blocked on infrastructure.
@@ -578,7 +578,7 @@ async fn prepare_agent(st: &ComponentState) -> Result<AgentLoop, String> {
         .await
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("port {family} has no row in the store"))?;
-    let prep = crate::spec::parse(Path::new(&port.spec_path), &port.spec_toml)
+    let prep = fvd_spec::parse(Path::new(&port.spec_path), &port.spec_toml)
         .map_err(|e| e.to_string())?
         .prep;
     let dir = agent_dir(repo, family, name).map_err(|e| e.to_string())?;
@@ -760,7 +760,7 @@ async fn cleanup_findings(st: &ComponentState) -> Result<Option<Vec<String>>, Ac
     let (Some(lp), Some(a)) = (&st.agent, &st.args.spec.agent) else {
         return Ok(None);
     };
-    let findings = match crate::cleanup::check(&lp.worktree, &a.cleanup).await {
+    let findings = match fvd_workspace::cleanup::check(&lp.worktree, &a.cleanup).await {
         Ok(f) => f,
         Err(e) => vec![format!("the worktree could not be checked: {e}")],
     };
@@ -780,7 +780,7 @@ pub struct Spent {
 }
 
 /// Which budget of `a` is spent, in words; `None` while all hold.
-pub fn budget_spent(a: &crate::spec::AgentSpec, s: &Spent) -> Option<String> {
+pub fn budget_spent(a: &fvd_spec::AgentSpec, s: &Spent) -> Option<String> {
     if s.attempts >= a.max_attempts {
         return Some(format!(
             "agent budget spent: {} of {} attempts",
@@ -946,7 +946,7 @@ async fn agent_attempt(
             ..AttemptRow::default()
         })
         .await?;
-    let argv = a.argv(&crate::spec::AgentVars {
+    let argv = a.argv(&fvd_spec::AgentVars {
         prompt_file: &prompt_s,
         handoff_file: &handoff_s,
         worktree: &wt_s,
@@ -1185,8 +1185,8 @@ mod tests {
         }
     }
 
-    fn agent() -> crate::spec::AgentSpec {
-        crate::spec::AgentSpec {
+    fn agent() -> fvd_spec::AgentSpec {
+        fvd_spec::AgentSpec {
             command: vec!["a".into()],
             timeout: Duration::from_secs(60),
             env: vec![],
@@ -1232,7 +1232,7 @@ mod tests {
             Some("agent budget spent: 100.0 of 100 GPU-seconds")
         );
         // No limits: only attempts count.
-        let open = crate::spec::AgentSpec {
+        let open = fvd_spec::AgentSpec {
             max_wall: None,
             max_gpu_s: None,
             ..agent()

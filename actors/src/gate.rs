@@ -9,9 +9,8 @@
 
 use std::path::Path;
 
-use fvd_contracts::common::CoverageScope;
-use fvd_contracts::kind::{ContractKind, check_block};
 use fvd_contracts::phase::Phase;
+use fvd_spec::preconditions::{prep_conditions, scaffold_conditions};
 use fvd_telemetry::spans;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::broadcast;
@@ -19,10 +18,10 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use crate::component::{ComponentArgs, ComponentSubagentActor};
-use crate::model::{ComponentRow, GateEventRow, PortEvent};
 use crate::scheduler::SchedulerMsg;
-use crate::spec::PortSpec;
-use crate::store::Store;
+use fvd_spec::PortSpec;
+use fvd_store::Store;
+use fvd_store::model::{ComponentRow, GateEventRow, PortEvent};
 
 #[derive(Debug)]
 pub struct GateActor;
@@ -371,7 +370,7 @@ fn actor_name(family: &str, component: &str) -> String {
 async fn spawn_component(
     myself: &ActorRef<GateMsg>,
     st: &GateState,
-    c: &crate::spec::ComponentSpec,
+    c: &fvd_spec::ComponentSpec,
 ) -> Result<(), ActorProcessingErr> {
     let parent = match &st.phase_span {
         Some((_, span)) => span.clone(),
@@ -574,289 +573,4 @@ async fn record(
         event: ev,
     });
     Ok(())
-}
-
-/// P0: the prep handoff is complete, free of token values and of
-/// placeholders, `needs_conversion` is decided (`yes` or `no`: `unknown`
-/// sends the port back to prep), the state file belongs to the family, and
-/// every component's coverage scope is one the parity contract knows. Each
-/// condition names the spec file and line.
-pub fn prep_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
-    let file = display_path(&spec.path, repo);
-    let at = |line: Option<usize>| match line {
-        Some(l) => format!("{file}:{l}"),
-        None => file.clone(),
-    };
-    let prep_at = |field: &str| at(spec.prep_lines.get(field).copied());
-    let text: String = spec
-        .prep
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}\n"))
-        .collect();
-    let mut unmet: Vec<String> = check_block(ContractKind::PrepHandoff, &text, 1)
-        .into_iter()
-        .map(|f| {
-            // A finding of a nested field names its root key first.
-            let root = f.field.split(['.', '[']).next().unwrap_or(&f.field);
-            format!("{}: prep.{}: {}", prep_at(root), f.field, f.message)
-        })
-        .collect();
-    match spec.prep.get("needs_conversion").map(|v| v.trim()) {
-        Some("yes" | "no") | None => {}
-        Some(other) => unmet.push(format!(
-            "{}: prep.needs_conversion: is {other:?}; P0 needs yes or no (an undecided conversion goes back to prep)",
-            prep_at("needs_conversion")
-        )),
-    }
-    if let Some(p) = spec.prep.get("port_state_file")
-        && !fvd_contracts::contract::is_placeholder(p)
-        && !owned_state_file(p, &spec.family)
-    {
-        unmet.push(format!(
-            "{}: prep.port_state_file: {p} is not inside tests/local_tests/{}/; a port writes only its own family's state file",
-            prep_at("port_state_file"),
-            spec.family
-        ));
-    }
-    for c in &spec.components {
-        let line = |field: &str| at(c.lines.get(field).copied());
-        for (field, value) in [
-            ("type", c.component_type.as_str()),
-            ("coverage_scope", c.coverage_scope.as_str()),
-        ] {
-            if fvd_contracts::contract::is_placeholder(value) {
-                unmet.push(format!(
-                    "{}: component {}: {field} is a placeholder ({value}); fill it in",
-                    line(field),
-                    c.name
-                ));
-            }
-        }
-        for t in &c.parity_tests {
-            if fvd_contracts::contract::is_placeholder(t) {
-                unmet.push(format!(
-                    "{}: component {}: parity_test is a placeholder ({t}); fill it in",
-                    line("parity_test"),
-                    c.name
-                ));
-            }
-        }
-        if !fvd_contracts::contract::is_placeholder(&c.coverage_scope)
-            && c.coverage_scope.parse::<CoverageScope>().is_err()
-        {
-            unmet.push(format!(
-                "{}: component {}: coverage_scope is {:?}; the parity contract knows {}",
-                line("coverage_scope"),
-                c.name,
-                c.coverage_scope,
-                CoverageScope::expected()
-            ));
-        }
-    }
-    unmet
-}
-
-/// Whether a `port_state_file` value is a relative path inside
-/// `tests/local_tests/<family>/` (no `..`, not absolute).
-pub fn owned_state_file(path: &str, family: &str) -> bool {
-    let p = Path::new(path.trim().trim_matches('`'));
-    let mut parts = p.components();
-    let prefix = [
-        std::path::Component::Normal("tests".as_ref()),
-        std::path::Component::Normal("local_tests".as_ref()),
-        std::path::Component::Normal(family.as_ref()),
-    ];
-    prefix
-        .iter()
-        .all(|want| parts.next().as_ref() == Some(want))
-        && parts.clone().next().is_some()
-        && parts.all(|c| matches!(c, std::path::Component::Normal(_)))
-}
-
-/// `path` relative to `repo` when it lies inside it, as given otherwise.
-fn display_path(path: &str, repo: &Path) -> String {
-    Path::new(path)
-        .strip_prefix(repo)
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| path.to_string())
-}
-
-/// P2: every component's parity test file exists, and the official side
-/// imports (or its private deps are stubbed) so scaffolding may start.
-pub fn scaffold_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
-    let mut unmet = Vec::new();
-    match spec.prep.get("official_env_status").map(String::as_str) {
-        Some("imports_ok" | "private_deps_need_stubs") => {}
-        other => unmet.push(format!(
-            "official_env_status is {}; parity scaffolding needs imports_ok or private_deps_need_stubs",
-            other.unwrap_or("missing")
-        )),
-    }
-    for c in &spec.components {
-        for t in &c.parity_tests {
-            match fvd_paths::join_under(repo, t) {
-                Err(e) => unmet.push(format!(
-                    "component {}: parity test is not in the repository: {e}",
-                    c.name
-                )),
-                Ok(p) if !p.is_file() => unmet.push(format!(
-                    "component {}: parity test {t} does not exist",
-                    c.name
-                )),
-                Ok(_) => {}
-            }
-        }
-    }
-    unmet
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SPEC: &str = r#"[prep]
-model_family = "tiny"
-workload_types = "T2V"
-official_ref = "https://example.invalid/tiny"
-official_ref_dir = "official/"
-official_ref_commit = "abc123"
-hf_weights_path = "example/tiny"
-hf_revision = "main"
-local_weights_dir = "official_weights/tiny"
-source_layout = "diffusers"
-model_index_class = "none"
-components_seen = ["embed"]
-needs_conversion = "no"
-hf_token_env = "HF_TOKEN"
-dependency_changes = "none"
-official_env_status = "imports_ok"
-local_tests_readme = "tests/local_tests/tiny/README.md"
-port_state_file = "tests/local_tests/tiny/PORT_STATUS.md"
-gitignore_entries_added = ["official_weights/"]
-next_step = "add-model"
-open_questions = []
-escape_hatch = "none"
-
-[[component]]
-name = "embed"
-type = "generic"
-parity_test = "tests/local_tests/tiny/test_embed.py"
-coverage_scope = "both"
-"#;
-
-    fn conditions(text: &str) -> Vec<String> {
-        let spec =
-            crate::spec::parse(Path::new("/repo/tests/local_tests/tiny/port.toml"), text).unwrap();
-        prep_conditions(&spec, Path::new("/repo"))
-    }
-
-    #[test]
-    fn a_complete_prep_passes_p0() {
-        assert_eq!(conditions(SPEC), Vec::<String>::new());
-    }
-
-    #[test]
-    fn undecided_conversion_and_unknown_scope_are_refused_with_file_and_line() {
-        let text = SPEC
-            .replace(
-                "needs_conversion = \"no\"",
-                "needs_conversion = \"unknown\"",
-            )
-            .replace("coverage_scope = \"both\"", "coverage_scope = \"full\"");
-        let c = conditions(&text);
-        assert!(
-            c.iter().any(|m| m.starts_with(
-                "tests/local_tests/tiny/port.toml:13: prep.needs_conversion: is \"unknown\""
-            )),
-            "{c:#?}"
-        );
-        assert!(
-            c.iter().any(|m| m.starts_with(
-                "tests/local_tests/tiny/port.toml:28: component embed: coverage_scope is \"full\"; the parity contract knows production_loader | implementation_subcomponent | both"
-            )),
-            "{c:#?}"
-        );
-    }
-
-    #[test]
-    fn placeholders_are_refused_where_they_are_written() {
-        let text = SPEC
-            .replace(
-                "official_ref_commit = \"abc123\"",
-                "official_ref_commit = \"<fill in: git -C official rev-parse HEAD>\"",
-            )
-            .replace(
-                "type = \"generic\"",
-                "type = \"<fill in: vae | encoder | dit | generic>\"",
-            );
-        let c = conditions(&text);
-        assert!(
-            c.iter()
-                .any(|m| m
-                    .starts_with("tests/local_tests/tiny/port.toml:6: prep.official_ref_commit:")),
-            "{c:#?}"
-        );
-        assert!(
-            c.iter().any(|m| m.starts_with(
-                "tests/local_tests/tiny/port.toml:26: component embed: type is a placeholder"
-            )),
-            "{c:#?}"
-        );
-    }
-
-    #[test]
-    fn a_state_file_of_another_family_is_refused() {
-        for other in [
-            "tests/local_tests/dreamx/PORT_STATUS.md",
-            "../PORT_STATUS.md",
-            "/etc/PORT_STATUS.md",
-            "tests/local_tests/tiny/../dreamx/PORT_STATUS.md",
-            "tests/local_tests/tiny",
-        ] {
-            let text = SPEC.replace("tests/local_tests/tiny/PORT_STATUS.md", other);
-            let c = conditions(&text);
-            assert!(
-                c.iter().any(|m| m
-                    .starts_with("tests/local_tests/tiny/port.toml:18: prep.port_state_file:")
-                    && m.contains("not inside tests/local_tests/tiny/")),
-                "{other}: {c:#?}"
-            );
-        }
-        assert!(owned_state_file("tests/local_tests/tiny/STATUS.md", "tiny"));
-        assert!(owned_state_file(
-            "`tests/local_tests/tiny/PORT_STATUS.md`",
-            "tiny"
-        ));
-    }
-
-    #[test]
-    fn parity_tests_must_be_files_inside_the_repository() {
-        let top = tempfile::tempdir().unwrap();
-        let repo = top.path().join("repo");
-        std::fs::create_dir_all(repo.join("t")).unwrap();
-        std::fs::write(repo.join("t/test_a.py"), "").unwrap();
-        std::fs::write(top.path().join("test_outside.py"), "").unwrap();
-        let spec = |parity_test: &str| {
-            crate::spec::parse(
-                Path::new("p.toml"),
-                &format!(
-                    "[prep]\nmodel_family = \"p\"\nofficial_env_status = \"imports_ok\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = {parity_test:?}\ncoverage_scope = \"both\"\n"
-                ),
-            )
-            .unwrap()
-        };
-        assert!(scaffold_conditions(&spec("t/test_a.py"), &repo).is_empty());
-        let missing = scaffold_conditions(&spec("t/test_b.py"), &repo);
-        assert_eq!(
-            missing,
-            ["component a: parity test t/test_b.py does not exist"]
-        );
-        // Both exist, outside the repository.
-        let outside = top.path().join("test_outside.py").display().to_string();
-        for bad in ["../test_outside.py", outside.as_str()] {
-            let unmet = scaffold_conditions(&spec(bad), &repo);
-            assert_eq!(unmet.len(), 1, "{bad}: {unmet:?}");
-            assert!(unmet[0].contains("is not in the repository"), "{unmet:?}");
-        }
-    }
 }

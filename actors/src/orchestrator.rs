@@ -9,10 +9,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use tokio::sync::broadcast;
 
 use crate::gate::{ASK_USER, ENVIRONMENT, GateActor, GateArgs, GateMsg, RUNNING};
-use crate::model::{PortEvent, PortRow};
 use crate::scheduler::SchedulerMsg;
-use crate::spec;
-use crate::store::{EscapeRow, Store, StoreError};
+use fvd_store::model::{PortEvent, PortRow};
+use fvd_store::{EscapeRow, Store, StoreError};
 
 #[derive(Debug)]
 pub struct OrchestratorActor;
@@ -232,7 +231,7 @@ async fn submit(
     st: &mut OrchestratorState,
     sub: Submission,
 ) -> Result<Submitted, PortError> {
-    let spec = spec::parse(Path::new(&sub.spec_path), &sub.spec_toml)
+    let spec = fvd_spec::parse(Path::new(&sub.spec_path), &sub.spec_toml)
         .map_err(|e| PortError::InvalidSpec(e.to_string()))?;
     if spec.family != sub.family {
         return Err(PortError::FamilyMismatch {
@@ -240,7 +239,7 @@ async fn submit(
             submitted: sub.family,
         });
     }
-    let internal = |e: crate::store::StoreError| PortError::Internal(e.to_string());
+    let internal = |e: fvd_store::StoreError| PortError::Internal(e.to_string());
     let known = st.args.store.port(&sub.family).await.map_err(internal)?;
     let rows = st
         .args
@@ -365,10 +364,10 @@ impl std::fmt::Display for Replan {
 /// their verdicts.
 pub fn replan(
     port: &PortRow,
-    new: &spec::PortSpec,
-    rows: &[crate::model::ComponentRow],
+    new: &fvd_spec::PortSpec,
+    rows: &[fvd_store::model::ComponentRow],
 ) -> Vec<Replan> {
-    let old = spec::parse(Path::new(&port.spec_path), &port.spec_toml).ok();
+    let old = fvd_spec::parse(Path::new(&port.spec_path), &port.spec_toml).ok();
     let mut out = Vec::new();
     for c in &new.components {
         let before = old
@@ -411,7 +410,7 @@ pub fn replan(
 pub const NO_VERDICT: &[&str] = &["cancelled", "unplaced"];
 
 /// The first differences between two specs of one component, for people.
-fn spec_diff(a: &spec::ComponentSpec, b: &spec::ComponentSpec) -> String {
+fn spec_diff(a: &fvd_spec::ComponentSpec, b: &fvd_spec::ComponentSpec) -> String {
     let mut d = Vec::new();
     if a.gpus != b.gpus {
         d.push(format!("gpus {} -> {}", a.gpus, b.gpus));
@@ -537,7 +536,7 @@ async fn start_gate(
     port: &PortRow,
     traceparent: Option<String>,
 ) -> Result<(), ActorProcessingErr> {
-    let spec = spec::parse(Path::new(&port.spec_path), &port.spec_toml)?;
+    let spec = fvd_spec::parse(Path::new(&port.spec_path), &port.spec_toml)?;
     // Runs that were in flight when the last gate of this port died are
     // rerun once under a new run number; recorded verdicts stay.
     for c in st.args.store.abandon_unfinished(&port.family).await? {

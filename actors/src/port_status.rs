@@ -22,9 +22,9 @@ use fvd_contracts::port_status::{
 };
 use fvd_contracts::status_guard;
 
-use crate::model::{ComponentRow, JobRecord, PortRow};
-use crate::spec::{self, ComponentSpec, PortSpec};
-use crate::store::{EscapeRow, Store, StoreError, now_ms};
+use fvd_spec::{self, ComponentSpec, PortSpec};
+use fvd_store::model::{ComponentRow, JobRecord, PortRow};
+use fvd_store::{EscapeRow, Store, StoreError, now_ms};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PortStatusError {
@@ -87,7 +87,7 @@ async fn port_and_spec(
         .port(family)
         .await?
         .ok_or_else(|| PortStatusError::UnknownFamily(family.to_string()))?;
-    let spec = spec::parse(Path::new(&port.spec_path), &port.spec_toml).map_err(|e| {
+    let spec = fvd_spec::parse(Path::new(&port.spec_path), &port.spec_toml).map_err(|e| {
         PortStatusError::Spec {
             family: family.to_string(),
             message: e.to_string(),
@@ -469,7 +469,7 @@ set_env = { PYTHONPATH = "{repo}" }
 "#;
 
     fn spec() -> PortSpec {
-        spec::parse(Path::new("port.toml"), SPEC).unwrap()
+        fvd_spec::parse(Path::new("port.toml"), SPEC).unwrap()
     }
 
     fn port(state: &str, phase: &str) -> PortRow {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use fvd_contracts::verdict::{self, JunitEvidence, RunEvidence, Verdict};
 
-use crate::model::JobReport;
+use fvd_store::model::JobReport;
 
 /// The verdict of a run: an environment failure when its cause lies
 /// outside the repository (`in_repo` says which top-level modules the
@@ -48,10 +48,7 @@ pub fn classify(report: &JobReport, in_repo: &dyn Fn(&str) -> bool) -> Verdict {
 /// folders its literal `PYTHONPATH` names inside the checkout, and those
 /// beside its test files (pytest puts the test's root on the path). A
 /// missing module that is none of these is the environment's.
-pub fn repo_modules(
-    repo: &str,
-    spec: &crate::spec::ComponentSpec,
-) -> impl Fn(&str) -> bool + use<> {
+pub fn repo_modules(repo: &str, spec: &fvd_spec::ComponentSpec) -> impl Fn(&str) -> bool + use<> {
     let repo = PathBuf::from(repo);
     let mut roots = vec![repo.clone()];
     if let Some(pp) = spec.set_env.get("PYTHONPATH") {
@@ -92,7 +89,7 @@ mod tests {
             std::fs::create_dir_all(repo.join(d)).unwrap();
         }
         std::fs::write(repo.join("conftest_utils.py"), "").unwrap();
-        let mut spec = crate::spec::parse(
+        let mut spec = fvd_spec::parse(
             Path::new("p.toml"),
             "[prep]\nmodel_family = \"fam\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = \"tests/local_tests/fam/test_a.py\"\ncoverage_scope = \"both\"\n",
         )

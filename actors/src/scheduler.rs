@@ -13,9 +13,10 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef};
 use tokio::sync::mpsc;
 
-use crate::clock::Clock;
-use crate::model::{Assignment, JobRecord, JobReport, LogChunk, Placement, ToWorker, WorkerInfo};
-use crate::store::Store;
+use fvd_spec::Placement;
+use fvd_store::Store;
+use fvd_store::clock::Clock;
+use fvd_store::model::{Assignment, JobRecord, JobReport, LogChunk, ToWorker, WorkerInfo};
 
 mod fleet;
 pub use fleet::{FleetJob, FleetView, FleetWorker};

@@ -40,11 +40,11 @@ use tracing::field::Empty;
 
 use crate::component::ComponentMsg;
 use crate::gate::GateMsg;
-use crate::model::{CollectedFile, JobRecord, JobReport, JobResult, PortEvent};
 use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
-use crate::spec::ComponentSpec;
-use crate::store::Store;
-use crate::trace_spec::TraceSpec;
+use fvd_spec::ComponentSpec;
+use fvd_spec::trace_spec::TraceSpec;
+use fvd_store::Store;
+use fvd_store::model::{CollectedFile, JobRecord, JobReport, JobResult, PortEvent};
 
 /// Variable the worker points at the run's own folder for trace files.
 pub const TRACE_DIR_ENV: &str = "FVD_TRACE_DIR";
@@ -622,7 +622,7 @@ async fn enqueue(
 }
 
 /// Shows the investigation on the component's row while it runs.
-async fn progress(st: &TraceState, inq: &Inquiry) -> Result<(), crate::store::StoreError> {
+async fn progress(st: &TraceState, inq: &Inquiry) -> Result<(), fvd_store::StoreError> {
     let (family, name) = (&st.args.family, &inq.spec.name);
     let reason = format!(
         "trace step {} of at most {}: FASTVIDEO_TRACE_LAYERS={}",

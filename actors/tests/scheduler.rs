@@ -10,12 +10,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fvd_actors::clock::ManualClock;
-use fvd_actors::model::{GpuInfo, JobRecord, JobReport, Placement, PortRow, ToWorker, WorkerInfo};
 use fvd_actors::scheduler::{
     JobEvent, QueuedJob, SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg,
 };
-use fvd_actors::store::Store;
+use fvd_spec::Placement;
+use fvd_store::Store;
+use fvd_store::clock::ManualClock;
+use fvd_store::model::{GpuInfo, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc;
 

@@ -11,12 +11,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fvd_actors::clock::ManualClock;
 use fvd_actors::component::ComponentMsg;
-use fvd_actors::model::{CollectedFile, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo};
 use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg};
-use fvd_actors::store::Store;
 use fvd_actors::trace_actor::{Investigate, TraceActor, TraceArgs, TraceMsg};
+use fvd_store::Store;
+use fvd_store::clock::ManualClock;
+use fvd_store::model::{CollectedFile, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo};
 use ractor::{Actor, ActorRef};
 use tokio::sync::{broadcast, mpsc};
 
@@ -123,7 +123,7 @@ impl Harness {
 
     /// Hands a red run of `c` to the trace actor, as the component does.
     async fn investigate(&self, depth: u32) {
-        let spec = fvd_actors::spec::parse(
+        let spec = fvd_spec::parse(
             Path::new("port.toml"),
             &SPEC.replace("DEPTH", &depth.to_string()),
         )
@@ -155,14 +155,14 @@ impl Harness {
     }
 
     /// The next traced rerun the worker gets: its job, epoch, env and cwd.
-    async fn assigned(&mut self) -> fvd_actors::model::Assignment {
+    async fn assigned(&mut self) -> fvd_store::model::Assignment {
         match tokio::time::timeout(Duration::from_secs(5), self.worker.recv()).await {
             Ok(Some(ToWorker::Assign(a))) => a,
             other => panic!("expected an assignment, got {other:?}"),
         }
     }
 
-    fn finish(&self, a: &fvd_actors::model::Assignment, files: Vec<CollectedFile>, error: &str) {
+    fn finish(&self, a: &fvd_store::model::Assignment, files: Vec<CollectedFile>, error: &str) {
         self.sched
             .cast(SchedulerMsg::Finished {
                 worker_id: "w".into(),

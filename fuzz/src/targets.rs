@@ -222,7 +222,7 @@ fn port_status_import(input: &[u8]) -> u64 {
 /// are short and secret-free.
 fn port_spec(input: &[u8]) -> u64 {
     let text = text(input);
-    match fvd_actors::spec::parse(Path::new("port.toml"), &text) {
+    match fvd_spec::parse(Path::new("port.toml"), &text) {
         Ok(spec) => {
             assert!(fvd_paths::is_identifier(&spec.family));
             for c in &spec.components {
@@ -366,9 +366,9 @@ fn handoff(input: &[u8]) -> u64 {
     };
     let text = text(rest);
     let r = if from & 1 == 0 {
-        fvd_actors::agent::read_handoff("timestep_embed", Some(&text), "")
+        fvd_workspace::agent::read_handoff("timestep_embed", Some(&text), "")
     } else {
-        fvd_actors::agent::read_handoff("timestep_embed", None, &text)
+        fvd_workspace::agent::read_handoff("timestep_embed", None, &text)
     };
     assert_eq!(r.status == "valid", r.value.is_some());
     assert!(!r.summary.contains('\n'), "a handoff summary spans lines");

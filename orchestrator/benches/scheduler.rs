@@ -22,11 +22,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use fvd_actors::model::{JobRecord, Placement};
 use fvd_actors::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
-use fvd_actors::store::Store;
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::worker_service_client::WorkerServiceClient;
+use fvd_spec::Placement;
+use fvd_store::Store;
+use fvd_store::model::JobRecord;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;

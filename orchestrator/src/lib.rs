@@ -11,14 +11,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fvd_actors::clock::{Clock, SystemClock};
-use fvd_actors::model::PortEvent;
 use fvd_actors::orchestrator::{OrchestratorActor, OrchestratorArgs, OrchestratorMsg};
 use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg};
-use fvd_actors::store::{Store, StoreError};
 use fvd_proto::auth::ServerAuth;
 use fvd_proto::v1::port_service_server::PortServiceServer;
 use fvd_proto::v1::worker_service_server::WorkerServiceServer;
+use fvd_store::clock::{Clock, SystemClock};
+use fvd_store::model::PortEvent;
+use fvd_store::{Store, StoreError};
 use ractor::{Actor, ActorRef};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;

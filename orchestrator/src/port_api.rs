@@ -5,10 +5,10 @@
 use std::pin::Pin;
 use std::time::Duration;
 
-use fvd_actors::model::{ComponentRow, GateEventRow, PortEvent};
 use fvd_actors::orchestrator::{AnswerChoice, OrchestratorMsg, PortError, Submission};
-use fvd_actors::store::{AttemptRow, EscapeRow, Store, StoreError};
 use fvd_proto::v1 as pb;
+use fvd_store::model::{ComponentRow, GateEventRow, PortEvent};
+use fvd_store::{AttemptRow, EscapeRow, Store, StoreError};
 use ractor::ActorRef;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::Stream;

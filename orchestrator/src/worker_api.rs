@@ -8,9 +8,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fvd_actors::model::{CollectedFile, GpuInfo, JobReport, ToWorker, WorkerInfo};
 use fvd_actors::scheduler::SchedulerMsg;
 use fvd_proto::v1 as pb;
+use fvd_store::model::{CollectedFile, GpuInfo, JobReport, ToWorker, WorkerInfo};
 use ractor::ActorRef;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;

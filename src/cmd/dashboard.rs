@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use fvd_actors::store::Store;
+use fvd_store::Store;
 
 /// How often the pages look for changes in the database.
 const POLL: Duration = Duration::from_millis(250);

@@ -8,11 +8,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use fvd_actors::gate::{prep_conditions, scaffold_conditions};
 use fvd_actors::port_status::{self, Plan};
-use fvd_actors::spec::{self, PortSpec};
-use fvd_actors::store::Store;
 use fvd_contracts::coauthor;
+use fvd_spec::preconditions::{prep_conditions, scaffold_conditions};
+use fvd_spec::{self, PortSpec};
+use fvd_store::Store;
 
 use super::port::{SubmitArgs, state_db};
 use super::server::runtime;
@@ -30,8 +30,8 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<u8> {
     let spec_path = args
         .spec
         .clone()
-        .unwrap_or_else(|| spec::default_path(&repo, &args.family));
-    let spec = match spec::load(&spec_path) {
+        .unwrap_or_else(|| fvd_spec::default_path(&repo, &args.family));
+    let spec = match fvd_spec::load(&spec_path) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fvd: error: {e}");

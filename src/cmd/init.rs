@@ -11,8 +11,7 @@ use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use fvd_actors::init::{self, Input};
-use fvd_actors::spec;
+use fvd_spec::init::{self, Input};
 
 #[derive(Debug, Args)]
 pub struct InitArgs {
@@ -43,7 +42,7 @@ pub fn run(args: InitArgs) -> anyhow::Result<u8> {
     }
     // shown as the user gave the repository
     let shown = args.repo.join(&rel_dir).join("port.toml");
-    let target = spec::default_path(&repo, &args.family);
+    let target = fvd_spec::default_path(&repo, &args.family);
     if target.exists() && !args.force {
         bail!(
             "{} already exists; pass --force to rewrite it",

@@ -12,11 +12,10 @@ use std::collections::HashMap;
 use anyhow::{Context, bail};
 use clap::Args;
 use fvd_actors::scheduler::SchedulerMsg;
-use fvd_actors::spec;
-use fvd_actors::store::Store;
 use fvd_proto::auth::{ClientAuth, Token};
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::port_service_client::PortServiceClient;
+use fvd_store::Store;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
@@ -212,10 +211,10 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
     let spec_path = args
         .spec
         .clone()
-        .unwrap_or_else(|| spec::default_path(&repo, &args.family));
+        .unwrap_or_else(|| fvd_spec::default_path(&repo, &args.family));
     // Validate locally first: a bad spec is a usage error named by file,
     // line and column, before anything starts.
-    let parsed = match spec::load(&spec_path) {
+    let parsed = match fvd_spec::load(&spec_path) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fvd: error: {e}");
@@ -879,7 +878,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
                     .await
                     .map_err(status_err)?
                     .into_inner();
-                let worktree = r.worktree.map(|w| fvd_actors::worktree::Worktree {
+                let worktree = r.worktree.map(|w| fvd_workspace::worktree::Worktree {
                     path: w.path.into(),
                     branch: w.branch,
                     base_commit: w.base_commit,
@@ -947,7 +946,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
                 "attempt {}  commit {}  agent {} in {:.1}s  verdict {} -> {}",
                 a.attempt,
                 &a.commit_sha[..a.commit_sha.len().min(12)],
-                fvd_actors::agent::exit_text(a.exit_code, a.signal, a.timed_out),
+                fvd_workspace::agent::exit_text(a.exit_code, a.signal, a.timed_out),
                 a.duration_ms as f64 / 1000.0,
                 a.verdict_before,
                 if a.state == "running" {

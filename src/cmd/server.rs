@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use fvd_actors::store::Store;
 use fvd_proto::auth::{Token, TokenSource};
+use fvd_store::Store;
 use fvd_worker::client::WorkerConfig;
 use fvd_worker::gpu::{self, GpuSelection};
 use tokio_util::sync::CancellationToken;

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use fvd_actors::store::Store;
-use fvd_actors::store::traces::TraceInvestigation;
 use fvd_proto::v1 as pb;
+use fvd_store::Store;
+use fvd_store::traces::TraceInvestigation;
 
 use super::port::{client, state_db};
 use super::server::{ClientTls, TokenArgs, runtime};
@@ -159,7 +159,7 @@ fn untrusted(report: Option<&serde_json::Value>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fvd_actors::store::traces::TraceStep;
+    use fvd_store::traces::TraceStep;
 
     fn report(first: Option<(&str, f64)>, rows: &[(&str, f64)]) -> serde_json::Value {
         serde_json::json!({

@@ -51,7 +51,7 @@ fn every_family_inits_and_submits_without_torch_and_keeps_the_porters_record() {
 /// (no torch) from `pick`, by component name.
 fn stand_ins(repo: &Path, family: &str, pick: impl Fn(&str) -> &'static str) {
     let path = spec_path(repo, family);
-    let spec = fvd_actors::spec::load(&path).expect("the decided spec parses");
+    let spec = fvd_spec::load(&path).expect("the decided spec parses");
     for c in &spec.components {
         for t in &c.parity_tests {
             let file = repo.join(t);

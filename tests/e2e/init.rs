@@ -156,7 +156,7 @@ fn init_writes_the_spec_refuses_to_overwrite_and_force_rewrites() {
     let written = std::fs::read_to_string(&spec_path).expect("port.toml written");
 
     // it parses, with the components the status names
-    let spec = fvd_actors::spec::parse(&spec_path, &written).expect("the spec parses");
+    let spec = fvd_spec::parse(&spec_path, &written).expect("the spec parses");
     let names: Vec<&str> = spec.components.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["transformer", "text_encoder"]);
     let t = &spec.components[0];

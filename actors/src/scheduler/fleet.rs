@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::SchedulerState;
-use crate::model::GpuInfo;
+use fvd_store::model::GpuInfo;
 
 /// The fleet as the scheduler knows it at one moment.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]

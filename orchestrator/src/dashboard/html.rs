@@ -6,8 +6,8 @@
 
 use std::hash::{Hash, Hasher};
 
-use fvd_actors::store::AttemptRow;
-use fvd_actors::store::traces::TraceInvestigation;
+use fvd_store::AttemptRow;
+use fvd_store::traces::TraceInvestigation;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use super::views::{

@@ -13,8 +13,8 @@ use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::response::sse::{Event, KeepAlive, Sse};
-use fvd_actors::model::PortEvent;
-use fvd_actors::store::Store;
+use fvd_store::Store;
+use fvd_store::model::PortEvent;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;

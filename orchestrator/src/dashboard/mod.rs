@@ -26,11 +26,11 @@ pub mod views;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use fvd_actors::model::PortEvent;
 use fvd_actors::orchestrator::OrchestratorMsg;
 use fvd_actors::scheduler::SchedulerMsg;
-use fvd_actors::store::Store;
 use fvd_proto::auth::Token;
+use fvd_store::Store;
+use fvd_store::model::PortEvent;
 use ractor::ActorRef;
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;

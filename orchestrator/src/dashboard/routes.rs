@@ -11,7 +11,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use fvd_actors::orchestrator::{AnswerChoice, OrchestratorMsg, PortError};
-use fvd_actors::store::StoreError;
+use fvd_store::StoreError;
 use maud::Markup;
 use serde::Deserialize;
 use tokio::sync::mpsc;

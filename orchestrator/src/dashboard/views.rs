@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use fvd_actors::scheduler::{FleetView, SchedulerMsg};
-use fvd_actors::store::dashboard::{LeasedJob, StoredWorker};
-use fvd_actors::store::traces::TraceInvestigation;
-use fvd_actors::store::{AttemptRow, Store, StoreError};
 use fvd_contracts::Phase;
 use fvd_proto::v1 as pb;
+use fvd_store::dashboard::{LeasedJob, StoredWorker};
+use fvd_store::traces::TraceInvestigation;
+use fvd_store::{AttemptRow, Store, StoreError};
 use serde::Serialize;
 
 use crate::port_api;

@@ -34,7 +34,7 @@ use std::path::Path;
 
 use fvd_contracts::port_status::{PortStatus, import};
 
-use crate::spec::SpecError;
+use crate::SpecError;
 use command::{Parsed, Pytest};
 use markdown::{Label, MdTable, ident, py_paths, strip_md};
 use render::type_of;
@@ -140,7 +140,7 @@ pub fn infer(
     let prep = cx.prep(&plan);
     let toml = cx.render(&prep, &plan);
     let spec_path = format!("{}/port.toml", cx.dir);
-    crate::spec::parse(Path::new(&spec_path), &toml.text)?;
+    crate::parse(Path::new(&spec_path), &toml.text)?;
     let summary = Summary {
         components: plan
             .cands

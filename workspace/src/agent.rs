@@ -20,8 +20,8 @@ use fvd_contracts::fields::Slot;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
-use crate::spec::ComponentSpec;
-use crate::store::{AttemptRow, EscapeRow};
+use fvd_spec::ComponentSpec;
+use fvd_store::{AttemptRow, EscapeRow};
 
 /// The pytest output given to the agent is cut to its last this many bytes.
 pub const OUTPUT_TAIL_BYTES: usize = 4000;

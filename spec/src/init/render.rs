@@ -173,7 +173,7 @@ impl Cx<'_> {
             }
             if field.eq(&"hf_token_env")
                 && let Pv::Known { value, .. } = v
-                && crate::spec::is_env_name(value)
+                && crate::is_env_name(value)
             {
                 token_env = Some(value.clone());
             }
@@ -345,7 +345,7 @@ impl Cx<'_> {
                         .any(|s| u.contains(s))
                         || u.ends_with("_KEY")
                 };
-                if !crate::spec::is_env_name(k) {
+                if !crate::is_env_name(k) {
                     env_notes.push(format!("{k} is set by the status's command but is no variable name fvd accepts; left out"));
                 } else if secret_name || secrets::scan_line(&format!("{k}={v}")).is_some() {
                     if Some(k.as_str()) != token_env && !env.contains(k) {

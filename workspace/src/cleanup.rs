@@ -2,92 +2,12 @@
 //! must hold no untracked files outside the allowed paths, no stash entry
 //! made on its branch, and none of the forbidden patterns (debug hooks,
 //! breakpoints) on a line its branch adds against the base commit. A
-//! refusal goes back to the agent as the next packet's verdict.
+//! refusal goes back to the agent as the next packet's verdict. The rules
+//! come from the spec (`fvd_spec::cleanup`).
 
-use regex::Regex;
+use fvd_spec::cleanup::CleanupRules;
 
 use crate::worktree::{Worktree, WorktreeError, git};
-
-/// Patterns refused in an agent's diff when the spec names none: tracing
-/// hooks and debugger stops are how a parity hunt leaves the code dirty.
-pub const DEFAULT_FORBIDDEN: &[&str] = &[
-    r"register_forward_hook",
-    r"register_forward_pre_hook",
-    r"breakpoint\(\)",
-    r"pdb\.set_trace",
-];
-
-/// What the gate checks, from `[agent]` in the spec.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CleanupRules {
-    /// Regexes no added line may match.
-    pub forbidden: Vec<String>,
-    /// Globs (`*` within a path segment, `**` across) of untracked files
-    /// that may stay.
-    pub allowed_untracked: Vec<String>,
-}
-
-impl Default for CleanupRules {
-    fn default() -> Self {
-        Self {
-            forbidden: DEFAULT_FORBIDDEN.iter().map(|s| s.to_string()).collect(),
-            allowed_untracked: Vec::new(),
-        }
-    }
-}
-
-/// Why a rule of the spec cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum RuleError {
-    #[error("forbidden pattern {pattern:?} is not a regex: {message}")]
-    Pattern { pattern: String, message: String },
-}
-
-impl CleanupRules {
-    /// Refuses a rule that cannot be compiled, so a bad spec fails at
-    /// submit instead of at the end of a component.
-    pub fn validate(&self) -> Result<(), RuleError> {
-        self.compiled().map(|_| ())
-    }
-
-    fn compiled(&self) -> Result<(Vec<Regex>, Vec<Regex>), RuleError> {
-        let forbidden = self
-            .forbidden
-            .iter()
-            .map(|p| {
-                Regex::new(p).map_err(|e| RuleError::Pattern {
-                    pattern: p.clone(),
-                    message: e.to_string(),
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let allowed = self
-            .allowed_untracked
-            .iter()
-            .map(|g| Regex::new(&glob_regex(g)).expect("a glob becomes a valid regex"))
-            .collect();
-        Ok((forbidden, allowed))
-    }
-}
-
-/// The regex of a path glob: `**` any path, `*` and `?` within a segment.
-fn glob_regex(glob: &str) -> String {
-    let mut out = String::from("^");
-    let mut chars = glob.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '*' if chars.peek() == Some(&'*') => {
-                chars.next();
-                out.push_str(".*");
-            }
-            '*' => out.push_str("[^/]*"),
-            '?' => out.push_str("[^/]"),
-            c => out.push_str(&regex::escape(&c.to_string())),
-        }
-    }
-    out.push('$');
-    out
-}
 
 /// The gate's findings for `wt`; empty when it is clean.
 pub async fn check(wt: &Worktree, rules: &CleanupRules) -> Result<Vec<String>, WorktreeError> {
@@ -184,18 +104,6 @@ mod tests {
         let mut all = vec!["-c", "user.name=t", "-c", "user.email=t@localhost"];
         all.extend_from_slice(args);
         git(dir, &all).await.unwrap();
-    }
-
-    #[test]
-    fn globs_match_within_and_across_segments() {
-        let r = |g: &str| Regex::new(&glob_regex(g)).unwrap();
-        assert!(r("*.log").is_match("run.log"));
-        assert!(!r("*.log").is_match("dir/run.log"));
-        assert!(r("**/*.log").is_match("dir/sub/run.log"));
-        assert!(r("out/**").is_match("out/a/b.bin"));
-        assert!(!r("out/**").is_match("output/a"));
-        assert!(r("a?.txt").is_match("ab.txt"));
-        assert!(!r("a.txt").is_match("abtxt"));
     }
 
     #[tokio::test]

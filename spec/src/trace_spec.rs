@@ -146,7 +146,7 @@ impl TraceSpec {
 mod tests {
     use std::path::Path;
 
-    use crate::spec::parse;
+    use crate::parse;
 
     const BASE: &str = r#"
 [prep]

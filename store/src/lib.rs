@@ -12,10 +12,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
+use crate::model::Worktree;
 use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, LogChunk, PortRow};
-use crate::worktree::Worktree;
 
+pub mod clock;
 pub mod dashboard;
+pub mod model;
 pub mod traces;
 
 /// One agent attempt of the ledger (`agent_attempts`).

@@ -14,7 +14,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
-        crate::store::now_ms()
+        crate::now_ms()
     }
 }
 

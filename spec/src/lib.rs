@@ -10,6 +10,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+pub mod cleanup;
+pub mod init;
+pub mod preconditions;
+pub mod trace_spec;
+
 /// Default parity command; `{test}` is the component's parity test path and
 /// `{junitxml}` the JUnit file the worker collects.
 pub const DEFAULT_COMMAND: &[&str] = &[
@@ -22,6 +27,26 @@ pub const DEFAULT_COMMAND: &[&str] = &[
     "no:cacheprovider",
     "--junitxml={junitxml}",
 ];
+
+/// What a job needs of the worker that runs it beyond a GPU count, and how
+/// its port ranks against others. Derived from the spec each time a job is
+/// queued, so it is not stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Placement {
+    /// Higher is served first; ports of equal priority take turns.
+    pub priority: i32,
+    /// Each leased GPU has at least this much memory.
+    pub gpu_memory_mib: u64,
+    /// The worker carries every one of these labels with the same value.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Placement {
+    /// Whether the job constrains the worker beyond a GPU count.
+    pub fn is_constrained(&self) -> bool {
+        self.gpu_memory_mib > 0 || !self.labels.is_empty()
+    }
+}
 
 /// Why a spec could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +121,7 @@ pub struct ComponentSpec {
     /// keeps the old behaviour (a red run blocks the component).
     pub agent: Option<AgentSpec>,
     /// Port priority, minimum GPU memory and worker labels of its runs.
-    pub placement: crate::model::Placement,
+    pub placement: crate::Placement,
     /// Passing runs in a row (since the last change of its code) before a
     /// pass counts: 1 takes the first pass, more catch a flaky one.
     pub confirm_runs: u32,
@@ -528,7 +553,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             env,
             command,
             agent: if c.agent { agent.clone() } else { None },
-            placement: crate::model::Placement {
+            placement: crate::Placement {
                 priority: raw.defaults.priority.unwrap_or(0),
                 gpu_memory_mib: c.gpu_memory_mib.unwrap_or(0),
                 labels: c.labels.unwrap_or_default(),

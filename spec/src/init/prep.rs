@@ -570,7 +570,7 @@ impl Cx<'_> {
             }
         }
         match self.find("hf_token_env") {
-            Ok(f) if crate::spec::is_env_name(&f.value) => Pv::Known {
+            Ok(f) if crate::is_env_name(&f.value) => Pv::Known {
                 value: f.value,
                 source: f.source,
             },

@@ -10,7 +10,7 @@ use fvd_contracts::prep::PrepHandoff;
 
 use super::render::{quote, repo_value};
 use super::*;
-use crate::spec::{ComponentSpec, PortSpec};
+use crate::{ComponentSpec, PortSpec};
 
 const SKYLARK_STATUS: &str = r#"# Skylark Port Status
 
@@ -226,8 +226,7 @@ fn skylark() -> Repo {
 }
 
 fn parsed(out: &Inferred) -> PortSpec {
-    crate::spec::parse(Path::new("port.toml"), &out.toml)
-        .unwrap_or_else(|e| panic!("{e}\n{}", out.toml))
+    crate::parse(Path::new("port.toml"), &out.toml).unwrap_or_else(|e| panic!("{e}\n{}", out.toml))
 }
 
 fn component<'a>(spec: &'a PortSpec, name: &str) -> &'a ComponentSpec {
@@ -251,7 +250,7 @@ fn a_complete_status_file_gives_a_spec_that_passes_p0() {
     let spec = parsed(&out);
     assert_eq!(out.summary.placeholders, [], "{}", out.toml);
     assert_eq!(
-        crate::gate::prep_conditions(&spec, Path::new("/r")),
+        crate::preconditions::prep_conditions(&spec, Path::new("/r")),
         Vec::<String>::new(),
         "{}",
         out.toml
@@ -358,11 +357,7 @@ fn components_join_matrix_rows_and_parity_commands() {
     assert_eq!(e.aliases, ["text_encoder/tokenizer"]);
     assert_eq!(e.component_type, "encoder");
     assert_eq!(e.coverage_scope, "production_loader");
-    assert_eq!(
-        e.command,
-        crate::spec::DEFAULT_COMMAND,
-        "no flags: the default"
-    );
+    assert_eq!(e.command, crate::DEFAULT_COMMAND, "no flags: the default");
     assert_eq!(e.gpus, 0);
 
     // a token-looking value is passed by name, never copied
@@ -529,7 +524,7 @@ fn placeholders_are_explicit_commented_and_the_only_p0_findings() {
         );
     }
     // P0 refuses each placeholder, and nothing else
-    let unmet = crate::gate::prep_conditions(&spec, Path::new("/r"));
+    let unmet = crate::preconditions::prep_conditions(&spec, Path::new("/r"));
     assert!(!unmet.is_empty());
     let at: Vec<String> = out
         .summary

@@ -45,26 +45,7 @@ pub enum WorktreeError {
     Path(#[from] fvd_paths::PathError),
 }
 
-/// A component's worktree.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Worktree {
-    pub path: PathBuf,
-    pub branch: String,
-    /// The commit the branch was made from.
-    pub base_commit: String,
-    /// Where the port folder sits inside the repository (`examples/tinyport/`),
-    /// empty when it is the repository's top. Found again at each start,
-    /// not stored.
-    pub prefix: String,
-}
-
-impl Worktree {
-    /// The port folder inside the worktree: where its runs and its agent
-    /// work.
-    pub fn workdir(&self) -> PathBuf {
-        self.path.join(&self.prefix)
-    }
-}
+pub use fvd_store::model::Worktree;
 
 /// One attempt as committed.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,6 +2,7 @@
 //! (prost) types are converted to these at the edge and never travel further.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// A port as stored.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -213,22 +214,24 @@ pub struct LogChunk {
     pub data: Vec<u8>,
 }
 
-/// What a job needs of the worker that runs it beyond a GPU count, and how
-/// its port ranks against others. Derived from the spec each time a job is
-/// queued, so it is not stored.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Placement {
-    /// Higher is served first; ports of equal priority take turns.
-    pub priority: i32,
-    /// Each leased GPU has at least this much memory.
-    pub gpu_memory_mib: u64,
-    /// The worker carries every one of these labels with the same value.
-    pub labels: BTreeMap<String, String>,
+/// A component's git worktree (`fvd_workspace::worktree` makes and
+/// moves it; the store records it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Worktree {
+    pub path: PathBuf,
+    pub branch: String,
+    /// The commit the branch was made from.
+    pub base_commit: String,
+    /// Where the port folder sits inside the repository (`examples/tinyport/`),
+    /// empty when it is the repository's top. Found again at each start,
+    /// not stored.
+    pub prefix: String,
 }
 
-impl Placement {
-    /// Whether the job constrains the worker beyond a GPU count.
-    pub fn is_constrained(&self) -> bool {
-        self.gpu_memory_mib > 0 || !self.labels.is_empty()
+impl Worktree {
+    /// The port folder inside the worktree: where its runs and its agent
+    /// work.
+    pub fn workdir(&self) -> PathBuf {
+        self.path.join(&self.prefix)
     }
 }

@@ -1,0 +1,9 @@
+//! The agent loop's workspace, without actors: [`agent`] (the packet an
+//! agent is given, the agent as a subprocess, the handoff it returns, its
+//! leftovers after a crash), [`worktree`] (each agent component's git
+//! worktree and branch, one commit per attempt) and [`cleanup`] (the gate a
+//! pass clears before it counts). The component actor drives them.
+
+pub mod agent;
+pub mod cleanup;
+pub mod worktree;
