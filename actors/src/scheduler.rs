@@ -179,6 +179,12 @@ pub enum SchedulerMsg {
     Dispatch,
     /// Counts for status and tests: (workers, queued, running).
     Counts(ractor::RpcReplyPort<(usize, usize, usize)>),
+    /// Answers once at least `workers` workers are registered (at once if
+    /// they already are): a readiness signal, instead of polling `Counts`.
+    WhenWorkers {
+        workers: usize,
+        reply: ractor::RpcReplyPort<()>,
+    },
     /// The live fleet for the dashboard: workers, free slots, leases,
     /// draining, the queue per port. Reads only.
     Fleet(ractor::RpcReplyPort<FleetView>),
@@ -228,6 +234,8 @@ pub struct SchedulerState {
     next_epoch: u64,
     /// A `Dispatch` message is already in the mailbox.
     dispatch_pending: bool,
+    /// `WhenWorkers` callers waiting for that many workers.
+    ready_waiters: Vec<(usize, ractor::RpcReplyPort<()>)>,
     /// Output and spawn times are written off the scheduler's path.
     writer: mpsc::UnboundedSender<Write>,
 }
@@ -300,6 +308,7 @@ impl Actor for SchedulerActor {
             jobs: HashMap::new(),
             next_epoch,
             dispatch_pending: false,
+            ready_waiters: Vec::new(),
         })
     }
 
@@ -334,6 +343,10 @@ impl Actor for SchedulerActor {
                 st.workers.insert(id.clone(), slot);
                 for e in st.jobs.values_mut() {
                     e.job.exclude.remove(&id);
+                }
+                let count = st.workers.len();
+                for (_, reply) in st.ready_waiters.extract_if(.., |(want, _)| *want <= count) {
+                    let _ = reply.send(());
                 }
                 let queued: Vec<String> = st
                     .jobs
@@ -501,6 +514,14 @@ impl Actor for SchedulerActor {
             SchedulerMsg::Dispatch => {
                 st.dispatch_pending = false;
                 dispatch(st).await?;
+                return Ok(());
+            }
+            SchedulerMsg::WhenWorkers { workers, reply } => {
+                if st.workers.len() >= workers {
+                    let _ = reply.send(());
+                } else {
+                    st.ready_waiters.push((workers, reply));
+                }
                 return Ok(());
             }
             SchedulerMsg::Counts(reply) => {

@@ -4,7 +4,9 @@
 //! difference is who owns the process.
 
 pub mod dashboard;
+pub mod embedded;
 pub mod port_api;
+pub mod query;
 pub mod worker_api;
 
 use std::net::SocketAddr;

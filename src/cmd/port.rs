@@ -3,6 +3,7 @@
 //! orchestrator and one local worker in this process, talking real gRPC on
 //! loopback, with state in `REPO/.fvd/state.db`.
 
+use super::exit::Exit;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,13 +12,11 @@ use std::collections::HashMap;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use fvd_actors::scheduler::SchedulerMsg;
 use fvd_proto::auth::{ClientAuth, Token};
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::port_service_client::PortServiceClient;
 use fvd_store::Store;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -179,25 +178,12 @@ pub struct ResetArgs {
     pub repo: PathBuf,
 }
 
-/// Exit codes of `submit --wait`.
-const EXIT_ALL_PASS: u8 = 0;
-const EXIT_BLOCKED: u8 = 1;
-const EXIT_USAGE: u8 = 2;
-/// The port paused: its only unfinished components wait for `fvd answer`.
-const EXIT_ASK_USER: u8 = 3;
-/// The port paused: some component waits for a worker whose environment
-/// can run it (a package, interpreter or driver is missing).
-const EXIT_ENVIRONMENT: u8 = 4;
-/// Embedded mode was interrupted (Ctrl-C, SIGTERM, a lost terminal); the
-/// port stays resumable.
-const EXIT_INTERRUPTED: u8 = 130;
-
 /// The state database of embedded mode inside a repository.
 pub fn state_db(repo: &Path) -> PathBuf {
     repo.join(".fvd").join("state.db")
 }
 
-pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
+pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
     if args.dry_run {
         return super::dry_run::run(&args);
     }
@@ -205,7 +191,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
         Ok(r) => r,
         Err(e) => {
             eprintln!("fvd: error: repository {}: {e}", args.repo.display());
-            return Ok(EXIT_USAGE);
+            return Ok(Exit::Usage);
         }
     };
     let spec_path = args
@@ -218,7 +204,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fvd: error: {e}");
-            return Ok(EXIT_USAGE);
+            return Ok(Exit::Usage);
         }
     };
     if parsed.family != args.family {
@@ -228,7 +214,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
             parsed.family,
             args.family
         );
-        return Ok(EXIT_USAGE);
+        return Ok(Exit::Usage);
     }
     let spec_toml = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("cannot read {}", spec_path.display()))?;
@@ -260,7 +246,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
                 if args.wait {
                     watch(&mut client, &args.family).await
                 } else {
-                    Ok(EXIT_ALL_PASS)
+                    Ok(Exit::Success)
                 }
             }
             None => embedded(&repo, Action::Submit(request), &args.local).await,
@@ -276,7 +262,7 @@ enum Action {
 
 /// `fvd answer`: records the answer to an escape hatch; the component that
 /// asked goes on with it.
-pub fn answer(args: AnswerArgs) -> anyhow::Result<u8> {
+pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
     let request = pb::AnswerRequest {
         family: args.family.clone(),
         id: args.id.trim().to_uppercase(),
@@ -295,7 +281,7 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<u8> {
                 if args.wait {
                     watch(&mut client, &args.family).await
                 } else {
-                    Ok(EXIT_ALL_PASS)
+                    Ok(Exit::Success)
                 }
             }
             None => {
@@ -349,7 +335,7 @@ async fn send(client: &mut Client, request: pb::SubmitRequest, place: &str) -> a
 }
 
 /// Embedded mode: orchestrator and worker in this process over loopback.
-async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::Result<u8> {
+async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::Result<Exit> {
     let family = match &action {
         Action::Submit(r) => r.family.clone(),
         Action::Answer(r) => r.family.clone(),
@@ -360,60 +346,27 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
             live.pid,
             repo.display()
         );
-        return Ok(EXIT_USAGE);
+        return Ok(Exit::Usage);
     }
     super::embedded::state_dir(repo)?;
     let db = state_db(repo);
     let store = Store::open_path(&db).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .context("cannot listen on loopback")?;
-    // A fresh token per run: nothing else on the host can drive the
-    // loopback port while the port runs (the run file holds it for the
-    // owner's own `fvd cancel`).
-    let token = Token::random();
-    let config = fvd_orchestrator::ServerConfig {
-        token: Some(token.clone()),
-        // Only the port asked for runs here, on this machine's worker: a
-        // job it can never hold is refused at once, not waited for.
-        resume_on_start: false,
-        scheduler: fvd_actors::scheduler::SchedulerConfig {
-            fixed_fleet: true,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let server = fvd_orchestrator::start(listener, store, config).await?;
-    let _run_file = super::embedded::RunFile::write(repo, &family, &server.url(), &token)?;
-    let shutdown = CancellationToken::new();
-    let config = local_worker_config(
-        server.url(),
+    // The worker's address and token are the embedded server's own.
+    let worker = local_worker_config(
+        String::new(),
         repo.join(".fvd").join("worker"),
         &local.gpus,
         local.cpu_slots,
         None,
-        Some(token.clone()),
+        None,
         None,
     )
     .await?;
-    // Embedded mode never drains: the port's end stops the worker.
-    let worker = tokio::spawn(fvd_worker::client::run(
-        config,
-        shutdown.clone(),
-        CancellationToken::new(),
-    ));
-    // Submit once the local worker has registered, so the first runs are
-    // dispatched at once instead of waiting for it.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (workers, _, _) = ractor::call_t!(server.scheduler, SchedulerMsg::Counts, 5000)
-            .context("the scheduler did not answer")?;
-        if workers > 0 || std::time::Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let mut client = client(&server.url(), Some(token.clone()), None).await?;
+    let embedded = fvd_orchestrator::embedded::Embedded::start(store, worker).await?;
+    // The token is in the run file for the owner's own `fvd cancel`.
+    let _run_file =
+        super::embedded::RunFile::write(repo, &family, &embedded.url(), embedded.token())?;
+    let mut client = client(&embedded.url(), Some(embedded.token().clone()), None).await?;
     let run = async {
         match action {
             Action::Submit(request) => {
@@ -430,12 +383,10 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
             eprintln!(
                 "fvd: {why}: stopping; the running tests are ended and the port resumes with the next fvd submit --family {family}"
             );
-            Ok(EXIT_INTERRUPTED)
+            Ok(Exit::Interrupted)
         }
     };
-    shutdown.cancel();
-    let _ = worker.await;
-    server.shutdown().await;
+    embedded.stop().await;
     code
 }
 
@@ -446,7 +397,7 @@ fn say(line: std::fmt::Arguments<'_>) {
 }
 
 /// Follows a port's events until it ends; returns the exit code.
-async fn watch(client: &mut Client, family: &str) -> anyhow::Result<u8> {
+async fn watch(client: &mut Client, family: &str) -> anyhow::Result<Exit> {
     let mut stream = client
         .watch(pb::WatchRequest {
             family: family.to_string(),
@@ -472,17 +423,17 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<u8> {
 
 /// 0 when every component is `non_skip_pass`, 3 when the port paused on
 /// questions, 4 when it waits for a fixed environment, 1 otherwise.
-fn outcome(snap: &pb::PortSnapshot) -> u8 {
+fn outcome(snap: &pb::PortSnapshot) -> Exit {
     if snap.state == fvd_actors::gate::ENVIRONMENT {
-        EXIT_ENVIRONMENT
+        Exit::Environment
     } else if snap.state == fvd_actors::gate::ASK_USER {
-        EXIT_ASK_USER
+        Exit::AskUser
     } else if !snap.components.is_empty()
         && snap.components.iter().all(|c| c.status == "non_skip_pass")
     {
-        EXIT_ALL_PASS
+        Exit::Success
     } else {
-        EXIT_BLOCKED
+        Exit::Findings
     }
 }
 
@@ -649,7 +600,7 @@ fn grouped(s: &pb::PortSnapshot, status: &str, prefix: &str) -> Vec<(String, Vec
     out
 }
 
-pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
+pub fn status(args: StatusArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     rt.block_on(async move {
         let ports = match &args.orchestrator {
@@ -666,21 +617,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
             }
             None => {
                 let store = open_local(&args.repo).await?;
-                let families = match &args.family {
-                    Some(f) => vec![f.clone()],
-                    None => store.ports().await?.into_iter().map(|p| p.family).collect(),
-                };
-                let mut ports = Vec::new();
-                for f in families {
-                    match fvd_orchestrator::port_api::snapshot(&store, &f).await? {
-                        Some(s) => ports.push(s),
-                        None => bail!(
-                            "no port of family {f} in {}",
-                            state_db(&args.repo).display()
-                        ),
-                    }
-                }
-                ports
+                fvd_orchestrator::query::status(&store, args.family.as_deref()).await?
             }
         };
         if args.json {
@@ -696,7 +633,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
                 print_snapshot(p);
             }
         }
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
@@ -733,7 +670,7 @@ fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
     })
 }
 
-pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
+pub fn logs(args: LogsArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     rt.block_on(async move {
         let mut out = std::io::stdout().lock();
@@ -756,21 +693,15 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
             }
             None => {
                 let store = open_local(&args.repo).await?;
-                let runs = store.jobs_of(&args.family, &args.component).await?;
-                let job = match args.run {
-                    None => runs.last(),
-                    Some(n) => runs.iter().find(|j| j.run_no == n),
-                }
-                .with_context(|| {
-                    format!(
-                        "no run {} of component {} in port {}",
-                        args.run.map_or("at all".to_string(), |n| n.to_string()),
-                        args.component,
-                        args.family
-                    )
-                })?;
+                let job = fvd_orchestrator::query::run_of(
+                    &store,
+                    &args.family,
+                    &args.component,
+                    args.run,
+                )
+                .await?;
                 let mut chunks =
-                    fvd_orchestrator::port_api::log_pump(store, job.job_id.clone(), args.follow);
+                    fvd_orchestrator::query::log_pump(store, job.job_id.clone(), args.follow);
                 while let Some(chunk) = chunks.recv().await {
                     out.write_all(&chunk?.1)?;
                     out.flush()?;
@@ -778,11 +709,11 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
             }
         }
         out.flush()?;
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
-pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
+pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     rt.block_on(async move {
         let (url, token, tls) = match &args.orchestrator {
@@ -812,7 +743,7 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
                                 format!(": {} stopped", names.join(", "))
                             }
                         ));
-                        return Ok(0);
+                        return Ok(Exit::Success);
                     }
                 }
             }
@@ -825,13 +756,13 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
             .await
             .map_err(status_err)?;
         say(format_args!("cancelled port {}", args.family));
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
 /// `fvd reset F`: forgets the port's embedded state. Refused while a
 /// process runs the port.
-pub fn reset(args: ResetArgs) -> anyhow::Result<u8> {
+pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
     let repo = args
         .repo
         .canonicalize()
@@ -841,7 +772,7 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<u8> {
             "fvd: error: port {} is running in process {}; fvd cancel {} first",
             args.family, live.pid, args.family
         );
-        return Ok(EXIT_USAGE);
+        return Ok(Exit::Usage);
     }
     let rt = runtime()?;
     rt.block_on(async move {
@@ -852,19 +783,19 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<u8> {
                 args.family,
                 state_db(&repo).display()
             );
-            return Ok(EXIT_USAGE);
+            return Ok(Exit::Usage);
         }
         say(format_args!(
             "reset port {}: its runs, verdicts, questions and attempt ledger are forgotten; the next fvd submit starts it over. Kept: PORT_STATUS.md, port.toml, agent branches fvd/{}/* and their worktrees",
             args.family, args.family
         ));
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
 /// `fvd attempts`: the agent-attempt ledger of a component, from the
 /// embedded state of the repository or from an orchestrator.
-pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
+pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     rt.block_on(async move {
         let (worktree, ledger) = match &args.orchestrator {
@@ -895,17 +826,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
             }
             None => {
                 let store = open_local(&args.repo).await?;
-                if store.port(&args.family).await?.is_none() {
-                    bail!(
-                        "no port {} in {}",
-                        args.family,
-                        state_db(&args.repo).display()
-                    );
-                }
-                (
-                    store.worktree(&args.family, &args.component).await?,
-                    store.attempts(&args.family, &args.component).await?,
-                )
+                fvd_orchestrator::query::attempts(&store, &args.family, &args.component).await?
             }
         };
         let mut out = std::io::stdout().lock();
@@ -921,7 +842,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
                 "attempts": ledger,
             });
             writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-            return Ok(0);
+            return Ok(Exit::Success);
         }
         match &worktree {
             Some(w) => writeln!(
@@ -978,11 +899,11 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
                 writeln!(out, "  {line}")?;
             }
         }
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
-async fn open_local(repo: &Path) -> anyhow::Result<Store> {
+pub async fn open_local(repo: &Path) -> anyhow::Result<Store> {
     let db = state_db(repo);
     if !db.is_file() {
         bail!(

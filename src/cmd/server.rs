@@ -2,6 +2,7 @@
 //! processes of a fleet, plus the runtime and worker set-up that embedded
 //! mode shares with them.
 
+use super::exit::Exit;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -136,7 +137,7 @@ fn pid_file(workspace: &std::path::Path) -> PathBuf {
 }
 
 /// `fvd worker drain`: SIGUSR1 to the worker named by the pid file.
-fn drain(workspace: &std::path::Path) -> anyhow::Result<u8> {
+fn drain(workspace: &std::path::Path) -> anyhow::Result<Exit> {
     let path = pid_file(workspace);
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("no running worker: cannot read {}", path.display()))?;
@@ -150,7 +151,7 @@ fn drain(workspace: &std::path::Path) -> anyhow::Result<u8> {
     )
     .with_context(|| format!("cannot signal worker {pid} named by {}", path.display()))?;
     println!("asked worker {pid} to drain");
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// Resolves on Ctrl-C or SIGTERM: both end a server or worker normally, so
@@ -240,7 +241,7 @@ pub async fn local_worker_config(
     })
 }
 
-pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
+pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
     let OrchestratorCmd::Serve(args) = cmd;
     runtime()?.block_on(async move {
         let token = args.token.load()?;
@@ -289,11 +290,11 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
             r = server.wait() => r.map_err(|e| anyhow::anyhow!("server stopped: {e}"))?,
             _ = interrupted() => {}
         }
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
-pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
+pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
     if let Some(WorkerCmd::Drain { workspace }) = &args.command {
         return drain(workspace);
     }
@@ -341,6 +342,6 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
         let result = fvd_worker::client::run(config, shutdown, drain).await;
         let _ = std::fs::remove_file(&pid_path);
         result?;
-        Ok(0)
+        Ok(Exit::Success)
     })
 }

@@ -80,7 +80,7 @@ pub fn poll(store: Store, every: Duration) -> broadcast::Sender<Change> {
             };
             let mut now: HashMap<String, fvd_proto::v1::PortSnapshot> = HashMap::new();
             for p in ports {
-                match crate::port_api::snapshot(&store, &p.family).await {
+                match crate::query::snapshot(&store, &p.family).await {
                     Ok(Some(s)) => {
                         now.insert(p.family, s);
                     }

@@ -264,7 +264,7 @@ async fn log_follow(
             format!("no run {} of component {name} in port {family}", q.run),
         )));
     };
-    let mut chunks = crate::port_api::log_pump_after(d.store.clone(), job.job_id, true, q.after);
+    let mut chunks = crate::query::log_pump_after(d.store.clone(), job.job_id, true, q.after);
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(16);
     tokio::spawn(async move {
         while let Some(c) = chunks.recv().await {
