@@ -10,6 +10,7 @@ mod coauthor;
 mod contracts;
 mod environment;
 mod fastvideo_checkout;
+mod fleet;
 mod init;
 mod port;
 mod support;
