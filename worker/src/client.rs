@@ -94,6 +94,7 @@ pub async fn run_reporting(
     loop {
         if shutdown.is_cancelled() {
             link.set(Link::Stopping);
+            end_jobs(&config, &running).await;
             return Ok(());
         }
         let started = Instant::now();
@@ -133,6 +134,9 @@ pub async fn run_reporting(
         tokio::select! {
             _ = shutdown.cancelled() => {
                 link.set(Link::Stopping);
+                // Jobs that outlived the lost connection: their leases
+                // expire at the orchestrator, which queues them again.
+                end_jobs(&config, &running).await;
                 return Ok(());
             }
             _ = tokio::time::sleep(backoff) => {}
@@ -190,21 +194,9 @@ async fn session(
                 if !drain_sent {
                     let _ = tx.send(msg(pb::worker_msg::Msg::Drain(pb::Drain {}))).await;
                 }
-                let jobs: Vec<String> = {
-                    let running = running.lock().expect("running lock");
-                    for (_, (_, cancel)) in running.iter() {
-                        cancel.cancel();
-                    }
-                    running.keys().cloned().collect()
-                };
-                // The jobs' process groups are ended before the stream
-                // closes (the orchestrator may place them elsewhere at
-                // once) and before the worker returns: no test outlives a
-                // worker that was stopped.
-                let deadline = Instant::now() + config.grace + Duration::from_secs(5);
-                while !running.lock().expect("running lock").is_empty() && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                // Ended before the stream closes: the orchestrator may place
+                // them elsewhere at once.
+                let jobs = end_jobs(config, running).await;
                 if !jobs.is_empty() {
                     tracing::info!(worker = %config.worker_id, ?jobs, "stopping: ended the running jobs and handed them back to the orchestrator, which queues them again");
                 }
@@ -360,6 +352,23 @@ fn handle(
         }
         None => {}
     }
+}
+
+/// Cancels every running job and waits (bounded) until their process groups
+/// are gone: no test outlives a worker that was stopped. Returns their ids.
+async fn end_jobs(config: &WorkerConfig, running: &Running) -> Vec<String> {
+    let jobs: Vec<String> = {
+        let running = running.lock().expect("running lock");
+        for (_, (_, cancel)) in running.iter() {
+            cancel.cancel();
+        }
+        running.keys().cloned().collect()
+    };
+    let deadline = Instant::now() + config.grace + Duration::from_secs(5);
+    while !running.lock().expect("running lock").is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    jobs
 }
 
 /// Slurm (and a container runtime at the end of its grace period) signals
