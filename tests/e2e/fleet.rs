@@ -163,3 +163,53 @@ fn health_checks_answer_on_the_health_listen_addresses() {
         Some(ServingStatus::Serving)
     );
 }
+
+#[test]
+fn drain_wait_returns_once_the_drained_worker_has_exited() {
+    let mut sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    sb.port(
+        "drainwait",
+        &[TestComponent::new("slow", &blocks_until(&release))],
+    );
+    sb.serve();
+    sb.worker("w1", 1);
+    let submit = sb.submit_remote("drainwait", &[]);
+    assert!(submit.status.success(), "{submit:?}");
+    wait_for("slow running on w1", Duration::from_secs(60), || {
+        let rows = components(&sb.remote_status("drainwait")?);
+        rows.iter()
+            .any(|r| r.0 == "slow" && r.1 == "running")
+            .then_some(())
+    });
+    // What a Kubernetes preStop hook runs.
+    let mut drain = crate::support::fvd()
+        .args(["worker", "drain", "--wait", "--workspace"])
+        .arg(sb.repo().join("ws-w1"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the drain to reach the orchestrator",
+        Duration::from_secs(30),
+        || sb.logs().contains("worker drains").then_some(()),
+    );
+    assert!(
+        drain.try_wait().unwrap().is_none(),
+        "drain --wait returned while the worker still runs its job"
+    );
+    std::fs::write(&release, "go").unwrap();
+    let status = wait_for("drain --wait to return", Duration::from_secs(60), || {
+        drain.try_wait().unwrap()
+    });
+    assert!(status.success(), "{status:?}");
+    let exit = sb.wait_worker_exit("w1", Duration::from_secs(5));
+    assert!(exit.success(), "the worker had exited: {exit:?}");
+    let rows = components(&sb.remote_status("drainwait").unwrap());
+    let slow = status_of(&rows, "slow");
+    assert_eq!(
+        (slow.1.as_str(), slow.2),
+        ("non_skip_pass", 1),
+        "the drained run was reported: {rows:?}"
+    );
+}

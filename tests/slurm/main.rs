@@ -181,8 +181,15 @@ impl Fleet<'_> {
             .env("FVD_BIN", env!("CARGO_BIN_EXE_fvd"))
             .env("FVD_ORCHESTRATOR", &self.orch.url)
             .env("FVD_TOKEN_FILE", &self.token)
+            // The node-local scratch a site's Slurm names (job ids restart
+            // at 1 in every test cluster: /tmp/JOBID could be shared).
+            .env("SLURM_TMPDIR", self.scratch())
             .env("FVD_LOG", "info");
         self.cluster.sbatch(&mut cmd)
+    }
+
+    fn scratch(&self) -> PathBuf {
+        self.cluster.dir().join("scratch")
     }
 
     fn worker_output(&self, job: u32) -> String {
@@ -280,6 +287,11 @@ fn the_example_port_runs_through_slurm_worker_jobs_that_are_cancelled_and_draine
         out.contains("handed them back") && out.contains("long_step"),
         "the worker handed its running jobs back:\n{}",
         fleet.story(&[first])
+    );
+    assert!(
+        out.contains(&format!("workspace={}/fvd", fleet.scratch().display()))
+            && !fleet.scratch().join("fvd").exists(),
+        "the worker used the node-local scratch and left nothing there:\n{out}"
     );
     let row = fleet.component("long_step").expect("long_step row");
     assert_eq!(
