@@ -163,7 +163,17 @@ async fn a_worker_is_ready_while_registered_and_alive_until_it_stops() {
     let store = Store::open_path(&dir.path().join("state.db"))
         .await
         .unwrap();
-    let listener = TcpListener::bind(addr).await.unwrap();
+    // The aborted server lets go of its port as its task is dropped.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let listener = loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "rebind {addr}: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
     let config = fvd_orchestrator::ServerConfig {
         token: Some(token.clone()),
         ..Default::default()

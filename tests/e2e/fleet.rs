@@ -66,8 +66,12 @@ fn a_stopped_worker_hands_its_running_job_back_and_it_runs_once_elsewhere() {
     let exit = sb.wait_worker_exit("w1", Duration::from_secs(30));
     assert!(exit.success(), "a stopped worker exits cleanly: {exit:?}");
 
-    // Handed back: queued again, no verdict, no run counted.
-    let status = sb.remote_status("handback").expect("status");
+    // Handed back: queued again (the orchestrator records it as it closes
+    // the stream), no verdict, no run counted.
+    let status = wait_for("slow to leave w1", Duration::from_secs(30), || {
+        let s = sb.remote_status("handback")?;
+        (status_of(&components(&s), "slow").1 != "running").then_some(s)
+    });
     let rows = components(&status);
     let slow = status_of(&rows, "slow");
     assert_eq!(

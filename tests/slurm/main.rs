@@ -293,6 +293,12 @@ fn the_example_port_runs_through_slurm_worker_jobs_that_are_cancelled_and_draine
             && !fleet.scratch().join("fvd").exists(),
         "the worker used the node-local scratch and left nothing there:\n{out}"
     );
+    fleet.wait_until(
+        "long_step to leave the first allocation's worker",
+        &[first],
+        Duration::from_secs(30),
+        |f| f.component("long_step").is_some_and(|r| r.1 != "running"),
+    );
     let row = fleet.component("long_step").expect("long_step row");
     assert_eq!(
         (row.1.as_str(), row.2),
