@@ -1,6 +1,6 @@
 //! `fvd init`: writes `REPO/tests/local_tests/<family>/port.toml` from what
 //! the checkout already records (the family's `PORT_STATUS.md`, README and
-//! test files). The inference is `fvd_actors::init`; this module reads the
+//! test files). The inference is `fvd_spec::init`; this module reads the
 //! files, writes the spec and prints the summary.
 //!
 //! Exit codes: 0 written; 2 when the spec exists (without `--force`), the

@@ -88,6 +88,11 @@ pub struct ServeArgs {
     /// value when a token is set.
     #[arg(long, value_name = "ADDR")]
     pub dashboard: Option<String>,
+    /// Also answer `grpc.health.v1` health checks on this address, in
+    /// plaintext and without a token (for Kubernetes' grpc probes when the
+    /// main listener speaks TLS). The main listener answers them too.
+    #[arg(long, value_name = "ADDR")]
+    pub health_listen: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -118,16 +123,25 @@ pub struct WorkerArgs {
     pub token: TokenArgs,
     #[command(flatten)]
     pub tls: ClientTls,
+    /// Answer `grpc.health.v1` health checks on this address (plaintext,
+    /// no token): `""` is SERVING while connected and registered,
+    /// `liveness` until the worker stops. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub health_listen: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum WorkerCmd {
     /// Ask the worker using WORKSPACE to take no new job and to exit once
-    /// the jobs it runs have finished and been reported.
+    /// the jobs it runs have finished and been reported (SIGUSR1).
     Drain {
         /// The worker's scratch folder (it holds `worker.pid`).
         #[arg(long)]
         workspace: PathBuf,
+        /// Return only once the worker has exited (a Kubernetes preStop
+        /// hook: the container is stopped when the hook returns).
+        #[arg(long)]
+        wait: bool,
     },
 }
 
@@ -136,8 +150,9 @@ fn pid_file(workspace: &std::path::Path) -> PathBuf {
     workspace.join("worker.pid")
 }
 
-/// `fvd worker drain`: SIGUSR1 to the worker named by the pid file.
-fn drain(workspace: &std::path::Path) -> anyhow::Result<Exit> {
+/// `fvd worker drain`: SIGUSR1 to the worker named by the pid file; with
+/// `wait`, then polls until that process is gone.
+fn drain(workspace: &std::path::Path, wait: bool) -> anyhow::Result<Exit> {
     let path = pid_file(workspace);
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("no running worker: cannot read {}", path.display()))?;
@@ -151,6 +166,14 @@ fn drain(workspace: &std::path::Path) -> anyhow::Result<Exit> {
     )
     .with_context(|| format!("cannot signal worker {pid} named by {}", path.display()))?;
     println!("asked worker {pid} to drain");
+    if wait {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        // Signal 0 only checks that the process exists.
+        while nix::sys::signal::kill(pid, None).is_ok() && path.exists() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        println!("worker {pid} drained and exited");
+    }
     Ok(Exit::Success)
 }
 
@@ -264,7 +287,15 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             ..Default::default()
         };
         config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
-        let server = fvd_orchestrator::start(listener, store, config).await?;
+        let health_listener = match &args.health_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen for health checks on {addr}"))?,
+            ),
+            None => None,
+        };
+        let mut server = fvd_orchestrator::start(listener, store, config).await?;
         // The first line names the address, so scripts can use port 0.
         println!("fvd orchestrator listening on {}", server.url());
         let _dashboard = match &args.dashboard {
@@ -286,17 +317,31 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             }
             None => None,
         };
+        let health = match health_listener {
+            Some(l) => {
+                tracing::info!(addr = %l.local_addr()?, "answering health checks");
+                Some(server.health.serve_on(l))
+            }
+            None => None,
+        };
         tokio::select! {
             r = server.wait() => r.map_err(|e| anyhow::anyhow!("server stopped: {e}"))?,
-            _ = interrupted() => {}
+            _ = interrupted() => {
+                // NOT_SERVING first, while the listeners still answer.
+                server.begin_shutdown().await;
+                server.shutdown().await;
+            }
+        }
+        if let Some(h) = health {
+            h.abort();
         }
         Ok(Exit::Success)
     })
 }
 
 pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
-    if let Some(WorkerCmd::Drain { workspace }) = &args.command {
-        return drain(workspace);
+    if let Some(WorkerCmd::Drain { workspace, wait }) = &args.command {
+        return drain(workspace, *wait);
     }
     let (Some(orchestrator), Some(workspace)) = (args.orchestrator, args.workspace) else {
         anyhow::bail!("fvd worker needs --orchestrator and --workspace");
@@ -336,11 +381,27 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
             usr1.recv().await;
             on_usr1.cancel();
         });
+        let link = fvd_worker::health::LinkReporter::default();
+        let health_stop = CancellationToken::new();
+        let health = match &args.health_listen {
+            Some(addr) => {
+                let listener = fvd_worker::health::HealthListener::bind(addr).await?;
+                tracing::info!(addr = %listener.addr, "answering health checks");
+                Some(tokio::spawn(
+                    listener.serve(link.clone(), health_stop.clone()),
+                ))
+            }
+            None => None,
+        };
         let pid_path = pid_file(&config.workspace);
         std::fs::write(&pid_path, std::process::id().to_string())
             .with_context(|| format!("cannot write {}", pid_path.display()))?;
-        let result = fvd_worker::client::run(config, shutdown, drain).await;
+        let result = fvd_worker::client::run_reporting(config, shutdown, drain, link).await;
         let _ = std::fs::remove_file(&pid_path);
+        health_stop.cancel();
+        if let Some(h) = health {
+            let _ = h.await;
+        }
         result?;
         Ok(Exit::Success)
     })
