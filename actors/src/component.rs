@@ -550,6 +550,7 @@ async fn enqueue(
             placement: spec.placement.clone(),
             span: st.attempt.clone(),
             collect_env: None,
+            compare: None,
             exclude: st.exclude.clone(),
             preflight: spec.preflight.clone(),
         })))?;

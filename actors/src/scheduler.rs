@@ -121,6 +121,8 @@ pub struct QueuedJob {
     /// The port's `[defaults] preflight` (empty for none), run by each
     /// worker once before its first job of the port.
     pub preflight: Vec<String>,
+    /// See [`Assignment::compare`]; `None` but for traced reruns.
+    pub compare: Option<fvd_store::model::TraceCompare>,
 }
 
 #[derive(Debug)]
@@ -1029,6 +1031,7 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             collect_env: entry.job.collect_env.clone(),
             preflight: entry.job.preflight.clone(),
             preflight_key: r.family.clone(),
+            compare: entry.job.compare.clone(),
         };
         entry.lease = Some(Lease {
             worker_id: p.worker_id.clone(),

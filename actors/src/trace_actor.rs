@@ -44,7 +44,8 @@ use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_spec::ComponentSpec;
 use fvd_spec::trace_spec::TraceSpec;
 use fvd_store::Store;
-use fvd_store::model::{CollectedFile, JobRecord, JobReport, JobResult, PortEvent};
+use fvd_store::model::{CollectedFile, JobRecord, JobReport, JobResult, PortEvent, TraceCompare};
+use fvd_store::traces::StepTransport;
 
 /// Variable the worker points at the run's own folder for trace files.
 pub const TRACE_DIR_ENV: &str = "FVD_TRACE_DIR";
@@ -55,8 +56,6 @@ pub const TRACE_JOB_SUFFIX: &str = "#trace";
 /// A stored report over this size keeps only the rows around the first
 /// divergence (a whole-model trace can hold hundreds of thousands of rows).
 pub const MAX_STORED_REPORT_BYTES: usize = 2 * 1024 * 1024;
-/// Rows kept on each side of the first divergence in a trimmed report.
-const TRIM_CONTEXT_ROWS: usize = 40;
 
 #[derive(Debug)]
 pub struct TraceActor;
@@ -616,9 +615,23 @@ async fn enqueue(
             collect_env: Some(TRACE_DIR_ENV.to_string()),
             exclude: Default::default(),
             preflight: spec.preflight.clone(),
+            compare: Some(worker_compare(t)),
         })))
         .map_err(|e| format!("scheduler is down: {e}"))?;
     Ok(job_id)
+}
+
+/// How the worker that runs a traced rerun compares its files, where they
+/// lie: the spec's globs and comparison options.
+pub fn worker_compare(t: &TraceSpec) -> TraceCompare {
+    let f = t.folder_spec();
+    TraceCompare {
+        reference: f.reference,
+        port: f.port,
+        rename: f.rename,
+        tol: f.tol,
+        steps: f.steps,
+    }
 }
 
 /// Shows the investigation on the component's row while it runs.
@@ -696,10 +709,20 @@ async fn step_finished(
             return conclude(st, inq, Outcome::Error, &e).await;
         }
     };
-    let compared = gather_and_compare(&inq.trace, &dir, &report).await;
+    let compared = gather_and_compare(&inq.trace, &dir, &report, worker_id).await;
     let dir_s = dir.to_string_lossy().into_owned();
     let mut rep = match compared {
-        Ok(r) => r,
+        Ok((r, transport)) => {
+            if let Err(e) = st
+                .args
+                .store
+                .set_trace_step_transport(inq.id, inq.step, &transport)
+                .await
+            {
+                tracing::warn!(error = %e, "cannot record how a trace step was compared");
+            }
+            r
+        }
         Err(e) => {
             let _ = st
                 .args
@@ -801,50 +824,63 @@ fn narrowed_scope(
     )
 }
 
-/// Writes the files the worker sent back under `dir` and compares the
-/// two sides' rank files.
-async fn gather_and_compare(
+/// The comparison of a traced rerun: the worker's report, when it compared
+/// the files where they lie (the files that came along are kept under
+/// `dir`); else the files it sent back, written under `dir` and compared
+/// here.
+pub async fn gather_and_compare(
     trace: &TraceSpec,
     dir: &Path,
     report: &JobReport,
-) -> Result<fvd_trace::Report, String> {
-    if !report.files_error.is_empty() {
-        return Err(format!("no trace files came back: {}", report.files_error));
-    }
+    worker_id: &str,
+) -> Result<(fvd_trace::Report, StepTransport), String> {
     if !report.spawn_error.is_empty() {
         return Err(format!(
             "the traced rerun did not start: {}",
             report.spawn_error
         ));
     }
+    let mut transport = StepTransport {
+        compared_on: format!("worker {worker_id}"),
+        files_bytes: report.collected_bytes,
+        files: report.collected_files,
+        wire_bytes: report.wire_bytes,
+        compare_ms: report.compare_ms,
+    };
+    if !report.trace_error.is_empty() {
+        return Err(report.trace_error.clone());
+    }
     let (trace, dir, files) = (trace.clone(), dir.to_path_buf(), report.files.clone());
-    tokio::task::spawn_blocking(move || {
+    if let Some(json) = &report.trace_report {
+        let mut rep: fvd_trace::Report = serde_json::from_str(json)
+            .map_err(|e| format!("the worker's trace report is malformed: {e}"))?;
+        if files.is_empty() && report.collected_bytes > 0 {
+            rep.diagnostics.push(fvd_trace::Diagnostic::new(
+                "files_on_worker",
+                format!(
+                    "worker {worker_id} compared the {} bytes of {} trace file(s) where they lie and sent back this report only ({} bytes on the wire)",
+                    report.collected_bytes, report.collected_files, report.wire_bytes
+                ),
+            ));
+        }
+        tokio::task::spawn_blocking(move || write_files(&dir, &files))
+            .await
+            .map_err(|e| format!("writing the trace files panicked: {e}"))??;
+        return Ok((rep, transport));
+    }
+    if !report.files_error.is_empty() {
+        return Err(format!("no trace files came back: {}", report.files_error));
+    }
+    transport.compared_on = "orchestrator".to_string();
+    let started = std::time::Instant::now();
+    let rep = tokio::task::spawn_blocking(move || {
         let written = write_files(&dir, &files)?;
-        let pick = |side: &str, glob: &str| -> Result<Vec<PathBuf>, String> {
-            let chosen: Vec<PathBuf> = written
-                .iter()
-                .filter(|rel| glob_match(glob, rel))
-                .map(|rel| dir.join(rel))
-                .collect();
-            if chosen.is_empty() {
-                return Err(format!(
-                    "no {side} trace file matches {glob:?} among the {} file(s) the traced rerun wrote ({})",
-                    written.len(),
-                    if written.is_empty() {
-                        "none: does the test trace with FASTVIDEO_TRACE_* and FVD_TRACE_DIR?".to_string()
-                    } else {
-                        written.join(", ")
-                    }
-                ));
-            }
-            Ok(chosen)
-        };
-        let reference = pick("reference", &trace.reference)?;
-        let port = pick("port", &trace.port)?;
-        fvd_trace::compare(&reference, &port, &trace.compare_options()).map_err(|e| e.to_string())
+        fvd_trace::compare_folder(&dir, &written, &trace.folder_spec())
     })
     .await
-    .map_err(|e| format!("trace comparison panicked: {e}"))?
+    .map_err(|e| format!("trace comparison panicked: {e}"))??;
+    transport.compare_ms = started.elapsed().as_millis() as u64;
+    Ok((rep, transport))
 }
 
 /// The folder of one traced rerun's files:
@@ -883,54 +919,10 @@ pub fn write_files(dir: &Path, files: &[CollectedFile]) -> Result<Vec<String>, S
     Ok(out)
 }
 
-/// `*` and `?` glob over `/`-separated relative paths; neither crosses a `/`.
-pub fn glob_match(glob: &str, path: &str) -> bool {
-    let (g, p): (Vec<char>, Vec<char>) = (glob.chars().collect(), path.chars().collect());
-    // Iterative wildcard match with one backtrack point per `*`.
-    let (mut gi, mut pi) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while pi < p.len() {
-        if gi < g.len() && (g[gi] == p[pi] || (g[gi] == '?' && p[pi] != '/')) {
-            gi += 1;
-            pi += 1;
-        } else if gi < g.len() && g[gi] == '*' {
-            star = Some((gi, pi));
-            gi += 1;
-        } else if let Some((sg, sp)) = star
-            && p[sp] != '/'
-        {
-            star = Some((sg, sp + 1));
-            gi = sg + 1;
-            pi = sp + 1;
-        } else {
-            return false;
-        }
-    }
-    g[gi..].iter().all(|c| *c == '*')
-}
-
 /// The report as stored: whole, unless it is too big, then only the rows
 /// around the first divergence, with a diagnostic saying so.
 pub fn stored_json(rep: &fvd_trace::Report) -> String {
-    let full = serde_json::to_string(rep).unwrap_or_default();
-    if full.len() <= MAX_STORED_REPORT_BYTES {
-        return full;
-    }
-    let mut r = rep.clone();
-    let at = r.rows.iter().position(|row| row.diverged).unwrap_or(0);
-    let (lo, hi) = (
-        at.saturating_sub(TRIM_CONTEXT_ROWS),
-        (at + TRIM_CONTEXT_ROWS + 1).min(r.rows.len()),
-    );
-    let total = r.rows.len();
-    r.rows = r.rows[lo..hi].to_vec();
-    r.diagnostics.push(fvd_trace::Diagnostic::new(
-        "rows_trimmed",
-        format!(
-            "stored rows {lo}..{hi} of {total} around the first divergence; the gathered files hold the rest"
-        ),
-    ));
-    serde_json::to_string(&r).unwrap_or_default()
+    fvd_trace::trimmed_json(rep, MAX_STORED_REPORT_BYTES)
 }
 
 /// Ends an investigation: records it and hands the red run back.
@@ -1049,17 +1041,6 @@ mod tests {
     }
 
     #[test]
-    fn globs_stay_inside_one_folder_level() {
-        assert!(glob_match("port_rank*.jsonl", "port_rank0.jsonl"));
-        assert!(glob_match("ref/rank?.jsonl", "ref/rank1.jsonl"));
-        assert!(glob_match("*/*.jsonl", "ref/a.jsonl"));
-        assert!(!glob_match("*.jsonl", "ref/a.jsonl"));
-        assert!(!glob_match("port_rank*.jsonl", "reference_rank0.jsonl"));
-        assert!(glob_match("a*b*c", "axxbyyc"));
-        assert!(!glob_match("a*b*c", "axxbyy"));
-    }
-
-    #[test]
     fn collected_paths_cannot_leave_the_folder() {
         let dir = tempfile::tempdir().unwrap();
         let f = |p: &str| CollectedFile {
@@ -1124,7 +1105,10 @@ mod tests {
         let json = stored_json(&r);
         assert!(json.len() < MAX_STORED_REPORT_BYTES);
         let back: Report = serde_json::from_str(&json).unwrap();
-        assert_eq!(back.rows.len(), 2 * TRIM_CONTEXT_ROWS + 1);
+        assert_eq!(
+            back.rows.len(),
+            2 * fvd_trace::folder::TRIM_CONTEXT_ROWS + 1
+        );
         assert!(back.rows.iter().any(|row| row.diverged));
         assert_eq!(back.diagnostics.last().unwrap().code, "rows_trimmed");
     }

@@ -154,6 +154,7 @@ impl Harness {
                 secret_env: Vec::new(),
                 notify: self.sink.get_derived(),
                 collect_env: None,
+                compare: None,
                 exclude: Default::default(),
                 preflight: Vec::new(),
                 placement,

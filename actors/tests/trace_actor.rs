@@ -514,3 +514,96 @@ async fn a_shift_seen_on_block_outputs_is_confirmed_by_their_insides() {
         "{summary}"
     );
 }
+
+#[tokio::test]
+async fn a_worker_that_compares_where_the_files_lie_sends_only_the_report() {
+    let mut h = Harness::new().await;
+    h.investigate(1).await;
+    let a = h.assigned().await;
+    // The worker is told how to compare: the spec's globs and options.
+    let c = a
+        .compare
+        .clone()
+        .expect("a traced rerun asks for a comparison");
+    assert_eq!(
+        (c.reference.as_str(), c.port.as_str()),
+        ("ref/rank*.jsonl", "port/rank*.jsonl")
+    );
+    // It compares the files of its folder (here: a folder of the test's) and
+    // sends back the report alone.
+    let folder = tempfile::tempdir().unwrap();
+    let written = files(&[("blocks.0", 1.0, 1.0), ("blocks.1", 1.0, 1.3)]);
+    let mut names = Vec::new();
+    for f in &written {
+        let p = folder.path().join(&f.path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, &f.data).unwrap();
+        names.push(f.path.clone());
+    }
+    let spec = fvd_trace::FolderSpec {
+        reference: c.reference,
+        port: c.port,
+        rename: c.rename,
+        tol: c.tol,
+        steps: c.steps,
+    };
+    let rep = fvd_trace::compare_folder(folder.path(), &names, &spec).unwrap();
+    h.sched
+        .cast(SchedulerMsg::Finished {
+            worker_id: "w".into(),
+            report: JobReport {
+                job_id: a.job_id.clone(),
+                lease_epoch: a.lease_epoch,
+                exit_code: Some(1),
+                files_error: "collected folder holds 60000000 bytes".into(),
+                trace_report: Some(serde_json::to_string(&rep).unwrap()),
+                collected_bytes: 60_000_000,
+                collected_files: 3,
+                compare_ms: 7,
+                wire_bytes: 2_000,
+                ..JobReport::default()
+            },
+        })
+        .unwrap();
+    let summary = h.answer().await;
+    assert!(
+        summary.starts_with("first divergence: blocks.1 abs_mean drift 0.231 "),
+        "{summary}"
+    );
+    let inv = h.store.latest_trace("p", "c").await.unwrap().unwrap();
+    let t = &inv.steps[0].transport;
+    assert_eq!(
+        (t.compared_on.as_str(), t.files_bytes, t.files, t.wire_bytes),
+        ("worker w", 60_000_000, 3, 2_000)
+    );
+    let diags = &inv.steps[0].report.as_ref().unwrap()["diagnostics"];
+    assert!(
+        diags
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["code"] == "files_on_worker"),
+        "{diags}"
+    );
+
+    // A worker that could not compare says why; that is the step's error.
+    h.investigate(1).await;
+    let a = h.assigned().await;
+    h.sched
+        .cast(SchedulerMsg::Finished {
+            worker_id: "w".into(),
+            report: JobReport {
+                job_id: a.job_id.clone(),
+                lease_epoch: a.lease_epoch,
+                exit_code: Some(1),
+                trace_error: "no port trace file matches \"port/rank*.jsonl\"".into(),
+                ..JobReport::default()
+            },
+        })
+        .unwrap();
+    let summary = h.answer_for_run(2).await;
+    assert_eq!(
+        summary,
+        "trace step 1 failed: no port trace file matches \"port/rank*.jsonl\""
+    );
+}

@@ -259,6 +259,7 @@ async fn run(workers: usize, gpus: u32, jobs: usize) {
                 secret_env: Vec::new(),
                 notify: sink.get_derived(),
                 collect_env: None,
+                compare: None,
                 exclude: Default::default(),
                 preflight: Vec::new(),
                 placement: Placement::default(),

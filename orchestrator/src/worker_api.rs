@@ -146,6 +146,13 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
             collect_env: a.collect_env.unwrap_or_default(),
             preflight: a.preflight,
             preflight_key: a.preflight_key,
+            compare: a.compare.map(|c| pb::TraceCompare {
+                reference: c.reference,
+                port: c.port,
+                rename: c.rename,
+                tol: c.tol,
+                steps: c.steps,
+            }),
         }),
         ToWorker::Cancel {
             job_id,
@@ -192,6 +199,7 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
             data: l.data,
         },
         pb::worker_msg::Msg::JobFinished(f) => {
+            let wire_bytes = prost::Message::encoded_len(&f) as u64;
             let (files, files_error) = checked_files(&worker_id, f.files, f.files_error);
             SchedulerMsg::Finished {
                 worker_id,
@@ -212,6 +220,13 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                     files,
                     files_error,
                     preflight_error: f.preflight_error,
+                    trace_report: (f.trace_error.is_empty() && !f.trace_report.is_empty())
+                        .then_some(f.trace_report),
+                    trace_error: f.trace_error,
+                    collected_bytes: f.collected_bytes,
+                    collected_files: f.collected_files,
+                    compare_ms: f.compare_ms,
+                    wire_bytes,
                 },
             }
         }

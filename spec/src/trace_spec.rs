@@ -126,19 +126,24 @@ impl TryFrom<RawTrace> for TraceSpec {
 }
 
 impl TraceSpec {
+    /// The globs and options of every step's comparison, as the worker that
+    /// ran the step (or the orchestrator, given the files) applies them.
+    pub fn folder_spec(&self) -> fvd_trace::FolderSpec {
+        fvd_trace::FolderSpec {
+            reference: self.reference.clone(),
+            port: self.port.clone(),
+            rename: self.rename.clone(),
+            tol: self.tol.clone(),
+            steps: self.steps.clone(),
+        }
+    }
+
     /// The comparison options of every step. No `layers` filter: each side's
     /// tracer already wrote only the modules of the step's regex.
     pub fn compare_options(&self) -> fvd_trace::CompareOptions {
-        fvd_trace::CompareOptions {
-            rename: self.rename.clone(),
-            tolerances: self.tol.clone(),
-            layers: None,
-            steps: self
-                .steps
-                .as_deref()
-                .map(|s| fvd_trace::parse_steps(s).expect("validated when the spec was parsed")),
-            merge: fvd_trace::MergeOptions::default(),
-        }
+        self.folder_spec()
+            .options()
+            .expect("validated when the spec was parsed")
     }
 }
 

@@ -101,6 +101,14 @@ pub fn render(inv: &TraceInvestigation) -> String {
             "  {}. FASTVIDEO_TRACE_LAYERS={}  (reference {})\n     run {}: {found}",
             st.step, st.layers, st.reference_layers, st.job_id
         );
+        let t = &st.transport;
+        if !t.compared_on.is_empty() {
+            let _ = writeln!(
+                s,
+                "     compared on {} in {} ms: {} bytes in {} file(s), {} bytes on the wire",
+                t.compared_on, t.compare_ms, t.files_bytes, t.files, t.wire_bytes
+            );
+        }
     }
     let last = inv
         .steps

@@ -95,6 +95,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../migrations/0005_traces.sql")),
     (6, include_str!("../migrations/0006_rerun_budget.sql")),
     (7, include_str!("../migrations/0007_runs_counted.sql")),
+    (8, include_str!("../migrations/0008_trace_transport.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -130,6 +130,20 @@ pub struct Assignment {
     pub preflight: Vec<String>,
     /// The port the preflight is run for (its family).
     pub preflight_key: String,
+    /// With `collect_env`: how the worker compares the folder's trace files
+    /// where they lie; the report comes back in [`JobReport::trace_report`].
+    pub compare: Option<TraceCompare>,
+}
+
+/// How a worker compares a traced rerun's files: the two sides' globs in
+/// the collected folder and the comparison options, as the spec writes them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceCompare {
+    pub reference: String,
+    pub port: String,
+    pub rename: Vec<String>,
+    pub tol: Vec<String>,
+    pub steps: Option<String>,
 }
 
 /// Messages the orchestrator sends down a worker's stream.
@@ -166,6 +180,19 @@ pub struct JobReport {
     pub files_error: String,
     /// The port's preflight failed on this worker: the job did not run.
     pub preflight_error: String,
+    /// The worker's comparison of the collected trace files (fvd_trace's
+    /// report JSON), when the assignment asked for one.
+    pub trace_report: Option<String>,
+    /// Why the worker could not compare them; empty otherwise.
+    pub trace_error: String,
+    /// What the collected folder held on the worker: bytes and files.
+    pub collected_bytes: u64,
+    pub collected_files: u32,
+    /// Time the worker spent comparing.
+    pub compare_ms: u64,
+    /// Size of the result message as it came over the wire (0 when it did
+    /// not, as in tests).
+    pub wire_bytes: u64,
 }
 
 /// One file a job left in its collected folder.

@@ -49,6 +49,23 @@ pub struct TraceStep {
     pub report: Option<serde_json::Value>,
     pub started_ms: i64,
     pub finished_ms: Option<i64>,
+    /// How the step's files were compared.
+    #[serde(default)]
+    pub transport: StepTransport,
+}
+
+/// Where a step's files were compared and what crossed the wire.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepTransport {
+    /// `worker W` (compared where the files lie) or `orchestrator` (the
+    /// worker sent the files); empty before the step finished.
+    pub compared_on: String,
+    /// What the worker's collected folder held.
+    pub files_bytes: u64,
+    pub files: u32,
+    /// Size of the traced rerun's result message on the wire.
+    pub wire_bytes: u64,
+    pub compare_ms: u64,
 }
 
 impl Store {
@@ -136,6 +153,26 @@ impl Store {
         Ok(())
     }
 
+    /// Records how step `step` of `investigation` was compared.
+    pub async fn set_trace_step_transport(
+        &self,
+        investigation: i64,
+        step: u32,
+        t: &StepTransport,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE trace_steps SET compared_on = ?, files_bytes = ?, files = ?, wire_bytes = ?, compare_ms = ? WHERE investigation = ? AND step = ?")
+            .bind(&t.compared_on)
+            .bind(t.files_bytes as i64)
+            .bind(t.files as i64)
+            .bind(t.wire_bytes as i64)
+            .bind(t.compare_ms as i64)
+            .bind(investigation)
+            .bind(step as i64)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
     /// Closes an investigation with its outcome and one-line summary.
     pub async fn finish_trace(
         &self,
@@ -196,6 +233,13 @@ impl Store {
                     report,
                     started_ms: s.get("started_ms"),
                     finished_ms: s.get("finished_ms"),
+                    transport: StepTransport {
+                        compared_on: s.get("compared_on"),
+                        files_bytes: s.get::<i64, _>("files_bytes") as u64,
+                        files: s.get::<i64, _>("files") as u32,
+                        wire_bytes: s.get::<i64, _>("wire_bytes") as u64,
+                        compare_ms: s.get::<i64, _>("compare_ms") as u64,
+                    },
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;

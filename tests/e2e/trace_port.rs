@@ -236,18 +236,55 @@ fn a_remote_worker_sends_the_trace_files_over_its_stream() {
     );
 }
 
-#[test]
-fn an_oversized_trace_folder_ends_the_investigation_with_its_size() {
-    let sb = Sandbox::new();
-    // A red test that, when traced, writes more than a job may send back.
-    let body = "d = os.environ.get('FVD_TRACE_DIR')\nif d:\n    with open(os.path.join(d, 'port_rank0.jsonl'), 'wb') as f:\n        f.write(b'x' * (4 * 1024 * 1024))\nassert 1 == 2, 'red on purpose'";
-    sb.port("big", &[TestComponent::new("c", body)]);
+/// The body of a red parity test that, when traced, writes `ranks` port
+/// rank files and one reference file of `blocks` blocks × 8 modules each
+/// (about 170 bytes a record; every port rank holds the same replicated
+/// stats), with a planted divergence in block `bad`'s fourth module.
+fn big_trace_body(ranks: u32, blocks: u32, bad: u32) -> String {
+    format!(
+        r#"d = os.environ.get('FVD_TRACE_DIR')
+if d:
+    rec = '{{{{"module": "blocks.{{}}.m{{}}", "tensor": "out", "step": 0, "abs_mean": {{}}, "max": {{}}, "shape": [1, 256, 1024], "rank": {{}}, "world_size": {{}}}}}}\n'
+    def side(rank, world, port):
+        out = []
+        for b in range({blocks}):
+            for m in range(8):
+                a = 1.0 + (b % 97) * 0.01 + m * 0.001
+                if port and b == {bad} and m == 3:
+                    a *= 1.5
+                out.append(rec.format(b, m, a, 3.0 * a, rank, world))
+        return ''.join(out)
+    with open(os.path.join(d, 'reference_rank0.jsonl'), 'w') as f:
+        f.write(side(0, 1, False))
+    for r in range({ranks}):
+        with open(os.path.join(d, 'port_rank%d.jsonl' % r), 'w') as f:
+            f.write(side(r, {ranks}, True))
+assert 1 == 2, 'red on purpose'"#
+    )
+}
+
+/// A port `big` of one component `c` whose traced rerun writes
+/// [`big_trace_body`]'s files, traced at most `depth` times.
+fn big_port(sb: &Sandbox, ranks: u32, blocks: u32, bad: u32, depth: u32) {
+    sb.port(
+        "big",
+        &[TestComponent::new("c", &big_trace_body(ranks, blocks, bad))],
+    );
     let spec = sb.repo().join("tests/local_tests/big/port.toml");
     let mut text_ = std::fs::read_to_string(&spec).unwrap();
-    text_.push_str(
-        "\n[component.trace]\nlayers = '^blocks\\.\\d+$'\nreference = \"reference_rank*.jsonl\"\nport = \"port_rank*.jsonl\"\n",
-    );
+    text_.push_str(&format!(
+        "\n[component.trace]\nlayers = '^blocks\\.\\d+\\.m\\d+$'\nreference = \"reference_rank*.jsonl\"\nport = \"port_rank*.jsonl\"\ndepth = {depth}\n"
+    ));
     std::fs::write(&spec, text_).unwrap();
+}
+
+#[test]
+fn a_trace_over_the_message_limit_is_compared_on_the_worker() {
+    // 4 MiB and more of rank files: once more than a job may send back, so
+    // the step failed; the embedded worker now compares them where they
+    // lie and sends the report.
+    let sb = Sandbox::new();
+    big_port(&sb, 2, 3000, 2500, 1);
     let out = fvd()
         .args(["submit", "--family", "big", "--wait", "--repo"])
         .arg(sb.repo())
@@ -255,12 +292,10 @@ fn an_oversized_trace_folder_ends_the_investigation_with_its_size() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let status = sb.local_status("big").unwrap();
-    let (st, reason, _) = row(&status, "c");
-    assert_eq!(st, "blocked");
+    let (st, reason, runs) = row(&status, "c");
+    assert_eq!((st.as_str(), runs), ("blocked", 1), "{reason}");
     assert!(
-        reason.starts_with(
-            "debug_red: trace step 1 failed: no trace files came back: collected folder "
-        ),
+        reason.starts_with("debug_red: first divergence: blocks.2500.m3 abs_mean drift 0.333 "),
         "{reason}"
     );
     let inv = fvd()
@@ -269,11 +304,86 @@ fn an_oversized_trace_folder_ends_the_investigation_with_its_size() {
         .output()
         .unwrap();
     let inv: serde_json::Value = serde_json::from_slice(&inv.stdout).unwrap();
-    assert_eq!(inv["outcome"], "error");
-    let err = inv["steps"][0]["error"].as_str().unwrap();
+    assert_eq!(inv["outcome"], "depth", "{inv:#}");
+    let step = &inv["steps"][0];
+    let t = &step["transport"];
     assert!(
-        err.contains("holds 4194304 bytes in 1 files, over the 3145728 byte limit"),
-        "{err}"
+        t["compared_on"].as_str().unwrap().starts_with("worker "),
+        "{t}"
     );
-    assert_eq!(inv["steps"][0]["report"], serde_json::Value::Null);
+    assert_eq!(t["files"], 3, "{t}");
+    let bytes = t["files_bytes"].as_u64().unwrap();
+    assert!(bytes > 3 * 1024 * 1024, "{t}");
+    assert!(t["wire_bytes"].as_u64().unwrap() < 1024 * 1024, "{t}");
+    // The report says the files stayed where they were written.
+    let diags = step["report"]["diagnostics"].as_array().unwrap();
+    assert!(
+        diags.iter().any(|d| d["code"] == "files_on_worker"),
+        "{diags:?}"
+    );
+    let kept = sb.repo().join(".fvd/trace/big/c/2");
+    let left: Vec<_> = std::fs::read_dir(&kept)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn fifty_megabytes_of_rank_files_stay_on_a_fleet_worker() {
+    // A separate `fvd worker` process with its own workspace: the
+    // orchestrator never reads that folder, and the 8 rank files (≥ 50 MB
+    // with the reference) never cross the wire; the report does.
+    let mut sb = Sandbox::new();
+    big_port(&sb, 8, 4900, 4000, 1);
+    let url = sb.serve();
+    sb.worker("w1", 1);
+    let started = std::time::Instant::now();
+    let out = sb.submit_remote("big", &["--wait"]);
+    let wall = started.elapsed();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let status = sb.remote_status("big").unwrap();
+    let (st, reason, _) = row(&status, "c");
+    assert_eq!(st, "blocked");
+    assert!(
+        reason.starts_with("debug_red: first divergence: blocks.4000.m3 abs_mean drift 0.333 "),
+        "{reason}"
+    );
+    let out = fvd()
+        .args([
+            "trace",
+            "show",
+            "big",
+            "c",
+            "--json",
+            "--orchestrator",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let inv: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let step = &inv["steps"][0];
+    let t = &step["transport"];
+    assert_eq!(t["compared_on"], "worker w1", "{t}");
+    assert_eq!(t["files"], 9, "{t}");
+    let files_bytes = t["files_bytes"].as_u64().unwrap();
+    let wire = t["wire_bytes"].as_u64().unwrap();
+    assert!(files_bytes >= 50 * 1024 * 1024, "{t}");
+    assert!(wire < 1024 * 1024, "{t}");
+    let ms = step["finished_ms"].as_i64().unwrap() - step["started_ms"].as_i64().unwrap();
+    eprintln!(
+        "traced rerun on w1: {files_bytes} bytes in 9 rank files compared on the worker in {} ms; {wire} bytes on the wire; step {ms} ms (test, compare, result); port {:.1} s",
+        t["compare_ms"],
+        wall.as_secs_f64()
+    );
+    // Nothing of the files at the orchestrator, nothing left on the worker.
+    let run = sb.repo().join("trace/big/c/2");
+    let left: Vec<_> = std::fs::read_dir(&run)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    let jobs: Vec<_> = std::fs::read_dir(sb.repo().join("ws-w1/jobs"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(jobs.is_empty(), "{jobs:?}");
 }

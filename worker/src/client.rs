@@ -621,21 +621,7 @@ async fn run_assigned(
         }
     }
     if let Some(dir) = &collect_dir {
-        let dir = dir.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            crate::collect::collect(&dir, crate::collect::MAX_COLLECT_BYTES, &secrets)
-        })
-        .await;
-        match read {
-            Ok(Ok(files)) => {
-                finished.files = files
-                    .into_iter()
-                    .map(|(path, data)| pb::CollectedFile { path, data })
-                    .collect()
-            }
-            Ok(Err(e)) => finished.files_error = e.to_string(),
-            Err(e) => finished.files_error = format!("collecting files failed: {e}"),
-        }
+        collect_and_compare(&mut finished, dir, a.compare, secrets).await;
     }
     if a.collect_junit || collect_dir.is_some() {
         // The scratch folder only held the plugin, the report and the
@@ -643,6 +629,62 @@ async fn run_assigned(
         let _ = tokio::fs::remove_dir_all(&scratch).await;
     }
     finished
+}
+
+/// The collected folder into the result: its size, the comparison of its
+/// trace files when the assignment asks for one (run here, where the files
+/// lie, so a trace of any size sends back only its report), and its files
+/// when they fit beside that report.
+async fn collect_and_compare(
+    finished: &mut pb::JobFinished,
+    dir: &std::path::Path,
+    compare: Option<pb::TraceCompare>,
+    secrets: Vec<(Vec<u8>, Vec<u8>)>,
+) {
+    let secrets = std::sync::Arc::new(secrets);
+    let at = dir.to_path_buf();
+    if let Ok(Ok((bytes, files))) =
+        tokio::task::spawn_blocking(move || crate::collect::size(&at)).await
+    {
+        finished.collected_bytes = bytes;
+        finished.collected_files = files as u32;
+    }
+    let mut budget = crate::collect::MAX_COLLECT_BYTES;
+    if let Some(c) = compare {
+        let spec = fvd_trace::FolderSpec {
+            reference: c.reference,
+            port: c.port,
+            rename: c.rename,
+            tol: c.tol,
+            steps: c.steps,
+        };
+        let (at, s) = (dir.to_path_buf(), secrets.clone());
+        let started = std::time::Instant::now();
+        let compared =
+            tokio::task::spawn_blocking(move || crate::collect::compare(&at, &spec, &s)).await;
+        finished.compare_ms = started.elapsed().as_millis() as u64;
+        match compared {
+            Ok(Ok(json)) => {
+                budget = budget.saturating_sub(json.len() as u64);
+                finished.trace_report = json;
+            }
+            Ok(Err(e)) => finished.trace_error = e,
+            Err(e) => finished.trace_error = format!("comparing the trace files failed: {e}"),
+        }
+    }
+    let dir = dir.to_path_buf();
+    let read =
+        tokio::task::spawn_blocking(move || crate::collect::collect(&dir, budget, &secrets)).await;
+    match read {
+        Ok(Ok(files)) => {
+            finished.files = files
+                .into_iter()
+                .map(|(path, data)| pb::CollectedFile { path, data })
+                .collect()
+        }
+        Ok(Err(e)) => finished.files_error = e.to_string(),
+        Err(e) => finished.files_error = format!("collecting files failed: {e}"),
+    }
 }
 
 /// The UUIDs of the leased host GPUs, comma-separated (span attribute).

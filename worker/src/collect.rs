@@ -4,7 +4,10 @@
 //!
 //! The total is bounded so that a report always fits one gRPC message; over
 //! the bound nothing is sent and the error says how much there was, rather
-//! than a truncated set that would compare as a different trace.
+//! than a truncated set that would compare as a different trace. A traced
+//! rerun is therefore compared here, where its files lie ([`compare`]): its
+//! report comes back whatever the size of the trace, and its files too
+//! when they fit.
 
 use std::path::{Path, PathBuf};
 
@@ -64,6 +67,38 @@ pub fn collect(
             ))
         })
         .collect()
+}
+
+/// Most bytes of the comparison report a traced rerun sends back: past
+/// this, only the rows around the first divergence (the report's own
+/// `rows_trimmed` diagnostic says so). Leaves the files of a small trace
+/// room under [`MAX_COLLECT_BYTES`].
+pub const MAX_REPORT_BYTES: usize = 1024 * 1024;
+
+/// What a collected folder holds: bytes and regular files (links not
+/// followed). A missing folder holds nothing.
+pub fn size(dir: &Path) -> Result<(u64, usize), CollectError> {
+    let listed = list(dir)?;
+    Ok((listed.iter().map(|l| l.len).sum(), listed.len()))
+}
+
+/// Compares the trace files of `dir` where they lie (the regular files its
+/// listing finds, links not followed, picked by `spec`'s globs) and returns
+/// the report as JSON of at most about [`MAX_REPORT_BYTES`], redacted with
+/// `secrets` like every byte that leaves the worker. The error is redacted
+/// too: it may quote a malformed line.
+pub fn compare(
+    dir: &Path,
+    spec: &fvd_trace::FolderSpec,
+    secrets: &[(Vec<u8>, Vec<u8>)],
+) -> Result<String, String> {
+    let redacted = |text: String| {
+        String::from_utf8_lossy(&crate::exec::redact_bytes(text.as_bytes(), secrets)).into_owned()
+    };
+    let listed = list(dir).map_err(|e| redacted(e.to_string()))?;
+    let written: Vec<String> = listed.into_iter().map(|l| l.rel).collect();
+    let report = fvd_trace::compare_folder(dir, &written, spec).map_err(redacted)?;
+    Ok(redacted(fvd_trace::trimmed_json(&report, MAX_REPORT_BYTES)))
 }
 
 /// A regular file as the walk saw it: what is read later must be the same
@@ -239,6 +274,60 @@ mod tests {
         std::fs::write(&at, "abc").unwrap();
         let err = read(dir.path(), &listed[0]).unwrap_err().to_string();
         assert!(err.contains("it grew after it was listed"), "{err}");
+    }
+
+    #[test]
+    fn a_folder_is_compared_where_it_lies_and_its_report_redacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = |m: &str, a: f64| {
+            format!(
+                "{{\"module\": \"{m}\", \"tensor\": \"out\", \"step\": 0, \"abs_mean\": {a}, \"shape\": [2], \"rank\": 0, \"world_size\": 1}}\n"
+            )
+        };
+        std::fs::write(
+            dir.path().join("reference_rank0.jsonl"),
+            rec("s3cretvalue.0", 1.0) + &rec("s3cretvalue.1", 1.0),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("port_rank0.jsonl"),
+            rec("s3cretvalue.0", 1.0) + &rec("s3cretvalue.1", 2.0),
+        )
+        .unwrap();
+        // A link is not a trace file of the folder, whatever its name.
+        std::os::unix::fs::symlink(
+            dir.path().join("port_rank0.jsonl"),
+            dir.path().join("port_rank1.jsonl"),
+        )
+        .unwrap();
+        let secrets = vec![(b"s3cretvalue".to_vec(), b"[redacted:K]".to_vec())];
+        let spec = fvd_trace::FolderSpec {
+            reference: "reference_rank*.jsonl".into(),
+            port: "port_rank*.jsonl".into(),
+            ..Default::default()
+        };
+        let json = compare(dir.path(), &spec, &secrets).unwrap();
+        assert!(!json.contains("s3cretvalue"), "{json}");
+        let rep: fvd_trace::Report = serde_json::from_str(&json).unwrap();
+        assert_eq!(rep.first_divergence.unwrap().port_module, "[redacted:K].1");
+        assert_eq!(size(dir.path()).unwrap(), (json_len(dir.path()), 2));
+
+        std::fs::write(
+            dir.path().join("port_rank0.jsonl"),
+            "s3cretvalue is no json\n",
+        )
+        .unwrap();
+        let err = compare(dir.path(), &spec, &secrets).unwrap_err();
+        assert!(err.contains("malformed"), "{err}");
+        assert!(!err.contains("s3cretvalue"), "{err}");
+    }
+
+    /// Bytes of the folder's two regular files.
+    fn json_len(dir: &Path) -> u64 {
+        ["reference_rank0.jsonl", "port_rank0.jsonl"]
+            .iter()
+            .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
+            .sum()
     }
 
     #[test]
