@@ -60,6 +60,8 @@ pub struct ComponentArgs {
     pub events: broadcast::Sender<PortEvent>,
     /// The port's trace actor, when some component has `[component.trace]`.
     pub trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
+    /// The port's variant actor, when some component has variants.
+    pub variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
 }
 
 #[derive(Debug)]
@@ -75,6 +77,14 @@ pub enum ComponentMsg {
         report: JobReport,
         worker_id: String,
         summary: String,
+    },
+    /// The variant actor's answer to a red run handed to it: the run, back,
+    /// and the note of its variant table (what passes or moves the first
+    /// divergence).
+    Varied {
+        report: JobReport,
+        worker_id: String,
+        note: String,
     },
 }
 
@@ -111,6 +121,8 @@ pub struct ComponentState {
     agent: Option<AgentLoop>,
     /// The last run drilled down by the trace actor and its summary.
     traced: Option<(String, String)>,
+    /// The last run whose variants ran, and its table's note.
+    varied: Option<(String, String)>,
     /// Workers whose environment failed this component's runs, with the
     /// cause: its next runs go elsewhere (or wait for a fixed worker).
     exclude: BTreeMap<String, String>,
@@ -158,6 +170,7 @@ impl Actor for ComponentSubagentActor {
             last_verdict: None,
             agent: None,
             traced: None,
+            varied: None,
             exclude: BTreeMap::new(),
             waiting_env: false,
         })
@@ -213,6 +226,14 @@ impl Actor for ComponentSubagentActor {
                 summary,
             } => {
                 st.traced = Some((report.job_id.clone(), summary));
+                myself.cast(ComponentMsg::Job(JobEvent::Finished { report, worker_id }))?;
+            }
+            ComponentMsg::Varied {
+                report,
+                worker_id,
+                note,
+            } => {
+                st.varied = Some((report.job_id.clone(), note));
                 myself.cast(ComponentMsg::Job(JobEvent::Finished { report, worker_id }))?;
             }
         }
@@ -319,6 +340,18 @@ async fn job_event(
             ) {
                 return Ok(());
             }
+            // Then its hypothesis variants, all at once; `Varied` brings it back.
+            if crate::variant_actor::hand_over(
+                &st.args,
+                st.varied.as_ref(),
+                &v,
+                &report,
+                &worker_id,
+                &myself,
+                &st.span,
+            ) {
+                return Ok(());
+            }
             let result = JobResult {
                 verdict: v.status().as_str().to_string(),
                 reason: v.reason(),
@@ -402,7 +435,11 @@ async fn job_event(
             let reason = if v.is_pass() {
                 result.reason.clone()
             } else {
-                let note = crate::trace_actor::note(st.traced.as_ref(), &report.job_id);
+                let note = format!(
+                    "{}{}",
+                    crate::variant_actor::note(st.varied.as_ref(), &report.job_id),
+                    crate::trace_actor::note(st.traced.as_ref(), &report.job_id)
+                );
                 classed(&result.verdict, &format!("{note}{}", result.reason))
             };
             finish(st, status, &result.verdict, &reason, &worker_id).await?;
@@ -890,6 +927,10 @@ async fn agent_attempt(
         .store
         .latest_trace_summary(&family, &spec.name)
         .await?;
+    // The variant table of exactly this red run, when it had one.
+    let table = st.args.store.variant_table(&family, &spec.name).await?;
+    let variants = (table.first().is_some_and(|r| r.red_job_id == job_id))
+        .then(|| crate::variant_actor::table_text(&table));
     let lp = st.agent.as_ref().expect("agent components have a loop");
     let dir = lp.dir.join(format!("attempt-{attempt}"));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -920,6 +961,7 @@ async fn agent_attempt(
         answers: &answers,
         next_escape_id: &next_escape,
         trace: trace.as_deref(),
+        variants: variants.as_deref(),
     });
     std::fs::write(&prompt_file, text)
         .map_err(|e| format!("cannot write {}: {e}", prompt_file.display()))?;

@@ -77,6 +77,8 @@ pub struct GateState {
     phase_span: Option<(String, Span)>,
     /// The port's trace actor, when some component has `[component.trace]`.
     trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
+    /// The port's variant actor, when some component has variants.
+    variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
 }
 
 /// Port states as stored. `waiting` means fvd finished what it drives and
@@ -121,6 +123,7 @@ impl Actor for GateActor {
             span,
             phase_span: None,
             trace: None,
+            variants: None,
         })
     }
 
@@ -223,6 +226,23 @@ impl Actor for GateActor {
                 &a.events,
             );
             st.trace = Some(t.await?);
+        }
+        if st
+            .args
+            .spec
+            .components
+            .iter()
+            .any(|c| !c.variants.is_empty())
+        {
+            let a = &st.args;
+            let v = crate::variant_actor::spawn_for_port(
+                &myself,
+                &a.family,
+                &a.store,
+                &a.scheduler,
+                &a.events,
+            );
+            st.variants = Some(v.await?);
         }
         for c in st.args.spec.components.clone() {
             spawn_component(&myself, st, &c).await?;
@@ -386,6 +406,7 @@ async fn spawn_component(
         gate: myself.clone(),
         events: st.args.events.clone(),
         trace: st.trace.clone(),
+        variants: st.variants.clone(),
     };
     Actor::spawn_linked(
         Some(actor_name(&st.args.family, &c.name)),

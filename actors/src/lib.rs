@@ -10,6 +10,8 @@
 //!   queued a job.
 //! * [`trace_actor::TraceActor`]: one per port; drills a red component
 //!   down with traced reruns to its first divergent module.
+//! * [`variant_actor::VariantActor`]: one per port; runs a red component's
+//!   test under each of its hypothesis variants at once and tables them.
 //! * [`run_verdict`]: the verdict of a finished job (or that its
 //!   environment failed it); [`port_status`]: the port's `PORT_STATUS.md`
 //!   from the store, through the contracts' co-author.
@@ -26,3 +28,4 @@ pub mod port_status;
 pub mod run_verdict;
 pub mod scheduler;
 pub mod trace_actor;
+pub mod variant_actor;

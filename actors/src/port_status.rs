@@ -12,6 +12,7 @@
 //! writes nothing; a missing file is created only when there is evidence
 //! to record.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use fvd_contracts::coauthor::{self, ComponentInput, Input, Run};
@@ -124,6 +125,17 @@ pub async fn plan(
         runs.push(store.jobs_of(family, &c.name).await?);
     }
     let escapes = store.escapes(family).await?;
+    // Each component's variant table, when it belongs to its final run.
+    let tables = store.variant_tables(family).await?;
+    let mut variants = BTreeMap::new();
+    for (c, jobs) in components.iter().zip(&runs) {
+        let last = jobs.iter().rev().find(|j| j.state == "finished");
+        if let (Some(last), Some(t)) = (last, tables.get(&c.name))
+            && t.first().is_some_and(|r| r.red_job_id == last.job_id)
+        {
+            variants.insert(c.name.clone(), crate::variant_actor::evidence_text(t));
+        }
+    }
     let path = file_path(repo, spec)?;
     let before = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
@@ -137,6 +149,7 @@ pub async fn plan(
         &components,
         &runs,
         &escapes,
+        &variants,
         &today(),
     ) {
         Next::Text(t) => (Some(t), None),
@@ -266,6 +279,7 @@ pub fn component_input(
             reason,
             run_no: last.map_or(c.runs, |j| j.run_no),
             worker: c.worker_id.clone(),
+            variants: String::new(),
         }
     });
     ComponentInput {
@@ -313,6 +327,7 @@ pub fn next_text(
     components: &[ComponentRow],
     runs: &[Vec<JobRecord>],
     escapes: &[EscapeRow],
+    variants: &BTreeMap<String, String>,
     date: &str,
 ) -> Next {
     // A gate refusal before any component ran says nothing about the code.
@@ -327,7 +342,11 @@ pub fn next_text(
             .map(|s| {
                 let k = components.iter().position(|c| c.name == s.name);
                 let jobs = k.and_then(|k| runs.get(k)).map_or(&[][..], Vec::as_slice);
-                component_input(&port.family, s, k.map(|k| &components[k]), jobs)
+                let mut input = component_input(&port.family, s, k.map(|k| &components[k]), jobs);
+                if let (Some(run), Some(v)) = (input.run.as_mut(), variants.get(&s.name)) {
+                    run.variants = v.clone();
+                }
+                input
             })
             .collect(),
         escapes: escapes.iter().map(escape_row).collect(),
@@ -511,7 +530,7 @@ set_env = { PYTHONPATH = "{repo}" }
 
     fn next(existing: Option<&str>, port: &PortRow, r: &[(&str, &str, &str, &str)]) -> Next {
         let (c, j) = rows(r);
-        next_text(existing, port, &spec(), &c, &j, &[], DATE)
+        next_text(existing, port, &spec(), &c, &j, &[], &BTreeMap::new(), DATE)
     }
 
     fn text(n: Next) -> String {
@@ -687,6 +706,7 @@ set_env = { PYTHONPATH = "{repo}" }
             &c,
             &j,
             std::slice::from_ref(&e),
+            &BTreeMap::new(),
             DATE,
         ) {
             Next::Text(t) => t,
@@ -704,6 +724,7 @@ set_env = { PYTHONPATH = "{repo}" }
             &c,
             &j,
             &[e],
+            &BTreeMap::new(),
             DATE,
         ) {
             Next::Text(t) => t,

@@ -577,20 +577,10 @@ async fn enqueue(
         ("FVD_COMPONENT", spec.name.clone()),
         ("FVD_RUN", record.run_no.to_string()),
         ("FVD_TRACE_STEP", inq.step.to_string()),
-        ("FASTVIDEO_TRACE_ACTIVATIONS", "1".to_string()),
-        ("FASTVIDEO_TRACE_LAYERS", layers.clone()),
-        ("FASTVIDEO_TRACE_STATS", t.stats.clone()),
-        (
-            "FASTVIDEO_TRACE_OUTPUT",
-            t.output.replace("{dir}", "{collect_dir}"),
-        ),
-        (REFERENCE_LAYERS_ENV, inq.reference_layers.clone()),
     ] {
         env.insert(k.to_string(), v);
     }
-    if let Some(steps) = &t.steps {
-        env.insert("FASTVIDEO_TRACE_STEPS".to_string(), steps.clone());
-    }
+    env.extend(traced_env(t, &layers, &inq.reference_layers));
     let span = tracing::info_span!(
         parent: &inq.span,
         "attempt",
@@ -619,6 +609,32 @@ async fn enqueue(
         })))
         .map_err(|e| format!("scheduler is down: {e}"))?;
     Ok(job_id)
+}
+
+/// The variables of a run traced with port-side regex `layers` and
+/// reference-side `reference_layers`: what the test's tracers read.
+pub fn traced_env(
+    t: &TraceSpec,
+    layers: &str,
+    reference_layers: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let mut env: std::collections::BTreeMap<String, String> = [
+        ("FASTVIDEO_TRACE_ACTIVATIONS", "1".to_string()),
+        ("FASTVIDEO_TRACE_LAYERS", layers.to_string()),
+        ("FASTVIDEO_TRACE_STATS", t.stats.clone()),
+        (
+            "FASTVIDEO_TRACE_OUTPUT",
+            t.output.replace("{dir}", "{collect_dir}"),
+        ),
+        (REFERENCE_LAYERS_ENV, reference_layers.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    if let Some(steps) = &t.steps {
+        env.insert("FASTVIDEO_TRACE_STEPS".to_string(), steps.clone());
+    }
+    env
 }
 
 /// How the worker that runs a traced rerun compares its files, where they

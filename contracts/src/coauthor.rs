@@ -133,6 +133,9 @@ pub struct Run {
     pub run_no: u32,
     /// The worker it ran on; empty when unknown.
     pub worker: String,
+    /// The run's hypothesis variants in one line (`eps_fix passes, fp32
+    /// same`); empty when it had none.
+    pub variants: String,
 }
 
 /// A spec component and what fvd recorded for it.
@@ -281,6 +284,7 @@ pub fn one_line(s: &str) -> String {
 const MARK: &str = "[fvd ";
 const REGRESSED: &str = "`debug_red` (regression; recorded ";
 const COMMAND_TAG: &str = "; command `";
+const VARIANTS_TAG: &str = "; variants: ";
 const MOVED_BACK: &str = "moved back from phase: ";
 const SUPERSEDED: &str = "the final handoff above is superseded";
 
@@ -317,6 +321,10 @@ fn parse_segment(cell: &str) -> Option<Segment> {
     let s = &cell[segment_start(cell)?..];
     let body = segment_key(s).trim_end().strip_suffix(']')?;
     let body = match body.rfind(COMMAND_TAG) {
+        Some(i) => &body[..i],
+        None => body,
+    };
+    let body = match body.rfind(VARIANTS_TAG) {
         Some(i) => &body[..i],
         None => body,
     };
@@ -669,6 +677,9 @@ impl<'a> Patcher<'a> {
         }
         if !reason.is_empty() {
             s.push_str(&format!(" — {reason}"));
+        }
+        if !run.variants.is_empty() {
+            s.push_str(&format!("{VARIANTS_TAG}{}", one_line(&run.variants)));
         }
         if let Some(cmd) = command {
             s.push_str(&format!(

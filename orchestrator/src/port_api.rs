@@ -10,6 +10,7 @@ use fvd_actors::orchestrator::{AnswerChoice, OrchestratorMsg, PortError, Submiss
 use crate::query::{self, QueryError};
 use fvd_proto::v1 as pb;
 use fvd_store::model::{ComponentRow, GateEventRow, PortEvent};
+use fvd_store::variants::VariantRow;
 use fvd_store::{AttemptRow, EscapeRow, Store, StoreError};
 use ractor::ActorRef;
 use tokio::sync::{broadcast, mpsc};
@@ -80,6 +81,25 @@ pub(crate) fn component_wire(c: ComponentRow) -> pb::ComponentSnapshot {
         reason: c.reason,
         runs: c.runs,
         worker_id: c.worker_id,
+        variants: Vec::new(),
+    }
+}
+
+pub(crate) fn variant_wire(r: VariantRow) -> pb::VariantRow {
+    pb::VariantRow {
+        name: r.name,
+        env: r.env,
+        state: r.state,
+        verdict: r.verdict,
+        reason: r.reason,
+        first_divergence: r.first_divergence,
+        stat: r.stat,
+        drift: r.drift,
+        finding: r.finding,
+        trace_error: r.trace_error,
+        job_id: r.job_id,
+        spawned_ms: r.spawned_ms.unwrap_or(0),
+        finished_ms: r.job_finished_ms.or(r.finished_ms).unwrap_or(0),
     }
 }
 

@@ -13,7 +13,7 @@ use fvd_store::traces::TraceInvestigation;
 use fvd_store::{AttemptRow, Store, StoreError};
 use tokio::sync::mpsc;
 
-use crate::port_api::{component_wire, escape_wire, gate_wire};
+use crate::port_api::{component_wire, escape_wire, gate_wire, variant_wire};
 
 /// How often a followed log looks for new output.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
@@ -74,12 +74,21 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     let components = store.components(family).await?;
     let gate = store.gate_events(family).await?;
     let escapes = store.escapes(family).await?;
+    let mut tables = store.variant_tables(family).await?;
     Ok(Some(pb::PortSnapshot {
         escapes: escapes.into_iter().map(escape_wire).collect(),
         family: port.family,
         state: port.state,
         phase: port.phase,
-        components: components.into_iter().map(component_wire).collect(),
+        components: components
+            .into_iter()
+            .map(|c| {
+                let rows = tables.remove(&c.name).unwrap_or_default();
+                let mut w = component_wire(c);
+                w.variants = rows.into_iter().map(variant_wire).collect();
+                w
+            })
+            .collect(),
         gate_events: gate.into_iter().map(gate_wire).collect(),
         repo: port.repo,
         port_status_path: port.port_status_path,

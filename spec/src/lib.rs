@@ -127,7 +127,32 @@ pub struct ComponentSpec {
     pub confirm_runs: u32,
     /// `[component.trace]`: drill down with activation traces when red.
     pub trace: Option<crate::trace_spec::TraceSpec>,
+    /// `[[component.variant]]`: hypotheses about a red run's cause, each an
+    /// environment override the test runs under once more, all at once.
+    pub variants: Vec<VariantSpec>,
 }
+
+/// One `[[component.variant]]`: a named hypothesis, as environment
+/// overrides of the component's runs (`FASTVIDEO_DTYPE = "fp32"`, an
+/// attention backend, TF32 off, deterministic kernels).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VariantSpec {
+    /// An identifier, not `baseline` (the name of the red run's own row).
+    pub name: String,
+    /// Literal, non-secret values, over the component's `set_env`; `{repo}`
+    /// stands for the checkout as in `set_env`.
+    pub env: BTreeMap<String, String>,
+}
+
+impl VariantSpec {
+    /// `KEY=VALUE` words, in name order: how tables and reasons show it.
+    pub fn env_words(&self) -> Vec<String> {
+        self.env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+}
+
+/// Most variants a component may declare: each is a run of its test.
+pub const MAX_VARIANTS: usize = 16;
 
 /// The `[agent]` table: how to run the coding agent of a component.
 #[derive(Debug, Clone, PartialEq)]
@@ -302,6 +327,16 @@ struct RawComponent {
     confirm_runs: Option<u32>,
     /// Validated while deserializing, so its errors carry line and column.
     trace: Option<crate::trace_spec::TraceSpec>,
+    #[serde(default, rename = "variant")]
+    variants: Vec<Spanned<RawVariant>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVariant {
+    /// An identifier, checked as it is read.
+    name: Spanned<VariantName>,
+    env: BTreeMap<String, String>,
 }
 
 /// A component name: an identifier like the family's. Names become folder
@@ -327,6 +362,25 @@ fn component_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::E
             fvd_paths::shown(&name),
             fvd_paths::MAX_IDENTIFIER_LEN
         )))
+    }
+}
+
+/// A variant name: an identifier too (it names job rows and table rows).
+#[derive(Debug)]
+struct VariantName(String);
+
+impl<'de> Deserialize<'de> for VariantName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        if fvd_paths::is_identifier(&name) {
+            Ok(VariantName(name))
+        } else {
+            Err(serde::de::Error::custom(format!(
+                "variant name {} is not an identifier: 1 to {} lowercase ascii letters, digits and _",
+                fvd_paths::shown(&name),
+                fvd_paths::MAX_IDENTIFIER_LEN
+            )))
+        }
     }
 }
 
@@ -539,6 +593,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 "component {name}: confirm_runs must be at least 1"
             )));
         }
+        let variants = variants(&name, c.variants, &env, text, &|m| invalid(m))?;
         components.push(ComponentSpec {
             name,
             component_type: c.component_type.into_inner(),
@@ -560,6 +615,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             },
             confirm_runs,
             trace: c.trace,
+            variants,
         });
     }
     if components.is_empty() {
@@ -572,6 +628,59 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         prep_lines,
         components,
     })
+}
+
+/// The component's variants, checked: unique identifiers other than
+/// `baseline`, at most [`MAX_VARIANTS`], each overriding at least one
+/// variable, by name, and none passed through by `env`.
+fn variants(
+    component: &str,
+    raw: Vec<Spanned<RawVariant>>,
+    passed: &[String],
+    text: &str,
+    invalid: &dyn Fn(String) -> SpecError,
+) -> Result<Vec<VariantSpec>, SpecError> {
+    if raw.len() > MAX_VARIANTS {
+        return Err(invalid(format!(
+            "component {component}: {} variants, more than {MAX_VARIANTS} (each is a run of the test)",
+            raw.len()
+        )));
+    }
+    let mut out: Vec<VariantSpec> = Vec::with_capacity(raw.len());
+    for v in raw {
+        let line = line_col(text, v.span().start).0;
+        let v = v.into_inner();
+        let name = v.name.into_inner().0;
+        let at = |m: String| {
+            invalid(format!(
+                "component {component}: variant {name} (line {line}): {m}"
+            ))
+        };
+        if name == "baseline" {
+            return Err(at(
+                "`baseline` names the red run's own row; pick another name".into(),
+            ));
+        }
+        if out.iter().any(|o| o.name == name) {
+            return Err(at("listed twice".into()));
+        }
+        if v.env.is_empty() {
+            return Err(at("env overrides no variable".into()));
+        }
+        if let Some(k) = v.env.keys().find(|k| !is_env_name(k)) {
+            return Err(at(format!(
+                "env: {} is not a variable name",
+                fvd_paths::shown(k)
+            )));
+        }
+        if let Some(k) = v.env.keys().find(|k| passed.contains(k)) {
+            return Err(at(format!(
+                "env: {k} is passed through (env); a variant sets only literal variables"
+            )));
+        }
+        out.push(VariantSpec { name, env: v.env });
+    }
+    Ok(out)
 }
 
 pub(crate) fn is_env_name(s: &str) -> bool {
@@ -861,6 +970,65 @@ env = ["HF_TOKEN"]
         let text = GOOD.replace("name = \"embed\"", &format!("name = {long:?}"));
         let err = parse(Path::new("p.toml"), &text).unwrap_err().to_string();
         assert!(err.len() < 400, "the name is cut: {err}");
+    }
+
+    #[test]
+    fn variants_are_named_literal_overrides_checked_with_their_line() {
+        let text = format!(
+            "{GOOD}\n[[component.variant]]\nname = \"eps_fix\"\nenv = {{ EPS_FIX = \"1\" }}\n\n[[component.variant]]\nname = \"fp32\"\nenv = {{ FASTVIDEO_DTYPE = \"fp32\", PYTHONPATH = \"{{repo}}\" }}\n"
+        );
+        let s = parse(Path::new("p.toml"), &text).unwrap();
+        let v = &s.components[0].variants;
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].name, "eps_fix");
+        assert_eq!(
+            v[1].env_words(),
+            ["FASTVIDEO_DTYPE=fp32", "PYTHONPATH={repo}"]
+        );
+        // Variants do not change what a run of the component is.
+        let plain = parse(Path::new("p.toml"), GOOD).unwrap();
+        assert!(plain.components[0].same_run(&s.components[0]));
+
+        let refused = |from: &str, to: &str| {
+            let bad = text.replace(from, to);
+            parse(Path::new("p.toml"), &bad).unwrap_err().to_string()
+        };
+        let err = refused("\"fp32\"\nenv", "\"baseline\"\nenv");
+        assert!(
+            err.contains("variant baseline (line 17): `baseline` names the red run's own row"),
+            "{err}"
+        );
+        let err = refused("\"fp32\"\nenv", "\"eps_fix\"\nenv");
+        assert!(
+            err.contains("variant eps_fix (line 17): listed twice"),
+            "{err}"
+        );
+        let err = refused("\"fp32\"\nenv", "\"Fp-32\"\nenv");
+        assert!(err.starts_with("p.toml:18:8: "), "{err}");
+        assert!(
+            err.contains("variant name \"Fp-32\" is not an identifier"),
+            "{err}"
+        );
+        let err = refused("{ EPS_FIX = \"1\" }", "{}");
+        assert!(err.contains("env overrides no variable"), "{err}");
+        let err = refused("EPS_FIX = ", "eps-fix = ");
+        assert!(err.contains("\"eps-fix\" is not a variable name"), "{err}");
+        let err = refused("EPS_FIX = ", "HF_TOKEN = ");
+        assert!(err.contains("HF_TOKEN is passed through (env)"), "{err}");
+        let err = refused("name = \"eps_fix\"", "name = \"eps_fix\"\nwhy = 1");
+        assert!(err.contains("unknown field `why`"), "{err}");
+        // A token as a value is refused before anything is parsed, unechoed.
+        let secret = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789";
+        let err = refused("EPS_FIX = \"1\"", &format!("EPS_FIX = \"{secret}\""));
+        assert!(err.starts_with("p.toml:15: "), "{err}");
+        assert!(!err.contains("hf_AbCd"), "{err}");
+        let many: String = (0..=MAX_VARIANTS)
+            .map(|i| format!("\n[[component.variant]]\nname = \"v{i}\"\nenv = {{ A = \"1\" }}\n"))
+            .collect();
+        let err = parse(Path::new("p.toml"), &format!("{GOOD}{many}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("17 variants, more than 16"), "{err}");
     }
 
     #[test]

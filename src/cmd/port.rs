@@ -534,6 +534,9 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             "  {:<16} {:<14} runs={} {}",
             c.name, c.status, c.runs, c.reason
         ));
+        for v in &c.variants {
+            say(format_args!("    {}", variant_line(v)));
+        }
     }
     for (cause, names) in grouped(s, "environment", "") {
         let n = names.len();
@@ -580,6 +583,30 @@ fn print_snapshot(s: &pb::PortSnapshot) {
     if !s.port_status_path.is_empty() {
         say(format_args!("status file {}", s.port_status_path));
     }
+}
+
+/// One row of a component's variant table, under the component.
+fn variant_line(v: &pb::VariantRow) -> String {
+    let mut line = format!("{:<14}", v.name);
+    if !v.env.is_empty() {
+        line.push_str(&format!(" {}", v.env.join(" ")));
+    }
+    let verdict = if v.verdict.is_empty() {
+        &v.state
+    } else {
+        &v.verdict
+    };
+    line.push_str(&format!("  {verdict}"));
+    if !v.first_divergence.is_empty() {
+        line.push_str(&format!(", first divergence {}", v.first_divergence));
+        if let Some(d) = v.drift {
+            line.push_str(&format!(" {} drift {d:.3}", v.stat));
+        }
+    }
+    if !v.finding.is_empty() && v.finding != "baseline" && v.finding != *verdict {
+        line.push_str(&format!("  [{}]", v.finding));
+    }
+    line
 }
 
 /// Components of `status` whose reason starts with `prefix`, grouped by
@@ -650,6 +677,21 @@ fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
             "reason": c.reason,
             "runs": c.runs,
             "worker_id": c.worker_id,
+            "variants": c.variants.iter().map(|v| serde_json::json!({
+                "name": v.name,
+                "env": v.env,
+                "state": v.state,
+                "verdict": v.verdict,
+                "reason": v.reason,
+                "first_divergence": v.first_divergence,
+                "stat": v.stat,
+                "drift": v.drift,
+                "finding": v.finding,
+                "trace_error": v.trace_error,
+                "job_id": v.job_id,
+                "spawned_ms": v.spawned_ms,
+                "finished_ms": v.finished_ms,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "escapes": s.escapes.iter().map(|e| serde_json::json!({
             "id": e.id,

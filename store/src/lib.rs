@@ -19,6 +19,7 @@ pub mod clock;
 pub mod dashboard;
 pub mod model;
 pub mod traces;
+pub mod variants;
 
 /// One agent attempt of the ledger (`agent_attempts`).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -96,6 +97,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("../migrations/0006_rerun_budget.sql")),
     (7, include_str!("../migrations/0007_runs_counted.sql")),
     (8, include_str!("../migrations/0008_trace_transport.sql")),
+    (9, include_str!("../migrations/0009_variants.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]

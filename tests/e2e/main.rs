@@ -19,3 +19,4 @@ mod telemetry;
 mod trace;
 mod trace_checks;
 mod trace_port;
+mod variants;

@@ -63,6 +63,9 @@ pub struct Packet<'a> {
     /// One line on the component's latest trace investigation, when it is
     /// traced (`fvd trace show` has the whole report).
     pub trace: Option<&'a str>,
+    /// The table of the red run's hypothesis variants (`[[component.variant]]`,
+    /// one line each), when it has variants.
+    pub variants: Option<&'a str>,
 }
 
 /// The prompt of one attempt, written to `{prompt_file}`.
@@ -80,6 +83,7 @@ pub fn packet(p: &Packet<'_>) -> String {
         answers,
         next_escape_id,
         trace,
+        variants,
     } = p;
     let mut out = String::new();
     out.push_str(&format!(
@@ -101,6 +105,11 @@ pub fn packet(p: &Packet<'_>) -> String {
         out.push_str(&format!(
             "## Trace report\n\nfvd reran the test with activation traces on both sides and compared them: {t}\nThe whole report, with every aligned row: `fvd trace show {family} {} --json`.\n\n",
             spec.name
+        ));
+    }
+    if let Some(v) = variants {
+        out.push_str(&format!(
+            "## Hypothesis variants\n\nfvd reran the red test under each variant of the spec (environment overrides) at once; a variant that passes or moves the first divergence points at the cause:\n\n{v}\n\n"
         ));
     }
     out.push_str("## Previous attempts\n\n");
@@ -531,6 +540,7 @@ mod tests {
             placement: Default::default(),
             confirm_runs: 1,
             trace: None,
+            variants: Vec::new(),
         }
     }
 
@@ -583,6 +593,7 @@ escape_hatch: none";
             answers: &[],
             next_escape_id: "E001",
             trace: Some("first divergence: blocks.2.norm max drift 0.542"),
+            variants: Some("- eps_fix (EPS_FIX=1): non_skip_pass, passes"),
         });
         let block = fenced_blocks(&text)
             .into_iter()
@@ -595,6 +606,11 @@ escape_hatch: none";
         assert!(text.contains("/h.txt"), "{text}");
         assert!(
             text.contains("## Trace report") && text.contains("blocks.2.norm max drift 0.542"),
+            "{text}"
+        );
+        assert!(
+            text.contains("## Hypothesis variants")
+                && text.contains("- eps_fix (EPS_FIX=1): non_skip_pass, passes"),
             "{text}"
         );
         // The output tail is bounded.

@@ -53,6 +53,7 @@ fn run(verdict: &str, reason: &str) -> Option<Run> {
         reason: reason.into(),
         run_no: 1,
         worker: "w1".into(),
+        variants: String::new(),
     })
 }
 
@@ -655,4 +656,60 @@ fn an_open_row_people_keep_about_a_component_is_not_doubled() {
         "{after}"
     );
     assert_eq!(patch(&after, &input), after);
+}
+
+#[test]
+fn a_red_run_s_variants_ride_in_its_evidence_and_change_it_only_when_they_change() {
+    let mut comps = widget();
+    comps.push(component("camera", &["test_widget_camera_parity.py"]));
+    let red = |variants: &str| {
+        let mut r = run(
+            "debug_red",
+            "debug_red: passes with EPS_FIX=1 (variant eps_fix); test_camera::test_pose: assert 0.5 == 0.25",
+        );
+        if let Some(r) = &mut r {
+            r.variants = variants.into();
+        }
+        r
+    };
+    let input = with_runs(
+        comps.clone(),
+        &[("camera", red("eps_fix passes, fp32 same"))],
+    );
+    let first = patch(FINISHED, &input);
+    assert_owned(FINISHED, &first);
+    let row = line(&first, "| camera | `python3");
+    assert!(
+        row.ends_with("| `debug_red` | [fvd 2026-11-26 run 1 on w1: debug_red — passes with EPS_FIX=1 (variant eps_fix); test_camera::test_pose: assert 0.5 == 0.25; variants: eps_fix passes, fp32 same] |"),
+        "{row}"
+    );
+    // The cause is the reason, not the table.
+    assert!(line(&first, "| I003 |").contains("`debug_red`: the parity test fails numerically"));
+    // The same table on another day and run: byte-identical.
+    let mut later = input.clone();
+    later.date = "2026-12-01".into();
+    for c in &mut later.components {
+        if let Some(r) = &mut c.run {
+            r.run_no = 2;
+        }
+    }
+    assert_eq!(patch(&first, &later), first);
+    // Another table: the segment is replaced, nothing else changes.
+    let moved = with_runs(
+        comps,
+        &[("camera", red("eps_fix passes, fp32 moves to blocks.1"))],
+    );
+    let second = patch(&first, &moved);
+    let changes = assert_owned(&first, &second);
+    assert_eq!(changes.changed.len(), 1, "{changes:?}");
+    assert!(
+        line(&second, "| camera | `python3")
+            .ends_with("; variants: eps_fix passes, fp32 moves to blocks.1] |"),
+        "{second}"
+    );
+    assert_eq!(
+        second.lines().filter(|l| l.starts_with("| I00")).count(),
+        3,
+        "{second}"
+    );
 }

@@ -574,6 +574,7 @@ fn the_co_author_keeps_every_real_file_but_its_own_cells() {
                     reason: format!("{verdict}: t::{n}: 2 != 3"),
                     run_no: 1,
                     worker: "w1".into(),
+                    variants: String::new(),
                 }),
                 ..ComponentInput::default()
             })

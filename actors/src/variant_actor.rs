@@ -1,0 +1,876 @@
+//! `VariantActor`: one per port (spawned by the gate when some component
+//! declares `[[component.variant]]`s). When such a component's run is
+//! `debug_red`, the component hands the run here (after the trace actor,
+//! when it is traced) before it blocks or starts an agent attempt. The actor
+//! queues the parity test once per variant, all at once, each with the
+//! variant's environment overrides: the scheduler places them on whatever
+//! slots or GPUs are free, side by side. Each run's verdict, and for a
+//! traced component its first divergence, fills a row of the red run's
+//! table next to the baseline (the red run itself); once every row is in,
+//! the component gets the table's note back ([`ComponentMsg::Varied`]):
+//! the variants that pass or move the first divergence, by name and
+//! overrides ("passes with EPS_FIX=1").
+//!
+//! Variant runs are jobs of the component name `<name>#variant`, which no
+//! component can have (names are identifiers): like traced reruns, they go
+//! through the scheduler with leases, fencing and logs, but never count as
+//! the component's runs and never change its row.
+//!
+//! A traced component's variants are traced too, in one run each: the
+//! regex is the union of every scope the red run's investigation traced
+//! (the blocks, then the first divergent block's insides), so a variant that
+//! keeps the bug names the same leaf, one that moves it names the block or
+//! leaf where it now lies, and the comparison runs on the worker, where the
+//! files are (see the trace actor).
+//!
+//! The actor never fails on a table's error: a row that could not run
+//! (unplaced, lost worker, a spawn error) says so, and the component gets
+//! its answer. A failed actor would leave components waiting for good.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tracing::Span;
+use tracing::field::Empty;
+
+use crate::component::ComponentMsg;
+use crate::gate::GateMsg;
+use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
+use crate::trace_actor;
+use fvd_contracts::verdict::Verdict;
+use fvd_spec::ComponentSpec;
+use fvd_store::Store;
+use fvd_store::model::{JobRecord, JobReport, JobResult, PortEvent};
+use fvd_store::variants::{BASELINE, VariantRow};
+use tokio::sync::broadcast;
+
+/// Suffix of the component name variant runs are recorded under.
+pub const VARIANT_JOB_SUFFIX: &str = "#variant";
+/// Variable naming the variant a run tests (the test may read it).
+pub const VARIANT_ENV: &str = "FVD_VARIANT";
+/// Longest note a blocked reason gets from the table.
+const NOTE_CHARS: usize = 160;
+
+#[derive(Debug)]
+pub struct VariantActor;
+
+#[derive(Debug)]
+pub struct VariantArgs {
+    pub family: String,
+    pub store: Store,
+    pub scheduler: ActorRef<SchedulerMsg>,
+    pub events: broadcast::Sender<PortEvent>,
+}
+
+/// A red run handed over by its component.
+#[derive(Debug)]
+pub struct Vary {
+    pub spec: ComponentSpec,
+    /// The red run, handed back untouched in [`ComponentMsg::Varied`].
+    pub report: JobReport,
+    pub worker_id: String,
+    /// The red run's verdict and reason: the table's baseline row.
+    pub verdict: String,
+    pub reason: String,
+    pub reply: ActorRef<ComponentMsg>,
+    /// The component's span: each variant run's span hangs under it.
+    pub span: Span,
+}
+
+#[derive(Debug)]
+pub enum VariantMsg {
+    Vary(Box<Vary>),
+    /// Progress of a variant run, as the scheduler tells it.
+    Job(JobEvent),
+    /// The components whose tables are being filled right now.
+    InFlight(RpcReplyPort<Vec<String>>),
+}
+
+impl From<JobEvent> for VariantMsg {
+    fn from(m: JobEvent) -> Self {
+        VariantMsg::Job(m)
+    }
+}
+
+impl TryFrom<VariantMsg> for JobEvent {
+    type Error = VariantMsg;
+
+    fn try_from(m: VariantMsg) -> Result<Self, VariantMsg> {
+        match m {
+            VariantMsg::Job(m) => Ok(m),
+            other => Err(other),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct VariantState {
+    args: VariantArgs,
+    /// Where traced variants' files go: beside the database.
+    root: PathBuf,
+    /// Tables being filled, by the red run's job id.
+    tables: HashMap<String, Table>,
+    /// Variant runs in flight: job id → (red run, row index).
+    running: HashMap<String, (String, usize)>,
+}
+
+/// One red run's table while its variants run.
+#[derive(Debug)]
+struct Table {
+    spec: ComponentSpec,
+    cwd: String,
+    red: Option<(JobReport, String)>,
+    reply: ActorRef<ComponentMsg>,
+    /// The union of the scopes the red run's investigation traced (port
+    /// side, reference side): every variant is traced over it.
+    scope: Option<(String, String)>,
+    /// The red run's deepest first divergence, when it was traced.
+    first: Option<fvd_trace::FirstDivergence>,
+    rows: Vec<VariantRow>,
+    pending: usize,
+}
+
+/// Spawns the port's variant actor, linked to its gate.
+pub async fn spawn_for_port(
+    gate: &ActorRef<GateMsg>,
+    family: &str,
+    store: &Store,
+    scheduler: &ActorRef<SchedulerMsg>,
+    events: &broadcast::Sender<PortEvent>,
+) -> Result<ActorRef<VariantMsg>, ActorProcessingErr> {
+    let (actor, _) = Actor::spawn_linked(
+        Some(format!("{family}#variant")),
+        VariantActor,
+        VariantArgs {
+            family: family.to_string(),
+            store: store.clone(),
+            scheduler: scheduler.clone(),
+            events: events.clone(),
+        },
+        gate.get_cell(),
+    )
+    .await?;
+    Ok(actor)
+}
+
+/// Whether a finished run of `spec` gets a variant table: red, and the
+/// component has variants.
+pub fn wants(spec: &ComponentSpec, verdict: &str) -> bool {
+    !spec.variants.is_empty() && verdict == "debug_red"
+}
+
+/// The component's side of the hand-over: sends a red run to the port's
+/// variant actor, once per run (`varied` holds the run already handed
+/// over). True when handed over: the component then waits for
+/// [`ComponentMsg::Varied`]. A variant actor that is gone is no reason to
+/// stall: the run is then finished without a table.
+pub fn hand_over(
+    args: &crate::component::ComponentArgs,
+    varied: Option<&(String, String)>,
+    v: &Verdict,
+    report: &JobReport,
+    worker_id: &str,
+    reply: &ActorRef<ComponentMsg>,
+    span: &Span,
+) -> bool {
+    let Some(actor) = &args.variants else {
+        return false;
+    };
+    let verdict = v.status().as_str();
+    if !wants(&args.spec, verdict) || varied.is_some_and(|t| t.0 == report.job_id) {
+        return false;
+    }
+    actor
+        .cast(VariantMsg::Vary(Box::new(Vary {
+            spec: args.spec.clone(),
+            report: report.clone(),
+            worker_id: worker_id.to_string(),
+            verdict: verdict.to_string(),
+            reason: v.reason(),
+            reply: reply.clone(),
+            span: span.clone(),
+        })))
+        .is_ok()
+}
+
+/// The component's note on a blocked reason from the table of exactly this
+/// run, when there was one: put first, so a cut evidence cell keeps it.
+pub fn note(varied: Option<&(String, String)>, job_id: &str) -> String {
+    match varied {
+        Some((job, note)) if job == job_id && !note.is_empty() => format!("{note}; "),
+        _ => String::new(),
+    }
+}
+
+/// `KEY=VALUE KEY=VALUE` of a row.
+fn overrides(row: &VariantRow) -> String {
+    row.env.join(" ")
+}
+
+/// The one-line note of a finished table: the variants that pass, then
+/// those that move the first divergence; or that none did.
+pub fn table_note(rows: &[VariantRow]) -> String {
+    let variants: Vec<&VariantRow> = rows.iter().filter(|r| r.name != BASELINE).collect();
+    let mut parts: Vec<String> = Vec::new();
+    for r in variants.iter().filter(|r| r.finding == "passes") {
+        parts.push(format!("passes with {} (variant {})", overrides(r), r.name));
+    }
+    for r in variants.iter().filter(|r| r.finding == "moves") {
+        parts.push(format!(
+            "with {} (variant {}) the first divergence moves to {}",
+            overrides(r),
+            r.name,
+            r.first_divergence
+        ));
+    }
+    let mut s = if parts.is_empty() {
+        let traced = rows.iter().any(|r| !r.first_divergence.is_empty());
+        format!(
+            "no variant of {} passes{}",
+            variants.len(),
+            if traced {
+                " or moves the first divergence"
+            } else {
+                ""
+            }
+        )
+    } else {
+        parts.join("; ")
+    };
+    if s.chars().count() > NOTE_CHARS {
+        s = s.chars().take(NOTE_CHARS).collect::<String>() + "…";
+    }
+    s
+}
+
+/// One row as a line of the agent's packet and of `fvd status`.
+pub fn row_text(r: &VariantRow) -> String {
+    let mut s = r.name.clone();
+    if !r.env.is_empty() {
+        s.push_str(&format!(" ({})", overrides(r)));
+    }
+    s.push_str(&format!(
+        ": {}",
+        if r.verdict.is_empty() {
+            r.state.as_str()
+        } else {
+            r.verdict.as_str()
+        }
+    ));
+    if !r.first_divergence.is_empty() {
+        s.push_str(&format!(", first divergence {}", r.first_divergence));
+        if let Some(d) = r.drift {
+            s.push_str(&format!(" {} drift {d:.3}", r.stat));
+        }
+    } else if !r.trace_error.is_empty() {
+        s.push_str(&format!(", no first divergence ({})", r.trace_error));
+    }
+    if !r.finding.is_empty() && r.finding != BASELINE && r.finding != r.verdict {
+        s.push_str(&format!(" [{}]", r.finding));
+    }
+    s
+}
+
+/// The table as the agent's packet shows it, one line per row.
+pub fn table_text(rows: &[VariantRow]) -> String {
+    rows.iter()
+        .map(|r| format!("- {}", row_text(r)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The table as `PORT_STATUS.md` evidence: each variant's name and finding.
+pub fn evidence_text(rows: &[VariantRow]) -> String {
+    rows.iter()
+        .filter(|r| r.name != BASELINE)
+        .map(|r| {
+            let finding = if r.finding.is_empty() || r.finding == "other" {
+                r.verdict.as_str()
+            } else {
+                r.finding.as_str()
+            };
+            match (r.finding.as_str(), r.first_divergence.is_empty()) {
+                ("moves", false) => format!("{} {finding} to {}", r.name, r.first_divergence),
+                _ => format!("{} {finding}", r.name),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What a variant's row says next to the baseline: it passes, it moves the
+/// first divergence, it keeps the same one, it is red (untraced), or it
+/// ended otherwise.
+pub fn finding(
+    verdict: &str,
+    variant: Option<&fvd_trace::FirstDivergence>,
+    baseline: Option<&fvd_trace::FirstDivergence>,
+) -> &'static str {
+    match verdict {
+        "non_skip_pass" => "passes",
+        "debug_red" => match (variant, baseline) {
+            (Some(v), Some(b)) if v.port_module != b.port_module => "moves",
+            (Some(_), Some(_)) => "same",
+            _ => "red",
+        },
+        _ => "other",
+    }
+}
+
+/// `(?:a)|(?:b)` of the distinct regexes, or the one regex alone.
+fn union(regexes: &[String]) -> String {
+    let mut distinct: Vec<&String> = Vec::new();
+    for r in regexes {
+        if !distinct.contains(&r) {
+            distinct.push(r);
+        }
+    }
+    match distinct.as_slice() {
+        [one] => (*one).clone(),
+        many => many
+            .iter()
+            .map(|r| format!("(?:{r})"))
+            .collect::<Vec<_>>()
+            .join("|"),
+    }
+}
+
+impl Actor for VariantActor {
+    type Msg = VariantMsg;
+    type State = VariantState;
+    type Arguments = VariantArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: VariantArgs,
+    ) -> Result<VariantState, ActorProcessingErr> {
+        let root = args
+            .store
+            .files_dir()
+            .unwrap_or_else(|| std::env::temp_dir().join("fvd"))
+            .join("trace");
+        Ok(VariantState {
+            args,
+            root,
+            tables: HashMap::new(),
+            running: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: VariantMsg,
+        st: &mut VariantState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            VariantMsg::InFlight(reply) => {
+                let names = st.tables.values().map(|t| t.spec.name.clone()).collect();
+                let _ = reply.send(names);
+            }
+            VariantMsg::Vary(ask) => start(&myself, st, *ask).await,
+            VariantMsg::Job(ev) => job_progress(st, ev).await,
+        }
+        Ok(())
+    }
+}
+
+/// The red run's traced scope and deepest first divergence, from its
+/// investigation (none when the run was not investigated).
+async fn baseline_trace(
+    st: &VariantState,
+    spec: &ComponentSpec,
+    red_job: &str,
+) -> (Option<(String, String)>, Option<fvd_trace::FirstDivergence>) {
+    if spec.trace.is_none() {
+        return (None, None);
+    }
+    let inv = match st
+        .args
+        .store
+        .latest_trace(&st.args.family, &spec.name)
+        .await
+    {
+        Ok(Some(inv)) if inv.job_id == red_job && !inv.steps.is_empty() => inv,
+        _ => return (None, None),
+    };
+    let layers: Vec<String> = inv.steps.iter().map(|s| s.layers.clone()).collect();
+    let reference: Vec<String> = inv
+        .steps
+        .iter()
+        .map(|s| s.reference_layers.clone())
+        .collect();
+    let first = inv
+        .steps
+        .iter()
+        .rev()
+        .filter_map(|s| s.report.as_ref()?.get("first_divergence").cloned())
+        .find_map(|v| serde_json::from_value::<fvd_trace::FirstDivergence>(v).ok());
+    (Some((union(&layers), union(&reference))), first)
+}
+
+async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) {
+    let (family, name) = (st.args.family.clone(), ask.spec.name.clone());
+    let red_job = ask.report.job_id.clone();
+    let cwd = match st.args.store.job(&red_job).await {
+        Ok(Some(j)) => j.cwd,
+        _ => String::new(),
+    };
+    let (scope, first) = baseline_trace(st, &ask.spec, &red_job).await;
+    let mut rows = vec![VariantRow {
+        red_job_id: red_job.clone(),
+        name: BASELINE.to_string(),
+        job_id: red_job.clone(),
+        state: "done".into(),
+        verdict: ask.verdict.clone(),
+        reason: ask.reason.clone(),
+        first_divergence: first
+            .as_ref()
+            .map(|f| f.port_module.clone())
+            .unwrap_or_default(),
+        stat: first.as_ref().map(|f| f.stat.clone()).unwrap_or_default(),
+        drift: first.as_ref().and_then(|f| f.drift),
+        finding: BASELINE.into(),
+        ..VariantRow::default()
+    }];
+    // Every run is recorded before any is queued: the table exists whole
+    // from the start.
+    let mut queued = Vec::new();
+    for v in &ask.spec.variants {
+        let record = st
+            .args
+            .store
+            .queue_job(&JobRecord {
+                family: family.clone(),
+                component: format!("{name}{VARIANT_JOB_SUFFIX}"),
+                argv: ask.spec.argv(),
+                cwd: cwd.clone(),
+                gpus_needed: ask.spec.gpus,
+                timeout_ms: ask.spec.timeout.as_millis() as u64,
+                ..JobRecord::default()
+            })
+            .await;
+        match record {
+            Ok(record) => {
+                rows.push(VariantRow {
+                    red_job_id: red_job.clone(),
+                    name: v.name.clone(),
+                    env: v.env_words(),
+                    job_id: record.job_id.clone(),
+                    state: "running".into(),
+                    ..VariantRow::default()
+                });
+                queued.push((v.clone(), record));
+            }
+            Err(e) => {
+                tracing::error!(%family, component = %name, error = %e, "cannot queue a variant run");
+                let _ = ask.reply.cast(ComponentMsg::Varied {
+                    report: ask.report,
+                    worker_id: ask.worker_id,
+                    note: format!("variants not run: {e}"),
+                });
+                return;
+            }
+        }
+    }
+    if let Err(e) = st.args.store.start_variants(&family, &name, &rows).await {
+        tracing::error!(%family, component = %name, error = %e, "cannot record a variant table");
+        let _ = ask.reply.cast(ComponentMsg::Varied {
+            report: ask.report,
+            worker_id: ask.worker_id,
+            note: format!("variants not run: {e}"),
+        });
+        return;
+    }
+    let mut table = Table {
+        spec: ask.spec.clone(),
+        cwd: cwd.clone(),
+        red: Some((ask.report, ask.worker_id)),
+        reply: ask.reply,
+        scope,
+        first,
+        pending: queued.len(),
+        rows,
+    };
+    for (i, (v, record)) in queued.into_iter().enumerate() {
+        let job_id = record.job_id.clone();
+        let mut env = ask.spec.set_env.clone();
+        env.extend(v.env.clone());
+        for (k, val) in [
+            ("FVD_FAMILY", family.clone()),
+            ("FVD_COMPONENT", name.clone()),
+            ("FVD_RUN", record.run_no.to_string()),
+            (VARIANT_ENV, v.name.clone()),
+        ] {
+            env.insert(k.to_string(), val);
+        }
+        let traced = match (&table.scope, &ask.spec.trace) {
+            (Some((layers, reference)), Some(t)) => {
+                env.extend(trace_actor::traced_env(t, layers, reference));
+                Some(t)
+            }
+            _ => None,
+        };
+        let span = tracing::info_span!(
+            parent: &ask.span,
+            "attempt",
+            family = %family,
+            component = %name,
+            attempt = record.run_no,
+            job_id = %record.job_id,
+            variant = %v.name,
+            verdict = Empty,
+            reason = Empty,
+        );
+        let sent = st
+            .args
+            .scheduler
+            .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
+                record,
+                env,
+                secret_env: ask.spec.env.clone(),
+                notify: myself.get_derived(),
+                placement: ask.spec.placement.clone(),
+                span,
+                collect_env: traced.map(|_| trace_actor::TRACE_DIR_ENV.to_string()),
+                exclude: BTreeMap::new(),
+                preflight: ask.spec.preflight.clone(),
+                compare: traced.map(trace_actor::worker_compare),
+            })));
+        if let Err(e) = sent {
+            let row = &mut table.rows[i + 1];
+            row.verdict = "error".into();
+            row.reason = format!("not queued: the scheduler is down: {e}");
+            row.finding = "other".into();
+            let _ = st.args.store.finish_variant(&family, &name, row).await;
+            table.pending -= 1;
+        } else {
+            st.running.insert(job_id, (red_job.clone(), i + 1));
+        }
+    }
+    tracing::info!(%family, component = %name, variants = table.rows.len() - 1, "variant runs queued");
+    if let Err(e) = progress(st, &table).await {
+        tracing::warn!(component = %name, error = %e, "cannot show the variant runs on the component");
+    }
+    if table.pending == 0 {
+        conclude(table);
+    } else {
+        st.tables.insert(red_job, table);
+    }
+}
+
+async fn job_progress(st: &mut VariantState, ev: JobEvent) {
+    match ev {
+        JobEvent::Finished { report, worker_id } => {
+            let Some((red, idx)) = st.running.remove(&report.job_id) else {
+                return;
+            };
+            finished(st, red, idx, report, &worker_id).await;
+        }
+        JobEvent::WorkerLost {
+            job_id,
+            worker_id,
+            give_up: true,
+        } => {
+            if let Some((red, idx)) = st.running.remove(&job_id) {
+                let why = format!("worker {worker_id} lost on every retry");
+                fill(st, &red, idx, "infra_error", &why, None, String::new()).await;
+            }
+        }
+        JobEvent::Unplaceable { job_id, reason } => {
+            if let Some((red, idx)) = st.running.remove(&job_id) {
+                let _ = st.args.store.unplace_job(&job_id).await;
+                let why = format!("unplaced: {reason}");
+                fill(st, &red, idx, "unplaced", &why, None, String::new()).await;
+            }
+        }
+        JobEvent::Waiting { job_id, reason, .. } if !reason.is_empty() => {
+            tracing::info!(job = %job_id, %reason, "variant run waits");
+        }
+        _ => {}
+    }
+}
+
+/// A variant run ended: its verdict, and for a traced component its first
+/// divergence, into its row.
+async fn finished(
+    st: &mut VariantState,
+    red: String,
+    idx: usize,
+    report: JobReport,
+    worker_id: &str,
+) {
+    let Some(table) = st.tables.get(&red) else {
+        return;
+    };
+    let (spec, cwd) = (table.spec.clone(), table.cwd.clone());
+    let v = crate::run_verdict::classify(&report, &crate::run_verdict::repo_modules(&cwd, &spec));
+    let (verdict, reason) = match &v {
+        // Not retried elsewhere: the variant's own overrides may be what
+        // the environment lacks (an attention backend not installed).
+        Verdict::Environment { cause } => ("environment".to_string(), cause.clone()),
+        other => (other.status().as_str().to_string(), other.reason()),
+    };
+    let result = JobResult {
+        verdict: verdict.clone(),
+        reason: reason.clone(),
+        exit_code: report.exit_code,
+        signal: report.signal,
+        duration_ms: report.duration_ms,
+        junit_xml: report.junit_xml.clone().unwrap_or_default(),
+        output_tail: report.output_tail.clone(),
+    };
+    let recorded = if verdict == "environment" {
+        st.args
+            .store
+            .finish_job_environment(&report.job_id, report.lease_epoch, &result)
+            .await
+    } else {
+        st.args
+            .store
+            .finish_job(&report.job_id, report.lease_epoch, &result)
+            .await
+    };
+    match recorded {
+        Ok(true) => {}
+        Ok(false) => {
+            // A stale result: the run goes on under its live lease.
+            tracing::warn!(job = %report.job_id, %worker_id, "stale result of a variant run rejected");
+            st.running.insert(report.job_id.clone(), (red, idx));
+            return;
+        }
+        Err(e) => tracing::error!(job = %report.job_id, error = %e, "cannot record a variant run"),
+    }
+    let mut compared = None;
+    let mut trace_error = String::new();
+    if table.scope.is_some()
+        && let Some(t) = &spec.trace
+    {
+        let run = report.job_id.rsplit('.').next().unwrap_or("0");
+        match trace_actor::run_dir(
+            &st.root,
+            &st.args.family,
+            &spec.name,
+            &format!("variant.{run}"),
+        ) {
+            Ok(dir) => match trace_actor::gather_and_compare(t, &dir, &report, worker_id).await {
+                Ok((rep, _)) => {
+                    match rep.assess() {
+                        fvd_trace::Verdict::NothingCompared => {
+                            trace_error = "nothing compared".into()
+                        }
+                        fvd_trace::Verdict::Untrusted => {
+                            trace_error = format!(
+                                "comparison untrusted: {}",
+                                trace_actor::stop_detail(&rep, trace_actor::Outcome::Untrusted)
+                            )
+                        }
+                        _ => {}
+                    }
+                    compared = Some(rep);
+                }
+                Err(e) => trace_error = e,
+            },
+            Err(e) => trace_error = format!("cannot place the run's files: {e}"),
+        }
+    }
+    let fd = compared
+        .as_ref()
+        .filter(|_| trace_error.is_empty())
+        .and_then(|r| r.first_divergence.clone());
+    fill(st, &red, idx, &verdict, &reason, fd, trace_error).await;
+}
+
+/// Fills row `idx` of `red`'s table and concludes the table once full.
+async fn fill(
+    st: &mut VariantState,
+    red: &str,
+    idx: usize,
+    verdict: &str,
+    reason: &str,
+    fd: Option<fvd_trace::FirstDivergence>,
+    trace_error: String,
+) {
+    let Some(table) = st.tables.get_mut(red) else {
+        return;
+    };
+    let found = finding(verdict, fd.as_ref(), table.first.as_ref());
+    let Some(row) = table.rows.get_mut(idx) else {
+        return;
+    };
+    row.state = "done".into();
+    row.verdict = verdict.to_string();
+    row.reason = reason.to_string();
+    row.first_divergence = fd
+        .as_ref()
+        .map(|f| f.port_module.clone())
+        .unwrap_or_default();
+    row.stat = fd.as_ref().map(|f| f.stat.clone()).unwrap_or_default();
+    row.drift = fd.as_ref().and_then(|f| f.drift);
+    row.finding = found.to_string();
+    row.trace_error = trace_error;
+    let row = row.clone();
+    if let Err(e) = st
+        .args
+        .store
+        .finish_variant(&st.args.family, &table.spec.name, &row)
+        .await
+    {
+        tracing::error!(component = %table.spec.name, error = %e, "cannot record a variant's row");
+    }
+    tracing::info!(component = %table.spec.name, variant = %row.name, verdict, finding = found, "variant run ended");
+    table.pending = table.pending.saturating_sub(1);
+    if table.pending == 0
+        && let Some(t) = st.tables.remove(red)
+    {
+        conclude(t);
+    }
+}
+
+/// Shows the variant runs on the component's row while they run.
+async fn progress(st: &VariantState, t: &Table) -> Result<(), fvd_store::StoreError> {
+    let (family, name) = (&st.args.family, &t.spec.name);
+    let names: Vec<&str> = t.rows.iter().skip(1).map(|r| r.name.as_str()).collect();
+    let reason = format!(
+        "{} variant run(s) at once: {}",
+        names.len(),
+        names.join(", ")
+    );
+    st.args
+        .store
+        .set_component(family, name, "variants", "debug_red", &reason, "")
+        .await?;
+    if let Some(row) = st
+        .args
+        .store
+        .components(family)
+        .await?
+        .into_iter()
+        .find(|r| &r.name == name)
+    {
+        let _ = st.args.events.send(PortEvent::Component {
+            family: family.clone(),
+            component: row,
+        });
+    }
+    Ok(())
+}
+
+/// Hands the red run back to its component with the table's note.
+fn conclude(mut t: Table) {
+    let note = table_note(&t.rows);
+    tracing::info!(component = %t.spec.name, %note, "variant table complete");
+    if let Some((report, worker_id)) = t.red.take() {
+        let _ = t.reply.cast(ComponentMsg::Varied {
+            report,
+            worker_id,
+            note,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fd(m: &str) -> fvd_trace::FirstDivergence {
+        fvd_trace::FirstDivergence {
+            reference_module: m.into(),
+            port_module: m.into(),
+            tensor: "out".into(),
+            step: Some(0),
+            stat: "abs_mean".into(),
+            reference: serde_json::json!(1.0),
+            port: serde_json::json!(1.5),
+            drift: Some(0.333),
+            tolerance: Some(0.005),
+        }
+    }
+
+    fn row(name: &str, env: &[&str], verdict: &str, finding: &str, first: &str) -> VariantRow {
+        VariantRow {
+            name: name.into(),
+            env: env.iter().map(|e| e.to_string()).collect(),
+            state: "done".into(),
+            verdict: verdict.into(),
+            finding: finding.into(),
+            first_divergence: first.into(),
+            stat: if first.is_empty() { "" } else { "abs_mean" }.into(),
+            drift: (!first.is_empty()).then_some(0.25),
+            ..VariantRow::default()
+        }
+    }
+
+    #[test]
+    fn a_variant_passes_moves_keeps_or_is_red() {
+        let (a, b) = (fd("blocks.2.norm"), fd("blocks.1.attn"));
+        assert_eq!(finding("non_skip_pass", None, Some(&a)), "passes");
+        assert_eq!(finding("debug_red", Some(&b), Some(&a)), "moves");
+        assert_eq!(finding("debug_red", Some(&a), Some(&a)), "same");
+        assert_eq!(finding("debug_red", None, None), "red");
+        assert_eq!(finding("timeout", None, Some(&a)), "other");
+    }
+
+    #[test]
+    fn the_note_names_what_passes_or_moves_and_the_table_every_row() {
+        let rows = vec![
+            row(BASELINE, &[], "debug_red", BASELINE, "blocks.2.norm"),
+            row("eps_fix", &["EPS_FIX=1"], "non_skip_pass", "passes", ""),
+            row(
+                "fp32",
+                &["FASTVIDEO_DTYPE=fp32"],
+                "debug_red",
+                "moves",
+                "blocks.1.attn",
+            ),
+            row(
+                "tf32_off",
+                &["TF32=0"],
+                "debug_red",
+                "same",
+                "blocks.2.norm",
+            ),
+        ];
+        assert_eq!(
+            table_note(&rows),
+            "passes with EPS_FIX=1 (variant eps_fix); with FASTVIDEO_DTYPE=fp32 (variant fp32) the first divergence moves to blocks.1.attn"
+        );
+        assert_eq!(
+            table_text(&rows),
+            "- baseline: debug_red, first divergence blocks.2.norm abs_mean drift 0.250\n\
+             - eps_fix (EPS_FIX=1): non_skip_pass [passes]\n\
+             - fp32 (FASTVIDEO_DTYPE=fp32): debug_red, first divergence blocks.1.attn abs_mean drift 0.250 [moves]\n\
+             - tf32_off (TF32=0): debug_red, first divergence blocks.2.norm abs_mean drift 0.250 [same]"
+        );
+        assert_eq!(
+            evidence_text(&rows),
+            "eps_fix passes, fp32 moves to blocks.1.attn, tf32_off same"
+        );
+        let none = vec![
+            row(BASELINE, &[], "debug_red", BASELINE, ""),
+            row("a", &["A=1"], "debug_red", "red", ""),
+            row("b", &["B=1"], "timeout", "other", ""),
+        ];
+        assert_eq!(table_note(&none), "no variant of 2 passes");
+        assert_eq!(evidence_text(&none), "a red, b timeout");
+        assert_eq!(note(Some(&("j.1".into(), "x".into())), "j.1"), "x; ");
+        assert_eq!(note(Some(&("j.1".into(), "x".into())), "j.2"), "");
+    }
+
+    #[test]
+    fn a_traced_variant_covers_every_scope_the_investigation_traced() {
+        assert_eq!(union(&[r"^b\.\d+$".into()]), r"^b\.\d+$");
+        let u = union(&[
+            r"^b\.\d+$".into(),
+            r"^b\.2(\.|$)".into(),
+            r"^b\.2(\.|$)".into(),
+        ]);
+        assert_eq!(u, r"(?:^b\.\d+$)|(?:^b\.2(\.|$))");
+        let re = regex::Regex::new(&u).unwrap();
+        for (name, hit) in [("b.0", true), ("b.2.norm", true), ("b.1.norm", false)] {
+            assert_eq!(re.is_match(name), hit, "{name}");
+        }
+    }
+}
