@@ -54,6 +54,8 @@ pub struct ComponentArgs {
     pub spec: ComponentSpec,
     /// Working directory of the runs on the worker: the port's repository.
     pub repo: String,
+    /// The commit the port is pinned to and where its folder sits in it.
+    pub code: fvd_store::model::PortCode,
     pub store: Store,
     pub scheduler: ActorRef<SchedulerMsg>,
     pub gate: ActorRef<GateMsg>,
@@ -506,6 +508,22 @@ async fn enqueue(
     st: &mut ComponentState,
 ) -> Result<(), ActorProcessingErr> {
     let spec = &st.args.spec;
+    // An agent component's runs test its worktree at the attempt's commit,
+    // not the checkout at the port's.
+    let (cwd, commit, code_prefix) = match &st.agent {
+        Some(l) => (
+            l.worktree.workdir().to_string_lossy().into_owned(),
+            worktree::head(&l.worktree.path)
+                .await
+                .map_err(|e| e.to_string())?,
+            l.worktree.prefix.clone(),
+        ),
+        None => (
+            st.args.repo.clone(),
+            st.args.code.commit.clone(),
+            st.args.code.prefix.clone(),
+        ),
+    };
     let record = st
         .args
         .store
@@ -513,11 +531,9 @@ async fn enqueue(
             family: st.args.family.clone(),
             component: spec.name.clone(),
             argv: spec.argv(),
-            // An agent component's runs test its worktree, not the checkout.
-            cwd: match &st.agent {
-                Some(l) => l.worktree.workdir().to_string_lossy().into_owned(),
-                None => st.args.repo.clone(),
-            },
+            cwd,
+            commit,
+            code_prefix,
             gpus_needed: spec.gpus,
             timeout_ms: spec.timeout.as_millis() as u64,
             ..JobRecord::default()
@@ -552,6 +568,7 @@ async fn enqueue(
             collect_env: None,
             exclude: st.exclude.clone(),
             preflight: spec.preflight.clone(),
+            fvd_writes: st.args.code.fvd_writes.clone(),
         })))?;
     Ok(())
 }
@@ -566,7 +583,9 @@ async fn prepare_agent(st: &ComponentState) -> Result<AgentLoop, String> {
         .await
         .map_err(|e| e.to_string())?;
     let repo = Path::new(&st.args.repo);
-    let wt = worktree::ensure(repo, family, name, known)
+    // A new worktree starts at the commit the port is pinned to.
+    let base = Some(st.args.code.commit.as_str()).filter(|c| !c.is_empty());
+    let wt = worktree::ensure(repo, family, name, known, base)
         .await
         .map_err(|e| e.to_string())?;
     store

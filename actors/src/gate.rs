@@ -34,6 +34,8 @@ pub struct GateArgs {
     pub family: String,
     pub spec: PortSpec,
     pub repo: String,
+    /// The commit the port is pinned to and where its folder sits in it.
+    pub code: fvd_store::model::PortCode,
     pub store: Store,
     pub scheduler: ActorRef<SchedulerMsg>,
     pub events: broadcast::Sender<PortEvent>,
@@ -221,6 +223,7 @@ impl Actor for GateActor {
                 &a.store,
                 &a.scheduler,
                 &a.events,
+                &a.code,
             );
             st.trace = Some(t.await?);
         }
@@ -381,6 +384,7 @@ async fn spawn_component(
         family: st.args.family.clone(),
         spec: c.clone(),
         repo: st.args.repo.clone(),
+        code: st.args.code.clone(),
         store: st.args.store.clone(),
         scheduler: st.args.scheduler.clone(),
         gate: myself.clone(),

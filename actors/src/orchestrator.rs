@@ -10,7 +10,7 @@ use tokio::sync::broadcast;
 
 use crate::gate::{ASK_USER, ENVIRONMENT, GateActor, GateArgs, GateMsg, RUNNING};
 use crate::scheduler::SchedulerMsg;
-use fvd_store::model::{PortEvent, PortRow};
+use fvd_store::model::{PortCode, PortEvent, PortRow};
 use fvd_store::{EscapeRow, Store, StoreError};
 
 #[derive(Debug)]
@@ -35,6 +35,9 @@ pub struct Submission {
     pub spec_toml: String,
     /// Run every component again instead of resuming.
     pub rerun: bool,
+    /// The commit the port runs (full hex sha in `repo`'s repository);
+    /// empty when `repo` is not in git.
+    pub commit: String,
     /// W3C `traceparent` of the submitter's span (gRPC metadata), so the
     /// port's trace joins the caller's (e.g. an agent's).
     pub traceparent: Option<String>,
@@ -48,6 +51,8 @@ pub struct Submitted {
     pub rerun: bool,
     /// What the resubmitted spec changed, one line each.
     pub changes: Vec<String>,
+    /// The commit the port is pinned to.
+    pub commit: String,
 }
 
 /// Why a submission or cancellation was refused; crosses the wire as a
@@ -60,6 +65,8 @@ pub enum PortError {
     FamilyMismatch { spec: String, submitted: String },
     #[error("no port of family {0}")]
     UnknownFamily(String),
+    #[error("commit {commit} is not in the repository of {repo} as the orchestrator sees it")]
+    UnknownCommit { commit: String, repo: String },
     #[error(
         "port {0} is running here for an earlier submission; cancel it (fvd cancel {0}) or wait for it before {1}"
     )]
@@ -239,8 +246,19 @@ async fn submit(
             submitted: sub.family,
         });
     }
+    if !sub.commit.is_empty()
+        && !(fvd_workspace::commit::is_full_sha(&sub.commit)
+            && fvd_workspace::commit::has_commit(Path::new(&sub.repo), &sub.commit).await)
+    {
+        return Err(PortError::UnknownCommit {
+            commit: sub.commit,
+            repo: sub.repo,
+        });
+    }
     let internal = |e: fvd_store::StoreError| PortError::Internal(e.to_string());
     let known = st.args.store.port(&sub.family).await.map_err(internal)?;
+    // Runs from now on test the new commit; recorded verdicts stay.
+    let recommit = known.as_ref().is_some_and(|p| p.commit != sub.commit);
     let rows = st
         .args
         .store
@@ -252,12 +270,13 @@ async fn submit(
         .map(|p| replan(p, &spec, &rows))
         .unwrap_or_default();
     if let Some(gate) = st.ports.get(&sub.family).cloned() {
-        if !sub.rerun && plan.is_empty() {
+        if !sub.rerun && plan.is_empty() && !recommit {
             return Ok(Submitted {
                 family: sub.family,
                 resumed: true,
                 rerun: false,
                 changes: Vec::new(),
+                commit: sub.commit,
             });
         }
         // A port whose components are all final or waiting (for an answer
@@ -271,6 +290,8 @@ async fn submit(
         if !paused && st.submitted.contains(&sub.family) {
             let what = if sub.rerun {
                 "asking for a rerun"
+            } else if plan.is_empty() {
+                "submitting another commit"
             } else {
                 "submitting a changed spec"
             };
@@ -303,6 +324,7 @@ async fn submit(
         state: RUNNING.into(),
         phase: "P0".into(),
         port_status_path: String::new(),
+        commit: sub.commit.clone(),
     };
     let created = st
         .args
@@ -314,14 +336,7 @@ async fn submit(
         let again: Vec<String> = plan.iter().map(|c| c.component.clone()).collect();
         st.args
             .store
-            .update_port_spec(
-                &sub.family,
-                &sub.repo,
-                &sub.spec_path,
-                &sub.spec_toml,
-                &names,
-                &again,
-            )
+            .update_port_spec(&row, &names, &again)
             .await
             .map_err(internal)?;
         if sub.rerun {
@@ -336,12 +351,29 @@ async fn submit(
         .await
         .map_err(|e| PortError::Internal(e.to_string()))?;
     st.submitted.insert(sub.family.clone());
+    let mut changes: Vec<String> = plan.into_iter().map(|c| c.to_string()).collect();
+    if let Some(old) = known.filter(|_| recommit) {
+        changes.push(format!(
+            "commit {} -> {}: runs from now on test it; recorded verdicts stay",
+            short(&old.commit),
+            short(&sub.commit)
+        ));
+    }
     Ok(Submitted {
         family: sub.family,
         resumed: !created,
         rerun: sub.rerun && !created,
-        changes: plan.into_iter().map(|c| c.to_string()).collect(),
+        changes,
+        commit: sub.commit,
     })
+}
+
+/// A commit as people read it: its first 12 hex digits, or `none`.
+fn short(sha: &str) -> &str {
+    match sha {
+        "" => "none",
+        s => &s[..s.len().min(12)],
+    }
 }
 
 /// One component a resubmitted spec plans again, and why.
@@ -429,7 +461,7 @@ fn spec_diff(a: &fvd_spec::ComponentSpec, b: &fvd_spec::ComponentSpec) -> String
         ));
     }
     if a.placement != b.placement {
-        d.push("placement (memory, labels or priority) changed".to_string());
+        d.push("placement (memory, labels, worker paths or priority) changed".to_string());
     }
     if d.is_empty() {
         d.push("its spec changed".to_string());
@@ -530,6 +562,28 @@ async fn answer(
     Ok(row)
 }
 
+/// The code of a port's runs: its pinned commit, where its folder sits in
+/// the repository, and the status file fvd writes into the checkout.
+async fn port_code(port: &PortRow, spec: &fvd_spec::PortSpec) -> PortCode {
+    let prefix = if port.commit.is_empty() {
+        String::new()
+    } else {
+        fvd_workspace::commit::prefix(Path::new(&port.repo))
+            .await
+            .unwrap_or_default()
+    };
+    PortCode {
+        commit: port.commit.clone(),
+        prefix,
+        fvd_writes: spec
+            .prep
+            .get("port_state_file")
+            .into_iter()
+            .cloned()
+            .collect(),
+    }
+}
+
 async fn start_gate(
     myself: &ActorRef<OrchestratorMsg>,
     st: &mut OrchestratorState,
@@ -546,11 +600,13 @@ async fn start_gate(
         .store
         .set_port_state(&port.family, RUNNING, &port.phase)
         .await?;
+    let code = port_code(port, &spec).await;
     let args = GateArgs {
         traceparent,
         family: port.family.clone(),
         spec,
         repo: port.repo.clone(),
+        code,
         store: st.args.store.clone(),
         scheduler: st.args.scheduler.clone(),
         events: st.args.events.clone(),

@@ -739,6 +739,7 @@ set_env = { PYTHONPATH = "{repo}" }
             state: "blocked".into(),
             phase: "P0".into(),
             port_status_path: String::new(),
+            commit: String::new(),
         };
         store.create_port(&row, &names).await.unwrap();
         // a P0 refusal: no file is created

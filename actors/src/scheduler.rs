@@ -121,6 +121,8 @@ pub struct QueuedJob {
     /// The port's `[defaults] preflight` (empty for none), run by each
     /// worker once before its first job of the port.
     pub preflight: Vec<String>,
+    /// See [`Assignment::fvd_writes`].
+    pub fvd_writes: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -727,11 +729,30 @@ impl FairQueue {
     }
 }
 
-/// Whether `w` carries every label the job asks for.
+/// Whether `w` carries every label the job asks for and provides every
+/// path it needs (`worker_paths`, `fvd worker --provide`).
 fn labels_match(w: &WorkerSlot, p: &Placement) -> bool {
     p.labels
         .iter()
         .all(|(k, v)| w.info.labels.get(k) == Some(v))
+        && p.worker_paths.iter().all(|x| w.info.provides.contains(x))
+}
+
+/// The job's worker paths that no registered worker provides.
+fn unprovided<'a>(st: &SchedulerState, p: &'a Placement) -> Vec<&'a str> {
+    p.worker_paths
+        .iter()
+        .filter(|x| !st.workers.values().any(|w| w.info.provides.contains(x)))
+        .map(String::as_str)
+        .collect()
+}
+
+/// "path a" or "paths a, b".
+fn paths_phrase(paths: &[&str]) -> String {
+    match paths {
+        [one] => format!("path {one}"),
+        many => format!("paths {}", many.join(", ")),
+    }
 }
 
 /// GPUs of `w` the job may use: the free ones (or all of them, to ask
@@ -783,6 +804,7 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
             })
             .map(|(wid, _)| wid)
             .collect();
+        let missing = unprovided(st, p);
         let reason = if fitting.is_empty() {
             let mut want = format!("{need} GPUs on one worker");
             if p.gpu_memory_mib > 0 {
@@ -792,6 +814,10 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
                 let labels: Vec<String> =
                     p.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 want.push_str(&format!(" labelled {}", labels.join(",")));
+            }
+            if !p.worker_paths.is_empty() {
+                let paths: Vec<&str> = p.worker_paths.iter().map(String::as_str).collect();
+                want.push_str(&format!(" providing worker {}", paths_phrase(&paths)));
             }
             if st.config.fixed_fleet {
                 let why = never_fits(st.workers.values(), need, p);
@@ -803,9 +829,15 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
                 });
                 continue;
             }
-            Some(format!(
-                "waiting: needs {want}; no registered worker has that"
-            ))
+            Some(if missing.is_empty() {
+                format!("waiting: needs {want}; no registered worker has that")
+            } else {
+                format!(
+                    "waiting: needs worker {}; no registered worker provides {} (fvd worker --provide PATH=DIR)",
+                    paths_phrase(&missing),
+                    if missing.len() == 1 { "it" } else { "them" }
+                )
+            })
         } else if fitting.iter().all(|w| e.job.exclude.contains_key(*w)) {
             let mut why: Vec<String> = fitting
                 .iter()
@@ -838,6 +870,21 @@ fn never_fits<'a>(
 ) -> String {
     let workers: Vec<&WorkerSlot> = workers.collect();
     let gpus = workers.iter().map(|w| w.info.gpus.len()).max().unwrap_or(0);
+    let unprovided: Vec<&str> = p
+        .worker_paths
+        .iter()
+        .filter(|x| !workers.iter().any(|w| w.info.provides.contains(x)))
+        .map(String::as_str)
+        .collect();
+    if !unprovided.is_empty() {
+        return format!(
+            "needs worker {}; this machine's checkout does not have {}: put {} there (git-ignored), or run it on a fleet whose workers provide {} (fvd worker --provide PATH=DIR)",
+            paths_phrase(&unprovided),
+            if unprovided.len() == 1 { "it" } else { "them" },
+            if unprovided.len() == 1 { "it" } else { "them" },
+            if unprovided.len() == 1 { "it" } else { "them" },
+        );
+    }
     let labelled = workers.iter().any(|w| labels_match(w, p));
     if !labelled {
         let labels: Vec<String> = p.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -1029,6 +1076,10 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             collect_env: entry.job.collect_env.clone(),
             preflight: entry.job.preflight.clone(),
             preflight_key: r.family.clone(),
+            commit: r.commit.clone(),
+            code_prefix: r.code_prefix.clone(),
+            worker_paths: entry.job.placement.worker_paths.clone(),
+            fvd_writes: entry.job.fvd_writes.clone(),
         };
         entry.lease = Some(Lease {
             worker_id: p.worker_id.clone(),

@@ -64,6 +64,8 @@ pub struct TraceActor;
 #[derive(Debug)]
 pub struct TraceArgs {
     pub family: String,
+    /// The port's code: its traced reruns run the commit of the red run.
+    pub code: fvd_store::model::PortCode,
     pub store: Store,
     pub scheduler: ActorRef<SchedulerMsg>,
     pub events: broadcast::Sender<PortEvent>,
@@ -127,6 +129,9 @@ struct Inquiry {
     spec: ComponentSpec,
     trace: TraceSpec,
     cwd: String,
+    /// The red run's commit and port folder inside it: reruns test the same code.
+    commit: String,
+    code_prefix: String,
     red: Option<(JobReport, String)>,
     reply: ActorRef<ComponentMsg>,
     span: Span,
@@ -328,6 +333,7 @@ pub async fn spawn_for_port(
     store: &Store,
     scheduler: &ActorRef<SchedulerMsg>,
     events: &broadcast::Sender<PortEvent>,
+    code: &fvd_store::model::PortCode,
 ) -> Result<ActorRef<TraceMsg>, ActorProcessingErr> {
     let (actor, _) = Actor::spawn_linked(
         // `#` cannot clash with a component actor's `family/component`.
@@ -335,6 +341,7 @@ pub async fn spawn_for_port(
         TraceActor,
         TraceArgs {
             family: family.to_string(),
+            code: code.clone(),
             store: store.clone(),
             scheduler: scheduler.clone(),
             events: events.clone(),
@@ -448,9 +455,9 @@ impl Actor for TraceActor {
                     });
                     return Ok(());
                 };
-                let cwd = match st.args.store.job(&inv.report.job_id).await {
-                    Ok(Some(j)) => j.cwd,
-                    _ => String::new(),
+                let (cwd, commit, code_prefix) = match st.args.store.job(&inv.report.job_id).await {
+                    Ok(Some(j)) => (j.cwd, j.commit, j.code_prefix),
+                    _ => Default::default(),
                 };
                 let span = spans::trace_comparison(&inv.span, &family, &name);
                 let id = match st
@@ -475,6 +482,8 @@ impl Actor for TraceActor {
                     reference_layers: trace.reference_layers.clone(),
                     tried: Vec::new(),
                     cwd,
+                    commit,
+                    code_prefix,
                     red: Some((inv.report, inv.worker_id)),
                     reply: inv.reply,
                     span,
@@ -553,6 +562,8 @@ async fn enqueue(
             component: format!("{}{TRACE_JOB_SUFFIX}", spec.name),
             argv: spec.argv(),
             cwd: inq.cwd.clone(),
+            commit: inq.commit.clone(),
+            code_prefix: inq.code_prefix.clone(),
             gpus_needed: spec.gpus,
             timeout_ms: spec.timeout.as_millis() as u64,
             ..JobRecord::default()
@@ -616,6 +627,7 @@ async fn enqueue(
             collect_env: Some(TRACE_DIR_ENV.to_string()),
             exclude: Default::default(),
             preflight: spec.preflight.clone(),
+            fvd_writes: st.args.code.fvd_writes.clone(),
         })))
         .map_err(|e| format!("scheduler is down: {e}"))?;
     Ok(job_id)

@@ -106,6 +106,7 @@ async fn sim_worker(
         cpu_slots: 1,
         labels: HashMap::new(),
         version: "bench".into(),
+        provides: Vec::new(),
     })))
     .await
     .expect("queue register");
@@ -261,6 +262,7 @@ async fn run(workers: usize, gpus: u32, jobs: usize) {
                 collect_env: None,
                 exclude: Default::default(),
                 preflight: Vec::new(),
+                fvd_writes: Vec::new(),
                 placement: Placement::default(),
                 span: tracing::Span::none(),
             })))

@@ -32,7 +32,9 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 fn port_status(e: PortError) -> Status {
     match e {
         PortError::InvalidSpec(m) => Status::invalid_argument(m),
-        e @ PortError::FamilyMismatch { .. } => Status::invalid_argument(e.to_string()),
+        e @ (PortError::FamilyMismatch { .. } | PortError::UnknownCommit { .. }) => {
+            Status::invalid_argument(e.to_string())
+        }
         PortError::UnknownFamily(f) => Status::not_found(format!("no port of family {f}")),
         e @ (PortError::Busy(..) | PortError::NotRunning { .. }) => {
             Status::failed_precondition(e.to_string())
@@ -195,6 +197,7 @@ impl pb::port_service_server::PortService for PortApi {
             spec_path: r.spec_path,
             spec_toml: r.spec_toml,
             rerun: r.rerun,
+            commit: r.commit,
             traceparent,
         };
         let done = call(&self.orchestrator, |reply| {
@@ -206,6 +209,7 @@ impl pb::port_service_server::PortService for PortApi {
             resumed: done.resumed,
             rerun: done.rerun,
             changes: done.changes,
+            commit: done.commit,
         }))
     }
 

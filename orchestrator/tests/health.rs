@@ -133,6 +133,8 @@ async fn a_worker_is_ready_while_registered_and_alive_until_it_stops() {
         max_backoff: Duration::from_millis(200),
         token: Some(token.clone()),
         tls_ca: None,
+        provides: Vec::new(),
+        code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
     };
     let link = LinkReporter::default();
     let listener = HealthListener::bind("127.0.0.1:0").await.unwrap();
@@ -213,6 +215,8 @@ async fn a_stopping_worker_is_neither_ready_nor_alive() {
         max_backoff: Duration::from_millis(200),
         token: None,
         tls_ca: None,
+        provides: Vec::new(),
+        code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
     };
     let link = LinkReporter::default();
     let listener = HealthListener::bind("127.0.0.1:0").await.unwrap();

@@ -43,6 +43,10 @@ pub struct SubmitArgs {
     /// Run every component again instead of resuming recorded verdicts.
     #[arg(long)]
     pub rerun: bool,
+    /// Pin the port to this commit (any revision git understands) instead
+    /// of the checkout's HEAD, or a snapshot of its uncommitted changes.
+    #[arg(long, value_name = "REV")]
+    pub commit: Option<String>,
     /// Start and write nothing: check the spec and the gate's P0/P2
     /// conditions, show the PORT_STATUS.md rows each component matches and
     /// the diff fvd would write there now from the recorded state.
@@ -218,12 +222,49 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
     }
     let spec_toml = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("cannot read {}", spec_path.display()))?;
+    let rt = runtime()?;
+    // The commit every job of the port runs (README "Running on a fleet").
+    let fvd_writes: Vec<String> = parsed
+        .prep
+        .get("port_state_file")
+        .into_iter()
+        .cloned()
+        .collect();
+    let pin = rt.block_on(fvd_workspace::commit::pin(
+        &repo,
+        &args.family,
+        args.commit.as_deref(),
+        &fvd_writes,
+    ));
+    let commit = match pin {
+        Ok(Some(p)) => {
+            match &p.snapshot {
+                Some(name) => say(format_args!(
+                    "port {} runs commit {}: a snapshot of the uncommitted changes on top of HEAD, kept as {name} (the checkout, its index and HEAD are untouched)",
+                    args.family,
+                    &p.sha[..12]
+                )),
+                None => say(format_args!(
+                    "port {} runs commit {}",
+                    args.family,
+                    &p.sha[..12]
+                )),
+            }
+            p.sha
+        }
+        Ok(None) => String::new(),
+        Err(e) => {
+            eprintln!("fvd: error: {e}");
+            return Ok(Exit::Usage);
+        }
+    };
     let request = pb::SubmitRequest {
         family: args.family.clone(),
         repo: repo.display().to_string(),
         spec_path: spec_path.display().to_string(),
         spec_toml,
         rerun: args.rerun,
+        commit,
     };
     // The port's trace continues this command's span, which continues the
     // caller's (an agent's `TRACEPARENT`) when there is one.
@@ -237,7 +278,6 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
     }
     // `block_on` polls the command's future on this thread, inside the span.
     let _in_span = span.enter();
-    let rt = runtime()?;
     rt.block_on(async move {
         match args.orchestrator {
             Some(url) => {
@@ -351,8 +391,15 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
     super::embedded::state_dir(repo)?;
     let db = state_db(repo);
     let store = Store::open_path(&db).await?;
+    let spec = match &action {
+        Action::Submit(r) => Some((r.spec_path.clone(), r.spec_toml.clone())),
+        Action::Answer(_) => store
+            .port(&family)
+            .await?
+            .map(|p| (p.spec_path, p.spec_toml)),
+    };
     // The worker's address and token are the embedded server's own.
-    let worker = local_worker_config(
+    let mut worker = local_worker_config(
         String::new(),
         repo.join(".fvd").join("worker"),
         &local.gpus,
@@ -362,6 +409,7 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
         None,
     )
     .await?;
+    worker.provides = embedded_provides(repo, spec);
     let embedded = fvd_orchestrator::embedded::Embedded::start(store, worker).await?;
     // The token is in the run file for the owner's own `fvd cancel`.
     let _run_file =
@@ -388,6 +436,40 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
     };
     embedded.stop().await;
     code
+}
+
+/// What embedded mode's worker provides: the spec's `worker_paths` that
+/// this machine's checkout has (it runs the jobs there, or links them into
+/// a checkout of its own when the checkout has moved on from the port's
+/// commit). A path the checkout lacks is not provided, so the scheduler
+/// says at once which path is missing.
+fn embedded_provides(
+    repo: &Path,
+    spec: Option<(String, String)>,
+) -> Vec<fvd_worker::code::Provide> {
+    let Some((path, text)) = spec else {
+        return Vec::new();
+    };
+    let Ok(spec) = fvd_spec::parse(Path::new(&path), &text) else {
+        return Vec::new();
+    };
+    let mut paths: Vec<String> = spec
+        .components
+        .iter()
+        .flat_map(|c| c.placement.worker_paths.iter().cloned())
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
+        .into_iter()
+        .filter_map(|p| {
+            let at = repo.join(&p);
+            at.exists().then(|| fvd_worker::code::Provide {
+                path: p,
+                target: Some(at),
+            })
+        })
+        .collect()
 }
 
 /// Prints a line on stdout; a reader that went away (`fvd submit | head`)

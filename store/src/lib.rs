@@ -95,6 +95,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../migrations/0005_traces.sql")),
     (6, include_str!("../migrations/0006_rerun_budget.sql")),
     (7, include_str!("../migrations/0007_runs_counted.sql")),
+    (8, include_str!("../migrations/0008_commits.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -240,7 +241,7 @@ impl Store {
             return Ok(false);
         }
         let now = now_ms();
-        sqlx::query("INSERT INTO ports (family, repo, spec_path, spec_toml, state, phase, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+        sqlx::query("INSERT INTO ports (family, repo, spec_path, spec_toml, state, phase, created_ms, updated_ms, commit_sha) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
             .bind(&port.family)
             .bind(&port.repo)
             .bind(&port.spec_path)
@@ -249,6 +250,7 @@ impl Store {
             .bind(&port.phase)
             .bind(now)
             .bind(now)
+            .bind(&port.commit)
             .execute(&mut *tx)
             .await?;
         for name in components {
@@ -266,22 +268,22 @@ impl Store {
     /// Replaces the spec of an existing port (a resubmit may edit it): adds
     /// rows for components the new spec introduced, drops those it no
     /// longer lists (their runs stay as history), and sets the components
-    /// of `replan` back to `pending` so they run again.
+    /// of `replan` back to `pending` so they run again. The port is pinned
+    /// to `port.commit` from now on (runs already recorded keep theirs).
     pub async fn update_port_spec(
         &self,
-        family: &str,
-        repo: &str,
-        spec_path: &str,
-        spec_toml: &str,
+        port: &PortRow,
         components: &[String],
         replan: &[String],
     ) -> Result<(), StoreError> {
+        let family = port.family.as_str();
         let mut tx = self.write_tx().await?;
         let now = now_ms();
-        sqlx::query("UPDATE ports SET repo = ?, spec_path = ?, spec_toml = ?, updated_ms = ? WHERE family = ?")
-            .bind(repo)
-            .bind(spec_path)
-            .bind(spec_toml)
+        sqlx::query("UPDATE ports SET repo = ?, spec_path = ?, spec_toml = ?, commit_sha = ?, updated_ms = ? WHERE family = ?")
+            .bind(&port.repo)
+            .bind(&port.spec_path)
+            .bind(&port.spec_toml)
+            .bind(&port.commit)
             .bind(now)
             .bind(family)
             .execute(&mut *tx)
@@ -313,7 +315,7 @@ impl Store {
     }
 
     pub async fn port(&self, family: &str) -> Result<Option<PortRow>, StoreError> {
-        let row = sqlx::query("SELECT family, repo, spec_path, spec_toml, state, phase, port_status_path FROM ports WHERE family = ?")
+        let row = sqlx::query("SELECT family, repo, spec_path, spec_toml, state, phase, port_status_path, commit_sha FROM ports WHERE family = ?")
             .bind(family)
             .fetch_optional(&self.pool)
             .await?;
@@ -333,7 +335,7 @@ impl Store {
     }
 
     pub async fn ports(&self) -> Result<Vec<PortRow>, StoreError> {
-        let rows = sqlx::query("SELECT family, repo, spec_path, spec_toml, state, phase, port_status_path FROM ports ORDER BY created_ms")
+        let rows = sqlx::query("SELECT family, repo, spec_path, spec_toml, state, phase, port_status_path, commit_sha FROM ports ORDER BY created_ms")
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.iter().map(port_row).collect())
@@ -453,7 +455,7 @@ impl Store {
             .await?;
             let run_no = last.unwrap_or(0) + 1;
             let job_id = format!("{}.{}.{}", job.family, job.component, run_no);
-            sqlx::query("INSERT INTO jobs (job_id, family, component, run_no, state, argv, cwd, gpus_needed, timeout_ms, queued_ms) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)")
+            sqlx::query("INSERT INTO jobs (job_id, family, component, run_no, state, argv, cwd, gpus_needed, timeout_ms, queued_ms, commit_sha, code_prefix) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)")
                 .bind(&job_id)
                 .bind(&job.family)
                 .bind(&job.component)
@@ -463,6 +465,8 @@ impl Store {
                 .bind(job.gpus_needed as i64)
                 .bind(job.timeout_ms as i64)
                 .bind(now)
+                .bind(&job.commit)
+                .bind(&job.code_prefix)
                 .execute(&mut *tx)
                 .await?;
             sqlx::query("UPDATE components SET status = 'queued', updated_ms = ? WHERE family = ? AND name = ?")
@@ -1200,7 +1204,7 @@ impl Store {
     }
 }
 
-const JOB_SELECT: &str = "SELECT job_id, family, component, run_no, state, lease_epoch, worker_id, argv, cwd, gpus_needed, timeout_ms, verdict, reason, exit_code, signal, duration_ms, output_tail, queued_ms, started_ms, finished_ms FROM jobs";
+const JOB_SELECT: &str = "SELECT job_id, family, component, run_no, state, lease_epoch, worker_id, argv, cwd, gpus_needed, timeout_ms, verdict, reason, exit_code, signal, duration_ms, output_tail, queued_ms, started_ms, finished_ms, commit_sha, code_prefix FROM jobs";
 
 fn port_row(r: &sqlx::sqlite::SqliteRow) -> PortRow {
     PortRow {
@@ -1211,6 +1215,7 @@ fn port_row(r: &sqlx::sqlite::SqliteRow) -> PortRow {
         state: r.get("state"),
         phase: r.get("phase"),
         port_status_path: r.get("port_status_path"),
+        commit: r.get("commit_sha"),
     }
 }
 
@@ -1241,6 +1246,8 @@ fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRecord, StoreError> {
         started_ms: r.get("started_ms"),
         finished_ms: r.get("finished_ms"),
         env_names: Vec::new(),
+        commit: r.get("commit_sha"),
+        code_prefix: r.get("code_prefix"),
     })
 }
 
@@ -1257,6 +1264,7 @@ mod tests {
             state: "in_progress".into(),
             phase: "P0".into(),
             port_status_path: String::new(),
+            commit: "c0ffee".repeat(6) + "c0ff",
         }
     }
 
@@ -1267,6 +1275,8 @@ mod tests {
             argv: vec!["true".into()],
             cwd: "/".into(),
             timeout_ms: 1000,
+            commit: "ab".repeat(20),
+            code_prefix: "examples/p/".into(),
             ..JobRecord::default()
         }
     }
@@ -1286,6 +1296,16 @@ mod tests {
 
         let store = Store::open_path(&path).await.unwrap();
         assert_eq!(store.max_epoch().await.unwrap(), 7);
+        // The commit the port is pinned to, and each job's, are kept.
+        assert_eq!(
+            store.port("p").await.unwrap().unwrap().commit,
+            port("p").commit
+        );
+        let kept = store.job(&j.job_id).await.unwrap().unwrap();
+        assert_eq!(
+            (kept.commit.as_str(), kept.code_prefix.as_str()),
+            (j.commit.as_str(), "examples/p/")
+        );
         let result = JobResult {
             verdict: "non_skip_pass".into(),
             ..JobResult::default()

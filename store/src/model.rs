@@ -16,6 +16,10 @@ pub struct PortRow {
     /// P0..P11
     pub phase: String,
     pub port_status_path: String,
+    /// The commit the port is pinned to (full hex sha); empty when its
+    /// folder is not in a git repository (its jobs then run in the folder
+    /// itself, which only a shared file system shows the workers).
+    pub commit: String,
 }
 
 /// A component's current state as stored.
@@ -75,6 +79,13 @@ pub struct JobRecord {
     pub finished_ms: Option<i64>,
     /// Environment variable names passed through (not stored: from the spec).
     pub env_names: Vec<String>,
+    /// The commit the run tests: the port's, or an agent attempt's; empty
+    /// when the port is not in a git repository.
+    pub commit: String,
+    /// Where the port folder sits inside the commit's tree
+    /// (`examples/tinyport/`), empty at the top: a worker that checks the
+    /// commit out runs the job in that folder of its checkout.
+    pub code_prefix: String,
 }
 
 /// The classified outcome of a run, as recorded.
@@ -106,6 +117,10 @@ pub struct WorkerInfo {
     pub gpus: Vec<GpuInfo>,
     pub cpu_slots: u32,
     pub labels: BTreeMap<String, String>,
+    /// Paths relative to a port folder that the worker has for its jobs
+    /// (`fvd worker --provide`): a job whose spec lists `worker_paths` goes
+    /// only to a worker providing each of them.
+    pub provides: Vec<String>,
 }
 
 /// A job as handed to a worker.
@@ -130,6 +145,16 @@ pub struct Assignment {
     pub preflight: Vec<String>,
     /// The port the preflight is run for (its family).
     pub preflight_key: String,
+    /// The commit the job runs (empty: none, run in `cwd` as it is).
+    pub commit: String,
+    /// The port folder's place inside the commit's tree.
+    pub code_prefix: String,
+    /// Paths (relative to the port folder) the job needs from the worker:
+    /// found in a shared checkout, or linked from what the worker provides.
+    pub worker_paths: Vec<String>,
+    /// Files fvd writes into the checkout (relative to the port folder),
+    /// left out when a worker compares a shared checkout with the commit.
+    pub fvd_writes: Vec<String>,
 }
 
 /// Messages the orchestrator sends down a worker's stream.
@@ -234,4 +259,19 @@ impl Worktree {
     pub fn workdir(&self) -> PathBuf {
         self.path.join(&self.prefix)
     }
+}
+
+/// The code a port's runs test: what its component and trace actors put on
+/// each job they queue (an agent component's runs name their attempt's
+/// commit instead, inside the same repository).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PortCode {
+    /// The commit the port is pinned to; empty when it is not in git.
+    pub commit: String,
+    /// Where the port folder sits inside the repository.
+    pub prefix: String,
+    /// Files fvd itself writes into the checkout while the port runs
+    /// (relative to the port folder: its `PORT_STATUS.md`): a shared
+    /// checkout that differs from the commit only there is still at it.
+    pub fvd_writes: Vec<String>,
 }
