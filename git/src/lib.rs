@@ -68,13 +68,6 @@ pub async fn prefix(dir: &Path) -> Option<String> {
     run(dir, &["rev-parse", "--show-prefix"], &[]).await.ok()
 }
 
-/// The top of the work tree `dir` is in.
-pub async fn top(dir: &Path) -> Result<PathBuf, GitError> {
-    run(dir, &["rev-parse", "--show-toplevel"], &[])
-        .await
-        .map(PathBuf::from)
-}
-
 /// Whether the repository of `dir` holds commit `sha`.
 pub async fn has_commit(dir: &Path, sha: &str) -> bool {
     run(dir, &["cat-file", "-e", &format!("{sha}^{{commit}}")], &[])
@@ -100,59 +93,93 @@ pub enum Objects<'a> {
     Aside(&'a Path),
 }
 
-/// The variables that send new objects to `objects` for the repository of
-/// the work tree `top`.
-pub async fn object_env(
-    top: &Path,
-    objects: Objects<'_>,
-) -> Result<Vec<(&'static str, OsString)>, GitError> {
-    let Objects::Aside(dir) = objects else {
-        return Ok(Vec::new());
-    };
-    let common = run(
-        top,
-        &["rev-parse", "--path-format=absolute", "--git-common-dir"],
-        &[],
-    )
-    .await?;
-    Ok(vec![
-        ("GIT_OBJECT_DIRECTORY", dir.as_os_str().to_owned()),
-        (
-            "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-            Path::new(&common).join("objects").into_os_string(),
-        ),
-    ])
+/// Where a work tree keeps things, from one `git rev-parse`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    /// The top of the work tree.
+    pub top: PathBuf,
+    /// Its index file.
+    pub index: PathBuf,
+    /// The repository's common folder (its objects are under it).
+    pub common: PathBuf,
+    /// The commit checked out; `None` before the first commit.
+    pub head: Option<String>,
 }
 
-/// The id of the tree `git add -A` would record for the work tree at
-/// `top` (tracked files as they are on disk, untracked ones that are not
-/// ignored), written through a temporary copy of its index: the index,
+/// The layout of the work tree that holds `dir`.
+pub async fn layout(dir: &Path) -> Result<Layout, GitError> {
+    let args = [
+        "rev-parse",
+        "--path-format=absolute",
+        "--show-toplevel",
+        "--git-path",
+        "index",
+        "--git-common-dir",
+    ];
+    let out = run(dir, &args, &[]).await?;
+    let mut lines = out.lines().map(PathBuf::from);
+    let (Some(top), Some(index), Some(common)) = (lines.next(), lines.next(), lines.next()) else {
+        return Err(GitError::Failed {
+            args: args.join(" "),
+            dir: dir.to_path_buf(),
+            detail: format!("unexpected output {out:?}"),
+        });
+    };
+    let head = run(
+        dir,
+        &["rev-parse", "--verify", "--quiet", "HEAD^{commit}"],
+        &[],
+    )
+    .await
+    .ok();
+    Ok(Layout {
+        top,
+        index,
+        common,
+        head,
+    })
+}
+
+/// The variables that send new objects to `objects` for a repository
+/// whose common folder is `common`.
+fn object_env(common: &Path, objects: Objects<'_>) -> Vec<(&'static str, OsString)> {
+    match objects {
+        Objects::Repository => Vec::new(),
+        Objects::Aside(dir) => vec![
+            ("GIT_OBJECT_DIRECTORY", dir.as_os_str().to_owned()),
+            (
+                "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+                common.join("objects").into_os_string(),
+            ),
+        ],
+    }
+}
+
+fn as_env<'a>(envs: &'a [(&'static str, OsString)]) -> Vec<(&'static str, &'a OsStr)> {
+    envs.iter().map(|(k, v)| (*k, v.as_os_str())).collect()
+}
+
+/// The id of the tree `git add -A` would record for the work tree of
+/// `layout` (tracked files as they are on disk, untracked ones that are
+/// not ignored), written through a temporary copy of its index: the index,
 /// HEAD and the work tree are left as they are.
-pub async fn work_tree_id(top: &Path, objects: Objects<'_>) -> Result<String, GitError> {
-    let index = PathBuf::from(
-        run(
-            top,
-            &["rev-parse", "--path-format=absolute", "--git-path", "index"],
-            &[],
-        )
-        .await?,
-    );
+pub async fn work_tree_id(layout: &Layout, objects: Objects<'_>) -> Result<String, GitError> {
     let tmp = std::env::temp_dir().join(format!(
         "fvd-index-{}-{}",
         std::process::id(),
         NEXT_INDEX.fetch_add(1, Ordering::Relaxed)
     ));
-    let mut envs = object_env(top, objects).await?;
+    let mut envs = object_env(&layout.common, objects);
     envs.push(("GIT_INDEX_FILE", tmp.clone().into_os_string()));
-    let envs: Vec<(&str, &OsStr)> = envs.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    let envs = as_env(&envs);
     // The copied index lets git skip files whose stat data did not change;
     // without one (or if the copy is unusable: torn by a concurrent write,
     // a split index) every file is hashed.
-    let copied = index.is_file() && std::fs::copy(&index, &tmp).is_ok();
-    let mut result = add_all(top, &envs).await;
+    let copied = layout.index.is_file() && std::fs::copy(&layout.index, &tmp).is_ok();
+    let mut result = add_all(&layout.top, &envs).await;
     if result.is_err() && copied {
         let _ = std::fs::remove_file(&tmp);
-        result = add_all(top, &envs).await;
+        result = add_all(&layout.top, &envs).await;
     }
     let _ = std::fs::remove_file(&tmp);
     result
@@ -163,9 +190,16 @@ async fn add_all(top: &Path, envs: &[(&str, &OsStr)]) -> Result<String, GitError
     run(top, &["write-tree"], envs).await
 }
 
+/// `.` and an exclude pathspec per `ignore` (paths from the top).
+fn pathspec(ignore: &[String]) -> Vec<String> {
+    let mut v = vec![".".to_string()];
+    v.extend(ignore.iter().map(|p| format!(":(top,exclude,literal){p}")));
+    v
+}
+
 /// Whether commit (or tree) `a` and tree `b` hold the same files, leaving
-/// out `ignore` (paths from the repository's top). `envs` as for
-/// [`object_env`], when `b` was written aside.
+/// out `ignore` (paths from the repository's top). `envs`: those of the
+/// objects `b` was written to, when aside.
 pub async fn same_tree(
     top: &Path,
     a: &str,
@@ -173,11 +207,11 @@ pub async fn same_tree(
     ignore: &[String],
     envs: &[(&str, &OsStr)],
 ) -> Result<bool, GitError> {
-    let mut args: Vec<String> = ["diff-tree", "-r", "--quiet", a, b, "--", "."]
+    let mut args: Vec<String> = ["diff-tree", "-r", "--quiet", a, b, "--"]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    args.extend(ignore.iter().map(|p| format!(":(top,exclude,literal){p}")));
+    args.extend(pathspec(ignore));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match run(top, &args, envs).await {
         Ok(_) => Ok(true),
@@ -187,19 +221,48 @@ pub async fn same_tree(
     }
 }
 
+/// Whether the work tree of `layout` holds the files of commit `sha`
+/// (as [`work_tree_id`] sees them), but for `ignore` (paths from the top).
+/// New objects go to `objects`.
+pub async fn tree_is_commit(
+    layout: &Layout,
+    sha: &str,
+    ignore: &[String],
+    objects: Objects<'_>,
+) -> Result<bool, GitError> {
+    let tree = work_tree_id(layout, objects).await?;
+    let envs = object_env(&layout.common, objects);
+    same_tree(&layout.top, sha, &tree, ignore, &as_env(&envs)).await
+}
+
 /// Whether the work tree that holds `dir` is at commit `sha`: its files
-/// (as [`work_tree_id`] sees them) are those of the commit, but for
-/// `ignore` (paths from the repository's top). Asked without writing to
-/// the repository: new objects go to a temporary folder under `scratch`.
+/// are those of the commit, but for `ignore` (paths from the repository's
+/// top); ignored files do not count. Asked without writing to the
+/// repository (new objects go to a temporary folder under `scratch`).
 /// `Ok(false)` when the repository lacks the commit.
+///
+/// When HEAD is the commit, one `git status` answers (clean but for
+/// `ignore`: at the commit; anything else: not, even a change undone in
+/// the work tree but kept in the index). Otherwise (a snapshot of
+/// uncommitted changes on top of HEAD) the work tree's tree is taken and
+/// compared.
 pub async fn is_at_commit(
     dir: &Path,
     sha: &str,
     ignore: &[String],
     scratch: &Path,
 ) -> Result<bool, GitError> {
-    let top = top(dir).await?;
-    if !has_commit(&top, sha).await {
+    let layout = layout(dir).await?;
+    if layout.head.as_deref() == Some(sha) {
+        let mut args: Vec<String> = ["status", "--porcelain", "-z", "--untracked-files=all", "--"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(pathspec(ignore));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        return Ok(run(&layout.top, &args, &[]).await?.is_empty());
+    }
+    if !has_commit(&layout.top, sha).await {
         return Ok(false);
     }
     let aside = scratch.join(format!(
@@ -214,13 +277,7 @@ pub async fn is_at_commit(
             detail: e.to_string(),
         });
     }
-    let answer = async {
-        let tree = work_tree_id(&top, Objects::Aside(&aside)).await?;
-        let envs = object_env(&top, Objects::Aside(&aside)).await?;
-        let envs: Vec<(&str, &OsStr)> = envs.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
-        same_tree(&top, sha, &tree, ignore, &envs).await
-    }
-    .await;
+    let answer = tree_is_commit(&layout, sha, ignore, Objects::Aside(&aside)).await;
     let _ = std::fs::remove_dir_all(&aside);
     answer
 }
@@ -244,6 +301,32 @@ mod tests {
         String::from_utf8_lossy(&out.stdout).trim_end().to_string()
     }
 
+    /// A commit of the work tree as it is, on top of `head`, made through
+    /// a temporary index (as `fvd submit` snapshots uncommitted changes).
+    fn snapshot_of(top: &Path, head: &str) -> String {
+        let index = std::env::temp_dir().join(format!("fvd-git-test-{}", std::process::id()));
+        let with_index = |args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+                .args(args)
+                .env("GIT_INDEX_FILE", &index)
+                .current_dir(top)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+        };
+        with_index(&["add", "-A"]);
+        let tree = with_index(&["write-tree"]);
+        let sha = with_index(&["commit-tree", &tree, "-p", head, "-m", "snapshot"]);
+        let _ = std::fs::remove_file(&index);
+        sha
+    }
+
     fn repo() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let top = dir.path();
@@ -264,7 +347,6 @@ mod tests {
         let port = top.join("port");
         let scratch = tempfile::tempdir().unwrap();
         let head = git(top, &["rev-parse", "HEAD"]);
-        let objects_before = git(top, &["count-objects"]);
         let index_before = std::fs::read(top.join(".git/index")).unwrap();
         let ignore = vec!["port/STATUS.md".to_string()];
         let at = |ignore: Vec<String>| {
@@ -285,6 +367,21 @@ mod tests {
         assert!(at(ignore.clone()).await);
         std::fs::write(port.join("extra.py"), "").unwrap();
         assert!(!at(ignore.clone()).await);
+        // A commit that is not HEAD (a snapshot of the uncommitted changes,
+        // the untracked extra.py too, on top of it): the work tree's tree
+        // is taken and compared.
+        std::fs::write(port.join("m.py"), "x = 3\n").unwrap();
+        let snapshot = snapshot_of(top, &head);
+        let objects_before = git(top, &["count-objects"]);
+        let at_snapshot = |ignore: Vec<String>| {
+            let (port, sha, s) = (port.clone(), snapshot.clone(), scratch.path().to_path_buf());
+            async move { is_at_commit(&port, &sha, &ignore, &s).await.unwrap() }
+        };
+        assert!(at_snapshot(ignore.clone()).await);
+        std::fs::write(port.join("m.py"), "x = 1\n").unwrap();
+        assert!(!at_snapshot(ignore.clone()).await);
+        std::fs::remove_file(port.join("extra.py")).unwrap();
+        assert!(at(ignore.clone()).await);
         // Asking wrote nothing to the repository and left no folder behind.
         assert_eq!(git(top, &["count-objects"]), objects_before);
         assert_eq!(std::fs::read(top.join(".git/index")).unwrap(), index_before);

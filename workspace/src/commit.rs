@@ -111,14 +111,15 @@ pub async fn pin(
             snapshot: None,
         }));
     }
-    let head = git(repo, &["rev-parse", "--verify", "--quiet", "HEAD^{commit}"])
-        .await
-        .map_err(|_| CommitError::NoHead {
+    let layout = fvd_git::layout(repo).await?;
+    let Some(head) = layout.head.clone() else {
+        return Err(CommitError::NoHead {
             repo: repo.to_path_buf(),
-        })?;
-    let top = fvd_git::top(repo).await?;
+        });
+    };
+    let top = layout.top.clone();
     refuse_large_untracked(&top).await?;
-    let tree = fvd_git::work_tree_id(&top, Objects::Repository).await?;
+    let tree = fvd_git::work_tree_id(&layout, Objects::Repository).await?;
     let ignore: Vec<String> = fvd_writes.iter().map(|p| format!("{prefix}{p}")).collect();
     if fvd_git::same_tree(&top, &head, &tree, &ignore, &[]).await? {
         return Ok(Some(Pin {
