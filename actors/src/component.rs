@@ -34,7 +34,9 @@ use crate::gate::GateMsg;
 use crate::run_verdict;
 use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_spec::ComponentSpec;
-use fvd_store::model::{ComponentRow, JobRecord, JobReport, JobResult, PortEvent};
+use fvd_store::model::{
+    ComponentRow, ComponentStatus, JobRecord, JobReport, JobResult, JobState, PortEvent,
+};
 use fvd_store::{AttemptRow, EscapeRow, Store, now_ms};
 use fvd_workspace::agent::{self, LastRun};
 use fvd_workspace::worktree::{self, Worktree};
@@ -182,7 +184,7 @@ impl Actor for ComponentSubagentActor {
                 Ok(l) => st.agent = Some(l),
                 Err(e) => {
                     let reason = format!("error: agent loop cannot start: {e}");
-                    return finish(st, "blocked", "error", &reason, "").await;
+                    return block(st, "error", &reason, "").await;
                 }
             }
             return resume(&myself, st, &row).await;
@@ -200,7 +202,7 @@ impl Actor for ComponentSubagentActor {
             ComponentMsg::Job(ev) => job_event(&myself, st, ev).await?,
             ComponentMsg::Answered { id } => {
                 let row = current(st).await?;
-                if row.status != "ask_user" || st.agent.is_none() {
+                if row.status != ComponentStatus::AskUser || st.agent.is_none() {
                     tracing::debug!(%id, status = %row.status, "answer for a component that is not asking");
                     return Ok(());
                 }
@@ -279,7 +281,7 @@ async fn job_event(
             st.args.store.unplace_job(&job_id).await?;
             st.job_id = None;
             let reason = format!("unplaced: {reason}");
-            finish(st, "blocked", "unplaced", &reason, "").await?;
+            block(st, "unplaced", &reason, "").await?;
         }
         JobEvent::WorkerLost {
             job_id,
@@ -291,7 +293,7 @@ async fn job_event(
             }
             if give_up {
                 let reason = format!("infra_error: worker {worker_id} lost on every retry");
-                finish(st, "blocked", "infra_error", &reason, &worker_id).await?;
+                block(st, "infra_error", &reason, &worker_id).await?;
             } else {
                 // The scheduler recorded the requeue; only watchers
                 // need telling.
@@ -361,7 +363,14 @@ async fn job_event(
             }
             if v.is_infra() && st.infra_verdicts < MAX_INFRA_VERDICTS {
                 st.infra_verdicts += 1;
-                update(st, "queued", &result.verdict, &result.reason, &worker_id).await?;
+                update(
+                    st,
+                    ComponentStatus::Queued,
+                    &result.verdict,
+                    &result.reason,
+                    &worker_id,
+                )
+                .await?;
                 return enqueue(&myself, st).await;
             }
             if !v.is_pass() && !v.is_infra() && st.agent.is_some() {
@@ -374,7 +383,14 @@ async fn job_event(
                 let need = st.args.spec.confirm_runs;
                 if streak < need {
                     let why = format!("passed {streak} of {need} runs in a row; confirming");
-                    update(st, "confirming", &result.verdict, &why, &worker_id).await?;
+                    update(
+                        st,
+                        ComponentStatus::Confirming,
+                        &result.verdict,
+                        &why,
+                        &worker_id,
+                    )
+                    .await?;
                     return enqueue(&myself, st).await;
                 }
                 if let Some(findings) = cleanup_findings(st).await? {
@@ -395,9 +411,9 @@ async fn job_event(
                 }
             }
             let status = if v.is_pass() {
-                "non_skip_pass"
+                ComponentStatus::NonSkipPass
             } else {
-                "blocked"
+                ComponentStatus::Blocked
             };
             let reason = if v.is_pass() {
                 result.reason.clone()
@@ -630,7 +646,7 @@ async fn resume(
                 "error: attempt {} was cut off and its worktree cannot be reset: {e}",
                 cut.attempt
             );
-            return finish(st, "blocked", "error", &reason, "").await;
+            return block(st, "error", &reason, "").await;
         }
         let before = JobResult {
             verdict: cut.verdict_before.clone(),
@@ -641,7 +657,7 @@ async fn resume(
         let (job, kind) = (cut.job_before.clone(), cut.kind.clone());
         return agent_attempt(myself, st, &job, &before, "", &kind).await;
     }
-    if row.status == "ask_user" {
+    if row.status == ComponentStatus::AskUser {
         let answered = answered(st).await?;
         if answered.is_empty() {
             st.args.gate.cast(GateMsg::ComponentAsks(row.clone()))?;
@@ -653,7 +669,7 @@ async fn resume(
         .last()
         .filter(|a| a.verdict_after.is_empty())
         .map(|a| a.attempt);
-    if row.status == "agent" && untested.is_none() {
+    if row.status == ComponentStatus::Agent && untested.is_none() {
         // Cut off after the red run was recorded and before the attempt
         // row was opened: the attempt starts from that red run.
         if let Some((job, last)) = last_result(st).await? {
@@ -708,7 +724,7 @@ async fn last_result(
     Ok(jobs
         .into_iter()
         .rev()
-        .find(|j| j.state == "finished")
+        .find(|j| j.state == JobState::Finished)
         .map(|j| {
             (
                 j.job_id.clone(),
@@ -749,7 +765,7 @@ async fn passes_in_a_row(st: &ComponentState) -> Result<u32, ActorProcessingErr>
     Ok(jobs
         .iter()
         .rev()
-        .filter(|j| j.state == "finished")
+        .filter(|j| j.state == JobState::Finished)
         .take_while(|j| j.verdict == "non_skip_pass" && j.queued_ms >= since)
         .count() as u32)
 }
@@ -824,7 +840,7 @@ async fn spent(st: &ComponentState, recorded: &[AttemptRow]) -> Result<Spent, Ac
         first_queued_ms: jobs.iter().map(|j| j.queued_ms).min(),
         gpu_ms: jobs
             .iter()
-            .filter(|j| j.state == "finished")
+            .filter(|j| j.state == JobState::Finished)
             .map(|j| j.duration_ms.unwrap_or(0) * u64::from(j.gpus_needed))
             .sum(),
         now_ms: now_ms(),
@@ -863,12 +879,12 @@ async fn agent_attempt(
         && let Some(why) = budget_spent(&a, &used)
     {
         let reason = format!("{} ({why})", classed(&result.verdict, &result.reason));
-        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+        return block(st, &result.verdict, &reason, worker_id).await;
     }
     let attempt = rerun.unwrap_or(recorded.len() as u32 + 1);
     update(
         st,
-        "agent",
+        ComponentStatus::Agent,
         &result.verdict,
         &format!(
             "agent attempt {attempt} ({} of {} in the budget) after {}",
@@ -986,7 +1002,7 @@ async fn agent_attempt(
                 "{} (agent attempt {attempt} could not be committed: {e})",
                 classed(&result.verdict, &result.reason)
             );
-            return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+            return block(st, &result.verdict, &reason, worker_id).await;
         }
     };
     st.args
@@ -1024,7 +1040,7 @@ async fn agent_attempt(
             "{} ({e}, after agent attempt {attempt})",
             classed(&result.verdict, &result.reason)
         );
-        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+        return block(st, &result.verdict, &reason, worker_id).await;
     }
     if let Some(hatch) = handoff.escape() {
         return ask_user(st, attempt, &result.verdict, hatch, worker_id).await;
@@ -1040,14 +1056,14 @@ async fn agent_attempt(
             "{} (conversion_retry_request after agent attempt {attempt}: {request})",
             classed(&result.verdict, &result.reason)
         );
-        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+        return block(st, &result.verdict, &reason, worker_id).await;
     }
     if let Some(stop) = handoff.stop_reason() {
         let reason = format!(
             "{} ({stop}, after agent attempt {attempt})",
             classed(&result.verdict, &result.reason)
         );
-        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+        return block(st, &result.verdict, &reason, worker_id).await;
     }
     enqueue(myself, st).await?;
     if let Some(job) = &st.job_id {
@@ -1093,7 +1109,7 @@ async fn ask_user(
         )
         .await?;
     let reason = format!("waiting for an answer to {id}: {}", hatch.question);
-    update(st, "ask_user", verdict, &reason, worker_id).await?;
+    update(st, ComponentStatus::AskUser, verdict, &reason, worker_id).await?;
     if let Err(e) = crate::port_status::write(&st.args.store, &family).await {
         tracing::error!(%family, error = %e, "could not write PORT_STATUS.md");
     }
@@ -1104,7 +1120,7 @@ async fn ask_user(
 
 async fn update(
     st: &ComponentState,
-    status: &str,
+    status: ComponentStatus,
     verdict: &str,
     reason: &str,
     worker_id: &str,
@@ -1125,13 +1141,13 @@ async fn update(
 
 async fn finish(
     st: &mut ComponentState,
-    status: &str,
+    status: ComponentStatus,
     verdict: &str,
     reason: &str,
     worker_id: &str,
 ) -> Result<(), ActorProcessingErr> {
     update(st, status, verdict, reason, worker_id).await?;
-    st.span.record("status", status);
+    st.span.record("status", status.as_str());
     st.span.record("verdict", verdict);
     st.span.record("reason", reason);
     // The component is final: its span ends (and is exported) now.
@@ -1140,6 +1156,17 @@ async fn finish(
     let row = current(st).await?;
     st.args.gate.cast(GateMsg::ComponentFinal(row))?;
     Ok(())
+}
+
+/// Ends the component `blocked`: it ended without a pass, and `verdict`
+/// and `reason` say why.
+async fn block(
+    st: &mut ComponentState,
+    verdict: &str,
+    reason: &str,
+    worker_id: &str,
+) -> Result<(), ActorProcessingErr> {
+    finish(st, ComponentStatus::Blocked, verdict, reason, worker_id).await
 }
 
 async fn emit(st: &ComponentState) -> Result<(), ActorProcessingErr> {

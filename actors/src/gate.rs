@@ -21,7 +21,7 @@ use crate::component::{ComponentArgs, ComponentSubagentActor};
 use crate::scheduler::SchedulerMsg;
 use fvd_spec::PortSpec;
 use fvd_store::Store;
-use fvd_store::model::{ComponentRow, GateEventRow, PortEvent};
+use fvd_store::model::{ComponentRow, ComponentStatus, GateEventRow, PortEvent, PortState};
 
 #[derive(Debug)]
 pub struct GateActor;
@@ -78,15 +78,6 @@ pub struct GateState {
     /// The port's trace actor, when some component has `[component.trace]`.
     trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
 }
-
-/// Port states as stored. `waiting` means fvd finished what it drives and
-/// the port waits on phases whose work it does not drive yet.
-pub const RUNNING: &str = "running";
-/// Port state while its only unfinished components wait for `fvd answer`.
-pub const ASK_USER: &str = "ask_user";
-/// Port state while some unfinished component waits for a worker whose
-/// environment can run it, and nothing else runs.
-pub const ENVIRONMENT: &str = "environment";
 
 impl Actor for GateActor {
     type Msg = GateMsg;
@@ -211,7 +202,11 @@ impl Actor for GateActor {
         record(st, Phase::ComponentParityDebug, "entered", vec![]).await?;
         st.args
             .store
-            .set_port_state(&st.args.family, RUNNING, &Phase::ComponentParityDebug.id())
+            .set_port_state(
+                &st.args.family,
+                PortState::Running,
+                &Phase::ComponentParityDebug.id(),
+            )
             .await?;
         if st.args.spec.components.iter().any(|c| c.trace.is_some()) {
             let a = &st.args;
@@ -264,7 +259,11 @@ impl Actor for GateActor {
                 if st.waiting_env.remove(&name) {
                     st.args
                         .store
-                        .set_port_state(&st.args.family, RUNNING, &Phase::ComponentParityDebug.id())
+                        .set_port_state(
+                            &st.args.family,
+                            PortState::Running,
+                            &Phase::ComponentParityDebug.id(),
+                        )
                         .await?;
                 }
             }
@@ -272,7 +271,11 @@ impl Actor for GateActor {
                 st.asking.remove(&component);
                 st.args
                     .store
-                    .set_port_state(&st.args.family, RUNNING, &Phase::ComponentParityDebug.id())
+                    .set_port_state(
+                        &st.args.family,
+                        PortState::Running,
+                        &Phase::ComponentParityDebug.id(),
+                    )
                     .await?;
                 match ractor::registry::where_is(actor_name(&st.args.family, &component)) {
                     Some(cell) => {
@@ -305,7 +308,7 @@ impl Actor for GateActor {
                             .set_component(
                                 &st.args.family,
                                 &c.name,
-                                "blocked",
+                                ComponentStatus::Blocked,
                                 "cancelled",
                                 "cancelled: the port was cancelled",
                                 "",
@@ -324,7 +327,7 @@ impl Actor for GateActor {
                     .store
                     .set_port_state(
                         &st.args.family,
-                        "cancelled",
+                        PortState::Cancelled,
                         &Phase::ComponentParityDebug.id(),
                     )
                     .await?;
@@ -410,16 +413,16 @@ async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorP
         return Ok(());
     }
     let state = if st.waiting_env.is_empty() {
-        ASK_USER
+        PortState::AskUser
     } else {
-        ENVIRONMENT
+        PortState::Environment
     };
     st.args
         .store
         .set_port_state(&st.args.family, state, &Phase::ComponentParityDebug.id())
         .await?;
     match crate::port_status::write(&st.args.store, &st.args.family).await {
-        Ok(written) => tracing::info!(%written, state, "port paused"),
+        Ok(written) => tracing::info!(%written, %state, "port paused"),
         Err(e) => {
             tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md")
         }
@@ -445,7 +448,7 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
         .iter()
         .filter_map(|c| {
             let row = &st.finals[&c.name];
-            (row.status != "non_skip_pass")
+            (row.status != ComponentStatus::NonSkipPass)
                 .then(|| format!("component {} is {} ({})", c.name, row.status, row.reason))
         })
         .collect();
@@ -481,7 +484,7 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
         .store
         .set_port_state(
             &st.args.family,
-            "waiting",
+            PortState::Waiting,
             &Phase::PipelineStagesAndVariants.id(),
         )
         .await?;
@@ -497,7 +500,7 @@ async fn refuse(
     record(st, phase, "refused", conditions).await?;
     st.args
         .store
-        .set_port_state(&st.args.family, "blocked", &phase.id())
+        .set_port_state(&st.args.family, PortState::Blocked, &phase.id())
         .await?;
     Ok(())
 }

@@ -8,9 +8,9 @@ use std::path::Path;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::broadcast;
 
-use crate::gate::{ASK_USER, ENVIRONMENT, GateActor, GateArgs, GateMsg, RUNNING};
+use crate::gate::{GateActor, GateArgs, GateMsg};
 use crate::scheduler::SchedulerMsg;
-use fvd_store::model::{PortEvent, PortRow};
+use fvd_store::model::{PortEvent, PortRow, PortState};
 use fvd_store::{EscapeRow, Store, StoreError};
 
 #[derive(Debug)]
@@ -65,7 +65,7 @@ pub enum PortError {
     )]
     Busy(String, &'static str),
     #[error("port {family} is not running here (state {state}); nothing to cancel")]
-    NotRunning { family: String, state: String },
+    NotRunning { family: String, state: PortState },
     #[error("port {family} has no escape hatch {id}")]
     UnknownEscape { family: String, id: String },
     /// The answer does not fit the hatch (an option out of range, an empty
@@ -137,7 +137,7 @@ impl Actor for OrchestratorActor {
             return Ok(());
         }
         for port in st.args.store.ports().await? {
-            if port.state == RUNNING || port.state == ASK_USER || port.state == ENVIRONMENT {
+            if port.state.is_unfinished() {
                 tracing::info!(family = %port.family, "resuming port from the store");
                 if let Err(e) = start_gate(&myself, st, &port, None).await {
                     tracing::error!(family = %port.family, error = %e, "could not resume port");
@@ -265,9 +265,7 @@ async fn submit(
         // no submitter waiting on it: either may be replaced by a rerun or
         // a changed spec. One that a submission here is running must be
         // cancelled first.
-        let paused = rows
-            .iter()
-            .all(|c| c.is_final() || c.status == ASK_USER || c.status == ENVIRONMENT);
+        let paused = rows.iter().all(|c| c.is_final() || c.status.is_paused());
         if !paused && st.submitted.contains(&sub.family) {
             let what = if sub.rerun {
                 "asking for a rerun"
@@ -300,7 +298,7 @@ async fn submit(
         repo: sub.repo.clone(),
         spec_path: sub.spec_path.clone(),
         spec_toml: sub.spec_toml.clone(),
-        state: RUNNING.into(),
+        state: PortState::Running,
         phase: "P0".into(),
         port_status_path: String::new(),
     };
@@ -510,7 +508,7 @@ async fn answer(
     // must not see the pause and end at once.
     st.args
         .store
-        .set_port_state(family, RUNNING, &port.phase)
+        .set_port_state(family, PortState::Running, &port.phase)
         .await
         .map_err(internal)?;
     match st.ports.get(family) {
@@ -544,7 +542,7 @@ async fn start_gate(
     }
     st.args
         .store
-        .set_port_state(&port.family, RUNNING, &port.phase)
+        .set_port_state(&port.family, PortState::Running, &port.phase)
         .await?;
     let args = GateArgs {
         traceparent,

@@ -44,7 +44,9 @@ use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_spec::ComponentSpec;
 use fvd_spec::trace_spec::TraceSpec;
 use fvd_store::Store;
-use fvd_store::model::{CollectedFile, JobRecord, JobReport, JobResult, PortEvent};
+use fvd_store::model::{
+    CollectedFile, ComponentStatus, JobRecord, JobReport, JobResult, PortEvent,
+};
 
 /// Variable the worker points at the run's own folder for trace files.
 pub const TRACE_DIR_ENV: &str = "FVD_TRACE_DIR";
@@ -632,7 +634,14 @@ async fn progress(st: &TraceState, inq: &Inquiry) -> Result<(), fvd_store::Store
     );
     st.args
         .store
-        .set_component(family, name, "tracing", "debug_red", &reason, "")
+        .set_component(
+            family,
+            name,
+            ComponentStatus::Tracing,
+            "debug_red",
+            &reason,
+            "",
+        )
         .await?;
     if let Some(row) = st
         .args

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fvd_actors::orchestrator::{AnswerChoice, OrchestratorMsg, PortError, Submission};
 use fvd_proto::v1 as pb;
-use fvd_store::model::{ComponentRow, GateEventRow, PortEvent};
+use fvd_store::model::{ComponentRow, GateEventRow, JobState, PortEvent, PortState};
 use fvd_store::{AttemptRow, EscapeRow, Store, StoreError};
 use ractor::ActorRef;
 use tokio::sync::{broadcast, mpsc};
@@ -76,7 +76,7 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     Ok(Some(pb::PortSnapshot {
         escapes: escapes.into_iter().map(escape_wire).collect(),
         family: port.family,
-        state: port.state,
+        state: port.state.as_str().to_string(),
         phase: port.phase,
         components: components.into_iter().map(component_wire).collect(),
         gate_events: gate.into_iter().map(gate_wire).collect(),
@@ -88,7 +88,7 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
 fn component_wire(c: ComponentRow) -> pb::ComponentSnapshot {
     pb::ComponentSnapshot {
         name: c.name,
-        status: c.status,
+        status: c.status.as_str().to_string(),
         reason: c.reason,
         runs: c.runs,
         worker_id: c.worker_id,
@@ -180,8 +180,10 @@ fn gate_wire(g: GateEventRow) -> pb::GateEvent {
     }
 }
 
+/// Whether a port in wire state `state` is running: a watch of one that
+/// is not ends at once.
 fn is_active(state: &str) -> bool {
-    state == fvd_actors::gate::RUNNING
+    state == PortState::Running.as_str()
 }
 
 /// Streams a job's stored output `(stream, bytes)` in order; with `follow`,
@@ -210,7 +212,7 @@ pub fn log_pump_after(
             // Read the state before the chunks: a run that had ended by then
             // has every chunk stored, so this read is the last one needed.
             let ended = match store.job(&job_id).await {
-                Ok(Some(j)) => j.state == "finished" || j.state == "abandoned",
+                Ok(Some(j)) => matches!(j.state, JobState::Finished | JobState::Abandoned),
                 Ok(None) => true,
                 Err(e) => {
                     let _ = tx.send(Err(e)).await;

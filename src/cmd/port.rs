@@ -16,6 +16,7 @@ use fvd_proto::auth::{ClientAuth, Token};
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::port_service_client::PortServiceClient;
 use fvd_store::Store;
+use fvd_store::model::{ComponentStatus, PortState};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
@@ -473,12 +474,15 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<u8> {
 /// 0 when every component is `non_skip_pass`, 3 when the port paused on
 /// questions, 4 when it waits for a fixed environment, 1 otherwise.
 fn outcome(snap: &pb::PortSnapshot) -> u8 {
-    if snap.state == fvd_actors::gate::ENVIRONMENT {
+    if snap.state == PortState::Environment.as_str() {
         EXIT_ENVIRONMENT
-    } else if snap.state == fvd_actors::gate::ASK_USER {
+    } else if snap.state == PortState::AskUser.as_str() {
         EXIT_ASK_USER
     } else if !snap.components.is_empty()
-        && snap.components.iter().all(|c| c.status == "non_skip_pass")
+        && snap
+            .components
+            .iter()
+            .all(|c| c.status == ComponentStatus::NonSkipPass.as_str())
     {
         EXIT_ALL_PASS
     } else {
@@ -508,10 +512,11 @@ impl Progress {
         if c.runs > 0 {
             line.push_str(&format!("  run {}", c.runs));
         }
-        if !c.worker_id.is_empty() && c.status == "running" {
+        let running = c.status == ComponentStatus::Running.as_str();
+        if !c.worker_id.is_empty() && running {
             line.push_str(&format!(" on {}", c.worker_id));
         }
-        if !c.reason.is_empty() && c.status != "running" {
+        if !c.reason.is_empty() && !running {
             line.push_str(&format!("  {}", c.reason));
         }
         let Some((mp, bars)) = &self.bars else {
@@ -529,9 +534,13 @@ impl Progress {
             b.enable_steady_tick(Duration::from_millis(120));
             b
         });
-        match c.status.as_str() {
-            "non_skip_pass" => bar.finish_with_message(format!("\x1b[32m{line}\x1b[0m")),
-            "blocked" => bar.finish_with_message(format!("\x1b[31m{line}\x1b[0m")),
+        match c.status.parse() {
+            Ok(ComponentStatus::NonSkipPass) => {
+                bar.finish_with_message(format!("\x1b[32m{line}\x1b[0m"))
+            }
+            Ok(ComponentStatus::Blocked) => {
+                bar.finish_with_message(format!("\x1b[31m{line}\x1b[0m"))
+            }
             _ => bar.set_message(line),
         }
     }
@@ -584,7 +593,7 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             c.name, c.status, c.runs, c.reason
         ));
     }
-    for (cause, names) in grouped(s, "environment", "") {
+    for (cause, names) in grouped(s, ComponentStatus::Environment, "") {
         let n = names.len();
         say(format_args!(
             "{n} component{} could not run on {cause} ({})",
@@ -592,7 +601,7 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             names.join(", ")
         ));
     }
-    for (cause, names) in grouped(s, "blocked", "unplaced: ") {
+    for (cause, names) in grouped(s, ComponentStatus::Blocked, "unplaced: ") {
         let n = names.len();
         say(format_args!(
             "{n} component{} cannot run on this machine: {cause} ({})",
@@ -600,7 +609,7 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             names.join(", ")
         ));
     }
-    if s.state == fvd_actors::gate::ENVIRONMENT {
+    if s.state == PortState::Environment.as_str() {
         say(format_args!(
             "  fix the environment of that worker (or start one that has it) and run fvd submit --family {} again: nothing was counted against the components",
             s.family
@@ -635,9 +644,13 @@ fn print_snapshot(s: &pb::PortSnapshot) {
 /// the rest of it (the cause: `worker W: No module named 'torch'`, `needs 1
 /// GPU; this machine has none: …`), causes in order of first appearance:
 /// what the machine lacks is said once, not once per component.
-fn grouped(s: &pb::PortSnapshot, status: &str, prefix: &str) -> Vec<(String, Vec<String>)> {
+fn grouped(
+    s: &pb::PortSnapshot,
+    status: ComponentStatus,
+    prefix: &str,
+) -> Vec<(String, Vec<String>)> {
     let mut out: Vec<(String, Vec<String>)> = Vec::new();
-    for c in s.components.iter().filter(|c| c.status == status) {
+    for c in s.components.iter().filter(|c| c.status == status.as_str()) {
         let Some(cause) = c.reason.strip_prefix(prefix) else {
             continue;
         };

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+pub use crate::states::{ComponentStatus, JobState, PortState, UnknownState};
+
 /// A port as stored.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PortRow {
@@ -11,8 +13,7 @@ pub struct PortRow {
     pub repo: String,
     pub spec_path: String,
     pub spec_toml: String,
-    /// in_progress | blocked | complete | cancelled
-    pub state: String,
+    pub state: PortState,
     /// P0..P11
     pub phase: String,
     pub port_status_path: String,
@@ -22,8 +23,7 @@ pub struct PortRow {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ComponentRow {
     pub name: String,
-    /// pending | queued | running | non_skip_pass | blocked
-    pub status: String,
+    pub status: ComponentStatus,
     /// Verdict of the latest finished run (`debug_red`, `scaffold_skip`, …).
     pub verdict: String,
     /// One line: the failing assertion, the skip reason, the collection error.
@@ -35,7 +35,7 @@ pub struct ComponentRow {
 impl ComponentRow {
     /// Whether the component reached an end state of phase 6.
     pub fn is_final(&self) -> bool {
-        matches!(self.status.as_str(), "non_skip_pass" | "blocked")
+        self.status.is_final()
     }
 }
 
@@ -56,8 +56,7 @@ pub struct JobRecord {
     pub family: String,
     pub component: String,
     pub run_no: u32,
-    /// queued | running | finished | abandoned
-    pub state: String,
+    pub state: JobState,
     pub lease_epoch: u64,
     pub worker_id: String,
     pub argv: Vec<String>,
