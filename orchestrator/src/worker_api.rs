@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use fvd_actors::scheduler::SchedulerMsg;
 use fvd_proto::v1 as pb;
-use fvd_store::model::{CollectedFile, GpuInfo, JobReport, ToWorker, WorkerInfo};
+use fvd_store::model::{CollectedFile, GpuInfo, JobReport, JunitStatus, ToWorker, WorkerInfo};
 use ractor::ActorRef;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
@@ -192,6 +192,7 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
             data: l.data,
         },
         pb::worker_msg::Msg::JobFinished(f) => {
+            let junit_status = junit_status(&f);
             let (files, files_error) = checked_files(&worker_id, f.files, f.files_error);
             SchedulerMsg::Finished {
                 worker_id,
@@ -203,8 +204,9 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                     timed_out: f.timed_out,
                     cancelled: f.cancelled,
                     duration_ms: f.duration_ms,
-                    junit_xml: (f.junit_error.is_empty() && !f.junit_xml.is_empty())
+                    junit_xml: (junit_status == JunitStatus::Read && !f.junit_xml.is_empty())
                         .then_some(f.junit_xml),
+                    junit_status,
                     junit_error: f.junit_error,
                     output_tail: f.output_tail,
                     survivors: f.survivors,
@@ -216,6 +218,26 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
             }
         }
     })
+}
+
+/// What became of the job's JUnit report. A worker older than
+/// `junit_status` sends none: then a report with no error was read (or none
+/// was asked for) and one with an error is unreadable; its words are not
+/// parsed.
+fn junit_status(f: &pb::JobFinished) -> JunitStatus {
+    match pb::JunitStatus::try_from(f.junit_status) {
+        Ok(pb::JunitStatus::NotRequested) => JunitStatus::NotRequested,
+        Ok(pb::JunitStatus::Read) => JunitStatus::Read,
+        Ok(pb::JunitStatus::Missing) => JunitStatus::Missing,
+        Ok(pb::JunitStatus::Unreadable) => JunitStatus::Unreadable,
+        Ok(pb::JunitStatus::Unspecified) | Err(_) => {
+            match (f.junit_error.is_empty(), f.junit_xml.is_empty()) {
+                (false, _) => JunitStatus::Unreadable,
+                (true, false) => JunitStatus::Read,
+                (true, true) => JunitStatus::NotRequested,
+            }
+        }
+    }
 }
 
 /// The files a worker sent back, kept only if every path stays inside the
@@ -273,6 +295,46 @@ mod tests {
             Some(SchedulerMsg::Finished { report, .. }) => report,
             other => panic!("not a result: {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_junit_status_crosses_the_wire_and_an_older_worker_is_understood() {
+        let with = |status: pb::JunitStatus, xml: &str, error: &str| {
+            let mut m = finished(&[]);
+            if let Some(pb::worker_msg::Msg::JobFinished(f)) = &mut m.msg {
+                f.junit_status = status.into();
+                f.junit_xml = xml.into();
+                f.junit_error = error.into();
+            }
+            let r = report(m);
+            (r.junit_status, r.junit_xml)
+        };
+        let xml = Some("<testsuite/>".to_string());
+        assert_eq!(
+            with(pb::JunitStatus::Read, "<testsuite/>", ""),
+            (JunitStatus::Read, xml.clone())
+        );
+        assert_eq!(
+            with(pb::JunitStatus::Read, "", ""),
+            (JunitStatus::Read, None)
+        );
+        assert_eq!(
+            with(pb::JunitStatus::Missing, "", "junit file j was not written"),
+            (JunitStatus::Missing, None)
+        );
+        assert_eq!(
+            with(pb::JunitStatus::Unreadable, "", "denied"),
+            (JunitStatus::Unreadable, None)
+        );
+        assert_eq!(
+            with(pb::JunitStatus::NotRequested, "", ""),
+            (JunitStatus::NotRequested, None)
+        );
+        // A worker older than the field sends no status.
+        let older = pb::JunitStatus::Unspecified;
+        assert_eq!(with(older, "<testsuite/>", ""), (JunitStatus::Read, xml));
+        assert_eq!(with(older, "", ""), (JunitStatus::NotRequested, None));
+        assert_eq!(with(older, "", "denied"), (JunitStatus::Unreadable, None));
     }
 
     #[test]

@@ -153,6 +153,9 @@ pub struct JobReport {
     pub cancelled: bool,
     pub duration_ms: u64,
     pub junit_xml: Option<String>,
+    /// What became of the report; the verdict is classified from this.
+    pub junit_status: JunitStatus,
+    /// Why there is no report, in words for people.
     pub junit_error: String,
     pub output_tail: String,
     pub survivors: Vec<u32>,
@@ -165,6 +168,21 @@ pub struct JobReport {
     pub files_error: String,
     /// The port's preflight failed on this worker: the job did not run.
     pub preflight_error: String,
+}
+
+/// What became of a job's JUnit report, as its worker said.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum JunitStatus {
+    /// The job asked for none.
+    #[default]
+    NotRequested,
+    /// Read: [`JobReport::junit_xml`] holds it (none when the file was
+    /// empty).
+    Read,
+    /// The test did not write it.
+    Missing,
+    /// It exists but could not be read; [`JobReport::junit_error`] says why.
+    Unreadable,
 }
 
 /// One file a job left in its collected folder.

@@ -509,17 +509,23 @@ async fn run_assigned(
             finished.duration_ms = o.duration.as_millis() as u64;
             finished.output_tail = o.output_tail;
             finished.survivors = o.survivors.iter().map(|p| p.pid as u32).collect();
-            match o.junit {
-                JunitFile::Read(xml) => finished.junit_xml = xml,
-                JunitFile::NotRequested => {}
+            let status = match o.junit {
+                JunitFile::Read(xml) => {
+                    finished.junit_xml = xml;
+                    pb::JunitStatus::Read
+                }
+                JunitFile::NotRequested => pb::JunitStatus::NotRequested,
                 JunitFile::Missing(p) => {
                     finished.junit_error = format!("junit file {} was not written", p.display());
+                    pb::JunitStatus::Missing
                 }
                 JunitFile::Unreadable { path, error } => {
                     finished.junit_error =
                         format!("junit file {} is unreadable: {error}", path.display());
+                    pb::JunitStatus::Unreadable
                 }
-            }
+            };
+            finished.junit_status = status.into();
         }
     }
     if let Some(dir) = &collect_dir {
