@@ -422,7 +422,7 @@ async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorP
         .set_port_state(&st.args.family, state, &Phase::ComponentParityDebug.id())
         .await?;
     match crate::port_status::write(&st.args.store, &st.args.family).await {
-        Ok(written) => tracing::info!(%written, %state, "port paused"),
+        Ok(written) => tracing::info!(%written, state = state.as_str(), "port paused"),
         Err(e) => {
             tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md")
         }
