@@ -257,6 +257,7 @@ impl Actor for GateActor {
                 pause_if_only_questions_remain(st).await?;
             }
             GateMsg::ComponentWaitsEnv(name) => {
+                spans::environment_wait(&st.span, &Phase::ComponentParityDebug.id(), &name);
                 st.waiting_env.insert(name);
                 pause_if_only_questions_remain(st).await?;
             }
@@ -418,6 +419,8 @@ async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorP
         .store
         .set_port_state(&st.args.family, state, &Phase::ComponentParityDebug.id())
         .await?;
+    // An embedded process ends here: its port span says where it stands.
+    spans::port_paused(&st.span, &Phase::ComponentParityDebug.id(), state);
     match crate::port_status::write(&st.args.store, &st.args.family).await {
         Ok(written) => tracing::info!(%written, state, "port paused"),
         Err(e) => {
@@ -507,6 +510,9 @@ async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), Ac
     if let Ok(Some(port)) = st.args.store.port(&st.args.family).await {
         st.span.record("state", port.state.as_str());
         st.span.record("phase", port.phase.as_str());
+        if port.state == "blocked" {
+            spans::failed(&st.span, &format!("blocked at {}", port.phase));
+        }
     }
     // A status file that cannot be written is reported, not fatal: the
     // store holds the truth and the next run writes the file again.
@@ -547,8 +553,13 @@ async fn record(
         }
     };
     span.record("outcome", outcome);
-    if outcome == "refused" {
-        spans::gate_refused(&span, &phase.id(), &conditions);
+    match outcome {
+        "refused" => {
+            spans::gate_refused(&span, &phase.id(), &conditions);
+            spans::failed(&span, &conditions.join("; "));
+        }
+        "passed" => spans::succeeded(&span),
+        _ => {}
     }
     if outcome == "entered" {
         st.phase_span = Some((phase.id(), span));

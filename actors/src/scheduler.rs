@@ -454,6 +454,7 @@ impl Actor for SchedulerActor {
                     let gpu_seconds = lease.gpus.len() as f64 * report.duration_ms as f64 / 1000.0;
                     lease.span.record("gpu_seconds", gpu_seconds);
                     lease.span.record("duration_ms", report.duration_ms);
+                    fvd_telemetry::spans::job_ended(&lease.span, &job_end(&report));
                     let r = &entry.job.record;
                     fvd_telemetry::metrics::gpu_seconds(&r.family, &r.component, gpu_seconds);
                 }
@@ -1029,6 +1030,8 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             collect_env: entry.job.collect_env.clone(),
             preflight: entry.job.preflight.clone(),
             preflight_key: r.family.clone(),
+            family: r.family.clone(),
+            component: r.component.clone(),
         };
         entry.lease = Some(Lease {
             worker_id: p.worker_id.clone(),
@@ -1047,4 +1050,19 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
         }
     }
     Ok(())
+}
+
+/// How a finished job's process ended, for its span's status.
+fn job_end(report: &JobReport) -> fvd_telemetry::spans::JobEnd<'_> {
+    fvd_telemetry::spans::JobEnd {
+        exit_code: report.exit_code,
+        signal: report.signal,
+        timed_out: report.timed_out,
+        cancelled: report.cancelled,
+        error: if report.spawn_error.is_empty() {
+            &report.preflight_error
+        } else {
+            &report.spawn_error
+        },
+    }
 }

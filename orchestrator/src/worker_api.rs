@@ -146,6 +146,8 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
             collect_env: a.collect_env.unwrap_or_default(),
             preflight: a.preflight,
             preflight_key: a.preflight_key,
+            family: a.family,
+            component: a.component,
         }),
         ToWorker::Cancel {
             job_id,

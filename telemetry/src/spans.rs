@@ -8,8 +8,10 @@
 //! [`agent_run`] today) and trace comparisons (`fvd trace compare` records
 //! one; the trace actor's drill-down inside a port will too).
 
+use opentelemetry::trace::Status;
 use tracing::Span;
 use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The span of one agent run on a component (e.g. a debugging attempt).
 /// Start the agent process with [`crate::TRACEPARENT`] set from this span
@@ -72,4 +74,119 @@ pub fn gate_refused(span: &Span, phase: &str, conditions: &[String]) {
 /// short kind (`ask_user`, a decision type), never the question's text.
 pub fn escape_hatch(span: &Span, phase: &str, hatch: &str) {
     tracing::info!(parent: span, phase, hatch, "escape hatch");
+}
+
+/// A run could not test the code because of its worker's environment (a
+/// package not installed, pytest missing): the cause as classified from the
+/// run's redacted output, never an environment variable's value.
+pub fn environment_failure(span: &Span, worker_id: &str, cause: &str) {
+    tracing::info!(parent: span, worker_id, cause, "environment failure");
+    failed(span, &format!("environment: {cause}"));
+}
+
+/// A component waits for a worker whose environment can run it (every
+/// worker that could take its run failed its environment).
+pub fn environment_wait(span: &Span, phase: &str, component: &str) {
+    tracing::info!(parent: span, phase, component, "waits for an environment");
+}
+
+/// The port paused: `state` is `ask_user` or `environment`; it resumes
+/// with `fvd answer` or a worker that can run what waits.
+pub fn port_paused(span: &Span, phase: &str, state: &str) {
+    span.record("state", state);
+    span.record("phase", phase);
+    tracing::info!(parent: span, phase, state, "port paused");
+}
+
+/// The work of `span` failed: status ERROR with `message`, a verdict and
+/// its redacted reason or a process's end (never an environment value).
+/// Blocked components, red attempts, failed jobs, refused phases and
+/// blocked ports are errors; trace viewers show them as such.
+pub fn failed(span: &Span, message: &str) {
+    span.set_status(Status::error(message.to_string()));
+}
+
+/// The work of `span` succeeded: status OK.
+pub fn succeeded(span: &Span) {
+    span.set_status(Status::Ok);
+}
+
+/// How a job's process ended, as its report says.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JobEnd<'a> {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub cancelled: bool,
+    /// Why the process did not run (a spawn or preflight failure); empty
+    /// when it ran.
+    pub error: &'a str,
+}
+
+impl JobEnd<'_> {
+    /// Why the job failed, or `None` when it exited 0 or was cancelled
+    /// (a cancelled job is neither a pass nor a failure of its code).
+    pub fn failure(&self) -> Option<String> {
+        if !self.error.is_empty() {
+            return Some(self.error.to_string());
+        }
+        if self.cancelled {
+            return None;
+        }
+        if self.timed_out {
+            return Some("timed out".into());
+        }
+        match (self.exit_code, self.signal) {
+            (_, Some(s)) => Some(format!("ended by signal {s}")),
+            (Some(0), None) => None,
+            (Some(c), None) => Some(format!("exit code {c}")),
+            (None, None) => Some("ended without an exit code".into()),
+        }
+    }
+}
+
+/// Sets the status of a `job` or `job.run` span from how its process ended:
+/// ERROR with the failure, OK on exit 0, unset when cancelled.
+pub fn job_ended(span: &Span, end: &JobEnd<'_>) {
+    match end.failure() {
+        Some(why) => failed(span, &why),
+        None if !end.cancelled => succeeded(span),
+        None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_fails_unless_it_exits_0_or_is_cancelled() {
+        let end = |exit_code, signal, timed_out, cancelled, error| JobEnd {
+            exit_code,
+            signal,
+            timed_out,
+            cancelled,
+            error,
+        };
+        assert_eq!(end(Some(0), None, false, false, "").failure(), None);
+        assert_eq!(end(None, Some(15), false, true, "").failure(), None);
+        assert_eq!(
+            end(Some(1), None, false, false, "").failure().as_deref(),
+            Some("exit code 1")
+        );
+        assert_eq!(
+            end(None, Some(9), false, false, "").failure().as_deref(),
+            Some("ended by signal 9")
+        );
+        assert_eq!(
+            end(None, Some(9), true, false, "").failure().as_deref(),
+            Some("timed out")
+        );
+        assert_eq!(
+            end(None, None, false, false, "preflight `x` could not start")
+                .failure()
+                .as_deref(),
+            Some("preflight `x` could not start")
+        );
+    }
 }

@@ -301,6 +301,8 @@ fn handle(
             let span = tracing::info_span!(
                 parent: None,
                 "job.run",
+                family = %a.family,
+                component = %a.component,
                 job_id = %a.job_id,
                 lease_epoch = a.lease_epoch,
                 worker_id = %config.worker_id,
@@ -328,6 +330,20 @@ fn handle(
                     }
                     None => run_assigned(&config, a, &tx, cancel).await,
                 };
+                fvd_telemetry::spans::job_ended(
+                    &tracing::Span::current(),
+                    &fvd_telemetry::spans::JobEnd {
+                        exit_code: finished.exit_code,
+                        signal: finished.signal,
+                        timed_out: finished.timed_out,
+                        cancelled: finished.cancelled,
+                        error: if finished.spawn_error.is_empty() {
+                            &finished.preflight_error
+                        } else {
+                            &finished.spawn_error
+                        },
+                    },
+                );
                 running.lock().expect("running lock").remove(&job_id);
                 if handed_back(&finished, &stopping).await {
                     tracing::info!(job = %job_id, "job cut short by the worker's stop: no result sent; the orchestrator queues it again");
