@@ -36,7 +36,6 @@ use fvd_telemetry::spans;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::broadcast;
 use tracing::Span;
-use tracing::field::Empty;
 
 use crate::component::ComponentMsg;
 use crate::gate::GateMsg;
@@ -592,16 +591,13 @@ async fn enqueue(
     if let Some(steps) = &t.steps {
         env.insert("FASTVIDEO_TRACE_STEPS".to_string(), steps.clone());
     }
-    let span = tracing::info_span!(
-        parent: &inq.span,
-        "attempt",
-        family = %st.args.family,
-        component = %spec.name,
-        attempt = record.run_no,
-        job_id = %record.job_id,
-        trace_step = inq.step,
-        verdict = Empty,
-        reason = Empty,
+    let span = spans::trace_step(
+        &inq.span,
+        &st.args.family,
+        &spec.name,
+        inq.step,
+        record.run_no,
+        &record.job_id,
     );
     let job_id = record.job_id.clone();
     st.args
@@ -755,9 +751,11 @@ async fn step_finished(
     spans::first_divergence(
         &inq.span,
         rep.rows.len() as u64,
-        rep.first_divergence
-            .as_ref()
-            .map(|f| (f.reference_module.as_str(), f.stat.as_str())),
+        rep.first_divergence.as_ref().map(|f| spans::Divergence {
+            port_module: &f.port_module,
+            reference_module: &f.reference_module,
+            stat: &f.stat,
+        }),
     );
     if let Some(fd) = &rep.first_divergence {
         inq.last = Some(fd.clone());

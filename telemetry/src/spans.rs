@@ -43,20 +43,57 @@ pub fn trace_comparison(parent: &Span, family: &str, component: &str) -> Span {
         compared_rows = Empty,
         diverged = Empty,
         first_divergent_module = Empty,
+        first_divergent_reference_module = Empty,
         first_divergent_stat = Empty,
     )
 }
 
+/// The first divergence of a comparison, by name on both sides.
+#[derive(Debug, Clone, Copy)]
+pub struct Divergence<'a> {
+    /// The port's module: what a blocked reason and `fvd trace show` name.
+    pub port_module: &'a str,
+    /// The same module in the reference's names (after renames).
+    pub reference_module: &'a str,
+    /// The stat that drifted.
+    pub stat: &'a str,
+}
+
 /// Records a comparison's outcome on its span: how many rows (module ×
 /// tensor × step) were compared and, if it diverged, the first divergent
-/// module (in the reference's execution order) and the stat that drifted.
-pub fn first_divergence(span: &Span, compared_rows: u64, first: Option<(&str, &str)>) {
+/// module (in the reference's execution order) under the port's name
+/// (`first_divergent_module`, as the blocked reason names it) and the
+/// reference's, and the stat that drifted.
+pub fn first_divergence(span: &Span, compared_rows: u64, first: Option<Divergence<'_>>) {
     span.record("compared_rows", compared_rows);
     span.record("diverged", first.is_some());
-    if let Some((module, stat)) = first {
-        span.record("first_divergent_module", module);
-        span.record("first_divergent_stat", stat);
+    if let Some(d) = first {
+        span.record("first_divergent_module", d.port_module);
+        span.record("first_divergent_reference_module", d.reference_module);
+        span.record("first_divergent_stat", d.stat);
     }
+}
+
+/// The span of one traced rerun of a red component (a step of its
+/// drill-down): not an attempt of the component, so not named `attempt`.
+/// `run` is the job's run number, `step` the drill-down step (1, 2, …).
+pub fn trace_step(
+    parent: &Span,
+    family: &str,
+    component: &str,
+    step: u32,
+    run: u32,
+    job_id: &str,
+) -> Span {
+    tracing::info_span!(
+        parent: parent,
+        "trace_step",
+        family,
+        component,
+        step,
+        run,
+        job_id,
+    )
 }
 
 /// A component's verdict changed between two attempts.
