@@ -28,9 +28,9 @@ pub struct GateActor;
 
 #[derive(Debug)]
 pub struct GateArgs {
-    /// Trace context the port's span continues (from the submitter); a
-    /// new trace when `None`.
-    pub traceparent: Option<String>,
+    /// Where the port's span of this run hangs (the port's stored trace,
+    /// the submitter's) and whether it becomes the port's stored context.
+    pub trace: fvd_telemetry::Continuation,
     pub family: String,
     pub spec: PortSpec,
     pub repo: String,
@@ -99,7 +99,8 @@ impl Actor for GateActor {
         args: GateArgs,
     ) -> Result<GateState, ActorProcessingErr> {
         let recorded = args.store.gate_events(&args.family).await?;
-        // A root span: one trace per port (per run of its gate).
+        // One trace per port: this run's span continues the port's stored
+        // trace, or starts it (see `GateArgs::trace`).
         let span = tracing::info_span!(
             parent: None,
             "port",
@@ -108,8 +109,14 @@ impl Actor for GateActor {
             state = Empty,
             phase = Empty,
         );
-        if let Some(tp) = &args.traceparent {
-            fvd_telemetry::set_parent(&span, tp);
+        args.trace.apply(&span);
+        if args.trace.record
+            && let Some(tp) =
+                fvd_telemetry::traceparent(&span).filter(|t| fvd_telemetry::sampled(t))
+        {
+            // Later runs of the port (a resume in another process, an
+            // answer, a restart) continue this trace.
+            args.store.set_port_traceparent(&args.family, &tp).await?;
         }
         Ok(GateState {
             args,

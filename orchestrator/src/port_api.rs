@@ -168,6 +168,15 @@ pub(crate) fn gate_wire(g: GateEventRow) -> pb::GateEvent {
     }
 }
 
+/// The W3C `traceparent` a call carried as gRPC metadata, if any.
+fn traceparent<T>(request: &Request<T>) -> Option<String> {
+    request
+        .metadata()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
 fn is_active(state: &str) -> bool {
     state == fvd_actors::gate::RUNNING
 }
@@ -180,11 +189,7 @@ impl pb::port_service_server::PortService for PortApi {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         // The caller's trace context, when it sent one: the port's trace
         // continues it.
-        let traceparent = request
-            .metadata()
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let traceparent = traceparent(&request);
         let r = request.into_inner();
         if r.family.is_empty() {
             return Err(Status::invalid_argument("family is empty"));
@@ -321,6 +326,7 @@ impl pb::port_service_server::PortService for PortApi {
         &self,
         request: Request<pb::AnswerRequest>,
     ) -> Result<Response<pb::AnswerResponse>, Status> {
+        let traceparent = traceparent(&request);
         let r = request.into_inner();
         let choice = match r.choice {
             Some(pb::answer_request::Choice::Option(n)) => AnswerChoice::Option(n),
@@ -335,6 +341,7 @@ impl pb::port_service_server::PortService for PortApi {
             family: r.family,
             id: r.id,
             choice,
+            traceparent,
             reply,
         })
         .await?;

@@ -225,19 +225,24 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
         spec_toml,
         rerun: args.rerun,
     };
-    // The port's trace continues this command's span, which continues the
-    // caller's (an agent's `TRACEPARENT`) when there is one.
+    let rt = runtime()?;
+    // The port's run continues this command's span, which continues the
+    // port's trace (an embedded resume, read from the port's state here)
+    // or the caller's (an agent's `TRACEPARENT`).
     let span = tracing::info_span!(
         "submit",
         family = %args.family,
         embedded = args.orchestrator.is_none()
     );
-    if let Ok(tp) = std::env::var(fvd_telemetry::TRACEPARENT) {
-        fvd_telemetry::set_parent(&span, &tp);
+    if !span.is_disabled() {
+        let stored = match &args.orchestrator {
+            None => rt.block_on(stored_trace(&repo, &args.family)),
+            Some(_) => None,
+        };
+        continue_trace(&span, stored, args.rerun);
     }
     // `block_on` polls the command's future on this thread, inside the span.
     let _in_span = span.enter();
-    let rt = runtime()?;
     rt.block_on(async move {
         match args.orchestrator {
             Some(url) => {
@@ -273,6 +278,23 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
         },
     };
     let rt = runtime()?;
+    // `fvd answer` resumes the port: its span continues the port's trace
+    // (read from the port's state in embedded mode), and the resumed run
+    // hangs under it.
+    let span = tracing::info_span!(
+        "answer",
+        family = %args.family,
+        id = %request.id,
+        embedded = args.orchestrator.is_none()
+    );
+    if !span.is_disabled() {
+        let stored = match (&args.orchestrator, args.repo.canonicalize()) {
+            (None, Ok(repo)) => rt.block_on(stored_trace(&repo, &args.family)),
+            _ => None,
+        };
+        continue_trace(&span, stored, false);
+    }
+    let _in_span = span.enter();
     rt.block_on(async move {
         match &args.orchestrator {
             Some(url) => {
@@ -297,9 +319,30 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
     })
 }
 
+/// The trace context stored with an embedded port, if the repository has
+/// fvd state and the port recorded one. Telemetry never fails a command:
+/// an unreadable state is no context.
+async fn stored_trace(repo: &Path, family: &str) -> Option<String> {
+    let db = state_db(repo);
+    if !db.is_file() {
+        return None;
+    }
+    let store = Store::open_path(&db).await.ok()?;
+    store.port_traceparent(family).await.ok().flatten()
+}
+
+/// Hangs this command's span where the port's run belongs: under the
+/// port's stored trace (`stored`), linking the caller's `TRACEPARENT`, or
+/// under the caller's when the port has none or `rerun` starts it over; a
+/// caller who does not sample is honoured.
+fn continue_trace(span: &tracing::Span, stored: Option<String>, rerun: bool) {
+    let caller = std::env::var(fvd_telemetry::TRACEPARENT).ok();
+    fvd_telemetry::Continuation::decide(stored.as_deref(), caller.as_deref(), rerun).apply(span);
+}
+
 async fn send_answer(client: &mut Client, request: pb::AnswerRequest) -> anyhow::Result<()> {
     let r = client
-        .answer(request)
+        .answer(traced(request))
         .await
         .map_err(status_err)?
         .into_inner();
@@ -933,10 +976,10 @@ pub async fn client(
     ))
 }
 
-/// The submit call, carrying the trace context as W3C `traceparent` gRPC
-/// metadata: this process's span when it exports, else an inherited
-/// `TRACEPARENT`, else none (the port starts its own trace).
-fn traced(request: pb::SubmitRequest) -> tonic::Request<pb::SubmitRequest> {
+/// A submit or answer call, carrying the trace context as W3C `traceparent`
+/// gRPC metadata: this process's span when it exports, else an inherited
+/// `TRACEPARENT`, else none (the port continues or starts its own trace).
+fn traced<T>(request: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(request);
     let context = fvd_telemetry::current_traceparent()
         .or_else(|| std::env::var(fvd_telemetry::TRACEPARENT).ok());

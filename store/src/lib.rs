@@ -95,6 +95,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../migrations/0005_traces.sql")),
     (6, include_str!("../migrations/0006_rerun_budget.sql")),
     (7, include_str!("../migrations/0007_runs_counted.sql")),
+    (8, include_str!("../migrations/0008_port_trace.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -349,6 +350,31 @@ impl Store {
             .bind(state)
             .bind(phase)
             .bind(now_ms())
+            .bind(family)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// The trace context (W3C `traceparent`) a port's runs continue; `None`
+    /// when none was recorded or there is no such port.
+    pub async fn port_traceparent(&self, family: &str) -> Result<Option<String>, StoreError> {
+        let tp: Option<String> =
+            sqlx::query_scalar("SELECT traceparent FROM ports WHERE family = ?")
+                .bind(family)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(tp.filter(|t| !t.is_empty()))
+    }
+
+    /// Records the trace context of a port's run for later runs to continue.
+    pub async fn set_port_traceparent(
+        &self,
+        family: &str,
+        traceparent: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE ports SET traceparent = ? WHERE family = ?")
+            .bind(traceparent)
             .bind(family)
             .execute(&self.writer)
             .await?;
@@ -1269,6 +1295,24 @@ mod tests {
             timeout_ms: 1000,
             ..JobRecord::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_port_s_trace_context_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open_path(&path).await.unwrap();
+        assert_eq!(store.port_traceparent("p").await.unwrap(), None);
+        store.create_port(&port("p"), &["a".into()]).await.unwrap();
+        assert_eq!(store.port_traceparent("p").await.unwrap(), None);
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        store.set_port_traceparent("p", tp).await.unwrap();
+        drop(store);
+        let store = Store::open_path(&path).await.unwrap();
+        assert_eq!(
+            store.port_traceparent("p").await.unwrap().as_deref(),
+            Some(tp)
+        );
     }
 
     #[tokio::test]

@@ -9,6 +9,8 @@
 //! * [`propagation`] turns a span into a W3C `traceparent` and back; it
 //!   crosses the worker stream inside `AssignJob` and reaches test and
 //!   agent processes as the `TRACEPARENT` environment variable.
+//!   [`Continuation`] decides where each run of a port hangs, so a port is
+//!   one trace across processes (its context is stored with the port).
 //! * [`metrics`] holds the instruments (jobs queued and running, queue
 //!   wait, GPU-seconds, attempts, verdicts); they are no-ops while off.
 //! * [`spans`] builds the spans other crates share (agent runs, trace
@@ -28,7 +30,9 @@ mod install;
 
 pub use config::{ExportConfig, ExportDecision};
 pub use install::{Telemetry, TelemetryError, init};
-pub use propagation::{TRACEPARENT, current_traceparent, set_parent, traceparent};
+pub use propagation::{
+    Continuation, TRACEPARENT, add_link, current_traceparent, sampled, set_parent, traceparent,
+};
 
 /// Spawns `fut` on the current tokio runtime inside the caller's current
 /// span, so work done by the task (spans, events) stays in the port's trace

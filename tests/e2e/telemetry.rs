@@ -1044,8 +1044,18 @@ fn a_caller_s_decision_not_to_sample_is_honoured() {
     // caller who does not sample, nothing of that run is exported, although
     // the port's trace is stored and sampled; nor of a rerun.
     submit(None, false);
+    let first = receiver.spans();
+    let port = one(&first, "port span", |s| s.name == "port").clone();
+    assert_ne!(port.trace_id, caller);
+    // A rerun starts the port over in a new trace, linked to the old one.
+    submit(None, true);
     let traced = receiver.spans();
-    assert!(traced.iter().any(|s| s.name == "port"), "{traced:#?}");
+    let rerun = &traced[first.len()..];
+    let cli = one(rerun, "rerun's submit span", |s| s.name == "submit");
+    assert_ne!(cli.trace_id, port.trace_id);
+    assert_eq!(cli.links, [(port.trace_id.clone(), port.span_id.clone())]);
+    let again = one(rerun, "rerun's port span", |s| s.name == "port");
+    assert_eq!(again.parent, cli.span_id);
     submit(Some(&unsampled), false);
     submit(Some(&unsampled), true);
     let after = receiver.spans();
@@ -1182,4 +1192,42 @@ fn a_traces_protocol_fvd_cannot_speak_is_refused_naming_its_variable() {
         err.contains("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL is http/protobuf"),
         "{err}"
     );
+}
+
+#[test]
+fn a_fleet_resume_continues_the_port_s_trace_and_links_its_caller() {
+    let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
+    let sb = Sandbox::new();
+    sb.port("resumed", &[TestComponent::new("solo", "pass")]);
+    let endpoint = receiver.endpoint();
+    let quick = [("OTEL_BSP_SCHEDULE_DELAY", "50")];
+    let mut fleet = Fleet::serve(&sb, &["--otlp-endpoint", &endpoint], &quick);
+    fleet.worker(&sb, "w1", &[]);
+    let mut env = quick.to_vec();
+    env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint));
+    assert_eq!(submit(&fleet.url, "resumed", sb.repo(), &env), Some(0));
+    let first = wait_for("the first port span", Duration::from_secs(20), || {
+        let s = receiver.spans();
+        s.iter().find(|g| g.name == "port").cloned()
+    });
+    // Resubmitted from another trace (an agent's): the orchestrator's new
+    // run continues the port's trace and links the caller's CLI span,
+    // which could not know the port's context.
+    let caller = "6bf92f3577b34da6a3ce929d0e0e4738";
+    let tp = format!("00-{caller}-20f067aa0ba902b7-01");
+    env.push(("TRACEPARENT", &tp));
+    assert_eq!(submit(&fleet.url, "resumed", sb.repo(), &env), Some(0));
+    fleet.stop();
+    let spans = receiver.spans();
+    let cli = one(&spans, "second submit span", |s| {
+        s.name == "submit" && s.trace_id == caller
+    });
+    let again = one(&spans, "resumed port span", |s| {
+        s.name == "port" && s.span_id != first.span_id
+    });
+    assert_eq!(
+        (again.trace_id.as_str(), again.parent.as_str()),
+        (first.trace_id.as_str(), first.span_id.as_str())
+    );
+    assert_eq!(again.links, [(cli.trace_id.clone(), cli.span_id.clone())]);
 }

@@ -412,6 +412,7 @@ async fn answer(
                 family,
                 id,
                 choice,
+                traceparent: None,
                 reply,
             },
             Some(ANSWER_TIMEOUT),
