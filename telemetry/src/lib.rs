@@ -14,8 +14,9 @@
 //! * [`metrics`] holds the instruments (jobs queued and running, queue
 //!   wait, GPU-seconds, attempts, verdicts); they are no-ops while off.
 //! * [`spans`] builds the spans other crates share (agent runs, trace
-//!   comparisons) and the span events (verdict changes, gate refusals,
-//!   escape hatches).
+//!   comparisons and steps), the span events (verdict changes, gate
+//!   refusals, escape hatches, environment failures, pauses) and sets span
+//!   statuses (ERROR with a message for what failed).
 //! * [`spawn`] spawns a task that stays inside the caller's span.
 //!
 //! Span attributes carry names, ids, counts and verdicts only: never the

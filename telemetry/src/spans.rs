@@ -3,10 +3,12 @@
 //!
 //! The port loop's own spans (`port`, `phase`, `component`, `attempt`,
 //! `job`) are made where their work happens, in `fvd-actors` and
-//! `fvd-worker`; this module holds the ones the port loop does not drive
-//! yet: agent runs (for the agent loop, which does not exist; nothing calls
-//! [`agent_run`] today) and trace comparisons (`fvd trace compare` records
-//! one; the trace actor's drill-down inside a port will too).
+//! `fvd-worker`; this module holds the ones made in several places or
+//! crates: agent runs (the component actor's agent loop), trace
+//! comparisons (`fvd trace compare` and the trace actor's drill-down) and
+//! their traced reruns ([`trace_step`]); the span events (verdict changes,
+//! gate refusals, escape hatches, environment failures and waits, pauses);
+//! and span statuses ([`failed`], [`succeeded`], [`job_ended`]).
 
 use opentelemetry::trace::Status;
 use tracing::Span;
