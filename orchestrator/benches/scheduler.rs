@@ -115,7 +115,7 @@ async fn sim_worker(
         .expect("connect")
         .into_inner();
     let hb = tx.clone();
-    tokio::spawn(async move {
+    fvd_telemetry::spawn(async move {
         let mut t = tokio::time::interval(Duration::from_millis(1000));
         loop {
             t.tick().await;
@@ -204,7 +204,7 @@ async fn run(workers: usize, gpus: u32, jobs: usize) {
     let (atx, mut arx) = mpsc::unbounded_channel();
     let registered = Arc::new(AtomicUsize::new(0));
     for w in 0..workers {
-        tokio::spawn(sim_worker(
+        fvd_telemetry::spawn(sim_worker(
             channels[w % conns].clone(),
             format!("sim{w:04}"),
             gpus,

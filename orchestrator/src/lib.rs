@@ -173,7 +173,7 @@ pub async fn start(
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
             .map_err(ServerError::Tls)?;
     }
-    let serve = tokio::spawn(
+    let serve = fvd_telemetry::spawn(
         builder
             .add_service(WorkerServiceServer::with_interceptor(
                 workers,

@@ -204,7 +204,7 @@ pub fn log_pump_after(
     after: Option<u64>,
 ) -> mpsc::Receiver<Result<(i32, Vec<u8>), StoreError>> {
     let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(async move {
+    fvd_telemetry::spawn(async move {
         let mut last: Option<u64> = after;
         loop {
             // Read the state before the chunks: a run that had ended by then
@@ -317,7 +317,7 @@ impl pb::port_service_server::PortService for PortApi {
             .ok_or_else(|| Status::not_found(format!("no port of family {family}")))?;
         let (tx, out) = mpsc::channel(64);
         let store = self.store.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             let send = |e: pb::port_event::Event| pb::PortEvent {
                 family: family.clone(),
                 event: Some(e),
@@ -457,7 +457,7 @@ impl pb::port_service_server::PortService for PortApi {
         })?;
         let mut chunks = log_pump(self.store.clone(), job.job_id, r.follow);
         let (tx, out) = mpsc::channel(64);
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             while let Some(c) = chunks.recv().await {
                 let wire = c
                     .map(|(stream, data)| pb::LogChunk { stream, data })

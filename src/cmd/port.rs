@@ -397,7 +397,7 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
     )
     .await?;
     // Embedded mode never drains: the port's end stops the worker.
-    let worker = tokio::spawn(fvd_worker::client::run(
+    let worker = fvd_telemetry::spawn(fvd_worker::client::run(
         config,
         shutdown.clone(),
         CancellationToken::new(),

@@ -321,7 +321,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
         );
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             interrupted().await;
             stop.cancel();
         });
@@ -331,7 +331,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
         let mut usr1 =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
                 .context("cannot listen for SIGUSR1")?;
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             usr1.recv().await;
             on_usr1.cancel();
         });
