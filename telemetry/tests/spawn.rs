@@ -71,5 +71,8 @@ async fn a_blocking_task_sees_the_callers_span() {
     }
     .await
     .expect("blocking task");
-    assert_eq!(bare, None, "a bare spawn_blocking starts outside every span");
+    assert_eq!(
+        bare, None,
+        "a bare spawn_blocking starts outside every span"
+    );
 }
