@@ -260,7 +260,7 @@ enum Write {
 /// arrived while the previous batch was being committed.
 fn spawn_writer(store: Store) -> mpsc::UnboundedSender<Write> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Write>();
-    tokio::spawn(async move {
+    fvd_telemetry::spawn(async move {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 512).await > 0 {
             let mut logs = Vec::new();

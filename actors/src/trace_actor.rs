@@ -816,7 +816,7 @@ async fn gather_and_compare(
         ));
     }
     let (trace, dir, files) = (trace.clone(), dir.to_path_buf(), report.files.clone());
-    tokio::task::spawn_blocking(move || {
+    fvd_telemetry::spawn_blocking(move || {
         let written = write_files(&dir, &files)?;
         let pick = |side: &str, glob: &str| -> Result<Vec<PathBuf>, String> {
             let chosen: Vec<PathBuf> = written

@@ -240,7 +240,7 @@ impl pb::port_service_server::PortService for PortApi {
             .ok_or_else(|| Status::not_found(format!("no port of family {family}")))?;
         let (tx, out) = mpsc::channel(64);
         let store = self.store.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             let send = |e: pb::port_event::Event| pb::PortEvent {
                 family: family.clone(),
                 event: Some(e),
@@ -367,7 +367,7 @@ impl pb::port_service_server::PortService for PortApi {
         .map_err(query_status)?;
         let mut chunks = query::log_pump(self.store.clone(), job.job_id, r.follow);
         let (tx, out) = mpsc::channel(64);
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             while let Some(c) = chunks.recv().await {
                 let wire = c
                     .map(|(stream, data)| pb::LogChunk { stream, data })

@@ -159,7 +159,7 @@ pub fn log_pump_after(
     after: Option<u64>,
 ) -> mpsc::Receiver<Result<(i32, Vec<u8>), StoreError>> {
     let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(async move {
+    fvd_telemetry::spawn(async move {
         let mut last: Option<u64> = after;
         loop {
             // Read the state before the chunks: a run that was over by then

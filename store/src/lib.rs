@@ -393,12 +393,14 @@ impl Store {
     // ----- components ------------------------------------------------------
 
     /// The port's components. `runs` counts the runs of its parity test that
-    /// started (were leased to a worker) and did not fail on their worker's
-    /// environment: one queued and then cancelled or never placed is no
-    /// run, a requeued one counts once. Counted from `jobs`, so no later
-    /// write can drift from it.
+    /// hold a lease or finished, and those a crash cut off after their
+    /// process started: one queued and then cancelled or never placed is no
+    /// run, one that failed on its worker's environment is none, and one a
+    /// lost or stopping worker handed back counts again only once it is
+    /// leased again. Counted from `jobs`, so no later write can drift from
+    /// it.
     pub async fn components(&self, family: &str) -> Result<Vec<ComponentRow>, StoreError> {
-        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND j.started_ms IS NOT NULL AND j.state != 'environment') AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
+        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN ('running', 'finished') OR (j.state = 'abandoned' AND j.spawned_ms IS NOT NULL))) AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
             .bind(family)
             .fetch_all(&self.pool)
             .await?;
@@ -1375,7 +1377,12 @@ mod tests {
         // A lost worker's job goes back to the queue and starts again: one run.
         store.requeue_job(&j1.job_id, "worker lost").await.unwrap();
         store.lease_job(&j1.job_id, "w2", 2, &[]).await.unwrap();
-        // Queued, then cancelled before any worker took it.
+        store
+            .append_output(&[], &[(j1.job_id.clone(), 1)])
+            .await
+            .unwrap();
+        // Queued, then cancelled before any worker took it (the crash that
+        // abandons it also cuts off a's run, whose process had started).
         store.queue_job(&job("p", "a")).await.unwrap();
         store.abandon_unfinished("p").await.unwrap();
         // A traced rerun is no run of the component.

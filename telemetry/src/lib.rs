@@ -17,7 +17,9 @@
 //!   comparisons and steps), the span events (verdict changes, gate
 //!   refusals, escape hatches, environment failures, pauses) and sets span
 //!   statuses (ERROR with a message for what failed).
-//! * [`spawn`] spawns a task that stays inside the caller's span.
+//! * [`task`]: [`spawn`] and [`spawn_blocking`] start tokio tasks that stay
+//!   inside the caller's span; the workspace's `clippy.toml` forbids the
+//!   bare tokio functions elsewhere.
 //!
 //! Span attributes carry names, ids, counts and verdicts only: never the
 //! value of an environment variable.
@@ -26,6 +28,7 @@ pub mod config;
 pub mod metrics;
 pub mod propagation;
 pub mod spans;
+pub mod task;
 
 mod install;
 
@@ -34,15 +37,4 @@ pub use install::{Telemetry, TelemetryError, init};
 pub use propagation::{
     Continuation, TRACEPARENT, add_link, current_traceparent, sampled, set_parent, traceparent,
 };
-
-/// Spawns `fut` on the current tokio runtime inside the caller's current
-/// span, so work done by the task (spans, events) stays in the port's trace
-/// instead of starting a new, unparented one.
-pub fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    use tracing::Instrument;
-    tokio::spawn(fut.in_current_span())
-}
+pub use task::{spawn, spawn_blocking};

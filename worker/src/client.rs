@@ -638,7 +638,7 @@ async fn run_assigned(
     }
     if let Some(dir) = &collect_dir {
         let dir = dir.clone();
-        let read = tokio::task::spawn_blocking(move || {
+        let read = fvd_telemetry::spawn_blocking(move || {
             crate::collect::collect(&dir, crate::collect::MAX_COLLECT_BYTES, &secrets)
         })
         .await;
