@@ -23,13 +23,33 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
         chromium chromium-driver fonts-liberation >/dev/null
 fi
 cargo fmt --all -- --check
-# --features fvd/conformance: the conformance target compiles and is linted
-# here too (it shares tests/checks with e2e), though it runs only in .ci/run.
-cargo clippy --workspace --all-targets --features fvd/conformance --locked -- -D warnings
+# --features fvd/conformance,fvd/slurm: those targets compile and are
+# linted here too, though the conformance suite runs only in .ci/run.
+cargo clippy --workspace --all-targets --features fvd/conformance,fvd/slurm --locked -- -D warnings
 # Every test stage runs even when an earlier one failed, and cargo runs
 # every test binary (--no-fail-fast): one failure cannot hide the others.
 status=0
 FVD_FUZZ_SECS="${FVD_FUZZ_SECS:-60}" cargo test --workspace --locked --no-fail-fast || status=1
 (cd python && python3 -m pytest tests -q -p no:cacheprovider) || status=1
 python3 -m pytest tests/fixtures/traces -q -p no:cacheprovider || status=1
+
+# The Slurm worker job on a one-node Slurm cluster the test starts and
+# stops itself (tests/slurm: private munged, slurmctld and slurmd, stopped
+# by the PIDs in their pid files). Root and Debian's packages are needed;
+# without them the test fails, it never skips.
+if ! { command -v slurmctld && command -v munged; } >/dev/null 2>&1; then
+    echo "slurm: installing slurm-wlm and munge"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; } >/dev/null ||
+        echo "slurm: apt-get install slurm-wlm munge failed; the Slurm test will fail"
+fi
+cargo test --locked --features slurm --test slurm || status=1
+
+# The Kubernetes manifests, validated offline against the Kubernetes
+# schemas that kubernetes-validate ships (and the validator's own tests),
+# and the release binary that the images of deploy/Dockerfile carry
+# (docker itself is not run here).
+python3 -m pip install --quiet --disable-pip-version-check -r deploy/k8s/requirements.txt || status=1
+python3 deploy/k8s/validate.py || status=1
+python3 -m pytest deploy/k8s -q -p no:cacheprovider || status=1
+cargo build --release --locked --bin fvd || status=1
 exit "$status"

@@ -17,14 +17,14 @@ fn main() -> ExitCode {
             Ok(t) => t,
             Err(err) => {
                 eprintln!("fvd: error: {err}");
-                return ExitCode::from(2);
+                return ExitCode::from(cmd::exit::Exit::Usage);
             }
         };
     let code = match cmd::run(cli) {
-        Ok(code) => ExitCode::from(code),
+        Ok(exit) => ExitCode::from(exit),
         Err(err) => {
             eprintln!("fvd: error: {err:#}");
-            ExitCode::from(2)
+            ExitCode::from(cmd::exit::Exit::Usage)
         }
     };
     // The command's runtime is gone: flushing may block here.

@@ -175,6 +175,7 @@ impl Actor for ComponentSubagentActor {
             // Recorded verdicts are not rerun on resume.
             st.span.record("status", row.status.as_str());
             st.span.record("verdict", row.verdict.as_str());
+            final_status(&st.span, row.status, &row.reason);
             st.span = Span::none();
             st.args.gate.cast(GateMsg::ComponentFinal(row))?;
             return Ok(());
@@ -371,6 +372,11 @@ async fn record_result(
     let attempt = std::mem::replace(&mut st.attempt, Span::none());
     attempt.record("verdict", result.verdict.as_str());
     attempt.record("reason", result.reason.as_str());
+    if v.is_pass() {
+        spans::succeeded(&attempt);
+    } else {
+        spans::failed(&attempt, &classed(&result.verdict, &result.reason));
+    }
     metrics::verdict(&st.args.family, &st.args.spec.name, &result.verdict);
     if let Some(prev) = st.last_verdict.replace(result.verdict.clone())
         && prev != result.verdict
@@ -502,6 +508,7 @@ async fn environment_failure(
     let attempt = std::mem::replace(&mut st.attempt, Span::none());
     attempt.record("verdict", result.verdict.as_str());
     attempt.record("reason", cause);
+    spans::environment_failure(&attempt, worker_id, cause);
     drop(attempt);
     let old_job = st.job_id.take();
     st.exclude.insert(worker_id.to_string(), cause.to_string());
@@ -1268,6 +1275,7 @@ async fn finish(
     st.span.record("status", status.as_str());
     st.span.record("verdict", verdict);
     st.span.record("reason", reason);
+    final_status(&st.span, status, reason);
     // The component is final: its span ends (and is exported) now.
     st.attempt = Span::none();
     st.span = Span::none();
@@ -1285,6 +1293,16 @@ async fn block(
     worker_id: &str,
 ) -> Result<(), ActorProcessingErr> {
     finish(st, ComponentStatus::Blocked, verdict, reason, worker_id).await
+}
+
+/// A final component's span status: OK for a pass, ERROR with the blocked
+/// reason otherwise.
+fn final_status(span: &Span, status: ComponentStatus, reason: &str) {
+    if status == ComponentStatus::NonSkipPass {
+        spans::succeeded(span);
+    } else {
+        spans::failed(span, reason);
+    }
 }
 
 async fn emit(st: &ComponentState) -> Result<(), ActorProcessingErr> {

@@ -28,9 +28,9 @@ pub struct GateActor;
 
 #[derive(Debug)]
 pub struct GateArgs {
-    /// Trace context the port's span continues (from the submitter); a
-    /// new trace when `None`.
-    pub traceparent: Option<String>,
+    /// Where the port's span of this run hangs (the port's stored trace,
+    /// the submitter's) and whether it becomes the port's stored context.
+    pub trace: fvd_telemetry::Continuation,
     pub family: String,
     pub spec: PortSpec,
     pub repo: String,
@@ -90,7 +90,8 @@ impl Actor for GateActor {
         args: GateArgs,
     ) -> Result<GateState, ActorProcessingErr> {
         let recorded = args.store.gate_events(&args.family).await?;
-        // A root span: one trace per port (per run of its gate).
+        // One trace per port: this run's span continues the port's stored
+        // trace, or starts it (see `GateArgs::trace`).
         let span = tracing::info_span!(
             parent: None,
             "port",
@@ -99,8 +100,14 @@ impl Actor for GateActor {
             state = Empty,
             phase = Empty,
         );
-        if let Some(tp) = &args.traceparent {
-            fvd_telemetry::set_parent(&span, tp);
+        args.trace.apply(&span);
+        if args.trace.record
+            && let Some(tp) =
+                fvd_telemetry::traceparent(&span).filter(|t| fvd_telemetry::sampled(t))
+        {
+            // Later runs of the port (a resume in another process, an
+            // answer, a restart) continue this trace.
+            args.store.set_port_traceparent(&args.family, &tp).await?;
         }
         Ok(GateState {
             args,
@@ -252,6 +259,7 @@ impl Actor for GateActor {
                 pause_if_only_questions_remain(st).await?;
             }
             GateMsg::ComponentWaitsEnv(name) => {
+                spans::environment_wait(&st.span, &Phase::ComponentParityDebug.id(), &name);
                 st.waiting_env.insert(name);
                 pause_if_only_questions_remain(st).await?;
             }
@@ -421,6 +429,8 @@ async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorP
         .store
         .set_port_state(&st.args.family, state, &Phase::ComponentParityDebug.id())
         .await?;
+    // An embedded process ends here: its port span says where it stands.
+    spans::port_paused(&st.span, &Phase::ComponentParityDebug.id(), state.as_str());
     match crate::port_status::write(&st.args.store, &st.args.family).await {
         Ok(written) => tracing::info!(%written, state = state.as_str(), "port paused"),
         Err(e) => {
@@ -510,6 +520,9 @@ async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), Ac
     if let Ok(Some(port)) = st.args.store.port(&st.args.family).await {
         st.span.record("state", port.state.as_str());
         st.span.record("phase", port.phase.as_str());
+        if port.state == PortState::Blocked {
+            spans::failed(&st.span, &format!("blocked at {}", port.phase));
+        }
     }
     // A status file that cannot be written is reported, not fatal: the
     // store holds the truth and the next run writes the file again.
@@ -550,8 +563,13 @@ async fn record(
         }
     };
     span.record("outcome", outcome);
-    if outcome == "refused" {
-        spans::gate_refused(&span, &phase.id(), &conditions);
+    match outcome {
+        "refused" => {
+            spans::gate_refused(&span, &phase.id(), &conditions);
+            spans::failed(&span, &conditions.join("; "));
+        }
+        "passed" => spans::succeeded(&span),
+        _ => {}
     }
     if outcome == "entered" {
         st.phase_span = Some((phase.id(), span));

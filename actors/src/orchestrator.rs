@@ -92,6 +92,8 @@ pub enum OrchestratorMsg {
         family: String,
         id: String,
         choice: AnswerChoice,
+        /// W3C `traceparent` of the answering call, when it sent one.
+        traceparent: Option<String>,
         reply: RpcReplyPort<Result<EscapeRow, PortError>>,
     },
 }
@@ -139,7 +141,7 @@ impl Actor for OrchestratorActor {
         for port in st.args.store.ports().await? {
             if port.state.is_unfinished() {
                 tracing::info!(family = %port.family, "resuming port from the store");
-                if let Err(e) = start_gate(&myself, st, &port, None).await {
+                if let Err(e) = start_gate(&myself, st, &port, None, false).await {
                     tracing::error!(family = %port.family, error = %e, "could not resume port");
                 }
             }
@@ -178,9 +180,10 @@ impl Actor for OrchestratorActor {
                 family,
                 id,
                 choice,
+                traceparent,
                 reply,
             } => {
-                let r = answer(&myself, st, &family, &id, choice).await;
+                let r = answer(&myself, st, &family, &id, choice, traceparent).await;
                 let _ = reply.send(r);
             }
         }
@@ -216,7 +219,7 @@ impl Actor for OrchestratorActor {
                     st.ports.remove(&family);
                     tracing::error!(%family, %err, "gate actor failed; restarting the port from the store");
                     if let Some(port) = st.args.store.port(&family).await? {
-                        start_gate(&myself, st, &port, None).await?;
+                        start_gate(&myself, st, &port, None, false).await?;
                     }
                 }
             }
@@ -330,7 +333,9 @@ async fn submit(
                 .map_err(internal)?;
         }
     }
-    start_gate(myself, st, &row, sub.traceparent)
+    // A new port, or a rerun, starts the port's trace anew.
+    let fresh = created || sub.rerun;
+    start_gate(myself, st, &row, sub.traceparent, fresh)
         .await
         .map_err(|e| PortError::Internal(e.to_string()))?;
     st.submitted.insert(sub.family.clone());
@@ -444,6 +449,7 @@ async fn answer(
     family: &str,
     id: &str,
     choice: AnswerChoice,
+    traceparent: Option<String>,
 ) -> Result<EscapeRow, PortError> {
     let internal = |e: StoreError| PortError::Internal(e.to_string());
     let port = st
@@ -518,7 +524,7 @@ async fn answer(
                 id: id.to_string(),
             })
             .map_err(|e| PortError::Internal(e.to_string()))?,
-        None => start_gate(myself, st, &port, None)
+        None => start_gate(myself, st, &port, traceparent, false)
             .await
             .map_err(|e| PortError::Internal(e.to_string()))?,
     }
@@ -533,8 +539,14 @@ async fn start_gate(
     st: &mut OrchestratorState,
     port: &PortRow,
     traceparent: Option<String>,
+    fresh: bool,
 ) -> Result<(), ActorProcessingErr> {
     let spec = fvd_spec::parse(Path::new(&port.spec_path), &port.spec_toml)?;
+    // One trace per port: this run continues the trace its first run
+    // stored (a resume may be in another process), or starts it.
+    let stored = st.args.store.port_traceparent(&port.family).await?;
+    let trace =
+        fvd_telemetry::Continuation::decide(stored.as_deref(), traceparent.as_deref(), fresh);
     // Runs that were in flight when the last gate of this port died are
     // rerun once under a new run number; recorded verdicts stay.
     for c in st.args.store.abandon_unfinished(&port.family).await? {
@@ -545,7 +557,7 @@ async fn start_gate(
         .set_port_state(&port.family, PortState::Running, &port.phase)
         .await?;
     let args = GateArgs {
-        traceparent,
+        trace,
         family: port.family.clone(),
         spec,
         repo: port.repo.clone(),

@@ -179,6 +179,12 @@ pub enum SchedulerMsg {
     Dispatch,
     /// Counts for status and tests: (workers, queued, running).
     Counts(ractor::RpcReplyPort<(usize, usize, usize)>),
+    /// Answers once at least `workers` workers are registered (at once if
+    /// they already are): a readiness signal, instead of polling `Counts`.
+    WhenWorkers {
+        workers: usize,
+        reply: ractor::RpcReplyPort<()>,
+    },
     /// The live fleet for the dashboard: workers, free slots, leases,
     /// draining, the queue per port. Reads only.
     Fleet(ractor::RpcReplyPort<FleetView>),
@@ -228,6 +234,8 @@ pub struct SchedulerState {
     next_epoch: u64,
     /// A `Dispatch` message is already in the mailbox.
     dispatch_pending: bool,
+    /// `WhenWorkers` callers waiting for that many workers.
+    ready_waiters: Vec<(usize, ractor::RpcReplyPort<()>)>,
     /// Output and spawn times are written off the scheduler's path.
     writer: mpsc::UnboundedSender<Write>,
 }
@@ -252,7 +260,7 @@ enum Write {
 /// arrived while the previous batch was being committed.
 fn spawn_writer(store: Store) -> mpsc::UnboundedSender<Write> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Write>();
-    tokio::spawn(async move {
+    fvd_telemetry::spawn(async move {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 512).await > 0 {
             let mut logs = Vec::new();
@@ -300,6 +308,7 @@ impl Actor for SchedulerActor {
             jobs: HashMap::new(),
             next_epoch,
             dispatch_pending: false,
+            ready_waiters: Vec::new(),
         })
     }
 
@@ -383,6 +392,14 @@ impl Actor for SchedulerActor {
                 dispatch(st).await?;
                 false
             }
+            SchedulerMsg::WhenWorkers { workers, reply } => {
+                if st.workers.len() >= workers {
+                    let _ = reply.send(());
+                } else {
+                    st.ready_waiters.push((workers, reply));
+                }
+                return Ok(());
+            }
             SchedulerMsg::Counts(reply) => {
                 let running = st.jobs.values().filter(|e| e.lease.is_some()).count();
                 let _ = reply.send((st.workers.len(), st.queue.len(), running));
@@ -442,6 +459,10 @@ async fn worker_connected(
     st.workers.insert(id.clone(), slot);
     for e in st.jobs.values_mut() {
         e.job.exclude.remove(&id);
+    }
+    let count = st.workers.len();
+    for (_, reply) in st.ready_waiters.extract_if(.., |(want, _)| *want <= count) {
+        let _ = reply.send(());
     }
     let queued: Vec<String> = st
         .jobs
@@ -529,6 +550,7 @@ fn finished(st: &mut SchedulerState, worker_id: String, report: JobReport) -> bo
         let gpu_seconds = lease.gpus.len() as f64 * report.duration_ms as f64 / 1000.0;
         lease.span.record("gpu_seconds", gpu_seconds);
         lease.span.record("duration_ms", report.duration_ms);
+        fvd_telemetry::spans::job_ended(&lease.span, &job_end(&report));
         let r = &entry.job.record;
         fvd_telemetry::metrics::gpu_seconds(&r.family, &r.component, gpu_seconds);
     }
@@ -1066,6 +1088,8 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             collect_env: entry.job.collect_env.clone(),
             preflight: entry.job.preflight.clone(),
             preflight_key: r.family.clone(),
+            family: r.family.clone(),
+            component: r.component.clone(),
         };
         entry.lease = Some(Lease {
             worker_id: p.worker_id.clone(),
@@ -1084,4 +1108,19 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
         }
     }
     Ok(())
+}
+
+/// How a finished job's process ended, for its span's status.
+fn job_end(report: &JobReport) -> fvd_telemetry::spans::JobEnd<'_> {
+    fvd_telemetry::spans::JobEnd {
+        exit_code: report.exit_code,
+        signal: report.signal,
+        timed_out: report.timed_out,
+        cancelled: report.cancelled,
+        error: if report.spawn_error.is_empty() {
+            &report.preflight_error
+        } else {
+            &report.spawn_error
+        },
+    }
 }

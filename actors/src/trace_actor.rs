@@ -36,7 +36,6 @@ use fvd_telemetry::spans;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::broadcast;
 use tracing::Span;
-use tracing::field::Empty;
 
 use crate::component::ComponentMsg;
 use crate::gate::GateMsg;
@@ -594,16 +593,13 @@ async fn enqueue(
     if let Some(steps) = &t.steps {
         env.insert("FASTVIDEO_TRACE_STEPS".to_string(), steps.clone());
     }
-    let span = tracing::info_span!(
-        parent: &inq.span,
-        "attempt",
-        family = %st.args.family,
-        component = %spec.name,
-        attempt = record.run_no,
-        job_id = %record.job_id,
-        trace_step = inq.step,
-        verdict = Empty,
-        reason = Empty,
+    let span = spans::trace_step(
+        &inq.span,
+        &st.args.family,
+        &spec.name,
+        inq.step,
+        record.run_no,
+        &record.job_id,
     );
     let job_id = record.job_id.clone();
     st.args
@@ -764,9 +760,11 @@ async fn step_finished(
     spans::first_divergence(
         &inq.span,
         rep.rows.len() as u64,
-        rep.first_divergence
-            .as_ref()
-            .map(|f| (f.reference_module.as_str(), f.stat.as_str())),
+        rep.first_divergence.as_ref().map(|f| spans::Divergence {
+            port_module: &f.port_module,
+            reference_module: &f.reference_module,
+            stat: &f.stat,
+        }),
     );
     if let Some(fd) = &rep.first_divergence {
         inq.last = Some(fd.clone());
@@ -827,7 +825,7 @@ async fn gather_and_compare(
         ));
     }
     let (trace, dir, files) = (trace.clone(), dir.to_path_buf(), report.files.clone());
-    tokio::task::spawn_blocking(move || {
+    fvd_telemetry::spawn_blocking(move || {
         let written = write_files(&dir, &files)?;
         let pick = |side: &str, glob: &str| -> Result<Vec<PathBuf>, String> {
             let chosen: Vec<PathBuf> = written

@@ -2,9 +2,16 @@
 //! worker and port gRPC services on one listener. Embedded mode and
 //! `fvd orchestrator serve` both start it through [`start`]; the only
 //! difference is who owns the process.
+//!
+//! The listener also serves the standard gRPC health service
+//! (`grpc.health.v1.Health`, no token needed): `SERVING` for the server
+//! (`""`) and both fvd services once the store is open and the actors are
+//! up; `NOT_SERVING` once an actor has stopped or the server shuts down.
 
 pub mod dashboard;
+pub mod embedded;
 pub mod port_api;
+pub mod query;
 pub mod worker_api;
 
 use std::net::SocketAddr;
@@ -24,6 +31,9 @@ use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::server::NamedService;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 
 /// A server certificate chain and its private key, both PEM.
 #[derive(Clone)]
@@ -92,8 +102,68 @@ pub struct Server {
     pub scheduler: ActorRef<SchedulerMsg>,
     pub orchestrator: ActorRef<OrchestratorMsg>,
     pub events: broadcast::Sender<PortEvent>,
+    /// The statuses the health service reports.
+    pub health: Health,
     tls: bool,
     serve: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+/// The health the orchestrator reports over `grpc.health.v1`: the server
+/// as a whole (`""`) and each fvd service by its full name.
+#[derive(Debug, Clone)]
+pub struct Health {
+    reporter: HealthReporter,
+}
+
+/// The names `grpc.health.v1.Health/Check` answers for.
+pub const HEALTH_SERVICES: [&str; 3] = [
+    "",
+    <WorkerServiceServer<worker_api::WorkerApi> as NamedService>::NAME,
+    <PortServiceServer<port_api::PortApi> as NamedService>::NAME,
+];
+
+impl Health {
+    fn new() -> Self {
+        Self {
+            reporter: HealthReporter::new(),
+        }
+    }
+
+    /// Sets every name of [`HEALTH_SERVICES`] to `serving` or not.
+    pub async fn set(&self, serving: bool) {
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        for name in HEALTH_SERVICES {
+            self.reporter.set_service_status(name, status).await;
+        }
+    }
+
+    /// A `grpc.health.v1.Health` service answering from these statuses,
+    /// for a listener of its own (`--health-listen`): Kubernetes' `grpc`
+    /// probes speak plaintext and send no token.
+    pub fn service(
+        &self,
+    ) -> tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService> {
+        tonic_health::pb::health_server::HealthServer::new(
+            tonic_health::server::HealthService::from_health_reporter(self.reporter.clone()),
+        )
+    }
+
+    /// Serves the health service alone on `listener` (plaintext) until the
+    /// task is aborted.
+    pub fn serve_on(
+        &self,
+        listener: TcpListener,
+    ) -> JoinHandle<Result<(), tonic::transport::Error>> {
+        fvd_telemetry::spawn(
+            tonic::transport::Server::builder()
+                .add_service(self.service())
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        )
+    }
 }
 
 impl Server {
@@ -103,16 +173,26 @@ impl Server {
         format!("{scheme}://{}", self.addr)
     }
 
+    /// The first step of a shutdown: health turns `NOT_SERVING` and the
+    /// actors stop, while the listener still answers (a probe or a load
+    /// balancer sees the server leave before its port closes).
+    pub async fn begin_shutdown(&self) {
+        self.health.set(false).await;
+        self.orchestrator.stop(None);
+        self.scheduler.stop(None);
+    }
+
     /// Stops serving and stops the actors.
     pub async fn shutdown(self) {
+        self.begin_shutdown().await;
         self.serve.abort();
         self.orchestrator.stop(None);
         self.scheduler.stop(None);
     }
 
     /// Waits until the server task ends (it ends only on error or abort).
-    pub async fn wait(self) -> Result<(), String> {
-        match self.serve.await {
+    pub async fn wait(&mut self) -> Result<(), String> {
+        match (&mut self.serve).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         }
@@ -127,7 +207,7 @@ pub async fn start(
 ) -> Result<Server, ServerError> {
     let addr = listener.local_addr().map_err(ServerError::Listener)?;
     let (events, _) = broadcast::channel(1024);
-    let (scheduler, _) = Actor::spawn(
+    let (scheduler, scheduler_done) = Actor::spawn(
         None,
         SchedulerActor,
         SchedulerArgs {
@@ -141,7 +221,7 @@ pub async fn start(
         actor: "scheduler",
         message: e.to_string(),
     })?;
-    let (orchestrator, _) = Actor::spawn(
+    let (orchestrator, orchestrator_done) = Actor::spawn(
         None,
         OrchestratorActor,
         OrchestratorArgs {
@@ -166,6 +246,21 @@ pub async fn start(
         orchestrator: orchestrator.clone(),
         events: events.clone(),
     };
+    // The store is open and both actors are up: serving, until one of them
+    // stops (a crash the supervisor did not absorb, or a shutdown).
+    let health = Health::new();
+    health.set(true).await;
+    {
+        let health = health.clone();
+        fvd_telemetry::spawn(async move {
+            tokio::select! {
+                _ = scheduler_done => {}
+                _ = orchestrator_done => {}
+            }
+            tracing::warn!("an orchestrator actor stopped: health is NOT_SERVING");
+            health.set(false).await;
+        });
+    }
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &config.tls {
         let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
@@ -173,7 +268,7 @@ pub async fn start(
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
             .map_err(ServerError::Tls)?;
     }
-    let serve = tokio::spawn(
+    let serve = fvd_telemetry::spawn(
         builder
             .add_service(WorkerServiceServer::with_interceptor(
                 workers,
@@ -183,6 +278,8 @@ pub async fn start(
                 ports,
                 ServerAuth::new(config.token.clone()),
             ))
+            // No token: probes carry none, and it tells only up or down.
+            .add_service(health.service())
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
     tracing::info!(%addr, "orchestrator listening");
@@ -193,6 +290,7 @@ pub async fn start(
         scheduler,
         orchestrator,
         events,
+        health,
         serve,
     })
 }

@@ -6,8 +6,10 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use fvd_actors::orchestrator::{AnswerChoice, OrchestratorMsg, PortError, Submission};
+
+use crate::query::{self, QueryError};
 use fvd_proto::v1 as pb;
-use fvd_store::model::{ComponentRow, GateEventRow, JobState, PortEvent, PortState};
+use fvd_store::model::{ComponentRow, GateEventRow, PortEvent, PortState};
 use fvd_store::{AttemptRow, EscapeRow, Store, StoreError};
 use ractor::ActorRef;
 use tokio::sync::{broadcast, mpsc};
@@ -17,8 +19,6 @@ use tonic::{Request, Response, Status};
 
 /// How long a CLI call waits for the orchestrator actor to answer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often `logs --follow` looks for new output.
-const FOLLOW_POLL: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone)]
 pub struct PortApi {
@@ -47,6 +47,14 @@ fn store_status(e: StoreError) -> Status {
     Status::internal(e.to_string())
 }
 
+fn query_status(e: QueryError) -> Status {
+    if e.is_not_found() {
+        Status::not_found(e.to_string())
+    } else {
+        Status::internal(e.to_string())
+    }
+}
+
 async fn call<T>(
     orch: &ActorRef<OrchestratorMsg>,
     f: impl FnOnce(ractor::RpcReplyPort<Result<T, PortError>>) -> OrchestratorMsg,
@@ -65,27 +73,7 @@ where
     }
 }
 
-/// The wire snapshot of one port, read from the store.
-pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnapshot>, StoreError> {
-    let Some(port) = store.port(family).await? else {
-        return Ok(None);
-    };
-    let components = store.components(family).await?;
-    let gate = store.gate_events(family).await?;
-    let escapes = store.escapes(family).await?;
-    Ok(Some(pb::PortSnapshot {
-        escapes: escapes.into_iter().map(escape_wire).collect(),
-        family: port.family,
-        state: port.state.as_str().to_string(),
-        phase: port.phase,
-        components: components.into_iter().map(component_wire).collect(),
-        gate_events: gate.into_iter().map(gate_wire).collect(),
-        repo: port.repo,
-        port_status_path: port.port_status_path,
-    }))
-}
-
-fn component_wire(c: ComponentRow) -> pb::ComponentSnapshot {
+pub(crate) fn component_wire(c: ComponentRow) -> pb::ComponentSnapshot {
     pb::ComponentSnapshot {
         name: c.name,
         status: c.status.as_str().to_string(),
@@ -171,7 +159,7 @@ pub fn escape_wire(e: EscapeRow) -> pb::EscapeHatch {
     }
 }
 
-fn gate_wire(g: GateEventRow) -> pb::GateEvent {
+pub(crate) fn gate_wire(g: GateEventRow) -> pb::GateEvent {
     pb::GateEvent {
         phase: g.phase,
         outcome: g.outcome,
@@ -180,65 +168,19 @@ fn gate_wire(g: GateEventRow) -> pb::GateEvent {
     }
 }
 
+/// The W3C `traceparent` a call carried as gRPC metadata, if any.
+fn traceparent<T>(request: &Request<T>) -> Option<String> {
+    request
+        .metadata()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
 /// Whether a port in wire state `state` is running: a watch of one that
 /// is not ends at once.
 fn is_active(state: &str) -> bool {
     state == PortState::Running.as_str()
-}
-
-/// Streams a job's stored output `(stream, bytes)` in order; with `follow`,
-/// keeps polling until the run ends. Shared by the gRPC `Logs` call and the
-/// CLI reading an embedded state database directly.
-pub fn log_pump(
-    store: Store,
-    job_id: String,
-    follow: bool,
-) -> mpsc::Receiver<Result<(i32, Vec<u8>), StoreError>> {
-    log_pump_after(store, job_id, follow, None)
-}
-
-/// [`log_pump`] from the chunk after sequence number `after` (the
-/// dashboard renders what is stored, then follows from there).
-pub fn log_pump_after(
-    store: Store,
-    job_id: String,
-    follow: bool,
-    after: Option<u64>,
-) -> mpsc::Receiver<Result<(i32, Vec<u8>), StoreError>> {
-    let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(async move {
-        let mut last: Option<u64> = after;
-        loop {
-            // Read the state before the chunks: a run that had ended by then
-            // has every chunk stored, so this read is the last one needed.
-            let ended = match store.job(&job_id).await {
-                Ok(Some(j)) => matches!(j.state, JobState::Finished | JobState::Abandoned),
-                Ok(None) => true,
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            };
-            let chunks = match store.logs(&job_id, last).await {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            };
-            for (seq, stream, data) in chunks {
-                last = Some(seq);
-                if tx.send(Ok((stream, data))).await.is_err() {
-                    return;
-                }
-            }
-            if !follow || ended {
-                return;
-            }
-            tokio::time::sleep(FOLLOW_POLL).await;
-        }
-    });
-    rx
 }
 
 #[tonic::async_trait]
@@ -249,11 +191,7 @@ impl pb::port_service_server::PortService for PortApi {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         // The caller's trace context, when it sent one: the port's trace
         // continues it.
-        let traceparent = request
-            .metadata()
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let traceparent = traceparent(&request);
         let r = request.into_inner();
         if r.family.is_empty() {
             return Err(Status::invalid_argument("family is empty"));
@@ -283,24 +221,9 @@ impl pb::port_service_server::PortService for PortApi {
         request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let family = request.into_inner().family;
-        let families: Vec<String> = if family.is_empty() {
-            self.store
-                .ports()
-                .await
-                .map_err(store_status)?
-                .into_iter()
-                .map(|p| p.family)
-                .collect()
-        } else {
-            vec![family.clone()]
-        };
-        let mut ports = Vec::new();
-        for f in families {
-            match snapshot(&self.store, &f).await.map_err(store_status)? {
-                Some(s) => ports.push(s),
-                None => return Err(Status::not_found(format!("no port of family {f}"))),
-            }
-        }
+        let ports = query::status(&self.store, (!family.is_empty()).then_some(family.as_str()))
+            .await
+            .map_err(query_status)?;
         Ok(Response::new(pb::StatusResponse { ports }))
     }
 
@@ -313,13 +236,13 @@ impl pb::port_service_server::PortService for PortApi {
         let family = request.into_inner().family;
         // Subscribe before reading the state, so nothing falls in between.
         let mut rx = self.events.subscribe();
-        let snap = snapshot(&self.store, &family)
+        let snap = query::snapshot(&self.store, &family)
             .await
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("no port of family {family}")))?;
         let (tx, out) = mpsc::channel(64);
         let store = self.store.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             let send = |e: pb::port_event::Event| pb::PortEvent {
                 family: family.clone(),
                 event: Some(e),
@@ -383,7 +306,7 @@ impl pb::port_service_server::PortService for PortApi {
                         pb::port_event::Event::Gate(gate_wire(event))
                     }
                     PortEvent::Finished { .. } => {
-                        let snap = match snapshot(&store, &family).await {
+                        let snap = match query::snapshot(&store, &family).await {
                             Ok(Some(s)) => s,
                             _ => return,
                         };
@@ -405,6 +328,7 @@ impl pb::port_service_server::PortService for PortApi {
         &self,
         request: Request<pb::AnswerRequest>,
     ) -> Result<Response<pb::AnswerResponse>, Status> {
+        let traceparent = traceparent(&request);
         let r = request.into_inner();
         let choice = match r.choice {
             Some(pb::answer_request::Choice::Option(n)) => AnswerChoice::Option(n),
@@ -419,6 +343,7 @@ impl pb::port_service_server::PortService for PortApi {
             family: r.family,
             id: r.id,
             choice,
+            traceparent,
             reply,
         })
         .await?;
@@ -434,32 +359,17 @@ impl pb::port_service_server::PortService for PortApi {
         request: Request<pb::LogsRequest>,
     ) -> Result<Response<Self::LogsStream>, Status> {
         let r = request.into_inner();
-        let runs = self
-            .store
-            .jobs_of(&r.family, &r.component)
-            .await
-            .map_err(store_status)?;
-        let job = if r.run == 0 {
-            runs.last()
-        } else {
-            runs.iter().find(|j| j.run_no == r.run)
-        }
-        .cloned()
-        .ok_or_else(|| {
-            Status::not_found(format!(
-                "no run {} of component {} in port {}",
-                if r.run == 0 {
-                    "at all".to_string()
-                } else {
-                    r.run.to_string()
-                },
-                r.component,
-                r.family
-            ))
-        })?;
-        let mut chunks = log_pump(self.store.clone(), job.job_id, r.follow);
+        let job = query::run_of(
+            &self.store,
+            &r.family,
+            &r.component,
+            (r.run != 0).then_some(r.run),
+        )
+        .await
+        .map_err(query_status)?;
+        let mut chunks = query::log_pump(self.store.clone(), job.job_id, r.follow);
         let (tx, out) = mpsc::channel(64);
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             while let Some(c) = chunks.recv().await {
                 let wire = c
                     .map(|(stream, data)| pb::LogChunk { stream, data })
@@ -477,17 +387,9 @@ impl pb::port_service_server::PortService for PortApi {
         request: Request<pb::TraceReportRequest>,
     ) -> Result<Response<pb::TraceReportResponse>, Status> {
         let r = request.into_inner();
-        let inv = self
-            .store
-            .latest_trace(&r.family, &r.component)
+        let inv = query::trace_report(&self.store, &r.family, &r.component)
             .await
-            .map_err(store_status)?
-            .ok_or_else(|| {
-                Status::not_found(format!(
-                    "component {} of port {} has no trace investigation",
-                    r.component, r.family
-                ))
-            })?;
+            .map_err(query_status)?;
         let investigation_json = serde_json::to_string(&inv)
             .map_err(|e| Status::internal(format!("cannot encode the investigation: {e}")))?;
         Ok(Response::new(pb::TraceReportResponse {
@@ -500,25 +402,9 @@ impl pb::port_service_server::PortService for PortApi {
         request: Request<pb::AttemptsRequest>,
     ) -> Result<Response<pb::AttemptsResponse>, Status> {
         let r = request.into_inner();
-        if self
-            .store
-            .port(&r.family)
+        let (worktree, ledger) = query::attempts(&self.store, &r.family, &r.component)
             .await
-            .map_err(store_status)?
-            .is_none()
-        {
-            return Err(Status::not_found(format!("no port of family {}", r.family)));
-        }
-        let worktree = self
-            .store
-            .worktree(&r.family, &r.component)
-            .await
-            .map_err(store_status)?;
-        let ledger = self
-            .store
-            .attempts(&r.family, &r.component)
-            .await
-            .map_err(store_status)?;
+            .map_err(query_status)?;
         Ok(Response::new(pb::AttemptsResponse {
             worktree: worktree.map(|w| pb::AgentWorktree {
                 path: w.path.display().to_string(),

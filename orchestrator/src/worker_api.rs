@@ -72,7 +72,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             .map_err(|_| Status::unavailable("scheduler is down"))?;
 
         // Scheduler → worker: domain messages become wire messages here.
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             while let Some(m) = from_scheduler.recv().await {
                 if out_tx.send(Ok(to_wire(m))).await.is_err() {
                     break;
@@ -82,7 +82,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
 
         // Worker → scheduler, until the stream ends.
         let scheduler = self.scheduler.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             loop {
                 match inbound.message().await {
                     Ok(Some(m)) => {
@@ -146,6 +146,8 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
             collect_env: a.collect_env.unwrap_or_default(),
             preflight: a.preflight,
             preflight_key: a.preflight_key,
+            family: a.family,
+            component: a.component,
         }),
         ToWorker::Cancel {
             job_id,

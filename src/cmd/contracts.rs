@@ -3,6 +3,7 @@
 //! Exit codes: 0 when the input is valid, 1 when it has findings, 2 (through
 //! an `Err`) when the file cannot be read or holds nothing checkable.
 
+use super::exit::Exit;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -37,15 +38,15 @@ fn parse_kind(s: &str) -> Result<ContractKind, String> {
         })
 }
 
-pub fn run(cmd: ContractsCmd) -> anyhow::Result<u8> {
+pub fn run(cmd: ContractsCmd) -> anyhow::Result<Exit> {
     match cmd {
         ContractsCmd::Check(args) => check(&args),
     }
 }
 
-fn check(args: &CheckArgs) -> anyhow::Result<u8> {
+fn check(args: &CheckArgs) -> anyhow::Result<Exit> {
     let report = check_file(&args.file, args.kind)?;
-    let code = if report.valid { 0 } else { 1 };
+    let code = Exit::success_if(report.valid);
     let mut out = std::io::stdout().lock();
     let written = if args.json {
         serde_json::to_writer_pretty(&mut out, &report)

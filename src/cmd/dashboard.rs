@@ -4,6 +4,7 @@
 //! database by polling it; answering needs `fvd answer` (no orchestrator
 //! runs in this process).
 
+use super::exit::Exit;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ pub struct DashboardArgs {
     pub listen: String,
 }
 
-pub fn run(args: DashboardArgs) -> anyhow::Result<u8> {
+pub fn run(args: DashboardArgs) -> anyhow::Result<Exit> {
     let db = super::port::state_db(&args.repo);
     if !db.exists() {
         anyhow::bail!(
@@ -55,6 +56,6 @@ pub fn run(args: DashboardArgs) -> anyhow::Result<u8> {
             },
             _ = super::server::interrupted() => {}
         }
-        Ok(0)
+        Ok(Exit::Success)
     })
 }

@@ -5,6 +5,7 @@
 //! from the state recorded in `REPO/.fvd/state.db` (read from a copy, so
 //! not even SQLite's journal files appear in the repository).
 
+use super::exit::Exit;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -19,12 +20,12 @@ use super::server::runtime;
 
 /// Exit codes: 0 the gate would let the port start, 1 it would refuse it,
 /// 2 the spec or the repository is unusable.
-pub fn run(args: &SubmitArgs) -> anyhow::Result<u8> {
+pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
     let repo = match args.repo.canonicalize() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("fvd: error: repository {}: {e}", args.repo.display());
-            return Ok(2);
+            return Ok(Exit::Usage);
         }
     };
     let spec_path = args
@@ -35,7 +36,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<u8> {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fvd: error: {e}");
-            return Ok(2);
+            return Ok(Exit::Usage);
         }
     };
     if spec.family != args.family {
@@ -45,7 +46,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<u8> {
             spec.family,
             args.family
         );
-        return Ok(2);
+        return Ok(Exit::Usage);
     }
     println!(
         "dry run of port {}: nothing is started or written",
@@ -151,7 +152,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<u8> {
             }
         }
     }
-    Ok(if refused { 1 } else { 0 })
+    Ok(Exit::success_if(!refused))
 }
 
 /// The write fvd would make from the recorded state, read from a copy of

@@ -1,11 +1,12 @@
 //! `fvd init`: writes `REPO/tests/local_tests/<family>/port.toml` from what
 //! the checkout already records (the family's `PORT_STATUS.md`, README and
-//! test files). The inference is `fvd_actors::init`; this module reads the
+//! test files). The inference is `fvd_spec::init`; this module reads the
 //! files, writes the spec and prints the summary.
 //!
 //! Exit codes: 0 written; 2 when the spec exists (without `--force`), the
 //! family folder is missing or a file cannot be read.
 
+use super::exit::Exit;
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 
@@ -26,7 +27,7 @@ pub struct InitArgs {
     pub force: bool,
 }
 
-pub fn run(args: InitArgs) -> anyhow::Result<u8> {
+pub fn run(args: InitArgs) -> anyhow::Result<Exit> {
     init::check_family(&args.family)?;
     let repo = args
         .repo
@@ -112,7 +113,7 @@ pub fn run(args: InitArgs) -> anyhow::Result<u8> {
             other => other.context("cannot write the summary to stdout")?,
         }
     }
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// A file's text, `None` when it does not exist; an error names the file.

@@ -1,12 +1,12 @@
-//! The subcommands of `fvd`. Each returns the process exit code it wants
-//! (0 success, 1 findings or divergence, 2 usage or input error, 3 a port
-//! paused on a question for `fvd answer`); an `Err` becomes exit code 2
-//! with the error printed once by `main`.
+//! The subcommands of `fvd`. Each parses its arguments, calls the library
+//! crates and returns the [`exit::Exit`] it wants; an `Err` becomes
+//! [`exit::Exit::Usage`] with the error printed once by `main`.
 
 pub mod contracts;
 pub mod dashboard;
 pub mod dry_run;
 pub mod embedded;
+pub mod exit;
 pub mod init;
 pub mod port;
 pub mod server;
@@ -75,7 +75,7 @@ pub enum Command {
     Dashboard(dashboard::DashboardArgs),
 }
 
-pub fn run(cli: Cli) -> anyhow::Result<u8> {
+pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
     match cli.command {
         Command::Contracts(c) => contracts::run(c),
         Command::Trace(c) => trace::run(c),

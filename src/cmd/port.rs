@@ -3,6 +3,7 @@
 //! orchestrator and one local worker in this process, talking real gRPC on
 //! loopback, with state in `REPO/.fvd/state.db`.
 
+use super::exit::Exit;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,14 +12,12 @@ use std::collections::HashMap;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use fvd_actors::scheduler::SchedulerMsg;
 use fvd_proto::auth::{ClientAuth, Token};
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::port_service_client::PortServiceClient;
 use fvd_store::Store;
 use fvd_store::model::{ComponentStatus, PortState};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -180,25 +179,12 @@ pub struct ResetArgs {
     pub repo: PathBuf,
 }
 
-/// Exit codes of `submit --wait`.
-const EXIT_ALL_PASS: u8 = 0;
-const EXIT_BLOCKED: u8 = 1;
-const EXIT_USAGE: u8 = 2;
-/// The port paused: its only unfinished components wait for `fvd answer`.
-const EXIT_ASK_USER: u8 = 3;
-/// The port paused: some component waits for a worker whose environment
-/// can run it (a package, interpreter or driver is missing).
-const EXIT_ENVIRONMENT: u8 = 4;
-/// Embedded mode was interrupted (Ctrl-C, SIGTERM, a lost terminal); the
-/// port stays resumable.
-const EXIT_INTERRUPTED: u8 = 130;
-
 /// The state database of embedded mode inside a repository.
 pub fn state_db(repo: &Path) -> PathBuf {
     repo.join(".fvd").join("state.db")
 }
 
-pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
+pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
     if args.dry_run {
         return super::dry_run::run(&args);
     }
@@ -206,7 +192,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
         Ok(r) => r,
         Err(e) => {
             eprintln!("fvd: error: repository {}: {e}", args.repo.display());
-            return Ok(EXIT_USAGE);
+            return Ok(Exit::Usage);
         }
     };
     let spec_path = args
@@ -219,7 +205,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fvd: error: {e}");
-            return Ok(EXIT_USAGE);
+            return Ok(Exit::Usage);
         }
     };
     if parsed.family != args.family {
@@ -229,7 +215,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
             parsed.family,
             args.family
         );
-        return Ok(EXIT_USAGE);
+        return Ok(Exit::Usage);
     }
     let spec_toml = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("cannot read {}", spec_path.display()))?;
@@ -240,19 +226,24 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
         spec_toml,
         rerun: args.rerun,
     };
-    // The port's trace continues this command's span, which continues the
-    // caller's (an agent's `TRACEPARENT`) when there is one.
+    let rt = runtime()?;
+    // The port's run continues this command's span, which continues the
+    // port's trace (an embedded resume, read from the port's state here)
+    // or the caller's (an agent's `TRACEPARENT`).
     let span = tracing::info_span!(
         "submit",
         family = %args.family,
         embedded = args.orchestrator.is_none()
     );
-    if let Ok(tp) = std::env::var(fvd_telemetry::TRACEPARENT) {
-        fvd_telemetry::set_parent(&span, &tp);
+    if !span.is_disabled() {
+        let stored = match &args.orchestrator {
+            None => rt.block_on(stored_trace(&repo, &args.family)),
+            Some(_) => None,
+        };
+        continue_trace(&span, stored, args.rerun);
     }
     // `block_on` polls the command's future on this thread, inside the span.
     let _in_span = span.enter();
-    let rt = runtime()?;
     rt.block_on(async move {
         match args.orchestrator {
             Some(url) => {
@@ -261,7 +252,7 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<u8> {
                 if args.wait {
                     watch(&mut client, &args.family).await
                 } else {
-                    Ok(EXIT_ALL_PASS)
+                    Ok(Exit::Success)
                 }
             }
             None => embedded(&repo, Action::Submit(request), &args.local).await,
@@ -277,7 +268,7 @@ enum Action {
 
 /// `fvd answer`: records the answer to an escape hatch; the component that
 /// asked goes on with it.
-pub fn answer(args: AnswerArgs) -> anyhow::Result<u8> {
+pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
     let request = pb::AnswerRequest {
         family: args.family.clone(),
         id: args.id.trim().to_uppercase(),
@@ -288,6 +279,23 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<u8> {
         },
     };
     let rt = runtime()?;
+    // `fvd answer` resumes the port: its span continues the port's trace
+    // (read from the port's state in embedded mode), and the resumed run
+    // hangs under it.
+    let span = tracing::info_span!(
+        "answer",
+        family = %args.family,
+        id = %request.id,
+        embedded = args.orchestrator.is_none()
+    );
+    if !span.is_disabled() {
+        let stored = match (&args.orchestrator, args.repo.canonicalize()) {
+            (None, Ok(repo)) => rt.block_on(stored_trace(&repo, &args.family)),
+            _ => None,
+        };
+        continue_trace(&span, stored, false);
+    }
+    let _in_span = span.enter();
     rt.block_on(async move {
         match &args.orchestrator {
             Some(url) => {
@@ -296,7 +304,7 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<u8> {
                 if args.wait {
                     watch(&mut client, &args.family).await
                 } else {
-                    Ok(EXIT_ALL_PASS)
+                    Ok(Exit::Success)
                 }
             }
             None => {
@@ -312,9 +320,30 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<u8> {
     })
 }
 
+/// The trace context stored with an embedded port, if the repository has
+/// fvd state and the port recorded one. Telemetry never fails a command:
+/// an unreadable state is no context.
+async fn stored_trace(repo: &Path, family: &str) -> Option<String> {
+    let db = state_db(repo);
+    if !db.is_file() {
+        return None;
+    }
+    let store = Store::open_path(&db).await.ok()?;
+    store.port_traceparent(family).await.ok().flatten()
+}
+
+/// Hangs this command's span where the port's run belongs: under the
+/// port's stored trace (`stored`), linking the caller's `TRACEPARENT`, or
+/// under the caller's when the port has none or `rerun` starts it over; a
+/// caller who does not sample is honoured.
+fn continue_trace(span: &tracing::Span, stored: Option<String>, rerun: bool) {
+    let caller = std::env::var(fvd_telemetry::TRACEPARENT).ok();
+    fvd_telemetry::Continuation::decide(stored.as_deref(), caller.as_deref(), rerun).apply(span);
+}
+
 async fn send_answer(client: &mut Client, request: pb::AnswerRequest) -> anyhow::Result<()> {
     let r = client
-        .answer(request)
+        .answer(traced(request))
         .await
         .map_err(status_err)?
         .into_inner();
@@ -350,7 +379,7 @@ async fn send(client: &mut Client, request: pb::SubmitRequest, place: &str) -> a
 }
 
 /// Embedded mode: orchestrator and worker in this process over loopback.
-async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::Result<u8> {
+async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::Result<Exit> {
     let family = match &action {
         Action::Submit(r) => r.family.clone(),
         Action::Answer(r) => r.family.clone(),
@@ -361,60 +390,27 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
             live.pid,
             repo.display()
         );
-        return Ok(EXIT_USAGE);
+        return Ok(Exit::Usage);
     }
     super::embedded::state_dir(repo)?;
     let db = state_db(repo);
     let store = Store::open_path(&db).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .context("cannot listen on loopback")?;
-    // A fresh token per run: nothing else on the host can drive the
-    // loopback port while the port runs (the run file holds it for the
-    // owner's own `fvd cancel`).
-    let token = Token::random();
-    let config = fvd_orchestrator::ServerConfig {
-        token: Some(token.clone()),
-        // Only the port asked for runs here, on this machine's worker: a
-        // job it can never hold is refused at once, not waited for.
-        resume_on_start: false,
-        scheduler: fvd_actors::scheduler::SchedulerConfig {
-            fixed_fleet: true,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let server = fvd_orchestrator::start(listener, store, config).await?;
-    let _run_file = super::embedded::RunFile::write(repo, &family, &server.url(), &token)?;
-    let shutdown = CancellationToken::new();
-    let config = local_worker_config(
-        server.url(),
+    // The worker's address and token are the embedded server's own.
+    let worker = local_worker_config(
+        String::new(),
         repo.join(".fvd").join("worker"),
         &local.gpus,
         local.cpu_slots,
         None,
-        Some(token.clone()),
+        None,
         None,
     )
     .await?;
-    // Embedded mode never drains: the port's end stops the worker.
-    let worker = tokio::spawn(fvd_worker::client::run(
-        config,
-        shutdown.clone(),
-        CancellationToken::new(),
-    ));
-    // Submit once the local worker has registered, so the first runs are
-    // dispatched at once instead of waiting for it.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (workers, _, _) = ractor::call_t!(server.scheduler, SchedulerMsg::Counts, 5000)
-            .context("the scheduler did not answer")?;
-        if workers > 0 || std::time::Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let mut client = client(&server.url(), Some(token.clone()), None).await?;
+    let embedded = fvd_orchestrator::embedded::Embedded::start(store, worker).await?;
+    // The token is in the run file for the owner's own `fvd cancel`.
+    let _run_file =
+        super::embedded::RunFile::write(repo, &family, &embedded.url(), embedded.token())?;
+    let mut client = client(&embedded.url(), Some(embedded.token().clone()), None).await?;
     let run = async {
         match action {
             Action::Submit(request) => {
@@ -431,12 +427,10 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
             eprintln!(
                 "fvd: {why}: stopping; the running tests are ended and the port resumes with the next fvd submit --family {family}"
             );
-            Ok(EXIT_INTERRUPTED)
+            Ok(Exit::Interrupted)
         }
     };
-    shutdown.cancel();
-    let _ = worker.await;
-    server.shutdown().await;
+    embedded.stop().await;
     code
 }
 
@@ -447,7 +441,7 @@ fn say(line: std::fmt::Arguments<'_>) {
 }
 
 /// Follows a port's events until it ends; returns the exit code.
-async fn watch(client: &mut Client, family: &str) -> anyhow::Result<u8> {
+async fn watch(client: &mut Client, family: &str) -> anyhow::Result<Exit> {
     let mut stream = client
         .watch(pb::WatchRequest {
             family: family.to_string(),
@@ -473,20 +467,20 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<u8> {
 
 /// 0 when every component is `non_skip_pass`, 3 when the port paused on
 /// questions, 4 when it waits for a fixed environment, 1 otherwise.
-fn outcome(snap: &pb::PortSnapshot) -> u8 {
+fn outcome(snap: &pb::PortSnapshot) -> Exit {
     if snap.state == PortState::Environment.as_str() {
-        EXIT_ENVIRONMENT
+        Exit::Environment
     } else if snap.state == PortState::AskUser.as_str() {
-        EXIT_ASK_USER
+        Exit::AskUser
     } else if !snap.components.is_empty()
         && snap
             .components
             .iter()
             .all(|c| c.status == ComponentStatus::NonSkipPass.as_str())
     {
-        EXIT_ALL_PASS
+        Exit::Success
     } else {
-        EXIT_BLOCKED
+        Exit::Findings
     }
 }
 
@@ -662,7 +656,7 @@ fn grouped(
     out
 }
 
-pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
+pub fn status(args: StatusArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     rt.block_on(async move {
         let ports = match &args.orchestrator {
@@ -679,21 +673,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
             }
             None => {
                 let store = open_local(&args.repo).await?;
-                let families = match &args.family {
-                    Some(f) => vec![f.clone()],
-                    None => store.ports().await?.into_iter().map(|p| p.family).collect(),
-                };
-                let mut ports = Vec::new();
-                for f in families {
-                    match fvd_orchestrator::port_api::snapshot(&store, &f).await? {
-                        Some(s) => ports.push(s),
-                        None => bail!(
-                            "no port of family {f} in {}",
-                            state_db(&args.repo).display()
-                        ),
-                    }
-                }
-                ports
+                fvd_orchestrator::query::status(&store, args.family.as_deref()).await?
             }
         };
         if args.json {
@@ -709,7 +689,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<u8> {
                 print_snapshot(p);
             }
         }
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
@@ -746,7 +726,7 @@ fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
     })
 }
 
-pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
+pub fn logs(args: LogsArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     rt.block_on(async move {
         let mut out = std::io::stdout().lock();
@@ -769,21 +749,15 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
             }
             None => {
                 let store = open_local(&args.repo).await?;
-                let runs = store.jobs_of(&args.family, &args.component).await?;
-                let job = match args.run {
-                    None => runs.last(),
-                    Some(n) => runs.iter().find(|j| j.run_no == n),
-                }
-                .with_context(|| {
-                    format!(
-                        "no run {} of component {} in port {}",
-                        args.run.map_or("at all".to_string(), |n| n.to_string()),
-                        args.component,
-                        args.family
-                    )
-                })?;
+                let job = fvd_orchestrator::query::run_of(
+                    &store,
+                    &args.family,
+                    &args.component,
+                    args.run,
+                )
+                .await?;
                 let mut chunks =
-                    fvd_orchestrator::port_api::log_pump(store, job.job_id.clone(), args.follow);
+                    fvd_orchestrator::query::log_pump(store, job.job_id.clone(), args.follow);
                 while let Some(chunk) = chunks.recv().await {
                     out.write_all(&chunk?.1)?;
                     out.flush()?;
@@ -791,11 +765,11 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<u8> {
             }
         }
         out.flush()?;
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
-pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
+pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     rt.block_on(async move {
         let (url, token, tls) = match &args.orchestrator {
@@ -825,7 +799,7 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
                                 format!(": {} stopped", names.join(", "))
                             }
                         ));
-                        return Ok(0);
+                        return Ok(Exit::Success);
                     }
                 }
             }
@@ -838,13 +812,13 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<u8> {
             .await
             .map_err(status_err)?;
         say(format_args!("cancelled port {}", args.family));
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
 /// `fvd reset F`: forgets the port's embedded state. Refused while a
 /// process runs the port.
-pub fn reset(args: ResetArgs) -> anyhow::Result<u8> {
+pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
     let repo = args
         .repo
         .canonicalize()
@@ -854,7 +828,7 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<u8> {
             "fvd: error: port {} is running in process {}; fvd cancel {} first",
             args.family, live.pid, args.family
         );
-        return Ok(EXIT_USAGE);
+        return Ok(Exit::Usage);
     }
     let rt = runtime()?;
     rt.block_on(async move {
@@ -865,19 +839,19 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<u8> {
                 args.family,
                 state_db(&repo).display()
             );
-            return Ok(EXIT_USAGE);
+            return Ok(Exit::Usage);
         }
         say(format_args!(
             "reset port {}: its runs, verdicts, questions and attempt ledger are forgotten; the next fvd submit starts it over. Kept: PORT_STATUS.md, port.toml, agent branches fvd/{}/* and their worktrees",
             args.family, args.family
         ));
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
 /// `fvd attempts`: the agent-attempt ledger of a component, from the
 /// embedded state of the repository or from an orchestrator.
-pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
+pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     rt.block_on(async move {
         let (worktree, ledger) = match &args.orchestrator {
@@ -908,17 +882,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
             }
             None => {
                 let store = open_local(&args.repo).await?;
-                if store.port(&args.family).await?.is_none() {
-                    bail!(
-                        "no port {} in {}",
-                        args.family,
-                        state_db(&args.repo).display()
-                    );
-                }
-                (
-                    store.worktree(&args.family, &args.component).await?,
-                    store.attempts(&args.family, &args.component).await?,
-                )
+                fvd_orchestrator::query::attempts(&store, &args.family, &args.component).await?
             }
         };
         let mut out = std::io::stdout().lock();
@@ -934,7 +898,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
                 "attempts": ledger,
             });
             writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-            return Ok(0);
+            return Ok(Exit::Success);
         }
         match &worktree {
             Some(w) => writeln!(
@@ -991,11 +955,11 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<u8> {
                 writeln!(out, "  {line}")?;
             }
         }
-        Ok(0)
+        Ok(Exit::Success)
     })
 }
 
-async fn open_local(repo: &Path) -> anyhow::Result<Store> {
+pub async fn open_local(repo: &Path) -> anyhow::Result<Store> {
     let db = state_db(repo);
     if !db.is_file() {
         bail!(
@@ -1025,10 +989,10 @@ pub async fn client(
     ))
 }
 
-/// The submit call, carrying the trace context as W3C `traceparent` gRPC
-/// metadata: this process's span when it exports, else an inherited
-/// `TRACEPARENT`, else none (the port starts its own trace).
-fn traced(request: pb::SubmitRequest) -> tonic::Request<pb::SubmitRequest> {
+/// A submit or answer call, carrying the trace context as W3C `traceparent`
+/// gRPC metadata: this process's span when it exports, else an inherited
+/// `TRACEPARENT`, else none (the port continues or starts its own trace).
+fn traced<T>(request: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(request);
     let context = fvd_telemetry::current_traceparent()
         .or_else(|| std::env::var(fvd_telemetry::TRACEPARENT).ok());

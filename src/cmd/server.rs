@@ -2,6 +2,7 @@
 //! processes of a fleet, plus the runtime and worker set-up that embedded
 //! mode shares with them.
 
+use super::exit::Exit;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -87,6 +88,11 @@ pub struct ServeArgs {
     /// value when a token is set.
     #[arg(long, value_name = "ADDR")]
     pub dashboard: Option<String>,
+    /// Also answer `grpc.health.v1` health checks on this address, in
+    /// plaintext and without a token (for Kubernetes' grpc probes when the
+    /// main listener speaks TLS). The main listener answers them too.
+    #[arg(long, value_name = "ADDR")]
+    pub health_listen: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -117,16 +123,25 @@ pub struct WorkerArgs {
     pub token: TokenArgs,
     #[command(flatten)]
     pub tls: ClientTls,
+    /// Answer `grpc.health.v1` health checks on this address (plaintext,
+    /// no token): `""` is SERVING while connected and registered,
+    /// `liveness` until the worker stops. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub health_listen: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum WorkerCmd {
     /// Ask the worker using WORKSPACE to take no new job and to exit once
-    /// the jobs it runs have finished and been reported.
+    /// the jobs it runs have finished and been reported (SIGUSR1).
     Drain {
         /// The worker's scratch folder (it holds `worker.pid`).
         #[arg(long)]
         workspace: PathBuf,
+        /// Return only once the worker has exited (a Kubernetes preStop
+        /// hook: the container is stopped when the hook returns).
+        #[arg(long)]
+        wait: bool,
     },
 }
 
@@ -135,8 +150,9 @@ fn pid_file(workspace: &std::path::Path) -> PathBuf {
     workspace.join("worker.pid")
 }
 
-/// `fvd worker drain`: SIGUSR1 to the worker named by the pid file.
-fn drain(workspace: &std::path::Path) -> anyhow::Result<u8> {
+/// `fvd worker drain`: SIGUSR1 to the worker named by the pid file; with
+/// `wait`, then polls until that process is gone.
+fn drain(workspace: &std::path::Path, wait: bool) -> anyhow::Result<Exit> {
     let path = pid_file(workspace);
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("no running worker: cannot read {}", path.display()))?;
@@ -150,7 +166,15 @@ fn drain(workspace: &std::path::Path) -> anyhow::Result<u8> {
     )
     .with_context(|| format!("cannot signal worker {pid} named by {}", path.display()))?;
     println!("asked worker {pid} to drain");
-    Ok(0)
+    if wait {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        // Signal 0 only checks that the process exists.
+        while nix::sys::signal::kill(pid, None).is_ok() && path.exists() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        println!("worker {pid} drained and exited");
+    }
+    Ok(Exit::Success)
 }
 
 /// Resolves on Ctrl-C or SIGTERM: both end a server or worker normally, so
@@ -240,7 +264,7 @@ pub async fn local_worker_config(
     })
 }
 
-pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
+pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
     let OrchestratorCmd::Serve(args) = cmd;
     runtime()?.block_on(async move {
         let token = args.token.load()?;
@@ -263,7 +287,15 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
             ..Default::default()
         };
         config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
-        let server = fvd_orchestrator::start(listener, store, config).await?;
+        let health_listener = match &args.health_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen for health checks on {addr}"))?,
+            ),
+            None => None,
+        };
+        let mut server = fvd_orchestrator::start(listener, store, config).await?;
         // The first line names the address, so scripts can use port 0.
         println!("fvd orchestrator listening on {}", server.url());
         let _dashboard = match &args.dashboard {
@@ -285,17 +317,31 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<u8> {
             }
             None => None,
         };
+        let health = match health_listener {
+            Some(l) => {
+                tracing::info!(addr = %l.local_addr()?, "answering health checks");
+                Some(server.health.serve_on(l))
+            }
+            None => None,
+        };
         tokio::select! {
             r = server.wait() => r.map_err(|e| anyhow::anyhow!("server stopped: {e}"))?,
-            _ = interrupted() => {}
+            _ = interrupted() => {
+                // NOT_SERVING first, while the listeners still answer.
+                server.begin_shutdown().await;
+                server.shutdown().await;
+            }
         }
-        Ok(0)
+        if let Some(h) = health {
+            h.abort();
+        }
+        Ok(Exit::Success)
     })
 }
 
-pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
-    if let Some(WorkerCmd::Drain { workspace }) = &args.command {
-        return drain(workspace);
+pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
+    if let Some(WorkerCmd::Drain { workspace, wait }) = &args.command {
+        return drain(workspace, *wait);
     }
     let (Some(orchestrator), Some(workspace)) = (args.orchestrator, args.workspace) else {
         anyhow::bail!("fvd worker needs --orchestrator and --workspace");
@@ -321,7 +367,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
         );
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             interrupted().await;
             stop.cancel();
         });
@@ -331,16 +377,32 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<u8> {
         let mut usr1 =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
                 .context("cannot listen for SIGUSR1")?;
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             usr1.recv().await;
             on_usr1.cancel();
         });
+        let link = fvd_worker::health::LinkReporter::default();
+        let health_stop = CancellationToken::new();
+        let health = match &args.health_listen {
+            Some(addr) => {
+                let listener = fvd_worker::health::HealthListener::bind(addr).await?;
+                tracing::info!(addr = %listener.addr, "answering health checks");
+                Some(fvd_telemetry::spawn(
+                    listener.serve(link.clone(), health_stop.clone()),
+                ))
+            }
+            None => None,
+        };
         let pid_path = pid_file(&config.workspace);
         std::fs::write(&pid_path, std::process::id().to_string())
             .with_context(|| format!("cannot write {}", pid_path.display()))?;
-        let result = fvd_worker::client::run(config, shutdown, drain).await;
+        let result = fvd_worker::client::run_reporting(config, shutdown, drain, link).await;
         let _ = std::fs::remove_file(&pid_path);
+        health_stop.cancel();
+        if let Some(h) = health {
+            let _ = h.await;
+        }
         result?;
-        Ok(0)
+        Ok(Exit::Success)
     })
 }

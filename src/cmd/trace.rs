@@ -5,6 +5,7 @@
 //! nothing compared, 2 bad input (an `Err` here; `main` prints it and exits
 //! 2). Clap's own usage errors also exit 2.
 
+use super::exit::Exit;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -99,7 +100,7 @@ pub struct DumpsArgs {
     pub json: bool,
 }
 
-pub fn run(cmd: TraceCmd) -> anyhow::Result<u8> {
+pub fn run(cmd: TraceCmd) -> anyhow::Result<Exit> {
     match cmd {
         TraceCmd::Compare(a) => run_compare(a),
         TraceCmd::Merge(a) => run_merge(a),
@@ -108,7 +109,7 @@ pub fn run(cmd: TraceCmd) -> anyhow::Result<u8> {
     }
 }
 
-fn run_compare(a: CompareArgs) -> anyhow::Result<u8> {
+fn run_compare(a: CompareArgs) -> anyhow::Result<Exit> {
     let opts = CompareOptions {
         rename: a.rename,
         tolerances: a.tol,
@@ -137,7 +138,11 @@ fn run_compare(a: CompareArgs) -> anyhow::Result<u8> {
         report
             .first_divergence
             .as_ref()
-            .map(|f| (f.reference_module.as_str(), f.stat.as_str())),
+            .map(|f| fvd_telemetry::spans::Divergence {
+                port_module: &f.port_module,
+                reference_module: &f.reference_module,
+                stat: &f.stat,
+            }),
     );
     drop(span);
     if let Some(path) = &a.plot {
@@ -152,10 +157,10 @@ fn run_compare(a: CompareArgs) -> anyhow::Result<u8> {
     } else {
         print!("{}", report.render_text());
     }
-    Ok(if report.verdict.passed() { 0 } else { 1 })
+    Ok(Exit::success_if(report.verdict.passed()))
 }
 
-fn run_merge(a: MergeArgs) -> anyhow::Result<u8> {
+fn run_merge(a: MergeArgs) -> anyhow::Result<Exit> {
     let renamer = fvd_trace::Renamer::parse(&a.rename)?;
     let shapes = match &a.reference {
         Some(r) => Some(ShapeIndex::from_records(&fvd_trace::read_trace(r)?)),
@@ -175,10 +180,10 @@ fn run_merge(a: MergeArgs) -> anyhow::Result<u8> {
     for d in &merged.diagnostics {
         eprintln!("fvd: [{}] {}", d.code, d.message);
     }
-    Ok(0)
+    Ok(Exit::Success)
 }
 
-fn run_dumps(a: DumpsArgs) -> anyhow::Result<u8> {
+fn run_dumps(a: DumpsArgs) -> anyhow::Result<Exit> {
     let opts = DumpOptions {
         rename: a.rename,
         order: a.order,
@@ -193,5 +198,5 @@ fn run_dumps(a: DumpsArgs) -> anyhow::Result<u8> {
     } else {
         print!("{}", report.render_text());
     }
-    Ok(if report.verdict.passed() { 0 } else { 1 })
+    Ok(Exit::success_if(report.verdict.passed()))
 }

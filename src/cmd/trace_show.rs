@@ -4,16 +4,16 @@
 //! comparison report with its diagnostics. Reads `REPO/.fvd/state.db`, or
 //! asks an orchestrator with `--orchestrator`.
 
+use super::exit::Exit;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::Args;
 use fvd_proto::v1 as pb;
-use fvd_store::Store;
 use fvd_store::traces::TraceInvestigation;
 
-use super::port::{client, state_db};
+use super::port::client;
 use super::server::{ClientTls, TokenArgs, runtime};
 
 #[derive(Debug, Args)]
@@ -35,7 +35,7 @@ pub struct ShowArgs {
     pub tls: ClientTls,
 }
 
-pub fn show(args: ShowArgs) -> anyhow::Result<u8> {
+pub fn show(args: ShowArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     let inv = rt.block_on(fetch(&args))?;
     if args.json {
@@ -43,7 +43,7 @@ pub fn show(args: ShowArgs) -> anyhow::Result<u8> {
     } else {
         print!("{}", render(&inv));
     }
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 async fn fetch(args: &ShowArgs) -> anyhow::Result<TraceInvestigation> {
@@ -60,25 +60,8 @@ async fn fetch(args: &ShowArgs) -> anyhow::Result<TraceInvestigation> {
         return serde_json::from_str(&r.investigation_json)
             .context("the orchestrator sent an investigation that does not parse");
     }
-    let db = state_db(&args.repo);
-    if !db.is_file() {
-        bail!(
-            "no fvd state at {} (run fvd submit there first, or pass --orchestrator)",
-            db.display()
-        );
-    }
-    let store = Store::open_path(&db).await?;
-    if store.port(&args.family).await?.is_none() {
-        bail!("no port {} in {}", args.family, db.display());
-    }
-    match store.latest_trace(&args.family, &args.component).await? {
-        Some(inv) => Ok(inv),
-        None => bail!(
-            "component {} of port {} has no trace investigation (it needs a [component.trace] table and a debug_red run)",
-            args.component,
-            args.family
-        ),
-    }
+    let store = super::port::open_local(&args.repo).await?;
+    Ok(fvd_orchestrator::query::trace_report(&store, &args.family, &args.component).await?)
 }
 
 /// The text view: headline, summary, drill path, then the last report.

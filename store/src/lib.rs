@@ -99,6 +99,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../migrations/0005_traces.sql")),
     (6, include_str!("../migrations/0006_rerun_budget.sql")),
     (7, include_str!("../migrations/0007_runs_counted.sql")),
+    (8, include_str!("../migrations/0008_port_trace.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -371,6 +372,31 @@ impl Store {
         Ok(())
     }
 
+    /// The trace context (W3C `traceparent`) a port's runs continue; `None`
+    /// when none was recorded or there is no such port.
+    pub async fn port_traceparent(&self, family: &str) -> Result<Option<String>, StoreError> {
+        let tp: Option<String> =
+            sqlx::query_scalar("SELECT traceparent FROM ports WHERE family = ?")
+                .bind(family)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(tp.filter(|t| !t.is_empty()))
+    }
+
+    /// Records the trace context of a port's run for later runs to continue.
+    pub async fn set_port_traceparent(
+        &self,
+        family: &str,
+        traceparent: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE ports SET traceparent = ? WHERE family = ?")
+            .bind(traceparent)
+            .bind(family)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
     pub async fn set_port_status_path(&self, family: &str, path: &str) -> Result<(), StoreError> {
         sqlx::query("UPDATE ports SET port_status_path = ? WHERE family = ?")
             .bind(path)
@@ -383,13 +409,17 @@ impl Store {
     // ----- components ------------------------------------------------------
 
     /// The port's components. `runs` counts the runs of its parity test that
-    /// started (were leased to a worker) and did not fail on their worker's
-    /// environment: one queued and then cancelled or never placed is no
-    /// run, a requeued one counts once. Counted from `jobs`, so no later
-    /// write can drift from it.
+    /// hold a lease or finished, and those a crash cut off after their
+    /// process started: one queued and then cancelled or never placed is no
+    /// run, one that failed on its worker's environment is none, and one a
+    /// lost or stopping worker handed back counts again only once it is
+    /// leased again. Counted from `jobs`, so no later write can drift from
+    /// it.
     pub async fn components(&self, family: &str) -> Result<Vec<ComponentRow>, StoreError> {
-        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND j.started_ms IS NOT NULL AND j.state != ?) AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
-            .bind(JobState::Environment.as_str())
+        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN (?, ?) OR (j.state = ? AND j.spawned_ms IS NOT NULL))) AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
+            .bind(JobState::Running.as_str())
+            .bind(JobState::Finished.as_str())
+            .bind(JobState::Abandoned.as_str())
             .bind(family)
             .fetch_all(&self.pool)
             .await?;
@@ -1331,6 +1361,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_port_s_trace_context_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open_path(&path).await.unwrap();
+        assert_eq!(store.port_traceparent("p").await.unwrap(), None);
+        store.create_port(&port("p"), &["a".into()]).await.unwrap();
+        assert_eq!(store.port_traceparent("p").await.unwrap(), None);
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        store.set_port_traceparent("p", tp).await.unwrap();
+        drop(store);
+        let store = Store::open_path(&path).await.unwrap();
+        assert_eq!(
+            store.port_traceparent("p").await.unwrap().as_deref(),
+            Some(tp)
+        );
+    }
+
+    #[tokio::test]
     async fn survives_reopen_and_fences_stale_results() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
@@ -1390,7 +1438,12 @@ mod tests {
         // A lost worker's job goes back to the queue and starts again: one run.
         store.requeue_job(&j1.job_id, "worker lost").await.unwrap();
         store.lease_job(&j1.job_id, "w2", 2, &[]).await.unwrap();
-        // Queued, then cancelled before any worker took it.
+        store
+            .append_output(&[], &[(j1.job_id.clone(), 1)])
+            .await
+            .unwrap();
+        // Queued, then cancelled before any worker took it (the crash that
+        // abandons it also cuts off a's run, whose process had started).
         store.queue_job(&job("p", "a")).await.unwrap();
         store.abandon_unfinished("p").await.unwrap();
         // A traced rerun is no run of the component.

@@ -129,6 +129,9 @@ pub struct Assignment {
     pub preflight: Vec<String>,
     /// The port the preflight is run for (its family).
     pub preflight_key: String,
+    /// The port (family) and component the job runs for (span attributes).
+    pub family: String,
+    pub component: String,
 }
 
 /// Messages the orchestrator sends down a worker's stream.

@@ -11,6 +11,7 @@ mod contracts;
 mod dashboard;
 mod environment;
 mod fastvideo_checkout;
+mod fleet;
 mod init;
 mod port;
 mod support;

@@ -26,7 +26,7 @@ pub(crate) fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-fn status_of<'a>(
+pub(crate) fn status_of<'a>(
     rows: &'a [(String, String, u64, String)],
     name: &str,
 ) -> &'a (String, String, u64, String) {
@@ -479,7 +479,7 @@ fn submit_embedded(sb: &Sandbox, family: &str, extra: &[&str]) -> std::process::
 
 /// A test body that blocks until `release` exists (bounded, so a stray
 /// process cannot hang the suite).
-fn blocks_until(release: &Path) -> String {
+pub(crate) fn blocks_until(release: &Path) -> String {
     format!(
         "deadline = time.time() + 60\nwhile not os.path.exists({:?}):\n    assert time.time() < deadline, 'never released'\n    time.sleep(0.02)",
         release.display().to_string()

@@ -274,6 +274,17 @@ timeout_s = 60
         })
     }
 
+    /// The process id of the worker process `id`.
+    pub fn worker_pid(&self, id: &str) -> u32 {
+        let i = self
+            .workers
+            .iter()
+            .find(|(w, _)| w == id)
+            .map(|(_, i)| *i)
+            .expect("known worker");
+        self.children[i].id()
+    }
+
     /// SIGKILLs the worker process `id`.
     pub fn kill_worker(&mut self, id: &str) {
         let i = self

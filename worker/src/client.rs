@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::exec::{self, JobEvent, JobSpec, JunitFile, OutputStream};
 use crate::gpu::GpuInfo;
+use crate::health::{Link, LinkReporter};
 
 /// How a worker presents itself and where it runs jobs.
 #[derive(Debug, Clone)]
@@ -60,14 +61,31 @@ type Running = Arc<Mutex<HashMap<String, (u64, CancellationToken)>>>;
 type Preflights =
     Arc<Mutex<HashMap<(String, Vec<String>), Arc<tokio::sync::OnceCell<Result<(), String>>>>>>;
 
-/// Serves the orchestrator until `shutdown` is cancelled (running jobs are
-/// cancelled) or, once `drain` is cancelled, until the jobs it runs have
-/// finished and been reported (no new job is taken meanwhile); reconnects
-/// with exponential backoff (100 ms doubling up to `max_backoff`).
+/// Serves the orchestrator until `shutdown` is cancelled or, once `drain`
+/// is cancelled, until the jobs it runs have finished and been reported (no
+/// new job is taken meanwhile); reconnects with exponential backoff (100 ms
+/// doubling up to `max_backoff`).
+///
+/// On `shutdown` (SIGTERM: a preemption, the end of an allocation, a pod
+/// deleted) the worker stops: it takes no new job, ends the running ones
+/// and hands them back: their results are not sent (a run cut short is no
+/// verdict), and closing the stream makes the orchestrator queue them again
+/// at once, before the lease would expire.
 pub async fn run(
     config: WorkerConfig,
     shutdown: CancellationToken,
     drain: CancellationToken,
+) -> Result<(), ClientError> {
+    run_reporting(config, shutdown, drain, LinkReporter::default()).await
+}
+
+/// [`run`], telling `link` how the connection stands (for the health
+/// service, [`crate::health`]).
+pub async fn run_reporting(
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+    drain: CancellationToken,
+    link: LinkReporter,
 ) -> Result<(), ClientError> {
     let endpoint = fvd_proto::transport::endpoint(&config.orchestrator, config.tls_ca.as_deref())?;
     let running: Running = Arc::default();
@@ -75,19 +93,29 @@ pub async fn run(
     let mut backoff = Duration::from_millis(100);
     loop {
         if shutdown.is_cancelled() {
+            link.set(Link::Stopping);
+            end_jobs(&config, &running).await;
             return Ok(());
         }
         let started = Instant::now();
-        match session(
+        let outcome = session(
             &config,
             endpoint.clone(),
             &running,
             &preflights,
             &shutdown,
             &drain,
+            &link,
         )
-        .await
-        {
+        .await;
+        link.set(if shutdown.is_cancelled() {
+            Link::Stopping
+        } else if drain.is_cancelled() {
+            Link::Draining
+        } else {
+            Link::Connecting
+        });
+        match outcome {
             Ok(()) => return Ok(()),
             Err(Session::Refused(status)) => {
                 return Err(ClientError::Refused {
@@ -104,7 +132,13 @@ pub async fn run(
             backoff = Duration::from_millis(100);
         }
         tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
+            _ = shutdown.cancelled() => {
+                link.set(Link::Stopping);
+                // Jobs that outlived the lost connection: their leases
+                // expire at the orchestrator, which queues them again.
+                end_jobs(&config, &running).await;
+                return Ok(());
+            }
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(config.max_backoff);
@@ -123,6 +157,7 @@ async fn session(
     preflights: &Preflights,
     shutdown: &CancellationToken,
     drain: &CancellationToken,
+    link: &LinkReporter,
 ) -> Result<(), Session> {
     let channel = endpoint
         .connect()
@@ -147,23 +182,25 @@ async fn session(
         tokio::select! {
             _ = drain.cancelled(), if !drain_sent => {
                 drain_sent = true;
+                link.set(Link::Draining);
                 tracing::info!(worker = %config.worker_id, "draining: no new jobs; leaving once the running ones finish");
                 if tx.send(msg(pb::worker_msg::Msg::Drain(pb::Drain {}))).await.is_err() {
                     return Err(Session::Lost("stream closed".into()));
                 }
             }
             _ = shutdown.cancelled() => {
-                for (_, (_, cancel)) in running.lock().expect("running lock").iter() {
-                    cancel.cancel();
+                link.set(Link::Stopping);
+                // No new job meanwhile (best effort: the stream may be gone).
+                if !drain_sent {
+                    let _ = tx.send(msg(pb::worker_msg::Msg::Drain(pb::Drain {}))).await;
                 }
-                // The jobs' process groups are ended before the worker
-                // returns (its process may exit right after): no test
-                // outlives a worker that was stopped.
-                let deadline = Instant::now() + config.grace + Duration::from_secs(5);
-                while !running.lock().expect("running lock").is_empty() && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                // Ended before the stream closes: the orchestrator may place
+                // them elsewhere at once.
+                let jobs = end_jobs(config, running).await;
+                if !jobs.is_empty() {
+                    tracing::info!(worker = %config.worker_id, ?jobs, "stopping: ended the running jobs and handed them back to the orchestrator, which queues them again");
                 }
-                return Ok(());
+                break;
             }
             _ = heartbeat.tick() => {
                 if drain_sent && running.lock().expect("running lock").is_empty() {
@@ -181,16 +218,22 @@ async fn session(
             }
             next = inbound.message() => {
                 match next {
-                    Ok(Some(m)) => handle(config, m, &tx, running, preflights),
+                    Ok(Some(m)) => {
+                        if matches!(m.msg, Some(pb::orchestrator_msg::Msg::Registered(_))) && !drain.is_cancelled() {
+                            link.set(Link::Registered);
+                        }
+                        handle(config, m, &tx, running, preflights, shutdown)
+                    }
                     Ok(None) => return Err(Session::Lost("orchestrator closed the stream".into())),
                     Err(status) => return Err(Session::Lost(status.to_string())),
                 }
             }
         }
     }
-    // Drained. Close our side and wait (bounded) for the orchestrator to
-    // close its side: it reads our last results before it sees the end, so
-    // none is lost to the disconnect.
+    // Drained or stopped. Close our side and wait (bounded) for the
+    // orchestrator to close its side: it reads our last results before it
+    // sees the end, so none is lost to the disconnect, and it queues again
+    // the jobs handed back.
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while let Ok(Some(_)) = inbound.message().await {}
@@ -229,6 +272,7 @@ fn handle(
     tx: &mpsc::Sender<pb::WorkerMsg>,
     running: &Running,
     preflights: &Preflights,
+    stopping: &CancellationToken,
 ) {
     match m.msg {
         Some(pb::orchestrator_msg::Msg::Registered(r)) => {
@@ -243,6 +287,7 @@ fn handle(
             let config = config.clone();
             let tx = tx.clone();
             let running = running.clone();
+            let stopping = stopping.clone();
             let preflight = (!a.preflight.is_empty()).then(|| {
                 preflights
                     .lock()
@@ -256,6 +301,8 @@ fn handle(
             let span = tracing::info_span!(
                 parent: None,
                 "job.run",
+                family = %a.family,
+                component = %a.component,
                 job_id = %a.job_id,
                 lease_epoch = a.lease_epoch,
                 worker_id = %config.worker_id,
@@ -283,7 +330,25 @@ fn handle(
                     }
                     None => run_assigned(&config, a, &tx, cancel).await,
                 };
+                fvd_telemetry::spans::job_ended(
+                    &tracing::Span::current(),
+                    &fvd_telemetry::spans::JobEnd {
+                        exit_code: finished.exit_code,
+                        signal: finished.signal,
+                        timed_out: finished.timed_out,
+                        cancelled: finished.cancelled,
+                        error: if finished.spawn_error.is_empty() {
+                            &finished.preflight_error
+                        } else {
+                            &finished.spawn_error
+                        },
+                    },
+                );
                 running.lock().expect("running lock").remove(&job_id);
+                if handed_back(&finished, &stopping).await {
+                    tracing::info!(job = %job_id, "job cut short by the worker's stop: no result sent; the orchestrator queues it again");
+                    return;
+                }
                 let _ = tx
                     .send(msg(pb::worker_msg::Msg::JobFinished(finished)))
                     .await;
@@ -303,6 +368,55 @@ fn handle(
         }
         None => {}
     }
+}
+
+/// Cancels every running job and waits (bounded) until their process groups
+/// are gone: no test outlives a worker that was stopped. Returns their ids.
+async fn end_jobs(config: &WorkerConfig, running: &Running) -> Vec<String> {
+    let jobs: Vec<String> = {
+        let running = running.lock().expect("running lock");
+        for (_, (_, cancel)) in running.iter() {
+            cancel.cancel();
+        }
+        running.keys().cloned().collect()
+    };
+    let deadline = Instant::now() + config.grace + Duration::from_secs(5);
+    while !running.lock().expect("running lock").is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    jobs
+}
+
+/// Slurm (and a container runtime at the end of its grace period) signals
+/// every process of a job at once: a test may die of the same SIGTERM a
+/// moment before this worker hears of its own stop. A run that ended
+/// without a result of its own waits this long for that stop.
+const STOP_SETTLE: Duration = Duration::from_secs(1);
+
+/// Whether a job's result is withheld because the worker is stopping: a
+/// run cut short (cancelled, signalled, no report) while it stops is no
+/// verdict and goes back to the queue; a run that finished by itself (its
+/// exit code and report, or its timeout) is sent as usual.
+async fn handed_back(f: &pb::JobFinished, stopping: &CancellationToken) -> bool {
+    let finished_by_itself = f.timed_out
+        || (f.exit_code.is_some()
+            && !f.cancelled
+            && f.junit_error.is_empty()
+            && f.spawn_error.is_empty()
+            && f.preflight_error.is_empty());
+    if finished_by_itself {
+        return false;
+    }
+    if stopping.is_cancelled() {
+        return true;
+    }
+    // Killed by a signal, or ended without its report (a launcher that
+    // turns SIGTERM into an exit code): perhaps the stop's signal.
+    let cut_short = !f.cancelled && (f.signal.is_some() || !f.junit_error.is_empty());
+    cut_short
+        && tokio::time::timeout(STOP_SETTLE, stopping.cancelled())
+            .await
+            .is_ok()
 }
 
 /// Longest a preflight may take.
@@ -530,7 +644,7 @@ async fn run_assigned(
     }
     if let Some(dir) = &collect_dir {
         let dir = dir.clone();
-        let read = tokio::task::spawn_blocking(move || {
+        let read = fvd_telemetry::spawn_blocking(move || {
             crate::collect::collect(&dir, crate::collect::MAX_COLLECT_BYTES, &secrets)
         })
         .await;

@@ -354,20 +354,20 @@ pub async fn run_job(
     let (raw_tx, raw_rx) = mpsc::channel::<Raw>(64);
     let mut readers = Vec::new();
     if let Some(out) = child.stdout.take() {
-        readers.push(tokio::spawn(read_pipe(
+        readers.push(fvd_telemetry::spawn(read_pipe(
             out,
             OutputStream::Stdout,
             raw_tx.clone(),
         )));
     }
     if let Some(err) = child.stderr.take() {
-        readers.push(tokio::spawn(read_pipe(
+        readers.push(fvd_telemetry::spawn(read_pipe(
             err,
             OutputStream::Stderr,
             raw_tx.clone(),
         )));
     }
-    let pump = tokio::spawn(pump(raw_rx, events, secrets.clone()));
+    let pump = fvd_telemetry::spawn(pump(raw_rx, events, secrets.clone()));
 
     let ended = wait_or_stop(&mut child, &spec, start, pid, &cookie, &raw_tx, &cancel).await?;
     let duration = start.elapsed();

@@ -6,3 +6,4 @@ pub mod client;
 pub mod collect;
 pub mod exec;
 pub mod gpu;
+pub mod health;

@@ -15,8 +15,6 @@ use fvd_store::traces::TraceInvestigation;
 use fvd_store::{AttemptRow, Store, StoreError};
 use serde::Serialize;
 
-use crate::port_api;
-
 /// How much of a run's output a page carries; `fvd logs` has the rest.
 pub const LOG_PAGE_BYTES: usize = 512 * 1024;
 
@@ -169,7 +167,7 @@ pub async fn index(store: &Store) -> Result<IndexView, StoreError> {
     let times = store.port_times().await?;
     let mut ports = Vec::new();
     for p in store.ports().await? {
-        let Some(snap) = port_api::snapshot(store, &p.family).await? else {
+        let Some(snap) = crate::query::snapshot(store, &p.family).await? else {
             continue;
         };
         let mut counts = BTreeMap::new();
@@ -210,7 +208,7 @@ fn phases(snap: &pb::PortSnapshot) -> Vec<PhaseView> {
 
 /// One port's page; `None` when there is no such port.
 pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, StoreError> {
-    let Some(snap) = port_api::snapshot(store, family).await? else {
+    let Some(snap) = crate::query::snapshot(store, family).await? else {
         return Ok(None);
     };
     let times = store.port_times().await?;

@@ -1,0 +1,219 @@
+//! A fleet's lifecycle on the engines that start and stop workers (Slurm,
+//! Kubernetes): a worker stopped by SIGTERM hands its running job back
+//! instead of reporting a verdict, and the health service answers on the
+//! binary's `--health-listen` addresses. The Slurm test itself, on a real
+//! one-node cluster, is `tests/slurm`.
+
+use std::time::Duration;
+
+use crate::port::{blocks_until, status_of};
+use crate::support::{Sandbox, TestComponent, components, wait_for};
+
+/// The processes whose command line mentions `needle`, by pid.
+fn pids_running(needle: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmd).contains(needle) && pid != std::process::id() as i32 {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn sigterm(pid: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+}
+
+#[test]
+fn a_stopped_worker_hands_its_running_job_back_and_it_runs_once_elsewhere() {
+    let mut sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    sb.port(
+        "handback",
+        &[TestComponent::new("slow", &blocks_until(&release))],
+    );
+    sb.serve();
+    sb.worker("w1", 1);
+    let submit = sb.submit_remote("handback", &[]);
+    assert!(submit.status.success(), "{submit:?}");
+    wait_for("slow running on w1", Duration::from_secs(60), || {
+        let rows = components(&sb.remote_status("handback")?);
+        rows.iter()
+            .any(|r| r.0 == "slow" && r.1 == "running" && r.3 == "w1")
+            .then_some(())
+    });
+    let test_file = "test_handback_slow_parity.py";
+    let tests = wait_for("the test's process", Duration::from_secs(30), || {
+        let p = pids_running(test_file);
+        (!p.is_empty()).then_some(p)
+    });
+    // As Slurm's scancel or a preemption does: SIGTERM to every process of
+    // the job step at once, the test first (the harder order: the test's
+    // death reaches the worker before its own stop does).
+    for pid in tests {
+        sigterm(pid);
+    }
+    sigterm(sb.worker_pid("w1") as i32);
+    let exit = sb.wait_worker_exit("w1", Duration::from_secs(30));
+    assert!(exit.success(), "a stopped worker exits cleanly: {exit:?}");
+
+    // Handed back: queued again (the orchestrator records it as it closes
+    // the stream), no verdict, no run counted.
+    let status = wait_for("slow to leave w1", Duration::from_secs(30), || {
+        let s = sb.remote_status("handback")?;
+        (status_of(&components(&s), "slow").1 != "running").then_some(s)
+    });
+    let rows = components(&status);
+    let slow = status_of(&rows, "slow");
+    assert_eq!(
+        (slow.1.as_str(), slow.2),
+        ("queued", 0),
+        "the cut run is no verdict and no run: {status}"
+    );
+    let logs = sb.logs();
+    assert!(
+        logs.contains("handed them back"),
+        "the worker says it handed the job back:\n{logs}"
+    );
+
+    std::fs::write(&release, "go").unwrap();
+    sb.worker("w2", 1);
+    let status = wait_for("the port to end", Duration::from_secs(60), || {
+        let s = sb.remote_status("handback")?;
+        (s["state"] != "running").then_some(s)
+    });
+    let rows = components(&status);
+    let slow = status_of(&rows, "slow");
+    assert_eq!(
+        (slow.1.as_str(), slow.2, slow.3.as_str()),
+        ("non_skip_pass", 1, "w2"),
+        "one run, on the second worker: {status}"
+    );
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn health_checks_answer_on_the_health_listen_addresses() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let mut sb = Sandbox::new();
+    let orch_health = format!("127.0.0.1:{}", free_port());
+    let worker_health = format!("127.0.0.1:{}", free_port());
+    let url = sb.serve_with(&["--health-listen", &orch_health]);
+    let cmd = sb.worker_with("w1", 1, &["--health-listen", &worker_health]);
+    sb.spawn_worker("w1", cmd);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // One check; `None` while the address does not answer yet.
+    let check = |addr: &str, name: &str| -> Option<ServingStatus> {
+        rt.block_on(async {
+            let channel = tonic::transport::Endpoint::from_shared(addr.to_string())
+                .ok()?
+                .connect()
+                .await
+                .ok()?;
+            let r = HealthClient::new(channel)
+                .check(HealthCheckRequest {
+                    service: name.into(),
+                })
+                .await
+                .ok()?;
+            ServingStatus::try_from(r.into_inner().status).ok()
+        })
+    };
+    let orch_side = format!("http://{orch_health}");
+    let worker_side = format!("http://{worker_health}");
+    for (addr, name) in [
+        (url.as_str(), ""),
+        (url.as_str(), "fvd.v1.WorkerService"),
+        (orch_side.as_str(), ""),
+        (orch_side.as_str(), "fvd.v1.PortService"),
+        (worker_side.as_str(), ""),
+        (worker_side.as_str(), "liveness"),
+    ] {
+        wait_for(
+            &format!("{addr} {name:?} SERVING"),
+            Duration::from_secs(30),
+            || (check(addr, name) == Some(ServingStatus::Serving)).then_some(()),
+        );
+    }
+    // The orchestrator dies: the worker reconnects, not ready but alive.
+    sb.kill_orchestrator();
+    wait_for(
+        "the worker to report NOT_SERVING",
+        Duration::from_secs(30),
+        || (check(&worker_side, "") == Some(ServingStatus::NotServing)).then_some(()),
+    );
+    assert_eq!(
+        check(&worker_side, "liveness"),
+        Some(ServingStatus::Serving)
+    );
+}
+
+#[test]
+fn drain_wait_returns_once_the_drained_worker_has_exited() {
+    let mut sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    sb.port(
+        "drainwait",
+        &[TestComponent::new("slow", &blocks_until(&release))],
+    );
+    sb.serve();
+    sb.worker("w1", 1);
+    let submit = sb.submit_remote("drainwait", &[]);
+    assert!(submit.status.success(), "{submit:?}");
+    wait_for("slow running on w1", Duration::from_secs(60), || {
+        let rows = components(&sb.remote_status("drainwait")?);
+        rows.iter()
+            .any(|r| r.0 == "slow" && r.1 == "running")
+            .then_some(())
+    });
+    // What a Kubernetes preStop hook runs.
+    let mut drain = crate::support::fvd()
+        .args(["worker", "drain", "--wait", "--workspace"])
+        .arg(sb.repo().join("ws-w1"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the drain to reach the orchestrator",
+        Duration::from_secs(30),
+        || sb.logs().contains("worker drains").then_some(()),
+    );
+    assert!(
+        drain.try_wait().unwrap().is_none(),
+        "drain --wait returned while the worker still runs its job"
+    );
+    std::fs::write(&release, "go").unwrap();
+    let status = wait_for("drain --wait to return", Duration::from_secs(60), || {
+        drain.try_wait().unwrap()
+    });
+    assert!(status.success(), "{status:?}");
+    let exit = sb.wait_worker_exit("w1", Duration::from_secs(5));
+    assert!(exit.success(), "the worker had exited: {exit:?}");
+    let rows = components(&sb.remote_status("drainwait").unwrap());
+    let slow = status_of(&rows, "slow");
+    assert_eq!(
+        (slow.1.as_str(), slow.2),
+        ("non_skip_pass", 1),
+        "the drained run was reported: {rows:?}"
+    );
+}
