@@ -8,9 +8,9 @@ use std::path::Path;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::broadcast;
 
-use crate::gate::{ASK_USER, ENVIRONMENT, GateActor, GateArgs, GateMsg, RUNNING};
+use crate::gate::{GateActor, GateArgs, GateMsg};
 use crate::scheduler::SchedulerMsg;
-use fvd_store::model::{PortCode, PortEvent, PortRow};
+use fvd_store::model::{PortCode, PortEvent, PortRow, PortState};
 use fvd_store::{EscapeRow, Store, StoreError};
 
 #[derive(Debug)]
@@ -72,7 +72,7 @@ pub enum PortError {
     )]
     Busy(String, &'static str),
     #[error("port {family} is not running here (state {state}); nothing to cancel")]
-    NotRunning { family: String, state: String },
+    NotRunning { family: String, state: PortState },
     #[error("port {family} has no escape hatch {id}")]
     UnknownEscape { family: String, id: String },
     /// The answer does not fit the hatch (an option out of range, an empty
@@ -99,6 +99,8 @@ pub enum OrchestratorMsg {
         family: String,
         id: String,
         choice: AnswerChoice,
+        /// W3C `traceparent` of the answering call, when it sent one.
+        traceparent: Option<String>,
         reply: RpcReplyPort<Result<EscapeRow, PortError>>,
     },
 }
@@ -144,9 +146,9 @@ impl Actor for OrchestratorActor {
             return Ok(());
         }
         for port in st.args.store.ports().await? {
-            if port.state == RUNNING || port.state == ASK_USER || port.state == ENVIRONMENT {
+            if port.state.is_unfinished() {
                 tracing::info!(family = %port.family, "resuming port from the store");
-                if let Err(e) = start_gate(&myself, st, &port, None).await {
+                if let Err(e) = start_gate(&myself, st, &port, None, false).await {
                     tracing::error!(family = %port.family, error = %e, "could not resume port");
                 }
             }
@@ -185,9 +187,10 @@ impl Actor for OrchestratorActor {
                 family,
                 id,
                 choice,
+                traceparent,
                 reply,
             } => {
-                let r = answer(&myself, st, &family, &id, choice).await;
+                let r = answer(&myself, st, &family, &id, choice, traceparent).await;
                 let _ = reply.send(r);
             }
         }
@@ -223,7 +226,7 @@ impl Actor for OrchestratorActor {
                     st.ports.remove(&family);
                     tracing::error!(%family, %err, "gate actor failed; restarting the port from the store");
                     if let Some(port) = st.args.store.port(&family).await? {
-                        start_gate(&myself, st, &port, None).await?;
+                        start_gate(&myself, st, &port, None, false).await?;
                     }
                 }
             }
@@ -246,10 +249,11 @@ async fn submit(
             submitted: sub.family,
         });
     }
-    if !sub.commit.is_empty()
-        && !(fvd_workspace::commit::is_full_sha(&sub.commit)
-            && fvd_workspace::commit::has_commit(Path::new(&sub.repo), &sub.commit).await)
-    {
+    // No commit (not a git repository), or a full sha the repository has.
+    let known_commit = sub.commit.is_empty()
+        || (fvd_workspace::commit::is_full_sha(&sub.commit)
+            && fvd_workspace::commit::has_commit(Path::new(&sub.repo), &sub.commit).await);
+    if !known_commit {
         return Err(PortError::UnknownCommit {
             commit: sub.commit,
             repo: sub.repo,
@@ -284,9 +288,7 @@ async fn submit(
         // no submitter waiting on it: either may be replaced by a rerun or
         // a changed spec. One that a submission here is running must be
         // cancelled first.
-        let paused = rows
-            .iter()
-            .all(|c| c.is_final() || c.status == ASK_USER || c.status == ENVIRONMENT);
+        let paused = rows.iter().all(|c| c.is_final() || c.status.is_paused());
         if !paused && st.submitted.contains(&sub.family) {
             let what = if sub.rerun {
                 "asking for a rerun"
@@ -321,7 +323,7 @@ async fn submit(
         repo: sub.repo.clone(),
         spec_path: sub.spec_path.clone(),
         spec_toml: sub.spec_toml.clone(),
-        state: RUNNING.into(),
+        state: PortState::Running,
         phase: "P0".into(),
         port_status_path: String::new(),
         commit: sub.commit.clone(),
@@ -347,7 +349,9 @@ async fn submit(
                 .map_err(internal)?;
         }
     }
-    start_gate(myself, st, &row, sub.traceparent)
+    // A new port, or a rerun, starts the port's trace anew.
+    let fresh = created || sub.rerun;
+    start_gate(myself, st, &row, sub.traceparent, fresh)
         .await
         .map_err(|e| PortError::Internal(e.to_string()))?;
     st.submitted.insert(sub.family.clone());
@@ -478,6 +482,7 @@ async fn answer(
     family: &str,
     id: &str,
     choice: AnswerChoice,
+    traceparent: Option<String>,
 ) -> Result<EscapeRow, PortError> {
     let internal = |e: StoreError| PortError::Internal(e.to_string());
     let port = st
@@ -542,7 +547,7 @@ async fn answer(
     // must not see the pause and end at once.
     st.args
         .store
-        .set_port_state(family, RUNNING, &port.phase)
+        .set_port_state(family, PortState::Running, &port.phase)
         .await
         .map_err(internal)?;
     match st.ports.get(family) {
@@ -552,7 +557,7 @@ async fn answer(
                 id: id.to_string(),
             })
             .map_err(|e| PortError::Internal(e.to_string()))?,
-        None => start_gate(myself, st, &port, None)
+        None => start_gate(myself, st, &port, traceparent, false)
             .await
             .map_err(|e| PortError::Internal(e.to_string()))?,
     }
@@ -589,8 +594,14 @@ async fn start_gate(
     st: &mut OrchestratorState,
     port: &PortRow,
     traceparent: Option<String>,
+    fresh: bool,
 ) -> Result<(), ActorProcessingErr> {
     let spec = fvd_spec::parse(Path::new(&port.spec_path), &port.spec_toml)?;
+    // One trace per port: this run continues the trace its first run
+    // stored (a resume may be in another process), or starts it.
+    let stored = st.args.store.port_traceparent(&port.family).await?;
+    let trace =
+        fvd_telemetry::Continuation::decide(stored.as_deref(), traceparent.as_deref(), fresh);
     // Runs that were in flight when the last gate of this port died are
     // rerun once under a new run number; recorded verdicts stay.
     for c in st.args.store.abandon_unfinished(&port.family).await? {
@@ -598,11 +609,11 @@ async fn start_gate(
     }
     st.args
         .store
-        .set_port_state(&port.family, RUNNING, &port.phase)
+        .set_port_state(&port.family, PortState::Running, &port.phase)
         .await?;
     let code = port_code(port, &spec).await;
     let args = GateArgs {
-        traceparent,
+        trace,
         family: port.family.clone(),
         spec,
         repo: port.repo.clone(),

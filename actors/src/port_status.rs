@@ -23,7 +23,7 @@ use fvd_contracts::port_status::{
 use fvd_contracts::status_guard;
 
 use fvd_spec::{self, ComponentSpec, PortSpec};
-use fvd_store::model::{ComponentRow, JobRecord, PortRow};
+use fvd_store::model::{ComponentRow, JobRecord, JobState, PortRow, PortState};
 use fvd_store::{EscapeRow, Store, StoreError, now_ms};
 
 #[derive(Debug, thiserror::Error)]
@@ -254,7 +254,7 @@ pub fn component_input(
     row: Option<&ComponentRow>,
     jobs: &[JobRecord],
 ) -> ComponentInput {
-    let last = jobs.iter().rev().find(|j| j.state == "finished");
+    let last = jobs.iter().rev().find(|j| j.state == JobState::Finished);
     let run = row.filter(|c| c.is_final()).map(|c| {
         let mut reason = c.reason.clone();
         // an agent's runs test its worktree's branch, not the checkout
@@ -316,7 +316,7 @@ pub fn next_text(
     date: &str,
 ) -> Next {
     // A gate refusal before any component ran says nothing about the code.
-    if port.state == "blocked" && matches!(port.phase.as_str(), "P0" | "P2") {
+    if port.state == PortState::Blocked && matches!(port.phase.as_str(), "P0" | "P2") {
         return Next::Nothing(format!("the gate refused {}; nothing ran", port.phase));
     }
     let input = Input {
@@ -423,6 +423,7 @@ fn today() -> String {
 mod tests {
     use super::*;
     use fvd_contracts::status_guard::owned_changes;
+    use fvd_store::model::ComponentStatus;
 
     /// A finished port's status file in the project's own words (shared
     /// with the contracts crate's tests).
@@ -475,7 +476,7 @@ set_env = { PYTHONPATH = "{repo}" }
     fn port(state: &str, phase: &str) -> PortRow {
         PortRow {
             family: "widget_world".into(),
-            state: state.into(),
+            state: state.parse().unwrap(),
             phase: phase.into(),
             ..PortRow::default()
         }
@@ -487,7 +488,7 @@ set_env = { PYTHONPATH = "{repo}" }
             .iter()
             .map(|(name, status, verdict, reason)| ComponentRow {
                 name: (*name).into(),
-                status: (*status).into(),
+                status: status.parse().unwrap(),
                 verdict: (*verdict).into(),
                 reason: (*reason).into(),
                 runs: 1,
@@ -500,7 +501,7 @@ set_env = { PYTHONPATH = "{repo}" }
                 vec![JobRecord {
                     component: c.name.clone(),
                     run_no: 1,
-                    state: "finished".into(),
+                    state: JobState::Finished,
                     verdict: c.verdict.clone(),
                     ..JobRecord::default()
                 }]
@@ -736,7 +737,7 @@ set_env = { PYTHONPATH = "{repo}" }
             repo: repo.display().to_string(),
             spec_path: "port.toml".into(),
             spec_toml: SPEC.into(),
-            state: "blocked".into(),
+            state: PortState::Blocked,
             phase: "P0".into(),
             port_status_path: String::new(),
             commit: String::new(),
@@ -750,14 +751,14 @@ set_env = { PYTHONPATH = "{repo}" }
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(&file, FINISHED).unwrap();
         store
-            .set_port_state("widget_world", "blocked", "P7")
+            .set_port_state("widget_world", PortState::Blocked, "P7")
             .await
             .unwrap();
         store
             .set_component(
                 "widget_world",
                 "vae",
-                "blocked",
+                ComponentStatus::Blocked,
                 "environment",
                 "environment: no torch",
                 "w1",
@@ -773,7 +774,7 @@ set_env = { PYTHONPATH = "{repo}" }
             .set_component(
                 "widget_world",
                 "vae",
-                "blocked",
+                ComponentStatus::Blocked,
                 "debug_red",
                 "debug_red: t: off by 0.4",
                 "w1",

@@ -36,7 +36,6 @@ use fvd_telemetry::spans;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::broadcast;
 use tracing::Span;
-use tracing::field::Empty;
 
 use crate::component::ComponentMsg;
 use crate::gate::GateMsg;
@@ -44,7 +43,9 @@ use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_spec::ComponentSpec;
 use fvd_spec::trace_spec::TraceSpec;
 use fvd_store::Store;
-use fvd_store::model::{CollectedFile, JobRecord, JobReport, JobResult, PortEvent};
+use fvd_store::model::{
+    CollectedFile, ComponentStatus, JobRecord, JobReport, JobResult, PortEvent,
+};
 
 /// Variable the worker points at the run's own folder for trace files.
 pub const TRACE_DIR_ENV: &str = "FVD_TRACE_DIR";
@@ -603,16 +604,13 @@ async fn enqueue(
     if let Some(steps) = &t.steps {
         env.insert("FASTVIDEO_TRACE_STEPS".to_string(), steps.clone());
     }
-    let span = tracing::info_span!(
-        parent: &inq.span,
-        "attempt",
-        family = %st.args.family,
-        component = %spec.name,
-        attempt = record.run_no,
-        job_id = %record.job_id,
-        trace_step = inq.step,
-        verdict = Empty,
-        reason = Empty,
+    let span = spans::trace_step(
+        &inq.span,
+        &st.args.family,
+        &spec.name,
+        inq.step,
+        record.run_no,
+        &record.job_id,
     );
     let job_id = record.job_id.clone();
     st.args
@@ -644,7 +642,14 @@ async fn progress(st: &TraceState, inq: &Inquiry) -> Result<(), fvd_store::Store
     );
     st.args
         .store
-        .set_component(family, name, "tracing", "debug_red", &reason, "")
+        .set_component(
+            family,
+            name,
+            ComponentStatus::Tracing,
+            "debug_red",
+            &reason,
+            "",
+        )
         .await?;
     if let Some(row) = st
         .args
@@ -767,9 +772,11 @@ async fn step_finished(
     spans::first_divergence(
         &inq.span,
         rep.rows.len() as u64,
-        rep.first_divergence
-            .as_ref()
-            .map(|f| (f.reference_module.as_str(), f.stat.as_str())),
+        rep.first_divergence.as_ref().map(|f| spans::Divergence {
+            port_module: &f.port_module,
+            reference_module: &f.reference_module,
+            stat: &f.stat,
+        }),
     );
     if let Some(fd) = &rep.first_divergence {
         inq.last = Some(fd.clone());
@@ -830,7 +837,7 @@ async fn gather_and_compare(
         ));
     }
     let (trace, dir, files) = (trace.clone(), dir.to_path_buf(), report.files.clone());
-    tokio::task::spawn_blocking(move || {
+    fvd_telemetry::spawn_blocking(move || {
         let written = write_files(&dir, &files)?;
         let pick = |side: &str, glob: &str| -> Result<Vec<PathBuf>, String> {
             let chosen: Vec<PathBuf> = written

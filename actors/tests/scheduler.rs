@@ -127,7 +127,7 @@ impl Harness {
             repo: "/".into(),
             spec_path: "p".into(),
             spec_toml: String::new(),
-            state: "running".into(),
+            state: fvd_store::model::PortState::Running,
             phase: "P6".into(),
             port_status_path: String::new(),
             commit: String::new(),

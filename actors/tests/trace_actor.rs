@@ -59,7 +59,7 @@ impl Harness {
                 &PortRow {
                     family: "p".into(),
                     repo: "/repo".into(),
-                    state: "running".into(),
+                    state: fvd_store::model::PortState::Running,
                     ..PortRow::default()
                 },
                 &["c".into()],

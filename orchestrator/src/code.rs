@@ -92,7 +92,7 @@ pub async fn repository_for(
         worker_id: worker_id.to_string(),
     };
     let job = store.job(job_id).await?.ok_or_else(not_leased)?;
-    if job.worker_id != worker_id || job.state != "running" {
+    if job.worker_id != worker_id || job.state != fvd_store::model::JobState::Running {
         return Err(not_leased());
     }
     if job.commit != commit || commit.is_empty() {
@@ -160,7 +160,7 @@ pub async fn pack(
         .map_err(|e| git_err("pack-objects", e.to_string()))?;
     drop(stdin);
     let mut stderr = child.stderr.take().expect("piped stderr");
-    let errors = tokio::spawn(async move {
+    let errors = fvd_telemetry::spawn(async move {
         let mut text = String::new();
         let _ = stderr.read_to_string(&mut text).await;
         text
@@ -231,7 +231,7 @@ async fn known_commits(repo: &Path, shas: &[String]) -> Result<Vec<String>, Code
         .map_err(|e| git_err(e.to_string()))?;
     let mut stdin = child.stdin.take().expect("piped stdin");
     let list: String = shas.iter().map(|s| format!("{s}\n")).collect();
-    let writer = tokio::spawn(async move {
+    let writer = fvd_telemetry::spawn(async move {
         let _ = stdin.write_all(list.as_bytes()).await;
     });
     let out = child

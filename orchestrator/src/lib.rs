@@ -162,7 +162,7 @@ impl Health {
         &self,
         listener: TcpListener,
     ) -> JoinHandle<Result<(), tonic::transport::Error>> {
-        tokio::spawn(
+        fvd_telemetry::spawn(
             tonic::transport::Server::builder()
                 .add_service(self.service())
                 .serve_with_incoming(TcpListenerStream::new(listener)),
@@ -258,7 +258,7 @@ pub async fn start(
     health.set(true).await;
     {
         let health = health.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             tokio::select! {
                 _ = scheduler_done => {}
                 _ = orchestrator_done => {}
@@ -274,7 +274,7 @@ pub async fn start(
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
             .map_err(ServerError::Tls)?;
     }
-    let serve = tokio::spawn(
+    let serve = fvd_telemetry::spawn(
         builder
             .add_service(WorkerServiceServer::with_interceptor(
                 workers,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use fvd_actors::scheduler::SchedulerMsg;
 use fvd_proto::v1 as pb;
 use fvd_store::Store;
-use fvd_store::model::{CollectedFile, GpuInfo, JobReport, ToWorker, WorkerInfo};
+use fvd_store::model::{CollectedFile, GpuInfo, JobReport, JunitStatus, ToWorker, WorkerInfo};
 use ractor::ActorRef;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
@@ -81,7 +81,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
 
         // Scheduler → worker: domain messages become wire messages here.
         let code_tx = out_tx.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             while let Some(m) = from_scheduler.recv().await {
                 if out_tx.send(Ok(to_wire(m))).await.is_err() {
                     break;
@@ -92,7 +92,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         // Worker → scheduler, until the stream ends.
         let scheduler = self.scheduler.clone();
         let (store, max_code_bytes) = (self.store.clone(), self.max_code_bytes);
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             loop {
                 match inbound.message().await {
                     Ok(Some(pb::WorkerMsg {
@@ -206,6 +206,8 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
             collect_env: a.collect_env.unwrap_or_default(),
             preflight: a.preflight,
             preflight_key: a.preflight_key,
+            family: a.family,
+            component: a.component,
             commit: a.commit,
             code_prefix: a.code_prefix,
             worker_paths: a.worker_paths,
@@ -258,6 +260,7 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
             data: l.data,
         },
         pb::worker_msg::Msg::JobFinished(f) => {
+            let junit_status = junit_status(&f);
             let (files, files_error) = checked_files(&worker_id, f.files, f.files_error);
             SchedulerMsg::Finished {
                 worker_id,
@@ -269,8 +272,9 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                     timed_out: f.timed_out,
                     cancelled: f.cancelled,
                     duration_ms: f.duration_ms,
-                    junit_xml: (f.junit_error.is_empty() && !f.junit_xml.is_empty())
+                    junit_xml: (junit_status == JunitStatus::Read && !f.junit_xml.is_empty())
                         .then_some(f.junit_xml),
+                    junit_status,
                     junit_error: f.junit_error,
                     output_tail: f.output_tail,
                     survivors: f.survivors,
@@ -282,6 +286,26 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
             }
         }
     })
+}
+
+/// What became of the job's JUnit report. A worker older than
+/// `junit_status` sends none: then a report with no error was read (or none
+/// was asked for) and one with an error is unreadable; its words are not
+/// parsed.
+fn junit_status(f: &pb::JobFinished) -> JunitStatus {
+    match pb::JunitStatus::try_from(f.junit_status) {
+        Ok(pb::JunitStatus::NotRequested) => JunitStatus::NotRequested,
+        Ok(pb::JunitStatus::Read) => JunitStatus::Read,
+        Ok(pb::JunitStatus::Missing) => JunitStatus::Missing,
+        Ok(pb::JunitStatus::Unreadable) => JunitStatus::Unreadable,
+        Ok(pb::JunitStatus::Unspecified) | Err(_) => {
+            match (f.junit_error.is_empty(), f.junit_xml.is_empty()) {
+                (false, _) => JunitStatus::Unreadable,
+                (true, false) => JunitStatus::Read,
+                (true, true) => JunitStatus::NotRequested,
+            }
+        }
+    }
 }
 
 /// The files a worker sent back, kept only if every path stays inside the
@@ -339,6 +363,46 @@ mod tests {
             Some(SchedulerMsg::Finished { report, .. }) => report,
             other => panic!("not a result: {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_junit_status_crosses_the_wire_and_an_older_worker_is_understood() {
+        let with = |status: pb::JunitStatus, xml: &str, error: &str| {
+            let mut m = finished(&[]);
+            if let Some(pb::worker_msg::Msg::JobFinished(f)) = &mut m.msg {
+                f.junit_status = status.into();
+                f.junit_xml = xml.into();
+                f.junit_error = error.into();
+            }
+            let r = report(m);
+            (r.junit_status, r.junit_xml)
+        };
+        let xml = Some("<testsuite/>".to_string());
+        assert_eq!(
+            with(pb::JunitStatus::Read, "<testsuite/>", ""),
+            (JunitStatus::Read, xml.clone())
+        );
+        assert_eq!(
+            with(pb::JunitStatus::Read, "", ""),
+            (JunitStatus::Read, None)
+        );
+        assert_eq!(
+            with(pb::JunitStatus::Missing, "", "junit file j was not written"),
+            (JunitStatus::Missing, None)
+        );
+        assert_eq!(
+            with(pb::JunitStatus::Unreadable, "", "denied"),
+            (JunitStatus::Unreadable, None)
+        );
+        assert_eq!(
+            with(pb::JunitStatus::NotRequested, "", ""),
+            (JunitStatus::NotRequested, None)
+        );
+        // A worker older than the field sends no status.
+        let older = pb::JunitStatus::Unspecified;
+        assert_eq!(with(older, "<testsuite/>", ""), (JunitStatus::Read, xml));
+        assert_eq!(with(older, "", ""), (JunitStatus::NotRequested, None));
+        assert_eq!(with(older, "", "denied"), (JunitStatus::Unreadable, None));
     }
 
     #[test]

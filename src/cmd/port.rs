@@ -16,6 +16,7 @@ use fvd_proto::auth::{ClientAuth, Token};
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::port_service_client::PortServiceClient;
 use fvd_store::Store;
+use fvd_store::model::{ComponentStatus, PortState};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -266,15 +267,21 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
         rerun: args.rerun,
         commit,
     };
-    // The port's trace continues this command's span, which continues the
-    // caller's (an agent's `TRACEPARENT`) when there is one.
+    let rt = runtime()?;
+    // The port's run continues this command's span, which continues the
+    // port's trace (an embedded resume, read from the port's state here)
+    // or the caller's (an agent's `TRACEPARENT`).
     let span = tracing::info_span!(
         "submit",
         family = %args.family,
         embedded = args.orchestrator.is_none()
     );
-    if let Ok(tp) = std::env::var(fvd_telemetry::TRACEPARENT) {
-        fvd_telemetry::set_parent(&span, &tp);
+    if !span.is_disabled() {
+        let stored = match &args.orchestrator {
+            None => rt.block_on(stored_trace(&repo, &args.family)),
+            Some(_) => None,
+        };
+        continue_trace(&span, stored, args.rerun);
     }
     // `block_on` polls the command's future on this thread, inside the span.
     let _in_span = span.enter();
@@ -313,6 +320,23 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
         },
     };
     let rt = runtime()?;
+    // `fvd answer` resumes the port: its span continues the port's trace
+    // (read from the port's state in embedded mode), and the resumed run
+    // hangs under it.
+    let span = tracing::info_span!(
+        "answer",
+        family = %args.family,
+        id = %request.id,
+        embedded = args.orchestrator.is_none()
+    );
+    if !span.is_disabled() {
+        let stored = match (&args.orchestrator, args.repo.canonicalize()) {
+            (None, Ok(repo)) => rt.block_on(stored_trace(&repo, &args.family)),
+            _ => None,
+        };
+        continue_trace(&span, stored, false);
+    }
+    let _in_span = span.enter();
     rt.block_on(async move {
         match &args.orchestrator {
             Some(url) => {
@@ -337,9 +361,30 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
     })
 }
 
+/// The trace context stored with an embedded port, if the repository has
+/// fvd state and the port recorded one. Telemetry never fails a command:
+/// an unreadable state is no context.
+async fn stored_trace(repo: &Path, family: &str) -> Option<String> {
+    let db = state_db(repo);
+    if !db.is_file() {
+        return None;
+    }
+    let store = Store::open_path(&db).await.ok()?;
+    store.port_traceparent(family).await.ok().flatten()
+}
+
+/// Hangs this command's span where the port's run belongs: under the
+/// port's stored trace (`stored`), linking the caller's `TRACEPARENT`, or
+/// under the caller's when the port has none or `rerun` starts it over; a
+/// caller who does not sample is honoured.
+fn continue_trace(span: &tracing::Span, stored: Option<String>, rerun: bool) {
+    let caller = std::env::var(fvd_telemetry::TRACEPARENT).ok();
+    fvd_telemetry::Continuation::decide(stored.as_deref(), caller.as_deref(), rerun).apply(span);
+}
+
 async fn send_answer(client: &mut Client, request: pb::AnswerRequest) -> anyhow::Result<()> {
     let r = client
-        .answer(request)
+        .answer(traced(request))
         .await
         .map_err(status_err)?
         .into_inner();
@@ -464,7 +509,7 @@ fn embedded_provides(
         .into_iter()
         .filter_map(|p| {
             let at = repo.join(&p);
-            at.exists().then(|| fvd_worker::code::Provide {
+            at.exists().then_some(fvd_worker::code::Provide {
                 path: p,
                 target: Some(at),
             })
@@ -506,12 +551,15 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<Exit> {
 /// 0 when every component is `non_skip_pass`, 3 when the port paused on
 /// questions, 4 when it waits for a fixed environment, 1 otherwise.
 fn outcome(snap: &pb::PortSnapshot) -> Exit {
-    if snap.state == fvd_actors::gate::ENVIRONMENT {
+    if snap.state == PortState::Environment.as_str() {
         Exit::Environment
-    } else if snap.state == fvd_actors::gate::ASK_USER {
+    } else if snap.state == PortState::AskUser.as_str() {
         Exit::AskUser
     } else if !snap.components.is_empty()
-        && snap.components.iter().all(|c| c.status == "non_skip_pass")
+        && snap
+            .components
+            .iter()
+            .all(|c| c.status == ComponentStatus::NonSkipPass.as_str())
     {
         Exit::Success
     } else {
@@ -541,10 +589,11 @@ impl Progress {
         if c.runs > 0 {
             line.push_str(&format!("  run {}", c.runs));
         }
-        if !c.worker_id.is_empty() && c.status == "running" {
+        let running = c.status == ComponentStatus::Running.as_str();
+        if !c.worker_id.is_empty() && running {
             line.push_str(&format!(" on {}", c.worker_id));
         }
-        if !c.reason.is_empty() && c.status != "running" {
+        if !c.reason.is_empty() && !running {
             line.push_str(&format!("  {}", c.reason));
         }
         let Some((mp, bars)) = &self.bars else {
@@ -562,9 +611,13 @@ impl Progress {
             b.enable_steady_tick(Duration::from_millis(120));
             b
         });
-        match c.status.as_str() {
-            "non_skip_pass" => bar.finish_with_message(format!("\x1b[32m{line}\x1b[0m")),
-            "blocked" => bar.finish_with_message(format!("\x1b[31m{line}\x1b[0m")),
+        match c.status.parse() {
+            Ok(ComponentStatus::NonSkipPass) => {
+                bar.finish_with_message(format!("\x1b[32m{line}\x1b[0m"))
+            }
+            Ok(ComponentStatus::Blocked) => {
+                bar.finish_with_message(format!("\x1b[31m{line}\x1b[0m"))
+            }
             _ => bar.set_message(line),
         }
     }
@@ -617,7 +670,7 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             c.name, c.status, c.runs, c.reason
         ));
     }
-    for (cause, names) in grouped(s, "environment", "") {
+    for (cause, names) in grouped(s, ComponentStatus::Environment, "") {
         let n = names.len();
         say(format_args!(
             "{n} component{} could not run on {cause} ({})",
@@ -625,7 +678,7 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             names.join(", ")
         ));
     }
-    for (cause, names) in grouped(s, "blocked", "unplaced: ") {
+    for (cause, names) in grouped(s, ComponentStatus::Blocked, "unplaced: ") {
         let n = names.len();
         say(format_args!(
             "{n} component{} cannot run on this machine: {cause} ({})",
@@ -633,7 +686,7 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             names.join(", ")
         ));
     }
-    if s.state == fvd_actors::gate::ENVIRONMENT {
+    if s.state == PortState::Environment.as_str() {
         say(format_args!(
             "  fix the environment of that worker (or start one that has it) and run fvd submit --family {} again: nothing was counted against the components",
             s.family
@@ -668,9 +721,13 @@ fn print_snapshot(s: &pb::PortSnapshot) {
 /// the rest of it (the cause: `worker W: No module named 'torch'`, `needs 1
 /// GPU; this machine has none: …`), causes in order of first appearance:
 /// what the machine lacks is said once, not once per component.
-fn grouped(s: &pb::PortSnapshot, status: &str, prefix: &str) -> Vec<(String, Vec<String>)> {
+fn grouped(
+    s: &pb::PortSnapshot,
+    status: ComponentStatus,
+    prefix: &str,
+) -> Vec<(String, Vec<String>)> {
     let mut out: Vec<(String, Vec<String>)> = Vec::new();
-    for c in s.components.iter().filter(|c| c.status == status) {
+    for c in s.components.iter().filter(|c| c.status == status.as_str()) {
         let Some(cause) = c.reason.strip_prefix(prefix) else {
             continue;
         };
@@ -1015,10 +1072,10 @@ pub async fn client(
     ))
 }
 
-/// The submit call, carrying the trace context as W3C `traceparent` gRPC
-/// metadata: this process's span when it exports, else an inherited
-/// `TRACEPARENT`, else none (the port starts its own trace).
-fn traced(request: pb::SubmitRequest) -> tonic::Request<pb::SubmitRequest> {
+/// A submit or answer call, carrying the trace context as W3C `traceparent`
+/// gRPC metadata: this process's span when it exports, else an inherited
+/// `TRACEPARENT`, else none (the port continues or starts its own trace).
+fn traced<T>(request: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(request);
     let context = fvd_telemetry::current_traceparent()
         .or_else(|| std::env::var(fvd_telemetry::TRACEPARENT).ok());

@@ -386,7 +386,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         );
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             interrupted().await;
             stop.cancel();
         });
@@ -396,7 +396,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         let mut usr1 =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
                 .context("cannot listen for SIGUSR1")?;
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             usr1.recv().await;
             on_usr1.cancel();
         });
@@ -406,7 +406,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
             Some(addr) => {
                 let listener = fvd_worker::health::HealthListener::bind(addr).await?;
                 tracing::info!(addr = %listener.addr, "answering health checks");
-                Some(tokio::spawn(
+                Some(fvd_telemetry::spawn(
                     listener.serve(link.clone(), health_stop.clone()),
                 ))
             }

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+pub use crate::states::{ComponentStatus, JobState, PortState, UnknownState};
+
 /// A port as stored.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PortRow {
@@ -11,8 +13,7 @@ pub struct PortRow {
     pub repo: String,
     pub spec_path: String,
     pub spec_toml: String,
-    /// in_progress | blocked | complete | cancelled
-    pub state: String,
+    pub state: PortState,
     /// P0..P11
     pub phase: String,
     pub port_status_path: String,
@@ -26,8 +27,7 @@ pub struct PortRow {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ComponentRow {
     pub name: String,
-    /// pending | queued | running | non_skip_pass | blocked
-    pub status: String,
+    pub status: ComponentStatus,
     /// Verdict of the latest finished run (`debug_red`, `scaffold_skip`, …).
     pub verdict: String,
     /// One line: the failing assertion, the skip reason, the collection error.
@@ -39,7 +39,7 @@ pub struct ComponentRow {
 impl ComponentRow {
     /// Whether the component reached an end state of phase 6.
     pub fn is_final(&self) -> bool {
-        matches!(self.status.as_str(), "non_skip_pass" | "blocked")
+        self.status.is_final()
     }
 }
 
@@ -60,8 +60,7 @@ pub struct JobRecord {
     pub family: String,
     pub component: String,
     pub run_no: u32,
-    /// queued | running | finished | abandoned
-    pub state: String,
+    pub state: JobState,
     pub lease_epoch: u64,
     pub worker_id: String,
     pub argv: Vec<String>,
@@ -155,6 +154,9 @@ pub struct Assignment {
     /// Files fvd writes into the checkout (relative to the port folder),
     /// left out when a worker compares a shared checkout with the commit.
     pub fvd_writes: Vec<String>,
+    /// The port (family) and component the job runs for (span attributes).
+    pub family: String,
+    pub component: String,
 }
 
 /// Messages the orchestrator sends down a worker's stream.
@@ -179,6 +181,9 @@ pub struct JobReport {
     pub cancelled: bool,
     pub duration_ms: u64,
     pub junit_xml: Option<String>,
+    /// What became of the report; the verdict is classified from this.
+    pub junit_status: JunitStatus,
+    /// Why there is no report, in words for people.
     pub junit_error: String,
     pub output_tail: String,
     pub survivors: Vec<u32>,
@@ -191,6 +196,21 @@ pub struct JobReport {
     pub files_error: String,
     /// The port's preflight failed on this worker: the job did not run.
     pub preflight_error: String,
+}
+
+/// What became of a job's JUnit report, as its worker said.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum JunitStatus {
+    /// The job asked for none.
+    #[default]
+    NotRequested,
+    /// Read: [`JobReport::junit_xml`] holds it (none when the file was
+    /// empty).
+    Read,
+    /// The test did not write it.
+    Missing,
+    /// It exists but could not be read; [`JobReport::junit_error`] says why.
+    Unreadable,
 }
 
 /// One file a job left in its collected folder.

@@ -245,7 +245,6 @@ mod tests {
             .create_port(
                 &PortRow {
                     family: "p".into(),
-                    state: "running".into(),
                     ..PortRow::default()
                 },
                 &["c".into()],

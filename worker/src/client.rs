@@ -352,6 +352,8 @@ fn handle(
             let span = tracing::info_span!(
                 parent: None,
                 "job.run",
+                family = %a.family,
+                component = %a.component,
                 job_id = %a.job_id,
                 lease_epoch = a.lease_epoch,
                 worker_id = %config.worker_id,
@@ -405,6 +407,20 @@ fn handle(
                     }
                     None => run_assigned(&config, a, &tx, cancel).await,
                 };
+                fvd_telemetry::spans::job_ended(
+                    &tracing::Span::current(),
+                    &fvd_telemetry::spans::JobEnd {
+                        exit_code: finished.exit_code,
+                        signal: finished.signal,
+                        timed_out: finished.timed_out,
+                        cancelled: finished.cancelled,
+                        error: if finished.spawn_error.is_empty() {
+                            &finished.preflight_error
+                        } else {
+                            &finished.spawn_error
+                        },
+                    },
+                );
                 running.lock().expect("running lock").remove(&job_id);
                 if handed_back(&finished, &stopping).await {
                     tracing::info!(job = %job_id, "job cut short by the worker's stop: no result sent; the orchestrator queues it again");
@@ -723,22 +739,28 @@ async fn run_assigned(
             finished.duration_ms = o.duration.as_millis() as u64;
             finished.output_tail = o.output_tail;
             finished.survivors = o.survivors.iter().map(|p| p.pid as u32).collect();
-            match o.junit {
-                JunitFile::Read(xml) => finished.junit_xml = xml,
-                JunitFile::NotRequested => {}
+            let status = match o.junit {
+                JunitFile::Read(xml) => {
+                    finished.junit_xml = xml;
+                    pb::JunitStatus::Read
+                }
+                JunitFile::NotRequested => pb::JunitStatus::NotRequested,
                 JunitFile::Missing(p) => {
                     finished.junit_error = format!("junit file {} was not written", p.display());
+                    pb::JunitStatus::Missing
                 }
                 JunitFile::Unreadable { path, error } => {
                     finished.junit_error =
                         format!("junit file {} is unreadable: {error}", path.display());
+                    pb::JunitStatus::Unreadable
                 }
-            }
+            };
+            finished.junit_status = status.into();
         }
     }
     if let Some(dir) = &collect_dir {
         let dir = dir.clone();
-        let read = tokio::task::spawn_blocking(move || {
+        let read = fvd_telemetry::spawn_blocking(move || {
             crate::collect::collect(&dir, crate::collect::MAX_COLLECT_BYTES, &secrets)
         })
         .await;

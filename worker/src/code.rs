@@ -643,7 +643,7 @@ fn link(workdir: &Path, rel: &str, target: &Path) -> Result<(), String> {
 
 /// Bytes of the regular files under `dir`, links not followed.
 async fn size_of(dir: PathBuf) -> u64 {
-    tokio::task::spawn_blocking(move || {
+    fvd_telemetry::spawn_blocking(move || {
         let mut total = 0u64;
         let mut stack = vec![dir];
         while let Some(d) = stack.pop() {

@@ -168,7 +168,7 @@ async fn code_is_shared_when_seen_at_its_commit_and_fetched_incrementally_otherw
         panic!("{:?}", b.mode)
     };
     assert!(next < 1024, "a one-line change cost {next} bytes");
-    assert_eq!(asked.lock().unwrap()[1], [one.clone()]);
+    assert_eq!(asked.lock().unwrap()[1], std::slice::from_ref(&one));
     assert!(
         std::fs::read_to_string(b.cwd.join("m.py"))
             .unwrap()
@@ -264,7 +264,11 @@ async fn code_is_shared_when_seen_at_its_commit_and_fetched_incrementally_otherw
         .place(&job(&hidden, &two), never, &cancel)
         .await
         .unwrap();
-    assert_eq!(small.checkouts(), [two.clone()], "the unused one went");
+    assert_eq!(
+        small.checkouts(),
+        std::slice::from_ref(&two),
+        "the unused one went"
+    );
     assert!(!ws.join("code/checkouts").join(&one).exists());
     let back = small
         .place(&job(&hidden, &one), never, &cancel)
