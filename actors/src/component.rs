@@ -34,7 +34,9 @@ use crate::gate::GateMsg;
 use crate::run_verdict;
 use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_spec::ComponentSpec;
-use fvd_store::model::{ComponentRow, JobRecord, JobReport, JobResult, PortEvent};
+use fvd_store::model::{
+    ComponentRow, ComponentStatus, JobRecord, JobReport, JobResult, JobState, PortEvent,
+};
 use fvd_store::{AttemptRow, EscapeRow, Store, now_ms};
 use fvd_workspace::agent::{self, LastRun};
 use fvd_workspace::worktree::{self, Worktree};
@@ -54,6 +56,8 @@ pub struct ComponentArgs {
     pub spec: ComponentSpec,
     /// Working directory of the runs on the worker: the port's repository.
     pub repo: String,
+    /// The commit the port is pinned to and where its folder sits in it.
+    pub code: fvd_store::model::PortCode,
     pub store: Store,
     pub scheduler: ActorRef<SchedulerMsg>,
     pub gate: ActorRef<GateMsg>,
@@ -186,6 +190,7 @@ impl Actor for ComponentSubagentActor {
             // Recorded verdicts are not rerun on resume.
             st.span.record("status", row.status.as_str());
             st.span.record("verdict", row.verdict.as_str());
+            final_status(&st.span, row.status, &row.reason);
             st.span = Span::none();
             st.args.gate.cast(GateMsg::ComponentFinal(row))?;
             return Ok(());
@@ -195,7 +200,7 @@ impl Actor for ComponentSubagentActor {
                 Ok(l) => st.agent = Some(l),
                 Err(e) => {
                     let reason = format!("error: agent loop cannot start: {e}");
-                    return finish(st, "blocked", "error", &reason, "").await;
+                    return block(st, "error", &reason, "").await;
                 }
             }
             return resume(&myself, st, &row).await;
@@ -213,7 +218,7 @@ impl Actor for ComponentSubagentActor {
             ComponentMsg::Job(ev) => job_event(&myself, st, ev).await?,
             ComponentMsg::Answered { id } => {
                 let row = current(st).await?;
-                if row.status != "ask_user" || st.agent.is_none() {
+                if row.status != ComponentStatus::AskUser || st.agent.is_none() {
                     tracing::debug!(%id, status = %row.status, "answer for a component that is not asking");
                     return Ok(());
                 }
@@ -300,7 +305,7 @@ async fn job_event(
             st.args.store.unplace_job(&job_id).await?;
             st.job_id = None;
             let reason = format!("unplaced: {reason}");
-            finish(st, "blocked", "unplaced", &reason, "").await?;
+            block(st, "unplaced", &reason, "").await?;
         }
         JobEvent::WorkerLost {
             job_id,
@@ -312,7 +317,7 @@ async fn job_event(
             }
             if give_up {
                 let reason = format!("infra_error: worker {worker_id} lost on every retry");
-                finish(st, "blocked", "infra_error", &reason, &worker_id).await?;
+                block(st, "infra_error", &reason, &worker_id).await?;
             } else {
                 // The scheduler recorded the requeue; only watchers
                 // need telling.
@@ -320,132 +325,182 @@ async fn job_event(
             }
         }
         JobEvent::Finished { report, worker_id } => {
-            if st.job_id.as_deref() != Some(report.job_id.as_str()) {
-                return Ok(());
-            }
-            let v = run_verdict::classify(
-                &report,
-                &run_verdict::repo_modules(&st.args.repo, &st.args.spec),
-            );
-            if let Verdict::Environment { cause } = &v {
-                // Not the component's fault: no verdict, no run, no
-                // agent, no trace; the run goes to another worker.
-                return environment_failure(&myself, st, &report, &worker_id, cause).await;
-            }
-            // A red run is drilled down first; `Traced` brings it back.
-            let traced = st.traced.as_ref();
-            let v_str = v.status().as_str();
-            if crate::trace_actor::hand_over(
-                &st.args, traced, v_str, &report, &worker_id, &myself, &st.span,
-            ) {
-                return Ok(());
-            }
-            // Then its hypothesis variants, all at once; `Varied` brings it back.
-            if crate::variant_actor::hand_over(
-                &st.args,
-                st.varied.as_ref(),
-                &v,
-                &report,
-                &worker_id,
-                &myself,
-                &st.span,
-            ) {
-                return Ok(());
-            }
-            let result = JobResult {
-                verdict: v.status().as_str().to_string(),
-                reason: v.reason(),
-                exit_code: report.exit_code,
-                signal: report.signal,
-                duration_ms: report.duration_ms,
-                junit_xml: report.junit_xml.clone().unwrap_or_default(),
-                output_tail: report.output_tail.clone(),
-            };
-            if !st
-                .args
-                .store
-                .finish_job(&report.job_id, report.lease_epoch, &result)
-                .await?
-            {
-                tracing::warn!(job = %report.job_id, "result for a job no longer running under this lease was rejected");
-                return Ok(());
-            }
-            st.job_id = None;
-            let attempt = std::mem::replace(&mut st.attempt, Span::none());
-            attempt.record("verdict", result.verdict.as_str());
-            attempt.record("reason", result.reason.as_str());
-            metrics::verdict(&st.args.family, &st.args.spec.name, &result.verdict);
-            if let Some(prev) = st.last_verdict.replace(result.verdict.clone())
-                && prev != result.verdict
-            {
-                let run = current(st).await?.runs;
-                spans::verdict_changed(&st.span, &prev, &result.verdict, run);
-            }
-            drop(attempt);
-            if !report.survivors.is_empty() {
-                tracing::error!(job = %report.job_id, survivors = ?report.survivors, "processes of the job outlived it");
-            }
-            if st.agent.is_some() {
-                let gpu_ms = report.duration_ms * u64::from(st.args.spec.gpus);
-                st.args
-                    .store
-                    .set_attempt_verdict(&report.job_id, &result.verdict, &result.reason, gpu_ms)
-                    .await?;
-            }
-            if v.is_infra() && st.infra_verdicts < MAX_INFRA_VERDICTS {
-                st.infra_verdicts += 1;
-                update(st, "queued", &result.verdict, &result.reason, &worker_id).await?;
-                return enqueue(&myself, st).await;
-            }
-            if !v.is_pass() && !v.is_infra() && st.agent.is_some() {
-                return agent_attempt(&myself, st, &report.job_id, &result, &worker_id, FIX).await;
-            }
-            if v.is_pass() {
-                // A pass counts once it held `confirm_runs` times in a
-                // row on the same code: one more run otherwise.
-                let streak = passes_in_a_row(st).await?;
-                let need = st.args.spec.confirm_runs;
-                if streak < need {
-                    let why = format!("passed {streak} of {need} runs in a row; confirming");
-                    update(st, "confirming", &result.verdict, &why, &worker_id).await?;
-                    return enqueue(&myself, st).await;
-                }
-                if let Some(findings) = cleanup_findings(st).await? {
-                    let refused = JobResult {
-                        verdict: CLEANUP_REFUSED.into(),
-                        reason: format!("cleanup gate: {}", findings.join("; ")),
-                        ..result.clone()
-                    };
-                    return agent_attempt(
-                        &myself,
-                        st,
-                        &report.job_id,
-                        &refused,
-                        &worker_id,
-                        CLEANUP,
-                    )
-                    .await;
-                }
-            }
-            let status = if v.is_pass() {
-                "non_skip_pass"
-            } else {
-                "blocked"
-            };
-            let reason = if v.is_pass() {
-                result.reason.clone()
-            } else {
-                let note = format!(
-                    "{}{}",
-                    crate::variant_actor::note(st.varied.as_ref(), &report.job_id),
-                    crate::trace_actor::note(st.traced.as_ref(), &report.job_id)
-                );
-                classed(&result.verdict, &format!("{note}{}", result.reason))
-            };
-            finish(st, status, &result.verdict, &reason, &worker_id).await?;
+            run_finished(&myself, st, report, worker_id).await?;
         }
     }
     Ok(())
+}
+
+/// The component's run ended: its verdict is classified and recorded, and
+/// the component goes on (another run, an agent turn) or ends.
+async fn run_finished(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    report: JobReport,
+    worker_id: String,
+) -> Result<(), ActorProcessingErr> {
+    if st.job_id.as_deref() != Some(report.job_id.as_str()) {
+        return Ok(());
+    }
+    let v = run_verdict::classify(
+        &report,
+        &run_verdict::repo_modules(&st.args.repo, &st.args.spec),
+    );
+    if let Verdict::Environment { cause } = &v {
+        // Not the component's fault: no verdict, no run, no
+        // agent, no trace; the run goes to another worker.
+        return environment_failure(myself, st, &report, &worker_id, cause).await;
+    }
+    // A red run is drilled down first; `Traced` brings it back.
+    let traced = st.traced.as_ref();
+    let v_str = v.status().as_str();
+    if crate::trace_actor::hand_over(
+        &st.args, traced, v_str, &report, &worker_id, myself, &st.span,
+    ) {
+        return Ok(());
+    }
+    // Then its hypothesis variants, all at once; `Varied` brings it back.
+    if crate::variant_actor::hand_over(
+        &st.args,
+        st.varied.as_ref(),
+        &v,
+        &report,
+        &worker_id,
+        myself,
+        &st.span,
+    ) {
+        return Ok(());
+    }
+    let Some(result) = record_result(st, &report, &v).await? else {
+        return Ok(());
+    };
+    after_run(myself, st, &report.job_id, &v, &result, &worker_id).await
+}
+
+/// Records the run's verdict (only while the job still runs under the
+/// report's lease) with its spans, metrics and the attempt it tested;
+/// `None` when the result was stale and rejected.
+async fn record_result(
+    st: &mut ComponentState,
+    report: &JobReport,
+    v: &Verdict,
+) -> Result<Option<JobResult>, ActorProcessingErr> {
+    let result = JobResult {
+        verdict: v.status().as_str().to_string(),
+        reason: v.reason(),
+        exit_code: report.exit_code,
+        signal: report.signal,
+        duration_ms: report.duration_ms,
+        junit_xml: report.junit_xml.clone().unwrap_or_default(),
+        output_tail: report.output_tail.clone(),
+    };
+    if !st
+        .args
+        .store
+        .finish_job(&report.job_id, report.lease_epoch, &result)
+        .await?
+    {
+        tracing::warn!(job = %report.job_id, "result for a job no longer running under this lease was rejected");
+        return Ok(None);
+    }
+    st.job_id = None;
+    let attempt = std::mem::replace(&mut st.attempt, Span::none());
+    attempt.record("verdict", result.verdict.as_str());
+    attempt.record("reason", result.reason.as_str());
+    if v.is_pass() {
+        spans::succeeded(&attempt);
+    } else {
+        spans::failed(&attempt, &classed(&result.verdict, &result.reason));
+    }
+    metrics::verdict(&st.args.family, &st.args.spec.name, &result.verdict);
+    if let Some(prev) = st.last_verdict.replace(result.verdict.clone())
+        && prev != result.verdict
+    {
+        let run = current(st).await?.runs;
+        spans::verdict_changed(&st.span, &prev, &result.verdict, run);
+    }
+    drop(attempt);
+    if !report.survivors.is_empty() {
+        tracing::error!(job = %report.job_id, survivors = ?report.survivors, "processes of the job outlived it");
+    }
+    if st.agent.is_some() {
+        let gpu_ms = report.duration_ms * u64::from(st.args.spec.gpus);
+        st.args
+            .store
+            .set_attempt_verdict(&report.job_id, &result.verdict, &result.reason, gpu_ms)
+            .await?;
+    }
+    Ok(Some(result))
+}
+
+/// What a recorded verdict leads to: a retry after an infrastructure
+/// error, an agent turn after a red run or a refused cleanup, a confirming
+/// run after a pass, or the component's end.
+async fn after_run(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    job_id: &str,
+    v: &Verdict,
+    result: &JobResult,
+    worker_id: &str,
+) -> Result<(), ActorProcessingErr> {
+    if v.is_infra() && st.infra_verdicts < MAX_INFRA_VERDICTS {
+        st.infra_verdicts += 1;
+        update(
+            st,
+            ComponentStatus::Queued,
+            &result.verdict,
+            &result.reason,
+            worker_id,
+        )
+        .await?;
+        return enqueue(myself, st).await;
+    }
+    if !v.is_pass() && !v.is_infra() && st.agent.is_some() {
+        return agent_attempt(myself, st, job_id, result, worker_id, FIX).await;
+    }
+    if v.is_pass() {
+        // A pass counts once it held `confirm_runs` times in a
+        // row on the same code: one more run otherwise.
+        let streak = passes_in_a_row(st).await?;
+        let need = st.args.spec.confirm_runs;
+        if streak < need {
+            let why = format!("passed {streak} of {need} runs in a row; confirming");
+            update(
+                st,
+                ComponentStatus::Confirming,
+                &result.verdict,
+                &why,
+                worker_id,
+            )
+            .await?;
+            return enqueue(myself, st).await;
+        }
+        if let Some(findings) = cleanup_findings(st).await? {
+            let refused = JobResult {
+                verdict: CLEANUP_REFUSED.into(),
+                reason: format!("cleanup gate: {}", findings.join("; ")),
+                ..result.clone()
+            };
+            return agent_attempt(myself, st, job_id, &refused, worker_id, CLEANUP).await;
+        }
+    }
+    let status = if v.is_pass() {
+        ComponentStatus::NonSkipPass
+    } else {
+        ComponentStatus::Blocked
+    };
+    let reason = if v.is_pass() {
+        result.reason.clone()
+    } else {
+        let note = format!(
+            "{}{}",
+            crate::variant_actor::note(st.varied.as_ref(), job_id),
+            crate::trace_actor::note(st.traced.as_ref(), job_id)
+        );
+        classed(&result.verdict, &format!("{note}{}", result.reason))
+    };
+    finish(st, status, &result.verdict, &reason, worker_id).await
 }
 
 /// A blocked reason that names its verdict class once: `debug_red: …`, but
@@ -492,6 +547,7 @@ async fn environment_failure(
     let attempt = std::mem::replace(&mut st.attempt, Span::none());
     attempt.record("verdict", result.verdict.as_str());
     attempt.record("reason", cause);
+    spans::environment_failure(&attempt, worker_id, cause);
     drop(attempt);
     let old_job = st.job_id.take();
     st.exclude.insert(worker_id.to_string(), cause.to_string());
@@ -543,6 +599,22 @@ async fn enqueue(
     st: &mut ComponentState,
 ) -> Result<(), ActorProcessingErr> {
     let spec = &st.args.spec;
+    // An agent component's runs test its worktree at the attempt's commit,
+    // not the checkout at the port's.
+    let (cwd, commit, code_prefix) = match &st.agent {
+        Some(l) => (
+            l.worktree.workdir().to_string_lossy().into_owned(),
+            worktree::head(&l.worktree.path)
+                .await
+                .map_err(|e| e.to_string())?,
+            l.worktree.prefix.clone(),
+        ),
+        None => (
+            st.args.repo.clone(),
+            st.args.code.commit.clone(),
+            st.args.code.prefix.clone(),
+        ),
+    };
     let record = st
         .args
         .store
@@ -550,11 +622,9 @@ async fn enqueue(
             family: st.args.family.clone(),
             component: spec.name.clone(),
             argv: spec.argv(),
-            // An agent component's runs test its worktree, not the checkout.
-            cwd: match &st.agent {
-                Some(l) => l.worktree.workdir().to_string_lossy().into_owned(),
-                None => st.args.repo.clone(),
-            },
+            cwd,
+            commit,
+            code_prefix,
             gpus_needed: spec.gpus,
             timeout_ms: spec.timeout.as_millis() as u64,
             ..JobRecord::default()
@@ -590,6 +660,7 @@ async fn enqueue(
             compare: None,
             exclude: st.exclude.clone(),
             preflight: spec.preflight.clone(),
+            fvd_writes: st.args.code.fvd_writes.clone(),
         })))?;
     Ok(())
 }
@@ -604,7 +675,9 @@ async fn prepare_agent(st: &ComponentState) -> Result<AgentLoop, String> {
         .await
         .map_err(|e| e.to_string())?;
     let repo = Path::new(&st.args.repo);
-    let wt = worktree::ensure(repo, family, name, known)
+    // A new worktree starts at the commit the port is pinned to.
+    let base = Some(st.args.code.commit.as_str()).filter(|c| !c.is_empty());
+    let wt = worktree::ensure(repo, family, name, known, base)
         .await
         .map_err(|e| e.to_string())?;
     store
@@ -668,7 +741,7 @@ async fn resume(
                 "error: attempt {} was cut off and its worktree cannot be reset: {e}",
                 cut.attempt
             );
-            return finish(st, "blocked", "error", &reason, "").await;
+            return block(st, "error", &reason, "").await;
         }
         let before = JobResult {
             verdict: cut.verdict_before.clone(),
@@ -679,7 +752,7 @@ async fn resume(
         let (job, kind) = (cut.job_before.clone(), cut.kind.clone());
         return agent_attempt(myself, st, &job, &before, "", &kind).await;
     }
-    if row.status == "ask_user" {
+    if row.status == ComponentStatus::AskUser {
         let answered = answered(st).await?;
         if answered.is_empty() {
             st.args.gate.cast(GateMsg::ComponentAsks(row.clone()))?;
@@ -691,7 +764,7 @@ async fn resume(
         .last()
         .filter(|a| a.verdict_after.is_empty())
         .map(|a| a.attempt);
-    if row.status == "agent" && untested.is_none() {
+    if row.status == ComponentStatus::Agent && untested.is_none() {
         // Cut off after the red run was recorded and before the attempt
         // row was opened: the attempt starts from that red run.
         if let Some((job, last)) = last_result(st).await? {
@@ -746,7 +819,7 @@ async fn last_result(
     Ok(jobs
         .into_iter()
         .rev()
-        .find(|j| j.state == "finished")
+        .find(|j| j.state == JobState::Finished)
         .map(|j| {
             (
                 j.job_id.clone(),
@@ -787,7 +860,7 @@ async fn passes_in_a_row(st: &ComponentState) -> Result<u32, ActorProcessingErr>
     Ok(jobs
         .iter()
         .rev()
-        .filter(|j| j.state == "finished")
+        .filter(|j| j.state == JobState::Finished)
         .take_while(|j| j.verdict == "non_skip_pass" && j.queued_ms >= since)
         .count() as u32)
 }
@@ -862,7 +935,7 @@ async fn spent(st: &ComponentState, recorded: &[AttemptRow]) -> Result<Spent, Ac
         first_queued_ms: jobs.iter().map(|j| j.queued_ms).min(),
         gpu_ms: jobs
             .iter()
-            .filter(|j| j.state == "finished")
+            .filter(|j| j.state == JobState::Finished)
             .map(|j| j.duration_ms.unwrap_or(0) * u64::from(j.gpus_needed))
             .sum(),
         now_ms: now_ms(),
@@ -901,12 +974,12 @@ async fn agent_attempt(
         && let Some(why) = budget_spent(&a, &used)
     {
         let reason = format!("{} ({why})", classed(&result.verdict, &result.reason));
-        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+        return block(st, &result.verdict, &reason, worker_id).await;
     }
     let attempt = rerun.unwrap_or(recorded.len() as u32 + 1);
     update(
         st,
-        "agent",
+        ComponentStatus::Agent,
         &result.verdict,
         &format!(
             "agent attempt {attempt} ({} of {} in the budget) after {}",
@@ -918,53 +991,135 @@ async fn agent_attempt(
     )
     .await?;
     let answers = answered(st).await?;
-    let floor = crate::port_status::escape_floor(&st.args.store, &family)
+    let turn = Turn {
+        attempt,
+        job_id,
+        result,
+        kind,
+    };
+    let files = write_packet(st, &turn, &recorded, &used, &answers).await?;
+    let (exit, handoff) = run_agent(st, &turn, &files).await?;
+    let wt = st
+        .agent
+        .as_ref()
+        .expect("agent components have a loop")
+        .worktree
+        .path
+        .clone();
+    let commit = match worktree::commit(&wt, &format!("fvd: {} attempt {attempt}", spec.name)).await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            let reason = format!(
+                "{} (agent attempt {attempt} could not be committed: {e})",
+                classed(&result.verdict, &result.reason)
+            );
+            return block(st, &result.verdict, &reason, worker_id).await;
+        }
+    };
+    record_attempt(st, attempt, commit, &exit, &handoff).await?;
+    if !answers.is_empty() {
+        st.args
+            .store
+            .resolve_escapes(&family, &spec.name, attempt)
+            .await?;
+    }
+    // The port may have been cancelled while the agent ran.
+    if current(st).await?.is_final() {
+        return Ok(());
+    }
+    after_agent(myself, st, &turn, worker_id, &exit, &handoff).await
+}
+
+/// What one agent turn is about: its attempt number, and the run it starts
+/// from (`kind`: `fix` after a red run, `cleanup` after a refused pass).
+struct Turn<'a> {
+    attempt: u32,
+    job_id: &'a str,
+    result: &'a JobResult,
+    kind: &'a str,
+}
+
+/// The files of one attempt, under the component's agent folder.
+struct AttemptFiles {
+    dir: PathBuf,
+    prompt: String,
+    handoff: String,
+}
+
+/// Writes the attempt's packet (`attempt-N/prompt.md`) and clears the
+/// handoff file a crashed earlier try may have left.
+async fn write_packet(
+    st: &ComponentState,
+    turn: &Turn<'_>,
+    recorded: &[AttemptRow],
+    used: &Spent,
+    answers: &[EscapeRow],
+) -> Result<AttemptFiles, ActorProcessingErr> {
+    let (family, spec) = (&st.args.family, &st.args.spec);
+    let a = spec.agent.as_ref().expect("only agent components loop");
+    let floor = crate::port_status::escape_floor(&st.args.store, family)
         .await
         .unwrap_or(0);
-    let next_escape = st.args.store.next_escape_id(&family, floor).await?;
+    let next_escape = st.args.store.next_escape_id(family, floor).await?;
     let trace = st
         .args
         .store
-        .latest_trace_summary(&family, &spec.name)
+        .latest_trace_summary(family, &spec.name)
         .await?;
     // The variant table of exactly this red run, when it had one.
-    let table = st.args.store.variant_table(&family, &spec.name).await?;
-    let variants = (table.first().is_some_and(|r| r.red_job_id == job_id))
+    let table = st.args.store.variant_table(family, &spec.name).await?;
+    let variants = (table.first().is_some_and(|r| r.red_job_id == turn.job_id))
         .then(|| crate::variant_actor::table_text(&table));
     let lp = st.agent.as_ref().expect("agent components have a loop");
-    let dir = lp.dir.join(format!("attempt-{attempt}"));
+    let dir = lp.dir.join(format!("attempt-{}", turn.attempt));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let prompt_file = dir.join("prompt.md");
     let handoff_file = dir.join("handoff.txt");
     // A handoff left by a crashed earlier try must not pass for this one's.
     let _ = std::fs::remove_file(&handoff_file);
-    let (prompt_s, handoff_s) = (
-        prompt_file.to_string_lossy().into_owned(),
-        handoff_file.to_string_lossy().into_owned(),
-    );
+    let files = AttemptFiles {
+        prompt: prompt_file.to_string_lossy().into_owned(),
+        handoff: handoff_file.to_string_lossy().into_owned(),
+        dir,
+    };
     let last = LastRun {
-        job_id,
-        verdict: &result.verdict,
-        reason: &result.reason,
-        output_tail: &result.output_tail,
+        job_id: turn.job_id,
+        verdict: &turn.result.verdict,
+        reason: &turn.result.reason,
+        output_tail: &turn.result.output_tail,
     };
     let text = agent::packet(&agent::Packet {
-        family: &family,
-        spec: &spec,
+        family,
+        spec,
         prep: &lp.prep,
-        attempt,
+        attempt: turn.attempt,
         budget_used: used.attempts + 1,
         max_attempts: a.max_attempts,
         last,
-        ledger: &recorded,
-        handoff_file: &handoff_s,
-        answers: &answers,
+        ledger: recorded,
+        handoff_file: &files.handoff,
+        answers,
         next_escape_id: &next_escape,
         trace: trace.as_deref(),
         variants: variants.as_deref(),
     });
     std::fs::write(&prompt_file, text)
         .map_err(|e| format!("cannot write {}: {e}", prompt_file.display()))?;
+    Ok(files)
+}
+
+/// Opens the attempt's ledger row, runs the agent in the worktree's port
+/// folder under its own span, and reads the handoff it returned.
+async fn run_agent(
+    st: &ComponentState,
+    turn: &Turn<'_>,
+    files: &AttemptFiles,
+) -> Result<(agent::AgentExit, agent::HandoffRead), ActorProcessingErr> {
+    let (family, spec) = (&st.args.family, &st.args.spec);
+    let a = spec.agent.as_ref().expect("only agent components loop");
+    let lp = st.agent.as_ref().expect("agent components have a loop");
+    let attempt = turn.attempt;
     // git works on the whole worktree; the agent in the port's folder of it.
     let wt = lp.worktree.path.clone();
     let workdir = lp.worktree.workdir();
@@ -979,38 +1134,38 @@ async fn agent_attempt(
             family: family.clone(),
             component: spec.name.clone(),
             attempt,
-            job_before: job_id.to_string(),
-            verdict_before: result.verdict.clone(),
-            reason_before: result.reason.clone(),
+            job_before: turn.job_id.to_string(),
+            verdict_before: turn.result.verdict.clone(),
+            reason_before: turn.result.reason.clone(),
             started_ms,
             head_before,
             cookie: cookie.clone(),
-            kind: kind.to_string(),
+            kind: turn.kind.to_string(),
             ..AttemptRow::default()
         })
         .await?;
     let argv = a.argv(&fvd_spec::AgentVars {
-        prompt_file: &prompt_s,
-        handoff_file: &handoff_s,
+        prompt_file: &files.prompt,
+        handoff_file: &files.handoff,
         worktree: &wt_s,
-        family: &family,
+        family,
         component: &spec.name,
         attempt,
     });
-    let span = spans::agent_run(&st.span, &family, &spec.name, attempt, &argv[0]);
+    let span = spans::agent_run(&st.span, family, &spec.name, attempt, &argv[0]);
     let mut extra = vec![
         ("FVD_FAMILY".to_string(), family.clone()),
         ("FVD_COMPONENT".to_string(), spec.name.clone()),
         ("FVD_ATTEMPT".to_string(), attempt.to_string()),
-        ("FVD_PROMPT_FILE".to_string(), prompt_s.clone()),
-        ("FVD_HANDOFF_FILE".to_string(), handoff_s.clone()),
+        ("FVD_PROMPT_FILE".to_string(), files.prompt.clone()),
+        ("FVD_HANDOFF_FILE".to_string(), files.handoff.clone()),
         (agent::COOKIE_ENV.to_string(), cookie),
     ];
     if let Some(tp) = fvd_telemetry::traceparent(&span) {
         extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
-    let exit = agent::run(&argv, &workdir, &a.env, &extra, a.timeout, &dir).await;
-    let handoff_text = std::fs::read_to_string(&handoff_file).ok();
+    let exit = agent::run(&argv, &workdir, &a.env, &extra, a.timeout, &files.dir).await;
+    let handoff_text = std::fs::read_to_string(&files.handoff).ok();
     let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
     if let Some(e) = &exit.spawn_error {
         handoff.summary = e.clone();
@@ -1020,23 +1175,22 @@ async fn agent_attempt(
     if let Some(c) = exit.exit_code {
         span.record("exit_code", c);
     }
-    drop(span);
-    let commit = match worktree::commit(&wt, &format!("fvd: {} attempt {attempt}", spec.name)).await
-    {
-        Ok(c) => c,
-        Err(e) => {
-            let reason = format!(
-                "{} (agent attempt {attempt} could not be committed: {e})",
-                classed(&result.verdict, &result.reason)
-            );
-            return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
-        }
-    };
+    Ok((exit, handoff))
+}
+
+/// Completes the attempt's ledger row with what the agent did.
+async fn record_attempt(
+    st: &ComponentState,
+    attempt: u32,
+    commit: worktree::Commit,
+    exit: &agent::AgentExit,
+    handoff: &agent::HandoffRead,
+) -> Result<(), ActorProcessingErr> {
     st.args
         .store
         .record_attempt(&AttemptRow {
-            family: family.clone(),
-            component: spec.name.clone(),
+            family: st.args.family.clone(),
+            component: st.args.spec.name.clone(),
             attempt,
             commit_sha: commit.sha,
             diff_stat: commit.stat,
@@ -1052,22 +1206,27 @@ async fn agent_attempt(
             ..AttemptRow::default()
         })
         .await?;
-    if !answers.is_empty() {
-        st.args
-            .store
-            .resolve_escapes(&family, &spec.name, attempt)
-            .await?;
-    }
-    // The port may have been cancelled while the agent ran.
-    if current(st).await?.is_final() {
-        return Ok(());
-    }
+    Ok(())
+}
+
+/// What the recorded attempt leads to: blocked (the agent could not start,
+/// asked for a conversion retry, or returned a blocker), parked on its
+/// question, or the parity test runs on its commit.
+async fn after_agent(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    turn: &Turn<'_>,
+    worker_id: &str,
+    exit: &agent::AgentExit,
+    handoff: &agent::HandoffRead,
+) -> Result<(), ActorProcessingErr> {
+    let (attempt, result) = (turn.attempt, turn.result);
     if let Some(e) = &exit.spawn_error {
         let reason = format!(
             "{} ({e}, after agent attempt {attempt})",
             classed(&result.verdict, &result.reason)
         );
-        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+        return block(st, &result.verdict, &reason, worker_id).await;
     }
     if let Some(hatch) = handoff.escape() {
         return ask_user(st, attempt, &result.verdict, hatch, worker_id).await;
@@ -1076,27 +1235,28 @@ async fn agent_attempt(
         // fvd does not convert weights: the request goes to the gate, which
         // reopens conversion (P5) with it, and the component stops here.
         st.args.gate.cast(GateMsg::ConversionRetry {
-            component: spec.name.clone(),
+            component: st.args.spec.name.clone(),
             request: request.clone(),
         })?;
         let reason = format!(
             "{} (conversion_retry_request after agent attempt {attempt}: {request})",
             classed(&result.verdict, &result.reason)
         );
-        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+        return block(st, &result.verdict, &reason, worker_id).await;
     }
     if let Some(stop) = handoff.stop_reason() {
         let reason = format!(
             "{} ({stop}, after agent attempt {attempt})",
             classed(&result.verdict, &result.reason)
         );
-        return finish(st, "blocked", &result.verdict, &reason, worker_id).await;
+        return block(st, &result.verdict, &reason, worker_id).await;
     }
     enqueue(myself, st).await?;
     if let Some(job) = &st.job_id {
+        let (family, name) = (&st.args.family, &st.args.spec.name);
         st.args
             .store
-            .set_attempt_job(&family, &spec.name, attempt, job)
+            .set_attempt_job(family, name, attempt, job)
             .await?;
     }
     Ok(())
@@ -1136,7 +1296,7 @@ async fn ask_user(
         )
         .await?;
     let reason = format!("waiting for an answer to {id}: {}", hatch.question);
-    update(st, "ask_user", verdict, &reason, worker_id).await?;
+    update(st, ComponentStatus::AskUser, verdict, &reason, worker_id).await?;
     if let Err(e) = crate::port_status::write(&st.args.store, &family).await {
         tracing::error!(%family, error = %e, "could not write PORT_STATUS.md");
     }
@@ -1147,7 +1307,7 @@ async fn ask_user(
 
 async fn update(
     st: &ComponentState,
-    status: &str,
+    status: ComponentStatus,
     verdict: &str,
     reason: &str,
     worker_id: &str,
@@ -1168,21 +1328,43 @@ async fn update(
 
 async fn finish(
     st: &mut ComponentState,
-    status: &str,
+    status: ComponentStatus,
     verdict: &str,
     reason: &str,
     worker_id: &str,
 ) -> Result<(), ActorProcessingErr> {
     update(st, status, verdict, reason, worker_id).await?;
-    st.span.record("status", status);
+    st.span.record("status", status.as_str());
     st.span.record("verdict", verdict);
     st.span.record("reason", reason);
+    final_status(&st.span, status, reason);
     // The component is final: its span ends (and is exported) now.
     st.attempt = Span::none();
     st.span = Span::none();
     let row = current(st).await?;
     st.args.gate.cast(GateMsg::ComponentFinal(row))?;
     Ok(())
+}
+
+/// Ends the component `blocked`: it ended without a pass, and `verdict`
+/// and `reason` say why.
+async fn block(
+    st: &mut ComponentState,
+    verdict: &str,
+    reason: &str,
+    worker_id: &str,
+) -> Result<(), ActorProcessingErr> {
+    finish(st, ComponentStatus::Blocked, verdict, reason, worker_id).await
+}
+
+/// A final component's span status: OK for a pass, ERROR with the blocked
+/// reason otherwise.
+fn final_status(span: &Span, status: ComponentStatus, reason: &str) {
+    if status == ComponentStatus::NonSkipPass {
+        spans::succeeded(span);
+    } else {
+        spans::failed(span, reason);
+    }
 }
 
 async fn emit(st: &ComponentState) -> Result<(), ActorProcessingErr> {

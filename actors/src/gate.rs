@@ -21,19 +21,21 @@ use crate::component::{ComponentArgs, ComponentSubagentActor};
 use crate::scheduler::SchedulerMsg;
 use fvd_spec::PortSpec;
 use fvd_store::Store;
-use fvd_store::model::{ComponentRow, GateEventRow, PortEvent};
+use fvd_store::model::{ComponentRow, ComponentStatus, GateEventRow, PortEvent, PortState};
 
 #[derive(Debug)]
 pub struct GateActor;
 
 #[derive(Debug)]
 pub struct GateArgs {
-    /// Trace context the port's span continues (from the submitter); a
-    /// new trace when `None`.
-    pub traceparent: Option<String>,
+    /// Where the port's span of this run hangs (the port's stored trace,
+    /// the submitter's) and whether it becomes the port's stored context.
+    pub trace: fvd_telemetry::Continuation,
     pub family: String,
     pub spec: PortSpec,
     pub repo: String,
+    /// The commit the port is pinned to and where its folder sits in it.
+    pub code: fvd_store::model::PortCode,
     pub store: Store,
     pub scheduler: ActorRef<SchedulerMsg>,
     pub events: broadcast::Sender<PortEvent>,
@@ -81,15 +83,6 @@ pub struct GateState {
     variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
 }
 
-/// Port states as stored. `waiting` means fvd finished what it drives and
-/// the port waits on phases whose work it does not drive yet.
-pub const RUNNING: &str = "running";
-/// Port state while its only unfinished components wait for `fvd answer`.
-pub const ASK_USER: &str = "ask_user";
-/// Port state while some unfinished component waits for a worker whose
-/// environment can run it, and nothing else runs.
-pub const ENVIRONMENT: &str = "environment";
-
 impl Actor for GateActor {
     type Msg = GateMsg;
     type State = GateState;
@@ -101,7 +94,8 @@ impl Actor for GateActor {
         args: GateArgs,
     ) -> Result<GateState, ActorProcessingErr> {
         let recorded = args.store.gate_events(&args.family).await?;
-        // A root span: one trace per port (per run of its gate).
+        // One trace per port: this run's span continues the port's stored
+        // trace, or starts it (see `GateArgs::trace`).
         let span = tracing::info_span!(
             parent: None,
             "port",
@@ -110,8 +104,14 @@ impl Actor for GateActor {
             state = Empty,
             phase = Empty,
         );
-        if let Some(tp) = &args.traceparent {
-            fvd_telemetry::set_parent(&span, tp);
+        args.trace.apply(&span);
+        if args.trace.record
+            && let Some(tp) =
+                fvd_telemetry::traceparent(&span).filter(|t| fvd_telemetry::sampled(t))
+        {
+            // Later runs of the port (a resume in another process, an
+            // answer, a restart) continue this trace.
+            args.store.set_port_traceparent(&args.family, &tp).await?;
         }
         Ok(GateState {
             args,
@@ -214,7 +214,11 @@ impl Actor for GateActor {
         record(st, Phase::ComponentParityDebug, "entered", vec![]).await?;
         st.args
             .store
-            .set_port_state(&st.args.family, RUNNING, &Phase::ComponentParityDebug.id())
+            .set_port_state(
+                &st.args.family,
+                PortState::Running,
+                &Phase::ComponentParityDebug.id(),
+            )
             .await?;
         if st.args.spec.components.iter().any(|c| c.trace.is_some()) {
             let a = &st.args;
@@ -224,6 +228,7 @@ impl Actor for GateActor {
                 &a.store,
                 &a.scheduler,
                 &a.events,
+                &a.code,
             );
             st.trace = Some(t.await?);
         }
@@ -241,6 +246,7 @@ impl Actor for GateActor {
                 &a.store,
                 &a.scheduler,
                 &a.events,
+                &a.code,
             );
             st.variants = Some(v.await?);
         }
@@ -277,6 +283,7 @@ impl Actor for GateActor {
                 pause_if_only_questions_remain(st).await?;
             }
             GateMsg::ComponentWaitsEnv(name) => {
+                spans::environment_wait(&st.span, &Phase::ComponentParityDebug.id(), &name);
                 st.waiting_env.insert(name);
                 pause_if_only_questions_remain(st).await?;
             }
@@ -284,7 +291,11 @@ impl Actor for GateActor {
                 if st.waiting_env.remove(&name) {
                     st.args
                         .store
-                        .set_port_state(&st.args.family, RUNNING, &Phase::ComponentParityDebug.id())
+                        .set_port_state(
+                            &st.args.family,
+                            PortState::Running,
+                            &Phase::ComponentParityDebug.id(),
+                        )
                         .await?;
                 }
             }
@@ -292,7 +303,11 @@ impl Actor for GateActor {
                 st.asking.remove(&component);
                 st.args
                     .store
-                    .set_port_state(&st.args.family, RUNNING, &Phase::ComponentParityDebug.id())
+                    .set_port_state(
+                        &st.args.family,
+                        PortState::Running,
+                        &Phase::ComponentParityDebug.id(),
+                    )
                     .await?;
                 match ractor::registry::where_is(actor_name(&st.args.family, &component)) {
                     Some(cell) => {
@@ -325,7 +340,7 @@ impl Actor for GateActor {
                             .set_component(
                                 &st.args.family,
                                 &c.name,
-                                "blocked",
+                                ComponentStatus::Blocked,
                                 "cancelled",
                                 "cancelled: the port was cancelled",
                                 "",
@@ -344,7 +359,7 @@ impl Actor for GateActor {
                     .store
                     .set_port_state(
                         &st.args.family,
-                        "cancelled",
+                        PortState::Cancelled,
                         &Phase::ComponentParityDebug.id(),
                     )
                     .await?;
@@ -401,6 +416,7 @@ async fn spawn_component(
         family: st.args.family.clone(),
         spec: c.clone(),
         repo: st.args.repo.clone(),
+        code: st.args.code.clone(),
         store: st.args.store.clone(),
         scheduler: st.args.scheduler.clone(),
         gate: myself.clone(),
@@ -431,16 +447,18 @@ async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorP
         return Ok(());
     }
     let state = if st.waiting_env.is_empty() {
-        ASK_USER
+        PortState::AskUser
     } else {
-        ENVIRONMENT
+        PortState::Environment
     };
     st.args
         .store
         .set_port_state(&st.args.family, state, &Phase::ComponentParityDebug.id())
         .await?;
+    // An embedded process ends here: its port span says where it stands.
+    spans::port_paused(&st.span, &Phase::ComponentParityDebug.id(), state.as_str());
     match crate::port_status::write(&st.args.store, &st.args.family).await {
-        Ok(written) => tracing::info!(%written, state, "port paused"),
+        Ok(written) => tracing::info!(%written, state = state.as_str(), "port paused"),
         Err(e) => {
             tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md")
         }
@@ -466,7 +484,7 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
         .iter()
         .filter_map(|c| {
             let row = &st.finals[&c.name];
-            (row.status != "non_skip_pass")
+            (row.status != ComponentStatus::NonSkipPass)
                 .then(|| format!("component {} is {} ({})", c.name, row.status, row.reason))
         })
         .collect();
@@ -502,7 +520,7 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
         .store
         .set_port_state(
             &st.args.family,
-            "waiting",
+            PortState::Waiting,
             &Phase::PipelineStagesAndVariants.id(),
         )
         .await?;
@@ -518,7 +536,7 @@ async fn refuse(
     record(st, phase, "refused", conditions).await?;
     st.args
         .store
-        .set_port_state(&st.args.family, "blocked", &phase.id())
+        .set_port_state(&st.args.family, PortState::Blocked, &phase.id())
         .await?;
     Ok(())
 }
@@ -528,6 +546,9 @@ async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), Ac
     if let Ok(Some(port)) = st.args.store.port(&st.args.family).await {
         st.span.record("state", port.state.as_str());
         st.span.record("phase", port.phase.as_str());
+        if port.state == PortState::Blocked {
+            spans::failed(&st.span, &format!("blocked at {}", port.phase));
+        }
     }
     // A status file that cannot be written is reported, not fatal: the
     // store holds the truth and the next run writes the file again.
@@ -568,8 +589,13 @@ async fn record(
         }
     };
     span.record("outcome", outcome);
-    if outcome == "refused" {
-        spans::gate_refused(&span, &phase.id(), &conditions);
+    match outcome {
+        "refused" => {
+            spans::gate_refused(&span, &phase.id(), &conditions);
+            spans::failed(&span, &conditions.join("; "));
+        }
+        "passed" => spans::succeeded(&span),
+        _ => {}
     }
     if outcome == "entered" {
         st.phase_span = Some((phase.id(), span));

@@ -8,9 +8,9 @@ use std::path::Path;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::broadcast;
 
-use crate::gate::{ASK_USER, ENVIRONMENT, GateActor, GateArgs, GateMsg, RUNNING};
+use crate::gate::{GateActor, GateArgs, GateMsg};
 use crate::scheduler::SchedulerMsg;
-use fvd_store::model::{PortEvent, PortRow};
+use fvd_store::model::{PortCode, PortEvent, PortRow, PortState};
 use fvd_store::{EscapeRow, Store, StoreError};
 
 #[derive(Debug)]
@@ -35,6 +35,9 @@ pub struct Submission {
     pub spec_toml: String,
     /// Run every component again instead of resuming.
     pub rerun: bool,
+    /// The commit the port runs (full hex sha in `repo`'s repository);
+    /// empty when `repo` is not in git.
+    pub commit: String,
     /// W3C `traceparent` of the submitter's span (gRPC metadata), so the
     /// port's trace joins the caller's (e.g. an agent's).
     pub traceparent: Option<String>,
@@ -48,6 +51,8 @@ pub struct Submitted {
     pub rerun: bool,
     /// What the resubmitted spec changed, one line each.
     pub changes: Vec<String>,
+    /// The commit the port is pinned to.
+    pub commit: String,
 }
 
 /// Why a submission or cancellation was refused; crosses the wire as a
@@ -60,12 +65,14 @@ pub enum PortError {
     FamilyMismatch { spec: String, submitted: String },
     #[error("no port of family {0}")]
     UnknownFamily(String),
+    #[error("commit {commit} is not in the repository of {repo} as the orchestrator sees it")]
+    UnknownCommit { commit: String, repo: String },
     #[error(
         "port {0} is running here for an earlier submission; cancel it (fvd cancel {0}) or wait for it before {1}"
     )]
     Busy(String, &'static str),
     #[error("port {family} is not running here (state {state}); nothing to cancel")]
-    NotRunning { family: String, state: String },
+    NotRunning { family: String, state: PortState },
     #[error("port {family} has no escape hatch {id}")]
     UnknownEscape { family: String, id: String },
     /// The answer does not fit the hatch (an option out of range, an empty
@@ -92,6 +99,8 @@ pub enum OrchestratorMsg {
         family: String,
         id: String,
         choice: AnswerChoice,
+        /// W3C `traceparent` of the answering call, when it sent one.
+        traceparent: Option<String>,
         reply: RpcReplyPort<Result<EscapeRow, PortError>>,
     },
 }
@@ -137,9 +146,9 @@ impl Actor for OrchestratorActor {
             return Ok(());
         }
         for port in st.args.store.ports().await? {
-            if port.state == RUNNING || port.state == ASK_USER || port.state == ENVIRONMENT {
+            if port.state.is_unfinished() {
                 tracing::info!(family = %port.family, "resuming port from the store");
-                if let Err(e) = start_gate(&myself, st, &port, None).await {
+                if let Err(e) = start_gate(&myself, st, &port, None, false).await {
                     tracing::error!(family = %port.family, error = %e, "could not resume port");
                 }
             }
@@ -178,9 +187,10 @@ impl Actor for OrchestratorActor {
                 family,
                 id,
                 choice,
+                traceparent,
                 reply,
             } => {
-                let r = answer(&myself, st, &family, &id, choice).await;
+                let r = answer(&myself, st, &family, &id, choice, traceparent).await;
                 let _ = reply.send(r);
             }
         }
@@ -216,7 +226,7 @@ impl Actor for OrchestratorActor {
                     st.ports.remove(&family);
                     tracing::error!(%family, %err, "gate actor failed; restarting the port from the store");
                     if let Some(port) = st.args.store.port(&family).await? {
-                        start_gate(&myself, st, &port, None).await?;
+                        start_gate(&myself, st, &port, None, false).await?;
                     }
                 }
             }
@@ -239,8 +249,20 @@ async fn submit(
             submitted: sub.family,
         });
     }
+    // No commit (not a git repository), or a full sha the repository has.
+    let known_commit = sub.commit.is_empty()
+        || (fvd_workspace::commit::is_full_sha(&sub.commit)
+            && fvd_workspace::commit::has_commit(Path::new(&sub.repo), &sub.commit).await);
+    if !known_commit {
+        return Err(PortError::UnknownCommit {
+            commit: sub.commit,
+            repo: sub.repo,
+        });
+    }
     let internal = |e: fvd_store::StoreError| PortError::Internal(e.to_string());
     let known = st.args.store.port(&sub.family).await.map_err(internal)?;
+    // Runs from now on test the new commit; recorded verdicts stay.
+    let recommit = known.as_ref().is_some_and(|p| p.commit != sub.commit);
     let rows = st
         .args
         .store
@@ -252,12 +274,13 @@ async fn submit(
         .map(|p| replan(p, &spec, &rows))
         .unwrap_or_default();
     if let Some(gate) = st.ports.get(&sub.family).cloned() {
-        if !sub.rerun && plan.is_empty() {
+        if !sub.rerun && plan.is_empty() && !recommit {
             return Ok(Submitted {
                 family: sub.family,
                 resumed: true,
                 rerun: false,
                 changes: Vec::new(),
+                commit: sub.commit,
             });
         }
         // A port whose components are all final or waiting (for an answer
@@ -265,12 +288,12 @@ async fn submit(
         // no submitter waiting on it: either may be replaced by a rerun or
         // a changed spec. One that a submission here is running must be
         // cancelled first.
-        let paused = rows
-            .iter()
-            .all(|c| c.is_final() || c.status == ASK_USER || c.status == ENVIRONMENT);
+        let paused = rows.iter().all(|c| c.is_final() || c.status.is_paused());
         if !paused && st.submitted.contains(&sub.family) {
             let what = if sub.rerun {
                 "asking for a rerun"
+            } else if plan.is_empty() {
+                "submitting another commit"
             } else {
                 "submitting a changed spec"
             };
@@ -300,9 +323,10 @@ async fn submit(
         repo: sub.repo.clone(),
         spec_path: sub.spec_path.clone(),
         spec_toml: sub.spec_toml.clone(),
-        state: RUNNING.into(),
+        state: PortState::Running,
         phase: "P0".into(),
         port_status_path: String::new(),
+        commit: sub.commit.clone(),
     };
     let created = st
         .args
@@ -314,14 +338,7 @@ async fn submit(
         let again: Vec<String> = plan.iter().map(|c| c.component.clone()).collect();
         st.args
             .store
-            .update_port_spec(
-                &sub.family,
-                &sub.repo,
-                &sub.spec_path,
-                &sub.spec_toml,
-                &names,
-                &again,
-            )
+            .update_port_spec(&row, &names, &again)
             .await
             .map_err(internal)?;
         if sub.rerun {
@@ -332,16 +349,35 @@ async fn submit(
                 .map_err(internal)?;
         }
     }
-    start_gate(myself, st, &row, sub.traceparent)
+    // A new port, or a rerun, starts the port's trace anew.
+    let fresh = created || sub.rerun;
+    start_gate(myself, st, &row, sub.traceparent, fresh)
         .await
         .map_err(|e| PortError::Internal(e.to_string()))?;
     st.submitted.insert(sub.family.clone());
+    let mut changes: Vec<String> = plan.into_iter().map(|c| c.to_string()).collect();
+    if let Some(old) = known.filter(|_| recommit) {
+        changes.push(format!(
+            "commit {} -> {}: runs from now on test it; recorded verdicts stay",
+            short(&old.commit),
+            short(&sub.commit)
+        ));
+    }
     Ok(Submitted {
         family: sub.family,
         resumed: !created,
         rerun: sub.rerun && !created,
-        changes: plan.into_iter().map(|c| c.to_string()).collect(),
+        changes,
+        commit: sub.commit,
     })
+}
+
+/// A commit as people read it: its first 12 hex digits, or `none`.
+fn short(sha: &str) -> &str {
+    match sha {
+        "" => "none",
+        s => &s[..s.len().min(12)],
+    }
 }
 
 /// One component a resubmitted spec plans again, and why.
@@ -429,7 +465,7 @@ fn spec_diff(a: &fvd_spec::ComponentSpec, b: &fvd_spec::ComponentSpec) -> String
         ));
     }
     if a.placement != b.placement {
-        d.push("placement (memory, labels or priority) changed".to_string());
+        d.push("placement (memory, labels, worker paths or priority) changed".to_string());
     }
     if d.is_empty() {
         d.push("its spec changed".to_string());
@@ -446,6 +482,7 @@ async fn answer(
     family: &str,
     id: &str,
     choice: AnswerChoice,
+    traceparent: Option<String>,
 ) -> Result<EscapeRow, PortError> {
     let internal = |e: StoreError| PortError::Internal(e.to_string());
     let port = st
@@ -510,7 +547,7 @@ async fn answer(
     // must not see the pause and end at once.
     st.args
         .store
-        .set_port_state(family, RUNNING, &port.phase)
+        .set_port_state(family, PortState::Running, &port.phase)
         .await
         .map_err(internal)?;
     match st.ports.get(family) {
@@ -520,7 +557,7 @@ async fn answer(
                 id: id.to_string(),
             })
             .map_err(|e| PortError::Internal(e.to_string()))?,
-        None => start_gate(myself, st, &port, None)
+        None => start_gate(myself, st, &port, traceparent, false)
             .await
             .map_err(|e| PortError::Internal(e.to_string()))?,
     }
@@ -530,13 +567,41 @@ async fn answer(
     Ok(row)
 }
 
+/// The code of a port's runs: its pinned commit, where its folder sits in
+/// the repository, and the status file fvd writes into the checkout.
+async fn port_code(port: &PortRow, spec: &fvd_spec::PortSpec) -> PortCode {
+    let prefix = if port.commit.is_empty() {
+        String::new()
+    } else {
+        fvd_workspace::commit::prefix(Path::new(&port.repo))
+            .await
+            .unwrap_or_default()
+    };
+    PortCode {
+        commit: port.commit.clone(),
+        prefix,
+        fvd_writes: spec
+            .prep
+            .get("port_state_file")
+            .into_iter()
+            .cloned()
+            .collect(),
+    }
+}
+
 async fn start_gate(
     myself: &ActorRef<OrchestratorMsg>,
     st: &mut OrchestratorState,
     port: &PortRow,
     traceparent: Option<String>,
+    fresh: bool,
 ) -> Result<(), ActorProcessingErr> {
     let spec = fvd_spec::parse(Path::new(&port.spec_path), &port.spec_toml)?;
+    // One trace per port: this run continues the trace its first run
+    // stored (a resume may be in another process), or starts it.
+    let stored = st.args.store.port_traceparent(&port.family).await?;
+    let trace =
+        fvd_telemetry::Continuation::decide(stored.as_deref(), traceparent.as_deref(), fresh);
     // Runs that were in flight when the last gate of this port died are
     // rerun once under a new run number; recorded verdicts stay.
     for c in st.args.store.abandon_unfinished(&port.family).await? {
@@ -544,13 +609,15 @@ async fn start_gate(
     }
     st.args
         .store
-        .set_port_state(&port.family, RUNNING, &port.phase)
+        .set_port_state(&port.family, PortState::Running, &port.phase)
         .await?;
+    let code = port_code(port, &spec).await;
     let args = GateArgs {
-        traceparent,
+        trace,
         family: port.family.clone(),
         spec,
         repo: port.repo.clone(),
+        code,
         store: st.args.store.clone(),
         scheduler: st.args.scheduler.clone(),
         events: st.args.events.clone(),

@@ -24,7 +24,7 @@ use fvd_contracts::port_status::{
 use fvd_contracts::status_guard;
 
 use fvd_spec::{self, ComponentSpec, PortSpec};
-use fvd_store::model::{ComponentRow, JobRecord, PortRow};
+use fvd_store::model::{ComponentRow, JobRecord, JobState, PortRow, PortState};
 use fvd_store::{EscapeRow, Store, StoreError, now_ms};
 
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +129,7 @@ pub async fn plan(
     let tables = store.variant_tables(family).await?;
     let mut variants = BTreeMap::new();
     for (c, jobs) in components.iter().zip(&runs) {
-        let last = jobs.iter().rev().find(|j| j.state == "finished");
+        let last = jobs.iter().rev().find(|j| j.state == JobState::Finished);
         if let (Some(last), Some(t)) = (last, tables.get(&c.name))
             && t.first().is_some_and(|r| r.red_job_id == last.job_id)
         {
@@ -267,7 +267,7 @@ pub fn component_input(
     row: Option<&ComponentRow>,
     jobs: &[JobRecord],
 ) -> ComponentInput {
-    let last = jobs.iter().rev().find(|j| j.state == "finished");
+    let last = jobs.iter().rev().find(|j| j.state == JobState::Finished);
     let run = row.filter(|c| c.is_final()).map(|c| {
         let mut reason = c.reason.clone();
         // an agent's runs test its worktree's branch, not the checkout
@@ -331,7 +331,7 @@ pub fn next_text(
     date: &str,
 ) -> Next {
     // A gate refusal before any component ran says nothing about the code.
-    if port.state == "blocked" && matches!(port.phase.as_str(), "P0" | "P2") {
+    if port.state == PortState::Blocked && matches!(port.phase.as_str(), "P0" | "P2") {
         return Next::Nothing(format!("the gate refused {}; nothing ran", port.phase));
     }
     let input = Input {
@@ -442,6 +442,7 @@ fn today() -> String {
 mod tests {
     use super::*;
     use fvd_contracts::status_guard::owned_changes;
+    use fvd_store::model::ComponentStatus;
 
     /// A finished port's status file in the project's own words (shared
     /// with the contracts crate's tests).
@@ -494,7 +495,7 @@ set_env = { PYTHONPATH = "{repo}" }
     fn port(state: &str, phase: &str) -> PortRow {
         PortRow {
             family: "widget_world".into(),
-            state: state.into(),
+            state: state.parse().unwrap(),
             phase: phase.into(),
             ..PortRow::default()
         }
@@ -506,7 +507,7 @@ set_env = { PYTHONPATH = "{repo}" }
             .iter()
             .map(|(name, status, verdict, reason)| ComponentRow {
                 name: (*name).into(),
-                status: (*status).into(),
+                status: status.parse().unwrap(),
                 verdict: (*verdict).into(),
                 reason: (*reason).into(),
                 runs: 1,
@@ -519,7 +520,7 @@ set_env = { PYTHONPATH = "{repo}" }
                 vec![JobRecord {
                     component: c.name.clone(),
                     run_no: 1,
-                    state: "finished".into(),
+                    state: JobState::Finished,
                     verdict: c.verdict.clone(),
                     ..JobRecord::default()
                 }]
@@ -757,9 +758,10 @@ set_env = { PYTHONPATH = "{repo}" }
             repo: repo.display().to_string(),
             spec_path: "port.toml".into(),
             spec_toml: SPEC.into(),
-            state: "blocked".into(),
+            state: PortState::Blocked,
             phase: "P0".into(),
             port_status_path: String::new(),
+            commit: String::new(),
         };
         store.create_port(&row, &names).await.unwrap();
         // a P0 refusal: no file is created
@@ -770,14 +772,14 @@ set_env = { PYTHONPATH = "{repo}" }
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(&file, FINISHED).unwrap();
         store
-            .set_port_state("widget_world", "blocked", "P7")
+            .set_port_state("widget_world", PortState::Blocked, "P7")
             .await
             .unwrap();
         store
             .set_component(
                 "widget_world",
                 "vae",
-                "blocked",
+                ComponentStatus::Blocked,
                 "environment",
                 "environment: no torch",
                 "w1",
@@ -793,7 +795,7 @@ set_env = { PYTHONPATH = "{repo}" }
             .set_component(
                 "widget_world",
                 "vae",
-                "blocked",
+                ComponentStatus::Blocked,
                 "debug_red",
                 "debug_red: t: off by 0.4",
                 "w1",

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use fvd_contracts::verdict::{self, JunitEvidence, RunEvidence, Verdict};
 
-use fvd_store::model::JobReport;
+use fvd_store::model::{JobReport, JunitStatus};
 
 /// The verdict of a run: an environment failure when its cause lies
 /// outside the repository (`in_repo` says which top-level modules the
@@ -18,15 +18,16 @@ pub fn classify(report: &JobReport, in_repo: &dyn Fn(&str) -> bool) -> Verdict {
             cause: report.preflight_error.clone(),
         };
     }
-    let junit = match (&report.junit_xml, report.junit_error.as_str()) {
+    let junit = match (&report.junit_xml, report.junit_status) {
         (Some(xml), _) => JunitEvidence::Xml(xml),
-        (None, e) if e.contains("not written") || e.contains("missing") || e.is_empty() => {
+        (None, JunitStatus::Unreadable) => JunitEvidence::Unreadable {
+            path: "junit.xml",
+            error: &report.junit_error,
+        },
+        // Not asked for, not written, or an empty file: no report.
+        (None, JunitStatus::NotRequested | JunitStatus::Read | JunitStatus::Missing) => {
             JunitEvidence::Missing { path: "junit.xml" }
         }
-        (None, e) => JunitEvidence::Unreadable {
-            path: "junit.xml",
-            error: e,
-        },
     };
     let ev = RunEvidence {
         junit,
@@ -80,6 +81,31 @@ pub fn repo_modules(repo: &str, spec: &fvd_spec::ComponentSpec) -> impl Fn(&str)
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn a_missing_report_is_told_by_its_status_not_its_words() {
+        let none = |_: &str| false;
+        let kind = |status, error: &str| {
+            let report = JobReport {
+                exit_code: Some(1),
+                junit_status: status,
+                junit_error: error.into(),
+                ..JobReport::default()
+            };
+            match classify(&report, &none) {
+                Verdict::Error { kind, .. } => kind.as_str(),
+                other => panic!("{other:?}"),
+            }
+        };
+        // The words are for people: whatever they say, the status decides.
+        assert_eq!(kind(JunitStatus::Missing, "gone"), "junit_missing");
+        assert_eq!(kind(JunitStatus::NotRequested, ""), "junit_missing");
+        assert_eq!(kind(JunitStatus::Read, ""), "junit_missing");
+        assert_eq!(
+            kind(JunitStatus::Unreadable, "junit file j.xml was not written"),
+            "junit_unreadable"
+        );
+    }
 
     #[test]
     fn repository_modules_are_its_folders_files_pythonpath_and_test_roots() {

@@ -123,6 +123,8 @@ pub struct QueuedJob {
     pub preflight: Vec<String>,
     /// See [`Assignment::compare`]; `None` but for traced reruns.
     pub compare: Option<fvd_store::model::TraceCompare>,
+    /// See [`Assignment::fvd_writes`].
+    pub fvd_writes: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -262,7 +264,7 @@ enum Write {
 /// arrived while the previous batch was being committed.
 fn spawn_writer(store: Store) -> mpsc::UnboundedSender<Write> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Write>();
-    tokio::spawn(async move {
+    fvd_telemetry::spawn(async move {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 512).await > 0 {
             let mut logs = Vec::new();
@@ -320,92 +322,27 @@ impl Actor for SchedulerActor {
         msg: SchedulerMsg,
         st: &mut SchedulerState,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
+        // Whether the message may have freed or added work: then a dispatch
+        // round follows.
+        let work_changed = match msg {
             SchedulerMsg::WorkerConnected { info, tx, conn } => {
-                let gpus_json = serde_json::to_string(&info.gpus)?;
-                st.store
-                    .upsert_worker(&info.worker_id, &info.host, &gpus_json, info.cpu_slots)
-                    .await?;
-                // A worker that reconnects under the same id lost whatever it
-                // ran on its previous stream: those jobs go back to the queue.
-                if st.workers.contains_key(&info.worker_id) {
-                    lose_worker(st, &info.worker_id).await?;
-                }
-                tracing::info!(worker = %info.worker_id, gpus = info.gpus.len(), cpu_slots = info.cpu_slots, "worker registered");
-                let slot = WorkerSlot {
-                    free_gpus: info.gpus.iter().map(|g| g.index).collect(),
-                    free_cpu: info.cpu_slots,
-                    last_seen_ms: st.clock.now_ms(),
-                    draining: false,
-                    conn,
-                    tx,
-                    info,
-                };
-                let id = slot.info.worker_id.clone();
-                st.workers.insert(id.clone(), slot);
-                for e in st.jobs.values_mut() {
-                    e.job.exclude.remove(&id);
-                }
-                let count = st.workers.len();
-                for (_, reply) in st.ready_waiters.extract_if(.., |(want, _)| *want <= count) {
-                    let _ = reply.send(());
-                }
-                let queued: Vec<String> = st
-                    .jobs
-                    .iter()
-                    .filter(|(_, e)| e.lease.is_none())
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                check_placeable(st, &queued);
+                worker_connected(st, info, tx, conn).await?;
+                true
             }
             SchedulerMsg::WorkerDisconnected { worker_id, conn } => {
                 if st.workers.get(&worker_id).is_some_and(|w| w.conn == conn) {
                     tracing::info!(worker = %worker_id, "worker disconnected");
                     lose_worker(st, &worker_id).await?;
                 }
+                true
             }
             SchedulerMsg::Heartbeat { worker_id, running } => {
-                let now = st.clock.now_ms();
-                let Some(w) = st.workers.get_mut(&worker_id) else {
-                    return Ok(());
-                };
-                w.last_seen_ms = now;
-                let tx = w.tx.clone();
-                // A worker that came back may still run jobs whose lease
-                // moved elsewhere while it was gone: those are orphans.
-                for (job_id, epoch) in running {
-                    let held = st
-                        .jobs
-                        .get(&job_id)
-                        .and_then(|e| e.lease.as_ref())
-                        .is_some_and(|l| l.worker_id == worker_id && l.epoch == epoch);
-                    if !held {
-                        tracing::warn!(worker = %worker_id, job = %job_id, epoch, "worker runs a job under a lease it no longer holds; cancelling it");
-                        let _ = tx
-                            .send(ToWorker::Cancel {
-                                job_id,
-                                lease_epoch: epoch,
-                                reason: "orphaned: the lease moved to another worker".into(),
-                            })
-                            .await;
-                    }
-                }
-                return Ok(());
+                heartbeat(st, &worker_id, running).await;
+                false
             }
             SchedulerMsg::Enqueue(job) => {
-                let id = job.record.job_id.clone();
-                st.queue
-                    .push_back(&job.record.family, job.placement.priority, id.clone());
-                st.jobs.insert(
-                    id.clone(),
-                    Entry {
-                        job: *job,
-                        lease: None,
-                        infra_retries: 0,
-                        unplaceable: None,
-                    },
-                );
-                check_placeable(st, &[id]);
+                enqueue(st, *job);
+                true
             }
             SchedulerMsg::Started {
                 worker_id,
@@ -413,18 +350,8 @@ impl Actor for SchedulerActor {
                 lease_epoch,
                 at_ms,
             } => {
-                if leased(st, &worker_id, &job_id, lease_epoch).is_some() {
-                    let _ = st.writer.send(Write::Spawned {
-                        job_id: job_id.clone(),
-                        at_ms,
-                    });
-                }
-                if let Some(e) = leased(st, &worker_id, &job_id, lease_epoch) {
-                    let _ = e
-                        .job
-                        .notify
-                        .send_message(JobEvent::Started { job_id, worker_id });
-                }
+                started(st, worker_id, job_id, lease_epoch, at_ms);
+                true
             }
             SchedulerMsg::Log {
                 worker_id,
@@ -444,65 +371,16 @@ impl Actor for SchedulerActor {
                         data,
                     }));
                 }
+                true
             }
-            SchedulerMsg::Finished { worker_id, report } => {
-                if leased(st, &worker_id, &report.job_id, report.lease_epoch).is_none() {
-                    return Ok(());
-                }
-                let Some(entry) = st.jobs.remove(&report.job_id) else {
-                    return Ok(());
-                };
-                if let Some(lease) = &entry.lease {
-                    let gpu_seconds = lease.gpus.len() as f64 * report.duration_ms as f64 / 1000.0;
-                    lease.span.record("gpu_seconds", gpu_seconds);
-                    lease.span.record("duration_ms", report.duration_ms);
-                    let r = &entry.job.record;
-                    fvd_telemetry::metrics::gpu_seconds(&r.family, &r.component, gpu_seconds);
-                }
-                release(st, &entry);
-                let _ = st.writer.send(Write::Notify(
-                    entry.job.notify.clone(),
-                    Box::new(JobEvent::Finished { report, worker_id }),
-                ));
-            }
+            SchedulerMsg::Finished { worker_id, report } => finished(st, worker_id, report),
             SchedulerMsg::CancelFamily { family } => {
-                let ids: Vec<String> = st
-                    .jobs
-                    .iter()
-                    .filter(|(_, e)| e.job.record.family == family)
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                for id in ids {
-                    st.queue.remove(&family, &id);
-                    if let Some(entry) = st.jobs.remove(&id) {
-                        if let Some(lease) = &entry.lease
-                            && let Some(w) = st.workers.get(&lease.worker_id)
-                        {
-                            let _ =
-                                w.tx.send(ToWorker::Cancel {
-                                    job_id: id.clone(),
-                                    lease_epoch: lease.epoch,
-                                    reason: "port cancelled".into(),
-                                })
-                                .await;
-                        }
-                        release(st, &entry);
-                    }
-                }
+                cancel_family(st, &family).await;
+                true
             }
             SchedulerMsg::Tick => {
-                let now = st.clock.now_ms();
-                let ttl = st.config.lease_ttl.as_millis() as i64;
-                let lost: Vec<String> = st
-                    .workers
-                    .iter()
-                    .filter(|(_, w)| now - w.last_seen_ms > ttl)
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                for id in lost {
-                    tracing::warn!(worker = %id, "worker missed its heartbeats; its leases expire");
-                    lose_worker(st, &id).await?;
-                }
+                expire_leases(st).await?;
+                true
             }
             SchedulerMsg::Drain { worker_id } => {
                 if let Some(w) = st.workers.get_mut(&worker_id) {
@@ -511,12 +389,12 @@ impl Actor for SchedulerActor {
                     w.free_cpu = 0;
                     w.free_gpus.clear();
                 }
-                return Ok(());
+                false
             }
             SchedulerMsg::Dispatch => {
                 st.dispatch_pending = false;
                 dispatch(st).await?;
-                return Ok(());
+                false
             }
             SchedulerMsg::WhenWorkers { workers, reply } => {
                 if st.workers.len() >= workers {
@@ -529,12 +407,15 @@ impl Actor for SchedulerActor {
             SchedulerMsg::Counts(reply) => {
                 let running = st.jobs.values().filter(|e| e.lease.is_some()).count();
                 let _ = reply.send((st.workers.len(), st.queue.len(), running));
-                return Ok(());
+                false
             }
             SchedulerMsg::Fleet(reply) => {
                 let _ = reply.send(fleet::view(st));
-                return Ok(());
+                false
             }
+        };
+        if !work_changed {
+            return Ok(());
         }
         // Dispatch once the messages already waiting are handled: under load
         // many finished jobs free their slots first and one round (one
@@ -549,6 +430,186 @@ impl Actor for SchedulerActor {
         }
         Ok(())
     }
+}
+
+/// A worker registered: recorded, its slots offered, and the jobs that
+/// excluded it (after an environment failure) may take it again.
+async fn worker_connected(
+    st: &mut SchedulerState,
+    info: WorkerInfo,
+    tx: mpsc::Sender<ToWorker>,
+    conn: u64,
+) -> Result<(), ActorProcessingErr> {
+    let gpus_json = serde_json::to_string(&info.gpus)?;
+    st.store
+        .upsert_worker(&info.worker_id, &info.host, &gpus_json, info.cpu_slots)
+        .await?;
+    // A worker that reconnects under the same id lost whatever it
+    // ran on its previous stream: those jobs go back to the queue.
+    if st.workers.contains_key(&info.worker_id) {
+        lose_worker(st, &info.worker_id).await?;
+    }
+    tracing::info!(worker = %info.worker_id, gpus = info.gpus.len(), cpu_slots = info.cpu_slots, "worker registered");
+    let slot = WorkerSlot {
+        free_gpus: info.gpus.iter().map(|g| g.index).collect(),
+        free_cpu: info.cpu_slots,
+        last_seen_ms: st.clock.now_ms(),
+        draining: false,
+        conn,
+        tx,
+        info,
+    };
+    let id = slot.info.worker_id.clone();
+    st.workers.insert(id.clone(), slot);
+    for e in st.jobs.values_mut() {
+        e.job.exclude.remove(&id);
+    }
+    let count = st.workers.len();
+    for (_, reply) in st.ready_waiters.extract_if(.., |(want, _)| *want <= count) {
+        let _ = reply.send(());
+    }
+    let queued: Vec<String> = st
+        .jobs
+        .iter()
+        .filter(|(_, e)| e.lease.is_none())
+        .map(|(id, _)| id.clone())
+        .collect();
+    check_placeable(st, &queued);
+    Ok(())
+}
+
+/// A worker is alive. A worker that came back may still run jobs whose
+/// lease moved elsewhere while it was gone: those orphans are cancelled.
+async fn heartbeat(st: &mut SchedulerState, worker_id: &str, running: Vec<(String, u64)>) {
+    let now = st.clock.now_ms();
+    let Some(w) = st.workers.get_mut(worker_id) else {
+        return;
+    };
+    w.last_seen_ms = now;
+    let tx = w.tx.clone();
+    for (job_id, epoch) in running {
+        let held = st
+            .jobs
+            .get(&job_id)
+            .and_then(|e| e.lease.as_ref())
+            .is_some_and(|l| l.worker_id == worker_id && l.epoch == epoch);
+        if !held {
+            tracing::warn!(worker = %worker_id, job = %job_id, epoch, "worker runs a job under a lease it no longer holds; cancelling it");
+            let _ = tx
+                .send(ToWorker::Cancel {
+                    job_id,
+                    lease_epoch: epoch,
+                    reason: "orphaned: the lease moved to another worker".into(),
+                })
+                .await;
+        }
+    }
+}
+
+/// A job joins its port's queue.
+fn enqueue(st: &mut SchedulerState, job: QueuedJob) {
+    let id = job.record.job_id.clone();
+    st.queue
+        .push_back(&job.record.family, job.placement.priority, id.clone());
+    st.jobs.insert(
+        id.clone(),
+        Entry {
+            job,
+            lease: None,
+            infra_retries: 0,
+            unplaceable: None,
+        },
+    );
+    check_placeable(st, &[id]);
+}
+
+/// A leased job's process started: its spawn time is stored and its
+/// owner told.
+fn started(st: &mut SchedulerState, worker_id: String, job_id: String, epoch: u64, at_ms: i64) {
+    if leased(st, &worker_id, &job_id, epoch).is_some() {
+        let _ = st.writer.send(Write::Spawned {
+            job_id: job_id.clone(),
+            at_ms,
+        });
+    }
+    if let Some(e) = leased(st, &worker_id, &job_id, epoch) {
+        let _ = e
+            .job
+            .notify
+            .send_message(JobEvent::Started { job_id, worker_id });
+    }
+}
+
+/// A leased job ended: its slots are freed and the report goes to its
+/// owner (behind the job's output, through the writer). False for a stale
+/// report, which changes nothing.
+fn finished(st: &mut SchedulerState, worker_id: String, report: JobReport) -> bool {
+    if leased(st, &worker_id, &report.job_id, report.lease_epoch).is_none() {
+        return false;
+    }
+    let Some(entry) = st.jobs.remove(&report.job_id) else {
+        return false;
+    };
+    if let Some(lease) = &entry.lease {
+        let gpu_seconds = lease.gpus.len() as f64 * report.duration_ms as f64 / 1000.0;
+        lease.span.record("gpu_seconds", gpu_seconds);
+        lease.span.record("duration_ms", report.duration_ms);
+        fvd_telemetry::spans::job_ended(&lease.span, &job_end(&report));
+        let r = &entry.job.record;
+        fvd_telemetry::metrics::gpu_seconds(&r.family, &r.component, gpu_seconds);
+    }
+    release(st, &entry);
+    let _ = st.writer.send(Write::Notify(
+        entry.job.notify.clone(),
+        Box::new(JobEvent::Finished { report, worker_id }),
+    ));
+    true
+}
+
+/// Every queued or running job of `family` is dropped; running ones are
+/// cancelled on their workers.
+async fn cancel_family(st: &mut SchedulerState, family: &str) {
+    let ids: Vec<String> = st
+        .jobs
+        .iter()
+        .filter(|(_, e)| e.job.record.family == family)
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in ids {
+        st.queue.remove(family, &id);
+        if let Some(entry) = st.jobs.remove(&id) {
+            if let Some(lease) = &entry.lease
+                && let Some(w) = st.workers.get(&lease.worker_id)
+            {
+                let _ =
+                    w.tx.send(ToWorker::Cancel {
+                        job_id: id.clone(),
+                        lease_epoch: lease.epoch,
+                        reason: "port cancelled".into(),
+                    })
+                    .await;
+            }
+            release(st, &entry);
+        }
+    }
+}
+
+/// Workers that missed their heartbeats for the lease TTL are lost: their
+/// leases expire.
+async fn expire_leases(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
+    let now = st.clock.now_ms();
+    let ttl = st.config.lease_ttl.as_millis() as i64;
+    let lost: Vec<String> = st
+        .workers
+        .iter()
+        .filter(|(_, w)| now - w.last_seen_ms > ttl)
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in lost {
+        tracing::warn!(worker = %id, "worker missed its heartbeats; its leases expire");
+        lose_worker(st, &id).await?;
+    }
+    Ok(())
 }
 
 /// The entry of a job when `worker_id` holds its lease under `epoch`;
@@ -729,11 +790,30 @@ impl FairQueue {
     }
 }
 
-/// Whether `w` carries every label the job asks for.
+/// Whether `w` carries every label the job asks for and provides every
+/// path it needs (`worker_paths`, `fvd worker --provide`).
 fn labels_match(w: &WorkerSlot, p: &Placement) -> bool {
     p.labels
         .iter()
         .all(|(k, v)| w.info.labels.get(k) == Some(v))
+        && p.worker_paths.iter().all(|x| w.info.provides.contains(x))
+}
+
+/// The job's worker paths that no registered worker provides.
+fn unprovided<'a>(st: &SchedulerState, p: &'a Placement) -> Vec<&'a str> {
+    p.worker_paths
+        .iter()
+        .filter(|x| !st.workers.values().any(|w| w.info.provides.contains(x)))
+        .map(String::as_str)
+        .collect()
+}
+
+/// "path a" or "paths a, b".
+fn paths_phrase(paths: &[&str]) -> String {
+    match paths {
+        [one] => format!("path {one}"),
+        many => format!("paths {}", many.join(", ")),
+    }
 }
 
 /// GPUs of `w` the job may use: the free ones (or all of them, to ask
@@ -785,6 +865,7 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
             })
             .map(|(wid, _)| wid)
             .collect();
+        let missing = unprovided(st, p);
         let reason = if fitting.is_empty() {
             let mut want = format!("{need} GPUs on one worker");
             if p.gpu_memory_mib > 0 {
@@ -794,6 +875,10 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
                 let labels: Vec<String> =
                     p.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 want.push_str(&format!(" labelled {}", labels.join(",")));
+            }
+            if !p.worker_paths.is_empty() {
+                let paths: Vec<&str> = p.worker_paths.iter().map(String::as_str).collect();
+                want.push_str(&format!(" providing worker {}", paths_phrase(&paths)));
             }
             if st.config.fixed_fleet {
                 let why = never_fits(st.workers.values(), need, p);
@@ -805,9 +890,15 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
                 });
                 continue;
             }
-            Some(format!(
-                "waiting: needs {want}; no registered worker has that"
-            ))
+            Some(if missing.is_empty() {
+                format!("waiting: needs {want}; no registered worker has that")
+            } else {
+                format!(
+                    "waiting: needs worker {}; no registered worker provides {} (fvd worker --provide PATH=DIR)",
+                    paths_phrase(&missing),
+                    if missing.len() == 1 { "it" } else { "them" }
+                )
+            })
         } else if fitting.iter().all(|w| e.job.exclude.contains_key(*w)) {
             let mut why: Vec<String> = fitting
                 .iter()
@@ -840,6 +931,21 @@ fn never_fits<'a>(
 ) -> String {
     let workers: Vec<&WorkerSlot> = workers.collect();
     let gpus = workers.iter().map(|w| w.info.gpus.len()).max().unwrap_or(0);
+    let unprovided: Vec<&str> = p
+        .worker_paths
+        .iter()
+        .filter(|x| !workers.iter().any(|w| w.info.provides.contains(x)))
+        .map(String::as_str)
+        .collect();
+    if !unprovided.is_empty() {
+        return format!(
+            "needs worker {}; this machine's checkout does not have {}: put {} there (git-ignored), or run it on a fleet whose workers provide {} (fvd worker --provide PATH=DIR)",
+            paths_phrase(&unprovided),
+            if unprovided.len() == 1 { "it" } else { "them" },
+            if unprovided.len() == 1 { "it" } else { "them" },
+            if unprovided.len() == 1 { "it" } else { "them" },
+        );
+    }
     let labelled = workers.iter().any(|w| labels_match(w, p));
     if !labelled {
         let labels: Vec<String> = p.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -1031,6 +1137,12 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             collect_env: entry.job.collect_env.clone(),
             preflight: entry.job.preflight.clone(),
             preflight_key: r.family.clone(),
+            family: r.family.clone(),
+            component: r.component.clone(),
+            commit: r.commit.clone(),
+            code_prefix: r.code_prefix.clone(),
+            worker_paths: entry.job.placement.worker_paths.clone(),
+            fvd_writes: entry.job.fvd_writes.clone(),
             compare: entry.job.compare.clone(),
         };
         entry.lease = Some(Lease {
@@ -1050,4 +1162,19 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
         }
     }
     Ok(())
+}
+
+/// How a finished job's process ended, for its span's status.
+fn job_end(report: &JobReport) -> fvd_telemetry::spans::JobEnd<'_> {
+    fvd_telemetry::spans::JobEnd {
+        exit_code: report.exit_code,
+        signal: report.signal,
+        timed_out: report.timed_out,
+        cancelled: report.cancelled,
+        error: if report.spawn_error.is_empty() {
+            &report.preflight_error
+        } else {
+            &report.spawn_error
+        },
+    }
 }

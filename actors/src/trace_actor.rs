@@ -36,7 +36,6 @@ use fvd_telemetry::spans;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::broadcast;
 use tracing::Span;
-use tracing::field::Empty;
 
 use crate::component::ComponentMsg;
 use crate::gate::GateMsg;
@@ -44,7 +43,9 @@ use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_spec::ComponentSpec;
 use fvd_spec::trace_spec::TraceSpec;
 use fvd_store::Store;
-use fvd_store::model::{CollectedFile, JobRecord, JobReport, JobResult, PortEvent, TraceCompare};
+use fvd_store::model::{
+    CollectedFile, ComponentStatus, JobRecord, JobReport, JobResult, PortEvent, TraceCompare,
+};
 use fvd_store::traces::StepTransport;
 
 /// Variable the worker points at the run's own folder for trace files.
@@ -63,6 +64,8 @@ pub struct TraceActor;
 #[derive(Debug)]
 pub struct TraceArgs {
     pub family: String,
+    /// The port's code: its traced reruns run the commit of the red run.
+    pub code: fvd_store::model::PortCode,
     pub store: Store,
     pub scheduler: ActorRef<SchedulerMsg>,
     pub events: broadcast::Sender<PortEvent>,
@@ -126,6 +129,9 @@ struct Inquiry {
     spec: ComponentSpec,
     trace: TraceSpec,
     cwd: String,
+    /// The red run's commit and port folder inside it: reruns test the same code.
+    commit: String,
+    code_prefix: String,
     red: Option<(JobReport, String)>,
     reply: ActorRef<ComponentMsg>,
     span: Span,
@@ -327,6 +333,7 @@ pub async fn spawn_for_port(
     store: &Store,
     scheduler: &ActorRef<SchedulerMsg>,
     events: &broadcast::Sender<PortEvent>,
+    code: &fvd_store::model::PortCode,
 ) -> Result<ActorRef<TraceMsg>, ActorProcessingErr> {
     let (actor, _) = Actor::spawn_linked(
         // `#` cannot clash with a component actor's `family/component`.
@@ -334,6 +341,7 @@ pub async fn spawn_for_port(
         TraceActor,
         TraceArgs {
             family: family.to_string(),
+            code: code.clone(),
             store: store.clone(),
             scheduler: scheduler.clone(),
             events: events.clone(),
@@ -447,9 +455,9 @@ impl Actor for TraceActor {
                     });
                     return Ok(());
                 };
-                let cwd = match st.args.store.job(&inv.report.job_id).await {
-                    Ok(Some(j)) => j.cwd,
-                    _ => String::new(),
+                let (cwd, commit, code_prefix) = match st.args.store.job(&inv.report.job_id).await {
+                    Ok(Some(j)) => (j.cwd, j.commit, j.code_prefix),
+                    _ => Default::default(),
                 };
                 let span = spans::trace_comparison(&inv.span, &family, &name);
                 let id = match st
@@ -474,6 +482,8 @@ impl Actor for TraceActor {
                     reference_layers: trace.reference_layers.clone(),
                     tried: Vec::new(),
                     cwd,
+                    commit,
+                    code_prefix,
                     red: Some((inv.report, inv.worker_id)),
                     reply: inv.reply,
                     span,
@@ -552,6 +562,8 @@ async fn enqueue(
             component: format!("{}{TRACE_JOB_SUFFIX}", spec.name),
             argv: spec.argv(),
             cwd: inq.cwd.clone(),
+            commit: inq.commit.clone(),
+            code_prefix: inq.code_prefix.clone(),
             gpus_needed: spec.gpus,
             timeout_ms: spec.timeout.as_millis() as u64,
             ..JobRecord::default()
@@ -581,16 +593,13 @@ async fn enqueue(
         env.insert(k.to_string(), v);
     }
     env.extend(traced_env(t, &layers, &inq.reference_layers));
-    let span = tracing::info_span!(
-        parent: &inq.span,
-        "attempt",
-        family = %st.args.family,
-        component = %spec.name,
-        attempt = record.run_no,
-        job_id = %record.job_id,
-        trace_step = inq.step,
-        verdict = Empty,
-        reason = Empty,
+    let span = spans::trace_step(
+        &inq.span,
+        &st.args.family,
+        &spec.name,
+        inq.step,
+        record.run_no,
+        &record.job_id,
     );
     let job_id = record.job_id.clone();
     st.args
@@ -606,6 +615,7 @@ async fn enqueue(
             exclude: Default::default(),
             preflight: spec.preflight.clone(),
             compare: Some(worker_compare(t)),
+            fvd_writes: st.args.code.fvd_writes.clone(),
         })))
         .map_err(|e| format!("scheduler is down: {e}"))?;
     Ok(job_id)
@@ -661,7 +671,14 @@ async fn progress(st: &TraceState, inq: &Inquiry) -> Result<(), fvd_store::Store
     );
     st.args
         .store
-        .set_component(family, name, "tracing", "debug_red", &reason, "")
+        .set_component(
+            family,
+            name,
+            ComponentStatus::Tracing,
+            "debug_red",
+            &reason,
+            "",
+        )
         .await?;
     if let Some(row) = st
         .args
@@ -794,9 +811,11 @@ async fn step_finished(
     spans::first_divergence(
         &inq.span,
         rep.rows.len() as u64,
-        rep.first_divergence
-            .as_ref()
-            .map(|f| (f.reference_module.as_str(), f.stat.as_str())),
+        rep.first_divergence.as_ref().map(|f| spans::Divergence {
+            port_module: &f.port_module,
+            reference_module: &f.reference_module,
+            stat: &f.stat,
+        }),
     );
     if let Some(fd) = &rep.first_divergence {
         inq.last = Some(fd.clone());
@@ -879,7 +898,7 @@ pub async fn gather_and_compare(
                 ),
             ));
         }
-        tokio::task::spawn_blocking(move || write_files(&dir, &files))
+        fvd_telemetry::spawn_blocking(move || write_files(&dir, &files))
             .await
             .map_err(|e| format!("writing the trace files panicked: {e}"))??;
         return Ok((rep, transport));
@@ -889,7 +908,7 @@ pub async fn gather_and_compare(
     }
     transport.compared_on = "orchestrator".to_string();
     let started = std::time::Instant::now();
-    let rep = tokio::task::spawn_blocking(move || {
+    let rep = fvd_telemetry::spawn_blocking(move || {
         let written = write_files(&dir, &files)?;
         fvd_trace::compare_folder(&dir, &written, &trace.folder_spec())
     })

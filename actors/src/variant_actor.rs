@@ -41,7 +41,7 @@ use crate::trace_actor;
 use fvd_contracts::verdict::Verdict;
 use fvd_spec::ComponentSpec;
 use fvd_store::Store;
-use fvd_store::model::{JobRecord, JobReport, JobResult, PortEvent};
+use fvd_store::model::{ComponentStatus, JobRecord, JobReport, JobResult, PortEvent};
 use fvd_store::variants::{BASELINE, VariantRow};
 use tokio::sync::broadcast;
 
@@ -58,6 +58,8 @@ pub struct VariantActor;
 #[derive(Debug)]
 pub struct VariantArgs {
     pub family: String,
+    /// The port's code: variant runs run the commit of the red run.
+    pub code: fvd_store::model::PortCode,
     pub store: Store,
     pub scheduler: ActorRef<SchedulerMsg>,
     pub events: broadcast::Sender<PortEvent>,
@@ -138,12 +140,14 @@ pub async fn spawn_for_port(
     store: &Store,
     scheduler: &ActorRef<SchedulerMsg>,
     events: &broadcast::Sender<PortEvent>,
+    code: &fvd_store::model::PortCode,
 ) -> Result<ActorRef<VariantMsg>, ActorProcessingErr> {
     let (actor, _) = Actor::spawn_linked(
         Some(format!("{family}#variant")),
         VariantActor,
         VariantArgs {
             family: family.to_string(),
+            code: code.clone(),
             store: store.clone(),
             scheduler: scheduler.clone(),
             events: events.clone(),
@@ -414,9 +418,10 @@ async fn baseline_trace(
 async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) {
     let (family, name) = (st.args.family.clone(), ask.spec.name.clone());
     let red_job = ask.report.job_id.clone();
-    let cwd = match st.args.store.job(&red_job).await {
-        Ok(Some(j)) => j.cwd,
-        _ => String::new(),
+    // The variants test the red run's code: its folder and commit.
+    let (cwd, commit, code_prefix) = match st.args.store.job(&red_job).await {
+        Ok(Some(j)) => (j.cwd, j.commit, j.code_prefix),
+        _ => Default::default(),
     };
     let (scope, first) = baseline_trace(st, &ask.spec, &red_job).await;
     let mut rows = vec![VariantRow {
@@ -447,6 +452,8 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
                 component: format!("{name}{VARIANT_JOB_SUFFIX}"),
                 argv: ask.spec.argv(),
                 cwd: cwd.clone(),
+                commit: commit.clone(),
+                code_prefix: code_prefix.clone(),
                 gpus_needed: ask.spec.gpus,
                 timeout_ms: ask.spec.timeout.as_millis() as u64,
                 ..JobRecord::default()
@@ -538,6 +545,7 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
                 exclude: BTreeMap::new(),
                 preflight: ask.spec.preflight.clone(),
                 compare: traced.map(trace_actor::worker_compare),
+                fvd_writes: st.args.code.fvd_writes.clone(),
             })));
         if let Err(e) = sent {
             let row = &mut table.rows[i + 1];
@@ -740,7 +748,14 @@ async fn progress(st: &VariantState, t: &Table) -> Result<(), fvd_store::StoreEr
     );
     st.args
         .store
-        .set_component(family, name, "variants", "debug_red", &reason, "")
+        .set_component(
+            family,
+            name,
+            ComponentStatus::Variants,
+            "debug_red",
+            &reason,
+            "",
+        )
         .await?;
     if let Some(row) = st
         .args

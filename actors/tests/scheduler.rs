@@ -78,6 +78,19 @@ impl Harness {
         memory_mib: u64,
         labels: &[(&str, &str)],
     ) -> mpsc::Receiver<ToWorker> {
+        self.worker_providing(id, gpus, cpu, memory_mib, labels, &[])
+    }
+
+    /// A simulated worker that also provides `paths` (`--provide`).
+    fn worker_providing(
+        &mut self,
+        id: &str,
+        gpus: u32,
+        cpu: u32,
+        memory_mib: u64,
+        labels: &[(&str, &str)],
+        paths: &[&str],
+    ) -> mpsc::Receiver<ToWorker> {
         let (tx, rx) = mpsc::channel(1024);
         self.conn += 1;
         let info = WorkerInfo {
@@ -96,6 +109,7 @@ impl Harness {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            provides: paths.iter().map(|p| p.to_string()).collect(),
         };
         self.sched
             .cast(SchedulerMsg::WorkerConnected {
@@ -113,9 +127,10 @@ impl Harness {
             repo: "/".into(),
             spec_path: "p".into(),
             spec_toml: String::new(),
-            state: "running".into(),
+            state: fvd_store::model::PortState::Running,
             phase: "P6".into(),
             port_status_path: String::new(),
+            commit: String::new(),
         };
         let names: Vec<String> = components.iter().map(|c| c.to_string()).collect();
         self.store.create_port(&row, &names).await.unwrap();
@@ -157,6 +172,7 @@ impl Harness {
                 compare: None,
                 exclude: Default::default(),
                 preflight: Vec::new(),
+                fvd_writes: Vec::new(),
                 placement,
                 span: tracing::Span::none(),
             })))
@@ -506,5 +522,34 @@ async fn labels_and_gpu_memory_choose_the_worker_or_say_why_none_fits() {
     assert_eq!(
         reason,
         "waiting: needs 1 GPUs on one worker with at least 160000 MiB each; no registered worker has that"
+    );
+}
+
+#[tokio::test]
+async fn worker_paths_choose_the_worker_that_provides_them_or_say_none_does() {
+    let mut h = Harness::new().await;
+    h.port("p", &["weighted", "other"]).await;
+    let mut plain = h.worker("plain", 0, 2);
+    let mut holder = h.worker_providing("holder", 0, 2, 0, &[], &["official_weights/tiny"]);
+    let needs = |paths: &[&str]| Placement {
+        worker_paths: paths.iter().map(|p| p.to_string()).collect(),
+        ..Placement::default()
+    };
+    let weighted = h
+        .enqueue_with("p", "weighted", 0, needs(&["official_weights/tiny"]))
+        .await;
+    let (id, _, _) = next_assign(&mut holder).await;
+    assert_eq!(id, weighted, "only the worker providing the path takes it");
+    assert!(
+        plain.try_recv().is_err(),
+        "nothing went to the plain worker"
+    );
+    let other = h
+        .enqueue_with("p", "other", 0, needs(&["official_weights/tiny", "data/x"]))
+        .await;
+    let reason = waiting_reason(&mut h.events, &other).await;
+    assert_eq!(
+        reason,
+        "waiting: needs worker path data/x; no registered worker provides it (fvd worker --provide PATH=DIR)"
     );
 }

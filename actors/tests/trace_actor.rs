@@ -59,7 +59,7 @@ impl Harness {
                 &PortRow {
                     family: "p".into(),
                     repo: "/repo".into(),
-                    state: "running".into(),
+                    state: fvd_store::model::PortState::Running,
                     ..PortRow::default()
                 },
                 &["c".into()],
@@ -90,6 +90,7 @@ impl Harness {
                     gpus: Vec::new(),
                     cpu_slots: 1,
                     labels: Default::default(),
+                    provides: Vec::new(),
                 },
                 tx,
                 conn: 1,
@@ -101,6 +102,7 @@ impl Harness {
             TraceActor,
             TraceArgs {
                 family: "p".into(),
+                code: Default::default(),
                 store: store.clone(),
                 scheduler: sched.clone(),
                 events,

@@ -17,7 +17,9 @@ use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, Sche
 use fvd_actors::variant_actor::{VariantActor, VariantArgs, VariantMsg, Vary};
 use fvd_store::Store;
 use fvd_store::clock::ManualClock;
-use fvd_store::model::{Assignment, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo};
+use fvd_store::model::{
+    Assignment, ComponentStatus, JobRecord, JobReport, PortRow, PortState, ToWorker, WorkerInfo,
+};
 use ractor::{Actor, ActorRef};
 use tokio::sync::{broadcast, mpsc};
 
@@ -75,7 +77,7 @@ impl Harness {
                 &PortRow {
                     family: "p".into(),
                     repo: "/repo".into(),
-                    state: "running".into(),
+                    state: PortState::Running,
                     ..PortRow::default()
                 },
                 &["c".into()],
@@ -106,6 +108,7 @@ impl Harness {
                     gpus: Vec::new(),
                     cpu_slots: 3,
                     labels: Default::default(),
+                    provides: Vec::new(),
                 },
                 tx,
                 conn: 1,
@@ -117,6 +120,7 @@ impl Harness {
             VariantActor,
             VariantArgs {
                 family: "p".into(),
+                code: Default::default(),
                 store: store.clone(),
                 scheduler: sched.clone(),
                 events,
@@ -255,7 +259,7 @@ async fn every_variant_runs_at_once_and_the_table_names_the_one_that_passes() {
     );
     // The component shows them running.
     let row = h.store.components("p").await.unwrap().remove(0);
-    assert_eq!(row.status, "variants");
+    assert_eq!(row.status, ComponentStatus::Variants);
     assert!(row.reason.contains("eps_fix, fp32, tf32_off"), "{row:?}");
 
     // They end in any order.

@@ -367,6 +367,29 @@ fn cause(component: &str, outcome: &str, reason: &str) -> String {
     )
 }
 
+/// What fvd writes into a Parity or Last Result cell holding `old` after a
+/// run with `outcome` (`recorded`: the file records a pass): `None` leaves
+/// the cell as it is, an empty text asks for the outcome's own cell.
+fn owned_cell(outcome: Outcome, recorded: bool, old: &str) -> Option<String> {
+    match outcome {
+        Outcome::Pass => Some(match regressed_from(old) {
+            Some(orig) => orig.to_owned(),
+            None if reads_as_pass(old) => old.to_owned(),
+            None => "`non_skip_pass`".to_owned(),
+        }),
+        Outcome::Red if recorded => Some(if regressed_from(old).is_some() {
+            old.to_owned()
+        } else if reads_as_pass(old) {
+            format!("{REGRESSED}{old})")
+        } else {
+            "`debug_red`".to_owned()
+        }),
+        // a recorded pass stays; only the evidence says what fvd saw
+        _ if recorded => None,
+        _ => Some(String::new()),
+    }
+}
+
 /// An issue row fvd created (its Evidence starts with fvd's marker).
 #[derive(Debug, Clone)]
 struct FvdIssue {
@@ -484,26 +507,7 @@ impl<'a> Patcher<'a> {
         let old_last = p.and_then(|r| self.get(SectionId::ParityCommands, r, "Last Result"));
         let regression = outcome == Outcome::Red && recorded;
         // The owned cells.
-        let owned = |old: Option<&str>| -> Option<String> {
-            let old = old.unwrap_or_default();
-            match outcome {
-                Outcome::Pass => Some(match regressed_from(old) {
-                    Some(orig) => orig.to_owned(),
-                    None if reads_as_pass(old) => old.to_owned(),
-                    None => "`non_skip_pass`".to_owned(),
-                }),
-                Outcome::Red if recorded => Some(if regressed_from(old).is_some() {
-                    old.to_owned()
-                } else if reads_as_pass(old) {
-                    format!("{REGRESSED}{old})")
-                } else {
-                    "`debug_red`".to_owned()
-                }),
-                // a recorded pass stays; only the evidence says what fvd saw
-                _ if recorded => None,
-                _ => Some(String::new()),
-            }
-        };
+        let owned = |old: Option<&str>| owned_cell(outcome, recorded, old.unwrap_or_default());
         let parity = owned(old_parity.as_deref()).map(|v| {
             if v.is_empty() {
                 outcome.parity_cell(verdict)
@@ -522,74 +526,111 @@ impl<'a> Patcher<'a> {
         // Issues first: the matrix row lists their ids.
         let reason = evidence_reason(run);
         let segment = self.segment(run, regression, &reason, None);
-        let issues = self.fvd_issues();
-        let mine: Vec<FvdIssue> = issues
+        let mine: Vec<FvdIssue> = self
+            .fvd_issues()
             .into_iter()
             .filter(|i| i.component == status_match::normalise_label(&c.name))
             .collect();
         match outcome {
-            Outcome::Pass => {
-                let why = format!("passed in fvd run {} on {}", run.run_no, self.input.date);
-                for i in mine.iter().filter(|i| i.open) {
-                    self.resolve(i.row, &why);
-                    self.recovered |= i.regression;
-                }
-            }
+            Outcome::Pass => self.resolve_passed(run, &mine),
             Outcome::Red if recorded && !mine.iter().any(|i| i.open && i.regression) => {
-                let was = [old_parity.as_deref(), old_last.as_deref()]
-                    .into_iter()
-                    .flatten()
-                    .map(|o| regressed_from(o).unwrap_or(o))
-                    .find(|o| reads_as_pass(o))
-                    .unwrap_or("a pass")
-                    .to_owned();
-                let issue = format!(
-                    "regression: `debug_red` where this file records {}",
-                    one_line(&was)
-                );
-                if let Some(id) = self.add_issue(c, "high", &issue, &segment) {
-                    self.regressions.push((c.name.clone(), id));
-                }
+                let old = [old_parity.as_deref(), old_last.as_deref()];
+                self.add_regression(c, old, &segment);
             }
             _ if recorded => {}
-            _ => {
-                let key = cause(&c.name, verdict, &reason);
-                let same = mine
-                    .iter()
-                    .find(|i| i.open && !i.regression && i.cause == key)
-                    .map(|i| i.id.clone());
-                let id = match same {
-                    Some(id) => Some(id),
-                    // an open row people keep about this component tracks it
-                    None if !self.people_open(c).is_empty() => None,
-                    None => {
-                        let what = match outcome {
-                            Outcome::Red => "the parity test fails numerically",
-                            Outcome::Skip => "the parity test only skips",
-                            Outcome::Timeout => "the parity test runs past its timeout",
-                            _ => "the parity test errors before a verdict",
-                        };
-                        self.add_issue(c, "blocker", &format!("`{verdict}`: {what}"), &segment)
-                    }
-                };
-                if let Some(id) = id {
-                    // fvd's older causes for this component are superseded
-                    let why = format!(
-                        "superseded by {id} (fvd run {} on {})",
-                        run.run_no, self.input.date
-                    );
-                    for i in mine
-                        .iter()
-                        .filter(|i| i.open && !i.regression && i.id != id)
-                    {
-                        self.resolve(i.row, &why);
-                    }
-                }
-            }
+            _ => self.add_blocker(c, run, outcome, &reason, &segment, &mine),
         }
 
-        // The matrix row: its Open Issues lists fvd's open rows about the
-        // component and none of fvd's resolved ones.
+        self.matrix_row(c, m, parity, outcome.parity_cell(verdict));
+        self.command_row(c, run, p, last, regression, &reason);
+    }
+
+    /// A pass resolves fvd's open issues about the component.
+    fn resolve_passed(&mut self, run: &Run, mine: &[FvdIssue]) {
+        let why = format!("passed in fvd run {} on {}", run.run_no, self.input.date);
+        for i in mine.iter().filter(|i| i.open) {
+            self.resolve(i.row, &why);
+            self.recovered |= i.regression;
+        }
+    }
+
+    /// A red run where the file records a pass (`old`: the Parity and Last
+    /// Result cells): a regression issue, once.
+    fn add_regression(&mut self, c: &ComponentInput, old: [Option<&str>; 2], segment: &str) {
+        let was = old
+            .into_iter()
+            .flatten()
+            .map(|o| regressed_from(o).unwrap_or(o))
+            .find(|o| reads_as_pass(o))
+            .unwrap_or("a pass")
+            .to_owned();
+        let issue = format!(
+            "regression: `debug_red` where this file records {}",
+            one_line(&was)
+        );
+        if let Some(id) = self.add_issue(c, "high", &issue, segment) {
+            self.regressions.push((c.name.clone(), id));
+        }
+    }
+
+    /// A run that tested the code without a pass: one blocker issue per
+    /// cause (an open one with the same cause is kept, none is added while
+    /// people keep an open row about the component), and fvd's older
+    /// causes for the component are superseded.
+    fn add_blocker(
+        &mut self,
+        c: &ComponentInput,
+        run: &Run,
+        outcome: Outcome,
+        reason: &str,
+        segment: &str,
+        mine: &[FvdIssue],
+    ) {
+        let verdict = run.verdict.as_str();
+        let key = cause(&c.name, verdict, reason);
+        let same = mine
+            .iter()
+            .find(|i| i.open && !i.regression && i.cause == key)
+            .map(|i| i.id.clone());
+        let id = match same {
+            Some(id) => Some(id),
+            // an open row people keep about this component tracks it
+            None if !self.people_open(c).is_empty() => None,
+            None => {
+                let what = match outcome {
+                    Outcome::Red => "the parity test fails numerically",
+                    Outcome::Skip => "the parity test only skips",
+                    Outcome::Timeout => "the parity test runs past its timeout",
+                    _ => "the parity test errors before a verdict",
+                };
+                self.add_issue(c, "blocker", &format!("`{verdict}`: {what}"), segment)
+            }
+        };
+        if let Some(id) = id {
+            // fvd's older causes for this component are superseded
+            let why = format!(
+                "superseded by {id} (fvd run {} on {})",
+                run.run_no, self.input.date
+            );
+            for i in mine
+                .iter()
+                .filter(|i| i.open && !i.regression && i.id != id)
+            {
+                self.resolve(i.row, &why);
+            }
+        }
+    }
+
+    /// The matrix row (`m`, or a new one): its Parity cell when fvd owns it
+    /// (`parity`; `fallback` in a row fvd adds), and its Open Issues listing
+    /// fvd's open rows about the component and none of fvd's resolved ones.
+    fn matrix_row(
+        &mut self,
+        c: &ComponentInput,
+        m: Option<usize>,
+        parity: Option<String>,
+        fallback: String,
+    ) {
         let name = status_match::normalise_label(&c.name);
         let (open_ids, closed_ids): (Vec<FvdIssue>, Vec<FvdIssue>) = self
             .fvd_issues()
@@ -606,7 +647,7 @@ impl<'a> Patcher<'a> {
                 self.sync_open_issues(r, &opened, &closed);
             }
             None => {
-                let parity = parity.unwrap_or_else(|| outcome.parity_cell(verdict));
+                let parity = parity.unwrap_or(fallback);
                 // a row fvd adds lists every open issue about the component
                 let mut opened = opened.clone();
                 opened.extend(self.people_open(c));
@@ -618,8 +659,19 @@ impl<'a> Patcher<'a> {
                 self.add_matrix_row(c, &parity, &open);
             }
         }
+    }
 
-        // The Parity Commands row.
+    /// The Parity Commands row (`p`, or a new one): its Last Result when fvd
+    /// owns it, and fvd's evidence segment at the end of its Notes.
+    fn command_row(
+        &mut self,
+        c: &ComponentInput,
+        run: &Run,
+        p: Option<usize>,
+        last: Option<String>,
+        regression: bool,
+        reason: &str,
+    ) {
         match p {
             Some(r) => {
                 if let Some(v) = &last {
@@ -629,7 +681,7 @@ impl<'a> Patcher<'a> {
                     .get(SectionId::ParityCommands, r, "Command")
                     .unwrap_or_default();
                 let ran = (!same_command(&command, &c.command)).then_some(c.command.as_str());
-                let segment = self.segment(run, regression, &reason, ran);
+                let segment = self.segment(run, regression, reason, ran);
                 let notes = self.get(SectionId::ParityCommands, r, "Notes");
                 let scope = self
                     .get(SectionId::ParityCommands, r, "Scope")
@@ -643,14 +695,14 @@ impl<'a> Patcher<'a> {
                 }
             }
             None => {
-                let last = last.unwrap_or_else(|| format!("`{verdict}`"));
+                let last = last.unwrap_or_else(|| format!("`{}`", run.verdict));
                 // the command goes into the segment only where no Command
                 // cell holds it
                 let has_command = self
                     .commands()
                     .is_none_or(|t| t.column("Command").is_some());
                 let ran = (!has_command).then_some(c.command.as_str());
-                let segment = self.segment(run, regression, &reason, ran);
+                let segment = self.segment(run, regression, reason, ran);
                 self.add_command_row(c, &last, &segment);
             }
         }

@@ -237,7 +237,12 @@ fn port_spec(input: &[u8]) -> u64 {
         }
         Err(e) => {
             let e = e.to_string();
-            check_message(&e, 1024);
+            // The message is cut at MAX_MESSAGE_CHARS (and an ellipsis);
+            // `port.toml:LINE:COL: ` comes before it.
+            check_message(
+                &e,
+                fvd_paths::MAX_MESSAGE_CHARS + 1 + "port.toml:99999:99999: ".len(),
+            );
             signature(&[&e])
         }
     }

@@ -17,6 +17,9 @@
 //! Run: `cargo bench -p fvd-orchestrator --bench scheduler -- [WORKERS] [GPUS] [JOBS]`
 //! (defaults 1000 8 100000). `bench/scheduler_vs_ray.sh` runs it beside Ray.
 
+#[path = "../tests/support/sim_worker.rs"]
+mod sim_worker;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,13 +27,12 @@ use std::time::{Duration, Instant};
 
 use fvd_actors::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_proto::v1 as pb;
-use fvd_proto::v1::worker_service_client::WorkerServiceClient;
 use fvd_spec::Placement;
 use fvd_store::Store;
 use fvd_store::model::JobRecord;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use sim_worker::SimWorker;
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 /// Counts finished jobs and fires when all are in.
@@ -77,12 +79,9 @@ impl Actor for Sink {
     }
 }
 
-fn wm(m: pb::worker_msg::Msg) -> pb::WorkerMsg {
-    pb::WorkerMsg { msg: Some(m) }
-}
-
-/// One simulated worker: registers, heartbeats every second, and answers
-/// each assignment with started + finished at once.
+/// One simulated worker (the tests' [`SimWorker`]): registers, heartbeats
+/// every second, and answers each assignment with started + finished at
+/// once.
 async fn sim_worker(
     channel: Channel,
     id: String,
@@ -90,70 +89,18 @@ async fn sim_worker(
     assigned: mpsc::UnboundedSender<(String, Instant)>,
     registered: Arc<AtomicUsize>,
 ) {
-    let mut client = WorkerServiceClient::new(channel);
-    let (tx, rx) = mpsc::channel::<pb::WorkerMsg>(4096);
-    tx.send(wm(pb::worker_msg::Msg::Register(pb::Register {
-        worker_id: id.clone(),
-        host: "sim".into(),
-        gpus: (0..gpus)
-            .map(|i| pb::Gpu {
-                index: i,
-                uuid: format!("GPU-{id}-{i}"),
-                name: "sim".into(),
-                memory_mib: 80_000,
-            })
-            .collect(),
-        cpu_slots: 1,
-        labels: HashMap::new(),
-        version: "bench".into(),
-    })))
-    .await
-    .expect("queue register");
-    let mut inbound = client
-        .connect(ReceiverStream::new(rx))
+    let mut w = SimWorker::connect(channel, None, sim_worker::register(&id, gpus, 1))
         .await
-        .expect("connect")
-        .into_inner();
-    let hb = tx.clone();
-    tokio::spawn(async move {
-        let mut t = tokio::time::interval(Duration::from_millis(1000));
-        loop {
-            t.tick().await;
-            if hb
-                .send(wm(pb::worker_msg::Msg::Heartbeat(pb::Heartbeat::default())))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    });
-    while let Ok(Some(m)) = inbound.message().await {
-        match m.msg {
-            Some(pb::orchestrator_msg::Msg::Registered(_)) => {
-                registered.fetch_add(1, Ordering::SeqCst);
-            }
-            Some(pb::orchestrator_msg::Msg::AssignJob(a)) => {
-                let _ = assigned.send((a.job_id.clone(), Instant::now()));
-                let _ = tx
-                    .send(wm(pb::worker_msg::Msg::JobStarted(pb::JobStarted {
-                        job_id: a.job_id.clone(),
-                        lease_epoch: a.lease_epoch,
-                        pid: 1,
-                        started_at_ms: 0,
-                    })))
-                    .await;
-                let _ = tx
-                    .send(wm(pb::worker_msg::Msg::JobFinished(pb::JobFinished {
-                        job_id: a.job_id,
-                        lease_epoch: a.lease_epoch,
-                        exit_code: Some(0),
-                        ..Default::default()
-                    })))
-                    .await;
-            }
-            _ => {}
-        }
+        .expect("connect");
+    registered.fetch_add(1, Ordering::SeqCst);
+    let _heartbeat = w.heartbeat_every(Duration::from_millis(1000));
+    while let Some(a) = w.next_assign().await {
+        let _ = assigned.send((a.job_id.clone(), Instant::now()));
+        let done = pb::JobFinished {
+            exit_code: Some(0),
+            ..Default::default()
+        };
+        w.run(&a, done).await;
     }
 }
 
@@ -204,7 +151,7 @@ async fn run(workers: usize, gpus: u32, jobs: usize) {
     let (atx, mut arx) = mpsc::unbounded_channel();
     let registered = Arc::new(AtomicUsize::new(0));
     for w in 0..workers {
-        tokio::spawn(sim_worker(
+        fvd_telemetry::spawn(sim_worker(
             channels[w % conns].clone(),
             format!("sim{w:04}"),
             gpus,
@@ -262,6 +209,7 @@ async fn run(workers: usize, gpus: u32, jobs: usize) {
                 compare: None,
                 exclude: Default::default(),
                 preflight: Vec::new(),
+                fvd_writes: Vec::new(),
                 placement: Placement::default(),
                 span: tracing::Span::none(),
             })))

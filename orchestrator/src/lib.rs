@@ -8,6 +8,7 @@
 //! (`""`) and both fvd services once the store is open and the actors are
 //! up; `NOT_SERVING` once an actor has stopped or the server shuts down.
 
+pub mod code;
 pub mod dashboard;
 pub mod embedded;
 pub mod port_api;
@@ -79,6 +80,8 @@ pub struct ServerConfig {
     /// started (a fleet orchestrator). Embedded mode runs only the port it
     /// was started for, so it does not.
     pub resume_on_start: bool,
+    /// No pack of a commit's code larger than this goes to a worker.
+    pub max_code_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -90,6 +93,7 @@ impl Default for ServerConfig {
             heartbeat_interval: Duration::from_secs(1),
             clock: Arc::new(SystemClock),
             resume_on_start: true,
+            max_code_bytes: code::DEFAULT_MAX_PACK_BYTES,
         }
     }
 }
@@ -158,7 +162,7 @@ impl Health {
         &self,
         listener: TcpListener,
     ) -> JoinHandle<Result<(), tonic::transport::Error>> {
-        tokio::spawn(
+        fvd_telemetry::spawn(
             tonic::transport::Server::builder()
                 .add_service(self.service())
                 .serve_with_incoming(TcpListenerStream::new(listener)),
@@ -240,6 +244,8 @@ pub async fn start(
         scheduler: scheduler.clone(),
         heartbeat_interval: config.heartbeat_interval,
         lease_ttl: config.scheduler.lease_ttl,
+        store: store.clone(),
+        max_code_bytes: config.max_code_bytes,
     };
     let ports = port_api::PortApi {
         store: store.clone(),
@@ -252,7 +258,7 @@ pub async fn start(
     health.set(true).await;
     {
         let health = health.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             tokio::select! {
                 _ = scheduler_done => {}
                 _ = orchestrator_done => {}
@@ -268,7 +274,7 @@ pub async fn start(
             .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
             .map_err(ServerError::Tls)?;
     }
-    let serve = tokio::spawn(
+    let serve = fvd_telemetry::spawn(
         builder
             .add_service(WorkerServiceServer::with_interceptor(
                 workers,

@@ -9,7 +9,7 @@ use fvd_actors::orchestrator::{AnswerChoice, OrchestratorMsg, PortError, Submiss
 
 use crate::query::{self, QueryError};
 use fvd_proto::v1 as pb;
-use fvd_store::model::{ComponentRow, GateEventRow, PortEvent};
+use fvd_store::model::{ComponentRow, GateEventRow, PortEvent, PortState};
 use fvd_store::variants::VariantRow;
 use fvd_store::{AttemptRow, EscapeRow, Store, StoreError};
 use ractor::ActorRef;
@@ -33,7 +33,9 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 fn port_status(e: PortError) -> Status {
     match e {
         PortError::InvalidSpec(m) => Status::invalid_argument(m),
-        e @ PortError::FamilyMismatch { .. } => Status::invalid_argument(e.to_string()),
+        e @ (PortError::FamilyMismatch { .. } | PortError::UnknownCommit { .. }) => {
+            Status::invalid_argument(e.to_string())
+        }
         PortError::UnknownFamily(f) => Status::not_found(format!("no port of family {f}")),
         e @ (PortError::Busy(..) | PortError::NotRunning { .. }) => {
             Status::failed_precondition(e.to_string())
@@ -77,7 +79,7 @@ where
 pub(crate) fn component_wire(c: ComponentRow) -> pb::ComponentSnapshot {
     pb::ComponentSnapshot {
         name: c.name,
-        status: c.status,
+        status: c.status.as_str().to_string(),
         reason: c.reason,
         runs: c.runs,
         worker_id: c.worker_id,
@@ -188,8 +190,19 @@ pub(crate) fn gate_wire(g: GateEventRow) -> pb::GateEvent {
     }
 }
 
+/// The W3C `traceparent` a call carried as gRPC metadata, if any.
+fn traceparent<T>(request: &Request<T>) -> Option<String> {
+    request
+        .metadata()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// Whether a port in wire state `state` is running: a watch of one that
+/// is not ends at once.
 fn is_active(state: &str) -> bool {
-    state == fvd_actors::gate::RUNNING
+    state == PortState::Running.as_str()
 }
 
 #[tonic::async_trait]
@@ -200,11 +213,7 @@ impl pb::port_service_server::PortService for PortApi {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         // The caller's trace context, when it sent one: the port's trace
         // continues it.
-        let traceparent = request
-            .metadata()
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let traceparent = traceparent(&request);
         let r = request.into_inner();
         if r.family.is_empty() {
             return Err(Status::invalid_argument("family is empty"));
@@ -215,6 +224,7 @@ impl pb::port_service_server::PortService for PortApi {
             spec_path: r.spec_path,
             spec_toml: r.spec_toml,
             rerun: r.rerun,
+            commit: r.commit,
             traceparent,
         };
         let done = call(&self.orchestrator, |reply| {
@@ -226,6 +236,7 @@ impl pb::port_service_server::PortService for PortApi {
             resumed: done.resumed,
             rerun: done.rerun,
             changes: done.changes,
+            commit: done.commit,
         }))
     }
 
@@ -255,7 +266,7 @@ impl pb::port_service_server::PortService for PortApi {
             .ok_or_else(|| Status::not_found(format!("no port of family {family}")))?;
         let (tx, out) = mpsc::channel(64);
         let store = self.store.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             let send = |e: pb::port_event::Event| pb::PortEvent {
                 family: family.clone(),
                 event: Some(e),
@@ -341,6 +352,7 @@ impl pb::port_service_server::PortService for PortApi {
         &self,
         request: Request<pb::AnswerRequest>,
     ) -> Result<Response<pb::AnswerResponse>, Status> {
+        let traceparent = traceparent(&request);
         let r = request.into_inner();
         let choice = match r.choice {
             Some(pb::answer_request::Choice::Option(n)) => AnswerChoice::Option(n),
@@ -355,6 +367,7 @@ impl pb::port_service_server::PortService for PortApi {
             family: r.family,
             id: r.id,
             choice,
+            traceparent,
             reply,
         })
         .await?;
@@ -380,7 +393,7 @@ impl pb::port_service_server::PortService for PortApi {
         .map_err(query_status)?;
         let mut chunks = query::log_pump(self.store.clone(), job.job_id, r.follow);
         let (tx, out) = mpsc::channel(64);
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             while let Some(c) = chunks.recv().await {
                 let wire = c
                     .map(|(stream, data)| pb::LogChunk { stream, data })

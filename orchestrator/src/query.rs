@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use fvd_proto::v1 as pb;
-use fvd_store::model::JobRecord;
 use fvd_store::model::Worktree;
+use fvd_store::model::{JobRecord, JobState};
 use fvd_store::traces::TraceInvestigation;
 use fvd_store::{AttemptRow, Store, StoreError};
 use tokio::sync::mpsc;
@@ -78,7 +78,7 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     Ok(Some(pb::PortSnapshot {
         escapes: escapes.into_iter().map(escape_wire).collect(),
         family: port.family,
-        state: port.state,
+        state: port.state.as_str().to_string(),
         phase: port.phase,
         components: components
             .into_iter()
@@ -168,7 +168,7 @@ pub fn log_pump_after(
     after: Option<u64>,
 ) -> mpsc::Receiver<Result<(i32, Vec<u8>), StoreError>> {
     let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(async move {
+    fvd_telemetry::spawn(async move {
         let mut last: Option<u64> = after;
         loop {
             // Read the state before the chunks: a run that was over by then
@@ -176,7 +176,7 @@ pub fn log_pump_after(
             // Over is anything but waiting or running: finished, cut off,
             // failed on its environment, never placed.
             let ended = match store.job(&job_id).await {
-                Ok(Some(j)) => !matches!(j.state.as_str(), "queued" | "running"),
+                Ok(Some(j)) => !matches!(j.state, JobState::Queued | JobState::Running),
                 Ok(None) => true,
                 Err(e) => {
                     let _ = tx.send(Err(e)).await;

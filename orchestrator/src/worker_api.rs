@@ -1,6 +1,7 @@
 //! `WorkerService`: the gRPC edge for workers. Handlers only convert wire
 //! types to domain types and forward them to the scheduler actor; leases,
-//! fencing and state live there.
+//! fencing and state live there. A worker's `FetchCode` is answered here,
+//! beside the stream, by [`crate::code`] (git, never the scheduler).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,7 +11,8 @@ use std::time::Duration;
 
 use fvd_actors::scheduler::SchedulerMsg;
 use fvd_proto::v1 as pb;
-use fvd_store::model::{CollectedFile, GpuInfo, JobReport, ToWorker, WorkerInfo};
+use fvd_store::Store;
+use fvd_store::model::{CollectedFile, GpuInfo, JobReport, JunitStatus, ToWorker, WorkerInfo};
 use ractor::ActorRef;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
@@ -25,7 +27,13 @@ pub struct WorkerApi {
     pub scheduler: ActorRef<SchedulerMsg>,
     pub heartbeat_interval: Duration,
     pub lease_ttl: Duration,
+    /// Read by `FetchCode`: which job runs which commit of which repository.
+    pub store: Store,
+    /// No pack larger than this is sent ([`crate::code::DEFAULT_MAX_PACK_BYTES`]).
+    pub max_code_bytes: u64,
 }
+
+type OutTx = mpsc::Sender<Result<pb::OrchestratorMsg, Status>>;
 
 type OutStream = Pin<Box<dyn Stream<Item = Result<pb::OrchestratorMsg, Status>> + Send>>;
 
@@ -72,7 +80,8 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             .map_err(|_| Status::unavailable("scheduler is down"))?;
 
         // Scheduler → worker: domain messages become wire messages here.
-        tokio::spawn(async move {
+        let code_tx = out_tx.clone();
+        fvd_telemetry::spawn(async move {
             while let Some(m) = from_scheduler.recv().await {
                 if out_tx.send(Ok(to_wire(m))).await.is_err() {
                     break;
@@ -82,9 +91,21 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
 
         // Worker → scheduler, until the stream ends.
         let scheduler = self.scheduler.clone();
-        tokio::spawn(async move {
+        let (store, max_code_bytes) = (self.store.clone(), self.max_code_bytes);
+        fvd_telemetry::spawn(async move {
             loop {
                 match inbound.message().await {
+                    Ok(Some(pb::WorkerMsg {
+                        msg: Some(pb::worker_msg::Msg::FetchCode(f)),
+                    })) => {
+                        fvd_telemetry::spawn(serve_code(
+                            store.clone(),
+                            worker_id.clone(),
+                            f,
+                            max_code_bytes,
+                            code_tx.clone(),
+                        ));
+                    }
                     Ok(Some(m)) => {
                         if let Some(msg) = from_wire(&worker_id, m)
                             && scheduler.cast(msg).is_err()
@@ -108,6 +129,44 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
     }
 }
 
+/// Answers one `FetchCode` with `CodeChunk`s: the pack's pieces, then one
+/// marked `last`, or one carrying the error.
+async fn serve_code(store: Store, worker_id: String, f: pb::FetchCode, max: u64, out: OutTx) {
+    let chunk = |data: Vec<u8>, last: bool, error: String| {
+        Ok(pb::OrchestratorMsg {
+            msg: Some(pb::orchestrator_msg::Msg::CodeChunk(pb::CodeChunk {
+                request_id: f.request_id,
+                data,
+                last,
+                error,
+            })),
+        })
+    };
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(4);
+    let serve = async {
+        let r =
+            crate::code::serve(&store, &worker_id, &f.job_id, &f.commit, &f.have, max, &tx).await;
+        drop(tx);
+        r
+    };
+    let forward = async {
+        while let Some(data) = rx.recv().await {
+            if out.send(chunk(data, false, String::new())).await.is_err() {
+                return;
+            }
+        }
+    };
+    let (served, ()) = tokio::join!(serve, forward);
+    let end = match served {
+        Ok(_) => chunk(Vec::new(), true, String::new()),
+        Err(e) => {
+            tracing::warn!(worker = %worker_id, job = %f.job_id, commit = %f.commit, error = %e, "could not serve the code of a commit");
+            chunk(Vec::new(), false, e.to_string())
+        }
+    };
+    let _ = out.send(end).await;
+}
+
 fn worker_info(reg: pb::Register) -> Result<WorkerInfo, Status> {
     if reg.worker_id.is_empty() {
         return Err(Status::invalid_argument("register.worker_id is empty"));
@@ -127,6 +186,7 @@ fn worker_info(reg: pb::Register) -> Result<WorkerInfo, Status> {
             .collect(),
         cpu_slots: reg.cpu_slots.max(1),
         labels: reg.labels.into_iter().collect::<BTreeMap<_, _>>(),
+        provides: reg.provides,
     })
 }
 
@@ -146,6 +206,12 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
             collect_env: a.collect_env.unwrap_or_default(),
             preflight: a.preflight,
             preflight_key: a.preflight_key,
+            family: a.family,
+            component: a.component,
+            commit: a.commit,
+            code_prefix: a.code_prefix,
+            worker_paths: a.worker_paths,
+            fvd_writes: a.fvd_writes,
             compare: a.compare.map(|c| pb::TraceCompare {
                 reference: c.reference,
                 port: c.port,
@@ -183,6 +249,8 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                 .collect(),
         },
         pb::worker_msg::Msg::Drain(_) => SchedulerMsg::Drain { worker_id },
+        // Answered by the stream's reader itself (`serve_code`).
+        pb::worker_msg::Msg::FetchCode(_) => return None,
         pb::worker_msg::Msg::JobStarted(s) => SchedulerMsg::Started {
             worker_id,
             job_id: s.job_id,
@@ -200,6 +268,7 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
         },
         pb::worker_msg::Msg::JobFinished(f) => {
             let wire_bytes = prost::Message::encoded_len(&f) as u64;
+            let junit_status = junit_status(&f);
             let (files, files_error) = checked_files(&worker_id, f.files, f.files_error);
             SchedulerMsg::Finished {
                 worker_id,
@@ -211,8 +280,9 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                     timed_out: f.timed_out,
                     cancelled: f.cancelled,
                     duration_ms: f.duration_ms,
-                    junit_xml: (f.junit_error.is_empty() && !f.junit_xml.is_empty())
+                    junit_xml: (junit_status == JunitStatus::Read && !f.junit_xml.is_empty())
                         .then_some(f.junit_xml),
+                    junit_status,
                     junit_error: f.junit_error,
                     output_tail: f.output_tail,
                     survivors: f.survivors,
@@ -231,6 +301,26 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
             }
         }
     })
+}
+
+/// What became of the job's JUnit report. A worker older than
+/// `junit_status` sends none: then a report with no error was read (or none
+/// was asked for) and one with an error is unreadable; its words are not
+/// parsed.
+fn junit_status(f: &pb::JobFinished) -> JunitStatus {
+    match pb::JunitStatus::try_from(f.junit_status) {
+        Ok(pb::JunitStatus::NotRequested) => JunitStatus::NotRequested,
+        Ok(pb::JunitStatus::Read) => JunitStatus::Read,
+        Ok(pb::JunitStatus::Missing) => JunitStatus::Missing,
+        Ok(pb::JunitStatus::Unreadable) => JunitStatus::Unreadable,
+        Ok(pb::JunitStatus::Unspecified) | Err(_) => {
+            match (f.junit_error.is_empty(), f.junit_xml.is_empty()) {
+                (false, _) => JunitStatus::Unreadable,
+                (true, false) => JunitStatus::Read,
+                (true, true) => JunitStatus::NotRequested,
+            }
+        }
+    }
 }
 
 /// The files a worker sent back, kept only if every path stays inside the
@@ -288,6 +378,46 @@ mod tests {
             Some(SchedulerMsg::Finished { report, .. }) => report,
             other => panic!("not a result: {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_junit_status_crosses_the_wire_and_an_older_worker_is_understood() {
+        let with = |status: pb::JunitStatus, xml: &str, error: &str| {
+            let mut m = finished(&[]);
+            if let Some(pb::worker_msg::Msg::JobFinished(f)) = &mut m.msg {
+                f.junit_status = status.into();
+                f.junit_xml = xml.into();
+                f.junit_error = error.into();
+            }
+            let r = report(m);
+            (r.junit_status, r.junit_xml)
+        };
+        let xml = Some("<testsuite/>".to_string());
+        assert_eq!(
+            with(pb::JunitStatus::Read, "<testsuite/>", ""),
+            (JunitStatus::Read, xml.clone())
+        );
+        assert_eq!(
+            with(pb::JunitStatus::Read, "", ""),
+            (JunitStatus::Read, None)
+        );
+        assert_eq!(
+            with(pb::JunitStatus::Missing, "", "junit file j was not written"),
+            (JunitStatus::Missing, None)
+        );
+        assert_eq!(
+            with(pb::JunitStatus::Unreadable, "", "denied"),
+            (JunitStatus::Unreadable, None)
+        );
+        assert_eq!(
+            with(pb::JunitStatus::NotRequested, "", ""),
+            (JunitStatus::NotRequested, None)
+        );
+        // A worker older than the field sends no status.
+        let older = pb::JunitStatus::Unspecified;
+        assert_eq!(with(older, "<testsuite/>", ""), (JunitStatus::Read, xml));
+        assert_eq!(with(older, "", ""), (JunitStatus::NotRequested, None));
+        assert_eq!(with(older, "", "denied"), (JunitStatus::Unreadable, None));
     }
 
     #[test]

@@ -133,12 +133,14 @@ async fn a_worker_is_ready_while_registered_and_alive_until_it_stops() {
         max_backoff: Duration::from_millis(200),
         token: Some(token.clone()),
         tls_ca: None,
+        provides: Vec::new(),
+        code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
     };
     let link = LinkReporter::default();
     let listener = HealthListener::bind("127.0.0.1:0").await.unwrap();
     let health_addr = listener.addr;
     let health_stop = CancellationToken::new();
-    let health = tokio::spawn(listener.serve(link.clone(), health_stop.clone()));
+    let health = fvd_telemetry::spawn(listener.serve(link.clone(), health_stop.clone()));
     let mut probe = client(health_addr).await;
     // Not yet dialled: alive, not ready.
     assert_eq!(check(&mut probe, "").await, ServingStatus::NotServing);
@@ -146,7 +148,7 @@ async fn a_worker_is_ready_while_registered_and_alive_until_it_stops() {
 
     let shutdown = CancellationToken::new();
     let drain = CancellationToken::new();
-    let worker = tokio::spawn(fvd_worker::client::run_reporting(
+    let worker = fvd_telemetry::spawn(fvd_worker::client::run_reporting(
         config,
         shutdown.clone(),
         drain.clone(),
@@ -213,14 +215,16 @@ async fn a_stopping_worker_is_neither_ready_nor_alive() {
         max_backoff: Duration::from_millis(200),
         token: None,
         tls_ca: None,
+        provides: Vec::new(),
+        code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
     };
     let link = LinkReporter::default();
     let listener = HealthListener::bind("127.0.0.1:0").await.unwrap();
     let mut probe = client(listener.addr).await;
     let health_stop = CancellationToken::new();
-    let health = tokio::spawn(listener.serve(link.clone(), health_stop.clone()));
+    let health = fvd_telemetry::spawn(listener.serve(link.clone(), health_stop.clone()));
     let shutdown = CancellationToken::new();
-    let worker = tokio::spawn(fvd_worker::client::run_reporting(
+    let worker = fvd_telemetry::spawn(fvd_worker::client::run_reporting(
         config,
         shutdown.clone(),
         CancellationToken::new(),

@@ -39,12 +39,16 @@ pub struct Placement {
     pub gpu_memory_mib: u64,
     /// The worker carries every one of these labels with the same value.
     pub labels: BTreeMap<String, String>,
+    /// Paths relative to the port folder that the worker must have for the
+    /// job (weights: large untracked files code by commit does not ship),
+    /// sorted: `[defaults] worker_paths` and the component's own.
+    pub worker_paths: Vec<String>,
 }
 
 impl Placement {
     /// Whether the job constrains the worker beyond a GPU count.
     pub fn is_constrained(&self) -> bool {
-        self.gpu_memory_mib > 0 || !self.labels.is_empty()
+        self.gpu_memory_mib > 0 || !self.labels.is_empty() || !self.worker_paths.is_empty()
     }
 }
 
@@ -289,6 +293,10 @@ struct RawDefaults {
     set_env: BTreeMap<String, String>,
     #[serde(default)]
     preflight: Vec<String>,
+    /// Paths (relative to the port folder) every worker of the port must
+    /// have: `fvd worker --provide PATH=DIR`.
+    #[serde(default)]
+    worker_paths: Vec<String>,
 }
 
 /// `parity_test = "a.py"` or `parity_test = ["a.py", "b.py"]`.
@@ -324,6 +332,9 @@ struct RawComponent {
     gpu_memory_mib: Option<u64>,
     /// Labels the worker must carry (`fvd worker --label KEY=VALUE`).
     labels: Option<BTreeMap<String, String>>,
+    /// Paths the worker must have besides `[defaults] worker_paths`.
+    #[serde(default)]
+    worker_paths: Vec<String>,
     confirm_runs: Option<u32>,
     /// Validated while deserializing, so its errors carry line and column.
     trace: Option<crate::trace_spec::TraceSpec>,
@@ -587,6 +598,15 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         if command.is_empty() {
             return Err(invalid(format!("component {name}: command is empty")));
         }
+        let mut worker_paths: Vec<String> = raw.defaults.worker_paths.clone();
+        worker_paths.extend(c.worker_paths);
+        for p in &worker_paths {
+            if let Err(e) = worker_path(p) {
+                return Err(invalid(format!("component {name}: worker_paths: {e}")));
+            }
+        }
+        worker_paths.sort();
+        worker_paths.dedup();
         let confirm_runs = c.confirm_runs.or(raw.defaults.confirm_runs).unwrap_or(1);
         if confirm_runs == 0 {
             return Err(invalid(format!(
@@ -612,6 +632,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 priority: raw.defaults.priority.unwrap_or(0),
                 gpu_memory_mib: c.gpu_memory_mib.unwrap_or(0),
                 labels: c.labels.unwrap_or_default(),
+                worker_paths,
             },
             confirm_runs,
             trace: c.trace,
@@ -681,6 +702,26 @@ fn variants(
         out.push(VariantSpec { name, env: v.env });
     }
     Ok(out)
+}
+
+/// A `worker_paths` entry: a relative path inside the port folder, written
+/// with `/`, without `.` or `..` parts, so that a worker can link it into a
+/// checkout at one place and placement can compare it with what workers
+/// provide as plain strings.
+pub fn worker_path(p: &str) -> Result<(), String> {
+    let parts: Vec<&str> = p.split('/').collect();
+    if p.is_empty()
+        || p.starts_with('/')
+        || parts
+            .iter()
+            .any(|x| x.is_empty() || *x == "." || *x == ".." || x.contains('\\'))
+    {
+        return Err(format!(
+            "{} is not a relative path inside the port folder (parts joined by /, no . or .., no trailing /)",
+            fvd_paths::shown(p)
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn is_env_name(s: &str) -> bool {
@@ -783,6 +824,32 @@ env = ["HF_TOKEN"]
         assert_eq!(p.priority, 3);
         assert_eq!(p.gpu_memory_mib, 40_000);
         assert_eq!(p.labels.get("site").map(String::as_str), Some("a"));
+        assert!(p.worker_paths.is_empty());
+    }
+
+    #[test]
+    fn worker_paths_join_the_defaults_and_the_component_and_stay_inside() {
+        let text = GOOD
+            .replace(
+                "[[component]]",
+                "[defaults]\nworker_paths = [\"official_weights/tiny\"]\n\n[[component]]",
+            )
+            .replace(
+                "env = [\"HF_TOKEN\"]",
+                "env = [\"HF_TOKEN\"]\nworker_paths = [\"data/a.bin\", \"official_weights/tiny\"]",
+            );
+        let s = parse(Path::new("port.toml"), &text).unwrap();
+        let p = &s.components[0].placement;
+        assert_eq!(p.worker_paths, ["data/a.bin", "official_weights/tiny"]);
+        assert!(p.is_constrained());
+        for bad in ["/abs", "../up", "a/../b", "a//b", "a/", "./a", ""] {
+            let t = text.replace("data/a.bin", bad);
+            let err = parse(Path::new("port.toml"), &t).unwrap_err().to_string();
+            assert!(
+                err.contains("worker_paths") && err.contains("is not a relative path"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

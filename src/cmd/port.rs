@@ -16,6 +16,7 @@ use fvd_proto::auth::{ClientAuth, Token};
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::port_service_client::PortServiceClient;
 use fvd_store::Store;
+use fvd_store::model::{ComponentStatus, PortState};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -43,6 +44,10 @@ pub struct SubmitArgs {
     /// Run every component again instead of resuming recorded verdicts.
     #[arg(long)]
     pub rerun: bool,
+    /// Pin the port to this commit (any revision git understands) instead
+    /// of the checkout's HEAD, or a snapshot of its uncommitted changes.
+    #[arg(long, value_name = "REV")]
+    pub commit: Option<String>,
     /// Start and write nothing: check the spec and the gate's P0/P2
     /// conditions, show the PORT_STATUS.md rows each component matches and
     /// the diff fvd would write there now from the recorded state.
@@ -218,26 +223,68 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
     }
     let spec_toml = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("cannot read {}", spec_path.display()))?;
+    let rt = runtime()?;
+    // The commit every job of the port runs (README "Running on a fleet").
+    let fvd_writes: Vec<String> = parsed
+        .prep
+        .get("port_state_file")
+        .into_iter()
+        .cloned()
+        .collect();
+    let pin = rt.block_on(fvd_workspace::commit::pin(
+        &repo,
+        &args.family,
+        args.commit.as_deref(),
+        &fvd_writes,
+    ));
+    let commit = match pin {
+        Ok(Some(p)) => {
+            match &p.snapshot {
+                Some(name) => say(format_args!(
+                    "port {} runs commit {}: a snapshot of the uncommitted changes on top of HEAD, kept as {name} (the checkout, its index and HEAD are untouched)",
+                    args.family,
+                    &p.sha[..12]
+                )),
+                None => say(format_args!(
+                    "port {} runs commit {}",
+                    args.family,
+                    &p.sha[..12]
+                )),
+            }
+            p.sha
+        }
+        Ok(None) => String::new(),
+        Err(e) => {
+            eprintln!("fvd: error: {e}");
+            return Ok(Exit::Usage);
+        }
+    };
     let request = pb::SubmitRequest {
         family: args.family.clone(),
         repo: repo.display().to_string(),
         spec_path: spec_path.display().to_string(),
         spec_toml,
         rerun: args.rerun,
+        commit,
     };
-    // The port's trace continues this command's span, which continues the
-    // caller's (an agent's `TRACEPARENT`) when there is one.
+    let rt = runtime()?;
+    // The port's run continues this command's span, which continues the
+    // port's trace (an embedded resume, read from the port's state here)
+    // or the caller's (an agent's `TRACEPARENT`).
     let span = tracing::info_span!(
         "submit",
         family = %args.family,
         embedded = args.orchestrator.is_none()
     );
-    if let Ok(tp) = std::env::var(fvd_telemetry::TRACEPARENT) {
-        fvd_telemetry::set_parent(&span, &tp);
+    if !span.is_disabled() {
+        let stored = match &args.orchestrator {
+            None => rt.block_on(stored_trace(&repo, &args.family)),
+            Some(_) => None,
+        };
+        continue_trace(&span, stored, args.rerun);
     }
     // `block_on` polls the command's future on this thread, inside the span.
     let _in_span = span.enter();
-    let rt = runtime()?;
     rt.block_on(async move {
         match args.orchestrator {
             Some(url) => {
@@ -273,6 +320,23 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
         },
     };
     let rt = runtime()?;
+    // `fvd answer` resumes the port: its span continues the port's trace
+    // (read from the port's state in embedded mode), and the resumed run
+    // hangs under it.
+    let span = tracing::info_span!(
+        "answer",
+        family = %args.family,
+        id = %request.id,
+        embedded = args.orchestrator.is_none()
+    );
+    if !span.is_disabled() {
+        let stored = match (&args.orchestrator, args.repo.canonicalize()) {
+            (None, Ok(repo)) => rt.block_on(stored_trace(&repo, &args.family)),
+            _ => None,
+        };
+        continue_trace(&span, stored, false);
+    }
+    let _in_span = span.enter();
     rt.block_on(async move {
         match &args.orchestrator {
             Some(url) => {
@@ -297,9 +361,30 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
     })
 }
 
+/// The trace context stored with an embedded port, if the repository has
+/// fvd state and the port recorded one. Telemetry never fails a command:
+/// an unreadable state is no context.
+async fn stored_trace(repo: &Path, family: &str) -> Option<String> {
+    let db = state_db(repo);
+    if !db.is_file() {
+        return None;
+    }
+    let store = Store::open_path(&db).await.ok()?;
+    store.port_traceparent(family).await.ok().flatten()
+}
+
+/// Hangs this command's span where the port's run belongs: under the
+/// port's stored trace (`stored`), linking the caller's `TRACEPARENT`, or
+/// under the caller's when the port has none or `rerun` starts it over; a
+/// caller who does not sample is honoured.
+fn continue_trace(span: &tracing::Span, stored: Option<String>, rerun: bool) {
+    let caller = std::env::var(fvd_telemetry::TRACEPARENT).ok();
+    fvd_telemetry::Continuation::decide(stored.as_deref(), caller.as_deref(), rerun).apply(span);
+}
+
 async fn send_answer(client: &mut Client, request: pb::AnswerRequest) -> anyhow::Result<()> {
     let r = client
-        .answer(request)
+        .answer(traced(request))
         .await
         .map_err(status_err)?
         .into_inner();
@@ -351,8 +436,15 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
     super::embedded::state_dir(repo)?;
     let db = state_db(repo);
     let store = Store::open_path(&db).await?;
+    let spec = match &action {
+        Action::Submit(r) => Some((r.spec_path.clone(), r.spec_toml.clone())),
+        Action::Answer(_) => store
+            .port(&family)
+            .await?
+            .map(|p| (p.spec_path, p.spec_toml)),
+    };
     // The worker's address and token are the embedded server's own.
-    let worker = local_worker_config(
+    let mut worker = local_worker_config(
         String::new(),
         repo.join(".fvd").join("worker"),
         &local.gpus,
@@ -362,6 +454,7 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
         None,
     )
     .await?;
+    worker.provides = embedded_provides(repo, spec);
     let embedded = fvd_orchestrator::embedded::Embedded::start(store, worker).await?;
     // The token is in the run file for the owner's own `fvd cancel`.
     let _run_file =
@@ -388,6 +481,40 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
     };
     embedded.stop().await;
     code
+}
+
+/// What embedded mode's worker provides: the spec's `worker_paths` that
+/// this machine's checkout has (it runs the jobs there, or links them into
+/// a checkout of its own when the checkout has moved on from the port's
+/// commit). A path the checkout lacks is not provided, so the scheduler
+/// says at once which path is missing.
+fn embedded_provides(
+    repo: &Path,
+    spec: Option<(String, String)>,
+) -> Vec<fvd_worker::code::Provide> {
+    let Some((path, text)) = spec else {
+        return Vec::new();
+    };
+    let Ok(spec) = fvd_spec::parse(Path::new(&path), &text) else {
+        return Vec::new();
+    };
+    let mut paths: Vec<String> = spec
+        .components
+        .iter()
+        .flat_map(|c| c.placement.worker_paths.iter().cloned())
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
+        .into_iter()
+        .filter_map(|p| {
+            let at = repo.join(&p);
+            at.exists().then_some(fvd_worker::code::Provide {
+                path: p,
+                target: Some(at),
+            })
+        })
+        .collect()
 }
 
 /// Prints a line on stdout; a reader that went away (`fvd submit | head`)
@@ -424,12 +551,15 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<Exit> {
 /// 0 when every component is `non_skip_pass`, 3 when the port paused on
 /// questions, 4 when it waits for a fixed environment, 1 otherwise.
 fn outcome(snap: &pb::PortSnapshot) -> Exit {
-    if snap.state == fvd_actors::gate::ENVIRONMENT {
+    if snap.state == PortState::Environment.as_str() {
         Exit::Environment
-    } else if snap.state == fvd_actors::gate::ASK_USER {
+    } else if snap.state == PortState::AskUser.as_str() {
         Exit::AskUser
     } else if !snap.components.is_empty()
-        && snap.components.iter().all(|c| c.status == "non_skip_pass")
+        && snap
+            .components
+            .iter()
+            .all(|c| c.status == ComponentStatus::NonSkipPass.as_str())
     {
         Exit::Success
     } else {
@@ -459,10 +589,11 @@ impl Progress {
         if c.runs > 0 {
             line.push_str(&format!("  run {}", c.runs));
         }
-        if !c.worker_id.is_empty() && c.status == "running" {
+        let running = c.status == ComponentStatus::Running.as_str();
+        if !c.worker_id.is_empty() && running {
             line.push_str(&format!(" on {}", c.worker_id));
         }
-        if !c.reason.is_empty() && c.status != "running" {
+        if !c.reason.is_empty() && !running {
             line.push_str(&format!("  {}", c.reason));
         }
         let Some((mp, bars)) = &self.bars else {
@@ -480,9 +611,13 @@ impl Progress {
             b.enable_steady_tick(Duration::from_millis(120));
             b
         });
-        match c.status.as_str() {
-            "non_skip_pass" => bar.finish_with_message(format!("\x1b[32m{line}\x1b[0m")),
-            "blocked" => bar.finish_with_message(format!("\x1b[31m{line}\x1b[0m")),
+        match c.status.parse() {
+            Ok(ComponentStatus::NonSkipPass) => {
+                bar.finish_with_message(format!("\x1b[32m{line}\x1b[0m"))
+            }
+            Ok(ComponentStatus::Blocked) => {
+                bar.finish_with_message(format!("\x1b[31m{line}\x1b[0m"))
+            }
             _ => bar.set_message(line),
         }
     }
@@ -538,7 +673,7 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             say(format_args!("    {}", variant_line(v)));
         }
     }
-    for (cause, names) in grouped(s, "environment", "") {
+    for (cause, names) in grouped(s, ComponentStatus::Environment, "") {
         let n = names.len();
         say(format_args!(
             "{n} component{} could not run on {cause} ({})",
@@ -546,7 +681,7 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             names.join(", ")
         ));
     }
-    for (cause, names) in grouped(s, "blocked", "unplaced: ") {
+    for (cause, names) in grouped(s, ComponentStatus::Blocked, "unplaced: ") {
         let n = names.len();
         say(format_args!(
             "{n} component{} cannot run on this machine: {cause} ({})",
@@ -554,7 +689,7 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             names.join(", ")
         ));
     }
-    if s.state == fvd_actors::gate::ENVIRONMENT {
+    if s.state == PortState::Environment.as_str() {
         say(format_args!(
             "  fix the environment of that worker (or start one that has it) and run fvd submit --family {} again: nothing was counted against the components",
             s.family
@@ -613,9 +748,13 @@ fn variant_line(v: &pb::VariantRow) -> String {
 /// the rest of it (the cause: `worker W: No module named 'torch'`, `needs 1
 /// GPU; this machine has none: …`), causes in order of first appearance:
 /// what the machine lacks is said once, not once per component.
-fn grouped(s: &pb::PortSnapshot, status: &str, prefix: &str) -> Vec<(String, Vec<String>)> {
+fn grouped(
+    s: &pb::PortSnapshot,
+    status: ComponentStatus,
+    prefix: &str,
+) -> Vec<(String, Vec<String>)> {
     let mut out: Vec<(String, Vec<String>)> = Vec::new();
-    for c in s.components.iter().filter(|c| c.status == status) {
+    for c in s.components.iter().filter(|c| c.status == status.as_str()) {
         let Some(cause) = c.reason.strip_prefix(prefix) else {
             continue;
         };
@@ -975,10 +1114,10 @@ pub async fn client(
     ))
 }
 
-/// The submit call, carrying the trace context as W3C `traceparent` gRPC
-/// metadata: this process's span when it exports, else an inherited
-/// `TRACEPARENT`, else none (the port starts its own trace).
-fn traced(request: pb::SubmitRequest) -> tonic::Request<pb::SubmitRequest> {
+/// A submit or answer call, carrying the trace context as W3C `traceparent`
+/// gRPC metadata: this process's span when it exports, else an inherited
+/// `TRACEPARENT`, else none (the port continues or starts its own trace).
+fn traced<T>(request: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(request);
     let context = fvd_telemetry::current_traceparent()
         .or_else(|| std::env::var(fvd_telemetry::TRACEPARENT).ok());

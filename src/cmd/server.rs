@@ -93,6 +93,10 @@ pub struct ServeArgs {
     /// main listener speaks TLS). The main listener answers them too.
     #[arg(long, value_name = "ADDR")]
     pub health_listen: Option<String>,
+    /// Largest pack of a commit's code sent to a worker that cannot see the
+    /// checkout, in MiB; a larger one fails the job on that worker.
+    #[arg(long, default_value_t = 2048, value_name = "MIB")]
+    pub max_code_mib: u64,
 }
 
 #[derive(Debug, Args)]
@@ -119,6 +123,16 @@ pub struct WorkerArgs {
     /// repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// A path the port specs' `worker_paths` may ask for (weights), relative
+    /// to a port folder, and where it is here: PATH=DIR, linked into this
+    /// worker's checkouts of code by commit. Plain PATH: only in a checkout
+    /// this worker shares with the orchestrator. Repeatable.
+    #[arg(long = "provide", value_name = "PATH[=DIR]", value_parser = fvd_worker::code::Provide::parse)]
+    pub provides: Vec<fvd_worker::code::Provide>,
+    /// Cap of the total size of this worker's checkouts of code by commit
+    /// (WORKSPACE/code/checkouts), in MiB; the least recently used go first.
+    #[arg(long, default_value_t = 20480, value_name = "MIB")]
+    pub code_cache_mib: u64,
     #[command(flatten)]
     pub token: TokenArgs,
     #[command(flatten)]
@@ -261,6 +275,8 @@ pub async fn local_worker_config(
         max_backoff: Duration::from_secs(5),
         token,
         tls_ca,
+        provides: Vec::new(),
+        code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
     })
 }
 
@@ -284,6 +300,7 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
         let mut config = fvd_orchestrator::ServerConfig {
             token: token.clone(),
             tls,
+            max_code_bytes: args.max_code_mib.saturating_mul(1024 * 1024),
             ..Default::default()
         };
         config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
@@ -358,6 +375,8 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         )
         .await?;
         config.labels = args.labels.into_iter().collect();
+        config.provides = args.provides;
+        config.code_cache_bytes = args.code_cache_mib.saturating_mul(1024 * 1024);
         println!(
             "fvd worker {} with {} GPU(s) and {} CPU slot(s) dialing {}",
             config.worker_id,
@@ -367,7 +386,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         );
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             interrupted().await;
             stop.cancel();
         });
@@ -377,7 +396,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         let mut usr1 =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
                 .context("cannot listen for SIGUSR1")?;
-        tokio::spawn(async move {
+        fvd_telemetry::spawn(async move {
             usr1.recv().await;
             on_usr1.cancel();
         });
@@ -387,7 +406,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
             Some(addr) => {
                 let listener = fvd_worker::health::HealthListener::bind(addr).await?;
                 tracing::info!(addr = %listener.addr, "answering health checks");
-                Some(tokio::spawn(
+                Some(fvd_telemetry::spawn(
                     listener.serve(link.clone(), health_stop.clone()),
                 ))
             }

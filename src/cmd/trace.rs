@@ -138,7 +138,11 @@ fn run_compare(a: CompareArgs) -> anyhow::Result<Exit> {
         report
             .first_divergence
             .as_ref()
-            .map(|f| (f.reference_module.as_str(), f.stat.as_str())),
+            .map(|f| fvd_telemetry::spans::Divergence {
+                port_module: &f.port_module,
+                reference_module: &f.reference_module,
+                stat: &f.stat,
+            }),
     );
     drop(span);
     if let Some(path) = &a.plot {

@@ -6,7 +6,7 @@ CREATE TABLE ports (
     repo             TEXT NOT NULL,
     spec_path        TEXT NOT NULL,
     spec_toml        TEXT NOT NULL,
-    state            TEXT NOT NULL,   -- in_progress | blocked | complete | cancelled
+    state            TEXT NOT NULL,   -- fvd_store::states::PortState: running | ask_user | environment | waiting | blocked | cancelled
     phase            TEXT NOT NULL,   -- P0..P11
     port_status_path TEXT NOT NULL DEFAULT '',
     created_ms       INTEGER NOT NULL,
@@ -16,7 +16,7 @@ CREATE TABLE ports (
 CREATE TABLE components (
     family     TEXT NOT NULL REFERENCES ports(family),
     name       TEXT NOT NULL,
-    status     TEXT NOT NULL,          -- pending | queued | running | non_skip_pass | blocked | ...
+    status     TEXT NOT NULL,          -- fvd_store::states::ComponentStatus: pending | queued | running | confirming | tracing | agent | ask_user | environment | non_skip_pass | blocked
     verdict    TEXT NOT NULL DEFAULT '',
     reason     TEXT NOT NULL DEFAULT '',
     runs       INTEGER NOT NULL DEFAULT 0,
@@ -30,7 +30,7 @@ CREATE TABLE jobs (
     family       TEXT NOT NULL,
     component    TEXT NOT NULL,
     run_no       INTEGER NOT NULL,
-    state        TEXT NOT NULL,        -- queued | running | finished | abandoned
+    state        TEXT NOT NULL,        -- fvd_store::states::JobState: queued | running | finished | environment | unplaced | abandoned
     lease_epoch  INTEGER NOT NULL DEFAULT 0,
     worker_id    TEXT NOT NULL DEFAULT '',
     argv         TEXT NOT NULL,        -- JSON list

@@ -13,6 +13,7 @@ use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
 use super::{MIGRATIONS, Store, StoreError};
+use crate::states::JobState;
 
 /// When a port was first submitted and last changed.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -28,8 +29,8 @@ pub struct ComponentTimes {
     pub updated_ms: i64,
     /// Run number of the latest run; 0 when it never ran.
     pub run_no: u32,
-    /// `queued`, `running`, `finished` or `abandoned`; empty when none.
-    pub job_state: String,
+    /// The latest run's state; `None` when it never ran.
+    pub job_state: Option<JobState>,
     pub gpus_needed: u32,
     /// Host GPU indices the latest run was leased.
     pub gpus: Vec<u32>,
@@ -144,24 +145,31 @@ impl Store {
             .bind(family)
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows
-            .iter()
+        rows.iter()
             .map(|r| {
                 let gpus: Option<String> = r.get("gpus");
-                (
+                let job_state = r
+                    .get::<Option<String>, _>("state")
+                    .map(|s| s.parse::<JobState>())
+                    .transpose()
+                    .map_err(|source| StoreError::State {
+                        column: "jobs.state",
+                        source,
+                    })?;
+                Ok((
                     r.get("name"),
                     ComponentTimes {
                         updated_ms: r.get("updated_ms"),
                         run_no: r.get::<Option<i64>, _>("run_no").unwrap_or(0) as u32,
-                        job_state: r.get::<Option<String>, _>("state").unwrap_or_default(),
+                        job_state,
                         gpus_needed: r.get::<Option<i64>, _>("gpus_needed").unwrap_or(0) as u32,
                         gpus: gpus.as_deref().map(gpus_of).unwrap_or_default(),
                         started_ms: r.get("started_ms"),
                         finished_ms: r.get("finished_ms"),
                     },
-                )
+                ))
             })
-            .collect())
+            .collect()
     }
 
     /// The `workers` table, by worker id.
@@ -190,7 +198,8 @@ impl Store {
 
     /// Runs the store records as `running` (holding a lease), oldest first.
     pub async fn leased_jobs(&self) -> Result<Vec<LeasedJob>, StoreError> {
-        let rows = sqlx::query("SELECT job_id, family, component, worker_id, lease_epoch, gpus, started_ms FROM jobs WHERE state = 'running' ORDER BY started_ms, job_id")
+        let rows = sqlx::query("SELECT job_id, family, component, worker_id, lease_epoch, gpus, started_ms FROM jobs WHERE state = ? ORDER BY started_ms, job_id")
+            .bind(JobState::Running.as_str())
             .fetch_all(&self.pool)
             .await?;
         Ok(rows
@@ -222,7 +231,7 @@ mod tests {
             .create_port(
                 &PortRow {
                     family: "p".into(),
-                    state: "running".into(),
+                    state: crate::states::PortState::Running,
                     phase: "P6".into(),
                     ..PortRow::default()
                 },
@@ -257,8 +266,8 @@ mod tests {
         writer.lease_job(&j.job_id, "w1", 3, &[0]).await.unwrap();
         let times = reader.component_times("p").await.unwrap();
         assert_eq!(times["a"].gpus, vec![0]);
-        assert_eq!(times["a"].job_state, "running");
-        assert_eq!(times["b"].run_no, 0);
+        assert_eq!(times["a"].job_state, Some(JobState::Running));
+        assert_eq!((times["b"].run_no, times["b"].job_state), (0, None));
         let leased = reader.leased_jobs().await.unwrap();
         assert_eq!(leased.len(), 1);
         assert_eq!(
@@ -269,7 +278,10 @@ mod tests {
         assert_eq!(workers[0].gpus[0].name, "H100");
         assert!(reader.port_times().await.unwrap()["p"].created_ms > 0);
         assert!(
-            reader.set_port_state("p", "cancelled", "P6").await.is_err(),
+            reader
+                .set_port_state("p", crate::states::PortState::Cancelled, "P6")
+                .await
+                .is_err(),
             "a read-only store must refuse writes"
         );
     }

@@ -14,10 +14,12 @@ use sqlx::{Row, SqlitePool};
 
 use crate::model::Worktree;
 use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, LogChunk, PortRow};
+use crate::states::{ComponentStatus, JobState, PortState, UnknownState};
 
 pub mod clock;
 pub mod dashboard;
 pub mod model;
+pub mod states;
 pub mod traces;
 pub mod variants;
 
@@ -87,7 +89,9 @@ pub struct EscapeRow {
     pub resolved_attempt: Option<u32>,
 }
 
-/// Numbered migrations, applied in order, each once.
+/// Numbered migrations, applied in order, each once. A database records
+/// only the versions it applied (no checksum): a comment in an applied
+/// migration may be corrected, its statements never change.
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_spawned.sql")),
@@ -96,8 +100,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../migrations/0005_traces.sql")),
     (6, include_str!("../migrations/0006_rerun_budget.sql")),
     (7, include_str!("../migrations/0007_runs_counted.sql")),
-    (8, include_str!("../migrations/0008_trace_transport.sql")),
-    (9, include_str!("../migrations/0009_variants.sql")),
+    (8, include_str!("../migrations/0008_port_trace.sql")),
+    (9, include_str!("../migrations/0009_commits.sql")),
+    (10, include_str!("../migrations/0010_trace_transport.sql")),
+    (11, include_str!("../migrations/0011_variants.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +116,13 @@ pub enum StoreError {
     Sql(#[from] sqlx::Error),
     #[error("database holds a malformed value in {what}: {message}")]
     Corrupt { what: &'static str, message: String },
+    /// A state column holds a text no state of its kind has (a database
+    /// written by another fvd, or edited by hand).
+    #[error("database column {column}: {source}")]
+    State {
+        column: &'static str,
+        source: UnknownState,
+    },
     #[error("port {family} has no escape hatch {id}")]
     UnknownEscape { family: String, id: String },
     #[error("escape hatch {id} of port {family} is {status}, not open")]
@@ -243,24 +256,28 @@ impl Store {
             return Ok(false);
         }
         let now = now_ms();
-        sqlx::query("INSERT INTO ports (family, repo, spec_path, spec_toml, state, phase, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+        sqlx::query("INSERT INTO ports (family, repo, spec_path, spec_toml, state, phase, created_ms, updated_ms, commit_sha) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
             .bind(&port.family)
             .bind(&port.repo)
             .bind(&port.spec_path)
             .bind(&port.spec_toml)
-            .bind(&port.state)
+            .bind(port.state.as_str())
             .bind(&port.phase)
             .bind(now)
             .bind(now)
+            .bind(&port.commit)
             .execute(&mut *tx)
             .await?;
         for name in components {
-            sqlx::query("INSERT INTO components (family, name, status, updated_ms) VALUES (?, ?, 'pending', ?)")
-                .bind(&port.family)
-                .bind(name)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "INSERT INTO components (family, name, status, updated_ms) VALUES (?, ?, ?, ?)",
+            )
+            .bind(&port.family)
+            .bind(name)
+            .bind(ComponentStatus::Pending.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(true)
@@ -269,30 +286,31 @@ impl Store {
     /// Replaces the spec of an existing port (a resubmit may edit it): adds
     /// rows for components the new spec introduced, drops those it no
     /// longer lists (their runs stay as history), and sets the components
-    /// of `replan` back to `pending` so they run again.
+    /// of `replan` back to `pending` so they run again. The port is pinned
+    /// to `port.commit` from now on (runs already recorded keep theirs).
     pub async fn update_port_spec(
         &self,
-        family: &str,
-        repo: &str,
-        spec_path: &str,
-        spec_toml: &str,
+        port: &PortRow,
         components: &[String],
         replan: &[String],
     ) -> Result<(), StoreError> {
+        let family = port.family.as_str();
         let mut tx = self.write_tx().await?;
         let now = now_ms();
-        sqlx::query("UPDATE ports SET repo = ?, spec_path = ?, spec_toml = ?, updated_ms = ? WHERE family = ?")
-            .bind(repo)
-            .bind(spec_path)
-            .bind(spec_toml)
+        sqlx::query("UPDATE ports SET repo = ?, spec_path = ?, spec_toml = ?, commit_sha = ?, updated_ms = ? WHERE family = ?")
+            .bind(&port.repo)
+            .bind(&port.spec_path)
+            .bind(&port.spec_toml)
+            .bind(&port.commit)
             .bind(now)
             .bind(family)
             .execute(&mut *tx)
             .await?;
         for name in components {
-            sqlx::query("INSERT OR IGNORE INTO components (family, name, status, updated_ms) VALUES (?, ?, 'pending', ?)")
+            sqlx::query("INSERT OR IGNORE INTO components (family, name, status, updated_ms) VALUES (?, ?, ?, ?)")
                 .bind(family)
                 .bind(name)
+                .bind(ComponentStatus::Pending.as_str())
                 .bind(now)
                 .execute(&mut *tx)
                 .await?;
@@ -304,7 +322,8 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         for name in replan {
-            sqlx::query("UPDATE components SET status = 'pending', verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ? AND name = ?")
+            sqlx::query("UPDATE components SET status = ?, verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ? AND name = ?")
+                .bind(ComponentStatus::Pending.as_str())
                 .bind(now)
                 .bind(family)
                 .bind(name)
@@ -316,11 +335,11 @@ impl Store {
     }
 
     pub async fn port(&self, family: &str) -> Result<Option<PortRow>, StoreError> {
-        let row = sqlx::query("SELECT family, repo, spec_path, spec_toml, state, phase, port_status_path FROM ports WHERE family = ?")
+        let row = sqlx::query("SELECT family, repo, spec_path, spec_toml, state, phase, port_status_path, commit_sha FROM ports WHERE family = ?")
             .bind(family)
             .fetch_optional(&self.pool)
             .await?;
-        Ok(row.map(|r| port_row(&r)))
+        row.map(|r| port_row(&r)).transpose()
     }
 
     /// When the port's components were last started over (`--rerun`); 0
@@ -336,22 +355,47 @@ impl Store {
     }
 
     pub async fn ports(&self) -> Result<Vec<PortRow>, StoreError> {
-        let rows = sqlx::query("SELECT family, repo, spec_path, spec_toml, state, phase, port_status_path FROM ports ORDER BY created_ms")
+        let rows = sqlx::query("SELECT family, repo, spec_path, spec_toml, state, phase, port_status_path, commit_sha FROM ports ORDER BY created_ms")
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows.iter().map(port_row).collect())
+        rows.iter().map(port_row).collect()
     }
 
     pub async fn set_port_state(
         &self,
         family: &str,
-        state: &str,
+        state: PortState,
         phase: &str,
     ) -> Result<(), StoreError> {
         sqlx::query("UPDATE ports SET state = ?, phase = ?, updated_ms = ? WHERE family = ?")
-            .bind(state)
+            .bind(state.as_str())
             .bind(phase)
             .bind(now_ms())
+            .bind(family)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// The trace context (W3C `traceparent`) a port's runs continue; `None`
+    /// when none was recorded or there is no such port.
+    pub async fn port_traceparent(&self, family: &str) -> Result<Option<String>, StoreError> {
+        let tp: Option<String> =
+            sqlx::query_scalar("SELECT traceparent FROM ports WHERE family = ?")
+                .bind(family)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(tp.filter(|t| !t.is_empty()))
+    }
+
+    /// Records the trace context of a port's run for later runs to continue.
+    pub async fn set_port_traceparent(
+        &self,
+        family: &str,
+        traceparent: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE ports SET traceparent = ? WHERE family = ?")
+            .bind(traceparent)
             .bind(family)
             .execute(&self.writer)
             .await?;
@@ -370,39 +414,45 @@ impl Store {
     // ----- components ------------------------------------------------------
 
     /// The port's components. `runs` counts the runs of its parity test that
-    /// started (were leased to a worker) and did not fail on their worker's
-    /// environment: one queued and then cancelled or never placed is no
-    /// run, a requeued one counts once. Counted from `jobs`, so no later
-    /// write can drift from it.
+    /// hold a lease or finished, and those a crash cut off after their
+    /// process started: one queued and then cancelled or never placed is no
+    /// run, one that failed on its worker's environment is none, and one a
+    /// lost or stopping worker handed back counts again only once it is
+    /// leased again. Counted from `jobs`, so no later write can drift from
+    /// it.
     pub async fn components(&self, family: &str) -> Result<Vec<ComponentRow>, StoreError> {
-        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND j.started_ms IS NOT NULL AND j.state != 'environment') AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
+        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN (?, ?) OR (j.state = ? AND j.spawned_ms IS NOT NULL))) AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
+            .bind(JobState::Running.as_str())
+            .bind(JobState::Finished.as_str())
+            .bind(JobState::Abandoned.as_str())
             .bind(family)
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| ComponentRow {
-                name: r.get("name"),
-                status: r.get("status"),
-                verdict: r.get("verdict"),
-                reason: r.get("reason"),
-                runs: r.get::<i64, _>("runs") as u32,
-                worker_id: r.get("worker_id"),
+        rows.iter()
+            .map(|r| {
+                Ok(ComponentRow {
+                    name: r.get("name"),
+                    status: state(r, "status", "components.status")?,
+                    verdict: r.get("verdict"),
+                    reason: r.get("reason"),
+                    runs: r.get::<i64, _>("runs") as u32,
+                    worker_id: r.get("worker_id"),
+                })
             })
-            .collect())
+            .collect()
     }
 
     pub async fn set_component(
         &self,
         family: &str,
         name: &str,
-        status: &str,
+        status: ComponentStatus,
         verdict: &str,
         reason: &str,
         worker_id: &str,
     ) -> Result<(), StoreError> {
         sqlx::query("UPDATE components SET status = ?, verdict = ?, reason = ?, worker_id = ?, updated_ms = ? WHERE family = ? AND name = ?")
-            .bind(status)
+            .bind(status.as_str())
             .bind(verdict)
             .bind(reason)
             .bind(worker_id)
@@ -422,11 +472,12 @@ impl Store {
         name: &str,
         reason: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE components SET reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status = 'queued'")
+        sqlx::query("UPDATE components SET reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status = ?")
             .bind(reason)
             .bind(now_ms())
             .bind(family)
             .bind(name)
+            .bind(ComponentStatus::Queued.as_str())
             .execute(&self.writer)
             .await?;
         Ok(())
@@ -456,28 +507,34 @@ impl Store {
             .await?;
             let run_no = last.unwrap_or(0) + 1;
             let job_id = format!("{}.{}.{}", job.family, job.component, run_no);
-            sqlx::query("INSERT INTO jobs (job_id, family, component, run_no, state, argv, cwd, gpus_needed, timeout_ms, queued_ms) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)")
+            sqlx::query("INSERT INTO jobs (job_id, family, component, run_no, state, argv, cwd, gpus_needed, timeout_ms, queued_ms, commit_sha, code_prefix) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
                 .bind(&job_id)
                 .bind(&job.family)
                 .bind(&job.component)
                 .bind(run_no)
+                .bind(JobState::Queued.as_str())
                 .bind(serde_json::to_string(&job.argv).unwrap_or_default())
                 .bind(&job.cwd)
                 .bind(job.gpus_needed as i64)
                 .bind(job.timeout_ms as i64)
                 .bind(now)
+                .bind(&job.commit)
+                .bind(&job.code_prefix)
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query("UPDATE components SET status = 'queued', updated_ms = ? WHERE family = ? AND name = ?")
-                .bind(now)
-                .bind(&job.family)
-                .bind(&job.component)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "UPDATE components SET status = ?, updated_ms = ? WHERE family = ? AND name = ?",
+            )
+            .bind(ComponentStatus::Queued.as_str())
+            .bind(now)
+            .bind(&job.family)
+            .bind(&job.component)
+            .execute(&mut *tx)
+            .await?;
             out.push(JobRecord {
                 job_id,
                 run_no: run_no as u32,
-                state: "queued".into(),
+                state: JobState::Queued,
                 queued_ms: now,
                 ..job.clone()
             });
@@ -504,7 +561,8 @@ impl Store {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
         for (job_id, worker_id, epoch, gpus) in leases {
-            sqlx::query("UPDATE jobs SET state = 'running', worker_id = ?, lease_epoch = ?, gpus = ?, started_ms = ? WHERE job_id = ?")
+            sqlx::query("UPDATE jobs SET state = ?, worker_id = ?, lease_epoch = ?, gpus = ?, started_ms = ? WHERE job_id = ?")
+                .bind(JobState::Running.as_str())
                 .bind(worker_id)
                 .bind(*epoch as i64)
                 .bind(serde_json::to_string(gpus).unwrap_or_default())
@@ -512,7 +570,8 @@ impl Store {
                 .bind(job_id)
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query("UPDATE components SET status = 'running', verdict = '', reason = '', worker_id = ?, updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
+            sqlx::query("UPDATE components SET status = ?, verdict = '', reason = '', worker_id = ?, updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
+                .bind(ComponentStatus::Running.as_str())
                 .bind(worker_id)
                 .bind(now)
                 .bind(job_id)
@@ -531,17 +590,24 @@ impl Store {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
         let names: Vec<String> = sqlx::query_scalar(
-            "UPDATE components SET status = 'blocked', verdict = 'cancelled', reason = 'cancelled: the port was cancelled', updated_ms = ? WHERE family = ? AND status NOT IN ('non_skip_pass', 'blocked') RETURNING name",
+            "UPDATE components SET status = ?, verdict = 'cancelled', reason = 'cancelled: the port was cancelled', updated_ms = ? WHERE family = ? AND status NOT IN (?, ?) RETURNING name",
         )
+        .bind(ComponentStatus::Blocked.as_str())
         .bind(now)
         .bind(family)
+        .bind(ComponentStatus::NonSkipPass.as_str())
+        .bind(ComponentStatus::Blocked.as_str())
         .fetch_all(&mut *tx)
         .await?;
-        sqlx::query("UPDATE jobs SET state = 'abandoned' WHERE family = ? AND state IN ('queued', 'running')")
+        sqlx::query("UPDATE jobs SET state = ? WHERE family = ? AND state IN (?, ?)")
+            .bind(JobState::Abandoned.as_str())
             .bind(family)
+            .bind(JobState::Queued.as_str())
+            .bind(JobState::Running.as_str())
             .execute(&mut *tx)
             .await?;
-        sqlx::query("UPDATE ports SET state = 'cancelled', updated_ms = ? WHERE family = ?")
+        sqlx::query("UPDATE ports SET state = ?, updated_ms = ? WHERE family = ?")
+            .bind(PortState::Cancelled.as_str())
             .bind(now)
             .bind(family)
             .execute(&mut *tx)
@@ -604,7 +670,8 @@ impl Store {
             .bind(family)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("UPDATE components SET status = 'pending', verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ?")
+        sqlx::query("UPDATE components SET status = ?, verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ?")
+            .bind(ComponentStatus::Pending.as_str())
             .bind(now_ms())
             .bind(family)
             .execute(&mut *tx)
@@ -621,11 +688,13 @@ impl Store {
     /// component reads `queued` again in the same transaction.
     pub async fn requeue_job(&self, job_id: &str, reason: &str) -> Result<(), StoreError> {
         let mut tx = self.write_tx().await?;
-        sqlx::query("UPDATE jobs SET state = 'queued', worker_id = '' WHERE job_id = ?")
+        sqlx::query("UPDATE jobs SET state = ?, worker_id = '' WHERE job_id = ?")
+            .bind(JobState::Queued.as_str())
             .bind(job_id)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("UPDATE components SET status = 'queued', verdict = 'infra_error', reason = ?, worker_id = '', updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
+        sqlx::query("UPDATE components SET status = ?, verdict = 'infra_error', reason = ?, worker_id = '', updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
+            .bind(ComponentStatus::Queued.as_str())
             .bind(reason)
             .bind(now_ms())
             .bind(job_id)
@@ -655,7 +724,8 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
-        let done = sqlx::query("UPDATE jobs SET state = 'finished', verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = 'running'")
+        let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
+            .bind(JobState::Finished.as_str())
             .bind(&result.verdict)
             .bind(&result.reason)
             .bind(result.exit_code)
@@ -666,6 +736,7 @@ impl Store {
             .bind(now)
             .bind(job_id)
             .bind(epoch as i64)
+            .bind(JobState::Running.as_str())
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -686,7 +757,8 @@ impl Store {
         epoch: u64,
         result: &JobResult,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE jobs SET state = 'environment', verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = 'running'")
+        let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
+            .bind(JobState::Environment.as_str())
             .bind(&result.verdict)
             .bind(&result.reason)
             .bind(result.exit_code)
@@ -697,6 +769,7 @@ impl Store {
             .bind(now_ms())
             .bind(job_id)
             .bind(epoch as i64)
+            .bind(JobState::Running.as_str())
             .execute(&self.writer)
             .await?
             .rows_affected();
@@ -706,9 +779,11 @@ impl Store {
     /// A queued job no worker can ever hold (embedded mode's machine lacks
     /// what it needs): it never started and never will.
     pub async fn unplace_job(&self, job_id: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE jobs SET state = 'unplaced', verdict = 'unplaced', finished_ms = ? WHERE job_id = ? AND state = 'queued'")
+        sqlx::query("UPDATE jobs SET state = ?, verdict = 'unplaced', finished_ms = ? WHERE job_id = ? AND state = ?")
+            .bind(JobState::Unplaced.as_str())
             .bind(now_ms())
             .bind(job_id)
+            .bind(JobState::Queued.as_str())
             .execute(&self.writer)
             .await?;
         Ok(())
@@ -723,11 +798,14 @@ impl Store {
         name: &str,
         reason: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE components SET status = 'environment', verdict = 'environment', reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status IN ('queued', 'environment')")
+        sqlx::query("UPDATE components SET status = ?, verdict = 'environment', reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status IN (?, ?)")
+            .bind(ComponentStatus::Environment.as_str())
             .bind(reason)
             .bind(now_ms())
             .bind(family)
             .bind(name)
+            .bind(ComponentStatus::Queued.as_str())
+            .bind(ComponentStatus::Environment.as_str())
             .execute(&self.writer)
             .await?;
         Ok(())
@@ -738,9 +816,12 @@ impl Store {
     /// was in flight is rerun once under a new run number.
     pub async fn abandon_unfinished(&self, family: &str) -> Result<Vec<String>, StoreError> {
         let rows: Vec<String> = sqlx::query_scalar(
-            "UPDATE jobs SET state = 'abandoned' WHERE family = ? AND state IN ('queued', 'running') RETURNING component",
+            "UPDATE jobs SET state = ? WHERE family = ? AND state IN (?, ?) RETURNING component",
         )
+        .bind(JobState::Abandoned.as_str())
         .bind(family)
+        .bind(JobState::Queued.as_str())
+        .bind(JobState::Running.as_str())
         .fetch_all(&self.writer)
         .await?;
         Ok(rows)
@@ -1203,18 +1284,31 @@ impl Store {
     }
 }
 
-const JOB_SELECT: &str = "SELECT job_id, family, component, run_no, state, lease_epoch, worker_id, argv, cwd, gpus_needed, timeout_ms, verdict, reason, exit_code, signal, duration_ms, output_tail, queued_ms, started_ms, finished_ms FROM jobs";
+const JOB_SELECT: &str = "SELECT job_id, family, component, run_no, state, lease_epoch, worker_id, argv, cwd, gpus_needed, timeout_ms, verdict, reason, exit_code, signal, duration_ms, output_tail, queued_ms, started_ms, finished_ms, commit_sha, code_prefix FROM jobs";
 
-fn port_row(r: &sqlx::sqlite::SqliteRow) -> PortRow {
-    PortRow {
+/// The state in column `name` of `r`, read through its one mapping;
+/// `column` names it in the error (`table.column`).
+fn state<T: FromStr<Err = UnknownState>>(
+    r: &sqlx::sqlite::SqliteRow,
+    name: &str,
+    column: &'static str,
+) -> Result<T, StoreError> {
+    r.get::<String, _>(name)
+        .parse()
+        .map_err(|source| StoreError::State { column, source })
+}
+
+fn port_row(r: &sqlx::sqlite::SqliteRow) -> Result<PortRow, StoreError> {
+    Ok(PortRow {
         family: r.get("family"),
         repo: r.get("repo"),
         spec_path: r.get("spec_path"),
         spec_toml: r.get("spec_toml"),
-        state: r.get("state"),
+        state: state(r, "state", "ports.state")?,
         phase: r.get("phase"),
         port_status_path: r.get("port_status_path"),
-    }
+        commit: r.get("commit_sha"),
+    })
 }
 
 fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRecord, StoreError> {
@@ -1224,7 +1318,7 @@ fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRecord, StoreError> {
         family: r.get("family"),
         component: r.get("component"),
         run_no: r.get::<i64, _>("run_no") as u32,
-        state: r.get("state"),
+        state: state(r, "state", "jobs.state")?,
         lease_epoch: r.get::<i64, _>("lease_epoch") as u64,
         worker_id: r.get("worker_id"),
         argv: serde_json::from_str(&argv).map_err(|e| StoreError::Corrupt {
@@ -1244,6 +1338,8 @@ fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRecord, StoreError> {
         started_ms: r.get("started_ms"),
         finished_ms: r.get("finished_ms"),
         env_names: Vec::new(),
+        commit: r.get("commit_sha"),
+        code_prefix: r.get("code_prefix"),
     })
 }
 
@@ -1257,9 +1353,10 @@ mod tests {
             repo: "/repo".into(),
             spec_path: "port.toml".into(),
             spec_toml: "".into(),
-            state: "in_progress".into(),
+            state: PortState::Running,
             phase: "P0".into(),
             port_status_path: String::new(),
+            commit: "c0ffee".repeat(6) + "c0ff",
         }
     }
 
@@ -1270,8 +1367,28 @@ mod tests {
             argv: vec!["true".into()],
             cwd: "/".into(),
             timeout_ms: 1000,
+            commit: "ab".repeat(20),
+            code_prefix: "examples/p/".into(),
             ..JobRecord::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_port_s_trace_context_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open_path(&path).await.unwrap();
+        assert_eq!(store.port_traceparent("p").await.unwrap(), None);
+        store.create_port(&port("p"), &["a".into()]).await.unwrap();
+        assert_eq!(store.port_traceparent("p").await.unwrap(), None);
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        store.set_port_traceparent("p", tp).await.unwrap();
+        drop(store);
+        let store = Store::open_path(&path).await.unwrap();
+        assert_eq!(
+            store.port_traceparent("p").await.unwrap().as_deref(),
+            Some(tp)
+        );
     }
 
     #[tokio::test]
@@ -1289,6 +1406,16 @@ mod tests {
 
         let store = Store::open_path(&path).await.unwrap();
         assert_eq!(store.max_epoch().await.unwrap(), 7);
+        // The commit the port is pinned to, and each job's, are kept.
+        assert_eq!(
+            store.port("p").await.unwrap().unwrap().commit,
+            port("p").commit
+        );
+        let kept = store.job(&j.job_id).await.unwrap().unwrap();
+        assert_eq!(
+            (kept.commit.as_str(), kept.code_prefix.as_str()),
+            (j.commit.as_str(), "examples/p/")
+        );
         let result = JobResult {
             verdict: "non_skip_pass".into(),
             ..JobResult::default()
@@ -1334,7 +1461,12 @@ mod tests {
         // A lost worker's job goes back to the queue and starts again: one run.
         store.requeue_job(&j1.job_id, "worker lost").await.unwrap();
         store.lease_job(&j1.job_id, "w2", 2, &[]).await.unwrap();
-        // Queued, then cancelled before any worker took it.
+        store
+            .append_output(&[], &[(j1.job_id.clone(), 1)])
+            .await
+            .unwrap();
+        // Queued, then cancelled before any worker took it (the crash that
+        // abandons it also cuts off a's run, whose process had started).
         store.queue_job(&job("p", "a")).await.unwrap();
         store.abandon_unfinished("p").await.unwrap();
         // A traced rerun is no run of the component.
@@ -1344,6 +1476,35 @@ mod tests {
             runs(store.clone()).await,
             [("a".into(), 1), ("b".into(), 0)]
         );
+    }
+
+    #[tokio::test]
+    async fn an_unknown_state_in_the_database_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_path(&dir.path().join("s.db")).await.unwrap();
+        store.create_port(&port("p"), &["a".into()]).await.unwrap();
+        store.queue_job(&job("p", "a")).await.unwrap();
+        for (sql, read) in [
+            ("UPDATE ports SET state = 'in_progress'", "ports.state"),
+            ("UPDATE components SET status = 'done'", "components.status"),
+            ("UPDATE jobs SET state = 'lost'", "jobs.state"),
+        ] {
+            sqlx::query(sql).execute(&store.writer).await.unwrap();
+            let err = match read {
+                "ports.state" => store.port("p").await.map(|_| ()),
+                "components.status" => store.components("p").await.map(|_| ()),
+                _ => store.jobs_of("p", "a").await.map(|_| ()),
+            }
+            .unwrap_err();
+            let value = sql.split('\'').nth(1).unwrap();
+            assert!(
+                matches!(&err, StoreError::State { column, source } if *column == read && source.value == value),
+                "{err}"
+            );
+            assert!(err.to_string().contains(read) && err.to_string().contains(value));
+        }
+        let err = store.component_times("p").await.unwrap_err();
+        assert!(err.to_string().contains("jobs.state"), "{err}");
     }
 
     #[tokio::test]

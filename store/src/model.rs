@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+pub use crate::states::{ComponentStatus, JobState, PortState, UnknownState};
+
 /// A port as stored.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PortRow {
@@ -11,19 +13,21 @@ pub struct PortRow {
     pub repo: String,
     pub spec_path: String,
     pub spec_toml: String,
-    /// in_progress | blocked | complete | cancelled
-    pub state: String,
+    pub state: PortState,
     /// P0..P11
     pub phase: String,
     pub port_status_path: String,
+    /// The commit the port is pinned to (full hex sha); empty when its
+    /// folder is not in a git repository (its jobs then run in the folder
+    /// itself, which only a shared file system shows the workers).
+    pub commit: String,
 }
 
 /// A component's current state as stored.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ComponentRow {
     pub name: String,
-    /// pending | queued | running | non_skip_pass | blocked
-    pub status: String,
+    pub status: ComponentStatus,
     /// Verdict of the latest finished run (`debug_red`, `scaffold_skip`, …).
     pub verdict: String,
     /// One line: the failing assertion, the skip reason, the collection error.
@@ -35,7 +39,7 @@ pub struct ComponentRow {
 impl ComponentRow {
     /// Whether the component reached an end state of phase 6.
     pub fn is_final(&self) -> bool {
-        matches!(self.status.as_str(), "non_skip_pass" | "blocked")
+        self.status.is_final()
     }
 }
 
@@ -56,8 +60,7 @@ pub struct JobRecord {
     pub family: String,
     pub component: String,
     pub run_no: u32,
-    /// queued | running | finished | abandoned
-    pub state: String,
+    pub state: JobState,
     pub lease_epoch: u64,
     pub worker_id: String,
     pub argv: Vec<String>,
@@ -75,6 +78,13 @@ pub struct JobRecord {
     pub finished_ms: Option<i64>,
     /// Environment variable names passed through (not stored: from the spec).
     pub env_names: Vec<String>,
+    /// The commit the run tests: the port's, or an agent attempt's; empty
+    /// when the port is not in a git repository.
+    pub commit: String,
+    /// Where the port folder sits inside the commit's tree
+    /// (`examples/tinyport/`), empty at the top: a worker that checks the
+    /// commit out runs the job in that folder of its checkout.
+    pub code_prefix: String,
 }
 
 /// The classified outcome of a run, as recorded.
@@ -106,6 +116,10 @@ pub struct WorkerInfo {
     pub gpus: Vec<GpuInfo>,
     pub cpu_slots: u32,
     pub labels: BTreeMap<String, String>,
+    /// Paths relative to a port folder that the worker has for its jobs
+    /// (`fvd worker --provide`): a job whose spec lists `worker_paths` goes
+    /// only to a worker providing each of them.
+    pub provides: Vec<String>,
 }
 
 /// A job as handed to a worker.
@@ -130,6 +144,19 @@ pub struct Assignment {
     pub preflight: Vec<String>,
     /// The port the preflight is run for (its family).
     pub preflight_key: String,
+    /// The commit the job runs (empty: none, run in `cwd` as it is).
+    pub commit: String,
+    /// The port folder's place inside the commit's tree.
+    pub code_prefix: String,
+    /// Paths (relative to the port folder) the job needs from the worker:
+    /// found in a shared checkout, or linked from what the worker provides.
+    pub worker_paths: Vec<String>,
+    /// Files fvd writes into the checkout (relative to the port folder),
+    /// left out when a worker compares a shared checkout with the commit.
+    pub fvd_writes: Vec<String>,
+    /// The port (family) and component the job runs for (span attributes).
+    pub family: String,
+    pub component: String,
     /// With `collect_env`: how the worker compares the folder's trace files
     /// where they lie; the report comes back in [`JobReport::trace_report`].
     pub compare: Option<TraceCompare>,
@@ -168,6 +195,9 @@ pub struct JobReport {
     pub cancelled: bool,
     pub duration_ms: u64,
     pub junit_xml: Option<String>,
+    /// What became of the report; the verdict is classified from this.
+    pub junit_status: JunitStatus,
+    /// Why there is no report, in words for people.
     pub junit_error: String,
     pub output_tail: String,
     pub survivors: Vec<u32>,
@@ -193,6 +223,21 @@ pub struct JobReport {
     /// Size of the result message as it came over the wire (0 when it did
     /// not, as in tests).
     pub wire_bytes: u64,
+}
+
+/// What became of a job's JUnit report, as its worker said.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum JunitStatus {
+    /// The job asked for none.
+    #[default]
+    NotRequested,
+    /// Read: [`JobReport::junit_xml`] holds it (none when the file was
+    /// empty).
+    Read,
+    /// The test did not write it.
+    Missing,
+    /// It exists but could not be read; [`JobReport::junit_error`] says why.
+    Unreadable,
 }
 
 /// One file a job left in its collected folder.
@@ -261,4 +306,19 @@ impl Worktree {
     pub fn workdir(&self) -> PathBuf {
         self.path.join(&self.prefix)
     }
+}
+
+/// The code a port's runs test: what its component and trace actors put on
+/// each job they queue (an agent component's runs name their attempt's
+/// commit instead, inside the same repository).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PortCode {
+    /// The commit the port is pinned to; empty when it is not in git.
+    pub commit: String,
+    /// Where the port folder sits inside the repository.
+    pub prefix: String,
+    /// Files fvd itself writes into the checkout while the port runs
+    /// (relative to the port folder: its `PORT_STATUS.md`): a shared
+    /// checkout that differs from the commit only there is still at it.
+    pub fvd_writes: Vec<String>,
 }

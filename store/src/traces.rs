@@ -289,7 +289,6 @@ mod tests {
             .create_port(
                 &PortRow {
                     family: "p".into(),
-                    state: "running".into(),
                     ..PortRow::default()
                 },
                 &["c".into()],

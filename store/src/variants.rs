@@ -205,7 +205,7 @@ mod tests {
             .create_port(
                 &PortRow {
                     family: "p".into(),
-                    state: "running".into(),
+                    state: crate::states::PortState::Running,
                     ..PortRow::default()
                 },
                 &["c".into(), "d".into()],

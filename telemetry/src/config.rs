@@ -5,6 +5,8 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`);
 //! unlike the SDK's own default, fvd never dials `localhost:4317` on its
 //! own. `OTEL_SDK_DISABLED=true` and `OTEL_TRACES_EXPORTER=none` turn it off.
+//! A protocol other than `grpc` in `OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]PROTOCOL`
+//! is refused, naming the variable that holds it.
 //! The remaining variables (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_TRACES_SAMPLER[_ARG]`, `OTEL_BSP_*`, `OTEL_METRIC_EXPORT_INTERVAL`,
 //! `OTEL_EXPORTER_OTLP_HEADERS`, …) are read by the OpenTelemetry SDK itself.
@@ -57,16 +59,25 @@ impl ExportDecision {
         if flag.is_none() && from_env.is_none() {
             return Self::Off;
         }
-        let protocol = set("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-            .or_else(|| set("OTEL_EXPORTER_OTLP_PROTOCOL"));
-        if let Some(p) = protocol
-            && p != "grpc"
-        {
-            return Self::Unsupported(format!(
-                "OTEL_EXPORTER_OTLP_PROTOCOL is {p}; fvd exports OTLP over grpc only"
-            ));
-        }
         let metrics = !set("OTEL_METRICS_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"));
+        // The per-signal variable wins over the general one; the message
+        // names the variable that holds the refused value.
+        let mut signals = vec!["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"];
+        if metrics {
+            signals.push("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL");
+        }
+        for signal in signals {
+            let protocol = [signal, "OTEL_EXPORTER_OTLP_PROTOCOL"]
+                .into_iter()
+                .find_map(|name| set(name).map(|v| (name, v)));
+            if let Some((name, p)) = protocol
+                && p != "grpc"
+            {
+                return Self::Unsupported(format!(
+                    "{name} is {p}; fvd exports OTLP over grpc only (unset it or set it to grpc)"
+                ));
+            }
+        }
         Self::Export(ExportConfig {
             endpoint: flag.map(str::to_string),
             default_service: default_service.to_string(),
@@ -151,14 +162,49 @@ mod tests {
     }
 
     #[test]
-    fn http_protocol_is_refused_with_a_reason() {
-        let d = decide(
-            Some("http://127.0.0.1:4318"),
-            &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")],
-        );
+    fn http_protocol_is_refused_naming_the_variable_that_says_so() {
+        let refused = |vars: &[(&str, &str)]| match decide(Some("http://127.0.0.1:4318"), vars) {
+            ExportDecision::Unsupported(m) => m,
+            d => panic!("{vars:?} should be refused, got {d:?}"),
+        };
+        for name in [
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+        ] {
+            let m = refused(&[(name, "http/protobuf")]);
+            assert!(m.starts_with(&format!("{name} is http/protobuf;")), "{m}");
+        }
+        // The per-signal variable wins over the general one, both ways.
+        let m = refused(&[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
+        ]);
         assert!(
-            matches!(&d, ExportDecision::Unsupported(m) if m.contains("http/protobuf")),
-            "{d:?}"
+            m.starts_with("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL is http/json"),
+            "{m}"
         );
+        assert!(matches!(
+            decide(
+                Some("http://127.0.0.1:4317"),
+                &[
+                    ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+                    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+                    ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc"),
+                ]
+            ),
+            ExportDecision::Export(_)
+        ));
+        // Metrics that are not exported need no protocol.
+        assert!(matches!(
+            decide(
+                Some("http://127.0.0.1:4317"),
+                &[
+                    ("OTEL_METRICS_EXPORTER", "none"),
+                    ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/protobuf"),
+                ]
+            ),
+            ExportDecision::Export(_)
+        ));
     }
 }

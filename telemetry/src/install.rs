@@ -7,13 +7,16 @@
 //! on (or outlive) the command's runtime. `Telemetry` owns both and flushes
 //! on drop, after the command's runtime is gone.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig};
+use opentelemetry_otlp::{MetricExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
@@ -21,8 +24,11 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{ExportConfig, ExportDecision};
 
-/// How long the last flush may take on the way out.
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the whole flush on the way out (spans, metrics, the exporters'
+/// runtime) may delay the exit: a collector that accepts connections but
+/// never answers must not hold every command for the exporters' own
+/// timeouts (5 s per signal, 10 s per export).
+pub const EXIT_FLUSH: Duration = Duration::from_secs(2);
 
 /// The crates whose spans and events are exported. Dependencies (tonic, h2,
 /// hyper, the exporter itself) are left out: their spans are noise, and the
@@ -62,6 +68,8 @@ struct Export {
     meter: Option<SdkMeterProvider>,
     /// Hosts the exporters' gRPC channels; dropped last.
     runtime: Option<tokio::runtime::Runtime>,
+    /// Set once a warning about exporting spans was printed.
+    warned: Arc<AtomicBool>,
 }
 
 impl Telemetry {
@@ -70,23 +78,109 @@ impl Telemetry {
         self.export.is_some()
     }
 
-    /// Exports whatever is buffered and stops the exporters. Blocking: call
-    /// it outside async code (or from `spawn_blocking`).
+    /// Exports whatever is buffered and stops the exporters, giving up after
+    /// [`EXIT_FLUSH`] in all. Blocking: call it outside async code (or from
+    /// `spawn_blocking`).
     pub fn shutdown(&mut self) {
-        let Some(mut export) = self.export.take() else {
-            return;
-        };
-        if let Err(e) = export.tracer.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
-            eprintln!("fvd: warning: could not flush spans: {e}");
+        if let Some(export) = self.export.take() {
+            flush_bounded(export, EXIT_FLUSH);
         }
-        if let Some(meter) = &export.meter
-            && let Err(e) = meter.shutdown_with_timeout(SHUTDOWN_TIMEOUT)
-        {
-            eprintln!("fvd: warning: could not flush metrics: {e}");
+    }
+}
+
+/// Flushes and stops `export` on a thread of its own and waits for it at
+/// most `limit`: the meter provider ignores its timeout, and an export in
+/// flight to a collector that never answers holds the span processor until
+/// the exporter's own timeout. What is not out by then is dropped (the
+/// thread dies with the process), with one warning.
+fn flush_bounded(export: Export, limit: Duration) {
+    let started = Instant::now();
+    let warned = export.warned.clone();
+    let (done, finished) = std::sync::mpsc::channel();
+    let flush = std::thread::Builder::new()
+        .name("fvd-otlp-flush".into())
+        .spawn(move || {
+            let _ = done.send(flush(export, started + limit));
+        });
+    if flush.is_err() {
+        warn_once(&warned, "could not start the thread that flushes spans");
+        return;
+    }
+    match finished.recv_timeout(limit) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn_once(&warned, &format!("could not flush spans and metrics: {e}")),
+        Err(_) => warn_once(
+            &warned,
+            &format!(
+                "could not flush spans and metrics within {} s; the collector does not answer, so what was buffered is dropped",
+                limit.as_secs()
+            ),
+        ),
+    }
+}
+
+/// Shuts the exporters down within what is left until `deadline`.
+fn flush(mut export: Export, deadline: Instant) -> Result<(), String> {
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let mut failed = Vec::new();
+    if let Err(e) = export.tracer.shutdown_with_timeout(left()) {
+        failed.push(format!("spans: {e}"));
+    }
+    if let Some(meter) = &export.meter
+        && let Err(e) = meter.shutdown_with_timeout(left())
+    {
+        failed.push(format!("metrics: {e}"));
+    }
+    if let Some(rt) = export.runtime.take() {
+        rt.shutdown_timeout(left());
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
+/// Prints `what` as a warning unless a warning about exporting spans was
+/// printed already: a collector that is down fails every batch, and one
+/// line says so.
+fn warn_once(warned: &AtomicBool, what: &str) {
+    if !warned.swap(true, Ordering::SeqCst) {
+        eprintln!("fvd: warning: {what}");
+    }
+}
+
+/// The span exporter, reporting its first failure (and only that one).
+#[derive(Debug)]
+struct WarnOnce<E> {
+    inner: E,
+    warned: Arc<AtomicBool>,
+}
+
+impl<E: SpanExporter> SpanExporter for WarnOnce<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let result = self.inner.export(batch).await;
+        if let Err(e) = &result {
+            warn_once(
+                &self.warned,
+                &format!(
+                    "could not export spans to the collector: {e}; later failures are not reported"
+                ),
+            );
         }
-        if let Some(rt) = export.runtime.take() {
-            rt.shutdown_timeout(Duration::from_secs(1));
-        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
     }
 }
 
@@ -151,7 +245,7 @@ fn build(config: &ExportConfig) -> Result<Export, TelemetryError> {
     // The tonic channels spawn their workers on the runtime they are built in.
     let _inside = runtime.enter();
     let resource = resource(&config.default_service);
-    let mut spans = SpanExporter::builder().with_tonic();
+    let mut spans = opentelemetry_otlp::SpanExporter::builder().with_tonic();
     if let Some(endpoint) = &config.endpoint {
         spans = spans.with_endpoint(endpoint.clone());
     }
@@ -159,6 +253,11 @@ fn build(config: &ExportConfig) -> Result<Export, TelemetryError> {
         signal: "trace",
         message: e.to_string(),
     })?;
+    let warned = Arc::new(AtomicBool::new(false));
+    let spans = WarnOnce {
+        inner: spans,
+        warned: warned.clone(),
+    };
     // The sampler comes from OTEL_TRACES_SAMPLER and the batch delays from
     // OTEL_BSP_*: the SDK reads both when the builder is made.
     let tracer = SdkTracerProvider::builder()
@@ -188,6 +287,7 @@ fn build(config: &ExportConfig) -> Result<Export, TelemetryError> {
         tracer,
         meter,
         runtime: Some(runtime),
+        warned,
     })
 }
 

@@ -9,12 +9,17 @@
 //! * [`propagation`] turns a span into a W3C `traceparent` and back; it
 //!   crosses the worker stream inside `AssignJob` and reaches test and
 //!   agent processes as the `TRACEPARENT` environment variable.
+//!   [`Continuation`] decides where each run of a port hangs, so a port is
+//!   one trace across processes (its context is stored with the port).
 //! * [`metrics`] holds the instruments (jobs queued and running, queue
 //!   wait, GPU-seconds, attempts, verdicts); they are no-ops while off.
 //! * [`spans`] builds the spans other crates share (agent runs, trace
-//!   comparisons) and the span events (verdict changes, gate refusals,
-//!   escape hatches).
-//! * [`spawn`] spawns a task that stays inside the caller's span.
+//!   comparisons and steps), the span events (verdict changes, gate
+//!   refusals, escape hatches, environment failures, pauses) and sets span
+//!   statuses (ERROR with a message for what failed).
+//! * [`task`]: [`spawn`] and [`spawn_blocking`] start tokio tasks that stay
+//!   inside the caller's span; the workspace's `clippy.toml` forbids the
+//!   bare tokio functions elsewhere.
 //!
 //! Span attributes carry names, ids, counts and verdicts only: never the
 //! value of an environment variable.
@@ -23,21 +28,13 @@ pub mod config;
 pub mod metrics;
 pub mod propagation;
 pub mod spans;
+pub mod task;
 
 mod install;
 
 pub use config::{ExportConfig, ExportDecision};
 pub use install::{Telemetry, TelemetryError, init};
-pub use propagation::{TRACEPARENT, current_traceparent, set_parent, traceparent};
-
-/// Spawns `fut` on the current tokio runtime inside the caller's current
-/// span, so work done by the task (spans, events) stays in the port's trace
-/// instead of starting a new, unparented one.
-pub fn spawn<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    use tracing::Instrument;
-    tokio::spawn(fut.in_current_span())
-}
+pub use propagation::{
+    Continuation, TRACEPARENT, add_link, current_traceparent, sampled, set_parent, traceparent,
+};
+pub use task::{spawn, spawn_blocking};

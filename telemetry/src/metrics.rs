@@ -23,6 +23,15 @@ struct Instruments {
 
 static INSTRUMENTS: OnceLock<Instruments> = OnceLock::new();
 
+/// Bucket bounds of `fvd.job.queue_wait`, in seconds like its samples: from
+/// a lease taken at once (milliseconds) to a GPU queue of hours. The SDK's
+/// default bounds (0, 5, …, 10000) are milliseconds' and would put nearly
+/// every wait in one bucket.
+pub const QUEUE_WAIT_BOUNDS_S: &[f64] = &[
+    0.0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    600.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0,
+];
+
 /// Creates the instruments on the global meter provider.
 pub(crate) fn install() {
     let meter = opentelemetry::global::meter("fvd");
@@ -39,6 +48,7 @@ pub(crate) fn install() {
             .f64_histogram("fvd.job.queue_wait")
             .with_unit("s")
             .with_description("time from queueing a job to leasing it")
+            .with_boundaries(QUEUE_WAIT_BOUNDS_S.to_vec())
             .build(),
         gpu_seconds: meter
             .f64_counter("fvd.gpu.time")
@@ -109,4 +119,20 @@ fn labels(family: &str, component: &str) -> [KeyValue; 2] {
         KeyValue::new("family", family.to_string()),
         KeyValue::new("component", component.to_string()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_wait_bounds_are_seconds_from_milliseconds_to_a_day() {
+        let b = QUEUE_WAIT_BOUNDS_S;
+        assert!(b.windows(2).all(|w| w[0] < w[1]), "{b:?}");
+        // A lease taken at once and one after seconds are told apart, and
+        // so are an hour's and a day's queue.
+        assert!(b.iter().any(|x| *x > 0.0 && *x <= 0.01));
+        assert!(b.iter().any(|x| (1.0..=5.0).contains(x)));
+        assert!(b.iter().any(|x| *x >= 3600.0 && *x < 86400.0));
+    }
 }

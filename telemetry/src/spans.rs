@@ -3,13 +3,17 @@
 //!
 //! The port loop's own spans (`port`, `phase`, `component`, `attempt`,
 //! `job`) are made where their work happens, in `fvd-actors` and
-//! `fvd-worker`; this module holds the ones the port loop does not drive
-//! yet: agent runs (for the agent loop, which does not exist; nothing calls
-//! [`agent_run`] today) and trace comparisons (`fvd trace compare` records
-//! one; the trace actor's drill-down inside a port will too).
+//! `fvd-worker`; this module holds the ones made in several places or
+//! crates: agent runs (the component actor's agent loop), trace
+//! comparisons (`fvd trace compare` and the trace actor's drill-down) and
+//! their traced reruns ([`trace_step`]); the span events (verdict changes,
+//! gate refusals, escape hatches, environment failures and waits, pauses);
+//! and span statuses ([`failed`], [`succeeded`], [`job_ended`]).
 
+use opentelemetry::trace::Status;
 use tracing::Span;
 use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The span of one agent run on a component (e.g. a debugging attempt).
 /// Start the agent process with [`crate::TRACEPARENT`] set from this span
@@ -41,20 +45,57 @@ pub fn trace_comparison(parent: &Span, family: &str, component: &str) -> Span {
         compared_rows = Empty,
         diverged = Empty,
         first_divergent_module = Empty,
+        first_divergent_reference_module = Empty,
         first_divergent_stat = Empty,
     )
 }
 
+/// The first divergence of a comparison, by name on both sides.
+#[derive(Debug, Clone, Copy)]
+pub struct Divergence<'a> {
+    /// The port's module: what a blocked reason and `fvd trace show` name.
+    pub port_module: &'a str,
+    /// The same module in the reference's names (after renames).
+    pub reference_module: &'a str,
+    /// The stat that drifted.
+    pub stat: &'a str,
+}
+
 /// Records a comparison's outcome on its span: how many rows (module ×
 /// tensor × step) were compared and, if it diverged, the first divergent
-/// module (in the reference's execution order) and the stat that drifted.
-pub fn first_divergence(span: &Span, compared_rows: u64, first: Option<(&str, &str)>) {
+/// module (in the reference's execution order) under the port's name
+/// (`first_divergent_module`, as the blocked reason names it) and the
+/// reference's, and the stat that drifted.
+pub fn first_divergence(span: &Span, compared_rows: u64, first: Option<Divergence<'_>>) {
     span.record("compared_rows", compared_rows);
     span.record("diverged", first.is_some());
-    if let Some((module, stat)) = first {
-        span.record("first_divergent_module", module);
-        span.record("first_divergent_stat", stat);
+    if let Some(d) = first {
+        span.record("first_divergent_module", d.port_module);
+        span.record("first_divergent_reference_module", d.reference_module);
+        span.record("first_divergent_stat", d.stat);
     }
+}
+
+/// The span of one traced rerun of a red component (a step of its
+/// drill-down): not an attempt of the component, so not named `attempt`.
+/// `run` is the job's run number, `step` the drill-down step (1, 2, …).
+pub fn trace_step(
+    parent: &Span,
+    family: &str,
+    component: &str,
+    step: u32,
+    run: u32,
+    job_id: &str,
+) -> Span {
+    tracing::info_span!(
+        parent: parent,
+        "trace_step",
+        family,
+        component,
+        step,
+        run,
+        job_id,
+    )
 }
 
 /// A component's verdict changed between two attempts.
@@ -72,4 +113,119 @@ pub fn gate_refused(span: &Span, phase: &str, conditions: &[String]) {
 /// short kind (`ask_user`, a decision type), never the question's text.
 pub fn escape_hatch(span: &Span, phase: &str, hatch: &str) {
     tracing::info!(parent: span, phase, hatch, "escape hatch");
+}
+
+/// A run could not test the code because of its worker's environment (a
+/// package not installed, pytest missing): the cause as classified from the
+/// run's redacted output, never an environment variable's value.
+pub fn environment_failure(span: &Span, worker_id: &str, cause: &str) {
+    tracing::info!(parent: span, worker_id, cause, "environment failure");
+    failed(span, &format!("environment: {cause}"));
+}
+
+/// A component waits for a worker whose environment can run it (every
+/// worker that could take its run failed its environment).
+pub fn environment_wait(span: &Span, phase: &str, component: &str) {
+    tracing::info!(parent: span, phase, component, "waits for an environment");
+}
+
+/// The port paused: `state` is `ask_user` or `environment`; it resumes
+/// with `fvd answer` or a worker that can run what waits.
+pub fn port_paused(span: &Span, phase: &str, state: &str) {
+    span.record("state", state);
+    span.record("phase", phase);
+    tracing::info!(parent: span, phase, state, "port paused");
+}
+
+/// The work of `span` failed: status ERROR with `message`, a verdict and
+/// its redacted reason or a process's end (never an environment value).
+/// Blocked components, red attempts, failed jobs, refused phases and
+/// blocked ports are errors; trace viewers show them as such.
+pub fn failed(span: &Span, message: &str) {
+    span.set_status(Status::error(message.to_string()));
+}
+
+/// The work of `span` succeeded: status OK.
+pub fn succeeded(span: &Span) {
+    span.set_status(Status::Ok);
+}
+
+/// How a job's process ended, as its report says.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JobEnd<'a> {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub cancelled: bool,
+    /// Why the process did not run (a spawn or preflight failure); empty
+    /// when it ran.
+    pub error: &'a str,
+}
+
+impl JobEnd<'_> {
+    /// Why the job failed, or `None` when it exited 0 or was cancelled
+    /// (a cancelled job is neither a pass nor a failure of its code).
+    pub fn failure(&self) -> Option<String> {
+        if !self.error.is_empty() {
+            return Some(self.error.to_string());
+        }
+        if self.cancelled {
+            return None;
+        }
+        if self.timed_out {
+            return Some("timed out".into());
+        }
+        match (self.exit_code, self.signal) {
+            (_, Some(s)) => Some(format!("ended by signal {s}")),
+            (Some(0), None) => None,
+            (Some(c), None) => Some(format!("exit code {c}")),
+            (None, None) => Some("ended without an exit code".into()),
+        }
+    }
+}
+
+/// Sets the status of a `job` or `job.run` span from how its process ended:
+/// ERROR with the failure, OK on exit 0, unset when cancelled.
+pub fn job_ended(span: &Span, end: &JobEnd<'_>) {
+    match end.failure() {
+        Some(why) => failed(span, &why),
+        None if !end.cancelled => succeeded(span),
+        None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_fails_unless_it_exits_0_or_is_cancelled() {
+        let end = |exit_code, signal, timed_out, cancelled, error| JobEnd {
+            exit_code,
+            signal,
+            timed_out,
+            cancelled,
+            error,
+        };
+        assert_eq!(end(Some(0), None, false, false, "").failure(), None);
+        assert_eq!(end(None, Some(15), false, true, "").failure(), None);
+        assert_eq!(
+            end(Some(1), None, false, false, "").failure().as_deref(),
+            Some("exit code 1")
+        );
+        assert_eq!(
+            end(None, Some(9), false, false, "").failure().as_deref(),
+            Some("ended by signal 9")
+        );
+        assert_eq!(
+            end(None, Some(9), true, false, "").failure().as_deref(),
+            Some("timed out")
+        );
+        assert_eq!(
+            end(None, None, false, false, "preflight `x` could not start")
+                .failure()
+                .as_deref(),
+            Some("preflight `x` could not start")
+        );
+    }
 }

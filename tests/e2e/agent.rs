@@ -639,7 +639,9 @@ fn a_conversion_retry_request_blocks_the_component_and_reopens_p5() {
 
 #[test]
 fn kill_9_of_the_orchestrator_during_an_agent_attempt_neither_loses_nor_duplicates_it() {
-    let mut sb = Sandbox::new();
+    // The orchestrator's database and logs stay outside the checkout, so
+    // the port runs its HEAD (not a snapshot holding them).
+    let mut sb = Sandbox::with_repo_in("repo");
     let mark = sb.repo().join("agent-started.pid");
     let mark_s = mark.display().to_string();
     example_repo(&sb, |t| {

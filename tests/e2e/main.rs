@@ -4,6 +4,7 @@
 //! conformance suite (`tests/conformance`).
 
 mod agent;
+mod bycommit;
 #[path = "../checks/mod.rs"]
 mod checks;
 mod coauthor;

@@ -365,6 +365,57 @@ fn missing_parity_test_is_a_gate_refusal_at_p2() {
 }
 
 #[test]
+fn a_report_not_written_or_unreadable_is_classified_from_its_status() {
+    let sb = Sandbox::new();
+    sb.port(
+        "reportless",
+        &[
+            TestComponent::new("missing", "pass"),
+            TestComponent::new("unreadable", "pass"),
+        ],
+    );
+    // One run writes no report; the other makes a folder where the report
+    // should be, so reading it fails.
+    let spec = sb.repo().join("tests/local_tests/reportless/port.toml");
+    let text = std::fs::read_to_string(&spec)
+        .unwrap()
+        .replace(
+            "name = \"missing\"\n",
+            "name = \"missing\"\ncommand = [\"python3\", \"-c\", \"print('ran')\", \"{junitxml}\"]\n",
+        )
+        .replace(
+            "name = \"unreadable\"\n",
+            "name = \"unreadable\"\ncommand = [\"python3\", \"-c\", \"import os, sys; os.mkdir(sys.argv[1])\", \"{junitxml}\"]\n",
+        );
+    std::fs::write(&spec, text).unwrap();
+    let out = submit_embedded(&sb, "reportless", &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = sb.local_status("reportless").unwrap();
+    let reason = |name: &str| {
+        let c = status["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no component {name}: {status}"));
+        assert_eq!(c["status"], "blocked", "{c}");
+        c["reason"].as_str().unwrap_or_default().to_string()
+    };
+    let missing = reason("missing");
+    assert!(missing.starts_with("error:junit_missing: "), "{missing}");
+    let unreadable = reason("unreadable");
+    assert!(
+        unreadable.starts_with("error:junit_unreadable: "),
+        "{unreadable}"
+    );
+}
+
+#[test]
 fn token_values_in_a_spec_are_refused_and_never_stored_or_echoed() {
     let sb = Sandbox::new();
     sb.port("leaky", &[TestComponent::new("x", "pass")]);

@@ -62,6 +62,9 @@ impl TestComponent {
 #[derive(Debug)]
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
+    /// The port's repository: `dir` itself, or a folder below it
+    /// ([`Sandbox::with_repo_in`]).
+    repo: PathBuf,
     children: Vec<Child>,
     /// Worker id → index in `children`.
     workers: Vec<(String, usize)>,
@@ -72,8 +75,10 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
         Self {
-            dir: tempfile::tempdir().expect("tempdir"),
+            repo: dir.path().to_path_buf(),
+            dir,
             children: Vec::new(),
             workers: Vec::new(),
             orchestrator: None,
@@ -81,8 +86,18 @@ impl Sandbox {
         }
     }
 
+    /// A sandbox whose repository is the folder `rel` below its own, so
+    /// that logs, the orchestrator's database and workers' workspaces stay
+    /// outside it (a worker may be kept from seeing the repository).
+    pub fn with_repo_in(rel: &str) -> Self {
+        let mut sb = Self::new();
+        sb.repo = sb.dir.path().join(rel);
+        std::fs::create_dir_all(&sb.repo).expect("repository folder");
+        sb
+    }
+
     pub fn repo(&self) -> &Path {
-        self.dir.path()
+        &self.repo
     }
 
     /// Writes `tests/local_tests/<family>/port.toml` and one parity test per
@@ -157,13 +172,13 @@ timeout_s = 60
     /// Logs of the sandbox's processes go to files beside the repo, at
     /// debug level, so tests can search them (for secrets, say).
     fn log_file(&self, name: &str) -> std::fs::File {
-        std::fs::File::create(self.repo().join(format!("{name}.log"))).expect("log file")
+        std::fs::File::create(self.dir.path().join(format!("{name}.log"))).expect("log file")
     }
 
     /// Everything the sandbox's processes logged so far.
     pub fn logs(&self) -> String {
         let mut all = String::new();
-        for e in std::fs::read_dir(self.repo()).unwrap().flatten() {
+        for e in std::fs::read_dir(self.dir.path()).unwrap().flatten() {
             if e.path().extension().is_some_and(|x| x == "log") {
                 all.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
             }
@@ -178,7 +193,7 @@ timeout_s = 60
 
     /// Starts (or restarts, on the same database) the orchestrator on `addr`.
     pub fn serve_at(&mut self, addr: &str, extra: &[&str]) -> String {
-        let db = self.repo().join("orchestrator.db");
+        let db = self.dir.path().join("orchestrator.db");
         let mut child = fvd()
             .args(["orchestrator", "serve", "--listen", addr, "--db"])
             .arg(format!("sqlite://{}", db.display()))
@@ -245,7 +260,7 @@ timeout_s = 60
             id,
         ])
         .args(["--cpu-slots", &slots.to_string(), "--workspace"])
-        .arg(self.repo().join(format!("ws-{id}")))
+        .arg(self.dir.path().join(format!("ws-{id}")))
         .args(extra)
         .env("FVD_LOG", LOG_FILTER)
         .stdout(Stdio::null())

@@ -27,6 +27,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
+use opentelemetry_proto::tonic::trace::v1::status;
 use prost::Message;
 
 use crate::support::{Sandbox, TestComponent, fvd, wait_for};
@@ -49,6 +50,18 @@ struct Got {
     parent: String,
     attrs: HashMap<String, String>,
     events: Vec<String>,
+    /// Each event's name and attributes.
+    event_attrs: Vec<(String, HashMap<String, String>)>,
+    /// The span status: `STATUS_CODE_*` name and message.
+    status: (String, String),
+    /// (trace id, span id) of each link.
+    links: Vec<(String, String)>,
+}
+
+impl Got {
+    fn is_error(&self) -> bool {
+        self.status.0 == "STATUS_CODE_ERROR"
+    }
 }
 
 #[derive(Debug, Default)]
@@ -57,13 +70,29 @@ struct Received {
     metric_names: Vec<String>,
     /// Latest value of each counter point: (metric, sorted attributes).
     sums: HashMap<(String, Vec<(String, String)>), f64>,
+    /// Bucket bounds of each histogram point, by metric.
+    bounds: HashMap<String, Vec<f64>>,
     /// Every request as its protobuf bytes, to search for secrets.
     bytes: Vec<Vec<u8>>,
+    /// Span export calls, answered or not.
+    trace_calls: usize,
+}
+
+/// How the receiver answers span exports.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+enum Mode {
+    #[default]
+    Answer,
+    /// Accepts the call and never answers it.
+    Hang,
+    /// Fails every call (`UNAVAILABLE`).
+    Refuse,
 }
 
 #[derive(Debug, Clone, Default)]
 struct Sink {
     received: Arc<Mutex<Received>>,
+    mode: Mode,
 }
 
 fn hex(b: &[u8]) -> String {
@@ -86,6 +115,12 @@ impl TraceService for Sink {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.received.lock().unwrap().trace_calls += 1;
+        match self.mode {
+            Mode::Answer => {}
+            Mode::Hang => std::future::pending::<()>().await,
+            Mode::Refuse => return Err(tonic::Status::unavailable("the test refuses spans")),
+        }
         let req = request.into_inner();
         let mut r = self.received.lock().unwrap();
         r.bytes.push(req.encode_to_vec());
@@ -111,6 +146,32 @@ impl TraceService for Sink {
                             .map(|kv| (kv.key.clone(), value(kv)))
                             .collect(),
                         events: s.events.iter().map(|e| e.name.clone()).collect(),
+                        event_attrs: s
+                            .events
+                            .iter()
+                            .map(|e| {
+                                let a = e
+                                    .attributes
+                                    .iter()
+                                    .map(|kv| (kv.key.clone(), value(kv)))
+                                    .collect();
+                                (e.name.clone(), a)
+                            })
+                            .collect(),
+                        status: s
+                            .status
+                            .as_ref()
+                            .map(|st| {
+                                let code = status::StatusCode::try_from(st.code)
+                                    .map_or("?", |c| c.as_str_name());
+                                (code.to_string(), st.message.clone())
+                            })
+                            .unwrap_or_else(|| ("STATUS_CODE_UNSET".into(), String::new())),
+                        links: s
+                            .links
+                            .iter()
+                            .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+                            .collect(),
                     });
                 }
             }
@@ -125,6 +186,9 @@ impl MetricsService for Sink {
         &self,
         request: tonic::Request<ExportMetricsServiceRequest>,
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        if self.mode == Mode::Hang {
+            std::future::pending::<()>().await;
+        }
         let req = request.into_inner();
         let mut r = self.received.lock().unwrap();
         r.bytes.push(req.encode_to_vec());
@@ -132,6 +196,11 @@ impl MetricsService for Sink {
             for sm in &rm.scope_metrics {
                 for m in &sm.metrics {
                     r.metric_names.push(m.name.clone());
+                    if let Some(metric::Data::Histogram(h)) = &m.data {
+                        for p in &h.data_points {
+                            r.bounds.insert(m.name.clone(), p.explicit_bounds.clone());
+                        }
+                    }
                     let Some(metric::Data::Sum(sum)) = &m.data else {
                         continue;
                     };
@@ -167,13 +236,20 @@ struct Receiver {
 
 impl Receiver {
     fn start(bind: &str) -> std::io::Result<Self> {
+        Self::start_with(bind, Mode::Answer)
+    }
+
+    fn start_with(bind: &str, mode: Mode) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()?;
         let listener = runtime.block_on(tokio::net::TcpListener::bind(bind))?;
         let addr = listener.local_addr()?;
-        let sink = Sink::default();
+        let sink = Sink {
+            mode,
+            ..Sink::default()
+        };
         let connections = Arc::new(AtomicUsize::new(0));
         let counted = connections.clone();
         let incoming = async_stream(listener, counted);
@@ -470,6 +546,18 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
         assert_eq!(run.service, "fvd-worker");
         assert_eq!(attr(run, "worker_id"), "w1");
         assert_eq!(attr(run, "job_id"), attr(job, "job_id"));
+        assert_eq!(attr(run, "family"), "otelport");
+        assert_eq!(attr(run, "component"), component);
+        // Span status: a red run's spans are errors with a message; a
+        // pass's are not.
+        for s in [c, a, job, run] {
+            if verdict == "debug_red" {
+                assert!(s.is_error(), "{} of {component}: {s:?}", s.name);
+                assert!(!s.status.1.is_empty(), "{} has no message: {s:?}", s.name);
+            } else {
+                assert!(!s.is_error(), "{} of {component}: {s:?}", s.name);
+            }
+        }
         if component == "joined" {
             // And into pytest: TRACEPARENT names the worker's span.
             let tp = std::fs::read_to_string(&seen).expect("the test wrote its TRACEPARENT");
@@ -485,6 +573,11 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
         p7.events.iter().any(|e| e == "gate refused a transition"),
         "{p7:?}"
     );
+    // The refusal and the port it blocks are errors; P6, which passed, is not.
+    assert!(p7.is_error() && p7.status.1.contains("leaky"), "{p7:?}");
+    assert!(!p6.is_error(), "{p6:?}");
+    assert_eq!(attr(port, "state"), "blocked");
+    assert!(port.is_error() && port.status.1.contains("P7"), "{port:?}");
 
     // Metrics arrived through the same collector.
     let names = wait_for("metrics", Duration::from_secs(10), || {
@@ -500,6 +593,12 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     ] {
         assert!(names.iter().any(|n| n == m), "{m} missing from {names:?}");
     }
+    // The queue wait is in seconds, and so are its buckets: a wait of a
+    // few milliseconds and one of an hour fall in different buckets.
+    let bounds = receiver.sink.received.lock().unwrap().bounds["fvd.job.queue_wait"].clone();
+    assert!(bounds.windows(2).all(|w| w[0] < w[1]), "{bounds:?}");
+    assert!(bounds.iter().any(|b| *b > 0.0 && *b <= 0.01), "{bounds:?}");
+    assert!(bounds.iter().any(|b| *b >= 3600.0), "{bounds:?}");
     // Counters carry port, component and verdict as attributes.
     let sums = receiver.sink.received.lock().unwrap().sums.clone();
     let key = |metric: &str, extra: &[(&str, &str)]| {
@@ -680,8 +779,15 @@ fn a_trace_comparison_joins_its_caller_s_trace_with_the_first_divergent_module()
     assert_eq!(attr(cmp, "family"), "tinylm");
     assert_eq!(attr(cmp, "component"), "transformer");
     assert_eq!(attr(cmp, "diverged"), "true");
+    // Named on the port's side, as a blocked reason names it; the
+    // reference's name beside it.
     assert_eq!(
         attr(cmp, "first_divergent_module"),
+        report["first_divergence"]["port_module"].as_str().unwrap()
+    );
+    assert_eq!(attr(cmp, "first_divergent_module"), cases.bug_port);
+    assert_eq!(
+        attr(cmp, "first_divergent_reference_module"),
         report["first_divergence"]["reference_module"]
             .as_str()
             .unwrap()
@@ -739,4 +845,389 @@ fn a_prep_handoff_that_asks_the_user_is_an_escape_hatch_and_a_p0_refusal() {
         !spans.iter().any(|s| s.name == "component"),
         "nothing is dispatched after a P0 refusal"
     );
+}
+
+// ---------------------------------------------------------------------------
+// One port, one trace: across processes, pauses and answers.
+
+/// `fvd` with a clean environment, exporting to `receiver` through the
+/// standard variable.
+fn exporting(receiver: &Receiver) -> std::process::Command {
+    let mut cmd = fvd();
+    clean_env(&mut cmd);
+    cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint());
+    cmd
+}
+
+/// Runs `cmd`: its exit code, and its stdout and stderr for messages.
+fn run(cmd: &mut std::process::Command) -> (Option<i32>, String, String) {
+    let out = cmd.output().expect("run fvd");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn component_span<'a>(spans: &'a [Got], name: &str) -> &'a Got {
+    one(spans, &format!("component span of {name}"), |s| {
+        s.name == "component" && s.attrs.get("component").map(String::as_str) == Some(name)
+    })
+}
+
+/// The example port without `timestep_embed`, whose agent needs three runs
+/// (tested in `agent`); the rest pauses on `time_shift`'s question.
+fn without_timestep_embed(spec: String) -> String {
+    let start = spec
+        .find("# Red on purpose (the port concatenates")
+        .expect("timestep_embed's block in port.toml");
+    let end = spec
+        .find("# Red on purpose (the port's checkpoint")
+        .expect("refiner's block in port.toml");
+    format!("{}{}", &spec[..start], &spec[end..])
+}
+
+#[test]
+fn one_port_is_one_trace_across_submit_answer_and_resume() {
+    let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
+    let sb = Sandbox::new();
+    crate::agent::example_repo(&sb, without_timestep_embed);
+    let repo = sb.repo().to_str().unwrap().to_string();
+    let submit = ["submit", "--family", "tinyport", "--wait", "--repo", &repo];
+
+    // 1. The submit pauses on time_shift's question (exit 3).
+    let (code, _, err) = run(exporting(&receiver).args(submit));
+    assert_eq!(code, Some(3), "{err}");
+    let first = receiver.spans();
+    let port = one(&first, "port span", |s| s.name == "port").clone();
+    let trace = port.trace_id.clone();
+    for s in &first {
+        assert_eq!(s.trace_id, trace, "{s:?}");
+    }
+    // A paused embedded port says where it stands.
+    assert_eq!(attr(&port, "state"), "ask_user");
+    assert_eq!(attr(&port, "phase"), "P6");
+    assert!(port.events.iter().any(|e| e == "port paused"), "{port:?}");
+
+    // Statuses: a blocked component and its red attempt are errors with a
+    // message; a pass is not.
+    let red = component_span(&first, "decoder_norm");
+    assert!(red.is_error(), "{red:?}");
+    assert!(red.status.1.starts_with("debug_red"), "{red:?}");
+    let red_attempt = one(&first, "decoder_norm's attempt", |s| {
+        s.name == "attempt" && s.parent == red.span_id
+    });
+    assert!(red_attempt.is_error() && !red_attempt.status.1.is_empty());
+    let pass = component_span(&first, "embed");
+    assert!(!pass.is_error(), "{pass:?}");
+    let pass_attempt = one(&first, "embed's attempt", |s| {
+        s.name == "attempt" && s.parent == pass.span_id
+    });
+    assert!(!pass_attempt.is_error(), "{pass_attempt:?}");
+
+    // The refiner's drill-down: its traced reruns are trace steps, not
+    // attempts; its one attempt is the red run.
+    let refiner = component_span(&first, "refiner");
+    let attempts: Vec<&Got> = first
+        .iter()
+        .filter(|s| {
+            s.name == "attempt" && s.attrs.get("component").map(String::as_str) == Some("refiner")
+        })
+        .collect();
+    assert_eq!(attempts.len(), 1, "{attempts:#?}");
+    assert_eq!(attr(attempts[0], "attempt"), "1");
+    assert_eq!(attempts[0].parent, refiner.span_id);
+    let mut steps: Vec<String> = first
+        .iter()
+        .filter(|s| s.name == "trace_step")
+        .map(|s| {
+            assert_eq!(attr(s, "component"), "refiner");
+            attr(s, "step").to_string()
+        })
+        .collect();
+    steps.sort();
+    assert_eq!(steps, ["1", "2"]);
+    let cmp = one(&first, "trace_comparison span", |s| {
+        s.name == "trace_comparison"
+    });
+    assert_eq!(attr(cmp, "first_divergent_module"), "blocks.2.norm");
+    assert_eq!(attr(cmp, "first_divergent_reference_module"), "layers.2.ln");
+    assert!(
+        refiner.status.1.contains("blocks.2.norm"),
+        "the blocked reason names the same module: {refiner:?}"
+    );
+
+    // 2. `fvd answer` resumes the port in a new process: its own span and
+    // the resumed port continue the port's trace.
+    let (code, _, err) = run(exporting(&receiver).args([
+        "answer", "tinyport", "E001", "--option", "1", "--repo", &repo,
+    ]));
+    assert_eq!(code, Some(1), "{err}");
+    let all = receiver.spans();
+    let second = &all[first.len()..];
+    let answer = one(second, "answer span", |s| s.name == "answer");
+    assert_eq!(answer.service, "fvd");
+    assert_eq!(attr(answer, "family"), "tinyport");
+    assert_eq!(
+        (answer.trace_id.as_str(), answer.parent.as_str()),
+        (trace.as_str(), port.span_id.as_str())
+    );
+    let resumed = one(second, "resumed port span", |s| s.name == "port");
+    assert_eq!(resumed.parent, answer.span_id);
+    for s in second {
+        assert_eq!(s.trace_id, trace, "{s:?}");
+    }
+    assert!(
+        second.iter().any(|s| s.name == "attempt"
+            && s.attrs.get("component").map(String::as_str) == Some("time_shift")),
+        "time_shift ran again after the answer"
+    );
+
+    // 3. A resubmit resumes it again, in the same trace.
+    let (code, _, err) = run(exporting(&receiver).args(submit));
+    assert_eq!(code, Some(1), "{err}");
+    let all = receiver.spans();
+    let third = &all[first.len() + second.len()..];
+    let cli = one(third, "submit span", |s| s.name == "submit");
+    assert_eq!(
+        (cli.trace_id.as_str(), cli.parent.as_str()),
+        (trace.as_str(), port.span_id.as_str())
+    );
+    let again = one(third, "port span", |s| s.name == "port");
+    assert_eq!(again.parent, cli.span_id);
+    for s in third {
+        assert_eq!(s.trace_id, trace, "{s:?}");
+    }
+}
+
+#[test]
+fn a_caller_s_decision_not_to_sample_is_honoured() {
+    let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
+    let sb = Sandbox::new();
+    let seen = sb.repo().join("traceparent.txt");
+    sb.port(
+        "unsampled",
+        &[TestComponent::new("solo", &write_traceparent(&seen))],
+    );
+    let caller = "5bf92f3577b34da6a3ce929d0e0e4737";
+    let unsampled = format!("00-{caller}-10f067aa0ba902b7-00");
+    let submit = |traceparent: Option<&str>, rerun: bool| {
+        let mut cmd = exporting(&receiver);
+        if let Some(tp) = traceparent {
+            cmd.env("TRACEPARENT", tp);
+        }
+        cmd.args([
+            "submit",
+            "--family",
+            "unsampled",
+            "--gpus",
+            "none",
+            "--repo",
+        ])
+        .arg(sb.repo());
+        if rerun {
+            cmd.arg("--rerun");
+        }
+        let (code, _, err) = run(&mut cmd);
+        assert_eq!(code, Some(0), "{err}");
+    };
+    submit(Some(&unsampled), false);
+    assert_eq!(receiver.spans().len(), 0, "{:#?}", receiver.spans());
+    // The decision travels on: the test process joins the caller's trace,
+    // not sampled either.
+    let tp = std::fs::read_to_string(&seen).unwrap();
+    let parts: Vec<&str> = tp.split('-').collect();
+    assert_eq!(parts.len(), 4, "{tp}");
+    assert_eq!((parts[1], parts[3]), (caller, "00"), "{tp}");
+
+    // Resumed without a caller, the port is traced; resumed again by a
+    // caller who does not sample, nothing of that run is exported, although
+    // the port's trace is stored and sampled; nor of a rerun.
+    submit(None, false);
+    let first = receiver.spans();
+    let port = one(&first, "port span", |s| s.name == "port").clone();
+    assert_ne!(port.trace_id, caller);
+    // A rerun starts the port over in a new trace, linked to the old one.
+    submit(None, true);
+    let traced = receiver.spans();
+    let rerun = &traced[first.len()..];
+    let cli = one(rerun, "rerun's submit span", |s| s.name == "submit");
+    assert_ne!(cli.trace_id, port.trace_id);
+    assert_eq!(cli.links, [(port.trace_id.clone(), port.span_id.clone())]);
+    let again = one(rerun, "rerun's port span", |s| s.name == "port");
+    assert_eq!(again.parent, cli.span_id);
+    submit(Some(&unsampled), false);
+    submit(Some(&unsampled), true);
+    let after = receiver.spans();
+    assert_eq!(after.len(), traced.len(), "{:#?}", &after[traced.len()..]);
+    let tp = std::fs::read_to_string(&seen).unwrap();
+    assert_eq!(tp.split('-').nth(1), Some(caller), "{tp}");
+}
+
+#[test]
+fn an_environment_failure_is_in_the_trace_and_pauses_the_port_there() {
+    let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
+    let sb = Sandbox::new();
+    let missing = "fvd_e2e_otel_not_installed";
+    sb.port(
+        "envport",
+        &[
+            // Prints the secret first: the cause must not carry it.
+            TestComponent::new(
+                "needs_pkg",
+                &format!("print(os.environ['{TOKEN_ENV}'])\nimport {missing}"),
+            ),
+            TestComponent::new("fine", "pass"),
+        ],
+    );
+    name_secret_in_spec(&sb, "envport");
+    let (code, _, err) = run(exporting(&receiver)
+        .env(TOKEN_ENV, TOKEN_VALUE)
+        .args(["submit", "--family", "envport", "--gpus", "none", "--repo"])
+        .arg(sb.repo()));
+    assert_eq!(code, Some(4), "paused for an environment: {err}");
+    let spans = receiver.spans();
+    let port = one(&spans, "port span", |s| s.name == "port");
+    assert_eq!(attr(port, "state"), "environment");
+    assert_eq!(attr(port, "phase"), "P6");
+    let waits = port
+        .event_attrs
+        .iter()
+        .find(|(n, _)| n == "waits for an environment")
+        .unwrap_or_else(|| panic!("no environment wait on the port: {port:?}"));
+    assert_eq!(
+        waits.1.get("component").map(String::as_str),
+        Some("needs_pkg")
+    );
+    // The run that hit the environment: its attempt says why, by cause.
+    let c = component_span(&spans, "needs_pkg");
+    let failure = spans
+        .iter()
+        .filter(|s| s.name == "attempt" && s.parent == c.span_id)
+        .flat_map(|s| &s.event_attrs)
+        .find(|(n, _)| n == "environment failure")
+        .unwrap_or_else(|| panic!("no environment failure event: {spans:#?}"));
+    assert!(failure.1["cause"].contains(missing), "{failure:?}");
+    assert!(
+        failure.1.get("worker_id").is_some_and(|w| !w.is_empty()),
+        "{failure:?}"
+    );
+    let r = receiver.sink.received.lock().unwrap();
+    let needle = TOKEN_VALUE.as_bytes();
+    assert!(
+        r.bytes
+            .iter()
+            .all(|b| !b.windows(needle.len()).any(|w| w == needle)),
+        "a request carries the secret value"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// A collector that misbehaves costs little and is reported once.
+
+/// `fvd trace compare` of the bug case: quick, and it records a span.
+fn compare(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    let cases = crate::trace::own();
+    cmd.args(["trace", "compare", "--reference"])
+        .arg(cases.dir.join("official.jsonl"))
+        .arg("--port")
+        .arg(cases.dir.join("port_bug.jsonl"));
+    for r in cases.renames {
+        cmd.args(["--rename", r]);
+    }
+    cmd
+}
+
+fn span_warnings(stderr: &str) -> usize {
+    stderr
+        .lines()
+        .filter(|l| l.contains("warning") && l.contains("span"))
+        .count()
+}
+
+#[test]
+fn a_collector_that_never_answers_delays_the_exit_by_two_seconds_at_most() {
+    let receiver = Receiver::start_with("127.0.0.1:0", Mode::Hang).expect("receiver");
+    let started = std::time::Instant::now();
+    let (code, _, err) = run(compare(&mut exporting(&receiver)));
+    let took = started.elapsed();
+    assert_eq!(code, Some(1), "the bug case diverges: {err}");
+    assert!(
+        receiver.sink.received.lock().unwrap().trace_calls >= 1,
+        "the spans were offered to the collector"
+    );
+    // The flush is bounded at 2 s; the command itself takes well under one.
+    assert!(took < Duration::from_secs(4), "exit took {took:?}: {err}");
+    assert_eq!(span_warnings(&err), 1, "{err}");
+}
+
+#[test]
+fn a_collector_that_fails_every_export_is_reported_once() {
+    let receiver = Receiver::start_with("127.0.0.1:0", Mode::Refuse).expect("receiver");
+    let sb = Sandbox::new();
+    let parts: Vec<TestComponent> = (0..3)
+        .map(|i| TestComponent::new(&format!("c{i}"), "time.sleep(0.3)"))
+        .collect();
+    sb.port("refused", &parts);
+    let (code, _, err) = run(exporting(&receiver)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "20")
+        .args(["submit", "--family", "refused", "--gpus", "none", "--repo"])
+        .arg(sb.repo()));
+    assert_eq!(code, Some(0), "{err}");
+    let calls = receiver.sink.received.lock().unwrap().trace_calls;
+    assert!(calls >= 2, "several batches failed, not {calls}");
+    assert_eq!(span_warnings(&err), 1, "{err}");
+}
+
+#[test]
+fn a_traces_protocol_fvd_cannot_speak_is_refused_naming_its_variable() {
+    let mut cmd = fvd();
+    clean_env(&mut cmd);
+    let (code, _, err) = run(compare(
+        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+            .env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+    ));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL is http/protobuf"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_fleet_resume_continues_the_port_s_trace_and_links_its_caller() {
+    let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
+    let sb = Sandbox::new();
+    sb.port("resumed", &[TestComponent::new("solo", "pass")]);
+    let endpoint = receiver.endpoint();
+    let quick = [("OTEL_BSP_SCHEDULE_DELAY", "50")];
+    let mut fleet = Fleet::serve(&sb, &["--otlp-endpoint", &endpoint], &quick);
+    fleet.worker(&sb, "w1", &[]);
+    let mut env = quick.to_vec();
+    env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint));
+    assert_eq!(submit(&fleet.url, "resumed", sb.repo(), &env), Some(0));
+    let first = wait_for("the first port span", Duration::from_secs(20), || {
+        let s = receiver.spans();
+        s.iter().find(|g| g.name == "port").cloned()
+    });
+    // Resubmitted from another trace (an agent's): the orchestrator's new
+    // run continues the port's trace and links the caller's CLI span,
+    // which could not know the port's context.
+    let caller = "6bf92f3577b34da6a3ce929d0e0e4738";
+    let tp = format!("00-{caller}-20f067aa0ba902b7-01");
+    env.push(("TRACEPARENT", &tp));
+    assert_eq!(submit(&fleet.url, "resumed", sb.repo(), &env), Some(0));
+    fleet.stop();
+    let spans = receiver.spans();
+    let cli = one(&spans, "second submit span", |s| {
+        s.name == "submit" && s.trace_id == caller
+    });
+    let again = one(&spans, "resumed port span", |s| {
+        s.name == "port" && s.span_id != first.span_id
+    });
+    assert_eq!(
+        (again.trace_id.as_str(), again.parent.as_str()),
+        (first.trace_id.as_str(), first.span_id.as_str())
+    );
+    assert_eq!(again.links, [(cli.trace_id.clone(), cli.span_id.clone())]);
 }

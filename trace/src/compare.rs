@@ -300,7 +300,85 @@ pub fn compare_records(
         layers.as_ref().is_none_or(|re| re.is_match(&r.module))
             && opts.steps.as_ref().is_none_or(|s| s.contains(&r.step))
     };
+    let mut a = align(reference, port, &tols, &keep);
+    let unmatched = unmatched_lists(&a.unmatched_ref, &a.unmatched_port, reference, port);
+    let steps = StepsExact::of(&a.rows);
 
+    // Comparator checks, before any verdict is read.
+    let mut signatures: Vec<Signature> = Vec::new();
+    if opts.layers.is_none() {
+        signatures.extend(inputs_differ_check(&a));
+    }
+    if let Some(sig) = layer_shift_check(&a, reference, port, &tols) {
+        if sig.untrusted {
+            // Not a verdict on the model: no first divergence, no drill-down.
+            a.first = None;
+            a.first_row = None;
+        }
+        signatures.push(sig);
+    }
+
+    // A signature explains rows that all diverge better than a guess does.
+    diagnose_rows(&mut diags, &a, !signatures.is_empty());
+    diagnose_coverage(&mut diags, &a, &unmatched, &steps);
+
+    let verdict = Verdict::of(a.rows.len(), &signatures, a.first.is_some());
+    // An untrusted comparison is not drilled into.
+    let (drill_down, drill_down_reference) =
+        match a.first.as_ref().filter(|_| verdict != Verdict::Untrusted) {
+            Some(fd) => (
+                Some(drill_regex(&fd.port_module)),
+                Some(drill_regex(&fd.reference_module)),
+            ),
+            None => (None, None),
+        };
+    Ok(Report {
+        verdict,
+        diagnostics: lead_diagnostics(diags.finish(), &signatures),
+        signatures,
+        first_divergence: a.first,
+        rows: a.rows,
+        unmatched,
+        drill_down,
+        drill_down_reference,
+        exact_steps: steps.exact,
+        tolerances: tols
+            .stats
+            .iter()
+            .filter_map(|s| tols.get("", s).map(|t| (s.clone(), t)))
+            .collect(),
+    })
+}
+
+/// The rows of the two traces aligned in the reference's execution order,
+/// and what the walk noticed on the way.
+struct Alignment<'a> {
+    rows: Vec<Row>,
+    /// (reference record, port record) of each row, for the checks.
+    pairs: Vec<(usize, usize)>,
+    /// The first reference record the filters keep.
+    first_kept: Option<usize>,
+    /// Kept records with no counterpart on the other side.
+    unmatched_ref: Vec<&'a Record>,
+    unmatched_port: Vec<&'a Record>,
+    first: Option<FirstDivergence>,
+    /// The row of `first` in `rows`.
+    first_row: Option<usize>,
+    /// Distinct `(reference, port)` dtypes that differ, and in how many rows.
+    dtype_pairs: Vec<(String, String)>,
+    dtype_rows: usize,
+    shape_mismatches: usize,
+}
+
+/// Walks the reference in execution order and compares each kept record
+/// with its counterpart in the port (same module, tensor, step and
+/// occurrence).
+fn align<'a>(
+    reference: &'a [Record],
+    port: &'a [Record],
+    tols: &Tolerances,
+    keep: &dyn Fn(&Record) -> bool,
+) -> Alignment<'a> {
     let port_occ = occurrences(port);
     let port_index: FastMap<(&str, &str, Option<i64>, u32), usize> = port
         .iter()
@@ -309,26 +387,27 @@ pub fn compare_records(
         .map(|(i, (r, n))| ((&*r.module, &*r.tensor, r.step, *n), i))
         .collect();
     let mut port_used = vec![false; port.len()];
-
-    let mut rows: Vec<Row> = Vec::new();
-    // (reference record, port record) of each row, for the checks.
-    let mut pairs: Vec<(usize, usize)> = Vec::new();
-    let mut first_kept: Option<usize> = None;
-    let mut unmatched_ref: Vec<&Record> = Vec::new();
-    let mut first: Option<FirstDivergence> = None;
-    let mut first_row: Option<usize> = None;
-    let mut dtype_pairs: Vec<(String, String)> = Vec::new();
-    let mut dtype_rows = 0usize;
-    let mut shape_mismatches = 0usize;
+    let mut a = Alignment {
+        rows: Vec::new(),
+        pairs: Vec::new(),
+        first_kept: None,
+        unmatched_ref: Vec::new(),
+        unmatched_port: Vec::new(),
+        first: None,
+        first_row: None,
+        dtype_pairs: Vec::new(),
+        dtype_rows: 0,
+        shape_mismatches: 0,
+    };
 
     for (i, (r, n)) in reference.iter().zip(occurrences(reference)).enumerate() {
         let key = (&*r.module, &*r.tensor, r.step, n);
-        if first_kept.is_none() && keep(r) {
-            first_kept = Some(i);
+        if a.first_kept.is_none() && keep(r) {
+            a.first_kept = Some(i);
         }
         let Some(&j) = port_index.get(&key) else {
             if keep(r) {
-                unmatched_ref.push(r);
+                a.unmatched_ref.push(r);
             }
             continue;
         };
@@ -337,164 +416,230 @@ pub fn compare_records(
             continue;
         }
         let p = &port[j];
-        let shape_ok = match (&r.shape, &p.shape) {
-            (Some(a), Some(b)) => a == b || !tols.shape_checked(&r.module),
-            _ => true,
-        };
-        let abs_mean = match (r.stat_f64("abs_mean"), p.stat_f64("abs_mean")) {
-            (Some(a), Some(b)) => Some(a.abs().max(b.abs())),
-            (a, b) => a.or(b),
-        };
-        let numel = r.element_count().or(p.element_count());
-        let mut drifts = crate::report::Drifts::default();
-        let mut exact = true;
-        let mut any_common = false;
-        let mut worst: Option<(String, f64, f64)> = None; // stat, drift, ratio
-        for (name, rv) in r.stats.iter() {
-            let Some(pv) = p.stat(name) else { continue };
-            any_common = true;
-            match (&rv, &pv) {
-                (&StatValue::Num(a), &StatValue::Num(b)) => {
-                    let same = a == b || (a.is_nan() && b.is_nan());
-                    exact &= same;
-                    let d = drift(name, a, b, abs_mean, numel);
-                    drifts.insert(name, d);
-                    if let Some(tol) = tols.get(&r.module, name)
-                        && d > tol
-                    {
-                        let ratio = if tol > 0.0 { d / tol } else { f64::INFINITY };
-                        if worst.as_ref().is_none_or(|w| ratio > w.2) {
-                            worst = Some((name.to_string(), d, ratio));
-                        }
-                    }
-                }
-                _ => exact &= rv == pv,
-            }
+        let c = compare_pair(i, r, p, tols);
+        if !c.shape_ok {
+            a.shape_mismatches += 1;
         }
-        exact &= any_common && r.shape == p.shape;
-        if !shape_ok {
-            shape_mismatches += 1;
+        a.note_dtypes(r, p);
+        if c.row.diverged && a.first.is_none() {
+            a.first_row = Some(a.rows.len());
+            a.first = Some(first_divergence(r, p, &c, tols));
         }
+        a.pairs.push((i, j));
+        a.rows.push(c.row);
+    }
+
+    a.unmatched_port = port
+        .iter()
+        .zip(&port_used)
+        .filter(|(r, used)| !**used && keep(r))
+        .map(|(r, _)| r)
+        .collect();
+    a
+}
+
+impl Alignment<'_> {
+    fn note_dtypes(&mut self, r: &Record, p: &Record) {
         if let (Some(a), Some(b)) = (&r.dtype, &p.dtype)
             && a != b
         {
-            dtype_rows += 1;
-            if !dtype_pairs.contains(&(a.to_string(), b.to_string())) {
-                dtype_pairs.push((a.to_string(), b.to_string()));
+            self.dtype_rows += 1;
+            if !self.dtype_pairs.contains(&(a.to_string(), b.to_string())) {
+                self.dtype_pairs.push((a.to_string(), b.to_string()));
             }
         }
-        let diverged = !shape_ok || worst.is_some();
-        if diverged && first.is_none() {
-            first_row = Some(rows.len());
-            first = Some(if !shape_ok {
-                FirstDivergence {
-                    reference_module: r.module.to_string(),
-                    port_module: port_name(p).to_string(),
-                    tensor: r.tensor.to_string(),
-                    step: r.step,
-                    stat: "shape".to_string(),
-                    reference: serde_json::json!(r.shape),
-                    port: serde_json::json!(p.shape),
-                    drift: None,
-                    tolerance: None,
-                }
-            } else {
-                let (stat, d, _) = worst.clone().expect("diverged on a stat");
-                FirstDivergence {
-                    reference_module: r.module.to_string(),
-                    port_module: port_name(p).to_string(),
-                    tensor: r.tensor.to_string(),
-                    step: r.step,
-                    reference: stat_json(r.stat(&stat).as_ref()),
-                    port: stat_json(p.stat(&stat).as_ref()),
-                    tolerance: tols.get(&r.module, &stat),
-                    stat,
-                    drift: Some(d),
-                }
-            });
-        }
-        let exceeded = if !shape_ok {
-            vec!["shape".to_string()]
-        } else {
-            tols.stats
-                .iter()
-                .filter(|s| {
-                    matches!((tols.get(&r.module, s), drifts.get(s)), (Some(t), Some(d)) if d > t)
-                })
-                .cloned()
-                .collect()
-        };
-        pairs.push((i, j));
-        rows.push(Row {
-            index: i,
+    }
+}
+
+/// One aligned pair compared.
+struct Compared {
+    row: Row,
+    /// The shapes agree (or the module's shape is not checked).
+    shape_ok: bool,
+    /// The stat furthest beyond its tolerance: `(stat, drift, drift / tolerance)`.
+    worst: Option<(String, f64, f64)>,
+}
+
+/// Compares reference record `r` (at `index`) with its port counterpart `p`.
+fn compare_pair(index: usize, r: &Record, p: &Record, tols: &Tolerances) -> Compared {
+    let shape_ok = match (&r.shape, &p.shape) {
+        (Some(a), Some(b)) => a == b || !tols.shape_checked(&r.module),
+        _ => true,
+    };
+    let s = stat_drifts(r, p, tols);
+    let exact = s.exact && s.any_common && r.shape == p.shape;
+    let diverged = !shape_ok || s.worst.is_some();
+    let exceeded = if !shape_ok {
+        vec!["shape".to_string()]
+    } else {
+        tols.stats
+            .iter()
+            .filter(|st| {
+                matches!((tols.get(&r.module, st), s.drifts.get(st)), (Some(t), Some(d)) if d > t)
+            })
+            .cloned()
+            .collect()
+    };
+    Compared {
+        row: Row {
+            index,
             reference_module: r.module.to_string(),
             port_module: port_name(p).to_string(),
             tensor: r.tensor.to_string(),
             step: r.step,
             reference_shape: r.shape.clone(),
             port_shape: p.shape.clone(),
-            drift: drifts,
+            drift: s.drifts,
             exceeded,
             diverged,
             exact,
-        });
+        },
+        shape_ok,
+        worst: s.worst,
     }
+}
 
-    let unmatched_port: Vec<&Record> = port
-        .iter()
-        .zip(&port_used)
-        .filter(|(r, used)| !**used && keep(r))
-        .map(|(r, _)| r)
-        .collect();
-    let unmatched = unmatched_lists(&unmatched_ref, &unmatched_port, reference, port);
+/// The stats both records have, compared.
+struct StatDrifts {
+    drifts: crate::report::Drifts,
+    /// Every common stat is bit-identical.
+    exact: bool,
+    /// The records have a stat in common.
+    any_common: bool,
+    worst: Option<(String, f64, f64)>,
+}
 
-    // Steps whose rows all match bit for bit, in execution order.
-    let mut step_order: Vec<Option<i64>> = Vec::new();
-    let mut step_exact: FastMap<Option<i64>, bool> = fast_map(16);
-    for row in &rows {
-        match step_exact.get_mut(&row.step) {
-            Some(e) => *e &= row.exact,
-            None => {
-                step_order.push(row.step);
-                step_exact.insert(row.step, row.exact);
+fn stat_drifts(r: &Record, p: &Record, tols: &Tolerances) -> StatDrifts {
+    let abs_mean = match (r.stat_f64("abs_mean"), p.stat_f64("abs_mean")) {
+        (Some(a), Some(b)) => Some(a.abs().max(b.abs())),
+        (a, b) => a.or(b),
+    };
+    let numel = r.element_count().or(p.element_count());
+    let mut s = StatDrifts {
+        drifts: crate::report::Drifts::default(),
+        exact: true,
+        any_common: false,
+        worst: None,
+    };
+    for (name, rv) in r.stats.iter() {
+        let Some(pv) = p.stat(name) else { continue };
+        s.any_common = true;
+        match (&rv, &pv) {
+            (&StatValue::Num(a), &StatValue::Num(b)) => {
+                let same = a == b || (a.is_nan() && b.is_nan());
+                s.exact &= same;
+                let d = drift(name, a, b, abs_mean, numel);
+                s.drifts.insert(name, d);
+                if let Some(tol) = tols.get(&r.module, name)
+                    && d > tol
+                {
+                    let ratio = if tol > 0.0 { d / tol } else { f64::INFINITY };
+                    if s.worst.as_ref().is_none_or(|w| ratio > w.2) {
+                        s.worst = Some((name.to_string(), d, ratio));
+                    }
+                }
             }
+            _ => s.exact &= rv == pv,
         }
     }
-    let exact_steps: Vec<Option<i64>> = step_order
-        .iter()
-        .copied()
-        .filter(|s| step_exact[s])
-        .collect();
+    s
+}
 
-    // Comparator checks, before any verdict is read.
-    let mut signatures: Vec<Signature> = Vec::new();
-    if opts.layers.is_none()
-        && let (Some(row), Some(fd)) = (rows.first(), &first)
-        && row.diverged
-        && Some(row.index) == first_kept
-        && block_of(&row.reference_module).is_none()
-    {
-        // The first row of the reference is the model's input (a filtered
-        // or block-scoped trace starts inside the model: no such check).
-        // Diverged, it is the first divergence.
-        let what = match fd.drift {
-            Some(d) => format!("{} drift {} beyond tolerance", fd.stat, pct(d)),
-            None => format!("{} {} vs {}", fd.stat, fd.reference, fd.port),
+/// The first divergence at the pair `c` compared: its shape, or its worst
+/// stat.
+fn first_divergence(r: &Record, p: &Record, c: &Compared, tols: &Tolerances) -> FirstDivergence {
+    if !c.shape_ok {
+        return FirstDivergence {
+            reference_module: r.module.to_string(),
+            port_module: port_name(p).to_string(),
+            tensor: r.tensor.to_string(),
+            step: r.step,
+            stat: "shape".to_string(),
+            reference: serde_json::json!(r.shape),
+            port: serde_json::json!(p.shape),
+            drift: None,
+            tolerance: None,
         };
-        let (stat, value, threshold) = (fd.stat.clone(), fd.drift, fd.tolerance);
-        signatures.push(signature::inputs_differ(
-            InputsDiffer {
-                reference: row.reference_module.clone(),
-                port: row.port_module.clone(),
-                step: row.step,
-                stat,
-                value,
-                threshold,
-            },
-            &what,
-        ));
     }
-    let shift_rows: Vec<ShiftRow<'_>> = rows
+    let (stat, d, _) = c.worst.clone().expect("diverged on a stat");
+    FirstDivergence {
+        reference_module: r.module.to_string(),
+        port_module: port_name(p).to_string(),
+        tensor: r.tensor.to_string(),
+        step: r.step,
+        reference: stat_json(r.stat(&stat).as_ref()),
+        port: stat_json(p.stat(&stat).as_ref()),
+        tolerance: tols.get(&r.module, &stat),
+        stat,
+        drift: Some(d),
+    }
+}
+
+/// The steps of the rows in execution order, and those whose rows all
+/// match bit for bit.
+struct StepsExact {
+    order: Vec<Option<i64>>,
+    exact: Vec<Option<i64>>,
+}
+
+impl StepsExact {
+    fn of(rows: &[Row]) -> Self {
+        let mut order: Vec<Option<i64>> = Vec::new();
+        let mut step_exact: FastMap<Option<i64>, bool> = fast_map(16);
+        for row in rows {
+            match step_exact.get_mut(&row.step) {
+                Some(e) => *e &= row.exact,
+                None => {
+                    order.push(row.step);
+                    step_exact.insert(row.step, row.exact);
+                }
+            }
+        }
+        let exact = order.iter().copied().filter(|s| step_exact[s]).collect();
+        StepsExact { order, exact }
+    }
+}
+
+/// `inputs_differ`: the reference's first row, the model's input, diverges
+/// (then it is the first divergence). A filtered or block-scoped trace
+/// starts inside the model: no such check (the caller runs it only without
+/// `--layers`).
+fn inputs_differ_check(a: &Alignment<'_>) -> Option<Signature> {
+    let (Some(row), Some(fd)) = (a.rows.first(), &a.first) else {
+        return None;
+    };
+    if !row.diverged || Some(row.index) != a.first_kept || block_of(&row.reference_module).is_some()
+    {
+        return None;
+    }
+    let what = match fd.drift {
+        Some(d) => format!("{} drift {} beyond tolerance", fd.stat, pct(d)),
+        None => format!("{} {} vs {}", fd.stat, fd.reference, fd.port),
+    };
+    let (stat, value, threshold) = (fd.stat.clone(), fd.drift, fd.tolerance);
+    Some(signature::inputs_differ(
+        InputsDiffer {
+            reference: row.reference_module.clone(),
+            port: row.port_module.clone(),
+            step: row.step,
+            stat,
+            value,
+            threshold,
+        },
+        &what,
+    ))
+}
+
+/// `layer_shift`: block outputs match the neighbouring block on the other
+/// side while their insides match in place.
+fn layer_shift_check(
+    a: &Alignment<'_>,
+    reference: &[Record],
+    port: &[Record],
+    tols: &Tolerances,
+) -> Option<Signature> {
+    let shift_rows: Vec<ShiftRow<'_>> = a
+        .rows
         .iter()
         .map(|r| ShiftRow {
             module: &r.reference_module,
@@ -503,28 +648,24 @@ pub fn compare_records(
             diverged: r.diverged,
         })
         .collect();
-    let shift = signature::layer_shift::<std::convert::Infallible>(&shift_rows, |p, r| {
+    signature::layer_shift::<std::convert::Infallible>(&shift_rows, |p, r| {
         Ok(stats_match(
-            &reference[pairs[r].0],
-            &port[pairs[p].1],
-            &tols,
+            &reference[a.pairs[r].0],
+            &port[a.pairs[p].1],
+            tols,
         ))
     })
-    .unwrap_or_else(|never| match never {});
-    if let Some(sig) = shift {
-        if sig.untrusted {
-            // Not a verdict on the model: no first divergence, no drill-down.
-            first = None;
-            first_row = None;
-        }
-        signatures.push(sig);
-    }
+    .unwrap_or_else(|never| match never {})
+}
 
-    // Diagnostics.
+/// What the compared rows say about the comparison itself: nothing
+/// compared, every row diverging (unless a signature explains it,
+/// `inputs_checked`), no row exact, an early first divergence, shapes and
+/// dtypes that differ.
+fn diagnose_rows(diags: &mut Collector, a: &Alignment<'_>, inputs_checked: bool) {
+    let rows = &a.rows;
     let compared = rows.len();
     let diverged_rows = rows.iter().filter(|r| r.diverged).count();
-    // A signature explains rows that all diverge better than a guess does.
-    let inputs_checked = !signatures.is_empty();
     if compared == 0 {
         diags.push(
             "nothing_compared",
@@ -540,7 +681,7 @@ pub fn compare_records(
             ),
         );
     } else if compared > 0 && !rows.iter().any(|r| r.exact) {
-        let why = if dtype_pairs.is_empty() {
+        let why = if a.dtype_pairs.is_empty() {
             "with identical dtypes this usually means the inputs are not bit-identical".to_string()
         } else {
             "expected here since the dtypes differ".to_string()
@@ -550,52 +691,69 @@ pub fn compare_records(
             format!("no compared row matches bit for bit; {why}"),
         );
     }
-    if let (Some(fd), Some(fi)) = (&first, first_row) {
-        let step_rows: Vec<&Row> = rows.iter().filter(|r| r.step == fd.step).collect();
-        let first_block = step_rows.iter().find_map(|r| {
-            block_of(&r.reference_module).map(|b| (b.0.to_string(), b.1.to_string()))
-        });
-        let pos = step_rows
-            .iter()
-            .position(|r| std::ptr::eq(*r, &rows[fi]))
-            .unwrap_or(0);
-        let first_block_pos = step_rows
-            .iter()
-            .position(|r| block_of(&r.reference_module).is_some());
-        let early = match (block_of(&fd.reference_module), &first_block) {
-            (Some((p, i)), Some((fp, fi))) => p == fp && i == fi,
-            (None, _) => first_block_pos.is_some_and(|b| pos < b),
-            _ => false,
-        };
-        if early {
-            diags.push(
-                "early_divergence",
-                format!(
-                    "the first divergence ({}) is at the first block or before it: look at the embedding, adapters, modality dispatch, coordinate embedding and packing before attention or MLP",
-                    fd.port_module
-                ),
-            );
-        }
-    }
-    if shape_mismatches > 0 {
+    if let (Some(fd), Some(fi)) = (&a.first, a.first_row)
+        && is_early(rows, fd, fi)
+    {
         diags.push(
-            "shape_mismatch",
-            format!("{shape_mismatches} aligned rows have different shapes"),
+            "early_divergence",
+            format!(
+                "the first divergence ({}) is at the first block or before it: look at the embedding, adapters, modality dispatch, coordinate embedding and packing before attention or MLP",
+                fd.port_module
+            ),
         );
     }
-    if !dtype_pairs.is_empty() {
-        let pairs: Vec<String> = dtype_pairs
+    if a.shape_mismatches > 0 {
+        diags.push(
+            "shape_mismatch",
+            format!("{} aligned rows have different shapes", a.shape_mismatches),
+        );
+    }
+    if !a.dtype_pairs.is_empty() {
+        let pairs: Vec<String> = a
+            .dtype_pairs
             .iter()
-            .map(|(a, b)| format!("{a} vs {b}"))
+            .map(|(r, p)| format!("{r} vs {p}"))
             .collect();
         diags.push(
             "dtype_differs",
             format!(
-                "{dtype_rows} rows have different dtypes ({}): expect dtype noise",
+                "{} rows have different dtypes ({}): expect dtype noise",
+                a.dtype_rows,
                 pairs.join(", ")
             ),
         );
     }
+}
+
+/// Whether the first divergence `fd` (row `fi`) is in the first block of
+/// its step or before any block.
+fn is_early(rows: &[Row], fd: &FirstDivergence, fi: usize) -> bool {
+    let step_rows: Vec<&Row> = rows.iter().filter(|r| r.step == fd.step).collect();
+    let first_block = step_rows
+        .iter()
+        .find_map(|r| block_of(&r.reference_module).map(|b| (b.0.to_string(), b.1.to_string())));
+    let pos = step_rows
+        .iter()
+        .position(|r| std::ptr::eq(*r, &rows[fi]))
+        .unwrap_or(0);
+    let first_block_pos = step_rows
+        .iter()
+        .position(|r| block_of(&r.reference_module).is_some());
+    match (block_of(&fd.reference_module), &first_block) {
+        (Some((p, i)), Some((fp, fi))) => p == fp && i == fi,
+        (None, _) => first_block_pos.is_some_and(|b| pos < b),
+        _ => false,
+    }
+}
+
+/// What one side has that the other lacks, and the steps that match bit
+/// for bit.
+fn diagnose_coverage(
+    diags: &mut Collector,
+    a: &Alignment<'_>,
+    unmatched: &UnmatchedSides,
+    steps: &StepsExact,
+) {
     if !unmatched.reference.is_empty() {
         diags.push(
             "only_in_reference",
@@ -616,9 +774,9 @@ pub fn compare_records(
             ),
         );
     }
-    if !exact_steps.is_empty() && step_order.iter().any(|s| s.is_some()) {
-        let list: Vec<String> = exact_steps.iter().map(|s| step_text(*s)).collect();
-        let tail = match &first {
+    if !steps.exact.is_empty() && steps.order.iter().any(|s| s.is_some()) {
+        let list: Vec<String> = steps.exact.iter().map(|s| step_text(*s)).collect();
+        let tail = match &a.first {
             Some(fd) => format!("; the first divergence is at step {}", step_text(fd.step)),
             None => String::new(),
         };
@@ -627,33 +785,6 @@ pub fn compare_records(
             format!("steps {} match bit for bit{tail}", list.join(", ")),
         );
     }
-
-    let verdict = Verdict::of(rows.len(), &signatures, first.is_some());
-    // An untrusted comparison is not drilled into.
-    let (drill_down, drill_down_reference) =
-        match first.as_ref().filter(|_| verdict != Verdict::Untrusted) {
-            Some(fd) => (
-                Some(drill_regex(&fd.port_module)),
-                Some(drill_regex(&fd.reference_module)),
-            ),
-            None => (None, None),
-        };
-    Ok(Report {
-        verdict,
-        diagnostics: lead_diagnostics(diags.finish(), &signatures),
-        signatures,
-        first_divergence: first,
-        rows,
-        unmatched,
-        drill_down,
-        drill_down_reference,
-        exact_steps,
-        tolerances: tols
-            .stats
-            .iter()
-            .filter_map(|s| tols.get("", s).map(|t| (s.clone(), t)))
-            .collect(),
-    })
 }
 
 fn step_text(s: Option<i64>) -> String {

@@ -75,7 +75,7 @@ async fn main() {
         };
         prepare_pytest(&mut spec, &scratch).await.unwrap();
         let (tx, mut rx) = mpsc::channel(64);
-        tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        fvd_telemetry::spawn(async move { while rx.recv().await.is_some() {} });
         let outcome = run_job(spec, tx, CancellationToken::new()).await.unwrap();
         let verdict = outcome.verdict();
         let got = verdict.status().as_str();

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::code::{self, Chunk, CodeCache, JobCode, Provide};
 use crate::exec::{self, JobEvent, JobSpec, JunitFile, OutputStream};
 use crate::gpu::GpuInfo;
 use crate::health::{Link, LinkReporter};
@@ -41,6 +42,13 @@ pub struct WorkerConfig {
     pub token: Option<Token>,
     /// CA certificate (PEM) for an `https://` orchestrator.
     pub tls_ca: Option<Vec<u8>>,
+    /// Paths this worker has for jobs whose spec lists them in
+    /// `worker_paths` (`--provide PATH=DIR`), registered with the
+    /// orchestrator and linked into the checkouts of code by commit.
+    pub provides: Vec<Provide>,
+    /// Cap of the checkouts' total size in `WORKSPACE/code`
+    /// (`--code-cache-mib`); least recently used ones go first.
+    pub code_cache_bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +57,8 @@ pub enum ClientError {
     Endpoint(#[from] fvd_proto::transport::EndpointError),
     #[error("orchestrator {url} refused the registration: {status}")]
     Refused { url: String, status: tonic::Status },
+    #[error(transparent)]
+    Code(#[from] code::CodeError),
 }
 
 /// Jobs running on this worker: their lease and how to cancel them.
@@ -60,6 +70,16 @@ type Running = Arc<Mutex<HashMap<String, (u64, CancellationToken)>>>;
 /// worker (perhaps with its environment fixed) checks again.
 type Preflights =
     Arc<Mutex<HashMap<(String, Vec<String>), Arc<tokio::sync::OnceCell<Result<(), String>>>>>>;
+
+/// Code fetches waiting for their `CodeChunk`s, by request id.
+type Fetches = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Chunk>>>>;
+
+/// What a session hands every job: its code cache and open fetches.
+#[derive(Clone)]
+struct CodeLink {
+    cache: Arc<CodeCache>,
+    fetches: Fetches,
+}
 
 /// Serves the orchestrator until `shutdown` is cancelled or, once `drain`
 /// is cancelled, until the jobs it runs have finished and been reported (no
@@ -90,6 +110,15 @@ pub async fn run_reporting(
     let endpoint = fvd_proto::transport::endpoint(&config.orchestrator, config.tls_ca.as_deref())?;
     let running: Running = Arc::default();
     let preflights: Preflights = Arc::default();
+    let code = CodeLink {
+        cache: CodeCache::open(
+            &config.workspace,
+            config.code_cache_bytes,
+            config.provides.clone(),
+        )
+        .await?,
+        fetches: Arc::default(),
+    };
     let mut backoff = Duration::from_millis(100);
     loop {
         if shutdown.is_cancelled() {
@@ -103,11 +132,14 @@ pub async fn run_reporting(
             endpoint.clone(),
             &running,
             &preflights,
+            &code,
             &shutdown,
             &drain,
             &link,
         )
         .await;
+        // Fetches of the lost stream get no more chunks: they fail now.
+        code.fetches.lock().expect("fetches lock").clear();
         link.set(if shutdown.is_cancelled() {
             Link::Stopping
         } else if drain.is_cancelled() {
@@ -150,11 +182,13 @@ enum Session {
     Lost(String),
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn session(
     config: &WorkerConfig,
     endpoint: tonic::transport::Endpoint,
     running: &Running,
     preflights: &Preflights,
+    code: &CodeLink,
     shutdown: &CancellationToken,
     drain: &CancellationToken,
     link: &LinkReporter,
@@ -222,7 +256,7 @@ async fn session(
                         if matches!(m.msg, Some(pb::orchestrator_msg::Msg::Registered(_))) && !drain.is_cancelled() {
                             link.set(Link::Registered);
                         }
-                        handle(config, m, &tx, running, preflights, shutdown)
+                        handle(config, m, &tx, running, preflights, code, shutdown)
                     }
                     Ok(None) => return Err(Session::Lost("orchestrator closed the stream".into())),
                     Err(status) => return Err(Session::Lost(status.to_string())),
@@ -263,6 +297,7 @@ fn register(config: &WorkerConfig) -> pb::Register {
         cpu_slots: config.cpu_slots,
         labels: config.labels.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
+        provides: config.provides.iter().map(|p| p.path.clone()).collect(),
     }
 }
 
@@ -272,13 +307,28 @@ fn handle(
     tx: &mpsc::Sender<pb::WorkerMsg>,
     running: &Running,
     preflights: &Preflights,
+    code: &CodeLink,
     stopping: &CancellationToken,
 ) {
     match m.msg {
         Some(pb::orchestrator_msg::Msg::Registered(r)) => {
             tracing::info!(worker = %config.worker_id, lease_ttl_ms = r.lease_ttl_ms, "registered");
         }
-        Some(pb::orchestrator_msg::Msg::AssignJob(a)) => {
+        Some(pb::orchestrator_msg::Msg::CodeChunk(c)) => {
+            let mut fetches = code.fetches.lock().expect("fetches lock");
+            let done = c.last || !c.error.is_empty();
+            if let Some(to) = fetches.get(&c.request_id) {
+                let _ = to.send(Chunk {
+                    data: c.data,
+                    last: c.last,
+                    error: c.error,
+                });
+            }
+            if done {
+                fetches.remove(&c.request_id);
+            }
+        }
+        Some(pb::orchestrator_msg::Msg::AssignJob(mut a)) => {
             let cancel = CancellationToken::new();
             running
                 .lock()
@@ -288,6 +338,7 @@ fn handle(
             let tx = tx.clone();
             let running = running.clone();
             let stopping = stopping.clone();
+            let code = code.clone();
             let preflight = (!a.preflight.is_empty()).then(|| {
                 preflights
                     .lock()
@@ -301,6 +352,8 @@ fn handle(
             let span = tracing::info_span!(
                 parent: None,
                 "job.run",
+                family = %a.family,
+                component = %a.component,
                 job_id = %a.job_id,
                 lease_epoch = a.lease_epoch,
                 worker_id = %config.worker_id,
@@ -313,6 +366,32 @@ fn handle(
             let _entered = span.enter();
             fvd_telemetry::spawn(async move {
                 let job_id = a.job_id.clone();
+                // The job's code: its checkout if this worker sees it at
+                // the job's commit, else a checkout of its own (held until
+                // the job ends).
+                let placed = place(&code, &a, &tx, &cancel).await;
+                let _checkout = match placed {
+                    Ok(p) => {
+                        a.cwd = p.cwd.to_string_lossy().into_owned();
+                        p.checkout
+                    }
+                    Err(why) => {
+                        tracing::warn!(job = %job_id, %why, "the job's code is not available here");
+                        running.lock().expect("running lock").remove(&job_id);
+                        let finished = pb::JobFinished {
+                            job_id: a.job_id.clone(),
+                            lease_epoch: a.lease_epoch,
+                            spawn_error: why,
+                            ..Default::default()
+                        };
+                        if !handed_back(&finished, &stopping).await {
+                            let _ = tx
+                                .send(msg(pb::worker_msg::Msg::JobFinished(finished)))
+                                .await;
+                        }
+                        return;
+                    }
+                };
                 let finished = match preflight {
                     Some(cell) => {
                         let outcome = cell.get_or_init(|| preflight_check(&a)).await.clone();
@@ -328,6 +407,20 @@ fn handle(
                     }
                     None => run_assigned(&config, a, &tx, cancel).await,
                 };
+                fvd_telemetry::spans::job_ended(
+                    &tracing::Span::current(),
+                    &fvd_telemetry::spans::JobEnd {
+                        exit_code: finished.exit_code,
+                        signal: finished.signal,
+                        timed_out: finished.timed_out,
+                        cancelled: finished.cancelled,
+                        error: if finished.spawn_error.is_empty() {
+                            &finished.preflight_error
+                        } else {
+                            &finished.spawn_error
+                        },
+                    },
+                );
                 running.lock().expect("running lock").remove(&job_id);
                 if handed_back(&finished, &stopping).await {
                     tracing::info!(job = %job_id, "job cut short by the worker's stop: no result sent; the orchestrator queues it again");
@@ -353,6 +446,45 @@ fn handle(
         None => {}
     }
 }
+
+/// Where the job runs (see [`crate::code`]); fetches the commit over the
+/// stream when the worker lacks it.
+async fn place(
+    code: &CodeLink,
+    a: &pb::AssignJob,
+    tx: &mpsc::Sender<pb::WorkerMsg>,
+    cancel: &CancellationToken,
+) -> Result<code::Placed, String> {
+    let job = JobCode {
+        job_id: a.job_id.clone(),
+        cwd: a.cwd.clone(),
+        commit: a.commit.clone(),
+        prefix: a.code_prefix.clone(),
+        worker_paths: a.worker_paths.clone(),
+        fvd_writes: a.fvd_writes.clone(),
+    };
+    let fetch = |have: Vec<String>| async move {
+        let id = NEXT_FETCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (to, from) = mpsc::unbounded_channel();
+        code.fetches.lock().expect("fetches lock").insert(id, to);
+        let ask = pb::FetchCode {
+            request_id: id,
+            job_id: a.job_id.clone(),
+            commit: a.commit.clone(),
+            have,
+        };
+        tx.send(msg(pb::worker_msg::Msg::FetchCode(ask)))
+            .await
+            .map_err(|_| "the stream to the orchestrator closed".to_string())?;
+        Ok(from)
+    };
+    let placed = code.cache.place(&job, fetch, cancel).await?;
+    tracing::info!(job = %a.job_id, mode = ?placed.mode, cwd = %placed.cwd.display(), "the job's code is placed");
+    Ok(placed)
+}
+
+/// Request ids of code fetches, unique in this process.
+static NEXT_FETCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Cancels every running job and waits (bounded) until their process groups
 /// are gone: no test outlives a worker that was stopped. Returns their ids.
@@ -607,17 +739,23 @@ async fn run_assigned(
             finished.duration_ms = o.duration.as_millis() as u64;
             finished.output_tail = o.output_tail;
             finished.survivors = o.survivors.iter().map(|p| p.pid as u32).collect();
-            match o.junit {
-                JunitFile::Read(xml) => finished.junit_xml = xml,
-                JunitFile::NotRequested => {}
+            let status = match o.junit {
+                JunitFile::Read(xml) => {
+                    finished.junit_xml = xml;
+                    pb::JunitStatus::Read
+                }
+                JunitFile::NotRequested => pb::JunitStatus::NotRequested,
                 JunitFile::Missing(p) => {
                     finished.junit_error = format!("junit file {} was not written", p.display());
+                    pb::JunitStatus::Missing
                 }
                 JunitFile::Unreadable { path, error } => {
                     finished.junit_error =
                         format!("junit file {} is unreadable: {error}", path.display());
+                    pb::JunitStatus::Unreadable
                 }
-            }
+            };
+            finished.junit_status = status.into();
         }
     }
     if let Some(dir) = &collect_dir {
@@ -644,7 +782,7 @@ async fn collect_and_compare(
     let secrets = std::sync::Arc::new(secrets);
     let at = dir.to_path_buf();
     if let Ok(Ok((bytes, files))) =
-        tokio::task::spawn_blocking(move || crate::collect::size(&at)).await
+        fvd_telemetry::spawn_blocking(move || crate::collect::size(&at)).await
     {
         finished.collected_bytes = bytes;
         finished.collected_files = files as u32;
@@ -661,7 +799,7 @@ async fn collect_and_compare(
         let (at, s) = (dir.to_path_buf(), secrets.clone());
         let started = std::time::Instant::now();
         let compared =
-            tokio::task::spawn_blocking(move || crate::collect::compare(&at, &spec, &s)).await;
+            fvd_telemetry::spawn_blocking(move || crate::collect::compare(&at, &spec, &s)).await;
         finished.compare_ms = started.elapsed().as_millis() as u64;
         match compared {
             Ok(Ok(json)) => {
@@ -674,7 +812,8 @@ async fn collect_and_compare(
     }
     let dir = dir.to_path_buf();
     let read =
-        tokio::task::spawn_blocking(move || crate::collect::collect(&dir, budget, &secrets)).await;
+        fvd_telemetry::spawn_blocking(move || crate::collect::collect(&dir, budget, &secrets))
+            .await;
     match read {
         Ok(Ok(files)) => {
             finished.files = files

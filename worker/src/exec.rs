@@ -326,25 +326,15 @@ pub async fn run_job(
     let secrets = secret_values(&spec);
     let cookie = new_cookie(&job_id);
 
-    let mut cmd = Command::new(&program);
-    cmd.args(&argv[1..])
-        .current_dir(&spec.cwd)
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env("PYTHONUNBUFFERED", "1")
-        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("CUDA_VISIBLE_DEVICES", cuda_visible_devices(&spec.gpus))
-        .env(JOB_COOKIE_ENV, &cookie);
-
     let start = Instant::now();
-    let mut child = cmd.spawn().map_err(|source| ExecError::Spawn {
-        job_id: job_id.clone(),
-        program: program.clone(),
-        cwd: spec.cwd.clone(),
-        source,
-    })?;
+    let mut child = command(&spec, &program, &argv, &cookie)
+        .spawn()
+        .map_err(|source| ExecError::Spawn {
+            job_id: job_id.clone(),
+            program: program.clone(),
+            cwd: spec.cwd.clone(),
+            source,
+        })?;
     // id() is only None after the child was reaped, which has not happened.
     let pid = child.id().unwrap_or_default();
     let pgid = pid as i32;
@@ -364,23 +354,110 @@ pub async fn run_job(
     let (raw_tx, raw_rx) = mpsc::channel::<Raw>(64);
     let mut readers = Vec::new();
     if let Some(out) = child.stdout.take() {
-        readers.push(tokio::spawn(read_pipe(
+        readers.push(fvd_telemetry::spawn(read_pipe(
             out,
             OutputStream::Stdout,
             raw_tx.clone(),
         )));
     }
     if let Some(err) = child.stderr.take() {
-        readers.push(tokio::spawn(read_pipe(
+        readers.push(fvd_telemetry::spawn(read_pipe(
             err,
             OutputStream::Stderr,
             raw_tx.clone(),
         )));
     }
-    let pump = tokio::spawn(pump(raw_rx, events, secrets.clone()));
+    let pump = fvd_telemetry::spawn(pump(raw_rx, events, secrets.clone()));
 
+    let ended = wait_or_stop(&mut child, &spec, start, pid, &cookie, &raw_tx, &cancel).await?;
+    let duration = start.elapsed();
+    let survivors = job_processes(pgid, Some(&cookie));
+    if survivors.is_empty() {
+        guard.armed = false;
+    } else {
+        tracing::error!(job_id, ?survivors, "job processes survived SIGKILL");
+    }
+    drop(raw_tx);
+
+    let output_drained = drain(readers).await;
+    if !output_drained {
+        tracing::warn!(
+            job_id,
+            "output pipes still open after the job ended; stopped reading"
+        );
+    }
+    let (output_tail, output_bytes) = pump.await.unwrap_or_default();
+    let junit = read_junit(spec.junit.as_deref(), &secrets).await;
+
+    use std::os::unix::process::ExitStatusExt;
+    let outcome = JobOutcome {
+        job_id,
+        exit_code: ended.status.code(),
+        signal: ended.status.signal(),
+        timed_out: ended.stop == Some(StopReason::Timeout),
+        cancelled: ended.stop == Some(StopReason::Cancelled),
+        duration,
+        junit,
+        output_tail,
+        output_bytes,
+        leftovers: ended.leftovers,
+        survivors,
+        output_drained,
+    };
+    tracing::info!(
+        job_id = outcome.job_id,
+        exit_code = ?outcome.exit_code,
+        signal = ?outcome.signal,
+        timed_out = outcome.timed_out,
+        cancelled = outcome.cancelled,
+        "job ended"
+    );
+    Ok(outcome)
+}
+
+/// The job's command: `argv` in its own process group, output piped, the
+/// job's environment, its GPUs and the cookie that finds its processes.
+fn command(spec: &JobSpec, program: &str, argv: &[String], cookie: &str) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(&argv[1..])
+        .current_dir(&spec.cwd)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("PYTHONUNBUFFERED", "1")
+        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("CUDA_VISIBLE_DEVICES", cuda_visible_devices(&spec.gpus))
+        .env(JOB_COOKIE_ENV, cookie);
+    cmd
+}
+
+/// How the job's main process ended.
+struct Ended {
+    status: ExitStatus,
+    /// Why fvd stopped the job, if it did.
+    stop: Option<StopReason>,
+    /// Processes the job left behind when it exited, which fvd stopped.
+    leftovers: Vec<ProcInfo>,
+}
+
+/// Waits for the job's main process (`pid`, leader of its group) until it
+/// exits, its timeout passes or `cancel` fires. A timed-out or cancelled
+/// job is stopped as a whole; a job that exited has what it left behind
+/// stopped.
+async fn wait_or_stop(
+    child: &mut Child,
+    spec: &JobSpec,
+    start: Instant,
+    pid: u32,
+    cookie: &str,
+    raw_tx: &mpsc::Sender<Raw>,
+    cancel: &CancellationToken,
+) -> Result<Ended, ExecError> {
+    let job_id = spec.job_id.as_str();
+    let pgid = pid as i32;
     let wait_err = |source| ExecError::Wait {
-        job_id: job_id.clone(),
+        job_id: job_id.to_string(),
         pid,
         source,
     };
@@ -401,11 +478,11 @@ pub async fn run_job(
     let mut leftovers = Vec::new();
     let status = match exited {
         Some(status) => {
-            let left = job_processes(pgid, Some(&cookie));
+            let left = job_processes(pgid, Some(cookie));
             if !left.is_empty() {
                 tracing::warn!(job_id, count = left.len(), "job left processes behind");
-                notify(&raw_tx, StopReason::Leftovers).await;
-                stop_job(None, pgid, &cookie, spec.grace).await;
+                notify(raw_tx, StopReason::Leftovers).await;
+                stop_job(None, pgid, cookie, spec.grace).await;
                 leftovers = left;
             }
             status
@@ -413,8 +490,8 @@ pub async fn run_job(
         None => {
             let reason = stop.unwrap_or(StopReason::Cancelled);
             tracing::warn!(job_id, ?reason, "stopping job");
-            notify(&raw_tx, reason).await;
-            match stop_job(Some(&mut child), pgid, &cookie, spec.grace).await {
+            notify(raw_tx, reason).await;
+            match stop_job(Some(child), pgid, cookie, spec.grace).await {
                 Some(st) => st,
                 // Still alive after SIGKILL: stuck in the kernel (D state);
                 // nothing more can be done than to wait for it.
@@ -422,17 +499,17 @@ pub async fn run_job(
             }
         }
     };
-    let duration = start.elapsed();
-    let survivors = job_processes(pgid, Some(&cookie));
-    if survivors.is_empty() {
-        guard.armed = false;
-    } else {
-        tracing::error!(job_id, ?survivors, "job processes survived SIGKILL");
-    }
-    drop(raw_tx);
+    Ok(Ended {
+        status,
+        stop,
+        leftovers,
+    })
+}
 
-    // Pipes close once every holder is gone; bound the wait in case one was
-    // not found.
+/// Waits for the output readers. Pipes close once every holder is gone;
+/// the wait is bounded in case one was not found. False when a reader was
+/// still reading at [`DRAIN_TIMEOUT`] (the output may be incomplete).
+async fn drain(readers: Vec<tokio::task::JoinHandle<()>>) -> bool {
     let drain_deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
     let mut output_drained = true;
     for r in readers {
@@ -442,50 +519,24 @@ pub async fn run_job(
             output_drained = false;
         }
     }
-    if !output_drained {
-        tracing::warn!(
-            job_id,
-            "output pipes still open after the job ended; stopped reading"
-        );
-    }
-    let (output_tail, output_bytes) = pump.await.unwrap_or_default();
+    output_drained
+}
 
-    let junit = match &spec.junit {
-        None => JunitFile::NotRequested,
-        Some(path) => match tokio::fs::read(path).await {
-            Ok(bytes) => JunitFile::Read(redact_text(&String::from_utf8_lossy(&bytes), &secrets)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => JunitFile::Missing(path.clone()),
-            Err(e) => JunitFile::Unreadable {
-                path: path.clone(),
-                error: e.to_string(),
-            },
+/// What became of the JUnit report at `path` (redacted when read).
+async fn read_junit(path: Option<&Path>, secrets: &[(Vec<u8>, Vec<u8>)]) -> JunitFile {
+    let Some(path) = path else {
+        return JunitFile::NotRequested;
+    };
+    match tokio::fs::read(path).await {
+        Ok(bytes) => JunitFile::Read(redact_text(&String::from_utf8_lossy(&bytes), secrets)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            JunitFile::Missing(path.to_path_buf())
+        }
+        Err(e) => JunitFile::Unreadable {
+            path: path.to_path_buf(),
+            error: e.to_string(),
         },
-    };
-
-    use std::os::unix::process::ExitStatusExt;
-    let outcome = JobOutcome {
-        job_id,
-        exit_code: status.code(),
-        signal: status.signal(),
-        timed_out: stop == Some(StopReason::Timeout),
-        cancelled: stop == Some(StopReason::Cancelled),
-        duration,
-        junit,
-        output_tail,
-        output_bytes,
-        leftovers,
-        survivors,
-        output_drained,
-    };
-    tracing::info!(
-        job_id = outcome.job_id,
-        exit_code = ?outcome.exit_code,
-        signal = ?outcome.signal,
-        timed_out = outcome.timed_out,
-        cancelled = outcome.cancelled,
-        "job ended"
-    );
-    Ok(outcome)
+    }
 }
 
 fn remove_stale(path: &Path) -> std::io::Result<()> {

@@ -202,7 +202,7 @@ mod tests {
         let listener = HealthListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.addr);
         let stop = CancellationToken::new();
-        let served = tokio::spawn(listener.serve(link.clone(), stop.clone()));
+        let served = fvd_telemetry::spawn(listener.serve(link.clone(), stop.clone()));
         let channel = tonic::transport::Endpoint::from_shared(url)
             .unwrap()
             .connect()

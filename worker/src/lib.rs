@@ -3,6 +3,7 @@
 //! orchestrator over one bidirectional gRPC stream.
 
 pub mod client;
+pub mod code;
 pub mod collect;
 pub mod exec;
 pub mod gpu;

@@ -31,7 +31,7 @@ fn spec(job_id: &str, argv: &[&str]) -> JobSpec {
 /// Run a job, collecting every event.
 async fn run(spec: JobSpec, cancel: CancellationToken) -> (JobOutcome, Vec<JobEvent>) {
     let (tx, mut rx) = mpsc::channel(8);
-    let collect = tokio::spawn(async move {
+    let collect = fvd_telemetry::spawn(async move {
         let mut v = Vec::new();
         while let Some(e) = rx.recv().await {
             v.push(e);
@@ -161,7 +161,7 @@ async fn cancel_stops_the_job() {
     s.timeout = Duration::from_secs(600);
     let cancel = CancellationToken::new();
     let (tx, mut rx) = mpsc::channel(8);
-    let job = tokio::spawn(run_job(s, tx, cancel.clone()));
+    let job = fvd_telemetry::spawn(run_job(s, tx, cancel.clone()));
     let mut pid = None;
     // Cancel once the job has shown it is running.
     while let Some(e) = rx.recv().await {
@@ -174,7 +174,7 @@ async fn cancel_stops_the_job() {
             _ => {}
         }
     }
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    fvd_telemetry::spawn(async move { while rx.recv().await.is_some() {} });
     let outcome = tokio::time::timeout(Duration::from_secs(60), job)
         .await
         .expect("cancel ends the job promptly")

@@ -74,7 +74,7 @@ async fn run_component(table: &toml::Table, name: &str) -> Verdict {
     };
     prepare_pytest(&mut spec, scratch.path()).await.unwrap();
     let (tx, mut rx) = mpsc::channel(64);
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    fvd_telemetry::spawn(async move { while rx.recv().await.is_some() {} });
     let outcome = run_job(spec, tx, CancellationToken::new()).await.unwrap();
     assert!(outcome.survivors.is_empty());
     outcome.verdict()

@@ -52,7 +52,7 @@ async fn run_case_with(file: &str, extra: &[&str], timeout: Duration, plugin: bo
         prepare_pytest(&mut spec, scratch.path()).await.unwrap();
     }
     let (tx, mut rx) = mpsc::channel(64);
-    let sink = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let sink = fvd_telemetry::spawn(async move { while rx.recv().await.is_some() {} });
     let outcome = run_job(spec, tx, CancellationToken::new()).await.unwrap();
     sink.await.unwrap();
     let verdict = outcome.verdict();
@@ -339,7 +339,7 @@ async fn missing_junit_is_error_naming_the_file() {
         junit: Some(junit.clone()),
     };
     let (tx, mut rx) = mpsc::channel(16);
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    fvd_telemetry::spawn(async move { while rx.recv().await.is_some() {} });
     let outcome = run_job(spec, tx, CancellationToken::new()).await.unwrap();
     let v = outcome.verdict();
     match &v {

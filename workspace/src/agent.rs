@@ -320,12 +320,12 @@ pub async fn run(
     let pid = child.id();
     let mut so = child.stdout.take().expect("stdout is piped");
     let mut se = child.stderr.take().expect("stderr is piped");
-    let out = tokio::spawn(async move {
+    let out = fvd_telemetry::spawn(async move {
         let mut b = Vec::new();
         let _ = so.read_to_end(&mut b).await;
         b
     });
-    let err = tokio::spawn(async move {
+    let err = fvd_telemetry::spawn(async move {
         let mut b = Vec::new();
         let _ = se.read_to_end(&mut b).await;
         b

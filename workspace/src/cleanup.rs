@@ -114,7 +114,7 @@ mod tests {
         std::fs::write(repo.join("m.py"), "x = 1\n").unwrap();
         sh(repo, &["add", "-A"]).await;
         sh(repo, &["commit", "-q", "-m", "base"]).await;
-        let wt = crate::worktree::ensure(repo, "fam", "comp", None)
+        let wt = crate::worktree::ensure(repo, "fam", "comp", None, None)
             .await
             .unwrap();
         let rules = CleanupRules {

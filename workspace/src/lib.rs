@@ -6,4 +6,5 @@
 
 pub mod agent;
 pub mod cleanup;
+pub mod commit;
 pub mod worktree;

@@ -96,13 +96,17 @@ pub(crate) async fn git(dir: &Path, args: &[&str]) -> Result<String, WorktreeErr
 }
 
 /// Makes the component's worktree, or finds the one a previous start made.
-/// `known` is the worktree the store recorded, if any.
+/// `known` is the worktree the store recorded, if any. A new branch starts
+/// at `base` (the commit the port is pinned to), or at the repository's
+/// HEAD when there is none.
 pub async fn ensure(
     repo: &Path,
     family: &str,
     component: &str,
     known: Option<Worktree>,
+    base: Option<&str>,
 ) -> Result<Worktree, WorktreeError> {
+    let start = base.unwrap_or("HEAD");
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| WorktreeError::Io { path, source }
@@ -143,16 +147,19 @@ pub async fn ensure(
     .await
     .is_ok();
     let base_commit = if has_branch {
-        let base = git(&repo, &["merge-base", "HEAD", &branch]).await?;
+        let base = git(&repo, &["merge-base", start, &branch]).await?;
         git(&repo, &["worktree", "add", &wt, &branch]).await?;
         base
     } else {
-        let base = git(&repo, &["rev-parse", "--verify", "HEAD^{commit}"])
-            .await
-            .map_err(|e| WorktreeError::NoBase {
-                repo: repo.clone(),
-                detail: e.to_string(),
-            })?;
+        let base = git(
+            &repo,
+            &["rev-parse", "--verify", &format!("{start}^{{commit}}")],
+        )
+        .await
+        .map_err(|e| WorktreeError::NoBase {
+            repo: repo.clone(),
+            detail: e.to_string(),
+        })?;
         git(&repo, &["worktree", "add", "-b", &branch, &wt, &base]).await?;
         base
     };
@@ -223,6 +230,27 @@ mod tests {
         git(dir, &args).await.unwrap();
     }
 
+    #[tokio::test]
+    async fn a_new_branch_starts_at_the_pinned_commit_not_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path();
+        repo_with_commit(repo).await;
+        let pinned = git(repo, &["rev-parse", "HEAD"]).await.unwrap();
+        std::fs::write(repo.join("a.txt"), "later\n").unwrap();
+        let mut args: Vec<&str> = IDENTITY.to_vec();
+        args.extend(["commit", "-q", "-am", "later"]);
+        git(repo, &args).await.unwrap();
+        let wt = ensure(repo, "fam", "comp", None, Some(&pinned))
+            .await
+            .unwrap();
+        assert_eq!(wt.base_commit, pinned);
+        assert_eq!(head(&wt.path).await.unwrap(), pinned);
+        assert_eq!(
+            std::fs::read_to_string(wt.path.join("a.txt")).unwrap(),
+            "one\n"
+        );
+    }
+
     #[test]
     fn worktree_paths_stay_under_the_worktrees_folder() {
         let repo = Path::new("/r");
@@ -242,7 +270,7 @@ mod tests {
         let repo = dir.path();
         repo_with_commit(repo).await;
         let head = git(repo, &["rev-parse", "HEAD"]).await.unwrap();
-        let wt = ensure(repo, "fam", "comp", None).await.unwrap();
+        let wt = ensure(repo, "fam", "comp", None, None).await.unwrap();
         assert_eq!(wt.base_commit, head);
         assert_eq!(wt.branch, "fvd/fam/comp");
         std::fs::write(wt.path.join("a.txt"), "two\n").unwrap();
@@ -258,7 +286,9 @@ mod tests {
         // The port's own checkout is untouched and sees no new files.
         assert_eq!(git(repo, &["status", "--porcelain"]).await.unwrap(), "");
         // A second start finds the same worktree again.
-        let again = ensure(repo, "fam", "comp", Some(wt.clone())).await.unwrap();
+        let again = ensure(repo, "fam", "comp", Some(wt.clone()), None)
+            .await
+            .unwrap();
         assert_eq!(again, wt);
     }
 
@@ -270,7 +300,7 @@ mod tests {
         std::fs::write(top.join("examples/port/m.py"), "x = 1\n").unwrap();
         repo_with_commit(top).await;
         let inner = top.join("examples/port");
-        let wt = ensure(&inner, "fam", "comp", None).await.unwrap();
+        let wt = ensure(&inner, "fam", "comp", None, None).await.unwrap();
         assert_eq!(wt.prefix, "examples/port/");
         assert_eq!(
             wt.path,
@@ -290,13 +320,16 @@ mod tests {
                 prefix: String::new(),
                 ..wt.clone()
             }),
+            None,
         )
         .await
         .unwrap();
         assert_eq!(again, wt);
 
         let bare = tempfile::tempdir().unwrap();
-        let err = ensure(bare.path(), "fam", "comp", None).await.unwrap_err();
+        let err = ensure(bare.path(), "fam", "comp", None, None)
+            .await
+            .unwrap_err();
         assert!(
             err.to_string().contains("is not inside a git repository"),
             "{err}"

@@ -43,7 +43,7 @@ pub fn now_us() -> i64 {
 pub fn forward(mut events: broadcast::Receiver<PortEvent>) -> broadcast::Sender<Change> {
     let (tx, _) = broadcast::channel(1024);
     let out = tx.clone();
-    tokio::spawn(async move {
+    fvd_telemetry::spawn(async move {
         loop {
             let change = match events.recv().await {
                 Ok(ev) => Change::from(&ev),
@@ -65,7 +65,7 @@ pub fn forward(mut events: broadcast::Receiver<PortEvent>) -> broadcast::Sender<
 pub fn poll(store: Store, every: Duration) -> broadcast::Sender<Change> {
     let (tx, _) = broadcast::channel(1024);
     let out = tx.clone();
-    tokio::spawn(async move {
+    fvd_telemetry::spawn(async move {
         let mut seen: HashMap<String, fvd_proto::v1::PortSnapshot> = HashMap::new();
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -141,7 +141,7 @@ where
 {
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(16);
     let mut changes = dash.subscribe();
-    tokio::spawn(async move {
+    fvd_telemetry::spawn(async move {
         let mut sent: HashMap<&'static str, String> = HashMap::new();
         let mut interval = tokio::time::interval(tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -111,7 +111,7 @@ impl DashboardServer {
 pub fn serve(listener: TcpListener, dashboard: Dashboard) -> std::io::Result<DashboardServer> {
     let addr = listener.local_addr()?;
     let app = routes::router(dashboard);
-    let task = tokio::spawn(async move { axum::serve(listener, app).await });
+    let task = fvd_telemetry::spawn(async move { axum::serve(listener, app).await });
     tracing::info!(%addr, "dashboard listening");
     Ok(DashboardServer { addr, task })
 }

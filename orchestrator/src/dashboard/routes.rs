@@ -266,7 +266,7 @@ async fn log_follow(
     };
     let mut chunks = crate::query::log_pump_after(d.store.clone(), job.job_id, true, q.after);
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(16);
-    tokio::spawn(async move {
+    fvd_telemetry::spawn(async move {
         while let Some(c) = chunks.recv().await {
             let ev = match c {
                 Ok((_, data)) => Event::default().event("log").data(
@@ -412,6 +412,7 @@ async fn answer(
                 family,
                 id,
                 choice,
+                traceparent: None,
                 reply,
             },
             Some(ANSWER_TIMEOUT),

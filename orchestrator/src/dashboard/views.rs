@@ -229,7 +229,7 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
                 gpus: ct.gpus,
                 updated_ms: ct.updated_ms,
                 run_no: ct.run_no,
-                job_state: ct.job_state,
+                job_state: ct.job_state.map(|s| s.to_string()).unwrap_or_default(),
             }
         })
         .collect();
@@ -320,7 +320,7 @@ pub async fn component(
             Some(LogView {
                 run_no: j.run_no,
                 job_id: j.job_id.clone(),
-                following: j.state == "queued" || j.state == "running",
+                following: j.state.is_unfinished(),
                 last_seq,
                 cut,
                 text,
@@ -333,7 +333,7 @@ pub async fn component(
         .map(|j| RunView {
             run_no: j.run_no,
             job_id: j.job_id.clone(),
-            state: j.state.clone(),
+            state: j.state.to_string(),
             verdict: j.verdict.clone(),
             reason: j.reason.clone(),
             worker_id: j.worker_id.clone(),

@@ -1,0 +1,279 @@
+//! The states a port, a component and a job can be in, and their one
+//! mapping to the text the database (and the wire) holds.
+//!
+//! Every query of the store binds and reads these through [`as_str`] and
+//! [`FromStr`]; no other code spells the text. A value the database holds
+//! that none of these knows is an error naming the column and the value
+//! ([`crate::StoreError::State`]), never a panic.
+//!
+//! [`as_str`]: PortState::as_str
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A text the database held that is no state of its kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {kind} {value:?}")]
+pub struct UnknownState {
+    /// `port state`, `component status`, `job state`.
+    pub kind: &'static str,
+    pub value: String,
+}
+
+/// An enum stored as text: the variants, each with its text and its doc.
+macro_rules! stored_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident ($kind:literal) {
+            $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant, )+
+        }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: &[Self] = &[$(Self::$variant),+];
+
+            /// The text the database and the wire hold.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)+
+                }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownState;
+            fn from_str(s: &str) -> Result<Self, UnknownState> {
+                match s {
+                    $($text => Ok(Self::$variant),)+
+                    _ => Err(UnknownState {
+                        kind: $kind,
+                        value: s.to_string(),
+                    }),
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+    };
+}
+
+stored_enum! {
+    /// Where a port stands (`ports.state`). The phase it stands at is
+    /// `ports.phase` (`P0`..`P11`).
+    pub enum PortState ("port state") {
+        /// The gate drives it: phases are decided, components run. A port
+        /// is submitted, resumed and answered into this state.
+        #[default]
+        Running = "running",
+        /// Paused: every component is final or waits for an answer to an
+        /// escape hatch (`fvd answer`), and at least one waits; none waits
+        /// for an environment. The actors stay; an answer resumes it.
+        AskUser = "ask_user",
+        /// Paused: every component is final or waits (for an answer or a
+        /// worker), and at least one waits for a worker whose environment
+        /// can run it. A worker that can resumes it.
+        Environment = "environment",
+        /// Every component passed P6; P7–P11 are recorded `pending`: the
+        /// port waits on work fvd does not drive.
+        Waiting = "waiting",
+        /// The gate refused the phase in `ports.phase` (P0 or P2 before any
+        /// component ran; P7 when a component ended without a pass).
+        Blocked = "blocked",
+        /// `fvd cancel`: its components without a final verdict ended
+        /// `blocked` with verdict `cancelled`.
+        Cancelled = "cancelled",
+    }
+}
+
+impl PortState {
+    /// Paused until something outside fvd comes: an answer or an
+    /// environment.
+    pub fn is_paused(self) -> bool {
+        matches!(self, PortState::AskUser | PortState::Environment)
+    }
+
+    /// The gate still has work: running or paused. A fleet orchestrator
+    /// that starts resumes such ports.
+    pub fn is_unfinished(self) -> bool {
+        self == PortState::Running || self.is_paused()
+    }
+}
+
+stored_enum! {
+    /// Where a component of a port stands in phase 6 (`components.status`).
+    /// Its `verdict` and `reason` columns say what its latest run found.
+    pub enum ComponentStatus ("component status") {
+        /// No run queued yet: new, started over (`--rerun`) or planned
+        /// again by a resubmitted spec.
+        #[default]
+        Pending = "pending",
+        /// A run waits for a worker slot: the first, a retry after an
+        /// infrastructure error, or one requeued from a lost worker. The
+        /// reason may say why it waits.
+        Queued = "queued",
+        /// Its run holds a lease on the worker in `worker_id`.
+        Running = "running",
+        /// A run passed and another is about to be queued to confirm the
+        /// pass holds `confirm_runs` times in a row.
+        Confirming = "confirming",
+        /// The trace actor drills a red run down (traced reruns); the
+        /// reason names the step.
+        Tracing = "tracing",
+        /// A red run's test runs under each hypothesis variant at once; the
+        /// reason says how many.
+        Variants = "variants",
+        /// The coding agent works on an attempt after a red run or a pass
+        /// the cleanup gate refused.
+        Agent = "agent",
+        /// The agent asked a person (an escape hatch): it waits for
+        /// `fvd answer`; the rest of the port goes on.
+        AskUser = "ask_user",
+        /// No worker whose environment works can take its run: it waits
+        /// for one. Nothing is counted against it.
+        Environment = "environment",
+        /// Final: a `non_skip_pass` that held and cleared the cleanup gate.
+        NonSkipPass = "non_skip_pass",
+        /// Final: ended without a pass; `verdict` and `reason` say why (a
+        /// red run without an agent, a spent budget, a cancel, a run no
+        /// worker can hold, infrastructure lost on every retry, …).
+        Blocked = "blocked",
+    }
+}
+
+impl ComponentStatus {
+    /// An end state of phase 6.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            ComponentStatus::NonSkipPass | ComponentStatus::Blocked
+        )
+    }
+
+    /// Waits for something outside fvd: an answer or an environment.
+    pub fn is_paused(self) -> bool {
+        matches!(
+            self,
+            ComponentStatus::AskUser | ComponentStatus::Environment
+        )
+    }
+}
+
+stored_enum! {
+    /// Where one run of a parity test (a job) stands (`jobs.state`).
+    pub enum JobState ("job state") {
+        /// Recorded and waiting for a lease (also after a lost worker's
+        /// run was put back).
+        #[default]
+        Queued = "queued",
+        /// Leased to `worker_id` under `lease_epoch`; only a result under
+        /// that epoch finishes it.
+        Running = "running",
+        /// Its result is recorded: `verdict`, `reason` and the evidence.
+        Finished = "finished",
+        /// Ended on its worker's environment, not on the code: no verdict,
+        /// not a run of the component; the evidence is kept for `fvd logs`.
+        Environment = "environment",
+        /// No worker can ever hold it (embedded mode's machine lacks what
+        /// it needs): it never started.
+        Unplaced = "unplaced",
+        /// It was queued or running when its port was cancelled or its
+        /// gate started again; a resumed port runs it again under a new
+        /// run number.
+        Abandoned = "abandoned",
+    }
+}
+
+impl JobState {
+    /// Queued or running: a result may still come.
+    pub fn is_unfinished(self) -> bool {
+        matches!(self, JobState::Queued | JobState::Running)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trips<T>(all: &[T])
+    where
+        T: Copy + PartialEq + fmt::Debug + fmt::Display + FromStr<Err = UnknownState>,
+    {
+        let mut seen = std::collections::BTreeSet::new();
+        for v in all {
+            let text = v.to_string();
+            assert!(seen.insert(text.clone()), "{text} names two variants");
+            assert_eq!(text.parse::<T>(), Ok(*v));
+        }
+    }
+
+    #[test]
+    fn every_state_reads_back_as_itself() {
+        round_trips(PortState::ALL);
+        round_trips(ComponentStatus::ALL);
+        round_trips(JobState::ALL);
+    }
+
+    #[test]
+    fn an_unknown_text_is_named() {
+        let e = "in_progress".parse::<PortState>().unwrap_err();
+        assert_eq!(e.to_string(), "unknown port state \"in_progress\"");
+        assert!("Running".parse::<JobState>().is_err(), "case matters");
+    }
+
+    #[test]
+    fn the_wire_and_database_texts_stay_as_they_were() {
+        let texts = |v: &[&str]| v.join(" ");
+        assert_eq!(
+            texts(
+                &PortState::ALL
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+            ),
+            "running ask_user environment waiting blocked cancelled"
+        );
+        assert_eq!(
+            texts(
+                &ComponentStatus::ALL
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+            ),
+            "pending queued running confirming tracing agent ask_user environment non_skip_pass blocked"
+        );
+        assert_eq!(
+            texts(&JobState::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()),
+            "queued running finished environment unplaced abandoned"
+        );
+    }
+
+    #[test]
+    fn final_paused_and_unfinished() {
+        let finals: Vec<_> = ComponentStatus::ALL
+            .iter()
+            .filter(|s| s.is_final())
+            .collect();
+        assert_eq!(
+            finals,
+            [&ComponentStatus::NonSkipPass, &ComponentStatus::Blocked]
+        );
+        assert!(PortState::Environment.is_unfinished() && !PortState::Waiting.is_unfinished());
+        assert!(JobState::Running.is_unfinished() && !JobState::Unplaced.is_unfinished());
+    }
+}
