@@ -211,7 +211,8 @@ impl Actor for GateActor {
                 .await?
             }
         }
-        record(st, Phase::ComponentParityDebug, "entered", vec![]).await?;
+        // The phase is committed before the event that announces it: a
+        // reader that sees "P6 entered" sees the port in P6.
         st.args
             .store
             .set_port_state(
@@ -220,6 +221,7 @@ impl Actor for GateActor {
                 &Phase::ComponentParityDebug.id(),
             )
             .await?;
+        record(st, Phase::ComponentParityDebug, "entered", vec![]).await?;
         if st.args.spec.components.iter().any(|c| c.trace.is_some()) {
             let a = &st.args;
             let t = crate::trace_actor::spawn_for_port(
