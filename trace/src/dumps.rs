@@ -1191,13 +1191,15 @@ pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
 
 type Ident = (String, String, Option<i64>);
 
-/// Compare two dumps in execution order.
-pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpReport, TraceError> {
-    let renamer = Renamer::parse(&opts.rename)?;
-    let ra = open_dump(a)?;
-    let rb = open_dump(b)?;
-    let mut diags = Collector::default();
-
+/// The reference's tensors in execution order (from `--order`, the dump's
+/// metadata, or a numeric-aware name sort, said in a diagnostic), and where
+/// that order came from.
+fn execution_order(
+    ra: &DumpSource,
+    a: &Path,
+    opts: &DumpOptions,
+    diags: &mut Collector,
+) -> Result<(Vec<usize>, String), TraceError> {
     // Execution order of the reference's tensors.
     let by_ident: HashMap<Ident, usize> = ra
         .tensors
@@ -1259,6 +1261,87 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
     for i in rest {
         push(i, &mut order, &mut placed);
     }
+    Ok((order, order_source))
+}
+
+/// One pair of same-named tensors compared.
+struct Pair {
+    /// None when the shapes differ.
+    metrics: Option<Metrics>,
+    diverged: bool,
+    /// The divergence as the report names it.
+    divergence: Option<FirstDivergence>,
+    /// Per-token sums (`--token-dim`) for the slices; none when the shapes
+    /// differ.
+    token_sums: Option<Vec<Sums>>,
+}
+
+/// Compares one pair of same-named tensors.
+fn compare_pair(
+    ta: &TensorRef,
+    tb: &TensorRef,
+    opts: &DumpOptions,
+    threads: usize,
+) -> Result<Pair, TraceError> {
+    let pair = if ta.shape != tb.shape {
+        let fd = FirstDivergence {
+            reference_module: ta.module.clone(),
+            port_module: tb.module.clone(),
+            tensor: ta.tensor.clone(),
+            step: ta.step,
+            stat: "shape".to_string(),
+            reference: serde_json::json!(ta.shape),
+            port: serde_json::json!(tb.shape),
+            drift: None,
+            tolerance: None,
+        };
+        Pair {
+            metrics: None,
+            diverged: true,
+            divergence: Some(fd),
+            token_sums: None,
+        }
+    } else {
+        let (m, tok) = metrics_and_tokens(ta, tb, opts.token_dim, threads)?;
+        // NaN metrics must count as diverged, hence the explicit NaN checks.
+        let rel_bad = m.rel_diff.is_nan() || m.rel_diff > opts.max_rel_diff;
+        let cos_bad = m.cosine.is_nan() || m.cosine < opts.min_cosine;
+        let fd = (rel_bad || cos_bad).then(|| {
+            let (stat, drift, tol) = if rel_bad {
+                ("rel_diff", m.rel_diff, opts.max_rel_diff)
+            } else {
+                ("cosine", 1.0 - m.cosine, 1.0 - opts.min_cosine)
+            };
+            FirstDivergence {
+                reference_module: ta.module.clone(),
+                port_module: tb.module.clone(),
+                tensor: ta.tensor.clone(),
+                step: ta.step,
+                stat: stat.to_string(),
+                reference: serde_json::json!(m.reference_norm),
+                port: serde_json::json!(m.port_norm),
+                drift: Some(drift),
+                tolerance: Some(tol),
+            }
+        });
+        Pair {
+            metrics: Some(m),
+            diverged: rel_bad || cos_bad,
+            divergence: fd,
+            token_sums: Some(tok),
+        }
+    };
+    Ok(pair)
+}
+
+/// Compare two dumps in execution order.
+pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpReport, TraceError> {
+    let renamer = Renamer::parse(&opts.rename)?;
+    let ra = open_dump(a)?;
+    let rb = open_dump(b)?;
+    let mut diags = Collector::default();
+
+    let (order, order_source) = execution_order(&ra, a, opts, &mut diags)?;
 
     // Port tensors under reference names.
     let mut port_by_ident: HashMap<Ident, usize> = HashMap::new();
@@ -1290,47 +1373,17 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
         };
         port_used[j] = true;
         let tb = &rb.tensors[j];
-        let (metrics, diverged, fd) = if ta.shape != tb.shape {
-            let fd = FirstDivergence {
-                reference_module: ta.module.clone(),
-                port_module: tb.module.clone(),
-                tensor: ta.tensor.clone(),
-                step: ta.step,
-                stat: "shape".to_string(),
-                reference: serde_json::json!(ta.shape),
-                port: serde_json::json!(tb.shape),
-                drift: None,
-                tolerance: None,
-            };
-            (None, true, Some(fd))
-        } else {
-            let (m, tok) = metrics_and_tokens(ta, tb, opts.token_dim, threads)?;
-            if first.is_none() {
-                token_sums = tok;
-            }
-            // NaN metrics must count as diverged, hence the explicit NaN checks.
-            let rel_bad = m.rel_diff.is_nan() || m.rel_diff > opts.max_rel_diff;
-            let cos_bad = m.cosine.is_nan() || m.cosine < opts.min_cosine;
-            let fd = (rel_bad || cos_bad).then(|| {
-                let (stat, drift, tol) = if rel_bad {
-                    ("rel_diff", m.rel_diff, opts.max_rel_diff)
-                } else {
-                    ("cosine", 1.0 - m.cosine, 1.0 - opts.min_cosine)
-                };
-                FirstDivergence {
-                    reference_module: ta.module.clone(),
-                    port_module: tb.module.clone(),
-                    tensor: ta.tensor.clone(),
-                    step: ta.step,
-                    stat: stat.to_string(),
-                    reference: serde_json::json!(m.reference_norm),
-                    port: serde_json::json!(m.port_norm),
-                    drift: Some(drift),
-                    tolerance: Some(tol),
-                }
-            });
-            (Some(m), rel_bad || cos_bad, fd)
-        };
+        let Pair {
+            metrics,
+            diverged,
+            divergence: fd,
+            token_sums: tok,
+        } = compare_pair(ta, tb, opts, threads)?;
+        if first.is_none()
+            && let Some(tok) = tok
+        {
+            token_sums = tok;
+        }
         // The first tensor in execution order is the model's input; a name
         // sort does not know which one that is, and a block's tensor is not.
         if i == order[0] && order_source != "sorted" && block_of(&ta.module).is_none() {
