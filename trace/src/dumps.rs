@@ -1264,6 +1264,50 @@ fn execution_order(
     Ok((order, order_source))
 }
 
+/// `inputs_differ` when the model's input (the first tensor in execution
+/// order, outside every numbered block) is not the same on both sides.
+fn inputs_signature(
+    ta: &TensorRef,
+    tb: &TensorRef,
+    metrics: Option<&Metrics>,
+    opts: &DumpOptions,
+) -> Option<Signature> {
+    let (stat, value) = match metrics {
+        None => ("shape", None),
+        Some(m) => ("rel_diff", Some(m.rel_diff)),
+    };
+    let off = metrics.is_none_or(|m| {
+        !m.identical
+            && (m.rel_diff.is_nan()
+                || m.rel_diff > signature::INPUT_MAX_REL_DIFF
+                || m.cosine.is_nan()
+                || m.cosine < opts.min_cosine)
+    });
+    if off {
+        let what = match metrics {
+            None => format!("shape {:?} vs {:?}", ta.shape, tb.shape),
+            Some(m) => format!(
+                "rel_diff {:.3e} (cosine {:.6}) where dtype rounding stays below {:.0e}",
+                m.rel_diff,
+                m.cosine,
+                signature::INPUT_MAX_REL_DIFF
+            ),
+        };
+        return Some(signature::inputs_differ(
+            InputsDiffer {
+                reference: ta.key.clone(),
+                port: tb.key.clone(),
+                step: ta.step,
+                stat: stat.to_string(),
+                value: value.filter(|v| v.is_finite()),
+                threshold: metrics.map(|_| signature::INPUT_MAX_REL_DIFF),
+            },
+            &what,
+        ));
+    }
+    None
+}
+
 /// One pair of same-named tensors compared.
 struct Pair {
     /// None when the shapes differ.
@@ -1386,40 +1430,12 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
         }
         // The first tensor in execution order is the model's input; a name
         // sort does not know which one that is, and a block's tensor is not.
-        if i == order[0] && order_source != "sorted" && block_of(&ta.module).is_none() {
-            let (stat, value) = match &metrics {
-                None => ("shape", None),
-                Some(m) => ("rel_diff", Some(m.rel_diff)),
-            };
-            let off = metrics.as_ref().is_none_or(|m| {
-                !m.identical
-                    && (m.rel_diff.is_nan()
-                        || m.rel_diff > signature::INPUT_MAX_REL_DIFF
-                        || m.cosine.is_nan()
-                        || m.cosine < opts.min_cosine)
-            });
-            if off {
-                let what = match &metrics {
-                    None => format!("shape {:?} vs {:?}", ta.shape, tb.shape),
-                    Some(m) => format!(
-                        "rel_diff {:.3e} (cosine {:.6}) where dtype rounding stays below {:.0e}",
-                        m.rel_diff,
-                        m.cosine,
-                        signature::INPUT_MAX_REL_DIFF
-                    ),
-                };
-                signatures.push(signature::inputs_differ(
-                    InputsDiffer {
-                        reference: ta.key.clone(),
-                        port: tb.key.clone(),
-                        step: ta.step,
-                        stat: stat.to_string(),
-                        value: value.filter(|v| v.is_finite()),
-                        threshold: metrics.as_ref().map(|_| signature::INPUT_MAX_REL_DIFF),
-                    },
-                    &what,
-                ));
-            }
+        if i == order[0]
+            && order_source != "sorted"
+            && block_of(&ta.module).is_none()
+            && let Some(sig) = inputs_signature(ta, tb, metrics.as_ref(), opts)
+        {
+            signatures.push(sig);
         }
         if first.is_none()
             && let Some(fd) = fd
