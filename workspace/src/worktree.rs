@@ -95,6 +95,20 @@ pub(crate) async fn git(dir: &Path, args: &[&str]) -> Result<String, WorktreeErr
     Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
 }
 
+/// The lock that orders changes to `repo`'s worktree registrations within
+/// this process (the orchestrator is the one process that makes them).
+fn registration_lock(repo: &Path) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: std::sync::LazyLock<
+        std::sync::Mutex<
+            std::collections::HashMap<PathBuf, std::sync::Arc<tokio::sync::Mutex<()>>>,
+        >,
+    > = std::sync::LazyLock::new(Default::default);
+    let mut locks = LOCKS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    locks.entry(repo.to_path_buf()).or_default().clone()
+}
+
 /// Makes the component's worktree, or finds the one a previous start made.
 /// `known` is the worktree the store recorded, if any. A new branch starts
 /// at `base` (the commit the port is pinned to), or at the repository's
@@ -132,6 +146,13 @@ pub async fn ensure(
     {
         return Ok(Worktree { prefix, ..k });
     }
+    // Git's worktree registrations are not safe to change concurrently: a
+    // `worktree add` reads every registration and fails on one another
+    // `add` is half-way through writing, and a `prune` can remove it. The
+    // components of a port start together, so registrations are changed
+    // one at a time per repository.
+    let lock = registration_lock(&repo);
+    let _registering = lock.lock().await;
     // A worktree directory deleted by hand leaves a stale registration.
     git(&repo, &["worktree", "prune"]).await?;
     let wt = wt_path.to_string_lossy().to_string();
@@ -249,6 +270,34 @@ mod tests {
             std::fs::read_to_string(wt.path.join("a.txt")).unwrap(),
             "one\n"
         );
+    }
+
+    /// A port's components start together: their worktrees are made at
+    /// once. Without one registration at a time, git fails with "failed to
+    /// read .git/worktrees/<other>/commondir" (seen on the real flux family).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn many_components_make_their_worktrees_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().to_path_buf();
+        repo_with_commit(&repo).await;
+        // Three ports of 16 components: the race does not show every time.
+        for port in ["p0", "p1", "p2"] {
+            let made: Vec<_> = (0..16)
+                .map(|i| {
+                    let repo = repo.clone();
+                    fvd_telemetry::spawn(async move {
+                        ensure(&repo, port, &format!("c{i}"), None, None).await
+                    })
+                })
+                .collect();
+            for (i, m) in made.into_iter().enumerate() {
+                let wt = m
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{port} component c{i}: {e}"));
+                assert!(wt.path.join("a.txt").is_file(), "{}", wt.path.display());
+            }
+        }
     }
 
     #[test]
