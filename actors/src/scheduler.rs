@@ -125,6 +125,8 @@ pub struct QueuedJob {
     pub compare: Option<fvd_store::model::TraceCompare>,
     /// See [`Assignment::fvd_writes`].
     pub fvd_writes: Vec<String>,
+    /// See [`Assignment::warm`].
+    pub warm: Option<Vec<String>>,
 }
 
 #[derive(Debug)]
@@ -1137,6 +1139,7 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             collect_env: entry.job.collect_env.clone(),
             preflight: entry.job.preflight.clone(),
             preflight_key: r.family.clone(),
+            warm: entry.job.warm.clone(),
             family: r.family.clone(),
             component: r.component.clone(),
             commit: r.commit.clone(),

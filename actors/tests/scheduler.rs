@@ -172,6 +172,7 @@ impl Harness {
                 compare: None,
                 exclude: Default::default(),
                 preflight: Vec::new(),
+                warm: None,
                 fvd_writes: Vec::new(),
                 placement,
                 span: tracing::Span::none(),
