@@ -274,11 +274,7 @@ async fn cancel_and_timeout_kill_the_forked_jobs_whole_group() {
     spec.timeout = Duration::from_secs(3);
     let o = run(spec, CancellationToken::new()).await;
     assert!(o.timed_out, "{}", o.output_tail);
-    assert!(
-        matches!(o.verdict(), Verdict::Timeout),
-        "{:?}",
-        o.verdict()
-    );
+    assert!(matches!(o.verdict(), Verdict::Timeout), "{:?}", o.verdict());
     assert!(o.survivors.is_empty(), "{:?}", o.survivors);
     let r = sb.report("c2.report");
     let pgid: i32 = r["pgid"].parse().unwrap();
