@@ -741,24 +741,31 @@ fn runner(raw: Option<RawRunner>, text: &str, path: &Path) -> Result<RunnerSpec,
 /// so a preloaded repository module would hide the next edit. A module is
 /// the repository's when its top-level name is a package folder or a `.py`
 /// file in `port_dir` (the folder `fvd submit --repo` names), in the top of
-/// its git repository, or in a folder a `PYTHONPATH` of the spec's
-/// `set_env` names (`{repo}` stands for `port_dir`). Reads only whether
-/// those paths exist.
+/// its git repository, or in a folder inside either that a `PYTHONPATH` of
+/// the spec's `set_env` names (`{repo}` stands for `port_dir`). Reads only
+/// whether those paths exist.
 pub fn check_preload(spec: &PortSpec, port_dir: &Path) -> Result<(), SpecError> {
     let mut roots = vec![port_dir.to_path_buf()];
     if let Some(top) = port_dir.ancestors().find(|a| a.join(".git").exists()) {
         roots.push(top.to_path_buf());
     }
+    let inside: Vec<PathBuf> = roots.clone();
     for c in &spec.components {
         if let Some(pp) = c.set_env.get("PYTHONPATH") {
             let pp = pp.replace("{repo}", &port_dir.to_string_lossy());
             for entry in pp.split(':').filter(|e| !e.is_empty()) {
                 let p = Path::new(entry);
-                roots.push(if p.is_absolute() {
+                let p = if p.is_absolute() {
                     p.to_path_buf()
                 } else {
                     port_dir.join(p)
-                });
+                };
+                // Only the repository's own paths: a library folder
+                // elsewhere is what preloading is for.
+                let p: PathBuf = p.components().collect();
+                if inside.iter().any(|r| p.starts_with(r)) {
+                    roots.push(p);
+                }
             }
         }
     }
@@ -1283,8 +1290,11 @@ env = ["HF_TOKEN"]
         std::fs::create_dir_all(repo.join("fastvideo")).unwrap();
         std::fs::create_dir_all(repo.join("src/mylib")).unwrap();
         std::fs::write(repo.join("helpers.py"), "").unwrap();
+        let ext = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(ext.path().join("extlib")).unwrap();
         let text = format!(
-            "{GOOD}set_env = {{ PYTHONPATH = \"{{repo}}/src\" }}\n\n[runner]\nmode = \"warm\"\npreload = [\n  \"numpy\",\n  PLACE,\n]\n"
+            "{GOOD}set_env = {{ PYTHONPATH = \"{{repo}}/src:{}\" }}\n\n[runner]\nmode = \"warm\"\npreload = [\n  \"numpy\",\n  PLACE,\n]\n",
+            ext.path().display()
         );
         let line = text.lines().position(|l| l.contains("PLACE")).unwrap() + 1;
         for (module, found) in [
@@ -1298,9 +1308,12 @@ env = ["HF_TOKEN"]
             assert!(err.starts_with(&format!("port.toml:{line}:3: ")), "{err}");
             assert!(err.contains(module) && err.contains(found), "{err}");
         }
-        let t = text.replace("PLACE", "\"torch\"");
-        let spec = parse(Path::new("port.toml"), &t).unwrap();
-        check_preload(&spec, repo).unwrap();
+        // A library folder outside the repository is what preloading is for.
+        for module in ["torch", "extlib"] {
+            let t = text.replace("PLACE", &format!("\"{module}\""));
+            let spec = parse(Path::new("port.toml"), &t).unwrap();
+            check_preload(&spec, repo).unwrap();
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ preload module that is part of the repository), so a forked child sees the
 repository's code as it is on disk when the job starts.
 
 Protocol, one Unix-socket connection per job: the worker sends one JSON line
-{"args", "env", "cwd", "stdout", "stderr", "safe_path"}; stdout/stderr are
+{"args", "no_bytecode", "env", "cwd", "stdout", "stderr", "safe_path"}; stdout/stderr are
 named pipes the worker already reads. The zygote forks, puts the child in a
 process group of its own (pgid = pid, set by both sides before the reply),
 answers {"pid": N}, and once it reaped the child {"status": WAIT_STATUS}.
@@ -255,6 +255,8 @@ def run_child(req, out_fd, err_fd):
     import importlib
 
     importlib.invalidate_caches()
+    if req.get("no_bytecode"):
+        sys.dont_write_bytecode = True
     import pytest
 
     args = list(req["args"])

@@ -184,14 +184,46 @@ pub fn import_env(name: &str) -> bool {
     EXACT.contains(&name) || PREFIX.iter().any(|p| name.starts_with(p))
 }
 
-/// The interpreter of `argv` when it is `python… -m pytest …`, resolved on
-/// the job's `PATH`, and the arguments pytest gets.
+/// A `python [-B] [-u] [-P] -m pytest …` command, taken apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PytestCommand {
+    /// The interpreter, resolved on the job's `PATH`.
+    pub interp: PathBuf,
+    /// The arguments pytest gets.
+    pub args: Vec<String>,
+    /// `-B`: the child writes no bytecode.
+    pub no_bytecode: bool,
+    /// `-P`: the child's `sys.path` does not start with its folder.
+    pub safe_path: bool,
+}
+
+/// `argv` taken apart when it is `python… -m pytest …` with at most the
+/// flags `-B`, `-u` and `-P` (the ones a forked child can honour).
 pub fn pytest_command(
     argv: &[String],
     env: &BTreeMap<String, String>,
     cwd: &Path,
-) -> Result<(PathBuf, Vec<String>), WarmError> {
-    let [prog, m, pytest, args @ ..] = argv else {
+) -> Result<PytestCommand, WarmError> {
+    let Some((prog, rest)) = argv.split_first() else {
+        return Err(WarmError::NotPytest);
+    };
+    let (mut no_bytecode, mut safe_path) = (false, false);
+    let mut i = 0;
+    while let Some(flag) = rest
+        .get(i)
+        .filter(|f| f.len() > 1 && f.starts_with('-') && *f != "-m")
+    {
+        for c in flag[1..].chars() {
+            match c {
+                'B' => no_bytecode = true,
+                'P' => safe_path = true,
+                'u' => {}
+                _ => return Err(WarmError::NotPytest),
+            }
+        }
+        i += 1;
+    }
+    let [m, pytest, args @ ..] = &rest[i..] else {
         return Err(WarmError::NotPytest);
     };
     let base = Path::new(prog)
@@ -216,7 +248,12 @@ pub fn pytest_command(
             .find(|p| p.is_file())
             .ok_or_else(|| WarmError::NoInterpreter(prog.clone()))?
     };
-    Ok((interp, args.to_vec()))
+    Ok(PytestCommand {
+        interp,
+        args: args.to_vec(),
+        no_bytecode,
+        safe_path,
+    })
 }
 
 /// The zygote's environment for a job's: its import-time variables, less
@@ -251,7 +288,8 @@ pub async fn fork(
     secrets: &[String],
     cwd: &Path,
 ) -> Result<Forked, WarmError> {
-    let (interp, args) = pytest_command(argv, env, cwd)?;
+    let cmd = pytest_command(argv, env, cwd)?;
+    let interp = &cmd.interp;
     let zenv = zygote_env(env, secrets, &warm.unkeyed_paths);
     let mut key = format!("{}\0{}", interp.display(), warm.preload.join(","));
     for (k, v) in &zenv {
@@ -264,11 +302,11 @@ pub async fn fork(
         .or_default()
         .clone();
     let zygote = slot
-        .get_or_init(|| start(warm, &interp, &zenv))
+        .get_or_init(|| start(warm, interp, &zenv))
         .await
         .clone()
         .map_err(WarmError::Start)?;
-    let forked = request(&zygote, warm, &args, env, cwd).await;
+    let forked = request(&zygote, warm, &cmd, env, cwd).await;
     if forked.is_err() {
         // A zygote that cannot fork is not asked again: the next job of
         // its key starts a new one.
@@ -363,7 +401,7 @@ async fn start(
 async fn request(
     z: &Zygote,
     warm: &WarmSpec,
-    args: &[String],
+    cmd: &PytestCommand,
     env: &BTreeMap<String, String>,
     cwd: &Path,
 ) -> Result<Forked, WarmError> {
@@ -390,9 +428,10 @@ async fn request(
     let stderr = pipe::OpenOptions::new()
         .open_receiver(&err_path)
         .map_err(|e| fork_err(format!("{}: {e}", err_path.display())))?;
-    let safe_path = env.get("PYTHONSAFEPATH").is_some_and(|v| !v.is_empty());
+    let safe_path = cmd.safe_path || env.get("PYTHONSAFEPATH").is_some_and(|v| !v.is_empty());
     let req = serde_json::json!({
-        "args": args,
+        "args": cmd.args,
+        "no_bytecode": cmd.no_bytecode,
         "env": env,
         "cwd": cwd,
         "stdout": out_path,
@@ -487,14 +526,27 @@ mod tests {
             pytest_command(&argv(&["python3", "-X", "dev", "-m", "pytest"]), &e, cwd),
             Err(WarmError::NotPytest)
         );
-        let (interp, args) = pytest_command(
+        let c = pytest_command(
             &argv(&["/x/python3.11", "-m", "pytest", "t.py", "-q"]),
             &e,
             cwd,
         )
         .unwrap();
-        assert_eq!(interp, PathBuf::from("/x/python3.11"));
-        assert_eq!(args, vec!["t.py", "-q"]);
+        assert_eq!(c.interp, PathBuf::from("/x/python3.11"));
+        assert_eq!(c.args, vec!["t.py", "-q"]);
+        assert!(!c.no_bytecode && !c.safe_path);
+        let c = pytest_command(
+            &argv(&["/x/python3", "-B", "-uP", "-m", "pytest", "t.py"]),
+            &e,
+            cwd,
+        )
+        .unwrap();
+        assert_eq!(c.args, vec!["t.py"]);
+        assert!(c.no_bytecode && c.safe_path);
+        assert_eq!(
+            pytest_command(&argv(&["/x/python3", "-O", "-m", "pytest"]), &e, cwd),
+            Err(WarmError::NotPytest)
+        );
     }
 
     #[test]
