@@ -25,7 +25,6 @@ import signal
 import socket
 import sys
 
-ZYGOTE_DIR = sys.path.pop(0)  # the folder of this file: nothing to import there
 
 
 def fail(code, message):
@@ -271,6 +270,9 @@ def run_child(req, out_fd, err_fd):
 
 
 if __name__ == "__main__":
+    # The folder of this file: nothing to import there. (Done here, not at
+    # import: multiprocessing's spawn re-imports a child's main module.)
+    sys.path.pop(0)
     socket_path = sys.argv[1]
     preload(sys.argv[2:])
     forked = serve(socket_path)

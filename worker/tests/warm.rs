@@ -281,3 +281,53 @@ async fn cancel_and_timeout_kill_the_forked_jobs_whole_group() {
     assert!(fvd_worker::exec::job_processes(pgid, None).is_empty());
     assert_eq!(r["ppid"], sb.report("c1.report")["ppid"], "one zygote");
 }
+
+#[tokio::test]
+async fn a_checkout_module_a_preloaded_library_imported_is_dropped_in_the_child() {
+    // A library that imports the checkout's own module at import time (the
+    // spec check cannot see that) caches `repo_mod` (VALUE = 1) in the
+    // zygote; the child must drop it, so the edit to 2 is seen.
+    let sb = Sandbox::new();
+    std::fs::write(
+        sb.root.join("lib/sneaky.py"),
+        "import repo_mod\nCACHED = repo_mod.VALUE\n",
+    )
+    .unwrap();
+    let port = sb.root.join("port").display().to_string();
+    // The checkout on the PYTHONPATH, an import-time variable: the zygote
+    // can import it.
+    let with_port = |mut spec: JobSpec| {
+        for (k, v) in spec.env.iter_mut() {
+            if k == "PYTHONPATH" {
+                *v = format!("{v}:{port}");
+            }
+        }
+        spec
+    };
+    let preload: &[&str] = &["sneaky"];
+    let s0 = tempfile::tempdir().unwrap();
+    let o = run(
+        with_port(sb.spec("d0", Some(preload), &[], s0.path()).await),
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+    std::fs::write(sb.root.join("port/repo_mod.py"), "VALUE = 2\n").unwrap();
+    let s1 = tempfile::tempdir().unwrap();
+    let o = run(
+        with_port(
+            sb.spec("d1", Some(preload), &[("WANT", "2")], s1.path())
+                .await,
+        ),
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+    let (r0, r1) = (sb.report("d0.report"), sb.report("d1.report"));
+    assert_eq!(r1["value"], "2", "the cached checkout module was dropped");
+    assert_eq!(
+        r1["ppid"], r0["ppid"],
+        "both forked from the zygote that cached VALUE = 1"
+    );
+    assert_ne!(r1["ppid"], std::process::id().to_string());
+}
