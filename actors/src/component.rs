@@ -660,6 +660,7 @@ async fn enqueue(
             compare: None,
             exclude: st.exclude.clone(),
             preflight: spec.preflight.clone(),
+            warm: spec.runner.warm_preload(),
             fvd_writes: st.args.code.fvd_writes.clone(),
         })))?;
     Ok(())

@@ -125,6 +125,8 @@ pub struct QueuedJob {
     pub compare: Option<fvd_store::model::TraceCompare>,
     /// See [`Assignment::fvd_writes`].
     pub fvd_writes: Vec<String>,
+    /// See [`Assignment::warm`].
+    pub warm: Option<Vec<String>>,
 }
 
 #[derive(Debug)]
@@ -704,7 +706,14 @@ pub struct FairQueue {
     /// Families with queued jobs, in serving order.
     turn: VecDeque<String>,
     len: usize,
+    /// How often a queued job that fitted was passed over for a wider one
+    /// queued behind it (see [`FairQueue::take`]); absent is never.
+    bypassed: HashMap<String, u32>,
 }
+
+/// How often a job that fits may be passed over for a wider gang before it
+/// is taken first: packing wide jobs early must not starve small ones.
+pub const MAX_BYPASS: u32 = 8;
 
 /// How far into one family's queue the scheduler looks for a job that fits
 /// when the first one does not (a 2-GPU job waiting must not block the
@@ -745,6 +754,7 @@ impl FairQueue {
     }
 
     pub fn remove(&mut self, family: &str, id: &str) {
+        self.bypassed.remove(id);
         if let Some(q) = self.by_family.get_mut(family) {
             let before = q.len();
             q.retain(|x| x != id);
@@ -757,8 +767,17 @@ impl FairQueue {
 
     /// Takes the next job for which `fits` holds: priority levels from the
     /// highest, families of a level in turn; the served family moves to
-    /// the back of the turn.
-    pub fn take(&mut self, mut fits: impl FnMut(&str) -> bool) -> Option<String> {
+    /// the back of the turn. Within a family's queue (its first
+    /// [`LOOKAHEAD`] jobs) the widest job that fits (`width`: its GPUs) goes
+    /// first, so a gang is placed while GPUs are free together instead of
+    /// last and alone; the first of equals. Each job that fitted and was
+    /// passed over counts it, and one passed over [`MAX_BYPASS`] times is
+    /// taken before any wider one.
+    pub fn take(
+        &mut self,
+        mut fits: impl FnMut(&str) -> bool,
+        width: impl Fn(&str) -> u32,
+    ) -> Option<String> {
         let mut levels: Vec<i32> = self.priority.values().copied().collect();
         levels.sort_unstable_by(|a, b| b.cmp(a));
         levels.dedup();
@@ -772,10 +791,30 @@ impl FairQueue {
                     .by_family
                     .get_mut(&family)
                     .expect("family in turn has a queue");
-                let Some(i) = q.iter().take(LOOKAHEAD).position(|id| fits(id)) else {
+                let fitting: Vec<usize> = q
+                    .iter()
+                    .take(LOOKAHEAD)
+                    .enumerate()
+                    .filter(|(_, id)| fits(id))
+                    .map(|(i, _)| i)
+                    .collect();
+                let bypassed = &self.bypassed;
+                let starved = fitting
+                    .iter()
+                    .copied()
+                    .find(|&i| bypassed.get(&q[i]).is_some_and(|&n| n >= MAX_BYPASS));
+                let widest = fitting
+                    .iter()
+                    .copied()
+                    .min_by_key(|&i| (std::cmp::Reverse(width(&q[i])), i));
+                let Some(i) = starved.or(widest) else {
                     continue;
                 };
+                for &j in fitting.iter().filter(|&&j| j < i) {
+                    *self.bypassed.entry(q[j].clone()).or_default() += 1;
+                }
                 let id = q.remove(i).expect("position is in the queue");
+                self.bypassed.remove(&id);
                 self.len -= 1;
                 if q.is_empty() {
                     self.drop_family(&family);
@@ -1019,23 +1058,27 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             break;
         }
         let (jobs, workers) = (&st.jobs, &st.workers);
-        let Some(id) = st.queue.take(|id| {
-            jobs.get(id).is_some_and(|e| {
-                let need = e.job.record.gpus_needed as usize;
-                let p = &e.job.placement;
-                if !e.job.exclude.is_empty() {
-                    workers.iter().any(|(wid, w)| {
-                        !e.job.exclude.contains_key(wid) && has_room(w, need as u32, p)
-                    })
-                } else if p.is_constrained() {
-                    workers.values().any(|w| has_room(w, need as u32, p))
-                } else if need == 0 {
-                    free_cpu
-                } else {
-                    need <= max_gpus
-                }
-            })
-        }) else {
+        let width = |id: &str| jobs.get(id).map_or(0, |e| e.job.record.gpus_needed);
+        let Some(id) = st.queue.take(
+            |id| {
+                jobs.get(id).is_some_and(|e| {
+                    let need = e.job.record.gpus_needed as usize;
+                    let p = &e.job.placement;
+                    if !e.job.exclude.is_empty() {
+                        workers.iter().any(|(wid, w)| {
+                            !e.job.exclude.contains_key(wid) && has_room(w, need as u32, p)
+                        })
+                    } else if p.is_constrained() {
+                        workers.values().any(|w| has_room(w, need as u32, p))
+                    } else if need == 0 {
+                        free_cpu
+                    } else {
+                        need <= max_gpus
+                    }
+                })
+            },
+            width,
+        ) else {
             break;
         };
         let entry = &st.jobs[&id];
@@ -1137,6 +1180,7 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             collect_env: entry.job.collect_env.clone(),
             preflight: entry.job.preflight.clone(),
             preflight_key: r.family.clone(),
+            warm: entry.job.warm.clone(),
             family: r.family.clone(),
             component: r.component.clone(),
             commit: r.commit.clone(),

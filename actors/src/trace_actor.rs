@@ -614,6 +614,7 @@ async fn enqueue(
             collect_env: Some(TRACE_DIR_ENV.to_string()),
             exclude: Default::default(),
             preflight: spec.preflight.clone(),
+            warm: spec.runner.warm_preload(),
             compare: Some(worker_compare(t)),
             fvd_writes: st.args.code.fvd_writes.clone(),
         })))

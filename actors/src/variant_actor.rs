@@ -544,6 +544,7 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
                 collect_env: traced.map(|_| trace_actor::TRACE_DIR_ENV.to_string()),
                 exclude: BTreeMap::new(),
                 preflight: ask.spec.preflight.clone(),
+                warm: ask.spec.runner.warm_preload(),
                 compare: traced.map(trace_actor::worker_compare),
                 fvd_writes: st.args.code.fvd_writes.clone(),
             })));

@@ -172,6 +172,7 @@ impl Harness {
                 compare: None,
                 exclude: Default::default(),
                 preflight: Vec::new(),
+                warm: None,
                 fvd_writes: Vec::new(),
                 placement,
                 span: tracing::Span::none(),
@@ -551,5 +552,65 @@ async fn worker_paths_choose_the_worker_that_provides_them_or_say_none_does() {
     assert_eq!(
         reason,
         "waiting: needs worker path data/x; no registered worker provides it (fvd worker --provide PATH=DIR)"
+    );
+}
+
+#[tokio::test]
+async fn the_widest_waiting_gang_is_placed_first_on_free_gpus() {
+    // Eight 1-GPU components and one 2-GPU component of one port on a
+    // 4-GPU worker: in queue order the 2-GPU job would run last, alone, on
+    // two of four GPUs; packed, it starts in the first wave.
+    let mut h = Harness::new().await;
+    let names: Vec<String> = (0..8).map(|i| format!("one{i}")).collect();
+    let mut all: Vec<&str> = names.iter().map(String::as_str).collect();
+    all.push("two");
+    h.port("p", &all).await;
+    for n in &names {
+        h.enqueue("p", n, 1).await;
+    }
+    let two = h.enqueue("p", "two", 2).await;
+    h.settle().await;
+    let mut w = h.worker("w", 4, 0);
+    let mut first_wave = Vec::new();
+    for _ in 0..3 {
+        first_wave.push(next_assign(&mut w).await);
+    }
+    h.settle().await;
+    assert!(w.try_recv().is_err(), "four GPUs hold three jobs here");
+    assert_eq!(first_wave[0].0, two, "{first_wave:?}");
+    assert_eq!(first_wave[0].2.len(), 2);
+    assert_eq!(first_wave[1].0, "p.one0.1");
+    assert_eq!(first_wave[2].0, "p.one1.1");
+}
+
+#[tokio::test]
+async fn a_small_job_is_passed_over_for_wider_ones_a_bounded_number_of_times() {
+    let mut h = Harness::new().await;
+    let names: Vec<String> = (0..12).map(|i| format!("wide{i}")).collect();
+    let mut all: Vec<&str> = vec!["small"];
+    all.extend(names.iter().map(String::as_str));
+    h.port("p", &all).await;
+    let small = h.enqueue("p", "small", 1).await;
+    for n in &names {
+        h.enqueue("p", n, 2).await;
+    }
+    h.settle().await;
+    // Two GPUs: each wide job takes both, so while wide ones wait the
+    // small one fits every time and is passed over.
+    let mut w = h.worker("w", 2, 0);
+    let mut order = Vec::new();
+    while !order.contains(&small) {
+        let (id, epoch, _) = next_assign(&mut w).await;
+        order.push(id.clone());
+        if id == small {
+            break;
+        }
+        h.finished("w", &id, epoch);
+        assert!(order.len() <= 12, "the small job starves: {order:?}");
+    }
+    assert_eq!(
+        order.len(),
+        fvd_actors::scheduler::MAX_BYPASS as usize + 1,
+        "{order:?}"
     );
 }

@@ -209,6 +209,7 @@ async fn run(workers: usize, gpus: u32, jobs: usize) {
                 compare: None,
                 exclude: Default::default(),
                 preflight: Vec::new(),
+                warm: None,
                 fvd_writes: Vec::new(),
                 placement: Placement::default(),
                 span: tracing::Span::none(),

@@ -206,6 +206,8 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
             collect_env: a.collect_env.unwrap_or_default(),
             preflight: a.preflight,
             preflight_key: a.preflight_key,
+            warm: a.warm.is_some(),
+            preload: a.warm.unwrap_or_default(),
             family: a.family,
             component: a.component,
             commit: a.commit,

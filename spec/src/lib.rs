@@ -91,6 +91,36 @@ pub struct PortSpec {
     /// 1-based line of each prep field in the spec file.
     pub prep_lines: BTreeMap<String, usize>,
     pub components: Vec<ComponentSpec>,
+    /// `[runner]`: how workers start the port's test processes.
+    pub runner: RunnerSpec,
+}
+
+/// `[runner] mode`: a fresh interpreter per run (`cold`, the default) or a
+/// fork of a per-worker zygote that imported `preload` once (`warm`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunnerMode {
+    #[default]
+    Cold,
+    Warm,
+}
+
+/// The `[runner]` table of a spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunnerSpec {
+    pub mode: RunnerMode,
+    /// Top-level (or dotted) modules the zygote imports before it forks a
+    /// run: libraries only, never the repository's own packages.
+    pub preload: Vec<String>,
+    /// 1-based line and column of each `preload` entry, for errors.
+    pub preload_at: Vec<(usize, usize)>,
+}
+
+impl RunnerSpec {
+    /// The modules a warm run's zygote preloads; `None` for a cold run.
+    pub fn warm_preload(&self) -> Option<Vec<String>> {
+        (self.mode == RunnerMode::Warm).then(|| self.preload.clone())
+    }
 }
 
 /// One component and how to run its parity test.
@@ -134,6 +164,9 @@ pub struct ComponentSpec {
     /// `[[component.variant]]`: hypotheses about a red run's cause, each an
     /// environment override the test runs under once more, all at once.
     pub variants: Vec<VariantSpec>,
+    /// The spec's `[runner]`: a warm run gives the same verdict as a cold
+    /// one, so it is not part of [`ComponentSpec::same_run`].
+    pub runner: RunnerSpec,
 }
 
 /// One `[[component.variant]]`: a named hypothesis, as environment
@@ -260,6 +293,16 @@ struct RawSpec {
     #[serde(default, rename = "component")]
     components: Vec<RawComponent>,
     agent: Option<RawAgent>,
+    runner: Option<RawRunner>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRunner {
+    #[serde(default)]
+    mode: RunnerMode,
+    #[serde(default)]
+    preload: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -528,6 +571,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             })
         }
     };
+    let runner = runner(raw.runner, text, path)?;
     let mut components = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     let default_set_env = raw.defaults.set_env;
@@ -637,6 +681,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             confirm_runs,
             trace: c.trace,
             variants,
+            runner: runner.clone(),
         });
     }
     if components.is_empty() {
@@ -648,7 +693,104 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         prep,
         prep_lines,
         components,
+        runner,
     })
+}
+
+/// The `[runner]` table, checked: each preload entry a dotted Python
+/// module name, named with its line and column when it is not.
+fn runner(raw: Option<RawRunner>, text: &str, path: &Path) -> Result<RunnerSpec, SpecError> {
+    let Some(raw) = raw else {
+        return Ok(RunnerSpec::default());
+    };
+    let mut out = RunnerSpec {
+        mode: raw.mode,
+        ..Default::default()
+    };
+    for m in raw.preload {
+        let (line, column) = line_col(text, m.span().start);
+        let name = m.into_inner();
+        let ok = !name.is_empty()
+            && name.split('.').all(|part| {
+                !part.is_empty()
+                    && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && !part.starts_with(|c: char| c.is_ascii_digit())
+            });
+        if !ok {
+            return Err(SpecError::Syntax {
+                path: path.to_path_buf(),
+                line,
+                column,
+                message: format!(
+                    "runner.preload: {} is not a python module name (dotted identifiers)",
+                    fvd_paths::shown(&name)
+                ),
+            });
+        }
+        if out.preload.contains(&name) {
+            continue;
+        }
+        out.preload.push(name);
+        out.preload_at.push((line, column));
+    }
+    Ok(out)
+}
+
+/// Refuses a `[runner] preload` module that is part of the repository: a
+/// warm zygote imports its preload once and forks every later run from it,
+/// so a preloaded repository module would hide the next edit. A module is
+/// the repository's when its top-level name is a package folder or a `.py`
+/// file in `port_dir` (the folder `fvd submit --repo` names), in the top of
+/// its git repository, or in a folder inside either that a `PYTHONPATH` of
+/// the spec's `set_env` names (`{repo}` stands for `port_dir`). Reads only
+/// whether those paths exist.
+pub fn check_preload(spec: &PortSpec, port_dir: &Path) -> Result<(), SpecError> {
+    let mut roots = vec![port_dir.to_path_buf()];
+    if let Some(top) = port_dir.ancestors().find(|a| a.join(".git").exists()) {
+        roots.push(top.to_path_buf());
+    }
+    let inside: Vec<PathBuf> = roots.clone();
+    for c in &spec.components {
+        if let Some(pp) = c.set_env.get("PYTHONPATH") {
+            let pp = pp.replace("{repo}", &port_dir.to_string_lossy());
+            for entry in pp.split(':').filter(|e| !e.is_empty()) {
+                let p = Path::new(entry);
+                let p = if p.is_absolute() {
+                    p.to_path_buf()
+                } else {
+                    port_dir.join(p)
+                };
+                // Only the repository's own paths: a library folder
+                // elsewhere is what preloading is for.
+                let p: PathBuf = p.components().collect();
+                if inside.iter().any(|r| p.starts_with(r)) {
+                    roots.push(p);
+                }
+            }
+        }
+    }
+    roots.dedup();
+    for (i, module) in spec.runner.preload.iter().enumerate() {
+        let top = module.split('.').next().unwrap_or(module);
+        let found = roots.iter().find(|r| {
+            r.join(top).is_dir()
+                || r.join(format!("{top}.py")).is_file()
+                || r.join(format!("{top}.pyc")).is_file()
+        });
+        if let Some(root) = found {
+            let (line, column) = spec.runner.preload_at.get(i).copied().unwrap_or((1, 1));
+            return Err(SpecError::Syntax {
+                path: PathBuf::from(&spec.path),
+                line,
+                column,
+                message: format!(
+                    "runner.preload: {module} is part of the repository ({}): a warm zygote would keep it across edits; preload libraries only",
+                    root.join(top).display()
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The component's variants, checked: unique identifiers other than
@@ -1111,6 +1253,67 @@ env = ["HF_TOKEN"]
             err,
             format!("{}:8:12: not utf-8 text (byte 0xff)", path.display())
         );
+    }
+
+    #[test]
+    fn runner_is_cold_by_default_and_warm_names_its_preload() {
+        let spec = parse(Path::new("port.toml"), GOOD).unwrap();
+        assert_eq!(spec.runner, RunnerSpec::default());
+        assert_eq!(spec.components[0].runner.warm_preload(), None);
+        let text =
+            format!("{GOOD}\n[runner]\nmode = \"warm\"\npreload = [\"torch\", \"numpy.linalg\"]\n");
+        let spec = parse(Path::new("port.toml"), &text).unwrap();
+        assert_eq!(spec.runner.mode, RunnerMode::Warm);
+        assert_eq!(
+            spec.components[0].runner.warm_preload(),
+            Some(vec!["torch".to_string(), "numpy.linalg".to_string()])
+        );
+        let line = text.lines().position(|l| l.starts_with("preload")).unwrap() + 1;
+        assert_eq!(spec.runner.preload_at[0].0, line);
+
+        let bad = format!("{GOOD}\n[runner]\nmode = \"hot\"\n");
+        let err = parse(Path::new("port.toml"), &bad).unwrap_err().to_string();
+        let line = bad.lines().position(|l| l.starts_with("mode =")).unwrap() + 1;
+        assert!(err.starts_with(&format!("port.toml:{line}:")), "{err}");
+        assert!(err.contains("hot"), "{err}");
+        let bad = format!("{GOOD}\n[runner]\nmode = \"warm\"\npreload = [\"torch\", \"../x\"]\n");
+        let err = parse(Path::new("port.toml"), &bad).unwrap_err().to_string();
+        let line = bad.lines().position(|l| l.starts_with("preload")).unwrap() + 1;
+        assert!(err.starts_with(&format!("port.toml:{line}:")), "{err}");
+        assert!(err.contains("not a python module name"), "{err}");
+    }
+
+    #[test]
+    fn a_preload_module_of_the_repository_is_refused_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path();
+        std::fs::create_dir_all(repo.join("fastvideo")).unwrap();
+        std::fs::create_dir_all(repo.join("src/mylib")).unwrap();
+        std::fs::write(repo.join("helpers.py"), "").unwrap();
+        let ext = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(ext.path().join("extlib")).unwrap();
+        let text = format!(
+            "{GOOD}set_env = {{ PYTHONPATH = \"{{repo}}/src:{}\" }}\n\n[runner]\nmode = \"warm\"\npreload = [\n  \"numpy\",\n  PLACE,\n]\n",
+            ext.path().display()
+        );
+        let line = text.lines().position(|l| l.contains("PLACE")).unwrap() + 1;
+        for (module, found) in [
+            ("fastvideo.models", "fastvideo"),
+            ("helpers", "helpers"),
+            ("mylib", "src/mylib"),
+        ] {
+            let t = text.replace("PLACE", &format!("\"{module}\""));
+            let spec = parse(Path::new("port.toml"), &t).unwrap();
+            let err = check_preload(&spec, repo).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("port.toml:{line}:3: ")), "{err}");
+            assert!(err.contains(module) && err.contains(found), "{err}");
+        }
+        // A library folder outside the repository is what preloading is for.
+        for module in ["torch", "extlib"] {
+            let t = text.replace("PLACE", &format!("\"{module}\""));
+            let spec = parse(Path::new("port.toml"), &t).unwrap();
+            check_preload(&spec, repo).unwrap();
+        }
     }
 
     #[test]

@@ -32,7 +32,9 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
         .spec
         .clone()
         .unwrap_or_else(|| fvd_spec::default_path(&repo, &args.family));
-    let spec = match fvd_spec::load(&spec_path) {
+    let spec = match fvd_spec::load(&spec_path)
+        .and_then(|s| fvd_spec::check_preload(&s, &repo).map(|()| s))
+    {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fvd: error: {e}");

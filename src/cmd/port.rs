@@ -205,7 +205,9 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
         .unwrap_or_else(|| fvd_spec::default_path(&repo, &args.family));
     // Validate locally first: a bad spec is a usage error named by file,
     // line and column, before anything starts.
-    let parsed = match fvd_spec::load(&spec_path) {
+    let parsed = match fvd_spec::load(&spec_path)
+        .and_then(|s| fvd_spec::check_preload(&s, &repo).map(|()| s))
+    {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fvd: error: {e}");

@@ -144,6 +144,9 @@ pub struct Assignment {
     pub preflight: Vec<String>,
     /// The port the preflight is run for (its family).
     pub preflight_key: String,
+    /// `Some(preload)` for a warm run (`[runner] mode = "warm"`), `None`
+    /// for a cold one.
+    pub warm: Option<Vec<String>>,
     /// The commit the job runs (empty: none, run in `cwd` as it is).
     pub commit: String,
     /// The port folder's place inside the commit's tree.

@@ -21,3 +21,4 @@ mod trace;
 mod trace_checks;
 mod trace_port;
 mod variants;
+mod warm;

@@ -72,6 +72,7 @@ async fn main() {
             timeout: Duration::from_secs(300),
             grace: Duration::from_secs(5),
             junit: None,
+            warm: None,
         };
         prepare_pytest(&mut spec, &scratch).await.unwrap();
         let (tx, mut rx) = mpsc::channel(64);

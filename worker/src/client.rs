@@ -107,6 +107,19 @@ pub async fn run_reporting(
     drain: CancellationToken,
     link: LinkReporter,
 ) -> Result<(), ClientError> {
+    let served = serve(config, shutdown, drain, link).await;
+    // The warm runner's zygotes end with the worker (they also end by
+    // themselves when its process is gone).
+    crate::zygote::shutdown();
+    served
+}
+
+async fn serve(
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+    drain: CancellationToken,
+    link: LinkReporter,
+) -> Result<(), ClientError> {
     let endpoint = fvd_proto::transport::endpoint(&config.orchestrator, config.tls_ca.as_deref())?;
     let running: Running = Arc::default();
     let preflights: Preflights = Arc::default();
@@ -642,6 +655,7 @@ async fn run_assigned(
         timeout: Duration::from_millis(a.timeout_ms),
         grace: config.grace,
         junit: None,
+        warm: None,
     };
     let scratch = match scratch_dir(&config.workspace, &a.job_id) {
         Ok(s) => s,
@@ -650,6 +664,13 @@ async fn run_assigned(
             return finished;
         }
     };
+    if a.warm {
+        spec.warm = Some(crate::zygote::WarmSpec {
+            preload: a.preload.clone(),
+            unkeyed_paths: vec![scratch.clone()],
+            dir: config.workspace.join("zygotes"),
+        });
+    }
     if a.collect_junit
         && let Err(e) = exec::prepare_pytest(&mut spec, &scratch).await
     {

@@ -88,6 +88,9 @@ pub struct JobSpec {
     /// Where pytest writes its JUnit report. Deleted before the run so a
     /// stale report is never read.
     pub junit: Option<PathBuf>,
+    /// `Some` for a warm run (`[runner] mode = "warm"`): forked from a
+    /// zygote ([`crate::zygote`]), or cold with a warning when it cannot be.
+    pub warm: Option<crate::zygote::WarmSpec>,
 }
 
 /// Which pipe an output chunk came from.
@@ -327,16 +330,52 @@ pub async fn run_job(
     let cookie = new_cookie(&job_id);
 
     let start = Instant::now();
-    let mut child = command(&spec, &program, &argv, &cookie)
-        .spawn()
-        .map_err(|source| ExecError::Spawn {
-            job_id: job_id.clone(),
-            program: program.clone(),
-            cwd: spec.cwd.clone(),
-            source,
-        })?;
-    // id() is only None after the child was reaped, which has not happened.
-    let pid = child.id().unwrap_or_default();
+    let (warm, fallback) = match &spec.warm {
+        None => (None, None),
+        Some(w) => {
+            let env = job_env(&spec, &cookie);
+            match crate::zygote::fork(w, &argv, &env, &spec.secret_env_names, &spec.cwd).await {
+                Ok(f) => (Some(f), None),
+                Err(e) => {
+                    tracing::warn!(job_id, error = %e, "warm runner unavailable; running cold");
+                    let stage = match e {
+                        crate::zygote::WarmError::NotPytest => {
+                            "the command is not `python -m pytest`"
+                        }
+                        crate::zygote::WarmError::NoInterpreter(_) => "interpreter not found",
+                        crate::zygote::WarmError::Start(_) => {
+                            "the zygote did not start (the worker's log says why)"
+                        }
+                        crate::zygote::WarmError::Fork(_) => {
+                            "the zygote could not fork (the worker's log says why)"
+                        }
+                    };
+                    let line = format!(
+                        "{}: {stage}; this run is cold\n",
+                        crate::zygote::WARNING_PREFIX
+                    );
+                    (None, Some(line))
+                }
+            }
+        }
+    };
+    let mut cold_pipes = None;
+    let mut child = match warm {
+        Some(f) => Leader::Warm(f),
+        None => {
+            let mut c = command(&spec, &program, &argv, &cookie)
+                .spawn()
+                .map_err(|source| ExecError::Spawn {
+                    job_id: job_id.clone(),
+                    program: program.clone(),
+                    cwd: spec.cwd.clone(),
+                    source,
+                })?;
+            cold_pipes = Some((c.stdout.take(), c.stderr.take()));
+            Leader::Cold(c)
+        }
+    };
+    let pid = child.pid();
     let pgid = pid as i32;
     let mut guard = GroupGuard {
         pgid,
@@ -352,20 +391,30 @@ pub async fn run_job(
         .await;
 
     let (raw_tx, raw_rx) = mpsc::channel::<Raw>(64);
-    let mut readers = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        readers.push(fvd_telemetry::spawn(read_pipe(
-            out,
-            OutputStream::Stdout,
-            raw_tx.clone(),
-        )));
+    if let Some(line) = fallback {
+        let _ = raw_tx
+            .send(Raw::Chunk(OutputStream::Stderr, line.into_bytes()))
+            .await;
     }
-    if let Some(err) = child.stderr.take() {
-        readers.push(fvd_telemetry::spawn(read_pipe(
-            err,
-            OutputStream::Stderr,
-            raw_tx.clone(),
-        )));
+    let mut readers = Vec::new();
+    let (out, err) = match &mut child {
+        Leader::Warm(f) => (
+            f.stdout.take().map(Pipe::Warm),
+            f.stderr.take().map(Pipe::Warm),
+        ),
+        Leader::Cold(_) => {
+            let (out, err) = cold_pipes.unwrap_or((None, None));
+            (out.map(Pipe::ColdOut), err.map(Pipe::ColdErr))
+        }
+    };
+    for (pipe, stream) in [(out, OutputStream::Stdout), (err, OutputStream::Stderr)] {
+        if let Some(pipe) = pipe {
+            readers.push(fvd_telemetry::spawn(read_pipe(
+                pipe,
+                stream,
+                raw_tx.clone(),
+            )));
+        }
     }
     let pump = fvd_telemetry::spawn(pump(raw_rx, events, secrets.clone()));
 
@@ -415,6 +464,53 @@ pub async fn run_job(
     Ok(outcome)
 }
 
+/// A job's main process: a child of the worker (cold) or of a zygote
+/// (warm), leader of its own process group either way.
+#[derive(Debug)]
+enum Leader {
+    Cold(Child),
+    Warm(crate::zygote::Forked),
+}
+
+impl Leader {
+    fn pid(&self) -> u32 {
+        match self {
+            // id() is only None after the child was reaped, which has not
+            // happened.
+            Leader::Cold(c) => c.id().unwrap_or_default(),
+            Leader::Warm(f) => f.pid,
+        }
+    }
+
+    async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        match self {
+            Leader::Cold(c) => c.wait().await,
+            Leader::Warm(f) => f.wait().await,
+        }
+    }
+
+    fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        match self {
+            Leader::Cold(c) => c.try_wait(),
+            Leader::Warm(f) => f.try_wait(),
+        }
+    }
+}
+
+/// The whole environment of a job's process, as [`command`] builds it: the
+/// worker's, then the job's own, then fvd's (a warm child gets exactly this).
+fn job_env(spec: &JobSpec, cookie: &str) -> std::collections::BTreeMap<String, String> {
+    let mut env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    env.insert("PYTHONUNBUFFERED".into(), "1".into());
+    env.extend(spec.env.iter().cloned());
+    env.insert(
+        "CUDA_VISIBLE_DEVICES".into(),
+        cuda_visible_devices(&spec.gpus),
+    );
+    env.insert(JOB_COOKIE_ENV.into(), cookie.into());
+    env
+}
+
 /// The job's command: `argv` in its own process group, output piped, the
 /// job's environment, its GPUs and the cookie that finds its processes.
 fn command(spec: &JobSpec, program: &str, argv: &[String], cookie: &str) -> Command {
@@ -446,7 +542,7 @@ struct Ended {
 /// job is stopped as a whole; a job that exited has what it left behind
 /// stopped.
 async fn wait_or_stop(
-    child: &mut Child,
+    child: &mut Leader,
     spec: &JobSpec,
     start: Instant,
     pid: u32,
@@ -668,17 +764,32 @@ impl Redactor {
     }
 }
 
+/// A job's output pipe: the worker's child's, or a named pipe a zygote's
+/// child writes.
+#[derive(Debug)]
+enum Pipe {
+    ColdOut(tokio::process::ChildStdout),
+    ColdErr(tokio::process::ChildStderr),
+    Warm(tokio::net::unix::pipe::Receiver),
+}
+
+impl Pipe {
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Pipe::ColdOut(p) => p.read(buf).await,
+            Pipe::ColdErr(p) => p.read(buf).await,
+            Pipe::Warm(p) => p.read(buf).await,
+        }
+    }
+}
+
 enum Raw {
     Chunk(OutputStream, Vec<u8>),
     Eof(OutputStream),
     Stopping(StopReason),
 }
 
-async fn read_pipe<R: tokio::io::AsyncRead + Unpin>(
-    mut pipe: R,
-    stream: OutputStream,
-    tx: mpsc::Sender<Raw>,
-) {
+async fn read_pipe(mut pipe: Pipe, stream: OutputStream, tx: mpsc::Sender<Raw>) {
     let mut buf = vec![0u8; CHUNK];
     loop {
         match pipe.read(&mut buf).await {
@@ -764,7 +875,7 @@ fn idx(s: OutputStream) -> usize {
 /// (bounded) for it to vanish. Returns the leader's status if it was reaped
 /// here.
 async fn stop_job(
-    mut leader: Option<&mut Child>,
+    mut leader: Option<&mut Leader>,
     pgid: i32,
     cookie: &str,
     grace: Duration,
@@ -857,6 +968,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             grace: Duration::from_secs(1),
             junit: None,
+            warm: None,
         };
         secret_values(&spec)
     }
@@ -895,6 +1007,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             grace: Duration::from_secs(1),
             junit: None,
+            warm: None,
         };
         prepare_pytest(&mut spec, dir.path()).await.unwrap();
         let get = |k: &str| spec.env.iter().find(|(n, _)| n == k).unwrap().1.clone();

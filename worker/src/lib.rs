@@ -8,3 +8,4 @@ pub mod collect;
 pub mod exec;
 pub mod gpu;
 pub mod health;
+pub mod zygote;

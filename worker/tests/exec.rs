@@ -25,6 +25,7 @@ fn spec(job_id: &str, argv: &[&str]) -> JobSpec {
         timeout: Duration::from_secs(60),
         grace: Duration::from_secs(1),
         junit: None,
+        warm: None,
     }
 }
 

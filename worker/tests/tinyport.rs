@@ -71,6 +71,7 @@ async fn run_component(table: &toml::Table, name: &str) -> Verdict {
         timeout: Duration::from_secs(timeout_s as u64),
         grace: Duration::from_secs(2),
         junit: None,
+        warm: None,
     };
     prepare_pytest(&mut spec, scratch.path()).await.unwrap();
     let (tx, mut rx) = mpsc::channel(64);

@@ -47,6 +47,7 @@ async fn run_case_with(file: &str, extra: &[&str], timeout: Duration, plugin: bo
         timeout,
         grace: Duration::from_secs(2),
         junit: Some(scratch.path().join("junit.xml")),
+        warm: None,
     };
     if plugin {
         prepare_pytest(&mut spec, scratch.path()).await.unwrap();
@@ -337,6 +338,7 @@ async fn missing_junit_is_error_naming_the_file() {
         timeout: Duration::from_secs(60),
         grace: Duration::from_secs(1),
         junit: Some(junit.clone()),
+        warm: None,
     };
     let (tx, mut rx) = mpsc::channel(16);
     fvd_telemetry::spawn(async move { while rx.recv().await.is_some() {} });

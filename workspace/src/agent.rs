@@ -541,6 +541,7 @@ mod tests {
             confirm_runs: 1,
             trace: None,
             variants: Vec::new(),
+            runner: Default::default(),
         }
     }
 

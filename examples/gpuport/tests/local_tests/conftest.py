@@ -35,6 +35,18 @@ def _rank():
     return int(os.environ.get("RANK", "0"))
 
 
+def pytest_runtest_call(item):
+    """With ``GPUPORT_BODY_LOG=PATH``, appends when the test body starts
+    (after its fixtures: CUDA is up) and which job it is: the warm-runner
+    benchmark (``bench/gpu_warm.py``) measures start-up as job start ->
+    this moment."""
+    path = os.environ.get("GPUPORT_BODY_LOG")
+    if path:
+        rec = {"t": time.time(), "test": item.nodeid, "rank": _rank(), "job": os.environ.get("FVD_JOB_COOKIE", "")}
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     # torchrun starts pytest once per rank with the same --junitxml. Two

@@ -1,0 +1,280 @@
+"""fvd's warm-runner zygote: imports a port's preload modules once, then
+forks one child per job that runs pytest in-process.
+
+Started by the worker (worker/src/zygote.rs) as
+    PYTHON fvd_zygote.py SOCKET MODULE...
+with only the environment that matters at import time. It never initialises
+CUDA and never imports the repository's own packages (the spec refuses a
+preload module that is part of the repository), so a forked child sees the
+repository's code as it is on disk when the job starts.
+
+Protocol, one Unix-socket connection per job: the worker sends one JSON line
+{"args", "no_bytecode", "env", "cwd", "stdout", "stderr", "safe_path"}; stdout/stderr are
+named pipes the worker already reads. The zygote forks, puts the child in a
+process group of its own (pgid = pid, set by both sides before the reply),
+answers {"pid": N}, and once it reaped the child {"status": WAIT_STATUS}.
+A line {"error": "..."} instead of a pid means nothing was forked.
+The zygote exits when its stdin (a pipe the worker holds) closes, killing the
+process groups of the children it still has.
+"""
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+
+
+
+def fail(code, message):
+    sys.stderr.write("fvd zygote: " + message + "\n")
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def preload(modules):
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as e:  # noqa: BLE001 - any failure means no zygote
+            fail(3, "import %s failed: %s: %s" % (name, type(e).__name__, e))
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        fail(4, "CUDA was initialised while importing the preload modules; a fork cannot use it")
+    try:
+        import pytest  # noqa: F401 - every child runs it
+    except BaseException as e:  # noqa: BLE001
+        fail(3, "import pytest failed: %s: %s" % (type(e).__name__, e))
+
+
+class Conn:
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = b""
+        self.pid = None
+
+
+def send_line(conn, obj):
+    try:
+        conn.sock.setblocking(True)
+        conn.sock.sendall((json.dumps(obj) + "\n").encode())
+    except OSError:
+        pass
+
+
+def serve(path):
+    """The zygote's loop. Returns (request, out_fd, err_fd) in a forked
+    child, None when the zygote should exit."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(64)
+    listener.setblocking(False)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "listen")
+    sel.register(wake_r, selectors.EVENT_READ, "wake")
+    sel.register(0, selectors.EVENT_READ, "stdin")
+    parent = os.getppid()
+    children = {}  # pid -> Conn
+    state = {"listener": listener, "sel": sel, "wake": (wake_r, wake_w), "conns": set()}
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+
+    def shutdown():
+        for pid in list(children):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return None
+
+    while True:
+        events = sel.select(timeout=1.0)
+        if os.getppid() != parent:
+            return shutdown()
+        for key, _ in events:
+            what = key.data
+            if what == "stdin":
+                try:
+                    data = os.read(0, 4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    return shutdown()
+            elif what == "wake":
+                try:
+                    while os.read(wake_r, 4096):
+                        pass
+                except OSError:
+                    pass
+            elif what == "listen":
+                try:
+                    sock, _ = listener.accept()
+                except OSError:
+                    continue
+                sock.setblocking(False)
+                conn = Conn(sock)
+                state["conns"].add(conn)
+                sel.register(sock, selectors.EVENT_READ, conn)
+            else:
+                conn = what
+                try:
+                    data = conn.sock.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    sel.unregister(conn.sock)
+                    if conn.pid is None:
+                        state["conns"].discard(conn)
+                        conn.sock.close()
+                    continue
+                conn.buf += data
+                if conn.pid is not None or b"\n" not in conn.buf:
+                    continue
+                sel.unregister(conn.sock)
+                line = conn.buf.split(b"\n", 1)[0]
+                forked = fork(conn, line, state, children)
+                if forked is not None:
+                    return forked
+        # Reap after every wake-up: SIGCHLD may coalesce.
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                send_line(conn, {"status": status})
+                state["conns"].discard(conn)
+                conn.sock.close()
+
+
+def fork(conn, line, state, children):
+    try:
+        req = json.loads(line)
+        flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
+        out_fd = os.open(req["stdout"], flags)
+        err_fd = os.open(req["stderr"], flags)
+        os.set_blocking(out_fd, True)
+        os.set_blocking(err_fd, True)
+    except BaseException as e:  # noqa: BLE001
+        send_line(conn, {"error": "%s: %s" % (type(e).__name__, e)})
+        state["conns"].discard(conn)
+        conn.sock.close()
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.close(out_fd)
+        os.close(err_fd)
+        send_line(conn, {"error": "fork: %s" % e})
+        state["conns"].discard(conn)
+        conn.sock.close()
+        return None
+    if pid == 0:
+        child_setup(state)
+        return (req, out_fd, err_fd)
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass  # the child did it first, or already exited
+    os.close(out_fd)
+    os.close(err_fd)
+    conn.pid = pid
+    children[pid] = conn
+    send_line(conn, {"pid": pid})
+    return None
+
+
+def child_setup(state):
+    """In the forked child: leave the zygote's group, signals and files."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    state["sel"].close()
+    state["listener"].close()
+    for conn in state["conns"]:
+        conn.sock.close()
+    for fd in state["wake"]:
+        os.close(fd)
+
+
+def run_child(req, out_fd, err_fd):
+    """Becomes the job: its fds, environment, folder and sys.path, then
+    pytest.main with the cold command's arguments; exits with its code."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.close(out_fd)
+    os.close(err_fd)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    cwd = req["cwd"]
+    os.chdir(cwd)
+    cwd = os.getcwd()
+    # sys.path as `python -m pytest` in this folder would have it: the
+    # folder first (unless PYTHONSAFEPATH), then the job's PYTHONPATH entries
+    # the zygote's own environment did not have (the pytest plugin's folder).
+    front = [] if req.get("safe_path") else [cwd]
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and entry not in sys.path and entry not in front:
+            front.append(os.path.abspath(entry))
+    sys.path[0:0] = front
+    # Only preload modules were imported; a module of the checkout in the
+    # cache would hide an edit, so none may stay (tests/e2e/warm.rs).
+    root = os.path.join(cwd, "")
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if isinstance(f, str) and os.path.abspath(f).startswith(root):
+            del sys.modules[name]
+    import importlib
+
+    importlib.invalidate_caches()
+    if req.get("no_bytecode"):
+        sys.dont_write_bytecode = True
+    import pytest
+
+    args = list(req["args"])
+    sys.argv = [os.path.join(os.path.dirname(pytest.__file__), "__main__.py")] + args
+    try:
+        code = pytest.main(args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(int(code))
+
+
+if __name__ == "__main__":
+    # The folder of this file: nothing to import there. (Done here, not at
+    # import: multiprocessing's spawn re-imports a child's main module.)
+    sys.path.pop(0)
+    socket_path = sys.argv[1]
+    preload(sys.argv[2:])
+    forked = serve(socket_path)
+    if forked is not None:
+        run_child(*forked)

@@ -1,0 +1,333 @@
+//! The warm runner with real processes: a zygote imports a stand-in heavy
+//! library once and forks each run; an edit of the checkout between two
+//! runs is seen; a zygote that cannot start turns the run cold with one
+//! warning; one job's environment, folder and process group do not leak
+//! into the next; cancel and timeout kill the forked job's whole group.
+//! Needs `python3` with pytest.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fvd_contracts::verdict::Verdict;
+use fvd_worker::exec::{JobOutcome, JobSpec, prepare_pytest, run_job};
+use fvd_worker::zygote::{WARNING_PREFIX, WarmSpec};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// A checkout (`port/`: a module of its own and a test) and a library
+/// folder outside it (`lib/heavy.py`: appends a line to `imports.log` and
+/// sleeps 0.5 s each time it is imported).
+struct Sandbox {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        std::fs::create_dir_all(root.join("port")).unwrap();
+        std::fs::create_dir_all(root.join("lib")).unwrap();
+        std::fs::write(
+            root.join("lib/heavy.py"),
+            format!(
+                "import os, time\nwith open({:?}, 'a') as f:\n    f.write('%d\\n' % os.getpid())\ntime.sleep(0.5)\n",
+                root.join("imports.log")
+            ),
+        )
+        .unwrap();
+        std::fs::write(root.join("port/repo_mod.py"), "VALUE = 1\n").unwrap();
+        std::fs::write(
+            root.join("port/test_warm.py"),
+            r#"import os, sys
+import heavy  # noqa: F401
+import repo_mod
+
+def test_body():
+    with open(os.environ["REPORT"], "w") as f:
+        f.write("ppid=%d\npgid=%d\npid=%d\ncwd=%s\nfoo=%s\nvalue=%d\n" % (
+            os.getppid(), os.getpgid(0), os.getpid(), os.getcwd(),
+            os.environ.get("FOO", "-"), repo_mod.VALUE))
+    if os.environ.get("SLEEP"):
+        import subprocess, time
+        subprocess.Popen(["sleep", "3600"])
+        time.sleep(3600)
+    assert repo_mod.VALUE == int(os.environ.get("WANT", "1"))
+"#,
+        )
+        .unwrap();
+        Sandbox { _dir: dir, root }
+    }
+
+    fn imports(&self) -> usize {
+        std::fs::read_to_string(self.root.join("imports.log"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    fn report(&self, name: &str) -> std::collections::BTreeMap<String, String> {
+        std::fs::read_to_string(self.root.join(name))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    async fn spec(
+        &self,
+        job: &str,
+        preload: Option<&[&str]>,
+        env: &[(&str, &str)],
+        scratch: &Path,
+    ) -> JobSpec {
+        let mut env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.push((
+            "PYTHONPATH".into(),
+            self.root.join("lib").display().to_string(),
+        ));
+        env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
+        env.push((
+            "REPORT".into(),
+            self.root
+                .join(format!("{job}.report"))
+                .display()
+                .to_string(),
+        ));
+        let mut spec = JobSpec {
+            job_id: job.into(),
+            argv: [
+                "python3",
+                "-m",
+                "pytest",
+                "test_warm.py",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--junitxml={junitxml}",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            env,
+            secret_env_names: vec![],
+            cwd: self.root.join("port"),
+            gpus: vec![],
+            timeout: Duration::from_secs(60),
+            grace: Duration::from_secs(1),
+            junit: None,
+            warm: preload.map(|p| WarmSpec {
+                preload: p.iter().map(|s| s.to_string()).collect(),
+                unkeyed_paths: vec![scratch.to_path_buf()],
+                dir: self.root.join("z"),
+            }),
+        };
+        prepare_pytest(&mut spec, scratch).await.unwrap();
+        spec
+    }
+}
+
+async fn run(spec: JobSpec, cancel: CancellationToken) -> JobOutcome {
+    let (tx, mut rx) = mpsc::channel(64);
+    let sink = fvd_telemetry::spawn(async move { while rx.recv().await.is_some() {} });
+    let outcome = run_job(spec, tx, cancel).await.expect("job runs");
+    sink.await.unwrap();
+    outcome
+}
+
+fn passed(o: &JobOutcome) -> bool {
+    matches!(o.verdict(), Verdict::NonSkipPass { .. })
+}
+
+#[tokio::test]
+async fn warm_runs_share_one_import_and_see_edits_of_the_checkout() {
+    let sb = Sandbox::new();
+    let preload: &[&str] = &["heavy"];
+    let s1 = tempfile::tempdir().unwrap();
+    let o = run(
+        sb.spec("w1", Some(preload), &[("FOO", "one")], s1.path())
+            .await,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+    assert!(!o.output_tail.contains(WARNING_PREFIX), "{}", o.output_tail);
+    let r1 = sb.report("w1.report");
+    assert_ne!(
+        r1["ppid"],
+        std::process::id().to_string(),
+        "forked by a zygote, not spawned by the worker"
+    );
+    assert_eq!(r1["pgid"], r1["pid"], "the child leads its own group");
+    assert_eq!(r1["foo"], "one");
+    assert_eq!(Path::new(&r1["cwd"]), sb.root.join("port"));
+    // Zygote import + the child's: heavy came from the zygote only.
+    assert_eq!(sb.imports(), 1, "heavy imported once, in the zygote");
+
+    // An edit between two runs (an agent's) is seen by the next one; the
+    // job's own scratch folder differs, yet the zygote is the same.
+    std::fs::write(sb.root.join("port/repo_mod.py"), "VALUE = 2\n").unwrap();
+    let s2 = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let o = run(
+        sb.spec("w2", Some(preload), &[("WANT", "2")], s2.path())
+            .await,
+        CancellationToken::new(),
+    )
+    .await;
+    let warm_time = started.elapsed();
+    assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+    let r2 = sb.report("w2.report");
+    assert_eq!(r2["value"], "2", "the edit is seen");
+    assert_eq!(r2["foo"], "-", "the first job's FOO does not leak");
+    assert_eq!(r2["ppid"], r1["ppid"], "same zygote");
+    assert_ne!(r2["pid"], r1["pid"]);
+    assert_eq!(sb.imports(), 1, "no second import of heavy");
+    assert!(warm_time < Duration::from_secs(30), "took {warm_time:?}");
+
+    // A red run is red (the verdict is read as for a cold run).
+    let s3 = tempfile::tempdir().unwrap();
+    let o = run(
+        sb.spec("w3", Some(preload), &[("WANT", "3")], s3.path())
+            .await,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(
+        matches!(o.verdict(), Verdict::DebugRed { .. }),
+        "{:?}\n{}",
+        o.verdict(),
+        o.output_tail
+    );
+}
+
+#[tokio::test]
+async fn a_zygote_that_cannot_start_runs_the_job_cold_with_one_warning() {
+    let sb = Sandbox::new();
+    let s = tempfile::tempdir().unwrap();
+    let o = run(
+        sb.spec("f1", Some(&["no_such_module_fvd"]), &[], s.path())
+            .await,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+    assert_eq!(
+        o.output_tail.matches(WARNING_PREFIX).count(),
+        1,
+        "{}",
+        o.output_tail
+    );
+    let r = sb.report("f1.report");
+    assert_eq!(r["ppid"], std::process::id().to_string(), "a cold child");
+
+    // A command that is not `python -m pytest` is cold too, with the same
+    // one line.
+    let mut spec = sb.spec("f2", Some(&["heavy"]), &[], s.path()).await;
+    spec.argv.drain(0..2);
+    assert_eq!(spec.argv[0], "pytest");
+    let o = run(spec, CancellationToken::new()).await;
+    assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+    assert!(o.output_tail.contains(WARNING_PREFIX), "{}", o.output_tail);
+}
+
+async fn wait_report(sb: &Sandbox, name: &str) -> std::collections::BTreeMap<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = sb.report(name);
+        if r.contains_key("value") {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "{name} never written");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn cancel_and_timeout_kill_the_forked_jobs_whole_group() {
+    let sb = Sandbox::new();
+    let preload: &[&str] = &["heavy"];
+    let s = tempfile::tempdir().unwrap();
+    let cancel = CancellationToken::new();
+    let spec = sb
+        .spec("c1", Some(preload), &[("SLEEP", "1")], s.path())
+        .await;
+    let job = fvd_telemetry::spawn(run(spec, cancel.clone()));
+    let r = wait_report(&sb, "c1.report").await;
+    cancel.cancel();
+    let o = job.await.unwrap();
+    assert!(o.cancelled);
+    assert!(o.survivors.is_empty(), "{:?}", o.survivors);
+    let pgid: i32 = r["pgid"].parse().unwrap();
+    assert!(
+        fvd_worker::exec::job_processes(pgid, None).is_empty(),
+        "the group is gone"
+    );
+
+    let s2 = tempfile::tempdir().unwrap();
+    let mut spec = sb
+        .spec("c2", Some(preload), &[("SLEEP", "1")], s2.path())
+        .await;
+    spec.timeout = Duration::from_secs(3);
+    let o = run(spec, CancellationToken::new()).await;
+    assert!(o.timed_out, "{}", o.output_tail);
+    assert!(matches!(o.verdict(), Verdict::Timeout), "{:?}", o.verdict());
+    assert!(o.survivors.is_empty(), "{:?}", o.survivors);
+    let r = sb.report("c2.report");
+    let pgid: i32 = r["pgid"].parse().unwrap();
+    assert!(fvd_worker::exec::job_processes(pgid, None).is_empty());
+    assert_eq!(r["ppid"], sb.report("c1.report")["ppid"], "one zygote");
+}
+
+#[tokio::test]
+async fn a_checkout_module_a_preloaded_library_imported_is_dropped_in_the_child() {
+    // A library that imports the checkout's own module at import time (the
+    // spec check cannot see that) caches `repo_mod` (VALUE = 1) in the
+    // zygote; the child must drop it, so the edit to 2 is seen.
+    let sb = Sandbox::new();
+    std::fs::write(
+        sb.root.join("lib/sneaky.py"),
+        "import repo_mod\nCACHED = repo_mod.VALUE\n",
+    )
+    .unwrap();
+    let port = sb.root.join("port").display().to_string();
+    // The checkout on the PYTHONPATH, an import-time variable: the zygote
+    // can import it.
+    let with_port = |mut spec: JobSpec| {
+        for (k, v) in spec.env.iter_mut() {
+            if k == "PYTHONPATH" {
+                *v = format!("{v}:{port}");
+            }
+        }
+        spec
+    };
+    let preload: &[&str] = &["sneaky"];
+    let s0 = tempfile::tempdir().unwrap();
+    let o = run(
+        with_port(sb.spec("d0", Some(preload), &[], s0.path()).await),
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+    std::fs::write(sb.root.join("port/repo_mod.py"), "VALUE = 2\n").unwrap();
+    let s1 = tempfile::tempdir().unwrap();
+    let o = run(
+        with_port(
+            sb.spec("d1", Some(preload), &[("WANT", "2")], s1.path())
+                .await,
+        ),
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+    let (r0, r1) = (sb.report("d0.report"), sb.report("d1.report"));
+    assert_eq!(r1["value"], "2", "the cached checkout module was dropped");
+    assert_eq!(
+        r1["ppid"], r0["ppid"],
+        "both forked from the zygote that cached VALUE = 1"
+    );
+    assert_ne!(r1["ppid"], std::process::id().to_string());
+}
