@@ -177,6 +177,14 @@ pub enum SchedulerMsg {
     },
     /// Check leases and heartbeats.
     Tick,
+    /// The periodic check, sent at `sent_ms` (scheduler clock). A worker
+    /// is judged silent as of that moment: every heartbeat that reached
+    /// the edge before it is ahead of it in the mailbox, so a scheduler
+    /// that lags behind its mailbox does not take queued heartbeats for
+    /// silence and drop its whole fleet.
+    TickSent {
+        sent_ms: i64,
+    },
     /// The worker takes no new job; it leaves once its jobs are done.
     Drain {
         worker_id: String,
@@ -332,7 +340,10 @@ impl Actor for SchedulerActor {
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
         let next_epoch = args.store.max_epoch().await? + 1;
-        myself.send_interval(args.config.tick, || SchedulerMsg::Tick);
+        let clock = args.clock.clone();
+        myself.send_interval(args.config.tick, move || SchedulerMsg::TickSent {
+            sent_ms: clock.now_ms(),
+        });
         Ok(SchedulerState {
             writer: spawn_writer(args.store.clone()),
             store: args.store,
@@ -415,7 +426,12 @@ impl Actor for SchedulerActor {
                 true
             }
             SchedulerMsg::Tick => {
-                expire_leases(st).await?;
+                let now = st.clock.now_ms();
+                expire_leases(st, now).await?;
+                true
+            }
+            SchedulerMsg::TickSent { sent_ms } => {
+                expire_leases(st, sent_ms).await?;
                 true
             }
             SchedulerMsg::Drain { worker_id } => {
@@ -663,10 +679,9 @@ async fn cancel_family(st: &mut SchedulerState, family: &str) {
     }
 }
 
-/// Workers that missed their heartbeats for the lease TTL are lost: their
-/// leases expire. Only the silent ones are looked at.
-async fn expire_leases(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
-    let now = st.clock.now_ms();
+/// Workers that missed their heartbeats for the lease TTL as of `now` are
+/// lost: their leases expire. Only the silent ones are looked at.
+async fn expire_leases(st: &mut SchedulerState, now: i64) -> Result<(), ActorProcessingErr> {
     let ttl = st.config.lease_ttl.as_millis() as i64;
     let lost: Vec<String> = st
         .last_seen

@@ -337,6 +337,32 @@ async fn a_silent_worker_loses_its_lease_after_the_ttl_and_its_late_result_is_fe
     assert_eq!(drain_finished(&mut h.events), vec![job]);
 }
 
+/// A tick that waited in the mailbox behind the scheduler's backlog judges
+/// silence as of when it was sent: heartbeats queued behind the same
+/// backlog are not taken for a dead fleet.
+#[tokio::test]
+async fn a_tick_judges_silence_as_of_when_it_was_sent() {
+    let mut h = Harness::new().await;
+    h.port("p", &["a"]).await;
+    let _w1 = h.worker("w1", 1, 1);
+    h.enqueue("p", "a", 1).await;
+    h.settle().await;
+    h.clock.advance_ms(6_000);
+    // Sent at 4 s, handled at 6 s: w1 was silent for 4 s when it was sent.
+    h.sched
+        .cast(SchedulerMsg::TickSent { sent_ms: 4_000 })
+        .unwrap();
+    assert_eq!(h.settle().await, (1, 0, 1), "w1 keeps its lease");
+    h.sched
+        .cast(SchedulerMsg::TickSent { sent_ms: 6_000 })
+        .unwrap();
+    assert_eq!(
+        h.settle().await,
+        (0, 1, 0),
+        "silent for 6 s: its lease expires"
+    );
+}
+
 #[tokio::test]
 async fn a_worker_that_comes_back_is_told_to_kill_its_orphaned_job() {
     let mut h = Harness::new().await;
