@@ -255,7 +255,7 @@ mod tests {
                     .map(|s| s.as_str())
                     .collect::<Vec<_>>()
             ),
-            "pending queued running confirming tracing agent ask_user environment non_skip_pass blocked"
+            "pending queued running confirming tracing variants agent ask_user environment non_skip_pass blocked"
         );
         assert_eq!(
             texts(&JobState::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()),
