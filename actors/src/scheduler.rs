@@ -6,7 +6,7 @@
 //! that is committed to the store before the assignment is sent, so a
 //! result carrying an older epoch can always be told apart and rejected.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +18,9 @@ use fvd_store::Store;
 use fvd_store::clock::Clock;
 use fvd_store::model::{Assignment, JobRecord, JobReport, LogChunk, ToWorker, WorkerInfo};
 
+mod capacity;
 mod fleet;
+use capacity::{Capacity, ClassId, Free, labels_match};
 pub use fleet::{FleetJob, FleetView, FleetWorker};
 
 /// How many times a job whose worker was lost is put back in the queue
@@ -177,6 +179,14 @@ pub enum SchedulerMsg {
     },
     /// Check leases and heartbeats.
     Tick,
+    /// The periodic check, sent at `sent_ms` (scheduler clock). A worker
+    /// is judged silent as of that moment: every heartbeat that reached
+    /// the edge before it is ahead of it in the mailbox, so a scheduler
+    /// that lags behind its mailbox does not take queued heartbeats for
+    /// silence and drop its whole fleet.
+    TickSent {
+        sent_ms: i64,
+    },
     /// The worker takes no new job; it leaves once its jobs are done.
     Drain {
         worker_id: String,
@@ -208,6 +218,21 @@ struct WorkerSlot {
     last_seen_ms: i64,
     /// Draining: slots freed by finished jobs are not offered again.
     draining: bool,
+    /// Its shape in the capacity index.
+    class: ClassId,
+    /// Where it sits in the capacity index (`None`: no room).
+    free: Option<Free>,
+    /// The jobs leased to it.
+    leases: BTreeSet<String>,
+}
+
+impl WorkerSlot {
+    /// Files the worker's free slots in `cap` after they changed.
+    fn refile(&mut self, cap: &mut Capacity) {
+        let new = Free::of(self.free_gpus.len(), self.free_cpu, self.draining);
+        cap.set(&self.info.worker_id, self.class, self.free, new);
+        self.free = new;
+    }
 }
 
 #[derive(Debug)]
@@ -235,8 +260,22 @@ pub struct SchedulerState {
     clock: Arc<dyn Clock>,
     config: SchedulerConfig,
     workers: HashMap<String, WorkerSlot>,
+    /// Free slots indexed by shape and size: a dispatch never walks the
+    /// workers.
+    capacity: Capacity,
+    /// Workers by when they were last heard from: a tick looks only at
+    /// the silent ones.
+    last_seen: BTreeSet<(i64, String)>,
     queue: FairQueue,
     jobs: HashMap<String, Entry>,
+    /// Jobs holding a lease.
+    leased: usize,
+    /// Queued jobs whose placeability a new worker may change: those told
+    /// they wait (`Entry::unplaceable`) and those queued before any worker
+    /// registered. A worker that connects checks these, not the queue.
+    waiting: HashSet<String>,
+    /// Per worker id, the jobs that exclude it ([`QueuedJob::exclude`]).
+    excluded_by: HashMap<String, Vec<String>>,
     next_epoch: u64,
     /// A `Dispatch` message is already in the mailbox.
     dispatch_pending: bool,
@@ -303,15 +342,23 @@ impl Actor for SchedulerActor {
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
         let next_epoch = args.store.max_epoch().await? + 1;
-        myself.send_interval(args.config.tick, || SchedulerMsg::Tick);
+        let clock = args.clock.clone();
+        myself.send_interval(args.config.tick, move || SchedulerMsg::TickSent {
+            sent_ms: clock.now_ms(),
+        });
         Ok(SchedulerState {
             writer: spawn_writer(args.store.clone()),
             store: args.store,
             clock: args.clock,
             config: args.config,
             workers: HashMap::new(),
+            capacity: Capacity::default(),
+            last_seen: BTreeSet::new(),
             queue: FairQueue::default(),
             jobs: HashMap::new(),
+            leased: 0,
+            waiting: HashSet::new(),
+            excluded_by: HashMap::new(),
             next_epoch,
             dispatch_pending: false,
             ready_waiters: Vec::new(),
@@ -381,7 +428,12 @@ impl Actor for SchedulerActor {
                 true
             }
             SchedulerMsg::Tick => {
-                expire_leases(st).await?;
+                let now = st.clock.now_ms();
+                expire_leases(st, now).await?;
+                true
+            }
+            SchedulerMsg::TickSent { sent_ms } => {
+                expire_leases(st, sent_ms).await?;
                 true
             }
             SchedulerMsg::Drain { worker_id } => {
@@ -390,13 +442,15 @@ impl Actor for SchedulerActor {
                     w.draining = true;
                     w.free_cpu = 0;
                     w.free_gpus.clear();
+                    w.refile(&mut st.capacity);
                 }
                 false
             }
             SchedulerMsg::Dispatch => {
                 st.dispatch_pending = false;
-                dispatch(st).await?;
-                false
+                // A round that stopped at its lease budget goes on after
+                // the messages that arrived meanwhile.
+                dispatch(st).await?
             }
             SchedulerMsg::WhenWorkers { workers, reply } => {
                 if st.workers.len() >= workers {
@@ -407,8 +461,7 @@ impl Actor for SchedulerActor {
                 return Ok(());
             }
             SchedulerMsg::Counts(reply) => {
-                let running = st.jobs.values().filter(|e| e.lease.is_some()).count();
-                let _ = reply.send((st.workers.len(), st.queue.len(), running));
+                let _ = reply.send((st.workers.len(), st.queue.len(), st.leased));
                 false
             }
             SchedulerMsg::Fleet(reply) => {
@@ -427,8 +480,7 @@ impl Actor for SchedulerActor {
             myself.cast(SchedulerMsg::Dispatch)?;
         }
         if fvd_telemetry::metrics::enabled() {
-            let running = st.jobs.values().filter(|e| e.lease.is_some()).count();
-            fvd_telemetry::metrics::jobs(st.queue.len(), running);
+            fvd_telemetry::metrics::jobs(st.queue.len(), st.leased);
         }
         Ok(())
     }
@@ -452,31 +504,37 @@ async fn worker_connected(
         lose_worker(st, &info.worker_id).await?;
     }
     tracing::info!(worker = %info.worker_id, gpus = info.gpus.len(), cpu_slots = info.cpu_slots, "worker registered");
-    let slot = WorkerSlot {
+    let now = st.clock.now_ms();
+    let mut slot = WorkerSlot {
         free_gpus: info.gpus.iter().map(|g| g.index).collect(),
         free_cpu: info.cpu_slots,
-        last_seen_ms: st.clock.now_ms(),
+        last_seen_ms: now,
         draining: false,
         conn,
         tx,
+        class: st.capacity.add(&info),
+        free: None,
+        leases: BTreeSet::new(),
         info,
     };
+    slot.refile(&mut st.capacity);
     let id = slot.info.worker_id.clone();
+    st.last_seen.insert((now, id.clone()));
     st.workers.insert(id.clone(), slot);
-    for e in st.jobs.values_mut() {
-        e.job.exclude.remove(&id);
+    for job in st.excluded_by.remove(&id).unwrap_or_default() {
+        if let Some(e) = st.jobs.get_mut(&job) {
+            e.job.exclude.remove(&id);
+        }
     }
     let count = st.workers.len();
     for (_, reply) in st.ready_waiters.extract_if(.., |(want, _)| *want <= count) {
         let _ = reply.send(());
     }
-    let queued: Vec<String> = st
-        .jobs
-        .iter()
-        .filter(|(_, e)| e.lease.is_none())
-        .map(|(id, _)| id.clone())
-        .collect();
-    check_placeable(st, &queued);
+    // Only a job that waits can change its mind; sorted so the components
+    // hear in a stable order.
+    let mut waiting: Vec<String> = st.waiting.iter().cloned().collect();
+    waiting.sort();
+    check_placeable(st, &waiting);
     Ok(())
 }
 
@@ -487,7 +545,12 @@ async fn heartbeat(st: &mut SchedulerState, worker_id: &str, running: Vec<(Strin
     let Some(w) = st.workers.get_mut(worker_id) else {
         return;
     };
-    w.last_seen_ms = now;
+    if w.last_seen_ms != now {
+        st.last_seen
+            .remove(&(w.last_seen_ms, worker_id.to_string()));
+        st.last_seen.insert((now, worker_id.to_string()));
+        w.last_seen_ms = now;
+    }
     let tx = w.tx.clone();
     for (job_id, epoch) in running {
         let held = st
@@ -513,6 +576,12 @@ fn enqueue(st: &mut SchedulerState, job: QueuedJob) {
     let id = job.record.job_id.clone();
     st.queue
         .push_back(&job.record.family, job.placement.priority, id.clone());
+    for w in job.exclude.keys() {
+        st.excluded_by
+            .entry(w.clone())
+            .or_default()
+            .push(id.clone());
+    }
     st.jobs.insert(
         id.clone(),
         Entry {
@@ -523,6 +592,20 @@ fn enqueue(st: &mut SchedulerState, job: QueuedJob) {
         },
     );
     check_placeable(st, &[id]);
+}
+
+/// A job left the scheduler (finished, cancelled, given up or refused):
+/// the indexes that name it forget it.
+fn forget(st: &mut SchedulerState, id: &str, entry: &Entry) {
+    st.waiting.remove(id);
+    for w in entry.job.exclude.keys() {
+        if let Some(jobs) = st.excluded_by.get_mut(w) {
+            jobs.retain(|j| j != id);
+            if jobs.is_empty() {
+                st.excluded_by.remove(w);
+            }
+        }
+    }
 }
 
 /// A leased job's process started: its spawn time is stored and its
@@ -560,7 +643,8 @@ fn finished(st: &mut SchedulerState, worker_id: String, report: JobReport) -> bo
         let r = &entry.job.record;
         fvd_telemetry::metrics::gpu_seconds(&r.family, &r.component, gpu_seconds);
     }
-    release(st, &entry);
+    release(st, &report.job_id, &entry);
+    forget(st, &report.job_id, &entry);
     let _ = st.writer.send(Write::Notify(
         entry.job.notify.clone(),
         Box::new(JobEvent::Finished { report, worker_id }),
@@ -577,8 +661,8 @@ async fn cancel_family(st: &mut SchedulerState, family: &str) {
         .filter(|(_, e)| e.job.record.family == family)
         .map(|(id, _)| id.clone())
         .collect();
+    st.queue.remove_family(family);
     for id in ids {
-        st.queue.remove(family, &id);
         if let Some(entry) = st.jobs.remove(&id) {
             if let Some(lease) = &entry.lease
                 && let Some(w) = st.workers.get(&lease.worker_id)
@@ -591,21 +675,21 @@ async fn cancel_family(st: &mut SchedulerState, family: &str) {
                     })
                     .await;
             }
-            release(st, &entry);
+            release(st, &id, &entry);
+            forget(st, &id, &entry);
         }
     }
 }
 
-/// Workers that missed their heartbeats for the lease TTL are lost: their
-/// leases expire.
-async fn expire_leases(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
-    let now = st.clock.now_ms();
+/// Workers that missed their heartbeats for the lease TTL as of `now` are
+/// lost: their leases expire. Only the silent ones are looked at.
+async fn expire_leases(st: &mut SchedulerState, now: i64) -> Result<(), ActorProcessingErr> {
     let ttl = st.config.lease_ttl.as_millis() as i64;
     let lost: Vec<String> = st
-        .workers
+        .last_seen
         .iter()
-        .filter(|(_, w)| now - w.last_seen_ms > ttl)
-        .map(|(id, _)| id.clone())
+        .take_while(|(seen, _)| now - seen > ttl)
+        .map(|(_, id)| id.clone())
         .collect();
     for id in lost {
         tracing::warn!(worker = %id, "worker missed its heartbeats; its leases expire");
@@ -634,30 +718,37 @@ fn leased<'a>(
     st.jobs.get_mut(job_id)
 }
 
-fn release(st: &mut SchedulerState, entry: &Entry) {
-    if let Some(lease) = &entry.lease
-        && let Some(w) = st.workers.get_mut(&lease.worker_id)
-        && !w.draining
-    {
+/// A lease ends: its slots go back to the worker (unless it drains).
+fn release(st: &mut SchedulerState, job_id: &str, entry: &Entry) {
+    let Some(lease) = &entry.lease else {
+        return;
+    };
+    st.leased -= 1;
+    let Some(w) = st.workers.get_mut(&lease.worker_id) else {
+        return;
+    };
+    w.leases.remove(job_id);
+    if !w.draining {
         if lease.gpus.is_empty() {
             w.free_cpu += 1;
         } else {
             w.free_gpus.extend(lease.gpus.iter().copied());
         }
+        w.refile(&mut st.capacity);
     }
 }
 
 /// Drops a worker and puts its leased jobs back at the front of the queue,
 /// or ends them as `infra_error` once they were retried enough.
 async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), ActorProcessingErr> {
-    st.workers.remove(worker_id);
-    let mut lost: Vec<String> = st
-        .jobs
-        .iter()
-        .filter(|(_, e)| e.lease.as_ref().is_some_and(|l| l.worker_id == worker_id))
-        .map(|(id, _)| id.clone())
-        .collect();
-    lost.sort();
+    let Some(mut w) = st.workers.remove(worker_id) else {
+        return Ok(());
+    };
+    st.capacity.set(worker_id, w.class, w.free, None);
+    st.capacity.remove(w.class);
+    st.last_seen
+        .remove(&(w.last_seen_ms, worker_id.to_string()));
+    let lost: Vec<String> = std::mem::take(&mut w.leases).into_iter().collect();
     if !lost.is_empty() {
         tracing::warn!(worker = %worker_id, jobs = ?lost, "worker lost while running jobs; they go back to the queue");
     }
@@ -665,10 +756,13 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
         let Some(entry) = st.jobs.get_mut(&id) else {
             continue;
         };
-        entry.lease = None;
+        if entry.lease.take().is_some() {
+            st.leased -= 1;
+        }
         entry.infra_retries += 1;
         if entry.infra_retries > MAX_INFRA_RETRIES {
             let entry = st.jobs.remove(&id).expect("entry exists");
+            forget(st, &id, &entry);
             let _ = entry.job.notify.send_message(JobEvent::WorkerLost {
                 job_id: id,
                 worker_id: worker_id.to_string(),
@@ -753,26 +847,41 @@ impl FairQueue {
         self.turn.retain(|f| f != family);
     }
 
+    /// Takes `id` out of its family's queue, looking from the back (the
+    /// job removed is one that was just queued).
     pub fn remove(&mut self, family: &str, id: &str) {
         self.bypassed.remove(id);
         if let Some(q) = self.by_family.get_mut(family) {
-            let before = q.len();
-            q.retain(|x| x != id);
-            self.len -= before - q.len();
+            if let Some(i) = q.iter().rposition(|x| x == id) {
+                q.remove(i);
+                self.len -= 1;
+            }
             if q.is_empty() {
                 self.drop_family(family);
             }
         }
     }
 
+    /// Takes every job of `family` out.
+    pub fn remove_family(&mut self, family: &str) {
+        if let Some(q) = self.by_family.get(family) {
+            self.len -= q.len();
+            self.drop_family(family);
+        }
+    }
+
     /// Takes the next job for which `fits` holds: priority levels from the
     /// highest, families of a level in turn; the served family moves to
     /// the back of the turn. Within a family's queue (its first
-    /// [`LOOKAHEAD`] jobs) the widest job that fits (`width`: its GPUs) goes
-    /// first, so a gang is placed while GPUs are free together instead of
-    /// last and alone; the first of equals. Each job that fitted and was
-    /// passed over counts it, and one passed over [`MAX_BYPASS`] times is
-    /// taken before any wider one.
+    /// [`LOOKAHEAD`] jobs) the first job that fits is found, then a wider
+    /// one behind it (`width`: its GPUs) is asked for, widest first, so a
+    /// gang is placed while GPUs are free together instead of last and
+    /// alone. The first job counts each time it is passed over, and one
+    /// passed over [`MAX_BYPASS`] times is taken before any wider one.
+    ///
+    /// `fits` is called in order and the job returned is the one of its
+    /// last `true` (a caller may remember what that call found); in a
+    /// queue of one width it is called exactly as often as before packing.
     pub fn take(
         &mut self,
         mut fits: impl FnMut(&str) -> bool,
@@ -791,27 +900,31 @@ impl FairQueue {
                     .by_family
                     .get_mut(&family)
                     .expect("family in turn has a queue");
-                let fitting: Vec<usize> = q
-                    .iter()
-                    .take(LOOKAHEAD)
-                    .enumerate()
-                    .filter(|(_, id)| fits(id))
-                    .map(|(i, _)| i)
-                    .collect();
-                let bypassed = &self.bypassed;
-                let starved = fitting
-                    .iter()
-                    .copied()
-                    .find(|&i| bypassed.get(&q[i]).is_some_and(|&n| n >= MAX_BYPASS));
-                let widest = fitting
-                    .iter()
-                    .copied()
-                    .min_by_key(|&i| (std::cmp::Reverse(width(&q[i])), i));
-                let Some(i) = starved.or(widest) else {
+                let Some(first) = q.iter().take(LOOKAHEAD).position(|id| fits(id)) else {
                     continue;
                 };
-                for &j in fitting.iter().filter(|&&j| j < i) {
-                    *self.bypassed.entry(q[j].clone()).or_default() += 1;
+                let mut i = first;
+                let starved = self
+                    .bypassed
+                    .get(&q[first])
+                    .is_some_and(|&n| n >= MAX_BYPASS);
+                if !starved {
+                    let w0 = width(&q[first]);
+                    let mut wider: Vec<(u32, usize)> = q
+                        .iter()
+                        .enumerate()
+                        .take(LOOKAHEAD)
+                        .skip(first + 1)
+                        .filter_map(|(j, id)| {
+                            let w = width(id);
+                            (w > w0).then_some((w, j))
+                        })
+                        .collect();
+                    wider.sort_unstable_by_key(|&(w, j)| (std::cmp::Reverse(w), j));
+                    if let Some(&(_, j)) = wider.iter().find(|&&(_, j)| fits(&q[j])) {
+                        i = j;
+                        *self.bypassed.entry(q[first].clone()).or_default() += 1;
+                    }
                 }
                 let id = q.remove(i).expect("position is in the queue");
                 self.bypassed.remove(&id);
@@ -829,24 +942,6 @@ impl FairQueue {
     }
 }
 
-/// Whether `w` carries every label the job asks for and provides every
-/// path it needs (`worker_paths`, `fvd worker --provide`).
-fn labels_match(w: &WorkerSlot, p: &Placement) -> bool {
-    p.labels
-        .iter()
-        .all(|(k, v)| w.info.labels.get(k) == Some(v))
-        && p.worker_paths.iter().all(|x| w.info.provides.contains(x))
-}
-
-/// The job's worker paths that no registered worker provides.
-fn unprovided<'a>(st: &SchedulerState, p: &'a Placement) -> Vec<&'a str> {
-    p.worker_paths
-        .iter()
-        .filter(|x| !st.workers.values().any(|w| w.info.provides.contains(x)))
-        .map(String::as_str)
-        .collect()
-}
-
 /// "path a" or "paths a, b".
 fn paths_phrase(paths: &[&str]) -> String {
     match paths {
@@ -855,57 +950,39 @@ fn paths_phrase(paths: &[&str]) -> String {
     }
 }
 
-/// GPUs of `w` the job may use: the free ones (or all of them, to ask
-/// whether it could ever fit) with at least the memory it asks for.
-fn usable_gpus(w: &WorkerSlot, p: &Placement, free_only: bool) -> Vec<u32> {
-    w.info
-        .gpus
+/// GPUs of a worker the job may use: those in `free` (or all of them, to
+/// ask whether it could ever fit) with at least the memory it asks for.
+fn usable_gpus(w: &WorkerInfo, free: Option<&BTreeSet<u32>>, p: &Placement) -> Vec<u32> {
+    w.gpus
         .iter()
         .filter(|g| g.memory_mib >= p.gpu_memory_mib)
-        .filter(|g| !free_only || w.free_gpus.contains(&g.index))
+        .filter(|g| free.is_none_or(|f| f.contains(&g.index)))
         .map(|g| g.index)
         .collect()
-}
-
-/// Whether `w` has room for the job now.
-fn has_room(w: &WorkerSlot, need: u32, p: &Placement) -> bool {
-    if !labels_match(w, p) {
-        return false;
-    }
-    if need == 0 {
-        w.free_cpu > 0
-    } else if p.gpu_memory_mib == 0 {
-        w.free_gpus.len() >= need as usize
-    } else {
-        usable_gpus(w, p, true).len() >= need as usize
-    }
 }
 
 /// Tells the components of queued jobs that need more GPUs than any
 /// registered worker has (a gang job is never split), and again once such a
 /// worker arrives; without it a 2-GPU component among 1-GPU workers would
-/// wait in silence.
+/// wait in silence. Answered from the capacity index's shapes of worker,
+/// not by looking at each worker.
 fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
     if st.workers.is_empty() {
-        // Workers may simply not have registered yet (embedded start-up).
+        // Workers may simply not have registered yet (embedded start-up):
+        // the first one to register checks these jobs.
+        st.waiting.extend(ids.iter().cloned());
         return;
     }
     for id in ids {
-        let Some(e) = st.jobs.get(id) else {
+        let Some(e) = st.jobs.get(id).filter(|e| e.lease.is_none()) else {
+            st.waiting.remove(id);
             continue;
         };
-        let need = e.job.record.gpus_needed as usize;
+        let need = e.job.record.gpus_needed;
         let p = &e.job.placement;
-        let fitting: Vec<&String> = st
-            .workers
-            .iter()
-            .filter(|(_, w)| {
-                labels_match(w, p) && (need == 0 || usable_gpus(w, p, false).len() >= need)
-            })
-            .map(|(wid, _)| wid)
-            .collect();
-        let missing = unprovided(st, p);
-        let reason = if fitting.is_empty() {
+        let holders = st.capacity.could_hold(need, p);
+        let fitting = st.capacity.members(&holders);
+        let reason = if fitting == 0 {
             let mut want = format!("{need} GPUs on one worker");
             if p.gpu_memory_mib > 0 {
                 want.push_str(&format!(" with at least {} MiB each", p.gpu_memory_mib));
@@ -920,15 +997,17 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
                 want.push_str(&format!(" providing worker {}", paths_phrase(&paths)));
             }
             if st.config.fixed_fleet {
-                let why = never_fits(st.workers.values(), need, p);
+                let why = never_fits(st.capacity.shapes(), need as usize, p);
                 let e = st.jobs.remove(id).expect("checked above");
                 st.queue.remove(&e.job.record.family, id);
+                forget(st, id, &e);
                 let _ = e.job.notify.send_message(JobEvent::Unplaceable {
                     job_id: id.clone(),
                     reason: why,
                 });
                 continue;
             }
+            let missing = st.capacity.unprovided(p);
             Some(if missing.is_empty() {
                 format!("waiting: needs {want}; no registered worker has that")
             } else {
@@ -938,17 +1017,33 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
                     if missing.len() == 1 { "it" } else { "them" }
                 )
             })
-        } else if fitting.iter().all(|w| e.job.exclude.contains_key(*w)) {
-            let mut why: Vec<String> = fitting
-                .iter()
-                .map(|w| format!("worker {w}: {}", e.job.exclude[*w]))
-                .collect();
-            why.sort();
-            Some(why.join("; "))
         } else {
-            None
+            // Excluded workers that could hold the job: when they are all
+            // of those, the job waits on its environment.
+            let mut why: Vec<String> = e
+                .job
+                .exclude
+                .iter()
+                .filter(|(w, _)| {
+                    st.workers
+                        .get(*w)
+                        .is_some_and(|w| Capacity::holds(&holders, w.class))
+                })
+                .map(|(w, reason)| format!("worker {w}: {reason}"))
+                .collect();
+            if why.len() == fitting {
+                why.sort();
+                Some(why.join("; "))
+            } else {
+                None
+            }
         };
-        let environment = !fitting.is_empty() && reason.is_some();
+        let environment = fitting > 0 && reason.is_some();
+        if reason.is_some() {
+            st.waiting.insert(id.clone());
+        } else {
+            st.waiting.remove(id);
+        }
         let e = st.jobs.get_mut(id).expect("checked above");
         if reason != e.unplaceable {
             e.unplaceable = reason.clone();
@@ -962,18 +1057,18 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
 }
 
 /// Why no worker of a fixed fleet (embedded mode's machine) can ever hold a
-/// job, and what to do about it.
+/// job, and what to do about it. `workers`: one registration per shape.
 fn never_fits<'a>(
-    workers: impl Iterator<Item = &'a WorkerSlot>,
+    workers: impl Iterator<Item = &'a WorkerInfo>,
     need: usize,
     p: &Placement,
 ) -> String {
-    let workers: Vec<&WorkerSlot> = workers.collect();
-    let gpus = workers.iter().map(|w| w.info.gpus.len()).max().unwrap_or(0);
+    let workers: Vec<&WorkerInfo> = workers.collect();
+    let gpus = workers.iter().map(|w| w.gpus.len()).max().unwrap_or(0);
     let unprovided: Vec<&str> = p
         .worker_paths
         .iter()
-        .filter(|x| !workers.iter().any(|w| w.info.provides.contains(x)))
+        .filter(|x| !workers.iter().any(|w| w.provides.contains(x)))
         .map(String::as_str)
         .collect();
     if !unprovided.is_empty() {
@@ -995,13 +1090,13 @@ fn never_fits<'a>(
     }
     let big = workers
         .iter()
-        .map(|w| usable_gpus(w, p, false).len())
+        .map(|w| usable_gpus(w, None, p).len())
         .max()
         .unwrap_or(0);
     if gpus >= need && big < need {
         let most = workers
             .iter()
-            .flat_map(|w| w.info.gpus.iter().map(|g| g.memory_mib))
+            .flat_map(|w| w.gpus.iter().map(|g| g.memory_mib))
             .max()
             .unwrap_or(0);
         return format!(
@@ -1042,90 +1137,162 @@ struct Planned {
     gpus: Vec<u32>,
 }
 
-/// Leases queued jobs to workers with room for them. All leases of one
-/// round are committed in one transaction (one fsync), then sent.
-async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
-    let mut planned = Vec::new();
-    loop {
-        let free_cpu = st.workers.values().any(|w| w.free_cpu > 0);
-        let max_gpus = st
-            .workers
-            .values()
-            .map(|w| w.free_gpus.len())
-            .max()
-            .unwrap_or(0);
-        if st.queue.is_empty() || (!free_cpu && max_gpus == 0) {
-            break;
-        }
-        let (jobs, workers) = (&st.jobs, &st.workers);
-        let width = |id: &str| jobs.get(id).map_or(0, |e| e.job.record.gpus_needed);
-        let Some(id) = st.queue.take(
-            |id| {
-                jobs.get(id).is_some_and(|e| {
-                    let need = e.job.record.gpus_needed as usize;
-                    let p = &e.job.placement;
-                    if !e.job.exclude.is_empty() {
-                        workers.iter().any(|(wid, w)| {
-                            !e.job.exclude.contains_key(wid) && has_room(w, need as u32, p)
-                        })
-                    } else if p.is_constrained() {
-                        workers.values().any(|w| has_room(w, need as u32, p))
-                    } else if need == 0 {
-                        free_cpu
-                    } else {
-                        need <= max_gpus
-                    }
-                })
-            },
-            width,
-        ) else {
-            break;
-        };
-        let entry = &st.jobs[&id];
-        let need = entry.job.record.gpus_needed;
-        let placement = entry.job.placement.clone();
-        let exclude = &entry.job.exclude;
-        // Gang placement: all GPUs of a job on one worker. Among workers
-        // with room, the one with the most free room, so load spreads out.
-        let worker_id = st
-            .workers
-            .iter()
-            .filter(|(wid, w)| !exclude.contains_key(*wid) && has_room(w, need, &placement))
-            // Ties go to the smallest id, without cloning ids per candidate.
-            .max_by(|(ia, a), (ib, b)| {
-                (a.free_cpu as usize + a.free_gpus.len())
-                    .cmp(&(b.free_cpu as usize + b.free_gpus.len()))
-                    .then_with(|| ib.cmp(ia))
-            })
-            .map(|(id, _)| id.clone())
-            .expect("a worker with room exists: checked above");
-        let w = st
-            .workers
-            .get_mut(&worker_id)
-            .expect("picked worker exists");
-        let gpus: Vec<u32> = if need == 0 {
-            w.free_cpu -= 1;
-            Vec::new()
-        } else {
-            let g: Vec<u32> = usable_gpus(w, &placement, true)
-                .into_iter()
-                .take(need as usize)
-                .collect();
-            for x in &g {
-                w.free_gpus.remove(x);
+/// Most leases one round decides (one transaction); a round that reaches
+/// it lets the messages that arrived meanwhile in, then goes on.
+const LEASES_PER_ROUND: usize = 4096;
+
+/// Most placement questions of one round that find no room; past it the
+/// round ends and the next event (at the latest the next tick) starts
+/// another. With [`Misses`] a round rarely comes near it.
+const MISSES_PER_ROUND: usize = 1024;
+
+/// A constrained job's GPUs, GPU memory, labels and paths.
+type Shape<'a> = (u32, u64, &'a BTreeMap<String, String>, &'a Vec<String>);
+
+/// What found no room in this round. Capacity only shrinks within a
+/// round, so a job of the same shape need not ask again: a job without
+/// constraint that found no `n` free GPUs tells that none of `n` or more
+/// will, a constrained one tells its shape, a job with exclusions only
+/// itself.
+#[derive(Default)]
+struct Misses<'a> {
+    count: usize,
+    /// Fewest GPUs an unconstrained job asked for in vain.
+    gpus_from: Option<u32>,
+    /// An unconstrained job found no free CPU slot.
+    cpu: bool,
+    shapes: HashSet<Shape<'a>>,
+    jobs: HashSet<&'a str>,
+}
+
+impl<'a> Misses<'a> {
+    fn known(&self, id: &str, need: u32, p: &Placement, exclude: bool) -> bool {
+        if exclude {
+            self.jobs.contains(id)
+        } else if !p.is_constrained() {
+            if need == 0 {
+                self.cpu
+            } else {
+                self.gpus_from.is_some_and(|n| need >= n)
             }
-            g
-        };
-        planned.push(Planned {
-            job_id: id,
-            worker_id,
-            epoch: st.next_epoch,
-            gpus,
-        });
-        st.next_epoch += 1;
+        } else {
+            self.shapes
+                .contains(&(need, p.gpu_memory_mib, &p.labels, &p.worker_paths))
+        }
+    }
+
+    fn add(&mut self, id: &'a str, need: u32, p: &'a Placement, exclude: bool) {
+        self.count += 1;
+        if exclude {
+            self.jobs.insert(id);
+        } else if !p.is_constrained() {
+            if need == 0 {
+                self.cpu = true;
+            } else {
+                self.gpus_from = Some(self.gpus_from.map_or(need, |n| n.min(need)));
+            }
+        } else {
+            self.shapes
+                .insert((need, p.gpu_memory_mib, &p.labels, &p.worker_paths));
+        }
+    }
+}
+
+/// Leases queued jobs to workers with room for them. All leases of one
+/// round are committed in one transaction (one fsync), then sent. Each
+/// lease asks the capacity index, never the workers one by one; the
+/// look-ahead past jobs that do not fit is bounded per port
+/// ([`LOOKAHEAD`]) and per round ([`MISSES_PER_ROUND`]). True when the
+/// round stopped at [`LEASES_PER_ROUND`] with work left.
+async fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
+    let mut planned = Vec::new();
+    let mut more = false;
+    {
+        let SchedulerState {
+            jobs,
+            workers,
+            capacity,
+            queue,
+            next_epoch,
+            ..
+        } = st;
+        let jobs: &HashMap<String, Entry> = jobs;
+        let mut misses = Misses::default();
+        loop {
+            if queue.is_empty() || capacity.is_full() || misses.count >= MISSES_PER_ROUND {
+                break;
+            }
+            if planned.len() >= LEASES_PER_ROUND {
+                more = true;
+                break;
+            }
+            let mut pick: Option<String> = None;
+            let Some(id) = queue.take(
+                |id| {
+                    let Some((id, e)) = jobs.get_key_value(id) else {
+                        return false;
+                    };
+                    let need = e.job.record.gpus_needed;
+                    let p = &e.job.placement;
+                    let exclude = &e.job.exclude;
+                    if misses.count >= MISSES_PER_ROUND
+                        || misses.known(id, need, p, !exclude.is_empty())
+                    {
+                        return false;
+                    }
+                    // Gang placement: all GPUs of a job on one worker. Among
+                    // workers with room, the one with the most free room, so
+                    // load spreads out.
+                    let found = capacity.pick(need, p, &|w| exclude.contains_key(w), &|w| {
+                        workers
+                            .get(w)
+                            .map_or(0, |w| usable_gpus(&w.info, Some(&w.free_gpus), p).len())
+                    });
+                    match found {
+                        Some(w) => {
+                            pick = Some(w);
+                            true
+                        }
+                        None => {
+                            misses.add(id, need, p, !exclude.is_empty());
+                            false
+                        }
+                    }
+                },
+                // Its GPUs: the widest waiting gang that fits goes first.
+                |id| jobs.get(id).map_or(0, |e| e.job.record.gpus_needed),
+            ) else {
+                break;
+            };
+            let worker_id = pick.expect("take returns the job it found a worker for");
+            let entry = &jobs[&id];
+            let need = entry.job.record.gpus_needed;
+            let w = workers.get_mut(&worker_id).expect("picked worker exists");
+            let gpus: Vec<u32> = if need == 0 {
+                w.free_cpu -= 1;
+                Vec::new()
+            } else {
+                let g: Vec<u32> = usable_gpus(&w.info, Some(&w.free_gpus), &entry.job.placement)
+                    .into_iter()
+                    .take(need as usize)
+                    .collect();
+                for x in &g {
+                    w.free_gpus.remove(x);
+                }
+                g
+            };
+            w.refile(capacity);
+            planned.push(Planned {
+                job_id: id,
+                worker_id,
+                epoch: *next_epoch,
+                gpus,
+            });
+            *next_epoch += 1;
+        }
     }
     if planned.is_empty() {
-        return Ok(());
+        return Ok(more);
     }
     // Committed before any assignment leaves: a crash after this point finds
     // the jobs running under these epochs and reruns them once.
@@ -1189,6 +1356,11 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             fvd_writes: entry.job.fvd_writes.clone(),
             compare: entry.job.compare.clone(),
         };
+        st.waiting.remove(&p.job_id);
+        st.leased += 1;
+        if let Some(w) = st.workers.get_mut(&p.worker_id) {
+            w.leases.insert(p.job_id.clone());
+        }
         entry.lease = Some(Lease {
             worker_id: p.worker_id.clone(),
             epoch: p.epoch,
@@ -1205,7 +1377,7 @@ async fn dispatch(st: &mut SchedulerState) -> Result<(), ActorProcessingErr> {
             tracing::warn!(worker = %p.worker_id, job = %p.job_id, "worker stream closed while assigning");
         }
     }
-    Ok(())
+    Ok(more)
 }
 
 /// How a finished job's process ended, for its span's status.

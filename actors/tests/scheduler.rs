@@ -181,6 +181,49 @@ impl Harness {
         id
     }
 
+    /// Queues many jobs at once (one transaction for their rows):
+    /// `(component, gpus, placement, exclude)` each; returns their ids.
+    async fn enqueue_many(
+        &self,
+        family: &str,
+        jobs: Vec<(String, u32, Placement, BTreeMap<String, String>)>,
+    ) -> Vec<String> {
+        let records: Vec<JobRecord> = jobs
+            .iter()
+            .map(|(component, gpus, _, _)| JobRecord {
+                family: family.into(),
+                component: component.clone(),
+                argv: vec!["true".into()],
+                cwd: "/".into(),
+                gpus_needed: *gpus,
+                timeout_ms: 1000,
+                ..JobRecord::default()
+            })
+            .collect();
+        let records = self.store.queue_jobs(&records).await.unwrap();
+        let mut ids = Vec::new();
+        for (rec, (_, _, placement, exclude)) in records.into_iter().zip(jobs) {
+            ids.push(rec.job_id.clone());
+            self.sched
+                .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
+                    record: rec,
+                    env: BTreeMap::new(),
+                    secret_env: Vec::new(),
+                    notify: self.sink.get_derived(),
+                    collect_env: None,
+                    compare: None,
+                    exclude,
+                    preflight: Vec::new(),
+                    fvd_writes: Vec::new(),
+                    warm: None,
+                    placement,
+                    span: tracing::Span::none(),
+                })))
+                .unwrap();
+        }
+        ids
+    }
+
     /// Waits (bounded) for the scheduler to have processed every message
     /// sent so far and the dispatch round they caused: the first `Counts`
     /// is answered after the messages, the second after the `Dispatch` the
@@ -294,6 +337,32 @@ async fn a_silent_worker_loses_its_lease_after_the_ttl_and_its_late_result_is_fe
     h.finished("w2", &job, e2);
     h.settle().await;
     assert_eq!(drain_finished(&mut h.events), vec![job]);
+}
+
+/// A tick that waited in the mailbox behind the scheduler's backlog judges
+/// silence as of when it was sent: heartbeats queued behind the same
+/// backlog are not taken for a dead fleet.
+#[tokio::test]
+async fn a_tick_judges_silence_as_of_when_it_was_sent() {
+    let mut h = Harness::new().await;
+    h.port("p", &["a"]).await;
+    let _w1 = h.worker("w1", 1, 1);
+    h.enqueue("p", "a", 1).await;
+    h.settle().await;
+    h.clock.advance_ms(6_000);
+    // Sent at 4 s, handled at 6 s: w1 was silent for 4 s when it was sent.
+    h.sched
+        .cast(SchedulerMsg::TickSent { sent_ms: 4_000 })
+        .unwrap();
+    assert_eq!(h.settle().await, (1, 0, 1), "w1 keeps its lease");
+    h.sched
+        .cast(SchedulerMsg::TickSent { sent_ms: 6_000 })
+        .unwrap();
+    assert_eq!(
+        h.settle().await,
+        (0, 1, 0),
+        "silent for 6 s: its lease expires"
+    );
 }
 
 #[tokio::test]
@@ -613,4 +682,173 @@ async fn a_small_job_is_passed_over_for_wider_ones_a_bounded_number_of_times() {
         fvd_actors::scheduler::MAX_BYPASS as usize + 1,
         "{order:?}"
     );
+}
+
+/// The randomized run on a large fleet: 2,000 workers of 1, 2, 4 or 8 GPUs
+/// (every fifth labelled `pool=big` with 80 GiB GPUs, the others 24 GiB),
+/// jobs of 0, 1, 2 and 8 GPUs, some asking for the label or for 40 GiB,
+/// some excluding workers; midway workers drop and come back and others
+/// drain. No GPU is leased twice, every lease honours the job's
+/// constraints, nothing goes to a draining worker, and every job finishes
+/// once.
+#[tokio::test]
+async fn no_gpu_is_ever_leased_twice_on_a_large_fleet_of_mixed_gangs() {
+    let mut h = Harness::new().await;
+    let mut rng = Lcg(7);
+    let n_workers = 2000;
+    // id -> (labelled big, GPU memory)
+    let mut shape: HashMap<String, (bool, u64)> = HashMap::new();
+    let mut conn: HashMap<String, u64> = HashMap::new();
+    let mut rxs: BTreeMap<String, mpsc::Receiver<ToWorker>> = BTreeMap::new();
+    for i in 0..n_workers {
+        let id = format!("w{i:04}");
+        let gpus = [1, 2, 4, 8][i % 4];
+        let big = i % 5 == 0;
+        let memory = if big { 80_000 } else { 24_000 };
+        let labels: &[(&str, &str)] = if big { &[("pool", "big")] } else { &[] };
+        rxs.insert(id.clone(), h.worker_with(&id, gpus, 1, memory, labels));
+        shape.insert(id.clone(), (big, memory));
+        conn.insert(id, h.conn);
+    }
+    let comps: Vec<String> = (0..40).map(|i| format!("c{i}")).collect();
+    let comp_refs: Vec<&str> = comps.iter().map(String::as_str).collect();
+    h.port("r", &comp_refs).await;
+    let total = 12_000;
+    let mut jobs = Vec::new();
+    for i in 0..total {
+        let need = [0, 1, 1, 1, 2, 2, 8][(rng.next() % 7) as usize];
+        let placement = match rng.next() % 8 {
+            0 => Placement {
+                labels: [("pool".to_string(), "big".to_string())].into(),
+                ..Placement::default()
+            },
+            1 => Placement {
+                gpu_memory_mib: 40_000,
+                ..Placement::default()
+            },
+            _ => Placement::default(),
+        };
+        // Some jobs exclude a few workers (of those that never reconnect).
+        let exclude: BTreeMap<String, String> = if rng.next().is_multiple_of(10) {
+            (0..3)
+                .map(|_| {
+                    (
+                        format!("w{:04}", 1000 + rng.next() % 1000),
+                        "environment".into(),
+                    )
+                })
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
+        jobs.push((comps[i % comps.len()].clone(), need, placement, exclude));
+    }
+    let wants: Vec<(u32, Placement, BTreeMap<String, String>)> = jobs
+        .iter()
+        .map(|(_, n, p, x)| (*n, p.clone(), x.clone()))
+        .collect();
+    let ids = h.enqueue_many("r", jobs).await;
+    let want: HashMap<String, (u32, Placement, BTreeMap<String, String>)> =
+        ids.into_iter().zip(wants).collect();
+
+    let mut held: HashMap<(String, u32), String> = HashMap::new();
+    let mut running: Vec<(String, String, u64, Vec<u32>)> = Vec::new();
+    let mut finished = BTreeSet::new();
+    let mut draining: BTreeSet<String> = BTreeSet::new();
+    let mut round = 0;
+    while finished.len() < total {
+        round += 1;
+        h.settle().await;
+        let mut fresh = Vec::new();
+        for (wid, rx) in rxs.iter_mut() {
+            while let Ok(m) = rx.try_recv() {
+                if let ToWorker::Assign(a) = m {
+                    fresh.push((wid.clone(), a));
+                }
+            }
+        }
+        for (wid, a) in fresh {
+            let (need, p, exclude) = &want[&a.job_id];
+            let (big, memory) = shape[&wid];
+            assert_eq!(a.gpus.len() as u32, *need, "{} got {:?}", a.job_id, a.gpus);
+            assert!(
+                !draining.contains(&wid),
+                "{} went to draining {wid}",
+                a.job_id
+            );
+            assert!(
+                !exclude.contains_key(&wid),
+                "{} went to excluded {wid}",
+                a.job_id
+            );
+            if *need > 0 {
+                assert!(memory >= p.gpu_memory_mib, "{} on {wid}", a.job_id);
+            }
+            assert!(
+                p.labels.is_empty() || big,
+                "{} on unlabelled {wid}",
+                a.job_id
+            );
+            for g in &a.gpus {
+                let prev = held.insert((wid.clone(), *g), a.job_id.clone());
+                assert!(
+                    prev.is_none(),
+                    "gpu {g} of {wid} leased to {} while {prev:?} held it",
+                    a.job_id
+                );
+            }
+            running.push((wid, a.job_id, a.lease_epoch, a.gpus));
+        }
+        if round == 3 {
+            // Twenty workers drop (their jobs go back to the queue) and
+            // come back; ten others drain.
+            for i in (1..=20).map(|k| k * 7) {
+                let wid = format!("w{i:04}");
+                h.sched
+                    .cast(SchedulerMsg::WorkerDisconnected {
+                        worker_id: wid.clone(),
+                        conn: conn[&wid],
+                    })
+                    .unwrap();
+                held.retain(|(w, _), _| *w != wid);
+                running.retain(|r| r.0 != wid);
+                let (big, memory) = shape[&wid];
+                let gpus = [1, 2, 4, 8][i % 4];
+                let labels: &[(&str, &str)] = if big { &[("pool", "big")] } else { &[] };
+                rxs.insert(wid.clone(), h.worker_with(&wid, gpus, 1, memory, labels));
+                conn.insert(wid, h.conn);
+            }
+            for i in (1..=10).map(|k| k * 11 + 500) {
+                let wid = format!("w{i:04}");
+                h.sched
+                    .cast(SchedulerMsg::Drain {
+                        worker_id: wid.clone(),
+                    })
+                    .unwrap();
+                draining.insert(wid);
+            }
+            continue;
+        }
+        assert!(
+            !running.is_empty(),
+            "jobs remain but nothing runs: the scheduler stalled"
+        );
+        let mut keep = Vec::new();
+        for r in running.drain(..) {
+            if rng.next().is_multiple_of(2) {
+                for g in &r.3 {
+                    held.remove(&(r.0.clone(), *g));
+                }
+                h.finished(&r.0, &r.1, r.2);
+                assert!(finished.insert(r.1.clone()), "{} finished twice", r.1);
+            } else {
+                keep.push(r);
+            }
+        }
+        running = keep;
+    }
+    h.settle().await;
+    let done = drain_finished(&mut h.events);
+    assert_eq!(done.len(), total);
+    assert_eq!(done.iter().collect::<BTreeSet<_>>().len(), total);
 }

@@ -2,27 +2,42 @@
 //!
 //! Boots the orchestrator server (real tonic listener, real SQLite with
 //! `synchronous=FULL`), connects W simulated workers of G GPUs each over the
-//! real `Connect` protocol (they answer every assignment at once with
-//! started + finished: zero-length jobs), enqueues J one-GPU jobs straight
-//! into the scheduler actor (the jobs' rows are inserted in batches first, as
-//! a port's components would), and measures:
+//! real `Connect` protocol (they heartbeat every second and answer every
+//! assignment at once with started + finished: zero-length jobs), enqueues
+//! J jobs straight into the scheduler actor (the jobs' rows are inserted in
+//! batches first, as a port's components would), and measures:
 //!
 //! * dispatches per second: J / (last result received − first enqueue);
-//! * assignment latency: enqueue → the simulated worker receiving the
-//!   `AssignJob`, p50 and p99.
+//! * queue wait under that backlog: enqueue → the simulated worker
+//!   receiving the `AssignJob`, p50 and p99 (most jobs wait for a slot);
+//! * assignment latency of a job that has a free slot: once the backlog is
+//!   done, probe jobs are enqueued at a steady 2,000 per second on the idle
+//!   fleet (heartbeats still flowing), enqueue → `AssignJob`, p50 and p99;
+//! * peak RSS of the process (`VmHWM`: server and simulated workers
+//!   together) and the size of the database (with its WAL).
 //!
 //! What it does not include: classifying results and recording verdicts
 //! (component actors), which a real port adds per job.
 //!
-//! Run: `cargo bench -p fvd-orchestrator --bench scheduler -- [WORKERS] [GPUS] [JOBS]`
-//! (defaults 1000 8 100000). `bench/scheduler_vs_ray.sh` runs it beside Ray.
+//! Run one configuration:
+//! `cargo bench -p fvd-orchestrator --bench scheduler -- [WORKERS] [GPUS] [JOBS] [--mix] [--deadline-s N]`
+//! (defaults 1000 8 100000). `--mix`: jobs of 1, 2 and 8 GPUs (6:3:1), a
+//! quarter of them asking for label `zone=a`, a quarter `zone=b`, the
+//! workers labelled `zone=a` and `zone=b` in turn. `--deadline-s`: stop
+//! after N seconds and report the rate so far (default 1800).
+//!
+//! The sweep: `cargo bench -p fvd-orchestrator --bench scheduler -- --sweep
+//! [--sizes 1000,5000,10000] [--reps 2] [--deadline-s N]` runs each size ×
+//! 8 GPUs with jobs = 5 × slots, one-GPU and mixed, each in its own process
+//! (so each peak RSS is its own), `--reps` times, and prints a table.
+//! `bench/scheduler_vs_ray.sh` runs one configuration beside Ray.
 
 #[path = "../tests/support/sim_worker.rs"]
 mod sim_worker;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fvd_actors::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
@@ -32,48 +47,40 @@ use fvd_store::Store;
 use fvd_store::model::JobRecord;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sim_worker::SimWorker;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-/// Counts finished jobs and fires when all are in.
+/// Counts finished jobs and when the last one came in.
 struct Sink;
 
-struct SinkState {
-    want: usize,
-    seen: usize,
-    done: Option<oneshot::Sender<Instant>>,
+#[derive(Default)]
+struct Finishes {
+    count: AtomicUsize,
+    last: Mutex<Option<Instant>>,
 }
 
 impl Actor for Sink {
     type Msg = JobEvent;
-    type State = SinkState;
-    type Arguments = (usize, oneshot::Sender<Instant>);
+    type State = Arc<Finishes>;
+    type Arguments = Arc<Finishes>;
 
     async fn pre_start(
         &self,
         _me: ActorRef<Self::Msg>,
-        (want, done): Self::Arguments,
+        f: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(SinkState {
-            want,
-            seen: 0,
-            done: Some(done),
-        })
+        Ok(f)
     }
 
     async fn handle(
         &self,
         _me: ActorRef<Self::Msg>,
         msg: JobEvent,
-        st: &mut SinkState,
+        f: &mut Arc<Finishes>,
     ) -> Result<(), ActorProcessingErr> {
         if let JobEvent::Finished { .. } = msg {
-            st.seen += 1;
-            if st.seen == st.want
-                && let Some(tx) = st.done.take()
-            {
-                let _ = tx.send(Instant::now());
-            }
+            *f.last.lock().expect("not poisoned") = Some(Instant::now());
+            f.count.fetch_add(1, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -84,12 +91,11 @@ impl Actor for Sink {
 /// once.
 async fn sim_worker(
     channel: Channel,
-    id: String,
-    gpus: u32,
+    reg: pb::Register,
     assigned: mpsc::UnboundedSender<(String, Instant)>,
     registered: Arc<AtomicUsize>,
 ) {
-    let mut w = SimWorker::connect(channel, None, sim_worker::register(&id, gpus, 1))
+    let mut w = SimWorker::connect(channel, None, reg)
         .await
         .expect("connect");
     registered.fetch_add(1, Ordering::SeqCst);
@@ -104,30 +110,186 @@ async fn sim_worker(
     }
 }
 
+/// Positional argument `i` (flags and their values skipped).
 fn arg(i: usize, default: usize) -> usize {
-    std::env::args()
-        .filter(|a| !a.starts_with('-'))
-        .nth(i)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(default)
+    let args: Vec<String> = std::env::args().collect();
+    let mut pos = Vec::new();
+    let mut skip = false;
+    for a in args {
+        if skip {
+            skip = false;
+        } else if a.starts_with("--") {
+            skip = matches!(a.as_str(), "--deadline-s" | "--sizes" | "--reps");
+        } else {
+            pos.push(a);
+        }
+    }
+    pos.get(i).and_then(|a| a.parse().ok()).unwrap_or(default)
+}
+
+fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}
+
+fn option(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+#[derive(Debug, Clone)]
+struct Config {
+    workers: usize,
+    gpus: u32,
+    jobs: usize,
+    mix: bool,
+    deadline: Duration,
 }
 
 fn main() {
-    let workers = arg(1, 1000);
-    let gpus = arg(2, 8) as u32;
-    let jobs = arg(3, 100_000);
+    let deadline = Duration::from_secs(
+        option("--deadline-s")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1800),
+    );
+    if flag("--sweep") {
+        sweep(deadline);
+        return;
+    }
+    let cfg = Config {
+        workers: arg(1, 1000),
+        gpus: arg(2, 8) as u32,
+        jobs: arg(3, 100_000),
+        mix: flag("--mix"),
+        deadline,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run(workers, gpus, jobs));
+    rt.block_on(run(cfg));
+    // Whatever is still queued (a run stopped at its deadline) is not
+    // waited for.
+    std::process::exit(0);
 }
 
-async fn run(workers: usize, gpus: u32, jobs: usize) {
+/// Each configuration in a child process of this binary, so that each
+/// peak RSS is its own; prints a markdown table of the `RESULT` lines.
+fn sweep(deadline: Duration) {
+    let sizes: Vec<usize> = option("--sizes")
+        .unwrap_or_else(|| "1000,5000,10000".into())
+        .split(',')
+        .map(|s| s.trim().parse().expect("--sizes: comma-separated numbers"))
+        .collect();
+    let reps: usize = option("--reps").and_then(|s| s.parse().ok()).unwrap_or(2);
+    let exe = std::env::current_exe().expect("own path");
+    println!(
+        "| workers × GPUs | jobs | run | dispatches/s | queue wait p50 / p99 | free-slot assignment p50 / p99 | peak RSS | database |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for mix in [false, true] {
+        for &w in &sizes {
+            let jobs = 5 * w * 8;
+            for rep in 1..=reps {
+                let mut cmd = std::process::Command::new(&exe);
+                cmd.args([
+                    w.to_string(),
+                    "8".into(),
+                    jobs.to_string(),
+                    "--deadline-s".into(),
+                    deadline.as_secs().to_string(),
+                ]);
+                if mix {
+                    cmd.arg("--mix");
+                }
+                let out = cmd.output().expect("run a configuration");
+                let text = String::from_utf8_lossy(&out.stdout);
+                let r: HashMap<&str, &str> = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("RESULT "))
+                    .filter_map(|l| l.split_once(' '))
+                    .collect();
+                let get = |k: &str| r.get(k).copied().unwrap_or("?");
+                let stopped = if get("stopped") == "1" {
+                    format!(
+                        " (stopped at {} s, {} done)",
+                        deadline.as_secs(),
+                        get("done")
+                    )
+                } else {
+                    String::new()
+                };
+                println!(
+                    "| {w} × 8{} | {jobs} | {rep} | {}{stopped} | {} / {} ms | {} / {} ms | {} MB | {} MB |",
+                    if mix { " mixed" } else { "" },
+                    get("fvd_dispatches_per_s"),
+                    get("queue_wait_p50_ms"),
+                    get("queue_wait_p99_ms"),
+                    get("assign_p50_ms"),
+                    get("assign_p99_ms"),
+                    get("peak_rss_mb"),
+                    get("db_mb"),
+                );
+                if !out.status.success() {
+                    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+                }
+            }
+        }
+    }
+}
+
+/// Job `i`'s GPUs and placement.
+fn job_shape(i: usize, mix: bool) -> (u32, Placement) {
+    if !mix {
+        return (1, Placement::default());
+    }
+    let need = [1, 1, 1, 1, 1, 1, 2, 2, 2, 8][i % 10];
+    let labels = match (i / 10) % 4 {
+        0 => [("zone".to_string(), "a".to_string())].into(),
+        1 => [("zone".to_string(), "b".to_string())].into(),
+        _ => BTreeMap::new(),
+    };
+    (
+        need,
+        Placement {
+            labels,
+            ..Placement::default()
+        },
+    )
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p) as usize]
+}
+
+/// Peak resident set of this process (`VmHWM`), in MB.
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+async fn run(cfg: Config) {
+    let Config {
+        workers,
+        gpus,
+        jobs,
+        mix,
+        deadline,
+    } = cfg;
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open_path(&dir.path().join("bench.db"))
-        .await
-        .expect("store");
+    let db = dir.path().join("bench.db");
+    let store = Store::open_path(&db).await.expect("store");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -150,95 +312,191 @@ async fn run(workers: usize, gpus: u32, jobs: usize) {
     }
     let (atx, mut arx) = mpsc::unbounded_channel();
     let registered = Arc::new(AtomicUsize::new(0));
+    let t = Instant::now();
     for w in 0..workers {
+        let id = format!("sim{w:05}");
+        let mut reg = sim_worker::register(&id, gpus, 1);
+        if mix {
+            let zone = if w % 2 == 0 { "a" } else { "b" };
+            reg.labels.insert("zone".into(), zone.into());
+        }
         fvd_telemetry::spawn(sim_worker(
             channels[w % conns].clone(),
-            format!("sim{w:04}"),
-            gpus,
+            reg,
             atx.clone(),
             registered.clone(),
         ));
     }
     drop(atx);
-    let t = Instant::now();
     while registered.load(Ordering::SeqCst) < workers {
         assert!(
-            t.elapsed() < Duration::from_secs(120),
+            t.elapsed() < Duration::from_secs(600),
             "workers did not register"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Let the scheduler take in every registration before timing starts.
-    let _ = ractor::call_t!(server.scheduler, SchedulerMsg::Counts, 60_000);
+    let _ = ractor::call_t!(server.scheduler, SchedulerMsg::Counts, 600_000);
+    let registration = t.elapsed();
 
-    let (done_tx, done_rx) = oneshot::channel();
-    let (sink, _) = Actor::spawn(None, Sink, (jobs, done_tx))
+    let finishes = Arc::new(Finishes::default());
+    let (sink, _) = Actor::spawn(None, Sink, finishes.clone())
         .await
         .expect("sink");
 
     // Rows first, in batches, as ports' components would have queued them.
-    let mut records = Vec::with_capacity(jobs);
-    for chunk in (0..jobs).collect::<Vec<_>>().chunks(10_000) {
+    let probes = 4_000;
+    let mut records = Vec::with_capacity(jobs + probes);
+    let mut shapes = Vec::with_capacity(jobs + probes);
+    for chunk in (0..jobs + probes).collect::<Vec<_>>().chunks(10_000) {
         let batch: Vec<JobRecord> = chunk
             .iter()
-            .map(|i| JobRecord {
-                family: format!("port{}", i % 5),
-                component: format!("c{i}"),
-                argv: vec!["true".into()],
-                cwd: "/".into(),
-                gpus_needed: 1,
-                timeout_ms: 60_000,
-                ..JobRecord::default()
+            .map(|i| {
+                let (need, placement) = job_shape(*i, mix);
+                shapes.push(placement);
+                JobRecord {
+                    family: format!("port{}", i % 5),
+                    component: format!("c{i}"),
+                    argv: vec!["true".into()],
+                    cwd: "/".into(),
+                    gpus_needed: need,
+                    timeout_ms: 60_000,
+                    ..JobRecord::default()
+                }
             })
             .collect();
         records.extend(store.queue_jobs(&batch).await.expect("queue rows"));
     }
+    let probe_records = records.split_off(jobs);
+    let probe_shapes = shapes.split_off(jobs);
+    let queued = |r: JobRecord, placement: Placement| {
+        SchedulerMsg::Enqueue(Box::new(QueuedJob {
+            record: r,
+            env: BTreeMap::new(),
+            secret_env: Vec::new(),
+            notify: sink.get_derived(),
+            collect_env: None,
+            compare: None,
+            exclude: Default::default(),
+            preflight: Vec::new(),
+            fvd_writes: Vec::new(),
+            warm: None,
+            placement,
+            span: tracing::Span::none(),
+        }))
+    };
 
-    let mut enqueued: HashMap<String, Instant> = HashMap::with_capacity(jobs);
+    // Phase 1: the backlog, all at once.
+    let mut enqueued: HashMap<String, Instant> = HashMap::with_capacity(jobs + probes);
     let start = Instant::now();
-    for r in records {
+    for (r, placement) in records.into_iter().zip(shapes) {
         enqueued.insert(r.job_id.clone(), Instant::now());
         server
             .scheduler
-            .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-                record: r,
-                env: BTreeMap::new(),
-                secret_env: Vec::new(),
-                notify: sink.get_derived(),
-                collect_env: None,
-                compare: None,
-                exclude: Default::default(),
-                preflight: Vec::new(),
-                warm: None,
-                fvd_writes: Vec::new(),
-                placement: Placement::default(),
-                span: tracing::Span::none(),
-            })))
+            .cast(queued(r, placement))
             .expect("enqueue");
     }
-    let end = tokio::time::timeout(Duration::from_secs(1800), done_rx)
-        .await
-        .expect("all jobs finish within 30 minutes")
-        .expect("sink alive");
-    let mut lat: Vec<f64> = Vec::with_capacity(jobs);
+    let mut stopped = false;
+    while finishes.count.load(Ordering::SeqCst) < jobs {
+        if start.elapsed() > deadline {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let done = finishes.count.load(Ordering::SeqCst).min(jobs);
+    let end = if stopped {
+        Instant::now()
+    } else {
+        finishes
+            .last
+            .lock()
+            .expect("not poisoned")
+            .unwrap_or_else(Instant::now)
+    };
+    let secs = end.duration_since(start).as_secs_f64();
+    let mut wait = Vec::with_capacity(jobs);
     while let Ok((id, at)) = arx.try_recv() {
         if let Some(q) = enqueued.get(&id) {
-            lat.push(at.duration_since(*q).as_secs_f64() * 1000.0);
+            wait.push(at.duration_since(*q).as_secs_f64() * 1000.0);
         }
     }
-    lat.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
-    let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p) as usize];
-    let secs = end.duration_since(start).as_secs_f64();
+    wait.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+
+    // Phase 2: probes on the idle fleet, 2 every millisecond.
+    let mut lat = Vec::with_capacity(probes);
+    if !stopped {
+        enqueued.clear();
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        let mut it = probe_records.into_iter().zip(probe_shapes);
+        'probes: loop {
+            tick.tick().await;
+            for _ in 0..2 {
+                let Some((r, placement)) = it.next() else {
+                    break 'probes;
+                };
+                enqueued.insert(r.job_id.clone(), Instant::now());
+                server
+                    .scheduler
+                    .cast(queued(r, placement))
+                    .expect("enqueue");
+            }
+        }
+        let t = Instant::now();
+        while finishes.count.load(Ordering::SeqCst) < jobs + probes
+            && t.elapsed() < Duration::from_secs(120)
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        while let Ok((id, at)) = arx.try_recv() {
+            if let Some(q) = enqueued.get(&id) {
+                lat.push(at.duration_since(*q).as_secs_f64() * 1000.0);
+            }
+        }
+        lat.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    }
+
+    let rate = done as f64 / secs;
+    let db_bytes: u64 = ["bench.db", "bench.db-wal"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(dir.path().join(f)).ok())
+        .map(|m| m.len())
+        .sum();
+    let rss = peak_rss_mb();
     println!(
-        "fvd scheduler: {workers} workers x {gpus} GPUs, {jobs} zero-length 1-GPU jobs over loopback gRPC"
+        "fvd scheduler: {workers} workers x {gpus} GPUs, {jobs} zero-length {} jobs over loopback gRPC (registration {:.1} s)",
+        if mix { "1/2/8-GPU labelled" } else { "1-GPU" },
+        registration.as_secs_f64()
     );
-    println!("  wall {secs:.2} s, {:.0} dispatches/s", jobs as f64 / secs);
+    if stopped {
+        println!("  stopped at the {} s deadline", deadline.as_secs());
+    }
+    println!("  {done} jobs in {secs:.2} s, {rate:.0} dispatches/s");
     println!(
-        "  assignment latency (enqueue -> worker receives AssignJob): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-        pct(0.5),
-        pct(0.99),
-        lat[lat.len() - 1]
+        "  queue wait under the backlog (enqueue -> worker receives AssignJob): p50 {:.1} ms, p99 {:.1} ms",
+        percentile(&wait, 0.5),
+        percentile(&wait, 0.99)
     );
-    println!("RESULT fvd_dispatches_per_s {:.1}", jobs as f64 / secs);
-    server.shutdown().await;
+    println!(
+        "  assignment latency with a free slot ({} probes at 2,000/s): p50 {:.2} ms, p99 {:.2} ms",
+        lat.len(),
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99)
+    );
+    println!(
+        "  peak RSS {rss:.0} MB, database {:.0} MB",
+        db_bytes as f64 / 1e6
+    );
+    println!("RESULT fvd_dispatches_per_s {rate:.1}");
+    println!("RESULT done {done}");
+    println!("RESULT stopped {}", u8::from(stopped));
+    println!("RESULT queue_wait_p50_ms {:.0}", percentile(&wait, 0.5));
+    println!("RESULT queue_wait_p99_ms {:.0}", percentile(&wait, 0.99));
+    println!("RESULT assign_p50_ms {:.2}", percentile(&lat, 0.5));
+    println!("RESULT assign_p99_ms {:.2}", percentile(&lat, 0.99));
+    println!("RESULT peak_rss_mb {rss:.0}");
+    println!("RESULT db_mb {:.0}", db_bytes as f64 / 1e6);
+    if !stopped {
+        server.shutdown().await;
+    }
 }

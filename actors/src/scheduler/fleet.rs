@@ -3,7 +3,7 @@
 //! slots, draining flag and the leases it holds, and the queue per port.
 //! A child module so it reads the scheduler's state without widening it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::SchedulerState;
 use fvd_store::model::GpuInfo;
@@ -63,23 +63,35 @@ pub(super) fn view(st: &SchedulerState) -> FleetView {
         })
         .collect();
     workers.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
+    let at: HashMap<&str, usize> = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.worker_id.as_str(), i))
+        .collect();
+    let mut jobs: Vec<(usize, FleetJob)> = Vec::new();
     let mut queued = BTreeMap::new();
     for (job_id, e) in &st.jobs {
         match &e.lease {
             Some(lease) => {
-                if let Some(w) = workers.iter_mut().find(|w| w.worker_id == lease.worker_id) {
-                    w.jobs.push(FleetJob {
-                        job_id: job_id.clone(),
-                        family: e.job.record.family.clone(),
-                        component: e.job.record.component.clone(),
-                        run_no: e.job.record.run_no,
-                        lease_epoch: lease.epoch,
-                        gpus: lease.gpus.clone(),
-                    });
+                if let Some(i) = at.get(lease.worker_id.as_str()) {
+                    jobs.push((
+                        *i,
+                        FleetJob {
+                            job_id: job_id.clone(),
+                            family: e.job.record.family.clone(),
+                            component: e.job.record.component.clone(),
+                            run_no: e.job.record.run_no,
+                            lease_epoch: lease.epoch,
+                            gpus: lease.gpus.clone(),
+                        },
+                    ));
                 }
             }
             None => *queued.entry(e.job.record.family.clone()).or_insert(0) += 1,
         }
+    }
+    for (i, j) in jobs {
+        workers[i].jobs.push(j);
     }
     for w in &mut workers {
         w.jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
