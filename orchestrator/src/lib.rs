@@ -117,6 +117,9 @@ pub struct Server {
 #[derive(Debug, Clone)]
 pub struct Health {
     reporter: HealthReporter,
+    /// Set by [`Server::begin_shutdown`]: the actors stop because they were
+    /// told to, not because one failed.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The names `grpc.health.v1.Health/Check` answers for.
@@ -130,6 +133,7 @@ impl Health {
     fn new() -> Self {
         Self {
             reporter: HealthReporter::new(),
+            stopping: Arc::default(),
         }
     }
 
@@ -181,6 +185,9 @@ impl Server {
     /// actors stop, while the listener still answers (a probe or a load
     /// balancer sees the server leave before its port closes).
     pub async fn begin_shutdown(&self) {
+        self.health
+            .stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.health.set(false).await;
         self.orchestrator.stop(None);
         self.scheduler.stop(None);
@@ -263,7 +270,11 @@ pub async fn start(
                 _ = scheduler_done => {}
                 _ = orchestrator_done => {}
             }
-            tracing::warn!("an orchestrator actor stopped: health is NOT_SERVING");
+            if health.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                tracing::debug!("the orchestrator's actors stopped for the shutdown");
+            } else {
+                tracing::warn!("an orchestrator actor stopped: health is NOT_SERVING");
+            }
             health.set(false).await;
         });
     }
