@@ -116,6 +116,8 @@ pub enum StoreError {
     Sql(#[from] sqlx::Error),
     #[error("database holds a malformed value in {what}: {message}")]
     Corrupt { what: &'static str, message: String },
+    #[error("could not encode {what} for the database: {message}")]
+    Encode { what: &'static str, message: String },
     /// A state column holds a text no state of its kind has (a database
     /// written by another fvd, or edited by hand).
     #[error("database column {column}: {source}")]
@@ -131,6 +133,20 @@ pub enum StoreError {
         id: String,
         status: String,
     },
+}
+
+/// A GPU index list as the `gpus` column holds it (a JSON list).
+fn gpu_list(gpus: &[u32]) -> String {
+    let items: Vec<String> = gpus.iter().map(u32::to_string).collect();
+    format!("[{}]", items.join(","))
+}
+
+/// Rows for one statement's `json_each(?)`: a JSON list of lists.
+fn json_rows<T: serde::Serialize>(rows: &[T]) -> Result<String, StoreError> {
+    serde_json::to_string(rows).map_err(|e| StoreError::Encode {
+        what: "a batch of rows",
+        message: e.to_string(),
+    })
 }
 
 /// The `E###` id after the highest of `ids` and of `floor`.
@@ -556,28 +572,42 @@ impl Store {
 
     /// Records many leases `(job_id, worker_id, epoch, gpus)` in one
     /// transaction, each with its component's `running` state: one fsync for
-    /// a whole dispatch round.
+    /// a whole dispatch round. The round goes to SQLite as one JSON
+    /// parameter of two statements, whatever its size: each statement is a
+    /// round trip to the database's thread (two thread wake-ups), which per
+    /// lease cost more than the update itself. Where one component has
+    /// several leases in the round, its row names the worker of the last.
     pub async fn lease_jobs(&self, leases: &[(&str, &str, u64, &[u32])]) -> Result<(), StoreError> {
+        if leases.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<(&str, &str, i64, String)> = leases
+            .iter()
+            .map(|(job, worker, epoch, gpus)| (*job, *worker, *epoch as i64, gpu_list(gpus)))
+            .collect();
+        let rows = json_rows(&rows)?;
         let mut tx = self.write_tx().await?;
         let now = now_ms();
-        for (job_id, worker_id, epoch, gpus) in leases {
-            sqlx::query("UPDATE jobs SET state = ?, worker_id = ?, lease_epoch = ?, gpus = ?, started_ms = ? WHERE job_id = ?")
-                .bind(JobState::Running.as_str())
-                .bind(worker_id)
-                .bind(*epoch as i64)
-                .bind(serde_json::to_string(gpus).unwrap_or_default())
-                .bind(now)
-                .bind(job_id)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("UPDATE components SET status = ?, verdict = '', reason = '', worker_id = ?, updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
-                .bind(ComponentStatus::Running.as_str())
-                .bind(worker_id)
-                .bind(now)
-                .bind(job_id)
-                .execute(&mut *tx)
-                .await?;
-        }
+        sqlx::query(
+            "UPDATE jobs SET state = ?1, worker_id = l.value ->> 1, lease_epoch = l.value ->> 2, gpus = l.value ->> 3, started_ms = ?2 \
+             FROM json_each(?3) AS l WHERE jobs.job_id = l.value ->> 0",
+        )
+        .bind(JobState::Running.as_str())
+        .bind(now)
+        .bind(&rows)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE components SET status = ?1, verdict = '', reason = '', worker_id = l.worker_id, updated_ms = ?2 \
+             FROM (SELECT j.family AS family, j.component AS component, e.value ->> 1 AS worker_id, max(e.key) \
+                   FROM json_each(?3) AS e JOIN jobs AS j ON j.job_id = e.value ->> 0 GROUP BY j.family, j.component) AS l \
+             WHERE components.family = l.family AND components.name = l.component",
+        )
+        .bind(ComponentStatus::Running.as_str())
+        .bind(now)
+        .bind(&rows)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -873,12 +903,14 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
-        for (job_id, at_ms) in spawned {
-            sqlx::query("UPDATE jobs SET spawned_ms = ? WHERE job_id = ?")
-                .bind(at_ms)
-                .bind(job_id)
-                .execute(&mut *tx)
-                .await?;
+        // All spawn times in one statement (see `lease_jobs`).
+        if !spawned.is_empty() {
+            sqlx::query(
+                "UPDATE jobs SET spawned_ms = l.value ->> 1 FROM json_each(?) AS l WHERE jobs.job_id = l.value ->> 0",
+            )
+            .bind(json_rows(spawned)?)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -1371,6 +1403,81 @@ mod tests {
             code_prefix: "examples/p/".into(),
             ..JobRecord::default()
         }
+    }
+
+    /// job id, state, worker, epoch, GPUs, spawn time, whether it started.
+    type LeaseRow = (String, String, String, i64, String, Option<i64>, bool);
+
+    #[tokio::test]
+    async fn a_round_of_leases_is_recorded_job_by_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_path(&dir.path().join("state.db"))
+            .await
+            .unwrap();
+        store
+            .create_port(&port("p"), &["a".into(), "b".into(), "c".into()])
+            .await
+            .unwrap();
+        let a = store.queue_job(&job("p", "a")).await.unwrap();
+        let b = store.queue_job(&job("p", "b")).await.unwrap();
+        let a2 = store.queue_job(&job("p", "a")).await.unwrap();
+        let c = store.queue_job(&job("p", "c")).await.unwrap();
+        store
+            .lease_jobs(&[
+                (a.job_id.as_str(), "w1", 5, &[0, 1]),
+                (b.job_id.as_str(), "w2", 6, &[]),
+                (a2.job_id.as_str(), "w3", 7, &[3]),
+            ])
+            .await
+            .unwrap();
+        store.lease_jobs(&[]).await.unwrap();
+        store
+            .append_output(&[], &[(a.job_id.clone(), 11), (b.job_id.clone(), 12)])
+            .await
+            .unwrap();
+        let rows: Vec<LeaseRow> = sqlx::query_as(
+            "SELECT job_id, state, worker_id, lease_epoch, gpus, spawned_ms, started_ms IS NOT NULL FROM jobs ORDER BY rowid",
+        )
+        .fetch_all(&store.pool)
+        .await
+        .unwrap();
+        let row = |id: &str, state: &str, w: &str, e: i64, g: &str, sp: Option<i64>, st: bool| {
+            (
+                id.to_string(),
+                state.to_string(),
+                w.to_string(),
+                e,
+                g.to_string(),
+                sp,
+                st,
+            )
+        };
+        assert_eq!(
+            rows,
+            [
+                row(&a.job_id, "running", "w1", 5, "[0,1]", Some(11), true),
+                row(&b.job_id, "running", "w2", 6, "[]", Some(12), true),
+                row(&a2.job_id, "running", "w3", 7, "[3]", None, true),
+                row(&c.job_id, "queued", "", 0, "[]", None, false),
+            ]
+        );
+        // A component leased twice in the round names the last worker.
+        let comps: Vec<(String, String, String)> = store
+            .components("p")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.name, c.status.as_str().to_string(), c.worker_id))
+            .collect();
+        assert_eq!(
+            comps,
+            [
+                ("a".to_string(), "running".to_string(), "w3".to_string()),
+                ("b".to_string(), "running".to_string(), "w2".to_string()),
+                ("c".to_string(), "queued".to_string(), String::new()),
+            ]
+        );
+        assert_eq!(store.max_epoch().await.unwrap(), 7);
     }
 
     #[tokio::test]
