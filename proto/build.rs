@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The worker rpc is named `Connect`, which clashes with the generated
         // `connect` constructor; clients are built from a `Channel` instead.
         .build_transport(false)
+        // Small first buffers: see `src/codec.rs`.
+        .codec_path("crate::codec::LeanCodec")
         .compile_fds(fds)?;
     Ok(())
 }
