@@ -650,7 +650,7 @@ async fn enqueue(
     st.args
         .scheduler
         .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-            record,
+            record: record.into(),
             env,
             secret_env: spec.env.clone(),
             notify: myself.get_derived(),

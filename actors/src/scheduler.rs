@@ -95,10 +95,47 @@ pub struct SchedulerArgs {
     pub config: SchedulerConfig,
 }
 
+/// What the scheduler keeps of a queued run's row: what its assignment,
+/// its span and the fleet view read. A queue of hundreds of thousands of
+/// jobs holds one each, so the row's result fields stay in the store.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueuedRun {
+    pub job_id: String,
+    pub family: String,
+    pub component: String,
+    pub run_no: u32,
+    pub argv: Vec<String>,
+    pub cwd: String,
+    pub gpus_needed: u32,
+    pub timeout_ms: u64,
+    pub queued_ms: i64,
+    pub commit: String,
+    pub code_prefix: String,
+}
+
+impl From<JobRecord> for QueuedRun {
+    fn from(r: JobRecord) -> Self {
+        Self {
+            job_id: r.job_id,
+            family: r.family,
+            component: r.component,
+            run_no: r.run_no,
+            argv: r.argv,
+            cwd: r.cwd,
+            gpus_needed: r.gpus_needed,
+            timeout_ms: r.timeout_ms,
+            queued_ms: r.queued_ms,
+            commit: r.commit,
+            code_prefix: r.code_prefix,
+        }
+    }
+}
+
 /// A job waiting for, or holding, a lease.
 #[derive(Debug)]
 pub struct QueuedJob {
-    pub record: JobRecord,
+    /// Its row, as `Store::queue_jobs` returned it (`JobRecord::into`).
+    pub record: QueuedRun,
     /// Literal environment for the job.
     pub env: BTreeMap<String, String>,
     /// Names of variables the worker passes through and redacts.
@@ -124,7 +161,7 @@ pub struct QueuedJob {
     /// worker once before its first job of the port.
     pub preflight: Vec<String>,
     /// See [`Assignment::compare`]; `None` but for traced reruns.
-    pub compare: Option<fvd_store::model::TraceCompare>,
+    pub compare: Option<Box<fvd_store::model::TraceCompare>>,
     /// See [`Assignment::fvd_writes`].
     pub fvd_writes: Vec<String>,
     /// See [`Assignment::warm`].
@@ -137,7 +174,7 @@ pub enum SchedulerMsg {
     /// (unique per stream, chosen by the edge) tells this stream's
     /// disconnect apart from an older stream's of the same worker id.
     WorkerConnected {
-        info: WorkerInfo,
+        info: Box<WorkerInfo>,
         tx: mpsc::Sender<ToWorker>,
         conn: u64,
     },
@@ -160,18 +197,15 @@ pub enum SchedulerMsg {
         /// Worker clock, milliseconds since the epoch.
         at_ms: i64,
     },
+    /// A chunk of a job's output (`chunk.job_id`'s).
     Log {
         worker_id: String,
-        job_id: String,
         lease_epoch: u64,
-        seq: u64,
-        stream: i32,
-        offset: u64,
-        data: Vec<u8>,
+        chunk: Box<LogChunk>,
     },
     Finished {
         worker_id: String,
-        report: JobReport,
+        report: Box<JobReport>,
     },
     /// Cancel every queued or running job of a family.
     CancelFamily {
@@ -246,7 +280,8 @@ struct Lease {
 
 #[derive(Debug)]
 struct Entry {
-    job: QueuedJob,
+    /// The job as it came in its message (not moved again).
+    job: Box<QueuedJob>,
     lease: Option<Lease>,
     infra_retries: u32,
     /// Why no registered worker can ever hold the job, as last told to
@@ -267,7 +302,10 @@ pub struct SchedulerState {
     /// the silent ones.
     last_seen: BTreeSet<(i64, String)>,
     queue: FairQueue,
-    jobs: HashMap<String, Entry>,
+    /// Boxed: a table sized for hundreds of thousands of queued jobs (and
+    /// twice that while it grows) then holds pointers, not entries of
+    /// nearly a kilobyte each.
+    jobs: HashMap<String, Box<Entry>>,
     /// Jobs holding a lease.
     leased: usize,
     /// Queued jobs whose placeability a new worker may change: those told
@@ -375,7 +413,7 @@ impl Actor for SchedulerActor {
         // round follows.
         let work_changed = match msg {
             SchedulerMsg::WorkerConnected { info, tx, conn } => {
-                worker_connected(st, info, tx, conn).await?;
+                worker_connected(st, *info, tx, conn).await?;
                 true
             }
             SchedulerMsg::WorkerDisconnected { worker_id, conn } => {
@@ -390,7 +428,7 @@ impl Actor for SchedulerActor {
                 false
             }
             SchedulerMsg::Enqueue(job) => {
-                enqueue(st, *job);
+                enqueue(st, job);
                 true
             }
             SchedulerMsg::Started {
@@ -404,25 +442,15 @@ impl Actor for SchedulerActor {
             }
             SchedulerMsg::Log {
                 worker_id,
-                job_id,
                 lease_epoch,
-                seq,
-                stream,
-                offset,
-                data,
+                chunk,
             } => {
-                if leased(st, &worker_id, &job_id, lease_epoch).is_some() {
-                    let _ = st.writer.send(Write::Log(LogChunk {
-                        job_id,
-                        seq,
-                        stream,
-                        offset,
-                        data,
-                    }));
+                if leased(st, &worker_id, &chunk.job_id, lease_epoch).is_some() {
+                    let _ = st.writer.send(Write::Log(*chunk));
                 }
                 true
             }
-            SchedulerMsg::Finished { worker_id, report } => finished(st, worker_id, report),
+            SchedulerMsg::Finished { worker_id, report } => finished(st, worker_id, *report),
             SchedulerMsg::CancelFamily { family } => {
                 cancel_family(st, &family).await;
                 true
@@ -572,7 +600,7 @@ async fn heartbeat(st: &mut SchedulerState, worker_id: &str, running: Vec<(Strin
 }
 
 /// A job joins its port's queue.
-fn enqueue(st: &mut SchedulerState, job: QueuedJob) {
+fn enqueue(st: &mut SchedulerState, job: Box<QueuedJob>) {
     let id = job.record.job_id.clone();
     st.queue
         .push_back(&job.record.family, job.placement.priority, id.clone());
@@ -584,12 +612,12 @@ fn enqueue(st: &mut SchedulerState, job: QueuedJob) {
     }
     st.jobs.insert(
         id.clone(),
-        Entry {
+        Box::new(Entry {
             job,
             lease: None,
             infra_retries: 0,
             unplaceable: None,
-        },
+        }),
     );
     check_placeable(st, &[id]);
 }
@@ -715,7 +743,7 @@ fn leased<'a>(
         tracing::warn!(worker = %worker_id, job = %job_id, epoch, "rejected a message with a stale or unknown lease");
         return None;
     }
-    st.jobs.get_mut(job_id)
+    st.jobs.get_mut(job_id).map(|e| &mut **e)
 }
 
 /// A lease ends: its slots go back to the worker (unless it drains).
@@ -1216,7 +1244,7 @@ async fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             next_epoch,
             ..
         } = st;
-        let jobs: &HashMap<String, Entry> = jobs;
+        let jobs: &HashMap<String, Box<Entry>> = jobs;
         let mut misses = Misses::default();
         loop {
             if queue.is_empty() || capacity.is_full() || misses.count >= MISSES_PER_ROUND {
@@ -1354,7 +1382,7 @@ async fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             code_prefix: r.code_prefix.clone(),
             worker_paths: entry.job.placement.worker_paths.clone(),
             fvd_writes: entry.job.fvd_writes.clone(),
-            compare: entry.job.compare.clone(),
+            compare: entry.job.compare.as_deref().cloned(),
         };
         st.waiting.remove(&p.job_id);
         st.leased += 1;
@@ -1372,7 +1400,11 @@ async fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             worker_id: p.worker_id.clone(),
         });
         let tx = st.workers[&p.worker_id].tx.clone();
-        if tx.send(ToWorker::Assign(assignment)).await.is_err() {
+        if tx
+            .send(ToWorker::Assign(Box::new(assignment)))
+            .await
+            .is_err()
+        {
             // The stream is gone; the disconnect message will requeue it.
             tracing::warn!(worker = %p.worker_id, job = %p.job_id, "worker stream closed while assigning");
         }

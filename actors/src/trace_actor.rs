@@ -605,7 +605,7 @@ async fn enqueue(
     st.args
         .scheduler
         .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-            record,
+            record: record.into(),
             env,
             secret_env: spec.env.clone(),
             notify: myself.get_derived(),
@@ -615,7 +615,7 @@ async fn enqueue(
             exclude: Default::default(),
             preflight: spec.preflight.clone(),
             warm: spec.runner.warm_preload(),
-            compare: Some(worker_compare(t)),
+            compare: Some(Box::new(worker_compare(t))),
             fvd_writes: st.args.code.fvd_writes.clone(),
         })))
         .map_err(|e| format!("scheduler is down: {e}"))?;

@@ -535,7 +535,7 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
             .args
             .scheduler
             .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-                record,
+                record: record.into(),
                 env,
                 secret_env: ask.spec.env.clone(),
                 notify: myself.get_derived(),
@@ -545,7 +545,7 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
                 exclude: BTreeMap::new(),
                 preflight: ask.spec.preflight.clone(),
                 warm: ask.spec.runner.warm_preload(),
-                compare: traced.map(trace_actor::worker_compare),
+                compare: traced.map(|t| Box::new(trace_actor::worker_compare(t))),
                 fvd_writes: st.args.code.fvd_writes.clone(),
             })));
         if let Err(e) = sent {

@@ -113,7 +113,7 @@ impl Harness {
         };
         self.sched
             .cast(SchedulerMsg::WorkerConnected {
-                info,
+                info: Box::new(info),
                 tx,
                 conn: self.conn,
             })
@@ -164,7 +164,7 @@ impl Harness {
         let id = rec.job_id.clone();
         self.sched
             .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-                record: rec,
+                record: rec.into(),
                 env: BTreeMap::new(),
                 secret_env: Vec::new(),
                 notify: self.sink.get_derived(),
@@ -206,7 +206,7 @@ impl Harness {
             ids.push(rec.job_id.clone());
             self.sched
                 .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-                    record: rec,
+                    record: rec.into(),
                     env: BTreeMap::new(),
                     secret_env: Vec::new(),
                     notify: self.sink.get_derived(),
@@ -237,12 +237,12 @@ impl Harness {
         self.sched
             .cast(SchedulerMsg::Finished {
                 worker_id: worker.into(),
-                report: JobReport {
+                report: Box::new(JobReport {
                     job_id: job_id.into(),
                     lease_epoch: epoch,
                     exit_code: Some(0),
                     ..JobReport::default()
-                },
+                }),
             })
             .unwrap();
     }

@@ -84,14 +84,14 @@ impl Harness {
         let (tx, worker) = mpsc::channel(64);
         sched
             .cast(SchedulerMsg::WorkerConnected {
-                info: WorkerInfo {
+                info: Box::new(WorkerInfo {
                     worker_id: "w".into(),
                     host: "sim".into(),
                     gpus: Vec::new(),
                     cpu_slots: 1,
                     labels: Default::default(),
                     provides: Vec::new(),
-                },
+                }),
                 tx,
                 conn: 1,
             })
@@ -159,7 +159,7 @@ impl Harness {
     /// The next traced rerun the worker gets: its job, epoch, env and cwd.
     async fn assigned(&mut self) -> fvd_store::model::Assignment {
         match tokio::time::timeout(Duration::from_secs(5), self.worker.recv()).await {
-            Ok(Some(ToWorker::Assign(a))) => a,
+            Ok(Some(ToWorker::Assign(a))) => *a,
             other => panic!("expected an assignment, got {other:?}"),
         }
     }
@@ -168,14 +168,14 @@ impl Harness {
         self.sched
             .cast(SchedulerMsg::Finished {
                 worker_id: "w".into(),
-                report: JobReport {
+                report: Box::new(JobReport {
                     job_id: a.job_id.clone(),
                     lease_epoch: a.lease_epoch,
                     exit_code: Some(1),
                     files,
                     files_error: error.into(),
                     ..JobReport::default()
-                },
+                }),
             })
             .unwrap();
     }
@@ -553,7 +553,7 @@ async fn a_worker_that_compares_where_the_files_lie_sends_only_the_report() {
     h.sched
         .cast(SchedulerMsg::Finished {
             worker_id: "w".into(),
-            report: JobReport {
+            report: Box::new(JobReport {
                 job_id: a.job_id.clone(),
                 lease_epoch: a.lease_epoch,
                 exit_code: Some(1),
@@ -564,7 +564,7 @@ async fn a_worker_that_compares_where_the_files_lie_sends_only_the_report() {
                 compare_ms: 7,
                 wire_bytes: 2_000,
                 ..JobReport::default()
-            },
+            }),
         })
         .unwrap();
     let summary = h.answer().await;
@@ -594,13 +594,13 @@ async fn a_worker_that_compares_where_the_files_lie_sends_only_the_report() {
     h.sched
         .cast(SchedulerMsg::Finished {
             worker_id: "w".into(),
-            report: JobReport {
+            report: Box::new(JobReport {
                 job_id: a.job_id.clone(),
                 lease_epoch: a.lease_epoch,
                 exit_code: Some(1),
                 trace_error: "no port trace file matches \"port/rank*.jsonl\"".into(),
                 ..JobReport::default()
-            },
+            }),
         })
         .unwrap();
     let summary = h.answer_for_run(2).await;

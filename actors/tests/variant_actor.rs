@@ -102,14 +102,14 @@ impl Harness {
         let (tx, worker) = mpsc::channel(64);
         sched
             .cast(SchedulerMsg::WorkerConnected {
-                info: WorkerInfo {
+                info: Box::new(WorkerInfo {
                     worker_id: "w".into(),
                     host: "sim".into(),
                     gpus: Vec::new(),
                     cpu_slots: 3,
                     labels: Default::default(),
                     provides: Vec::new(),
-                },
+                }),
                 tx,
                 conn: 1,
             })
@@ -180,7 +180,7 @@ impl Harness {
 
     async fn assigned(&mut self) -> Assignment {
         match tokio::time::timeout(Duration::from_secs(5), self.worker.recv()).await {
-            Ok(Some(ToWorker::Assign(a))) => a,
+            Ok(Some(ToWorker::Assign(a))) => *a,
             other => panic!("expected an assignment, got {other:?}"),
         }
     }
@@ -194,7 +194,7 @@ impl Harness {
         self.sched
             .cast(SchedulerMsg::Finished {
                 worker_id: "w".into(),
-                report: JobReport {
+                report: Box::new(JobReport {
                     job_id: a.job_id.clone(),
                     lease_epoch: a.lease_epoch,
                     exit_code: Some(if passed { 0 } else { 1 }),
@@ -203,7 +203,7 @@ impl Harness {
                     )),
                     trace_report,
                     ..JobReport::default()
-                },
+                }),
             })
             .unwrap();
     }

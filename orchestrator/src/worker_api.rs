@@ -12,11 +12,13 @@ use std::time::Duration;
 use fvd_actors::scheduler::SchedulerMsg;
 use fvd_proto::v1 as pb;
 use fvd_store::Store;
-use fvd_store::model::{CollectedFile, GpuInfo, JobReport, JunitStatus, ToWorker, WorkerInfo};
+use fvd_store::model::{
+    CollectedFile, GpuInfo, JobReport, JunitStatus, LogChunk, ToWorker, WorkerInfo,
+};
 use ractor::ActorRef;
 use tokio::sync::mpsc;
-use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 /// Connection ids, unique per stream in this process.
@@ -33,7 +35,9 @@ pub struct WorkerApi {
     pub max_code_bytes: u64,
 }
 
-type OutTx = mpsc::Sender<Result<pb::OrchestratorMsg, Status>>;
+/// Boxed: a channel's first block of 32 slots is allocated when it is
+/// made, and an inline message would make that 18 KiB per worker stream.
+type OutTx = mpsc::Sender<Box<pb::OrchestratorMsg>>;
 
 type OutStream = Pin<Box<dyn Stream<Item = Result<pb::OrchestratorMsg, Status>> + Send>>;
 
@@ -59,9 +63,9 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         let worker_id = info.worker_id.clone();
         let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
 
-        let (out_tx, out_rx) = mpsc::channel::<Result<pb::OrchestratorMsg, Status>>(64);
+        let (out_tx, out_rx): (OutTx, _) = mpsc::channel(64);
         out_tx
-            .send(Ok(pb::OrchestratorMsg {
+            .send(Box::new(pb::OrchestratorMsg {
                 msg: Some(pb::orchestrator_msg::Msg::Registered(pb::Registered {
                     heartbeat_interval_ms: self.heartbeat_interval.as_millis() as u64,
                     lease_ttl_ms: self.lease_ttl.as_millis() as u64,
@@ -73,7 +77,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         let (to_worker, mut from_scheduler) = mpsc::channel::<ToWorker>(64);
         self.scheduler
             .cast(SchedulerMsg::WorkerConnected {
-                info,
+                info: Box::new(info),
                 tx: to_worker,
                 conn,
             })
@@ -83,7 +87,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         let code_tx = out_tx.clone();
         fvd_telemetry::spawn(async move {
             while let Some(m) = from_scheduler.recv().await {
-                if out_tx.send(Ok(to_wire(m))).await.is_err() {
+                if out_tx.send(Box::new(to_wire(m))).await.is_err() {
                     break;
                 }
             }
@@ -125,7 +129,9 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             let _ = scheduler.cast(SchedulerMsg::WorkerDisconnected { worker_id, conn });
         });
 
-        Ok(Response::new(Box::pin(ReceiverStream::new(out_rx))))
+        Ok(Response::new(Box::pin(
+            ReceiverStream::new(out_rx).map(|m| Ok(*m)),
+        )))
     }
 }
 
@@ -133,7 +139,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
 /// marked `last`, or one carrying the error.
 async fn serve_code(store: Store, worker_id: String, f: pb::FetchCode, max: u64, out: OutTx) {
     let chunk = |data: Vec<u8>, last: bool, error: String| {
-        Ok(pb::OrchestratorMsg {
+        Box::new(pb::OrchestratorMsg {
             msg: Some(pb::orchestrator_msg::Msg::CodeChunk(pb::CodeChunk {
                 request_id: f.request_id,
                 data,
@@ -192,36 +198,39 @@ fn worker_info(reg: pb::Register) -> Result<WorkerInfo, Status> {
 
 fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
     let msg = match m {
-        ToWorker::Assign(a) => pb::orchestrator_msg::Msg::AssignJob(pb::AssignJob {
-            job_id: a.job_id,
-            lease_epoch: a.lease_epoch,
-            argv: a.argv,
-            env: a.env.into_iter().collect(),
-            secret_env: a.secret_env,
-            cwd: a.cwd,
-            gpus: a.gpus,
-            timeout_ms: a.timeout_ms,
-            collect_junit: true,
-            traceparent: a.traceparent.unwrap_or_default(),
-            collect_env: a.collect_env.unwrap_or_default(),
-            preflight: a.preflight,
-            preflight_key: a.preflight_key,
-            warm: a.warm.is_some(),
-            preload: a.warm.unwrap_or_default(),
-            family: a.family,
-            component: a.component,
-            commit: a.commit,
-            code_prefix: a.code_prefix,
-            worker_paths: a.worker_paths,
-            fvd_writes: a.fvd_writes,
-            compare: a.compare.map(|c| pb::TraceCompare {
-                reference: c.reference,
-                port: c.port,
-                rename: c.rename,
-                tol: c.tol,
-                steps: c.steps,
-            }),
-        }),
+        ToWorker::Assign(a) => {
+            let a = *a;
+            pb::orchestrator_msg::Msg::AssignJob(pb::AssignJob {
+                job_id: a.job_id,
+                lease_epoch: a.lease_epoch,
+                argv: a.argv,
+                env: a.env.into_iter().collect(),
+                secret_env: a.secret_env,
+                cwd: a.cwd,
+                gpus: a.gpus,
+                timeout_ms: a.timeout_ms,
+                collect_junit: true,
+                traceparent: a.traceparent.unwrap_or_default(),
+                collect_env: a.collect_env.unwrap_or_default(),
+                preflight: a.preflight,
+                preflight_key: a.preflight_key,
+                warm: a.warm.is_some(),
+                preload: a.warm.unwrap_or_default(),
+                family: a.family,
+                component: a.component,
+                commit: a.commit,
+                code_prefix: a.code_prefix,
+                worker_paths: a.worker_paths,
+                fvd_writes: a.fvd_writes,
+                compare: a.compare.map(|c| pb::TraceCompare {
+                    reference: c.reference,
+                    port: c.port,
+                    rename: c.rename,
+                    tol: c.tol,
+                    steps: c.steps,
+                }),
+            })
+        }
         ToWorker::Cancel {
             job_id,
             lease_epoch,
@@ -261,12 +270,14 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
         },
         pb::worker_msg::Msg::JobLog(l) => SchedulerMsg::Log {
             worker_id,
-            job_id: l.job_id,
             lease_epoch: l.lease_epoch,
-            seq: l.seq,
-            stream: l.stream,
-            offset: l.offset,
-            data: l.data,
+            chunk: Box::new(LogChunk {
+                job_id: l.job_id,
+                seq: l.seq,
+                stream: l.stream,
+                offset: l.offset,
+                data: l.data,
+            }),
         },
         pb::worker_msg::Msg::JobFinished(f) => {
             let wire_bytes = prost::Message::encoded_len(&f) as u64;
@@ -274,7 +285,7 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
             let (files, files_error) = checked_files(&worker_id, f.files, f.files_error);
             SchedulerMsg::Finished {
                 worker_id,
-                report: JobReport {
+                report: Box::new(JobReport {
                     job_id: f.job_id,
                     lease_epoch: f.lease_epoch,
                     exit_code: f.exit_code,
@@ -299,7 +310,7 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                     collected_files: f.collected_files,
                     compare_ms: f.compare_ms,
                     wire_bytes,
-                },
+                }),
             }
         }
     })
@@ -377,7 +388,7 @@ mod tests {
 
     fn report(m: pb::WorkerMsg) -> JobReport {
         match from_wire("w1", m) {
-            Some(SchedulerMsg::Finished { report, .. }) => report,
+            Some(SchedulerMsg::Finished { report, .. }) => *report,
             other => panic!("not a result: {other:?}"),
         }
     }

@@ -179,7 +179,8 @@ pub struct TraceCompare {
 /// Messages the orchestrator sends down a worker's stream.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToWorker {
-    Assign(Assignment),
+    /// Boxed: a worker's channel of these allocates 32 slots up front.
+    Assign(Box<Assignment>),
     Cancel {
         job_id: String,
         lease_epoch: u64,
