@@ -1,11 +1,12 @@
 //! Scheduler throughput over real gRPC on loopback.
 //!
 //! Boots the orchestrator server (real tonic listener, real SQLite with
-//! `synchronous=FULL`), connects W simulated workers of G GPUs each over the
-//! real `Connect` protocol (they heartbeat every second and answer every
-//! assignment at once with started + finished: zero-length jobs), enqueues
-//! J jobs straight into the scheduler actor (the jobs' rows are inserted in
-//! batches first, as a port's components would), and measures:
+//! `synchronous=FULL`) in this process and W simulated workers of G GPUs in
+//! a child process of this binary (`--sim`): they connect over the real
+//! `Connect` protocol, heartbeat every second and answer every assignment at
+//! once with started + finished (zero-length jobs). J jobs are enqueued
+//! straight into the scheduler actor (their rows inserted in batches first,
+//! as a port's components would), and it measures:
 //!
 //! * dispatches per second: J / (last result received − first enqueue);
 //! * queue wait under that backlog: enqueue → the simulated worker
@@ -13,8 +14,15 @@
 //! * assignment latency of a job that has a free slot: once the backlog is
 //!   done, probe jobs are enqueued at a steady 2,000 per second on the idle
 //!   fleet (heartbeats still flowing), enqueue → `AssignJob`, p50 and p99;
-//! * peak RSS of the process (`VmHWM`: server and simulated workers
-//!   together) and the size of the database (with its WAL).
+//! * peak RSS (`VmHWM`) of the orchestrator's process, and separately of the
+//!   simulated workers' process, and the size of the database (with its
+//!   WAL).
+//!
+//! Both processes share the machine's cores, as they would share nothing
+//! on a real fleet; the two timestamps of a latency are taken from the same
+//! system clock. The orchestrator's process also runs this driver, which
+//! keeps 16 bytes per job (its enqueue and arrival times): each job's
+//! record is rebuilt from its number when it is enqueued, not kept.
 //!
 //! What it does not include: classifying results and recording verdicts
 //! (component actors), which a real port adds per job.
@@ -36,15 +44,16 @@
 mod sim_worker;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fvd_actors::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_proto::v1 as pb;
 use fvd_spec::Placement;
 use fvd_store::Store;
-use fvd_store::model::JobRecord;
+use fvd_store::model::{JobRecord, JobState};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sim_worker::SimWorker;
 use tokio::sync::mpsc;
@@ -86,13 +95,22 @@ impl Actor for Sink {
     }
 }
 
+/// Nanoseconds since the Unix epoch: the clock both processes read.
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as u64
+}
+
 /// One simulated worker (the tests' [`SimWorker`]): registers, heartbeats
 /// every second, and answers each assignment with started + finished at
-/// once.
+/// once, after telling `assigned` the job's number (its component is
+/// `c<number>`) and when the assignment arrived.
 async fn sim_worker(
     channel: Channel,
     reg: pb::Register,
-    assigned: mpsc::UnboundedSender<(String, Instant)>,
+    assigned: mpsc::UnboundedSender<(u64, u64)>,
     registered: Arc<AtomicUsize>,
 ) {
     let mut w = SimWorker::connect(channel, None, reg)
@@ -101,7 +119,13 @@ async fn sim_worker(
     registered.fetch_add(1, Ordering::SeqCst);
     let _heartbeat = w.heartbeat_every(Duration::from_millis(1000));
     while let Some(a) = w.next_assign().await {
-        let _ = assigned.send((a.job_id.clone(), Instant::now()));
+        let at = now_ns();
+        let n = a
+            .component
+            .strip_prefix('c')
+            .and_then(|n| n.parse().ok())
+            .expect("bench components are c<number>");
+        let _ = assigned.send((n, at));
         let done = pb::JobFinished {
             exit_code: Some(0),
             ..Default::default()
@@ -119,7 +143,7 @@ fn arg(i: usize, default: usize) -> usize {
         if skip {
             skip = false;
         } else if a.starts_with("--") {
-            skip = matches!(a.as_str(), "--deadline-s" | "--sizes" | "--reps");
+            skip = matches!(a.as_str(), "--deadline-s" | "--sizes" | "--reps" | "--sim");
         } else {
             pos.push(a);
         }
@@ -168,7 +192,11 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run(cfg));
+    if let Some(url) = option("--sim") {
+        rt.block_on(simulate(url, cfg));
+    } else {
+        rt.block_on(run(cfg));
+    }
     // Whatever is still queued (a run stopped at its deadline) is not
     // waited for.
     std::process::exit(0);
@@ -185,9 +213,9 @@ fn sweep(deadline: Duration) {
     let reps: usize = option("--reps").and_then(|s| s.parse().ok()).unwrap_or(2);
     let exe = std::env::current_exe().expect("own path");
     println!(
-        "| workers × GPUs | jobs | run | dispatches/s | queue wait p50 / p99 | free-slot assignment p50 / p99 | peak RSS | database |"
+        "| workers × GPUs | jobs | run | dispatches/s | queue wait p50 / p99 | free-slot assignment p50 / p99 | orchestrator peak RSS | workers' process | database |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for mix in [false, true] {
         for &w in &sizes {
             let jobs = 5 * w * 8;
@@ -221,7 +249,7 @@ fn sweep(deadline: Duration) {
                     String::new()
                 };
                 println!(
-                    "| {w} × 8{} | {jobs} | {rep} | {}{stopped} | {} / {} ms | {} / {} ms | {} MB | {} MB |",
+                    "| {w} × 8{} | {jobs} | {rep} | {}{stopped} | {} / {} ms | {} / {} ms | {} MB | {} MB | {} MB |",
                     if mix { " mixed" } else { "" },
                     get("fvd_dispatches_per_s"),
                     get("queue_wait_p50_ms"),
@@ -229,6 +257,7 @@ fn sweep(deadline: Duration) {
                     get("assign_p50_ms"),
                     get("assign_p99_ms"),
                     get("peak_rss_mb"),
+                    get("workers_rss_mb"),
                     get("db_mb"),
                 );
                 if !out.status.success() {
@@ -259,6 +288,33 @@ fn job_shape(i: usize, mix: bool) -> (u32, Placement) {
     )
 }
 
+/// Job `i`'s row before it is queued.
+fn job_row(i: usize, mix: bool) -> JobRecord {
+    JobRecord {
+        family: format!("port{}", i % 5),
+        component: format!("c{i}"),
+        argv: vec!["true".into()],
+        cwd: "/".into(),
+        gpus_needed: job_shape(i, mix).0,
+        timeout_ms: 60_000,
+        ..JobRecord::default()
+    }
+}
+
+/// Job `i` as `Store::queue_jobs` returned it (its first run, queued at
+/// `queued_ms`): rebuilt when it is enqueued instead of kept from the
+/// insert, so the driver holds no record per job.
+fn queued_record(i: usize, mix: bool, queued_ms: i64) -> JobRecord {
+    let row = job_row(i, mix);
+    JobRecord {
+        job_id: format!("{}.{}.1", row.family, row.component),
+        run_no: 1,
+        state: JobState::Queued,
+        queued_ms,
+        ..row
+    }
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -279,40 +335,29 @@ fn peak_rss_mb() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
-async fn run(cfg: Config) {
+/// The simulated workers' process: connects `workers` workers to `url`,
+/// prints `ready` once all are registered, then `a <job number> <arrival
+/// ns>` per assignment; when its stdin closes it prints `rss <peak MB>` and
+/// ends.
+async fn simulate(url: String, cfg: Config) {
     let Config {
-        workers,
-        gpus,
-        jobs,
-        mix,
-        deadline,
+        workers, gpus, mix, ..
     } = cfg;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("bench.db");
-    let store = Store::open_path(&db).await.expect("store");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let server = fvd_orchestrator::start(listener, store.clone(), Default::default())
-        .await
-        .expect("server");
-
     // Streams share a few HTTP/2 connections, as many pods behind one
     // node would not; it keeps the file descriptors of one process in bounds.
     let conns = workers.div_ceil(50).max(1);
     let mut channels = Vec::new();
     for _ in 0..conns {
         channels.push(
-            Channel::from_shared(server.url())
+            Channel::from_shared(url.clone())
                 .expect("url")
                 .connect()
                 .await
                 .expect("channel"),
         );
     }
-    let (atx, mut arx) = mpsc::unbounded_channel();
+    let (atx, mut arx) = mpsc::unbounded_channel::<(u64, u64)>();
     let registered = Arc::new(AtomicUsize::new(0));
-    let t = Instant::now();
     for w in 0..workers {
         let id = format!("sim{w:05}");
         let mut reg = sim_worker::register(&id, gpus, 1);
@@ -328,6 +373,7 @@ async fn run(cfg: Config) {
         ));
     }
     drop(atx);
+    let t = Instant::now();
     while registered.load(Ordering::SeqCst) < workers {
         assert!(
             t.elapsed() < Duration::from_secs(600),
@@ -335,8 +381,160 @@ async fn run(cfg: Config) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Let the scheduler take in every registration before timing starts.
-    let _ = ractor::call_t!(server.scheduler, SchedulerMsg::Counts, 600_000);
+    let mut out = std::io::BufWriter::new(std::io::stdout());
+    writeln!(out, "ready").expect("stdout");
+    out.flush().expect("stdout");
+    // The parent closes our stdin when it has what it measures.
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        let _ = done_tx.send(());
+    });
+    let mut batch = Vec::new();
+    loop {
+        tokio::select! {
+            n = arx.recv_many(&mut batch, 4096) => {
+                if n == 0 {
+                    break;
+                }
+                for (job, at) in batch.drain(..) {
+                    writeln!(out, "a {job} {at}").expect("stdout");
+                }
+                out.flush().expect("stdout");
+            }
+            _ = &mut done_rx => break,
+        }
+    }
+    writeln!(out, "rss {:.0}", peak_rss_mb()).expect("stdout");
+    out.flush().expect("stdout");
+}
+
+/// The workers' process and what it reports.
+struct Fleet {
+    child: std::process::Child,
+    /// Per job number, when its assignment arrived (ns; 0: not yet).
+    arrived: Arc<Vec<AtomicU64>>,
+    /// Its peak RSS, once it said.
+    rss: Arc<Mutex<Option<String>>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+/// Starts the simulated workers' process and waits until every worker is
+/// registered with the scheduler.
+async fn start_fleet(
+    cfg: &Config,
+    url: &str,
+    jobs: usize,
+    server: &fvd_orchestrator::Server,
+) -> Fleet {
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("own path"));
+    cmd.args([
+        cfg.workers.to_string(),
+        cfg.gpus.to_string(),
+        "0".into(),
+        "--sim".into(),
+        url.to_string(),
+    ]);
+    if cfg.mix {
+        cmd.arg("--mix");
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the simulated workers");
+    let stdout = child.stdout.take().expect("piped");
+    let arrived: Arc<Vec<AtomicU64>> = Arc::new((0..jobs).map(|_| AtomicU64::new(0)).collect());
+    let rss = Arc::new(Mutex::new(None));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
+    let reader = {
+        let arrived = arrived.clone();
+        let rss = rss.clone();
+        std::thread::spawn(move || {
+            let mut ready = Some(ready_tx);
+            for line in std::io::BufReader::new(stdout).lines() {
+                let line = line.expect("the workers' output");
+                let mut f = line.split(' ');
+                match f.next() {
+                    Some("ready") => {
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(());
+                        }
+                    }
+                    Some("a") => {
+                        let job: usize = f.next().and_then(|n| n.parse().ok()).expect("job");
+                        let at: u64 = f.next().and_then(|n| n.parse().ok()).expect("time");
+                        arrived[job].store(at, Ordering::Relaxed);
+                    }
+                    Some("rss") => {
+                        *rss.lock().expect("not poisoned") = f.next().map(str::to_string)
+                    }
+                    _ => panic!("unexpected line from the workers: {line}"),
+                }
+            }
+        })
+    };
+    ready_rx
+        .await
+        .expect("the workers' process registered them all");
+    // The scheduler has taken every registration in before timing starts.
+    let registered = server
+        .scheduler
+        .call(
+            |reply| SchedulerMsg::WhenWorkers {
+                workers: cfg.workers,
+                reply,
+            },
+            Some(Duration::from_secs(600)),
+        )
+        .await
+        .expect("the scheduler answers");
+    assert!(
+        matches!(registered, ractor::rpc::CallResult::Success(())),
+        "the scheduler did not see every worker register"
+    );
+    Fleet {
+        child,
+        arrived,
+        rss,
+        reader,
+    }
+}
+
+/// Milliseconds from each enqueue to its arrival, sorted (jobs that did not
+/// arrive left out).
+fn waits(enqueued: &[(usize, u64)], arrived: &[AtomicU64]) -> Vec<f64> {
+    let mut w: Vec<f64> = enqueued
+        .iter()
+        .filter_map(|&(i, at)| {
+            let got = arrived[i].load(Ordering::Relaxed);
+            (got != 0).then(|| got.saturating_sub(at) as f64 / 1e6)
+        })
+        .collect();
+    w.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    w
+}
+
+async fn run(cfg: Config) {
+    let Config {
+        workers,
+        gpus,
+        jobs,
+        mix,
+        deadline,
+    } = cfg.clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("bench.db");
+    let store = Store::open_path(&db).await.expect("store");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let server = fvd_orchestrator::start(listener, store.clone(), Default::default())
+        .await
+        .expect("server");
+    let probes = 4_000;
+    let t = Instant::now();
+    let mut fleet = start_fleet(&cfg, &server.url(), jobs + probes, &server).await;
     let registration = t.elapsed();
 
     let finishes = Arc::new(Finishes::default());
@@ -344,34 +542,25 @@ async fn run(cfg: Config) {
         .await
         .expect("sink");
 
-    // Rows first, in batches, as ports' components would have queued them.
-    let probes = 4_000;
-    let mut records = Vec::with_capacity(jobs + probes);
-    let mut shapes = Vec::with_capacity(jobs + probes);
-    for chunk in (0..jobs + probes).collect::<Vec<_>>().chunks(10_000) {
-        let batch: Vec<JobRecord> = chunk
-            .iter()
-            .map(|i| {
-                let (need, placement) = job_shape(*i, mix);
-                shapes.push(placement);
-                JobRecord {
-                    family: format!("port{}", i % 5),
-                    component: format!("c{i}"),
-                    argv: vec!["true".into()],
-                    cwd: "/".into(),
-                    gpus_needed: need,
-                    timeout_ms: 60_000,
-                    ..JobRecord::default()
-                }
-            })
-            .collect();
-        records.extend(store.queue_jobs(&batch).await.expect("queue rows"));
+    // Rows first, in batches, as ports' components would have queued them;
+    // only each batch's queue time is kept.
+    let mut queued_ms = Vec::new();
+    for start in (0..jobs + probes).step_by(10_000) {
+        let end = (start + 10_000).min(jobs + probes);
+        let batch: Vec<JobRecord> = (start..end).map(|i| job_row(i, mix)).collect();
+        let stored = store.queue_jobs(&batch).await.expect("queue rows");
+        for (i, r) in (start..end).zip(&stored) {
+            assert_eq!(
+                r,
+                &queued_record(i, mix, r.queued_ms),
+                "job {i}'s stored row"
+            );
+        }
+        queued_ms.push(stored[0].queued_ms);
     }
-    let probe_records = records.split_off(jobs);
-    let probe_shapes = shapes.split_off(jobs);
-    let queued = |r: JobRecord, placement: Placement| {
+    let queued = |i: usize| {
         SchedulerMsg::Enqueue(Box::new(QueuedJob {
-            record: r,
+            record: queued_record(i, mix, queued_ms[i / 10_000]).into(),
             env: BTreeMap::new(),
             secret_env: Vec::new(),
             notify: sink.get_derived(),
@@ -381,20 +570,17 @@ async fn run(cfg: Config) {
             preflight: Vec::new(),
             fvd_writes: Vec::new(),
             warm: None,
-            placement,
+            placement: job_shape(i, mix).1,
             span: tracing::Span::none(),
         }))
     };
 
     // Phase 1: the backlog, all at once.
-    let mut enqueued: HashMap<String, Instant> = HashMap::with_capacity(jobs + probes);
+    let mut enqueued: Vec<(usize, u64)> = Vec::with_capacity(jobs);
     let start = Instant::now();
-    for (r, placement) in records.into_iter().zip(shapes) {
-        enqueued.insert(r.job_id.clone(), Instant::now());
-        server
-            .scheduler
-            .cast(queued(r, placement))
-            .expect("enqueue");
+    for i in 0..jobs {
+        enqueued.push((i, now_ns()));
+        server.scheduler.cast(queued(i)).expect("enqueue");
     }
     let mut stopped = false;
     while finishes.count.load(Ordering::SeqCst) < jobs {
@@ -415,45 +601,46 @@ async fn run(cfg: Config) {
             .unwrap_or_else(Instant::now)
     };
     let secs = end.duration_since(start).as_secs_f64();
-    let mut wait = Vec::with_capacity(jobs);
-    while let Ok((id, at)) = arx.try_recv() {
-        if let Some(q) = enqueued.get(&id) {
-            wait.push(at.duration_since(*q).as_secs_f64() * 1000.0);
-        }
+    // A job's arrival is reported before its result, so every finished
+    // job's arrival is in (or on its way through the pipe: waited for).
+    let t = Instant::now();
+    while enqueued
+        .iter()
+        .filter(|&&(i, _)| fleet.arrived[i].load(Ordering::Relaxed) != 0)
+        .count()
+        < done
+        && t.elapsed() < Duration::from_secs(60)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    wait.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    let wait = waits(&enqueued, &fleet.arrived);
 
     // Phase 2: probes on the idle fleet, 2 every millisecond.
-    let mut lat = Vec::with_capacity(probes);
+    let mut lat = Vec::new();
     if !stopped {
-        enqueued.clear();
+        let mut sent: Vec<(usize, u64)> = Vec::with_capacity(probes);
         let mut tick = tokio::time::interval(Duration::from_millis(1));
-        let mut it = probe_records.into_iter().zip(probe_shapes);
+        let mut it = jobs..jobs + probes;
         'probes: loop {
             tick.tick().await;
             for _ in 0..2 {
-                let Some((r, placement)) = it.next() else {
+                let Some(i) = it.next() else {
                     break 'probes;
                 };
-                enqueued.insert(r.job_id.clone(), Instant::now());
-                server
-                    .scheduler
-                    .cast(queued(r, placement))
-                    .expect("enqueue");
+                sent.push((i, now_ns()));
+                server.scheduler.cast(queued(i)).expect("enqueue");
             }
         }
         let t = Instant::now();
-        while finishes.count.load(Ordering::SeqCst) < jobs + probes
+        while (finishes.count.load(Ordering::SeqCst) < jobs + probes
+            || sent
+                .iter()
+                .any(|&(i, _)| fleet.arrived[i].load(Ordering::Relaxed) == 0))
             && t.elapsed() < Duration::from_secs(120)
         {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        while let Ok((id, at)) = arx.try_recv() {
-            if let Some(q) = enqueued.get(&id) {
-                lat.push(at.duration_since(*q).as_secs_f64() * 1000.0);
-            }
-        }
-        lat.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+        lat = waits(&sent, &fleet.arrived);
     }
 
     let rate = done as f64 / secs;
@@ -463,6 +650,16 @@ async fn run(cfg: Config) {
         .map(|m| m.len())
         .sum();
     let rss = peak_rss_mb();
+    // The workers' process reports its own peak once told to stop.
+    drop(fleet.child.stdin.take());
+    let _ = fleet.child.wait();
+    let _ = fleet.reader.join();
+    let workers_rss = fleet
+        .rss
+        .lock()
+        .expect("not poisoned")
+        .clone()
+        .unwrap_or_else(|| "?".into());
     println!(
         "fvd scheduler: {workers} workers x {gpus} GPUs, {jobs} zero-length {} jobs over loopback gRPC (registration {:.1} s)",
         if mix { "1/2/8-GPU labelled" } else { "1-GPU" },
@@ -484,7 +681,7 @@ async fn run(cfg: Config) {
         percentile(&lat, 0.99)
     );
     println!(
-        "  peak RSS {rss:.0} MB, database {:.0} MB",
+        "  peak RSS: orchestrator {rss:.0} MB, simulated workers {workers_rss} MB; database {:.0} MB",
         db_bytes as f64 / 1e6
     );
     println!("RESULT fvd_dispatches_per_s {rate:.1}");
@@ -495,6 +692,7 @@ async fn run(cfg: Config) {
     println!("RESULT assign_p50_ms {:.2}", percentile(&lat, 0.5));
     println!("RESULT assign_p99_ms {:.2}", percentile(&lat, 0.99));
     println!("RESULT peak_rss_mb {rss:.0}");
+    println!("RESULT workers_rss_mb {workers_rss}");
     println!("RESULT db_mb {:.0}", db_bytes as f64 / 1e6);
     if !stopped {
         server.shutdown().await;
