@@ -114,6 +114,7 @@ impl Store {
         Ok(Store {
             writer: pool.clone(),
             pool,
+            checkpointer: None,
         })
     }
 
