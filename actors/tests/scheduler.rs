@@ -16,7 +16,7 @@ use fvd_actors::scheduler::{
 use fvd_spec::Placement;
 use fvd_store::Store;
 use fvd_store::clock::ManualClock;
-use fvd_store::model::{GpuInfo, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo};
+use fvd_store::model::{Assignment, GpuInfo, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc;
 
@@ -462,6 +462,53 @@ impl Lcg {
     }
 }
 
+/// What the randomized runs have seen: which job holds each GPU, the jobs
+/// running (worker, job id, epoch, GPUs) and those finished.
+#[derive(Default)]
+struct Ledger {
+    held: HashMap<(String, u32), String>,
+    running: Vec<(String, String, u64, Vec<u32>)>,
+    finished: BTreeSet<String>,
+}
+
+impl Ledger {
+    /// `wid` runs `a`: none of its GPUs may be held already.
+    fn hold(&mut self, wid: &str, a: Assignment) {
+        for g in &a.gpus {
+            let prev = self.held.insert((wid.to_string(), *g), a.job_id.clone());
+            assert!(
+                prev.is_none(),
+                "gpu {g} of {wid} leased to {} while {prev:?} held it",
+                a.job_id
+            );
+        }
+        self.running
+            .push((wid.to_string(), a.job_id, a.lease_epoch, a.gpus));
+    }
+
+    /// Finishes a random half of the running jobs, freeing their GPUs; no
+    /// job finishes twice.
+    fn finish_some(&mut self, h: &Harness, rng: &mut Lcg) {
+        assert!(
+            !self.running.is_empty(),
+            "jobs remain but nothing runs: the scheduler stalled"
+        );
+        let mut keep = Vec::new();
+        for r in self.running.drain(..) {
+            if rng.next().is_multiple_of(2) {
+                for g in &r.3 {
+                    self.held.remove(&(r.0.clone(), *g));
+                }
+                h.finished(&r.0, &r.1, r.2);
+                assert!(self.finished.insert(r.1.clone()), "{} finished twice", r.1);
+            } else {
+                keep.push(r);
+            }
+        }
+        self.running = keep;
+    }
+}
+
 #[tokio::test]
 async fn no_gpu_is_ever_leased_twice_over_a_long_randomized_run() {
     let mut h = Harness::new().await;
@@ -479,45 +526,17 @@ async fn no_gpu_is_ever_leased_twice_over_a_long_randomized_run() {
         let need = (rng.next() % 4) as u32; // 0..=3 GPUs
         h.enqueue("r", &comps[i % comps.len()], need).await;
     }
-    // (worker, gpu) -> job currently holding it
-    let mut held: HashMap<(String, u32), String> = HashMap::new();
-    let mut running: Vec<(String, String, u64, Vec<u32>)> = Vec::new();
-    let mut finished = BTreeSet::new();
-    while finished.len() < total {
+    let mut seen = Ledger::default();
+    while seen.finished.len() < total {
         h.settle().await;
         for (wid, rx) in rxs.iter_mut() {
             while let Ok(m) = rx.try_recv() {
                 if let ToWorker::Assign(a) = m {
-                    for g in &a.gpus {
-                        let prev = held.insert((wid.clone(), *g), a.job_id.clone());
-                        assert!(
-                            prev.is_none(),
-                            "gpu {g} of {wid} leased to {} while {prev:?} held it",
-                            a.job_id
-                        );
-                    }
-                    running.push((wid.clone(), a.job_id, a.lease_epoch, a.gpus));
+                    seen.hold(wid, *a);
                 }
             }
         }
-        assert!(
-            !running.is_empty(),
-            "jobs remain but nothing runs: the scheduler stalled"
-        );
-        // Finish a random subset of the running jobs.
-        let mut keep = Vec::new();
-        for r in running.drain(..) {
-            if rng.next().is_multiple_of(2) {
-                for g in &r.3 {
-                    held.remove(&(r.0.clone(), *g));
-                }
-                h.finished(&r.0, &r.1, r.2);
-                finished.insert(r.1);
-            } else {
-                keep.push(r);
-            }
-        }
-        running = keep;
+        seen.finish_some(&h, &mut rng);
     }
     h.settle().await;
     assert_eq!(drain_finished(&mut h.events).len(), total);
@@ -751,12 +770,10 @@ async fn no_gpu_is_ever_leased_twice_on_a_large_fleet_of_mixed_gangs() {
     let want: HashMap<String, (u32, Placement, BTreeMap<String, String>)> =
         ids.into_iter().zip(wants).collect();
 
-    let mut held: HashMap<(String, u32), String> = HashMap::new();
-    let mut running: Vec<(String, String, u64, Vec<u32>)> = Vec::new();
-    let mut finished = BTreeSet::new();
+    let mut seen = Ledger::default();
     let mut draining: BTreeSet<String> = BTreeSet::new();
     let mut round = 0;
-    while finished.len() < total {
+    while seen.finished.len() < total {
         round += 1;
         h.settle().await;
         let mut fresh = Vec::new();
@@ -789,15 +806,7 @@ async fn no_gpu_is_ever_leased_twice_on_a_large_fleet_of_mixed_gangs() {
                 "{} on unlabelled {wid}",
                 a.job_id
             );
-            for g in &a.gpus {
-                let prev = held.insert((wid.clone(), *g), a.job_id.clone());
-                assert!(
-                    prev.is_none(),
-                    "gpu {g} of {wid} leased to {} while {prev:?} held it",
-                    a.job_id
-                );
-            }
-            running.push((wid, a.job_id, a.lease_epoch, a.gpus));
+            seen.hold(&wid, *a);
         }
         if round == 3 {
             // Twenty workers drop (their jobs go back to the queue) and
@@ -810,8 +819,8 @@ async fn no_gpu_is_ever_leased_twice_on_a_large_fleet_of_mixed_gangs() {
                         conn: conn[&wid],
                     })
                     .unwrap();
-                held.retain(|(w, _), _| *w != wid);
-                running.retain(|r| r.0 != wid);
+                seen.held.retain(|(w, _), _| *w != wid);
+                seen.running.retain(|r| r.0 != wid);
                 let (big, memory) = shape[&wid];
                 let gpus = [1, 2, 4, 8][i % 4];
                 let labels: &[(&str, &str)] = if big { &[("pool", "big")] } else { &[] };
@@ -829,23 +838,7 @@ async fn no_gpu_is_ever_leased_twice_on_a_large_fleet_of_mixed_gangs() {
             }
             continue;
         }
-        assert!(
-            !running.is_empty(),
-            "jobs remain but nothing runs: the scheduler stalled"
-        );
-        let mut keep = Vec::new();
-        for r in running.drain(..) {
-            if rng.next().is_multiple_of(2) {
-                for g in &r.3 {
-                    held.remove(&(r.0.clone(), *g));
-                }
-                h.finished(&r.0, &r.1, r.2);
-                assert!(finished.insert(r.1.clone()), "{} finished twice", r.1);
-            } else {
-                keep.push(r);
-            }
-        }
-        running = keep;
+        seen.finish_some(&h, &mut rng);
     }
     h.settle().await;
     let done = drain_finished(&mut h.events);
