@@ -136,12 +136,6 @@ pub enum StoreError {
     },
 }
 
-/// A GPU index list as the `gpus` column holds it (a JSON list).
-fn gpu_list(gpus: &[u32]) -> String {
-    let items: Vec<String> = gpus.iter().map(u32::to_string).collect();
-    format!("[{}]", items.join(","))
-}
-
 /// Rows for one statement's `json_each(?)`: a JSON list of lists.
 fn json_rows<T: serde::Serialize>(rows: &[T]) -> Result<String, StoreError> {
     serde_json::to_string(rows).map_err(|e| StoreError::Encode {
@@ -672,9 +666,11 @@ impl Store {
         if leases.is_empty() {
             return Ok(());
         }
-        let rows: Vec<(&str, &str, i64, String)> = leases
+        // The GPU list travels as a JSON list, which `->>` gives back as
+        // the text the `gpus` column holds.
+        let rows: Vec<(&str, &str, i64, &[u32])> = leases
             .iter()
-            .map(|(job, worker, epoch, gpus)| (*job, *worker, *epoch as i64, gpu_list(gpus)))
+            .map(|(job, worker, epoch, gpus)| (*job, *worker, *epoch as i64, *gpus))
             .collect();
         let rows = json_rows(&rows)?;
         let mut tx = self.write_tx().await?;
