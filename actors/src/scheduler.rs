@@ -243,6 +243,9 @@ pub enum SchedulerMsg {
 #[derive(Debug)]
 struct WorkerSlot {
     info: WorkerInfo,
+    /// Its id as the key of the ordered indexes (capacity, last seen):
+    /// moving a worker in them copies a pointer, not the id.
+    key: Arc<str>,
     tx: mpsc::Sender<ToWorker>,
     /// Identifies this connection, so a stale disconnect of an older stream
     /// of the same worker id does not drop the new one.
@@ -264,7 +267,7 @@ impl WorkerSlot {
     /// Files the worker's free slots in `cap` after they changed.
     fn refile(&mut self, cap: &mut Capacity) {
         let new = Free::of(self.free_gpus.len(), self.free_cpu, self.draining);
-        cap.set(&self.info.worker_id, self.class, self.free, new);
+        cap.set(&self.key, self.class, self.free, new);
         self.free = new;
     }
 }
@@ -300,7 +303,7 @@ pub struct SchedulerState {
     capacity: Capacity,
     /// Workers by when they were last heard from: a tick looks only at
     /// the silent ones.
-    last_seen: BTreeSet<(i64, String)>,
+    last_seen: BTreeSet<(i64, Arc<str>)>,
     queue: FairQueue,
     /// Boxed: a table sized for hundreds of thousands of queued jobs (and
     /// twice that while it grows) then holds pointers, not entries of
@@ -543,11 +546,12 @@ async fn worker_connected(
         class: st.capacity.add(&info),
         free: None,
         leases: BTreeSet::new(),
+        key: Arc::from(info.worker_id.as_str()),
         info,
     };
     slot.refile(&mut st.capacity);
     let id = slot.info.worker_id.clone();
-    st.last_seen.insert((now, id.clone()));
+    st.last_seen.insert((now, slot.key.clone()));
     st.workers.insert(id.clone(), slot);
     for job in st.excluded_by.remove(&id).unwrap_or_default() {
         if let Some(e) = st.jobs.get_mut(&job) {
@@ -574,9 +578,9 @@ async fn heartbeat(st: &mut SchedulerState, worker_id: &str, running: Vec<(Strin
         return;
     };
     if w.last_seen_ms != now {
-        st.last_seen
-            .remove(&(w.last_seen_ms, worker_id.to_string()));
-        st.last_seen.insert((now, worker_id.to_string()));
+        let key = w.key.clone();
+        st.last_seen.remove(&(w.last_seen_ms, key.clone()));
+        st.last_seen.insert((now, key));
         w.last_seen_ms = now;
     }
     let tx = w.tx.clone();
@@ -602,8 +606,12 @@ async fn heartbeat(st: &mut SchedulerState, worker_id: &str, running: Vec<(Strin
 /// A job joins its port's queue.
 fn enqueue(st: &mut SchedulerState, job: Box<QueuedJob>) {
     let id = job.record.job_id.clone();
-    st.queue
-        .push_back(&job.record.family, job.placement.priority, id.clone());
+    st.queue.push_back(
+        &job.record.family,
+        job.placement.priority,
+        id.clone(),
+        job.record.gpus_needed,
+    );
     for w in job.exclude.keys() {
         st.excluded_by
             .entry(w.clone())
@@ -717,7 +725,7 @@ async fn expire_leases(st: &mut SchedulerState, now: i64) -> Result<(), ActorPro
         .last_seen
         .iter()
         .take_while(|(seen, _)| now - seen > ttl)
-        .map(|(_, id)| id.clone())
+        .map(|(_, id)| id.to_string())
         .collect();
     for id in lost {
         tracing::warn!(worker = %id, "worker missed its heartbeats; its leases expire");
@@ -772,10 +780,9 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
     let Some(mut w) = st.workers.remove(worker_id) else {
         return Ok(());
     };
-    st.capacity.set(worker_id, w.class, w.free, None);
+    st.capacity.set(&w.key, w.class, w.free, None);
     st.capacity.remove(w.class);
-    st.last_seen
-        .remove(&(w.last_seen_ms, worker_id.to_string()));
+    st.last_seen.remove(&(w.last_seen_ms, w.key.clone()));
     let lost: Vec<String> = std::mem::take(&mut w.leases).into_iter().collect();
     if !lost.is_empty() {
         tracing::warn!(worker = %worker_id, jobs = ?lost, "worker lost while running jobs; they go back to the queue");
@@ -811,7 +818,8 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
         });
         let family = entry.job.record.family.clone();
         let priority = entry.job.placement.priority;
-        st.queue.push_front(&family, priority, id);
+        let gpus = entry.job.record.gpus_needed;
+        st.queue.push_front(&family, priority, id, gpus);
     }
     Ok(())
 }
@@ -822,15 +830,47 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
 /// cannot starve another of its rank.
 #[derive(Debug, Default)]
 pub struct FairQueue {
-    by_family: HashMap<String, VecDeque<String>>,
+    by_family: HashMap<String, FamilyQueue>,
     /// Priority of each family with queued jobs.
     priority: HashMap<String, i32>,
+    /// Families with queued jobs per priority level: the levels are read
+    /// from here, highest first, not collected and sorted per take.
+    levels: BTreeMap<i32, usize>,
     /// Families with queued jobs, in serving order.
     turn: VecDeque<String>,
     len: usize,
     /// How often a queued job that fitted was passed over for a wider one
     /// queued behind it (see [`FairQueue::take`]); absent is never.
     bypassed: HashMap<String, u32>,
+}
+
+/// One family's queued jobs, with their GPUs.
+#[derive(Debug, Default)]
+struct FamilyQueue {
+    /// Job ids and GPUs, first in first out.
+    jobs: VecDeque<(String, u32)>,
+    /// Queued jobs per GPU count: a take looks behind the first job that
+    /// fits for a wider one only when some job of the family is wider.
+    widths: BTreeMap<u32, usize>,
+}
+
+impl FamilyQueue {
+    fn counted(&mut self, gpus: u32) {
+        *self.widths.entry(gpus).or_default() += 1;
+    }
+
+    fn uncounted(&mut self, gpus: u32) {
+        if let Some(n) = self.widths.get_mut(&gpus) {
+            *n -= 1;
+            if *n == 0 {
+                self.widths.remove(&gpus);
+            }
+        }
+    }
+
+    fn widest(&self) -> u32 {
+        self.widths.keys().next_back().copied().unwrap_or(0)
+    }
 }
 
 /// How often a job that fits may be passed over for a wider gang before it
@@ -851,27 +891,52 @@ impl FairQueue {
         self.len == 0
     }
 
-    pub fn push_back(&mut self, family: &str, priority: i32, id: String) {
-        self.queue_of(family, priority).push_back(id);
+    /// Queues job `id` needing `gpus` GPUs at the back of its family.
+    pub fn push_back(&mut self, family: &str, priority: i32, id: String, gpus: u32) {
+        let q = self.queue_of(family, priority);
+        q.jobs.push_back((id, gpus));
+        q.counted(gpus);
         self.len += 1;
     }
 
-    pub fn push_front(&mut self, family: &str, priority: i32, id: String) {
-        self.queue_of(family, priority).push_front(id);
+    /// Queues job `id` needing `gpus` GPUs at the front of its family.
+    pub fn push_front(&mut self, family: &str, priority: i32, id: String, gpus: u32) {
+        let q = self.queue_of(family, priority);
+        q.jobs.push_front((id, gpus));
+        q.counted(gpus);
         self.len += 1;
     }
 
-    fn queue_of(&mut self, family: &str, priority: i32) -> &mut VecDeque<String> {
+    fn queue_of(&mut self, family: &str, priority: i32) -> &mut FamilyQueue {
         if !self.by_family.contains_key(family) {
             self.turn.push_back(family.to_string());
         }
-        self.priority.insert(family.to_string(), priority);
+        match self.priority.insert(family.to_string(), priority) {
+            Some(old) if old == priority => {}
+            old => {
+                if let Some(old) = old {
+                    self.level_left(old);
+                }
+                *self.levels.entry(priority).or_default() += 1;
+            }
+        }
         self.by_family.entry(family.to_string()).or_default()
+    }
+
+    fn level_left(&mut self, level: i32) {
+        if let Some(n) = self.levels.get_mut(&level) {
+            *n -= 1;
+            if *n == 0 {
+                self.levels.remove(&level);
+            }
+        }
     }
 
     fn drop_family(&mut self, family: &str) {
         self.by_family.remove(family);
-        self.priority.remove(family);
+        if let Some(level) = self.priority.remove(family) {
+            self.level_left(level);
+        }
         self.turn.retain(|f| f != family);
     }
 
@@ -880,11 +945,13 @@ impl FairQueue {
     pub fn remove(&mut self, family: &str, id: &str) {
         self.bypassed.remove(id);
         if let Some(q) = self.by_family.get_mut(family) {
-            if let Some(i) = q.iter().rposition(|x| x == id) {
-                q.remove(i);
+            if let Some(i) = q.jobs.iter().rposition(|(x, _)| x == id)
+                && let Some((_, gpus)) = q.jobs.remove(i)
+            {
+                q.uncounted(gpus);
                 self.len -= 1;
             }
-            if q.is_empty() {
+            if q.jobs.is_empty() {
                 self.drop_family(family);
             }
         }
@@ -893,7 +960,7 @@ impl FairQueue {
     /// Takes every job of `family` out.
     pub fn remove_family(&mut self, family: &str) {
         if let Some(q) = self.by_family.get(family) {
-            self.len -= q.len();
+            self.len -= q.jobs.len();
             self.drop_family(family);
         }
     }
@@ -902,69 +969,66 @@ impl FairQueue {
     /// highest, families of a level in turn; the served family moves to
     /// the back of the turn. Within a family's queue (its first
     /// [`LOOKAHEAD`] jobs) the first job that fits is found, then a wider
-    /// one behind it (`width`: its GPUs) is asked for, widest first, so a
-    /// gang is placed while GPUs are free together instead of last and
-    /// alone. The first job counts each time it is passed over, and one
-    /// passed over [`MAX_BYPASS`] times is taken before any wider one.
+    /// one behind it is asked for, widest first, so a gang is placed while
+    /// GPUs are free together instead of last and alone; a family with no
+    /// job wider than that first one is not looked through again. The
+    /// first job counts each time it is passed over, and one passed over
+    /// [`MAX_BYPASS`] times is taken before any wider one.
     ///
     /// `fits` is called in order and the job returned is the one of its
     /// last `true` (a caller may remember what that call found); in a
     /// queue of one width it is called exactly as often as before packing.
-    pub fn take(
-        &mut self,
-        mut fits: impl FnMut(&str) -> bool,
-        width: impl Fn(&str) -> u32,
-    ) -> Option<String> {
-        let mut levels: Vec<i32> = self.priority.values().copied().collect();
-        levels.sort_unstable_by(|a, b| b.cmp(a));
-        levels.dedup();
-        for level in levels {
+    pub fn take(&mut self, mut fits: impl FnMut(&str) -> bool) -> Option<String> {
+        let mut level = self.levels.keys().next_back().copied();
+        while let Some(l) = level {
             for pos in 0..self.turn.len() {
-                let family = self.turn[pos].clone();
-                if self.priority[&family] != level {
+                let family = &self.turn[pos];
+                if self.priority[family] != l {
                     continue;
                 }
                 let q = self
                     .by_family
-                    .get_mut(&family)
+                    .get_mut(family)
                     .expect("family in turn has a queue");
-                let Some(first) = q.iter().take(LOOKAHEAD).position(|id| fits(id)) else {
+                let Some(first) = q.jobs.iter().take(LOOKAHEAD).position(|(id, _)| fits(id)) else {
                     continue;
                 };
                 let mut i = first;
+                let (first_id, w0) = &q.jobs[first];
+                let w0 = *w0;
                 let starved = self
                     .bypassed
-                    .get(&q[first])
+                    .get(first_id)
                     .is_some_and(|&n| n >= MAX_BYPASS);
-                if !starved {
-                    let w0 = width(&q[first]);
+                if !starved && q.widest() > w0 {
                     let mut wider: Vec<(u32, usize)> = q
+                        .jobs
                         .iter()
                         .enumerate()
                         .take(LOOKAHEAD)
                         .skip(first + 1)
-                        .filter_map(|(j, id)| {
-                            let w = width(id);
-                            (w > w0).then_some((w, j))
-                        })
+                        .filter_map(|(j, (_, w))| (*w > w0).then_some((*w, j)))
                         .collect();
                     wider.sort_unstable_by_key(|&(w, j)| (std::cmp::Reverse(w), j));
-                    if let Some(&(_, j)) = wider.iter().find(|&&(_, j)| fits(&q[j])) {
+                    if let Some(&(_, j)) = wider.iter().find(|&&(_, j)| fits(&q.jobs[j].0)) {
                         i = j;
-                        *self.bypassed.entry(q[first].clone()).or_default() += 1;
+                        *self.bypassed.entry(q.jobs[first].0.clone()).or_default() += 1;
                     }
                 }
-                let id = q.remove(i).expect("position is in the queue");
+                let (id, gpus) = q.jobs.remove(i).expect("position is in the queue");
+                q.uncounted(gpus);
+                let emptied = q.jobs.is_empty();
                 self.bypassed.remove(&id);
                 self.len -= 1;
-                if q.is_empty() {
+                let family = self.turn.remove(pos).expect("position is in the turn");
+                if emptied {
                     self.drop_family(&family);
                 } else {
-                    self.turn.remove(pos);
                     self.turn.push_back(family);
                 }
                 return Some(id);
             }
+            level = self.levels.range(..l).next_back().map(|(k, _)| *k);
         }
         None
     }
@@ -1255,41 +1319,37 @@ async fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
                 break;
             }
             let mut pick: Option<String> = None;
-            let Some(id) = queue.take(
-                |id| {
-                    let Some((id, e)) = jobs.get_key_value(id) else {
-                        return false;
-                    };
-                    let need = e.job.record.gpus_needed;
-                    let p = &e.job.placement;
-                    let exclude = &e.job.exclude;
-                    if misses.count >= MISSES_PER_ROUND
-                        || misses.known(id, need, p, !exclude.is_empty())
-                    {
-                        return false;
+            let Some(id) = queue.take(|id| {
+                let Some((id, e)) = jobs.get_key_value(id) else {
+                    return false;
+                };
+                let need = e.job.record.gpus_needed;
+                let p = &e.job.placement;
+                let exclude = &e.job.exclude;
+                if misses.count >= MISSES_PER_ROUND
+                    || misses.known(id, need, p, !exclude.is_empty())
+                {
+                    return false;
+                }
+                // Gang placement: all GPUs of a job on one worker. Among
+                // workers with room, the one with the most free room, so
+                // load spreads out.
+                let found = capacity.pick(need, p, &|w| exclude.contains_key(w), &|w| {
+                    workers
+                        .get(w)
+                        .map_or(0, |w| usable_gpus(&w.info, Some(&w.free_gpus), p).len())
+                });
+                match found {
+                    Some(w) => {
+                        pick = Some(w);
+                        true
                     }
-                    // Gang placement: all GPUs of a job on one worker. Among
-                    // workers with room, the one with the most free room, so
-                    // load spreads out.
-                    let found = capacity.pick(need, p, &|w| exclude.contains_key(w), &|w| {
-                        workers
-                            .get(w)
-                            .map_or(0, |w| usable_gpus(&w.info, Some(&w.free_gpus), p).len())
-                    });
-                    match found {
-                        Some(w) => {
-                            pick = Some(w);
-                            true
-                        }
-                        None => {
-                            misses.add(id, need, p, !exclude.is_empty());
-                            false
-                        }
+                    None => {
+                        misses.add(id, need, p, !exclude.is_empty());
+                        false
                     }
-                },
-                // Its GPUs: the widest waiting gang that fits goes first.
-                |id| jobs.get(id).map_or(0, |e| e.job.record.gpus_needed),
-            ) else {
+                }
+            }) else {
                 break;
             };
             let worker_id = pick.expect("take returns the job it found a worker for");
@@ -1424,5 +1484,68 @@ fn job_end(report: &JobReport) -> fvd_telemetry::spans::JobEnd<'_> {
         } else {
             &report.spawn_error
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FairQueue;
+
+    #[test]
+    fn a_family_queued_again_at_a_higher_priority_is_served_at_that_level() {
+        let mut q = FairQueue::default();
+        q.push_back("a", 0, "a1".into(), 1);
+        q.push_back("b", 1, "b1".into(), 1);
+        q.push_back("b", 1, "b2".into(), 1);
+        // `a` moves up past `b`; level 0 has no family left.
+        q.push_back("a", 5, "a2".into(), 1);
+        assert_eq!(q.take(|_| true).as_deref(), Some("a1"));
+        assert_eq!(q.take(|_| true).as_deref(), Some("a2"));
+        assert_eq!(q.take(|_| true).as_deref(), Some("b1"));
+        q.remove("b", "b2");
+        assert!(q.is_empty());
+        assert_eq!(q.take(|_| true), None);
+        assert!(q.levels.is_empty(), "no level outlives its families");
+        q.push_back("c", -3, "c1".into(), 1);
+        assert_eq!(q.take(|_| true).as_deref(), Some("c1"));
+    }
+
+    #[test]
+    fn a_wider_job_behind_the_first_is_taken_only_while_one_is_queued() {
+        let mut q = FairQueue::default();
+        q.push_back("a", 0, "one".into(), 1);
+        q.push_back("a", 0, "eight".into(), 8);
+        q.push_back("a", 0, "two".into(), 2);
+        let mut asked = Vec::new();
+        let got = q.take(|id| {
+            asked.push(id.to_string());
+            true
+        });
+        assert_eq!(got.as_deref(), Some("eight"));
+        assert_eq!(asked, ["one", "eight"]);
+        asked.clear();
+        assert_eq!(
+            q.take(|id| {
+                asked.push(id.to_string());
+                true
+            })
+            .as_deref(),
+            Some("two")
+        );
+        assert_eq!(asked, ["one", "two"]);
+        // Only `one` is left: nothing wider to look for.
+        asked.clear();
+        q.push_back("a", 0, "one-more".into(), 1);
+        assert_eq!(
+            q.take(|id| {
+                asked.push(id.to_string());
+                true
+            })
+            .as_deref(),
+            Some("one")
+        );
+        assert_eq!(asked, ["one"]);
+        q.remove("a", "one-more");
+        assert!(q.by_family.is_empty());
     }
 }

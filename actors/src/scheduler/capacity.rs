@@ -21,6 +21,7 @@ use std::cmp::Reverse;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use fvd_spec::Placement;
 use fvd_store::model::WorkerInfo;
@@ -52,8 +53,9 @@ impl Free {
 }
 
 /// Workers of one bucket, by room then id (the smallest id last among
-/// equals, so the best is the last).
-type Bucket = BTreeSet<(u32, Reverse<String>)>;
+/// equals, so the best is the last). The id is shared with the worker's
+/// slot: filing a worker allocates nothing.
+type Bucket = BTreeSet<(u32, Reverse<Arc<str>>)>;
 
 /// Workers with room, by (free GPUs, free CPU slot).
 #[derive(Debug, Default)]
@@ -62,16 +64,16 @@ struct Pool {
 }
 
 impl Pool {
-    fn insert(&mut self, f: Free, id: &str) {
+    fn insert(&mut self, f: Free, id: &Arc<str>) {
         self.buckets
             .entry((f.gpus, f.cpu))
             .or_default()
-            .insert((f.room, Reverse(id.to_string())));
+            .insert((f.room, Reverse(id.clone())));
     }
 
-    fn remove(&mut self, f: Free, id: &str) {
+    fn remove(&mut self, f: Free, id: &Arc<str>) {
         if let Some(b) = self.buckets.get_mut(&(f.gpus, f.cpu)) {
-            b.remove(&(f.room, Reverse(id.to_string())));
+            b.remove(&(f.room, Reverse(id.clone())));
             if b.is_empty() {
                 self.buckets.remove(&(f.gpus, f.cpu));
             }
@@ -91,8 +93,8 @@ impl Pool {
             else {
                 continue;
             };
-            if best.is_none_or(|(r, b)| (*room, Reverse(id.as_str())) > (r, Reverse(b))) {
-                best = Some((*room, id.as_str()));
+            if best.is_none_or(|(r, b)| (*room, Reverse(&**id)) > (r, Reverse(b))) {
+                best = Some((*room, &**id));
             }
         }
         best
@@ -213,7 +215,13 @@ impl Capacity {
     }
 
     /// Moves a worker of `class` from `old` to `new` free slots.
-    pub(super) fn set(&mut self, id: &str, class: ClassId, old: Option<Free>, new: Option<Free>) {
+    pub(super) fn set(
+        &mut self,
+        id: &Arc<str>,
+        class: ClassId,
+        old: Option<Free>,
+        new: Option<Free>,
+    ) {
         if old == new {
             return;
         }
