@@ -1510,40 +1510,32 @@ mod tests {
         assert_eq!(q.take(|_| true).as_deref(), Some("c1"));
     }
 
+    /// The job taken (every job fits) and the jobs asked about, in order.
+    fn take_asking(q: &mut FairQueue) -> (Option<String>, Vec<String>) {
+        let mut asked = Vec::new();
+        let got = q.take(|id| {
+            asked.push(id.to_string());
+            true
+        });
+        (got, asked)
+    }
+
     #[test]
     fn a_wider_job_behind_the_first_is_taken_only_while_one_is_queued() {
         let mut q = FairQueue::default();
         q.push_back("a", 0, "one".into(), 1);
         q.push_back("a", 0, "eight".into(), 8);
         q.push_back("a", 0, "two".into(), 2);
-        let mut asked = Vec::new();
-        let got = q.take(|id| {
-            asked.push(id.to_string());
-            true
-        });
+        let (got, asked) = take_asking(&mut q);
         assert_eq!(got.as_deref(), Some("eight"));
         assert_eq!(asked, ["one", "eight"]);
-        asked.clear();
-        assert_eq!(
-            q.take(|id| {
-                asked.push(id.to_string());
-                true
-            })
-            .as_deref(),
-            Some("two")
-        );
+        let (got, asked) = take_asking(&mut q);
+        assert_eq!(got.as_deref(), Some("two"));
         assert_eq!(asked, ["one", "two"]);
-        // Only `one` is left: nothing wider to look for.
-        asked.clear();
+        // Only jobs of one GPU are left: nothing wider to look for.
         q.push_back("a", 0, "one-more".into(), 1);
-        assert_eq!(
-            q.take(|id| {
-                asked.push(id.to_string());
-                true
-            })
-            .as_deref(),
-            Some("one")
-        );
+        let (got, asked) = take_asking(&mut q);
+        assert_eq!(got.as_deref(), Some("one"));
         assert_eq!(asked, ["one"]);
         q.remove("a", "one-more");
         assert!(q.by_family.is_empty());
