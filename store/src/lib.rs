@@ -981,35 +981,33 @@ impl Store {
     /// commit.
     ///
     /// The writer connection is back at `synchronous = FULL` before any
-    /// other write uses it; one that cannot be set back is closed (the
-    /// next one opens with FULL).
+    /// other write uses it: one that is not (an error, or this future
+    /// dropped half way) is closed, and the pool opens the next one with
+    /// FULL.
     pub async fn append_output(
         &self,
         chunks: &[LogChunk],
         spawned: &[(String, i64)],
     ) -> Result<(), StoreError> {
-        let mut conn = self.writer.acquire().await?;
+        let mut relaxed = Relaxed(Some(self.writer.acquire().await?));
+        let conn = relaxed.conn();
         sqlx::query("PRAGMA synchronous = NORMAL")
-            .execute(&mut *conn)
+            .execute(&mut **conn)
             .await?;
-        let written = Self::output_tx(&mut conn, chunks, spawned).await;
-        let restored = sqlx::query("PRAGMA synchronous = FULL")
-            .execute(&mut *conn)
-            .await;
-        if restored.is_err() {
-            conn.close_on_drop();
-        }
-        written?;
-        restored?;
-        Ok(())
+        let written = Self::output_tx(conn, chunks, spawned).await;
+        sqlx::query("PRAGMA synchronous = FULL")
+            .execute(&mut **conn)
+            .await?;
+        relaxed.restored();
+        written
     }
 
     async fn output_tx(
-        conn: &mut sqlx::SqliteConnection,
+        conn: &mut sqlx::pool::PoolConnection<sqlx::Sqlite>,
         chunks: &[LogChunk],
         spawned: &[(String, i64)],
     ) -> Result<(), StoreError> {
-        let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
+        let mut tx = sqlx::Connection::begin_with(&mut **conn, "BEGIN IMMEDIATE").await?;
         for c in chunks {
             sqlx::query("INSERT OR IGNORE INTO job_logs (job_id, seq, stream, offset, data) VALUES (?, ?, ?, ?, ?)")
                 .bind(&c.job_id)
@@ -1492,6 +1490,31 @@ fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRecord, StoreError> {
     })
 }
 
+/// The writer connection while it may be at `synchronous = NORMAL`
+/// ([`Store::append_output`]): dropped before [`Relaxed::restored`], it is
+/// closed instead of going back to the pool, so no later commit runs
+/// without its fsync.
+struct Relaxed(Option<sqlx::pool::PoolConnection<sqlx::Sqlite>>);
+
+impl Relaxed {
+    fn conn(&mut self) -> &mut sqlx::pool::PoolConnection<sqlx::Sqlite> {
+        self.0.as_mut().expect("held until restored")
+    }
+
+    /// Back at FULL: the connection returns to the pool.
+    fn restored(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Relaxed {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1590,6 +1613,26 @@ mod tests {
             store.logs("j1", None).await.unwrap(),
             [(0, 1, b"hello".to_vec())]
         );
+    }
+
+    #[tokio::test]
+    async fn a_writer_dropped_while_relaxed_is_closed_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_path(&dir.path().join("state.db"))
+            .await
+            .unwrap();
+        let mut relaxed = Relaxed(Some(store.writer.acquire().await.unwrap()));
+        sqlx::query("PRAGMA synchronous = NORMAL")
+            .execute(&mut **relaxed.conn())
+            .await
+            .unwrap();
+        // As when `append_output` fails or is cancelled half way.
+        drop(relaxed);
+        let level: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&store.writer)
+            .await
+            .unwrap();
+        assert_eq!(level, 2, "the next writer connection commits with FULL");
     }
 
     #[tokio::test]
