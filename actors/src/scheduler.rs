@@ -854,20 +854,18 @@ struct FamilyQueue {
     widths: BTreeMap<u32, usize>,
 }
 
-impl FamilyQueue {
-    fn counted(&mut self, gpus: u32) {
-        *self.widths.entry(gpus).or_default() += 1;
-    }
-
-    fn uncounted(&mut self, gpus: u32) {
-        if let Some(n) = self.widths.get_mut(&gpus) {
-            *n -= 1;
-            if *n == 0 {
-                self.widths.remove(&gpus);
-            }
+/// One fewer of `key` in `counts`; a count that reaches zero leaves, so the
+/// keys present are those counted at least once.
+fn count_down<K: Ord>(counts: &mut BTreeMap<K, usize>, key: &K) {
+    if let Some(n) = counts.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(key);
         }
     }
+}
 
+impl FamilyQueue {
     fn widest(&self) -> u32 {
         self.widths.keys().next_back().copied().unwrap_or(0)
     }
@@ -895,7 +893,7 @@ impl FairQueue {
     pub fn push_back(&mut self, family: &str, priority: i32, id: String, gpus: u32) {
         let q = self.queue_of(family, priority);
         q.jobs.push_back((id, gpus));
-        q.counted(gpus);
+        *q.widths.entry(gpus).or_default() += 1;
         self.len += 1;
     }
 
@@ -903,7 +901,7 @@ impl FairQueue {
     pub fn push_front(&mut self, family: &str, priority: i32, id: String, gpus: u32) {
         let q = self.queue_of(family, priority);
         q.jobs.push_front((id, gpus));
-        q.counted(gpus);
+        *q.widths.entry(gpus).or_default() += 1;
         self.len += 1;
     }
 
@@ -915,7 +913,7 @@ impl FairQueue {
             Some(old) if old == priority => {}
             old => {
                 if let Some(old) = old {
-                    self.level_left(old);
+                    count_down(&mut self.levels, &old);
                 }
                 *self.levels.entry(priority).or_default() += 1;
             }
@@ -923,19 +921,10 @@ impl FairQueue {
         self.by_family.entry(family.to_string()).or_default()
     }
 
-    fn level_left(&mut self, level: i32) {
-        if let Some(n) = self.levels.get_mut(&level) {
-            *n -= 1;
-            if *n == 0 {
-                self.levels.remove(&level);
-            }
-        }
-    }
-
     fn drop_family(&mut self, family: &str) {
         self.by_family.remove(family);
         if let Some(level) = self.priority.remove(family) {
-            self.level_left(level);
+            count_down(&mut self.levels, &level);
         }
         self.turn.retain(|f| f != family);
     }
@@ -948,7 +937,7 @@ impl FairQueue {
             if let Some(i) = q.jobs.iter().rposition(|(x, _)| x == id)
                 && let Some((_, gpus)) = q.jobs.remove(i)
             {
-                q.uncounted(gpus);
+                count_down(&mut q.widths, &gpus);
                 self.len -= 1;
             }
             if q.jobs.is_empty() {
@@ -1016,7 +1005,7 @@ impl FairQueue {
                     }
                 }
                 let (id, gpus) = q.jobs.remove(i).expect("position is in the queue");
-                q.uncounted(gpus);
+                count_down(&mut q.widths, &gpus);
                 let emptied = q.jobs.is_empty();
                 self.bypassed.remove(&id);
                 self.len -= 1;

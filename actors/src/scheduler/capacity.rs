@@ -204,13 +204,7 @@ impl Capacity {
                 }
             }
         }
-        let gpus = c.info.gpus.len();
-        if let Some(n) = self.gpu_counts.get_mut(&gpus) {
-            *n -= 1;
-            if *n == 0 {
-                self.gpu_counts.remove(&gpus);
-            }
-        }
+        super::count_down(&mut self.gpu_counts, &c.info.gpus.len());
         self.registered -= 1;
     }
 
