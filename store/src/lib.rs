@@ -177,6 +177,10 @@ pub struct Store {
     checkpointer: Option<Arc<Checkpointer>>,
 }
 
+/// How every write transaction starts: with the write lock taken up
+/// front (see [`Store::write_tx`]).
+const BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
+
 /// How often the write-ahead log is copied back into the database.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 
@@ -304,7 +308,7 @@ impl Store {
     /// transaction that reads first cannot wait for the lock when it later
     /// writes (SQLite answers `database is locked` at once), this one can.
     async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, sqlx::Error> {
-        self.writer.begin_with("BEGIN IMMEDIATE").await
+        self.writer.begin_with(BEGIN_WRITE).await
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
@@ -1007,7 +1011,7 @@ impl Store {
         chunks: &[LogChunk],
         spawned: &[(String, i64)],
     ) -> Result<(), StoreError> {
-        let mut tx = sqlx::Connection::begin_with(&mut **conn, "BEGIN IMMEDIATE").await?;
+        let mut tx = sqlx::Connection::begin_with(&mut **conn, BEGIN_WRITE).await?;
         for c in chunks {
             sqlx::query("INSERT OR IGNORE INTO job_logs (job_id, seq, stream, offset, data) VALUES (?, ?, ?, ?, ?)")
                 .bind(&c.job_id)
@@ -1519,6 +1523,15 @@ impl Drop for Relaxed {
 mod tests {
     use super::*;
 
+    /// A store in a fresh temporary folder (kept while the folder is).
+    pub(crate) async fn temp_store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_path(&dir.path().join("state.db"))
+            .await
+            .unwrap();
+        (dir, store)
+    }
+
     fn port(family: &str) -> PortRow {
         PortRow {
             family: family.into(),
@@ -1550,10 +1563,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_write_ahead_log_is_checkpointed_beside_the_writer_not_in_its_commits() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_path(&dir.path().join("state.db"))
-            .await
-            .unwrap();
+        let (_dir, store) = crate::tests::temp_store().await;
         let auto: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
             .fetch_one(&store.writer)
             .await
@@ -1585,10 +1595,7 @@ mod tests {
 
     #[tokio::test]
     async fn output_is_stored_and_the_writer_is_durable_again_after_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_path(&dir.path().join("state.db"))
-            .await
-            .unwrap();
+        let (_dir, store) = crate::tests::temp_store().await;
         let synchronous = || async {
             sqlx::query_scalar::<_, i64>("PRAGMA synchronous")
                 .fetch_one(&store.writer)
@@ -1617,10 +1624,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_writer_dropped_while_relaxed_is_closed_not_reused() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_path(&dir.path().join("state.db"))
-            .await
-            .unwrap();
+        let (_dir, store) = crate::tests::temp_store().await;
         let mut relaxed = Relaxed(Some(store.writer.acquire().await.unwrap()));
         sqlx::query("PRAGMA synchronous = NORMAL")
             .execute(&mut **relaxed.conn())
@@ -1637,10 +1641,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_round_of_leases_is_recorded_job_by_job() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_path(&dir.path().join("state.db"))
-            .await
-            .unwrap();
+        let (_dir, store) = crate::tests::temp_store().await;
         store
             .create_port(&port("p"), &["a".into(), "b".into(), "c".into()])
             .await
@@ -1770,8 +1771,7 @@ mod tests {
 
     #[tokio::test]
     async fn runs_count_only_runs_that_started() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_path(&dir.path().join("s.db")).await.unwrap();
+        let (_dir, store) = crate::tests::temp_store().await;
         store
             .create_port(&port("p"), &["a".into(), "b".into()])
             .await
@@ -1814,8 +1814,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unknown_state_in_the_database_is_an_error_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_path(&dir.path().join("s.db")).await.unwrap();
+        let (_dir, store) = crate::tests::temp_store().await;
         store.create_port(&port("p"), &["a".into()]).await.unwrap();
         store.queue_job(&job("p", "a")).await.unwrap();
         for (sql, read) in [
@@ -1843,8 +1842,7 @@ mod tests {
 
     #[tokio::test]
     async fn abandons_in_flight_runs_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_path(&dir.path().join("s.db")).await.unwrap();
+        let (_dir, store) = crate::tests::temp_store().await;
         store
             .create_port(&port("p"), &["a".into(), "b".into()])
             .await

@@ -275,15 +275,11 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::model::PortRow;
 
     #[tokio::test]
     async fn an_investigation_keeps_its_steps_and_reports_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_path(&dir.path().join("state.db"))
-            .await
-            .unwrap();
+        let (dir, store) = crate::tests::temp_store().await;
         assert_eq!(store.files_dir(), Some(dir.path().to_path_buf()));
         store
             .create_port(

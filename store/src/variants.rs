@@ -197,10 +197,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_latest_table_of_each_component_comes_back_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open_path(&dir.path().join("state.db"))
-            .await
-            .unwrap();
+        let (_dir, store) = crate::tests::temp_store().await;
         store
             .create_port(
                 &PortRow {
