@@ -227,6 +227,17 @@ pub enum SchedulerMsg {
     },
     /// Lease what can be leased (sent by the scheduler to itself).
     Dispatch,
+    /// These leases are committed: their assignments may leave (sent by
+    /// the scheduler's writer).
+    Committed(Vec<Planned>),
+    /// Leases could not be committed: the scheduler stops.
+    CommitFailed(String),
+    /// Answers once every lease decided before it is committed and its
+    /// assignment sent (tests and tools that need the leases to be out).
+    Settle(ractor::RpcReplyPort<()>),
+    /// The second half of [`SchedulerMsg::Settle`]: queued behind the
+    /// committed leases.
+    Settled(ractor::RpcReplyPort<()>),
     /// Counts for status and tests: (workers, queued, running).
     Counts(ractor::RpcReplyPort<(usize, usize, usize)>),
     /// Answers once at least `workers` workers are registered (at once if
@@ -277,6 +288,9 @@ struct Lease {
     worker_id: String,
     epoch: u64,
     gpus: Vec<u32>,
+    /// Its assignment went to the worker (its commit is done); until then
+    /// the worker knows nothing of it.
+    sent: bool,
     /// The `job` span of this lease; it ends with the lease.
     span: tracing::Span,
 }
@@ -340,11 +354,20 @@ enum Write {
     /// component learns that its run finished only after the run's output
     /// is stored, so `logs --follow` never stops short of the last chunk.
     Notify(DerivedActorRef<JobEvent>, Box<JobEvent>),
+    /// A dispatch round's leases: committed (with any other rounds queued
+    /// meanwhile, in one transaction), then handed back to the scheduler
+    /// as [`SchedulerMsg::Committed`], which sends their assignments.
+    Leases(Vec<Planned>),
+    /// Answered once everything queued before it is committed.
+    Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
 /// Batches queued writes: one transaction (one fsync) for everything that
-/// arrived while the previous batch was being committed.
-fn spawn_writer(store: Store) -> mpsc::UnboundedSender<Write> {
+/// arrived while the previous batch was being committed. Leases go first
+/// and back to `scheduler` once committed; a lease commit that fails stops
+/// the scheduler ([`SchedulerMsg::CommitFailed`]), as it did when the
+/// scheduler committed them itself.
+fn spawn_writer(store: Store, scheduler: ActorRef<SchedulerMsg>) -> mpsc::UnboundedSender<Write> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Write>();
     fvd_telemetry::spawn(async move {
         let mut batch = Vec::new();
@@ -352,12 +375,34 @@ fn spawn_writer(store: Store) -> mpsc::UnboundedSender<Write> {
             let mut logs = Vec::new();
             let mut spawned = Vec::new();
             let mut notify = Vec::new();
+            let mut leases = Vec::new();
+            let mut barriers = Vec::new();
             for w in batch.drain(..) {
                 match w {
                     Write::Log(c) => logs.push(c),
                     Write::Spawned { job_id, at_ms } => spawned.push((job_id, at_ms)),
                     Write::Notify(to, msg) => notify.push((to, msg)),
+                    Write::Leases(planned) => leases.extend(planned),
+                    Write::Barrier(done) => barriers.push(done),
                 }
+            }
+            if !leases.is_empty() {
+                let rows: Vec<(&str, &str, u64, &[u32])> = leases
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.job_id.as_str(),
+                            p.worker_id.as_str(),
+                            p.epoch,
+                            p.gpus.as_slice(),
+                        )
+                    })
+                    .collect();
+                let msg = match store.lease_jobs(&rows).await {
+                    Ok(()) => SchedulerMsg::Committed(leases),
+                    Err(e) => SchedulerMsg::CommitFailed(e.to_string()),
+                };
+                let _ = scheduler.cast(msg);
             }
             if (!logs.is_empty() || !spawned.is_empty())
                 && let Err(e) = store.append_output(&logs, &spawned).await
@@ -367,9 +412,20 @@ fn spawn_writer(store: Store) -> mpsc::UnboundedSender<Write> {
             for (to, msg) in notify {
                 let _ = to.send_message(*msg);
             }
+            for done in barriers {
+                let _ = done.send(());
+            }
         }
     });
     tx
+}
+
+/// Waits until every write queued so far is committed.
+async fn written(st: &SchedulerState) {
+    let (done, wait) = tokio::sync::oneshot::channel();
+    if st.writer.send(Write::Barrier(done)).is_ok() {
+        let _ = wait.await;
+    }
 }
 
 impl Actor for SchedulerActor {
@@ -388,7 +444,7 @@ impl Actor for SchedulerActor {
             sent_ms: clock.now_ms(),
         });
         Ok(SchedulerState {
-            writer: spawn_writer(args.store.clone()),
+            writer: spawn_writer(args.store.clone(), myself.clone()),
             store: args.store,
             clock: args.clock,
             config: args.config,
@@ -481,7 +537,25 @@ impl Actor for SchedulerActor {
                 st.dispatch_pending = false;
                 // A round that stopped at its lease budget goes on after
                 // the messages that arrived meanwhile.
-                dispatch(st).await?
+                dispatch(st)?
+            }
+            SchedulerMsg::Committed(planned) => {
+                assign(st, planned).await;
+                false
+            }
+            SchedulerMsg::CommitFailed(e) => {
+                return Err(format!("could not commit leases: {e}").into());
+            }
+            SchedulerMsg::Settle(reply) => {
+                // Every lease is committed after this, and its `Committed`
+                // is in the mailbox: the answer goes behind it.
+                written(st).await;
+                myself.cast(SchedulerMsg::Settled(reply))?;
+                return Ok(());
+            }
+            SchedulerMsg::Settled(reply) => {
+                let _ = reply.send(());
+                return Ok(());
             }
             SchedulerMsg::WhenWorkers { workers, reply } => {
                 if st.workers.len() >= workers {
@@ -698,9 +772,17 @@ async fn cancel_family(st: &mut SchedulerState, family: &str) {
         .map(|(id, _)| id.clone())
         .collect();
     st.queue.remove_family(family);
+    // A lease still on its way to the database lands before the port's
+    // cancellation is written after this, not over it.
+    if ids
+        .iter()
+        .any(|id| st.jobs[id].lease.as_ref().is_some_and(|l| !l.sent))
+    {
+        written(st).await;
+    }
     for id in ids {
         if let Some(entry) = st.jobs.remove(&id) {
-            if let Some(lease) = &entry.lease
+            if let Some(lease) = entry.lease.as_ref().filter(|l| l.sent)
                 && let Some(w) = st.workers.get(&lease.worker_id)
             {
                 let _ =
@@ -786,6 +868,9 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
     let lost: Vec<String> = std::mem::take(&mut w.leases).into_iter().collect();
     if !lost.is_empty() {
         tracing::warn!(worker = %worker_id, jobs = ?lost, "worker lost while running jobs; they go back to the queue");
+        // A lease still on its way to the database lands before the
+        // requeue below, not after it.
+        written(st).await;
     }
     for id in lost.into_iter().rev() {
         let Some(entry) = st.jobs.get_mut(&id) else {
@@ -1211,7 +1296,7 @@ fn gpu_uuids(worker: &WorkerInfo, leased: &[u32]) -> String {
 
 /// A lease decided in memory, committed with the others of its round.
 #[derive(Debug)]
-struct Planned {
+pub struct Planned {
     job_id: String,
     worker_id: String,
     epoch: u64,
@@ -1285,7 +1370,7 @@ impl<'a> Misses<'a> {
 /// look-ahead past jobs that do not fit is bounded per port
 /// ([`LOOKAHEAD`]) and per round ([`MISSES_PER_ROUND`]). True when the
 /// round stopped at [`LEASES_PER_ROUND`] with work left.
-async fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
+fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
     let mut planned = Vec::new();
     let mut more = false;
     {
@@ -1371,22 +1456,14 @@ async fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
     if planned.is_empty() {
         return Ok(more);
     }
-    // Committed before any assignment leaves: a crash after this point finds
-    // the jobs running under these epochs and reruns them once.
-    let rows: Vec<(&str, &str, u64, &[u32])> = planned
-        .iter()
-        .map(|p| {
-            (
-                p.job_id.as_str(),
-                p.worker_id.as_str(),
-                p.epoch,
-                p.gpus.as_slice(),
-            )
-        })
-        .collect();
-    st.store.lease_jobs(&rows).await?;
+    // The leases hold from now on in memory; the writer commits them and
+    // hands them back (`assign`): an assignment leaves only once its lease
+    // is committed, so a crash finds the job running under its epoch and
+    // reruns it once. The scheduler does not wait for the commit: it goes
+    // on with the messages that arrived meanwhile, and the rounds decided
+    // during one commit go together in the next.
     let now = st.clock.now_ms();
-    for p in planned {
+    for p in &planned {
         let worker = &st.workers[&p.worker_id].info;
         let entry = st.jobs.get_mut(&p.job_id).expect("planned job exists");
         let r = &entry.job.record;
@@ -1411,6 +1488,41 @@ async fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             gpu_seconds = tracing::field::Empty,
             duration_ms = tracing::field::Empty,
         );
+        st.waiting.remove(&p.job_id);
+        st.leased += 1;
+        if let Some(w) = st.workers.get_mut(&p.worker_id) {
+            w.leases.insert(p.job_id.clone());
+        }
+        entry.lease = Some(Lease {
+            worker_id: p.worker_id.clone(),
+            epoch: p.epoch,
+            gpus: p.gpus.clone(),
+            sent: false,
+            span,
+        });
+    }
+    if st.writer.send(Write::Leases(planned)).is_err() {
+        return Err("the scheduler's writer stopped".into());
+    }
+    Ok(more)
+}
+
+/// Committed leases: each job that still holds its lease (not cancelled,
+/// its worker not lost meanwhile) is assigned, and its owner told.
+async fn assign(st: &mut SchedulerState, planned: Vec<Planned>) {
+    for p in planned {
+        let Some(entry) = st.jobs.get_mut(&p.job_id) else {
+            continue;
+        };
+        let Some(lease) = entry
+            .lease
+            .as_mut()
+            .filter(|l| l.epoch == p.epoch && l.worker_id == p.worker_id)
+        else {
+            continue;
+        };
+        lease.sent = true;
+        let r = &entry.job.record;
         let assignment = Assignment {
             job_id: p.job_id.clone(),
             lease_epoch: p.epoch,
@@ -1418,9 +1530,9 @@ async fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             env: entry.job.env.clone(),
             secret_env: entry.job.secret_env.clone(),
             cwd: r.cwd.clone(),
-            gpus: p.gpus.clone(),
+            gpus: p.gpus,
             timeout_ms: r.timeout_ms,
-            traceparent: fvd_telemetry::traceparent(&span),
+            traceparent: fvd_telemetry::traceparent(&lease.span),
             collect_env: entry.job.collect_env.clone(),
             preflight: entry.job.preflight.clone(),
             preflight_key: r.family.clone(),
@@ -1433,22 +1545,14 @@ async fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             fvd_writes: entry.job.fvd_writes.clone(),
             compare: entry.job.compare.as_deref().cloned(),
         };
-        st.waiting.remove(&p.job_id);
-        st.leased += 1;
-        if let Some(w) = st.workers.get_mut(&p.worker_id) {
-            w.leases.insert(p.job_id.clone());
-        }
-        entry.lease = Some(Lease {
-            worker_id: p.worker_id.clone(),
-            epoch: p.epoch,
-            gpus: p.gpus,
-            span,
-        });
         let _ = entry.job.notify.send_message(JobEvent::Leased {
             job_id: p.job_id.clone(),
             worker_id: p.worker_id.clone(),
         });
-        let tx = st.workers[&p.worker_id].tx.clone();
+        let Some(w) = st.workers.get(&p.worker_id) else {
+            continue;
+        };
+        let tx = w.tx.clone();
         if tx
             .send(ToWorker::Assign(Box::new(assignment)))
             .await
@@ -1458,7 +1562,6 @@ async fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             tracing::warn!(worker = %p.worker_id, job = %p.job_id, "worker stream closed while assigning");
         }
     }
-    Ok(more)
 }
 
 /// How a finished job's process ended, for its span's status.

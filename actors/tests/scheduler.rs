@@ -16,7 +16,9 @@ use fvd_actors::scheduler::{
 use fvd_spec::Placement;
 use fvd_store::Store;
 use fvd_store::clock::ManualClock;
-use fvd_store::model::{Assignment, GpuInfo, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo};
+use fvd_store::model::{
+    Assignment, GpuInfo, JobRecord, JobReport, JobState, PortRow, ToWorker, WorkerInfo,
+};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc;
 
@@ -230,6 +232,9 @@ impl Harness {
     /// scheduler queued for itself behind them.
     async fn settle(&self) -> (usize, usize, usize) {
         ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap();
+        ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap();
+        // The leases decided so far are committed and their assignments out.
+        ractor::call_t!(self.sched, SchedulerMsg::Settle, 5000).unwrap();
         ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap()
     }
 
@@ -400,6 +405,102 @@ async fn a_worker_that_comes_back_is_told_to_kill_its_orphaned_job() {
         }
         other => panic!("expected a cancel, got {other:?}"),
     }
+}
+
+/// The database's write lock, held from a connection of its own: the
+/// scheduler's writer cannot commit a lease until it is released.
+struct WriteLock(sqlx::SqliteConnection);
+
+impl WriteLock {
+    async fn take(h: &Harness) -> Self {
+        use sqlx::Connection;
+        let url = format!("sqlite://{}", h._dir.path().join("s.db").display());
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        Self(conn)
+    }
+
+    async fn release(mut self) {
+        sqlx::query("COMMIT").execute(&mut self.0).await.unwrap();
+    }
+}
+
+/// Worker `w1` (one GPU) runs job `a`, and job `b` waits for it; with the
+/// write lock taken, `a` finishes and `b` is leased to `w1` in memory while
+/// its lease cannot reach the database. Returns `b`'s id and the lock.
+async fn lease_in_flight(h: &mut Harness) -> (mpsc::Receiver<ToWorker>, String, WriteLock) {
+    h.port("p", &["a", "b"]).await;
+    let mut w1 = h.worker("w1", 1, 1);
+    let a = h.enqueue("p", "a", 1).await;
+    let (id, epoch, _) = next_assign(&mut w1).await;
+    assert_eq!(id, a);
+    let b = h.enqueue("p", "b", 1).await;
+    assert_eq!(h.settle().await, (1, 1, 1), "b waits for w1's GPU");
+    let lock = WriteLock::take(h).await;
+    h.finished("w1", &a, epoch);
+    // The finish, then the dispatch round it caused.
+    ractor::call_t!(h.sched, SchedulerMsg::Counts, 5000).unwrap();
+    let counts = ractor::call_t!(h.sched, SchedulerMsg::Counts, 5000).unwrap();
+    assert_eq!(counts, (1, 0, 1), "b holds w1's GPU in memory");
+    assert!(
+        w1.try_recv().is_err(),
+        "no assignment leaves before its lease is committed"
+    );
+    (w1, b, lock)
+}
+
+#[tokio::test]
+async fn an_assignment_leaves_once_its_lease_is_committed() {
+    let mut h = Harness::new().await;
+    let (mut w1, b, lock) = lease_in_flight(&mut h).await;
+    lock.release().await;
+    let (id, epoch, _) = next_assign(&mut w1).await;
+    assert_eq!(id, b);
+    let row = h.store.job(&b).await.unwrap().unwrap();
+    assert_eq!(row.state, JobState::Running);
+    assert_eq!((row.worker_id.as_str(), row.lease_epoch), ("w1", epoch));
+}
+
+#[tokio::test]
+async fn a_worker_lost_while_its_lease_is_in_flight_never_gets_the_job() {
+    let mut h = Harness::new().await;
+    let (mut w1, b, lock) = lease_in_flight(&mut h).await;
+    h.sched
+        .cast(SchedulerMsg::WorkerDisconnected {
+            worker_id: "w1".into(),
+            conn: 1,
+        })
+        .unwrap();
+    lock.release().await;
+    assert_eq!(h.settle().await, (0, 1, 0), "b is queued again");
+    assert!(
+        w1.try_recv().is_err(),
+        "the lost worker is not sent the lease that was committed after it left"
+    );
+    // The requeue landed after the lease, not under it.
+    let row = h.store.job(&b).await.unwrap().unwrap();
+    assert_eq!(row.state, JobState::Queued);
+    let mut w2 = h.worker("w2", 1, 1);
+    let (id, _, _) = next_assign(&mut w2).await;
+    assert_eq!(id, b, "the job goes to the next worker");
+}
+
+#[tokio::test]
+async fn a_port_cancelled_while_a_lease_is_in_flight_sends_its_worker_nothing() {
+    let mut h = Harness::new().await;
+    let (mut w1, _, lock) = lease_in_flight(&mut h).await;
+    h.sched
+        .cast(SchedulerMsg::CancelFamily { family: "p".into() })
+        .unwrap();
+    lock.release().await;
+    assert_eq!(h.settle().await, (1, 0, 0), "w1's GPU is free again");
+    assert!(
+        w1.try_recv().is_err(),
+        "neither an assignment nor a cancel for a job the worker never had"
+    );
 }
 
 #[tokio::test]
