@@ -17,8 +17,7 @@ use fvd_store::model::{
 };
 use ractor::ActorRef;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 /// Connection ids, unique per stream in this process.
@@ -74,7 +73,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             .await
             .map_err(|_| Status::cancelled("worker went away"))?;
 
-        let (to_worker, mut from_scheduler) = mpsc::channel::<ToWorker>(64);
+        let (to_worker, from_scheduler) = mpsc::channel::<ToWorker>(64);
         self.scheduler
             .cast(SchedulerMsg::WorkerConnected {
                 info: Box::new(info),
@@ -83,17 +82,8 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             })
             .map_err(|_| Status::unavailable("scheduler is down"))?;
 
-        // Scheduler → worker: domain messages become wire messages here.
-        let code_tx = out_tx.clone();
-        fvd_telemetry::spawn(async move {
-            while let Some(m) = from_scheduler.recv().await {
-                if out_tx.send(Box::new(to_wire(m))).await.is_err() {
-                    break;
-                }
-            }
-        });
-
         // Worker → scheduler, until the stream ends.
+        let code_tx = out_tx;
         let scheduler = self.scheduler.clone();
         let (store, max_code_bytes) = (self.store.clone(), self.max_code_bytes);
         fvd_telemetry::spawn(async move {
@@ -129,9 +119,50 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             let _ = scheduler.cast(SchedulerMsg::WorkerDisconnected { worker_id, conn });
         });
 
-        Ok(Response::new(Box::pin(
-            ReceiverStream::new(out_rx).map(|m| Ok(*m)),
-        )))
+        Ok(Response::new(Box::pin(Outbound {
+            edge: Some(out_rx),
+            scheduler: Some(from_scheduler),
+        })))
+    }
+}
+
+/// What goes to one worker: the edge's own messages (`Registered` first,
+/// code chunks), then the scheduler's, which become wire messages as the
+/// stream is read. No task stands between the scheduler and the stream.
+/// It ends once both senders are gone.
+struct Outbound {
+    edge: Option<mpsc::Receiver<Box<pb::OrchestratorMsg>>>,
+    scheduler: Option<mpsc::Receiver<ToWorker>>,
+}
+
+impl Stream for Outbound {
+    type Item = Result<pb::OrchestratorMsg, Status>;
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        if let Some(edge) = &mut this.edge {
+            match edge.poll_recv(cx) {
+                Poll::Ready(Some(m)) => return Poll::Ready(Some(Ok(*m))),
+                Poll::Ready(None) => this.edge = None,
+                Poll::Pending => {}
+            }
+        }
+        if let Some(scheduler) = &mut this.scheduler {
+            match scheduler.poll_recv(cx) {
+                Poll::Ready(Some(m)) => return Poll::Ready(Some(Ok(to_wire(m)))),
+                Poll::Ready(None) => this.scheduler = None,
+                Poll::Pending => {}
+            }
+        }
+        if this.edge.is_none() && this.scheduler.is_none() {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
     }
 }
 
