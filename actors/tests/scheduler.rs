@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fvd_actors::scheduler::{
-    JobEvent, QueuedJob, SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg,
+    HeartbeatBatch, JobEvent, QueuedJob, SchedulerActor, SchedulerArgs, SchedulerConfig,
+    SchedulerMsg,
 };
 use fvd_spec::Placement;
 use fvd_store::Store;
@@ -501,6 +502,32 @@ async fn a_port_cancelled_while_a_lease_is_in_flight_sends_its_worker_nothing() 
         w1.try_recv().is_err(),
         "neither an assignment nor a cancel for a job the worker never had"
     );
+}
+
+#[tokio::test]
+async fn each_heartbeat_of_a_batch_keeps_its_worker_and_cancels_its_orphans() {
+    let mut h = Harness::new().await;
+    let _w1 = h.worker("w1", 0, 1);
+    let mut w2 = h.worker("w2", 0, 1);
+    h.settle().await;
+    h.clock.advance_ms(4_000);
+    let batch = Arc::new(HeartbeatBatch::default());
+    batch.add(&h.sched, "w1".into(), vec![]).unwrap();
+    batch
+        .add(&h.sched, "w2".into(), vec![("gone.job.1".into(), 7)])
+        .unwrap();
+    // Silent for 6 s since registering, 2 s since the batch: both stay.
+    h.clock.advance_ms(2_000);
+    h.sched.cast(SchedulerMsg::Tick).unwrap();
+    assert_eq!(h.settle().await.0, 2, "both workers beat in the batch");
+    match w2.try_recv() {
+        Ok(ToWorker::Cancel {
+            job_id,
+            lease_epoch,
+            ..
+        }) => assert_eq!((job_id.as_str(), lease_epoch), ("gone.job.1", 7)),
+        other => panic!("expected w2's orphan cancelled, got {other:?}"),
+    }
 }
 
 #[tokio::test]

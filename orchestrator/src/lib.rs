@@ -253,6 +253,7 @@ pub async fn start(
         lease_ttl: config.scheduler.lease_ttl,
         store: store.clone(),
         max_code_bytes: config.max_code_bytes,
+        heartbeats: Default::default(),
     };
     let ports = port_api::PortApi {
         store: store.clone(),

@@ -6,10 +6,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fvd_actors::scheduler::SchedulerMsg;
+use fvd_actors::scheduler::{HeartbeatBatch, SchedulerMsg};
 use fvd_proto::v1 as pb;
 use fvd_store::Store;
 use fvd_store::model::{
@@ -32,6 +33,8 @@ pub struct WorkerApi {
     pub store: Store,
     /// No pack larger than this is sent ([`crate::code::DEFAULT_MAX_PACK_BYTES`]).
     pub max_code_bytes: u64,
+    /// Every stream's heartbeats go to the scheduler through this batch.
+    pub heartbeats: Arc<HeartbeatBatch>,
 }
 
 /// Boxed: a channel's first block of 32 slots is allocated when it is
@@ -85,6 +88,10 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         // Worker → scheduler, until the stream ends.
         let code_tx = out_tx;
         let scheduler = self.scheduler.clone();
+        let (heartbeats, beat_id) = (
+            self.heartbeats.clone(),
+            Arc::<str>::from(worker_id.as_str()),
+        );
         let (store, max_code_bytes) = (self.store.clone(), self.max_code_bytes);
         fvd_telemetry::spawn(async move {
             loop {
@@ -99,6 +106,21 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
                             max_code_bytes,
                             code_tx.clone(),
                         ));
+                    }
+                    Ok(Some(pb::WorkerMsg {
+                        msg: Some(pb::worker_msg::Msg::Heartbeat(h)),
+                    })) => {
+                        let running = h
+                            .running
+                            .into_iter()
+                            .map(|r| (r.job_id, r.lease_epoch))
+                            .collect();
+                        if heartbeats
+                            .add(&scheduler, beat_id.clone(), running)
+                            .is_err()
+                        {
+                            break;
+                        }
                     }
                     Ok(Some(m)) => {
                         if let Some(msg) = from_wire(&worker_id, m)
@@ -282,14 +304,8 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
             tracing::warn!(worker = %worker_id, "ignored a second register on one stream");
             return None;
         }
-        pb::worker_msg::Msg::Heartbeat(h) => SchedulerMsg::Heartbeat {
-            worker_id,
-            running: h
-                .running
-                .into_iter()
-                .map(|r| (r.job_id, r.lease_epoch))
-                .collect(),
-        },
+        // Joined to the batch by the stream's reader itself.
+        pb::worker_msg::Msg::Heartbeat(_) => return None,
         pb::worker_msg::Msg::Drain(_) => SchedulerMsg::Drain { worker_id },
         // Answered by the stream's reader itself (`serve_code`).
         pb::worker_msg::Msg::FetchCode(_) => return None,
