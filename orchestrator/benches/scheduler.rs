@@ -14,6 +14,8 @@
 //! * assignment latency of a job that has a free slot: once the backlog is
 //!   done, probe jobs are enqueued at a steady 2,000 per second on the idle
 //!   fleet (heartbeats still flowing), enqueue → `AssignJob`, p50 and p99;
+//!   20,000 of them (`--probes N`), ten seconds: over two seconds the p99
+//!   was the 40 slowest probes, and one stall of the machine decided it;
 //! * peak RSS (`VmHWM`) of the orchestrator's process, and separately of the
 //!   simulated workers' process, and the size of the database (with its
 //!   WAL).
@@ -28,14 +30,14 @@
 //! (component actors), which a real port adds per job.
 //!
 //! Run one configuration:
-//! `cargo bench -p fvd-orchestrator --bench scheduler -- [WORKERS] [GPUS] [JOBS] [--mix] [--deadline-s N]`
+//! `cargo bench -p fvd-orchestrator --bench scheduler -- [WORKERS] [GPUS] [JOBS] [--mix] [--deadline-s N] [--probes N]`
 //! (defaults 1000 8 100000). `--mix`: jobs of 1, 2 and 8 GPUs (6:3:1), a
 //! quarter of them asking for label `zone=a`, a quarter `zone=b`, the
 //! workers labelled `zone=a` and `zone=b` in turn. `--deadline-s`: stop
 //! after N seconds and report the rate so far (default 1800).
 //!
 //! The sweep: `cargo bench -p fvd-orchestrator --bench scheduler -- --sweep
-//! [--sizes 1000,5000,10000] [--reps 2] [--deadline-s N]` runs each size ×
+//! [--sizes 1000,5000,10000] [--reps 2] [--deadline-s N] [--probes N]` runs each size ×
 //! 8 GPUs with jobs = 5 × slots, one-GPU and mixed, each in its own process
 //! (so each peak RSS is its own), `--reps` times, and prints a table.
 //! `bench/scheduler_vs_ray.sh` runs one configuration beside Ray.
@@ -143,7 +145,10 @@ fn arg(i: usize, default: usize) -> usize {
         if skip {
             skip = false;
         } else if a.starts_with("--") {
-            skip = matches!(a.as_str(), "--deadline-s" | "--sizes" | "--reps" | "--sim");
+            skip = matches!(
+                a.as_str(),
+                "--deadline-s" | "--sizes" | "--reps" | "--sim" | "--probes"
+            );
         } else {
             pos.push(a);
         }
@@ -169,6 +174,8 @@ struct Config {
     jobs: usize,
     mix: bool,
     deadline: Duration,
+    /// Jobs enqueued at 2,000 a second on the idle fleet after the backlog.
+    probes: usize,
 }
 
 fn main() {
@@ -187,6 +194,9 @@ fn main() {
         jobs: arg(3, 100_000),
         mix: flag("--mix"),
         deadline,
+        probes: option("--probes")
+            .map(|s| s.parse().expect("--probes: a number"))
+            .unwrap_or(20_000),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -230,6 +240,9 @@ fn sweep(deadline: Duration) {
                 ]);
                 if mix {
                     cmd.arg("--mix");
+                }
+                if let Some(n) = option("--probes") {
+                    cmd.args(["--probes".into(), n]);
                 }
                 let out = cmd.output().expect("run a configuration");
                 let text = String::from_utf8_lossy(&out.stdout);
@@ -522,6 +535,7 @@ async fn run(cfg: Config) {
         jobs,
         mix,
         deadline,
+        probes,
     } = cfg.clone();
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("bench.db");
@@ -532,7 +546,6 @@ async fn run(cfg: Config) {
     let server = fvd_orchestrator::start(listener, store.clone(), Default::default())
         .await
         .expect("server");
-    let probes = 4_000;
     let t = Instant::now();
     let mut fleet = start_fleet(&cfg, &server.url(), jobs + probes, &server).await;
     let registration = t.elapsed();
