@@ -176,8 +176,8 @@ type Beat = (Arc<str>, Vec<(String, u64)>);
 /// ones after it join that message until the scheduler takes the batch. A
 /// fleet of 10,000 workers beating once a second then costs the scheduler
 /// one message per turn instead of 10,000 a second. A heartbeat is handled
-/// no later than its own message would have been, never after a message
-/// that reached the edge behind it.
+/// no later than its own message would have been (a tick that judges
+/// silence as of when it was sent still finds it ahead).
 #[derive(Debug, Default)]
 pub struct HeartbeatBatch(std::sync::Mutex<Vec<Beat>>);
 
