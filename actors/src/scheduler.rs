@@ -336,6 +336,13 @@ struct Lease {
     span: tracing::Span,
 }
 
+impl Lease {
+    /// Whether this is the lease `worker_id` holds under `epoch`.
+    fn is(&self, worker_id: &str, epoch: u64) -> bool {
+        self.worker_id == worker_id && self.epoch == epoch
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     /// The job as it came in its message (not moved again).
@@ -710,7 +717,7 @@ async fn heartbeat(st: &mut SchedulerState, worker_id: &str, running: Vec<(Strin
             .jobs
             .get(&job_id)
             .and_then(|e| e.lease.as_ref())
-            .is_some_and(|l| l.worker_id == worker_id && l.epoch == epoch);
+            .is_some_and(|l| l.is(worker_id, epoch));
         if !held {
             tracing::warn!(worker = %worker_id, job = %job_id, epoch, "worker runs a job under a lease it no longer holds; cancelling it");
             let _ = tx
@@ -875,7 +882,7 @@ fn leased<'a>(
         .jobs
         .get(job_id)
         .and_then(|e| e.lease.as_ref())
-        .is_some_and(|l| l.worker_id == worker_id && l.epoch == epoch);
+        .is_some_and(|l| l.is(worker_id, epoch));
     if !ok {
         tracing::warn!(worker = %worker_id, job = %job_id, epoch, "rejected a message with a stale or unknown lease");
         return None;
@@ -1561,11 +1568,7 @@ async fn assign(st: &mut SchedulerState, planned: Vec<Planned>) {
         let Some(entry) = st.jobs.get_mut(&p.job_id) else {
             continue;
         };
-        let Some(lease) = entry
-            .lease
-            .as_mut()
-            .filter(|l| l.epoch == p.epoch && l.worker_id == p.worker_id)
-        else {
+        let Some(lease) = entry.lease.as_mut().filter(|l| l.is(&p.worker_id, p.epoch)) else {
             continue;
         };
         lease.sent = true;
