@@ -230,11 +230,17 @@ impl Harness {
     /// Waits (bounded) for the scheduler to have processed every message
     /// sent so far and the dispatch round they caused: the first `Counts`
     /// is answered after the messages, the second after the `Dispatch` the
-    /// scheduler queued for itself behind them.
+    /// scheduler queued for itself behind them. Leases that round decided
+    /// may still be on their way to the database.
+    async fn dispatched(&self) -> (usize, usize, usize) {
+        ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap();
+        ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap()
+    }
+
+    /// [`Harness::dispatched`], and then the leases decided so far are
+    /// committed and their assignments out.
     async fn settle(&self) -> (usize, usize, usize) {
-        ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap();
-        ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap();
-        // The leases decided so far are committed and their assignments out.
+        self.dispatched().await;
         ractor::call_t!(self.sched, SchedulerMsg::Settle, 5000).unwrap();
         ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap()
     }
@@ -442,10 +448,11 @@ async fn lease_in_flight(h: &mut Harness) -> (mpsc::Receiver<ToWorker>, String, 
     assert_eq!(h.settle().await, (1, 1, 1), "b waits for w1's GPU");
     let lock = WriteLock::take(h).await;
     h.finished("w1", &a, epoch);
-    // The finish, then the dispatch round it caused.
-    ractor::call_t!(h.sched, SchedulerMsg::Counts, 5000).unwrap();
-    let counts = ractor::call_t!(h.sched, SchedulerMsg::Counts, 5000).unwrap();
-    assert_eq!(counts, (1, 0, 1), "b holds w1's GPU in memory");
+    assert_eq!(
+        h.dispatched().await,
+        (1, 0, 1),
+        "b holds w1's GPU in memory"
+    );
     assert!(
         w1.try_recv().is_err(),
         "no assignment leaves before its lease is committed"
