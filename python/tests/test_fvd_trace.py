@@ -58,7 +58,10 @@ class StatsTest(unittest.TestCase):
         s, n = compute_stats(x, ("abs_mean", "sum", "min", "max", "mean", "std", "shape", "dtype"))
         self.assertEqual(n, 6)
         self.assertAlmostEqual(s["abs_mean"], 1.5)
-        self.assertEqual(s["sum"], 0.0)
+        # The values cancel: the sum is compared by the tensor's magnitude
+        # (abs_mean * n), never relative to itself.
+        self.assertLessEqual(abs(s["sum"]), 1e-6 * s["abs_mean"] * n)
+        self.assertLessEqual(abs(s["mean"]), 1e-6 * s["abs_mean"])
         self.assertEqual((s["min"], s["max"]), (-2.5, 2.5))
         self.assertAlmostEqual(s["std"], float(np.std(x.astype(np.float64), ddof=1)))
         self.assertEqual(s["shape"], [2, 3])
