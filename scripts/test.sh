@@ -11,6 +11,8 @@
 # repository (tests/fixtures): nothing beside the checkout is read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# requirements-dev.txt is a lock (exact versions with hashes; pip checks
+# every hash): scripts/pins.py refreshes it and checks it below.
 python3 -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 # The dashboard's browser test (tests/e2e/dashboard.rs) drives Debian's
 # headless Chromium through its chromedriver; a CI machine comes without
@@ -30,8 +32,38 @@ cargo clippy --workspace --all-targets --features fvd/conformance,fvd/slurm --lo
 # every test binary (--no-fail-fast): one failure cannot hide the others.
 status=0
 FVD_FUZZ_SECS="${FVD_FUZZ_SECS:-60}" cargo test --workspace --locked --no-fail-fast || status=1
-(cd python && python3 -m pytest tests -q -p no:cacheprovider) || status=1
-python3 -m pytest tests/fixtures/traces -q -p no:cacheprovider || status=1
+# The Python tests: fvd_trace's, the trace fixtures against their
+# generator, and the pins' own (the lock files cover every import).
+python_tests() {
+    local py="$1" s=0
+    (cd python && "$py" -m pytest tests -q -p no:cacheprovider) || s=1
+    "$py" -m pytest tests/fixtures/traces -q -p no:cacheprovider || s=1
+    (cd scripts && "$py" -m pytest test_pins.py -q -p no:cacheprovider) || s=1
+    return "$s"
+}
+python_tests python3 || status=1
+python3 scripts/pins.py check || status=1
+# The same Python tests under releases the lock does not pin, reported and
+# never failing the command: the newest release of every requirement, and
+# the oldest numpy requirements-dev.in allows. A warning here is the notice
+# that a refresh of the pins (README "Python dependencies") needs work.
+for variant in newest numpy-1.26; do
+    versions=""
+    venv="$PWD/target/python-$variant"
+    rm -rf "$venv"
+    case "$variant" in
+        newest) spec=(--upgrade -r requirements-dev.in) ;;
+        numpy-1.26) spec=(-r requirements-dev.in "numpy==1.26.*") ;;
+    esac
+    if python3 -m venv "$venv" &&
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${spec[@]}" &&
+        versions=$("$venv/bin/python" -c 'import numpy, pytest, safetensors; print(f"numpy {numpy.__version__}, pytest {pytest.__version__}, safetensors {safetensors.__version__}")') &&
+        python_tests "$venv/bin/python"; then
+        echo "python ($variant: $versions): passed"
+    else
+        echo "WARNING: python ($variant${versions:+: $versions}): the Python tests failed or could not be installed; the pinned run above decides the status"
+    fi
+done
 
 # The Slurm worker job on a one-node Slurm cluster the test starts and
 # stops itself (tests/slurm: private munged, slurmctld and slurmd, stopped
