@@ -46,6 +46,14 @@ pub struct Redactor {
     longest: usize,
 }
 
+impl PartialEq for Redactor {
+    fn eq(&self, other: &Self) -> bool {
+        self.patterns == other.patterns
+    }
+}
+
+impl Eq for Redactor {}
+
 impl std::fmt::Debug for Redactor {
     // Never the values: a Redactor is logged with the config it is part of.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -10,8 +10,9 @@
 //!
 //! - the process's identity and locale: `PATH`, `HOME`, `USER`, `LOGNAME`,
 //!   `LANG`, `LANGUAGE`, `LC_*`, `TZ`, `TMPDIR`;
-//! - where Python and its packages are: `PYTHONPATH`, `PYTHONHOME`,
-//!   `VIRTUAL_ENV`, `CONDA_PREFIX`;
+//! - the interpreter's own settings, `PYTHON*` (`PYTHONPATH`, `PYTHONHOME`,
+//!   `PYTHONDONTWRITEBYTECODE`, `PYTHONHASHSEED`, …), and where its packages
+//!   are: `VIRTUAL_ENV`, `CONDA_PREFIX`;
 //! - what CUDA, cuDNN, cuBLAS, NCCL and the NVIDIA container runtime read:
 //!   `LD_LIBRARY_PATH`, `CUDA_*`, `CUDNN_*`, `CUBLAS_*`, `NCCL_*`,
 //!   `NVIDIA_*`, and libfabric's `FI_*` (NCCL over AWS EFA);
@@ -40,8 +41,6 @@ pub const EXACT: &[&str] = &[
     "LANGUAGE",
     "TZ",
     "TMPDIR",
-    "PYTHONPATH",
-    "PYTHONHOME",
     "VIRTUAL_ENV",
     "CONDA_PREFIX",
     "LD_LIBRARY_PATH",
@@ -63,7 +62,7 @@ pub const EXACT: &[&str] = &[
 
 /// Variables passed by prefix, unless their name reads like a credential.
 pub const PREFIXES: &[&str] = &[
-    "LC_", "CUDA_", "CUDNN_", "CUBLAS_", "NCCL_", "NVIDIA_", "FI_",
+    "LC_", "PYTHON", "CUDA_", "CUDNN_", "CUBLAS_", "NCCL_", "NVIDIA_", "FI_",
 ];
 
 /// Words that keep a variable out even when its prefix is allowed.
@@ -93,8 +92,19 @@ pub fn passes(name: &str) -> bool {
 /// The variables of this process that pass, in name order (variables whose
 /// name or value is not UTF-8 are left out).
 pub fn inherited() -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+    filtered(
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+    )
+}
+
+/// The variables of `env` that pass, in name order.
+pub fn filtered<K: Into<String>, V: Into<String>>(
+    env: impl IntoIterator<Item = (K, V)>,
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = env
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
         .filter(|(k, _)| passes(k))
         .collect();
     out.sort();
@@ -121,6 +131,8 @@ mod tests {
             "LD_LIBRARY_PATH",
             "HF_HOME",
             "FI_PROVIDER",
+            "PYTHONPATH",
+            "PYTHONDONTWRITEBYTECODE",
         ] {
             assert!(passes(ok), "{ok}");
         }

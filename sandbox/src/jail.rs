@@ -115,6 +115,18 @@ pub struct Jail {
     armed: Option<Arc<Armed>>,
 }
 
+impl PartialEq for Jail {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.armed, &other.armed) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.launcher == b.launcher && a.plan == b.plan,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Jail {}
+
 #[derive(Debug)]
 struct Armed {
     launcher: PathBuf,
