@@ -628,7 +628,7 @@ async fn enqueue(
             commit,
             code_prefix,
             gpus_needed: spec.gpus,
-            timeout_ms: spec.timeout.as_millis() as u64,
+            timeout_ms: spec.timeout_ms(),
             ..JobRecord::default()
         })
         .await?;
@@ -912,7 +912,7 @@ pub fn budget_spent(a: &fvd_spec::AgentSpec, s: &Spent) -> Option<String> {
         }
     }
     if let Some(max) = a.max_gpu_s
-        && s.gpu_ms >= max * 1000
+        && s.gpu_ms >= max.saturating_mul(1000)
     {
         return Some(format!(
             "agent budget spent: {:.1} of {max} GPU-seconds",
