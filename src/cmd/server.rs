@@ -102,8 +102,9 @@ pub struct ServeArgs {
     /// the token would run a command of their choice here.
     #[arg(long)]
     pub allow_agent_commands: bool,
-    /// The jail agents start in: auto (a namespace if this host allows one,
-    /// else Landlock), namespace, landlock or off.
+    /// With --allow-agent-commands, the jail agents start in: auto (a
+    /// namespace if this host allows one, else Landlock; neither is an
+    /// error), namespace, landlock or off.
     #[arg(long, default_value = "auto", value_name = "MODE")]
     pub agent_sandbox: fvd_sandbox::Mode,
     /// A file or folder agents may not read, besides the token file and
@@ -333,10 +334,16 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             _ => None,
         };
         // Agents run here: they never read the token file or the TLS key.
-        let mut hidden: Vec<PathBuf> = args.token.token_file.iter().cloned().collect();
-        hidden.extend(args.tls_key.iter().cloned());
-        hidden.extend(args.agent_hide.iter().cloned());
-        let agent_jail = jail(args.agent_sandbox, &hidden)?;
+        // Without --allow-agent-commands none runs, so no jail is needed
+        // (and a host that allows none still serves).
+        let agent_jail = if args.allow_agent_commands {
+            let mut hidden: Vec<PathBuf> = args.token.token_file.iter().cloned().collect();
+            hidden.extend(args.tls_key.iter().cloned());
+            hidden.extend(args.agent_hide.iter().cloned());
+            jail(args.agent_sandbox, &hidden)?
+        } else {
+            fvd_sandbox::Jail::off()
+        };
         let mut agent_secrets = fvd_contracts::redactor::Redactor::default();
         if let Some(t) = &token {
             agent_secrets.add(fvd_orchestrator::worker_api::TOKEN_NAME, t.value().as_bytes());
