@@ -528,3 +528,63 @@ fn an_embedded_test_sees_no_run_token_and_no_key_of_the_porter() {
         .unwrap_or_default();
     assert!(!status.is_empty() && !text.contains("sk-ant"), "{status}");
 }
+
+/// A port submitted where agent commands were allowed, resumed by an
+/// orchestrator started without `--allow-agent-commands`: its agent
+/// components block, saying why, instead of running the command.
+#[test]
+fn a_port_resumed_without_the_flag_blocks_its_agents_instead_of_running_them() {
+    let mut sb = Sandbox::with_repo_in("repo");
+    crate::agent::example_repo(&sb, |t| t);
+    let url = sb.serve_with(&["--allow-agent-commands"]);
+    // No worker yet: the port is stored, its runs queued.
+    let out = fvd()
+        .args([
+            "submit",
+            "--family",
+            "tinyport",
+            "--orchestrator",
+            &url,
+            "--repo",
+        ])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    sb.kill_orchestrator();
+    let addr = url.trim_start_matches("http://").to_string();
+    sb.serve_at(&addr, &[]);
+    sb.worker("w1", 2);
+    let status = wait_for("the port to end", Duration::from_secs(120), || {
+        let s = sb.remote_status("tinyport")?;
+        (s["state"] != "running").then_some(s)
+    });
+    let c = status["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "timestep_embed")
+        .unwrap()
+        .clone();
+    assert_eq!(c["status"], "blocked", "{status:#}");
+    assert!(
+        c["reason"]
+            .as_str()
+            .unwrap()
+            .contains("runs no raw agent command"),
+        "{c:#}"
+    );
+    let attempts = fvd()
+        .args([
+            "attempts",
+            "tinyport",
+            "timestep_embed",
+            "--json",
+            "--orchestrator",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    let ledger: Value = serde_json::from_slice(&attempts.stdout).unwrap();
+    assert_eq!(ledger["attempts"], serde_json::json!([]), "{ledger}");
+}
