@@ -82,6 +82,9 @@ pub struct ServerConfig {
     pub resume_on_start: bool,
     /// No pack of a commit's code larger than this goes to a worker.
     pub max_code_bytes: u64,
+    /// Which spec-given agent commands run on this host, jailed how
+    /// (default: none; `fvd orchestrator serve --allow-agent-commands`).
+    pub agents: fvd_workspace::agent::AgentPolicy,
 }
 
 impl Default for ServerConfig {
@@ -94,6 +97,7 @@ impl Default for ServerConfig {
             clock: Arc::new(SystemClock),
             resume_on_start: true,
             max_code_bytes: code::DEFAULT_MAX_PACK_BYTES,
+            agents: fvd_workspace::agent::AgentPolicy::default(),
         }
     }
 }
@@ -240,6 +244,7 @@ pub async fn start(
             scheduler: scheduler.clone(),
             events: events.clone(),
             resume_on_start: config.resume_on_start,
+            agents: config.agents.clone(),
         },
     )
     .await
@@ -254,6 +259,7 @@ pub async fn start(
         store: store.clone(),
         max_code_bytes: config.max_code_bytes,
         heartbeats: Default::default(),
+        secrets: Arc::new(worker_api::own_secrets(&config)),
     };
     let ports = port_api::PortApi {
         store: store.clone(),
