@@ -83,8 +83,12 @@ pub struct EnvSignature {
     /// The cause in one line, or `None` when `text` is not this kind of
     /// failure; `in_repo(top)` says whether the checkout holds a
     /// top-level module.
-    detect: fn(&str, &dyn Fn(&str) -> bool) -> Option<String>,
+    detect: Detect,
 }
+
+/// A signature's recogniser: the text, and whether the checkout holds a
+/// top-level module.
+type Detect = fn(&str, &dyn Fn(&str) -> bool) -> Option<String>;
 
 impl fmt::Debug for EnvSignature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

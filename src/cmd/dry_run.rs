@@ -93,7 +93,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
     let inputs: Vec<coauthor::ComponentInput> = spec
         .components
         .iter()
-        .map(|c| port_status::component_input(&spec.family, c, None, &[]))
+        .map(|c| port_status::component_input(&spec.family, c, None, &[], &Default::default()))
         .collect();
     let matches = coauthor::row_matches(text.as_deref().unwrap_or_default(), &inputs);
     for (c, m) in inputs.iter().zip(&matches) {
