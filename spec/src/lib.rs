@@ -135,6 +135,12 @@ pub struct ComponentSpec {
     /// Other names `PORT_STATUS.md` uses for this component (a matrix row
     /// `text_encoder/tokenizer`, a Parity Commands scope).
     pub aliases: Vec<String>,
+    /// The code the test exercises (files or folders, relative to the port
+    /// folder, like `fastvideo/models/dits/widget.py`). A submit at another
+    /// commit keeps the component's verdict only when none of these, its
+    /// test files and the `conftest.py` files above them changed; without
+    /// any, any change of the tree reruns it.
+    pub paths: Vec<String>,
     /// Literal, non-secret environment of the runs (`PYTHONPATH`); `{repo}`
     /// in a value stands for the checkout the run tests.
     pub set_env: BTreeMap<String, String>,
@@ -362,6 +368,9 @@ struct RawComponent {
     coverage_scope: Spanned<String>,
     #[serde(default)]
     aliases: Vec<String>,
+    /// The code the test exercises (see [`ComponentSpec::paths`]).
+    #[serde(default)]
+    paths: Vec<String>,
     #[serde(default)]
     set_env: BTreeMap<String, String>,
     gpus: Option<u32>,
@@ -657,6 +666,11 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 "component {name}: confirm_runs must be at least 1"
             )));
         }
+        for p in &c.paths {
+            if let Err(e) = worker_path(p) {
+                return Err(invalid(format!("component {name}: paths: {e}")));
+            }
+        }
         let variants = variants(&name, c.variants, &env, text, &|m| invalid(m))?;
         components.push(ComponentSpec {
             name,
@@ -664,6 +678,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             parity_tests,
             coverage_scope: c.coverage_scope.into_inner(),
             aliases: c.aliases,
+            paths: c.paths,
             set_env,
             lines,
             preflight: raw.defaults.preflight.clone(),

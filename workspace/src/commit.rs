@@ -62,6 +62,22 @@ pub struct Pin {
 
 pub use fvd_git::{has_commit, is_full_sha, prefix};
 
+/// The files that differ between two commits of the repository of `dir`
+/// (paths from the top of the repository, renames as a deletion and an
+/// addition).
+pub async fn changed_files(dir: &Path, old: &str, new: &str) -> Result<Vec<String>, GitError> {
+    let out = git(
+        dir,
+        &["diff", "--name-only", "--no-renames", "-z", old, new, "--"],
+    )
+    .await?;
+    Ok(out
+        .split('\0')
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
 async fn git(dir: &Path, args: &[&str]) -> Result<String, GitError> {
     fvd_git::run(dir, args, &[]).await
 }
