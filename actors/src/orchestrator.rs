@@ -427,22 +427,24 @@ pub fn replan(
             None if old.is_some() => Some("new in the spec; it runs".to_string()),
             None => Some("the stored spec no longer parses; it runs again".to_string()),
             Some(b) if !b.same_run(c) => Some(format!("{}; it runs again", spec_diff(b, c))),
-            Some(_) => match row {
-                Some(r) if r.is_final() && NO_VERDICT.contains(&r.verdict.as_str()) => {
-                    Some(format!("its last run was {}; it runs again", r.verdict))
-                }
-                // a verdict an older fvd recorded for what is now known to
-                // be a broken environment says nothing about the code
-                Some(r) if r.is_final() && r.verdict != "non_skip_pass" => {
-                    let in_repo = crate::run_verdict::repo_modules(&port.repo, c);
-                    fvd_contracts::verdict::environment_signature(&r.reason, &in_repo).map(
+            Some(_) => {
+                match row {
+                    Some(r) if r.is_final() && NO_VERDICT.contains(&r.verdict.as_str()) => {
+                        Some(format!("its last run was {}; it runs again", r.verdict))
+                    }
+                    // a verdict an older fvd recorded for what is now known to
+                    // be a broken environment says nothing about the code
+                    Some(r) if r.is_final() && r.verdict != "non_skip_pass" => {
+                        let in_repo = crate::run_verdict::repo_modules(&port.repo, c);
+                        fvd_contracts::verdict::environment_signature(&r.reason, &in_repo).map(
                         |(_, cause)| {
                             format!("its last run failed on its environment ({cause}); it runs again")
                         },
                     )
+                    }
+                    _ => None,
                 }
-                _ => None,
-            },
+            }
         };
         if let Some(why) = why {
             out.push(Replan {
@@ -570,12 +572,8 @@ async fn stale_verdicts(
                     .filter(|f| Some(f.as_str()) != status_file.as_deref())
                     .collect();
                 if c.paths.is_empty() {
-                    (!files.is_empty()).then(|| {
-                        format!(
-                            "{} file(s) changed and it names no paths",
-                            files.len()
-                        )
-                    })
+                    (!files.is_empty())
+                        .then(|| format!("{} file(s) changed and it names no paths", files.len()))
                 } else {
                     let watched = watched_paths(&prefix, c);
                     files
@@ -850,8 +848,14 @@ mod tests {
         let s = Stale {
             rerun: vec![
                 ("vae".into(), "pkg/vae.py changed".into()),
-                ("dit".into(), "3 file(s) changed and it names no paths".into()),
-                ("text".into(), "3 file(s) changed and it names no paths".into()),
+                (
+                    "dit".into(),
+                    "3 file(s) changed and it names no paths".into(),
+                ),
+                (
+                    "text".into(),
+                    "3 file(s) changed and it names no paths".into(),
+                ),
             ],
             kept: vec!["scheduler".into()],
         };

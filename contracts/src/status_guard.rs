@@ -210,7 +210,8 @@ fn owned_edit(ctx: &Context, old: &str, new: &str) -> Result<bool, String> {
     let (Some(section), Some(header)) = (ctx.section, &ctx.header) else {
         return Ok(false);
     };
-    if !new.trim_start().starts_with('|') {
+    // a table row: a line with a pipe (the leading one is optional)
+    if cells(new).len() < 2 {
         return Ok(false);
     }
     let (a, b) = (cells(old), cells(new));

@@ -15,6 +15,7 @@ mod fastvideo_checkout;
 mod fleet;
 mod init;
 mod port;
+mod record;
 mod support;
 mod telemetry;
 mod trace;
