@@ -385,3 +385,92 @@ fn a_padded_matrix_with_a_validation_table_round_trips() {
 fn rows_without_pipes_with_tabs_and_twice_round_trip() {
     round_trip("loose_rows.md", [&[], &[], &[], &[]], true);
 }
+
+/// One test per recognised environment signature, each failing the way a
+/// broken machine makes it fail (real where a CPU machine can: a CUDA
+/// runtime that is not there, an installed package without the name, git
+/// outside a repository, a working directory removed under the shell).
+const BROKEN: &[(&str, &str)] = &[
+    ("missing_module", "import fvd_e2e_not_installed_pkg"),
+    (
+        "cuda_runtime",
+        "import ctypes\n    ctypes.CDLL('libcudart.so.99')",
+    ),
+    (
+        "undefined_symbol",
+        "raise ImportError('/opt/venv/lib/python3.12/site-packages/ext/_C.so: undefined symbol: _ZN3c104cuda9SetDeviceEi')",
+    ),
+    (
+        "glibc",
+        "raise OSError(\"/lib64/libc.so.6: version `GLIBC_2.99' not found (required by /opt/venv/lib/libx.so)\")",
+    ),
+    ("installed_mismatch", "from pytest import fvd_not_a_name"),
+    (
+        "driver",
+        "raise RuntimeError('The NVIDIA driver on your system is too old (found version 11040).')",
+    ),
+    (
+        "not_git",
+        "import subprocess, tempfile\n    r = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=tempfile.mkdtemp(), capture_output=True, text=True)\n    assert r.returncode == 0, r.stderr",
+    ),
+    (
+        "dubious",
+        "raise RuntimeError(\"fatal: detected dubious ownership in repository at '/srv/FastVideo'\")",
+    ),
+    (
+        "missing_cwd",
+        "import subprocess, tempfile\n    here = os.getcwd()\n    d = tempfile.mkdtemp()\n    os.chdir(d)\n    os.rmdir(d)\n    r = subprocess.run(['bash', '-c', 'true'], capture_output=True, text=True)\n    os.chdir(here)\n    assert not r.stderr, r.stderr",
+    ),
+];
+
+#[test]
+fn every_environment_signature_is_an_environment_never_a_verdict() {
+    let original =
+        std::fs::read_to_string(fixtures().join("status_shapes/contract.md")).unwrap();
+    let parts: Vec<Part> = BROKEN
+        .iter()
+        .map(|(name, body)| Part {
+            name,
+            aliases: &[],
+            body,
+            paths: &[],
+        })
+        .collect();
+    let dir = repo(&original, &parts);
+    let root = dir.path();
+    let first = submit(root, &[]);
+    let text = out(&first);
+    assert_eq!(first.status.code(), Some(4), "{text}");
+    // never written into the porter's file
+    assert_eq!(read(root), original, "{text}");
+    // never a verdict, never a counted run
+    let o = fvd()
+        .args(["status", FAMILY, "--json", "--repo"])
+        .arg(root)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for c in v["components"].as_array().unwrap() {
+        assert_eq!(c["status"], "environment", "{c}");
+        assert_eq!(c["runs"], 0, "{c}");
+    }
+    // each cause named once, grouped by worker
+    for cause in [
+        "No module named 'fvd_e2e_not_installed_pkg'",
+        "shared library missing: libcudart.so.99",
+        "undefined symbol: _ZN3c104cuda9SetDeviceEi",
+        "system library too old: GLIBC_2.99 not found",
+        "installed package mismatch: cannot import name 'fvd_not_a_name' from 'pytest'",
+        "no usable CUDA driver: The NVIDIA driver on your system is too old",
+        "git: the folder is not a git repository",
+        "git: dubious ownership of the checkout",
+        "working directory missing",
+    ] {
+        assert!(text.contains(cause), "{cause}:\n{text}");
+    }
+    assert!(text.contains("could not run on worker"), "{text}");
+    // a resubmit on the same machine: still the environment, still nothing written
+    let again = submit(root, &[]);
+    assert_eq!(again.status.code(), Some(4), "{}", out(&again));
+    assert_eq!(read(root), original);
+}
