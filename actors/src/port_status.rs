@@ -175,7 +175,22 @@ pub async fn plan(
 }
 
 /// Co-authors the port's status file from the store and says what it did.
+/// A failure is also recorded in the store (and cleared by the next write
+/// that succeeds), so `fvd submit` can say the file is stale and exit 7.
 pub async fn write(store: &Store, family: &str) -> Result<Written, PortStatusError> {
+    let result = write_file(store, family).await;
+    let error = match &result {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    // a store that cannot take this either has failed the port already
+    if let Err(e) = store.set_status_write_error(family, &error).await {
+        tracing::warn!(%family, error = %e, "could not record the outcome of writing PORT_STATUS.md");
+    }
+    result
+}
+
+async fn write_file(store: &Store, family: &str) -> Result<Written, PortStatusError> {
     let plan = plan(store, family, None).await?;
     let path = plan.path.clone();
     let Some(after) = plan.after else {
@@ -212,17 +227,35 @@ pub async fn write(store: &Store, family: &str) -> Result<Written, PortStatusErr
     Ok(written)
 }
 
-/// Written beside and renamed over, so a crash never leaves half a file. A
-/// link left where the temporary file goes is removed, not followed.
+/// Written beside, synced, renamed over and the folder synced, so neither
+/// a crash nor a power cut leaves half a file or loses the rename. A link
+/// left where the temporary file goes is removed, not followed (the file
+/// is created new).
 fn replace(path: &Path, text: &str) -> Result<(), PortStatusError> {
+    use std::io::Write as _;
     let tmp = path.with_extension("md.fvd-tmp");
     let _ = std::fs::remove_file(&tmp);
-    std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|source| PortStatusError::Write {
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    };
+    write().map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        PortStatusError::Write {
             path: path.to_path_buf(),
             source,
-        })
+        }
+    })
 }
 
 /// Where the port's `PORT_STATUS.md` lives: `prep.port_state_file`, or the
@@ -886,6 +919,31 @@ set_env = { PYTHONPATH = "{repo}" }
         std::os::unix::fs::symlink(outside.path(), dir.path().join("docs")).unwrap();
         let err = with("docs/PORT_STATUS.md").unwrap_err().to_string();
         assert!(err.contains("docs is a symbolic link"), "{err}");
+    }
+
+    #[test]
+    fn a_replaced_file_leaves_no_temporary_file_and_a_blocked_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("PORT_STATUS.md");
+        std::fs::write(&path, "old\n").unwrap();
+        replace(&path, "new\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
+        assert!(!path.with_extension("md.fvd-tmp").exists());
+        // a link planted where the temporary file goes is not followed
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, "theirs\n").unwrap();
+        std::os::unix::fs::symlink(&outside, path.with_extension("md.fvd-tmp")).unwrap();
+        replace(&path, "newer\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "theirs\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "newer\n");
+        // a folder there cannot be replaced: an error naming the file
+        std::fs::create_dir_all(path.with_extension("md.fvd-tmp").join("x")).unwrap();
+        let err = replace(&path, "newest\n").unwrap_err().to_string();
+        assert!(
+            err.contains("cannot write") && err.contains("PORT_STATUS.md"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "newer\n");
     }
 
     #[test]

@@ -542,6 +542,13 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<Exit> {
             Some(pb::port_event::Event::Finished(snap)) => {
                 progress.finish();
                 print_snapshot(&snap);
+                if !snap.status_write_error.is_empty() {
+                    eprintln!(
+                        "fvd: error: PORT_STATUS.md was not written, so it does not show these verdicts: {}",
+                        snap.status_write_error
+                    );
+                    return Ok(Exit::StatusNotWritten);
+                }
                 return Ok(outcome(&snap));
             }
             None => {}

@@ -425,8 +425,7 @@ const BROKEN: &[(&str, &str)] = &[
 
 #[test]
 fn every_environment_signature_is_an_environment_never_a_verdict() {
-    let original =
-        std::fs::read_to_string(fixtures().join("status_shapes/contract.md")).unwrap();
+    let original = std::fs::read_to_string(fixtures().join("status_shapes/contract.md")).unwrap();
     let parts: Vec<Part> = BROKEN
         .iter()
         .map(|(name, body)| Part {
@@ -473,4 +472,29 @@ fn every_environment_signature_is_an_environment_never_a_verdict() {
     let again = submit(root, &[]);
     assert_eq!(again.status.code(), Some(4), "{}", out(&again));
     assert_eq!(read(root), original);
+}
+
+#[test]
+fn a_status_file_that_cannot_be_written_fails_the_submit_with_7() {
+    let original = std::fs::read_to_string(fixtures().join("status_shapes/contract.md")).unwrap();
+    let dir = repo(&original, &parts([&[], &[], &[], &[]]));
+    let root = dir.path();
+    // something fvd cannot replace where its temporary file goes
+    let blocker = root.join(STATUS).with_file_name("PORT_STATUS.md.fvd-tmp");
+    std::fs::create_dir_all(blocker.join("x")).unwrap();
+    let first = submit(root, &[]);
+    let text = out(&first);
+    assert_eq!(first.status.code(), Some(7), "{text}");
+    assert!(
+        text.contains("PORT_STATUS.md was not written") && text.contains("cannot write"),
+        "{text}"
+    );
+    assert_eq!(read(root), original);
+    // once fvd can write it, the next submit does, and says nothing of it
+    std::fs::remove_dir_all(&blocker).unwrap();
+    let again = submit(root, &["--rerun"]);
+    assert_eq!(again.status.code(), Some(1), "{}", out(&again));
+    assert!(!out(&again).contains("was not written"), "{}", out(&again));
+    assert_ne!(read(root), original);
+    assert!(!blocker.exists());
 }
