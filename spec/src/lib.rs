@@ -246,6 +246,19 @@ impl AgentSpec {
 }
 
 impl ComponentSpec {
+    /// The files of its parity tests: a node id (`file.py::test_x[fp32]`)
+    /// names its file.
+    pub fn test_files(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for t in &self.parity_tests {
+            let f = t.split_once("::").map_or(t.as_str(), |(f, _)| f);
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+        out
+    }
+
     /// The argv of a run: the template with `{test}` substituted (an
     /// argument that is exactly `{test}` becomes one argument per test
     /// file; inside a longer argument the files are joined by spaces).
