@@ -363,10 +363,16 @@ async fn submit(
     }
     // A new port, or a rerun, starts the port's trace anew.
     let fresh = created || sub.rerun;
-    start_gate(myself, st, &row, sub.traceparent, fresh)
+    start_gate(myself, st, &row, sub.traceparent.clone(), fresh)
         .await
         .map_err(|e| PortError::Internal(e.to_string()))?;
     st.submitted.insert(sub.family.clone());
+    // snapshots no recorded verdict and no run in flight names go
+    if !sub.commit.is_empty()
+        && let Err(e) = prune_snapshots(&st.args.store, &sub, &names).await
+    {
+        tracing::warn!(family = %sub.family, error = %e, "could not prune snapshot refs");
+    }
     let mut changes: Vec<String> = plan.into_iter().map(|c| c.to_string()).collect();
     if let Some(old) = known.filter(|_| recommit) {
         changes.push(format!(
@@ -616,6 +622,35 @@ fn watched_paths(prefix: &str, c: &fvd_spec::ComponentSpec) -> Vec<String> {
 fn under(file: &str, path: &str) -> bool {
     let path = path.trim_end_matches('/');
     file == path || file.strip_prefix(path).is_some_and(|r| r.starts_with('/'))
+}
+
+/// Deletes the port's snapshot refs (`refs/fvd/snapshots/<family>/*`) that
+/// neither the submitted commit, a component's recorded verdict (its last
+/// finished run) nor a run still queued or running names.
+async fn prune_snapshots(store: &Store, sub: &Submission, names: &[String]) -> Result<(), String> {
+    use fvd_store::model::JobState;
+    let mut keep = vec![sub.commit.clone()];
+    for name in names {
+        let jobs = store
+            .jobs_of(&sub.family, name)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(j) = jobs.iter().rev().find(|j| j.state == JobState::Finished) {
+            keep.push(j.commit.clone());
+        }
+        keep.extend(
+            jobs.iter()
+                .filter(|j| matches!(j.state, JobState::Queued | JobState::Running))
+                .map(|j| j.commit.clone()),
+        );
+    }
+    let gone = fvd_workspace::commit::prune_snapshots(Path::new(&sub.repo), &sub.family, &keep)
+        .await
+        .map_err(|e| e.to_string())?;
+    if gone > 0 {
+        tracing::info!(family = %sub.family, gone, "pruned snapshot refs no verdict names");
+    }
+    Ok(())
 }
 
 /// Final component verdicts that say nothing about the code: a resubmit

@@ -15,6 +15,33 @@ pub mod trace_show;
 
 use clap::{Parser, Subcommand};
 
+/// The repository whose embedded state (`.fvd/state.db`) holds the ports,
+/// found from `repo` or any folder below it; `repo` itself when none does.
+pub fn find_state(repo: &std::path::Path) -> std::path::PathBuf {
+    let Ok(start) = repo.canonicalize() else {
+        return repo.to_path_buf();
+    };
+    start
+        .ancestors()
+        .find(|d| d.join(".fvd").join("state.db").is_file())
+        .map_or(start.clone(), std::path::Path::to_path_buf)
+}
+
+/// The repository of a family's port, found from `repo` or any folder
+/// below it, as git finds its top: the nearest of `repo` and its parents
+/// that holds `tests/local_tests/<family>/` (a run from inside the family
+/// folder, say). `repo` itself when none does, so the error names it.
+pub fn find_repo(repo: &std::path::Path, family: &str) -> std::path::PathBuf {
+    let Ok(start) = repo.canonicalize() else {
+        return repo.to_path_buf();
+    };
+    let rel = std::path::Path::new("tests/local_tests").join(family);
+    start
+        .ancestors()
+        .find(|d| d.join(&rel).is_dir())
+        .map_or(start.clone(), std::path::Path::to_path_buf)
+}
+
 /// fvd: parity-driven model ports on GPU fleets.
 #[derive(Debug, Parser)]
 #[command(name = "fvd", version, about)]

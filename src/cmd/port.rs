@@ -53,6 +53,10 @@ pub struct SubmitArgs {
     /// the diff fvd would write there now from the recorded state.
     #[arg(long)]
     pub dry_run: bool,
+    /// Warn when a snapshot of uncommitted changes adds more than this to
+    /// the repository's objects (MiB).
+    #[arg(long, value_name = "MIB", default_value_t = 16)]
+    pub snapshot_warn_mib: u64,
     #[command(flatten)]
     pub local: LocalWorker,
     #[command(flatten)]
@@ -188,7 +192,10 @@ pub fn state_db(repo: &Path) -> PathBuf {
     repo.join(".fvd").join("state.db")
 }
 
-pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
+pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
+    if args.spec.is_none() {
+        args.repo = super::find_repo(&args.repo, &args.family);
+    }
     if args.dry_run {
         return super::dry_run::run(&args);
     }
@@ -239,6 +246,13 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
         args.commit.as_deref(),
         &fvd_writes,
     ));
+    if let Ok(Some(p)) = &pin
+        && p.snapshot.is_some()
+        && let Ok(Some(view)) = rt.block_on(fvd_workspace::commit::preview(&repo, &fvd_writes))
+        && view.bytes > args.snapshot_warn_mib.saturating_mul(1024 * 1024)
+    {
+        eprintln!("fvd: warning: {}", snapshot_warning(&view));
+    }
     let commit = match pin {
         Ok(Some(p)) => {
             match &p.snapshot {
@@ -303,6 +317,32 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
     })
 }
 
+/// The size warning of a large snapshot, in one line.
+pub fn snapshot_warning(view: &fvd_workspace::commit::Preview) -> String {
+    format!(
+        "the snapshot of uncommitted changes adds {} file(s), {}, to the repository's objects (largest: {}); git-ignore outputs and data, or commit what belongs to the port (--snapshot-warn-mib sets this warning)",
+        view.files,
+        human_bytes(view.bytes),
+        view.largest
+            .iter()
+            .map(|(p, b)| format!("{p} {}", human_bytes(*b)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Bytes as people read them.
+pub fn human_bytes(b: u64) -> String {
+    const MIB: u64 = 1024 * 1024;
+    if b >= MIB {
+        format!("{:.1} MiB", b as f64 / MIB as f64)
+    } else if b >= 1024 {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    } else {
+        format!("{b} B")
+    }
+}
+
 /// What an embedded run asks of the orchestrator it starts.
 enum Action {
     Submit(pb::SubmitRequest),
@@ -311,7 +351,8 @@ enum Action {
 
 /// `fvd answer`: records the answer to an escape hatch; the component that
 /// asked goes on with it.
-pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
+pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
+    args.repo = super::find_repo(&args.repo, &args.family);
     let request = pb::AnswerRequest {
         family: args.family.clone(),
         id: args.id.trim().to_uppercase(),
@@ -791,7 +832,11 @@ pub fn status(args: StatusArgs) -> anyhow::Result<Exit> {
                     .ports
             }
             None => {
-                let store = open_local(&args.repo).await?;
+                let repo = match &args.family {
+                    Some(f) => super::find_repo(&args.repo, f),
+                    None => super::find_state(&args.repo),
+                };
+                let store = open_local(&repo).await?;
                 fvd_orchestrator::query::status(&store, args.family.as_deref()).await?
             }
         };
@@ -882,7 +927,7 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<Exit> {
                 }
             }
             None => {
-                let store = open_local(&args.repo).await?;
+                let store = open_local(&super::find_repo(&args.repo, &args.family)).await?;
                 let job = fvd_orchestrator::query::run_of(
                     &store,
                     &args.family,
@@ -909,8 +954,7 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
         let (url, token, tls) = match &args.orchestrator {
             Some(url) => (url.clone(), args.token.load()?, args.tls.load()?),
             None => {
-                let repo = args
-                    .repo
+                let repo = super::find_repo(&args.repo, &args.family)
                     .canonicalize()
                     .with_context(|| format!("repository {}", args.repo.display()))?;
                 match super::embedded::live(&repo, &args.family) {
@@ -953,8 +997,7 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
 /// `fvd reset F`: forgets the port's embedded state. Refused while a
 /// process runs the port.
 pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
-    let repo = args
-        .repo
+    let repo = super::find_repo(&args.repo, &args.family)
         .canonicalize()
         .with_context(|| format!("repository {}", args.repo.display()))?;
     if let Some(live) = super::embedded::live(&repo, &args.family) {
@@ -975,8 +1018,13 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
             );
             return Ok(Exit::Usage);
         }
+        // its snapshots name no recorded verdict any more
+        let refs = match fvd_workspace::commit::prune_snapshots(&repo, &args.family, &[]).await {
+            Ok(n) => format!("{n} snapshot ref(s) refs/fvd/snapshots/{}/* removed", args.family),
+            Err(e) => format!("its snapshot refs could not be removed: {e}"),
+        };
         say(format_args!(
-            "reset port {}: its runs, verdicts, questions and attempt ledger are forgotten; the next fvd submit starts it over. Kept: PORT_STATUS.md, port.toml, agent branches fvd/{}/* and their worktrees",
+            "reset port {}: its runs, verdicts, questions and attempt ledger are forgotten; {refs}; the next fvd submit starts it over. Kept: PORT_STATUS.md, port.toml, agent branches fvd/{}/* and their worktrees",
             args.family, args.family
         ));
         Ok(Exit::Success)
@@ -1015,7 +1063,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                 (worktree, ledger)
             }
             None => {
-                let store = open_local(&args.repo).await?;
+                let store = open_local(&super::find_repo(&args.repo, &args.family)).await?;
                 fvd_orchestrator::query::attempts(&store, &args.family, &args.component).await?
             }
         };

@@ -16,6 +16,7 @@ mod fleet;
 mod init;
 mod port;
 mod record;
+mod snapshot;
 mod support;
 mod telemetry;
 mod trace;

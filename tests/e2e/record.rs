@@ -29,16 +29,16 @@ const VAE_FIXED: &str = "def scale(x):\n    return x / 2.0\n";
 
 /// A spec component: its name, aliases (the labels the shape uses), the
 /// body of its test and the code it names.
-struct Part {
-    name: &'static str,
-    aliases: &'static [&'static str],
-    body: &'static str,
-    paths: &'static [&'static str],
+pub(crate) struct Part {
+    pub name: &'static str,
+    pub aliases: &'static [&'static str],
+    pub body: &'static str,
+    pub paths: &'static [&'static str],
 }
 
 /// transformer passes, vae is red (the file records its pass), text
 /// encoder skips, scheduler passes.
-fn parts(aliases: [&'static [&'static str]; 4]) -> Vec<Part> {
+pub(crate) fn parts(aliases: [&'static [&'static str]; 4]) -> Vec<Part> {
     vec![
         Part {
             name: "transformer",
@@ -69,7 +69,7 @@ fn parts(aliases: [&'static [&'static str]; 4]) -> Vec<Part> {
 
 /// A git repository with the port, its tests, its code and `status` as
 /// the porter's `PORT_STATUS.md`, committed.
-fn repo(status: &str, parts: &[Part]) -> tempfile::TempDir {
+pub(crate) fn repo(status: &str, parts: &[Part]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let tests = root.join("tests/local_tests/widget");
