@@ -14,6 +14,7 @@ mod environment;
 mod fastvideo_checkout;
 mod fleet;
 mod init;
+mod output;
 mod port;
 mod record;
 mod snapshot;
