@@ -499,14 +499,25 @@ impl Cx<'_> {
                         rel
                     })
                     .collect();
-                let name = scope.name();
-                let identity = scope.identity();
+                // a scope that is the template's generic word (`component`)
+                // names no component: the row joins by its test files only
+                let generic = matches!(
+                    scope.name().as_str(),
+                    "component" | "components" | "scope" | "all" | "test" | "tests"
+                );
+                let name = if generic { String::new() } else { scope.name() };
+                let identity = if generic {
+                    String::new()
+                } else {
+                    scope.identity()
+                };
                 let joined = plan
                     .cands
                     .iter()
                     .position(|c| {
                         (!name.is_empty() && c.name == name)
-                            || c.labels.iter().any(|l| l.identity() == identity)
+                            || (!identity.is_empty()
+                                && c.labels.iter().any(|l| l.identity() == identity))
                     })
                     .or_else(|| {
                         plan.cands.iter().position(|c| {
@@ -517,6 +528,20 @@ impl Cx<'_> {
                         })
                     });
                 let mut c = Cand::new(scope.clone(), what.clone());
+                if generic {
+                    // not a label of the component it joins, nor a name: a
+                    // row of its own is named by its test file
+                    let by_file = files
+                        .iter()
+                        .find_map(|f| pyfile::component_of_file(self.input.family, f))
+                        .unwrap_or_default();
+                    c.labels = if by_file.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![Label::new(&by_file)]
+                    };
+                    c.name = by_file;
+                }
                 c.add_tests(files.clone());
                 c.cmd = Some(p);
                 c.notes = notes;

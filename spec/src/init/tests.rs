@@ -1098,3 +1098,37 @@ fn p0_names_every_value_the_status_file_contradicts() {
     }
     assert_eq!(unmet.len(), 3, "{unmet:#?}");
 }
+
+#[test]
+fn rows_labelled_with_the_templates_word_join_by_their_files_only() {
+    let status = "# Gear Port Status\n\n## Parity Commands\n\n| Scope | Command | Last Result | Notes |\n|---|---|---|---|\n| component | `python3 -B -m pytest tests/local_tests/generic/test_gear_embed_parity.py -q` | `non_skip_pass` | |\n| component | `python3 -B -m pytest tests/local_tests/vaes/test_gear_vae_parity.py -q` | `scaffold_skip` | |\n";
+    let test = "def test_x():\n    assert True\n";
+    let out = Repo::new(&[
+        ("tests/local_tests/gear/PORT_STATUS.md", status),
+        ("tests/local_tests/generic/test_gear_embed_parity.py", test),
+        ("tests/local_tests/vaes/test_gear_vae_parity.py", test),
+    ])
+    .init("gear");
+    let spec = parsed(&out);
+    let tests: Vec<(&str, Vec<String>)> = spec
+        .components
+        .iter()
+        .map(|c| (c.name.as_str(), c.parity_tests.clone()))
+        .collect();
+    // each row its own component, named by its file, never all on the first
+    assert_eq!(
+        tests,
+        [
+            (
+                "embed",
+                vec!["tests/local_tests/generic/test_gear_embed_parity.py".to_string()]
+            ),
+            (
+                "vae",
+                vec!["tests/local_tests/vaes/test_gear_vae_parity.py".to_string()]
+            ),
+        ],
+        "{}",
+        out.toml
+    );
+}
