@@ -75,7 +75,9 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     let gate = store.gate_events(family).await?;
     let escapes = store.escapes(family).await?;
     let mut tables = store.variant_tables(family).await?;
+    let status_write_error = store.status_write_error(family).await?;
     Ok(Some(pb::PortSnapshot {
+        status_write_error,
         escapes: escapes.into_iter().map(escape_wire).collect(),
         family: port.family,
         state: port.state.as_str().to_string(),

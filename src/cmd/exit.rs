@@ -20,6 +20,11 @@ pub enum Exit {
     /// An embedded submit was interrupted (Ctrl-C, SIGTERM, a lost
     /// terminal); the running tests were ended and the port is resumable.
     Interrupted,
+    /// The port ran, but its `PORT_STATUS.md` could not be written (a
+    /// refused patch, a read-only or full disk): the porter's record is
+    /// not up to date. The store holds the verdicts; the next submit
+    /// writes the file again.
+    StatusNotWritten,
 }
 
 impl Exit {
@@ -36,6 +41,7 @@ impl Exit {
             Exit::Usage => 2,
             Exit::AskUser => 3,
             Exit::Environment => 4,
+            Exit::StatusNotWritten => 7,
             Exit::Interrupted => 130,
         }
     }
