@@ -708,9 +708,10 @@ struct Progress {
     color: bool,
     /// Gate events before this (ms) are history, not this run's.
     since: i64,
-    /// Reasons already printed (plain lines): a cause many components
-    /// share is said once.
-    said: std::cell::RefCell<std::collections::HashSet<String>>,
+    /// Reasons already printed (plain lines), by state and reason, with
+    /// the component that said each first: a cause many components share
+    /// is said once.
+    said: std::cell::RefCell<std::collections::HashMap<(String, String), String>>,
 }
 
 impl Progress {
@@ -747,11 +748,20 @@ impl Progress {
             if grouped {
                 line.push_str("  (cause below)");
             } else if !c.reason.is_empty() && !running {
-                // a cause many components share is said once
-                if self.said.borrow_mut().insert(c.reason.clone()) {
-                    line.push_str(&format!("  {}", c.reason));
-                } else {
-                    line.push_str("  (same cause as above)");
+                // a cause many components share is said once: a later
+                // component in the same state for the same reason names
+                // the first one (a pass's "1 passed" is said each time)
+                let key = (c.status.clone(), c.reason.clone());
+                let pass = c.status == ComponentStatus::NonSkipPass.as_str();
+                let mut said = self.said.borrow_mut();
+                match said.get(&key) {
+                    Some(first) if !pass && first != &c.name => {
+                        line.push_str(&format!("  (as {first}, above)"));
+                    }
+                    _ => {
+                        said.insert(key, c.name.clone());
+                        line.push_str(&format!("  {}", c.reason));
+                    }
                 }
             }
             eprintln!("  {:<16} {line}", c.name);
