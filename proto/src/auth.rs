@@ -200,9 +200,9 @@ pub fn unauthenticated(r: &Refusal) -> Status {
         Refusal::Missing => Status::unauthenticated(
             "no token: this orchestrator needs a credential (--token-file or --token-env)",
         ),
-        Refusal::Unknown => Status::unauthenticated(
-            "token not known to this orchestrator (wrong, or revoked)",
-        ),
+        Refusal::Unknown => {
+            Status::unauthenticated("token not known to this orchestrator (wrong, or revoked)")
+        }
     }
 }
 

@@ -690,7 +690,10 @@ mod tests {
         assert_eq!(creds.resolve_header(None), Err(Refusal::Missing));
         let header = format!("Bearer {}", tokens[2].expose());
         assert_eq!(
-            creds.resolve_header(Some(header.as_bytes())).unwrap().name(),
+            creds
+                .resolve_header(Some(header.as_bytes()))
+                .unwrap()
+                .name(),
             "bob"
         );
     }
@@ -711,7 +714,10 @@ mod tests {
         let secret = "fvd_0123456789abcdef0123456789abcdef";
         let text = format!("[[token]]\nname = \"a\"\nrole = \"porter\"\nsha256 = \"{secret}\"\n");
         let err = parse(&path, &text).unwrap_err().to_string();
-        assert!(err.starts_with(&format!("{}:4:10: ", path.display())), "{err}");
+        assert!(
+            err.starts_with(&format!("{}:4:10: ", path.display())),
+            "{err}"
+        );
         assert!(!err.contains(secret), "{err}");
 
         let text = format!(
@@ -728,9 +734,12 @@ mod tests {
         let err = parse(&path, &text).unwrap_err().to_string();
         assert!(err.contains(":8:10: b has the same token as a"), "{err}");
 
-        let err = parse(&path, "[[token]]\nname = \"a\"\nrole = \"viewer\"\nsha = \"x\"\n")
-            .unwrap_err()
-            .to_string();
+        let err = parse(
+            &path,
+            "[[token]]\nname = \"a\"\nrole = \"viewer\"\nsha = \"x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.starts_with(&format!("{}:", path.display())), "{err}");
     }
 
@@ -800,6 +809,9 @@ mod tests {
             key: Some(KeyHash::of("t")),
         };
         let d = format!("{p:?}");
-        assert!(d.contains("alice") && !d.contains(&KeyHash::of("t").hex()), "{d}");
+        assert!(
+            d.contains("alice") && !d.contains(&KeyHash::of("t").hex()),
+            "{d}"
+        );
     }
 }
