@@ -136,6 +136,9 @@ pub struct Run {
     /// The run's hypothesis variants in one line (`eps_fix passes, fp32
     /// same`); empty when it had none.
     pub variants: String,
+    /// Who submitted the port (a credential's name, `… on W for NAME`);
+    /// empty when no credential was checked.
+    pub by: String,
 }
 
 /// A spec component and what fvd recorded for it.
@@ -722,6 +725,9 @@ impl<'a> Patcher<'a> {
         let mut s = format!("{MARK}{} run {}", self.input.date, run.run_no);
         if !run.worker.is_empty() {
             s.push_str(&format!(" on {}", one_line(&run.worker)));
+        }
+        if !run.by.is_empty() {
+            s.push_str(&format!(" for {}", one_line(&run.by)));
         }
         s.push_str(&format!(": {}", run.verdict));
         if regression {

@@ -54,6 +54,7 @@ fn run(verdict: &str, reason: &str) -> Option<Run> {
         run_no: 1,
         worker: "w1".into(),
         variants: String::new(),
+        by: String::new(),
     })
 }
 

@@ -575,6 +575,7 @@ fn the_co_author_keeps_every_real_file_but_its_own_cells() {
                     run_no: 1,
                     worker: "w1".into(),
                     variants: String::new(),
+                    by: String::new(),
                 }),
                 ..ComponentInput::default()
             })
