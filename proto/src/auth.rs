@@ -264,7 +264,10 @@ mod tests {
         let right = ClientAuth::new(Some(token)).call(Request::new(())).unwrap();
         let passed = server.call(right).unwrap();
         let who = passed.extensions().get::<Principal>().unwrap();
-        assert_eq!(who.name(), "admin");
+        assert_eq!(
+            (who.name(), who.role()),
+            ("", crate::credentials::Role::Admin)
+        );
     }
 
     #[test]

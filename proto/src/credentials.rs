@@ -486,14 +486,16 @@ impl Credentials {
         Credentials { live: None }
     }
 
-    /// A server with the one token of earlier versions (embedded mode and
-    /// `--token-file` alone), or none.
+    /// A server with one in-memory token, an admin with no name (embedded
+    /// mode: one process of one person, whose records name nobody), or
+    /// none. `fvd orchestrator serve --token-file` goes through
+    /// [`Credentials::load`] instead, which names its token `admin`.
     pub fn single(token: Option<&Token>) -> Self {
         match token {
             None => Self::open(),
             Some(t) => {
                 let table = vec![Entry {
-                    name: SINGLE_TOKEN_NAME.into(),
+                    name: String::new(),
                     role: Role::Admin,
                     hash: KeyHash::of(t.expose()),
                 }];
