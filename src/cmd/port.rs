@@ -1228,7 +1228,10 @@ pub async fn client(
             let mut cause = e.to_string();
             let mut source = std::error::Error::source(&e);
             while let Some(s) = source {
-                cause.push_str(&format!(": {s}"));
+                let text = s.to_string();
+                if !cause.contains(&text) {
+                    cause.push_str(&format!(": {text}"));
+                }
                 source = s.source();
             }
             Remote::Unreachable {

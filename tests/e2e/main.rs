@@ -16,6 +16,7 @@ mod fleet;
 mod init;
 mod port;
 mod support;
+mod team;
 mod telemetry;
 mod trace;
 mod trace_checks;
