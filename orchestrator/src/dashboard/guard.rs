@@ -176,6 +176,13 @@ impl Shield {
         }
     }
 
+    /// How often a live stream sends a comment when nothing changed: well
+    /// within the idle timeout (at most 15 s), so an open page is never
+    /// idle while a stalled reader still is.
+    pub fn keep_alive(&self) -> Duration {
+        (self.limits.idle / 3).clamp(Duration::from_millis(50), Duration::from_secs(15))
+    }
+
     /// The names `Host` may carry.
     pub fn hosts(&self) -> &[String] {
         &self.hosts

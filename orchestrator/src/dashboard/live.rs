@@ -142,6 +142,7 @@ where
 {
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(16);
     let mut changes = dash.subscribe();
+    let keep_alive = KeepAlive::new().interval(dash.shield.keep_alive());
     fvd_telemetry::spawn(async move {
         // The stream's place under the dashboard's caps, given back when
         // the page goes away.
@@ -208,5 +209,5 @@ where
             }
         }
     });
-    Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
+    Sse::new(ReceiverStream::new(rx)).keep_alive(keep_alive)
 }

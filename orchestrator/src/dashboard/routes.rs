@@ -489,7 +489,7 @@ async fn log_follow(
         let _ = tx.send(Ok(Event::default().event("end").data(""))).await;
     });
     Sse::new(ReceiverStream::new(rx))
-        .keep_alive(KeepAlive::default())
+        .keep_alive(KeepAlive::new().interval(d.shield.keep_alive()))
         .into_response()
 }
 
