@@ -535,6 +535,19 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         if let Some(h) = health {
             let _ = h.await;
         }
+        // A refused credential is exit 6, like any other command's.
+        if let Err(fvd_worker::client::ClientError::Refused { url, status }) = &result
+            && matches!(
+                status.code(),
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            )
+        {
+            return Err(super::exit::Remote::Refused {
+                url: url.clone(),
+                message: status.message().to_string(),
+            }
+            .into());
+        }
         result?;
         Ok(Exit::Success)
     })

@@ -47,6 +47,23 @@ fn request(
     )
 }
 
+/// Runs `fvd status` over gRPC as the viewer; how long it took to answer
+/// (panics naming `what` past 30 s, or when it fails).
+fn timed_status(sb: &Sandbox, url: &str, what: &str) -> Duration {
+    let started = Instant::now();
+    let mut status = fvd()
+        .args(["status", "guarded", "--orchestrator", url])
+        .args(sb.token_args("viewer"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let done = wait_for(what, Duration::from_secs(30), || status.try_wait().unwrap());
+    let took = started.elapsed();
+    assert!(done.success(), "{what}: {:?}", status.wait_with_output());
+    took
+}
+
 /// Open file descriptors of process `pid`.
 fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -167,6 +184,8 @@ fn a_rebinding_page_is_refused_and_a_flood_of_streams_leaves_grpc_answering() {
     // index's live stream, all held open.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sse = format!("GET /events HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n");
+    // The same call without the flood, for the report beside it.
+    let quiet = timed_status(&sb, &url, "fvd status before the flood");
     let before = fds(pid);
     let mut held = rt.block_on(async {
         use tokio::io::AsyncWriteExt;
@@ -186,21 +205,7 @@ fn a_rebinding_page_is_refused_and_a_flood_of_streams_leaves_grpc_answering() {
         held
     });
     // gRPC answers meanwhile.
-    let started = Instant::now();
-    let mut status = fvd()
-        .args(["status", "guarded", "--orchestrator", &url])
-        .args(sb.token_args("viewer"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let done = wait_for(
-        "fvd status under the flood",
-        Duration::from_secs(30),
-        || status.try_wait().unwrap(),
-    );
-    let took = started.elapsed();
-    assert!(done.success(), "{:?}", status.wait_with_output());
+    let took = timed_status(&sb, &url, "fvd status under the flood");
     // Every connection is answered, refused or closed; none is left
     // waiting.
     let got: Vec<Got> = rt.block_on(async {
@@ -255,7 +260,7 @@ fn a_rebinding_page_is_refused_and_a_flood_of_streams_leaves_grpc_answering() {
     );
 
     eprintln!(
-        "dashboard flood: {} streams, {} refused (429), {} closed at once; orchestrator descriptors {before} -> {loaded} (limit 256); fvd status answered in {took:?}",
+        "dashboard flood: {} streams, {} refused (429), {} closed at once; orchestrator descriptors {before} -> {loaded} (limit 256); fvd status answered in {took:?} (before the flood: {quiet:?})",
         count(&Got::Stream),
         count(&Got::TooMany),
         count(&Got::Closed)
