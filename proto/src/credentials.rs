@@ -216,13 +216,14 @@ pub struct Entry {
     pub hash: KeyHash,
 }
 
-/// A credential's name: 1 to 64 of ASCII letters, digits, `.`, `_`, `-`,
+/// A credential's name: 1 to 32 of ASCII letters, digits, `.`, `_`, `-`,
 /// `@`, starting with a letter or digit. It is written into tables
 /// (`PORT_STATUS.md`), spans and logs, so it holds nothing that could
-/// break out of them.
+/// break out of them, and it is too short to be a token pasted in the
+/// wrong place.
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= 64
+        && name.len() <= 32
         && name.as_bytes()[0].is_ascii_alphanumeric()
         && name
             .bytes()
@@ -265,7 +266,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Entry>, CredentialsError> {
     };
     let file: FileToml = toml::from_str(text).map_err(|e| {
         let at = e.span().map_or(0, |s| s.start);
-        invalid(at, e.message().trim().to_string())
+        invalid(at, without_long_words(e.message().trim()))
     })?;
     let mut out: Vec<Entry> = Vec::with_capacity(file.token.len());
     for t in file.token {
@@ -274,7 +275,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Entry>, CredentialsError> {
         if !valid_name(name) {
             return Err(invalid(
                 t.name.span().start,
-                "name must be 1 to 64 ascii letters, digits, '.', '_', '-' or '@', starting with a letter or digit".into(),
+                "name must be 1 to 32 ascii letters, digits, '.', '_', '-' or '@', starting with a letter or digit".into(),
             ));
         }
         if out.iter().any(|e| e.name == *name) {
@@ -317,9 +318,39 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Entry>, CredentialsError> {
     Ok(out)
 }
 
-/// A role word cut for an error message.
+/// A role word cut for an error message (and no token in it).
 fn fvd_cut(s: &str) -> String {
-    s.chars().take(24).collect()
+    without_long_words(&s.chars().take(24).collect::<String>())
+}
+
+/// The longest run of word characters an error may repeat from the file:
+/// a token pasted where a key or a role goes is longer, and is cut out.
+pub const MAX_ECHOED_WORD: usize = 32;
+
+/// `message` with every run of more than [`MAX_ECHOED_WORD`] letters,
+/// digits, `_` or `-` replaced by `…`: the parser's messages quote keys,
+/// and a key may be a token pasted in the wrong place.
+pub fn without_long_words(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if word.chars().count() > MAX_ECHOED_WORD {
+            out.push('…');
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in message.chars() {
+        if c.is_alphanumeric() || c == '_' || c == '-' {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
 }
 
 /// How a file starts when `fvd auth add` creates it.
@@ -397,7 +428,8 @@ pub fn add(path: &Path, name: &str, role: Role) -> Result<Token, CredentialsErro
     };
     if !valid_name(name) {
         return Err(invalid(format!(
-            "{name:?} is no credential name: 1 to 64 ascii letters, digits, '.', '_', '-' or '@', starting with a letter or digit"
+            "{:?} is no credential name: 1 to 32 ascii letters, digits, '.', '_', '-' or '@', starting with a letter or digit",
+            without_long_words(name)
         )));
     }
     if entries.iter().any(|e| e.name == name) {
@@ -743,6 +775,14 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.starts_with(&format!("{}:", path.display())), "{err}");
+        // A token pasted as a key is not repeated.
+        let err = parse(&path, &format!("[[token]]\n{secret} = 1\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !err.contains(secret) && !err.contains("0123456789abcdef"),
+            "{err}"
+        );
     }
 
     #[test]

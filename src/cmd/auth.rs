@@ -24,7 +24,7 @@ pub enum AuthCmd {
 #[derive(Debug, Args)]
 pub struct AddArgs {
     /// The name calls are recorded under (submits, answers, cancels,
-    /// resets): 1 to 64 of letters, digits, `.`, `_`, `-`, `@`.
+    /// resets): 1 to 32 of letters, digits, `.`, `_`, `-`, `@`.
     pub name: String,
     /// worker (connect only), viewer (read), porter (read, and change its
     /// own ports) or admin (everything).
