@@ -191,7 +191,7 @@ impl Shield {
     /// Whether a request's `Host` is one of ours.
     pub fn host_allowed(&self, host: Option<&str>) -> bool {
         host.map(str::to_ascii_lowercase)
-            .is_some_and(|h| self.hosts.iter().any(|a| *a == h))
+            .is_some_and(|h| self.hosts.contains(&h))
     }
 
     /// Whether an `Origin` (absent for scripts, which prove themselves
