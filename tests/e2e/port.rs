@@ -594,22 +594,32 @@ fn calls_without_the_token_are_refused_and_the_token_is_never_logged() {
     sb.port("guarded", &[TestComponent::new("ok", "assert True")]);
     let url = sb.serve_with(&["--token-file", &tf]);
 
-    // A worker without the token is refused at registration and exits.
+    // A worker without the token is refused at registration and exits 6
+    // (refused), not 2 (a usage error).
     let out = sb.worker_with("intruder", 1, &[]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(6));
     assert!(
-        sb.logs().contains("refused the registration"),
+        sb.logs().contains("refused by the orchestrator"),
         "{}",
         sb.logs()
     );
 
-    // So is a client.
+    // So is a client, and a wrong token too.
     let out = fvd()
         .args(["status", "--orchestrator", &url])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("missing or wrong token"));
+    assert_eq!(out.status.code(), Some(6));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no token"));
+    let wrong = sb.repo().join("wrong-token");
+    std::fs::write(&wrong, "not-the-token").unwrap();
+    let out = fvd()
+        .args(["status", "--orchestrator", &url, "--token-file"])
+        .arg(&wrong)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(6));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token not known to this orchestrator"));
 
     // With the token (from an env var named on the command line), it works.
     let w = sb.worker_with("w1", 1, &["--token-env", "FVD_TEST_TOKEN"]);
