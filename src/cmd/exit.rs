@@ -94,10 +94,13 @@ impl Remote {
     /// refused, or (`None`) an error of the request itself.
     pub fn of(url: &str, s: &tonic::Status) -> Option<Self> {
         use tonic::Code;
-        let transport = s.code() == Code::Unknown
-            && (s.message().starts_with("transport error")
-                || s.message().starts_with("h2 protocol error")
-                || s.message().contains("connection"));
+        // What the connection, not the server, said: fvd's handlers never
+        // answer UNKNOWN or CANCELLED, and their INTERNAL carries no source
+        // error, while a status made from a transport or HTTP/2 error does
+        // (a TLS listener dialled in plain http gives any of the three).
+        let transport = matches!(s.code(), Code::Unknown | Code::Cancelled)
+            || (s.code() == Code::Internal && std::error::Error::source(s).is_some())
+            || s.message().starts_with("transport error");
         match s.code() {
             Code::Unauthenticated | Code::PermissionDenied => Some(Remote::Refused {
                 url: url.to_string(),
@@ -148,6 +151,15 @@ mod tests {
             5
         );
         assert!(Remote::of(url, &tonic::Status::not_found("no port")).is_none());
+        // The server's own internal error is the request's, not the link's.
+        assert!(Remote::of(url, &tonic::Status::internal("database: locked")).is_none());
+        assert_eq!(
+            Remote::of(url, &tonic::Status::cancelled("operation was canceled"))
+                .unwrap()
+                .exit()
+                .code(),
+            5
+        );
         let codes: Vec<u8> = [
             Exit::Success,
             Exit::Findings,

@@ -488,7 +488,8 @@ pub(crate) fn blocks_until(release: &Path) -> String {
 
 #[test]
 fn a_lost_worker_s_job_finishes_on_another_worker_with_one_verdict() {
-    let mut sb = Sandbox::new();
+    // A team's fleet: named credentials (`--auth`).
+    let mut sb = Sandbox::new().with_auth();
     let release = sb.repo().join("release");
     sb.port(
         "lossy",
@@ -539,7 +540,8 @@ fn a_lost_worker_s_job_finishes_on_another_worker_with_one_verdict() {
 
 #[test]
 fn cancel_stops_a_running_port_and_its_job() {
-    let mut sb = Sandbox::new();
+    // A team's fleet: named credentials (`--auth`).
+    let mut sb = Sandbox::new().with_auth();
     let never = sb.repo().join("never-created");
     let pidfile = sb.repo().join("pid");
     let body = format!(
@@ -557,6 +559,7 @@ fn cancel_stops_a_running_port_and_its_job() {
     });
     let out = fvd()
         .args(["cancel", "stoppy", "--orchestrator", &url])
+        .args(sb.token_args("porter"))
         .output()
         .unwrap();
     assert!(
@@ -573,6 +576,7 @@ fn cancel_stops_a_running_port_and_its_job() {
     // A second cancel says there is nothing left to cancel.
     let again = fvd()
         .args(["cancel", "stoppy", "--orchestrator", &url])
+        .args(sb.token_args("porter"))
         .output()
         .unwrap();
     assert_eq!(again.status.code(), Some(2));
@@ -699,7 +703,8 @@ fn logs_follow_streams_a_running_component_to_its_last_line() {
 
 #[test]
 fn an_orchestrator_restart_with_workers_connected_loses_no_job() {
-    let mut sb = Sandbox::new();
+    // A team's fleet: named credentials (`--auth`).
+    let mut sb = Sandbox::new().with_auth();
     let release = sb.repo().join("release");
     sb.port(
         "restarty",
@@ -823,7 +828,8 @@ fn a_drained_worker_finishes_its_job_takes_no_new_one_and_exits() {
 
 #[test]
 fn a_partitioned_worker_s_late_result_is_fenced() {
-    let mut sb = Sandbox::new();
+    // A team's fleet: named credentials (`--auth`).
+    let mut sb = Sandbox::new().with_auth();
     let release = sb.repo().join("release");
     sb.port(
         "split",
@@ -916,14 +922,20 @@ fn a_tls_orchestrator_serves_verified_clients_only() {
     let url = sb.serve_with(&["--tls-cert", &cert, "--tls-key", &key]);
     assert!(url.starts_with("https://127.0.0.1:"), "{url}");
 
-    // Plain http to the TLS listener fails; https without the CA is refused
-    // before dialling.
+    // Plain http to the TLS listener finds no orchestrator it can talk to
+    // (exit 5, naming the URL); https without the CA is refused before
+    // dialling.
     let plain = url.replacen("https://", "http://", 1);
     let out = fvd()
         .args(["status", "--orchestrator", &plain])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains(&format!("cannot reach the orchestrator at {plain}")),
+        "{out:?}"
+    );
     let out = fvd()
         .args(["status", "--orchestrator", &url])
         .output()
