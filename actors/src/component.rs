@@ -66,6 +66,8 @@ pub struct ComponentArgs {
     pub trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
     /// The port's variant actor, when some component has variants.
     pub variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
+    /// Whether its agent command may run here, and jailed how.
+    pub agents: agent::AgentPolicy,
 }
 
 #[derive(Debug)]
@@ -626,7 +628,7 @@ async fn enqueue(
             commit,
             code_prefix,
             gpus_needed: spec.gpus,
-            timeout_ms: spec.timeout.as_millis() as u64,
+            timeout_ms: spec.timeout_ms(),
             ..JobRecord::default()
         })
         .await?;
@@ -910,7 +912,7 @@ pub fn budget_spent(a: &fvd_spec::AgentSpec, s: &Spent) -> Option<String> {
         }
     }
     if let Some(max) = a.max_gpu_s
-        && s.gpu_ms >= max * 1000
+        && s.gpu_ms >= max.saturating_mul(1000)
     {
         return Some(format!(
             "agent budget spent: {:.1} of {max} GPU-seconds",
@@ -974,6 +976,12 @@ async fn agent_attempt(
     if rerun.is_none()
         && let Some(why) = budget_spent(&a, &used)
     {
+        let reason = format!("{} ({why})", classed(&result.verdict, &result.reason));
+        return block(st, &result.verdict, &reason, worker_id).await;
+    }
+    // A port resumed on an orchestrator that does not run its agent's
+    // command (submit refuses such a spec up front).
+    if let Err(why) = st.args.agents.admits(&a) {
         let reason = format!("{} ({why})", classed(&result.verdict, &result.reason));
         return block(st, &result.verdict, &reason, worker_id).await;
     }
@@ -1165,8 +1173,23 @@ async fn run_agent(
     if let Some(tp) = fvd_telemetry::traceparent(&span) {
         extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
-    let exit = agent::run(&argv, &workdir, &a.env, &extra, a.timeout, &files.dir).await;
-    let handoff_text = std::fs::read_to_string(&files.handoff).ok();
+    let exit = agent::run(
+        &argv,
+        agent::RunAgent {
+            cwd: &workdir,
+            env_names: &a.env,
+            extra: &extra,
+            timeout: a.timeout,
+            log_dir: &files.dir,
+            policy: &st.args.agents,
+        },
+    )
+    .await;
+    // The handoff is stored and may reach PORT_STATUS.md: redacted like the
+    // agent's output.
+    let handoff_text = std::fs::read_to_string(&files.handoff)
+        .ok()
+        .map(|t| st.args.agents.redactor(&a.env).text(&t));
     let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
     if let Some(e) = &exit.spawn_error {
         handoff.summary = e.clone();

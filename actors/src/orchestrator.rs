@@ -40,6 +40,8 @@ pub struct OrchestratorArgs {
     /// a port submitted from a new path is that checkout moved, and follows
     /// it. A fleet orchestrator refuses a submit from another checkout.
     pub checkout_owns_store: bool,
+    /// Which agent commands run here, jailed how.
+    pub agents: fvd_workspace::agent::AgentPolicy,
 }
 
 /// Who asks for a change: the name of the caller's credential, and whether
@@ -153,6 +155,9 @@ pub enum PortError {
         what: &'static str,
         why: String,
     },
+    /// The spec's agent command may not run on this orchestrator.
+    #[error("{path}: {why}")]
+    AgentRefused { path: String, why: String },
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -334,6 +339,20 @@ async fn submit(
         return Err(PortError::FamilyMismatch {
             spec: spec.family,
             submitted: sub.family,
+        });
+    }
+    // Refused before anything is stored: a component would only block on
+    // it later (`component.rs` checks again for ports resumed from the
+    // store).
+    if let Some(why) = spec
+        .components
+        .iter()
+        .filter_map(|c| c.agent.as_ref())
+        .find_map(|a| st.args.agents.admits(a).err())
+    {
+        return Err(PortError::AgentRefused {
+            path: sub.spec_path,
+            why,
         });
     }
     // No commit (not a git repository), or a full sha the repository has.
@@ -869,6 +888,7 @@ async fn start_gate(
         store: st.args.store.clone(),
         scheduler: st.args.scheduler.clone(),
         events: st.args.events.clone(),
+        agents: st.args.agents.clone(),
     };
     let (gate, _) = Actor::spawn_linked(None, GateActor, args, myself.get_cell()).await?;
     st.ports.insert(port.family.clone(), gate);

@@ -92,6 +92,9 @@ pub struct ServerConfig {
     /// so a port submitted from a new path is that checkout, moved. A fleet
     /// orchestrator refuses a port's family from another checkout.
     pub checkout_owns_store: bool,
+    /// Which spec-given agent commands run on this host, jailed how
+    /// (default: none; `fvd orchestrator serve --allow-agent-commands`).
+    pub agents: fvd_workspace::agent::AgentPolicy,
 }
 
 impl Default for ServerConfig {
@@ -106,6 +109,7 @@ impl Default for ServerConfig {
             resume_on_start: true,
             max_code_bytes: code::DEFAULT_MAX_PACK_BYTES,
             checkout_owns_store: false,
+            agents: fvd_workspace::agent::AgentPolicy::default(),
         }
     }
 }
@@ -259,6 +263,7 @@ pub async fn start(
             events: events.clone(),
             resume_on_start: config.resume_on_start,
             checkout_owns_store: config.checkout_owns_store,
+            agents: config.agents.clone(),
         },
     )
     .await
@@ -274,6 +279,7 @@ pub async fn start(
         max_code_bytes: config.max_code_bytes,
         heartbeats: Default::default(),
         credentials: credentials.clone(),
+        secrets: Arc::new(worker_api::own_secrets(&config)),
     };
     let ports = port_api::PortApi {
         store: store.clone(),

@@ -107,6 +107,7 @@ fn port_status(e: PortError) -> Status {
         e @ PortError::OtherCheckout { .. } => Status::failed_precondition(e.to_string()),
         e @ PortError::NotYours { .. } => Status::permission_denied(e.to_string()),
         PortError::InvalidAnswer(m) => Status::invalid_argument(m),
+        e @ PortError::AgentRefused { .. } => Status::permission_denied(e.to_string()),
         PortError::Internal(m) => Status::internal(m),
     }
 }

@@ -95,12 +95,6 @@ impl Token {
         )))
     }
 
-    /// The value itself: for hashing it, and for the one print of a new
-    /// credential. Nothing else shows it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
     /// Writes the token into a new file that only its owner may read
     /// (mode 0600 from its creation on), replacing an older one: how
     /// embedded mode lets `fvd cancel` reach the process running a port.
@@ -117,6 +111,14 @@ impl Token {
             .mode(0o600)
             .open(path)?;
         f.write_all(self.0.as_bytes())
+    }
+
+    /// The value, for a redactor that keeps it out of what fvd stores and
+    /// shows (`fvd_contracts::redactor`), for hashing it
+    /// (`credentials::KeyHash`), and for the one print of a new credential
+    /// (`fvd auth add`); never for a log line.
+    pub fn value(&self) -> &str {
+        &self.0
     }
 
     /// Whether `candidate` is this token, compared in constant time (the
@@ -290,7 +292,7 @@ mod tests {
             e.message(),
             "credential fleet (worker) may not use the port service: that needs a viewer, porter or admin credential"
         );
-        assert!(!e.message().contains(worker.expose()));
+        assert!(!e.message().contains(worker.value()));
         let e = call(Need::Connect, &viewer).unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert!(call(Need::Connect, &worker).is_ok());

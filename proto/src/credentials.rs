@@ -441,7 +441,7 @@ pub fn add(path: &Path, name: &str, role: Role) -> Result<Token, CredentialsErro
     let entry = Entry {
         name: name.to_string(),
         role,
-        hash: KeyHash::of(token.expose()),
+        hash: KeyHash::of(token.value()),
     };
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
@@ -529,7 +529,7 @@ impl Credentials {
                 let table = vec![Entry {
                     name: String::new(),
                     role: Role::Admin,
-                    hash: KeyHash::of(t.expose()),
+                    hash: KeyHash::of(t.value()),
                 }];
                 Credentials {
                     live: Some(Arc::new(Live {
@@ -677,7 +677,7 @@ fn read_all(
         table.push(Entry {
             name: SINGLE_TOKEN_NAME.into(),
             role: Role::Admin,
-            hash: KeyHash::of(t.expose()),
+            hash: KeyHash::of(t.value()),
         });
     }
     Ok(table)
@@ -706,8 +706,8 @@ mod tests {
         ]);
         let text = std::fs::read_to_string(&path).unwrap();
         for t in &tokens {
-            assert!(!text.contains(t.expose()), "a token reached the file");
-            assert!(text.contains(&KeyHash::of(t.expose()).hex()));
+            assert!(!text.contains(t.value()), "a token reached the file");
+            assert!(text.contains(&KeyHash::of(t.value()).hex()));
         }
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(
@@ -716,13 +716,13 @@ mod tests {
         );
         let creds = Credentials::load(Some(&path), None).unwrap();
         assert_eq!(creds.len(), 3);
-        let alice = creds.resolve(tokens[0].expose()).unwrap();
+        let alice = creds.resolve(tokens[0].value()).unwrap();
         assert_eq!((alice.name(), alice.role()), ("alice", Role::Porter));
-        let fleet = creds.resolve(tokens[1].expose()).unwrap();
+        let fleet = creds.resolve(tokens[1].value()).unwrap();
         assert_eq!((fleet.name(), fleet.role()), ("ci-fleet", Role::Worker));
         assert_eq!(creds.resolve("not-a-token"), Err(Refusal::Unknown));
         assert_eq!(creds.resolve_header(None), Err(Refusal::Missing));
-        let header = format!("Bearer {}", tokens[2].expose());
+        let header = format!("Bearer {}", tokens[2].value());
         assert_eq!(
             creds
                 .resolve_header(Some(header.as_bytes()))
@@ -789,7 +789,7 @@ mod tests {
     fn a_reload_revokes_and_a_broken_file_keeps_the_previous_set() {
         let (_d, path, tokens) = file_with(&[("alice", Role::Porter), ("bob", Role::Viewer)]);
         let creds = Credentials::load(Some(&path), None).unwrap();
-        let bob = creds.resolve(tokens[1].expose()).unwrap();
+        let bob = creds.resolve(tokens[1].value()).unwrap();
         assert!(creds.holds(&bob));
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -803,13 +803,13 @@ mod tests {
         std::fs::write(&path, "[[token]\n").unwrap();
         let err = creds.reload().unwrap_err().to_string();
         assert!(err.contains("auth.toml:1:"), "{err}");
-        assert!(creds.resolve(tokens[1].expose()).is_ok(), "kept on error");
+        assert!(creds.resolve(tokens[1].value()).is_ok(), "kept on error");
         // Now the file without bob.
         let _ = std::fs::remove_file(&path);
         let keep = add(&path, "alice2", Role::Porter).unwrap();
         assert_eq!(creds.reload().unwrap(), 1);
-        assert_eq!(creds.resolve(tokens[1].expose()), Err(Refusal::Unknown));
-        assert_eq!(creds.resolve(keep.expose()).unwrap().name(), "alice2");
+        assert_eq!(creds.resolve(tokens[1].value()), Err(Refusal::Unknown));
+        assert_eq!(creds.resolve(keep.value()).unwrap().name(), "alice2");
         assert!(!creds.holds(&bob));
         rt.block_on(async {
             tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
@@ -828,7 +828,7 @@ mod tests {
             Credentials::load(Some(&path), Some(&TokenSource::File(single.clone()))).unwrap();
         let admin = creds.resolve("the-old-shared-token").unwrap();
         assert_eq!((admin.name(), admin.role()), ("admin", Role::Admin));
-        assert_eq!(creds.resolve(tokens[0].expose()).unwrap().name(), "alice");
+        assert_eq!(creds.resolve(tokens[0].value()).unwrap().name(), "alice");
         let only = Credentials::load(None, Some(&TokenSource::File(single))).unwrap();
         assert_eq!(only.len(), 1);
         let open = Credentials::open();

@@ -58,7 +58,7 @@ pub fn run(cmd: AuthCmd) -> anyhow::Result<Exit> {
             let token = credentials::add(&a.file, &a.name, a.role)?;
             // The token alone on stdout, so `fvd auth add … > file` keeps
             // exactly it; the rest on stderr.
-            println!("{}", token.expose());
+            println!("{}", token.value());
             eprintln!(
                 "added {} ({}) to {}: the token above is shown once; give it to {} (--token-file or --token-env), and send the orchestrator SIGHUP if it runs",
                 a.name,

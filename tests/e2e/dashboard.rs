@@ -116,7 +116,7 @@ pub(crate) fn orchestrator_with_dashboard(sb: &Sandbox, args: &[&str]) -> (Kill,
         .args(["orchestrator", "serve", "--listen", "127.0.0.1:0", "--db"])
         .arg(format!("sqlite://{}", db.display()))
         .args(args)
-        .args(["--dashboard", "127.0.0.1:0"])
+        .args(["--dashboard", "127.0.0.1:0", "--allow-agent-commands"])
         .env("FVD_LOG", LOG_FILTER)
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(sb.repo().join("orchestrator.log")).unwrap())

@@ -8,6 +8,7 @@ mod bycommit;
 #[path = "../checks/mod.rs"]
 mod checks;
 mod coauthor;
+mod containment;
 mod contracts;
 mod dashboard;
 mod dashboard_guard;

@@ -85,7 +85,8 @@ fn roles_are_enforced_per_call_and_an_answer_records_who_gave_it() {
     let auth = sb.auth.clone().unwrap();
     auth.add("other", "porter");
     example_repo(&sb, only_time_shift);
-    sb.serve();
+    // The example's agent is a raw command: this host allows them.
+    sb.serve_with(&["--allow-agent-commands"]);
     sb.worker("w1", 2);
     let repo = sb.repo().display().to_string();
     let submit = ["submit", "--family", "tinyport", "--repo", &repo];

@@ -302,7 +302,7 @@ impl Shield {
 
     /// A new browser session for `who`; returns its id (the cookie).
     pub fn open_session(&self, who: Principal) -> String {
-        let id = fvd_proto::auth::Token::random().expose().to_string();
+        let id = fvd_proto::auth::Token::random().value().to_string();
         let now = Instant::now();
         let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         s.retain(|_, v| v.expires > now);
