@@ -107,7 +107,10 @@ fn port_status(e: PortError) -> Status {
         e @ PortError::OtherCheckout { .. } => Status::failed_precondition(e.to_string()),
         e @ PortError::NotYours { .. } => Status::permission_denied(e.to_string()),
         PortError::InvalidAnswer(m) => Status::invalid_argument(m),
-        e @ PortError::AgentRefused { .. } => Status::permission_denied(e.to_string()),
+        // The spec asks for what this host does not run: an input the
+        // server refuses (exit 2), not a credential or a role (exit 6,
+        // which PERMISSION_DENIED means to the CLI).
+        e @ PortError::AgentRefused { .. } => Status::failed_precondition(e.to_string()),
         PortError::Internal(m) => Status::internal(m),
     }
 }
