@@ -21,14 +21,21 @@ fn main() -> ExitCode {
     let cli = cmd::Cli::parse();
     // Logs go to stderr so stdout stays machine-readable (`--json`); spans
     // and metrics leave over OTLP only when an endpoint is configured.
-    let mut telemetry =
-        match fvd_telemetry::init(cli.otlp_endpoint.as_deref(), cli.service_name(), "FVD_LOG") {
-            Ok(t) => t,
-            Err(err) => {
-                eprintln!("fvd: error: {err}");
-                return ExitCode::from(cmd::exit::Exit::Usage);
-            }
-        };
+    let color = cli.color_enabled();
+    cmd::COLOR.store(color, std::sync::atomic::Ordering::Relaxed);
+    let mut telemetry = match fvd_telemetry::init_with(
+        cli.otlp_endpoint.as_deref(),
+        cli.service_name(),
+        "FVD_LOG",
+        cli.default_log_filter(),
+        color,
+    ) {
+        Ok(t) => t,
+        Err(err) => {
+            eprintln!("fvd: error: {err}");
+            return ExitCode::from(cmd::exit::Exit::Usage);
+        }
+    };
     let code = match cmd::run(cli) {
         Ok(exit) => ExitCode::from(exit),
         // A script tells an unreachable orchestrator (5) and a refused

@@ -417,7 +417,7 @@ async fn submit(
     } else {
         Action::Submit
     };
-    // Runs from now on test the new commit; recorded verdicts stay.
+    // Runs from now on test the new commit; a verdict of another tree may not hold.
     let recommit = known.as_ref().is_some_and(|p| p.commit != sub.commit);
     let rows = st
         .args
@@ -429,6 +429,17 @@ async fn submit(
         .as_ref()
         .map(|p| replan(p, &spec, &rows))
         .unwrap_or_default();
+    // A verdict belongs to a commit: at another one, components whose last
+    // verdict was produced at a tree not equivalent for them run again.
+    let stale = match known.as_ref().filter(|_| recommit) {
+        Some(_) => {
+            let planned: Vec<&str> = plan.iter().map(|p| p.component.as_str()).collect();
+            stale_verdicts(&st.args.store, &sub, &spec, &rows, &planned)
+                .await
+                .map_err(internal)?
+        }
+        None => Stale::default(),
+    };
     if let Some(gate) = st.ports.get(&sub.family).cloned() {
         if !sub.rerun && plan.is_empty() && !recommit {
             st.args
@@ -506,7 +517,8 @@ async fn submit(
             .record_action(&sub.family, action, &sub.caller.name, &sub.commit)
             .await
             .map_err(internal)?;
-        let again: Vec<String> = plan.iter().map(|c| c.component.clone()).collect();
+        let mut again: Vec<String> = plan.iter().map(|c| c.component.clone()).collect();
+        again.extend(stale.rerun.iter().map(|(c, _)| c.clone()));
         st.args
             .store
             .update_port_spec(&row, &names, &again)
@@ -522,16 +534,23 @@ async fn submit(
     }
     // A new port, or a rerun, starts the port's trace anew.
     let fresh = created || sub.rerun;
-    start_gate(myself, st, &row, sub.traceparent, fresh)
+    start_gate(myself, st, &row, sub.traceparent.clone(), fresh)
         .await
         .map_err(|e| PortError::Internal(e.to_string()))?;
     st.submitted.insert(sub.family.clone());
+    // snapshots no recorded verdict and no run in flight names go
+    if !sub.commit.is_empty()
+        && let Err(e) = prune_snapshots(&st.args.store, &sub, &names).await
+    {
+        tracing::warn!(family = %sub.family, error = %e, "could not prune snapshot refs");
+    }
     let mut changes: Vec<String> = plan.into_iter().map(|c| c.to_string()).collect();
     if let Some(old) = known.filter(|_| recommit) {
         changes.push(format!(
-            "commit {} -> {}: runs from now on test it; recorded verdicts stay",
+            "commit {} -> {}: {}",
             short(&old.commit),
-            short(&sub.commit)
+            short(&sub.commit),
+            stale.line()
         ));
     }
     Ok(Submitted {
@@ -585,12 +604,24 @@ pub fn replan(
             None if old.is_some() => Some("new in the spec; it runs".to_string()),
             None => Some("the stored spec no longer parses; it runs again".to_string()),
             Some(b) if !b.same_run(c) => Some(format!("{}; it runs again", spec_diff(b, c))),
-            Some(_) => match row {
-                Some(r) if r.is_final() && NO_VERDICT.contains(&r.verdict.as_str()) => {
-                    Some(format!("its last run was {}; it runs again", r.verdict))
+            Some(_) => {
+                match row {
+                    Some(r) if r.is_final() && NO_VERDICT.contains(&r.verdict.as_str()) => {
+                        Some(format!("its last run was {}; it runs again", r.verdict))
+                    }
+                    // a verdict an older fvd recorded for what is now known to
+                    // be a broken environment says nothing about the code
+                    Some(r) if r.is_final() && r.verdict != "non_skip_pass" => {
+                        let in_repo = crate::run_verdict::repo_modules(&port.repo, c);
+                        fvd_contracts::verdict::environment_signature(&r.reason, &in_repo).map(
+                        |(_, cause)| {
+                            format!("its last run failed on its environment ({cause}); it runs again")
+                        },
+                    )
+                    }
+                    _ => None,
                 }
-                _ => None,
-            },
+            }
         };
         if let Some(why) = why {
             out.push(Replan {
@@ -610,6 +641,187 @@ pub fn replan(
         }
     }
     out
+}
+
+/// What a submit at another commit does with the recorded verdicts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stale {
+    /// Components that run again, each with why.
+    pub rerun: Vec<(String, String)>,
+    /// Components whose verdict holds at the new commit.
+    pub kept: Vec<String>,
+}
+
+impl Stale {
+    /// One line for people: what reruns and why, what keeps its verdict.
+    pub fn line(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.rerun.is_empty() {
+            // grouped by reason, in the spec's order
+            let mut by_why: Vec<(&str, Vec<&str>)> = Vec::new();
+            for (c, why) in &self.rerun {
+                match by_why.iter_mut().find(|(w, _)| *w == why.as_str()) {
+                    Some((_, cs)) => cs.push(c),
+                    None => by_why.push((why, vec![c])),
+                }
+            }
+            let said: Vec<String> = by_why
+                .into_iter()
+                .map(|(why, cs)| format!("{} ({why})", cs.join(", ")))
+                .collect();
+            parts.push(format!("rerun {}", said.join("; ")));
+        }
+        if !self.kept.is_empty() {
+            parts.push(format!(
+                "{} keep their verdicts (none of their files changed)",
+                self.kept.join(", ")
+            ));
+        }
+        if parts.is_empty() {
+            "no recorded verdict to check".to_string()
+        } else {
+            parts.join("; ")
+        }
+    }
+}
+
+/// Which final components' verdicts were produced at a tree that is not
+/// equivalent to the submitted commit for them. Equivalent: the same
+/// files under the component's test files, the `conftest.py` files above
+/// them and the `paths` it names; a component that names no paths is
+/// equivalent only when no file changed at all (fvd's own status file
+/// aside); a comparison that fails is not equivalent (when unsure, rerun).
+async fn stale_verdicts(
+    store: &Store,
+    sub: &Submission,
+    spec: &fvd_spec::PortSpec,
+    rows: &[fvd_store::model::ComponentRow],
+    planned: &[&str],
+) -> Result<Stale, StoreError> {
+    let repo = Path::new(&sub.repo);
+    let mut out = Stale::default();
+    if sub.commit.is_empty() {
+        return Ok(out);
+    }
+    let prefix = fvd_workspace::commit::prefix(repo)
+        .await
+        .unwrap_or_default();
+    let status_file = crate::port_status::file_path(repo, spec)
+        .ok()
+        .and_then(|p| p.strip_prefix(repo).ok().map(Path::to_path_buf))
+        .map(|p| format!("{prefix}{}", p.display()));
+    let mut diffs: HashMap<String, Result<Vec<String>, String>> = HashMap::new();
+    for c in &spec.components {
+        if planned.contains(&c.name.as_str()) {
+            continue;
+        }
+        let Some(row) = rows.iter().find(|r| r.name == c.name && r.is_final()) else {
+            continue;
+        };
+        if NO_VERDICT.contains(&row.verdict.as_str()) {
+            continue;
+        }
+        let jobs = store.jobs_of(&spec.family, &c.name).await?;
+        let Some(last) = jobs
+            .iter()
+            .rev()
+            .find(|j| j.state == fvd_store::model::JobState::Finished)
+        else {
+            continue;
+        };
+        if last.commit.is_empty() || last.commit == sub.commit {
+            if last.commit == sub.commit {
+                out.kept.push(c.name.clone());
+            }
+            continue;
+        }
+        if !diffs.contains_key(&last.commit) {
+            let d = fvd_workspace::commit::changed_files(repo, &last.commit, &sub.commit)
+                .await
+                .map_err(|e| e.to_string());
+            diffs.insert(last.commit.clone(), d);
+        }
+        let why = match &diffs[&last.commit] {
+            Err(e) => Some(format!("cannot compare its verdict's commit: {e}")),
+            Ok(files) => {
+                let files: Vec<&String> = files
+                    .iter()
+                    .filter(|f| Some(f.as_str()) != status_file.as_deref())
+                    .collect();
+                if c.paths.is_empty() {
+                    (!files.is_empty())
+                        .then(|| format!("{} file(s) changed and it names no paths", files.len()))
+                } else {
+                    let watched = watched_paths(&prefix, c);
+                    files
+                        .iter()
+                        .find(|f| watched.iter().any(|w| under(f, w)))
+                        .map(|f| format!("{f} changed"))
+                }
+            }
+        };
+        match why {
+            Some(why) => out.rerun.push((c.name.clone(), why)),
+            None => out.kept.push(c.name.clone()),
+        }
+    }
+    Ok(out)
+}
+
+/// What a component's verdict depends on, from the top of the repository:
+/// its test files, every `conftest.py` from their folders up to the port
+/// folder, and the paths it names.
+fn watched_paths(prefix: &str, c: &fvd_spec::ComponentSpec) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for t in &c.parity_tests {
+        let file = t.split("::").next().unwrap_or(t).trim_start_matches("./");
+        out.push(format!("{prefix}{file}"));
+        let mut dir = Path::new(file).parent();
+        while let Some(d) = dir {
+            let conftest = d.join("conftest.py");
+            out.push(format!("{prefix}{}", conftest.display()));
+            dir = d.parent();
+        }
+    }
+    out.extend(c.paths.iter().map(|p| format!("{prefix}{p}")));
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Whether `file` is `path` or inside the folder `path`.
+fn under(file: &str, path: &str) -> bool {
+    let path = path.trim_end_matches('/');
+    file == path || file.strip_prefix(path).is_some_and(|r| r.starts_with('/'))
+}
+
+/// Deletes the port's snapshot refs (`refs/fvd/snapshots/<family>/*`) that
+/// neither the submitted commit, a component's recorded verdict (its last
+/// finished run) nor a run still queued or running names.
+async fn prune_snapshots(store: &Store, sub: &Submission, names: &[String]) -> Result<(), String> {
+    use fvd_store::model::JobState;
+    let mut keep = vec![sub.commit.clone()];
+    for name in names {
+        let jobs = store
+            .jobs_of(&sub.family, name)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(j) = jobs.iter().rev().find(|j| j.state == JobState::Finished) {
+            keep.push(j.commit.clone());
+        }
+        keep.extend(
+            jobs.iter()
+                .filter(|j| matches!(j.state, JobState::Queued | JobState::Running))
+                .map(|j| j.commit.clone()),
+        );
+    }
+    let gone = fvd_workspace::commit::prune_snapshots(Path::new(&sub.repo), &sub.family, &keep)
+        .await
+        .map_err(|e| e.to_string())?;
+    if gone > 0 {
+        tracing::info!(family = %sub.family, gone, "pruned snapshot refs no verdict names");
+    }
+    Ok(())
 }
 
 /// Final component verdicts that say nothing about the code: a resubmit
@@ -893,4 +1105,69 @@ async fn start_gate(
     let (gate, _) = Actor::spawn_linked(None, GateActor, args, myself.get_cell()).await?;
     st.ports.insert(port.family.clone(), gate);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn component(tests: &[&str], paths: &[&str]) -> fvd_spec::ComponentSpec {
+        let mut spec = fvd_spec::parse(
+            Path::new("p.toml"),
+            "[prep]\nmodel_family = \"fam\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = \"t/x.py\"\ncoverage_scope = \"both\"\n",
+        )
+        .unwrap()
+        .components
+        .remove(0);
+        spec.parity_tests = tests.iter().map(|t| t.to_string()).collect();
+        spec.paths = paths.iter().map(|t| t.to_string()).collect();
+        spec
+    }
+
+    #[test]
+    fn a_verdict_depends_on_its_tests_their_conftests_and_its_paths() {
+        let c = component(
+            &["tests/local_tests/fam/test_a.py::test_one[fp32]"],
+            &["pkg/models/a.py", "pkg/layers"],
+        );
+        let w = watched_paths("sub/", &c);
+        for want in [
+            "sub/tests/local_tests/fam/test_a.py",
+            "sub/tests/local_tests/fam/conftest.py",
+            "sub/tests/conftest.py",
+            "sub/conftest.py",
+            "sub/pkg/models/a.py",
+            "sub/pkg/layers",
+        ] {
+            assert!(w.iter().any(|p| p == want), "{want}: {w:?}");
+        }
+        assert!(under("sub/pkg/layers/norm.py", "sub/pkg/layers"));
+        assert!(!under("sub/pkg/layers2/norm.py", "sub/pkg/layers"));
+        assert!(under("sub/pkg/models/a.py", "sub/pkg/models/a.py"));
+    }
+
+    #[test]
+    fn what_reruns_is_said_in_one_line_grouped_by_why() {
+        let s = Stale {
+            rerun: vec![
+                ("vae".into(), "pkg/vae.py changed".into()),
+                (
+                    "dit".into(),
+                    "3 file(s) changed and it names no paths".into(),
+                ),
+                (
+                    "text".into(),
+                    "3 file(s) changed and it names no paths".into(),
+                ),
+            ],
+            kept: vec!["scheduler".into()],
+        };
+        let line = s.line();
+        assert_eq!(
+            line,
+            "rerun vae (pkg/vae.py changed); dit, text (3 file(s) changed and it names no paths); scheduler keep their verdicts (none of their files changed)"
+        );
+        assert!(!line.contains('\n'));
+        assert_eq!(Stale::default().line(), "no recorded verdict to check");
+    }
 }

@@ -26,6 +26,7 @@ pub mod secrets;
 pub mod status_doc;
 pub mod status_guard;
 pub mod status_match;
+pub mod status_read;
 #[cfg(test)]
 mod tests;
 pub mod text;

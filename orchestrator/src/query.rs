@@ -77,7 +77,9 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     let mut tables = store.variant_tables(family).await?;
     let origin = store.port_origin(family).await?.unwrap_or_default();
     let actions = store.actions(family).await?;
+    let status_write_error = store.status_write_error(family).await?;
     Ok(Some(pb::PortSnapshot {
+        status_write_error,
         escapes: escapes.into_iter().map(escape_wire).collect(),
         family: port.family,
         state: port.state.as_str().to_string(),

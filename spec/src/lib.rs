@@ -135,6 +135,12 @@ pub struct ComponentSpec {
     /// Other names `PORT_STATUS.md` uses for this component (a matrix row
     /// `text_encoder/tokenizer`, a Parity Commands scope).
     pub aliases: Vec<String>,
+    /// The code the test exercises (files or folders, relative to the port
+    /// folder, like `fastvideo/models/dits/widget.py`). A submit at another
+    /// commit keeps the component's verdict only when none of these, its
+    /// test files and the `conftest.py` files above them changed; without
+    /// any, any change of the tree reruns it.
+    pub paths: Vec<String>,
     /// Literal, non-secret environment of the runs (`PYTHONPATH`); `{repo}`
     /// in a value stands for the checkout the run tests.
     pub set_env: BTreeMap<String, String>,
@@ -240,6 +246,19 @@ impl AgentSpec {
 }
 
 impl ComponentSpec {
+    /// The files of its parity tests: a node id (`file.py::test_x[fp32]`)
+    /// names its file.
+    pub fn test_files(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for t in &self.parity_tests {
+            let f = t.split_once("::").map_or(t.as_str(), |(f, _)| f);
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+        out
+    }
+
     /// The argv of a run: the template with `{test}` substituted (an
     /// argument that is exactly `{test}` becomes one argument per test
     /// file; inside a longer argument the files are joined by spaces).
@@ -368,6 +387,9 @@ struct RawComponent {
     coverage_scope: Spanned<String>,
     #[serde(default)]
     aliases: Vec<String>,
+    /// The code the test exercises (see [`ComponentSpec::paths`]).
+    #[serde(default)]
+    paths: Vec<String>,
     #[serde(default)]
     set_env: BTreeMap<String, String>,
     gpus: Option<u32>,
@@ -667,6 +689,11 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 "component {name}: confirm_runs must be at least 1"
             )));
         }
+        for p in &c.paths {
+            if let Err(e) = worker_path(p) {
+                return Err(invalid(format!("component {name}: paths: {e}")));
+            }
+        }
         let variants = variants(&name, c.variants, &env, text, &|m| invalid(m))?;
         components.push(ComponentSpec {
             name,
@@ -674,6 +701,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             parity_tests,
             coverage_scope: c.coverage_scope.into_inner(),
             aliases: c.aliases,
+            paths: c.paths,
             set_env,
             lines,
             preflight: raw.defaults.preflight.clone(),

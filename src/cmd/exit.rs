@@ -28,6 +28,11 @@ pub enum Exit {
     /// An embedded submit was interrupted (Ctrl-C, SIGTERM, a lost
     /// terminal); the running tests were ended and the port is resumable.
     Interrupted,
+    /// The port ran, but its `PORT_STATUS.md` could not be written (a
+    /// refused patch, a read-only or full disk): the porter's record is
+    /// not up to date. The store holds the verdicts; the next submit
+    /// writes the file again.
+    StatusNotWritten,
 }
 
 impl Exit {
@@ -46,6 +51,7 @@ impl Exit {
             Exit::Environment => 4,
             Exit::Unreachable => 5,
             Exit::Refused => 6,
+            Exit::StatusNotWritten => 7,
             Exit::Interrupted => 130,
         }
     }
@@ -168,11 +174,12 @@ mod tests {
             Exit::Environment,
             Exit::Unreachable,
             Exit::Refused,
+            Exit::StatusNotWritten,
             Exit::Interrupted,
         ]
         .iter()
         .map(|e| e.code())
         .collect();
-        assert_eq!(codes, [0, 1, 2, 3, 4, 5, 6, 130]);
+        assert_eq!(codes, [0, 1, 2, 3, 4, 5, 6, 7, 130]);
     }
 }

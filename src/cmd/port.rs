@@ -54,6 +54,10 @@ pub struct SubmitArgs {
     /// the diff fvd would write there now from the recorded state.
     #[arg(long)]
     pub dry_run: bool,
+    /// Warn when a snapshot of uncommitted changes adds more than this to
+    /// the repository's objects (MiB).
+    #[arg(long, value_name = "MIB", default_value_t = 16)]
+    pub snapshot_warn_mib: u64,
     #[command(flatten)]
     pub local: LocalWorker,
     #[command(flatten)]
@@ -209,7 +213,10 @@ pub fn state_db(repo: &Path) -> PathBuf {
     repo.join(".fvd").join("state.db")
 }
 
-pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
+pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
+    if args.spec.is_none() {
+        args.repo = super::find_repo(&args.repo, &args.family);
+    }
     if args.dry_run {
         return super::dry_run::run(&args);
     }
@@ -260,6 +267,13 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
         args.commit.as_deref(),
         &fvd_writes,
     ));
+    if let Ok(Some(p)) = &pin
+        && p.snapshot.is_some()
+        && let Ok(Some(view)) = rt.block_on(fvd_workspace::commit::preview(&repo, &fvd_writes))
+        && view.bytes > args.snapshot_warn_mib.saturating_mul(1024 * 1024)
+    {
+        eprintln!("fvd: warning: {}", snapshot_warning(&view));
+    }
     let commit = match pin {
         Ok(Some(p)) => {
             match &p.snapshot {
@@ -312,9 +326,10 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
         match args.orchestrator {
             Some(url) => {
                 let mut client = client(&url, args.token.load()?, args.tls.load()?).await?;
+                let since = history_end(&mut client, &args.family).await;
                 send(&mut client, request, &format!("on {url}")).await?;
                 if args.wait {
-                    watch(&mut client, &args.family).await
+                    watch(&mut client, &args.family, since).await
                 } else {
                     Ok(Exit::Success)
                 }
@@ -322,6 +337,32 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
             None => embedded(&repo, Action::Submit(request), &args.local).await,
         }
     })
+}
+
+/// The size warning of a large snapshot, in one line.
+pub fn snapshot_warning(view: &fvd_workspace::commit::Preview) -> String {
+    format!(
+        "the snapshot of uncommitted changes adds {} file(s), {}, to the repository's objects (largest: {}); git-ignore outputs and data, or commit what belongs to the port (--snapshot-warn-mib sets this warning)",
+        view.files,
+        human_bytes(view.bytes),
+        view.largest
+            .iter()
+            .map(|(p, b)| format!("{p} {}", human_bytes(*b)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Bytes as people read them.
+pub fn human_bytes(b: u64) -> String {
+    const MIB: u64 = 1024 * 1024;
+    if b >= MIB {
+        format!("{:.1} MiB", b as f64 / MIB as f64)
+    } else if b >= 1024 {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    } else {
+        format!("{b} B")
+    }
 }
 
 /// What an embedded run asks of the orchestrator it starts.
@@ -332,7 +373,8 @@ enum Action {
 
 /// `fvd answer`: records the answer to an escape hatch; the component that
 /// asked goes on with it.
-pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
+pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
+    args.repo = super::find_repo(&args.repo, &args.family);
     let request = pb::AnswerRequest {
         family: args.family.clone(),
         id: args.id.trim().to_uppercase(),
@@ -364,9 +406,10 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
         match &args.orchestrator {
             Some(url) => {
                 let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
+                let since = history_end(&mut client, &args.family).await;
                 send_answer(&mut client, request).await?;
                 if args.wait {
-                    watch(&mut client, &args.family).await
+                    watch(&mut client, &args.family, since).await
                 } else {
                     Ok(Exit::Success)
                 }
@@ -486,6 +529,7 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
         super::embedded::RunFile::write(repo, &family, &embedded.url(), embedded.token())?;
     let mut client = client(&embedded.url(), Some(embedded.token().clone()), None).await?;
     let run = async {
+        let since = history_end(&mut client, &family).await;
         match action {
             Action::Submit(request) => {
                 let place = format!("(embedded, state in {})", db.display());
@@ -493,7 +537,7 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
             }
             Action::Answer(request) => send_answer(&mut client, request).await?,
         }
-        watch(&mut client, &family).await
+        watch(&mut client, &family, since).await
     };
     let code = tokio::select! {
         code = run => code,
@@ -594,8 +638,32 @@ fn say(line: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stdout(), "{line}");
 }
 
-/// Follows a port's events until it ends; returns the exit code.
-async fn watch(client: &mut Client, family: &str) -> anyhow::Result<Exit> {
+/// Just after the port's last recorded gate decision, by the
+/// orchestrator's clock (0 for a port it does not know): what a watch
+/// replays from before is the port's history, not this run's.
+async fn history_end(client: &mut Client, family: &str) -> i64 {
+    let Ok(reply) = client
+        .status(pb::StatusRequest {
+            family: family.to_string(),
+        })
+        .await
+    else {
+        return 0;
+    };
+    reply
+        .into_inner()
+        .ports
+        .iter()
+        .filter(|p| p.family == family)
+        .flat_map(|p| p.gate_events.iter().map(|g| g.at_ms + 1))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Follows a port's events until it ends; returns the exit code. Gate
+/// decisions recorded before `since` (a resumed port's history, see
+/// [`history_end`]) are not printed again.
+async fn watch(client: &mut Client, family: &str, since: i64) -> anyhow::Result<Exit> {
     let mut stream = client
         .watch(pb::WatchRequest {
             family: family.to_string(),
@@ -603,7 +671,7 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<Exit> {
         .await
         .map_err(|e| client.fail(e))?
         .into_inner();
-    let progress = Progress::new(std::io::stderr().is_terminal());
+    let progress = Progress::new(std::io::stderr().is_terminal(), super::color(), since);
     while let Some(ev) = stream.message().await.map_err(|e| client.fail(e))? {
         match ev.event {
             Some(pb::port_event::Event::Component(c)) => progress.component(&c),
@@ -611,6 +679,13 @@ async fn watch(client: &mut Client, family: &str) -> anyhow::Result<Exit> {
             Some(pb::port_event::Event::Finished(snap)) => {
                 progress.finish();
                 print_snapshot(&snap);
+                if !snap.status_write_error.is_empty() {
+                    eprintln!(
+                        "fvd: error: PORT_STATUS.md was not written, so it does not show these verdicts: {}",
+                        snap.status_write_error
+                    );
+                    return Ok(Exit::StatusNotWritten);
+                }
                 return Ok(outcome(&snap));
             }
             None => {}
@@ -646,12 +721,29 @@ struct Progress {
         MultiProgress,
         std::cell::RefCell<HashMap<String, ProgressBar>>,
     )>,
+    color: bool,
+    /// Gate events before this (ms) are history, not this run's.
+    since: i64,
+    /// Reasons already printed (plain lines): a cause many components
+    /// share is said once.
+    said: std::cell::RefCell<std::collections::HashSet<String>>,
 }
 
 impl Progress {
-    fn new(tty: bool) -> Self {
+    fn new(tty: bool, color: bool, since: i64) -> Self {
         Self {
             bars: tty.then(|| (MultiProgress::new(), Default::default())),
+            color,
+            since,
+            said: Default::default(),
+        }
+    }
+
+    fn paint(&self, code: &str, text: String) -> String {
+        if self.color {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text
         }
     }
 
@@ -664,40 +756,60 @@ impl Progress {
         if !c.worker_id.is_empty() && running {
             line.push_str(&format!(" on {}", c.worker_id));
         }
-        if !c.reason.is_empty() && !running {
-            line.push_str(&format!("  {}", c.reason));
-        }
+        // what the machine lacks is said once, in the summary
+        let grouped =
+            c.status == ComponentStatus::Environment.as_str() || c.reason.starts_with("unplaced: ");
         let Some((mp, bars)) = &self.bars else {
+            if grouped {
+                line.push_str("  (cause below)");
+            } else if !c.reason.is_empty() && !running {
+                // a cause many components share is said once
+                if self.said.borrow_mut().insert(c.reason.clone()) {
+                    line.push_str(&format!("  {}", c.reason));
+                } else {
+                    line.push_str("  (same cause as above)");
+                }
+            }
             eprintln!("  {:<16} {line}", c.name);
             return;
         };
+        if !c.reason.is_empty() && !running {
+            line.push_str(&format!("  {}", c.reason));
+        }
         let mut bars = bars.borrow_mut();
         let bar = bars.entry(c.name.clone()).or_insert_with(|| {
             let b = mp.add(ProgressBar::new_spinner());
-            b.set_style(
-                ProgressStyle::with_template("{spinner:.cyan} {prefix:16} {wide_msg}")
-                    .expect("valid progress template"),
-            );
+            let template = if self.color {
+                "{spinner:.cyan} {prefix:16} {wide_msg}"
+            } else {
+                "{spinner} {prefix:16} {wide_msg}"
+            };
+            b.set_style(ProgressStyle::with_template(template).expect("valid progress template"));
             b.set_prefix(c.name.clone());
             b.enable_steady_tick(Duration::from_millis(120));
             b
         });
         match c.status.parse() {
-            Ok(ComponentStatus::NonSkipPass) => {
-                bar.finish_with_message(format!("\x1b[32m{line}\x1b[0m"))
-            }
-            Ok(ComponentStatus::Blocked) => {
-                bar.finish_with_message(format!("\x1b[31m{line}\x1b[0m"))
-            }
+            Ok(ComponentStatus::NonSkipPass) => bar.finish_with_message(self.paint("32", line)),
+            Ok(ComponentStatus::Blocked) => bar.finish_with_message(self.paint("31", line)),
             _ => bar.set_message(line),
         }
     }
 
     fn gate(&self, g: &pb::GateEvent) {
-        let why = if g.conditions.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", g.conditions.join("; "))
+        if g.at_ms < self.since {
+            // decided in an earlier run of the port: history
+            return;
+        }
+        let why = match (g.outcome.as_str(), g.conditions.as_slice()) {
+            (_, []) => String::new(),
+            // a refusal's reasons are listed once, in the summary below
+            ("refused", c) => format!(
+                " ({} reason{} below)",
+                c.len(),
+                if c.len() == 1 { "" } else { "s" }
+            ),
+            (_, c) => format!(": {}", c.join("; ")),
         };
         let line = format!("gate {} {}{why}", g.phase, g.outcome);
         match &self.bars {
@@ -739,14 +851,23 @@ fn print_snapshot(s: &pb::PortSnapshot) {
     // The gate's latest refusal: why a blocked port stopped where it did.
     if let Some(g) = s.gate_events.iter().rev().find(|g| g.outcome == "refused") {
         say(format_args!("  gate refused {}:", g.phase));
-        for c in &g.conditions {
+        for c in grouped_conditions(&g.conditions) {
             say(format_args!("    - {c}"));
         }
     }
     for c in &s.components {
+        // a cause said for a group below is not repeated on each line
+        let grouped_cause = c.status == ComponentStatus::Environment.as_str()
+            || (c.status == ComponentStatus::Blocked.as_str()
+                && c.reason.starts_with("unplaced: "));
+        let reason = if grouped_cause {
+            "(cause below)"
+        } else {
+            c.reason.as_str()
+        };
         say(format_args!(
             "  {:<16} {:<14} runs={} {}",
-            c.name, c.status, c.runs, c.reason
+            c.name, c.status, c.runs, reason
         ));
         for v in &c.variants {
             say(format_args!("    {}", variant_line(v)));
@@ -807,6 +928,47 @@ fn print_snapshot(s: &pb::PortSnapshot) {
     if !s.port_status_path.is_empty() {
         say(format_args!("status file {}", s.port_status_path));
     }
+}
+
+/// A refusal's conditions with components blocked for one reason said in
+/// one line (`components a, b, c are blocked (…)`); a cause the summary
+/// groups (an environment, a machine that cannot run them) is referred to,
+/// not repeated.
+fn grouped_conditions(conditions: &[String]) -> Vec<String> {
+    let mut out: Vec<(Option<String>, Vec<String>, String)> = Vec::new();
+    for c in conditions {
+        let parsed = c
+            .strip_prefix("component ")
+            .and_then(|r| r.split_once(" is blocked ("))
+            .and_then(|(name, rest)| Some((name.to_string(), rest.strip_suffix(')')?.to_string())));
+        match parsed {
+            Some((name, reason)) => match out
+                .iter_mut()
+                .find(|(r, _, _)| r.as_deref() == Some(&reason))
+            {
+                Some((_, names, _)) => names.push(name),
+                None => out.push((Some(reason), vec![name], String::new())),
+            },
+            None => out.push((None, Vec::new(), c.clone())),
+        }
+    }
+    out.into_iter()
+        .map(|(reason, names, line)| match reason {
+            None => line,
+            Some(r) => {
+                let cause = if r.starts_with("unplaced: ") || r.starts_with("environment") {
+                    "cause below".to_string()
+                } else {
+                    r
+                };
+                if names.len() == 1 {
+                    format!("component {} is blocked ({cause})", names[0])
+                } else {
+                    format!("components {} are blocked ({cause})", names.join(", "))
+                }
+            }
+        })
+        .collect()
 }
 
 /// One row of a component's variant table, under the component.
@@ -871,8 +1033,15 @@ pub fn status(args: StatusArgs) -> anyhow::Result<Exit> {
                     .ports
             }
             None => {
-                let store = open_local(&args.repo).await?;
-                fvd_orchestrator::query::status(&store, args.family.as_deref()).await?
+                let repo = match &args.family {
+                    Some(f) => super::find_repo(&args.repo, f),
+                    None => super::find_state(&args.repo),
+                };
+                let store = open_local(&repo).await?;
+                let mut ports =
+                    fvd_orchestrator::query::status(&store, args.family.as_deref()).await?;
+                mark_interrupted(&repo, &mut ports);
+                ports
             }
         };
         if args.json {
@@ -991,24 +1160,55 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<Exit> {
                     .await
                     .map_err(|e| client.fail(e))?
                     .into_inner();
+                let mut wrote = 0;
                 while let Some(chunk) = stream.message().await.map_err(|e| client.fail(e))? {
+                    wrote += chunk.data.len();
                     out.write_all(&chunk.data)?;
+                }
+                if wrote == 0 {
+                    eprintln!(
+                        "fvd: run of {} {} has no output (a run that failed on its environment before it printed, or printed nothing); fvd status {} --orchestrator {url} says why",
+                        args.family, args.component, args.family
+                    );
                 }
             }
             None => {
-                let store = open_local(&args.repo).await?;
-                let job = fvd_orchestrator::query::run_of(
+                let store = open_local(&super::find_repo(&args.repo, &args.family)).await?;
+                let mut job = fvd_orchestrator::query::run_of(
                     &store,
                     &args.family,
                     &args.component,
                     args.run,
                 )
                 .await?;
+                // without --run: the latest run that started (a run queued
+                // again after an environment failure has no output yet)
+                if args.run.is_none() && job.state == fvd_store::model::JobState::Queued {
+                    let runs = store.jobs_of(&args.family, &args.component).await?;
+                    if let Some(started) = runs
+                        .iter()
+                        .rev()
+                        .find(|r| r.state != fvd_store::model::JobState::Queued)
+                    {
+                        eprintln!(
+                            "fvd: run {} is queued; showing run {}",
+                            job.run_no, started.run_no
+                        );
+                        job = started.clone();
+                    }
+                }
                 let mut chunks =
-                    fvd_orchestrator::query::log_pump(store, job.job_id.clone(), args.follow);
+                    fvd_orchestrator::query::log_pump(store.clone(), job.job_id.clone(), args.follow);
+                let mut wrote = 0;
                 while let Some(chunk) = chunks.recv().await {
-                    out.write_all(&chunk?.1)?;
+                    let chunk = chunk?.1;
+                    wrote += chunk.len();
+                    out.write_all(&chunk)?;
                     out.flush()?;
+                }
+                if wrote == 0 {
+                    let runs = store.jobs_of(&args.family, &args.component).await?;
+                    eprintln!("fvd: {}", no_output(&args.family, &args.component, &job, &runs));
                 }
             }
         }
@@ -1017,14 +1217,84 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<Exit> {
     })
 }
 
+/// Embedded ports the store says are running while no fvd process runs
+/// them (its submit was interrupted: Ctrl-C, a lost terminal): shown as
+/// `interrupted`, their unfinished components too, with how to resume.
+fn mark_interrupted(repo: &Path, ports: &mut [pb::PortSnapshot]) {
+    for p in ports.iter_mut() {
+        if p.state != PortState::Running.as_str()
+            || super::embedded::live(repo, &p.family).is_some()
+        {
+            continue;
+        }
+        p.state = "interrupted".to_string();
+        let resume = format!(
+            "interrupted: no fvd process runs it; fvd submit --family {} resumes it",
+            p.family
+        );
+        for c in p.components.iter_mut().filter(|c| {
+            matches!(
+                c.status.parse::<ComponentStatus>(),
+                Ok(ComponentStatus::Running
+                    | ComponentStatus::Queued
+                    | ComponentStatus::Confirming
+                    | ComponentStatus::Pending)
+            )
+        }) {
+            c.status = "interrupted".to_string();
+            c.reason = resume.clone();
+        }
+    }
+}
+
+/// Why run `job` of a component printed nothing, and which run has output.
+fn no_output(
+    family: &str,
+    component: &str,
+    job: &fvd_store::model::JobRecord,
+    runs: &[fvd_store::model::JobRecord],
+) -> String {
+    use fvd_store::model::JobState;
+    let why = match job.state {
+        JobState::Environment => format!(
+            "it failed on its environment{}: {}",
+            if job.worker_id.is_empty() {
+                String::new()
+            } else {
+                format!(" on worker {}", job.worker_id)
+            },
+            job.reason
+        ),
+        JobState::Queued => "it has not started".to_string(),
+        JobState::Running => "it has printed nothing yet (add --follow)".to_string(),
+        JobState::Unplaced => format!("no worker could take it: {}", job.reason),
+        JobState::Abandoned => "it was in flight when its port stopped".to_string(),
+        JobState::Finished => "it printed nothing".to_string(),
+    };
+    let with_output = runs
+        .iter()
+        .rev()
+        .find(|r| r.job_id != job.job_id && !r.output_tail.is_empty());
+    let other = match with_output {
+        Some(r) => format!(
+            "; run {} has output: fvd logs {family} {component} --run {}",
+            r.run_no, r.run_no
+        ),
+        None => String::new(),
+    };
+    format!(
+        "run {} of {family} {component} has no output: {why}{other}",
+        job.run_no
+    )
+}
+
 pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     rt.block_on(async move {
         let (url, token, tls) = match &args.orchestrator {
             Some(url) => (url.clone(), args.token.load()?, args.tls.load()?),
             None => {
-                let repo = args
-                    .repo
+                let repo = super::find_repo(&args.repo, &args.family)
                     .canonicalize()
                     .with_context(|| format!("repository {}", args.repo.display()))?;
                 match super::embedded::live(&repo, &args.family) {
@@ -1083,8 +1353,7 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
             Ok(Exit::Success)
         });
     }
-    let repo = args
-        .repo
+    let repo = super::find_repo(&args.repo, &args.family)
         .canonicalize()
         .with_context(|| format!("repository {}", args.repo.display()))?;
     if let Some(live) = super::embedded::live(&repo, &args.family) {
@@ -1105,8 +1374,13 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
             );
             return Ok(Exit::Usage);
         }
+        // its snapshots name no recorded verdict any more
+        let refs = match fvd_workspace::commit::prune_snapshots(&repo, &args.family, &[]).await {
+            Ok(n) => format!("{n} snapshot ref(s) refs/fvd/snapshots/{}/* removed", args.family),
+            Err(e) => format!("its snapshot refs could not be removed: {e}"),
+        };
         say(format_args!(
-            "reset port {}: its runs, verdicts, questions and attempt ledger are forgotten; the next fvd submit starts it over. Kept: PORT_STATUS.md, port.toml, agent branches fvd/{}/* and their worktrees",
+            "reset port {}: its runs, verdicts, questions and attempt ledger are forgotten; {refs}; the next fvd submit starts it over. Kept: PORT_STATUS.md, port.toml, agent branches fvd/{}/* and their worktrees",
             args.family, args.family
         ));
         Ok(Exit::Success)
@@ -1145,7 +1419,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                 (worktree, ledger)
             }
             None => {
-                let store = open_local(&args.repo).await?;
+                let store = open_local(&super::find_repo(&args.repo, &args.family)).await?;
                 fvd_orchestrator::query::attempts(&store, &args.family, &args.component).await?
             }
         };

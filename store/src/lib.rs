@@ -108,6 +108,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("../migrations/0009_commits.sql")),
     (10, include_str!("../migrations/0010_trace_transport.sql")),
     (11, include_str!("../migrations/0011_variants.sql")),
+    (
+        14,
+        include_str!("../migrations/0014_status_write_error.sql"),
+    ),
     (15, include_str!("../migrations/0015_team.sql")),
 ];
 
@@ -524,6 +528,35 @@ impl Store {
             .execute(&self.writer)
             .await?;
         Ok(())
+    }
+
+    /// Records why the port's `PORT_STATUS.md` could not be written (empty:
+    /// the last write succeeded).
+    pub async fn set_status_write_error(
+        &self,
+        family: &str,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE ports SET status_write_error = ? WHERE family = ?")
+            .bind(error)
+            .bind(family)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// Why the port's `PORT_STATUS.md` could not be written the last time
+    /// fvd tried; empty when it was, or never tried.
+    pub async fn status_write_error(&self, family: &str) -> Result<String, StoreError> {
+        Ok(
+            sqlx::query_scalar::<_, String>(
+                "SELECT status_write_error FROM ports WHERE family = ?",
+            )
+            .bind(family)
+            .fetch_optional(&self.pool)
+            .await?
+            .unwrap_or_default(),
+        )
     }
 
     pub async fn set_port_status_path(&self, family: &str, path: &str) -> Result<(), StoreError> {

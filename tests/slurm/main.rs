@@ -191,6 +191,8 @@ impl<'a> Fleet<'a> {
             ("WORKER_SBATCH_ARGS", "--nodes=1".to_string()),
             ("FAMILY", FAMILY.to_string()),
             ("REPO", repo.display().to_string()),
+            // The example's agents are raw commands (its replay agent).
+            ("FVD_SERVE_ARGS", "--allow-agent-commands".to_string()),
         ];
         let steps = readme_steps();
         let order: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();

@@ -620,6 +620,7 @@ mod tests {
             parity_tests: vec!["tests/t.py".into()],
             coverage_scope: "implementation_subcomponent".into(),
             aliases: vec![],
+            paths: vec![],
             set_env: Default::default(),
             lines: Default::default(),
             preflight: vec![],
