@@ -38,10 +38,18 @@ fn main() -> ExitCode {
     };
     let code = match cmd::run(cli) {
         Ok(exit) => ExitCode::from(exit),
-        Err(err) => {
-            eprintln!("fvd: error: {err:#}");
-            ExitCode::from(cmd::exit::Exit::Usage)
-        }
+        // A script tells an unreachable orchestrator (5) and a refused
+        // credential (6) from a usage error (2), each with one line.
+        Err(err) => match err.downcast_ref::<cmd::exit::Remote>() {
+            Some(remote) => {
+                eprintln!("fvd: error: {remote}");
+                ExitCode::from(remote.exit())
+            }
+            None => {
+                eprintln!("fvd: error: {err:#}");
+                ExitCode::from(cmd::exit::Exit::Usage)
+            }
+        },
     };
     // The command's runtime is gone: flushing may block here.
     telemetry.shutdown();

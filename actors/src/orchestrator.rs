@@ -1,6 +1,17 @@
 //! `OrchestratorActor`: one per process. It starts ports (one gate actor
 //! each), resumes them from the store after a restart, and supervises them:
 //! a gate actor that fails is restarted from the store, not lost.
+//!
+//! It also decides who may change a port (issue #30). A port belongs to the
+//! checkout it was first submitted from (its repository's identity and
+//! path) and to the credential that submitted it:
+//! - a submit of the same family from another checkout is refused, naming
+//!   both (an embedded store follows its checkout when it moves: it lives
+//!   inside it);
+//! - a submit, answer, cancel or reset by a credential other than the
+//!   port's owner is refused unless the caller is an admin;
+//! - each accepted one is logged with the caller's name, in the
+//!   transaction that makes the change where there is one.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,6 +22,7 @@ use tokio::sync::broadcast;
 use crate::gate::{GateActor, GateArgs, GateMsg};
 use crate::scheduler::SchedulerMsg;
 use fvd_store::model::{PortCode, PortEvent, PortRow, PortState};
+use fvd_store::team::{Action, PortOrigin};
 use fvd_store::{EscapeRow, Store, StoreError};
 
 #[derive(Debug)]
@@ -24,8 +36,46 @@ pub struct OrchestratorArgs {
     /// Resume ports left running, paused or waiting by an earlier process
     /// (a fleet orchestrator); embedded mode resumes only what is submitted.
     pub resume_on_start: bool,
+    /// The store lives inside the one checkout it serves (embedded mode):
+    /// a port submitted from a new path is that checkout moved, and follows
+    /// it. A fleet orchestrator refuses a submit from another checkout.
+    pub checkout_owns_store: bool,
     /// Which agent commands run here, jailed how.
     pub agents: fvd_workspace::agent::AgentPolicy,
+}
+
+/// Who asks for a change: the name of the caller's credential, and whether
+/// it may change every port (`admin`) or only its own (`porter`). The edge
+/// refuses callers who may change nothing before a message is sent.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Caller {
+    /// Empty on a server that checks no credential.
+    pub name: String,
+    pub admin: bool,
+}
+
+impl Caller {
+    /// The caller of a server that checks no credential: may do anything,
+    /// named nobody.
+    pub fn anonymous() -> Self {
+        Caller {
+            name: String::new(),
+            admin: true,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match (self.name.as_str(), self.admin) {
+            ("", _) => "anonymous".to_string(),
+            (n, true) => format!("{n} (admin)"),
+            (n, false) => format!("{n} (porter)"),
+        }
+    }
+
+    /// Whether this caller may change a port owned by `owner`.
+    fn may_change(&self, owner: &str) -> bool {
+        self.admin || (!owner.is_empty() && owner == self.name)
+    }
 }
 
 /// A port submission as the edge received it.
@@ -43,6 +93,8 @@ pub struct Submission {
     /// W3C `traceparent` of the submitter's span (gRPC metadata), so the
     /// port's trace joins the caller's (e.g. an agent's).
     pub traceparent: Option<String>,
+    /// Who submits.
+    pub caller: Caller,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -81,6 +133,28 @@ pub enum PortError {
     /// or secret-looking text, a hatch already answered).
     #[error("{0}")]
     InvalidAnswer(String),
+    /// The family's port belongs to another checkout: its repository,
+    /// status file and verdicts never move to this one.
+    #[error(
+        "port {family} belongs to {port_repo} ({port_identity}); this submit comes from {repo} ({identity}), another checkout: a port's repository, status file and verdicts never move. Submit from {port_repo}, or reset the port there first (fvd reset {family} --orchestrator URL){owner}"
+    )]
+    OtherCheckout {
+        family: String,
+        port_repo: String,
+        port_identity: String,
+        repo: String,
+        identity: String,
+        /// ` (its owner: alice)`, or empty.
+        owner: String,
+    },
+    /// The caller may change only its own ports, and this one is not.
+    #[error("{caller} may not {what} port {family}: {why}")]
+    NotYours {
+        family: String,
+        caller: String,
+        what: &'static str,
+        why: String,
+    },
     /// The spec's agent command may not run on this orchestrator.
     #[error("{path}: {why}")]
     AgentRefused { path: String, why: String },
@@ -99,14 +173,26 @@ pub enum AnswerChoice {
 #[derive(Debug)]
 pub enum OrchestratorMsg {
     Submit(Submission, RpcReplyPort<Result<Submitted, PortError>>),
-    Cancel(String, RpcReplyPort<Result<(), PortError>>),
+    Cancel {
+        family: String,
+        caller: Caller,
+        reply: RpcReplyPort<Result<(), PortError>>,
+    },
     Answer {
         family: String,
         id: String,
         choice: AnswerChoice,
         /// W3C `traceparent` of the answering call, when it sent one.
         traceparent: Option<String>,
+        caller: Caller,
         reply: RpcReplyPort<Result<EscapeRow, PortError>>,
+    },
+    /// Forget a port that does not run here: its state goes, its log of
+    /// actions stays (`fvd reset --orchestrator`).
+    Reset {
+        family: String,
+        caller: Caller,
+        reply: RpcReplyPort<Result<(), PortError>>,
     },
 }
 
@@ -172,20 +258,12 @@ impl Actor for OrchestratorActor {
                 let r = submit(&myself, st, sub).await;
                 let _ = reply.send(r);
             }
-            OrchestratorMsg::Cancel(family, reply) => {
-                let r = match st.ports.get(&family) {
-                    Some(gate) => gate
-                        .cast(GateMsg::Cancel)
-                        .map_err(|e| PortError::Internal(e.to_string())),
-                    None => match st.args.store.port(&family).await {
-                        Ok(Some(p)) => Err(PortError::NotRunning {
-                            family,
-                            state: p.state,
-                        }),
-                        Ok(None) => Err(PortError::UnknownFamily(family)),
-                        Err(e) => Err(PortError::Internal(e.to_string())),
-                    },
-                };
+            OrchestratorMsg::Cancel {
+                family,
+                caller,
+                reply,
+            } => {
+                let r = cancel(st, family, &caller).await;
                 let _ = reply.send(r);
             }
             OrchestratorMsg::Answer {
@@ -193,9 +271,18 @@ impl Actor for OrchestratorActor {
                 id,
                 choice,
                 traceparent,
+                caller,
                 reply,
             } => {
-                let r = answer(&myself, st, &family, &id, choice, traceparent).await;
+                let r = answer(&myself, st, &family, &id, choice, traceparent, &caller).await;
+                let _ = reply.send(r);
+            }
+            OrchestratorMsg::Reset {
+                family,
+                caller,
+                reply,
+            } => {
+                let r = reset(st, &family, &caller).await;
                 let _ = reply.send(r);
             }
         }
@@ -280,6 +367,56 @@ async fn submit(
     }
     let internal = |e: fvd_store::StoreError| PortError::Internal(e.to_string());
     let known = st.args.store.port(&sub.family).await.map_err(internal)?;
+    let identity = fvd_workspace::identity::repo_identity(Path::new(&sub.repo)).await;
+    if let Some(port) = &known {
+        let origin = st
+            .args
+            .store
+            .port_origin(&sub.family)
+            .await
+            .map_err(internal)?
+            .unwrap_or_default();
+        let same_checkout = port.repo == sub.repo
+            && (origin.repo_identity.is_empty() || origin.repo_identity == identity);
+        if !same_checkout && !st.args.checkout_owns_store {
+            return Err(PortError::OtherCheckout {
+                family: sub.family,
+                port_repo: port.repo.clone(),
+                port_identity: if origin.repo_identity.is_empty() {
+                    "identity not recorded".into()
+                } else {
+                    origin.repo_identity
+                },
+                repo: sub.repo,
+                identity,
+                owner: if origin.owner.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (its owner: {})", origin.owner)
+                },
+            });
+        }
+        check_owner(&sub.caller, &sub.family, &origin.owner, "submit")?;
+        if !same_checkout {
+            // Embedded: the checkout moved, and its state with it.
+            st.args
+                .store
+                .adopt_checkout(&sub.family, &sub.repo, &identity)
+                .await
+                .map_err(internal)?;
+        } else if origin.repo_identity.is_empty() {
+            st.args
+                .store
+                .record_repo_identity(&sub.family, &identity)
+                .await
+                .map_err(internal)?;
+        }
+    }
+    let action = if sub.rerun {
+        Action::Rerun
+    } else {
+        Action::Submit
+    };
     // Runs from now on test the new commit; a verdict of another tree may not hold.
     let recommit = known.as_ref().is_some_and(|p| p.commit != sub.commit);
     let rows = st
@@ -305,6 +442,11 @@ async fn submit(
     };
     if let Some(gate) = st.ports.get(&sub.family).cloned() {
         if !sub.rerun && plan.is_empty() && !recommit {
+            st.args
+                .store
+                .record_action(&sub.family, action, &sub.caller.name, &sub.commit)
+                .await
+                .map_err(internal)?;
             return Ok(Submitted {
                 family: sub.family,
                 resumed: true,
@@ -358,13 +500,23 @@ async fn submit(
         port_status_path: String::new(),
         commit: sub.commit.clone(),
     };
+    let origin = PortOrigin {
+        repo_identity: identity,
+        owner: sub.caller.name.clone(),
+        submitted_by: sub.caller.name.clone(),
+    };
     let created = st
         .args
         .store
-        .create_port(&row, &names)
+        .create_port_from(&row, &names, &origin, action)
         .await
         .map_err(internal)?;
     if !created {
+        st.args
+            .store
+            .record_action(&sub.family, action, &sub.caller.name, &sub.commit)
+            .await
+            .map_err(internal)?;
         let mut again: Vec<String> = plan.iter().map(|c| c.component.clone()).collect();
         again.extend(stale.rerun.iter().map(|(c, _)| c.clone()));
         st.args
@@ -707,6 +859,7 @@ fn spec_diff(a: &fvd_spec::ComponentSpec, b: &fvd_spec::ComponentSpec) -> String
 /// Records the answer to escape hatch `id` and wakes the component that
 /// asked: through the port's gate when it runs here, else by resuming the
 /// port from the store (embedded mode, a paused port after a restart).
+#[allow(clippy::too_many_arguments)]
 async fn answer(
     myself: &ActorRef<OrchestratorMsg>,
     st: &mut OrchestratorState,
@@ -714,6 +867,7 @@ async fn answer(
     id: &str,
     choice: AnswerChoice,
     traceparent: Option<String>,
+    caller: &Caller,
 ) -> Result<EscapeRow, PortError> {
     let internal = |e: StoreError| PortError::Internal(e.to_string());
     let port = st
@@ -723,6 +877,8 @@ async fn answer(
         .await
         .map_err(internal)?
         .ok_or_else(|| PortError::UnknownFamily(family.to_string()))?;
+    let owner = owner_of(st, family).await?;
+    check_owner(caller, family, &owner, "answer")?;
     let hatch = st
         .args
         .store
@@ -768,7 +924,7 @@ async fn answer(
     let row = st
         .args
         .store
-        .answer_escape(family, id, &text)
+        .answer_escape_by(family, id, &text, &caller.name)
         .await
         .map_err(|e| match e {
             e @ StoreError::EscapeNotOpen { .. } => PortError::InvalidAnswer(e.to_string()),
@@ -796,6 +952,98 @@ async fn answer(
         .await
         .map_err(|e| PortError::Internal(e.to_string()))?;
     Ok(row)
+}
+
+/// The credential that owns `family` ("" when none was checked or the port
+/// is older than owners).
+async fn owner_of(st: &OrchestratorState, family: &str) -> Result<String, PortError> {
+    Ok(st
+        .args
+        .store
+        .port_origin(family)
+        .await
+        .map_err(|e| PortError::Internal(e.to_string()))?
+        .map(|o| o.owner)
+        .unwrap_or_default())
+}
+
+/// Refuses `caller` doing `what` to a port owned by `owner`, unless it is
+/// the owner or an admin.
+fn check_owner(
+    caller: &Caller,
+    family: &str,
+    owner: &str,
+    what: &'static str,
+) -> Result<(), PortError> {
+    if caller.may_change(owner) {
+        return Ok(());
+    }
+    let why = if owner.is_empty() {
+        "it was submitted without a credential, so only an admin may".to_string()
+    } else {
+        format!("it is {owner}'s; only {owner} or an admin may")
+    };
+    Err(PortError::NotYours {
+        family: family.to_string(),
+        caller: caller.describe(),
+        what,
+        why,
+    })
+}
+
+/// Cancels the port running here, if `caller` may.
+async fn cancel(
+    st: &mut OrchestratorState,
+    family: String,
+    caller: &Caller,
+) -> Result<(), PortError> {
+    let internal = |e: StoreError| PortError::Internal(e.to_string());
+    let Some(port) = st.args.store.port(&family).await.map_err(internal)? else {
+        return Err(PortError::UnknownFamily(family));
+    };
+    let owner = owner_of(st, &family).await?;
+    check_owner(caller, &family, &owner, "cancel")?;
+    let Some(gate) = st.ports.get(&family) else {
+        return Err(PortError::NotRunning {
+            family,
+            state: port.state,
+        });
+    };
+    gate.cast(GateMsg::Cancel)
+        .map_err(|e| PortError::Internal(e.to_string()))?;
+    st.args
+        .store
+        .record_action(&family, Action::Cancel, &caller.name, "")
+        .await
+        .map_err(internal)
+}
+
+/// Forgets a port that does not run here (`fvd reset --orchestrator`):
+/// the next submit, from any checkout, starts it over. Its log stays.
+async fn reset(st: &mut OrchestratorState, family: &str, caller: &Caller) -> Result<(), PortError> {
+    let internal = |e: StoreError| PortError::Internal(e.to_string());
+    if st
+        .args
+        .store
+        .port(family)
+        .await
+        .map_err(internal)?
+        .is_none()
+    {
+        return Err(PortError::UnknownFamily(family.to_string()));
+    }
+    let owner = owner_of(st, family).await?;
+    check_owner(caller, family, &owner, "reset")?;
+    if st.ports.contains_key(family) {
+        return Err(PortError::Busy(family.to_string(), "resetting it"));
+    }
+    st.args
+        .store
+        .record_action(family, Action::Reset, &caller.name, "")
+        .await
+        .map_err(internal)?;
+    st.args.store.delete_port(family).await.map_err(internal)?;
+    Ok(())
 }
 
 /// The code of a port's runs: its pinned commit, where its folder sits in

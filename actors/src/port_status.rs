@@ -125,6 +125,11 @@ pub async fn plan(
         runs.push(store.jobs_of(family, &c.name).await?);
     }
     let escapes = store.escapes(family).await?;
+    let by = store
+        .port_origin(family)
+        .await?
+        .map(|o| o.submitted_by)
+        .unwrap_or_default();
     // Each component's variant table, when it belongs to its final run.
     let tables = store.variant_tables(family).await?;
     let mut variants = BTreeMap::new();
@@ -152,7 +157,7 @@ pub async fn plan(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(source) => return Err(PortStatusError::Read { path, source }),
     };
-    let (after, skipped) = match next_text(
+    let (after, skipped) = match next_text_by(
         before.as_deref(),
         &port,
         spec,
@@ -162,6 +167,7 @@ pub async fn plan(
         &variants,
         &gpus,
         &today(),
+        &by,
     ) {
         Next::Text(t) => (Some(t), None),
         Next::Nothing(why) => (None, Some(why)),
@@ -332,6 +338,7 @@ pub fn component_input(
                 None => String::new(),
             },
             variants: String::new(),
+            by: String::new(),
         }
     });
     ComponentInput {
@@ -344,6 +351,15 @@ pub fn component_input(
     }
 }
 
+/// ` by NAME` when a credential answered, else nothing.
+fn answerer(e: &EscapeRow) -> String {
+    if e.answered_by.is_empty() {
+        String::new()
+    } else {
+        format!(" by {}", e.answered_by)
+    }
+}
+
 /// The escape-hatch row of a question an agent asked; its status follows the answer.
 fn escape_row(e: &EscapeRow) -> EscapeHatchRow {
     let status = match e.status.as_str() {
@@ -353,10 +369,12 @@ fn escape_row(e: &EscapeRow) -> EscapeHatchRow {
     let resolution = match (e.status.as_str(), e.resolved_attempt) {
         ("open", _) => format!("waiting: fvd answer {} {} --option N", e.family, e.id),
         ("withdrawn", _) => "withdrawn: the port was rerun (fvd submit --rerun)".to_string(),
-        (_, Some(a)) => {
-            coauthor::one_line(&format!("answered: {}; given to attempt {a}", e.answer))
-        }
-        _ => coauthor::one_line(&format!("answered: {}", e.answer)),
+        (_, Some(a)) => coauthor::one_line(&format!(
+            "answered{}: {}; given to attempt {a}",
+            answerer(e),
+            e.answer
+        )),
+        _ => coauthor::one_line(&format!("answered{}: {}", answerer(e), e.answer)),
     };
     EscapeHatchRow {
         id: e.id.clone(),
@@ -383,6 +401,26 @@ pub fn next_text(
     gpus: &BTreeMap<String, String>,
     date: &str,
 ) -> Next {
+    next_text_by(
+        existing, port, spec, components, runs, escapes, variants, gpus, date, "",
+    )
+}
+
+/// [`next_text`] for a port `by` submitted (a credential's name, in each
+/// evidence segment: `run N on W for NAME`).
+#[allow(clippy::too_many_arguments)]
+pub fn next_text_by(
+    existing: Option<&str>,
+    port: &PortRow,
+    spec: &PortSpec,
+    components: &[ComponentRow],
+    runs: &[Vec<JobRecord>],
+    escapes: &[EscapeRow],
+    variants: &BTreeMap<String, String>,
+    gpus: &BTreeMap<String, String>,
+    date: &str,
+    by: &str,
+) -> Next {
     // A gate refusal before any component ran says nothing about the code.
     if port.state == PortState::Blocked && matches!(port.phase.as_str(), "P0" | "P2") {
         return Next::Nothing(format!("the gate refused {}; nothing ran", port.phase));
@@ -399,6 +437,9 @@ pub fn next_text(
                     component_input(&port.family, s, k.map(|k| &components[k]), jobs, gpus);
                 if let (Some(run), Some(v)) = (input.run.as_mut(), variants.get(&s.name)) {
                     run.variants = v.clone();
+                }
+                if let Some(run) = input.run.as_mut() {
+                    run.by = by.to_string();
                 }
                 input
             })

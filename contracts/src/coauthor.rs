@@ -180,6 +180,9 @@ pub struct Run {
     /// The run's hypothesis variants in one line (`eps_fix passes, fp32
     /// same`); empty when it had none.
     pub variants: String,
+    /// Who submitted the port (a credential's name, `… on W for NAME`);
+    /// empty when no credential was checked.
+    pub by: String,
 }
 
 /// A spec component and what fvd recorded for it.
@@ -962,6 +965,9 @@ impl<'a> Patcher<'a> {
         }
         if !run.gpu.is_empty() {
             s.push_str(&format!(" ({})", one_line(&run.gpu).replace(':', " ")));
+        }
+        if !run.by.is_empty() {
+            s.push_str(&format!(" for {}", one_line(&run.by)));
         }
         s
     }

@@ -63,6 +63,8 @@ impl Embedded {
             // Only the port asked for runs here, on this machine's worker:
             // a job it can never hold is refused at once, not waited for.
             resume_on_start: false,
+            // The state is REPO/.fvd: a new path is the same checkout moved.
+            checkout_owns_store: true,
             scheduler: SchedulerConfig {
                 fixed_fleet: true,
                 ..Default::default()

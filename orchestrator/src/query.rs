@@ -75,6 +75,8 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     let gate = store.gate_events(family).await?;
     let escapes = store.escapes(family).await?;
     let mut tables = store.variant_tables(family).await?;
+    let origin = store.port_origin(family).await?.unwrap_or_default();
+    let actions = store.actions(family).await?;
     let status_write_error = store.status_write_error(family).await?;
     Ok(Some(pb::PortSnapshot {
         status_write_error,
@@ -94,6 +96,18 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
         gate_events: gate.into_iter().map(gate_wire).collect(),
         repo: port.repo,
         port_status_path: port.port_status_path,
+        repo_identity: origin.repo_identity,
+        owner: origin.owner,
+        submitted_by: origin.submitted_by,
+        actions: actions
+            .into_iter()
+            .map(|a| pb::PortAction {
+                action: a.action,
+                actor: a.actor,
+                detail: a.detail,
+                at_ms: a.at_ms,
+            })
+            .collect(),
     }))
 }
 

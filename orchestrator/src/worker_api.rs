@@ -38,6 +38,10 @@ pub struct WorkerApi {
     pub max_code_bytes: u64,
     /// Every stream's heartbeats go to the scheduler through this batch.
     pub heartbeats: Arc<HeartbeatBatch>,
+    /// What the interceptor checked the worker's token against: a worker
+    /// whose credential is revoked loses its stream (and is refused when it
+    /// dials again).
+    pub credentials: fvd_proto::auth::Credentials,
     /// The orchestrator's own secrets, redacted from everything a worker
     /// sends of a job before it is stored.
     pub secrets: Arc<fvd_contracts::redactor::Redactor>,
@@ -71,6 +75,12 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         &self,
         request: Request<Streaming<pb::WorkerMsg>>,
     ) -> Result<Response<OutStream>, Status> {
+        let who = request
+            .extensions()
+            .get::<fvd_proto::auth::Principal>()
+            .cloned()
+            .ok_or_else(|| Status::unauthenticated("no credential was checked for this call"))?;
+        let credentials = self.credentials.clone();
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -115,8 +125,17 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         let (store, max_code_bytes) = (self.store.clone(), self.max_code_bytes);
         let secrets = self.secrets.clone();
         fvd_telemetry::spawn(async move {
+            let revoked = credentials.revoked(&who);
+            tokio::pin!(revoked);
             loop {
-                match inbound.message().await {
+                let next = tokio::select! {
+                    m = inbound.message() => m,
+                    () = &mut revoked => {
+                        tracing::warn!(worker = %worker_id, credential = %who.name(), "the worker's credential was revoked; closing its stream");
+                        break;
+                    }
+                };
+                match next {
                     Ok(Some(pb::WorkerMsg {
                         msg: Some(pb::worker_msg::Msg::FetchCode(f)),
                     })) => {

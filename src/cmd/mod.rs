@@ -2,6 +2,7 @@
 //! crates and returns the [`exit::Exit`] it wants; an `Err` becomes
 //! [`exit::Exit::Usage`] with the error printed once by `main`.
 
+pub mod auth;
 pub mod contracts;
 pub mod dashboard;
 pub mod dry_run;
@@ -149,6 +150,9 @@ pub enum Command {
     /// Run the orchestrator server.
     #[command(subcommand)]
     Orchestrator(server::OrchestratorCmd),
+    /// Manage the credentials file of `fvd orchestrator serve --auth`.
+    #[command(subcommand)]
+    Auth(auth::AuthCmd),
     /// Run a GPU worker that dials an orchestrator.
     Worker(server::WorkerArgs),
     /// Serve the web dashboard of an embedded state (REPO/.fvd/state.db),
@@ -169,6 +173,7 @@ pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
         Command::Reset(a) => port::reset(a),
         Command::Answer(a) => port::answer(a),
         Command::Orchestrator(c) => server::serve(c),
+        Command::Auth(c) => auth::run(c),
         Command::Worker(a) => server::worker(a),
         Command::Dashboard(a) => dashboard::run(a),
     }

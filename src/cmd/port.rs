@@ -21,6 +21,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use super::exit::Remote;
 use super::server::{ClientTls, TokenArgs, local_worker_config, runtime};
 
 #[derive(Debug, Args)]
@@ -91,6 +92,12 @@ pub struct StatusArgs {
     pub orchestrator: Option<String>,
     #[arg(long)]
     pub json: bool,
+    /// Exit non-zero unless every port shown is running or passed, as
+    /// `git diff --exit-code` does: 1 blocked, failed or cancelled, 3
+    /// waiting for an answer, 4 waiting for an environment (the worst
+    /// first, in that order).
+    #[arg(long)]
+    pub exit_status: bool,
     #[command(flatten)]
     pub token: TokenArgs,
     #[command(flatten)]
@@ -190,6 +197,15 @@ pub struct ResetArgs {
     /// The port's repository (default: the current directory).
     #[arg(long, default_value = ".")]
     pub repo: PathBuf,
+    /// Forget the port on this orchestrator instead (its owner or an
+    /// admin; cancel a running port first): the next submit, from any
+    /// checkout, starts it over.
+    #[arg(long)]
+    pub orchestrator: Option<String>,
+    #[command(flatten)]
+    pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: ClientTls,
 }
 
 /// The state database of embedded mode inside a repository.
@@ -436,7 +452,7 @@ async fn send_answer(client: &mut Client, request: pb::AnswerRequest) -> anyhow:
     let r = client
         .answer(traced(request))
         .await
-        .map_err(status_err)?
+        .map_err(|e| client.fail(e))?
         .into_inner();
     let e = r
         .escape
@@ -453,7 +469,7 @@ async fn send(client: &mut Client, request: pb::SubmitRequest, place: &str) -> a
     let r = client
         .submit(traced(request))
         .await
-        .map_err(status_err)?
+        .map_err(|e| client.fail(e))?
         .into_inner();
     let verb = if r.rerun {
         "reran every component of"
@@ -653,10 +669,10 @@ async fn watch(client: &mut Client, family: &str, since: i64) -> anyhow::Result<
             family: family.to_string(),
         })
         .await
-        .map_err(status_err)?
+        .map_err(|e| client.fail(e))?
         .into_inner();
     let progress = Progress::new(std::io::stderr().is_terminal(), super::color(), since);
-    while let Some(ev) = stream.message().await.map_err(status_err)? {
+    while let Some(ev) = stream.message().await.map_err(|e| client.fail(e))? {
         match ev.event {
             Some(pb::port_event::Event::Component(c)) => progress.component(&c),
             Some(pb::port_event::Event::Gate(g)) => progress.gate(&g),
@@ -834,6 +850,14 @@ fn print_snapshot(s: &pb::PortSnapshot) {
         "port {}: {} at {}",
         s.family, s.state, s.phase
     ));
+    if !s.owner.is_empty() {
+        let last = if s.submitted_by.is_empty() || s.submitted_by == s.owner {
+            String::new()
+        } else {
+            format!(", last submitted by {}", s.submitted_by)
+        };
+        say(format_args!("  owner {}{last}", s.owner));
+    }
     // The gate's latest refusal: why a blocked port stopped where it did.
     if let Some(g) = s.gate_events.iter().rev().find(|g| g.outcome == "refused") {
         say(format_args!("  gate refused {}:", g.phase));
@@ -879,6 +903,16 @@ fn print_snapshot(s: &pb::PortSnapshot) {
         say(format_args!(
             "  fix the environment of that worker (or start one that has it) and run fvd submit --family {} again: nothing was counted against the components",
             s.family
+        ));
+    }
+    for e in s
+        .escapes
+        .iter()
+        .filter(|e| e.status != "open" && !e.answered_by.is_empty())
+    {
+        say(format_args!(
+            "  {} {} answered by {}: {}",
+            e.id, e.component, e.answered_by, e.answer
         ));
     }
     for e in s.escapes.iter().filter(|e| e.status == "open") {
@@ -1004,7 +1038,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<Exit> {
                         family: args.family.clone().unwrap_or_default(),
                     })
                     .await
-                    .map_err(status_err)?
+                    .map_err(|e| client.fail(e))?
                     .into_inner()
                     .ports
             }
@@ -1033,8 +1067,32 @@ pub fn status(args: StatusArgs) -> anyhow::Result<Exit> {
                 print_snapshot(p);
             }
         }
-        Ok(Exit::Success)
+        Ok(if args.exit_status {
+            exit_status(&ports)
+        } else {
+            Exit::Success
+        })
     })
+}
+
+/// `fvd status --exit-status`: 0 while every port runs or has passed; else
+/// the worst of 1 (blocked, failed, cancelled), 3 (waits for an answer)
+/// and 4 (waits for an environment).
+fn exit_status(ports: &[pb::PortSnapshot]) -> Exit {
+    let each: Vec<Exit> = ports
+        .iter()
+        .map(|p| {
+            if p.state == PortState::Running.as_str() {
+                Exit::Success
+            } else {
+                outcome(p)
+            }
+        })
+        .collect();
+    [Exit::Findings, Exit::AskUser, Exit::Environment]
+        .into_iter()
+        .find(|e| each.contains(e))
+        .unwrap_or(Exit::Success)
 }
 
 fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
@@ -1043,6 +1101,15 @@ fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
         "state": s.state,
         "phase": s.phase,
         "repo": s.repo,
+        "repo_identity": s.repo_identity,
+        "owner": s.owner,
+        "submitted_by": s.submitted_by,
+        "actions": s.actions.iter().map(|a| serde_json::json!({
+            "action": a.action,
+            "actor": a.actor,
+            "detail": a.detail,
+            "at_ms": a.at_ms,
+        })).collect::<Vec<_>>(),
         "port_status_path": s.port_status_path,
         "components": s.components.iter().map(|c| serde_json::json!({
             "name": c.name,
@@ -1075,6 +1142,7 @@ fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
             "options": e.options,
             "status": e.status,
             "answer": e.answer,
+            "answered_by": e.answered_by,
             "attempt": e.attempt,
         })).collect::<Vec<_>>(),
         "gate": s.gate_events.iter().map(|g| serde_json::json!({
@@ -1100,10 +1168,10 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<Exit> {
                         follow: args.follow,
                     })
                     .await
-                    .map_err(status_err)?
+                    .map_err(|e| client.fail(e))?
                     .into_inner();
                 let mut wrote = 0;
-                while let Some(chunk) = stream.message().await.map_err(status_err)? {
+                while let Some(chunk) = stream.message().await.map_err(|e| client.fail(e))? {
                     wrote += chunk.data.len();
                     out.write_all(&chunk.data)?;
                 }
@@ -1270,7 +1338,7 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
                 family: args.family.clone(),
             })
             .await
-            .map_err(status_err)?;
+            .map_err(|e| client.fail(e))?;
         say(format_args!("cancelled port {}", args.family));
         Ok(Exit::Success)
     })
@@ -1279,6 +1347,22 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
 /// `fvd reset F`: forgets the port's embedded state. Refused while a
 /// process runs the port.
 pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
+    if let Some(url) = &args.orchestrator {
+        return runtime()?.block_on(async {
+            let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
+            client
+                .reset(pb::ResetRequest {
+                    family: args.family.clone(),
+                })
+                .await
+                .map_err(|e| client.fail(e))?;
+            say(format_args!(
+                "reset port {} on {url}: its runs, verdicts, questions and attempt ledger are forgotten there (the log of who changed it stays); the next fvd submit, from any checkout, starts it over",
+                args.family
+            ));
+            Ok(Exit::Success)
+        });
+    }
     let repo = super::find_repo(&args.repo, &args.family)
         .canonicalize()
         .with_context(|| format!("repository {}", args.repo.display()))?;
@@ -1327,7 +1411,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                         component: args.component.clone(),
                     })
                     .await
-                    .map_err(status_err)?
+                    .map_err(|e| client.fail(e))?
                     .into_inner();
                 let worktree = r.worktree.map(|w| fvd_workspace::worktree::Worktree {
                     path: w.path.into(),
@@ -1434,8 +1518,38 @@ pub async fn open_local(repo: &Path) -> anyhow::Result<Store> {
     Ok(Store::open_path(&db).await?)
 }
 
-/// A port client that presents the token, when one is configured.
-pub type Client = PortServiceClient<InterceptedService<Channel, ClientAuth>>;
+/// A port client that presents the token, when one is configured, and
+/// knows its orchestrator's URL for the errors scripts act on.
+#[derive(Debug, Clone)]
+pub struct Client {
+    grpc: PortServiceClient<InterceptedService<Channel, ClientAuth>>,
+    pub url: String,
+}
+
+impl std::ops::Deref for Client {
+    type Target = PortServiceClient<InterceptedService<Channel, ClientAuth>>;
+    fn deref(&self) -> &Self::Target {
+        &self.grpc
+    }
+}
+
+impl std::ops::DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.grpc
+    }
+}
+
+impl Client {
+    /// A failed call as an error: [`Remote`] (exit 5 or 6) when the
+    /// orchestrator was unreachable or refused the credential, else the
+    /// server's message (exit 2).
+    pub fn fail(&self, s: tonic::Status) -> anyhow::Error {
+        match Remote::of(&self.url, &s) {
+            Some(r) => r.into(),
+            None => anyhow::anyhow!("{}", s.message()),
+        }
+    }
+}
 
 pub async fn client(
     url: &str,
@@ -1446,11 +1560,26 @@ pub async fn client(
         .connect_timeout(Duration::from_secs(10))
         .connect()
         .await
-        .with_context(|| format!("cannot reach the orchestrator at {url}"))?;
-    Ok(PortServiceClient::with_interceptor(
-        channel,
-        ClientAuth::new(token),
-    ))
+        .map_err(|e| {
+            // The transport error's own text, then its causes, on one line.
+            let mut cause = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                let text = s.to_string();
+                if !cause.contains(&text) {
+                    cause.push_str(&format!(": {text}"));
+                }
+                source = s.source();
+            }
+            Remote::Unreachable {
+                url: url.to_string(),
+                cause,
+            }
+        })?;
+    Ok(Client {
+        grpc: PortServiceClient::with_interceptor(channel, ClientAuth::new(token)),
+        url: url.to_string(),
+    })
 }
 
 /// A submit or answer call, carrying the trace context as W3C `traceparent`
@@ -1464,8 +1593,4 @@ fn traced<T>(request: T) -> tonic::Request<T> {
         request.metadata_mut().insert("traceparent", value);
     }
     request
-}
-
-fn status_err(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{}", s.message())
 }

@@ -33,13 +33,20 @@ pub struct TokenArgs {
 }
 
 impl TokenArgs {
+    /// Where the token comes from, when one is configured.
+    pub fn source(&self) -> Option<TokenSource> {
+        match (&self.token_file, &self.token_env) {
+            (Some(p), _) => Some(TokenSource::File(p.clone())),
+            (None, Some(name)) => Some(TokenSource::Env(name.clone())),
+            (None, None) => None,
+        }
+    }
+
     pub fn load(&self) -> anyhow::Result<Option<Token>> {
-        let source = match (&self.token_file, &self.token_env) {
-            (Some(p), _) => TokenSource::File(p.clone()),
-            (None, Some(name)) => TokenSource::Env(name.clone()),
-            (None, None) => return Ok(None),
-        };
-        Ok(Some(Token::load(&source)?))
+        match self.source() {
+            Some(source) => Ok(Some(Token::load(&source)?)),
+            None => Ok(None),
+        }
     }
 }
 
@@ -75,8 +82,16 @@ pub struct ServeArgs {
     /// re-queued elsewhere (workers heartbeat every second).
     #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
     pub lease_ttl: f64,
+    /// The single shared token of earlier versions: every call that
+    /// carries it is an admin named `admin` (also beside --auth).
     #[command(flatten)]
     pub token: TokenArgs,
+    /// Named credentials with roles (worker, viewer, porter, admin), one
+    /// [[token]] each, stored as SHA-256 hashes: `fvd auth add NAME --role
+    /// ROLE --file FILE` makes one. Re-read on SIGHUP, so a deleted entry
+    /// is refused from then on.
+    #[arg(long, value_name = "FILE")]
+    pub auth: Option<PathBuf>,
     /// Serve TLS with this certificate chain (PEM); needs --tls-key.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -84,10 +99,29 @@ pub struct ServeArgs {
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// Also serve the web dashboard (plain HTTP) on this address, e.g.
-    /// 127.0.0.1:7080; off unless given. Answers from it need --token's
-    /// value when a token is set.
+    /// 127.0.0.1:7080; off unless given. Answers from it need a porter or
+    /// admin token when the orchestrator has credentials.
     #[arg(long, value_name = "ADDR")]
     pub dashboard: Option<String>,
+    /// A `Host` name the dashboard answers to besides its listen address
+    /// and localhost (NAME, or NAME:PORT); repeatable. Any other is refused
+    /// (a DNS-rebinding page names its own).
+    #[arg(long = "dashboard-host", value_name = "NAME", requires = "dashboard")]
+    pub dashboard_hosts: Vec<String>,
+    /// Every dashboard page, twin and stream needs a viewer, porter or
+    /// admin token (a sign-in form for browsers, `Authorization: Bearer`
+    /// for scripts).
+    #[arg(long, requires = "dashboard")]
+    pub dashboard_require_viewer: bool,
+    /// Dashboard connections held at most (default: a quarter of the
+    /// process's file-descriptor limit, 16 to 1,024); live streams at most
+    /// a quarter of them.
+    #[arg(long, value_name = "N", requires = "dashboard")]
+    pub dashboard_max_connections: Option<usize>,
+    /// A dashboard connection with no byte either way for this long is
+    /// closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0, value_parser = idle_seconds, requires = "dashboard")]
+    pub dashboard_idle_timeout: f64,
     /// Also answer `grpc.health.v1` health checks on this address, in
     /// plaintext and without a token (for Kubernetes' grpc probes when the
     /// main listener speaks TLS). The main listener answers them too.
@@ -243,6 +277,70 @@ pub async fn interrupted() {
     }
 }
 
+fn idle_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.1 => Ok(v),
+        _ => Err(format!("{s} is not a number of seconds of at least 0.1")),
+    }
+}
+
+/// Raises this process's soft limit of open files to its hard limit (a
+/// server of many connections; Go and systemd services do the same), and
+/// returns the limit in force.
+fn raise_fd_limit() -> Option<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return Some(hard);
+    }
+    Some(soft)
+}
+
+/// The dashboard's guard from `serve`'s flags.
+fn dashboard_options(
+    args: &ServeArgs,
+    fds: Option<u64>,
+) -> fvd_orchestrator::dashboard::guard::Options {
+    use fvd_orchestrator::dashboard::guard::{Limits, Options};
+    let mut limits = Limits::for_fd_limit(fds.unwrap_or(1024));
+    if let Some(n) = args.dashboard_max_connections {
+        let n = n.max(1);
+        limits.max_connections = n;
+        limits.max_connections_per_client = limits.max_connections_per_client.min(n);
+        limits.max_streams = (n / 4).max(1);
+        limits.max_streams_per_client = limits.max_streams_per_client.min(limits.max_streams);
+    }
+    limits.idle = Duration::from_secs_f64(args.dashboard_idle_timeout);
+    Options {
+        hosts: args.dashboard_hosts.clone(),
+        require_viewer: args.dashboard_require_viewer,
+        limits: Some(limits),
+    }
+}
+
+/// Re-reads the credentials on every SIGHUP: a deleted entry is refused
+/// from the next call on (and its streams end); a file that does not parse
+/// keeps the previous set and says why.
+fn reload_on_sighup(credentials: fvd_proto::auth::Credentials) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
+    fvd_telemetry::spawn(async move {
+        while hup.recv().await.is_some() {
+            match credentials.reload() {
+                Ok(n) => {
+                    tracing::info!(credentials = n, "reloaded the credentials (SIGHUP)");
+                    eprintln!("fvd: reloaded the credentials: {n} hold");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "kept the previous credentials: the new ones do not load");
+                    eprintln!("fvd: error: kept the previous credentials: {e}");
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
 fn parse_label(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
@@ -318,8 +416,22 @@ pub async fn local_worker_config(
 
 pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
     let OrchestratorCmd::Serve(args) = cmd;
+    let fds = raise_fd_limit();
     runtime()?.block_on(async move {
+        let single = args.token.source();
+        let credentials =
+            fvd_proto::auth::Credentials::load(args.auth.as_deref(), single.as_ref())?;
+        // The single token's value, for the redactors (named credentials
+        // are hashes: there is no value to redact).
         let token = args.token.load()?;
+        if credentials.is_open() {
+            tracing::warn!("no --auth or --token-file: every call is accepted");
+        } else if args.auth.is_some() && credentials.is_empty() {
+            eprintln!(
+                "fvd: warning: {} holds no credential yet: every call is refused until one is added (fvd auth add) and the server gets SIGHUP",
+                args.auth.as_deref().map(|p| p.display().to_string()).unwrap_or_default()
+            );
+        }
         let store = Store::open(&args.db).await?;
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
@@ -338,6 +450,7 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
         // (and a host that allows none still serves).
         let agent_jail = if args.allow_agent_commands {
             let mut hidden: Vec<PathBuf> = args.token.token_file.iter().cloned().collect();
+            hidden.extend(args.auth.iter().cloned());
             hidden.extend(args.tls_key.iter().cloned());
             hidden.extend(args.agent_hide.iter().cloned());
             jail(args.agent_sandbox, &hidden)?
@@ -350,7 +463,9 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
         }
         tracing::info!(jail = %agent_jail.describe(), allow_agent_commands = args.allow_agent_commands, "agents");
         let mut config = fvd_orchestrator::ServerConfig {
-            token: token.clone(),
+            // What calls are checked against; `token` is only redacted.
+            credentials: Some(credentials.clone()),
+            token,
             tls,
             max_code_bytes: args.max_code_mib.saturating_mul(1024 * 1024),
             agents: fvd_workspace::agent::AgentPolicy {
@@ -374,6 +489,7 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             None => None,
         };
         let mut server = fvd_orchestrator::start(listener, store, config).await?;
+        reload_on_sighup(credentials.clone())?;
         // The first line names the address, so scripts can use port 0.
         println!("fvd orchestrator listening on {}", server.url());
         let _dashboard = match &args.dashboard {
@@ -381,10 +497,14 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("cannot listen on {addr} for the dashboard"))?;
-                let dash = fvd_orchestrator::dashboard::Dashboard::live(&server, token.clone());
-                let d = fvd_orchestrator::dashboard::serve(listener, dash)
-                    .context("cannot start the dashboard")?;
-                if token.is_some() && !fvd_orchestrator::dashboard::is_loopback(&d.addr) {
+                let dash = fvd_orchestrator::dashboard::Dashboard::live(&server);
+                let d = fvd_orchestrator::dashboard::serve(
+                    listener,
+                    dash,
+                    dashboard_options(&args, fds),
+                )
+                .context("cannot start the dashboard")?;
+                if !credentials.is_open() && !fvd_orchestrator::dashboard::is_loopback(&d.addr) {
                     eprintln!(
                         "fvd: warning: the dashboard on {} speaks plain HTTP: a token typed into its answer form crosses the network in clear (bind it to loopback and use a tunnel)",
                         d.addr
@@ -485,6 +605,19 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         health_stop.cancel();
         if let Some(h) = health {
             let _ = h.await;
+        }
+        // A refused credential is exit 6, like any other command's.
+        if let Err(fvd_worker::client::ClientError::Refused { url, status }) = &result
+            && matches!(
+                status.code(),
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            )
+        {
+            return Err(super::exit::Remote::Refused {
+                url: url.clone(),
+                message: status.message().to_string(),
+            }
+            .into());
         }
         result?;
         Ok(Exit::Success)

@@ -3,8 +3,11 @@
 //! leftovers after a crash), [`worktree`] (each agent component's git
 //! worktree and branch, one commit per attempt) and [`cleanup`] (the gate a
 //! pass clears before it counts). The component actor drives them.
+//! [`commit`] pins the code a port runs and [`identity`] names the
+//! repository it comes from.
 
 pub mod agent;
 pub mod cleanup;
 pub mod commit;
+pub mod identity;
 pub mod worktree;

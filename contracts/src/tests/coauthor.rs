@@ -55,6 +55,7 @@ fn run(verdict: &str, reason: &str) -> Option<Run> {
         worker: "w1".into(),
         gpu: String::new(),
         variants: String::new(),
+        by: String::new(),
     })
 }
 

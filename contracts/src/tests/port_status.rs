@@ -576,6 +576,7 @@ fn the_co_author_keeps_every_real_file_but_its_own_cells() {
                     worker: "w1".into(),
                     gpu: String::new(),
                     variants: String::new(),
+                    by: String::new(),
                 }),
                 ..ComponentInput::default()
             })
