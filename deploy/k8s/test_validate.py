@@ -50,6 +50,8 @@ def broken(tmp_path: Path, name: str, old: str, new: str) -> Path:
         ("namespace.yaml", "pod-security.kubernetes.io/enforce: restricted", "team: fvd", "no pod-security.kubernetes.io/enforce"),
         # the GPU patch must hit the worker's limit
         ("kustomization.yaml", "limits/nvidia.com~1gpu", "limits/nvidia.com~1gpus", "is not in DaemonSet fvd-worker"),
+        # the dashboard refuses a Host it was not told of
+        ("orchestrator.yaml", "--dashboard-host=fvd.example.com", "--dashboard-host=other.example.com", "host fvd.example.com is not a --dashboard-host"),
         # the dashboard Ingress must reach a Service port
         ("optional/dashboard-ingress.yaml", "name: fvd-dashboard\n                port", "name: fvd-dash\n                port", "backend Service fvd-dash is not defined"),
     ],

@@ -15,7 +15,9 @@
 4. Every pod template meets the Pod Security level its namespace enforces
    (`pod-security.kubernetes.io/enforce`, pod_security.py).
 5. The examples in optional/ (not applied by kustomization.yaml) pass the
-   same schema check, and each Ingress backend is a Service port above.
+   same schema check, each Ingress backend is a Service port above, and
+   each Ingress host is one the dashboard behind it accepts
+   (`--dashboard-host`: it refuses any other Host header).
 
 kustomization.yaml's `patches` (inline JSON 6902 patches) are applied to
 the documents they target first, so what is checked is what kustomize
@@ -281,10 +283,28 @@ def optional_problems(folder: Path, docs: list[tuple[str, int, dict]]) -> tuple[
                 port = backend.get("port") or {}
                 if svc is None:
                     problems.append(f"{path}: document {i}: backend Service {backend.get('name')} is not defined")
-                elif not any(q.get("name") == port.get("name") or q["port"] == port.get("number")
-                             for q in svc["spec"]["ports"]):
+                    continue
+                if not any(q.get("name") == port.get("name") or q["port"] == port.get("number")
+                           for q in svc["spec"]["ports"]):
                     problems.append(f"{path}: document {i}: backend port {port} is not a port of {svc['metadata']['name']}")
+                hosts = dashboard_hosts(docs, svc)
+                if rule.get("host") and rule["host"] not in hosts:
+                    problems.append(f"{path}: document {i}: host {rule['host']} is not a --dashboard-host of "
+                                    f"the dashboard behind {svc['metadata']['name']} ({sorted(hosts)})")
     return len(extra), problems
+
+
+def dashboard_hosts(docs: list[tuple[str, int, dict]], svc: dict) -> set[str]:
+    """The --dashboard-host names of the containers a Service selects."""
+    selector = svc["spec"].get("selector") or {}
+    hosts = set()
+    for _, _, doc, spec in pod_specs(docs):
+        labels = doc["spec"]["template"]["metadata"].get("labels", {})
+        if selector and all(labels.get(k) == v for k, v in selector.items()):
+            for c in spec.get("containers") or []:
+                args = [str(a) for a in c.get("args") or []]
+                hosts |= {a.split("=", 1)[1] for a in args if a.startswith("--dashboard-host=")}
+    return hosts
 
 
 def validate(folder: Path) -> tuple[int, list[str]]:
