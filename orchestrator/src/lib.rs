@@ -82,6 +82,9 @@ pub struct ServerConfig {
     pub resume_on_start: bool,
     /// No pack of a commit's code larger than this goes to a worker.
     pub max_code_bytes: u64,
+    /// Writes that fail on the disk wait and run again under this backoff
+    /// (`None`: they fail, and the actor that asked fails with them).
+    pub write_retry: Option<fvd_store::faults::Backoff>,
 }
 
 impl Default for ServerConfig {
@@ -94,6 +97,7 @@ impl Default for ServerConfig {
             clock: Arc::new(SystemClock),
             resume_on_start: true,
             max_code_bytes: code::DEFAULT_MAX_PACK_BYTES,
+            write_retry: Some(fvd_store::faults::Backoff::default()),
         }
     }
 }
@@ -210,6 +214,38 @@ impl Server {
     }
 }
 
+/// While the store cannot write, every running port is paused: its
+/// snapshot says so ([`query::snapshot`]), and watchers are told it ended
+/// for now when the fault begins, so `fvd submit --wait` exits 4 with the
+/// reason instead of waiting on a port that cannot move. The actors wait in
+/// their writes ([`fvd_store::Store::with_write_retry`]) and the port goes
+/// on by itself once a write succeeds.
+fn pause_on_write_faults(store: &Store, events: &broadcast::Sender<PortEvent>) {
+    let (store, events) = (store.clone(), events.clone());
+    let mut faults = store.watch_write_faults();
+    fvd_telemetry::spawn(async move {
+        while faults.changed().await.is_ok() {
+            if faults.borrow_and_update().is_none() {
+                continue;
+            }
+            let ports = match store.ports().await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list the ports to pause");
+                    continue;
+                }
+            };
+            for p in ports
+                .into_iter()
+                .filter(|p| p.state == fvd_store::model::PortState::Running)
+            {
+                tracing::info!(family = %p.family, "port paused until the database takes writes again");
+                let _ = events.send(PortEvent::Finished { family: p.family });
+            }
+        }
+    });
+}
+
 /// Starts the actors and serves both services on `listener`.
 pub async fn start(
     listener: TcpListener,
@@ -217,7 +253,12 @@ pub async fn start(
     config: ServerConfig,
 ) -> Result<Server, ServerError> {
     let addr = listener.local_addr().map_err(ServerError::Listener)?;
+    let store = match config.write_retry {
+        Some(b) => store.with_write_retry(b),
+        None => store,
+    };
     let (events, _) = broadcast::channel(1024);
+    pause_on_write_faults(&store, &events);
     let (scheduler, scheduler_done) = Actor::spawn(
         None,
         SchedulerActor,

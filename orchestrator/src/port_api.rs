@@ -58,13 +58,23 @@ fn query_status(e: QueryError) -> Status {
     }
 }
 
+/// Asks the orchestrator actor; refused at once while the store cannot
+/// write (the request could not be recorded, and would only wait).
 async fn call<T>(
+    store: &Store,
     orch: &ActorRef<OrchestratorMsg>,
     f: impl FnOnce(ractor::RpcReplyPort<Result<T, PortError>>) -> OrchestratorMsg,
 ) -> Result<T, Status>
 where
     T: Send + 'static,
 {
+    if let Some(fault) = store.write_fault() {
+        return Err(Status::unavailable(format!(
+            "the orchestrator cannot write its database {} ({}); try again once it can",
+            store.db_name(),
+            fault.error
+        )));
+    }
     match orch.call(f, Some(CALL_TIMEOUT)).await {
         Ok(ractor::rpc::CallResult::Success(r)) => r.map_err(port_status),
         Ok(ractor::rpc::CallResult::Timeout) => Err(Status::deadline_exceeded(
@@ -227,7 +237,7 @@ impl pb::port_service_server::PortService for PortApi {
             commit: r.commit,
             traceparent,
         };
-        let done = call(&self.orchestrator, |reply| {
+        let done = call(&self.store, &self.orchestrator, |reply| {
             OrchestratorMsg::Submit(sub, reply)
         })
         .await?;
@@ -363,12 +373,14 @@ impl pb::port_service_server::PortService for PortApi {
                 ));
             }
         };
-        let row = call(&self.orchestrator, |reply| OrchestratorMsg::Answer {
-            family: r.family,
-            id: r.id,
-            choice,
-            traceparent,
-            reply,
+        let row = call(&self.store, &self.orchestrator, |reply| {
+            OrchestratorMsg::Answer {
+                family: r.family,
+                id: r.id,
+                choice,
+                traceparent,
+                reply,
+            }
         })
         .await?;
         Ok(Response::new(pb::AnswerResponse {
@@ -444,7 +456,7 @@ impl pb::port_service_server::PortService for PortApi {
         request: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let family = request.into_inner().family;
-        call(&self.orchestrator, |reply| {
+        call(&self.store, &self.orchestrator, |reply| {
             OrchestratorMsg::Cancel(family, reply)
         })
         .await?;

@@ -75,10 +75,21 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     let gate = store.gate_events(family).await?;
     let escapes = store.escapes(family).await?;
     let mut tables = store.variant_tables(family).await?;
+    // A running port whose orchestrator cannot write its database is
+    // paused, whatever the database still says: nothing it decides can be
+    // recorded until writes succeed again.
+    let (state, pause_reason) = match store.write_fault() {
+        Some(f) if port.state == fvd_store::model::PortState::Running => (
+            fvd_store::model::PortState::Environment,
+            f.reason(store.db_name()),
+        ),
+        _ => (port.state, String::new()),
+    };
     Ok(Some(pb::PortSnapshot {
+        pause_reason,
         escapes: escapes.into_iter().map(escape_wire).collect(),
         family: port.family,
-        state: port.state.as_str().to_string(),
+        state: state.as_str().to_string(),
         phase: port.phase,
         components: components
             .into_iter()

@@ -15,7 +15,9 @@ pub enum Exit {
     /// answer`.
     AskUser,
     /// The port paused: some component waits for a worker whose
-    /// environment can run it (a package, interpreter or driver missing).
+    /// environment can run it (a package, interpreter or driver missing),
+    /// or the orchestrator cannot write its database (a full, read-only or
+    /// failing disk; the port resumes by itself once it can).
     Environment,
     /// An embedded submit was interrupted (Ctrl-C, SIGTERM, a lost
     /// terminal); the running tests were ended and the port is resumable.

@@ -10,6 +10,7 @@ mod checks;
 mod coauthor;
 mod contracts;
 mod dashboard;
+mod durability;
 mod environment;
 mod fastvideo_checkout;
 mod fleet;
