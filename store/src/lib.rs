@@ -16,12 +16,15 @@ use sqlx::{ConnectOptions, Row, SqlitePool};
 use crate::model::Worktree;
 use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, LogChunk, PortRow};
 use crate::states::{ComponentStatus, JobState, PortState, UnknownState};
+pub use crate::steps::{AttemptNext, AttemptRecorded, ComponentNext};
 
+pub mod chaos;
 pub mod clock;
 pub mod dashboard;
 pub mod faults;
 pub mod model;
 pub mod states;
+mod steps;
 pub mod traces;
 pub mod variants;
 
@@ -722,46 +725,7 @@ impl Store {
             let now = now_ms();
             let mut out = Vec::with_capacity(jobs.len());
             for job in jobs {
-                let last: Option<i64> = sqlx::query_scalar(
-                    "SELECT MAX(run_no) FROM jobs WHERE family = ? AND component = ?",
-                )
-                .bind(&job.family)
-                .bind(&job.component)
-                .fetch_one(&mut *tx)
-                .await?;
-                let run_no = last.unwrap_or(0) + 1;
-                let job_id = format!("{}.{}.{}", job.family, job.component, run_no);
-                sqlx::query("INSERT INTO jobs (job_id, family, component, run_no, state, argv, cwd, gpus_needed, timeout_ms, queued_ms, commit_sha, code_prefix) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-                    .bind(&job_id)
-                    .bind(&job.family)
-                    .bind(&job.component)
-                    .bind(run_no)
-                    .bind(JobState::Queued.as_str())
-                    .bind(serde_json::to_string(&job.argv).unwrap_or_default())
-                    .bind(&job.cwd)
-                    .bind(job.gpus_needed as i64)
-                    .bind(job.timeout_ms as i64)
-                    .bind(now)
-                    .bind(&job.commit)
-                    .bind(&job.code_prefix)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(
-                    "UPDATE components SET status = ?, updated_ms = ? WHERE family = ? AND name = ?",
-                )
-                .bind(ComponentStatus::Queued.as_str())
-                .bind(now)
-                .bind(&job.family)
-                .bind(&job.component)
-                .execute(&mut *tx)
-                .await?;
-                out.push(JobRecord {
-                    job_id,
-                    run_no: run_no as u32,
-                    state: JobState::Queued,
-                    queued_ms: now,
-                    ..job.clone()
-                });
+                out.push(steps::insert_job(&mut tx, job, now).await?);
             }
             tx.commit().await?;
             Ok(out)
@@ -1330,31 +1294,6 @@ impl Store {
         .await
     }
 
-    /// Completes a `running` attempt with what its agent did.
-    pub async fn record_attempt(&self, a: &AttemptRow) -> Result<(), StoreError> {
-        self.write("record attempt", || async move {
-            sqlx::query("UPDATE agent_attempts SET commit_sha = ?, diff_stat = ?, diff = ?, exit_code = ?, signal = ?, timed_out = ?, duration_ms = ?, handoff_status = ?, handoff_summary = ?, handoff_text = ?, finished_ms = ?, state = 'recorded' WHERE family = ? AND component = ? AND attempt = ?")
-                .bind(&a.commit_sha)
-                .bind(&a.diff_stat)
-                .bind(&a.diff)
-                .bind(a.exit_code)
-                .bind(a.signal)
-                .bind(a.timed_out)
-                .bind(a.duration_ms as i64)
-                .bind(&a.handoff_status)
-                .bind(&a.handoff_summary)
-                .bind(&a.handoff_text)
-                .bind(a.finished_ms)
-                .bind(&a.family)
-                .bind(&a.component)
-                .bind(a.attempt as i64)
-                .execute(&self.writer)
-                .await?;
-            Ok(())
-        })
-        .await
-    }
-
     /// Records which run tests the attempt's commit.
     pub async fn set_attempt_job(
         &self,
@@ -1371,30 +1310,6 @@ impl Store {
                 .bind(attempt as i64)
                 .execute(&self.writer)
                 .await?;
-            Ok(())
-        })
-        .await
-    }
-
-    /// Fills in the verdict of the run that tested an attempt, if `job_id`
-    /// is such a run.
-    pub async fn set_attempt_verdict(
-        &self,
-        job_id: &str,
-        verdict: &str,
-        reason: &str,
-        gpu_ms: u64,
-    ) -> Result<(), StoreError> {
-        self.write("set attempt verdict", || async move {
-            sqlx::query(
-                "UPDATE agent_attempts SET verdict_after = ?, reason_after = ?, gpu_ms_after = ? WHERE job_after = ?",
-            )
-            .bind(verdict)
-            .bind(reason)
-            .bind(gpu_ms as i64)
-            .bind(job_id)
-            .execute(&self.writer)
-            .await?;
             Ok(())
         })
         .await
@@ -1453,26 +1368,7 @@ impl Store {
     pub async fn raise_escape(&self, e: &EscapeRow, floor: u32) -> Result<String, StoreError> {
         self.write("raise escape", || async move {
             let mut tx = self.write_tx().await?;
-            let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM escape_hatches WHERE family = ?")
-                .bind(&e.family)
-                .fetch_all(&mut *tx)
-                .await?;
-            let id = escape_id_after(&ids, floor);
-            let options = serde_json::to_string(&e.options).expect("strings serialize");
-            sqlx::query("INSERT INTO escape_hatches (family, id, component, attempt, phase, decision_type, question, recommended, options, safe_default, status, asked_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)")
-                .bind(&e.family)
-                .bind(&id)
-                .bind(&e.component)
-                .bind(e.attempt as i64)
-                .bind(&e.phase)
-                .bind(&e.decision_type)
-                .bind(&e.question)
-                .bind(&e.recommended)
-                .bind(options)
-                .bind(&e.safe_default)
-                .bind(now_ms())
-                .execute(&mut *tx)
-                .await?;
+            let id = steps::insert_escape(&mut tx, e, floor).await?;
             tx.commit().await?;
             Ok(id)
         })
@@ -1572,25 +1468,6 @@ impl Store {
                     family: family.into(),
                     id: id.into(),
                 })
-        })
-        .await
-    }
-
-    /// Marks the component's answered hatches as given to `attempt`.
-    pub async fn resolve_escapes(
-        &self,
-        family: &str,
-        component: &str,
-        attempt: u32,
-    ) -> Result<(), StoreError> {
-        self.write("resolve escapes", || async move {
-            sqlx::query("UPDATE escape_hatches SET status = 'resolved', resolved_attempt = ? WHERE family = ? AND component = ? AND status = 'answered'")
-                .bind(attempt as i64)
-                .bind(family)
-                .bind(component)
-                .execute(&self.writer)
-                .await?;
-            Ok(())
         })
         .await
     }

@@ -39,13 +39,22 @@ fn strip_colours(text: &str) -> String {
 
 #[test]
 fn a_full_disk_pauses_the_port_calmly_and_it_resumes_with_nothing_lost() {
-    let disk = SmallDisk::mount(16);
+    let disk = SmallDisk::mount(32);
     let mut sb = Sandbox::new();
     let release = sb.repo().join("release");
     sb.port(
         "fullish",
         &[
-            TestComponent::new("first", &blocks_until(&release)),
+            // Red, with 4 MB of output pytest shows: more than the
+            // database's write-ahead log can take without growing (a log
+            // that is not growing reuses its own space).
+            TestComponent::new(
+                "first",
+                &format!(
+                    "{}\nprint('x' * 4_000_000)\nassert False, 'first-failed'",
+                    blocks_until(&release)
+                ),
+            ),
             TestComponent::new("second", "print('second-ran')"),
         ],
     );
@@ -113,11 +122,11 @@ fn a_full_disk_pauses_the_port_calmly_and_it_resumes_with_nothing_lost() {
         (s["state"] != "running" && s["state"] != "environment").then_some(s)
     });
     let rows = components(&status);
-    for name in ["first", "second"] {
+    for (name, want) in [("first", "blocked"), ("second", "non_skip_pass")] {
         let r = rows.iter().find(|r| r.0 == name).unwrap();
         assert_eq!(
             (r.1.as_str(), r.2),
-            ("non_skip_pass", 1),
+            (want, 1),
             "{name}: one run, its verdict recorded, nothing rerun: {status}"
         );
     }
@@ -126,14 +135,18 @@ fn a_full_disk_pauses_the_port_calmly_and_it_resumes_with_nothing_lost() {
         "",
         "{status}"
     );
-    // Its output (pytest's, all of it written while the disk was full)
-    // is there to its last line.
+    // Its output, all of it written while the disk was full, is there to
+    // its last line.
     let logs = fvd()
         .args(["logs", "fullish", "first", "--orchestrator", &url])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&logs.stdout);
-    assert!(text.contains("1 passed"), "{text}");
+    assert!(
+        text.matches('x').count() >= 4_000_000 && text.contains("1 failed"),
+        "{} bytes of output",
+        text.len()
+    );
     // Calm: the fault and its end are a few lines, not one per retry.
     let log = sb.orchestrator_log();
     let during = &log[before..];
@@ -154,4 +167,151 @@ fn a_full_disk_pauses_the_port_calmly_and_it_resumes_with_nothing_lost() {
     );
     drop(sb);
     drop(disk);
+}
+
+/// The example port's spec with only the components named in `keep`
+/// (each `[[component]]` block runs to the next block or `[agent]`).
+fn keep_components(spec: &str, keep: &[&str]) -> String {
+    let agent = spec.find("\n[agent]").expect("[agent] in port.toml");
+    let (body, tail) = spec.split_at(agent);
+    let mut parts = body.split("\n[[component]]\n");
+    let mut out = parts.next().expect("the preamble").to_string();
+    for block in parts {
+        let name = block
+            .lines()
+            .find_map(|l| l.strip_prefix("name = \""))
+            .and_then(|l| l.strip_suffix('"'))
+            .expect("a component name");
+        if keep.contains(&name) {
+            out.push_str("\n[[component]]\n");
+            out.push_str(block);
+        }
+    }
+    out.push_str(tail);
+    out
+}
+
+/// `fvd submit --family tinyport --wait` in embedded mode, with `env`.
+fn submit_with(sb: &Sandbox, env: &[(&str, &str)]) -> std::process::Output {
+    fvd()
+        .args(["submit", "--family", "tinyport", "--wait", "--repo"])
+        .arg(sb.repo())
+        .envs(env.iter().copied())
+        .output()
+        .expect("run fvd submit")
+}
+
+fn killed(out: &std::process::Output) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    out.status.signal() == Some(9)
+}
+
+fn said(out: &std::process::Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn component_of(status: &serde_json::Value, name: &str) -> serde_json::Value {
+    status["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("{name} in {status}"))
+        .clone()
+}
+
+#[test]
+fn a_kill_right_after_an_attempt_that_asks_keeps_its_question() {
+    let sb = Sandbox::new();
+    crate::agent::example_repo(&sb, |t| keep_components(&t, &["time_shift"]));
+    // Killed right after the commit that records the agent's attempt:
+    // before, the attempt row could be in the store without its question.
+    let out = submit_with(&sb, &[("FVD_CRASH_AT", "attempt-committed")]);
+    assert!(killed(&out), "{}", said(&out));
+    let status = sb.local_status("tinyport").expect("status after the kill");
+    let c = component_of(&status, "time_shift");
+    assert_eq!(c["status"], "ask_user", "all of the step or none: {status}");
+    assert_eq!(status["escapes"][0]["id"], "E001", "{status}");
+
+    // The resumed port pauses on the same question (exit 3), not blocked
+    // (exit 1) after an agent retried with no answer.
+    let out = submit_with(&sb, &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", said(&out));
+    let status = sb.local_status("tinyport").unwrap();
+    let c = component_of(&status, "time_shift");
+    assert_eq!(
+        (&c["status"], &c["runs"]),
+        (&"ask_user".into(), &1.into()),
+        "{status}"
+    );
+    let escapes = status["escapes"].as_array().unwrap();
+    assert_eq!(escapes.len(), 1, "asked once: {status}");
+    assert_eq!(escapes[0]["status"], "open");
+    let l = crate::agent::ledger_of(&sb, "time_shift", None);
+    let a = l["attempts"].as_array().unwrap();
+    assert_eq!(a.len(), 1, "{l}");
+    assert_eq!(
+        (&a[0]["state"], &a[0]["tries"]),
+        (&"recorded".into(), &1.into()),
+        "{l}"
+    );
+}
+
+#[test]
+fn a_kill_right_after_a_red_verdict_does_not_test_the_same_commit_again() {
+    let sb = Sandbox::new();
+    crate::agent::example_repo(&sb, |t| keep_components(&t, &["timestep_embed"]));
+    // The second verdict is attempt 1's red run: killed right after it is
+    // committed, before the agent's next attempt starts.
+    let out = submit_with(&sb, &[("FVD_CRASH_AT", "verdict-committed:2")]);
+    assert!(killed(&out), "{}", said(&out));
+    let status = sb.local_status("tinyport").unwrap();
+    let c = component_of(&status, "timestep_embed");
+    assert_eq!(
+        (&c["status"], &c["runs"]),
+        (&"agent".into(), &2.into()),
+        "{status}"
+    );
+
+    let out = submit_with(&sb, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let status = sb.local_status("tinyport").unwrap();
+    let c = component_of(&status, "timestep_embed");
+    assert_eq!(c["status"], "non_skip_pass", "{status}");
+    assert_eq!(
+        c["runs"], 3,
+        "one red run, then one per attempt; none again: {status}"
+    );
+    let l = crate::agent::ledger_of(&sb, "timestep_embed", None);
+    let a = l["attempts"].as_array().unwrap();
+    assert_eq!(a.len(), 2, "{l}");
+    assert_eq!(a[0]["verdict_after"], "debug_red", "{l}");
+    assert_eq!(a[1]["verdict_after"], "non_skip_pass", "{l}");
+}
+
+#[test]
+fn a_kill_right_after_a_final_verdict_keeps_it() {
+    let sb = Sandbox::new();
+    crate::agent::example_repo(&sb, |t| keep_components(&t, &["decoder_norm"]));
+    let out = submit_with(&sb, &[("FVD_CRASH_AT", "verdict-committed")]);
+    assert!(killed(&out), "{}", said(&out));
+    let out = submit_with(&sb, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "decoder_norm is red: {}",
+        said(&out)
+    );
+    let status = sb.local_status("tinyport").unwrap();
+    let c = component_of(&status, "decoder_norm");
+    assert_eq!(
+        (&c["status"], &c["runs"]),
+        (&"blocked".into(), &1.into()),
+        "a recorded verdict is never run again: {status}"
+    );
 }
