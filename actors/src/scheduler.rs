@@ -76,7 +76,17 @@ pub struct SchedulerConfig {
     /// worker): a job none of them can ever hold is refused at once
     /// ([`JobEvent::Unplaceable`]) instead of waiting for one.
     pub fixed_fleet: bool,
+    /// Most bytes of output stored per lease, whatever the worker sends
+    /// (a worker keeps to this by default, head and tail): chunks past it
+    /// are dropped, with one warning per run.
+    pub max_output_bytes: u64,
 }
+
+/// [`SchedulerConfig::max_output_bytes`] by default: 16 MiB, as workers.
+pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Room past the cap for the lines a worker adds where it cut its output.
+const OUTPUT_CAP_SLACK: u64 = 64 * 1024;
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
@@ -84,6 +94,7 @@ impl Default for SchedulerConfig {
             lease_ttl: Duration::from_secs(5),
             tick: Duration::from_millis(500),
             fixed_fleet: false,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
         }
     }
 }
@@ -334,6 +345,10 @@ struct Lease {
     sent: bool,
     /// The `job` span of this lease; it ends with the lease.
     span: tracing::Span,
+    /// Bytes of output received under this lease, and whether it passed
+    /// [`SchedulerConfig::max_output_bytes`].
+    output_bytes: u64,
+    output_capped: bool,
 }
 
 impl Lease {
@@ -558,8 +573,16 @@ impl Actor for SchedulerActor {
                 lease_epoch,
                 chunk,
             } => {
-                if leased(st, &worker_id, &chunk.job_id, lease_epoch).is_some() {
-                    let _ = st.writer.send(Write::Log(*chunk));
+                let cap = st.config.max_output_bytes.saturating_add(OUTPUT_CAP_SLACK);
+                if let Some(e) = leased(st, &worker_id, &chunk.job_id, lease_epoch)
+                    && let Some(lease) = e.lease.as_mut()
+                {
+                    lease.output_bytes = lease.output_bytes.saturating_add(chunk.data.len() as u64);
+                    if lease.output_bytes <= cap {
+                        let _ = st.writer.send(Write::Log(*chunk));
+                    } else if !std::mem::replace(&mut lease.output_capped, true) {
+                        tracing::warn!(worker = %worker_id, job = %chunk.job_id, cap, "a run's output passed the cap; the rest of it is not stored");
+                    }
                 }
                 true
             }
@@ -1553,6 +1576,8 @@ fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             gpus: p.gpus.clone(),
             sent: false,
             span,
+            output_bytes: 0,
+            output_capped: false,
         });
     }
     if st.writer.send(Write::Leases(planned)).is_err() {

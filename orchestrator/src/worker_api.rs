@@ -384,13 +384,28 @@ fn junit_status(f: &pb::JobFinished) -> JunitStatus {
 }
 
 /// The files a worker sent back, kept only if every path stays inside the
-/// job's folder: a hostile or broken worker must not name `../x` or `/x`.
-/// One bad path drops them all and says why, so no partial set is compared.
+/// job's folder (a hostile or broken worker must not name `../x` or `/x`)
+/// and they are no more, and no larger in all, than a worker may collect
+/// (`fvd_worker::collect`'s limits; a hostile worker once sent 50,000).
+/// One bad path or a set over a limit drops them all and says why, so no
+/// partial set is compared.
 fn checked_files(
     worker_id: &str,
     files: Vec<pb::CollectedFile>,
     files_error: String,
 ) -> (Vec<CollectedFile>, String) {
+    use fvd_worker::collect::{MAX_COLLECT_BYTES, MAX_COLLECT_FILES};
+    let bytes: u64 = files.iter().map(|f| f.data.len() as u64).sum();
+    if files.len() > MAX_COLLECT_FILES || bytes > MAX_COLLECT_BYTES {
+        tracing::warn!(worker = %worker_id, files = files.len(), bytes, "refused the files of a job result: over the limits");
+        return (
+            Vec::new(),
+            format!(
+                "worker {worker_id} sent back {} files of {bytes} bytes, over the limits of {MAX_COLLECT_FILES} files and {MAX_COLLECT_BYTES} bytes, so none was kept",
+                files.len()
+            ),
+        );
+    }
     let folder = Path::new("<the job's folder>");
     if let Some(e) = files
         .iter()
@@ -478,6 +493,35 @@ mod tests {
         assert_eq!(with(older, "<testsuite/>", ""), (JunitStatus::Read, xml));
         assert_eq!(with(older, "", ""), (JunitStatus::NotRequested, None));
         assert_eq!(with(older, "", "denied"), (JunitStatus::Unreadable, None));
+    }
+
+    #[test]
+    fn a_result_with_too_many_files_or_bytes_keeps_none() {
+        let names: Vec<String> = (0..=fvd_worker::collect::MAX_COLLECT_FILES)
+            .map(|i| format!("f{i}"))
+            .collect();
+        let many: Vec<&str> = names.iter().map(String::as_str).collect();
+        let r = report(finished(&many));
+        assert!(r.files.is_empty());
+        assert!(
+            r.files_error.contains("over the limits"),
+            "{}",
+            r.files_error
+        );
+        let ok = report(finished(&many[1..]));
+        assert_eq!(ok.files.len(), fvd_worker::collect::MAX_COLLECT_FILES);
+        let big = pb::WorkerMsg {
+            msg: Some(pb::worker_msg::Msg::JobFinished(pb::JobFinished {
+                job_id: "p.c#trace.1".into(),
+                files: vec![pb::CollectedFile {
+                    path: "big".into(),
+                    data: vec![0; fvd_worker::collect::MAX_COLLECT_BYTES as usize + 1],
+                }],
+                ..Default::default()
+            })),
+        };
+        let r = report(big);
+        assert!(r.files.is_empty() && r.files_error.contains("over the limits"));
     }
 
     #[test]

@@ -190,3 +190,41 @@ async fn a_result_under_a_stale_lease_epoch_is_rejected() {
     assert_eq!(a.runs, 1);
     drop(first);
 }
+
+#[tokio::test]
+async fn a_worker_that_floods_its_output_gets_no_more_stored_than_the_cap() {
+    const CAP: u64 = 1024 * 1024;
+    let h = Harness::start_config(None, |c| c.scheduler.max_output_bytes = CAP).await;
+    let spec = h.write_port("flood", &[Comp::new("a")], "", "");
+    let mut w = h.worker("w1").await;
+    h.submit("flood", &spec).await.expect("submitted");
+    let a = assigned(&mut w).await;
+    // A hostile worker ignores its own cap: 8 MiB in 64 KiB chunks.
+    let chunk = vec![b'x'; 64 * 1024];
+    for seq in 0..128u64 {
+        w.send(pb::worker_msg::Msg::JobLog(pb::JobLog {
+            job_id: a.job_id.clone(),
+            lease_epoch: a.lease_epoch,
+            stream: pb::Stream::Stdout as i32,
+            seq,
+            offset: seq * chunk.len() as u64,
+            data: chunk.clone(),
+        }))
+        .await;
+    }
+    w.run(&a, pass()).await;
+    h.wait_state("flood", "waiting").await;
+    let stored: usize = h
+        .server
+        .store
+        .logs(&a.job_id, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|(_, _, d)| d.len())
+        .sum();
+    assert!(
+        stored as u64 >= CAP && stored as u64 <= CAP + 64 * 1024,
+        "{stored} bytes stored of 8 MiB sent"
+    );
+}

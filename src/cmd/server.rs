@@ -75,6 +75,11 @@ pub struct ServeArgs {
     /// re-queued elsewhere (workers heartbeat every second).
     #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
     pub lease_ttl: f64,
+    /// Most output of one run stored, in MiB, whatever a worker sends:
+    /// chunks past it are dropped (workers keep to the same cap by
+    /// default, sending each stream's tail at the end).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024 * 1024), value_name = "MIB")]
+    pub max_output_mib: u64,
     #[command(flatten)]
     pub token: TokenArgs,
     /// Serve TLS with this certificate chain (PEM); needs --tls-key.
@@ -133,6 +138,11 @@ pub struct WorkerArgs {
     /// (WORKSPACE/code/checkouts), in MiB; the least recently used go first.
     #[arg(long, default_value_t = 20480, value_name = "MIB")]
     pub code_cache_mib: u64,
+    /// Most output of one run sent to the orchestrator, in MiB: past half
+    /// of it, each stream's last quarter is kept and sent when the run
+    /// ends, after a line saying how much was left out.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024 * 1024), value_name = "MIB")]
+    pub max_output_mib: u64,
     #[command(flatten)]
     pub token: TokenArgs,
     #[command(flatten)]
@@ -277,6 +287,7 @@ pub async fn local_worker_config(
         tls_ca,
         provides: Vec::new(),
         code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
+        max_output_bytes: fvd_worker::exec::DEFAULT_MAX_OUTPUT_BYTES,
     })
 }
 
@@ -304,6 +315,7 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             ..Default::default()
         };
         config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
+        config.scheduler.max_output_bytes = args.max_output_mib * 1024 * 1024;
         let health_listener = match &args.health_listen {
             Some(addr) => Some(
                 tokio::net::TcpListener::bind(addr)
@@ -377,6 +389,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         config.labels = args.labels.into_iter().collect();
         config.provides = args.provides;
         config.code_cache_bytes = args.code_cache_mib.saturating_mul(1024 * 1024);
+        config.max_output_bytes = args.max_output_mib * 1024 * 1024;
         println!(
             "fvd worker {} with {} GPU(s) and {} CPU slot(s) dialing {}",
             config.worker_id,

@@ -49,6 +49,9 @@ pub struct WorkerConfig {
     /// Cap of the checkouts' total size in `WORKSPACE/code`
     /// (`--code-cache-mib`); least recently used ones go first.
     pub code_cache_bytes: u64,
+    /// Most bytes of a run's output sent to the orchestrator, head and
+    /// tail kept (`--max-output-mib`, [`exec::DEFAULT_MAX_OUTPUT_BYTES`]).
+    pub max_output_bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -742,7 +745,7 @@ async fn run_assigned(
             }
         })
     };
-    let outcome = exec::run_job(spec, etx, cancel).await;
+    let outcome = exec::run_job_capped(spec, etx, cancel, config.max_output_bytes).await;
     // Every log chunk leaves before the result does.
     let _ = forward.await;
     match outcome {
