@@ -68,6 +68,9 @@ pub struct ComponentArgs {
     pub trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
     /// The port's variant actor, when some component has variants.
     pub variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
+    /// The port's `REPO/.fvd`: nothing is recorded once it went away (the
+    /// gate stops the port).
+    pub fvd: std::sync::Arc<crate::fvd_dir::FvdDir>,
 }
 
 #[derive(Debug)]
@@ -396,6 +399,10 @@ async fn run_finished(
         reason: &plan.reason,
         worker_id: &worker_id,
     };
+    if let Err(why) = st.args.fvd.check() {
+        tracing::warn!(job = %report.job_id, %why, "the verdict is not recorded: the port stops");
+        return Ok(());
+    }
     if !st
         .args
         .store
@@ -1409,6 +1416,10 @@ async fn after_agent(
         job = job_record(st).await?;
         AttemptNext::Test(&job)
     };
+    if let Err(why) = st.args.fvd.check() {
+        tracing::warn!(attempt, %why, "the attempt is not recorded: the port stops");
+        return Ok(());
+    }
     let done = st
         .args
         .store

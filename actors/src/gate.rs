@@ -8,6 +8,7 @@
 //! never silently passed.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use fvd_contracts::phase::Phase;
 use fvd_spec::preconditions::{prep_conditions, scaffold_conditions};
@@ -18,6 +19,7 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use crate::component::{ComponentArgs, ComponentSubagentActor};
+use crate::fvd_dir::FvdDir;
 use crate::scheduler::SchedulerMsg;
 use fvd_spec::PortSpec;
 use fvd_store::Store;
@@ -59,6 +61,9 @@ pub enum GateMsg {
     ConversionRetry { component: String, request: String },
     /// Stop the port: components end as blocked with reason `cancelled`.
     Cancel,
+    /// Check that the port's `REPO/.fvd` is still the folder it was (sent
+    /// every second by the gate itself).
+    CheckFvd,
 }
 
 #[derive(Debug)]
@@ -81,7 +86,12 @@ pub struct GateState {
     trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
     /// The port's variant actor, when some component has variants.
     variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
+    /// The port's `REPO/.fvd`, which must stay the same folder.
+    fvd: Arc<FvdDir>,
 }
+
+/// How often the gate checks that the port's `REPO/.fvd` is still there.
+const FVD_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Actor for GateActor {
     type Msg = GateMsg;
@@ -114,6 +124,7 @@ impl Actor for GateActor {
             args.store.set_port_traceparent(&args.family, &tp).await?;
         }
         Ok(GateState {
+            fvd: Arc::new(FvdDir::new(Path::new(&args.repo))),
             args,
             recorded,
             finals: Default::default(),
@@ -132,6 +143,7 @@ impl Actor for GateActor {
         myself: ActorRef<Self::Msg>,
         st: &mut GateState,
     ) -> Result<(), ActorProcessingErr> {
+        myself.send_interval(FVD_CHECK_EVERY, || GateMsg::CheckFvd);
         // A prep handoff that pauses to ask the user is an escape hatch:
         // the trace says so before P0 decides (only the kind, never the
         // question's text).
@@ -331,6 +343,11 @@ impl Actor for GateActor {
                 )
                 .await?;
             }
+            GateMsg::CheckFvd => {
+                if let Err(why) = st.fvd.check() {
+                    fvd_vanished(&myself, st, &why).await?;
+                }
+            }
             GateMsg::Cancel => {
                 st.args.scheduler.cast(SchedulerMsg::CancelFamily {
                     family: st.args.family.clone(),
@@ -425,6 +442,7 @@ async fn spawn_component(
         events: st.args.events.clone(),
         trace: st.trace.clone(),
         variants: st.variants.clone(),
+        fvd: st.fvd.clone(),
     };
     Actor::spawn_linked(
         Some(actor_name(&st.args.family, &c.name)),
@@ -446,6 +464,11 @@ async fn spawn_component(
 async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorProcessingErr> {
     let waiting = st.asking.len() + st.waiting_env.len();
     if waiting == 0 || st.finals.len() + waiting < st.args.spec.components.len() {
+        return Ok(());
+    }
+    if let Err(why) = st.fvd.check() {
+        // Nothing of a port whose folder went away is written.
+        tracing::warn!(family = %st.args.family, %why, "not pausing: the port stops");
         return Ok(());
     }
     let state = if st.waiting_env.is_empty() {
@@ -543,14 +566,52 @@ async fn refuse(
     Ok(())
 }
 
-async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), ActorProcessingErr> {
-    st.done = true;
-    if let Ok(Some(port)) = st.args.store.port(&st.args.family).await {
-        st.span.record("state", port.state.as_str());
-        st.span.record("phase", port.phase.as_str());
-        if port.state == PortState::Blocked {
-            spans::failed(&st.span, &format!("blocked at {}", port.phase));
+/// The port's `REPO/.fvd` was deleted or replaced while it ran: the port
+/// stops with that reason (its runs cancelled, its unfinished components
+/// and P6 refused with it, the port blocked) and nothing of it reaches
+/// `PORT_STATUS.md`. In embedded mode these writes go to a database that
+/// was deleted with the folder: they only tell the watcher in this process.
+async fn fvd_vanished(
+    myself: &ActorRef<GateMsg>,
+    st: &mut GateState,
+    why: &str,
+) -> Result<(), ActorProcessingErr> {
+    let reason = crate::fvd_dir::stop_reason(why);
+    tracing::error!(family = %st.args.family, %reason, "the port's .fvd folder went away; the port stops");
+    st.args.scheduler.cast(SchedulerMsg::CancelFamily {
+        family: st.args.family.clone(),
+    })?;
+    myself.stop_children(Some("the port's .fvd went away".into()));
+    for c in &st.args.spec.components {
+        if !st.finals.contains_key(&c.name) {
+            st.args
+                .store
+                .set_component(
+                    &st.args.family,
+                    &c.name,
+                    ComponentStatus::Blocked,
+                    "stopped",
+                    &reason,
+                    "",
+                )
+                .await?;
         }
+    }
+    record(st, Phase::ComponentParityDebug, "refused", vec![reason]).await?;
+    st.args
+        .store
+        .set_port_state(
+            &st.args.family,
+            PortState::Blocked,
+            &Phase::ComponentParityDebug.id(),
+        )
+        .await?;
+    finish_without_status(myself, st).await
+}
+
+async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), ActorProcessingErr> {
+    if let Err(why) = st.fvd.check() {
+        return fvd_vanished(myself, st, &why).await;
     }
     // A status file that cannot be written is reported, not fatal: the
     // store holds the truth and the next run writes the file again.
@@ -558,6 +619,23 @@ async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), Ac
         Ok(written) => tracing::info!(%written, "PORT_STATUS.md"),
         Err(e) => {
             tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md")
+        }
+    }
+    finish_without_status(myself, st).await
+}
+
+/// The port's end, `PORT_STATUS.md` left to the caller: spans closed,
+/// watchers told, actors stopped.
+async fn finish_without_status(
+    myself: &ActorRef<GateMsg>,
+    st: &mut GateState,
+) -> Result<(), ActorProcessingErr> {
+    st.done = true;
+    if let Ok(Some(port)) = st.args.store.port(&st.args.family).await {
+        st.span.record("state", port.state.as_str());
+        st.span.record("phase", port.phase.as_str());
+        if port.state == PortState::Blocked {
+            spans::failed(&st.span, &format!("blocked at {}", port.phase));
         }
     }
     let _ = st.args.events.send(PortEvent::Finished {

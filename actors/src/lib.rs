@@ -22,6 +22,7 @@
 //! their own, without actors.
 
 pub mod component;
+pub mod fvd_dir;
 pub mod gate;
 pub mod orchestrator;
 pub mod port_status;

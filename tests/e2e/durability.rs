@@ -315,3 +315,48 @@ fn a_kill_right_after_a_final_verdict_keeps_it() {
         "a recorded verdict is never run again: {status}"
     );
 }
+
+#[test]
+fn a_deleted_fvd_folder_stops_the_port_with_the_reason_and_writes_no_status() {
+    let sb = Sandbox::new();
+    let release = sb.repo().join("never-released");
+    sb.port(
+        "vanish",
+        &[
+            TestComponent::new("fast", "assert True"),
+            TestComponent::new("slow", &blocks_until(&release)),
+        ],
+    );
+    let child = fvd()
+        .args(["submit", "--family", "vanish", "--wait", "--repo"])
+        .arg(sb.repo())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "fast recorded, slow running",
+        Duration::from_secs(60),
+        || {
+            let rows = components(&sb.local_status("vanish")?);
+            let fast = rows.iter().find(|r| r.0 == "fast")?;
+            let slow = rows.iter().find(|r| r.0 == "slow")?;
+            (fast.1 == "non_skip_pass" && slow.1 == "running").then_some(())
+        },
+    );
+    std::fs::remove_dir_all(sb.repo().join(".fvd")).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(
+        stdout.contains(".fvd was deleted while the port ran")
+            && stdout.contains("submit the port again"),
+        "{stdout}"
+    );
+    assert!(
+        !sb.repo()
+            .join("tests/local_tests/vanish/PORT_STATUS.md")
+            .exists(),
+        "no verdict of a port whose state went away reaches PORT_STATUS.md"
+    );
+}
