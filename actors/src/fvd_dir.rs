@@ -6,24 +6,41 @@
 //! verdicts of code that is no longer there (issue #27: wrong verdicts
 //! reached `PORT_STATUS.md`).
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-/// The folder and its identity (device, inode) when first seen.
+/// The folder, and the marker file the port plants in it once it exists:
+/// a folder deleted and made again can come back with the same inode (and
+/// birth time to the second), so its identity is this file's content.
 #[derive(Debug)]
 pub struct FvdDir {
     path: PathBuf,
-    seen: Mutex<Option<(u64, u64)>>,
+    marker: PathBuf,
+    nonce: String,
+    planted: Mutex<bool>,
 }
 
 impl FvdDir {
-    /// `REPO/.fvd`, seen now if it exists (a fleet port may create it
-    /// later, with its first worktree: then it is seen then).
-    pub fn new(repo: &Path) -> Self {
+    /// `REPO/.fvd` of port `family`, marked now if it exists (a fleet port
+    /// may create it later, with its first worktree: then it is marked
+    /// then).
+    pub fn new(repo: &Path, family: &str) -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let path = repo.join(".fvd");
+        let nonce = format!(
+            "{}.{}.{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
         let dir = Self {
-            path: repo.join(".fvd"),
-            seen: Mutex::new(None),
+            marker: path.join(format!(".port-{family}")),
+            path,
+            nonce,
+            planted: Mutex::new(false),
         };
         let _ = dir.check();
         dir
@@ -33,31 +50,27 @@ impl FvdDir {
         &self.path
     }
 
-    /// `Err` with the reason once the folder seen before is gone or is
+    /// `Err` with the reason once the folder marked before is gone or is
     /// another folder now; `Ok` while it is the same (or never existed).
     pub fn check(&self) -> Result<(), String> {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        match std::fs::symlink_metadata(&self.path) {
-            Ok(m) => {
-                let id = (m.dev(), m.ino());
-                match *seen {
-                    None => {
-                        *seen = Some(id);
-                        Ok(())
-                    }
-                    Some(was) if was == id => Ok(()),
-                    Some(_) => Err(format!(
-                        "{} was replaced by another folder while the port ran",
-                        self.path.display()
-                    )),
-                }
+        let mut planted = self.planted.lock().unwrap_or_else(|e| e.into_inner());
+        if !*planted {
+            if self.path.is_dir() && std::fs::write(&self.marker, &self.nonce).is_ok() {
+                *planted = true;
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && seen.is_some() => Err(format!(
+            return Ok(());
+        }
+        match std::fs::read_to_string(&self.marker) {
+            Ok(n) if n == self.nonce => Ok(()),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Ok(()),
+            _ if self.path.is_dir() => Err(format!(
+                "{} was replaced by another folder while the port ran",
+                self.path.display()
+            )),
+            _ => Err(format!(
                 "{} was deleted while the port ran",
                 self.path.display()
             )),
-            // Never seen, or unreadable for now: nothing to compare.
-            Err(_) => Ok(()),
         }
     }
 }
@@ -76,16 +89,20 @@ mod tests {
     #[test]
     fn a_folder_deleted_or_replaced_is_told_and_one_never_there_is_not() {
         let repo = tempfile::tempdir().unwrap();
-        let dir = FvdDir::new(repo.path());
+        let dir = FvdDir::new(repo.path(), "p");
         assert_eq!(dir.check(), Ok(()), "never there");
         std::fs::create_dir(repo.path().join(".fvd")).unwrap();
         assert_eq!(dir.check(), Ok(()), "seen now");
         assert_eq!(dir.check(), Ok(()), "the same");
-        std::fs::remove_dir(repo.path().join(".fvd")).unwrap();
+        std::fs::remove_dir_all(repo.path().join(".fvd")).unwrap();
         let e = dir.check().unwrap_err();
         assert!(e.ends_with(".fvd was deleted while the port ran"), "{e}");
+        // Made again, even with the same inode: another folder.
         std::fs::create_dir(repo.path().join(".fvd")).unwrap();
         let e = dir.check().unwrap_err();
         assert!(e.contains("replaced"), "{e}");
+        // Another port of the repository marks it for itself.
+        let other = FvdDir::new(repo.path(), "q");
+        assert_eq!(other.check(), Ok(()));
     }
 }

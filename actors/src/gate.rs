@@ -124,7 +124,7 @@ impl Actor for GateActor {
             args.store.set_port_traceparent(&args.family, &tp).await?;
         }
         Ok(GateState {
-            fvd: Arc::new(FvdDir::new(Path::new(&args.repo))),
+            fvd: Arc::new(FvdDir::new(Path::new(&args.repo), &args.family)),
             args,
             recorded,
             finals: Default::default(),
