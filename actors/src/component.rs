@@ -210,7 +210,10 @@ impl Actor for ComponentSubagentActor {
             }
             return resume(&myself, st, &row).await;
         }
-        enqueue(&myself, st).await
+        match in_flight(st).await? {
+            Some(job) => adopt(&myself, st, job).await,
+            None => enqueue(&myself, st).await,
+        }
     }
 
     async fn handle(
@@ -331,6 +334,11 @@ async fn job_event(
         }
         JobEvent::Finished { report, worker_id } => {
             run_finished(&myself, st, report, worker_id).await?;
+        }
+        JobEvent::NotAdopted { job_id, reason } => {
+            if st.job_id.as_deref() == Some(job_id.as_str()) {
+                run_again(&myself, st, &job_id, &reason).await?;
+            }
         }
     }
     Ok(())
@@ -630,24 +638,8 @@ async fn environment_failure(
     enqueue(myself, st).await?;
     // An agent attempt whose test run hit the environment is tested by the
     // new run instead.
-    if st.agent.is_some()
-        && let (Some(old), Some(new)) = (old_job, st.job_id.clone())
-    {
-        let (family, name) = (&st.args.family, &st.args.spec.name);
-        if let Some(a) = st
-            .args
-            .store
-            .attempts(family, name)
-            .await?
-            .into_iter()
-            .rev()
-            .find(|a| a.job_after == old && a.verdict_after.is_empty())
-        {
-            st.args
-                .store
-                .set_attempt_job(family, name, a.attempt, &new)
-                .await?;
-        }
+    if let (Some(old), Some(new)) = (old_job, st.job_id.clone()) {
+        rebind_attempt(st, &old, &new).await?;
     }
     Ok(())
 }
@@ -719,6 +711,91 @@ async fn queued(
     st: &mut ComponentState,
     record: JobRecord,
 ) -> Result<(), ActorProcessingErr> {
+    let job = scheduled(myself, st, record).await?;
+    st.args.scheduler.cast(SchedulerMsg::Enqueue(job))?;
+    Ok(())
+}
+
+/// The component's run in flight when the last process of this port
+/// stopped (its row still `running`): the scheduler adopts it if its worker
+/// still runs it (`Leased` follows, then its result as for any run), or
+/// says `NotAdopted` and it runs again.
+async fn adopt(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    record: JobRecord,
+) -> Result<(), ActorProcessingErr> {
+    tracing::info!(job = %record.job_id, "asking to adopt the run that was in flight");
+    let job = scheduled(myself, st, record).await?;
+    st.args.scheduler.cast(SchedulerMsg::Adopt(job))?;
+    Ok(())
+}
+
+/// The component's run in flight, if its latest run is `running`.
+async fn in_flight(st: &ComponentState) -> Result<Option<JobRecord>, ActorProcessingErr> {
+    let jobs = st
+        .args
+        .store
+        .jobs_of(&st.args.family, &st.args.spec.name)
+        .await?;
+    Ok(jobs
+        .into_iter()
+        .last()
+        .filter(|j| j.state == JobState::Running))
+}
+
+/// A run no worker runs any more (see [`adopt`]): abandoned, and a new one
+/// queued; an agent attempt it was to test is tested by the new one.
+async fn run_again(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    job_id: &str,
+    reason: &str,
+) -> Result<(), ActorProcessingErr> {
+    tracing::info!(job = %job_id, %reason, "the run in flight before the restart runs on no worker; it runs again");
+    st.args.store.abandon_job(job_id).await?;
+    st.job_id = None;
+    enqueue(myself, st).await?;
+    if let Some(new) = st.job_id.clone() {
+        rebind_attempt(st, job_id, &new).await?;
+    }
+    Ok(())
+}
+
+/// The agent attempt that run `old` was to test (its verdict not in yet)
+/// is tested by run `new` instead.
+async fn rebind_attempt(
+    st: &ComponentState,
+    old: &str,
+    new: &str,
+) -> Result<(), ActorProcessingErr> {
+    if st.agent.is_none() {
+        return Ok(());
+    }
+    let (family, name) = (&st.args.family, &st.args.spec.name);
+    if let Some(a) = st
+        .args
+        .store
+        .attempts(family, name)
+        .await?
+        .into_iter()
+        .rev()
+        .find(|a| a.job_after == old && a.verdict_after.is_empty())
+    {
+        st.args
+            .store
+            .set_attempt_job(family, name, a.attempt, new)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The scheduler's view of a recorded run, under a new `attempt` span.
+async fn scheduled(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    record: JobRecord,
+) -> Result<Box<QueuedJob>, ActorProcessingErr> {
     let spec = &st.args.spec;
     st.job_id = Some(record.job_id.clone());
     st.attempt = tracing::info_span!(
@@ -738,23 +815,20 @@ async fn queued(
     env.insert("FVD_FAMILY".to_string(), st.args.family.clone());
     env.insert("FVD_COMPONENT".to_string(), spec.name.clone());
     env.insert("FVD_RUN".to_string(), record.run_no.to_string());
-    st.args
-        .scheduler
-        .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-            record: record.into(),
-            env,
-            secret_env: spec.env.clone(),
-            notify: myself.get_derived(),
-            placement: spec.placement.clone(),
-            span: st.attempt.clone(),
-            collect_env: None,
-            compare: None,
-            exclude: st.exclude.clone(),
-            preflight: spec.preflight.clone(),
-            warm: spec.runner.warm_preload(),
-            fvd_writes: st.args.code.fvd_writes.clone(),
-        })))?;
-    Ok(())
+    Ok(Box::new(QueuedJob {
+        record: record.into(),
+        env,
+        secret_env: spec.env.clone(),
+        notify: myself.get_derived(),
+        placement: spec.placement.clone(),
+        span: st.attempt.clone(),
+        collect_env: None,
+        compare: None,
+        exclude: st.exclude.clone(),
+        preflight: spec.preflight.clone(),
+        warm: spec.runner.warm_preload(),
+        fvd_writes: st.args.code.fvd_writes.clone(),
+    }))
 }
 
 /// Finds or makes the component's worktree and reads the port's prep
@@ -873,6 +947,12 @@ async fn resume(
             }
             return agent_attempt(myself, st, &job, &last, "", FIX).await;
         }
+    }
+    if let Some(job) = in_flight(st).await? {
+        // The attempt's test run (or the red run) may still run on its
+        // worker: adopted, or run again (its attempt rebound to the new
+        // run) if not.
+        return adopt(myself, st, job).await;
     }
     enqueue(myself, st).await?;
     // A recorded attempt whose run was lost with the process is tested by

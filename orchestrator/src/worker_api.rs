@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fvd_actors::scheduler::{HeartbeatBatch, SchedulerMsg};
+use fvd_actors::scheduler::{HeartbeatBatch, Registration, SchedulerMsg};
 use fvd_proto::v1 as pb;
 use fvd_store::Store;
 use fvd_store::model::{
@@ -20,6 +20,10 @@ use ractor::ActorRef;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
+
+/// Longest a registration waits for the scheduler's answer (it may wait on
+/// a database that cannot be written: the worker then retries).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connection ids, unique per stream in this process.
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
@@ -56,11 +60,16 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("stream ended before register"))?;
-        let Some(pb::worker_msg::Msg::Register(reg)) = first.msg else {
+        let Some(pb::worker_msg::Msg::Register(mut reg)) = first.msg else {
             return Err(Status::invalid_argument(
                 "the first message must be register",
             ));
         };
+        let incarnation = std::mem::take(&mut reg.incarnation);
+        let running: Vec<(String, u64)> = std::mem::take(&mut reg.running)
+            .into_iter()
+            .map(|r| (r.job_id, r.lease_epoch))
+            .collect();
         let info = worker_info(reg)?;
         let worker_id = info.worker_id.clone();
         let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
@@ -76,14 +85,37 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             .await
             .map_err(|_| Status::cancelled("worker went away"))?;
 
+        // The scheduler decides before the stream opens: a second process
+        // under a live worker's id is refused, not left as a silent zombie.
         let (to_worker, from_scheduler) = mpsc::channel::<ToWorker>(64);
-        self.scheduler
-            .cast(SchedulerMsg::WorkerConnected {
-                info: Box::new(info),
-                tx: to_worker,
-                conn,
-            })
-            .map_err(|_| Status::unavailable("scheduler is down"))?;
+        let registration = Box::new(Registration {
+            info,
+            tx: to_worker,
+            conn,
+            incarnation,
+            running,
+        });
+        let answer = self
+            .scheduler
+            .call(
+                |reply| SchedulerMsg::Register {
+                    registration,
+                    reply,
+                },
+                Some(REGISTER_TIMEOUT),
+            )
+            .await;
+        match answer {
+            Ok(ractor::rpc::CallResult::Success(Ok(()))) => {}
+            Ok(ractor::rpc::CallResult::Success(Err(why))) => {
+                tracing::warn!(worker = %worker_id, %why, "refused a registration");
+                return Err(Status::already_exists(why));
+            }
+            Ok(ractor::rpc::CallResult::Timeout) => {
+                return Err(Status::unavailable("the scheduler did not answer in time"));
+            }
+            _ => return Err(Status::unavailable("scheduler is down")),
+        }
 
         // Worker → scheduler, until the stream ends.
         let code_tx = out_tx;

@@ -1044,23 +1044,75 @@ impl Store {
         .await
     }
 
-    /// Marks every unfinished job of a family abandoned and returns their
-    /// components: used when a port resumes after a crash, so each run that
-    /// was in flight is rerun once under a new run number.
+    /// Marks abandoned the jobs of a family that were queued when its last
+    /// gate died, and those running that no component will ask the
+    /// scheduler to adopt (traced reruns and variant runs, `#` in their
+    /// component name, and runs of components already final); returns
+    /// their components. A component's own run in flight stays `running`:
+    /// the resumed component asks the scheduler to adopt it (its worker may
+    /// still run it) and abandons it only if no worker does
+    /// ([`Store::abandon_job`]), so it is rerun once under a new run number.
     pub async fn abandon_unfinished(&self, family: &str) -> Result<Vec<String>, StoreError> {
         self.write("abandon unfinished", || async move {
             let rows: Vec<String> = sqlx::query_scalar(
-                "UPDATE jobs SET state = ? WHERE family = ? AND state IN (?, ?) RETURNING component",
+                "UPDATE jobs SET state = ?1 WHERE family = ?2 AND (state = ?3 OR (state = ?4 AND (instr(component, '#') > 0 OR component IN (SELECT name FROM components WHERE family = ?2 AND status IN (?5, ?6))))) RETURNING component",
             )
             .bind(JobState::Abandoned.as_str())
             .bind(family)
             .bind(JobState::Queued.as_str())
             .bind(JobState::Running.as_str())
+            .bind(ComponentStatus::NonSkipPass.as_str())
+            .bind(ComponentStatus::Blocked.as_str())
             .fetch_all(&self.writer)
             .await?;
             Ok(rows)
         })
         .await
+    }
+
+    /// A run left `running` by an earlier process that no worker runs any
+    /// more: abandoned (it counts as a run if its process had started).
+    /// False when it was no longer running.
+    pub async fn abandon_job(&self, job_id: &str) -> Result<bool, StoreError> {
+        self.write("abandon job", || async move {
+            let done =
+                sqlx::query("UPDATE jobs SET state = ? WHERE job_id = ? AND state IN (?, ?)")
+                    .bind(JobState::Abandoned.as_str())
+                    .bind(job_id)
+                    .bind(JobState::Queued.as_str())
+                    .bind(JobState::Running.as_str())
+                    .execute(&self.writer)
+                    .await?
+                    .rows_affected();
+            Ok(done > 0)
+        })
+        .await
+    }
+
+    /// The leases of runs still `running`: `(job, family, worker, epoch,
+    /// GPUs)`. A restarted orchestrator holds them for their workers to
+    /// report and their components to adopt.
+    pub async fn running_leases(
+        &self,
+    ) -> Result<Vec<(String, String, String, u64, Vec<u32>)>, StoreError> {
+        let rows = sqlx::query("SELECT job_id, family, worker_id, lease_epoch, gpus FROM jobs WHERE state = ? AND lease_epoch IS NOT NULL AND worker_id <> ''")
+            .bind(JobState::Running.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let gpus: Option<String> = r.get("gpus");
+                (
+                    r.get("job_id"),
+                    r.get("family"),
+                    r.get("worker_id"),
+                    r.get::<i64, _>("lease_epoch") as u64,
+                    gpus.and_then(|g| serde_json::from_str(&g).ok())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect())
     }
 
     pub async fn job(&self, job_id: &str) -> Result<Option<JobRecord>, StoreError> {
@@ -2018,13 +2070,30 @@ mod tests {
             .await
             .unwrap();
         let ja = store.queue_job(&job("p", "a")).await.unwrap();
-        store.lease_job(&ja.job_id, "w", 1, &[]).await.unwrap();
+        store.lease_job(&ja.job_id, "w", 1, &[2, 3]).await.unwrap();
         store.queue_job(&job("p", "b")).await.unwrap();
+        let traced = store.queue_job(&job("p", "a#trace")).await.unwrap();
+        store.lease_job(&traced.job_id, "w", 2, &[]).await.unwrap();
         let mut abandoned = store.abandon_unfinished("p").await.unwrap();
         abandoned.sort();
-        assert_eq!(abandoned, vec!["a".to_string(), "b".to_string()]);
+        // a's own run in flight waits for its component to adopt it.
+        assert_eq!(abandoned, vec!["a#trace".to_string(), "b".to_string()]);
+        assert_eq!(
+            store.running_leases().await.unwrap(),
+            [(ja.job_id.clone(), "p".into(), "w".into(), 1, vec![2, 3])]
+        );
         assert!(store.abandon_unfinished("p").await.unwrap().is_empty());
+        // No worker runs it any more: abandoned once, then rerun.
+        assert!(store.abandon_job(&ja.job_id).await.unwrap());
+        assert!(!store.abandon_job(&ja.job_id).await.unwrap());
         let next = store.queue_job(&job("p", "a")).await.unwrap();
         assert_eq!(next.run_no, 2);
+        // A final component's run in flight is abandoned with the rest.
+        store.lease_job(&next.job_id, "w", 3, &[]).await.unwrap();
+        store
+            .set_component("p", "a", ComponentStatus::Blocked, "cancelled", "", "")
+            .await
+            .unwrap();
+        assert_eq!(store.abandon_unfinished("p").await.unwrap(), ["a"]);
     }
 }

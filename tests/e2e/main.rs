@@ -23,3 +23,4 @@ mod trace_checks;
 mod trace_port;
 mod variants;
 mod warm;
+mod workers;

@@ -308,6 +308,7 @@ timeout_s = 60
         let i = self
             .workers
             .iter()
+            .rev()
             .find(|(w, _)| w == id)
             .map(|(_, i)| *i)
             .expect("known worker");
@@ -322,17 +323,19 @@ timeout_s = 60
         let i = self
             .workers
             .iter()
+            .rev()
             .find(|(w, _)| w == id)
             .map(|(_, i)| *i)
             .expect("known worker");
         self.children[i].id()
     }
 
-    /// SIGKILLs the worker process `id`.
+    /// SIGKILLs the worker process `id` (the latest one started under it).
     pub fn kill_worker(&mut self, id: &str) {
         let i = self
             .workers
             .iter()
+            .rev()
             .find(|(w, _)| w == id)
             .map(|(_, i)| *i)
             .expect("known worker");
