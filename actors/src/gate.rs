@@ -64,6 +64,9 @@ pub enum GateMsg {
     /// Check that the port's `REPO/.fvd` is still the folder it was (sent
     /// every second by the gate itself).
     CheckFvd,
+    /// Restart the failed component actor of this component from the store
+    /// (sent by the gate itself, after a backoff).
+    Respawn(String),
 }
 
 #[derive(Debug)]
@@ -88,6 +91,8 @@ pub struct GateState {
     variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
     /// The port's `REPO/.fvd`, which must stay the same folder.
     fvd: Arc<FvdDir>,
+    /// Failed component actors, restarted under backoff.
+    restarts: crate::restarts::Restarts,
 }
 
 /// How often the gate checks that the port's `REPO/.fvd` is still there.
@@ -124,6 +129,7 @@ impl Actor for GateActor {
             args.store.set_port_traceparent(&args.family, &tp).await?;
         }
         Ok(GateState {
+            restarts: Default::default(),
             fvd: Arc::new(FvdDir::new(Path::new(&args.repo), &args.family)),
             args,
             recorded,
@@ -343,6 +349,7 @@ impl Actor for GateActor {
                 )
                 .await?;
             }
+            GateMsg::Respawn(name) => respawn(&myself, st, &name).await?,
             GateMsg::CheckFvd => {
                 if let Err(why) = st.fvd.check() {
                     fvd_vanished(&myself, st, &why).await?;
@@ -396,23 +403,59 @@ impl Actor for GateActor {
     ) -> Result<(), ActorProcessingErr> {
         if let SupervisionEvent::ActorFailed(who, err) = evt {
             // A crashed component actor is restarted from the store: it
-            // finds its recorded verdict or queues a fresh run.
-            tracing::error!(actor = ?who.get_id(), %err, "component actor failed; restarting it from the store");
-            let known: Vec<String> = st.finals.keys().cloned().collect();
-            let rows = st.args.store.components(&st.args.family).await?;
-            for c in st.args.spec.components.clone() {
-                let row = rows.iter().find(|r| r.name == c.name);
-                let running = row.is_some_and(|r| !r.is_final());
-                if running
-                    && !known.contains(&c.name)
-                    && who.get_name() == Some(actor_name(&st.args.family, &c.name))
-                {
-                    spawn_component(&myself, st, &c).await?;
-                }
+            // finds its recorded verdict or queues a fresh run. One that
+            // fails again at once waits longer each time, logged once.
+            let Some(c) = st
+                .args
+                .spec
+                .components
+                .iter()
+                .find(|c| who.get_name() == Some(actor_name(&st.args.family, &c.name)))
+                .map(|c| c.name.clone())
+            else {
+                return Ok(());
+            };
+            let r = st.restarts.failed(&c, std::time::Instant::now());
+            if r.first {
+                tracing::error!(component = %c, %err, "component actor failed; restarting it from the store");
+            } else {
+                tracing::debug!(component = %c, %err, failures = r.count, after_ms = r.after.as_millis() as u64, "component actor failed again; restarting it later");
+            }
+            if r.after.is_zero() {
+                respawn(&myself, st, &c).await?;
+            } else {
+                myself.send_after(r.after, move || GateMsg::Respawn(c));
             }
         }
         Ok(())
     }
+}
+
+/// Starts component `name`'s actor again from the store, unless it is final.
+async fn respawn(
+    myself: &ActorRef<GateMsg>,
+    st: &mut GateState,
+    name: &str,
+) -> Result<(), ActorProcessingErr> {
+    if st.finals.contains_key(name) {
+        return Ok(());
+    }
+    let rows = st.args.store.components(&st.args.family).await?;
+    let running = rows.iter().any(|r| r.name == name && !r.is_final());
+    let Some(c) = st
+        .args
+        .spec
+        .components
+        .iter()
+        .find(|c| c.name == name)
+        .cloned()
+    else {
+        return Ok(());
+    };
+    if running {
+        spawn_component(myself, st, &c).await?;
+    }
+    Ok(())
 }
 
 /// Component actors are named `family/component`, so a supervision event

@@ -26,6 +26,7 @@ pub mod fvd_dir;
 pub mod gate;
 pub mod orchestrator;
 pub mod port_status;
+pub mod restarts;
 pub mod run_verdict;
 pub mod scheduler;
 pub mod trace_actor;
