@@ -19,7 +19,7 @@ fn loud_lines(log: &str) -> Vec<String> {
 }
 
 /// `text` without ANSI colour sequences (`ESC [ … m`).
-fn strip_colours(text: &str) -> String {
+pub(crate) fn strip_colours(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars();
     while let Some(c) = chars.next() {
@@ -171,7 +171,7 @@ fn a_full_disk_pauses_the_port_calmly_and_it_resumes_with_nothing_lost() {
 
 /// The example port's spec with only the components named in `keep`
 /// (each `[[component]]` block runs to the next block or `[agent]`).
-fn keep_components(spec: &str, keep: &[&str]) -> String {
+pub(crate) fn keep_components(spec: &str, keep: &[&str]) -> String {
     let agent = spec.find("\n[agent]").expect("[agent] in port.toml");
     let (body, tail) = spec.split_at(agent);
     let mut parts = body.split("\n[[component]]\n");

@@ -5,6 +5,7 @@
 
 mod agent;
 mod bycommit;
+mod chaos;
 #[path = "../checks/mod.rs"]
 mod checks;
 mod coauthor;
