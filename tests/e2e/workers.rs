@@ -234,3 +234,82 @@ fn a_run_whose_worker_does_not_come_back_runs_again_after_the_grace() {
         sb.orchestrator_log()
     );
 }
+
+/// A loopback proxy to `upstream` that resets the first connection as the
+/// worker's registration arrives (after the HTTP/2 handshake, on the
+/// client's next bytes: the socket is closed with them unread, which sends
+/// a TCP reset), and forwards every later connection.
+fn resetting_proxy(upstream: String) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut first = true;
+        for client in listener.incoming().flatten() {
+            let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                continue;
+            };
+            let (mut c_read, mut s_write) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (mut s_read, mut c_write) = (server, client);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                while let Ok(n) = s_read.read(&mut buf) {
+                    if n == 0 || c_write.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+            let reset = std::mem::replace(&mut first, false);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                // The client's preface and settings go through.
+                let Ok(n) = c_read.read(&mut buf) else { return };
+                let _ = s_write.write_all(&buf[..n]);
+                if reset {
+                    // Its next bytes (the registration) are left unread
+                    // and the socket closed: a reset, both ways.
+                    let mut peek = [0u8; 1];
+                    let _ = c_read.peek(&mut peek);
+                    let _ = s_write.shutdown(std::net::Shutdown::Both);
+                    drop(c_read);
+                    return;
+                }
+                while let Ok(n) = c_read.read(&mut buf) {
+                    if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[test]
+fn a_reset_during_registration_is_retried_not_fatal() {
+    let mut sb = Sandbox::new();
+    sb.port("resets", &[TestComponent::new("a", "assert True")]);
+    let url = sb.serve();
+    let proxy = resetting_proxy(url.trim_start_matches("http://").to_string());
+    let w = sb.worker_at(&proxy, "w1", 1, &[]);
+    sb.spawn_worker("w1", w);
+    assert!(sb.submit_remote("resets", &[]).status.success());
+    let status = wait_for("the port to end", Duration::from_secs(60), || {
+        let s = sb.remote_status("resets")?;
+        (s["state"] != "running").then_some(s)
+    });
+    assert_eq!(
+        components(&status)[0].1,
+        "non_skip_pass",
+        "{status}\n{}",
+        sb.logs()
+    );
+    let log = crate::durability::strip_colours(&sb.logs());
+    // The reset reaches the worker as UNKNOWN ("transport error",
+    // ConnectionReset): it used to be taken for a refusal, exit 2.
+    assert!(
+        log.contains("connection lost; reconnecting") && log.contains("ConnectionReset"),
+        "the reset was met and retried: {log}"
+    );
+}
