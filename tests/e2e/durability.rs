@@ -360,3 +360,46 @@ fn a_deleted_fvd_folder_stops_the_port_with_the_reason_and_writes_no_status() {
         "no verdict of a port whose state went away reaches PORT_STATUS.md"
     );
 }
+
+#[test]
+fn a_flood_of_output_is_stored_capped_with_its_head_and_tail() {
+    let sb = Sandbox::new();
+    // 40 MiB straight to stdout (pytest -s), then a last line.
+    sb.port(
+        "flood",
+        &[TestComponent::new(
+            "loud",
+            "block = b'x' * (1 << 20)\nfor _ in range(40):\n    os.write(1, block)\nos.write(1, b'\\nthe-last-line\\n')",
+        )],
+    );
+    let spec = sb.repo().join("tests/local_tests/flood/port.toml");
+    let text = std::fs::read_to_string(&spec).unwrap().replace(
+        "[defaults]\n",
+        "[defaults]\ncommand = [\"python3\", \"-B\", \"-m\", \"pytest\", \"{test}\", \"-q\", \"-s\", \"-p\", \"no:cacheprovider\", \"--junitxml={junitxml}\"]\n",
+    );
+    std::fs::write(&spec, text).unwrap();
+    let out = fvd()
+        .args(["submit", "--family", "flood", "--wait", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    let logs = fvd()
+        .args(["logs", "flood", "loud", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    let stored = logs.stdout.len();
+    let text = String::from_utf8_lossy(&logs.stdout);
+    // The first 8 MiB and stdout's last 4 MiB (stderr's quarter unused),
+    // never more than the 16 MiB cap.
+    assert!(
+        (12 << 20..(12 << 20) + 64 * 1024).contains(&stored),
+        "{stored} bytes stored of 40 MiB"
+    );
+    assert!(
+        text.contains("bytes of this run's stdout left out here") && text.contains("the-last-line"),
+        "the marker and the tail: {}",
+        &text[text.len().saturating_sub(300)..]
+    );
+}

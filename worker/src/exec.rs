@@ -966,12 +966,15 @@ impl OutputCap {
                 });
                 *seq += 1;
             }
-            if !held.is_empty() {
+            // In chunks of the usual size: one message of the whole tail
+            // would pass gRPC's 4 MiB limit and break the stream.
+            let held: Vec<u8> = held.into();
+            for (i, piece) in held.chunks(CHUNK).enumerate() {
                 out.push(JobEvent::Output {
                     stream,
                     seq: *seq,
-                    offset: start,
-                    data: held.into(),
+                    offset: start + (i * CHUNK) as u64,
+                    data: piece.to_vec(),
                 });
                 *seq += 1;
             }
@@ -1125,6 +1128,36 @@ mod tests {
         assert_eq!((*s, &last[..]), (OutputStream::Stderr, &b"last words"[..]));
         let streamed: usize = got.iter().map(|g| g.3.len()).sum();
         assert!(streamed < 1000 + 200, "{streamed} bytes streamed");
+    }
+
+    #[tokio::test]
+    async fn a_held_tail_leaves_in_chunks_of_the_usual_size() {
+        let (raw_tx, raw_rx) = mpsc::channel(64);
+        let (tx, mut rx) = mpsc::channel(4096);
+        let max = 8 * CHUNK as u64;
+        let pumped = fvd_telemetry::spawn(pump(raw_rx, tx, Vec::new(), max));
+        for _ in 0..40 {
+            raw_tx
+                .send(Raw::Chunk(OutputStream::Stdout, vec![b'x'; CHUNK]))
+                .await
+                .unwrap();
+        }
+        drop(raw_tx);
+        pumped.await.unwrap();
+        let mut sizes = Vec::new();
+        let mut next = None;
+        while let Ok(JobEvent::Output { offset, data, .. }) = rx.try_recv() {
+            assert!(data.len() <= CHUNK, "a chunk of {} bytes", data.len());
+            if data[0] == b'x' {
+                if let Some(n) = next {
+                    assert!(offset >= n, "offsets go forward");
+                }
+                next = Some(offset + data.len() as u64);
+            }
+            sizes.push(data.len());
+        }
+        let total: usize = sizes.iter().sum();
+        assert!((6 * CHUNK..6 * CHUNK + 512).contains(&total), "{total}");
     }
 
     fn secrets(vals: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
