@@ -9,6 +9,15 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // `fvd __jail …`: this process is a job's launcher (fvd_sandbox::jail);
+    // it sets the jail up and execs the job, single-threaded, before
+    // anything else runs.
+    fvd_sandbox::launch::main_if_jail();
+    // Nothing of this process's environment or memory (its token) is
+    // readable through /proc by a process without CAP_SYS_PTRACE.
+    if let Err(e) = fvd_sandbox::harden() {
+        eprintln!("fvd: warning: cannot make this process non-dumpable: {e}");
+    }
     let cli = cmd::Cli::parse();
     // Logs go to stderr so stdout stays machine-readable (`--json`); spans
     // and metrics leave over OTLP only when an endpoint is configured.

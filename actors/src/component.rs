@@ -68,6 +68,8 @@ pub struct ComponentArgs {
     pub trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
     /// The port's variant actor, when some component has variants.
     pub variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
+    /// Whether its agent command may run here, and jailed how.
+    pub agents: agent::AgentPolicy,
     /// The port's `REPO/.fvd`: nothing is recorded once it went away (the
     /// gate stops the port).
     pub fvd: std::sync::Arc<crate::fvd_dir::FvdDir>,
@@ -568,7 +570,7 @@ async fn agent_plan(
     kind: &'static str,
 ) -> Result<Plan, ActorProcessingErr> {
     let plan = match turn_start(st, &from).await? {
-        TurnStart::Spent(reason) => Plan {
+        TurnStart::Blocked(reason) => Plan {
             next: Next::End,
             status: ComponentStatus::Blocked,
             verdict: from.verdict.clone(),
@@ -699,7 +701,7 @@ async fn job_record(st: &ComponentState) -> Result<JobRecord, ActorProcessingErr
         commit,
         code_prefix,
         gpus_needed: spec.gpus,
-        timeout_ms: spec.timeout.as_millis() as u64,
+        timeout_ms: spec.timeout_ms(),
         ..JobRecord::default()
     })
 }
@@ -1092,7 +1094,7 @@ pub fn budget_spent(a: &fvd_spec::AgentSpec, s: &Spent) -> Option<String> {
         }
     }
     if let Some(max) = a.max_gpu_s
-        && s.gpu_ms >= max * 1000
+        && s.gpu_ms >= max.saturating_mul(1000)
     {
         return Some(format!(
             "agent budget spent: {:.1} of {max} GPU-seconds",
@@ -1139,7 +1141,7 @@ async fn agent_attempt(
 ) -> Result<(), ActorProcessingErr> {
     let spec = st.args.spec.clone();
     let (attempt, line, used, recorded) = match turn_start(st, result).await? {
-        TurnStart::Spent(reason) => return block(st, &result.verdict, &reason, worker_id).await,
+        TurnStart::Blocked(reason) => return block(st, &result.verdict, &reason, worker_id).await,
         TurnStart::Go {
             attempt,
             line,
@@ -1195,11 +1197,12 @@ async fn agent_attempt(
     .await
 }
 
-/// Where an agent turn stands before it starts: its budget is spent (the
-/// blocked reason), or it runs as `attempt` (an attempt cut off by a crash
-/// runs again under its own number and is not charged twice).
+/// Where an agent turn stands before it starts: its budget is spent or its
+/// agent may not run here (the blocked reason), or it runs as `attempt` (an
+/// attempt cut off by a crash runs again under its own number and is not
+/// charged twice).
 enum TurnStart {
-    Spent(String),
+    Blocked(String),
     Go {
         attempt: u32,
         /// The component's reason while the agent runs.
@@ -1230,7 +1233,15 @@ async fn turn_start(
     if rerun.is_none()
         && let Some(why) = budget_spent(a, &used)
     {
-        return Ok(TurnStart::Spent(format!(
+        return Ok(TurnStart::Blocked(format!(
+            "{} ({why})",
+            classed(&result.verdict, &result.reason)
+        )));
+    }
+    // A port resumed on an orchestrator that does not run its agent's
+    // command (submit refuses such a spec up front).
+    if let Err(why) = st.args.agents.admits(a) {
+        return Ok(TurnStart::Blocked(format!(
             "{} ({why})",
             classed(&result.verdict, &result.reason)
         )));
@@ -1383,8 +1394,23 @@ async fn run_agent(
     if let Some(tp) = fvd_telemetry::traceparent(&span) {
         extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
-    let exit = agent::run(&argv, &workdir, &a.env, &extra, a.timeout, &files.dir).await;
-    let handoff_text = std::fs::read_to_string(&files.handoff).ok();
+    let exit = agent::run(
+        &argv,
+        agent::RunAgent {
+            cwd: &workdir,
+            env_names: &a.env,
+            extra: &extra,
+            timeout: a.timeout,
+            log_dir: &files.dir,
+            policy: &st.args.agents,
+        },
+    )
+    .await;
+    // The handoff is stored and may reach PORT_STATUS.md: redacted like the
+    // agent's output.
+    let handoff_text = std::fs::read_to_string(&files.handoff)
+        .ok()
+        .map(|t| st.args.agents.redactor(&a.env).text(&t));
     let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
     if let Some(e) = &exit.spawn_error {
         handoff.summary = e.clone();

@@ -24,6 +24,8 @@ pub struct OrchestratorArgs {
     /// Resume ports left running, paused or waiting by an earlier process
     /// (a fleet orchestrator); embedded mode resumes only what is submitted.
     pub resume_on_start: bool,
+    /// Which agent commands run here, jailed how.
+    pub agents: fvd_workspace::agent::AgentPolicy,
 }
 
 /// A port submission as the edge received it.
@@ -79,6 +81,9 @@ pub enum PortError {
     /// or secret-looking text, a hatch already answered).
     #[error("{0}")]
     InvalidAnswer(String),
+    /// The spec's agent command may not run on this orchestrator.
+    #[error("{path}: {why}")]
+    AgentRefused { path: String, why: String },
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -279,6 +284,20 @@ async fn submit(
         return Err(PortError::FamilyMismatch {
             spec: spec.family,
             submitted: sub.family,
+        });
+    }
+    // Refused before anything is stored: a component would only block on
+    // it later (`component.rs` checks again for ports resumed from the
+    // store).
+    if let Some(why) = spec
+        .components
+        .iter()
+        .filter_map(|c| c.agent.as_ref())
+        .find_map(|a| st.args.agents.admits(a).err())
+    {
+        return Err(PortError::AgentRefused {
+            path: sub.spec_path,
+            why,
         });
     }
     // No commit (not a git repository), or a full sha the repository has.
@@ -653,6 +672,7 @@ async fn start_gate(
         store: st.args.store.clone(),
         scheduler: st.args.scheduler.clone(),
         events: st.args.events.clone(),
+        agents: st.args.agents.clone(),
     };
     let (gate, _) = Actor::spawn_linked(None, GateActor, args, myself.get_cell()).await?;
     st.ports.insert(port.family.clone(), gate);

@@ -85,6 +85,9 @@ pub struct ServerConfig {
     /// Writes that fail on the disk wait and run again under this backoff
     /// (`None`: they fail, and the actor that asked fails with them).
     pub write_retry: Option<fvd_store::faults::Backoff>,
+    /// Which spec-given agent commands run on this host, jailed how
+    /// (default: none; `fvd orchestrator serve --allow-agent-commands`).
+    pub agents: fvd_workspace::agent::AgentPolicy,
 }
 
 impl Default for ServerConfig {
@@ -98,6 +101,7 @@ impl Default for ServerConfig {
             resume_on_start: true,
             max_code_bytes: code::DEFAULT_MAX_PACK_BYTES,
             write_retry: Some(fvd_store::faults::Backoff::default()),
+            agents: fvd_workspace::agent::AgentPolicy::default(),
         }
     }
 }
@@ -281,6 +285,7 @@ pub async fn start(
             scheduler: scheduler.clone(),
             events: events.clone(),
             resume_on_start: config.resume_on_start,
+            agents: config.agents.clone(),
         },
     )
     .await
@@ -295,6 +300,7 @@ pub async fn start(
         store: store.clone(),
         max_code_bytes: config.max_code_bytes,
         heartbeats: Default::default(),
+        secrets: Arc::new(worker_api::own_secrets(&config)),
     };
     let ports = port_api::PortApi {
         store: store.clone(),

@@ -42,6 +42,7 @@ fn port_status(e: PortError) -> Status {
         }
         e @ PortError::UnknownEscape { .. } => Status::not_found(e.to_string()),
         PortError::InvalidAnswer(m) => Status::invalid_argument(m),
+        e @ PortError::AgentRefused { .. } => Status::permission_denied(e.to_string()),
         PortError::Internal(m) => Status::internal(m),
     }
 }

@@ -95,6 +95,12 @@ impl Token {
         f.write_all(self.0.as_bytes())
     }
 
+    /// The value, for a redactor that keeps it out of what fvd stores and
+    /// shows (`fvd_contracts::redactor`); never for a log line.
+    pub fn value(&self) -> &str {
+        &self.0
+    }
+
     /// Whether `candidate` is this token, compared in constant time (the
     /// dashboard's answer form; gRPC calls go through [`ServerAuth`]).
     pub fn verify(&self, candidate: &str) -> bool {

@@ -117,6 +117,15 @@ fn display_path(path: &str, repo: &Path) -> String {
         .unwrap_or_else(|_| path.to_string())
 }
 
+/// Whether `path`, with every symbolic link resolved, lies inside `repo`
+/// (itself resolved).
+fn resolves_inside(path: &Path, repo: &Path) -> bool {
+    match (path.canonicalize(), repo.canonicalize()) {
+        (Ok(p), Ok(r)) => p.starts_with(r),
+        _ => false,
+    }
+}
+
 /// P2: every component's parity test file exists, and the official side
 /// imports (or its private deps are stubbed) so scaffolding may start.
 pub fn scaffold_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
@@ -137,6 +146,12 @@ pub fn scaffold_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
                 )),
                 Ok(p) if !p.is_file() => unmet.push(format!(
                     "component {}: parity test {t} does not exist",
+                    c.name
+                )),
+                // A committed symbolic link must not make a file outside
+                // the repository the parity test.
+                Ok(p) if !resolves_inside(&p, repo) => unmet.push(format!(
+                    "component {}: parity test {t} is a symbolic link (or lies below one) that leads outside the repository",
                     c.name
                 )),
                 Ok(_) => {}
@@ -293,5 +308,23 @@ coverage_scope = "both"
             assert_eq!(unmet.len(), 1, "{bad}: {unmet:?}");
             assert!(unmet[0].contains("is not in the repository"), "{unmet:?}");
         }
+        // A committed link to a file outside, or a folder link leading
+        // there: refused. A link inside the repository stays fine.
+        std::os::unix::fs::symlink(
+            top.path().join("test_outside.py"),
+            repo.join("t/test_link.py"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(top.path(), repo.join("up")).unwrap();
+        std::os::unix::fs::symlink(repo.join("t/test_a.py"), repo.join("t/test_same.py")).unwrap();
+        for bad in ["t/test_link.py", "up/test_outside.py"] {
+            let unmet = scaffold_conditions(&spec(bad), &repo);
+            assert_eq!(unmet.len(), 1, "{bad}: {unmet:?}");
+            assert!(
+                unmet[0].contains("leads outside the repository"),
+                "{unmet:?}"
+            );
+        }
+        assert!(scaffold_conditions(&spec("t/test_same.py"), &repo).is_empty());
     }
 }

@@ -70,6 +70,11 @@ pub struct LocalWorker {
     /// Embedded mode: parallel CPU slots of the local worker (default: cores).
     #[arg(long)]
     pub cpu_slots: Option<u32>,
+    /// Embedded mode: the jail tests and agents start in: auto (a namespace
+    /// if this machine allows one, else Landlock, else none, with a
+    /// warning), namespace, landlock or off.
+    #[arg(long, default_value = "auto", value_name = "MODE")]
+    pub job_sandbox: fvd_sandbox::Mode,
 }
 
 #[derive(Debug, Args)]
@@ -456,8 +461,10 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
         None,
     )
     .await?;
+    let agents = embedded_agents(repo, spec.as_ref(), local.job_sandbox)?;
+    worker.jail = agents.jail.clone();
     worker.provides = embedded_provides(repo, spec);
-    let embedded = fvd_orchestrator::embedded::Embedded::start(store, worker).await?;
+    let embedded = fvd_orchestrator::embedded::Embedded::start(store, worker, agents).await?;
     // The token is in the run file for the owner's own `fvd cancel`.
     let _run_file =
         super::embedded::RunFile::write(repo, &family, &embedded.url(), embedded.token())?;
@@ -483,6 +490,52 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
     };
     embedded.stop().await;
     code
+}
+
+/// Embedded mode's jail and agent policy. The porter runs their own spec on
+/// their own machine: its agent commands run (those of the spec this
+/// command read, no other: a test that reached the loopback orchestrator
+/// could otherwise submit one of its own). Tests and agents start in the
+/// jail `mode` asks for; `auto` without any goes on unjailed, with a
+/// warning. With a namespace, the run files of `.fvd/run` (the loopback
+/// token `fvd cancel` uses) are hidden too; Landlock would make every file
+/// created later directly in the repository's top folder unreadable to
+/// them, so it does not hide them (README "Containment").
+fn embedded_agents(
+    repo: &Path,
+    spec: Option<&(String, String)>,
+    mode: fvd_sandbox::Mode,
+) -> anyhow::Result<fvd_workspace::agent::AgentPolicy> {
+    let commands = spec
+        .and_then(|(path, text)| fvd_spec::parse(Path::new(path), text).ok())
+        .map(|s| {
+            s.components
+                .iter()
+                .filter_map(|c| c.agent.as_ref().map(|a| a.command.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let jail = match super::server::jail(mode, &[]) {
+        Ok(j) => j,
+        Err(e) if mode == fvd_sandbox::Mode::Auto => {
+            eprintln!("fvd: warning: tests and agents run unjailed: {e:#}");
+            fvd_sandbox::Jail::off()
+        }
+        Err(e) => return Err(e),
+    };
+    let jail = if jail.mechanism() == Some(fvd_sandbox::Mechanism::Namespace) {
+        let run = repo.join(".fvd").join("run");
+        std::fs::create_dir_all(&run)
+            .with_context(|| format!("cannot create {}", run.display()))?;
+        jail.hiding(&[run])
+    } else {
+        jail
+    };
+    Ok(fvd_workspace::agent::AgentPolicy {
+        commands: fvd_workspace::agent::AgentCommands::Only(commands),
+        jail,
+        secrets: Default::default(),
+    })
 }
 
 /// What embedded mode's worker provides: the spec's `worker_paths` that

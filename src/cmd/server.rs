@@ -108,6 +108,20 @@ pub struct ServeArgs {
     /// checkout, in MiB; a larger one fails the job on that worker.
     #[arg(long, default_value_t = 2048, value_name = "MIB")]
     pub max_code_mib: u64,
+    /// Run the `[agent] command` of the specs sent here, on this host.
+    /// Without it a spec with an agent command is refused: whoever holds
+    /// the token would run a command of their choice here.
+    #[arg(long)]
+    pub allow_agent_commands: bool,
+    /// With --allow-agent-commands, the jail agents start in: auto (a
+    /// namespace if this host allows one, else Landlock; neither is an
+    /// error), namespace, landlock or off.
+    #[arg(long, default_value = "auto", value_name = "MODE")]
+    pub agent_sandbox: fvd_sandbox::Mode,
+    /// A file or folder agents may not read, besides the token file and
+    /// the TLS key (repeatable).
+    #[arg(long = "agent-hide", value_name = "PATH")]
+    pub agent_hide: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -158,6 +172,27 @@ pub struct WorkerArgs {
     /// `liveness` until the worker stops. Off by default.
     #[arg(long, value_name = "ADDR")]
     pub health_listen: Option<String>,
+    /// The jail jobs start in: auto (a namespace if this host allows one,
+    /// else Landlock; neither is an error), namespace, landlock, or off
+    /// (jobs can read what this worker's user can, its token file too).
+    #[arg(long, default_value = "auto", value_name = "MODE")]
+    pub job_sandbox: fvd_sandbox::Mode,
+    /// A file or folder jobs may not read, besides the token file
+    /// (repeatable): keys of other services on this host, say.
+    #[arg(long = "job-hide", value_name = "PATH")]
+    pub job_hide: Vec<PathBuf>,
+}
+
+/// The jail of `mode` hiding `hidden`, with this binary as its launcher;
+/// its warnings printed.
+pub fn jail(mode: fvd_sandbox::Mode, hidden: &[PathBuf]) -> anyhow::Result<fvd_sandbox::Jail> {
+    let exe =
+        std::env::current_exe().context("cannot find this fvd binary, the launcher of the jail")?;
+    let jail = fvd_sandbox::Jail::start(mode, &exe, hidden)?;
+    for w in jail.warnings() {
+        eprintln!("fvd: warning: {w}");
+    }
+    Ok(jail)
 }
 
 #[derive(Debug, Subcommand)]
@@ -350,6 +385,7 @@ pub async fn local_worker_config(
         provides: Vec::new(),
         code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
         max_output_bytes: fvd_worker::exec::DEFAULT_MAX_OUTPUT_BYTES,
+        jail: fvd_sandbox::Jail::off(),
     })
 }
 
@@ -370,10 +406,35 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             }),
             _ => None,
         };
+        // Agents run here: they never read the token file or the TLS key.
+        // Without --allow-agent-commands none runs, so no jail is needed
+        // (and a host that allows none still serves).
+        let agent_jail = if args.allow_agent_commands {
+            let mut hidden: Vec<PathBuf> = args.token.token_file.iter().cloned().collect();
+            hidden.extend(args.tls_key.iter().cloned());
+            hidden.extend(args.agent_hide.iter().cloned());
+            jail(args.agent_sandbox, &hidden)?
+        } else {
+            fvd_sandbox::Jail::off()
+        };
+        let mut agent_secrets = fvd_contracts::redactor::Redactor::default();
+        if let Some(t) = &token {
+            agent_secrets.add(fvd_orchestrator::worker_api::TOKEN_NAME, t.value().as_bytes());
+        }
+        tracing::info!(jail = %agent_jail.describe(), allow_agent_commands = args.allow_agent_commands, "agents");
         let mut config = fvd_orchestrator::ServerConfig {
             token: token.clone(),
             tls,
             max_code_bytes: args.max_code_mib.saturating_mul(1024 * 1024),
+            agents: fvd_workspace::agent::AgentPolicy {
+                commands: if args.allow_agent_commands {
+                    fvd_workspace::agent::AgentCommands::Allowed
+                } else {
+                    fvd_workspace::agent::AgentCommands::Refused
+                },
+                jail: agent_jail,
+                secrets: agent_secrets,
+            },
             ..Default::default()
         };
         config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
@@ -453,12 +514,16 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         config.provides = args.provides;
         config.code_cache_bytes = args.code_cache_mib.saturating_mul(1024 * 1024);
         config.max_output_bytes = args.max_output_mib * 1024 * 1024;
+        let mut hidden: Vec<PathBuf> = args.token.token_file.iter().cloned().collect();
+        hidden.extend(args.job_hide.iter().cloned());
+        config.jail = jail(args.job_sandbox, &hidden)?;
         println!(
-            "fvd worker {} with {} GPU(s) and {} CPU slot(s) dialing {}",
+            "fvd worker {} with {} GPU(s) and {} CPU slot(s) dialing {}; jobs: {}",
             config.worker_id,
             config.gpus.len(),
             config.cpu_slots,
-            config.orchestrator
+            config.orchestrator,
+            config.jail.describe()
         );
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();

@@ -114,7 +114,7 @@ fn orchestrator_with_dashboard(sb: &Sandbox, token_file: &Path) -> (Kill, String
         .arg(format!("sqlite://{}", db.display()))
         .arg("--token-file")
         .arg(token_file)
-        .args(["--dashboard", "127.0.0.1:0"])
+        .args(["--dashboard", "127.0.0.1:0", "--allow-agent-commands"])
         .env("FVD_LOG", LOG_FILTER)
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(sb.repo().join("orchestrator.log")).unwrap())

@@ -9,6 +9,7 @@ mod chaos;
 #[path = "../checks/mod.rs"]
 mod checks;
 mod coauthor;
+mod containment;
 mod contracts;
 mod dashboard;
 mod durability;

@@ -42,9 +42,9 @@ const TOKEN_VALUE: &str = "fvdsecret_9f8e7d6c5b4a39281706";
 
 /// One exported span, flattened with its resource's `service.name`.
 #[derive(Debug, Clone)]
-struct Got {
+pub(crate) struct Got {
     service: String,
-    name: String,
+    pub(crate) name: String,
     trace_id: String,
     span_id: String,
     parent: String,
@@ -226,8 +226,9 @@ impl MetricsService for Sink {
     }
 }
 
-/// A receiver on its own runtime, counting every TCP connection it accepts.
-struct Receiver {
+/// A receiver on its own runtime, counting every TCP connection it accepts
+/// (also used by `containment.rs`).
+pub(crate) struct Receiver {
     addr: SocketAddr,
     sink: Sink,
     connections: Arc<AtomicUsize>,
@@ -235,7 +236,7 @@ struct Receiver {
 }
 
 impl Receiver {
-    fn start(bind: &str) -> std::io::Result<Self> {
+    pub(crate) fn start(bind: &str) -> std::io::Result<Self> {
         Self::start_with(bind, Mode::Answer)
     }
 
@@ -266,11 +267,11 @@ impl Receiver {
         })
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    fn spans(&self) -> Vec<Got> {
+    pub(crate) fn spans(&self) -> Vec<Got> {
         self.sink.received.lock().unwrap().spans.clone()
     }
 }
