@@ -305,7 +305,7 @@ fn orchestrator_restarts(rng: &mut Rng) -> Trial {
     sb.serve_at(&addr, &[]);
     sb.worker("w1", 3);
     if !sb.submit_remote("chaos", &[]).status.success() {
-        t.anomaly("orchestrator: submit failed");
+        t.anomaly("orchestrator: submit failed (see the orchestrator's log)");
         return t;
     }
     let kills = 1 + rng.below(3) as u32;
@@ -456,15 +456,22 @@ fn agent_attempt(rng: &mut Rng) -> Trial {
             "command = [\"sh\", \"-c\", \"sleep 1; exec python3 -B tools/replay_agent.py \\\"$@\\\"\", \"agent\", ",
         )
     });
+    // Its agent runs a command of the spec's own (a wrapper around the
+    // replay agent): allowed on this orchestrator.
+    let allow = ["--allow-agent-commands"];
     let addr = free_addr();
-    sb.serve_at(&addr, &[]);
+    sb.serve_at(&addr, &allow);
     sb.worker("w1", 2);
-    if !sb.submit_remote("tinyport", &[]).status.success() {
-        t.anomaly("agent: submit failed");
+    let submit = sb.submit_remote("tinyport", &[]);
+    if !submit.status.success() {
+        t.anomaly(format!(
+            "agent: submit failed: {}",
+            String::from_utf8_lossy(&submit.stderr)
+        ));
         return t;
     }
     std::thread::sleep(rng.ms(500, 6000));
-    restart(&mut sb, &addr, &[]);
+    restart(&mut sb, &addr, &allow);
     t.kills += 1;
     if let Some(s) = ended(&mut t, "agent", || remote(&sb, "tinyport")) {
         check_components(
