@@ -37,7 +37,9 @@ use fvd_spec::ComponentSpec;
 use fvd_store::model::{
     ComponentRow, ComponentStatus, JobRecord, JobReport, JobResult, JobState, PortEvent,
 };
-use fvd_store::{AttemptRow, EscapeRow, Store, now_ms};
+use fvd_store::{
+    AttemptNext, AttemptRecorded, AttemptRow, ComponentNext, EscapeRow, Store, now_ms,
+};
 use fvd_workspace::agent::{self, LastRun};
 use fvd_workspace::worktree::{self, Worktree};
 
@@ -68,6 +70,9 @@ pub struct ComponentArgs {
     pub variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
     /// Whether its agent command may run here, and jailed how.
     pub agents: agent::AgentPolicy,
+    /// The port's `REPO/.fvd`: nothing is recorded once it went away (the
+    /// gate stops the port).
+    pub fvd: std::sync::Arc<crate::fvd_dir::FvdDir>,
 }
 
 #[derive(Debug)]
@@ -207,7 +212,10 @@ impl Actor for ComponentSubagentActor {
             }
             return resume(&myself, st, &row).await;
         }
-        enqueue(&myself, st).await
+        match in_flight(st).await? {
+            Some(job) => adopt(&myself, st, job).await,
+            None => enqueue(&myself, st).await,
+        }
     }
 
     async fn handle(
@@ -329,6 +337,11 @@ async fn job_event(
         JobEvent::Finished { report, worker_id } => {
             run_finished(&myself, st, report, worker_id).await?;
         }
+        JobEvent::NotAdopted { job_id, reason } => {
+            if st.job_id.as_deref() == Some(job_id.as_str()) {
+                run_again(&myself, st, &job_id, &reason).await?;
+            }
+        }
     }
     Ok(())
 }
@@ -373,20 +386,6 @@ async fn run_finished(
     ) {
         return Ok(());
     }
-    let Some(result) = record_result(st, &report, &v).await? else {
-        return Ok(());
-    };
-    after_run(myself, st, &report.job_id, &v, &result, &worker_id).await
-}
-
-/// Records the run's verdict (only while the job still runs under the
-/// report's lease) with its spans, metrics and the attempt it tested;
-/// `None` when the result was stale and rejected.
-async fn record_result(
-    st: &mut ComponentState,
-    report: &JobReport,
-    v: &Verdict,
-) -> Result<Option<JobResult>, ActorProcessingErr> {
     let result = JobResult {
         verdict: v.status().as_str().to_string(),
         reason: v.reason(),
@@ -396,15 +395,68 @@ async fn record_result(
         junit_xml: report.junit_xml.clone().unwrap_or_default(),
         output_tail: report.output_tail.clone(),
     };
+    // What the verdict leads to is decided first, so that the verdict and
+    // the component's next state are one commit: a crash between them
+    // would test the same commit again.
+    let plan = plan_after_run(st, &report.job_id, &v, &result).await?;
+    let attempt_gpu_ms = st
+        .agent
+        .is_some()
+        .then(|| report.duration_ms * u64::from(st.args.spec.gpus));
+    let next = ComponentNext {
+        status: plan.status,
+        verdict: &plan.verdict,
+        reason: &plan.reason,
+        worker_id: &worker_id,
+    };
+    if let Err(why) = st.args.fvd.check() {
+        tracing::warn!(job = %report.job_id, %why, "the verdict is not recorded: the port stops");
+        return Ok(());
+    }
     if !st
         .args
         .store
-        .finish_job(&report.job_id, report.lease_epoch, &result)
+        .record_verdict(
+            &report.job_id,
+            report.lease_epoch,
+            &result,
+            next,
+            attempt_gpu_ms,
+        )
         .await?
     {
         tracing::warn!(job = %report.job_id, "result for a job no longer running under this lease was rejected");
-        return Ok(None);
+        return Ok(());
     }
+    fvd_store::chaos::crash_point("verdict-committed");
+    note_verdict(st, &report, &v, &result).await?;
+    match plan.next {
+        Next::Retry => {
+            st.infra_verdicts += 1;
+            emit(st).await?;
+            enqueue(myself, st).await
+        }
+        Next::Confirm => {
+            emit(st).await?;
+            enqueue(myself, st).await
+        }
+        Next::Agent { from, kind } => {
+            agent_attempt(myself, st, &report.job_id, &from, &worker_id, kind).await
+        }
+        Next::End => {
+            emit(st).await?;
+            announce_final(st, plan.status, &plan.verdict, &plan.reason).await
+        }
+    }
+}
+
+/// The spans, metrics and logs of a recorded verdict.
+async fn note_verdict(
+    st: &mut ComponentState,
+    report: &JobReport,
+    v: &Verdict,
+    result: &JobResult,
+) -> Result<(), ActorProcessingErr> {
     st.job_id = None;
     let attempt = std::mem::replace(&mut st.attempt, Span::none());
     attempt.record("verdict", result.verdict.as_str());
@@ -425,58 +477,64 @@ async fn record_result(
     if !report.survivors.is_empty() {
         tracing::error!(job = %report.job_id, survivors = ?report.survivors, "processes of the job outlived it");
     }
-    if st.agent.is_some() {
-        let gpu_ms = report.duration_ms * u64::from(st.args.spec.gpus);
-        st.args
-            .store
-            .set_attempt_verdict(&report.job_id, &result.verdict, &result.reason, gpu_ms)
-            .await?;
-    }
-    Ok(Some(result))
+    Ok(())
 }
 
-/// What a recorded verdict leads to: a retry after an infrastructure
-/// error, an agent turn after a red run or a refused cleanup, a confirming
-/// run after a pass, or the component's end.
-async fn after_run(
-    myself: &ActorRef<ComponentMsg>,
-    st: &mut ComponentState,
+/// What a recorded verdict leads to, and the component state it is
+/// recorded with.
+struct Plan {
+    next: Next,
+    status: ComponentStatus,
+    verdict: String,
+    reason: String,
+}
+
+enum Next {
+    /// An infrastructure error: the run goes to another slot.
+    Retry,
+    /// A pass that has not held `confirm_runs` times in a row: one more
+    /// run.
+    Confirm,
+    /// An agent turn starting from `from` (the red run, or the pass the
+    /// cleanup gate refused).
+    Agent { from: JobResult, kind: &'static str },
+    /// The component ends with its status.
+    End,
+}
+
+/// Decides what run `job_id`'s verdict leads to (reads only): a retry
+/// after an infrastructure error, an agent turn after a red run or a
+/// refused cleanup, a confirming run after a pass, or the component's end.
+async fn plan_after_run(
+    st: &ComponentState,
     job_id: &str,
     v: &Verdict,
     result: &JobResult,
-    worker_id: &str,
-) -> Result<(), ActorProcessingErr> {
+) -> Result<Plan, ActorProcessingErr> {
+    let plan = |next, status, reason: String| Plan {
+        next,
+        status,
+        verdict: result.verdict.clone(),
+        reason,
+    };
     if v.is_infra() && st.infra_verdicts < MAX_INFRA_VERDICTS {
-        st.infra_verdicts += 1;
-        update(
-            st,
+        return Ok(plan(
+            Next::Retry,
             ComponentStatus::Queued,
-            &result.verdict,
-            &result.reason,
-            worker_id,
-        )
-        .await?;
-        return enqueue(myself, st).await;
+            result.reason.clone(),
+        ));
     }
     if !v.is_pass() && !v.is_infra() && st.agent.is_some() {
-        return agent_attempt(myself, st, job_id, result, worker_id, FIX).await;
+        return agent_plan(st, result.clone(), FIX).await;
     }
     if v.is_pass() {
-        // A pass counts once it held `confirm_runs` times in a
-        // row on the same code: one more run otherwise.
-        let streak = passes_in_a_row(st).await?;
+        // A pass counts once it held `confirm_runs` times in a row on the
+        // same code (this run included): one more run otherwise.
+        let streak = passes_in_a_row(st).await? + 1;
         let need = st.args.spec.confirm_runs;
         if streak < need {
             let why = format!("passed {streak} of {need} runs in a row; confirming");
-            update(
-                st,
-                ComponentStatus::Confirming,
-                &result.verdict,
-                &why,
-                worker_id,
-            )
-            .await?;
-            return enqueue(myself, st).await;
+            return Ok(plan(Next::Confirm, ComponentStatus::Confirming, why));
         }
         if let Some(findings) = cleanup_findings(st).await? {
             let refused = JobResult {
@@ -484,25 +542,51 @@ async fn after_run(
                 reason: format!("cleanup gate: {}", findings.join("; ")),
                 ..result.clone()
             };
-            return agent_attempt(myself, st, job_id, &refused, worker_id, CLEANUP).await;
+            return agent_plan(st, refused, CLEANUP).await;
         }
+        return Ok(plan(
+            Next::End,
+            ComponentStatus::NonSkipPass,
+            result.reason.clone(),
+        ));
     }
-    let status = if v.is_pass() {
-        ComponentStatus::NonSkipPass
-    } else {
-        ComponentStatus::Blocked
+    let note = format!(
+        "{}{}",
+        crate::variant_actor::note(st.varied.as_ref(), job_id),
+        crate::trace_actor::note(st.traced.as_ref(), job_id)
+    );
+    Ok(plan(
+        Next::End,
+        ComponentStatus::Blocked,
+        classed(&result.verdict, &format!("{note}{}", result.reason)),
+    ))
+}
+
+/// An agent turn from `from`: `agent` with the turn's line, or the
+/// component's end when a budget is spent.
+async fn agent_plan(
+    st: &ComponentState,
+    from: JobResult,
+    kind: &'static str,
+) -> Result<Plan, ActorProcessingErr> {
+    let plan = match turn_start(st, &from).await? {
+        TurnStart::Blocked(reason) => Plan {
+            next: Next::End,
+            status: ComponentStatus::Blocked,
+            verdict: from.verdict.clone(),
+            reason,
+        },
+        TurnStart::Go { line, .. } => Plan {
+            next: Next::Agent {
+                from: from.clone(),
+                kind,
+            },
+            status: ComponentStatus::Agent,
+            verdict: from.verdict.clone(),
+            reason: line,
+        },
     };
-    let reason = if v.is_pass() {
-        result.reason.clone()
-    } else {
-        let note = format!(
-            "{}{}",
-            crate::variant_actor::note(st.varied.as_ref(), job_id),
-            crate::trace_actor::note(st.traced.as_ref(), job_id)
-        );
-        classed(&result.verdict, &format!("{note}{}", result.reason))
-    };
-    finish(st, status, &result.verdict, &reason, worker_id).await
+    Ok(plan)
 }
 
 /// A blocked reason that names its verdict class once: `debug_red: …`, but
@@ -556,24 +640,8 @@ async fn environment_failure(
     enqueue(myself, st).await?;
     // An agent attempt whose test run hit the environment is tested by the
     // new run instead.
-    if st.agent.is_some()
-        && let (Some(old), Some(new)) = (old_job, st.job_id.clone())
-    {
-        let (family, name) = (&st.args.family, &st.args.spec.name);
-        if let Some(a) = st
-            .args
-            .store
-            .attempts(family, name)
-            .await?
-            .into_iter()
-            .rev()
-            .find(|a| a.job_after == old && a.verdict_after.is_empty())
-        {
-            st.args
-                .store
-                .set_attempt_job(family, name, a.attempt, &new)
-                .await?;
-        }
+    if let (Some(old), Some(new)) = (old_job, st.job_id.clone()) {
+        rebind_attempt(st, &old, &new).await?;
     }
     Ok(())
 }
@@ -596,13 +664,21 @@ async fn current(st: &ComponentState) -> Result<ComponentRow, ActorProcessingErr
         .ok_or_else(|| format!("component {} has no row in the store", st.args.spec.name).into())
 }
 
+/// Queues the component's next run.
 async fn enqueue(
     myself: &ActorRef<ComponentMsg>,
     st: &mut ComponentState,
 ) -> Result<(), ActorProcessingErr> {
+    let job = job_record(st).await?;
+    let record = st.args.store.queue_job(&job).await?;
+    queued(myself, st, record).await
+}
+
+/// The component's next run, before it is queued: an agent component's
+/// runs test its worktree at the attempt's commit, not the checkout at the
+/// port's.
+async fn job_record(st: &ComponentState) -> Result<JobRecord, ActorProcessingErr> {
     let spec = &st.args.spec;
-    // An agent component's runs test its worktree at the attempt's commit,
-    // not the checkout at the port's.
     let (cwd, commit, code_prefix) = match &st.agent {
         Some(l) => (
             l.worktree.workdir().to_string_lossy().into_owned(),
@@ -617,21 +693,112 @@ async fn enqueue(
             st.args.code.prefix.clone(),
         ),
     };
-    let record = st
+    Ok(JobRecord {
+        family: st.args.family.clone(),
+        component: spec.name.clone(),
+        argv: spec.argv(),
+        cwd,
+        commit,
+        code_prefix,
+        gpus_needed: spec.gpus,
+        timeout_ms: spec.timeout_ms(),
+        ..JobRecord::default()
+    })
+}
+
+/// A run recorded as queued goes to the scheduler, under its own
+/// `attempt` span.
+async fn queued(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    record: JobRecord,
+) -> Result<(), ActorProcessingErr> {
+    let job = scheduled(myself, st, record).await?;
+    st.args.scheduler.cast(SchedulerMsg::Enqueue(job))?;
+    Ok(())
+}
+
+/// The component's run in flight when the last process of this port
+/// stopped (its row still `running`): the scheduler adopts it if its worker
+/// still runs it (`Leased` follows, then its result as for any run), or
+/// says `NotAdopted` and it runs again.
+async fn adopt(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    record: JobRecord,
+) -> Result<(), ActorProcessingErr> {
+    tracing::info!(job = %record.job_id, "asking to adopt the run that was in flight");
+    let job = scheduled(myself, st, record).await?;
+    st.args.scheduler.cast(SchedulerMsg::Adopt(job))?;
+    Ok(())
+}
+
+/// The component's run in flight, if its latest run is `running`.
+async fn in_flight(st: &ComponentState) -> Result<Option<JobRecord>, ActorProcessingErr> {
+    let jobs = st
         .args
         .store
-        .queue_job(&JobRecord {
-            family: st.args.family.clone(),
-            component: spec.name.clone(),
-            argv: spec.argv(),
-            cwd,
-            commit,
-            code_prefix,
-            gpus_needed: spec.gpus,
-            timeout_ms: spec.timeout_ms(),
-            ..JobRecord::default()
-        })
+        .jobs_of(&st.args.family, &st.args.spec.name)
         .await?;
+    Ok(jobs
+        .into_iter()
+        .last()
+        .filter(|j| j.state == JobState::Running))
+}
+
+/// A run no worker runs any more (see [`adopt`]): abandoned, and a new one
+/// queued; an agent attempt it was to test is tested by the new one.
+async fn run_again(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    job_id: &str,
+    reason: &str,
+) -> Result<(), ActorProcessingErr> {
+    tracing::info!(job = %job_id, %reason, "the run in flight before the restart runs on no worker; it runs again");
+    st.args.store.abandon_job(job_id).await?;
+    st.job_id = None;
+    enqueue(myself, st).await?;
+    if let Some(new) = st.job_id.clone() {
+        rebind_attempt(st, job_id, &new).await?;
+    }
+    Ok(())
+}
+
+/// The agent attempt that run `old` was to test (its verdict not in yet)
+/// is tested by run `new` instead.
+async fn rebind_attempt(
+    st: &ComponentState,
+    old: &str,
+    new: &str,
+) -> Result<(), ActorProcessingErr> {
+    if st.agent.is_none() {
+        return Ok(());
+    }
+    let (family, name) = (&st.args.family, &st.args.spec.name);
+    if let Some(a) = st
+        .args
+        .store
+        .attempts(family, name)
+        .await?
+        .into_iter()
+        .rev()
+        .find(|a| a.job_after == old && a.verdict_after.is_empty())
+    {
+        st.args
+            .store
+            .set_attempt_job(family, name, a.attempt, new)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The scheduler's view of a recorded run, under a new `attempt` span.
+async fn scheduled(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    record: JobRecord,
+) -> Result<Box<QueuedJob>, ActorProcessingErr> {
+    let spec = &st.args.spec;
     st.job_id = Some(record.job_id.clone());
     st.attempt = tracing::info_span!(
         parent: &st.span,
@@ -645,27 +812,25 @@ async fn enqueue(
     );
     metrics::attempt(&st.args.family, &spec.name);
     emit(st).await?;
+    let spec = &st.args.spec;
     let mut env = spec.set_env.clone();
     env.insert("FVD_FAMILY".to_string(), st.args.family.clone());
     env.insert("FVD_COMPONENT".to_string(), spec.name.clone());
     env.insert("FVD_RUN".to_string(), record.run_no.to_string());
-    st.args
-        .scheduler
-        .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-            record: record.into(),
-            env,
-            secret_env: spec.env.clone(),
-            notify: myself.get_derived(),
-            placement: spec.placement.clone(),
-            span: st.attempt.clone(),
-            collect_env: None,
-            compare: None,
-            exclude: st.exclude.clone(),
-            preflight: spec.preflight.clone(),
-            warm: spec.runner.warm_preload(),
-            fvd_writes: st.args.code.fvd_writes.clone(),
-        })))?;
-    Ok(())
+    Ok(Box::new(QueuedJob {
+        record: record.into(),
+        env,
+        secret_env: spec.env.clone(),
+        notify: myself.get_derived(),
+        placement: spec.placement.clone(),
+        span: st.attempt.clone(),
+        collect_env: None,
+        compare: None,
+        exclude: st.exclude.clone(),
+        preflight: spec.preflight.clone(),
+        warm: spec.runner.warm_preload(),
+        fvd_writes: st.args.code.fvd_writes.clone(),
+    }))
 }
 
 /// Finds or makes the component's worktree and reads the port's prep
@@ -768,11 +933,28 @@ async fn resume(
         .filter(|a| a.verdict_after.is_empty())
         .map(|a| a.attempt);
     if row.status == ComponentStatus::Agent && untested.is_none() {
-        // Cut off after the red run was recorded and before the attempt
-        // row was opened: the attempt starts from that red run.
+        // Cut off after the verdict was recorded (with `agent` as its next
+        // state) and before the attempt row was opened: the attempt starts
+        // from that run, a red one, or a pass the cleanup gate refused.
         if let Some((job, last)) = last_result(st).await? {
+            if last.verdict == verdict::VerdictStatus::NonSkipPass.as_str()
+                && let Some(findings) = cleanup_findings(st).await?
+            {
+                let refused = JobResult {
+                    verdict: CLEANUP_REFUSED.into(),
+                    reason: format!("cleanup gate: {}", findings.join("; ")),
+                    ..last
+                };
+                return agent_attempt(myself, st, &job, &refused, "", CLEANUP).await;
+            }
             return agent_attempt(myself, st, &job, &last, "", FIX).await;
         }
+    }
+    if let Some(job) = in_flight(st).await? {
+        // The attempt's test run (or the red run) may still run on its
+        // worker: adopted, or run again (its attempt rebound to the new
+        // run) if not.
+        return adopt(myself, st, job).await;
     }
     enqueue(myself, st).await?;
     // A recorded attempt whose run was lost with the process is tested by
@@ -958,44 +1140,20 @@ async fn agent_attempt(
     kind: &str,
 ) -> Result<(), ActorProcessingErr> {
     let spec = st.args.spec.clone();
-    let family = st.args.family.clone();
-    let a = spec.agent.clone().expect("only agent components loop");
-    let ledger = st.args.store.attempts(&family, &spec.name).await?;
-    let recorded: Vec<AttemptRow> = ledger
-        .iter()
-        .filter(|r| r.state == "recorded")
-        .cloned()
-        .collect();
-    // An attempt cut off by a crash runs again under its own number and is
-    // not charged twice.
-    let rerun = ledger
-        .iter()
-        .find(|r| r.state == "running")
-        .map(|r| r.attempt);
-    let used = spent(st, &recorded).await?;
-    if rerun.is_none()
-        && let Some(why) = budget_spent(&a, &used)
-    {
-        let reason = format!("{} ({why})", classed(&result.verdict, &result.reason));
-        return block(st, &result.verdict, &reason, worker_id).await;
-    }
-    // A port resumed on an orchestrator that does not run its agent's
-    // command (submit refuses such a spec up front).
-    if let Err(why) = st.args.agents.admits(&a) {
-        let reason = format!("{} ({why})", classed(&result.verdict, &result.reason));
-        return block(st, &result.verdict, &reason, worker_id).await;
-    }
-    let attempt = rerun.unwrap_or(recorded.len() as u32 + 1);
+    let (attempt, line, used, recorded) = match turn_start(st, result).await? {
+        TurnStart::Blocked(reason) => return block(st, &result.verdict, &reason, worker_id).await,
+        TurnStart::Go {
+            attempt,
+            line,
+            used,
+            recorded,
+        } => (attempt, line, used, recorded),
+    };
     update(
         st,
         ComponentStatus::Agent,
         &result.verdict,
-        &format!(
-            "agent attempt {attempt} ({} of {} in the budget) after {}",
-            used.attempts + 1,
-            a.max_attempts,
-            result.verdict
-        ),
+        &line,
         worker_id,
     )
     .await?;
@@ -1026,18 +1184,81 @@ async fn agent_attempt(
             return block(st, &result.verdict, &reason, worker_id).await;
         }
     };
-    record_attempt(st, attempt, commit, &exit, &handoff).await?;
-    if !answers.is_empty() {
-        st.args
-            .store
-            .resolve_escapes(&family, &spec.name, attempt)
-            .await?;
+    after_agent(
+        myself,
+        st,
+        &turn,
+        worker_id,
+        commit,
+        &exit,
+        &handoff,
+        !answers.is_empty(),
+    )
+    .await
+}
+
+/// Where an agent turn stands before it starts: its budget is spent or its
+/// agent may not run here (the blocked reason), or it runs as `attempt` (an
+/// attempt cut off by a crash runs again under its own number and is not
+/// charged twice).
+enum TurnStart {
+    Blocked(String),
+    Go {
+        attempt: u32,
+        /// The component's reason while the agent runs.
+        line: String,
+        used: Spent,
+        /// The recorded attempts, oldest first.
+        recorded: Vec<AttemptRow>,
+    },
+}
+
+async fn turn_start(
+    st: &ComponentState,
+    result: &JobResult,
+) -> Result<TurnStart, ActorProcessingErr> {
+    let (family, spec) = (&st.args.family, &st.args.spec);
+    let a = spec.agent.as_ref().expect("only agent components loop");
+    let ledger = st.args.store.attempts(family, &spec.name).await?;
+    let recorded: Vec<AttemptRow> = ledger
+        .iter()
+        .filter(|r| r.state == "recorded")
+        .cloned()
+        .collect();
+    let rerun = ledger
+        .iter()
+        .find(|r| r.state == "running")
+        .map(|r| r.attempt);
+    let used = spent(st, &recorded).await?;
+    if rerun.is_none()
+        && let Some(why) = budget_spent(a, &used)
+    {
+        return Ok(TurnStart::Blocked(format!(
+            "{} ({why})",
+            classed(&result.verdict, &result.reason)
+        )));
     }
-    // The port may have been cancelled while the agent ran.
-    if current(st).await?.is_final() {
-        return Ok(());
+    // A port resumed on an orchestrator that does not run its agent's
+    // command (submit refuses such a spec up front).
+    if let Err(why) = st.args.agents.admits(a) {
+        return Ok(TurnStart::Blocked(format!(
+            "{} ({why})",
+            classed(&result.verdict, &result.reason)
+        )));
     }
-    after_agent(myself, st, &turn, worker_id, &exit, &handoff).await
+    let attempt = rerun.unwrap_or(recorded.len() as u32 + 1);
+    let line = format!(
+        "agent attempt {attempt} ({} of {} in the budget) after {}",
+        used.attempts + 1,
+        a.max_attempts,
+        result.verdict
+    );
+    Ok(TurnStart::Go {
+        attempt,
+        line,
+        used,
+        recorded,
+    })
 }
 
 /// What one agent turn is about: its attempt number, and the run it starts
@@ -1202,131 +1423,145 @@ async fn run_agent(
     Ok((exit, handoff))
 }
 
-/// Completes the attempt's ledger row with what the agent did.
-async fn record_attempt(
+/// The attempt's ledger row as the agent left it.
+fn attempt_row(
     st: &ComponentState,
     attempt: u32,
     commit: worktree::Commit,
     exit: &agent::AgentExit,
     handoff: &agent::HandoffRead,
-) -> Result<(), ActorProcessingErr> {
-    st.args
-        .store
-        .record_attempt(&AttemptRow {
-            family: st.args.family.clone(),
-            component: st.args.spec.name.clone(),
-            attempt,
-            commit_sha: commit.sha,
-            diff_stat: commit.stat,
-            diff: commit.diff,
-            exit_code: exit.exit_code,
-            signal: exit.signal,
-            timed_out: exit.timed_out,
-            duration_ms: exit.duration_ms,
-            handoff_status: handoff.status.to_string(),
-            handoff_summary: handoff.summary.clone(),
-            handoff_text: handoff.text.clone(),
-            finished_ms: now_ms(),
-            ..AttemptRow::default()
-        })
-        .await?;
-    Ok(())
+) -> AttemptRow {
+    AttemptRow {
+        family: st.args.family.clone(),
+        component: st.args.spec.name.clone(),
+        attempt,
+        commit_sha: commit.sha,
+        diff_stat: commit.stat,
+        diff: commit.diff,
+        exit_code: exit.exit_code,
+        signal: exit.signal,
+        timed_out: exit.timed_out,
+        duration_ms: exit.duration_ms,
+        handoff_status: handoff.status.to_string(),
+        handoff_summary: handoff.summary.clone(),
+        handoff_text: handoff.text.clone(),
+        finished_ms: now_ms(),
+        ..AttemptRow::default()
+    }
 }
 
-/// What the recorded attempt leads to: blocked (the agent could not start,
-/// asked for a conversion retry, or returned a blocker), parked on its
-/// question, or the parity test runs on its commit.
+/// Records the attempt together with what it leads to, in one commit:
+/// blocked (the agent could not start, asked for a conversion retry, or
+/// returned a blocker), parked on its question (raised under a fresh
+/// `E###` id), or the parity test queued on its commit. A crash after the
+/// ledger row and before the question or the run cannot happen: both or
+/// neither are in the store.
+#[allow(clippy::too_many_arguments)]
 async fn after_agent(
     myself: &ActorRef<ComponentMsg>,
     st: &mut ComponentState,
     turn: &Turn<'_>,
     worker_id: &str,
+    commit: worktree::Commit,
     exit: &agent::AgentExit,
     handoff: &agent::HandoffRead,
+    answered: bool,
 ) -> Result<(), ActorProcessingErr> {
     let (attempt, result) = (turn.attempt, turn.result);
-    if let Some(e) = &exit.spawn_error {
-        let reason = format!(
-            "{} ({e}, after agent attempt {attempt})",
-            classed(&result.verdict, &result.reason)
-        );
-        return block(st, &result.verdict, &reason, worker_id).await;
-    }
-    if let Some(hatch) = handoff.escape() {
-        return ask_user(st, attempt, &result.verdict, hatch, worker_id).await;
-    }
-    if let Some(request) = handoff.conversion_retry() {
-        // fvd does not convert weights: the request goes to the gate, which
-        // reopens conversion (P5) with it, and the component stops here.
-        st.args.gate.cast(GateMsg::ConversionRetry {
-            component: st.args.spec.name.clone(),
-            request: request.clone(),
-        })?;
-        let reason = format!(
-            "{} (conversion_retry_request after agent attempt {attempt}: {request})",
-            classed(&result.verdict, &result.reason)
-        );
-        return block(st, &result.verdict, &reason, worker_id).await;
-    }
-    if let Some(stop) = handoff.stop_reason() {
-        let reason = format!(
-            "{} ({stop}, after agent attempt {attempt})",
-            classed(&result.verdict, &result.reason)
-        );
-        return block(st, &result.verdict, &reason, worker_id).await;
-    }
-    enqueue(myself, st).await?;
-    if let Some(job) = &st.job_id {
-        let (family, name) = (&st.args.family, &st.args.spec.name);
-        st.args
-            .store
-            .set_attempt_job(family, name, attempt, job)
-            .await?;
-    }
-    Ok(())
-}
-
-/// Parks the component on the agent's question: the hatch is recorded
-/// under a fresh `E###` id, `PORT_STATUS.md` shows it, and the gate is told
-/// so the port can pause once nothing else runs.
-async fn ask_user(
-    st: &mut ComponentState,
-    attempt: u32,
-    verdict: &str,
-    hatch: &fvd_contracts::escape_hatch::EscapeHatch,
-    worker_id: &str,
-) -> Result<(), ActorProcessingErr> {
+    let row = attempt_row(st, attempt, commit, exit, handoff);
     let family = st.args.family.clone();
-    let floor = crate::port_status::escape_floor(&st.args.store, &family)
-        .await
-        .unwrap_or(0);
-    let id = st
+    let blocked = |why: String| format!("{} ({why})", classed(&result.verdict, &result.reason));
+    let mut conversion = None;
+    let end_reason = if let Some(e) = &exit.spawn_error {
+        Some(blocked(format!("{e}, after agent attempt {attempt}")))
+    } else if handoff.escape().is_some() {
+        None
+    } else if let Some(request) = handoff.conversion_retry() {
+        conversion = Some(request.clone());
+        Some(blocked(format!(
+            "conversion_retry_request after agent attempt {attempt}: {request}"
+        )))
+    } else {
+        handoff
+            .stop_reason()
+            .map(|stop| blocked(format!("{stop}, after agent attempt {attempt}")))
+    };
+    let escape;
+    let floor;
+    let job;
+    let then = if let Some(reason) = &end_reason {
+        AttemptNext::End(ComponentNext {
+            status: ComponentStatus::Blocked,
+            verdict: &result.verdict,
+            reason,
+            worker_id,
+        })
+    } else if let Some(hatch) = handoff.escape() {
+        floor = crate::port_status::escape_floor(&st.args.store, &family)
+            .await
+            .unwrap_or(0);
+        escape = EscapeRow {
+            family: family.clone(),
+            component: st.args.spec.name.clone(),
+            attempt,
+            phase: fvd_contracts::phase::Phase::ComponentParityDebug.id(),
+            decision_type: hatch.decision_type.as_str().to_string(),
+            question: hatch.question.to_string(),
+            recommended: hatch.recommended_option.to_string(),
+            options: hatch.options.iter().map(|o| o.to_string()).collect(),
+            safe_default: hatch.safe_default.to_string(),
+            ..EscapeRow::default()
+        };
+        AttemptNext::Ask {
+            escape: &escape,
+            floor,
+            verdict: &result.verdict,
+            worker_id,
+        }
+    } else {
+        job = job_record(st).await?;
+        AttemptNext::Test(&job)
+    };
+    if let Err(why) = st.args.fvd.check() {
+        tracing::warn!(attempt, %why, "the attempt is not recorded: the port stops");
+        return Ok(());
+    }
+    let done = st
         .args
         .store
-        .raise_escape(
-            &EscapeRow {
-                family: family.clone(),
-                component: st.args.spec.name.clone(),
-                attempt,
-                phase: fvd_contracts::phase::Phase::ComponentParityDebug.id(),
-                decision_type: hatch.decision_type.as_str().to_string(),
-                question: hatch.question.to_string(),
-                recommended: hatch.recommended_option.to_string(),
-                options: hatch.options.iter().map(|o| o.to_string()).collect(),
-                safe_default: hatch.safe_default.to_string(),
-                ..EscapeRow::default()
-            },
-            floor,
-        )
+        .record_attempt_step(&row, answered, then)
         .await?;
-    let reason = format!("waiting for an answer to {id}: {}", hatch.question);
-    update(st, ComponentStatus::AskUser, verdict, &reason, worker_id).await?;
-    if let Err(e) = crate::port_status::write(&st.args.store, &family).await {
-        tracing::error!(%family, error = %e, "could not write PORT_STATUS.md");
+    fvd_store::chaos::crash_point("attempt-committed");
+    match done {
+        // The port was cancelled while the agent ran.
+        AttemptRecorded::AlreadyFinal => Ok(()),
+        AttemptRecorded::Ended => {
+            if let Some(request) = conversion {
+                // fvd does not convert weights: the request goes to the
+                // gate, which reopens conversion (P5) with it.
+                st.args.gate.cast(GateMsg::ConversionRetry {
+                    component: st.args.spec.name.clone(),
+                    request,
+                })?;
+            }
+            emit(st).await?;
+            let reason = end_reason.unwrap_or_default();
+            announce_final(st, ComponentStatus::Blocked, &result.verdict, &reason).await
+        }
+        AttemptRecorded::Asked(id) => {
+            tracing::info!(%family, component = %st.args.spec.name, %id, "the agent asked a question; the component waits for its answer");
+            emit(st).await?;
+            // `PORT_STATUS.md` shows the question; the gate pauses the port
+            // once nothing else runs.
+            if let Err(e) = crate::port_status::write(&st.args.store, &family).await {
+                tracing::error!(%family, error = %e, "could not write PORT_STATUS.md");
+            }
+            let row = current(st).await?;
+            st.args.gate.cast(GateMsg::ComponentAsks(row))?;
+            Ok(())
+        }
+        AttemptRecorded::Queued(job) => queued(myself, st, job).await,
     }
-    let row = current(st).await?;
-    st.args.gate.cast(GateMsg::ComponentAsks(row))?;
-    Ok(())
 }
 
 async fn update(
@@ -1358,6 +1593,17 @@ async fn finish(
     worker_id: &str,
 ) -> Result<(), ActorProcessingErr> {
     update(st, status, verdict, reason, worker_id).await?;
+    announce_final(st, status, verdict, reason).await
+}
+
+/// The component is final (recorded): its spans end with its status, and
+/// the gate is told.
+async fn announce_final(
+    st: &mut ComponentState,
+    status: ComponentStatus,
+    verdict: &str,
+    reason: &str,
+) -> Result<(), ActorProcessingErr> {
     st.span.record("status", status.as_str());
     st.span.record("verdict", verdict);
     st.span.record("reason", reason);

@@ -8,6 +8,7 @@
 //! never silently passed.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use fvd_contracts::phase::Phase;
 use fvd_spec::preconditions::{prep_conditions, scaffold_conditions};
@@ -18,6 +19,7 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use crate::component::{ComponentArgs, ComponentSubagentActor};
+use crate::fvd_dir::FvdDir;
 use crate::scheduler::SchedulerMsg;
 use fvd_spec::PortSpec;
 use fvd_store::Store;
@@ -61,6 +63,12 @@ pub enum GateMsg {
     ConversionRetry { component: String, request: String },
     /// Stop the port: components end as blocked with reason `cancelled`.
     Cancel,
+    /// Check that the port's `REPO/.fvd` is still the folder it was (sent
+    /// every second by the gate itself).
+    CheckFvd,
+    /// Restart the failed component actor of this component from the store
+    /// (sent by the gate itself, after a backoff).
+    Respawn(String),
 }
 
 #[derive(Debug)]
@@ -83,7 +91,14 @@ pub struct GateState {
     trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
     /// The port's variant actor, when some component has variants.
     variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
+    /// The port's `REPO/.fvd`, which must stay the same folder.
+    fvd: Arc<FvdDir>,
+    /// Failed component actors, restarted under backoff.
+    restarts: crate::restarts::Restarts,
 }
+
+/// How often the gate checks that the port's `REPO/.fvd` is still there.
+const FVD_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Actor for GateActor {
     type Msg = GateMsg;
@@ -116,6 +131,8 @@ impl Actor for GateActor {
             args.store.set_port_traceparent(&args.family, &tp).await?;
         }
         Ok(GateState {
+            restarts: Default::default(),
+            fvd: Arc::new(FvdDir::new(Path::new(&args.repo), &args.family)),
             args,
             recorded,
             finals: Default::default(),
@@ -134,6 +151,7 @@ impl Actor for GateActor {
         myself: ActorRef<Self::Msg>,
         st: &mut GateState,
     ) -> Result<(), ActorProcessingErr> {
+        myself.send_interval(FVD_CHECK_EVERY, || GateMsg::CheckFvd);
         // A prep handoff that pauses to ask the user is an escape hatch:
         // the trace says so before P0 decides (only the kind, never the
         // question's text).
@@ -333,6 +351,12 @@ impl Actor for GateActor {
                 )
                 .await?;
             }
+            GateMsg::Respawn(name) => respawn(&myself, st, &name).await?,
+            GateMsg::CheckFvd => {
+                if let Err(why) = st.fvd.check() {
+                    fvd_vanished(&myself, st, &why).await?;
+                }
+            }
             GateMsg::Cancel => {
                 st.args.scheduler.cast(SchedulerMsg::CancelFamily {
                     family: st.args.family.clone(),
@@ -381,23 +405,59 @@ impl Actor for GateActor {
     ) -> Result<(), ActorProcessingErr> {
         if let SupervisionEvent::ActorFailed(who, err) = evt {
             // A crashed component actor is restarted from the store: it
-            // finds its recorded verdict or queues a fresh run.
-            tracing::error!(actor = ?who.get_id(), %err, "component actor failed; restarting it from the store");
-            let known: Vec<String> = st.finals.keys().cloned().collect();
-            let rows = st.args.store.components(&st.args.family).await?;
-            for c in st.args.spec.components.clone() {
-                let row = rows.iter().find(|r| r.name == c.name);
-                let running = row.is_some_and(|r| !r.is_final());
-                if running
-                    && !known.contains(&c.name)
-                    && who.get_name() == Some(actor_name(&st.args.family, &c.name))
-                {
-                    spawn_component(&myself, st, &c).await?;
-                }
+            // finds its recorded verdict or queues a fresh run. One that
+            // fails again at once waits longer each time, logged once.
+            let Some(c) = st
+                .args
+                .spec
+                .components
+                .iter()
+                .find(|c| who.get_name() == Some(actor_name(&st.args.family, &c.name)))
+                .map(|c| c.name.clone())
+            else {
+                return Ok(());
+            };
+            let r = st.restarts.failed(&c, std::time::Instant::now());
+            if r.first {
+                tracing::error!(component = %c, %err, "component actor failed; restarting it from the store");
+            } else {
+                tracing::debug!(component = %c, %err, failures = r.count, after_ms = r.after.as_millis() as u64, "component actor failed again; restarting it later");
+            }
+            if r.after.is_zero() {
+                respawn(&myself, st, &c).await?;
+            } else {
+                myself.send_after(r.after, move || GateMsg::Respawn(c));
             }
         }
         Ok(())
     }
+}
+
+/// Starts component `name`'s actor again from the store, unless it is final.
+async fn respawn(
+    myself: &ActorRef<GateMsg>,
+    st: &mut GateState,
+    name: &str,
+) -> Result<(), ActorProcessingErr> {
+    if st.finals.contains_key(name) {
+        return Ok(());
+    }
+    let rows = st.args.store.components(&st.args.family).await?;
+    let running = rows.iter().any(|r| r.name == name && !r.is_final());
+    let Some(c) = st
+        .args
+        .spec
+        .components
+        .iter()
+        .find(|c| c.name == name)
+        .cloned()
+    else {
+        return Ok(());
+    };
+    if running {
+        spawn_component(myself, st, &c).await?;
+    }
+    Ok(())
 }
 
 /// Component actors are named `family/component`, so a supervision event
@@ -428,6 +488,7 @@ async fn spawn_component(
         trace: st.trace.clone(),
         variants: st.variants.clone(),
         agents: st.args.agents.clone(),
+        fvd: st.fvd.clone(),
     };
     Actor::spawn_linked(
         Some(actor_name(&st.args.family, &c.name)),
@@ -449,6 +510,11 @@ async fn spawn_component(
 async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorProcessingErr> {
     let waiting = st.asking.len() + st.waiting_env.len();
     if waiting == 0 || st.finals.len() + waiting < st.args.spec.components.len() {
+        return Ok(());
+    }
+    if let Err(why) = st.fvd.check() {
+        // Nothing of a port whose folder went away is written.
+        tracing::warn!(family = %st.args.family, %why, "not pausing: the port stops");
         return Ok(());
     }
     let state = if st.waiting_env.is_empty() {
@@ -546,14 +612,52 @@ async fn refuse(
     Ok(())
 }
 
-async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), ActorProcessingErr> {
-    st.done = true;
-    if let Ok(Some(port)) = st.args.store.port(&st.args.family).await {
-        st.span.record("state", port.state.as_str());
-        st.span.record("phase", port.phase.as_str());
-        if port.state == PortState::Blocked {
-            spans::failed(&st.span, &format!("blocked at {}", port.phase));
+/// The port's `REPO/.fvd` was deleted or replaced while it ran: the port
+/// stops with that reason (its runs cancelled, its unfinished components
+/// and P6 refused with it, the port blocked) and nothing of it reaches
+/// `PORT_STATUS.md`. In embedded mode these writes go to a database that
+/// was deleted with the folder: they only tell the watcher in this process.
+async fn fvd_vanished(
+    myself: &ActorRef<GateMsg>,
+    st: &mut GateState,
+    why: &str,
+) -> Result<(), ActorProcessingErr> {
+    let reason = crate::fvd_dir::stop_reason(why);
+    tracing::error!(family = %st.args.family, %reason, "the port's .fvd folder went away; the port stops");
+    st.args.scheduler.cast(SchedulerMsg::CancelFamily {
+        family: st.args.family.clone(),
+    })?;
+    myself.stop_children(Some("the port's .fvd went away".into()));
+    for c in &st.args.spec.components {
+        if !st.finals.contains_key(&c.name) {
+            st.args
+                .store
+                .set_component(
+                    &st.args.family,
+                    &c.name,
+                    ComponentStatus::Blocked,
+                    "stopped",
+                    &reason,
+                    "",
+                )
+                .await?;
         }
+    }
+    record(st, Phase::ComponentParityDebug, "refused", vec![reason]).await?;
+    st.args
+        .store
+        .set_port_state(
+            &st.args.family,
+            PortState::Blocked,
+            &Phase::ComponentParityDebug.id(),
+        )
+        .await?;
+    finish_without_status(myself, st).await
+}
+
+async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), ActorProcessingErr> {
+    if let Err(why) = st.fvd.check() {
+        return fvd_vanished(myself, st, &why).await;
     }
     // A status file that cannot be written is reported, not fatal: the
     // store holds the truth and the next run writes the file again.
@@ -561,6 +665,23 @@ async fn finish(myself: &ActorRef<GateMsg>, st: &mut GateState) -> Result<(), Ac
         Ok(written) => tracing::info!(%written, "PORT_STATUS.md"),
         Err(e) => {
             tracing::error!(family = %st.args.family, error = %e, "could not write PORT_STATUS.md")
+        }
+    }
+    finish_without_status(myself, st).await
+}
+
+/// The port's end, `PORT_STATUS.md` left to the caller: spans closed,
+/// watchers told, actors stopped.
+async fn finish_without_status(
+    myself: &ActorRef<GateMsg>,
+    st: &mut GateState,
+) -> Result<(), ActorProcessingErr> {
+    st.done = true;
+    if let Ok(Some(port)) = st.args.store.port(&st.args.family).await {
+        st.span.record("state", port.state.as_str());
+        st.span.record("phase", port.phase.as_str());
+        if port.state == PortState::Blocked {
+            spans::failed(&st.span, &format!("blocked at {}", port.phase));
         }
     }
     let _ = st.args.events.send(PortEvent::Finished {

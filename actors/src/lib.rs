@@ -22,9 +22,11 @@
 //! their own, without actors.
 
 pub mod component;
+pub mod fvd_dir;
 pub mod gate;
 pub mod orchestrator;
 pub mod port_status;
+pub mod restarts;
 pub mod run_verdict;
 pub mod scheduler;
 pub mod trace_actor;

@@ -194,6 +194,9 @@ pub enum OrchestratorMsg {
         caller: Caller,
         reply: RpcReplyPort<Result<(), PortError>>,
     },
+    /// Start a failed port's gate again from the store (sent by the
+    /// orchestrator itself, after a backoff).
+    RestartGate(String),
 }
 
 #[derive(Debug)]
@@ -205,6 +208,8 @@ pub struct OrchestratorState {
     /// from an earlier process): a rerun of one of these is refused while
     /// it runs, since its submitter is alive.
     submitted: std::collections::HashSet<String>,
+    /// Failed gates, restarted under backoff.
+    restarts: crate::restarts::Restarts,
 }
 
 impl Actor for OrchestratorActor {
@@ -221,6 +226,7 @@ impl Actor for OrchestratorActor {
             args,
             ports: HashMap::new(),
             submitted: Default::default(),
+            restarts: Default::default(),
         })
     }
 
@@ -285,6 +291,7 @@ impl Actor for OrchestratorActor {
                 let r = reset(st, &family, &caller).await;
                 let _ = reply.send(r);
             }
+            OrchestratorMsg::RestartGate(family) => restart_gate(&myself, st, &family).await?,
         }
         Ok(())
     }
@@ -316,9 +323,18 @@ impl Actor for OrchestratorActor {
                     .map(|(f, _)| f.clone());
                 if let Some(family) = family {
                     st.ports.remove(&family);
-                    tracing::error!(%family, %err, "gate actor failed; restarting the port from the store");
-                    if let Some(port) = st.args.store.port(&family).await? {
-                        start_gate(&myself, st, &port, None, false).await?;
+                    // Restarted from the store; one that fails again at
+                    // once waits longer each time, logged once.
+                    let r = st.restarts.failed(&family, std::time::Instant::now());
+                    if r.first {
+                        tracing::error!(%family, %err, "gate actor failed; restarting the port from the store");
+                    } else {
+                        tracing::debug!(%family, %err, failures = r.count, after_ms = r.after.as_millis() as u64, "gate actor failed again; restarting it later");
+                    }
+                    if r.after.is_zero() {
+                        restart_gate(&myself, st, &family).await?;
+                    } else {
+                        myself.send_after(r.after, move || OrchestratorMsg::RestartGate(family));
                     }
                 }
             }
@@ -326,6 +342,22 @@ impl Actor for OrchestratorActor {
         }
         Ok(())
     }
+}
+
+/// Starts a failed port's gate again from the store (unless a submission
+/// started it meanwhile).
+async fn restart_gate(
+    myself: &ActorRef<OrchestratorMsg>,
+    st: &mut OrchestratorState,
+    family: &str,
+) -> Result<(), ActorProcessingErr> {
+    if st.ports.contains_key(family) {
+        return Ok(());
+    }
+    if let Some(port) = st.args.store.port(family).await? {
+        start_gate(myself, st, &port, None, false).await?;
+    }
+    Ok(())
 }
 
 async fn submit(

@@ -64,6 +64,10 @@ pub enum JobEvent {
         worker_id: String,
         give_up: bool,
     },
+    /// A run in flight that [`SchedulerMsg::Adopt`] asked for runs on no
+    /// worker (`reason` says why): its owner abandons it and queues a new
+    /// run. An adopted run is told with [`JobEvent::Leased`] instead.
+    NotAdopted { job_id: String, reason: String },
 }
 
 #[derive(Debug, Clone)]
@@ -76,7 +80,24 @@ pub struct SchedulerConfig {
     /// worker): a job none of them can ever hold is refused at once
     /// ([`JobEvent::Unplaceable`]) instead of waiting for one.
     pub fixed_fleet: bool,
+    /// Most bytes of output stored per lease, whatever the worker sends
+    /// (a worker keeps to this by default, head and tail): chunks past it
+    /// are dropped, with one warning per run.
+    pub max_output_bytes: u64,
+    /// How long after its start the scheduler holds the runs an earlier
+    /// process leased (still `running` in the store) for their workers to
+    /// come back and report them: a run its worker reports within this
+    /// time is adopted by its component (same job, same epoch), not run
+    /// again; one no worker reports is run again. Zero, or a fixed fleet
+    /// (whose one worker died with the process), holds none.
+    pub adopt_grace: Duration,
 }
+
+/// [`SchedulerConfig::max_output_bytes`] by default: 16 MiB, as workers.
+pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Room past the cap for the lines a worker adds where it cut its output.
+const OUTPUT_CAP_SLACK: u64 = 64 * 1024;
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
@@ -84,6 +105,8 @@ impl Default for SchedulerConfig {
             lease_ttl: Duration::from_secs(5),
             tick: Duration::from_millis(500),
             fixed_fleet: false,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
+            adopt_grace: Duration::from_secs(15),
         }
     }
 }
@@ -168,6 +191,18 @@ pub struct QueuedJob {
     pub warm: Option<Vec<String>>,
 }
 
+/// What a worker announced when it registered.
+#[derive(Debug)]
+pub struct Registration {
+    pub info: WorkerInfo,
+    pub tx: mpsc::Sender<ToWorker>,
+    pub conn: u64,
+    /// The worker process, for good (empty from an older worker).
+    pub incarnation: String,
+    /// The `(job_id, lease_epoch)` pairs it runs as it registers.
+    pub running: Vec<(String, u64)>,
+}
+
 /// One heartbeat: the worker and the `(job_id, lease_epoch)` pairs it runs.
 type Beat = (Arc<str>, Vec<(String, u64)>);
 
@@ -216,6 +251,19 @@ pub enum SchedulerMsg {
         tx: mpsc::Sender<ToWorker>,
         conn: u64,
     },
+    /// A worker registered over the wire: like [`SchedulerMsg::WorkerConnected`],
+    /// with the incarnation and running jobs it announced, answered with
+    /// `Err(why)` when it is refused (its id is held by another live
+    /// worker).
+    Register {
+        registration: Box<Registration>,
+        reply: ractor::RpcReplyPort<Result<(), String>>,
+    },
+    /// Adopt a run in flight that an earlier process leased (the job's
+    /// `running` row): if its worker reports it, it goes on under its lease
+    /// and `notify` hears [`JobEvent::Leased`] and then its events as for a
+    /// run leased here; otherwise [`JobEvent::NotAdopted`].
+    Adopt(Box<QueuedJob>),
     /// A worker's stream ended.
     WorkerDisconnected {
         worker_id: String,
@@ -313,6 +361,8 @@ struct WorkerSlot {
     free: Option<Free>,
     /// The jobs leased to it.
     leases: BTreeSet<String>,
+    /// The process it is (see [`Registration::incarnation`]).
+    incarnation: String,
 }
 
 impl WorkerSlot {
@@ -334,6 +384,10 @@ struct Lease {
     sent: bool,
     /// The `job` span of this lease; it ends with the lease.
     span: tracing::Span,
+    /// Bytes of output received under this lease, and whether it passed
+    /// [`SchedulerConfig::max_output_bytes`].
+    output_bytes: u64,
+    output_capped: bool,
 }
 
 impl Lease {
@@ -386,6 +440,26 @@ pub struct SchedulerState {
     ready_waiters: Vec<(usize, ractor::RpcReplyPort<()>)>,
     /// Output and spawn times are written off the scheduler's path.
     writer: mpsc::UnboundedSender<Write>,
+    /// Runs an earlier process leased, held for adoption until
+    /// `adopt_until_ms` (see [`SchedulerConfig::adopt_grace`]).
+    held: HashMap<String, Held>,
+    adopt_until_ms: i64,
+}
+
+/// A run an earlier orchestrator process leased, still `running` in the
+/// store: its worker may still run it.
+#[derive(Debug)]
+struct Held {
+    family: String,
+    worker_id: String,
+    epoch: u64,
+    gpus: Vec<u32>,
+    /// Its worker registered and said it runs it: its slots are taken.
+    reported: bool,
+    /// The component that asked to adopt it, waiting for the answer.
+    waiter: Option<Box<QueuedJob>>,
+    /// Its report, when the run ended before its component asked.
+    early: Option<JobReport>,
 }
 
 /// Writes that need no answer before the scheduler moves on: the lease was
@@ -487,6 +561,32 @@ impl Actor for SchedulerActor {
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
         let next_epoch = args.store.max_epoch().await? + 1;
+        // Runs left in flight by an earlier process wait for their workers.
+        let mut held = HashMap::new();
+        if !args.config.fixed_fleet && !args.config.adopt_grace.is_zero() {
+            for (job, family, worker_id, epoch, gpus) in args.store.running_leases().await? {
+                held.insert(
+                    job,
+                    Held {
+                        family,
+                        worker_id,
+                        epoch,
+                        gpus,
+                        reported: false,
+                        waiter: None,
+                        early: None,
+                    },
+                );
+            }
+            if !held.is_empty() {
+                tracing::info!(
+                    runs = held.len(),
+                    grace_s = args.config.adopt_grace.as_secs_f64(),
+                    "runs in flight before this start wait for their workers to report them"
+                );
+            }
+        }
+        let adopt_until_ms = args.clock.now_ms() + args.config.adopt_grace.as_millis() as i64;
         let clock = args.clock.clone();
         myself.send_interval(args.config.tick, move || SchedulerMsg::TickSent {
             sent_ms: clock.now_ms(),
@@ -507,6 +607,8 @@ impl Actor for SchedulerActor {
             next_epoch,
             dispatch_pending: false,
             ready_waiters: Vec::new(),
+            held,
+            adopt_until_ms,
         })
     }
 
@@ -520,7 +622,28 @@ impl Actor for SchedulerActor {
         // round follows.
         let work_changed = match msg {
             SchedulerMsg::WorkerConnected { info, tx, conn } => {
-                worker_connected(st, *info, tx, conn).await?;
+                let r = Registration {
+                    info: *info,
+                    tx,
+                    conn,
+                    incarnation: String::new(),
+                    running: Vec::new(),
+                };
+                if let Err(why) = worker_connected(st, r).await? {
+                    tracing::warn!(%why, "refused a worker");
+                }
+                true
+            }
+            SchedulerMsg::Register {
+                registration,
+                reply,
+            } => {
+                let r = worker_connected(st, *registration).await?;
+                let _ = reply.send(r);
+                true
+            }
+            SchedulerMsg::Adopt(job) => {
+                adopt(st, job).await;
                 true
             }
             SchedulerMsg::WorkerDisconnected { worker_id, conn } => {
@@ -558,8 +681,21 @@ impl Actor for SchedulerActor {
                 lease_epoch,
                 chunk,
             } => {
-                if leased(st, &worker_id, &chunk.job_id, lease_epoch).is_some() {
+                if held_by(st, &worker_id, &chunk.job_id, lease_epoch) {
+                    // Output of a run waiting for its component to adopt it.
                     let _ = st.writer.send(Write::Log(*chunk));
+                    return Ok(());
+                }
+                let cap = st.config.max_output_bytes.saturating_add(OUTPUT_CAP_SLACK);
+                if let Some(e) = leased(st, &worker_id, &chunk.job_id, lease_epoch)
+                    && let Some(lease) = e.lease.as_mut()
+                {
+                    lease.output_bytes = lease.output_bytes.saturating_add(chunk.data.len() as u64);
+                    if lease.output_bytes <= cap {
+                        let _ = st.writer.send(Write::Log(*chunk));
+                    } else if !std::mem::replace(&mut lease.output_capped, true) {
+                        tracing::warn!(worker = %worker_id, job = %chunk.job_id, cap, "a run's output passed the cap; the rest of it is not stored");
+                    }
                 }
                 true
             }
@@ -571,10 +707,12 @@ impl Actor for SchedulerActor {
             SchedulerMsg::Tick => {
                 let now = st.clock.now_ms();
                 expire_leases(st, now).await?;
+                expire_held(st, now).await;
                 true
             }
             SchedulerMsg::TickSent { sent_ms } => {
                 expire_leases(st, sent_ms).await?;
+                expire_held(st, sent_ms).await;
                 true
             }
             SchedulerMsg::Drain { worker_id } => {
@@ -646,39 +784,81 @@ impl Actor for SchedulerActor {
 }
 
 /// A worker registered: recorded, its slots offered, and the jobs that
-/// excluded it (after an environment failure) may take it again.
+/// excluded it (after an environment failure) may take it again. A second
+/// process under the id of a live worker is refused (`Err`). The runs it
+/// says it runs are kept where it still holds their lease (the same
+/// process reconnecting), or held for adoption after a restart of this
+/// orchestrator; any other is cancelled on it.
 async fn worker_connected(
     st: &mut SchedulerState,
-    info: WorkerInfo,
-    tx: mpsc::Sender<ToWorker>,
-    conn: u64,
-) -> Result<(), ActorProcessingErr> {
+    r: Registration,
+) -> Result<Result<(), String>, ActorProcessingErr> {
+    let Registration {
+        info,
+        tx,
+        conn,
+        incarnation,
+        running,
+    } = r;
+    let id = info.worker_id.clone();
+    let now = st.clock.now_ms();
+    let mut kept: Vec<(String, Vec<u32>)> = Vec::new();
+    if let Some(old) = st.workers.get_mut(&id) {
+        let same = !incarnation.is_empty() && old.incarnation == incarnation;
+        let alive =
+            !old.tx.is_closed() && now - old.last_seen_ms <= st.config.lease_ttl.as_millis() as i64;
+        if !same && alive && !incarnation.is_empty() {
+            return Ok(Err(format!(
+                "worker id {id} is in use by a live worker on host {} (another process); choose another --worker-id, or stop that worker first",
+                old.info.host
+            )));
+        }
+        if same {
+            // The same process on a new stream: what it still runs under
+            // its lease goes on; the rest goes back to the queue below.
+            for (job, epoch) in &running {
+                let lease = st
+                    .jobs
+                    .get(job)
+                    .and_then(|e| e.lease.as_ref())
+                    .filter(|l| l.is(&id, *epoch) && l.sent);
+                if let Some(l) = lease
+                    && old.leases.remove(job)
+                {
+                    kept.push((job.clone(), l.gpus.clone()));
+                }
+            }
+            if !kept.is_empty() {
+                tracing::info!(worker = %id, jobs = ?kept.iter().map(|k| &k.0).collect::<Vec<_>>(), "worker reconnected; its runs go on");
+            }
+        }
+        // Another process of a worker gone, or the rest of this one's.
+        lose_worker(st, &id).await?;
+    }
     let gpus_json = serde_json::to_string(&info.gpus)?;
     st.store
         .upsert_worker(&info.worker_id, &info.host, &gpus_json, info.cpu_slots)
         .await?;
-    // A worker that reconnects under the same id lost whatever it
-    // ran on its previous stream: those jobs go back to the queue.
-    if st.workers.contains_key(&info.worker_id) {
-        lose_worker(st, &info.worker_id).await?;
-    }
     tracing::info!(worker = %info.worker_id, gpus = info.gpus.len(), cpu_slots = info.cpu_slots, "worker registered");
-    let now = st.clock.now_ms();
     let mut slot = WorkerSlot {
         free_gpus: info.gpus.iter().map(|g| g.index).collect(),
         free_cpu: info.cpu_slots,
         last_seen_ms: now,
         draining: false,
         conn,
-        tx,
+        tx: tx.clone(),
         class: st.capacity.add(&info),
         free: None,
         leases: BTreeSet::new(),
         key: Arc::from(info.worker_id.as_str()),
+        incarnation,
         info,
     };
+    for (job, gpus) in &kept {
+        take_slots(&mut slot, gpus);
+        slot.leases.insert(job.clone());
+    }
     slot.refile(&mut st.capacity);
-    let id = slot.info.worker_id.clone();
     st.last_seen.insert((now, slot.key.clone()));
     st.workers.insert(id.clone(), slot);
     for job in st.excluded_by.remove(&id).unwrap_or_default() {
@@ -686,6 +866,7 @@ async fn worker_connected(
             e.job.exclude.remove(&id);
         }
     }
+    report_held(st, &id, &kept, running).await;
     let count = st.workers.len();
     for (_, reply) in st.ready_waiters.extract_if(.., |(want, _)| *want <= count) {
         let _ = reply.send(());
@@ -695,7 +876,218 @@ async fn worker_connected(
     let mut waiting: Vec<String> = st.waiting.iter().cloned().collect();
     waiting.sort();
     check_placeable(st, &waiting);
-    Ok(())
+    Ok(Ok(()))
+}
+
+/// Marks a leased run's slots on `w` taken.
+fn take_slots(w: &mut WorkerSlot, gpus: &[u32]) {
+    if gpus.is_empty() {
+        w.free_cpu = w.free_cpu.saturating_sub(1);
+    } else {
+        for g in gpus {
+            w.free_gpus.remove(g);
+        }
+    }
+}
+
+/// The runs worker `id` says it runs as it registers, besides those it
+/// `kept`: a run held for adoption under this worker and epoch takes its
+/// slots (and is adopted at once if its component asked); any other is an
+/// orphan and is cancelled. A held run of this worker that it does not
+/// report runs nowhere.
+async fn report_held(
+    st: &mut SchedulerState,
+    id: &str,
+    kept: &[(String, Vec<u32>)],
+    running: Vec<(String, u64)>,
+) {
+    let reported: HashSet<&str> = running.iter().map(|(j, _)| j.as_str()).collect();
+    let gone: Vec<String> = st
+        .held
+        .iter()
+        .filter(|(j, h)| h.worker_id == id && !h.reported && !reported.contains(j.as_str()))
+        .map(|(j, _)| j.clone())
+        .collect();
+    for job in gone {
+        if let Some(h) = st.held.remove(&job) {
+            not_adopted(&job, h.waiter, &format!("worker {id} came back without it"));
+        }
+    }
+    let Some(tx) = st.workers.get(id).map(|w| w.tx.clone()) else {
+        return;
+    };
+    for (job, epoch) in running {
+        if kept.iter().any(|(k, _)| *k == job) {
+            continue;
+        }
+        let held = st
+            .held
+            .get(&job)
+            .is_some_and(|h| h.worker_id == id && h.epoch == epoch && !h.reported);
+        if held {
+            let h = st.held.get_mut(&job).expect("held");
+            h.reported = true;
+            let gpus = h.gpus.clone();
+            let waiter = h.waiter.take();
+            if let Some(w) = st.workers.get_mut(id) {
+                take_slots(w, &gpus);
+                w.refile(&mut st.capacity);
+            }
+            tracing::info!(worker = %id, %job, epoch, "a run in flight before this start still runs on its worker");
+            if let Some(waiter) = waiter {
+                install(st, job, waiter);
+            }
+            continue;
+        }
+        let leased_here = st
+            .jobs
+            .get(&job)
+            .and_then(|e| e.lease.as_ref())
+            .is_some_and(|l| l.is(id, epoch));
+        if !leased_here {
+            tracing::warn!(worker = %id, %job, epoch, "worker runs a job under a lease it does not hold; cancelling it");
+            let _ = tx
+                .send(ToWorker::Cancel {
+                    job_id: job,
+                    lease_epoch: epoch,
+                    reason: "orphaned: no lease of this orchestrator".into(),
+                })
+                .await;
+        }
+    }
+}
+
+/// Whether `worker_id` runs the held run `job_id` under `epoch` (reported,
+/// not yet adopted).
+fn held_by(st: &SchedulerState, worker_id: &str, job_id: &str, epoch: u64) -> bool {
+    st.held
+        .get(job_id)
+        .is_some_and(|h| h.reported && h.worker_id == worker_id && h.epoch == epoch)
+}
+
+fn not_adopted(job_id: &str, waiter: Option<Box<QueuedJob>>, reason: &str) {
+    if let Some(w) = waiter {
+        let _ = w.notify.send_message(JobEvent::NotAdopted {
+            job_id: job_id.to_string(),
+            reason: reason.to_string(),
+        });
+    }
+}
+
+/// A component asks for its run in flight (see [`SchedulerMsg::Adopt`]).
+async fn adopt(st: &mut SchedulerState, job: Box<QueuedJob>) {
+    let id = job.record.job_id.clone();
+    if let Some(e) = st.jobs.get_mut(&id) {
+        // Still here (its component was restarted in this process): the
+        // new component hears its events from now on.
+        e.job.notify = job.notify;
+        e.job.span = job.span;
+        if let Some(l) = e.lease.as_ref().filter(|l| l.sent) {
+            let _ = e.job.notify.send_message(JobEvent::Leased {
+                job_id: id,
+                worker_id: l.worker_id.clone(),
+            });
+        }
+        return;
+    }
+    match st.held.remove(&id) {
+        None => not_adopted(&id, Some(job), "no worker holds it"),
+        Some(h) if h.reported => {
+            st.held.insert(id.clone(), h);
+            install(st, id, job);
+        }
+        Some(mut h) => {
+            // Its worker has not come back yet: answered when it does, or
+            // when the grace ends.
+            h.waiter = Some(job);
+            st.held.insert(id, h);
+        }
+    }
+}
+
+/// A held run its worker reported and its component asked for: it goes on
+/// under its lease as if leased by this process; a report that came first
+/// is delivered now.
+fn install(st: &mut SchedulerState, id: String, job: Box<QueuedJob>) {
+    let Some(h) = st.held.remove(&id) else {
+        return;
+    };
+    let span = tracing::info_span!(
+        parent: &job.span,
+        "job",
+        job_id = %id,
+        worker_id = %h.worker_id,
+        lease_epoch = h.epoch,
+        adopted = true,
+        gpu_seconds = tracing::field::Empty,
+        duration_ms = tracing::field::Empty,
+    );
+    tracing::info!(job = %id, worker = %h.worker_id, epoch = h.epoch, "adopted a run in flight: same job, same epoch");
+    let _ = job.notify.send_message(JobEvent::Leased {
+        job_id: id.clone(),
+        worker_id: h.worker_id.clone(),
+    });
+    st.jobs.insert(
+        id.clone(),
+        Box::new(Entry {
+            job,
+            lease: Some(Lease {
+                worker_id: h.worker_id.clone(),
+                epoch: h.epoch,
+                gpus: h.gpus,
+                sent: true,
+                span,
+                output_bytes: 0,
+                output_capped: false,
+            }),
+            infra_retries: 0,
+            unplaceable: None,
+        }),
+    );
+    st.leased += 1;
+    if let Some(w) = st.workers.get_mut(&h.worker_id) {
+        w.leases.insert(id);
+    }
+    if let Some(report) = h.early {
+        finished(st, h.worker_id, report);
+    }
+}
+
+/// The grace is over: held runs no worker reported are run again; those a
+/// worker runs but no component asked for (a port cancelled or not
+/// resumed here) are cancelled on it.
+async fn expire_held(st: &mut SchedulerState, now: i64) {
+    if st.held.is_empty() || now < st.adopt_until_ms {
+        return;
+    }
+    for (job, h) in std::mem::take(&mut st.held) {
+        if !h.reported {
+            not_adopted(
+                &job,
+                h.waiter,
+                &format!("worker {} did not come back in time", h.worker_id),
+            );
+            continue;
+        }
+        tracing::info!(%job, worker = %h.worker_id, "no component adopted a run still in flight; cancelling it");
+        if let Some(w) = st.workers.get_mut(&h.worker_id) {
+            if !w.draining {
+                if h.gpus.is_empty() {
+                    w.free_cpu += 1;
+                } else {
+                    w.free_gpus.extend(h.gpus.iter().copied());
+                }
+                w.refile(&mut st.capacity);
+            }
+            let _ =
+                w.tx.send(ToWorker::Cancel {
+                    job_id: job,
+                    lease_epoch: h.epoch,
+                    reason: "no component adopted it".into(),
+                })
+                .await;
+        }
+    }
 }
 
 /// A worker is alive. A worker that came back may still run jobs whose
@@ -717,7 +1109,8 @@ async fn heartbeat(st: &mut SchedulerState, worker_id: &str, running: Vec<(Strin
             .jobs
             .get(&job_id)
             .and_then(|e| e.lease.as_ref())
-            .is_some_and(|l| l.is(worker_id, epoch));
+            .is_some_and(|l| l.is(worker_id, epoch))
+            || held_by(st, worker_id, &job_id, epoch);
         if !held {
             tracing::warn!(worker = %worker_id, job = %job_id, epoch, "worker runs a job under a lease it no longer holds; cancelling it");
             let _ = tx
@@ -775,6 +1168,9 @@ fn forget(st: &mut SchedulerState, id: &str, entry: &Entry) {
 /// A leased job's process started: its spawn time is stored and its
 /// owner told.
 fn started(st: &mut SchedulerState, worker_id: String, job_id: String, epoch: u64, at_ms: i64) {
+    if held_by(st, &worker_id, &job_id, epoch) {
+        return;
+    }
     if leased(st, &worker_id, &job_id, epoch).is_some() {
         let _ = st.writer.send(Write::Spawned {
             job_id: job_id.clone(),
@@ -793,6 +1189,13 @@ fn started(st: &mut SchedulerState, worker_id: String, job_id: String, epoch: u6
 /// owner (behind the job's output, through the writer). False for a stale
 /// report, which changes nothing.
 fn finished(st: &mut SchedulerState, worker_id: String, report: JobReport) -> bool {
+    if held_by(st, &worker_id, &report.job_id, report.lease_epoch) {
+        // Delivered once its component adopts it.
+        if let Some(h) = st.held.get_mut(&report.job_id) {
+            h.early = Some(report);
+        }
+        return false;
+    }
     if leased(st, &worker_id, &report.job_id, report.lease_epoch).is_none() {
         return false;
     }
@@ -819,6 +1222,36 @@ fn finished(st: &mut SchedulerState, worker_id: String, report: JobReport) -> bo
 /// Every queued or running job of `family` is dropped; running ones are
 /// cancelled on their workers.
 async fn cancel_family(st: &mut SchedulerState, family: &str) {
+    let held: Vec<String> = st
+        .held
+        .iter()
+        .filter(|(_, h)| h.family == family)
+        .map(|(j, _)| j.clone())
+        .collect();
+    for job in held {
+        let Some(h) = st.held.remove(&job) else {
+            continue;
+        };
+        if h.reported
+            && let Some(w) = st.workers.get_mut(&h.worker_id)
+        {
+            if !w.draining {
+                if h.gpus.is_empty() {
+                    w.free_cpu += 1;
+                } else {
+                    w.free_gpus.extend(h.gpus.iter().copied());
+                }
+                w.refile(&mut st.capacity);
+            }
+            let _ =
+                w.tx.send(ToWorker::Cancel {
+                    job_id: job,
+                    lease_epoch: h.epoch,
+                    reason: "port cancelled".into(),
+                })
+                .await;
+        }
+    }
     let ids: Vec<String> = st
         .jobs
         .iter()
@@ -916,6 +1349,11 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
     let Some(mut w) = st.workers.remove(worker_id) else {
         return Ok(());
     };
+    // Held runs it reported wait for it to come back (until the grace
+    // ends), their slots gone with it.
+    for h in st.held.values_mut().filter(|h| h.worker_id == worker_id) {
+        h.reported = false;
+    }
     st.capacity.set(&w.key, w.class, w.free, None);
     st.capacity.remove(w.class);
     st.last_seen.remove(&(w.last_seen_ms, w.key.clone()));
@@ -1553,6 +1991,8 @@ fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             gpus: p.gpus.clone(),
             sent: false,
             span,
+            output_bytes: 0,
+            output_capped: false,
         });
     }
     if st.writer.send(Write::Leases(planned)).is_err() {

@@ -49,6 +49,7 @@ impl Harness {
                     // Ticks are sent by the tests after moving the clock.
                     tick: Duration::from_secs(3600),
                     fixed_fleet: false,
+                    ..SchedulerConfig::default()
                 },
             },
         )

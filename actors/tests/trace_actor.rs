@@ -76,6 +76,7 @@ impl Harness {
                     lease_ttl: Duration::from_secs(5),
                     tick: Duration::from_secs(3600),
                     fixed_fleet: false,
+                    ..SchedulerConfig::default()
                 },
             },
         )

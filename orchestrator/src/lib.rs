@@ -92,6 +92,9 @@ pub struct ServerConfig {
     /// so a port submitted from a new path is that checkout, moved. A fleet
     /// orchestrator refuses a port's family from another checkout.
     pub checkout_owns_store: bool,
+    /// Writes that fail on the disk wait and run again under this backoff
+    /// (`None`: they fail, and the actor that asked fails with them).
+    pub write_retry: Option<fvd_store::faults::Backoff>,
     /// Which spec-given agent commands run on this host, jailed how
     /// (default: none; `fvd orchestrator serve --allow-agent-commands`).
     pub agents: fvd_workspace::agent::AgentPolicy,
@@ -109,6 +112,7 @@ impl Default for ServerConfig {
             resume_on_start: true,
             max_code_bytes: code::DEFAULT_MAX_PACK_BYTES,
             checkout_owns_store: false,
+            write_retry: Some(fvd_store::faults::Backoff::default()),
             agents: fvd_workspace::agent::AgentPolicy::default(),
         }
     }
@@ -228,6 +232,38 @@ impl Server {
     }
 }
 
+/// While the store cannot write, every running port is paused: its
+/// snapshot says so ([`query::snapshot`]), and watchers are told it ended
+/// for now when the fault begins, so `fvd submit --wait` exits 4 with the
+/// reason instead of waiting on a port that cannot move. The actors wait in
+/// their writes ([`fvd_store::Store::with_write_retry`]) and the port goes
+/// on by itself once a write succeeds.
+fn pause_on_write_faults(store: &Store, events: &broadcast::Sender<PortEvent>) {
+    let (store, events) = (store.clone(), events.clone());
+    let mut faults = store.watch_write_faults();
+    fvd_telemetry::spawn(async move {
+        while faults.changed().await.is_ok() {
+            if faults.borrow_and_update().is_none() {
+                continue;
+            }
+            let ports = match store.ports().await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list the ports to pause");
+                    continue;
+                }
+            };
+            for p in ports
+                .into_iter()
+                .filter(|p| p.state == fvd_store::model::PortState::Running)
+            {
+                tracing::info!(family = %p.family, "port paused until the database takes writes again");
+                let _ = events.send(PortEvent::Finished { family: p.family });
+            }
+        }
+    });
+}
+
 /// Starts the actors and serves both services on `listener`.
 pub async fn start(
     listener: TcpListener,
@@ -239,7 +275,12 @@ pub async fn start(
         .credentials
         .clone()
         .unwrap_or_else(|| Credentials::single(config.token.as_ref()));
+    let store = match config.write_retry {
+        Some(b) => store.with_write_retry(b),
+        None => store,
+    };
     let (events, _) = broadcast::channel(1024);
+    pause_on_write_faults(&store, &events);
     let (scheduler, scheduler_done) = Actor::spawn(
         None,
         SchedulerActor,

@@ -127,13 +127,24 @@ fn query_status(e: QueryError) -> Status {
     }
 }
 
+/// Asks the orchestrator actor; refused at once while the store cannot
+/// write (the request could not be recorded, and would only wait), as a
+/// pause ([`fvd_proto::paused`]: the client exits 4, not "unreachable").
 async fn call<T>(
+    store: &Store,
     orch: &ActorRef<OrchestratorMsg>,
     f: impl FnOnce(ractor::RpcReplyPort<Result<T, PortError>>) -> OrchestratorMsg,
 ) -> Result<T, Status>
 where
     T: Send + 'static,
 {
+    if let Some(fault) = store.write_fault() {
+        return Err(fvd_proto::paused::paused(format!(
+            "the orchestrator cannot write its database {} ({}); try again once it can",
+            store.db_name(),
+            fault.error
+        )));
+    }
     match orch.call(f, Some(CALL_TIMEOUT)).await {
         Ok(ractor::rpc::CallResult::Success(r)) => r.map_err(port_status),
         Ok(ractor::rpc::CallResult::Timeout) => Err(Status::deadline_exceeded(
@@ -332,7 +343,7 @@ impl pb::port_service_server::PortService for PortApi {
             traceparent,
             caller,
         };
-        let done = call(&self.orchestrator, |reply| {
+        let done = call(&self.store, &self.orchestrator, |reply| {
             OrchestratorMsg::Submit(sub, reply)
         })
         .instrument(span)
@@ -474,13 +485,15 @@ impl pb::port_service_server::PortService for PortApi {
                 ));
             }
         };
-        let row = call(&self.orchestrator, |reply| OrchestratorMsg::Answer {
-            family: r.family,
-            id: r.id,
-            choice,
-            traceparent,
-            caller,
-            reply,
+        let row = call(&self.store, &self.orchestrator, |reply| {
+            OrchestratorMsg::Answer {
+                family: r.family,
+                id: r.id,
+                choice,
+                traceparent,
+                caller,
+                reply,
+            }
         })
         .instrument(span)
         .await?;
@@ -562,10 +575,12 @@ impl pb::port_service_server::PortService for PortApi {
         let (who, caller) = changer(&request, "cancel")?;
         let family = request.into_inner().family;
         let span = change_span("Cancel", &family, &who, None);
-        call(&self.orchestrator, |reply| OrchestratorMsg::Cancel {
-            family,
-            caller,
-            reply,
+        call(&self.store, &self.orchestrator, |reply| {
+            OrchestratorMsg::Cancel {
+                family,
+                caller,
+                reply,
+            }
         })
         .instrument(span)
         .await?;
@@ -579,10 +594,12 @@ impl pb::port_service_server::PortService for PortApi {
         let (who, caller) = changer(&request, "reset")?;
         let family = request.into_inner().family;
         let span = change_span("Reset", &family, &who, None);
-        call(&self.orchestrator, |reply| OrchestratorMsg::Reset {
-            family,
-            caller,
-            reply,
+        call(&self.store, &self.orchestrator, |reply| {
+            OrchestratorMsg::Reset {
+                family,
+                caller,
+                reply,
+            }
         })
         .instrument(span)
         .await?;

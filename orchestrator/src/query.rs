@@ -78,11 +78,22 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     let origin = store.port_origin(family).await?.unwrap_or_default();
     let actions = store.actions(family).await?;
     let status_write_error = store.status_write_error(family).await?;
+    // A running port whose orchestrator cannot write its database is
+    // paused, whatever the database still says: nothing it decides can be
+    // recorded until writes succeed again.
+    let (state, pause_reason) = match store.write_fault() {
+        Some(f) if port.state == fvd_store::model::PortState::Running => (
+            fvd_store::model::PortState::Environment,
+            f.reason(store.db_name()),
+        ),
+        _ => (port.state, String::new()),
+    };
     Ok(Some(pb::PortSnapshot {
         status_write_error,
+        pause_reason,
         escapes: escapes.into_iter().map(escape_wire).collect(),
         family: port.family,
-        state: port.state.as_str().to_string(),
+        state: state.as_str().to_string(),
         phase: port.phase,
         components: components
             .into_iter()

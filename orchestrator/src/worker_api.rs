@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fvd_actors::scheduler::{HeartbeatBatch, SchedulerMsg};
+use fvd_actors::scheduler::{HeartbeatBatch, Registration, SchedulerMsg};
 use fvd_proto::v1 as pb;
 use fvd_store::Store;
 use fvd_store::model::{
@@ -23,6 +23,10 @@ use ractor::ActorRef;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
+
+/// Longest a registration waits for the scheduler's answer (it may wait on
+/// a database that cannot be written: the worker then retries).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connection ids, unique per stream in this process.
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
@@ -86,11 +90,16 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("stream ended before register"))?;
-        let Some(pb::worker_msg::Msg::Register(reg)) = first.msg else {
+        let Some(pb::worker_msg::Msg::Register(mut reg)) = first.msg else {
             return Err(Status::invalid_argument(
                 "the first message must be register",
             ));
         };
+        let incarnation = std::mem::take(&mut reg.incarnation);
+        let running: Vec<(String, u64)> = std::mem::take(&mut reg.running)
+            .into_iter()
+            .map(|r| (r.job_id, r.lease_epoch))
+            .collect();
         let info = worker_info(reg)?;
         let worker_id = info.worker_id.clone();
         let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
@@ -106,14 +115,37 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             .await
             .map_err(|_| Status::cancelled("worker went away"))?;
 
+        // The scheduler decides before the stream opens: a second process
+        // under a live worker's id is refused, not left as a silent zombie.
         let (to_worker, from_scheduler) = mpsc::channel::<ToWorker>(64);
-        self.scheduler
-            .cast(SchedulerMsg::WorkerConnected {
-                info: Box::new(info),
-                tx: to_worker,
-                conn,
-            })
-            .map_err(|_| Status::unavailable("scheduler is down"))?;
+        let registration = Box::new(Registration {
+            info,
+            tx: to_worker,
+            conn,
+            incarnation,
+            running,
+        });
+        let answer = self
+            .scheduler
+            .call(
+                |reply| SchedulerMsg::Register {
+                    registration,
+                    reply,
+                },
+                Some(REGISTER_TIMEOUT),
+            )
+            .await;
+        match answer {
+            Ok(ractor::rpc::CallResult::Success(Ok(()))) => {}
+            Ok(ractor::rpc::CallResult::Success(Err(why))) => {
+                tracing::warn!(worker = %worker_id, %why, "refused a registration");
+                return Err(Status::already_exists(why));
+            }
+            Ok(ractor::rpc::CallResult::Timeout) => {
+                return Err(Status::unavailable("the scheduler did not answer in time"));
+            }
+            _ => return Err(Status::unavailable("scheduler is down")),
+        }
 
         // Worker → scheduler, until the stream ends.
         let code_tx = out_tx;
@@ -444,13 +476,28 @@ fn junit_status(f: &pb::JobFinished) -> JunitStatus {
 }
 
 /// The files a worker sent back, kept only if every path stays inside the
-/// job's folder: a hostile or broken worker must not name `../x` or `/x`.
-/// One bad path drops them all and says why, so no partial set is compared.
+/// job's folder (a hostile or broken worker must not name `../x` or `/x`)
+/// and they are no more, and no larger in all, than a worker may collect
+/// (`fvd_worker::collect`'s limits; a hostile worker once sent 50,000).
+/// One bad path or a set over a limit drops them all and says why, so no
+/// partial set is compared.
 fn checked_files(
     worker_id: &str,
     files: Vec<pb::CollectedFile>,
     files_error: String,
 ) -> (Vec<CollectedFile>, String) {
+    use fvd_worker::collect::{MAX_COLLECT_BYTES, MAX_COLLECT_FILES};
+    let bytes: u64 = files.iter().map(|f| f.data.len() as u64).sum();
+    if files.len() > MAX_COLLECT_FILES || bytes > MAX_COLLECT_BYTES {
+        tracing::warn!(worker = %worker_id, files = files.len(), bytes, "refused the files of a job result: over the limits");
+        return (
+            Vec::new(),
+            format!(
+                "worker {worker_id} sent back {} files of {bytes} bytes, over the limits of {MAX_COLLECT_FILES} files and {MAX_COLLECT_BYTES} bytes, so none was kept",
+                files.len()
+            ),
+        );
+    }
     let folder = Path::new("<the job's folder>");
     if let Some(e) = files
         .iter()
@@ -538,6 +585,35 @@ mod tests {
         assert_eq!(with(older, "<testsuite/>", ""), (JunitStatus::Read, xml));
         assert_eq!(with(older, "", ""), (JunitStatus::NotRequested, None));
         assert_eq!(with(older, "", "denied"), (JunitStatus::Unreadable, None));
+    }
+
+    #[test]
+    fn a_result_with_too_many_files_or_bytes_keeps_none() {
+        let names: Vec<String> = (0..=fvd_worker::collect::MAX_COLLECT_FILES)
+            .map(|i| format!("f{i}"))
+            .collect();
+        let many: Vec<&str> = names.iter().map(String::as_str).collect();
+        let r = report(finished(&many));
+        assert!(r.files.is_empty());
+        assert!(
+            r.files_error.contains("over the limits"),
+            "{}",
+            r.files_error
+        );
+        let ok = report(finished(&many[1..]));
+        assert_eq!(ok.files.len(), fvd_worker::collect::MAX_COLLECT_FILES);
+        let big = pb::WorkerMsg {
+            msg: Some(pb::worker_msg::Msg::JobFinished(pb::JobFinished {
+                job_id: "p.c#trace.1".into(),
+                files: vec![pb::CollectedFile {
+                    path: "big".into(),
+                    data: vec![0; fvd_worker::collect::MAX_COLLECT_BYTES as usize + 1],
+                }],
+                ..Default::default()
+            })),
+        };
+        let r = report(big);
+        assert!(r.files.is_empty() && r.files_error.contains("over the limits"));
     }
 
     #[test]

@@ -190,3 +190,99 @@ async fn a_result_under_a_stale_lease_epoch_is_rejected() {
     assert_eq!(a.runs, 1);
     drop(first);
 }
+
+#[tokio::test]
+async fn a_worker_that_floods_its_output_gets_no_more_stored_than_the_cap() {
+    const CAP: u64 = 1024 * 1024;
+    let h = Harness::start_config(None, |c| c.scheduler.max_output_bytes = CAP).await;
+    let spec = h.write_port("flood", &[Comp::new("a")], "", "");
+    let mut w = h.worker("w1").await;
+    h.submit("flood", &spec).await.expect("submitted");
+    let a = assigned(&mut w).await;
+    // A hostile worker ignores its own cap: 8 MiB in 64 KiB chunks.
+    let chunk = vec![b'x'; 64 * 1024];
+    for seq in 0..128u64 {
+        w.send(pb::worker_msg::Msg::JobLog(pb::JobLog {
+            job_id: a.job_id.clone(),
+            lease_epoch: a.lease_epoch,
+            stream: pb::Stream::Stdout as i32,
+            seq,
+            offset: seq * chunk.len() as u64,
+            data: chunk.clone(),
+        }))
+        .await;
+    }
+    w.run(&a, pass()).await;
+    h.wait_state("flood", "waiting").await;
+    let stored: usize = h
+        .server
+        .store
+        .logs(&a.job_id, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|(_, _, d)| d.len())
+        .sum();
+    assert!(
+        stored as u64 >= CAP && stored as u64 <= CAP + 64 * 1024,
+        "{stored} bytes stored of 8 MiB sent"
+    );
+}
+
+/// A registration as `fvd worker` sends it: its incarnation and the jobs
+/// it runs.
+fn incarnation_of(id: &str, incarnation: &str, running: &[(&str, u64)]) -> pb::Register {
+    pb::Register {
+        incarnation: incarnation.into(),
+        running: running
+            .iter()
+            .map(|(j, e)| pb::RunningJob {
+                job_id: j.to_string(),
+                lease_epoch: *e,
+            })
+            .collect(),
+        ..support::sim_worker::register(id, 0, 4)
+    }
+}
+
+#[tokio::test]
+async fn a_worker_that_reconnects_keeps_its_run_and_another_process_under_its_id_is_refused() {
+    let h = Harness::start().await;
+    let spec = h.write_port("reconnect", &[Comp::new("a")], "", "");
+    let connect = |reg: pb::Register| SimWorker::connect(h.channel.clone(), h.token.clone(), reg);
+    let mut first = connect(incarnation_of("w1", "100.1", &[])).await.unwrap();
+    h.submit("reconnect", &spec).await.expect("submitted");
+    let a = assigned(&mut first).await;
+
+    // Another process under w1's id, while w1 is alive: refused.
+    let twin = connect(incarnation_of("w1", "200.1", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(twin.code(), tonic::Code::AlreadyExists, "{twin}");
+    assert!(
+        twin.message()
+            .contains("worker id w1 is in use by a live worker")
+    );
+
+    // w1 itself on a new stream before its old one is seen gone (a
+    // partition that healed), still running the run: the run goes on
+    // under its lease, not queued again and cancelled on it.
+    let again = connect(incarnation_of("w1", "100.1", &[(&a.job_id, a.lease_epoch)]))
+        .await
+        .unwrap();
+    drop(first);
+    let s = h.status("reconnect").await.unwrap();
+    assert_eq!(comp(&s, "a").status, "running", "{s:#?}");
+    again.run(&a, pass()).await;
+    let s = h.wait_state("reconnect", "waiting").await;
+    assert_eq!(
+        (comp(&s, "a").status.as_str(), comp(&s, "a").runs),
+        ("non_skip_pass", 1)
+    );
+
+    // Once w1 is silent past the lease TTL, a new process may take its id.
+    h.expire_leases().await;
+    connect(incarnation_of("w1", "300.1", &[]))
+        .await
+        .expect("w1 gone, its id free");
+}

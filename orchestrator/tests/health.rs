@@ -135,6 +135,7 @@ async fn a_worker_is_ready_while_registered_and_alive_until_it_stops() {
         tls_ca: None,
         provides: Vec::new(),
         code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
+        max_output_bytes: fvd_worker::exec::DEFAULT_MAX_OUTPUT_BYTES,
         jail: fvd_sandbox::Jail::off(),
     };
     let link = LinkReporter::default();
@@ -218,6 +219,7 @@ async fn a_stopping_worker_is_neither_ready_nor_alive() {
         tls_ca: None,
         provides: Vec::new(),
         code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
+        max_output_bytes: fvd_worker::exec::DEFAULT_MAX_OUTPUT_BYTES,
         jail: fvd_sandbox::Jail::off(),
     };
     let link = LinkReporter::default();

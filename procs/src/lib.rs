@@ -69,6 +69,73 @@ pub fn find(pgid: Option<i32>, marker: Option<(&str, &str)>) -> Vec<ProcInfo> {
     out
 }
 
+/// Live processes (not the caller, no zombie) whose environment holds the
+/// variable `name`, with its value.
+pub fn find_var(name: &str) -> Vec<(ProcInfo, String)> {
+    let me = std::process::id() as i32;
+    let prefix = format!("{name}=").into_bytes();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let Some(value) = env
+            .split(|b| *b == 0)
+            .find_map(|var| var.strip_prefix(prefix.as_slice()))
+        else {
+            continue;
+        };
+        let Some(st) = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|s| parse_stat(&s))
+        else {
+            continue;
+        };
+        if matches!(st.state, 'Z' | 'X') {
+            continue;
+        }
+        out.push((
+            ProcInfo {
+                pid: st.pid,
+                ppid: st.ppid,
+                pgid: st.pgid,
+                comm: st.comm,
+                left_group: true,
+            },
+            String::from_utf8_lossy(value).into_owned(),
+        ));
+    }
+    out
+}
+
+/// When process `pid` started (clock ticks since boot, `/proc/PID/stat`'s
+/// 22nd field): with the pid, it names one process for good, since pids
+/// are reused. `None` when there is no such live process.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = s.rfind(')')?;
+    let mut rest = s.get(close + 1..)?.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    if matches!(state, 'Z' | 'X') {
+        return None;
+    }
+    // Fields 4 to 21 (ppid … itrealvalue), then starttime.
+    rest.nth(18)?.parse().ok()
+}
+
 /// Whether the environment of the process at `proc_dir` has the entry
 /// `entry` (whole, not as the tail of another variable's name).
 fn environ_has(proc_dir: &Path, entry: &[u8]) -> bool {
@@ -118,6 +185,36 @@ mod tests {
             (st.pid, st.comm.as_str(), st.state, st.ppid, st.pgid),
             (123, "a) b (c)", 'S', 1, 77)
         );
+    }
+
+    #[test]
+    fn a_variable_is_found_with_its_value_and_a_start_time_names_a_live_process() {
+        let mut marked = Command::new("sleep")
+            .arg("30")
+            .env("FVD_PROCS_VAR_TEST", "a:b=c")
+            .spawn()
+            .unwrap();
+        // Just spawned, its environment may not read yet: a bounded wait.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let found = loop {
+            let found = find_var("FVD_PROCS_VAR_TEST");
+            if !found.is_empty() || std::time::Instant::now() > deadline {
+                break found;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0.pid, marked.id() as i32);
+        assert_eq!(found[0].1, "a:b=c");
+        let mine = start_time(std::process::id() as i32).expect("this process");
+        assert!(mine > 0);
+        assert_eq!(start_time(std::process::id() as i32), Some(mine), "stable");
+        let child = start_time(marked.id() as i32).expect("the child");
+        assert!(child >= mine);
+        marked.kill().unwrap();
+        marked.wait().unwrap();
+        assert_eq!(start_time(marked.id() as i32), None, "gone");
+        assert!(find_var("FVD_PROCS_VAR_TEST").is_empty());
     }
 
     #[test]

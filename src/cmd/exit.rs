@@ -16,7 +16,9 @@ pub enum Exit {
     /// answer`.
     AskUser,
     /// The port paused: some component waits for a worker whose
-    /// environment can run it (a package, interpreter or driver missing).
+    /// environment can run it (a package, interpreter or driver missing),
+    /// or the orchestrator cannot write its database (a full, read-only or
+    /// failing disk; the port resumes by itself once it can).
     Environment,
     /// The orchestrator could not be reached (refused or dropped
     /// connection, no answer); one line names its URL.
@@ -68,8 +70,19 @@ impl From<Exit> for std::process::ExitCode {
 /// line this displays.
 #[derive(Debug)]
 pub enum Remote {
-    Unreachable { url: String, cause: String },
-    Refused { url: String, message: String },
+    Unreachable {
+        url: String,
+        cause: String,
+    },
+    Refused {
+        url: String,
+        message: String,
+    },
+    /// Reachable, but paused: it cannot record changes (its disk).
+    Paused {
+        url: String,
+        message: String,
+    },
 }
 
 impl std::fmt::Display for Remote {
@@ -80,6 +93,9 @@ impl std::fmt::Display for Remote {
             }
             Remote::Refused { url, message } => {
                 write!(f, "refused by the orchestrator at {url}: {message}")
+            }
+            Remote::Paused { url, message } => {
+                write!(f, "the orchestrator at {url} is paused: {message}")
             }
         }
     }
@@ -93,11 +109,12 @@ impl Remote {
         match self {
             Remote::Unreachable { .. } => Exit::Unreachable,
             Remote::Refused { .. } => Exit::Refused,
+            Remote::Paused { .. } => Exit::Environment,
         }
     }
 
     /// What a failed call to `url` means for a script: unreachable,
-    /// refused, or (`None`) an error of the request itself.
+    /// refused, paused, or (`None`) an error of the request itself.
     pub fn of(url: &str, s: &tonic::Status) -> Option<Self> {
         use tonic::Code;
         // What the connection, not the server, said: fvd's handlers never
@@ -107,6 +124,12 @@ impl Remote {
         let transport = matches!(s.code(), Code::Unknown | Code::Cancelled)
             || (s.code() == Code::Internal && std::error::Error::source(s).is_some())
             || s.message().starts_with("transport error");
+        if fvd_proto::paused::is_paused(s) {
+            return Some(Remote::Paused {
+                url: url.to_string(),
+                message: s.message().to_string(),
+            });
+        }
         match s.code() {
             Code::Unauthenticated | Code::PermissionDenied => Some(Remote::Refused {
                 url: url.to_string(),
@@ -132,6 +155,13 @@ mod tests {
     #[test]
     fn statuses_map_to_exit_codes_scripts_can_tell_apart() {
         let url = "http://127.0.0.1:1";
+        let paused =
+            Remote::of(url, &fvd_proto::paused::paused("cannot write its database")).unwrap();
+        assert_eq!(paused.exit().code(), 4);
+        assert!(
+            Remote::of(url, &tonic::Status::resource_exhausted("message too large")).is_none(),
+            "exhaustion without the pause key is an error of the request"
+        );
         let refused = Remote::of(
             url,
             &tonic::Status::permission_denied("credential vera (viewer) may not answer"),

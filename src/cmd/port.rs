@@ -695,7 +695,8 @@ async fn watch(client: &mut Client, family: &str, since: i64) -> anyhow::Result<
 }
 
 /// 0 when every component is `non_skip_pass`, 3 when the port paused on
-/// questions, 4 when it waits for a fixed environment, 1 otherwise.
+/// questions, 4 when it waits for a fixed environment (a worker's, or the
+/// orchestrator's disk), 1 otherwise.
 fn outcome(snap: &pb::PortSnapshot) -> Exit {
     if snap.state == PortState::Environment.as_str() {
         Exit::Environment
@@ -899,7 +900,9 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             names.join(", ")
         ));
     }
-    if s.state == PortState::Environment.as_str() {
+    if !s.pause_reason.is_empty() {
+        say(format_args!("  {}", s.pause_reason));
+    } else if s.state == PortState::Environment.as_str() {
         say(format_args!(
             "  fix the environment of that worker (or start one that has it) and run fvd submit --family {} again: nothing was counted against the components",
             s.family
@@ -1099,6 +1102,7 @@ fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
     serde_json::json!({
         "family": s.family,
         "state": s.state,
+        "pause_reason": s.pause_reason,
         "phase": s.phase,
         "repo": s.repo,
         "repo_identity": s.repo_identity,

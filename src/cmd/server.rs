@@ -82,6 +82,17 @@ pub struct ServeArgs {
     /// re-queued elsewhere (workers heartbeat every second).
     #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
     pub lease_ttl: f64,
+    /// Most output of one run stored, in MiB, whatever a worker sends:
+    /// chunks past it are dropped (workers keep to the same cap by
+    /// default, sending each stream's tail at the end).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024 * 1024), value_name = "MIB")]
+    pub max_output_mib: u64,
+    /// Seconds after a start during which the runs an earlier orchestrator
+    /// left in flight wait for their workers to come back and report them:
+    /// such a run is adopted (same job, same epoch), not run again; one no
+    /// worker reports in time runs again. 0 runs them all again at once.
+    #[arg(long, default_value_t = 15.0, value_parser = non_negative_seconds)]
+    pub adopt_grace: f64,
     /// The single shared token of earlier versions: every call that
     /// carries it is an admin named `admin` (also beside --auth).
     #[command(flatten)]
@@ -181,6 +192,11 @@ pub struct WorkerArgs {
     /// (WORKSPACE/code/checkouts), in MiB; the least recently used go first.
     #[arg(long, default_value_t = 20480, value_name = "MIB")]
     pub code_cache_mib: u64,
+    /// Most output of one run sent to the orchestrator, in MiB: past half
+    /// of it, each stream's last quarter is kept and sent when the run
+    /// ends, after a line saying how much was left out.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024 * 1024), value_name = "MIB")]
+    pub max_output_mib: u64,
     #[command(flatten)]
     pub token: TokenArgs,
     #[command(flatten)]
@@ -243,6 +259,14 @@ fn drain(workspace: &std::path::Path, wait: bool) -> anyhow::Result<Exit> {
         .trim()
         .parse()
         .with_context(|| format!("{} does not hold a pid", path.display()))?;
+    // A stale file may name a pid the system gave to another process since.
+    if let Err(why) = worker_of(pid, workspace) {
+        anyhow::bail!(
+            "{} names process {pid}, which is not the fvd worker of {}: {why}; nothing was signalled (the file is stale: the worker is gone)",
+            path.display(),
+            workspace.display()
+        );
+    }
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGUSR1,
@@ -258,6 +282,46 @@ fn drain(workspace: &std::path::Path, wait: bool) -> anyhow::Result<Exit> {
         println!("worker {pid} drained and exited");
     }
     Ok(Exit::Success)
+}
+
+/// Whether process `pid` is `fvd worker … --workspace W` with `W` this
+/// workspace (its command line read from `/proc`, a relative `W` taken
+/// from the process's own folder); why not otherwise.
+fn worker_of(pid: i32, workspace: &std::path::Path) -> Result<(), String> {
+    let raw =
+        std::fs::read(format!("/proc/{pid}/cmdline")).map_err(|_| "no such process".to_string())?;
+    let args: Vec<String> = raw
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let shown = args.join(" ");
+    let fvd = args.first().is_some_and(|a| {
+        std::path::Path::new(a)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("fvd"))
+    });
+    if !fvd || !args.iter().any(|a| a == "worker") {
+        return Err(format!("it runs `{shown}`"));
+    }
+    let theirs = args.iter().enumerate().find_map(|(i, a)| {
+        a.strip_prefix("--workspace=")
+            .map(str::to_string)
+            .or_else(|| {
+                (a == "--workspace")
+                    .then(|| args.get(i + 1).cloned())
+                    .flatten()
+            })
+    });
+    let Some(theirs) = theirs else {
+        return Err(format!("it runs `{shown}`, with no --workspace"));
+    };
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+    let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    if canon(&cwd.join(&theirs)) != canon(workspace) {
+        return Err(format!("it is the worker of {theirs}"));
+    }
+    Ok(())
 }
 
 /// Resolves on Ctrl-C or SIGTERM: both end a server or worker normally, so
@@ -358,6 +422,14 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+fn non_negative_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=86_400.0).contains(&v) => Ok(v),
+        Ok(_) => Err(format!("{s} is not between 0 and 86400 seconds")),
+        Err(_) => Err(format!("{s} is not a number of seconds")),
+    }
+}
+
 /// The multi-threaded runtime every networked command runs on.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -410,6 +482,7 @@ pub async fn local_worker_config(
         tls_ca,
         provides: Vec::new(),
         code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
+        max_output_bytes: fvd_worker::exec::DEFAULT_MAX_OUTPUT_BYTES,
         jail: fvd_sandbox::Jail::off(),
     })
 }
@@ -480,6 +553,8 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             ..Default::default()
         };
         config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
+        config.scheduler.max_output_bytes = args.max_output_mib * 1024 * 1024;
+        config.scheduler.adopt_grace = Duration::from_secs_f64(args.adopt_grace);
         let health_listener = match &args.health_listen {
             Some(addr) => Some(
                 tokio::net::TcpListener::bind(addr)
@@ -558,6 +633,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         config.labels = args.labels.into_iter().collect();
         config.provides = args.provides;
         config.code_cache_bytes = args.code_cache_mib.saturating_mul(1024 * 1024);
+        config.max_output_bytes = args.max_output_mib * 1024 * 1024;
         let mut hidden: Vec<PathBuf> = args.token.token_file.iter().cloned().collect();
         hidden.extend(args.job_hide.iter().cloned());
         config.jail = jail(args.job_sandbox, &hidden)?;

@@ -115,6 +115,8 @@ impl Store {
             writer: pool.clone(),
             pool,
             checkpointer: None,
+            faults: std::sync::Arc::new(crate::faults::Faults::new(url)),
+            retry: None,
         })
     }
 

@@ -16,11 +16,15 @@ use sqlx::{ConnectOptions, Row, SqlitePool};
 use crate::model::Worktree;
 use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, LogChunk, PortRow};
 use crate::states::{ComponentStatus, JobState, PortState, UnknownState};
+pub use crate::steps::{AttemptNext, AttemptRecorded, ComponentNext};
 
+pub mod chaos;
 pub mod clock;
 pub mod dashboard;
+pub mod faults;
 pub mod model;
 pub mod states;
+mod steps;
 pub mod team;
 pub mod traces;
 pub mod variants;
@@ -183,6 +187,11 @@ pub struct Store {
     writer: SqlitePool,
     /// `None` for a read-only handle (its writer checkpoints).
     checkpointer: Option<Arc<Checkpointer>>,
+    /// Whether writes are failing on the disk, shared by every handle.
+    faults: Arc<faults::Faults>,
+    /// A write that meets a disk fault waits under this backoff and runs
+    /// again ([`Store::with_write_retry`]); `None`: it fails at once.
+    retry: Option<faults::Backoff>,
 }
 
 /// How every write transaction starts: with the write lock taken up
@@ -229,6 +238,8 @@ impl Checkpointer {
                 }
             };
             let mut behind = false;
+            // Logged once per change, not every 500 ms while the disk fails.
+            let mut failing = false;
             loop {
                 let pause = if behind {
                     Duration::ZERO
@@ -245,17 +256,45 @@ impl Checkpointer {
                         .await;
                 match done {
                     Ok((_, log, copied)) => {
+                        if std::mem::take(&mut failing) {
+                            tracing::info!("the database's write-ahead log is checkpointed again");
+                        }
                         behind = log - copied > CHECKPOINT_CHASE_FRAMES;
                         *seen.lock().unwrap_or_else(|e| e.into_inner()) = (log, copied)
                     }
+                    Err(e) if failing => {
+                        tracing::debug!(error = %e, "could not checkpoint the database's write-ahead log")
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "could not checkpoint the database's write-ahead log")
+                        failing = true;
+                        tracing::warn!(error = %e, "could not checkpoint the database's write-ahead log; retrying every 500 ms")
                     }
                 }
             }
         });
         Self { _stop: stop, last }
     }
+}
+
+/// Whether the writer connection may go back to the pool: not when it is
+/// still inside a transaction. A commit that fails on a full or failing
+/// disk leaves it so: SQLite rolled the transaction back itself, the
+/// rollback sqlx then sends fails ("no transaction is active"), and sqlx's
+/// count of open transactions stays at one, so every later `BEGIN` on it
+/// was refused ("begin_with at non-zero transaction depth") until the
+/// process restarted. Such a connection is closed; the pool opens a fresh
+/// one for the next write. The ping first lets a rollback queued by a
+/// dropped transaction run, so a connection it cleaned is kept.
+async fn writer_reusable(conn: &mut sqlx::SqliteConnection) -> Result<bool, sqlx::Error> {
+    use sqlx::Connection;
+    conn.ping().await?;
+    if conn.is_in_transaction() {
+        tracing::debug!(
+            "the writer connection is left inside a failed transaction; it is closed and replaced"
+        );
+        return Ok(false);
+    }
+    Ok(true)
 }
 
 impl Store {
@@ -276,6 +315,7 @@ impl Store {
             .foreign_keys(true);
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .after_release(|conn, _| Box::pin(writer_reusable(conn)))
             .connect_with(
                 opts.clone()
                     .pragma("wal_autocheckpoint", "0")
@@ -289,10 +329,13 @@ impl Store {
             .connect_with(opts.clone())
             .await
             .map_err(open_err)?;
+        let db = opts.get_filename().display().to_string();
         let store = Store {
             pool,
             writer,
             checkpointer: Some(Arc::new(Checkpointer::start(opts))),
+            faults: Arc::new(faults::Faults::new(db)),
+            retry: None,
         };
         store.migrate().await?;
         Ok(store)
@@ -310,6 +353,63 @@ impl Store {
         self.checkpointer
             .as_ref()
             .map(|c| *c.last.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// This handle, with its writes retried under `backoff` while they
+    /// fail on the disk (full, read-only, failing): the caller waits
+    /// instead of getting an error, the database is left as it was by each
+    /// failed try, and [`Store::write_fault`] says what fails meanwhile.
+    /// For servers, whose actors would otherwise fail and restart on every
+    /// write; a command run by a person (`fvd cancel`, `fvd reset`) keeps
+    /// failing at once.
+    pub fn with_write_retry(mut self, backoff: faults::Backoff) -> Self {
+        self.retry = Some(backoff);
+        self
+    }
+
+    /// Writes are failing on the disk: since when, and why. `None` once a
+    /// write succeeded again.
+    pub fn write_fault(&self) -> Option<faults::WriteFault> {
+        self.faults.current()
+    }
+
+    /// Changes of [`Store::write_fault`].
+    pub fn watch_write_faults(&self) -> tokio::sync::watch::Receiver<Option<faults::WriteFault>> {
+        self.faults.watch()
+    }
+
+    /// The database file, as logs and pause reasons name it.
+    pub fn db_name(&self) -> &str {
+        self.faults.db()
+    }
+
+    /// Runs the write `op` (one transaction, or one statement) and, with a
+    /// retry policy, runs it again while it fails on the disk. Every write
+    /// method goes through here, so no write bypasses the fault state.
+    async fn write<T, F, Fut>(&self, what: &'static str, mut op: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let mut pause = None;
+        loop {
+            match op().await {
+                Ok(v) => {
+                    self.faults.succeeded();
+                    return Ok(v);
+                }
+                Err(e) if faults::is_disk_fault(&e) => {
+                    self.faults.failed(what, &e, self.retry.is_some());
+                    let Some(backoff) = &self.retry else {
+                        return Err(e);
+                    };
+                    let p = backoff.next(pause);
+                    pause = Some(p);
+                    tokio::time::sleep(p).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// A write transaction that takes the write lock up front: a deferred
@@ -370,45 +470,49 @@ impl Store {
         components: &[String],
         origin: Option<(&team::PortOrigin, team::Action)>,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let exists: Option<String> =
-            sqlx::query_scalar("SELECT family FROM ports WHERE family = ?")
+        self.write("create port", || async move {
+            let mut tx = self.write_tx().await?;
+            let exists: Option<String> =
+                sqlx::query_scalar("SELECT family FROM ports WHERE family = ?")
+                    .bind(&port.family)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if exists.is_some() {
+                return Ok(false);
+            }
+            let now = now_ms();
+            sqlx::query("INSERT INTO ports (family, repo, spec_path, spec_toml, state, phase, created_ms, updated_ms, commit_sha) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
                 .bind(&port.family)
-                .fetch_optional(&mut *tx)
+                .bind(&port.repo)
+                .bind(&port.spec_path)
+                .bind(&port.spec_toml)
+                .bind(port.state.as_str())
+                .bind(&port.phase)
+                .bind(now)
+                .bind(now)
+                .bind(&port.commit)
+                .execute(&mut *tx)
                 .await?;
-        if exists.is_some() {
-            return Ok(false);
-        }
-        let now = now_ms();
-        sqlx::query("INSERT INTO ports (family, repo, spec_path, spec_toml, state, phase, created_ms, updated_ms, commit_sha) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
-            .bind(&port.family)
-            .bind(&port.repo)
-            .bind(&port.spec_path)
-            .bind(&port.spec_toml)
-            .bind(port.state.as_str())
-            .bind(&port.phase)
-            .bind(now)
-            .bind(now)
-            .bind(&port.commit)
-            .execute(&mut *tx)
-            .await?;
-        for name in components {
-            sqlx::query(
-                "INSERT INTO components (family, name, status, updated_ms) VALUES (?, ?, ?, ?)",
-            )
-            .bind(&port.family)
-            .bind(name)
-            .bind(ComponentStatus::Pending.as_str())
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        }
-        if let Some((origin, action)) = origin {
-            team::set_origin(&mut tx, &port.family, origin).await?;
-            team::insert_action(&mut tx, &port.family, action, &origin.owner, &port.commit).await?;
-        }
-        tx.commit().await?;
-        Ok(true)
+            for name in components {
+                sqlx::query(
+                    "INSERT INTO components (family, name, status, updated_ms) VALUES (?, ?, ?, ?)",
+                )
+                .bind(&port.family)
+                .bind(name)
+                .bind(ComponentStatus::Pending.as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            }
+            if let Some((origin, action)) = origin {
+                team::set_origin(&mut tx, &port.family, origin).await?;
+                team::insert_action(&mut tx, &port.family, action, &origin.owner, &port.commit)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
     }
 
     /// Replaces the spec of an existing port (a resubmit may edit it): adds
@@ -422,44 +526,47 @@ impl Store {
         components: &[String],
         replan: &[String],
     ) -> Result<(), StoreError> {
-        let family = port.family.as_str();
-        let mut tx = self.write_tx().await?;
-        let now = now_ms();
-        sqlx::query("UPDATE ports SET repo = ?, spec_path = ?, spec_toml = ?, commit_sha = ?, updated_ms = ? WHERE family = ?")
-            .bind(&port.repo)
-            .bind(&port.spec_path)
-            .bind(&port.spec_toml)
-            .bind(&port.commit)
-            .bind(now)
-            .bind(family)
-            .execute(&mut *tx)
-            .await?;
-        for name in components {
-            sqlx::query("INSERT OR IGNORE INTO components (family, name, status, updated_ms) VALUES (?, ?, ?, ?)")
-                .bind(family)
-                .bind(name)
-                .bind(ComponentStatus::Pending.as_str())
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
-        let listed = serde_json::to_string(components).unwrap_or_default();
-        sqlx::query("DELETE FROM components WHERE family = ? AND name NOT IN (SELECT value FROM json_each(?))")
-            .bind(family)
-            .bind(&listed)
-            .execute(&mut *tx)
-            .await?;
-        for name in replan {
-            sqlx::query("UPDATE components SET status = ?, verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ? AND name = ?")
-                .bind(ComponentStatus::Pending.as_str())
+        self.write("update port spec", || async move {
+            let family = port.family.as_str();
+            let mut tx = self.write_tx().await?;
+            let now = now_ms();
+            sqlx::query("UPDATE ports SET repo = ?, spec_path = ?, spec_toml = ?, commit_sha = ?, updated_ms = ? WHERE family = ?")
+                .bind(&port.repo)
+                .bind(&port.spec_path)
+                .bind(&port.spec_toml)
+                .bind(&port.commit)
                 .bind(now)
                 .bind(family)
-                .bind(name)
                 .execute(&mut *tx)
                 .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+            for name in components {
+                sqlx::query("INSERT OR IGNORE INTO components (family, name, status, updated_ms) VALUES (?, ?, ?, ?)")
+                    .bind(family)
+                    .bind(name)
+                    .bind(ComponentStatus::Pending.as_str())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let listed = serde_json::to_string(components).unwrap_or_default();
+            sqlx::query("DELETE FROM components WHERE family = ? AND name NOT IN (SELECT value FROM json_each(?))")
+                .bind(family)
+                .bind(&listed)
+                .execute(&mut *tx)
+                .await?;
+            for name in replan {
+                sqlx::query("UPDATE components SET status = ?, verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ? AND name = ?")
+                    .bind(ComponentStatus::Pending.as_str())
+                    .bind(now)
+                    .bind(family)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     pub async fn port(&self, family: &str) -> Result<Option<PortRow>, StoreError> {
@@ -495,14 +602,17 @@ impl Store {
         state: PortState,
         phase: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE ports SET state = ?, phase = ?, updated_ms = ? WHERE family = ?")
-            .bind(state.as_str())
-            .bind(phase)
-            .bind(now_ms())
-            .bind(family)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("set port state", || async move {
+            sqlx::query("UPDATE ports SET state = ?, phase = ?, updated_ms = ? WHERE family = ?")
+                .bind(state.as_str())
+                .bind(phase)
+                .bind(now_ms())
+                .bind(family)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// The trace context (W3C `traceparent`) a port's runs continue; `None`
@@ -522,12 +632,15 @@ impl Store {
         family: &str,
         traceparent: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE ports SET traceparent = ? WHERE family = ?")
-            .bind(traceparent)
-            .bind(family)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("set port traceparent", || async move {
+            sqlx::query("UPDATE ports SET traceparent = ? WHERE family = ?")
+                .bind(traceparent)
+                .bind(family)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Records why the port's `PORT_STATUS.md` could not be written (empty:
@@ -537,12 +650,15 @@ impl Store {
         family: &str,
         error: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE ports SET status_write_error = ? WHERE family = ?")
-            .bind(error)
-            .bind(family)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("set status write error", || async move {
+            sqlx::query("UPDATE ports SET status_write_error = ? WHERE family = ?")
+                .bind(error)
+                .bind(family)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Why the port's `PORT_STATUS.md` could not be written the last time
@@ -560,12 +676,15 @@ impl Store {
     }
 
     pub async fn set_port_status_path(&self, family: &str, path: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE ports SET port_status_path = ? WHERE family = ?")
-            .bind(path)
-            .bind(family)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("set port status path", || async move {
+            sqlx::query("UPDATE ports SET port_status_path = ? WHERE family = ?")
+                .bind(path)
+                .bind(family)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     // ----- components ------------------------------------------------------
@@ -608,17 +727,20 @@ impl Store {
         reason: &str,
         worker_id: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE components SET status = ?, verdict = ?, reason = ?, worker_id = ?, updated_ms = ? WHERE family = ? AND name = ?")
-            .bind(status.as_str())
-            .bind(verdict)
-            .bind(reason)
-            .bind(worker_id)
-            .bind(now_ms())
-            .bind(family)
-            .bind(name)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("set component", || async move {
+            sqlx::query("UPDATE components SET status = ?, verdict = ?, reason = ?, worker_id = ?, updated_ms = ? WHERE family = ? AND name = ?")
+                .bind(status.as_str())
+                .bind(verdict)
+                .bind(reason)
+                .bind(worker_id)
+                .bind(now_ms())
+                .bind(family)
+                .bind(name)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Sets the reason of a component that is still `queued` (why it
@@ -629,15 +751,18 @@ impl Store {
         name: &str,
         reason: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE components SET reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status = ?")
-            .bind(reason)
-            .bind(now_ms())
-            .bind(family)
-            .bind(name)
-            .bind(ComponentStatus::Queued.as_str())
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("set queued reason", || async move {
+            sqlx::query("UPDATE components SET reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status = ?")
+                .bind(reason)
+                .bind(now_ms())
+                .bind(family)
+                .bind(name)
+                .bind(ComponentStatus::Queued.as_str())
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     // ----- jobs ------------------------------------------------------------
@@ -651,53 +776,17 @@ impl Store {
 
     /// Records many queued runs in one transaction (one fsync), in order.
     pub async fn queue_jobs(&self, jobs: &[JobRecord]) -> Result<Vec<JobRecord>, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let now = now_ms();
-        let mut out = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            let last: Option<i64> = sqlx::query_scalar(
-                "SELECT MAX(run_no) FROM jobs WHERE family = ? AND component = ?",
-            )
-            .bind(&job.family)
-            .bind(&job.component)
-            .fetch_one(&mut *tx)
-            .await?;
-            let run_no = last.unwrap_or(0) + 1;
-            let job_id = format!("{}.{}.{}", job.family, job.component, run_no);
-            sqlx::query("INSERT INTO jobs (job_id, family, component, run_no, state, argv, cwd, gpus_needed, timeout_ms, queued_ms, commit_sha, code_prefix) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-                .bind(&job_id)
-                .bind(&job.family)
-                .bind(&job.component)
-                .bind(run_no)
-                .bind(JobState::Queued.as_str())
-                .bind(serde_json::to_string(&job.argv).unwrap_or_default())
-                .bind(&job.cwd)
-                .bind(job.gpus_needed as i64)
-                .bind(job.timeout_ms as i64)
-                .bind(now)
-                .bind(&job.commit)
-                .bind(&job.code_prefix)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(
-                "UPDATE components SET status = ?, updated_ms = ? WHERE family = ? AND name = ?",
-            )
-            .bind(ComponentStatus::Queued.as_str())
-            .bind(now)
-            .bind(&job.family)
-            .bind(&job.component)
-            .execute(&mut *tx)
-            .await?;
-            out.push(JobRecord {
-                job_id,
-                run_no: run_no as u32,
-                state: JobState::Queued,
-                queued_ms: now,
-                ..job.clone()
-            });
-        }
-        tx.commit().await?;
-        Ok(out)
+        self.write("queue jobs", || async move {
+            let mut tx = self.write_tx().await?;
+            let now = now_ms();
+            let mut out = Vec::with_capacity(jobs.len());
+            for job in jobs {
+                out.push(steps::insert_job(&mut tx, job, now).await?);
+            }
+            tx.commit().await?;
+            Ok(out)
+        })
+        .await
     }
 
     /// Records that `job_id` was leased to `worker_id` under `epoch`.
@@ -719,40 +808,43 @@ impl Store {
     /// lease cost more than the update itself. Where one component has
     /// several leases in the round, its row names the worker of the last.
     pub async fn lease_jobs(&self, leases: &[(&str, &str, u64, &[u32])]) -> Result<(), StoreError> {
-        if leases.is_empty() {
-            return Ok(());
-        }
-        // The GPU list travels as a JSON list, which `->>` gives back as
-        // the text the `gpus` column holds.
-        let rows: Vec<(&str, &str, i64, &[u32])> = leases
-            .iter()
-            .map(|(job, worker, epoch, gpus)| (*job, *worker, *epoch as i64, *gpus))
-            .collect();
-        let rows = json_rows(&rows)?;
-        let mut tx = self.write_tx().await?;
-        let now = now_ms();
-        sqlx::query(
-            "UPDATE jobs SET state = ?1, worker_id = l.value ->> 1, lease_epoch = l.value ->> 2, gpus = l.value ->> 3, started_ms = ?2 \
-             FROM json_each(?3) AS l WHERE jobs.job_id = l.value ->> 0",
-        )
-        .bind(JobState::Running.as_str())
-        .bind(now)
-        .bind(&rows)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE components SET status = ?1, verdict = '', reason = '', worker_id = l.worker_id, updated_ms = ?2 \
-             FROM (SELECT j.family AS family, j.component AS component, e.value ->> 1 AS worker_id, max(e.key) \
-                   FROM json_each(?3) AS e JOIN jobs AS j ON j.job_id = e.value ->> 0 GROUP BY j.family, j.component) AS l \
-             WHERE components.family = l.family AND components.name = l.component",
-        )
-        .bind(ComponentStatus::Running.as_str())
-        .bind(now)
-        .bind(&rows)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        self.write("lease jobs", || async move {
+            if leases.is_empty() {
+                return Ok(());
+            }
+            // The GPU list travels as a JSON list, which `->>` gives back as
+            // the text the `gpus` column holds.
+            let rows: Vec<(&str, &str, i64, &[u32])> = leases
+                .iter()
+                .map(|(job, worker, epoch, gpus)| (*job, *worker, *epoch as i64, *gpus))
+                .collect();
+            let rows = json_rows(&rows)?;
+            let mut tx = self.write_tx().await?;
+            let now = now_ms();
+            sqlx::query(
+                "UPDATE jobs SET state = ?1, worker_id = l.value ->> 1, lease_epoch = l.value ->> 2, gpus = l.value ->> 3, started_ms = ?2 \
+                 FROM json_each(?3) AS l WHERE jobs.job_id = l.value ->> 0",
+            )
+            .bind(JobState::Running.as_str())
+            .bind(now)
+            .bind(&rows)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "UPDATE components SET status = ?1, verdict = '', reason = '', worker_id = l.worker_id, updated_ms = ?2 \
+                 FROM (SELECT j.family AS family, j.component AS component, e.value ->> 1 AS worker_id, max(e.key) \
+                       FROM json_each(?3) AS e JOIN jobs AS j ON j.job_id = e.value ->> 0 GROUP BY j.family, j.component) AS l \
+                 WHERE components.family = l.family AND components.name = l.component",
+            )
+            .bind(ComponentStatus::Running.as_str())
+            .bind(now)
+            .bind(&rows)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Cancels a port no process is running (embedded mode after its
@@ -760,33 +852,36 @@ impl Store {
     /// `blocked` / `cancelled`, queued or running jobs as abandoned, and the
     /// port as `cancelled`. Returns the components it cancelled.
     pub async fn cancel_port(&self, family: &str) -> Result<Vec<String>, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let now = now_ms();
-        let names: Vec<String> = sqlx::query_scalar(
-            "UPDATE components SET status = ?, verdict = 'cancelled', reason = 'cancelled: the port was cancelled', updated_ms = ? WHERE family = ? AND status NOT IN (?, ?) RETURNING name",
-        )
-        .bind(ComponentStatus::Blocked.as_str())
-        .bind(now)
-        .bind(family)
-        .bind(ComponentStatus::NonSkipPass.as_str())
-        .bind(ComponentStatus::Blocked.as_str())
-        .fetch_all(&mut *tx)
-        .await?;
-        sqlx::query("UPDATE jobs SET state = ? WHERE family = ? AND state IN (?, ?)")
-            .bind(JobState::Abandoned.as_str())
-            .bind(family)
-            .bind(JobState::Queued.as_str())
-            .bind(JobState::Running.as_str())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE ports SET state = ?, updated_ms = ? WHERE family = ?")
-            .bind(PortState::Cancelled.as_str())
+        self.write("cancel port", || async move {
+            let mut tx = self.write_tx().await?;
+            let now = now_ms();
+            let names: Vec<String> = sqlx::query_scalar(
+                "UPDATE components SET status = ?, verdict = 'cancelled', reason = 'cancelled: the port was cancelled', updated_ms = ? WHERE family = ? AND status NOT IN (?, ?) RETURNING name",
+            )
+            .bind(ComponentStatus::Blocked.as_str())
             .bind(now)
             .bind(family)
-            .execute(&mut *tx)
+            .bind(ComponentStatus::NonSkipPass.as_str())
+            .bind(ComponentStatus::Blocked.as_str())
+            .fetch_all(&mut *tx)
             .await?;
-        tx.commit().await?;
-        Ok(names)
+            sqlx::query("UPDATE jobs SET state = ? WHERE family = ? AND state IN (?, ?)")
+                .bind(JobState::Abandoned.as_str())
+                .bind(family)
+                .bind(JobState::Queued.as_str())
+                .bind(JobState::Running.as_str())
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("UPDATE ports SET state = ?, updated_ms = ? WHERE family = ?")
+                .bind(PortState::Cancelled.as_str())
+                .bind(now)
+                .bind(family)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(names)
+        })
+        .await
     }
 
     /// Forgets a port: its row, components, runs and their output, gate
@@ -795,86 +890,95 @@ impl Store {
     /// scratch. Nothing outside the database is touched. False when there
     /// was no such port.
     pub async fn delete_port(&self, family: &str) -> Result<bool, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let known: Option<String> = sqlx::query_scalar("SELECT family FROM ports WHERE family = ?")
-            .bind(family)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if known.is_none() {
-            return Ok(false);
-        }
-        sqlx::query(
-            "DELETE FROM job_logs WHERE job_id IN (SELECT job_id FROM jobs WHERE family = ?)",
-        )
-        .bind(family)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("DELETE FROM trace_steps WHERE investigation IN (SELECT id FROM trace_investigations WHERE family = ?)")
+        self.write("delete port", || async move {
+            let mut tx = self.write_tx().await?;
+            let known: Option<String> = sqlx::query_scalar("SELECT family FROM ports WHERE family = ?")
+                .bind(family)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if known.is_none() {
+                return Ok(false);
+            }
+            sqlx::query(
+                "DELETE FROM job_logs WHERE job_id IN (SELECT job_id FROM jobs WHERE family = ?)",
+            )
             .bind(family)
             .execute(&mut *tx)
             .await?;
-        for delete in [
-            "DELETE FROM trace_investigations WHERE family = ?",
-            "DELETE FROM escape_hatches WHERE family = ?",
-            "DELETE FROM agent_attempts WHERE family = ?",
-            "DELETE FROM agent_worktrees WHERE family = ?",
-            "DELETE FROM gate_events WHERE family = ?",
-            "DELETE FROM jobs WHERE family = ?",
-            "DELETE FROM components WHERE family = ?",
-            "DELETE FROM ports WHERE family = ?",
-        ] {
-            sqlx::query(delete).bind(family).execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        Ok(true)
+            sqlx::query("DELETE FROM trace_steps WHERE investigation IN (SELECT id FROM trace_investigations WHERE family = ?)")
+                .bind(family)
+                .execute(&mut *tx)
+                .await?;
+            for delete in [
+                "DELETE FROM trace_investigations WHERE family = ?",
+                "DELETE FROM escape_hatches WHERE family = ?",
+                "DELETE FROM agent_attempts WHERE family = ?",
+                "DELETE FROM agent_worktrees WHERE family = ?",
+                "DELETE FROM gate_events WHERE family = ?",
+                "DELETE FROM jobs WHERE family = ?",
+                "DELETE FROM components WHERE family = ?",
+                "DELETE FROM ports WHERE family = ?",
+            ] {
+                sqlx::query(delete).bind(family).execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
     }
 
     /// Resets every component of a port to `pending` so the next start runs
     /// them all again; the recorded runs stay as history.
     pub async fn reset_components(&self, family: &str) -> Result<(), StoreError> {
-        let mut tx = self.write_tx().await?;
-        sqlx::query("UPDATE ports SET reset_ms = ? WHERE family = ?")
-            .bind(now_ms())
-            .bind(family)
-            .execute(&mut *tx)
-            .await?;
-        // Questions of the old run no longer wait: the rerun asks anew.
-        sqlx::query("UPDATE escape_hatches SET status = 'withdrawn' WHERE family = ? AND status IN ('open', 'answered')")
-            .bind(family)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE components SET status = ?, verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ?")
-            .bind(ComponentStatus::Pending.as_str())
-            .bind(now_ms())
-            .bind(family)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM gate_events WHERE family = ?")
-            .bind(family)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
+        self.write("reset components", || async move {
+            let mut tx = self.write_tx().await?;
+            sqlx::query("UPDATE ports SET reset_ms = ? WHERE family = ?")
+                .bind(now_ms())
+                .bind(family)
+                .execute(&mut *tx)
+                .await?;
+            // Questions of the old run no longer wait: the rerun asks anew.
+            sqlx::query("UPDATE escape_hatches SET status = 'withdrawn' WHERE family = ? AND status IN ('open', 'answered')")
+                .bind(family)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("UPDATE components SET status = ?, verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ?")
+                .bind(ComponentStatus::Pending.as_str())
+                .bind(now_ms())
+                .bind(family)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("DELETE FROM gate_events WHERE family = ?")
+                .bind(family)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Puts a leased job back in the queue (its worker was lost); its
     /// component reads `queued` again in the same transaction.
     pub async fn requeue_job(&self, job_id: &str, reason: &str) -> Result<(), StoreError> {
-        let mut tx = self.write_tx().await?;
-        sqlx::query("UPDATE jobs SET state = ?, worker_id = '' WHERE job_id = ?")
-            .bind(JobState::Queued.as_str())
-            .bind(job_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE components SET status = ?, verdict = 'infra_error', reason = ?, worker_id = '', updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
-            .bind(ComponentStatus::Queued.as_str())
-            .bind(reason)
-            .bind(now_ms())
-            .bind(job_id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
+        self.write("requeue job", || async move {
+            let mut tx = self.write_tx().await?;
+            sqlx::query("UPDATE jobs SET state = ?, worker_id = '' WHERE job_id = ?")
+                .bind(JobState::Queued.as_str())
+                .bind(job_id)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("UPDATE components SET status = ?, verdict = 'infra_error', reason = ?, worker_id = '', updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
+                .bind(ComponentStatus::Queued.as_str())
+                .bind(reason)
+                .bind(now_ms())
+                .bind(job_id)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     /// The highest lease epoch ever handed out, so a restarted orchestrator
@@ -895,29 +999,32 @@ impl Store {
         epoch: u64,
         result: &JobResult,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let now = now_ms();
-        let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
-            .bind(JobState::Finished.as_str())
-            .bind(&result.verdict)
-            .bind(&result.reason)
-            .bind(result.exit_code)
-            .bind(result.signal)
-            .bind(result.duration_ms as i64)
-            .bind(&result.junit_xml)
-            .bind(&result.output_tail)
-            .bind(now)
-            .bind(job_id)
-            .bind(epoch as i64)
-            .bind(JobState::Running.as_str())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        if done == 0 {
-            return Ok(false);
-        }
-        tx.commit().await?;
-        Ok(true)
+        self.write("finish job", || async move {
+            let mut tx = self.write_tx().await?;
+            let now = now_ms();
+            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
+                .bind(JobState::Finished.as_str())
+                .bind(&result.verdict)
+                .bind(&result.reason)
+                .bind(result.exit_code)
+                .bind(result.signal)
+                .bind(result.duration_ms as i64)
+                .bind(&result.junit_xml)
+                .bind(&result.output_tail)
+                .bind(now)
+                .bind(job_id)
+                .bind(epoch as i64)
+                .bind(JobState::Running.as_str())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if done == 0 {
+                return Ok(false);
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
     }
 
     /// Records a run that could not test the code because of its worker's
@@ -930,36 +1037,42 @@ impl Store {
         epoch: u64,
         result: &JobResult,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
-            .bind(JobState::Environment.as_str())
-            .bind(&result.verdict)
-            .bind(&result.reason)
-            .bind(result.exit_code)
-            .bind(result.signal)
-            .bind(result.duration_ms as i64)
-            .bind(&result.junit_xml)
-            .bind(&result.output_tail)
-            .bind(now_ms())
-            .bind(job_id)
-            .bind(epoch as i64)
-            .bind(JobState::Running.as_str())
-            .execute(&self.writer)
-            .await?
-            .rows_affected();
-        Ok(done > 0)
+        self.write("finish job environment", || async move {
+            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
+                .bind(JobState::Environment.as_str())
+                .bind(&result.verdict)
+                .bind(&result.reason)
+                .bind(result.exit_code)
+                .bind(result.signal)
+                .bind(result.duration_ms as i64)
+                .bind(&result.junit_xml)
+                .bind(&result.output_tail)
+                .bind(now_ms())
+                .bind(job_id)
+                .bind(epoch as i64)
+                .bind(JobState::Running.as_str())
+                .execute(&self.writer)
+                .await?
+                .rows_affected();
+            Ok(done > 0)
+        })
+        .await
     }
 
     /// A queued job no worker can ever hold (embedded mode's machine lacks
     /// what it needs): it never started and never will.
     pub async fn unplace_job(&self, job_id: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE jobs SET state = ?, verdict = 'unplaced', finished_ms = ? WHERE job_id = ? AND state = ?")
-            .bind(JobState::Unplaced.as_str())
-            .bind(now_ms())
-            .bind(job_id)
-            .bind(JobState::Queued.as_str())
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("unplace job", || async move {
+            sqlx::query("UPDATE jobs SET state = ?, verdict = 'unplaced', finished_ms = ? WHERE job_id = ? AND state = ?")
+                .bind(JobState::Unplaced.as_str())
+                .bind(now_ms())
+                .bind(job_id)
+                .bind(JobState::Queued.as_str())
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// A queued component whose run no worker with a working environment
@@ -971,33 +1084,91 @@ impl Store {
         name: &str,
         reason: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE components SET status = ?, verdict = 'environment', reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status IN (?, ?)")
-            .bind(ComponentStatus::Environment.as_str())
-            .bind(reason)
-            .bind(now_ms())
-            .bind(family)
-            .bind(name)
-            .bind(ComponentStatus::Queued.as_str())
-            .bind(ComponentStatus::Environment.as_str())
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("set waiting env", || async move {
+            sqlx::query("UPDATE components SET status = ?, verdict = 'environment', reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status IN (?, ?)")
+                .bind(ComponentStatus::Environment.as_str())
+                .bind(reason)
+                .bind(now_ms())
+                .bind(family)
+                .bind(name)
+                .bind(ComponentStatus::Queued.as_str())
+                .bind(ComponentStatus::Environment.as_str())
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
-    /// Marks every unfinished job of a family abandoned and returns their
-    /// components: used when a port resumes after a crash, so each run that
-    /// was in flight is rerun once under a new run number.
+    /// Marks abandoned the jobs of a family that were queued when its last
+    /// gate died, and those running that no component will ask the
+    /// scheduler to adopt (traced reruns and variant runs, `#` in their
+    /// component name, and runs of components already final); returns
+    /// their components. A component's own run in flight stays `running`:
+    /// the resumed component asks the scheduler to adopt it (its worker may
+    /// still run it) and abandons it only if no worker does
+    /// ([`Store::abandon_job`]), so it is rerun once under a new run number.
     pub async fn abandon_unfinished(&self, family: &str) -> Result<Vec<String>, StoreError> {
-        let rows: Vec<String> = sqlx::query_scalar(
-            "UPDATE jobs SET state = ? WHERE family = ? AND state IN (?, ?) RETURNING component",
-        )
-        .bind(JobState::Abandoned.as_str())
-        .bind(family)
-        .bind(JobState::Queued.as_str())
-        .bind(JobState::Running.as_str())
-        .fetch_all(&self.writer)
-        .await?;
-        Ok(rows)
+        self.write("abandon unfinished", || async move {
+            let rows: Vec<String> = sqlx::query_scalar(
+                "UPDATE jobs SET state = ?1 WHERE family = ?2 AND (state = ?3 OR (state = ?4 AND (instr(component, '#') > 0 OR component IN (SELECT name FROM components WHERE family = ?2 AND status IN (?5, ?6))))) RETURNING component",
+            )
+            .bind(JobState::Abandoned.as_str())
+            .bind(family)
+            .bind(JobState::Queued.as_str())
+            .bind(JobState::Running.as_str())
+            .bind(ComponentStatus::NonSkipPass.as_str())
+            .bind(ComponentStatus::Blocked.as_str())
+            .fetch_all(&self.writer)
+            .await?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    /// A run left `running` by an earlier process that no worker runs any
+    /// more: abandoned (it counts as a run if its process had started).
+    /// False when it was no longer running.
+    pub async fn abandon_job(&self, job_id: &str) -> Result<bool, StoreError> {
+        self.write("abandon job", || async move {
+            let done =
+                sqlx::query("UPDATE jobs SET state = ? WHERE job_id = ? AND state IN (?, ?)")
+                    .bind(JobState::Abandoned.as_str())
+                    .bind(job_id)
+                    .bind(JobState::Queued.as_str())
+                    .bind(JobState::Running.as_str())
+                    .execute(&self.writer)
+                    .await?
+                    .rows_affected();
+            Ok(done > 0)
+        })
+        .await
+    }
+
+    /// The leases of runs still `running`: `(job, family, worker, epoch,
+    /// GPUs)`. A restarted orchestrator holds them for their workers to
+    /// report and their components to adopt.
+    pub async fn running_leases(
+        &self,
+    ) -> Result<Vec<(String, String, String, u64, Vec<u32>)>, StoreError> {
+        let rows = sqlx::query("SELECT job_id, family, worker_id, lease_epoch, gpus FROM jobs WHERE state = ? AND lease_epoch IS NOT NULL AND worker_id <> ''")
+            .bind(JobState::Running.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let gpus: Option<String> = r.get("gpus");
+                (
+                    r.get("job_id"),
+                    r.get("family"),
+                    r.get("worker_id"),
+                    r.get::<i64, _>("lease_epoch") as u64,
+                    gpus.and_then(|g| serde_json::from_str(&g).ok())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect())
     }
 
     pub async fn job(&self, job_id: &str) -> Result<Option<JobRecord>, StoreError> {
@@ -1045,17 +1216,20 @@ impl Store {
         chunks: &[LogChunk],
         spawned: &[(String, i64)],
     ) -> Result<(), StoreError> {
-        let mut relaxed = Relaxed(Some(self.writer.acquire().await?));
-        let conn = relaxed.conn();
-        sqlx::query("PRAGMA synchronous = NORMAL")
-            .execute(&mut **conn)
-            .await?;
-        let written = Self::output_tx(conn, chunks, spawned).await;
-        sqlx::query("PRAGMA synchronous = FULL")
-            .execute(&mut **conn)
-            .await?;
-        relaxed.restored();
-        written
+        self.write("append output", || async move {
+            let mut relaxed = Relaxed(Some(self.writer.acquire().await?));
+            let conn = relaxed.conn();
+            sqlx::query("PRAGMA synchronous = NORMAL")
+                .execute(&mut **conn)
+                .await?;
+            let written = Self::output_tx(conn, chunks, spawned).await;
+            sqlx::query("PRAGMA synchronous = FULL")
+                .execute(&mut **conn)
+                .await?;
+            relaxed.restored();
+            written
+        })
+        .await
     }
 
     async fn output_tx(
@@ -1121,21 +1295,24 @@ impl Store {
         outcome: &str,
         conditions: &[String],
     ) -> Result<GateEventRow, StoreError> {
-        let at_ms = now_ms();
-        sqlx::query("INSERT INTO gate_events (family, phase, outcome, conditions, at_ms) VALUES (?, ?, ?, ?, ?)")
-            .bind(family)
-            .bind(phase)
-            .bind(outcome)
-            .bind(serde_json::to_string(conditions).unwrap_or_default())
-            .bind(at_ms)
-            .execute(&self.writer)
-            .await?;
-        Ok(GateEventRow {
-            phase: phase.to_string(),
-            outcome: outcome.to_string(),
-            conditions: conditions.to_vec(),
-            at_ms,
+        self.write("record gate", || async move {
+            let at_ms = now_ms();
+            sqlx::query("INSERT INTO gate_events (family, phase, outcome, conditions, at_ms) VALUES (?, ?, ?, ?, ?)")
+                .bind(family)
+                .bind(phase)
+                .bind(outcome)
+                .bind(serde_json::to_string(conditions).unwrap_or_default())
+                .bind(at_ms)
+                .execute(&self.writer)
+                .await?;
+            Ok(GateEventRow {
+                phase: phase.to_string(),
+                outcome: outcome.to_string(),
+                conditions: conditions.to_vec(),
+                at_ms,
+            })
         })
+        .await
     }
 
     pub async fn gate_events(&self, family: &str) -> Result<Vec<GateEventRow>, StoreError> {
@@ -1187,58 +1364,42 @@ impl Store {
         component: &str,
         wt: &Worktree,
     ) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO agent_worktrees (family, component, path, branch, base_commit, created_ms) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(family, component) DO UPDATE SET path = excluded.path, branch = excluded.branch, base_commit = excluded.base_commit")
-            .bind(family)
-            .bind(component)
-            .bind(wt.path.to_string_lossy().as_ref())
-            .bind(&wt.branch)
-            .bind(&wt.base_commit)
-            .bind(now_ms())
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("record worktree", || async move {
+            sqlx::query("INSERT INTO agent_worktrees (family, component, path, branch, base_commit, created_ms) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(family, component) DO UPDATE SET path = excluded.path, branch = excluded.branch, base_commit = excluded.base_commit")
+                .bind(family)
+                .bind(component)
+                .bind(wt.path.to_string_lossy().as_ref())
+                .bind(&wt.branch)
+                .bind(&wt.base_commit)
+                .bind(now_ms())
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Opens attempt `a.attempt` before its agent starts (state
     /// `running`). Opening it again after a crash keeps the one row and
     /// counts the new try.
     pub async fn begin_attempt(&self, a: &AttemptRow) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO agent_attempts (family, component, attempt, commit_sha, diff_stat, diff, timed_out, duration_ms, job_before, verdict_before, reason_before, handoff_status, handoff_summary, handoff_text, started_ms, finished_ms, state, head_before, cookie, tries, kind) VALUES (?, ?, ?, '', '', '', 0, 0, ?, ?, ?, '', '', '', ?, 0, 'running', ?, ?, 1, ?) ON CONFLICT(family, component, attempt) DO UPDATE SET state = 'running', tries = tries + 1, head_before = excluded.head_before, cookie = excluded.cookie, started_ms = excluded.started_ms")
-            .bind(&a.family)
-            .bind(&a.component)
-            .bind(a.attempt as i64)
-            .bind(&a.job_before)
-            .bind(&a.verdict_before)
-            .bind(&a.reason_before)
-            .bind(a.started_ms)
-            .bind(&a.head_before)
-            .bind(&a.cookie)
-            .bind(&a.kind)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
-    }
-
-    /// Completes a `running` attempt with what its agent did.
-    pub async fn record_attempt(&self, a: &AttemptRow) -> Result<(), StoreError> {
-        sqlx::query("UPDATE agent_attempts SET commit_sha = ?, diff_stat = ?, diff = ?, exit_code = ?, signal = ?, timed_out = ?, duration_ms = ?, handoff_status = ?, handoff_summary = ?, handoff_text = ?, finished_ms = ?, state = 'recorded' WHERE family = ? AND component = ? AND attempt = ?")
-            .bind(&a.commit_sha)
-            .bind(&a.diff_stat)
-            .bind(&a.diff)
-            .bind(a.exit_code)
-            .bind(a.signal)
-            .bind(a.timed_out)
-            .bind(a.duration_ms as i64)
-            .bind(&a.handoff_status)
-            .bind(&a.handoff_summary)
-            .bind(&a.handoff_text)
-            .bind(a.finished_ms)
-            .bind(&a.family)
-            .bind(&a.component)
-            .bind(a.attempt as i64)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("begin attempt", || async move {
+            sqlx::query("INSERT INTO agent_attempts (family, component, attempt, commit_sha, diff_stat, diff, timed_out, duration_ms, job_before, verdict_before, reason_before, handoff_status, handoff_summary, handoff_text, started_ms, finished_ms, state, head_before, cookie, tries, kind) VALUES (?, ?, ?, '', '', '', 0, 0, ?, ?, ?, '', '', '', ?, 0, 'running', ?, ?, 1, ?) ON CONFLICT(family, component, attempt) DO UPDATE SET state = 'running', tries = tries + 1, head_before = excluded.head_before, cookie = excluded.cookie, started_ms = excluded.started_ms")
+                .bind(&a.family)
+                .bind(&a.component)
+                .bind(a.attempt as i64)
+                .bind(&a.job_before)
+                .bind(&a.verdict_before)
+                .bind(&a.reason_before)
+                .bind(a.started_ms)
+                .bind(&a.head_before)
+                .bind(&a.cookie)
+                .bind(&a.kind)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Records which run tests the attempt's commit.
@@ -1249,35 +1410,17 @@ impl Store {
         attempt: u32,
         job_after: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE agent_attempts SET job_after = ? WHERE family = ? AND component = ? AND attempt = ?")
-            .bind(job_after)
-            .bind(family)
-            .bind(component)
-            .bind(attempt as i64)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
-    }
-
-    /// Fills in the verdict of the run that tested an attempt, if `job_id`
-    /// is such a run.
-    pub async fn set_attempt_verdict(
-        &self,
-        job_id: &str,
-        verdict: &str,
-        reason: &str,
-        gpu_ms: u64,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE agent_attempts SET verdict_after = ?, reason_after = ?, gpu_ms_after = ? WHERE job_after = ?",
-        )
-        .bind(verdict)
-        .bind(reason)
-        .bind(gpu_ms as i64)
-        .bind(job_id)
-        .execute(&self.writer)
-        .await?;
-        Ok(())
+        self.write("set attempt job", || async move {
+            sqlx::query("UPDATE agent_attempts SET job_after = ? WHERE family = ? AND component = ? AND attempt = ?")
+                .bind(job_after)
+                .bind(family)
+                .bind(component)
+                .bind(attempt as i64)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// The ledger of a component, oldest attempt first.
@@ -1331,29 +1474,13 @@ impl Store {
     /// above `floor` (the highest id people already use in PORT_STATUS.md).
     /// Returns the id given.
     pub async fn raise_escape(&self, e: &EscapeRow, floor: u32) -> Result<String, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM escape_hatches WHERE family = ?")
-            .bind(&e.family)
-            .fetch_all(&mut *tx)
-            .await?;
-        let id = escape_id_after(&ids, floor);
-        let options = serde_json::to_string(&e.options).expect("strings serialize");
-        sqlx::query("INSERT INTO escape_hatches (family, id, component, attempt, phase, decision_type, question, recommended, options, safe_default, status, asked_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)")
-            .bind(&e.family)
-            .bind(&id)
-            .bind(&e.component)
-            .bind(e.attempt as i64)
-            .bind(&e.phase)
-            .bind(&e.decision_type)
-            .bind(&e.question)
-            .bind(&e.recommended)
-            .bind(options)
-            .bind(&e.safe_default)
-            .bind(now_ms())
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(id)
+        self.write("raise escape", || async move {
+            let mut tx = self.write_tx().await?;
+            let id = steps::insert_escape(&mut tx, e, floor).await?;
+            tx.commit().await?;
+            Ok(id)
+        })
+        .await
     }
 
     /// The id the next escape hatch of the port will get (see
@@ -1422,63 +1549,50 @@ impl Store {
         answer: &str,
         by: &str,
     ) -> Result<EscapeRow, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let status: Option<String> =
-            sqlx::query_scalar("SELECT status FROM escape_hatches WHERE family = ? AND id = ?")
+        self.write("answer escape", || async move {
+            let mut tx = self.write_tx().await?;
+            let status: Option<String> =
+                sqlx::query_scalar("SELECT status FROM escape_hatches WHERE family = ? AND id = ?")
+                    .bind(family)
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            match status.as_deref() {
+                None => {
+                    return Err(StoreError::UnknownEscape {
+                        family: family.into(),
+                        id: id.into(),
+                    });
+                }
+                Some("open") => {}
+                Some(other) => {
+                    return Err(StoreError::EscapeNotOpen {
+                        family: family.into(),
+                        id: id.into(),
+                        status: other.into(),
+                    });
+                }
+            }
+            sqlx::query("UPDATE escape_hatches SET status = 'answered', answer = ?, answered_by = ?, answered_ms = ? WHERE family = ? AND id = ?")
+                .bind(answer)
+                .bind(by)
+                .bind(now_ms())
                 .bind(family)
                 .bind(id)
-                .fetch_optional(&mut *tx)
+                .execute(&mut *tx)
                 .await?;
-        match status.as_deref() {
-            None => {
-                return Err(StoreError::UnknownEscape {
+            team::insert_action(&mut tx, family, team::Action::Answer, by, id).await?;
+            tx.commit().await?;
+            self.escapes(family)
+                .await?
+                .into_iter()
+                .find(|e| e.id == id)
+                .ok_or_else(|| StoreError::UnknownEscape {
                     family: family.into(),
                     id: id.into(),
-                });
-            }
-            Some("open") => {}
-            Some(other) => {
-                return Err(StoreError::EscapeNotOpen {
-                    family: family.into(),
-                    id: id.into(),
-                    status: other.into(),
-                });
-            }
-        }
-        sqlx::query("UPDATE escape_hatches SET status = 'answered', answer = ?, answered_by = ?, answered_ms = ? WHERE family = ? AND id = ?")
-            .bind(answer)
-            .bind(by)
-            .bind(now_ms())
-            .bind(family)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        team::insert_action(&mut tx, family, team::Action::Answer, by, id).await?;
-        tx.commit().await?;
-        self.escapes(family)
-            .await?
-            .into_iter()
-            .find(|e| e.id == id)
-            .ok_or_else(|| StoreError::UnknownEscape {
-                family: family.into(),
-                id: id.into(),
-            })
-    }
-
-    /// Marks the component's answered hatches as given to `attempt`.
-    pub async fn resolve_escapes(
-        &self,
-        family: &str,
-        component: &str,
-        attempt: u32,
-    ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE escape_hatches SET status = 'resolved', resolved_attempt = ? WHERE family = ? AND component = ? AND status = 'answered'")
-            .bind(attempt as i64)
-            .bind(family)
-            .bind(component)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+                })
+        })
+        .await
     }
 
     // ----- workers ---------------------------------------------------------
@@ -1490,15 +1604,18 @@ impl Store {
         gpus_json: &str,
         cpu_slots: u32,
     ) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO workers (worker_id, host, gpus, cpu_slots, last_seen_ms) VALUES (?, ?, ?, ?, ?) ON CONFLICT(worker_id) DO UPDATE SET host = excluded.host, gpus = excluded.gpus, cpu_slots = excluded.cpu_slots, last_seen_ms = excluded.last_seen_ms")
-            .bind(worker_id)
-            .bind(host)
-            .bind(gpus_json)
-            .bind(cpu_slots as i64)
-            .bind(now_ms())
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("upsert worker", || async move {
+            sqlx::query("INSERT INTO workers (worker_id, host, gpus, cpu_slots, last_seen_ms) VALUES (?, ?, ?, ?, ?) ON CONFLICT(worker_id) DO UPDATE SET host = excluded.host, gpus = excluded.gpus, cpu_slots = excluded.cpu_slots, last_seen_ms = excluded.last_seen_ms")
+                .bind(worker_id)
+                .bind(host)
+                .bind(gpus_json)
+                .bind(cpu_slots as i64)
+                .bind(now_ms())
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 }
 
@@ -1623,6 +1740,115 @@ mod tests {
             code_prefix: "examples/p/".into(),
             ..JobRecord::default()
         }
+    }
+
+    /// A real, small file system (tmpfs of `mib` MiB) at a fresh folder,
+    /// unmounted when dropped: a full disk without simulating one. Needs
+    /// root, as the tests run here and in CI; fails, never skips, without.
+    pub(crate) struct SmallDisk {
+        pub dir: tempfile::TempDir,
+    }
+
+    impl SmallDisk {
+        pub(crate) fn mount(mib: u32) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let out = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "fvd-test"])
+                .arg(dir.path())
+                .output()
+                .expect("run mount");
+            assert!(
+                out.status.success(),
+                "a full-disk test mounts a tmpfs and needs root: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Self { dir }
+        }
+
+        /// Fills the disk with one file: the next write that needs a block
+        /// fails with ENOSPC.
+        pub(crate) fn fill(&self) -> std::path::PathBuf {
+            use std::io::Write;
+            let path = self.dir.path().join("filler");
+            let mut f = std::fs::File::create(&path).unwrap();
+            let block = vec![0x5a_u8; 64 * 1024];
+            while f.write_all(&block).is_ok() {}
+            while f.write_all(&[0x5a]).is_ok() {}
+            path
+        }
+    }
+
+    impl Drop for SmallDisk {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
+        }
+    }
+
+    /// A transaction too large to fit on a full disk: it fails at commit.
+    fn big_job(family: &str) -> JobRecord {
+        JobRecord {
+            argv: vec!["x".repeat(64 * 1024)],
+            ..job(family, "a")
+        }
+    }
+
+    #[tokio::test]
+    async fn a_commit_that_fails_on_a_full_disk_leaves_the_writer_usable() {
+        let disk = SmallDisk::mount(2);
+        let store = Store::open_path(&disk.dir.path().join("state.db"))
+            .await
+            .unwrap();
+        store.create_port(&port("p"), &["a".into()]).await.unwrap();
+        let filler = disk.fill();
+        for _ in 0..3 {
+            let e = store.queue_job(&big_job("p")).await.unwrap_err();
+            assert!(faults::is_disk_fault(&e), "{e}");
+        }
+        let fault = store.write_fault().expect("the fault is known");
+        assert!(fault.error.contains("full"), "{fault:?}");
+        std::fs::remove_file(filler).unwrap();
+        // The failed commits left no transaction open on the writer: the
+        // next ones begin and commit (they were refused with "begin_with
+        // at non-zero transaction depth" until the process restarted).
+        let j = store.queue_job(&big_job("p")).await.unwrap();
+        assert_eq!(j.run_no, 1, "no failed try left a row");
+        store.queue_job(&job("p", "a")).await.unwrap();
+        assert_eq!(store.write_fault(), None);
+    }
+
+    #[tokio::test]
+    async fn with_write_retry_a_write_waits_for_the_disk_then_commits_once() {
+        let disk = SmallDisk::mount(2);
+        let store = Store::open_path(&disk.dir.path().join("state.db"))
+            .await
+            .unwrap()
+            .with_write_retry(faults::Backoff {
+                first: Duration::from_millis(1),
+                max: Duration::from_millis(20),
+            });
+        store.create_port(&port("p"), &["a".into()]).await.unwrap();
+        let mut faults = store.watch_write_faults();
+        let filler = disk.fill();
+        let writer = store.clone();
+        let write = fvd_telemetry::spawn(async move { writer.queue_job(&big_job("p")).await });
+        tokio::time::timeout(Duration::from_secs(20), faults.wait_for(Option::is_some))
+            .await
+            .expect("the fault is announced")
+            .unwrap();
+        assert!(!write.is_finished(), "the write waits for the disk");
+        std::fs::remove_file(filler).unwrap();
+        let j = tokio::time::timeout(Duration::from_secs(20), write)
+            .await
+            .expect("the write goes through once space returns")
+            .unwrap()
+            .unwrap();
+        assert_eq!(j.run_no, 1);
+        assert_eq!(store.write_fault(), None, "the fault is over");
+        let runs = store.jobs_of("p", "a").await.unwrap();
+        assert_eq!(runs.len(), 1, "committed once: {runs:?}");
     }
 
     /// job id, state, worker, epoch, GPUs, spawn time, whether it started.
@@ -1915,13 +2141,30 @@ mod tests {
             .await
             .unwrap();
         let ja = store.queue_job(&job("p", "a")).await.unwrap();
-        store.lease_job(&ja.job_id, "w", 1, &[]).await.unwrap();
+        store.lease_job(&ja.job_id, "w", 1, &[2, 3]).await.unwrap();
         store.queue_job(&job("p", "b")).await.unwrap();
+        let traced = store.queue_job(&job("p", "a#trace")).await.unwrap();
+        store.lease_job(&traced.job_id, "w", 2, &[]).await.unwrap();
         let mut abandoned = store.abandon_unfinished("p").await.unwrap();
         abandoned.sort();
-        assert_eq!(abandoned, vec!["a".to_string(), "b".to_string()]);
+        // a's own run in flight waits for its component to adopt it.
+        assert_eq!(abandoned, vec!["a#trace".to_string(), "b".to_string()]);
+        assert_eq!(
+            store.running_leases().await.unwrap(),
+            [(ja.job_id.clone(), "p".into(), "w".into(), 1, vec![2, 3])]
+        );
         assert!(store.abandon_unfinished("p").await.unwrap().is_empty());
+        // No worker runs it any more: abandoned once, then rerun.
+        assert!(store.abandon_job(&ja.job_id).await.unwrap());
+        assert!(!store.abandon_job(&ja.job_id).await.unwrap());
         let next = store.queue_job(&job("p", "a")).await.unwrap();
         assert_eq!(next.run_no, 2);
+        // A final component's run in flight is abandoned with the rest.
+        store.lease_job(&next.job_id, "w", 3, &[]).await.unwrap();
+        store
+            .set_component("p", "a", ComponentStatus::Blocked, "cancelled", "", "")
+            .await
+            .unwrap();
+        assert_eq!(store.abandon_unfinished("p").await.unwrap(), ["a"]);
     }
 }

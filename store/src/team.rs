@@ -98,12 +98,17 @@ impl Store {
         family: &str,
         identity: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE ports SET repo_identity = ? WHERE family = ? AND repo_identity = ''")
+        self.write("record repo identity", || async move {
+            sqlx::query(
+                "UPDATE ports SET repo_identity = ? WHERE family = ? AND repo_identity = ''",
+            )
             .bind(identity)
             .bind(family)
             .execute(&self.writer)
             .await?;
-        Ok(())
+            Ok(())
+        })
+        .await
     }
 
     /// An embedded store follows its checkout when it moves: the state
@@ -115,16 +120,19 @@ impl Store {
         repo: &str,
         identity: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE ports SET repo = ?, repo_identity = ?, updated_ms = ? WHERE family = ?",
-        )
-        .bind(repo)
-        .bind(identity)
-        .bind(now_ms())
-        .bind(family)
-        .execute(&self.writer)
-        .await?;
-        Ok(())
+        self.write("adopt checkout", || async move {
+            sqlx::query(
+                "UPDATE ports SET repo = ?, repo_identity = ?, updated_ms = ? WHERE family = ?",
+            )
+            .bind(repo)
+            .bind(identity)
+            .bind(now_ms())
+            .bind(family)
+            .execute(&self.writer)
+            .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Logs `action` by `actor` on `family`; a submit also becomes the
@@ -136,17 +144,20 @@ impl Store {
         actor: &str,
         detail: &str,
     ) -> Result<(), StoreError> {
-        let mut tx = self.write_tx().await?;
-        if matches!(action, Action::Submit | Action::Rerun) {
-            sqlx::query("UPDATE ports SET submitted_by = ? WHERE family = ?")
-                .bind(actor)
-                .bind(family)
-                .execute(&mut *tx)
-                .await?;
-        }
-        insert_action(&mut tx, family, action, actor, detail).await?;
-        tx.commit().await?;
-        Ok(())
+        self.write("record action", || async move {
+            let mut tx = self.write_tx().await?;
+            if matches!(action, Action::Submit | Action::Rerun) {
+                sqlx::query("UPDATE ports SET submitted_by = ? WHERE family = ?")
+                    .bind(actor)
+                    .bind(family)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            insert_action(&mut tx, family, action, actor, detail).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     /// The port's action log, oldest first (also what came before a reset).

@@ -90,23 +90,26 @@ impl Store {
         component: &str,
         job_id: &str,
     ) -> Result<i64, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let now = now_ms();
-        sqlx::query("UPDATE trace_investigations SET state = 'done', outcome = 'abandoned', summary = 'abandoned: the process investigating it stopped', finished_ms = ? WHERE family = ? AND component = ? AND state = 'running'")
-            .bind(now)
-            .bind(family)
-            .bind(component)
-            .execute(&mut *tx)
-            .await?;
-        let id: i64 = sqlx::query_scalar("INSERT INTO trace_investigations (family, component, job_id, state, started_ms) VALUES (?, ?, ?, 'running', ?) RETURNING id")
-            .bind(family)
-            .bind(component)
-            .bind(job_id)
-            .bind(now)
-            .fetch_one(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(id)
+        self.write("start trace", || async move {
+            let mut tx = self.write_tx().await?;
+            let now = now_ms();
+            sqlx::query("UPDATE trace_investigations SET state = 'done', outcome = 'abandoned', summary = 'abandoned: the process investigating it stopped', finished_ms = ? WHERE family = ? AND component = ? AND state = 'running'")
+                .bind(now)
+                .bind(family)
+                .bind(component)
+                .execute(&mut *tx)
+                .await?;
+            let id: i64 = sqlx::query_scalar("INSERT INTO trace_investigations (family, component, job_id, state, started_ms) VALUES (?, ?, ?, 'running', ?) RETURNING id")
+                .bind(family)
+                .bind(component)
+                .bind(job_id)
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(id)
+        })
+        .await
     }
 
     /// Records that step `step` of `investigation` runs as `job_id`.
@@ -118,16 +121,19 @@ impl Store {
         reference_layers: &str,
         job_id: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO trace_steps (investigation, step, layers, reference_layers, job_id, started_ms) VALUES (?, ?, ?, ?, ?, ?)")
-            .bind(investigation)
-            .bind(step as i64)
-            .bind(layers)
-            .bind(reference_layers)
-            .bind(job_id)
-            .bind(now_ms())
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("add trace step", || async move {
+            sqlx::query("INSERT INTO trace_steps (investigation, step, layers, reference_layers, job_id, started_ms) VALUES (?, ?, ?, ?, ?, ?)")
+                .bind(investigation)
+                .bind(step as i64)
+                .bind(layers)
+                .bind(reference_layers)
+                .bind(job_id)
+                .bind(now_ms())
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Records what a step found: its report (JSON) or why it has none.
@@ -140,17 +146,20 @@ impl Store {
         report_json: &str,
         error: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE trace_steps SET files_dir = ?, first_module = ?, report = ?, error = ?, finished_ms = ? WHERE investigation = ? AND step = ?")
-            .bind(files_dir)
-            .bind(first_module)
-            .bind(report_json)
-            .bind(error)
-            .bind(now_ms())
-            .bind(investigation)
-            .bind(step as i64)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("finish trace step", || async move {
+            sqlx::query("UPDATE trace_steps SET files_dir = ?, first_module = ?, report = ?, error = ?, finished_ms = ? WHERE investigation = ? AND step = ?")
+                .bind(files_dir)
+                .bind(first_module)
+                .bind(report_json)
+                .bind(error)
+                .bind(now_ms())
+                .bind(investigation)
+                .bind(step as i64)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Records how step `step` of `investigation` was compared.
@@ -160,17 +169,20 @@ impl Store {
         step: u32,
         t: &StepTransport,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE trace_steps SET compared_on = ?, files_bytes = ?, files = ?, wire_bytes = ?, compare_ms = ? WHERE investigation = ? AND step = ?")
-            .bind(&t.compared_on)
-            .bind(t.files_bytes as i64)
-            .bind(t.files as i64)
-            .bind(t.wire_bytes as i64)
-            .bind(t.compare_ms as i64)
-            .bind(investigation)
-            .bind(step as i64)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("set trace step transport", || async move {
+            sqlx::query("UPDATE trace_steps SET compared_on = ?, files_bytes = ?, files = ?, wire_bytes = ?, compare_ms = ? WHERE investigation = ? AND step = ?")
+                .bind(&t.compared_on)
+                .bind(t.files_bytes as i64)
+                .bind(t.files as i64)
+                .bind(t.wire_bytes as i64)
+                .bind(t.compare_ms as i64)
+                .bind(investigation)
+                .bind(step as i64)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Closes an investigation with its outcome and one-line summary.
@@ -180,14 +192,17 @@ impl Store {
         outcome: &str,
         summary: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE trace_investigations SET state = 'done', outcome = ?, summary = ?, finished_ms = ? WHERE id = ?")
-            .bind(outcome)
-            .bind(summary)
-            .bind(now_ms())
-            .bind(investigation)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("finish trace", || async move {
+            sqlx::query("UPDATE trace_investigations SET state = 'done', outcome = ?, summary = ?, finished_ms = ? WHERE id = ?")
+                .bind(outcome)
+                .bind(summary)
+                .bind(now_ms())
+                .bind(investigation)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// The latest investigation of a component, with its steps.

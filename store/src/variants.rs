@@ -55,38 +55,41 @@ impl Store {
         component: &str,
         rows: &[VariantRow],
     ) -> Result<(), StoreError> {
-        let mut tx = self.write_tx().await?;
-        let now = now_ms();
-        sqlx::query("UPDATE variant_runs SET state = 'abandoned', finished_ms = ? WHERE family = ? AND component = ? AND state = 'running'")
-            .bind(now)
-            .bind(family)
-            .bind(component)
-            .execute(&mut *tx)
-            .await?;
-        for (i, r) in rows.iter().enumerate() {
-            sqlx::query("INSERT OR REPLACE INTO variant_runs (family, component, red_job_id, position, name, env, job_id, state, verdict, reason, first_divergence, stat, drift, finding, trace_error, started_ms, finished_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        self.write("start variants", || async move {
+            let mut tx = self.write_tx().await?;
+            let now = now_ms();
+            sqlx::query("UPDATE variant_runs SET state = 'abandoned', finished_ms = ? WHERE family = ? AND component = ? AND state = 'running'")
+                .bind(now)
                 .bind(family)
                 .bind(component)
-                .bind(&r.red_job_id)
-                .bind(i as i64)
-                .bind(&r.name)
-                .bind(serde_json::to_string(&r.env).unwrap_or_default())
-                .bind(&r.job_id)
-                .bind(&r.state)
-                .bind(&r.verdict)
-                .bind(&r.reason)
-                .bind(&r.first_divergence)
-                .bind(&r.stat)
-                .bind(r.drift)
-                .bind(&r.finding)
-                .bind(&r.trace_error)
-                .bind(now)
-                .bind((r.state != "running").then_some(now))
                 .execute(&mut *tx)
                 .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+            for (i, r) in rows.iter().enumerate() {
+                sqlx::query("INSERT OR REPLACE INTO variant_runs (family, component, red_job_id, position, name, env, job_id, state, verdict, reason, first_divergence, stat, drift, finding, trace_error, started_ms, finished_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                    .bind(family)
+                    .bind(component)
+                    .bind(&r.red_job_id)
+                    .bind(i as i64)
+                    .bind(&r.name)
+                    .bind(serde_json::to_string(&r.env).unwrap_or_default())
+                    .bind(&r.job_id)
+                    .bind(&r.state)
+                    .bind(&r.verdict)
+                    .bind(&r.reason)
+                    .bind(&r.first_divergence)
+                    .bind(&r.stat)
+                    .bind(r.drift)
+                    .bind(&r.finding)
+                    .bind(&r.trace_error)
+                    .bind(now)
+                    .bind((r.state != "running").then_some(now))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Records what a variant's run found.
@@ -96,22 +99,25 @@ impl Store {
         component: &str,
         row: &VariantRow,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE variant_runs SET state = 'done', verdict = ?, reason = ?, first_divergence = ?, stat = ?, drift = ?, finding = ?, trace_error = ?, finished_ms = ? WHERE family = ? AND component = ? AND red_job_id = ? AND name = ?")
-            .bind(&row.verdict)
-            .bind(&row.reason)
-            .bind(&row.first_divergence)
-            .bind(&row.stat)
-            .bind(row.drift)
-            .bind(&row.finding)
-            .bind(&row.trace_error)
-            .bind(now_ms())
-            .bind(family)
-            .bind(component)
-            .bind(&row.red_job_id)
-            .bind(&row.name)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.write("finish variant", || async move {
+            sqlx::query("UPDATE variant_runs SET state = 'done', verdict = ?, reason = ?, first_divergence = ?, stat = ?, drift = ?, finding = ?, trace_error = ?, finished_ms = ? WHERE family = ? AND component = ? AND red_job_id = ? AND name = ?")
+                .bind(&row.verdict)
+                .bind(&row.reason)
+                .bind(&row.first_divergence)
+                .bind(&row.stat)
+                .bind(row.drift)
+                .bind(&row.finding)
+                .bind(&row.trace_error)
+                .bind(now_ms())
+                .bind(family)
+                .bind(component)
+                .bind(&row.red_job_id)
+                .bind(&row.name)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// The latest variant table of a component (baseline first, then the

@@ -344,7 +344,7 @@ fn answer(sb: &Sandbox, args: &[&str]) -> (Option<i32>, String) {
 
 /// `fvd attempts --json`: from the embedded state, or from the
 /// orchestrator at `url`.
-fn ledger_of(sb: &Sandbox, component: &str, url: Option<&str>) -> serde_json::Value {
+pub(crate) fn ledger_of(sb: &Sandbox, component: &str, url: Option<&str>) -> serde_json::Value {
     let mut cmd = fvd();
     cmd.args(["attempts", "tinyport", component, "--json"]);
     match url {

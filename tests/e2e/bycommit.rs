@@ -44,7 +44,7 @@ fn assert_hidden(hidden: &Path, repo: &Path) {
 }
 
 /// Starts `fvd worker` in its own mount namespace with `hidden` covered.
-fn spawn_hidden_worker(sb: &mut Sandbox, id: &str, extra: &[&str]) {
+pub(crate) fn spawn_hidden_worker(sb: &mut Sandbox, id: &str, extra: &[&str]) {
     let url = sb.url.clone().expect("serve() first");
     let ws = sb.dir.path().join(format!("ws-{id}"));
     let bin = env!("CARGO_BIN_EXE_fvd");

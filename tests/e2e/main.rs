@@ -5,6 +5,7 @@
 
 mod agent;
 mod bycommit;
+mod chaos;
 #[path = "../checks/mod.rs"]
 mod checks;
 mod coauthor;
@@ -12,6 +13,7 @@ mod containment;
 mod contracts;
 mod dashboard;
 mod dashboard_guard;
+mod durability;
 mod environment;
 mod fastvideo_checkout;
 mod fleet;
@@ -28,3 +30,4 @@ mod trace_checks;
 mod trace_port;
 mod variants;
 mod warm;
+mod workers;

@@ -215,6 +215,21 @@ impl Sandbox {
         std::fs::File::create(self.dir.path().join(format!("{name}.log"))).expect("log file")
     }
 
+    /// A log file that a restarted process continues: what the process
+    /// before it logged stays there for the test to read.
+    fn log_file_appended(&self, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{name}.log")))
+            .expect("log file")
+    }
+
+    /// What the orchestrator (every incarnation of it) logged so far.
+    pub fn orchestrator_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("orchestrator.log")).unwrap_or_default()
+    }
+
     /// Everything the sandbox's processes logged so far.
     pub fn logs(&self) -> String {
         let mut all = String::new();
@@ -234,6 +249,18 @@ impl Sandbox {
     /// Starts (or restarts, on the same database) the orchestrator on `addr`.
     pub fn serve_at(&mut self, addr: &str, extra: &[&str]) -> String {
         let db = self.dir.path().join("orchestrator.db");
+        self.serve_db(addr, &db, extra, &[])
+    }
+
+    /// Starts the orchestrator on `addr` with its database at `db` and
+    /// `env` added to its environment.
+    pub fn serve_db(
+        &mut self,
+        addr: &str,
+        db: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> String {
         let auth: Vec<String> = match &self.auth {
             Some(a) => vec!["--auth".into(), a.file.display().to_string()],
             None => Vec::new(),
@@ -243,9 +270,10 @@ impl Sandbox {
             .arg(format!("sqlite://{}", db.display()))
             .args(auth)
             .args(extra)
+            .envs(env.iter().copied())
             .env("FVD_LOG", LOG_FILTER)
             .stdout(Stdio::piped())
-            .stderr(self.log_file("orchestrator"))
+            .stderr(self.log_file_appended("orchestrator"))
             .spawn()
             .expect("spawn orchestrator");
         let mut line = String::new();
@@ -326,6 +354,7 @@ impl Sandbox {
         let i = self
             .workers
             .iter()
+            .rev()
             .find(|(w, _)| w == id)
             .map(|(_, i)| *i)
             .expect("known worker");
@@ -340,17 +369,19 @@ impl Sandbox {
         let i = self
             .workers
             .iter()
+            .rev()
             .find(|(w, _)| w == id)
             .map(|(_, i)| *i)
             .expect("known worker");
         self.children[i].id()
     }
 
-    /// SIGKILLs the worker process `id`.
+    /// SIGKILLs the worker process `id` (the latest one started under it).
     pub fn kill_worker(&mut self, id: &str) {
         let i = self
             .workers
             .iter()
+            .rev()
             .find(|(w, _)| w == id)
             .map(|(_, i)| *i)
             .expect("known worker");
@@ -564,5 +595,51 @@ fn pump(
                 ) => {}
             Err(_) => return,
         }
+    }
+}
+
+/// A real, small file system (a tmpfs of `mib` MiB) at a fresh folder,
+/// unmounted when dropped: a disk that fills up for real, not a simulated
+/// error. Needs root (the tests run as root here and in CI): it fails,
+/// never skips, without.
+#[derive(Debug)]
+pub struct SmallDisk {
+    pub dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    pub fn mount(mib: u32) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "fvd-test"])
+            .arg(dir.path())
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "a full-disk test mounts a tmpfs and needs root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self { dir }
+    }
+
+    /// Fills the disk with one file until the next block is refused.
+    pub fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.dir.path().join("filler");
+        let mut f = std::fs::File::create(&path).expect("filler");
+        let block = vec![0x5a_u8; 64 * 1024];
+        while f.write_all(&block).is_ok() {}
+        while f.write_all(&[0x5a]).is_ok() {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }

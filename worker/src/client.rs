@@ -51,6 +51,9 @@ pub struct WorkerConfig {
     pub code_cache_bytes: u64,
     /// The jail jobs, preflights and zygotes start in (`--job-sandbox`).
     pub jail: fvd_sandbox::Jail,
+    /// Most bytes of a run's output sent to the orchestrator, head and
+    /// tail kept (`--max-output-mib`, [`exec::DEFAULT_MAX_OUTPUT_BYTES`]).
+    pub max_output_bytes: u64,
 }
 
 impl WorkerConfig {
@@ -89,6 +92,11 @@ pub enum ClientError {
     Code(#[from] code::CodeError),
 }
 
+/// How long a worker whose id is taken keeps trying before it gives up:
+/// longer than the orchestrator's default lease TTL (5 s), after which a
+/// worker that died unnoticed is no longer alive to it.
+const ID_TAKEN_WAIT: Duration = Duration::from_secs(10);
+
 /// Jobs running on this worker: their lease and how to cancel them.
 type Running = Arc<Mutex<HashMap<String, (u64, CancellationToken)>>>;
 
@@ -98,6 +106,74 @@ type Running = Arc<Mutex<HashMap<String, (u64, CancellationToken)>>>;
 /// worker (perhaps with its environment fixed) checks again.
 type Preflights =
     Arc<Mutex<HashMap<(String, Vec<String>), Arc<tokio::sync::OnceCell<Result<(), String>>>>>>;
+
+/// Where jobs send their messages: the stream of the current session, or,
+/// while there is none (the orchestrator restarting, a partition), a
+/// buffer sent first on the next one. A job outlives the session that
+/// assigned it, so an orchestrator that restarted can adopt it: its start,
+/// output and result reach the new process. Output buffered meanwhile is
+/// capped ([`OUTBOX_LOG_BYTES`]); starts and results are always kept.
+#[derive(Clone, Default)]
+struct Outbox(Arc<tokio::sync::Mutex<OutboxState>>);
+
+#[derive(Default)]
+struct OutboxState {
+    tx: Option<mpsc::Sender<pb::WorkerMsg>>,
+    pending: std::collections::VecDeque<pb::WorkerMsg>,
+    log_bytes: usize,
+    dropped: u64,
+}
+
+/// Most bytes of job output buffered while no session is up.
+const OUTBOX_LOG_BYTES: usize = 8 * 1024 * 1024;
+
+impl Outbox {
+    async fn send(&self, m: pb::WorkerMsg) {
+        let mut st = self.0.lock().await;
+        let m = match &st.tx {
+            Some(tx) => match tx.send(m).await {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(m)) => {
+                    st.tx = None;
+                    m
+                }
+            },
+            None => m,
+        };
+        if let Some(pb::worker_msg::Msg::JobLog(l)) = &m.msg {
+            if st.log_bytes + l.data.len() > OUTBOX_LOG_BYTES {
+                st.dropped += l.data.len() as u64;
+                return;
+            }
+            st.log_bytes += l.data.len();
+        }
+        st.pending.push_back(m);
+    }
+
+    /// A session is up: what was buffered goes first, in order.
+    async fn attach(&self, tx: mpsc::Sender<pb::WorkerMsg>) {
+        let mut st = self.0.lock().await;
+        if st.dropped > 0 {
+            tracing::warn!(
+                bytes = st.dropped,
+                "job output produced while the orchestrator was unreachable was over the buffer and is lost"
+            );
+        }
+        while let Some(m) = st.pending.pop_front() {
+            if let Err(mpsc::error::SendError(m)) = tx.send(m).await {
+                st.pending.push_front(m);
+                return;
+            }
+        }
+        st.log_bytes = 0;
+        st.dropped = 0;
+        st.tx = Some(tx);
+    }
+
+    async fn detach(&self) {
+        self.0.lock().await.tx = None;
+    }
+}
 
 /// Code fetches waiting for their `CodeChunk`s, by request id.
 type Fetches = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Chunk>>>>;
@@ -149,7 +225,26 @@ async fn serve(
     link: LinkReporter,
 ) -> Result<(), ClientError> {
     let endpoint = fvd_proto::transport::endpoint(&config.orchestrator, config.tls_ca.as_deref())?;
+    // Before any job: what earlier workers of this workspace left running
+    // (their reaper gone with them) is ended, and this worker's own jobs
+    // get a reaper that outlives it.
+    let ws = config.workspace.clone();
+    if let Ok(swept) = fvd_telemetry::spawn_blocking(move || crate::leftovers::sweep(&ws)).await
+        && !swept.is_empty()
+    {
+        tracing::warn!(workspace = %config.workspace.display(), ended = ?swept, "ended processes an earlier worker of this workspace left running");
+    }
+    let _reaper = match crate::leftovers::Reaper::start(&crate::leftovers::marker(
+        &config.workspace,
+    )) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the reaper of this worker's jobs: if this worker is killed, its jobs are ended only when a worker starts on this workspace again");
+            None
+        }
+    };
     let running: Running = Arc::default();
+    let outbox = Outbox::default();
     let preflights: Preflights = Arc::default();
     let code = CodeLink {
         cache: CodeCache::open(
@@ -161,6 +256,8 @@ async fn serve(
         fetches: Arc::default(),
     };
     let mut backoff = Duration::from_millis(100);
+    // When the orchestrator first said this worker's id is taken.
+    let mut taken_since: Option<Instant> = None;
     loop {
         if shutdown.is_cancelled() {
             link.set(Link::Stopping);
@@ -172,6 +269,7 @@ async fn serve(
             &config,
             endpoint.clone(),
             &running,
+            &outbox,
             &preflights,
             &code,
             &shutdown,
@@ -190,6 +288,15 @@ async fn serve(
         });
         match outcome {
             Ok(()) => return Ok(()),
+            // Its id is held by a live worker: perhaps this worker's own
+            // previous process, killed a moment ago and not yet seen gone
+            // by the orchestrator (its lease expires within its TTL).
+            Err(Session::Refused(status))
+                if status.code() == tonic::Code::AlreadyExists
+                    && taken_since.get_or_insert_with(Instant::now).elapsed() < ID_TAKEN_WAIT =>
+            {
+                tracing::warn!(worker = %config.worker_id, why = %status.message(), "worker id taken; trying again in case it is this worker's previous process");
+            }
             Err(Session::Refused(status)) => {
                 return Err(ClientError::Refused {
                     url: config.orchestrator.clone(),
@@ -203,6 +310,7 @@ async fn serve(
         // A session that lived a while resets the backoff.
         if started.elapsed() > Duration::from_secs(10) {
             backoff = Duration::from_millis(100);
+            taken_since = None;
         }
         tokio::select! {
             _ = shutdown.cancelled() => {
@@ -228,6 +336,7 @@ async fn session(
     config: &WorkerConfig,
     endpoint: tonic::transport::Endpoint,
     running: &Running,
+    outbox: &Outbox,
     preflights: &Preflights,
     code: &CodeLink,
     shutdown: &CancellationToken,
@@ -241,16 +350,62 @@ async fn session(
     let mut client =
         WorkerServiceClient::with_interceptor(channel, ClientAuth::new(config.token.clone()));
     let (tx, rx) = mpsc::channel::<pb::WorkerMsg>(256);
-    tx.send(msg(pb::worker_msg::Msg::Register(register(config))))
-        .await
-        .map_err(|_| Session::Lost("stream closed".into()))?;
+    tx.send(msg(pb::worker_msg::Msg::Register(register(
+        config, running,
+    ))))
+    .await
+    .map_err(|_| Session::Lost("stream closed".into()))?;
     let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
-        Err(status) if status.code() == tonic::Code::Unavailable => {
-            return Err(Session::Lost(status.to_string()));
-        }
-        Err(status) => return Err(Session::Refused(status)),
+        Err(status) if refused(&status) => return Err(Session::Refused(status)),
+        // A reset connection, a proxy's error, an orchestrator restarting:
+        // tried again with backoff.
+        Err(status) => return Err(Session::Lost(status.to_string())),
     };
+    // Registered: what the jobs said meanwhile goes first.
+    outbox.attach(tx.clone()).await;
+    let served = serve_session(
+        config,
+        &tx,
+        &mut inbound,
+        running,
+        outbox,
+        preflights,
+        code,
+        shutdown,
+        drain,
+        link,
+    )
+    .await;
+    outbox.detach().await;
+    served?;
+    // Drained or stopped. Close our side and wait (bounded) for the
+    // orchestrator to close its side: it reads our last results before it
+    // sees the end, so none is lost to the disconnect, and it queues again
+    // the jobs handed back.
+    drop(tx);
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(_)) = inbound.message().await {}
+    })
+    .await;
+    Ok(())
+}
+
+/// One registered session, until it is lost (`Err`) or the worker has
+/// drained or stopped (`Ok`).
+#[allow(clippy::too_many_arguments)]
+async fn serve_session(
+    config: &WorkerConfig,
+    tx: &mpsc::Sender<pb::WorkerMsg>,
+    inbound: &mut tonic::Streaming<pb::OrchestratorMsg>,
+    running: &Running,
+    outbox: &Outbox,
+    preflights: &Preflights,
+    code: &CodeLink,
+    shutdown: &CancellationToken,
+    drain: &CancellationToken,
+    link: &LinkReporter,
+) -> Result<(), Session> {
     let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
     let mut drain_sent = false;
     loop {
@@ -297,7 +452,7 @@ async fn session(
                         if matches!(m.msg, Some(pb::orchestrator_msg::Msg::Registered(_))) && !drain.is_cancelled() {
                             link.set(Link::Registered);
                         }
-                        handle(config, m, &tx, running, preflights, code, shutdown)
+                        handle(config, m, outbox, running, preflights, code, shutdown)
                     }
                     Ok(None) => return Err(Session::Lost("orchestrator closed the stream".into())),
                     Err(status) => return Err(Session::Lost(status.to_string())),
@@ -305,24 +460,37 @@ async fn session(
             }
         }
     }
-    // Drained or stopped. Close our side and wait (bounded) for the
-    // orchestrator to close its side: it reads our last results before it
-    // sees the end, so none is lost to the disconnect, and it queues again
-    // the jobs handed back.
-    drop(tx);
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(Some(_)) = inbound.message().await {}
-    })
-    .await;
     Ok(())
+}
+
+/// Whether the orchestrator refused this worker for good: a token it does
+/// not take, or its worker id held by another live worker. Every other
+/// status (a TCP reset during the registration, `Unknown`, `Internal`,
+/// `Unavailable`) is a transport error, retried with backoff: one reset
+/// used to make a worker exit 2.
+fn refused(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied | tonic::Code::AlreadyExists
+    )
 }
 
 fn msg(m: pb::worker_msg::Msg) -> pb::WorkerMsg {
     pb::WorkerMsg { msg: Some(m) }
 }
 
-fn register(config: &WorkerConfig) -> pb::Register {
+fn register(config: &WorkerConfig, running: &Running) -> pb::Register {
     pb::Register {
+        incarnation: crate::leftovers::incarnation(),
+        running: running
+            .lock()
+            .expect("running lock")
+            .iter()
+            .map(|(id, (epoch, _))| pb::RunningJob {
+                job_id: id.clone(),
+                lease_epoch: *epoch,
+            })
+            .collect(),
         worker_id: config.worker_id.clone(),
         host: config.host.clone(),
         gpus: config
@@ -345,7 +513,7 @@ fn register(config: &WorkerConfig) -> pb::Register {
 fn handle(
     config: &WorkerConfig,
     m: pb::OrchestratorMsg,
-    tx: &mpsc::Sender<pb::WorkerMsg>,
+    tx: &Outbox,
     running: &Running,
     preflights: &Preflights,
     code: &CodeLink,
@@ -426,8 +594,7 @@ fn handle(
                             ..Default::default()
                         };
                         if !handed_back(&finished, &stopping).await {
-                            let _ = tx
-                                .send(msg(pb::worker_msg::Msg::JobFinished(finished)))
+                            tx.send(msg(pb::worker_msg::Msg::JobFinished(finished)))
                                 .await;
                         }
                         return;
@@ -470,8 +637,7 @@ fn handle(
                     tracing::info!(job = %job_id, "job cut short by the worker's stop: no result sent; the orchestrator queues it again");
                     return;
                 }
-                let _ = tx
-                    .send(msg(pb::worker_msg::Msg::JobFinished(finished)))
+                tx.send(msg(pb::worker_msg::Msg::JobFinished(finished)))
                     .await;
             });
         }
@@ -496,7 +662,7 @@ fn handle(
 async fn place(
     code: &CodeLink,
     a: &pb::AssignJob,
-    tx: &mpsc::Sender<pb::WorkerMsg>,
+    tx: &Outbox,
     cancel: &CancellationToken,
 ) -> Result<code::Placed, String> {
     let job = JobCode {
@@ -517,10 +683,8 @@ async fn place(
             commit: a.commit.clone(),
             have,
         };
-        tx.send(msg(pb::worker_msg::Msg::FetchCode(ask)))
-            .await
-            .map_err(|_| "the stream to the orchestrator closed".to_string())?;
-        Ok(from)
+        tx.send(msg(pb::worker_msg::Msg::FetchCode(ask))).await;
+        Ok::<_, String>(from)
     };
     let placed = code.cache.place(&job, fetch, cancel).await?;
     tracing::info!(job = %a.job_id, mode = ?placed.mode, cwd = %placed.cwd.display(), "the job's code is placed");
@@ -666,7 +830,7 @@ pub const REPO_DIR: &str = "{repo}";
 async fn run_assigned(
     config: &WorkerConfig,
     a: pb::AssignJob,
-    tx: &mpsc::Sender<pb::WorkerMsg>,
+    tx: &Outbox,
     cancel: CancellationToken,
 ) -> pb::JobFinished {
     let mut finished = pb::JobFinished {
@@ -704,6 +868,11 @@ async fn run_assigned(
     if !withheld.is_empty() {
         tracing::warn!(job = %a.job_id, variables = ?withheld, "the spec names the worker's own credential: not passed to the test");
     }
+    // Finds the job's processes if this worker dies ([`crate::leftovers`]).
+    env.push((
+        crate::leftovers::WORKER_ENV.to_string(),
+        crate::leftovers::marker(&config.workspace),
+    ));
     let mut spec = JobSpec {
         job_id: a.job_id.clone(),
         argv,
@@ -797,13 +966,11 @@ async fn run_assigned(
                     }),
                     JobEvent::Stopping { .. } => continue,
                 };
-                if tx.send(msg(m)).await.is_err() {
-                    break;
-                }
+                tx.send(msg(m)).await;
             }
         })
     };
-    let outcome = exec::run_job(spec, etx, cancel).await;
+    let outcome = exec::run_job_capped(spec, etx, cancel, config.max_output_bytes).await;
     // Every log chunk leaves before the result does.
     let _ = forward.await;
     match outcome {
@@ -943,6 +1110,29 @@ fn sanitize(job_id: &str) -> String {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn only_a_refused_token_or_a_taken_id_stops_a_worker() {
+        use tonic::Code;
+        for code in [
+            Code::Unauthenticated,
+            Code::PermissionDenied,
+            Code::AlreadyExists,
+        ] {
+            assert!(refused(&tonic::Status::new(code, "no")), "{code:?}");
+        }
+        for code in [
+            Code::Unavailable,
+            Code::Unknown,
+            Code::Internal,
+            Code::Cancelled,
+            Code::DeadlineExceeded,
+            Code::ResourceExhausted,
+            Code::InvalidArgument,
+        ] {
+            assert!(!refused(&tonic::Status::new(code, "reset")), "{code:?}");
+        }
+    }
 
     #[test]
     fn a_job_scratch_folder_stays_under_jobs() {

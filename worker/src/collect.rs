@@ -17,6 +17,11 @@ use fvd_contracts::redactor::Redactor;
 /// tonic decodes by default, with room for the output tail and JUnit text.
 pub const MAX_COLLECT_BYTES: u64 = 3 * 1024 * 1024;
 
+/// Most files one report carries: a traced rerun leaves a few rank files
+/// per side; 50,000 small files would be 50,000 writes at the
+/// orchestrator.
+pub const MAX_COLLECT_FILES: usize = 1024;
+
 /// One collected file: path relative to the folder (`/`-separated) and its
 /// bytes, already redacted of secret values.
 pub type Collected = (String, Vec<u8>);
@@ -33,6 +38,14 @@ pub enum CollectError {
         files: usize,
         limit: u64,
     },
+    #[error(
+        "collected folder {dir} holds {files} files, over the {limit} file limit of what a job may send back; nothing was sent"
+    )]
+    TooMany {
+        dir: PathBuf,
+        files: usize,
+        limit: usize,
+    },
     #[error("cannot read collected folder {dir}: {source}")]
     Read {
         dir: PathBuf,
@@ -47,6 +60,13 @@ pub enum CollectError {
 pub fn collect(dir: &Path, limit: u64, secrets: &Redactor) -> Result<Vec<Collected>, CollectError> {
     let listed = list(dir)?;
     // Sizes first: an oversized folder is refused before anything is read.
+    if listed.len() > MAX_COLLECT_FILES {
+        return Err(CollectError::TooMany {
+            dir: dir.to_path_buf(),
+            files: listed.len(),
+            limit: MAX_COLLECT_FILES,
+        });
+    }
     let bytes: u64 = listed.iter().map(|l| l.len).sum();
     if bytes > limit {
         return Err(CollectError::TooLarge {
@@ -201,6 +221,26 @@ mod tests {
         let names: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(names, ["port/rank0.jsonl", "port/rank1.jsonl", "ref.jsonl"]);
         assert_eq!(got[2].1, b"key=[redacted:K]!");
+    }
+
+    #[test]
+    fn a_folder_of_too_many_files_sends_none() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..=MAX_COLLECT_FILES {
+            std::fs::write(dir.path().join(format!("f{i}")), "x").unwrap();
+        }
+        let e = collect(dir.path(), MAX_COLLECT_BYTES, &Redactor::default()).unwrap_err();
+        assert!(
+            matches!(e, CollectError::TooMany { files, .. } if files == MAX_COLLECT_FILES + 1),
+            "{e}"
+        );
+        std::fs::remove_file(dir.path().join("f0")).unwrap();
+        assert_eq!(
+            collect(dir.path(), MAX_COLLECT_BYTES, &Redactor::default())
+                .unwrap()
+                .len(),
+            MAX_COLLECT_FILES
+        );
     }
 
     #[test]

@@ -51,6 +51,13 @@ pub const JUNIT_PLACEHOLDER: &str = "{junitxml}";
 /// Most bytes of combined output kept in [`JobOutcome::output_tail`].
 pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
 
+/// Most bytes of a run's output streamed as [`JobEvent::Output`] by
+/// default (`fvd worker --max-output-mib`): the first half as it comes,
+/// then, per stream, the last quarter, sent when the run ends behind a
+/// line that says how much was left out. 300 MiB of test output once
+/// became 611 MB of database for one run.
+pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
+
 /// How long to wait for the output pipes to close once every process of the
 /// job is gone; a holder fvd could not find (see the module doc) must not
 /// hang the worker.
@@ -355,6 +362,18 @@ pub async fn run_job(
     events: mpsc::Sender<JobEvent>,
     cancel: CancellationToken,
 ) -> Result<JobOutcome, ExecError> {
+    run_job_capped(spec, events, cancel, DEFAULT_MAX_OUTPUT_BYTES).await
+}
+
+/// [`run_job`], streaming at most `max_output` bytes of output (head and
+/// tail kept; see [`DEFAULT_MAX_OUTPUT_BYTES`]). The output tail and the
+/// byte counts of the outcome still see all of it.
+pub async fn run_job_capped(
+    spec: JobSpec,
+    events: mpsc::Sender<JobEvent>,
+    cancel: CancellationToken,
+    max_output: u64,
+) -> Result<JobOutcome, ExecError> {
     let job_id = spec.job_id.clone();
     let Some(program) = spec.argv.first().cloned() else {
         return Err(ExecError::EmptyArgv { job_id });
@@ -470,7 +489,7 @@ pub async fn run_job(
             )));
         }
     }
-    let pump = fvd_telemetry::spawn(pump(raw_rx, events, secrets.clone()));
+    let pump = fvd_telemetry::spawn(pump(raw_rx, events, secrets.clone(), max_output));
 
     let ended = wait_or_stop(&mut child, &spec, start, pid, &cookie, &raw_tx, &cancel).await?;
     let duration = start.elapsed();
@@ -780,16 +799,20 @@ async fn notify(tx: &mpsc::Sender<Raw>, reason: StopReason) {
 }
 
 /// Redact, number and forward output; keep the tail. Returns the tail and
-/// the byte count per stream.
+/// the byte count per stream. Past `max_output / 2` bytes streamed, output
+/// is held back per stream (its last `max_output / 4` bytes kept) and sent
+/// when the run ends, after a line saying how much was left out.
 async fn pump(
     mut rx: mpsc::Receiver<Raw>,
     events: mpsc::Sender<JobEvent>,
     secrets: Redactor,
+    max_output: u64,
 ) -> (String, (u64, u64)) {
     let mut redactors = [secrets.stream(), secrets.stream()];
     let mut offsets = [0u64; 2];
     let mut seq = 0u64;
     let mut tail: VecDeque<u8> = VecDeque::new();
+    let mut cap = OutputCap::new(max_output);
     let mut open = true;
     while let Some(msg) = rx.recv().await {
         let (stream, data) = match msg {
@@ -811,6 +834,9 @@ async fn pump(
         }
         let offset = offsets[idx(stream)];
         offsets[idx(stream)] += data.len() as u64;
+        let Some(data) = cap.head(stream, offset, data) else {
+            continue;
+        };
         if open {
             let ev = JobEvent::Output {
                 stream,
@@ -822,11 +848,105 @@ async fn pump(
         }
         seq += 1;
     }
+    for ev in cap.finish(&mut seq) {
+        if open {
+            open = events.send(ev).await.is_ok();
+        }
+    }
     let tail: Vec<u8> = tail.into();
     (
         String::from_utf8_lossy(&tail).into_owned(),
         (offsets[0], offsets[1]),
     )
+}
+
+/// The cap on a run's streamed output: a head sent as it comes, then per
+/// stream a tail held back (its oldest bytes dropped) until the end.
+#[derive(Debug)]
+struct OutputCap {
+    max: u64,
+    /// Bytes of the head still to send.
+    head_left: u64,
+    /// Most bytes held per stream.
+    tail_max: usize,
+    /// Per stream: the held bytes and the stream offset of the first.
+    held: [(VecDeque<u8>, u64); 2],
+    /// Per stream: bytes dropped from the middle.
+    dropped: [u64; 2],
+}
+
+impl OutputCap {
+    fn new(max: u64) -> Self {
+        Self {
+            max,
+            head_left: max / 2,
+            tail_max: (max / 4) as usize,
+            held: Default::default(),
+            dropped: [0; 2],
+        }
+    }
+
+    /// What of `data` (at `offset` of `stream`) is sent now; the rest is
+    /// held for the tail.
+    fn head(&mut self, stream: OutputStream, offset: u64, mut data: Vec<u8>) -> Option<Vec<u8>> {
+        let now = (data.len() as u64).min(self.head_left) as usize;
+        self.head_left -= now as u64;
+        let rest = data.split_off(now);
+        if !rest.is_empty() {
+            let (held, start) = &mut self.held[idx(stream)];
+            if held.is_empty() {
+                *start = offset + now as u64;
+            }
+            held.extend(rest);
+            if held.len() > self.tail_max {
+                let over = held.len() - self.tail_max;
+                held.drain(..over);
+                *start += over as u64;
+                self.dropped[idx(stream)] += over as u64;
+            }
+        }
+        (!data.is_empty()).then_some(data)
+    }
+
+    /// The held tails, each behind a line saying what was left out.
+    fn finish(&mut self, seq: &mut u64) -> Vec<JobEvent> {
+        let mut out = Vec::new();
+        for stream in [OutputStream::Stdout, OutputStream::Stderr] {
+            let (held, start) = std::mem::take(&mut self.held[idx(stream)]);
+            let dropped = self.dropped[idx(stream)];
+            if dropped > 0 {
+                let note = format!(
+                    "\n[fvd: {dropped} bytes of this run's {} left out here: its output passed the {} byte cap; the head and the last {} bytes are kept]\n",
+                    match stream {
+                        OutputStream::Stdout => "stdout",
+                        OutputStream::Stderr => "stderr",
+                    },
+                    self.max,
+                    held.len()
+                );
+                out.push(JobEvent::Output {
+                    stream,
+                    seq: *seq,
+                    offset: start,
+                    data: note.into_bytes(),
+                });
+                *seq += 1;
+            }
+            // In chunks of the usual size: one message of the whole tail
+            // would pass gRPC's 4 MiB limit and break the stream.
+            let held: Vec<u8> = held.into();
+            for (i, piece) in held.chunks(CHUNK).enumerate() {
+                out.push(JobEvent::Output {
+                    stream,
+                    seq: *seq,
+                    offset: start + (i * CHUNK) as u64,
+                    data: piece.to_vec(),
+                });
+                *seq += 1;
+            }
+        }
+        out
+    }
 }
 
 fn idx(s: OutputStream) -> usize {
@@ -919,6 +1039,92 @@ pub fn job_processes(pgid: i32, cookie: Option<&str>) -> Vec<ProcInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn output_past_the_cap_keeps_its_head_and_tail_and_says_what_it_left_out() {
+        let (raw_tx, raw_rx) = mpsc::channel(64);
+        let (tx, mut rx) = mpsc::channel(1024);
+        let pumped = fvd_telemetry::spawn(pump(raw_rx, tx, Redactor::default(), 1000));
+        // 3,000 bytes on stdout (byte i is i % 251), 10 on stderr at the end.
+        let all: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        for c in all.chunks(100) {
+            raw_tx
+                .send(Raw::Chunk(OutputStream::Stdout, c.to_vec()))
+                .await
+                .unwrap();
+        }
+        raw_tx
+            .send(Raw::Chunk(OutputStream::Stderr, b"last words".to_vec()))
+            .await
+            .unwrap();
+        raw_tx.send(Raw::Eof(OutputStream::Stdout)).await.unwrap();
+        raw_tx.send(Raw::Eof(OutputStream::Stderr)).await.unwrap();
+        drop(raw_tx);
+        let (_, bytes) = pumped.await.unwrap();
+        assert_eq!(bytes, (3000, 10), "the counts see everything");
+        let mut got = Vec::new();
+        while let Ok(JobEvent::Output {
+            stream,
+            seq,
+            offset,
+            data,
+        }) = rx.try_recv()
+        {
+            got.push((stream, seq, offset, data));
+        }
+        let seqs: Vec<u64> = got.iter().map(|g| g.1).collect();
+        assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>(), "dense");
+        let head: Vec<u8> = got
+            .iter()
+            .filter(|g| g.0 == OutputStream::Stdout && g.2 < 500)
+            .flat_map(|g| g.3.clone())
+            .collect();
+        assert_eq!(head, all[..500], "the first half of the cap, as it came");
+        let (_, _, at, note) = &got[got.len() - 3];
+        assert_eq!(*at, 2750);
+        let note = String::from_utf8_lossy(note);
+        assert!(
+            note.contains("2250 bytes of this run's stdout left out"),
+            "{note}"
+        );
+        let (s, _, at, tail) = &got[got.len() - 2];
+        assert_eq!((*s, *at), (OutputStream::Stdout, 2750));
+        assert_eq!(tail[..], all[2750..], "the last quarter of the cap");
+        let (s, _, _, last) = &got[got.len() - 1];
+        assert_eq!((*s, &last[..]), (OutputStream::Stderr, &b"last words"[..]));
+        let streamed: usize = got.iter().map(|g| g.3.len()).sum();
+        assert!(streamed < 1000 + 200, "{streamed} bytes streamed");
+    }
+
+    #[tokio::test]
+    async fn a_held_tail_leaves_in_chunks_of_the_usual_size() {
+        let (raw_tx, raw_rx) = mpsc::channel(64);
+        let (tx, mut rx) = mpsc::channel(4096);
+        let max = 8 * CHUNK as u64;
+        let pumped = fvd_telemetry::spawn(pump(raw_rx, tx, Redactor::default(), max));
+        for _ in 0..40 {
+            raw_tx
+                .send(Raw::Chunk(OutputStream::Stdout, vec![b'x'; CHUNK]))
+                .await
+                .unwrap();
+        }
+        drop(raw_tx);
+        pumped.await.unwrap();
+        let mut sizes = Vec::new();
+        let mut next = None;
+        while let Ok(JobEvent::Output { offset, data, .. }) = rx.try_recv() {
+            assert!(data.len() <= CHUNK, "a chunk of {} bytes", data.len());
+            if data[0] == b'x' {
+                if let Some(n) = next {
+                    assert!(offset >= n, "offsets go forward");
+                }
+                next = Some(offset + data.len() as u64);
+            }
+            sizes.push(data.len());
+        }
+        let total: usize = sizes.iter().sum();
+        assert!((6 * CHUNK..6 * CHUNK + 512).contains(&total), "{total}");
+    }
 
     fn spec_with(vals: &[(&str, &str)], worker: &[(&str, &str)]) -> JobSpec {
         JobSpec {

@@ -8,4 +8,5 @@ pub mod collect;
 pub mod exec;
 pub mod gpu;
 pub mod health;
+pub mod leftovers;
 pub mod zygote;

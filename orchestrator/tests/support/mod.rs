@@ -84,6 +84,14 @@ impl Harness {
 
     /// With `token`, every call must carry it.
     pub async fn start_with(token: Option<Token>) -> Self {
+        Self::start_config(token, |_| {}).await
+    }
+
+    /// With `token`, and the server's config changed by `change`.
+    pub async fn start_config(
+        token: Option<Token>,
+        change: impl FnOnce(&mut ServerConfig),
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(dir.path().join("repo")).expect("repo folder");
         let store = Store::open_path(&dir.path().join("state.db"))
@@ -96,6 +104,7 @@ impl Harness {
                 // Leases are checked when a test moves the clock ([`Self::expire`]).
                 tick: Duration::from_secs(3600),
                 fixed_fleet: false,
+                ..SchedulerConfig::default()
             },
             token: token.clone(),
             clock: clock.clone(),
@@ -104,6 +113,8 @@ impl Harness {
             resume_on_start: false,
             ..ServerConfig::default()
         };
+        let mut config = config;
+        change(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");

@@ -41,6 +41,8 @@ pub fn register(id: &str, gpus: u32, cpu_slots: u32) -> pb::Register {
         labels: HashMap::new(),
         version: "sim".into(),
         provides: Vec::new(),
+        // As an older worker: no incarnation, nothing running.
+        ..Default::default()
     }
 }
 

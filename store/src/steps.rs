@@ -1,0 +1,308 @@
+//! The component actor's steps, each one transaction: a step's record and
+//! the component's state it leads to are committed together, so a crash
+//! between them cannot happen (issue #27). Before, a kill after an agent's
+//! attempt was recorded and before its question was raised lost the
+//! question (the attempt was retried with no answer), and a kill after a
+//! red verdict was recorded and before the component moved on tested the
+//! same commit again.
+//!
+//! The statement helpers take a connection, so the steps here and the
+//! plain writes of the crate root ([`Store::queue_jobs`],
+//! [`Store::raise_escape`]) share them.
+
+use sqlx::SqliteConnection;
+
+use crate::model::{JobRecord, JobResult};
+use crate::states::{ComponentStatus, JobState};
+use crate::{AttemptRow, EscapeRow, Store, StoreError, escape_id_after, now_ms};
+
+/// A component's state as one step sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ComponentNext<'a> {
+    pub status: ComponentStatus,
+    pub verdict: &'a str,
+    pub reason: &'a str,
+    pub worker_id: &'a str,
+}
+
+/// What a recorded agent attempt leads to, committed with its ledger row.
+#[derive(Debug, Clone, Copy)]
+pub enum AttemptNext<'a> {
+    /// The agent asked a person: `escape` is raised under the next `E###`
+    /// id (above `floor`) and the component waits in `ask_user` for it
+    /// (reason `waiting for an answer to E###: QUESTION`).
+    Ask {
+        escape: &'a EscapeRow,
+        floor: u32,
+        verdict: &'a str,
+        worker_id: &'a str,
+    },
+    /// The component ends (blocked, with the reason).
+    End(ComponentNext<'a>),
+    /// The attempt's commit is tested by a new run: `job` is queued and
+    /// named the attempt's `job_after`.
+    Test(&'a JobRecord),
+}
+
+/// What [`Store::record_attempt_step`] did beside recording the attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptRecorded {
+    /// The question was raised under this id.
+    Asked(String),
+    /// The component ended.
+    Ended,
+    /// This run tests the attempt.
+    Queued(JobRecord),
+    /// The component was already final (the port was cancelled while the
+    /// agent ran): the attempt is recorded, nothing else changed.
+    AlreadyFinal,
+}
+
+impl Store {
+    /// Records a run's verdict (only while the job still runs under
+    /// `epoch`), the component's next state and, for an agent component,
+    /// the verdict of the attempt the run tested (`attempt_gpu_ms`: the
+    /// run's GPU time), in one transaction. False, with nothing written,
+    /// for a stale or duplicate result.
+    pub async fn record_verdict(
+        &self,
+        job_id: &str,
+        epoch: u64,
+        result: &JobResult,
+        next: ComponentNext<'_>,
+        attempt_gpu_ms: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        self.write("record verdict", || async move {
+            let mut tx = self.write_tx().await?;
+            let now = now_ms();
+            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
+                .bind(JobState::Finished.as_str())
+                .bind(&result.verdict)
+                .bind(&result.reason)
+                .bind(result.exit_code)
+                .bind(result.signal)
+                .bind(result.duration_ms as i64)
+                .bind(&result.junit_xml)
+                .bind(&result.output_tail)
+                .bind(now)
+                .bind(job_id)
+                .bind(epoch as i64)
+                .bind(JobState::Running.as_str())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if done == 0 {
+                return Ok(false);
+            }
+            let (family, component): (String, String) =
+                sqlx::query_as("SELECT family, component FROM jobs WHERE job_id = ?")
+                    .bind(job_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            set_component(&mut tx, &family, &component, next, now).await?;
+            if let Some(gpu_ms) = attempt_gpu_ms {
+                sqlx::query(
+                    "UPDATE agent_attempts SET verdict_after = ?, reason_after = ?, gpu_ms_after = ? WHERE job_after = ?",
+                )
+                .bind(&result.verdict)
+                .bind(&result.reason)
+                .bind(gpu_ms as i64)
+                .bind(job_id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Completes an attempt's ledger row (state `recorded`) with what the
+    /// agent did, marks the answers it was given resolved (`resolve`), and
+    /// commits what the attempt leads to ([`AttemptNext`]) in the same
+    /// transaction, unless the component is already final.
+    pub async fn record_attempt_step(
+        &self,
+        a: &AttemptRow,
+        resolve: bool,
+        then: AttemptNext<'_>,
+    ) -> Result<AttemptRecorded, StoreError> {
+        self.write("record attempt", || async move {
+            let mut tx = self.write_tx().await?;
+            let now = now_ms();
+            sqlx::query("UPDATE agent_attempts SET commit_sha = ?, diff_stat = ?, diff = ?, exit_code = ?, signal = ?, timed_out = ?, duration_ms = ?, handoff_status = ?, handoff_summary = ?, handoff_text = ?, finished_ms = ?, state = 'recorded' WHERE family = ? AND component = ? AND attempt = ?")
+                .bind(&a.commit_sha)
+                .bind(&a.diff_stat)
+                .bind(&a.diff)
+                .bind(a.exit_code)
+                .bind(a.signal)
+                .bind(a.timed_out)
+                .bind(a.duration_ms as i64)
+                .bind(&a.handoff_status)
+                .bind(&a.handoff_summary)
+                .bind(&a.handoff_text)
+                .bind(a.finished_ms)
+                .bind(&a.family)
+                .bind(&a.component)
+                .bind(a.attempt as i64)
+                .execute(&mut *tx)
+                .await?;
+            if resolve {
+                sqlx::query("UPDATE escape_hatches SET status = 'resolved', resolved_attempt = ? WHERE family = ? AND component = ? AND status = 'answered'")
+                    .bind(a.attempt as i64)
+                    .bind(&a.family)
+                    .bind(&a.component)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let status: String =
+                sqlx::query_scalar("SELECT status FROM components WHERE family = ? AND name = ?")
+                    .bind(&a.family)
+                    .bind(&a.component)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            let status: ComponentStatus =
+                status.parse().map_err(|source| StoreError::State {
+                    column: "components.status",
+                    source,
+                })?;
+            let done = if status.is_final() {
+                AttemptRecorded::AlreadyFinal
+            } else {
+                match then {
+                    AttemptNext::Ask {
+                        escape,
+                        floor,
+                        verdict,
+                        worker_id,
+                    } => {
+                        let id = insert_escape(&mut tx, escape, floor).await?;
+                        let reason = format!("waiting for an answer to {id}: {}", escape.question);
+                        let next = ComponentNext {
+                            status: ComponentStatus::AskUser,
+                            verdict,
+                            reason: &reason,
+                            worker_id,
+                        };
+                        set_component(&mut tx, &a.family, &a.component, next, now).await?;
+                        AttemptRecorded::Asked(id)
+                    }
+                    AttemptNext::End(next) => {
+                        set_component(&mut tx, &a.family, &a.component, next, now).await?;
+                        AttemptRecorded::Ended
+                    }
+                    AttemptNext::Test(job) => {
+                        let job = insert_job(&mut tx, job, now).await?;
+                        sqlx::query("UPDATE agent_attempts SET job_after = ? WHERE family = ? AND component = ? AND attempt = ?")
+                            .bind(&job.job_id)
+                            .bind(&a.family)
+                            .bind(&a.component)
+                            .bind(a.attempt as i64)
+                            .execute(&mut *tx)
+                            .await?;
+                        AttemptRecorded::Queued(job)
+                    }
+                }
+            };
+            tx.commit().await?;
+            Ok(done)
+        })
+        .await
+    }
+}
+
+async fn set_component(
+    conn: &mut SqliteConnection,
+    family: &str,
+    name: &str,
+    next: ComponentNext<'_>,
+    now: i64,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE components SET status = ?, verdict = ?, reason = ?, worker_id = ?, updated_ms = ? WHERE family = ? AND name = ?")
+        .bind(next.status.as_str())
+        .bind(next.verdict)
+        .bind(next.reason)
+        .bind(next.worker_id)
+        .bind(now)
+        .bind(family)
+        .bind(name)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Inserts a queued run of `job`'s component under the next run number
+/// (dense per component, from 1) and sets the component `queued`.
+pub(crate) async fn insert_job(
+    conn: &mut SqliteConnection,
+    job: &JobRecord,
+    now: i64,
+) -> Result<JobRecord, StoreError> {
+    let last: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(run_no) FROM jobs WHERE family = ? AND component = ?")
+            .bind(&job.family)
+            .bind(&job.component)
+            .fetch_one(&mut *conn)
+            .await?;
+    let run_no = last.unwrap_or(0) + 1;
+    let job_id = format!("{}.{}.{}", job.family, job.component, run_no);
+    sqlx::query("INSERT INTO jobs (job_id, family, component, run_no, state, argv, cwd, gpus_needed, timeout_ms, queued_ms, commit_sha, code_prefix) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        .bind(&job_id)
+        .bind(&job.family)
+        .bind(&job.component)
+        .bind(run_no)
+        .bind(JobState::Queued.as_str())
+        .bind(serde_json::to_string(&job.argv).unwrap_or_default())
+        .bind(&job.cwd)
+        .bind(job.gpus_needed as i64)
+        .bind(job.timeout_ms as i64)
+        .bind(now)
+        .bind(&job.commit)
+        .bind(&job.code_prefix)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("UPDATE components SET status = ?, updated_ms = ? WHERE family = ? AND name = ?")
+        .bind(ComponentStatus::Queued.as_str())
+        .bind(now)
+        .bind(&job.family)
+        .bind(&job.component)
+        .execute(&mut *conn)
+        .await?;
+    Ok(JobRecord {
+        job_id,
+        run_no: run_no as u32,
+        state: JobState::Queued,
+        queued_ms: now,
+        ..job.clone()
+    })
+}
+
+/// Inserts `e` as an open escape hatch under the next `E###` id of its
+/// port (above `floor`); returns the id.
+pub(crate) async fn insert_escape(
+    conn: &mut SqliteConnection,
+    e: &EscapeRow,
+    floor: u32,
+) -> Result<String, StoreError> {
+    let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM escape_hatches WHERE family = ?")
+        .bind(&e.family)
+        .fetch_all(&mut *conn)
+        .await?;
+    let id = escape_id_after(&ids, floor);
+    let options = serde_json::to_string(&e.options).expect("strings serialize");
+    sqlx::query("INSERT INTO escape_hatches (family, id, component, attempt, phase, decision_type, question, recommended, options, safe_default, status, asked_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)")
+        .bind(&e.family)
+        .bind(&id)
+        .bind(&e.component)
+        .bind(e.attempt as i64)
+        .bind(&e.phase)
+        .bind(&e.decision_type)
+        .bind(&e.question)
+        .bind(&e.recommended)
+        .bind(options)
+        .bind(&e.safe_default)
+        .bind(now_ms())
+        .execute(&mut *conn)
+        .await?;
+    Ok(id)
+}

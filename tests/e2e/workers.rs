@@ -1,0 +1,315 @@
+//! Workers under the faults of a real fleet (issue #27, item 7): their
+//! tests die with them, a stale pid file signals nothing, a duplicate id is
+//! refused, and an orchestrator restart adopts the runs in flight.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::{Sandbox, TestComponent, components, fvd, wait_for};
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().to_string()))
+        .is_some_and(|r| !r.starts_with('Z') && !r.starts_with('X'))
+}
+
+fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The pid of the reaper of worker `id` (a `sh` whose arguments name the
+/// worker's workspace).
+fn reaper_of(sb: &Sandbox, id: &str) -> Option<i32> {
+    let ws = std::fs::canonicalize(sb.dir.path().join(format!("ws-{id}"))).ok()?;
+    let ws = ws.display().to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmd = String::from_utf8_lossy(&cmd);
+        (cmd.contains("fvd-reaper") && cmd.contains(&ws)).then_some(pid)
+    })
+}
+
+#[test]
+fn a_killed_worker_s_test_dies_with_it_and_a_restart_ends_what_is_left() {
+    let mut sb = Sandbox::new();
+    let release = sb.repo().join("never");
+    let (first, second) = (sb.repo().join("first.pid"), sb.repo().join("second.pid"));
+    // The first run records its pid in `first`, the rerun in `second`.
+    let body = format!(
+        "p = {first:?} if not os.path.exists({first:?}) else {second:?}\nopen(p, 'w').write(str(os.getpid()))\n{}",
+        crate::port::blocks_until(&release),
+        first = first.display().to_string(),
+        second = second.display().to_string(),
+    );
+    sb.port("orphans", &[TestComponent::new("a", &body)]);
+    sb.serve();
+    sb.worker("w1", 1);
+    assert!(sb.submit_remote("orphans", &[]).status.success());
+    let pid = wait_for("the first test running", Duration::from_secs(60), || {
+        read_pid(&first)
+    });
+    // kill -9 of the worker: its reaper ends the test at once.
+    sb.kill_worker("w1");
+    wait_for(
+        "the orphaned test to be ended",
+        Duration::from_secs(20),
+        || (!alive(pid)).then_some(()),
+    );
+
+    // Now the reaper dies too (a kill of everything, an OOM): the next
+    // worker on the workspace ends the leftover before it takes a job.
+    sb.worker("w1", 1);
+    let pid2 = wait_for("the rerun running", Duration::from_secs(60), || {
+        read_pid(&second)
+    });
+    let reaper = wait_for("w1's reaper", Duration::from_secs(10), || {
+        reaper_of(&sb, "w1")
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(reaper),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    sb.kill_worker("w1");
+    assert!(alive(pid2), "with no reaper, the test outlives its worker");
+    sb.worker("w1", 1);
+    wait_for(
+        "the restarted worker to end the leftover",
+        Duration::from_secs(20),
+        || (!alive(pid2)).then_some(()),
+    );
+    assert!(
+        sb.logs()
+            .contains("ended processes an earlier worker of this workspace left running"),
+        "{}",
+        sb.logs()
+    );
+}
+
+#[test]
+fn drain_signals_nothing_when_the_pid_file_names_another_process() {
+    let sb = Sandbox::new();
+    let ws = sb.dir.path().join("ws-stale");
+    std::fs::create_dir_all(&ws).unwrap();
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    std::fs::write(ws.join("worker.pid"), sleeper.id().to_string()).unwrap();
+    let out = fvd()
+        .args(["worker", "drain", "--workspace"])
+        .arg(&ws)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("is not the fvd worker of") && stderr.contains("sleep 60"),
+        "{stderr}"
+    );
+    assert!(
+        sleeper.try_wait().unwrap().is_none(),
+        "the unrelated process was not signalled"
+    );
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
+#[test]
+fn a_second_worker_with_a_live_worker_s_id_is_refused() {
+    let mut sb = Sandbox::new();
+    sb.port("twins", &[TestComponent::new("a", "assert True")]);
+    sb.serve();
+    sb.worker("twin", 1);
+    wait_for("the first twin registered", Duration::from_secs(30), || {
+        sb.logs().contains("worker registered").then_some(())
+    });
+    // Same id, another workspace and process.
+    let out = fvd()
+        .args(["worker", "--orchestrator", sb.url.as_deref().unwrap()])
+        .args(["--gpus", "none", "--worker-id", "twin", "--cpu-slots", "1"])
+        .arg("--workspace")
+        .arg(sb.dir.path().join("ws-twin-2"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}\n{}", sb.logs());
+    assert!(
+        stderr.contains("worker id twin is in use by a live worker"),
+        "{stderr}"
+    );
+    // The first is not a zombie: it still takes the port's job.
+    assert!(sb.submit_remote("twins", &[]).status.success());
+    let status = wait_for("the port to end", Duration::from_secs(60), || {
+        let s = sb.remote_status("twins")?;
+        (s["state"] != "running").then_some(s)
+    });
+    let rows = components(&status);
+    assert_eq!(
+        (rows[0].1.as_str(), rows[0].3.as_str()),
+        ("non_skip_pass", "twin"),
+        "{status}"
+    );
+}
+
+/// A port of one blocking component on one worker at a fixed address,
+/// its run in flight; returns the address and the release file.
+fn one_run_in_flight(sb: &mut Sandbox, family: &str) -> (String, std::path::PathBuf) {
+    let release = sb.repo().join("release");
+    sb.port(
+        family,
+        &[TestComponent::new(
+            "a",
+            &crate::port::blocks_until(&release),
+        )],
+    );
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    sb.serve_at(&addr, &[]);
+    sb.worker("w1", 1);
+    assert!(sb.submit_remote(family, &[]).status.success());
+    wait_for("the run in flight", Duration::from_secs(60), || {
+        let rows = components(&sb.remote_status(family)?);
+        (rows[0].1 == "running").then_some(())
+    });
+    (addr, release)
+}
+
+fn ended(sb: &Sandbox, family: &str) -> serde_json::Value {
+    wait_for("the port to end", Duration::from_secs(90), || {
+        let s = sb.remote_status(family)?;
+        (s["state"] != "running").then_some(s)
+    })
+}
+
+#[test]
+fn a_worker_back_without_its_run_after_an_orchestrator_restart_runs_it_again_at_once() {
+    let mut sb = Sandbox::new();
+    let (addr, release) = one_run_in_flight(&mut sb, "lostrun");
+    sb.kill_orchestrator();
+    sb.kill_worker("w1");
+    // A long grace: the run is not waited for once its worker says it
+    // does not run it.
+    sb.serve_at(&addr, &["--adopt-grace", "600"]);
+    std::fs::write(&release, "go").unwrap();
+    sb.worker("w1", 1);
+    let status = ended(&sb, "lostrun");
+    let rows = components(&status);
+    assert_eq!(
+        (rows[0].1.as_str(), rows[0].2),
+        ("non_skip_pass", 2),
+        "the cut-off run and its rerun: {status}"
+    );
+    assert!(
+        sb.orchestrator_log()
+            .contains("worker w1 came back without it"),
+        "{}",
+        sb.orchestrator_log()
+    );
+}
+
+#[test]
+fn a_run_whose_worker_does_not_come_back_runs_again_after_the_grace() {
+    let mut sb = Sandbox::new();
+    let (addr, release) = one_run_in_flight(&mut sb, "nocome");
+    sb.kill_orchestrator();
+    sb.kill_worker("w1");
+    sb.serve_at(&addr, &["--adopt-grace", "1"]);
+    std::fs::write(&release, "go").unwrap();
+    sb.worker("w2", 1);
+    let status = ended(&sb, "nocome");
+    let rows = components(&status);
+    assert_eq!(
+        (rows[0].1.as_str(), rows[0].2, rows[0].3.as_str()),
+        ("non_skip_pass", 2, "w2"),
+        "{status}"
+    );
+    assert!(
+        sb.orchestrator_log()
+            .contains("worker w1 did not come back in time"),
+        "{}",
+        sb.orchestrator_log()
+    );
+}
+
+/// A loopback proxy to `upstream` that resets the first connection as the
+/// worker's registration arrives (after the HTTP/2 handshake, on the
+/// client's next bytes: the socket is closed with them unread, which sends
+/// a TCP reset), and forwards every later connection.
+fn resetting_proxy(upstream: String) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut first = true;
+        for client in listener.incoming().flatten() {
+            let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                continue;
+            };
+            let (mut c_read, mut s_write) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (mut s_read, mut c_write) = (server, client);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                while let Ok(n) = s_read.read(&mut buf) {
+                    if n == 0 || c_write.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+            let reset = std::mem::replace(&mut first, false);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                // The client's preface and settings go through.
+                let Ok(n) = c_read.read(&mut buf) else { return };
+                let _ = s_write.write_all(&buf[..n]);
+                if reset {
+                    // Its next bytes (the registration) are left unread
+                    // and the socket closed: a reset, both ways.
+                    let mut peek = [0u8; 1];
+                    let _ = c_read.peek(&mut peek);
+                    let _ = s_write.shutdown(std::net::Shutdown::Both);
+                    drop(c_read);
+                    return;
+                }
+                while let Ok(n) = c_read.read(&mut buf) {
+                    if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[test]
+fn a_reset_during_registration_is_retried_not_fatal() {
+    let mut sb = Sandbox::new();
+    sb.port("resets", &[TestComponent::new("a", "assert True")]);
+    let url = sb.serve();
+    let proxy = resetting_proxy(url.trim_start_matches("http://").to_string());
+    let w = sb.worker_at(&proxy, "w1", 1, &[]);
+    sb.spawn_worker("w1", w);
+    assert!(sb.submit_remote("resets", &[]).status.success());
+    let status = wait_for("the port to end", Duration::from_secs(60), || {
+        let s = sb.remote_status("resets")?;
+        (s["state"] != "running").then_some(s)
+    });
+    assert_eq!(
+        components(&status)[0].1,
+        "non_skip_pass",
+        "{status}\n{}",
+        sb.logs()
+    );
+    let log = crate::durability::strip_colours(&sb.logs());
+    // The reset reaches the worker as UNKNOWN ("transport error",
+    // ConnectionReset): it used to be taken for a refusal, exit 2.
+    assert!(
+        log.contains("connection lost; reconnecting") && log.contains("ConnectionReset"),
+        "the reset was met and retried: {log}"
+    );
+}
