@@ -68,11 +68,14 @@ pub async fn status(
 
 /// The wire snapshot of one port, read from the store.
 pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnapshot>, StoreError> {
+    // The gate commits a phase before the event that announces it, so the
+    // events are read first: a snapshot that holds "P6 entered" then also
+    // holds the port in P6 (each read sees its own moment of the store).
+    let gate = store.gate_events(family).await?;
     let Some(port) = store.port(family).await? else {
         return Ok(None);
     };
     let components = store.components(family).await?;
-    let gate = store.gate_events(family).await?;
     let escapes = store.escapes(family).await?;
     let mut tables = store.variant_tables(family).await?;
     let origin = store.port_origin(family).await?.unwrap_or_default();
