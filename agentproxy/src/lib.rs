@@ -92,6 +92,9 @@ impl std::fmt::Debug for Secret {
 pub struct Limits {
     pub usd: Option<f64>,
     pub tokens: Option<u64>,
+    /// Model requests (an agent's turns): the one past this many is
+    /// refused and trips the proxy ([`Trip::Turns`]).
+    pub requests: Option<u32>,
 }
 
 /// Retries of a request the upstream answered 408, 429, 5xx (529
@@ -133,6 +136,8 @@ pub struct Config {
 pub enum Trip {
     /// A budget of the attempt is spent (in words: which, how much).
     Budget(String),
+    /// The agent asked for a turn past its cap (in words).
+    Turns(String),
     /// The upstream refused the key.
     Auth { status: u16 },
     /// The upstream failed a request past its retries (`status` `None`:
@@ -336,12 +341,24 @@ async fn handle(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Proxy
         s.usage.send_modify(|u| u.refused += 1);
         let why = match t {
             Trip::Budget(w) => format!("fvd proxy: the agent budget is spent ({w})"),
+            Trip::Turns(w) => format!("fvd proxy: the agent's turns are spent ({w})"),
             Trip::Auth { status } => {
                 format!("fvd proxy: the upstream refused the key ({status})")
             }
             Trip::Upstream { message, .. } => format!("fvd proxy: the upstream fails: {message}"),
         };
         return Ok(error(s.cfg.api, StatusCode::FORBIDDEN, &why));
+    }
+    if let Some(max) = s.cfg.limits.requests
+        && s.usage.borrow().requests >= max
+    {
+        trip(&s, Trip::Turns(format!("{max} of {max} model requests")));
+        s.usage.send_modify(|u| u.refused += 1);
+        return Ok(error(
+            s.cfg.api,
+            StatusCode::FORBIDDEN,
+            &format!("fvd proxy: the agent's turns are spent ({max} model requests)"),
+        ));
     }
     let (parts, body) = req.into_parts();
     let body = match Limited::new(body, MAX_REQUEST).collect().await {

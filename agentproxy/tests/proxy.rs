@@ -362,7 +362,7 @@ async fn a_spent_budget_stops_forwarding_after_the_request_that_crossed_it() {
     // = 0.0038475: the cap is crossed by the third.
     let limits = Limits {
         usd: Some(0.01),
-        tokens: None,
+        ..Limits::default()
     };
     let proxy = Proxy::start(config(Api::Anthropic, &upstream, KEY, limits))
         .await
@@ -403,6 +403,31 @@ async fn a_spent_budget_stops_forwarding_after_the_request_that_crossed_it() {
     assert!(u.cost_usd >= 0.01 && u.cost_usd < 0.01 + 0.0038476, "{u:?}");
     assert_eq!(server.requests().len(), 3);
     assert_eq!(u.refused, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_the_turn_cap_is_refused_and_trips_the_proxy() {
+    let server = Server::start(KEY, script(json!([{"loop": {"bash": "true"}}])));
+    let upstream = format!("http://127.0.0.1:{}", server.port);
+    let limits = Limits {
+        requests: Some(2),
+        ..Limits::default()
+    };
+    let proxy = Proxy::start(config(Api::Anthropic, &upstream, KEY, limits))
+        .await
+        .unwrap();
+    let (path, body) = request("anthropic", false);
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let h = [("x-api-key", proxy.token())];
+        statuses.push(post(&proxy.base_url(), &path, &h, body.clone()).await.0);
+    }
+    assert_eq!(statuses, [200, 200, 403]);
+    assert_eq!(
+        proxy.tripped(),
+        Some(Trip::Turns("2 of 2 model requests".into()))
+    );
+    assert_eq!(server.requests().len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,7 +75,16 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     let gate = store.gate_events(family).await?;
     let escapes = store.escapes(family).await?;
     let mut tables = store.variant_tables(family).await?;
+    let mut spend = store.usage_totals(family).await?;
+    let port_spend = spend
+        .values()
+        .fold(None::<fvd_store::usage::UsageTotals>, |acc, t| {
+            let mut a = acc.unwrap_or_default();
+            a.add(t);
+            Some(a)
+        });
     Ok(Some(pb::PortSnapshot {
+        agent_spend: port_spend.as_ref().map(crate::port_api::spend_wire),
         escapes: escapes.into_iter().map(escape_wire).collect(),
         family: port.family,
         state: port.state.as_str().to_string(),
@@ -84,8 +93,10 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
             .into_iter()
             .map(|c| {
                 let rows = tables.remove(&c.name).unwrap_or_default();
+                let used = spend.remove(&c.name);
                 let mut w = component_wire(c);
                 w.variants = rows.into_iter().map(variant_wire).collect();
+                w.agent_spend = used.as_ref().map(crate::port_api::spend_wire);
                 w
             })
             .collect(),

@@ -54,6 +54,8 @@ pub struct Packet<'a> {
     pub last: LastRun<'a>,
     /// Previous attempts, oldest first.
     pub ledger: &'a [AttemptRow],
+    /// The agent's working folder: the port's folder in its worktree.
+    pub workdir: &'a str,
     pub handoff_file: &'a str,
     /// Escape hatches of this component a person answered since the last
     /// attempt: the answers are part of the task.
@@ -79,6 +81,7 @@ pub fn packet(p: &Packet<'_>) -> String {
         max_attempts,
         last,
         ledger,
+        workdir,
         handoff_file,
         answers,
         next_escape_id,
@@ -87,7 +90,7 @@ pub fn packet(p: &Packet<'_>) -> String {
     } = p;
     let mut out = String::new();
     out.push_str(&format!(
-        "# fvd parity-debug: {family} / {} (attempt {attempt}; {budget_used} of {max_attempts} in the budget)\n\n",
+        "# fvd parity-debug: {family} / {} (attempt {attempt}; {budget_used} of {max_attempts} in the budget)\n\nWork in `{workdir}`: the port's folder in this component's own git worktree.\n\n",
         spec.name
     ));
     out.push_str("## Component context\n\n```text\n");
@@ -268,6 +271,9 @@ pub struct AgentExit {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub timed_out: bool,
+    /// Ended by fvd before it exited on its own (its proxy tripped: a
+    /// budget spent, a refused key, an upstream that kept failing).
+    pub stopped: bool,
     pub duration_ms: u64,
     pub stdout: String,
     /// Why the agent could not be started, if it could not.
@@ -285,12 +291,42 @@ pub async fn run(
     timeout: Duration,
     log_dir: &Path,
 ) -> AgentExit {
+    run_with(
+        argv,
+        cwd,
+        env_names,
+        extra,
+        timeout,
+        log_dir,
+        None,
+        std::future::pending(),
+    )
+    .await
+}
+
+/// [`run`], with `stdin` written to the agent (else it reads nothing) and
+/// its process group killed as soon as `stop` completes (`stopped`).
+#[allow(clippy::too_many_arguments)]
+pub async fn run_with(
+    argv: &[String],
+    cwd: &Path,
+    env_names: &[String],
+    extra: &[(String, String)],
+    timeout: Duration,
+    log_dir: &Path,
+    stdin: Option<Vec<u8>>,
+    stop: impl std::future::Future<Output = ()>,
+) -> AgentExit {
     let started = Instant::now();
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .current_dir(cwd)
         .env_clear()
-        .stdin(Stdio::null())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // Its own group, so a timeout ends the agent's children too.
@@ -318,6 +354,15 @@ pub async fn run(
         }
     };
     let pid = child.id();
+    if let (Some(bytes), Some(mut input)) = (stdin, child.stdin.take()) {
+        // Written beside the run: an agent that reads its input late (or
+        // never) must not hold up the wait below.
+        fvd_telemetry::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = input.write_all(&bytes).await;
+            let _ = input.shutdown().await;
+        });
+    }
     let mut so = child.stdout.take().expect("stdout is piped");
     let mut se = child.stderr.take().expect("stderr is piped");
     let out = fvd_telemetry::spawn(async move {
@@ -330,16 +375,25 @@ pub async fn run(
         let _ = se.read_to_end(&mut b).await;
         b
     });
-    let (status, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
-        Ok(s) => (s.ok(), false),
-        Err(_) => {
-            if let Some(pid) = pid {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+    let kill = |pid: Option<u32>| {
+        if let Some(pid) = pid {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    };
+    let (status, timed_out, stopped) = tokio::select! {
+        s = tokio::time::timeout(timeout, child.wait()) => match s {
+            Ok(s) => (s.ok(), false, false),
+            Err(_) => {
+                kill(pid);
+                (child.wait().await.ok(), true, false)
             }
-            (child.wait().await.ok(), true)
+        },
+        () = stop => {
+            kill(pid);
+            (child.wait().await.ok(), false, true)
         }
     };
     let stdout = out.await.unwrap_or_default();
@@ -351,6 +405,7 @@ pub async fn run(
         exit_code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),
         timed_out,
+        stopped,
         duration_ms: started.elapsed().as_millis() as u64,
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
         spawn_error: None,
@@ -390,6 +445,10 @@ pub struct HandoffRead {
     /// The block as returned; withheld when it holds a token-looking value.
     pub text: String,
     pub value: Option<ComponentSkillHandoff>,
+    /// Where the block was read: `structured_output` (the CLI's), `file`
+    /// (`{handoff_file}`), `output` (the last block the agent printed), or
+    /// empty when there was none.
+    pub source: &'static str,
 }
 
 impl HandoffRead {
@@ -436,9 +495,25 @@ impl HandoffRead {
 /// agent wrote one, else the last such block of its stdout. A missing or
 /// invalid block is reported as such; nothing is guessed.
 pub fn read_handoff(component: &str, file: Option<&str>, stdout: &str) -> HandoffRead {
-    let block = match file.filter(|t| !t.trim().is_empty()) {
-        Some(text) => Some(unfence(text)),
-        None => last_block(stdout),
+    read_handoff_of(component, None, file, stdout)
+}
+
+/// [`read_handoff`] for a CLI with structured output: the handoff it
+/// returned there comes first, then the handoff file, then the last block
+/// of `text` (its final answer).
+pub fn read_handoff_of(
+    component: &str,
+    structured: Option<&str>,
+    file: Option<&str>,
+    text: &str,
+) -> HandoffRead {
+    let present = |t: Option<&str>| t.filter(|t| !t.trim().is_empty()).map(unfence);
+    let (block, source) = if let Some(b) = present(structured) {
+        (Some(b), "structured_output")
+    } else if let Some(b) = present(file) {
+        (Some(b), "file")
+    } else {
+        (last_block(text), "output")
     };
     let Some(block) = block else {
         return HandoffRead {
@@ -446,6 +521,7 @@ pub fn read_handoff(component: &str, file: Option<&str>, stdout: &str) -> Handof
             summary: "the agent returned no component_skill_handoff block".into(),
             text: String::new(),
             value: None,
+            source: "",
         };
     };
     let checked = ComponentSkillHandoff::check(&block, 1);
@@ -473,6 +549,7 @@ pub fn read_handoff(component: &str, file: Option<&str>, stdout: &str) -> Handof
             summary: one_line(&findings.join("; ")),
             text,
             value: None,
+            source,
         };
     }
     let v = checked.value.expect("checked above");
@@ -493,6 +570,7 @@ pub fn read_handoff(component: &str, file: Option<&str>, stdout: &str) -> Handof
         )),
         text,
         value: Some(v),
+        source,
     }
 }
 
@@ -590,6 +668,7 @@ escape_hatch: none";
             max_attempts: 2,
             last,
             ledger: &[],
+            workdir: "/w/port",
             handoff_file: "/h.txt",
             answers: &[],
             next_escape_id: "E001",
@@ -678,6 +757,40 @@ escape_hatch: none";
                 .is_some_and(|e| e.starts_with("cannot start agent /nonexistent/agent")),
             "{exit:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn an_agent_reads_its_packet_on_stdin_and_a_stop_ends_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let got = dir.path().join("got");
+        let argv: Vec<String> = ["sh", "-c", "cat > got.tmp; mv got.tmp got; sleep 30 & wait"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let started = Instant::now();
+        // The stop comes once the agent has read its whole packet.
+        let stop = async {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !got.exists() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let exit = run_with(
+            &argv,
+            dir.path(),
+            &[],
+            &[],
+            Duration::from_secs(60),
+            dir.path(),
+            Some(b"the packet".to_vec()),
+            stop,
+        )
+        .await;
+        assert!(exit.stopped && !exit.timed_out, "{exit:?}");
+        assert_eq!(exit.signal, Some(9), "{exit:?}");
+        assert_eq!(std::fs::read_to_string(&got).unwrap(), "the packet");
+        // The group went with it: the backgrounded sleep held nothing open.
+        assert!(started.elapsed() < Duration::from_secs(10), "{exit:?}");
     }
 
     #[tokio::test]
