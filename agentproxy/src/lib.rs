@@ -92,9 +92,10 @@ impl std::fmt::Debug for Secret {
 pub struct Limits {
     pub usd: Option<f64>,
     pub tokens: Option<u64>,
-    /// Model requests (an agent's turns): the one past this many is
+    /// Turns: requests that offer the model tools (a CLI's side requests,
+    /// a title or a summary, offer none). The turn past this many is
     /// refused and trips the proxy ([`Trip::Turns`]).
-    pub requests: Option<u32>,
+    pub turns: Option<u32>,
 }
 
 /// Retries of a request the upstream answered 408, 429, 5xx (529
@@ -157,6 +158,8 @@ pub struct Usage {
     pub unpriced_tokens: u64,
     /// Requests forwarded (a retried one counts once).
     pub requests: u32,
+    /// Of those, the ones that offered the model tools (an agent's turns).
+    pub turns: u32,
     /// Extra tries of requests the upstream failed.
     pub retries: u32,
     /// Requests refused here: a wrong token, or after a trip.
@@ -349,17 +352,6 @@ async fn handle(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Proxy
         };
         return Ok(error(s.cfg.api, StatusCode::FORBIDDEN, &why));
     }
-    if let Some(max) = s.cfg.limits.requests
-        && s.usage.borrow().requests >= max
-    {
-        trip(&s, Trip::Turns(format!("{max} of {max} model requests")));
-        s.usage.send_modify(|u| u.refused += 1);
-        return Ok(error(
-            s.cfg.api,
-            StatusCode::FORBIDDEN,
-            &format!("fvd proxy: the agent's turns are spent ({max} model requests)"),
-        ));
-    }
     let (parts, body) = req.into_parts();
     let body = match Limited::new(body, MAX_REQUEST).collect().await {
         Ok(b) => b.to_bytes(),
@@ -371,8 +363,23 @@ async fn handle(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Proxy
             ));
         }
     };
-    let (body, model) = prepare_body(&parts.uri, body);
-    s.usage.send_modify(|u| u.requests += 1);
+    let (body, model, turn) = prepare_body(&parts.uri, body);
+    if let Some(max) = s.cfg.limits.turns
+        && turn
+        && s.usage.borrow().turns >= max
+    {
+        trip(&s, Trip::Turns(format!("{max} of {max} turns")));
+        s.usage.send_modify(|u| u.refused += 1);
+        return Ok(error(
+            s.cfg.api,
+            StatusCode::FORBIDDEN,
+            &format!("fvd proxy: the agent's turns are spent ({max} turns)"),
+        ));
+    }
+    s.usage.send_modify(|u| {
+        u.requests += 1;
+        u.turns += u32::from(turn);
+    });
     let resp = match forward(&s, &parts, body).await {
         Ok(r) => r,
         Err(message) => {
@@ -456,10 +463,11 @@ fn authorized(token: &str, req: &Request<Incoming>) -> bool {
     given.iter().any(|g| ct_eq(g, token.as_bytes()))
 }
 
-/// The body to forward and the model it asks for. A streamed Chat
-/// Completions request that does not ask for usage is made to (its last
-/// chunk then carries it): an unmetered stream would make budgets blind.
-fn prepare_body(uri: &hyper::Uri, body: Bytes) -> (Bytes, String) {
+/// The body to forward, the model it asks for and whether it is a turn
+/// (it offers tools). A streamed Chat Completions request that does not
+/// ask for usage is made to (its last chunk then carries it): an unmetered
+/// stream would make budgets blind.
+fn prepare_body(uri: &hyper::Uri, body: Bytes) -> (Bytes, String, bool) {
     let path = uri.path();
     // Gemini names the model in the path: /v1beta/models/M:generateContent.
     let from_path = path
@@ -468,8 +476,12 @@ fn prepare_body(uri: &hyper::Uri, body: Bytes) -> (Bytes, String) {
         .and_then(|last| last.split_once(':'))
         .map(|(m, _)| m.to_string());
     let Ok(mut v) = serde_json::from_slice::<Value>(&body) else {
-        return (body, from_path.unwrap_or_default());
+        return (body, from_path.unwrap_or_default(), false);
     };
+    let turn = v
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty());
     let model = v
         .get("model")
         .and_then(Value::as_str)
@@ -490,10 +502,11 @@ fn prepare_body(uri: &hyper::Uri, body: Bytes) -> (Bytes, String) {
             return (
                 Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
                 model,
+                turn,
             );
         }
     }
-    (body, model)
+    (body, model, turn)
 }
 
 fn retryable(s: StatusCode) -> bool {
@@ -744,14 +757,19 @@ mod tests {
     #[test]
     fn a_streamed_chat_request_is_made_to_report_usage() {
         let uri: hyper::Uri = "/v1/chat/completions".parse().unwrap();
-        let (b, model) = prepare_body(&uri, Bytes::from(r#"{"model":"m1","stream":true}"#));
+        let (b, model, turn) = prepare_body(&uri, Bytes::from(r#"{"model":"m1","stream":true}"#));
         let v: Value = serde_json::from_slice(&b).unwrap();
         assert_eq!(v["stream_options"]["include_usage"], true);
-        assert_eq!(model, "m1");
+        assert_eq!((model.as_str(), turn), ("m1", false));
+        let (_, _, turn) = prepare_body(
+            &uri,
+            Bytes::from(r#"{"model":"m1","tools":[{"type":"function"}]}"#),
+        );
+        assert!(turn);
         let uri: hyper::Uri = "/v1beta/models/gemini-2.5-pro:generateContent"
             .parse()
             .unwrap();
-        let (_, model) = prepare_body(&uri, Bytes::from("{}"));
+        let (_, model, _) = prepare_body(&uri, Bytes::from("{}"));
         assert_eq!(model, "gemini-2.5-pro");
     }
 }

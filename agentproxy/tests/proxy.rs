@@ -410,24 +410,26 @@ async fn a_request_past_the_turn_cap_is_refused_and_trips_the_proxy() {
     let server = Server::start(KEY, script(json!([{"loop": {"bash": "true"}}])));
     let upstream = format!("http://127.0.0.1:{}", server.port);
     let limits = Limits {
-        requests: Some(2),
+        turns: Some(2),
         ..Limits::default()
     };
     let proxy = Proxy::start(config(Api::Anthropic, &upstream, KEY, limits))
         .await
         .unwrap();
     let (path, body) = request("anthropic", false);
+    // A side request (no tools: a title, a summary) is not a turn.
+    let mut side = body.clone();
+    side.as_object_mut().unwrap().remove("tools");
+    let h = [("x-api-key", proxy.token())];
+    assert_eq!(post(&proxy.base_url(), &path, &h, side).await.0, 200);
     let mut statuses = Vec::new();
     for _ in 0..3 {
-        let h = [("x-api-key", proxy.token())];
         statuses.push(post(&proxy.base_url(), &path, &h, body.clone()).await.0);
     }
     assert_eq!(statuses, [200, 200, 403]);
-    assert_eq!(
-        proxy.tripped(),
-        Some(Trip::Turns("2 of 2 model requests".into()))
-    );
-    assert_eq!(server.requests().len(), 2);
+    assert_eq!(proxy.tripped(), Some(Trip::Turns("2 of 2 turns".into())));
+    assert_eq!(server.requests().len(), 3);
+    assert_eq!((proxy.usage().requests, proxy.usage().turns), (3, 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

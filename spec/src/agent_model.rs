@@ -50,6 +50,14 @@ impl Preset {
         }
     }
 
+    /// Whether its CLI stops itself after `max_turns` turns (Claude Code's
+    /// `--max-turns`, Gemini CLI's `maxSessionTurns`). For the others fvd's
+    /// proxy counts the turns: Codex has no such flag, and opencode's step
+    /// limit asks the model for one more answer instead of stopping.
+    pub fn caps_its_turns(self) -> bool {
+        matches!(self, Preset::ClaudeCode | Preset::Gemini)
+    }
+
     /// The API it talks to for `model` (opencode: `anthropic/…` speaks
     /// Anthropic Messages, any other provider OpenAI Chat Completions).
     pub fn api(self, model: &str) -> ModelApi {

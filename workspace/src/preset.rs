@@ -45,8 +45,6 @@ pub struct Launch {
     /// Set on top of the agent's base environment (HOME replaced).
     pub env: Vec<(String, String)>,
     pub stdin: Vec<u8>,
-    /// Whether the proxy must count the turn cap (the CLI has no flag).
-    pub proxy_turn_cap: bool,
 }
 
 /// The variable a preset's CLI reads the attempt's token from, where its
@@ -80,7 +78,6 @@ pub fn launch(a: &Attempt<'_>) -> std::io::Result<Launch> {
     ];
     let m = a.model;
     let mut argv: Vec<String> = vec![a.preset.program().into()];
-    let mut proxy_turn_cap = false;
     let s = |x: &str| x.to_string();
     match a.preset {
         Preset::ClaudeCode => {
@@ -164,7 +161,6 @@ pub fn launch(a: &Attempt<'_>) -> std::io::Result<Launch> {
             argv.push(a.dir.display().to_string());
             argv.extend([s("--output-schema"), schema.display().to_string()]);
             argv.extend([s("--model"), s(m.api_model())]);
-            proxy_turn_cap = m.max_turns.is_some();
             env.push((s("CODEX_HOME"), codex_home.display().to_string()));
             env.push((s(TOKEN_ENV), s(a.token)));
         }
@@ -224,7 +220,6 @@ pub fn launch(a: &Attempt<'_>) -> std::io::Result<Launch> {
         argv,
         env,
         stdin: a.packet.as_bytes().to_vec(),
-        proxy_turn_cap,
     })
 }
 
@@ -262,10 +257,6 @@ fn opencode_config(m: &ModelSpec, base_url: &str) -> String {
         ModelApi::Anthropic => "@ai-sdk/anthropic",
         _ => "@ai-sdk/openai-compatible",
     };
-    let mut build = json!({});
-    if let Some(t) = m.max_turns {
-        build["steps"] = json!(t);
-    }
     json!({
         "$schema": "https://opencode.ai/config.json",
         "autoupdate": false,
@@ -278,8 +269,13 @@ fn opencode_config(m: &ModelSpec, base_url: &str) -> String {
             "options": {"baseURL": base_url, "apiKey": format!("{{env:{TOKEN_ENV}}}")},
             "models": {m.api_model(): {"name": m.api_model()}},
         }},
-        "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
-        "agent": {"build": build},
+        // Fetching from the network is not the agent's job: refused (and
+        // listed on the attempt). A rule is not a sandbox either.
+        "permission": {
+            "edit": "allow",
+            "bash": {"*": "allow", "curl *": "deny", "wget *": "deny"},
+            "webfetch": "deny",
+        },
     })
     .to_string()
 }
@@ -494,10 +490,10 @@ fn opencode(events: &[Value], r: &mut Report) {
             Some("tool_use") => {
                 let state = part.get("state").unwrap_or(&Value::Null);
                 let err = state.get("error").and_then(Value::as_str).unwrap_or("");
+                // A rule's refusal, or a person's ("rejected permission").
+                let refused = ["prevents you from using", "rejected permission", "denied"];
                 if state.get("status").and_then(Value::as_str) == Some("error")
-                    && (err.contains("permission")
-                        || err.contains("rejected")
-                        || err.contains("denied"))
+                    && refused.iter().any(|r| err.contains(r))
                 {
                     r.permission_denials.push(brief(
                         part.get("tool").and_then(Value::as_str).unwrap_or("?"),
@@ -663,7 +659,6 @@ mod tests {
                 Preset::ClaudeCode => assert!(all.contains("\"--max-turns\", \"7\""), "{all}"),
                 Preset::Codex => {
                     assert_eq!(l.argv.last().unwrap(), "-");
-                    assert!(l.proxy_turn_cap);
                     let cfg = std::fs::read_to_string(attempt_dir.join("home/.codex/config.toml"))
                         .unwrap();
                     assert!(
@@ -686,7 +681,6 @@ mod tests {
                         v["provider"]["fvd"]["options"]["baseURL"],
                         "http://127.0.0.1:9/v1"
                     );
-                    assert_eq!(v["agent"]["build"]["steps"], 7);
                     assert!(all.contains("\"fvd/gpt-5\""), "{all}");
                 }
                 Preset::Gemini => {
@@ -739,7 +733,7 @@ mod tests {
         let oc = concat!(
             r#"{"type":"step_finish","part":{"tokens":{"input":1000,"output":50,"reasoning":0,"cache":{"read":200,"write":0}},"cost":0.01}}"#,
             "\n",
-            r#"{"type":"tool_use","part":{"tool":"webfetch","state":{"status":"error","input":{"url":"http://x"},"error":"The user rejected permission to use this specific tool call."}}}"#,
+            r#"{"type":"tool_use","part":{"tool":"bash","state":{"status":"error","input":{"command":"curl http://x"},"error":"The user has specified a rule which prevents you from using this specific tool call."}}}"#,
             "\n",
             r#"{"type":"text","part":{"text":"Done.\n\ncomponent: c\n"}}"#,
             "\n",
@@ -749,7 +743,7 @@ mod tests {
         assert_eq!(r.turns, Some(2));
         assert_eq!(r.tokens.unwrap().cache_read, 400);
         assert_eq!(r.cost_usd, Some(0.02));
-        assert_eq!(r.permission_denials, ["webfetch: http://x"]);
+        assert_eq!(r.permission_denials, ["bash: curl http://x"]);
         assert_eq!(r.result.as_deref(), Some("Done.\n\ncomponent: c\n"));
 
         let gem = concat!(

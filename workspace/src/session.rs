@@ -91,12 +91,11 @@ impl Session {
         let upstream =
             Upstream::parse(url.trim()).map_err(|e| Environment(format!("{var}: {e}")))?;
         let shown = upstream.url();
-        let turn_cap = match spec.preset {
-            // These CLIs have no turn flag: the proxy counts requests.
-            Some(Preset::Codex) => model.max_turns,
-            Some(_) => None,
-            None => model.max_turns,
-        };
+        // A CLI that stops itself at the cap keeps it; for the others (and
+        // raw commands) the proxy counts the turns.
+        let turn_cap = model
+            .max_turns
+            .filter(|_| !spec.preset.is_some_and(Preset::caps_its_turns));
         let proxy = Proxy::start(Config {
             api: proxy_api(model.api),
             upstream,
@@ -104,7 +103,7 @@ impl Session {
             limits: Limits {
                 usd: allowance.usd,
                 tokens: allowance.tokens,
-                requests: turn_cap,
+                turns: turn_cap,
             },
             prices: price_table(model),
             retry,
