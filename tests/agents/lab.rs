@@ -94,17 +94,26 @@ pub const OPENCODE: Cli = Cli {
     base_path: "/v1",
 };
 
+pub const GEMINI: Cli = Cli {
+    preset: "gemini",
+    model: "gemini-2.5-pro",
+    key_env: "GEMINI_API_KEY",
+    base_env: "GOOGLE_GEMINI_BASE_URL",
+    base_path: "",
+};
+
 /// What every scripted reply costs: 1000 input, 50 output, 200 read from
 /// the cache (and 10 written to it, which only Anthropic's usage carries).
 pub const USAGE: (u64, u64, u64, u64) = (1000, 50, 200, 10);
 
-/// USD of one reply at the gpt-5 and claude-sonnet-4-5 default prices.
+/// USD of one reply at the default prices of the presets' models
+/// (claude-sonnet-4-5, gpt-5, gemini-2.5-pro).
 pub fn reply_usd(cli: Cli) -> f64 {
     let (i, o, cr, cw) = USAGE;
-    let (pi, po, pcr, pcw, cw) = if cli.preset == "claude-code" {
-        (3.0, 15.0, 0.3, 3.75, cw)
-    } else {
-        (1.25, 10.0, 0.125, 0.0, 0)
+    let (pi, po, pcr, pcw, cw) = match cli.preset {
+        "claude-code" => (3.0, 15.0, 0.3, 3.75, cw),
+        "gemini" => (1.25, 10.0, 0.31, 0.0, 0),
+        _ => (1.25, 10.0, 0.125, 0.0, 0),
     };
     (i as f64 * pi + o as f64 * po + cr as f64 * pcr + cw as f64 * pcw) / 1e6
 }
@@ -279,16 +288,26 @@ impl Lab {
         }
     }
 
-    /// `fvd submit --wait` with the key (or `key`, when given) and the
-    /// server's URL in fvd's environment: its exit code and its output.
+    /// `fvd submit --wait` with `key` and the server's URL in fvd's
+    /// environment: its exit code and its output.
     pub fn submit_with_key(&self, key: &str) -> (Option<i32>, String) {
+        self.fvd_with_key(&["submit", "--family", "tinyport", "--wait"], key)
+    }
+
+    /// `fvd agents check --json` with `key`.
+    pub fn check_with_key(&self, key: &str) -> (Option<i32>, String) {
+        self.fvd_with_key(&["agents", "check", "--json"], key)
+    }
+
+    fn fvd_with_key(&self, args: &[&str], key: &str) -> (Option<i32>, String) {
         let path = format!(
             "{}:{}",
             cli_dir().display(),
             std::env::var("PATH").unwrap_or_default()
         );
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_fvd"));
-        cmd.args(["submit", "--family", "tinyport", "--wait", "--repo"])
+        cmd.args(args)
+            .arg("--repo")
             .arg(&self.repo)
             .env_clear()
             .env("PATH", path)

@@ -29,6 +29,8 @@
 
 mod lab;
 
+#[cfg(feature = "agents-gemini")]
+use lab::GEMINI;
 use lab::{
     CLAUDE, CODEX, Cli, Lab, NEW, OLD, OPENCODE, TEST, dump_env, handoff, isolated, only_attempt,
     reply_usd, script,
@@ -61,7 +63,7 @@ fn component(status: &Value) -> Value {
 /// Where each preset's handoff comes from.
 fn handoff_source(cli: Cli) -> &'static str {
     match cli.preset {
-        "opencode" => "output",
+        "opencode" | "gemini" => "output",
         _ => "structured_output",
     }
 }
@@ -295,6 +297,30 @@ fn an_invalid_handoff_and_a_refused_tool_are_recorded(cli: Cli, refused: Option<
     }
 }
 
+fn agents_check_reports_the_cli_the_model_and_the_key(cli: Cli) {
+    let lab = Lab::new(cli, "max_attempts = 1", script(loop_steps()));
+    let (code, out) = lab.check_with_key(&lab.key.clone());
+    assert_eq!(code, Some(0), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .expect("a JSON line");
+    let c: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(c["preset"], cli.preset, "{c:#}");
+    assert_eq!(c["key"], "works", "{c:#}");
+    assert_eq!(c["model"], cli.model.rsplit('/').next().unwrap(), "{c:#}");
+    assert!(!c["version"].as_str().unwrap().is_empty(), "{c:#}");
+    assert!(c["requests"].as_u64().unwrap() >= 1, "{c:#}");
+    let (code, out) = lab.check_with_key("sk-fvdtest-wrong-key");
+    assert_eq!(code, Some(4), "{out}");
+    assert!(
+        out.contains("\"key\":\"refused\"") && out.contains(cli.key_env),
+        "{out}"
+    );
+    // The check's folder is gone and nothing of it is in the repository.
+    assert!(!lab.repo.join(".fvd").exists(), "{out}");
+}
+
 macro_rules! in_netns {
     ($name:ident, $body:expr) => {
         #[test]
@@ -356,6 +382,15 @@ in_netns!(
 );
 
 in_netns!(
+    claude_code_agents_check,
+    agents_check_reports_the_cli_the_model_and_the_key(CLAUDE)
+);
+in_netns!(
+    opencode_agents_check,
+    agents_check_reports_the_cli_the_model_and_the_key(OPENCODE)
+);
+
+in_netns!(
     claude_code_invalid_handoff_and_denied_tool,
     an_invalid_handoff_and_a_refused_tool_are_recorded(
         CLAUDE,
@@ -372,4 +407,30 @@ in_netns!(
         OPENCODE,
         Some(json!({"bash": "curl -s http://127.0.0.1:9/"}))
     )
+);
+
+// Gemini CLI needs Node 20, which Debian 12 does not ship: its tests run
+// with `--features agents-gemini` where it is installed
+// (`FVD_AGENT_GEMINI=1 bash scripts/agent-clis.sh`), not in CI.
+#[cfg(feature = "agents-gemini")]
+in_netns!(
+    gemini_fixes_the_planted_bug_offline,
+    fixes_the_planted_bug_offline(GEMINI)
+);
+#[cfg(feature = "agents-gemini")]
+in_netns!(
+    gemini_is_stopped_by_its_budget,
+    a_budget_stops_a_looping_agent_mid_run(GEMINI)
+);
+#[cfg(feature = "agents-gemini")]
+in_netns!(
+    gemini_refused_key_waits,
+    a_refused_key_is_an_environment_cause(GEMINI, false)
+);
+#[cfg(feature = "agents-gemini")]
+in_netns!(gemini_turn_cap, the_turn_cap_ends_a_looping_agent(GEMINI));
+#[cfg(feature = "agents-gemini")]
+in_netns!(
+    gemini_invalid_handoff,
+    an_invalid_handoff_and_a_refused_tool_are_recorded(GEMINI, None)
 );

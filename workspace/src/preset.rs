@@ -572,6 +572,12 @@ fn gemini(events: &[Value], r: &mut Report) {
     }
 }
 
+/// A cap a CLI tells only by its exit code: Gemini CLI exits 53 when its
+/// session's turns are spent.
+pub fn exit_cap(preset: Preset, code: Option<i32>) -> Option<Cap> {
+    (preset == Preset::Gemini && code == Some(53)).then_some(Cap::Turns)
+}
+
 /// `{"handoff": "…"}` as a final message's text.
 fn structured_handoff(text: &str) -> Option<String> {
     serde_json::from_str::<Value>(text.trim())

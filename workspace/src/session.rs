@@ -200,7 +200,11 @@ impl Session {
         let denials = report
             .map(|r| r.permission_denials.clone())
             .unwrap_or_default();
-        let (outcome, why, env) = match (&trip, report.and_then(|r| r.cap)) {
+        let cap = report.and_then(|r| r.cap).or_else(|| {
+            self.preset
+                .and_then(|p| preset::exit_cap(p, exit.exit_code))
+        });
+        let (outcome, why, env) = match (&trip, cap) {
             (Some(Trip::Auth { status }), _) => {
                 let why = format!(
                     "the model API at {} refused the key in {} ({status}): fix {} in fvd's environment and submit again",
