@@ -1826,4 +1826,67 @@ mod tests {
         };
         assert_eq!(budget_spent(&open, &s), None);
     }
+
+    #[test]
+    fn model_budgets_block_when_spent_and_an_attempt_gets_what_is_left() {
+        use fvd_spec::agent_model::{AgentBudget, ModelApi, ModelSpec};
+        use fvd_store::usage::Spend;
+        let budget = AgentBudget {
+            usd_per_attempt: Some(2.0),
+            usd_per_component: Some(5.0),
+            usd_per_port: Some(9.0),
+            tokens_per_component: Some(1_000),
+            ..AgentBudget::default()
+        };
+        let a = fvd_spec::AgentSpec {
+            model: Some(ModelSpec {
+                api: ModelApi::Anthropic,
+                model: "claude-sonnet-4-5".into(),
+                key_env: "ANTHROPIC_API_KEY".into(),
+                max_turns: None,
+                budget,
+                prices: Default::default(),
+            }),
+            max_wall: None,
+            max_gpu_s: None,
+            ..agent()
+        };
+        let s = |c: (f64, u64), p: (f64, u64)| Spent {
+            attempts: 0,
+            first_queued_ms: None,
+            gpu_ms: 0,
+            now_ms: 0,
+            model_component: Spend {
+                usd: c.0,
+                tokens: c.1,
+            },
+            model_port: Spend {
+                usd: p.0,
+                tokens: p.1,
+            },
+        };
+        // Plenty left: the attempt's own cap; the component's tokens.
+        let fresh = s((1.0, 100), (1.0, 100));
+        assert_eq!(budget_spent(&a, &fresh), None);
+        let left = allowance(&budget, &fresh);
+        assert_eq!((left.usd, left.tokens), (Some(2.0), Some(900)));
+        // Less left of the component than an attempt may spend.
+        let left = allowance(&budget, &s((4.5, 100), (4.5, 100)));
+        assert_eq!(left.usd, Some(0.5));
+        // The port's other components spent most of its budget.
+        let left = allowance(&budget, &s((1.0, 100), (8.75, 100)));
+        assert_eq!(left.usd, Some(0.25));
+        assert_eq!(
+            budget_spent(&a, &s((5.0, 10), (5.0, 10))).as_deref(),
+            Some("agent budget spent: 5.0000 of 5 USD for the component")
+        );
+        assert_eq!(
+            budget_spent(&a, &s((1.0, 10), (9.5, 10))).as_deref(),
+            Some("agent budget spent: 9.5000 of 9 USD for the port")
+        );
+        assert_eq!(
+            budget_spent(&a, &s((1.0, 1_000), (1.0, 1_000))).as_deref(),
+            Some("agent budget spent: 1000 of 1000 tokens for the component")
+        );
+    }
 }

@@ -94,6 +94,7 @@ pub const OPENCODE: Cli = Cli {
     base_path: "/v1",
 };
 
+#[cfg(feature = "agents-gemini")]
 pub const GEMINI: Cli = Cli {
     preset: "gemini",
     model: "gemini-2.5-pro",

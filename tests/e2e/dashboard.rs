@@ -29,7 +29,7 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const TOKEN: &str = "dashboard-test-token-0123456789";
 
 /// Kills its process on drop (a chromedriver, an orchestrator).
-struct Kill(Child);
+pub(crate) struct Kill(pub(crate) Child);
 
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -398,7 +398,7 @@ fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
 }
 
 /// A plain HTTP/1.0 request on loopback; the status line and the body.
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (String, String) {
+pub(crate) fn http(addr: &str, method: &str, path: &str, body: &str) -> (String, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
         s,
