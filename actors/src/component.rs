@@ -678,9 +678,11 @@ async fn prepare_agent(st: &ComponentState) -> Result<AgentLoop, String> {
     let repo = Path::new(&st.args.repo);
     // A new worktree starts at the commit the port is pinned to.
     let base = Some(st.args.code.commit.as_str()).filter(|c| !c.is_empty());
+    let clock = std::time::Instant::now();
     let wt = worktree::ensure(repo, family, name, known, base)
         .await
         .map_err(|e| e.to_string())?;
+    tracing::info!(%family, component = %name, worktree_ms = clock.elapsed().as_millis() as u64, "agent worktree ready");
     store
         .record_worktree(family, name, &wt)
         .await
@@ -1083,7 +1085,9 @@ async fn agent_attempt(
         result,
         kind,
     };
+    let clock = std::time::Instant::now();
     let files = write_packet(st, &turn, &recorded, &used, &answers).await?;
+    let packet_ms = clock.elapsed().as_millis() as u64;
     let ran = run_agent(st, &turn, &files, &used).await?;
     let (exit, handoff) = (ran.exit, ran.handoff);
     if let Some(env) = ran.environment {
@@ -1107,7 +1111,21 @@ async fn agent_attempt(
             return block(st, &result.verdict, &reason, worker_id).await;
         }
     };
+    let commit_ms = clock.elapsed().as_millis() as u64 - packet_ms - ran.run_ms;
     record_attempt(st, attempt, commit, &exit, &handoff).await?;
+    // fvd's own time around the agent, for `bench/agent_overhead.py`.
+    tracing::info!(
+        family = %family,
+        component = %spec.name,
+        attempt,
+        packet_ms,
+        ledger_ms = ran.ledger_ms,
+        proxy_ms = ran.proxy_ms,
+        agent_ms = exit.duration_ms,
+        commit_ms,
+        total_ms = clock.elapsed().as_millis() as u64,
+        "agent attempt overhead"
+    );
     if !answers.is_empty() {
         st.args
             .store
@@ -1202,6 +1220,11 @@ async fn write_packet(
 
 /// What one run of the agent came to.
 struct AgentRan {
+    /// Time spent opening the ledger row, starting the proxy, and in
+    /// `run_agent` as a whole.
+    ledger_ms: u64,
+    proxy_ms: u64,
+    run_ms: u64,
     exit: agent::AgentExit,
     handoff: agent::HandoffRead,
     /// A cause outside the agent ended it (its model API refused the key
@@ -1268,6 +1291,7 @@ async fn run_agent(
     let a = spec.agent.as_ref().expect("only agent components loop");
     let lp = st.agent.as_ref().expect("agent components have a loop");
     let attempt = turn.attempt;
+    let clock = std::time::Instant::now();
     // git works on the whole worktree; the agent in the port's folder of it.
     let wt = lp.worktree.path.clone();
     let workdir = lp.worktree.workdir();
@@ -1292,6 +1316,7 @@ async fn run_agent(
             ..AttemptRow::default()
         })
         .await?;
+    let ledger_ms = clock.elapsed().as_millis() as u64;
     let argv = a.argv(&fvd_spec::AgentVars {
         prompt_file: &files.prompt,
         handoff_file: &files.handoff,
@@ -1329,6 +1354,9 @@ async fn run_agent(
             span.record("exit_code", c);
         }
         return Ok(AgentRan {
+            ledger_ms,
+            proxy_ms: 0,
+            run_ms: clock.elapsed().as_millis() as u64,
             exit,
             handoff,
             environment: None,
@@ -1346,6 +1374,8 @@ async fn run_agent(
             used,
             span,
             head_before,
+            clock,
+            ledger_ms,
         },
         model,
     )
@@ -1362,6 +1392,9 @@ struct ProxiedRun<'a> {
     used: &'a Spent,
     span: Span,
     head_before: String,
+    /// Started with the attempt's ledger row.
+    clock: std::time::Instant,
+    ledger_ms: u64,
 }
 
 /// Runs the agent behind its own model proxy: the key stays in fvd, the
@@ -1384,6 +1417,8 @@ async fn proxied_agent(
         used,
         span,
         head_before,
+        clock,
+        ledger_ms,
     } = r;
     let store = st.args.store.clone();
     // A try after a crash adds to what the tries before it spent.
@@ -1407,6 +1442,9 @@ async fn proxied_agent(
         Err(env) => {
             span.record("outcome", "environment");
             return Ok(AgentRan {
+                ledger_ms,
+                proxy_ms: started.elapsed().as_millis() as u64,
+                run_ms: clock.elapsed().as_millis() as u64,
                 exit: agent::AgentExit::default(),
                 handoff: agent::read_handoff(&spec.name, None, ""),
                 environment: Some(env),
@@ -1419,8 +1457,14 @@ async fn proxied_agent(
         Some(p) => {
             let packet = std::fs::read_to_string(&files.prompt)
                 .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
-            let l = session::launch(&sess, a, p, &packet, &files.dir)
+            let mut l = session::launch(&sess, a, p, &packet, &files.dir)
                 .map_err(|e| format!("cannot write the {} configuration: {e}", p.name()))?;
+            // Found as `fvd agents check` finds it: FVD_AGENT_CLI_DIR, then PATH.
+            if let Some(found) =
+                fvd_workspace::preset::find_program(p, std::env::var_os("PATH").as_deref())
+            {
+                l.argv[0] = found.display().to_string();
+            }
             extra.extend(l.env);
             (l.argv, Some(l.stdin))
         }
@@ -1513,6 +1557,9 @@ async fn proxied_agent(
     );
     tracing::info!(%family, component = %spec.name, attempt, %outcome, model_outcome = %usage.outcome, requests = usage.requests, cost_usd = ?usage.cost_usd, "agent attempt ended");
     Ok(AgentRan {
+        ledger_ms,
+        proxy_ms,
+        run_ms: clock.elapsed().as_millis() as u64,
         exit,
         handoff,
         environment,

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -38,6 +39,7 @@ def main():
             "content-type": "application/json",
             "authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
         })
+        started = time.perf_counter()
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 reply = json.load(r)
@@ -47,7 +49,7 @@ def main():
         messages.append(reply["choices"][0]["message"])
         messages.append({"role": "tool", "tool_call_id": "x", "content": "ok"})
         n += 1
-        print(f"api_agent: request {n} answered")
+        print(f"api_agent: request {n} answered in {(time.perf_counter() - started) * 1000:.2f} ms")
     return 0
 
 
