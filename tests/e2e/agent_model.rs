@@ -15,9 +15,10 @@ use crate::agent::example_repo;
 use crate::dashboard::{Kill, http};
 use crate::support::{Sandbox, fvd};
 
-struct ModelServer {
+/// The repository's scripted model server on loopback, demanding `key`.
+pub(crate) struct ModelServer {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     log: std::path::PathBuf,
 }
 
@@ -29,7 +30,7 @@ impl Drop for ModelServer {
 }
 
 impl ModelServer {
-    fn start(dir: &Path, key: &str, script: serde_json::Value) -> ModelServer {
+    pub(crate) fn start(dir: &Path, key: &str, script: serde_json::Value) -> ModelServer {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         std::fs::write(dir.join("key"), key).unwrap();
         std::fs::write(dir.join("script.json"), script.to_string()).unwrap();
@@ -70,23 +71,22 @@ impl ModelServer {
 }
 
 /// gpt-5 at the default prices: 1000 input, 50 output, 200 cached.
-const REPLY_USD: f64 = (1000.0 * 1.25 + 50.0 * 10.0 + 200.0 * 0.125) / 1e6;
+pub(crate) const REPLY_USD: f64 = (1000.0 * 1.25 + 50.0 * 10.0 + 200.0 * 0.125) / 1e6;
 
-#[test]
-fn a_component_budget_spans_attempts_and_the_proxy_ends_the_one_that_crosses_it() {
-    let sb = Sandbox::new();
+/// The example port whose `timestep_embed` alone has an agent: the raw
+/// `api_agent.py` behind the proxy, `requests` requests per attempt, and
+/// `extra` lines in its `[agent]` table; the model server it talks to.
+pub(crate) fn proxied_port(sb: &Sandbox, key: &str, requests: u32, extra: &str) -> ModelServer {
     let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents/api_agent.py");
-    let cap = REPLY_USD * 2.5;
-    example_repo(&sb, |t| {
+    example_repo(sb, |t| {
         // time_shift keeps no agent: one agent component here.
         let (head, _) = t.split_once("agent = true\n\n[agent]").unwrap();
         format!(
-            "{head}\n[agent]\ncommand = [\"python3\", \"-B\", \"{}\", \"--requests\", \"2\"]\napi = \"openai-chat\"\nmodel = \"gpt-5\"\nmax_attempts = 5\ntimeout_s = 60\n\n[agent.budget]\nusd_per_component = {cap}\n",
+            "{head}\n[agent]\ncommand = [\"python3\", \"-B\", \"{}\", \"--requests\", \"{requests}\"]\napi = \"openai-chat\"\nmodel = \"gpt-5\"\ntimeout_s = 60\n{extra}\n",
             agent.display()
         )
     });
-    let key = "sk-fvdtest-e2e-0123456789abcdef0123456789";
-    let server = ModelServer::start(
+    ModelServer::start(
         sb.dir.path(),
         key,
         serde_json::json!({"scripts": [{
@@ -94,6 +94,19 @@ fn a_component_budget_spans_attempts_and_the_proxy_ends_the_one_that_crosses_it(
             "usage": {"input": 1000, "output": 50, "cache_read": 200, "cache_write": 0},
             "steps": [{"loop": {"bash": "true"}}],
         }]}),
+    )
+}
+
+#[test]
+fn a_component_budget_spans_attempts_and_the_proxy_ends_the_one_that_crosses_it() {
+    let sb = Sandbox::new();
+    let cap = REPLY_USD * 2.5;
+    let key = "sk-fvdtest-e2e-0123456789abcdef0123456789";
+    let server = proxied_port(
+        &sb,
+        key,
+        2,
+        &format!("max_attempts = 5\n\n[agent.budget]\nusd_per_component = {cap}"),
     );
     let out = fvd()
         .args(["submit", "--family", "tinyport", "--wait", "--repo"])
