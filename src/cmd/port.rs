@@ -681,12 +681,24 @@ fn print_snapshot(s: &pb::PortSnapshot) {
     if let Some(a) = &s.agent_spend {
         say(format_args!("  agents of the port: {}", spend_line(a)));
     }
-    for (cause, names) in grouped(s, ComponentStatus::Environment, "") {
+    // A component's agent whose model API refused its key (or kept
+    // failing) waits too, for a different fix than a worker's.
+    let (agents, workers): (Vec<_>, Vec<_>) = grouped(s, ComponentStatus::Environment, "")
+        .into_iter()
+        .partition(|(cause, _)| cause.starts_with("environment: agent attempt "));
+    for (cause, names) in &workers {
         let n = names.len();
         say(format_args!(
             "{n} component{} could not run on {cause} ({})",
             if n == 1 { "" } else { "s" },
             names.join(", ")
+        ));
+    }
+    for (cause, names) in &agents {
+        say(format_args!(
+            "{}: the agent could not work: {} (the attempt was not counted)",
+            names.join(", "),
+            cause.trim_start_matches("environment: ")
         ));
     }
     for (cause, names) in grouped(s, ComponentStatus::Blocked, "unplaced: ") {
@@ -697,7 +709,7 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             names.join(", ")
         ));
     }
-    if s.state == PortState::Environment.as_str() {
+    if s.state == PortState::Environment.as_str() && !workers.is_empty() {
         say(format_args!(
             "  fix the environment of that worker (or start one that has it) and run fvd submit --family {} again: nothing was counted against the components",
             s.family

@@ -215,6 +215,11 @@ fn a_refused_key_is_an_environment_cause(cli: Cli, then_fix: bool) {
     let wrong = "sk-fvdtest-wrong-key";
     let (code, out) = lab.submit_with_key(wrong);
     assert_eq!(code, Some(4), "{out}");
+    assert!(
+        out.contains("timestep_embed: the agent could not work:") && out.contains(cli.key_env),
+        "{out}"
+    );
+    assert!(!out.contains(wrong), "the refused key is in fvd's output");
     let c = component(&lab.status());
     assert_eq!(c["status"], "environment", "{c:#}");
     let reason = c["reason"].as_str().unwrap();
