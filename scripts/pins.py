@@ -60,6 +60,7 @@ SCANNED = [
     ("examples/tinyport/", {"dev"}, set()),
     ("bench/", {"dev", "bench"}, GPU_MACHINE),
     ("deploy/k8s/", {"k8s", "dev"}, set()),
+    ("deploy/", {"dev"}, set()),
     ("python/", {"dev"}, GPU_MACHINE),
     ("scripts/", {"dev"}, set()),
     ("tests/", {"dev"}, set()),

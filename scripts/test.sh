@@ -95,6 +95,6 @@ fi
 # (docker itself is not run here).
 python3 -m pip install --quiet --disable-pip-version-check -r deploy/k8s/requirements.txt || status=1
 python3 deploy/k8s/validate.py || status=1
-python3 -m pytest deploy/k8s -q -p no:cacheprovider || status=1
+python3 -m pytest deploy/k8s deploy/test_dockerfile.py -q -p no:cacheprovider || status=1
 cargo build --release --locked --bin fvd || status=1
 exit "$status"

@@ -66,6 +66,8 @@ pub struct ComponentArgs {
     pub trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
     /// The port's variant actor, when some component has variants.
     pub variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
+    /// Whether its agent command may run here, and jailed how.
+    pub agents: agent::AgentPolicy,
 }
 
 #[derive(Debug)]
@@ -626,7 +628,7 @@ async fn enqueue(
             commit,
             code_prefix,
             gpus_needed: spec.gpus,
-            timeout_ms: spec.timeout.as_millis() as u64,
+            timeout_ms: spec.timeout_ms(),
             ..JobRecord::default()
         })
         .await?;
@@ -932,7 +934,7 @@ pub fn budget_spent(a: &fvd_spec::AgentSpec, s: &Spent) -> Option<String> {
         }
     }
     if let Some(max) = a.max_gpu_s
-        && s.gpu_ms >= max * 1000
+        && s.gpu_ms >= max.saturating_mul(1000)
     {
         return Some(format!(
             "agent budget spent: {:.1} of {max} GPU-seconds",
@@ -1061,6 +1063,12 @@ async fn agent_attempt(
     if rerun.is_none()
         && let Some(why) = budget_spent(&a, &used)
     {
+        let reason = format!("{} ({why})", classed(&result.verdict, &result.reason));
+        return block(st, &result.verdict, &reason, worker_id).await;
+    }
+    // A port resumed on an orchestrator that does not run its agent's
+    // command (submit refuses such a spec up front).
+    if let Err(why) = st.args.agents.admits(&a) {
         let reason = format!("{} ({why})", classed(&result.verdict, &result.reason));
         return block(st, &result.verdict, &reason, worker_id).await;
     }
@@ -1342,8 +1350,23 @@ async fn run_agent(
         extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
     let Some(model) = &a.model else {
-        let exit = agent::run(&argv, &workdir, &a.env, &extra, a.timeout, &files.dir).await;
-        let handoff_text = std::fs::read_to_string(&files.handoff).ok();
+        let exit = agent::run(
+            &argv,
+            agent::RunAgent {
+                cwd: &workdir,
+                env_names: &a.env,
+                extra: &extra,
+                timeout: a.timeout,
+                log_dir: &files.dir,
+                policy: &st.args.agents,
+            },
+        )
+        .await;
+        // The handoff is stored and may reach PORT_STATUS.md: redacted like
+        // the agent's output.
+        let handoff_text = std::fs::read_to_string(&files.handoff)
+            .ok()
+            .map(|t| st.args.agents.redactor(&a.env).text(&t));
         let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
         if let Some(e) = &exit.spawn_error {
             handoff.summary = e.clone();
@@ -1457,7 +1480,8 @@ async fn proxied_agent(
         Some(p) => {
             let packet = std::fs::read_to_string(&files.prompt)
                 .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
-            let mut l = session::launch(&sess, a, p, &packet, &files.dir)
+            let jailed = st.args.agents.jail.mechanism().is_some();
+            let mut l = session::launch(&sess, a, p, &packet, &files.dir, jailed)
                 .map_err(|e| format!("cannot write the {} configuration: {e}", p.name()))?;
             // Found as `fvd agents check` finds it: FVD_AGENT_CLI_DIR, then PATH.
             if let Some(found) =
@@ -1492,11 +1516,14 @@ async fn proxied_agent(
     let program = argv[0].clone();
     let exit = agent::run_with(
         &argv,
-        &workdir,
-        &a.env,
-        &extra,
-        a.timeout,
-        &files.dir,
+        agent::RunAgent {
+            cwd: &workdir,
+            env_names: &a.env,
+            extra: &extra,
+            timeout: a.timeout,
+            log_dir: &files.dir,
+            policy: &st.args.agents,
+        },
         stdin,
         sess.stopped(),
     )
@@ -1506,7 +1533,13 @@ async fn proxied_agent(
     let report = a
         .preset
         .map(|p| fvd_workspace::preset::report(p, &exit.stdout));
-    let handoff_text = std::fs::read_to_string(&files.handoff).ok();
+    // The agent never held the key; its handoff is redacted of it anyway,
+    // with the values of the variables its spec passes.
+    let mut names = a.env.clone();
+    names.push(model.key_env.clone());
+    let handoff_text = std::fs::read_to_string(&files.handoff)
+        .ok()
+        .map(|t| st.args.agents.redactor(&names).text(&t));
     let final_text = report
         .as_ref()
         .and_then(|r| r.result.clone())

@@ -39,6 +39,8 @@ pub struct GateArgs {
     pub store: Store,
     pub scheduler: ActorRef<SchedulerMsg>,
     pub events: broadcast::Sender<PortEvent>,
+    /// Which agent commands run here, jailed how.
+    pub agents: fvd_workspace::agent::AgentPolicy,
 }
 
 #[derive(Debug)]
@@ -425,6 +427,7 @@ async fn spawn_component(
         events: st.args.events.clone(),
         trace: st.trace.clone(),
         variants: st.variants.clone(),
+        agents: st.args.agents.clone(),
     };
     Actor::spawn_linked(
         Some(actor_name(&st.args.family, &c.name)),

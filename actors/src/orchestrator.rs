@@ -1,6 +1,17 @@
 //! `OrchestratorActor`: one per process. It starts ports (one gate actor
 //! each), resumes them from the store after a restart, and supervises them:
 //! a gate actor that fails is restarted from the store, not lost.
+//!
+//! It also decides who may change a port (issue #30). A port belongs to the
+//! checkout it was first submitted from (its repository's identity and
+//! path) and to the credential that submitted it:
+//! - a submit of the same family from another checkout is refused, naming
+//!   both (an embedded store follows its checkout when it moves: it lives
+//!   inside it);
+//! - a submit, answer, cancel or reset by a credential other than the
+//!   port's owner is refused unless the caller is an admin;
+//! - each accepted one is logged with the caller's name, in the
+//!   transaction that makes the change where there is one.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,6 +22,7 @@ use tokio::sync::broadcast;
 use crate::gate::{GateActor, GateArgs, GateMsg};
 use crate::scheduler::SchedulerMsg;
 use fvd_store::model::{PortCode, PortEvent, PortRow, PortState};
+use fvd_store::team::{Action, PortOrigin};
 use fvd_store::{EscapeRow, Store, StoreError};
 
 #[derive(Debug)]
@@ -24,6 +36,46 @@ pub struct OrchestratorArgs {
     /// Resume ports left running, paused or waiting by an earlier process
     /// (a fleet orchestrator); embedded mode resumes only what is submitted.
     pub resume_on_start: bool,
+    /// The store lives inside the one checkout it serves (embedded mode):
+    /// a port submitted from a new path is that checkout moved, and follows
+    /// it. A fleet orchestrator refuses a submit from another checkout.
+    pub checkout_owns_store: bool,
+    /// Which agent commands run here, jailed how.
+    pub agents: fvd_workspace::agent::AgentPolicy,
+}
+
+/// Who asks for a change: the name of the caller's credential, and whether
+/// it may change every port (`admin`) or only its own (`porter`). The edge
+/// refuses callers who may change nothing before a message is sent.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Caller {
+    /// Empty on a server that checks no credential.
+    pub name: String,
+    pub admin: bool,
+}
+
+impl Caller {
+    /// The caller of a server that checks no credential: may do anything,
+    /// named nobody.
+    pub fn anonymous() -> Self {
+        Caller {
+            name: String::new(),
+            admin: true,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match (self.name.as_str(), self.admin) {
+            ("", _) => "anonymous".to_string(),
+            (n, true) => format!("{n} (admin)"),
+            (n, false) => format!("{n} (porter)"),
+        }
+    }
+
+    /// Whether this caller may change a port owned by `owner`.
+    fn may_change(&self, owner: &str) -> bool {
+        self.admin || (!owner.is_empty() && owner == self.name)
+    }
 }
 
 /// A port submission as the edge received it.
@@ -41,6 +93,8 @@ pub struct Submission {
     /// W3C `traceparent` of the submitter's span (gRPC metadata), so the
     /// port's trace joins the caller's (e.g. an agent's).
     pub traceparent: Option<String>,
+    /// Who submits.
+    pub caller: Caller,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -79,6 +133,31 @@ pub enum PortError {
     /// or secret-looking text, a hatch already answered).
     #[error("{0}")]
     InvalidAnswer(String),
+    /// The family's port belongs to another checkout: its repository,
+    /// status file and verdicts never move to this one.
+    #[error(
+        "port {family} belongs to {port_repo} ({port_identity}); this submit comes from {repo} ({identity}), another checkout: a port's repository, status file and verdicts never move. Submit from {port_repo}, or reset the port there first (fvd reset {family} --orchestrator URL){owner}"
+    )]
+    OtherCheckout {
+        family: String,
+        port_repo: String,
+        port_identity: String,
+        repo: String,
+        identity: String,
+        /// ` (its owner: alice)`, or empty.
+        owner: String,
+    },
+    /// The caller may change only its own ports, and this one is not.
+    #[error("{caller} may not {what} port {family}: {why}")]
+    NotYours {
+        family: String,
+        caller: String,
+        what: &'static str,
+        why: String,
+    },
+    /// The spec's agent command may not run on this orchestrator.
+    #[error("{path}: {why}")]
+    AgentRefused { path: String, why: String },
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -94,14 +173,26 @@ pub enum AnswerChoice {
 #[derive(Debug)]
 pub enum OrchestratorMsg {
     Submit(Submission, RpcReplyPort<Result<Submitted, PortError>>),
-    Cancel(String, RpcReplyPort<Result<(), PortError>>),
+    Cancel {
+        family: String,
+        caller: Caller,
+        reply: RpcReplyPort<Result<(), PortError>>,
+    },
     Answer {
         family: String,
         id: String,
         choice: AnswerChoice,
         /// W3C `traceparent` of the answering call, when it sent one.
         traceparent: Option<String>,
+        caller: Caller,
         reply: RpcReplyPort<Result<EscapeRow, PortError>>,
+    },
+    /// Forget a port that does not run here: its state goes, its log of
+    /// actions stays (`fvd reset --orchestrator`).
+    Reset {
+        family: String,
+        caller: Caller,
+        reply: RpcReplyPort<Result<(), PortError>>,
     },
 }
 
@@ -167,20 +258,12 @@ impl Actor for OrchestratorActor {
                 let r = submit(&myself, st, sub).await;
                 let _ = reply.send(r);
             }
-            OrchestratorMsg::Cancel(family, reply) => {
-                let r = match st.ports.get(&family) {
-                    Some(gate) => gate
-                        .cast(GateMsg::Cancel)
-                        .map_err(|e| PortError::Internal(e.to_string())),
-                    None => match st.args.store.port(&family).await {
-                        Ok(Some(p)) => Err(PortError::NotRunning {
-                            family,
-                            state: p.state,
-                        }),
-                        Ok(None) => Err(PortError::UnknownFamily(family)),
-                        Err(e) => Err(PortError::Internal(e.to_string())),
-                    },
-                };
+            OrchestratorMsg::Cancel {
+                family,
+                caller,
+                reply,
+            } => {
+                let r = cancel(st, family, &caller).await;
                 let _ = reply.send(r);
             }
             OrchestratorMsg::Answer {
@@ -188,9 +271,18 @@ impl Actor for OrchestratorActor {
                 id,
                 choice,
                 traceparent,
+                caller,
                 reply,
             } => {
-                let r = answer(&myself, st, &family, &id, choice, traceparent).await;
+                let r = answer(&myself, st, &family, &id, choice, traceparent, &caller).await;
+                let _ = reply.send(r);
+            }
+            OrchestratorMsg::Reset {
+                family,
+                caller,
+                reply,
+            } => {
+                let r = reset(st, &family, &caller).await;
                 let _ = reply.send(r);
             }
         }
@@ -249,6 +341,20 @@ async fn submit(
             submitted: sub.family,
         });
     }
+    // Refused before anything is stored: a component would only block on
+    // it later (`component.rs` checks again for ports resumed from the
+    // store).
+    if let Some(why) = spec
+        .components
+        .iter()
+        .filter_map(|c| c.agent.as_ref())
+        .find_map(|a| st.args.agents.admits(a).err())
+    {
+        return Err(PortError::AgentRefused {
+            path: sub.spec_path,
+            why,
+        });
+    }
     // No commit (not a git repository), or a full sha the repository has.
     let known_commit = sub.commit.is_empty()
         || (fvd_workspace::commit::is_full_sha(&sub.commit)
@@ -261,7 +367,57 @@ async fn submit(
     }
     let internal = |e: fvd_store::StoreError| PortError::Internal(e.to_string());
     let known = st.args.store.port(&sub.family).await.map_err(internal)?;
-    // Runs from now on test the new commit; recorded verdicts stay.
+    let identity = fvd_workspace::identity::repo_identity(Path::new(&sub.repo)).await;
+    if let Some(port) = &known {
+        let origin = st
+            .args
+            .store
+            .port_origin(&sub.family)
+            .await
+            .map_err(internal)?
+            .unwrap_or_default();
+        let same_checkout = port.repo == sub.repo
+            && (origin.repo_identity.is_empty() || origin.repo_identity == identity);
+        if !same_checkout && !st.args.checkout_owns_store {
+            return Err(PortError::OtherCheckout {
+                family: sub.family,
+                port_repo: port.repo.clone(),
+                port_identity: if origin.repo_identity.is_empty() {
+                    "identity not recorded".into()
+                } else {
+                    origin.repo_identity
+                },
+                repo: sub.repo,
+                identity,
+                owner: if origin.owner.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (its owner: {})", origin.owner)
+                },
+            });
+        }
+        check_owner(&sub.caller, &sub.family, &origin.owner, "submit")?;
+        if !same_checkout {
+            // Embedded: the checkout moved, and its state with it.
+            st.args
+                .store
+                .adopt_checkout(&sub.family, &sub.repo, &identity)
+                .await
+                .map_err(internal)?;
+        } else if origin.repo_identity.is_empty() {
+            st.args
+                .store
+                .record_repo_identity(&sub.family, &identity)
+                .await
+                .map_err(internal)?;
+        }
+    }
+    let action = if sub.rerun {
+        Action::Rerun
+    } else {
+        Action::Submit
+    };
+    // Runs from now on test the new commit; a verdict of another tree may not hold.
     let recommit = known.as_ref().is_some_and(|p| p.commit != sub.commit);
     let rows = st
         .args
@@ -273,8 +429,24 @@ async fn submit(
         .as_ref()
         .map(|p| replan(p, &spec, &rows))
         .unwrap_or_default();
+    // A verdict belongs to a commit: at another one, components whose last
+    // verdict was produced at a tree not equivalent for them run again.
+    let stale = match known.as_ref().filter(|_| recommit) {
+        Some(_) => {
+            let planned: Vec<&str> = plan.iter().map(|p| p.component.as_str()).collect();
+            stale_verdicts(&st.args.store, &sub, &spec, &rows, &planned)
+                .await
+                .map_err(internal)?
+        }
+        None => Stale::default(),
+    };
     if let Some(gate) = st.ports.get(&sub.family).cloned() {
         if !sub.rerun && plan.is_empty() && !recommit {
+            st.args
+                .store
+                .record_action(&sub.family, action, &sub.caller.name, &sub.commit)
+                .await
+                .map_err(internal)?;
             return Ok(Submitted {
                 family: sub.family,
                 resumed: true,
@@ -328,14 +500,25 @@ async fn submit(
         port_status_path: String::new(),
         commit: sub.commit.clone(),
     };
+    let origin = PortOrigin {
+        repo_identity: identity,
+        owner: sub.caller.name.clone(),
+        submitted_by: sub.caller.name.clone(),
+    };
     let created = st
         .args
         .store
-        .create_port(&row, &names)
+        .create_port_from(&row, &names, &origin, action)
         .await
         .map_err(internal)?;
     if !created {
-        let again: Vec<String> = plan.iter().map(|c| c.component.clone()).collect();
+        st.args
+            .store
+            .record_action(&sub.family, action, &sub.caller.name, &sub.commit)
+            .await
+            .map_err(internal)?;
+        let mut again: Vec<String> = plan.iter().map(|c| c.component.clone()).collect();
+        again.extend(stale.rerun.iter().map(|(c, _)| c.clone()));
         st.args
             .store
             .update_port_spec(&row, &names, &again)
@@ -351,16 +534,23 @@ async fn submit(
     }
     // A new port, or a rerun, starts the port's trace anew.
     let fresh = created || sub.rerun;
-    start_gate(myself, st, &row, sub.traceparent, fresh)
+    start_gate(myself, st, &row, sub.traceparent.clone(), fresh)
         .await
         .map_err(|e| PortError::Internal(e.to_string()))?;
     st.submitted.insert(sub.family.clone());
+    // snapshots no recorded verdict and no run in flight names go
+    if !sub.commit.is_empty()
+        && let Err(e) = prune_snapshots(&st.args.store, &sub, &names).await
+    {
+        tracing::warn!(family = %sub.family, error = %e, "could not prune snapshot refs");
+    }
     let mut changes: Vec<String> = plan.into_iter().map(|c| c.to_string()).collect();
     if let Some(old) = known.filter(|_| recommit) {
         changes.push(format!(
-            "commit {} -> {}: runs from now on test it; recorded verdicts stay",
+            "commit {} -> {}: {}",
             short(&old.commit),
-            short(&sub.commit)
+            short(&sub.commit),
+            stale.line()
         ));
     }
     Ok(Submitted {
@@ -414,12 +604,24 @@ pub fn replan(
             None if old.is_some() => Some("new in the spec; it runs".to_string()),
             None => Some("the stored spec no longer parses; it runs again".to_string()),
             Some(b) if !b.same_run(c) => Some(format!("{}; it runs again", spec_diff(b, c))),
-            Some(_) => match row {
-                Some(r) if r.is_final() && NO_VERDICT.contains(&r.verdict.as_str()) => {
-                    Some(format!("its last run was {}; it runs again", r.verdict))
+            Some(_) => {
+                match row {
+                    Some(r) if r.is_final() && NO_VERDICT.contains(&r.verdict.as_str()) => {
+                        Some(format!("its last run was {}; it runs again", r.verdict))
+                    }
+                    // a verdict an older fvd recorded for what is now known to
+                    // be a broken environment says nothing about the code
+                    Some(r) if r.is_final() && r.verdict != "non_skip_pass" => {
+                        let in_repo = crate::run_verdict::repo_modules(&port.repo, c);
+                        fvd_contracts::verdict::environment_signature(&r.reason, &in_repo).map(
+                        |(_, cause)| {
+                            format!("its last run failed on its environment ({cause}); it runs again")
+                        },
+                    )
+                    }
+                    _ => None,
                 }
-                _ => None,
-            },
+            }
         };
         if let Some(why) = why {
             out.push(Replan {
@@ -439,6 +641,187 @@ pub fn replan(
         }
     }
     out
+}
+
+/// What a submit at another commit does with the recorded verdicts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stale {
+    /// Components that run again, each with why.
+    pub rerun: Vec<(String, String)>,
+    /// Components whose verdict holds at the new commit.
+    pub kept: Vec<String>,
+}
+
+impl Stale {
+    /// One line for people: what reruns and why, what keeps its verdict.
+    pub fn line(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.rerun.is_empty() {
+            // grouped by reason, in the spec's order
+            let mut by_why: Vec<(&str, Vec<&str>)> = Vec::new();
+            for (c, why) in &self.rerun {
+                match by_why.iter_mut().find(|(w, _)| *w == why.as_str()) {
+                    Some((_, cs)) => cs.push(c),
+                    None => by_why.push((why, vec![c])),
+                }
+            }
+            let said: Vec<String> = by_why
+                .into_iter()
+                .map(|(why, cs)| format!("{} ({why})", cs.join(", ")))
+                .collect();
+            parts.push(format!("rerun {}", said.join("; ")));
+        }
+        if !self.kept.is_empty() {
+            parts.push(format!(
+                "{} keep their verdicts (none of their files changed)",
+                self.kept.join(", ")
+            ));
+        }
+        if parts.is_empty() {
+            "no recorded verdict to check".to_string()
+        } else {
+            parts.join("; ")
+        }
+    }
+}
+
+/// Which final components' verdicts were produced at a tree that is not
+/// equivalent to the submitted commit for them. Equivalent: the same
+/// files under the component's test files, the `conftest.py` files above
+/// them and the `paths` it names; a component that names no paths is
+/// equivalent only when no file changed at all (fvd's own status file
+/// aside); a comparison that fails is not equivalent (when unsure, rerun).
+async fn stale_verdicts(
+    store: &Store,
+    sub: &Submission,
+    spec: &fvd_spec::PortSpec,
+    rows: &[fvd_store::model::ComponentRow],
+    planned: &[&str],
+) -> Result<Stale, StoreError> {
+    let repo = Path::new(&sub.repo);
+    let mut out = Stale::default();
+    if sub.commit.is_empty() {
+        return Ok(out);
+    }
+    let prefix = fvd_workspace::commit::prefix(repo)
+        .await
+        .unwrap_or_default();
+    let status_file = crate::port_status::file_path(repo, spec)
+        .ok()
+        .and_then(|p| p.strip_prefix(repo).ok().map(Path::to_path_buf))
+        .map(|p| format!("{prefix}{}", p.display()));
+    let mut diffs: HashMap<String, Result<Vec<String>, String>> = HashMap::new();
+    for c in &spec.components {
+        if planned.contains(&c.name.as_str()) {
+            continue;
+        }
+        let Some(row) = rows.iter().find(|r| r.name == c.name && r.is_final()) else {
+            continue;
+        };
+        if NO_VERDICT.contains(&row.verdict.as_str()) {
+            continue;
+        }
+        let jobs = store.jobs_of(&spec.family, &c.name).await?;
+        let Some(last) = jobs
+            .iter()
+            .rev()
+            .find(|j| j.state == fvd_store::model::JobState::Finished)
+        else {
+            continue;
+        };
+        if last.commit.is_empty() || last.commit == sub.commit {
+            if last.commit == sub.commit {
+                out.kept.push(c.name.clone());
+            }
+            continue;
+        }
+        if !diffs.contains_key(&last.commit) {
+            let d = fvd_workspace::commit::changed_files(repo, &last.commit, &sub.commit)
+                .await
+                .map_err(|e| e.to_string());
+            diffs.insert(last.commit.clone(), d);
+        }
+        let why = match &diffs[&last.commit] {
+            Err(e) => Some(format!("cannot compare its verdict's commit: {e}")),
+            Ok(files) => {
+                let files: Vec<&String> = files
+                    .iter()
+                    .filter(|f| Some(f.as_str()) != status_file.as_deref())
+                    .collect();
+                if c.paths.is_empty() {
+                    (!files.is_empty())
+                        .then(|| format!("{} file(s) changed and it names no paths", files.len()))
+                } else {
+                    let watched = watched_paths(&prefix, c);
+                    files
+                        .iter()
+                        .find(|f| watched.iter().any(|w| under(f, w)))
+                        .map(|f| format!("{f} changed"))
+                }
+            }
+        };
+        match why {
+            Some(why) => out.rerun.push((c.name.clone(), why)),
+            None => out.kept.push(c.name.clone()),
+        }
+    }
+    Ok(out)
+}
+
+/// What a component's verdict depends on, from the top of the repository:
+/// its test files, every `conftest.py` from their folders up to the port
+/// folder, and the paths it names.
+fn watched_paths(prefix: &str, c: &fvd_spec::ComponentSpec) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for t in &c.parity_tests {
+        let file = t.split("::").next().unwrap_or(t).trim_start_matches("./");
+        out.push(format!("{prefix}{file}"));
+        let mut dir = Path::new(file).parent();
+        while let Some(d) = dir {
+            let conftest = d.join("conftest.py");
+            out.push(format!("{prefix}{}", conftest.display()));
+            dir = d.parent();
+        }
+    }
+    out.extend(c.paths.iter().map(|p| format!("{prefix}{p}")));
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Whether `file` is `path` or inside the folder `path`.
+fn under(file: &str, path: &str) -> bool {
+    let path = path.trim_end_matches('/');
+    file == path || file.strip_prefix(path).is_some_and(|r| r.starts_with('/'))
+}
+
+/// Deletes the port's snapshot refs (`refs/fvd/snapshots/<family>/*`) that
+/// neither the submitted commit, a component's recorded verdict (its last
+/// finished run) nor a run still queued or running names.
+async fn prune_snapshots(store: &Store, sub: &Submission, names: &[String]) -> Result<(), String> {
+    use fvd_store::model::JobState;
+    let mut keep = vec![sub.commit.clone()];
+    for name in names {
+        let jobs = store
+            .jobs_of(&sub.family, name)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(j) = jobs.iter().rev().find(|j| j.state == JobState::Finished) {
+            keep.push(j.commit.clone());
+        }
+        keep.extend(
+            jobs.iter()
+                .filter(|j| matches!(j.state, JobState::Queued | JobState::Running))
+                .map(|j| j.commit.clone()),
+        );
+    }
+    let gone = fvd_workspace::commit::prune_snapshots(Path::new(&sub.repo), &sub.family, &keep)
+        .await
+        .map_err(|e| e.to_string())?;
+    if gone > 0 {
+        tracing::info!(family = %sub.family, gone, "pruned snapshot refs no verdict names");
+    }
+    Ok(())
 }
 
 /// Final component verdicts that say nothing about the code: a resubmit
@@ -476,6 +859,7 @@ fn spec_diff(a: &fvd_spec::ComponentSpec, b: &fvd_spec::ComponentSpec) -> String
 /// Records the answer to escape hatch `id` and wakes the component that
 /// asked: through the port's gate when it runs here, else by resuming the
 /// port from the store (embedded mode, a paused port after a restart).
+#[allow(clippy::too_many_arguments)]
 async fn answer(
     myself: &ActorRef<OrchestratorMsg>,
     st: &mut OrchestratorState,
@@ -483,6 +867,7 @@ async fn answer(
     id: &str,
     choice: AnswerChoice,
     traceparent: Option<String>,
+    caller: &Caller,
 ) -> Result<EscapeRow, PortError> {
     let internal = |e: StoreError| PortError::Internal(e.to_string());
     let port = st
@@ -492,6 +877,8 @@ async fn answer(
         .await
         .map_err(internal)?
         .ok_or_else(|| PortError::UnknownFamily(family.to_string()))?;
+    let owner = owner_of(st, family).await?;
+    check_owner(caller, family, &owner, "answer")?;
     let hatch = st
         .args
         .store
@@ -537,7 +924,7 @@ async fn answer(
     let row = st
         .args
         .store
-        .answer_escape(family, id, &text)
+        .answer_escape_by(family, id, &text, &caller.name)
         .await
         .map_err(|e| match e {
             e @ StoreError::EscapeNotOpen { .. } => PortError::InvalidAnswer(e.to_string()),
@@ -565,6 +952,98 @@ async fn answer(
         .await
         .map_err(|e| PortError::Internal(e.to_string()))?;
     Ok(row)
+}
+
+/// The credential that owns `family` ("" when none was checked or the port
+/// is older than owners).
+async fn owner_of(st: &OrchestratorState, family: &str) -> Result<String, PortError> {
+    Ok(st
+        .args
+        .store
+        .port_origin(family)
+        .await
+        .map_err(|e| PortError::Internal(e.to_string()))?
+        .map(|o| o.owner)
+        .unwrap_or_default())
+}
+
+/// Refuses `caller` doing `what` to a port owned by `owner`, unless it is
+/// the owner or an admin.
+fn check_owner(
+    caller: &Caller,
+    family: &str,
+    owner: &str,
+    what: &'static str,
+) -> Result<(), PortError> {
+    if caller.may_change(owner) {
+        return Ok(());
+    }
+    let why = if owner.is_empty() {
+        "it was submitted without a credential, so only an admin may".to_string()
+    } else {
+        format!("it is {owner}'s; only {owner} or an admin may")
+    };
+    Err(PortError::NotYours {
+        family: family.to_string(),
+        caller: caller.describe(),
+        what,
+        why,
+    })
+}
+
+/// Cancels the port running here, if `caller` may.
+async fn cancel(
+    st: &mut OrchestratorState,
+    family: String,
+    caller: &Caller,
+) -> Result<(), PortError> {
+    let internal = |e: StoreError| PortError::Internal(e.to_string());
+    let Some(port) = st.args.store.port(&family).await.map_err(internal)? else {
+        return Err(PortError::UnknownFamily(family));
+    };
+    let owner = owner_of(st, &family).await?;
+    check_owner(caller, &family, &owner, "cancel")?;
+    let Some(gate) = st.ports.get(&family) else {
+        return Err(PortError::NotRunning {
+            family,
+            state: port.state,
+        });
+    };
+    gate.cast(GateMsg::Cancel)
+        .map_err(|e| PortError::Internal(e.to_string()))?;
+    st.args
+        .store
+        .record_action(&family, Action::Cancel, &caller.name, "")
+        .await
+        .map_err(internal)
+}
+
+/// Forgets a port that does not run here (`fvd reset --orchestrator`):
+/// the next submit, from any checkout, starts it over. Its log stays.
+async fn reset(st: &mut OrchestratorState, family: &str, caller: &Caller) -> Result<(), PortError> {
+    let internal = |e: StoreError| PortError::Internal(e.to_string());
+    if st
+        .args
+        .store
+        .port(family)
+        .await
+        .map_err(internal)?
+        .is_none()
+    {
+        return Err(PortError::UnknownFamily(family.to_string()));
+    }
+    let owner = owner_of(st, family).await?;
+    check_owner(caller, family, &owner, "reset")?;
+    if st.ports.contains_key(family) {
+        return Err(PortError::Busy(family.to_string(), "resetting it"));
+    }
+    st.args
+        .store
+        .record_action(family, Action::Reset, &caller.name, "")
+        .await
+        .map_err(internal)?;
+    st.args.store.delete_port(family).await.map_err(internal)?;
+    Ok(())
 }
 
 /// The code of a port's runs: its pinned commit, where its folder sits in
@@ -621,8 +1100,74 @@ async fn start_gate(
         store: st.args.store.clone(),
         scheduler: st.args.scheduler.clone(),
         events: st.args.events.clone(),
+        agents: st.args.agents.clone(),
     };
     let (gate, _) = Actor::spawn_linked(None, GateActor, args, myself.get_cell()).await?;
     st.ports.insert(port.family.clone(), gate);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn component(tests: &[&str], paths: &[&str]) -> fvd_spec::ComponentSpec {
+        let mut spec = fvd_spec::parse(
+            Path::new("p.toml"),
+            "[prep]\nmodel_family = \"fam\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = \"t/x.py\"\ncoverage_scope = \"both\"\n",
+        )
+        .unwrap()
+        .components
+        .remove(0);
+        spec.parity_tests = tests.iter().map(|t| t.to_string()).collect();
+        spec.paths = paths.iter().map(|t| t.to_string()).collect();
+        spec
+    }
+
+    #[test]
+    fn a_verdict_depends_on_its_tests_their_conftests_and_its_paths() {
+        let c = component(
+            &["tests/local_tests/fam/test_a.py::test_one[fp32]"],
+            &["pkg/models/a.py", "pkg/layers"],
+        );
+        let w = watched_paths("sub/", &c);
+        for want in [
+            "sub/tests/local_tests/fam/test_a.py",
+            "sub/tests/local_tests/fam/conftest.py",
+            "sub/tests/conftest.py",
+            "sub/conftest.py",
+            "sub/pkg/models/a.py",
+            "sub/pkg/layers",
+        ] {
+            assert!(w.iter().any(|p| p == want), "{want}: {w:?}");
+        }
+        assert!(under("sub/pkg/layers/norm.py", "sub/pkg/layers"));
+        assert!(!under("sub/pkg/layers2/norm.py", "sub/pkg/layers"));
+        assert!(under("sub/pkg/models/a.py", "sub/pkg/models/a.py"));
+    }
+
+    #[test]
+    fn what_reruns_is_said_in_one_line_grouped_by_why() {
+        let s = Stale {
+            rerun: vec![
+                ("vae".into(), "pkg/vae.py changed".into()),
+                (
+                    "dit".into(),
+                    "3 file(s) changed and it names no paths".into(),
+                ),
+                (
+                    "text".into(),
+                    "3 file(s) changed and it names no paths".into(),
+                ),
+            ],
+            kept: vec!["scheduler".into()],
+        };
+        let line = s.line();
+        assert_eq!(
+            line,
+            "rerun vae (pkg/vae.py changed); dit, text (3 file(s) changed and it names no paths); scheduler keep their verdicts (none of their files changed)"
+        );
+        assert!(!line.contains('\n'));
+        assert_eq!(Stale::default().line(), "no recorded verdict to check");
+    }
 }

@@ -125,6 +125,11 @@ pub async fn plan(
         runs.push(store.jobs_of(family, &c.name).await?);
     }
     let escapes = store.escapes(family).await?;
+    let by = store
+        .port_origin(family)
+        .await?
+        .map(|o| o.submitted_by)
+        .unwrap_or_default();
     // Each component's variant table, when it belongs to its final run.
     let tables = store.variant_tables(family).await?;
     let mut variants = BTreeMap::new();
@@ -136,13 +141,23 @@ pub async fn plan(
             variants.insert(c.name.clone(), crate::variant_actor::evidence_text(t));
         }
     }
+    // The GPU model each worker announced, for the evidence's "on what".
+    let gpus: BTreeMap<String, String> = store
+        .stored_workers()
+        .await?
+        .into_iter()
+        .filter_map(|w| {
+            let first = w.gpus.first()?.name.clone();
+            Some((w.worker_id, first))
+        })
+        .collect();
     let path = file_path(repo, spec)?;
     let before = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(source) => return Err(PortStatusError::Read { path, source }),
     };
-    let (after, skipped) = match next_text(
+    let (after, skipped) = match next_text_by(
         before.as_deref(),
         &port,
         spec,
@@ -150,7 +165,9 @@ pub async fn plan(
         &runs,
         &escapes,
         &variants,
+        &gpus,
         &today(),
+        &by,
     ) {
         Next::Text(t) => (Some(t), None),
         Next::Nothing(why) => (None, Some(why)),
@@ -164,7 +181,22 @@ pub async fn plan(
 }
 
 /// Co-authors the port's status file from the store and says what it did.
+/// A failure is also recorded in the store (and cleared by the next write
+/// that succeeds), so `fvd submit` can say the file is stale and exit 7.
 pub async fn write(store: &Store, family: &str) -> Result<Written, PortStatusError> {
+    let result = write_file(store, family).await;
+    let error = match &result {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    // a store that cannot take this either has failed the port already
+    if let Err(e) = store.set_status_write_error(family, &error).await {
+        tracing::warn!(%family, error = %e, "could not record the outcome of writing PORT_STATUS.md");
+    }
+    result
+}
+
+async fn write_file(store: &Store, family: &str) -> Result<Written, PortStatusError> {
     let plan = plan(store, family, None).await?;
     let path = plan.path.clone();
     let Some(after) = plan.after else {
@@ -201,17 +233,35 @@ pub async fn write(store: &Store, family: &str) -> Result<Written, PortStatusErr
     Ok(written)
 }
 
-/// Written beside and renamed over, so a crash never leaves half a file. A
-/// link left where the temporary file goes is removed, not followed.
+/// Written beside, synced, renamed over and the folder synced, so neither
+/// a crash nor a power cut leaves half a file or loses the rename. A link
+/// left where the temporary file goes is removed, not followed (the file
+/// is created new).
 fn replace(path: &Path, text: &str) -> Result<(), PortStatusError> {
+    use std::io::Write as _;
     let tmp = path.with_extension("md.fvd-tmp");
     let _ = std::fs::remove_file(&tmp);
-    std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|source| PortStatusError::Write {
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    };
+    write().map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        PortStatusError::Write {
             path: path.to_path_buf(),
             source,
-        })
+        }
+    })
 }
 
 /// Where the port's `PORT_STATUS.md` lives: `prep.port_state_file`, or the
@@ -261,11 +311,14 @@ pub enum Next {
 
 /// The component as the co-author sees it: its identity from the spec and
 /// its final run from the store (none while it has no final verdict).
+/// `gpus` maps a worker to the GPU model it announced: a run that leased
+/// GPUs names it, one that leased none says `cpu`.
 pub fn component_input(
     family: &str,
     spec: &ComponentSpec,
     row: Option<&ComponentRow>,
     jobs: &[JobRecord],
+    gpus: &BTreeMap<String, String>,
 ) -> ComponentInput {
     let last = jobs.iter().rev().find(|j| j.state == JobState::Finished);
     let run = row.filter(|c| c.is_final()).map(|c| {
@@ -279,7 +332,13 @@ pub fn component_input(
             reason,
             run_no: last.map_or(c.runs, |j| j.run_no),
             worker: c.worker_id.clone(),
+            gpu: match last {
+                Some(j) if j.gpus_needed == 0 => "cpu".to_string(),
+                Some(j) => gpus.get(&j.worker_id).cloned().unwrap_or_default(),
+                None => String::new(),
+            },
             variants: String::new(),
+            by: String::new(),
         }
     });
     ComponentInput {
@@ -292,6 +351,15 @@ pub fn component_input(
     }
 }
 
+/// ` by NAME` when a credential answered, else nothing.
+fn answerer(e: &EscapeRow) -> String {
+    if e.answered_by.is_empty() {
+        String::new()
+    } else {
+        format!(" by {}", e.answered_by)
+    }
+}
+
 /// The escape-hatch row of a question an agent asked; its status follows the answer.
 fn escape_row(e: &EscapeRow) -> EscapeHatchRow {
     let status = match e.status.as_str() {
@@ -301,10 +369,12 @@ fn escape_row(e: &EscapeRow) -> EscapeHatchRow {
     let resolution = match (e.status.as_str(), e.resolved_attempt) {
         ("open", _) => format!("waiting: fvd answer {} {} --option N", e.family, e.id),
         ("withdrawn", _) => "withdrawn: the port was rerun (fvd submit --rerun)".to_string(),
-        (_, Some(a)) => {
-            coauthor::one_line(&format!("answered: {}; given to attempt {a}", e.answer))
-        }
-        _ => coauthor::one_line(&format!("answered: {}", e.answer)),
+        (_, Some(a)) => coauthor::one_line(&format!(
+            "answered{}: {}; given to attempt {a}",
+            answerer(e),
+            e.answer
+        )),
+        _ => coauthor::one_line(&format!("answered{}: {}", answerer(e), e.answer)),
     };
     EscapeHatchRow {
         id: e.id.clone(),
@@ -328,7 +398,28 @@ pub fn next_text(
     runs: &[Vec<JobRecord>],
     escapes: &[EscapeRow],
     variants: &BTreeMap<String, String>,
+    gpus: &BTreeMap<String, String>,
     date: &str,
+) -> Next {
+    next_text_by(
+        existing, port, spec, components, runs, escapes, variants, gpus, date, "",
+    )
+}
+
+/// [`next_text`] for a port `by` submitted (a credential's name, in each
+/// evidence segment: `run N on W for NAME`).
+#[allow(clippy::too_many_arguments)]
+pub fn next_text_by(
+    existing: Option<&str>,
+    port: &PortRow,
+    spec: &PortSpec,
+    components: &[ComponentRow],
+    runs: &[Vec<JobRecord>],
+    escapes: &[EscapeRow],
+    variants: &BTreeMap<String, String>,
+    gpus: &BTreeMap<String, String>,
+    date: &str,
+    by: &str,
 ) -> Next {
     // A gate refusal before any component ran says nothing about the code.
     if port.state == PortState::Blocked && matches!(port.phase.as_str(), "P0" | "P2") {
@@ -342,9 +433,13 @@ pub fn next_text(
             .map(|s| {
                 let k = components.iter().position(|c| c.name == s.name);
                 let jobs = k.and_then(|k| runs.get(k)).map_or(&[][..], Vec::as_slice);
-                let mut input = component_input(&port.family, s, k.map(|k| &components[k]), jobs);
+                let mut input =
+                    component_input(&port.family, s, k.map(|k| &components[k]), jobs, gpus);
                 if let (Some(run), Some(v)) = (input.run.as_mut(), variants.get(&s.name)) {
                     run.variants = v.clone();
+                }
+                if let Some(run) = input.run.as_mut() {
+                    run.by = by.to_string();
                 }
                 input
             })
@@ -397,16 +492,26 @@ fn skeleton(port: &PortRow, spec: &PortSpec, date: &str) -> PortStatus {
     s
 }
 
-/// The command as a person would type it: the literal environment, then
+/// The command as a person would type it from the repository's root: the
+/// literal environment (`{repo}`, the checkout a run tests, as `.`), then
 /// the argv without the JUnit report fvd adds.
 pub fn display_command(spec: &ComponentSpec) -> String {
-    let env = spec.set_env.iter().map(|(k, v)| format!("{k}={v}"));
+    let env = spec
+        .set_env
+        .iter()
+        .map(|(k, v)| format!("{k}={}", expand_repo(v)));
     let argv = spec
         .argv()
         .into_iter()
         .filter(|a| !a.contains("{junitxml}"))
         .map(|a| if a.contains(' ') { format!("'{a}'") } else { a });
     env.chain(argv).collect::<Vec<_>>().join(" ")
+}
+
+/// `{repo}` as a person at the repository's root types it: `.`
+/// (`{repo}/src` is `./src`).
+fn expand_repo(v: &str) -> String {
+    v.replace("{repo}", ".")
 }
 
 fn display_name(family: &str) -> String {
@@ -531,7 +636,17 @@ set_env = { PYTHONPATH = "{repo}" }
 
     fn next(existing: Option<&str>, port: &PortRow, r: &[(&str, &str, &str, &str)]) -> Next {
         let (c, j) = rows(r);
-        next_text(existing, port, &spec(), &c, &j, &[], &BTreeMap::new(), DATE)
+        next_text(
+            existing,
+            port,
+            &spec(),
+            &c,
+            &j,
+            &[],
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            DATE,
+        )
     }
 
     fn text(n: Next) -> String {
@@ -619,7 +734,7 @@ set_env = { PYTHONPATH = "{repo}" }
         let changes = owned_changes(FINISHED, &after).unwrap();
         assert!(
             after.contains(
-                "| `debug_red` (regression; recorded encode_decode_parity_pass) | I003 |"
+                "| encode_decode_parity_pass [fvd 2026-11-26 run 1 on w1 (cpu): debug_red (regression)] | I003 |"
             ),
             "{after}"
         );
@@ -635,7 +750,7 @@ set_env = { PYTHONPATH = "{repo}" }
             .lines()
             .find(|l| l.starts_with("| ar stack |"))
             .unwrap();
-        assert!(stack.ends_with("[fvd 2026-11-26 run 1 on w1: non_skip_pass — 7 passed; command `PYTHONPATH={repo} python3 -m pytest tests/local_tests/widget_world/test_widget_ar_conversion.py tests/local_tests/widget_world/test_widget_ar_parity.py -q -p no:cacheprovider`] |"), "{stack}");
+        assert!(stack.ends_with("[fvd 2026-11-26 run 1 on w1 (cpu): non_skip_pass — 7 passed; command `PYTHONPATH=. python3 -m pytest tests/local_tests/widget_world/test_widget_ar_conversion.py tests/local_tests/widget_world/test_widget_ar_parity.py -q -p no:cacheprovider`] |"), "{stack}");
         // the same rows again: byte-identical
         assert_eq!(text(next(Some(&after), &port("blocked", "P7"), &r)), after);
     }
@@ -708,6 +823,7 @@ set_env = { PYTHONPATH = "{repo}" }
             &j,
             std::slice::from_ref(&e),
             &BTreeMap::new(),
+            &BTreeMap::new(),
             DATE,
         ) {
             Next::Text(t) => t,
@@ -725,6 +841,7 @@ set_env = { PYTHONPATH = "{repo}" }
             &c,
             &j,
             &[e],
+            &BTreeMap::new(),
             &BTreeMap::new(),
             DATE,
         ) {
@@ -843,6 +960,31 @@ set_env = { PYTHONPATH = "{repo}" }
         std::os::unix::fs::symlink(outside.path(), dir.path().join("docs")).unwrap();
         let err = with("docs/PORT_STATUS.md").unwrap_err().to_string();
         assert!(err.contains("docs is a symbolic link"), "{err}");
+    }
+
+    #[test]
+    fn a_replaced_file_leaves_no_temporary_file_and_a_blocked_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("PORT_STATUS.md");
+        std::fs::write(&path, "old\n").unwrap();
+        replace(&path, "new\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
+        assert!(!path.with_extension("md.fvd-tmp").exists());
+        // a link planted where the temporary file goes is not followed
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, "theirs\n").unwrap();
+        std::os::unix::fs::symlink(&outside, path.with_extension("md.fvd-tmp")).unwrap();
+        replace(&path, "newer\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "theirs\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "newer\n");
+        // a folder there cannot be replaced: an error naming the file
+        std::fs::create_dir_all(path.with_extension("md.fvd-tmp").join("x")).unwrap();
+        let err = replace(&path, "newest\n").unwrap_err().to_string();
+        assert!(
+            err.contains("cannot write") && err.contains("PORT_STATUS.md"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "newer\n");
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub fn repo_modules(repo: &str, spec: &fvd_spec::ComponentSpec) -> impl Fn(&str)
             }
         }
     }
-    for t in &spec.parity_tests {
+    for t in spec.test_files() {
         let mut dir = repo.join(t);
         while dir.pop() && dir.starts_with(&repo) && dir != repo {
             roots.push(dir.clone());

@@ -565,7 +565,7 @@ async fn enqueue(
             commit: inq.commit.clone(),
             code_prefix: inq.code_prefix.clone(),
             gpus_needed: spec.gpus,
-            timeout_ms: spec.timeout.as_millis() as u64,
+            timeout_ms: spec.timeout_ms(),
             ..JobRecord::default()
         })
         .await

@@ -455,7 +455,7 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
                 commit: commit.clone(),
                 code_prefix: code_prefix.clone(),
                 gpus_needed: ask.spec.gpus,
-                timeout_ms: ask.spec.timeout.as_millis() as u64,
+                timeout_ms: ask.spec.timeout_ms(),
                 ..JobRecord::default()
             })
             .await;

@@ -1,30 +1,46 @@
 //! fvd as co-author of a `PORT_STATUS.md` the porter keeps.
 //!
-//! The file is the porter's log of weeks of evidence. fvd changes only what
-//! it owns and leaves every other byte as written ([`crate::status_doc`]):
+//! The file is the porter's log of weeks of evidence. fvd never deletes a
+//! word a person wrote: its result goes *beside* a person's cell, never
+//! over it ([`crate::status_doc`] edits one cell or line and keeps every
+//! other byte). What fvd writes:
 //!
-//! - for a component whose run *tested* the code ([`Outcome::tests_the_code`]):
-//!   the Parity cell of its Component Matrix row, the Last Result cell of
-//!   its Parity Commands row and one evidence segment at the end of that
-//!   row's Notes cell (`[fvd DATE run N on W: VERDICT — REASON]`), replaced
-//!   only by fvd's next segment and only when the evidence changed;
+//! - for a component whose run *tested* the code ([`Outcome::tests_the_code`]),
+//!   in its Component Matrix row's Parity cell and its Parity Commands
+//!   row's Last Result cell: fvd's verdict word when the cell only holds a
+//!   placeholder (empty, `pending`, `unknown`, `TBD`, or one of fvd's own
+//!   non-pass words such as `` `debug_red` ``), else the person's words
+//!   followed by one short evidence segment (`[fvd DATE run N on W (GPU):
+//!   VERDICT]`); and one full segment at the end of that row's Notes
+//!   (`[fvd DATE run N on W (GPU): VERDICT — REASON]`). A segment is
+//!   replaced only by fvd's next one, and only when the evidence changed;
+//!   a Last Result that agrees with a recorded pass gets none;
 //! - the matrix Open Issues cell, only to add or remove the ids of issue
 //!   rows fvd created; those rows' Status and Resolution;
 //! - the Escape Hatches rows of the `E###` ids fvd gave;
 //! - Current Phase: forward moves, `blocked` at P6, and the move back on a
-//!   regression (with a bullet saying why, and a line after the final
-//!   handoff block saying it is superseded), undone when the regression
-//!   passes again.
+//!   regression, with a bullet that records every value it replaced (so
+//!   it can always be restored) and a line after the final handoff block
+//!   saying it is superseded; undone when the regression passes again;
+//! - where a file has no owned place for something (a component found only
+//!   in the porter's own tables, a file without the contract's tables, no
+//!   Issues table, no Current Phase, no Escape Hatches), one section of its
+//!   own, `## fvd evidence`, bounded by marker lines and replaced as a whole
+//!   on each write; never a second table that contradicts one that exists.
 //!
-//! A run that did not test the code (an environment failure, a cancel, an
-//! infrastructure error, no run) changes nothing. Rows fvd does not find are
-//! added; nothing is deleted, reordered or renamed.
+//! A person's pass is read in every shape the file uses
+//! ([`crate::status_read`]): a red run against it is a regression there
+//! too. A run that did not test the code (an environment failure, a
+//! cancel, an infrastructure error, no run) changes nothing.
 
 use crate::ids::{IdKind, StableId};
 use crate::phase::Phase;
 use crate::port_status::{EscapeHatchRow, PortStatus, SectionId, plain};
 use crate::status_doc::{Section, StatusDoc, TableAt, is_fence};
 use crate::status_match::{self, Identity};
+use crate::status_read::{
+    self, FVD_SECTION_BEGIN, FVD_SECTION_END, FVD_SECTION_TITLE, Found, Kind, Recorded,
+};
 
 /// What a run says about the code, for the status file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +89,7 @@ impl Outcome {
         self != Outcome::Untested
     }
 
-    /// The Parity cell of a component whose file records no pass.
+    /// fvd's word for a cell that holds no person's words.
     fn parity_cell(self, verdict: &str) -> String {
         match self {
             Outcome::Pass => "`non_skip_pass`".into(),
@@ -90,37 +106,62 @@ pub fn tests_the_code(verdict: &str, reason: &str) -> bool {
     Outcome::of(verdict, reason).tests_the_code()
 }
 
-/// Whether a Parity or Last Result cell records a pass: `non_skip_pass`,
-/// `pass`, `*_pass`, `PASS (A40, …)`, `N passed`, `N_passed_0_skipped`;
-/// not `N_passed_M_skipped` with M > 0, nor anything that names a failure,
-/// a red run, a skip, an error or a block.
-pub fn reads_as_pass(cell: &str) -> bool {
-    let t = cell
-        .to_lowercase()
+/// The words of a cell, with `non-skip` kept as one.
+fn tokens(cell: &str) -> Vec<String> {
+    cell.to_lowercase()
         .replace("non_skip", "nonskip")
-        .replace("non-skip", "nonskip");
-    let tokens: Vec<&str> = t
+        .replace("non-skip", "nonskip")
         .split(|c: char| !c.is_ascii_alphanumeric())
         .filter(|w| !w.is_empty())
-        .collect();
-    let mut pass = false;
-    for (i, w) in tokens.iter().enumerate() {
-        let counted_zero = i > 0 && tokens[i - 1] == "0";
-        match *w {
-            "pass" | "passed" | "passes" | "passing" | "nonskip" => pass = true,
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether the words say something failed, skipped, is blocked or not
+/// done; a count of none (`0 skipped`, `no skips`) says nothing failed.
+fn negative(tokens: &[String]) -> bool {
+    tokens.iter().enumerate().any(|(i, w)| {
+        let none_counted = i > 0 && matches!(tokens[i - 1].as_str(), "0" | "no" | "zero");
+        match w.as_str() {
             "fail" | "failed" | "fails" | "failing" | "failure" | "failures" | "skip"
             | "skipped" | "skips" | "error" | "errors" | "errored" | "xfail" | "xfailed"
-            | "xpass"
-                if !counted_zero =>
-            {
-                return false;
-            }
+            | "xpass" => !none_counted,
             "red" | "blocked" | "blocker" | "scaffold" | "regression" | "pending" | "todo"
-            | "not" | "unknown" => return false,
-            _ => {}
+            | "not" | "unknown" | "incomplete" | "no" | "tbd" => {
+                // `no` only negates on its own (`No`), not in `no skips`
+                w != "no" || tokens.len() == 1
+            }
+            _ => false,
         }
-    }
-    pass
+    })
+}
+
+/// Whether a Parity or Last Result cell records a pass: `non_skip_pass`,
+/// `pass`, `*_pass`, `PASS (A40, …)`, `N passed`, `N_passed_0_skipped`,
+/// `5 PASSED, no skips, GB200`; not `N_passed_M_skipped` with M > 0, nor
+/// anything that names a failure, a red run, a skip, an error or a block.
+pub fn reads_as_pass(cell: &str) -> bool {
+    let t = tokens(cell);
+    !negative(&t)
+        && t.iter().any(|w| {
+            matches!(
+                w.as_str(),
+                "pass" | "passed" | "passes" | "passing" | "nonskip"
+            )
+        })
+}
+
+/// Whether a Status, State or Result cell says done in other words:
+/// `complete`, `exact`, `bit-exact`, `identical`, `matches`.
+pub fn reads_as_affirmative(cell: &str) -> bool {
+    let t = tokens(cell);
+    !negative(&t)
+        && t.iter().any(|w| {
+            matches!(
+                w.as_str(),
+                "complete" | "completed" | "done" | "exact" | "identical" | "matches" | "yes"
+            )
+        })
 }
 
 /// The run fvd recorded for a component.
@@ -133,9 +174,15 @@ pub struct Run {
     pub run_no: u32,
     /// The worker it ran on; empty when unknown.
     pub worker: String,
+    /// The GPU model the run used (`NVIDIA H100 80GB HBM3`), `cpu` for a
+    /// run without one; empty when unknown.
+    pub gpu: String,
     /// The run's hypothesis variants in one line (`eps_fix passes, fp32
     /// same`); empty when it had none.
     pub variants: String,
+    /// Who submitted the port (a credential's name, `… on W for NAME`);
+    /// empty when no credential was checked.
+    pub by: String,
 }
 
 /// A spec component and what fvd recorded for it.
@@ -145,7 +192,7 @@ pub struct ComponentInput {
     pub aliases: Vec<String>,
     pub component_type: String,
     pub parity_tests: Vec<String>,
-    /// The command as fvd shows it (no `--junitxml`).
+    /// The command as fvd shows it (no `--junitxml`, placeholders expanded).
     pub command: String,
     /// The final run; `None` while it has none (pending, running, waiting
     /// for an answer).
@@ -185,74 +232,80 @@ pub struct RowMatch {
     pub matrix: Option<(usize, String)>,
     /// 1-based line and Scope cell of its Parity Commands row.
     pub parity: Option<(usize, String)>,
+    /// 1-based line and `Table title: label` of its rows in the porter's
+    /// own tables (read for a recorded pass, never written).
+    pub other: Vec<(usize, String)>,
+    /// The pass the file records for it (the words, and where), if any.
+    pub recorded_pass: Option<(String, String)>,
+    /// fvd's evidence about it goes into fvd's own section (it has no
+    /// matrix or Parity Commands row, and the file either has none of
+    /// those tables or keeps the component in a table of its own).
+    pub section: bool,
+}
+
+/// The contract tables fvd writes into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Places {
+    matrix: bool,
+    commands: bool,
 }
 
 /// Which rows of `text` each component matches.
 pub fn row_matches(text: &str, components: &[ComponentInput]) -> Vec<RowMatch> {
     let doc = StatusDoc::parse(text);
-    let m = match_rows(&doc, components);
-    let at = |t: &Option<TableAt>, row: Option<usize>, col: &str| {
-        let t = t.as_ref()?;
-        let line = t.rows.start + row?;
-        let label = t
-            .column(col)
-            .and_then(|c| doc.cell(line, c))
-            .unwrap_or_default();
-        Some((line + 1, label))
-    };
-    let mt = doc.table(SectionId::ComponentMatrix);
-    let pt = doc.table(SectionId::ParityCommands);
-    m.iter()
-        .map(|(mr, pr)| RowMatch {
-            matrix: at(&mt, *mr, "Component"),
-            parity: at(&pt, *pr, "Scope"),
+    let tables = status_read::tables(&doc);
+    let ids: Vec<Identity<'_>> = components.iter().map(ComponentInput::identity).collect();
+    let found = status_read::find(&doc, &tables, &ids);
+    let places = places(&tables);
+    found
+        .iter()
+        .zip(&ids)
+        .map(|(f, who)| {
+            let at = |kind: Kind, line: Option<usize>| {
+                let t = tables.iter().find(|t| t.kind == kind)?;
+                let line = line?;
+                Some((line + 1, doc.cell(line, t.label).unwrap_or_default()))
+            };
+            let rec = status_read::recorded(&doc, &tables, f, who, &|c| human_part(c));
+            RowMatch {
+                matrix: at(Kind::Matrix, f.matrix),
+                parity: at(Kind::Commands, f.commands),
+                other: f
+                    .person
+                    .iter()
+                    .map(|(k, line)| {
+                        let t = &tables[*k];
+                        (
+                            line + 1,
+                            format!(
+                                "{}: {}",
+                                t.title,
+                                doc.cell(*line, t.label).unwrap_or_default()
+                            ),
+                        )
+                    })
+                    .collect(),
+                recorded_pass: rec.pass,
+                section: in_section(f, places),
+            }
         })
         .collect()
 }
 
-/// Matrix and Parity Commands row indices (within their tables) per component.
-fn match_rows(
-    doc: &StatusDoc,
-    components: &[ComponentInput],
-) -> Vec<(Option<usize>, Option<usize>)> {
-    let ids: Vec<Identity<'_>> = components.iter().map(ComponentInput::identity).collect();
-    let matrix = doc.table(SectionId::ComponentMatrix);
-    let m = match &matrix {
-        Some(t) => {
-            let col = t.column("Component").unwrap_or(0);
-            let labels: Vec<String> = t
-                .rows
-                .clone()
-                .map(|l| doc.cell(l, col).unwrap_or_default())
-                .collect();
-            status_match::assign(ids.len(), labels.len(), |c, r| {
-                status_match::match_label(&labels[r], &ids[c])
-            })
-        }
-        None => vec![None; ids.len()],
-    };
-    let commands = doc.table(SectionId::ParityCommands);
-    let p = match &commands {
-        Some(t) => {
-            let scope = t.column("Scope");
-            let cmd = t.column("Command");
-            let rows: Vec<(String, String)> = t
-                .rows
-                .clone()
-                .map(|l| {
-                    (
-                        scope.and_then(|c| doc.cell(l, c)).unwrap_or_default(),
-                        cmd.and_then(|c| doc.cell(l, c)).unwrap_or_default(),
-                    )
-                })
-                .collect();
-            status_match::assign(ids.len(), rows.len(), |c, r| {
-                status_match::match_command_row(&rows[r].0, &rows[r].1, &ids[c])
-            })
-        }
-        None => vec![None; ids.len()],
-    };
-    m.into_iter().zip(p).collect()
+fn places(tables: &[status_read::Table]) -> Places {
+    Places {
+        matrix: tables.iter().any(|t| t.kind == Kind::Matrix),
+        commands: tables.iter().any(|t| t.kind == Kind::Commands),
+    }
+}
+
+/// Whether a component's evidence goes to fvd's section: no row of its own
+/// in the contract's tables, and either the file keeps it in a table of
+/// the porter's shape or has no contract table to add a row to.
+fn in_section(f: &Found, p: Places) -> bool {
+    f.matrix.is_none()
+        && f.commands.is_none()
+        && (!f.person.is_empty() || !(p.matrix || p.commands))
 }
 
 /// A new status file: the contract skeleton (`status` with its summary,
@@ -261,8 +314,8 @@ pub fn create(status: &PortStatus, input: &Input) -> String {
     Patcher::new(&status.render(), input, true).run()
 }
 
-/// `existing` with fvd's evidence written into the cells it owns; every
-/// other byte as it was. Unchanged when nothing tested the code, when the
+/// `existing` with fvd's evidence written where it may write; every other
+/// byte as it was. Unchanged when nothing tested the code, when the
 /// evidence is what the file already says, or when there is nothing to say.
 pub fn patch(existing: &str, input: &Input) -> String {
     Patcher::new(existing, input, false).run()
@@ -282,11 +335,18 @@ pub fn one_line(s: &str) -> String {
 }
 
 const MARK: &str = "[fvd ";
+/// How an fvd before issue #28 wrote a regression over the person's cell;
+/// read back so that the person's value returns.
 const REGRESSED: &str = "`debug_red` (regression; recorded ";
 const COMMAND_TAG: &str = "; command `";
 const VARIANTS_TAG: &str = "; variants: ";
 const MOVED_BACK: &str = "moved back from phase: ";
 const SUPERSEDED: &str = "the final handoff above is superseded";
+/// Written in a moved-back record for a Current Phase field the section
+/// did not have: restoring removes the line fvd added.
+const ABSENT: &str = "(absent)";
+/// The Current Phase fields fvd may set, in the order it records them.
+const PHASE_KEYS: [&str; 4] = ["phase", "status", "owner", "last_updated"];
 
 /// One piece of fvd evidence, as written into a Notes or Evidence cell.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -296,8 +356,10 @@ struct Segment {
     reason: String,
 }
 
-/// Where fvd's segment starts in a cell: its last `[fvd YYYY-` marker.
+/// Where fvd's segment starts in a cell: its last `[fvd YYYY-` marker,
+/// when the segment runs to the end of the cell.
 fn segment_start(cell: &str) -> Option<usize> {
+    let cell_end = cell.trim_end();
     cell.match_indices(MARK)
         .map(|(i, _)| i)
         .filter(|&i| {
@@ -309,10 +371,59 @@ fn segment_start(cell: &str) -> Option<usize> {
                 == 4
         })
         .last()
+        .filter(|_| cell_end.ends_with(']'))
 }
 
-/// The part of a segment that is evidence (after `…on W: `): what a later
-/// write compares to decide whether the evidence changed.
+/// fvd's segment at the end of a cell, if it has one.
+fn segment_of(cell: &str) -> Option<&str> {
+    segment_start(cell).map(|i| cell[i..].trim_end())
+}
+
+/// The words a person wrote in a cell: the cell without fvd's segment at
+/// its end; for a cell an older fvd wrote as `` `debug_red` (regression;
+/// recorded X) ``, the person's `X`.
+pub fn human_part(cell: &str) -> String {
+    let t = cell.trim();
+    if let Some(orig) = regressed_from(t) {
+        return orig.to_owned();
+    }
+    match segment_start(t) {
+        Some(i) => t[..i].trim_end().to_owned(),
+        None => t.to_owned(),
+    }
+}
+
+/// Whether a cell's person words are only a placeholder fvd may replace:
+/// empty, `pending`, `unknown`, `TBD`, `TODO`, `not_run`, `not_started`,
+/// `n/a`, a dash, or one of fvd's own non-pass words (`` `debug_red` ``,
+/// `` `scaffold_skip` ``, `` `blocked` ``).
+pub fn is_placeholder(human: &str) -> bool {
+    let bare = human.trim();
+    if matches!(
+        bare,
+        "`debug_red`" | "`scaffold_skip`" | "`blocked`" | "`error`" | "`timeout`"
+    ) {
+        return true;
+    }
+    matches!(
+        plain(bare).to_lowercase().as_str(),
+        "" | "pending"
+            | "unknown"
+            | "tbd"
+            | "todo"
+            | "not_run"
+            | "not run"
+            | "not_started"
+            | "not started"
+            | "n/a"
+            | "-"
+            | "—"
+            | "?"
+    )
+}
+
+/// The part of a segment that is evidence (after `…on W (GPU): `): what a
+/// later write compares to decide whether the evidence changed.
 fn segment_key(segment: &str) -> &str {
     segment.split_once(": ").map_or(segment, |(_, k)| k)
 }
@@ -340,8 +451,8 @@ fn parse_segment(cell: &str) -> Option<Segment> {
     })
 }
 
-/// The recorded value a regression cell keeps: `` `debug_red` (regression;
-/// recorded X) `` gives `X`.
+/// The recorded value a regression cell of an older fvd keeps: ``
+/// `debug_red` (regression; recorded X) `` gives `X`.
 fn regressed_from(cell: &str) -> Option<&str> {
     cell.trim().strip_prefix(REGRESSED)?.strip_suffix(')')
 }
@@ -368,26 +479,32 @@ fn cause(component: &str, outcome: &str, reason: &str) -> String {
 }
 
 /// What fvd writes into a Parity or Last Result cell holding `old` after a
-/// run with `outcome` (`recorded`: the file records a pass): `None` leaves
-/// the cell as it is, an empty text asks for the outcome's own cell.
-fn owned_cell(outcome: Outcome, recorded: bool, old: &str) -> Option<String> {
-    match outcome {
-        Outcome::Pass => Some(match regressed_from(old) {
-            Some(orig) => orig.to_owned(),
-            None if reads_as_pass(old) => old.to_owned(),
-            None => "`non_skip_pass`".to_owned(),
-        }),
-        Outcome::Red if recorded => Some(if regressed_from(old).is_some() {
-            old.to_owned()
-        } else if reads_as_pass(old) {
-            format!("{REGRESSED}{old})")
-        } else {
-            "`debug_red`".to_owned()
-        }),
-        // a recorded pass stays; only the evidence says what fvd saw
-        _ if recorded => None,
-        _ => Some(String::new()),
+/// run with `outcome`: its word over a placeholder; else the person's words
+/// and `segment` beside them (none when the person's words are fvd's own
+/// word, or when `quiet_when_agreeing` and the run passes where the cell
+/// records a pass).
+fn result_cell(
+    old: &str,
+    outcome: Outcome,
+    verdict: &str,
+    segment: &str,
+    quiet_when_agreeing: bool,
+) -> String {
+    let human = human_part(old);
+    let word = outcome.parity_cell(verdict);
+    if is_placeholder(&human) {
+        return word;
     }
+    if plain(&human) == plain(&word)
+        || (quiet_when_agreeing && outcome == Outcome::Pass && reads_as_pass(&human))
+    {
+        return human;
+    }
+    let base = match segment_of(old.trim()) {
+        Some(s) => format!("{human} {s}"),
+        None => human,
+    };
+    with_segment(&base, segment)
 }
 
 /// An issue row fvd created (its Evidence starts with fvd's marker).
@@ -401,15 +518,75 @@ struct FvdIssue {
     cause: String,
 }
 
+/// One row of fvd's section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SectionRow {
+    component: String,
+    recorded: String,
+    verdict: String,
+    run: String,
+    evidence: String,
+}
+
+impl SectionRow {
+    fn cells(&self) -> [String; 5] {
+        [
+            format!("`{}`", self.component),
+            self.recorded.clone(),
+            self.verdict.clone(),
+            self.run.clone(),
+            self.evidence.clone(),
+        ]
+    }
+
+    fn line(&self) -> String {
+        format!("| {} |", self.cells().join(" | "))
+    }
+}
+
+const SECTION_HEADER: &str = "| Component | Recorded in this file | fvd verdict | Run | Evidence |";
+const SECTION_SEPARATOR: &str = "|---|---|---|---|---|";
+
+/// The lines of fvd's section in a doc: heading to end marker.
+fn fvd_section_range(doc: &StatusDoc) -> Option<std::ops::Range<usize>> {
+    let lines = doc.lines();
+    let begin = (1..lines.len()).find(|&i| {
+        doc.line(i) == Some(FVD_SECTION_BEGIN)
+            && doc
+                .line(i - 1)
+                .and_then(|h| h.strip_prefix("## "))
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case(FVD_SECTION_TITLE))
+    })?;
+    let end = (begin..lines.len()).find(|&i| doc.line(i) == Some(FVD_SECTION_END))?;
+    Some(begin - 1..end + 1)
+}
+
 struct Patcher<'a> {
     doc: StatusDoc,
     input: &'a Input,
     /// A created file lists every component, tested or not.
     created: bool,
-    /// (component, issue id) of regressions found by this write.
+    /// (component, where it is recorded: an issue id or fvd's section) of
+    /// regressions found by this write.
     regressions: Vec<(String, String)>,
+    /// Whether a component of this write regressed (new or known).
+    regressed_now: bool,
     /// Whether this write resolved a regression row.
     recovered: bool,
+    /// Rows this write puts into fvd's section, by component.
+    section_rows: Vec<SectionRow>,
+    /// Lines (bullets) this write puts into fvd's section.
+    section_notes: Vec<String>,
+}
+
+/// Where a component's rows sit, as offsets in their tables (line numbers
+/// move as rows are added above them; offsets are found again on use).
+#[derive(Debug, Clone, Default)]
+struct Rows {
+    matrix: Option<usize>,
+    commands: Option<usize>,
+    /// The file keeps the component in a table of the porter's shape.
+    person: bool,
 }
 
 impl<'a> Patcher<'a> {
@@ -419,59 +596,71 @@ impl<'a> Patcher<'a> {
             input,
             created,
             regressions: Vec::new(),
+            regressed_now: false,
             recovered: false,
+            section_rows: Vec::new(),
+            section_notes: Vec::new(),
         }
     }
 
     fn run(mut self) -> String {
-        let matches = match_rows(&self.doc, &self.input.components);
-        // What the file records before fvd writes anything, per component:
-        // (records a pass, shows a regression fvd wrote).
-        let recorded: Vec<(bool, bool)> = self
+        let tables = status_read::tables(&self.doc);
+        let ids: Vec<Identity<'_>> = self
             .input
             .components
             .iter()
-            .zip(&matches)
-            .map(|(_, (m, p))| self.recorded(*m, *p))
+            .map(ComponentInput::identity)
+            .collect();
+        let found = status_read::find(&self.doc, &tables, &ids);
+        // What the file records before fvd writes anything.
+        let recorded: Vec<Recorded> = ids
+            .iter()
+            .zip(&found)
+            .map(|(who, f)| status_read::recorded(&self.doc, &tables, f, who, &|c| human_part(c)))
+            .collect();
+        let places = places(&tables);
+        let offset = |kind: Kind, line: Option<usize>| {
+            let t = tables.iter().find(|t| t.kind == kind)?;
+            Some(line? - t.at.rows.start)
+        };
+        let rows: Vec<Rows> = found
+            .iter()
+            .map(|f| Rows {
+                matrix: offset(Kind::Matrix, f.matrix),
+                commands: offset(Kind::Commands, f.commands),
+                person: !f.person.is_empty(),
+            })
             .collect();
         let mut tested_any = false;
         for (k, c) in self.input.components.iter().enumerate() {
             let outcome = c.outcome();
             if outcome.tests_the_code() {
                 tested_any = true;
-                self.component(c, outcome, matches[k], recorded[k]);
+                self.component(c, outcome, &rows[k], &recorded[k], places);
             } else if self.created {
-                self.listed(c, matches[k]);
+                self.listed(c, &rows[k]);
             }
         }
         self.phase(tested_any, &recorded);
         self.escapes();
+        if tested_any || !self.input.escapes.is_empty() {
+            self.write_section();
+        }
         self.doc.render()
-    }
-
-    fn matrix(&self) -> Option<TableAt> {
-        self.doc.table(SectionId::ComponentMatrix)
     }
 
     fn commands(&self) -> Option<TableAt> {
         self.doc.table(SectionId::ParityCommands)
     }
 
-    fn cell_of(&self, t: &Option<TableAt>, row: Option<usize>, col: &str) -> Option<String> {
-        let t = t.as_ref()?;
-        self.doc.cell(t.rows.start + row?, t.column(col)?)
-    }
-
-    fn recorded(&self, m: Option<usize>, p: Option<usize>) -> (bool, bool) {
-        let parity = self
-            .cell_of(&self.matrix(), m, "Parity")
-            .unwrap_or_default();
-        let last = self
-            .cell_of(&self.commands(), p, "Last Result")
-            .unwrap_or_default();
-        let regressed = regressed_from(&parity).is_some() || regressed_from(&last).is_some();
-        let pass = regressed || reads_as_pass(&parity) || reads_as_pass(&last);
-        (pass, regressed)
+    /// The Issues And Blockers table, when it has the columns that find
+    /// fvd's rows again.
+    fn issues(&self) -> Option<TableAt> {
+        self.doc.table(SectionId::IssuesAndBlockers).filter(|t| {
+            ["ID", "Component", "Evidence"]
+                .iter()
+                .all(|c| t.column(c).is_some())
+        })
     }
 
     /// Sets cell `col` of row `row` of the table of `id`, when both exist.
@@ -496,53 +685,162 @@ impl<'a> Patcher<'a> {
         &mut self,
         c: &ComponentInput,
         outcome: Outcome,
-        (m, p): (Option<usize>, Option<usize>),
-        (recorded, _): (bool, bool),
+        rows: &Rows,
+        rec: &Recorded,
+        places: Places,
     ) {
         let Some(run) = c.run.as_ref() else {
             return;
         };
         let verdict = run.verdict.as_str();
-        let old_parity = m.and_then(|r| self.get(SectionId::ComponentMatrix, r, "Parity"));
-        let old_last = p.and_then(|r| self.get(SectionId::ParityCommands, r, "Last Result"));
+        let recorded = rec.records_pass();
         let regression = outcome == Outcome::Red && recorded;
-        // The owned cells.
-        let owned = |old: Option<&str>| owned_cell(outcome, recorded, old.unwrap_or_default());
-        let parity = owned(old_parity.as_deref()).map(|v| {
-            if v.is_empty() {
-                outcome.parity_cell(verdict)
-            } else {
-                v
-            }
-        });
-        let last = owned(old_last.as_deref()).map(|v| {
-            if v.is_empty() {
-                format!("`{verdict}`")
-            } else {
-                v
-            }
-        });
+        self.regressed_now |= regression;
+        let reason = evidence_reason(run);
+        let short = self.short_segment(run, regression);
+        let segment = self.segment(run, regression, &reason, None);
+        let has_issues = self.issues().is_some() || self.created;
 
         // Issues first: the matrix row lists their ids.
-        let reason = evidence_reason(run);
-        let segment = self.segment(run, regression, &reason, None);
         let mine: Vec<FvdIssue> = self
             .fvd_issues()
             .into_iter()
             .filter(|i| i.component == status_match::normalise_label(&c.name))
             .collect();
-        match outcome {
-            Outcome::Pass => self.resolve_passed(run, &mine),
-            Outcome::Red if recorded && !mine.iter().any(|i| i.open && i.regression) => {
-                let old = [old_parity.as_deref(), old_last.as_deref()];
-                self.add_regression(c, old, &segment);
+        if has_issues {
+            match outcome {
+                Outcome::Pass => self.resolve_passed(run, &mine),
+                Outcome::Red if recorded && !mine.iter().any(|i| i.open && i.regression) => {
+                    self.add_regression(c, rec, &segment);
+                }
+                _ if recorded => {}
+                _ => self.add_blocker(c, run, outcome, &reason, &segment, &mine),
             }
-            _ if recorded => {}
-            _ => self.add_blocker(c, run, outcome, &reason, &segment, &mine),
+        } else if regression {
+            self.regressions
+                .push((c.name.clone(), format!("see `## {FVD_SECTION_TITLE}`")));
         }
 
-        self.matrix_row(c, m, parity, outcome.parity_cell(verdict));
-        self.command_row(c, run, p, last, regression, &reason);
+        let owned = rows.matrix.is_some() || rows.commands.is_some();
+        // a pass that agrees with the person's is said once, in Notes,
+        // where the row has them
+        let noted =
+            rows.commands.is_some() && self.commands().is_some_and(|t| t.column("Notes").is_some());
+        if let Some(r) = rows.matrix {
+            if let Some(old) = self.get(SectionId::ComponentMatrix, r, "Parity") {
+                let new = result_cell(&old, outcome, verdict, &short, noted);
+                self.set(SectionId::ComponentMatrix, r, "Parity", &new);
+            }
+            if has_issues {
+                self.sync_matrix_issues(c, r);
+            }
+        }
+        if let Some(r) = rows.commands {
+            self.command_row(c, run, r, outcome, regression, &reason, &short);
+        }
+        let unfound = !owned && !rows.person;
+        if unfound && (self.created || places.matrix || places.commands) {
+            // a component the file does not know: a row in each contract
+            // table the file has
+            if self.created || places.matrix {
+                self.new_matrix_row(c, outcome.parity_cell(verdict));
+            }
+            if self.created || places.commands {
+                let has_command = self
+                    .commands()
+                    .is_none_or(|t| t.column("Command").is_some());
+                let ran = (!has_command).then_some(c.command.as_str());
+                let segment = self.segment(run, regression, &reason, ran);
+                self.add_command_row(c, &format!("`{verdict}`"), &segment);
+            }
+        } else if !owned || (!has_issues && outcome != Outcome::Pass) {
+            // no owned cell, or no Issues table for what went wrong
+            self.section_row(c, run, outcome, regression, rec, &reason);
+        }
+    }
+
+    /// The Parity Commands row: Last Result beside the person's words, and
+    /// fvd's full evidence at the end of Notes (in Last Result when the
+    /// table has no Notes).
+    #[allow(clippy::too_many_arguments)]
+    fn command_row(
+        &mut self,
+        c: &ComponentInput,
+        run: &Run,
+        r: usize,
+        outcome: Outcome,
+        regression: bool,
+        reason: &str,
+        short: &str,
+    ) {
+        let verdict = run.verdict.as_str();
+        let command = self
+            .get(SectionId::ParityCommands, r, "Command")
+            .unwrap_or_default();
+        let ran = (!same_command(&command, &c.command)).then_some(c.command.as_str());
+        let segment = self.segment(run, regression, reason, ran);
+        let notes = self.get(SectionId::ParityCommands, r, "Notes");
+        let has_notes = self.commands().is_some_and(|t| t.column("Notes").is_some());
+        if let Some(old) = self.get(SectionId::ParityCommands, r, "Last Result") {
+            let new = if has_notes {
+                result_cell(&old, outcome, verdict, short, true)
+            } else {
+                result_cell(&old, outcome, verdict, &segment, false)
+            };
+            self.set(SectionId::ParityCommands, r, "Last Result", &new);
+        }
+        if has_notes {
+            let scope = self
+                .get(SectionId::ParityCommands, r, "Scope")
+                .unwrap_or_default();
+            let notes = notes.unwrap_or_default();
+            // a row an older fvd wrote (`component:X`, `run N of M; …`)
+            // holds no human note
+            let legacy = plain(&scope).starts_with("component:") && is_legacy_note(&notes);
+            let new = with_segment(if legacy { "" } else { &notes }, &segment);
+            self.set(SectionId::ParityCommands, r, "Notes", &new);
+        }
+    }
+
+    /// A row of fvd's section about a component.
+    fn section_row(
+        &mut self,
+        c: &ComponentInput,
+        run: &Run,
+        outcome: Outcome,
+        regression: bool,
+        rec: &Recorded,
+        reason: &str,
+    ) {
+        let mut verdict = format!("`{}`", run.verdict);
+        if regression {
+            verdict.push_str(" (regression)");
+        } else if outcome == Outcome::Pass
+            && let Some(b) = &rec.blocker
+        {
+            verdict.push_str(&format!(" (passes; Known Blockers lists: {})", one_line(b)));
+        }
+        let recorded = match &rec.pass {
+            Some((words, at)) => format!("{at}: {words}"),
+            None => "no pass recorded".to_owned(),
+        };
+        let mut evidence = reason.to_owned();
+        if !run.variants.is_empty() {
+            evidence.push_str(&format!("{VARIANTS_TAG}{}", one_line(&run.variants)));
+        }
+        let ran = one_line(&c.command).replace('`', "'");
+        evidence = if evidence.is_empty() {
+            format!("command `{ran}`")
+        } else {
+            format!("{evidence}{COMMAND_TAG}{ran}`")
+        };
+        self.section_rows.push(SectionRow {
+            component: one_line(&c.name),
+            recorded: one_line(&recorded),
+            verdict,
+            run: self.run_head(run),
+            evidence,
+        });
     }
 
     /// A pass resolves fvd's open issues about the component.
@@ -554,16 +852,12 @@ impl<'a> Patcher<'a> {
         }
     }
 
-    /// A red run where the file records a pass (`old`: the Parity and Last
-    /// Result cells): a regression issue, once.
-    fn add_regression(&mut self, c: &ComponentInput, old: [Option<&str>; 2], segment: &str) {
-        let was = old
-            .into_iter()
-            .flatten()
-            .map(|o| regressed_from(o).unwrap_or(o))
-            .find(|o| reads_as_pass(o))
-            .unwrap_or("a pass")
-            .to_owned();
+    /// A red run where the file records a pass: a regression issue, once.
+    fn add_regression(&mut self, c: &ComponentInput, rec: &Recorded, segment: &str) {
+        let was = rec
+            .pass
+            .as_ref()
+            .map_or("a pass".to_owned(), |(w, at)| format!("{w} ({at})"));
         let issue = format!(
             "regression: `debug_red` where this file records {}",
             one_line(&was)
@@ -621,109 +915,76 @@ impl<'a> Patcher<'a> {
         }
     }
 
-    /// The matrix row (`m`, or a new one): its Parity cell when fvd owns it
-    /// (`parity`; `fallback` in a row fvd adds), and its Open Issues listing
-    /// fvd's open rows about the component and none of fvd's resolved ones.
-    fn matrix_row(
-        &mut self,
-        c: &ComponentInput,
-        m: Option<usize>,
-        parity: Option<String>,
-        fallback: String,
-    ) {
+    /// fvd's open issue ids about the component, and its resolved ones.
+    fn issue_ids(&self, c: &ComponentInput) -> (Vec<String>, Vec<String>) {
         let name = status_match::normalise_label(&c.name);
-        let (open_ids, closed_ids): (Vec<FvdIssue>, Vec<FvdIssue>) = self
+        let (open, closed): (Vec<FvdIssue>, Vec<FvdIssue>) = self
             .fvd_issues()
             .into_iter()
             .filter(|i| i.component == name)
             .partition(|i| i.open);
         let ids = |v: Vec<FvdIssue>| v.into_iter().map(|i| i.id).collect::<Vec<_>>();
-        let (opened, closed) = (ids(open_ids), ids(closed_ids));
-        match m {
-            Some(r) => {
-                if let Some(v) = &parity {
-                    self.set(SectionId::ComponentMatrix, r, "Parity", v);
-                }
-                self.sync_open_issues(r, &opened, &closed);
-            }
-            None => {
-                let parity = parity.unwrap_or(fallback);
-                // a row fvd adds lists every open issue about the component
-                let mut opened = opened.clone();
-                opened.extend(self.people_open(c));
-                let open = if opened.is_empty() {
-                    "none".to_owned()
-                } else {
-                    opened.join(", ")
-                };
-                self.add_matrix_row(c, &parity, &open);
-            }
-        }
+        (ids(open), ids(closed))
     }
 
-    /// The Parity Commands row (`p`, or a new one): its Last Result when fvd
-    /// owns it, and fvd's evidence segment at the end of its Notes.
-    fn command_row(
-        &mut self,
-        c: &ComponentInput,
-        run: &Run,
-        p: Option<usize>,
-        last: Option<String>,
-        regression: bool,
-        reason: &str,
-    ) {
-        match p {
-            Some(r) => {
-                if let Some(v) = &last {
-                    self.set(SectionId::ParityCommands, r, "Last Result", v);
-                }
-                let command = self
-                    .get(SectionId::ParityCommands, r, "Command")
-                    .unwrap_or_default();
-                let ran = (!same_command(&command, &c.command)).then_some(c.command.as_str());
-                let segment = self.segment(run, regression, reason, ran);
-                let notes = self.get(SectionId::ParityCommands, r, "Notes");
-                let scope = self
-                    .get(SectionId::ParityCommands, r, "Scope")
-                    .unwrap_or_default();
-                if let Some(notes) = notes {
-                    // a row an older fvd wrote (`component:X`, `run N of M; …`)
-                    // holds no human note
-                    let legacy = plain(&scope).starts_with("component:") && is_legacy_note(&notes);
-                    let new = with_segment(if legacy { "" } else { &notes }, &segment);
-                    self.set(SectionId::ParityCommands, r, "Notes", &new);
-                }
-            }
-            None => {
-                let last = last.unwrap_or_else(|| format!("`{}`", run.verdict));
-                // the command goes into the segment only where no Command
-                // cell holds it
-                let has_command = self
-                    .commands()
-                    .is_none_or(|t| t.column("Command").is_some());
-                let ran = (!has_command).then_some(c.command.as_str());
-                let segment = self.segment(run, regression, reason, ran);
-                self.add_command_row(c, &last, &segment);
-            }
-        }
+    /// A matrix row's Open Issues lists fvd's open rows about the
+    /// component and none of fvd's resolved ones.
+    fn sync_matrix_issues(&mut self, c: &ComponentInput, r: usize) {
+        let (opened, closed) = self.issue_ids(c);
+        self.sync_open_issues(r, &opened, &closed);
+    }
+
+    /// A matrix row for a component the file does not list.
+    fn new_matrix_row(&mut self, c: &ComponentInput, parity: String) {
+        // a row fvd adds lists every open issue about the component
+        let (mut opened, _) = self.issue_ids(c);
+        opened.extend(self.people_open(c));
+        let open = if opened.is_empty() {
+            "none".to_owned()
+        } else {
+            opened.join(", ")
+        };
+        self.add_matrix_row(c, &parity, &open);
     }
 
     /// A component of a created file that did not test: listed, nothing more.
-    fn listed(&mut self, c: &ComponentInput, (m, p): (Option<usize>, Option<usize>)) {
-        if m.is_none() {
+    fn listed(&mut self, c: &ComponentInput, rows: &Rows) {
+        if rows.matrix.is_none() {
             self.add_matrix_row(c, "`not_started`", "none");
         }
-        if p.is_none() {
+        if rows.commands.is_none() {
             self.add_command_row(c, "`not_run`", "");
         }
     }
 
-    fn segment(&self, run: &Run, regression: bool, reason: &str, command: Option<&str>) -> String {
-        let mut s = format!("{MARK}{} run {}", self.input.date, run.run_no);
+    /// `YYYY-MM-DD run N on W (GPU)`.
+    fn run_head(&self, run: &Run) -> String {
+        let mut s = format!("{} run {}", self.input.date, run.run_no);
         if !run.worker.is_empty() {
             s.push_str(&format!(" on {}", one_line(&run.worker)));
         }
-        s.push_str(&format!(": {}", run.verdict));
+        if !run.gpu.is_empty() {
+            s.push_str(&format!(" ({})", one_line(&run.gpu).replace(':', " ")));
+        }
+        if !run.by.is_empty() {
+            s.push_str(&format!(" for {}", one_line(&run.by)));
+        }
+        s
+    }
+
+    /// The short segment beside a person's result: date, run, machine,
+    /// GPU and verdict.
+    fn short_segment(&self, run: &Run, regression: bool) -> String {
+        let mut s = format!("{MARK}{}: {}", self.run_head(run), run.verdict);
+        if regression {
+            s.push_str(" (regression)");
+        }
+        s.push(']');
+        s
+    }
+
+    fn segment(&self, run: &Run, regression: bool, reason: &str, command: Option<&str>) -> String {
+        let mut s = format!("{MARK}{}: {}", self.run_head(run), run.verdict);
         if regression {
             s.push_str(" (regression)");
         }
@@ -744,7 +1005,7 @@ impl<'a> Patcher<'a> {
     }
 
     fn fvd_issues(&self) -> Vec<FvdIssue> {
-        let Some(t) = self.doc.table(SectionId::IssuesAndBlockers) else {
+        let Some(t) = self.issues() else {
             return Vec::new();
         };
         let col = |n: &str| t.column(n);
@@ -791,7 +1052,7 @@ impl<'a> Patcher<'a> {
 
     /// The ids of open issue rows fvd did not write that name this component.
     fn people_open(&self, c: &ComponentInput) -> Vec<String> {
-        let Some(t) = self.doc.table(SectionId::IssuesAndBlockers) else {
+        let Some(t) = self.issues() else {
             return Vec::new();
         };
         let fvd: Vec<usize> = self.fvd_issues().iter().map(|i| i.row).collect();
@@ -833,7 +1094,11 @@ impl<'a> Patcher<'a> {
         issue: &str,
         evidence: &str,
     ) -> Option<String> {
-        let t = self.ensure_table(SectionId::IssuesAndBlockers)?;
+        let t = if self.created {
+            self.ensure_table(SectionId::IssuesAndBlockers)?
+        } else {
+            self.issues()?
+        };
         let next = (t.rows.clone())
             .filter_map(|l| {
                 self.doc
@@ -890,8 +1155,14 @@ impl<'a> Patcher<'a> {
     }
 
     /// Appends a row to the table of `id`, its cells placed by column name.
+    /// A file fvd did not create gets no new table.
     fn append_row(&mut self, id: SectionId, cells: &[(&str, String)]) {
-        let Some(t) = self.ensure_table(id) else {
+        let t = if self.created {
+            self.ensure_table(id)
+        } else {
+            self.doc.table(id)
+        };
+        let Some(t) = t else {
             return;
         };
         let mut row = vec![String::new(); t.header.len()];
@@ -913,10 +1184,8 @@ impl<'a> Patcher<'a> {
         self.doc.insert(t.append_at(), vec![line]);
     }
 
-    /// The table of a contract section, added when the file has none: the
-    /// section goes before the next contract section the file has (in
-    /// contract order), else at the end; a section without a table gets
-    /// one after its last line.
+    /// The table of a contract section of a file fvd creates, added when
+    /// the skeleton lacks it.
     fn ensure_table(&mut self, id: SectionId) -> Option<TableAt> {
         if let Some(t) = self.doc.table(id) {
             // a table without the columns that find fvd's rows again gets
@@ -1014,14 +1283,34 @@ impl<'a> Patcher<'a> {
     }
 
     /// Current Phase: back to P6 on a regression, restored when it passes
-    /// again, otherwise only forward.
-    fn phase(&mut self, tested_any: bool, recorded: &[(bool, bool)]) {
+    /// again, otherwise only forward. A file without Current Phase gets a
+    /// line in fvd's section instead.
+    fn phase(&mut self, tested_any: bool, recorded: &[Recorded]) {
         let date = self.input.date.clone();
+        let has_phase = self.doc.section(SectionId::CurrentPhase).is_some();
+        if !has_phase && !self.created {
+            if self.regressed_now {
+                let names: Vec<String> = self
+                    .input
+                    .components
+                    .iter()
+                    .zip(recorded)
+                    .filter(|(c, r)| c.outcome() == Outcome::Red && r.records_pass())
+                    .map(|(c, _)| format!("`{}`", c.name))
+                    .collect();
+                self.section_notes.push(format!(
+                    "- regression: {} fail(s) where this file records a pass; fvd treats the port as back in phase 6 (`{}`) until it passes again (this file has no Current Phase for fvd to move).",
+                    names.join(", "),
+                    Phase::ComponentParityDebug.slug()
+                ));
+            }
+            return;
+        }
         if !self.regressions.is_empty() {
             self.move_back(&date);
             return;
         }
-        if self.recovered {
+        if (self.recovered || !self.regressed_now) && tested_any {
             self.restore();
         }
         if !tested_any {
@@ -1043,13 +1332,14 @@ impl<'a> Patcher<'a> {
         // Where the components stand, with this write's evidence.
         let mut blocked = false;
         let mut all_pass = true;
-        for (c, (rec, regressed)) in self.input.components.iter().zip(recorded) {
+        for (c, rec) in self.input.components.iter().zip(recorded) {
             let o = c.outcome();
+            let rec_pass = rec.records_pass();
             let (pass, block) = match o {
                 Outcome::Pass => (true, false),
-                Outcome::Red if *rec => (false, true),
-                _ if o.tests_the_code() => (*rec && !regressed, !*rec || *regressed),
-                _ => (*rec && !regressed, *regressed),
+                Outcome::Red if rec_pass => (false, true),
+                _ if o.tests_the_code() => (rec_pass, !rec_pass),
+                _ => (rec_pass, false),
             };
             blocked |= block;
             all_pass &= pass;
@@ -1099,6 +1389,9 @@ impl<'a> Patcher<'a> {
         }
     }
 
+    /// Moves Current Phase back to P6 (blocked) and records, in one bullet,
+    /// every value it replaced: each as a quoted string (or `(absent)`), so
+    /// that values holding `;`, quotes or backticks come back exactly.
     fn move_back(&mut self, date: &str) {
         let (first, _) = self.regressions[0].clone();
         let what = self
@@ -1108,55 +1401,46 @@ impl<'a> Patcher<'a> {
             .collect::<Vec<_>>()
             .join(", ");
         let p6 = Phase::ComponentParityDebug;
-        let section = match self.doc.section(SectionId::CurrentPhase) {
-            Some(s) => s,
-            None => {
-                self.add_section(
-                    SectionId::CurrentPhase,
-                    ["phase", "status", "owner", "last_updated"]
-                        .iter()
-                        .map(|k| format!("- {k}:"))
-                        .collect(),
-                );
-                match self.doc.section(SectionId::CurrentPhase) {
-                    Some(s) => s,
-                    None => return,
-                }
-            }
+        if self.doc.section(SectionId::CurrentPhase).is_none() {
+            // only a file fvd creates gets the section
+            self.add_section(
+                SectionId::CurrentPhase,
+                PHASE_KEYS.iter().map(|k| format!("- {k}:")).collect(),
+            );
+        }
+        let Some(section) = self.doc.section(SectionId::CurrentPhase) else {
+            return;
         };
         let fields = self.doc.fields(&section);
-        let raw = |k: &str| {
-            fields
-                .iter()
-                .find(|f| f.1 == k)
-                .map(|f| f.2.clone())
-                .unwrap_or_default()
-        };
-        let (phase, status, owner, updated) = (
-            raw("phase"),
-            raw("status"),
-            raw("owner"),
-            raw("last_updated"),
-        );
-        let recorded = plain(&phase).parse::<Phase>().ok();
-        let back = !plain(&phase).is_empty() && recorded.is_none_or(|p| p > p6);
-        // the bullet keeps what fvd replaced, so a later pass restores it
-        let bullet = format!(
-            "- fvd {date}: {MOVED_BACK}{phase}; status: {status}; owner: {owner}; last_updated: {updated} — {what}"
-        );
+        let old: Vec<(&str, Option<String>)> = PHASE_KEYS
+            .iter()
+            .map(|k| (*k, fields.iter().find(|f| f.1 == *k).map(|f| f.2.clone())))
+            .collect();
+        let phase_was = old[0].1.clone().unwrap_or_default();
+        let recorded = plain(&phase_was).parse::<Phase>().ok();
         let mut changed = false;
         changed |= self.set_phase_field("phase", &format!("`{}`", p6.slug()));
         changed |= self.set_phase_field("status", "`blocked`");
         changed |= self.set_phase_field("owner", &format!("`component:{first}`"));
         if changed {
             self.set_phase_field("last_updated", &format!("`{date}`"));
-        }
-        if back && changed {
+            // the bullet keeps what fvd replaced, so a later pass restores it
+            let record = old
+                .iter()
+                .map(|(k, v)| match v {
+                    Some(v) => format!("{k}: {}", quote(v)),
+                    None => format!("{k}: {ABSENT}"),
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            let bullet = format!("- fvd {date}: moved back from {record} — {what}");
             if let Some(s) = self.doc.section(SectionId::CurrentPhase) {
                 let at = self.doc.last_content_line(&s) + 1;
                 self.doc.insert(at, vec![bullet]);
             }
-            self.supersede_final_handoff(date, &what);
+            if recorded.is_none_or(|p| p > p6) && !plain(&phase_was).is_empty() {
+                self.supersede_final_handoff(date, &what);
+            }
         }
     }
 
@@ -1202,7 +1486,8 @@ impl<'a> Patcher<'a> {
     }
 
     /// Undoes fvd's move back once no regression it recorded is open, if
-    /// Current Phase still reads what fvd set.
+    /// Current Phase still reads what fvd set: every field the bullet
+    /// records gets its value back, a field that was absent goes again.
     fn restore(&mut self) {
         if self.fvd_issues().iter().any(|i| i.open && i.regression) {
             return;
@@ -1226,37 +1511,52 @@ impl<'a> Patcher<'a> {
             return;
         }
         let bullet = self.doc.line(bullet_line).unwrap_or_default().to_owned();
-        let Some(rest) = bullet.split_once(MOVED_BACK).map(|(_, r)| r) else {
+        let Some(old) = parse_moved_back(&bullet) else {
             return;
         };
-        let rest = rest.rsplit_once(" — ").map_or(rest, |(a, _)| a);
-        let mut old: Vec<(&str, &str)> = Vec::new();
-        let mut parts = rest.splitn(4, "; ");
-        let first = parts.next().unwrap_or_default();
-        old.push(("phase", first));
-        for p in parts {
-            if let Some((k, v)) = p
-                .split_once(": ")
-                .or_else(|| p.strip_suffix(':').map(|k| (k, "")))
-            {
-                old.push((k.trim(), v.trim()));
-            }
-        }
+        // lines fvd added are taken away last, bottom up, so indices hold
+        let mut gone: Vec<usize> = vec![bullet_line];
         for (k, v) in old {
-            if let Some((line, _, _)) = self.doc.fields(&s).into_iter().find(|f| f.1 == k) {
-                self.doc.set_field(line, v);
+            let Some((line, _, _)) = self.doc.fields(&s).into_iter().find(|f| f.1 == k) else {
+                continue;
+            };
+            match v {
+                Some(v) => {
+                    self.doc.set_field(line, &v);
+                }
+                None => gone.push(line),
             }
         }
-        self.doc.remove(bullet_line);
+        gone.sort_unstable();
+        for line in gone.into_iter().rev() {
+            self.doc.remove(line);
+        }
         if let Some(i) = self.doc.lines().iter().position(|l| is_superseded_line(l)) {
             self.doc.remove(i);
         }
     }
 
     /// Escape-hatch rows by fvd's ids: cells set in place, a row added when
-    /// the id has none.
+    /// the id has none; a file without the table gets them in fvd's section.
     fn escapes(&mut self) {
+        let has_table = self.created
+            || self
+                .doc
+                .table(SectionId::EscapeHatches)
+                .is_some_and(|t| t.column("ID").is_some());
         for e in &self.input.escapes {
+            if !has_table {
+                self.section_notes.push(format!(
+                    "- question {} ({}, {}): {} — recommended: {}; {}",
+                    e.id,
+                    plain(&e.status),
+                    e.phase,
+                    e.question,
+                    e.recommended_option,
+                    e.resolution
+                ));
+                continue;
+            }
             let cells = e.cells();
             let row = self.doc.table(SectionId::EscapeHatches).and_then(|t| {
                 let c = t.column("ID")?;
@@ -1274,6 +1574,175 @@ impl<'a> Patcher<'a> {
             }
         }
     }
+
+    /// fvd's section, rebuilt: a row per component that has something to
+    /// say there (a row the section already holds with the same evidence
+    /// is kept as written, so a second identical run changes nothing; rows
+    /// of components that did not test this time stay), then the notes.
+    /// Removed when it has nothing left to say.
+    fn write_section(&mut self) {
+        let range = fvd_section_range(&self.doc);
+        // the old rows, by component
+        let old_rows: Vec<(String, String)> = range
+            .clone()
+            .map(|r| {
+                r.filter_map(|i| self.doc.line(i))
+                    .filter(|l| l.starts_with("| `"))
+                    .map(|l| {
+                        let name = crate::status_doc::cells(l)
+                            .first()
+                            .map(|c| plain(c))
+                            .unwrap_or_default();
+                        (name, l.to_owned())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let same_evidence = |old: &str, new: &SectionRow| {
+            let c = crate::status_doc::cells(old);
+            let cells: Vec<&str> = c.iter().map(|s| s.trim()).collect();
+            let n = new.cells();
+            cells.len() == 5 && cells[1] == n[1] && cells[2] == n[2] && cells[4] == n[4]
+        };
+        let mut lines: Vec<String> = Vec::new();
+        for c in &self.input.components {
+            let name = one_line(&c.name);
+            let old = old_rows.iter().find(|(n, _)| *n == name).map(|(_, l)| l);
+            match self.section_rows.iter().find(|r| r.component == name) {
+                Some(new) => match old {
+                    Some(o) if same_evidence(o, new) => lines.push(o.clone()),
+                    _ => lines.push(new.line()),
+                },
+                None if !c.outcome().tests_the_code() => {
+                    if let Some(o) = old {
+                        lines.push(o.clone());
+                    }
+                }
+                None => {}
+            }
+        }
+        let mut body = Vec::new();
+        if !lines.is_empty() {
+            body.push(String::new());
+            body.push(SECTION_HEADER.to_owned());
+            body.push(SECTION_SEPARATOR.to_owned());
+            body.extend(lines);
+        }
+        if !self.section_notes.is_empty() {
+            body.push(String::new());
+            body.extend(self.section_notes.iter().cloned());
+        }
+        if body.is_empty() {
+            if let Some(r) = range {
+                for i in r.rev() {
+                    self.doc.remove(i);
+                }
+                // the blank line fvd put before its section
+                let n = self.doc.lines().len();
+                if n > 0 && self.doc.line(n - 1).is_some_and(|l| l.trim().is_empty()) {
+                    self.doc.remove(n - 1);
+                }
+            }
+            return;
+        }
+        let mut section = vec![
+            format!("## {FVD_SECTION_TITLE}"),
+            FVD_SECTION_BEGIN.to_owned(),
+        ];
+        section.extend(body);
+        section.push(FVD_SECTION_END.to_owned());
+        match range {
+            Some(r) => {
+                let at = r.start;
+                let same = r.len() == section.len()
+                    && r.clone()
+                        .zip(&section)
+                        .all(|(i, l)| self.doc.line(i) == Some(l.as_str()));
+                if same {
+                    return;
+                }
+                for i in r.rev() {
+                    self.doc.remove(i);
+                }
+                self.doc.insert(at, section);
+            }
+            None => {
+                let n = self.close_fence_at(self.doc.lines().len());
+                if self
+                    .doc
+                    .line(n.wrapping_sub(1))
+                    .is_some_and(|l| !l.trim().is_empty())
+                {
+                    section.insert(0, String::new());
+                }
+                self.doc.insert(n, section);
+            }
+        }
+    }
+}
+
+/// A value as the moved-back record keeps it: in double quotes, with `\`
+/// and `"` escaped.
+fn quote(v: &str) -> String {
+    format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// Reads a quoted value at the start of `s`: the value and the rest.
+fn unquote(s: &str) -> Option<(String, &str)> {
+    let mut out = String::new();
+    let mut chars = s.strip_prefix('"')?.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => out.push(chars.next()?.1),
+            '"' => return Some((out, &s[i + 2..])),
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+/// The fields a moved-back bullet recorded: each key with its old value,
+/// `None` for a field the section did not have. Reads the quoted record,
+/// and the unquoted one an older fvd wrote (`phase: X; status: Y; …`).
+pub fn parse_moved_back(bullet: &str) -> Option<Vec<(String, Option<String>)>> {
+    let rest = bullet.split_once(MOVED_BACK)?.1;
+    let mut out = Vec::new();
+    if rest.trim_start().starts_with('"') || rest.trim_start().starts_with(ABSENT) {
+        let mut key = "phase".to_owned();
+        let mut s = rest.trim_start();
+        loop {
+            let (value, after) = if let Some(after) = s.strip_prefix(ABSENT) {
+                (None, after)
+            } else {
+                let (v, after) = unquote(s)?;
+                (Some(v), after)
+            };
+            out.push((key.clone(), value));
+            let Some(next) = after.strip_prefix("; ") else {
+                break;
+            };
+            let (k, v) = next.split_once(": ")?;
+            key = k.trim().to_owned();
+            s = v;
+        }
+        return Some(out);
+    }
+    // an older fvd's record: unquoted, `; ` between fields
+    let rest = rest.rsplit_once(" — ").map_or(rest, |(a, _)| a);
+    let mut parts = rest.splitn(4, "; ");
+    out.push((
+        "phase".to_owned(),
+        Some(parts.next().unwrap_or_default().to_owned()),
+    ));
+    for p in parts {
+        if let Some((k, v)) = p
+            .split_once(": ")
+            .or_else(|| p.strip_suffix(':').map(|k| (k, "")))
+        {
+            out.push((k.trim().to_owned(), Some(v.trim().to_owned())));
+        }
+    }
+    Some(out)
 }
 
 /// The reason fvd records: the component's reason without the verdict it
@@ -1416,5 +1885,73 @@ mod tests {
             Some("a (b)")
         );
         assert!(is_legacy_note("run 1 of 2; 3 passed") && !is_legacy_note("run the tests"));
+    }
+
+    #[test]
+    fn a_person_s_words_are_kept_beside_fvd_s_and_placeholders_are_replaced() {
+        let seg = "[fvd 2026-11-26 run 2 on w1 (cpu): debug_red (regression)]";
+        let person = "5 PASSED, no skips, GB200, 2026-07-15";
+        let red = result_cell(person, Outcome::Red, "debug_red", seg, false);
+        assert_eq!(red, format!("{person} {seg}"));
+        assert_eq!(human_part(&red), person);
+        // green again: the person's words alone where a pass agrees
+        let pass = "[fvd 2026-11-27 run 3 on w1 (cpu): non_skip_pass]";
+        assert_eq!(
+            result_cell(&red, Outcome::Pass, "non_skip_pass", pass, true),
+            person
+        );
+        assert_eq!(
+            result_cell(&red, Outcome::Pass, "non_skip_pass", pass, false),
+            format!("{person} {pass}")
+        );
+        for placeholder in ["", "pending", "`unknown`", "TBD", "`debug_red`", "n/a"] {
+            assert_eq!(
+                result_cell(placeholder, Outcome::Pass, "non_skip_pass", pass, false),
+                "`non_skip_pass`",
+                "{placeholder:?}"
+            );
+        }
+        // fvd's own pass word is a person's record too: kept, the red beside it
+        assert_eq!(
+            result_cell("`non_skip_pass`", Outcome::Red, "debug_red", seg, false),
+            format!("`non_skip_pass` {seg}")
+        );
+        // an older fvd's regression cell gives the person's value back
+        assert_eq!(
+            human_part("`debug_red` (regression; recorded encode_pass)"),
+            "encode_pass"
+        );
+    }
+
+    #[test]
+    fn the_moved_back_record_round_trips_any_value() {
+        for v in [
+            "Phase 11 (post-parity review and handoff); quality reference published",
+            "`a \"quoted\" \\ value`; — with a dash",
+            "",
+        ] {
+            let q = quote(v);
+            let (back, rest) = unquote(&q).unwrap();
+            assert_eq!(back, v);
+            assert_eq!(rest, "");
+        }
+        let bullet = format!(
+            "- fvd 2026-11-26: moved back from phase: {}; status: {}; owner: {ABSENT}; last_updated: {} — `vae` regressed (I013)",
+            quote("Phase 11 (x); y"),
+            quote("external_ci_gate"),
+            quote("2026-07-15")
+        );
+        assert_eq!(
+            parse_moved_back(&bullet).unwrap(),
+            vec![
+                ("phase".to_owned(), Some("Phase 11 (x); y".to_owned())),
+                ("status".to_owned(), Some("external_ci_gate".to_owned())),
+                ("owner".to_owned(), None),
+                ("last_updated".to_owned(), Some("2026-07-15".to_owned())),
+            ]
+        );
+        // an older fvd's record still reads
+        let old = "- fvd 2026-11-26: moved back from phase: `p`; status: `s`; owner: `o`; last_updated: `d` — x";
+        assert_eq!(parse_moved_back(old).unwrap().len(), 4);
     }
 }

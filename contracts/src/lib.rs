@@ -21,10 +21,12 @@ pub mod phase;
 pub mod pipeline;
 pub mod port_status;
 pub mod prep;
+pub mod redactor;
 pub mod secrets;
 pub mod status_doc;
 pub mod status_guard;
 pub mod status_match;
+pub mod status_read;
 #[cfg(test)]
 mod tests;
 pub mod text;

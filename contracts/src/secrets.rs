@@ -4,6 +4,10 @@
 //! looks like a Hugging Face token or another bearer secret is reported by
 //! field and line, and the value itself never reaches a finding, a log or an
 //! error message: repeating it would leak it a second time.
+//!
+//! This finds values that *look* like secrets; [`crate::redactor`] replaces
+//! the values fvd *knows* are secrets (its token, the variables a spec
+//! names), in every common spelling.
 
 use crate::findings::Finding;
 

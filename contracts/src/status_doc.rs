@@ -171,28 +171,46 @@ impl StatusDoc {
         })
     }
 
-    /// The first table of a section: a `|` line followed by a separator,
-    /// and the `|` lines after it.
+    /// The first table of a section: a row line followed by a separator,
+    /// and the row lines after it.
     pub fn table_in(&self, s: &Section) -> Option<TableAt> {
+        self.tables_in(s).into_iter().next()
+    }
+
+    /// Every table of a section (those under its `###` subsections too),
+    /// in order. A table is a row line (one with an unescaped `|`; the
+    /// leading pipe is optional, as in GitHub's markdown) followed by a
+    /// separator, and the row lines after it up to the first line without
+    /// a pipe.
+    pub fn tables_in(&self, s: &Section) -> Vec<TableAt> {
         let fenced = self.fenced();
-        let start = (s.heading + 1..s.end).find(|&i| {
-            !fenced[i]
+        let mut out = Vec::new();
+        let mut i = s.heading + 1;
+        while i < s.end {
+            let starts = !fenced[i]
                 && is_table_line(self.line(i).unwrap_or_default())
                 && i + 1 < s.end
-                && is_separator(self.line(i + 1).unwrap_or_default())
-        })?;
-        let mut end = start + 2;
-        while end < s.end && !fenced[end] && is_table_line(self.line(end).unwrap_or_default()) {
-            end += 1;
+                && !fenced[i + 1]
+                && is_separator(self.line(i + 1).unwrap_or_default());
+            if !starts {
+                i += 1;
+                continue;
+            }
+            let mut end = i + 2;
+            while end < s.end && !fenced[end] && is_table_line(self.line(end).unwrap_or_default()) {
+                end += 1;
+            }
+            out.push(TableAt {
+                header_line: i,
+                header: cells(self.line(i).unwrap_or_default())
+                    .into_iter()
+                    .map(|c| c.trim().to_owned())
+                    .collect(),
+                rows: i + 2..end,
+            });
+            i = end;
         }
-        Some(TableAt {
-            header_line: start,
-            header: cells(self.line(start).unwrap_or_default())
-                .into_iter()
-                .map(|c| c.trim().to_owned())
-                .collect(),
-            rows: start + 2..end,
-        })
+        out
     }
 
     /// The table of the contract section `id`.
@@ -324,8 +342,19 @@ fn is_section_heading(line: &str) -> bool {
     t == "##" || t.starts_with("## ")
 }
 
+/// A table row: a line with an unescaped pipe (the leading one is
+/// optional), not a heading.
 fn is_table_line(line: &str) -> bool {
-    line.trim_start().starts_with('|')
+    let t = line.trim();
+    !t.is_empty() && !t.starts_with('#') && !pipes(t).is_empty()
+}
+
+/// Byte offsets of the unescaped pipes of a line.
+fn pipes(line: &str) -> Vec<usize> {
+    let bytes = line.as_bytes();
+    (0..bytes.len())
+        .filter(|&i| bytes[i] == b'|' && (i == 0 || bytes[i - 1] != b'\\'))
+        .collect()
 }
 
 /// A table separator (`|---|:--:|`).
@@ -338,18 +367,21 @@ pub fn is_separator(line: &str) -> bool {
         })
 }
 
-/// Byte ranges of the cells of a table line, between unescaped pipes; the
-/// text before the first pipe and after the last is not a cell (unless the
-/// row has no closing pipe, then the tail is the last cell).
+/// Byte ranges of the cells of a table line, between unescaped pipes. In a
+/// row that starts with a pipe, the text before it is not a cell; in one
+/// that does not (`a | b | c`), that text is the first cell. The text after
+/// the last pipe is a cell when it is not blank (a row without a closing
+/// pipe).
 fn cell_spans(line: &str) -> Vec<(usize, usize)> {
-    let mut pipes = Vec::new();
-    let bytes = line.as_bytes();
-    for (i, &b) in bytes.iter().enumerate() {
-        if b == b'|' && (i == 0 || bytes[i - 1] != b'\\') {
-            pipes.push(i);
-        }
+    let pipes = pipes(line);
+    let Some(&first) = pipes.first() else {
+        return Vec::new();
+    };
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    if !line[..first].trim().is_empty() {
+        spans.push((0, first));
     }
-    let mut spans: Vec<(usize, usize)> = pipes.windows(2).map(|w| (w[0] + 1, w[1])).collect();
+    spans.extend(pipes.windows(2).map(|w| (w[0] + 1, w[1])));
     if let Some(&last) = pipes.last()
         && !line[last + 1..].trim().is_empty()
     {
@@ -400,6 +432,25 @@ mod tests {
         let mut d = StatusDoc::parse("| a |\r\n");
         assert!(d.set_cell(0, 2, "c"));
         assert_eq!(d.render(), "| a |  | c |\r\n");
+    }
+
+    #[test]
+    fn rows_without_a_leading_pipe_tabs_and_subsection_tables() {
+        let d = StatusDoc::parse(
+            "## Results\n\nComponent | Status\n---|---\nvae\t| PASS (A40)\n| dit | pending |\n\n### More\n\n| Scope | Result |\n|---|---|\n| x | y |\n",
+        );
+        let s = d.sections().remove(0);
+        let t = d.tables_in(&s);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].header, ["Component", "Status"]);
+        assert_eq!(t[0].rows, 4..6);
+        assert_eq!(d.cell(4, 0).as_deref(), Some("vae"));
+        assert_eq!(d.cell(4, 1).as_deref(), Some("PASS (A40)"));
+        assert_eq!(d.cell(5, 1).as_deref(), Some("pending"));
+        assert_eq!(t[1].header, ["Scope", "Result"]);
+        let mut d = d;
+        assert!(d.set_cell(4, 1, "PASS (A40) [fvd x]"));
+        assert_eq!(d.line(4), Some("vae\t| PASS (A40) [fvd x]"));
     }
 
     #[test]

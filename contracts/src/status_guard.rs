@@ -3,20 +3,27 @@
 //! [`owned_changes`] lines up the file before and after: every line of the
 //! old file must still be there, in order, byte for byte, except
 //!
-//! - table rows whose changed cells are cells fvd owns (the matrix's Parity
-//!   and Open Issues, where only issue ids come and go; Parity Commands'
-//!   Last Result and Notes, where the text before fvd's marker stays; Status
-//!   and Resolution of issue rows whose Evidence starts with fvd's marker;
-//!   escape-hatch rows but their ID), every other cell keeping its bytes;
-//! - the `phase`, `status`, `owner` and `last_updated` lines of Current Phase;
-//! - lines fvd added itself earlier (its "moved back" bullet and its
-//!   "superseded" line), which it may take away again.
+//! - table rows whose changed cells are cells fvd owns, every other cell
+//!   keeping its bytes: the matrix's Parity and Parity Commands' Last
+//!   Result, where the person's words stay (only fvd's segment after them
+//!   comes and goes) unless they were a placeholder; the matrix's Open
+//!   Issues, where only issue ids come and go; Parity Commands' Notes,
+//!   where the text before fvd's marker stays; Status and Resolution of
+//!   issue rows whose Evidence starts with fvd's marker; escape-hatch rows
+//!   but their ID;
+//! - the `phase`, `status`, `owner` and `last_updated` lines of Current
+//!   Phase (one fvd added, as its moved-back record says, may go again);
+//! - lines fvd added itself earlier (its "moved back" bullet, its
+//!   "superseded" line, its own `## fvd evidence` section), which it may
+//!   take away or replace.
 //!
 //! Lines may be added anywhere. The co-author runs this on its own output
 //! before writing, and the tests run it on theirs.
 
+use crate::coauthor::{human_part, is_placeholder, parse_moved_back};
 use crate::port_status::{SectionId, plain};
 use crate::status_doc::{StatusDoc, cells};
+use crate::status_read::{FVD_SECTION_BEGIN, FVD_SECTION_END, FVD_SECTION_TITLE};
 
 /// What changed, when only owned things did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -59,6 +66,8 @@ pub fn owned_changes(before: &str, after: &str) -> Result<Changes, String> {
     let new_doc = StatusDoc::parse(after);
     let new = new_doc.lines();
     let context = line_context(&old_doc);
+    let section = fvd_section_lines(&old_doc);
+    let absent = absent_phase_keys(&old_doc);
     let mut out = Changes::default();
     let (mut i, mut j) = (0, 0);
     while i < old.len() {
@@ -67,7 +76,11 @@ pub fn owned_changes(before: &str, after: &str) -> Result<Changes, String> {
             j += 1;
             continue;
         }
-        if is_fvd_line(&old[i]) && !new[j.min(new.len())..].contains(&old[i]) {
+        let removable = is_fvd_line(&old[i])
+            || section.contains(&i)
+            || (context[i].section == Some(SectionId::CurrentPhase)
+                && phase_key(&old[i]).is_some_and(|k| absent.contains(&k)));
+        if removable && !new[j.min(new.len())..].contains(&old[i]) {
             out.removed.push(old[i].clone());
             i += 1;
             continue;
@@ -100,6 +113,54 @@ pub fn owned_changes(before: &str, after: &str) -> Result<Changes, String> {
     }
     out.added.extend(new[j.min(new.len())..].iter().cloned());
     Ok(out)
+}
+
+/// The lines of fvd's own section (heading to end marker, and the blank
+/// line before it), which fvd replaces as a whole.
+fn fvd_section_lines(doc: &StatusDoc) -> std::collections::HashSet<usize> {
+    let mut out = std::collections::HashSet::new();
+    let n = doc.lines().len();
+    let mut i = 1;
+    while i < n {
+        let heading = doc
+            .line(i - 1)
+            .and_then(|h| h.strip_prefix("## "))
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case(FVD_SECTION_TITLE));
+        if heading
+            && doc.line(i) == Some(FVD_SECTION_BEGIN)
+            && let Some(end) = (i..n).find(|&k| doc.line(k) == Some(FVD_SECTION_END))
+        {
+            out.extend(i - 1..=end);
+            // the blank line fvd put before it
+            if i >= 2 && doc.line(i - 2).is_some_and(|l| l.trim().is_empty()) {
+                out.insert(i - 2);
+            }
+            i = end + 1;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The key of a `- key: value` line.
+fn phase_key(line: &str) -> Option<String> {
+    line.strip_prefix("- ")
+        .and_then(|r| r.split_once(':'))
+        .map(|(k, _)| k.trim().to_owned())
+}
+
+/// Current Phase keys that fvd's moved-back record says were absent: fvd
+/// added their lines, and may take them away when it restores.
+fn absent_phase_keys(doc: &StatusDoc) -> Vec<String> {
+    doc.lines()
+        .iter()
+        .filter(|l| is_fvd_line(l))
+        .filter_map(|l| parse_moved_back(l.trim_end_matches('\r')))
+        .flatten()
+        .filter(|(_, v)| v.is_none())
+        .map(|(k, _)| k)
+        .collect()
 }
 
 /// Where an old line sits: its section, and the header of its table when
@@ -149,7 +210,8 @@ fn owned_edit(ctx: &Context, old: &str, new: &str) -> Result<bool, String> {
     let (Some(section), Some(header)) = (ctx.section, &ctx.header) else {
         return Ok(false);
     };
-    if !new.trim_start().starts_with('|') {
+    // a table row: a line with a pipe (the leading one is optional)
+    if cells(new).len() < 2 {
         return Ok(false);
     }
     let (a, b) = (cells(old), cells(new));
@@ -168,12 +230,17 @@ fn owned_edit(ctx: &Context, old: &str, new: &str) -> Result<bool, String> {
             continue;
         }
         let name = header.get(k).map_or("(extra)", String::as_str);
+        // a result cell: the person's words stay, or were a placeholder
+        let beside = || {
+            let (hx, hy) = (human_part(x), human_part(y));
+            hx == hy || is_placeholder(&hx)
+        };
         let owned = match section {
-            SectionId::ComponentMatrix if Some(k) == col("Parity") => true,
+            SectionId::ComponentMatrix if Some(k) == col("Parity") => beside(),
             SectionId::ComponentMatrix if Some(k) == col("Open Issues") => {
                 without_ids(x) == without_ids(y)
             }
-            SectionId::ParityCommands if Some(k) == col("Last Result") => true,
+            SectionId::ParityCommands if Some(k) == col("Last Result") => beside(),
             SectionId::ParityCommands if Some(k) == col("Notes") => {
                 let human = human_notes(x);
                 let scope = col("Scope").and_then(|s| a.get(s)).map(|s| plain(s));
@@ -235,10 +302,13 @@ mod tests {
     #[test]
     fn owned_cells_and_added_lines_pass() {
         let after = BEFORE
-            .replace("| encode_pass | Q001 |", "| `debug_red` | Q001, I001 |")
+            .replace(
+                "| encode_pass | Q001 |",
+                "| encode_pass [fvd 2026-02-01 run 1: debug_red (regression)] | Q001, I001 |",
+            )
             .replace(
                 "| encode_pass | 2026-01-01: agrees. |",
-                "| `debug_red` | 2026-01-01: agrees. [fvd 2026-02-01 run 1: debug_red — off] |",
+                "| encode_pass [fvd 2026-02-01 run 1: debug_red (regression)] | 2026-01-01: agrees. [fvd 2026-02-01 run 1: debug_red — off] |",
             )
             .replace("`complete`", "`blocked`")
             .replace(
@@ -263,6 +333,18 @@ mod tests {
                 BEFORE.replace("| vae | vae | encode_pass", "| vae | VAE | encode_pass"),
             ),
             ("Open Issues", BEFORE.replace("| Q001 |", "| none |")),
+            // a person's result is never written over, only beside
+            (
+                "Parity",
+                BEFORE.replace("| encode_pass | Q001 |", "| `debug_red` | Q001 |"),
+            ),
+            (
+                "Last Result",
+                BEFORE.replace(
+                    "| encode_pass | 2026-01-01",
+                    "| encode [fvd 2026-02-01 run 1: x] | 2026-01-01",
+                ),
+            ),
             (
                 "Notes",
                 BEFORE.replace("2026-01-01: agrees.", "[fvd 2026-02-01 run 1: x]"),
@@ -284,6 +366,21 @@ mod tests {
             "| 2026-01-01 | fp32 | noise | vae |\n| 2026-01-03 | b | c | d |\n",
         );
         assert!(owned_changes(&swapped, &back).is_err());
+    }
+
+    #[test]
+    fn fvd_replaces_its_own_section_and_placeholders_only() {
+        let section = "\n## fvd evidence\n<!-- fvd: this section is written by fvd and replaced as a whole on every write; edit outside it -->\n\n| a | b |\n|---|---|\n| `x` | y |\n<!-- fvd: end -->\n";
+        let with = format!("{BEFORE}{section}");
+        let replaced = with.replace("| `x` | y |", "| `x` | z |\n| `w` | v |");
+        assert!(owned_changes(&with, &replaced).is_ok());
+        assert!(
+            owned_changes(&with, BEFORE).is_ok(),
+            "fvd may drop its section"
+        );
+        let pending = BEFORE.replace("| encode_pass | Q001 |", "| pending | Q001 |");
+        let filled = pending.replace("| pending | Q001 |", "| `non_skip_pass` | Q001 |");
+        assert!(owned_changes(&pending, &filled).is_ok());
     }
 
     #[test]

@@ -34,6 +34,11 @@ pub enum Match {
     Part,
     /// The row's command runs one of the component's parity test files.
     Command,
+    /// Every word of a name or alias is a word of the label (`MMAudio
+    /// transformer` for `transformer`, `Qwen3-VL encoder` for `qwen3_vl`;
+    /// a plural `s` aside): the weakest match, taken only by rows nothing
+    /// matched better.
+    Words,
 }
 
 /// The label as a name: markdown emphasis and backticks stripped, the part
@@ -106,7 +111,32 @@ pub fn match_label(label: &str, who: &Identity<'_>) -> Option<Match> {
         return Some(Match::Label);
     }
     let parts = label_parts(label);
-    (parts.len() > 1 && who.names().any(|n| parts.contains(&n))).then_some(Match::Part)
+    if parts.len() > 1 && who.names().any(|n| parts.contains(&n)) {
+        return Some(Match::Part);
+    }
+    // words of prose (`MMAudio transformer`), not of an identifier
+    // (`text_encoder_2` is another component's name)
+    if !strip_markup(label).trim().contains(char::is_whitespace) {
+        return None;
+    }
+    let words = word_set(&whole);
+    who.names()
+        .any(|n| {
+            let want = word_set(&n);
+            !want.is_empty() && want.iter().all(|w| words.contains(w))
+        })
+        .then_some(Match::Words)
+}
+
+/// The words of a normalised name, a plural `s` cut (`schedulers`).
+fn word_set(name: &str) -> Vec<String> {
+    name.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(|w| match w.strip_suffix('s') {
+            Some(stem) if stem.len() > 3 => stem.to_owned(),
+            _ => w.to_owned(),
+        })
+        .collect()
 }
 
 /// Whether `command` runs the test file `test`: the path appears in it as
@@ -157,7 +187,7 @@ pub fn assign(
 ) -> Vec<Option<usize>> {
     let mut out = vec![None; components];
     let mut taken = vec![false; rows];
-    for level in [Match::Label, Match::Part, Match::Command] {
+    for level in [Match::Label, Match::Part, Match::Command, Match::Words] {
         for (c, slot) in out.iter_mut().enumerate() {
             if slot.is_some() {
                 continue;
@@ -225,6 +255,27 @@ mod tests {
         // a name inside a word is no match
         assert_eq!(match_label("text_encoder_2", &te), None);
         assert_eq!(match_label("vae_decoder", &vae), None);
+        // every word of the name in the label: the weakest match
+        assert_eq!(
+            match_label("MMAudio transformer", &who("transformer", &none, &none)),
+            Some(Match::Words)
+        );
+        assert_eq!(
+            match_label("Qwen3-VL encoder", &who("qwen3_vl", &none, &none)),
+            Some(Match::Words)
+        );
+        assert_eq!(
+            match_label("Video/audio schedulers", &who("scheduler", &none, &none)),
+            Some(Match::Words)
+        );
+        assert_eq!(
+            match_label("Euler flow schedule", &who("scheduler", &none, &none)),
+            None
+        );
+        assert_eq!(
+            match_label("Audio VAE decode", &who("audio_vae", &none, &none)),
+            Some(Match::Words)
+        );
         assert_eq!(match_label("", &vae), None);
     }
 

@@ -50,16 +50,237 @@ const INFRA_MARKERS: &[&str] = &[
 ];
 
 /// Fragments that say the host has no usable CUDA stack at all (no driver, a
-/// driver too old, no device): an environment failure of the worker, which
-/// the same worker will show on every run, not a transient fault.
+/// driver too old for the runtime, no device): an environment failure of
+/// the worker, which the same worker will show on every run, not a
+/// transient fault.
 const DRIVER_MARKERS: &[&str] = &[
     "Found no NVIDIA driver",
     "CUDA driver version is insufficient",
+    "The NVIDIA driver on your system is too old",
+    "cudaErrorInsufficientDriver",
+    "forward compatibility was attempted on non supported HW",
+    "Driver/library version mismatch",
+    "NVML library version mismatch",
     "no CUDA-capable device is detected",
     "No CUDA GPUs are available",
     "libcuda.so: cannot open shared object file",
+    "libcuda.so.1: cannot open shared object file",
     "NVIDIA-SMI has failed",
 ];
+
+/// One kind of failure whose cause lies outside the repository, as the
+/// failing cases of a run (or its output, without a report) show it. The
+/// rows of [`ENVIRONMENT_SIGNATURES`] are tried in order; the first that
+/// recognises a text names the run's environment cause.
+#[derive(Clone, Copy)]
+pub struct EnvSignature {
+    /// A stable identifier (`cuda_runtime_missing`), for tests and docs.
+    pub name: &'static str,
+    /// What the row recognises, for people.
+    pub what: &'static str,
+    /// A text the row recognises (a line as Python or git prints it).
+    pub example: &'static str,
+    /// The cause in one line, or `None` when `text` is not this kind of
+    /// failure; `in_repo(top)` says whether the checkout holds a
+    /// top-level module.
+    detect: Detect,
+}
+
+/// A signature's recogniser: the text, and whether the checkout holds a
+/// top-level module.
+type Detect = fn(&str, &dyn Fn(&str) -> bool) -> Option<String>;
+
+impl fmt::Debug for EnvSignature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EnvSignature")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EnvSignature {
+    /// The cause this row reads in `text`, if it recognises it.
+    pub fn detect(&self, text: &str, in_repo: &dyn Fn(&str) -> bool) -> Option<String> {
+        (self.detect)(text, in_repo)
+    }
+}
+
+/// The recognised signatures of a broken environment, in the order they
+/// are tried. Each has a test of its own (`verdict::tests`); a text none
+/// of them recognises is the code's (a failure, an error, a skip).
+pub const ENVIRONMENT_SIGNATURES: &[EnvSignature] = &[
+    EnvSignature {
+        name: "missing_module",
+        what: "an import of a top-level package the checkout does not hold (torch, diffusers, pytest itself)",
+        example: "E   ModuleNotFoundError: No module named 'torch'",
+        detect: detect_missing_module,
+    },
+    EnvSignature {
+        name: "cuda_driver",
+        what: "no usable CUDA driver, or a driver too old for the CUDA runtime",
+        example: "RuntimeError: The NVIDIA driver on your system is too old (found version 11040).",
+        detect: detect_driver,
+    },
+    EnvSignature {
+        name: "shared_library_missing",
+        what: "a shared library the installed packages load is missing (a CUDA runtime such as libcudart.so.13)",
+        example: "OSError: libcudart.so.13: cannot open shared object file: No such file or directory",
+        detect: detect_missing_library,
+    },
+    EnvSignature {
+        name: "undefined_symbol",
+        what: "a compiled extension that does not match the libraries it was loaded with",
+        example: "ImportError: /venv/lib/python3.12/site-packages/flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
+        detect: detect_undefined_symbol,
+    },
+    EnvSignature {
+        name: "system_library_version",
+        what: "a system library older than an installed package needs (GLIBC, GLIBCXX)",
+        example: "ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.32' not found",
+        detect: detect_library_version,
+    },
+    EnvSignature {
+        name: "installed_package_mismatch",
+        what: "an installed package (in site-packages) that lacks what the code imports from it",
+        example: "ImportError: cannot import name 'FluxPosEmbed' from 'diffusers.models.embeddings' (/venv/lib/python3.12/site-packages/diffusers/models/embeddings.py)",
+        detect: detect_installed_mismatch,
+    },
+    EnvSignature {
+        name: "not_a_git_repository",
+        what: "git run in a folder that is not a git checkout",
+        example: "fatal: not a git repository (or any of the parent directories): .git",
+        detect: detect_not_git,
+    },
+    EnvSignature {
+        name: "git_dubious_ownership",
+        what: "git refusing a checkout owned by another user (safe.directory)",
+        example: "fatal: detected dubious ownership in repository at '/srv/FastVideo'",
+        detect: detect_dubious_ownership,
+    },
+    EnvSignature {
+        name: "missing_working_directory",
+        what: "a working directory that does not exist (or was removed under the run)",
+        example: "shell-init: error retrieving current directory: getcwd: cannot access parent directories: No such file or directory",
+        detect: detect_missing_cwd,
+    },
+];
+
+/// The first recognised environment signature in `text`, with its cause.
+pub fn environment_signature(
+    text: &str,
+    in_repo: &dyn Fn(&str) -> bool,
+) -> Option<(&'static EnvSignature, String)> {
+    ENVIRONMENT_SIGNATURES
+        .iter()
+        .find_map(|s| s.detect(text, in_repo).map(|c| (s, c)))
+}
+
+fn detect_missing_module(text: &str, in_repo: &dyn Fn(&str) -> bool) -> Option<String> {
+    missing_modules(text).into_iter().find_map(|module| {
+        let top = module.split('.').next().unwrap_or(module);
+        (!top.is_empty() && !in_repo(top)).then(|| format!("No module named '{module}'"))
+    })
+}
+
+fn detect_driver(text: &str, _: &dyn Fn(&str) -> bool) -> Option<String> {
+    DRIVER_MARKERS
+        .iter()
+        .find(|m| text.contains(*m))
+        .map(|m| format!("no usable CUDA driver: {m}"))
+}
+
+/// The word before `at` in `text`, after its last blank, quote or `(`.
+fn word_before(text: &str, at: usize) -> &str {
+    let head = &text[..at];
+    let start = head
+        .rfind(|c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '(' | '['))
+        .map_or(0, |i| i + 1);
+    &head[start..]
+}
+
+fn detect_missing_library(text: &str, _: &dyn Fn(&str) -> bool) -> Option<String> {
+    const NEEDLE: &str = ": cannot open shared object file";
+    let i = text.find(NEEDLE)?;
+    let lib = word_before(text, i);
+    let lib = lib.rsplit('/').next().unwrap_or(lib);
+    (!lib.is_empty())
+        .then(|| format!("shared library missing: {lib}: cannot open shared object file"))
+}
+
+fn detect_undefined_symbol(text: &str, _: &dyn Fn(&str) -> bool) -> Option<String> {
+    const NEEDLE: &str = ": undefined symbol: ";
+    let i = text.find(NEEDLE)?;
+    let file = word_before(text, i);
+    let file = file.rsplit('/').next().unwrap_or(file);
+    let rest = &text[i + NEEDLE.len()..];
+    let symbol = rest.split_whitespace().next().unwrap_or_default();
+    Some(format!(
+        "compiled extension does not match its libraries: {file}: undefined symbol: {symbol}"
+    ))
+}
+
+fn detect_library_version(text: &str, _: &dyn Fn(&str) -> bool) -> Option<String> {
+    for needle in [
+        "version `GLIBC",
+        "version `GLIBCXX",
+        "version 'GLIBC",
+        "version 'GLIBCXX",
+    ] {
+        if let Some(i) = text.find(needle) {
+            let rest = &text[i + "version `".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.'))
+                .collect();
+            if text[i..].contains("not found") {
+                return Some(format!("system library too old: {name} not found"));
+            }
+        }
+    }
+    None
+}
+
+fn detect_installed_mismatch(text: &str, _: &dyn Fn(&str) -> bool) -> Option<String> {
+    const NEEDLE: &str = "cannot import name ";
+    let mut rest = text;
+    while let Some(i) = rest.find(NEEDLE) {
+        let line = rest[i..].lines().next().unwrap_or_default();
+        if line.contains("site-packages") || line.contains("dist-packages") {
+            let what = line.split(" (").next().unwrap_or(line);
+            return Some(format!("installed package mismatch: {what}"));
+        }
+        rest = &rest[i + NEEDLE.len()..];
+    }
+    None
+}
+
+fn detect_not_git(text: &str, _: &dyn Fn(&str) -> bool) -> Option<String> {
+    text.contains("not a git repository")
+        .then(|| "git: the folder is not a git repository".to_string())
+}
+
+fn detect_dubious_ownership(text: &str, _: &dyn Fn(&str) -> bool) -> Option<String> {
+    text.contains("detected dubious ownership in repository")
+        .then(|| "git: dubious ownership of the checkout (safe.directory)".to_string())
+}
+
+fn detect_missing_cwd(text: &str, _: &dyn Fn(&str) -> bool) -> Option<String> {
+    const MARKERS: &[&str] = &[
+        "error retrieving current directory",
+        "getcwd: cannot access parent directories",
+        "Unable to read current working directory",
+    ];
+    if let Some(m) = MARKERS.iter().find(|m| text.contains(*m)) {
+        return Some(format!("working directory missing: {m}"));
+    }
+    // git -C DIR with DIR gone
+    let i = text.find("fatal: cannot change to ")?;
+    text[i..]
+        .lines()
+        .next()
+        .filter(|l| l.contains("No such file or directory"))
+        .map(|_| "working directory missing: git cannot change to it".to_string())
+}
 
 /// SIGKILL: a run killed with it and not by fvd's own timeout was most likely
 /// taken by the host's out-of-memory killer.
@@ -385,9 +606,13 @@ pub fn classify(ev: &RunEvidence<'_>) -> Verdict {
 
 /// Why a run could not test the code, when the cause lies outside the
 /// repository: the command could not start (`spawn_error`: a missing
-/// interpreter or working directory), an import of a top-level package the
-/// repository does not contain (`in_repo(top)` is false: torch, diffusers,
-/// pytest itself), or a host without a usable CUDA driver. `None` when the
+/// interpreter or working directory), or a failing case whose text one of
+/// [`ENVIRONMENT_SIGNATURES`] recognises: an import of a top-level package
+/// the repository does not contain (`in_repo(top)` is false: torch,
+/// diffusers, pytest itself), a missing shared library, a compiled
+/// extension or installed package that does not match, a host without a
+/// usable CUDA driver, a git error about the checkout itself, a missing
+/// working directory. `None` when the
 /// run tested the code (whatever its verdict) or failed for a cause inside
 /// the repository: a missing module of the port's own package is a code
 /// error, for the component and its agent.
@@ -436,17 +661,11 @@ pub fn environment_cause(
             texts.push(ev.output_tail);
         }
     }
-    for t in &texts {
-        for module in missing_modules(t) {
-            let top = module.split('.').next().unwrap_or(module);
-            if !top.is_empty() && !in_repo(top) {
-                return env(format!("No module named '{module}'"));
-            }
-        }
-    }
-    for t in &texts {
-        if let Some(m) = DRIVER_MARKERS.iter().find(|m| t.contains(*m)) {
-            return env(format!("no usable CUDA driver: {m}"));
+    // Every row over every text, in the table's order: a missing package
+    // outranks what it makes fail later.
+    for sig in ENVIRONMENT_SIGNATURES {
+        if let Some(cause) = texts.iter().find_map(|t| sig.detect(t, in_repo)) {
+            return env(cause);
         }
     }
     None
@@ -1135,6 +1354,191 @@ E   ModuleNotFoundError: No module named '{module}'</error></testcase>"#
         assert_eq!(
             environment_cause(&ev(&xml), "", &in_repo).map(|v| v.status()),
             Some(VerdictStatus::Environment)
+        );
+    }
+
+    /// A collection error (an exception at the test module's import)
+    /// whose traceback ends in `line`.
+    fn collection_failing_with(line: &str) -> String {
+        let esc = line
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;");
+        suite(&format!(
+            r#"<testcase classname="" name="test_x"><error message="collection failure">ImportError while importing test module '/r/test_x.py'.
+Traceback:
+test_x.py:1: in &lt;module&gt;
+    import something
+E   {esc}</error></testcase>"#
+        ))
+    }
+
+    /// The cause the run gets from a failing case ending in `line`.
+    fn env_reason(line: &str) -> Option<String> {
+        let xml = collection_failing_with(line);
+        let mut e = ev(&xml);
+        e.exit_code = Some(2);
+        environment_cause(&e, "", &in_repo).map(|v| {
+            assert_eq!(v.status(), VerdictStatus::Environment);
+            v.reason()
+        })
+    }
+
+    /// Which row of the table recognises `text` first.
+    fn row_of(text: &str) -> Option<&'static str> {
+        environment_signature(text, &in_repo).map(|(s, _)| s.name)
+    }
+
+    #[test]
+    fn every_signature_recognises_its_own_example_first() {
+        for sig in ENVIRONMENT_SIGNATURES {
+            assert_eq!(row_of(sig.example), Some(sig.name), "{sig:?}");
+            assert!(env_reason(sig.example).is_some(), "{sig:?}");
+        }
+        let names: std::collections::HashSet<_> =
+            ENVIRONMENT_SIGNATURES.iter().map(|s| s.name).collect();
+        assert_eq!(
+            names.len(),
+            ENVIRONMENT_SIGNATURES.len(),
+            "names are unique"
+        );
+    }
+
+    #[test]
+    fn signature_missing_module() {
+        assert_eq!(
+            env_reason("ModuleNotFoundError: No module named 'transformers'").as_deref(),
+            Some("No module named 'transformers'")
+        );
+        // the repository's own package: the code's
+        assert_eq!(row_of("No module named 'fastvideo.models.x'"), None);
+    }
+
+    #[test]
+    fn signature_cuda_runtime_missing() {
+        for (line, lib) in [
+            (
+                "OSError: libcudart.so.13: cannot open shared object file: No such file or directory",
+                "libcudart.so.13",
+            ),
+            (
+                "OSError: /usr/local/cuda/lib64/libcublasLt.so.12: cannot open shared object file: No such file or directory",
+                "libcublasLt.so.12",
+            ),
+        ] {
+            assert_eq!(
+                env_reason(line),
+                Some(format!(
+                    "shared library missing: {lib}: cannot open shared object file"
+                )),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn signature_undefined_symbol() {
+        let line = "ImportError: /venv/lib/python3.12/site-packages/xformers/_C.so: undefined symbol: _ZN2at4_ops5zeros4callE";
+        assert_eq!(
+            env_reason(line).as_deref(),
+            Some(
+                "compiled extension does not match its libraries: _C.so: undefined symbol: _ZN2at4_ops5zeros4callE"
+            )
+        );
+        // an undefined *name* in Python is the code's
+        assert_eq!(
+            row_of("NameError: name 'undefined_symbol' is not defined"),
+            None
+        );
+    }
+
+    #[test]
+    fn signature_system_library_version() {
+        assert_eq!(
+            env_reason("OSError: /lib64/libc.so.6: version `GLIBC_2.34' not found (required by /venv/lib/libtorch.so)").as_deref(),
+            Some("system library too old: GLIBC_2.34 not found")
+        );
+    }
+
+    #[test]
+    fn signature_installed_package_mismatch() {
+        let line = "ImportError: cannot import name 'Qwen3VLModel' from 'transformers' (/venv/lib/python3.12/site-packages/transformers/__init__.py)";
+        assert_eq!(
+            env_reason(line).as_deref(),
+            Some(
+                "installed package mismatch: cannot import name 'Qwen3VLModel' from 'transformers'"
+            )
+        );
+        // the same error from the repository's own package: the code's
+        assert_eq!(
+            row_of(
+                "ImportError: cannot import name 'Dit' from 'fastvideo.models' (/srv/FastVideo/fastvideo/models/__init__.py)"
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn signature_cuda_driver_and_runtime_mismatch() {
+        for line in [
+            "RuntimeError: Found no NVIDIA driver on your system.",
+            "RuntimeError: The NVIDIA driver on your system is too old (found version 11040).",
+            "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version",
+            "Failed to initialize NVML: Driver/library version mismatch",
+        ] {
+            let r = env_reason(line).unwrap_or_default();
+            assert!(r.starts_with("no usable CUDA driver: "), "{line}: {r}");
+        }
+    }
+
+    #[test]
+    fn signature_not_a_git_repository() {
+        let line =
+            "AssertionError: fatal: not a git repository (or any of the parent directories): .git";
+        assert_eq!(
+            env_reason(line).as_deref(),
+            Some("git: the folder is not a git repository")
+        );
+    }
+
+    #[test]
+    fn signature_git_dubious_ownership() {
+        let line = "fatal: detected dubious ownership in repository at '/srv/FastVideo'\nTo add an exception for this directory, call: git config --global --add safe.directory /srv/FastVideo";
+        assert_eq!(
+            env_reason(line).as_deref(),
+            Some("git: dubious ownership of the checkout (safe.directory)")
+        );
+    }
+
+    #[test]
+    fn signature_missing_working_directory() {
+        assert!(
+            env_reason("FileNotFoundError: shell-init: error retrieving current directory: getcwd: cannot access parent directories: No such file or directory")
+                .is_some_and(|r| r.starts_with("working directory missing: "))
+        );
+        assert_eq!(
+            row_of("fatal: cannot change to '/scratch/gone': No such file or directory"),
+            Some("missing_working_directory")
+        );
+        // a test's own missing data file is not this
+        assert_eq!(
+            row_of(
+                "FileNotFoundError: [Errno 2] No such file or directory: 'weights/vae.safetensors'"
+            ),
+            None
+        );
+        // and a missing working directory at spawn is an environment too
+        let v = environment_cause(
+            &ev(""),
+            "cannot spawn \"python3\" in \"/r/gone\": No such file or directory",
+            &in_repo,
+        )
+        .unwrap();
+        assert!(
+            v.reason().starts_with("cannot start the test: "),
+            "{}",
+            v.reason()
         );
     }
 

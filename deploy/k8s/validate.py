@@ -12,6 +12,14 @@
    drain names the worker's --workspace, which is a mounted volume, every
    volume mount has its volume, every claim its PersistentVolumeClaim or
    claim template, every Service targetPort a container port.
+4. Every pod template meets the Pod Security level its namespace enforces
+   (`pod-security.kubernetes.io/enforce`, pod_security.py).
+5. The examples in optional/ (not applied by kustomization.yaml) pass the
+   same schema check, and each Ingress backend is a Service port above.
+
+kustomization.yaml's `patches` (inline JSON 6902 patches) are applied to
+the documents they target first, so what is checked is what kustomize
+would apply.
 
 Usage: python3 deploy/k8s/validate.py [FOLDER]; exit 1 with one line per
 problem (file, document, path), 0 when there is none.
@@ -25,6 +33,8 @@ from urllib.parse import urlparse
 
 import kubernetes_validate
 import yaml
+
+import pod_security
 
 # grpc probes are GA from 1.27; 1.30 is the oldest release still commonly
 # run, 1.37 the newest the schemas cover.
@@ -65,7 +75,50 @@ def load(folder: Path) -> tuple[list[tuple[str, int, dict]], list[str]]:
     namespace = kust.get("namespace")
     if not namespace:
         problems.append(f"{kust_path}: no namespace")
+    for n, patch in enumerate(kust.get("patches") or [], 1):
+        problems += apply_patch(docs, patch, f"{kust_path}: patch {n}")
     return docs, problems
+
+
+def apply_patch(docs: list[tuple[str, int, dict]], patch: dict, at: str) -> list[str]:
+    """Applies one inline JSON 6902 patch of a kustomization to the
+    documents its target names (kind and name); the problems, if any."""
+    target = patch.get("target") or {}
+    try:
+        ops = yaml.safe_load(patch.get("patch") or "")
+    except yaml.YAMLError as e:
+        return [f"{at}: {e}"]
+    if not isinstance(ops, list) or not target.get("kind") or not target.get("name"):
+        return [f"{at}: only inline JSON 6902 patches with a target kind and name are checked"]
+    hits = [d for _, _, d in docs
+            if d.get("kind") == target["kind"] and d.get("metadata", {}).get("name") == target["name"]]
+    if not hits:
+        return [f"{at}: its target {target['kind']} {target['name']} is no document"]
+    problems = []
+    for doc in hits:
+        for op in ops:
+            path = [seg.replace("~1", "/").replace("~0", "~") for seg in op.get("path", "").split("/")[1:]]
+            node = doc
+            try:
+                for seg in path[:-1]:
+                    node = node[int(seg)] if isinstance(node, list) else node[seg]
+                last = path[-1]
+                if op.get("op") == "replace":
+                    key = int(last) if isinstance(node, list) else last
+                    node[key]  # noqa: B018 - replace needs the value to exist
+                    node[key] = op["value"]
+                elif op.get("op") == "add":
+                    if isinstance(node, list):
+                        node.insert(len(node) if last == "-" else int(last), op["value"])
+                    else:
+                        node[last] = op["value"]
+                elif op.get("op") == "remove":
+                    del node[int(last) if isinstance(node, list) else last]
+                else:
+                    problems.append(f"{at}: op {op.get('op')!r} is not checked here")
+            except (KeyError, IndexError, ValueError, TypeError):
+                problems.append(f"{at}: path {op.get('path')} is not in {target['kind']} {target['name']}")
+    return problems
 
 
 def schema_problems(docs: list[tuple[str, int, dict]]) -> list[str]:
@@ -188,13 +241,62 @@ def consistency_problems(docs: list[tuple[str, int, dict]], namespace: str) -> l
     return problems
 
 
+def pod_security_problems(docs: list[tuple[str, int, dict]], namespace: str) -> list[str]:
+    """Each pod template against the level its namespace enforces."""
+    levels = [
+        (d.get("metadata", {}).get("labels") or {}).get("pod-security.kubernetes.io/enforce")
+        for _, _, d in docs
+        if d.get("kind") == "Namespace" and d.get("metadata", {}).get("name") == namespace
+    ]
+    if not levels or not levels[0]:
+        return [f"namespace {namespace}: no pod-security.kubernetes.io/enforce label"]
+    problems = []
+    for path, i, doc, spec in pod_specs(docs):
+        for p in pod_security.problems(spec, levels[0]):
+            problems.append(f"{path}: document {i} ({doc.get('kind')} {doc['metadata']['name']}): {p}")
+    return problems
+
+
+def optional_problems(folder: Path, docs: list[tuple[str, int, dict]]) -> tuple[int, list[str]]:
+    """The examples under optional/: schemas, and Ingress backends that
+    name a Service port of the manifests."""
+    services = {d["metadata"]["name"]: d for _, _, d in docs if d.get("kind") == "Service"}
+    extra: list[tuple[str, int, dict]] = []
+    problems = []
+    for path in sorted((folder / "optional").glob("*.yaml")):
+        try:
+            loaded = list(yaml.safe_load_all(path.read_text()))
+        except yaml.YAMLError as e:
+            problems.append(f"{path}: {e}")
+            continue
+        extra += [(str(path), i + 1, d) for i, d in enumerate(loaded) if isinstance(d, dict)]
+    problems += schema_problems(extra)
+    for path, i, doc in extra:
+        if doc.get("kind") != "Ingress":
+            continue
+        for rule in (doc.get("spec") or {}).get("rules") or []:
+            for p in (rule.get("http") or {}).get("paths") or []:
+                backend = (p.get("backend") or {}).get("service") or {}
+                svc = services.get(backend.get("name"))
+                port = backend.get("port") or {}
+                if svc is None:
+                    problems.append(f"{path}: document {i}: backend Service {backend.get('name')} is not defined")
+                elif not any(q.get("name") == port.get("name") or q["port"] == port.get("number")
+                             for q in svc["spec"]["ports"]):
+                    problems.append(f"{path}: document {i}: backend port {port} is not a port of {svc['metadata']['name']}")
+    return len(extra), problems
+
+
 def validate(folder: Path) -> tuple[int, list[str]]:
     """Number of documents checked, and every problem found."""
     docs, problems = load(folder)
     kust = yaml.safe_load((folder / "kustomization.yaml").read_text()) or {}
+    namespace = kust.get("namespace") or ""
     problems += schema_problems(docs)
-    problems += consistency_problems(docs, kust.get("namespace") or "")
-    return len(docs), problems
+    problems += consistency_problems(docs, namespace)
+    problems += pod_security_problems(docs, namespace)
+    optional, more = optional_problems(folder, docs)
+    return len(docs) + optional, problems + more
 
 
 def main(argv: list[str]) -> int:
@@ -210,7 +312,8 @@ def main(argv: list[str]) -> int:
         return 1
     print(
         f"k8s: {count} documents in {folder} valid against Kubernetes "
-        f"{', '.join(VERSIONS)} (kubernetes-validate {kubernetes_validate.__version__}, offline)"
+        f"{', '.join(VERSIONS)} (kubernetes-validate {kubernetes_validate.__version__}, offline), "
+        f"pod templates at their namespace's Pod Security level"
     )
     return 0
 

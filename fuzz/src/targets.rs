@@ -67,6 +67,12 @@ pub const TARGETS: &[Target] = &[
         seeds: &[Source::Tree("tests/fixtures", &[".xml"])],
     },
     Target {
+        name: "credentials",
+        run: credentials,
+        dictionary: CREDENTIALS_TOKENS,
+        seeds: &[],
+    },
+    Target {
         name: "handoff",
         run: handoff,
         dictionary: CONTRACT_TOKENS,
@@ -243,6 +249,47 @@ fn port_spec(input: &[u8]) -> u64 {
                 &e,
                 fvd_paths::MAX_MESSAGE_CHARS + 1 + "port.toml:99999:99999: ".len(),
             );
+            signature(&[&e])
+        }
+    }
+}
+
+/// A credentials file (`--auth`) gives valid, distinct names and distinct
+/// hashes, or an error at `file:line:col` that repeats no token-long word.
+fn credentials(input: &[u8]) -> u64 {
+    use fvd_proto::credentials::{self, MAX_ECHOED_WORD};
+    let text = text(input);
+    match credentials::parse(Path::new("auth.toml"), &text) {
+        Ok(entries) => {
+            for (i, e) in entries.iter().enumerate() {
+                assert!(credentials::valid_name(&e.name), "name {:?}", e.name);
+                for other in &entries[..i] {
+                    assert_ne!(other.name, e.name, "two entries named {}", e.name);
+                    assert_ne!(other.hash, e.hash, "two entries with one token");
+                }
+            }
+            signature(&["ok"]) ^ entries.len().min(8) as u64
+        }
+        Err(e) => {
+            let e = e.to_string();
+            let rest = e
+                .strip_prefix("auth.toml:")
+                .unwrap_or_else(|| panic!("an error without its file: {e}"));
+            let mut parts = rest.splitn(3, ':');
+            for what in ["line", "column"] {
+                let n = parts.next().unwrap_or_default();
+                assert!(n.parse::<usize>().is_ok_and(|n| n >= 1), "no {what} in {e}");
+            }
+            let longest = e
+                .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-'))
+                .map(|w| w.chars().count())
+                .max()
+                .unwrap_or(0);
+            assert!(
+                longest <= MAX_ECHOED_WORD,
+                "an error repeats a {longest}-char word (a token?)"
+            );
+            check_message(&e, 1024);
             signature(&[&e])
         }
     }
@@ -467,6 +514,23 @@ const SPEC_TOKENS: &[&[u8]] = &[
     b"hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
     b"\\u00e9",
     b"\\\"",
+];
+
+const CREDENTIALS_TOKENS: &[&[u8]] = &[
+    b"[[token]]\n",
+    b"name = \"alice\"\n",
+    b"role = \"porter\"\n",
+    b"role = \"admin\"\n",
+    b"role = \"boss\"\n",
+    b"sha256 = \"",
+    b"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    b"fvd_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    b"\"\n",
+    b" = ",
+    b"[",
+    b"]",
+    b"\"",
+    b"#",
 ];
 
 const TRACE_TOKENS: &[&[u8]] = &[

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const TARGETS: usize = 8;
+const TARGETS: usize = 9;
 
 /// How one target's run ended.
 enum Ended {
@@ -144,6 +144,11 @@ fn junit_verdict() {
 #[test]
 fn handoff() {
     fuzz("handoff");
+}
+
+#[test]
+fn credentials() {
+    fuzz("credentials");
 }
 
 /// The list above is every target of the binary.

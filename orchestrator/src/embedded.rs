@@ -42,23 +42,34 @@ pub struct Embedded {
 }
 
 impl Embedded {
-    /// Starts the server on `127.0.0.1:0` with `store`, then the worker of
-    /// `worker` (its orchestrator URL and token are set here), and returns
-    /// once the worker has registered.
-    pub async fn start(store: Store, mut worker: WorkerConfig) -> Result<Self, EmbeddedError> {
+    /// Starts the server on `127.0.0.1:0` with `store` and `agents`, then
+    /// the worker of `worker` (its orchestrator URL and token are set
+    /// here), and returns once the worker has registered. The fresh token
+    /// joins the secrets agents' output is redacted of.
+    pub async fn start(
+        store: Store,
+        mut worker: WorkerConfig,
+        mut agents: fvd_workspace::agent::AgentPolicy,
+    ) -> Result<Self, EmbeddedError> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(EmbeddedError::Listen)?;
         let token = Token::random();
+        agents
+            .secrets
+            .add(crate::worker_api::TOKEN_NAME, token.value().as_bytes());
         let config = ServerConfig {
             token: Some(token.clone()),
             // Only the port asked for runs here, on this machine's worker:
             // a job it can never hold is refused at once, not waited for.
             resume_on_start: false,
+            // The state is REPO/.fvd: a new path is the same checkout moved.
+            checkout_owns_store: true,
             scheduler: SchedulerConfig {
                 fixed_fleet: true,
                 ..Default::default()
             },
+            agents,
             ..Default::default()
         };
         let server = crate::start(listener, store, config).await?;

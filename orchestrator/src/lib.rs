@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use fvd_actors::orchestrator::{OrchestratorActor, OrchestratorArgs, OrchestratorMsg};
 use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg};
-use fvd_proto::auth::ServerAuth;
+use fvd_proto::auth::{Credentials, Need, ServerAuth};
 use fvd_proto::v1::port_service_server::PortServiceServer;
 use fvd_proto::v1::worker_service_server::WorkerServiceServer;
 use fvd_store::clock::{Clock, SystemClock};
@@ -69,8 +69,14 @@ pub enum ServerError {
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub scheduler: SchedulerConfig,
-    /// When set, every call must carry this bearer token.
+    /// When set (and `credentials` is not), every call must carry this
+    /// bearer token: one admin credential named `admin`.
     pub token: Option<fvd_proto::auth::Token>,
+    /// Named credentials with roles (`--auth`, with `--token-file`'s token
+    /// among them when both are given); replaces `token` when set. Calls
+    /// are checked against them as they are at the time of the call, so a
+    /// reload revokes at once.
+    pub credentials: Option<Credentials>,
     /// When set, the listener speaks TLS with this certificate and key
     /// (PEM), and clients dial `https://`.
     pub tls: Option<TlsIdentity>,
@@ -82,6 +88,13 @@ pub struct ServerConfig {
     pub resume_on_start: bool,
     /// No pack of a commit's code larger than this goes to a worker.
     pub max_code_bytes: u64,
+    /// The store lives inside the one checkout it serves (embedded mode),
+    /// so a port submitted from a new path is that checkout, moved. A fleet
+    /// orchestrator refuses a port's family from another checkout.
+    pub checkout_owns_store: bool,
+    /// Which spec-given agent commands run on this host, jailed how
+    /// (default: none; `fvd orchestrator serve --allow-agent-commands`).
+    pub agents: fvd_workspace::agent::AgentPolicy,
 }
 
 impl Default for ServerConfig {
@@ -89,11 +102,14 @@ impl Default for ServerConfig {
         Self {
             scheduler: SchedulerConfig::default(),
             token: None,
+            credentials: None,
             tls: None,
             heartbeat_interval: Duration::from_secs(1),
             clock: Arc::new(SystemClock),
             resume_on_start: true,
             max_code_bytes: code::DEFAULT_MAX_PACK_BYTES,
+            checkout_owns_store: false,
+            agents: fvd_workspace::agent::AgentPolicy::default(),
         }
     }
 }
@@ -106,6 +122,8 @@ pub struct Server {
     pub scheduler: ActorRef<SchedulerMsg>,
     pub orchestrator: ActorRef<OrchestratorMsg>,
     pub events: broadcast::Sender<PortEvent>,
+    /// What every call is checked against (reload it to revoke).
+    pub credentials: Credentials,
     /// The statuses the health service reports.
     pub health: Health,
     tls: bool,
@@ -217,6 +235,10 @@ pub async fn start(
     config: ServerConfig,
 ) -> Result<Server, ServerError> {
     let addr = listener.local_addr().map_err(ServerError::Listener)?;
+    let credentials = config
+        .credentials
+        .clone()
+        .unwrap_or_else(|| Credentials::single(config.token.as_ref()));
     let (events, _) = broadcast::channel(1024);
     let (scheduler, scheduler_done) = Actor::spawn(
         None,
@@ -240,6 +262,8 @@ pub async fn start(
             scheduler: scheduler.clone(),
             events: events.clone(),
             resume_on_start: config.resume_on_start,
+            checkout_owns_store: config.checkout_owns_store,
+            agents: config.agents.clone(),
         },
     )
     .await
@@ -254,11 +278,14 @@ pub async fn start(
         store: store.clone(),
         max_code_bytes: config.max_code_bytes,
         heartbeats: Default::default(),
+        credentials: credentials.clone(),
+        secrets: Arc::new(worker_api::own_secrets(&config)),
     };
     let ports = port_api::PortApi {
         store: store.clone(),
         orchestrator: orchestrator.clone(),
         events: events.clone(),
+        credentials: credentials.clone(),
     };
     // The store is open and both actors are up: serving, until one of them
     // stops (a crash the supervisor did not absorb, or a shutdown).
@@ -290,11 +317,11 @@ pub async fn start(
         builder
             .add_service(WorkerServiceServer::with_interceptor(
                 workers,
-                ServerAuth::new(config.token.clone()),
+                ServerAuth::new(credentials.clone(), Need::Connect),
             ))
             .add_service(PortServiceServer::with_interceptor(
                 ports,
-                ServerAuth::new(config.token.clone()),
+                ServerAuth::new(credentials.clone(), Need::Read),
             ))
             // No token: probes carry none, and it tells only up or down.
             .add_service(health.service())
@@ -308,6 +335,7 @@ pub async fn start(
         scheduler,
         orchestrator,
         events,
+        credentials,
         health,
         serve,
     })

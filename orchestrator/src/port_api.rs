@@ -1,11 +1,21 @@
 //! `PortService`: the gRPC edge for the CLI. Submissions and cancellations
 //! go to the orchestrator actor; reads come from the store; watches come
 //! from the port event channel.
+//!
+//! Every call arrives with the caller's [`Principal`] (the interceptor put
+//! it there, having refused callers that may not read). A call that changes
+//! a port (submit, answer, cancel, reset) is refused here unless the role
+//! may change ports, and the orchestrator actor refuses a porter acting on
+//! another's port; each runs in a span carrying `enduser.id` (the
+//! credential's name) and `enduser.role`. A stream (watch, logs) ends with
+//! `PERMISSION_DENIED` once its caller's credential is revoked.
 
 use std::pin::Pin;
 use std::time::Duration;
 
-use fvd_actors::orchestrator::{AnswerChoice, OrchestratorMsg, PortError, Submission};
+use fvd_actors::orchestrator::{AnswerChoice, Caller, OrchestratorMsg, PortError, Submission};
+use fvd_proto::auth::{Credentials, Principal};
+use tracing::Instrument;
 
 use crate::query::{self, QueryError};
 use fvd_proto::v1 as pb;
@@ -26,6 +36,59 @@ pub struct PortApi {
     pub store: Store,
     pub orchestrator: ActorRef<OrchestratorMsg>,
     pub events: broadcast::Sender<PortEvent>,
+    /// What the interceptor checked the caller against: streams end when
+    /// their caller's credential is revoked.
+    pub credentials: Credentials,
+}
+
+/// The caller the interceptor resolved (a server without credentials sets
+/// [`Principal::anonymous`]); a request that bypassed it is refused.
+fn principal<T>(request: &Request<T>) -> Result<Principal, Status> {
+    request
+        .extensions()
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("no credential was checked for this call"))
+}
+
+/// The caller of a change, refused unless its role changes ports.
+fn changer<T>(request: &Request<T>, what: &str) -> Result<(Principal, Caller), Status> {
+    let who = principal(request)?;
+    if !who.role().changes() {
+        return Err(Status::permission_denied(format!(
+            "credential {} may not {what}: that needs a porter or admin credential",
+            who.describe()
+        )));
+    }
+    let caller = Caller {
+        name: who.name().to_string(),
+        admin: who.role() == fvd_proto::credentials::Role::Admin,
+    };
+    Ok((who, caller))
+}
+
+/// The span of a call that changes a port: who made it, as OpenTelemetry's
+/// `enduser.*` attributes, under the caller's trace when it sent one.
+fn change_span(
+    method: &str,
+    family: &str,
+    who: &Principal,
+    traceparent: Option<&str>,
+) -> tracing::Span {
+    let span = tracing::info_span!(
+        "PortService",
+        otel.name = %format!("fvd.v1.PortService/{method}"),
+        rpc.system = "grpc",
+        rpc.service = "fvd.v1.PortService",
+        rpc.method = method,
+        family = %family,
+        enduser.id = %who.name(),
+        enduser.role = %who.role(),
+    );
+    if let Some(tp) = traceparent {
+        fvd_telemetry::set_parent(&span, tp);
+    }
+    span
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -41,7 +104,13 @@ fn port_status(e: PortError) -> Status {
             Status::failed_precondition(e.to_string())
         }
         e @ PortError::UnknownEscape { .. } => Status::not_found(e.to_string()),
+        e @ PortError::OtherCheckout { .. } => Status::failed_precondition(e.to_string()),
+        e @ PortError::NotYours { .. } => Status::permission_denied(e.to_string()),
         PortError::InvalidAnswer(m) => Status::invalid_argument(m),
+        // The spec asks for what this host does not run: an input the
+        // server refuses (exit 2), not a credential or a role (exit 6,
+        // which PERMISSION_DENIED means to the CLI).
+        e @ PortError::AgentRefused { .. } => Status::failed_precondition(e.to_string()),
         PortError::Internal(m) => Status::internal(m),
     }
 }
@@ -240,6 +309,7 @@ pub fn escape_wire(e: EscapeRow) -> pb::EscapeHatch {
         status: e.status,
         answer: e.answer,
         attempt: e.attempt,
+        answered_by: e.answered_by,
     }
 }
 
@@ -261,6 +331,38 @@ fn traceparent<T>(request: &Request<T>) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Ends a stream's task once `who`'s credential is revoked (a reload of
+/// the credentials), telling the client why; the task also ends this
+/// watcher when it ends by itself.
+fn end_when_revoked<T: Send + 'static>(
+    credentials: &Credentials,
+    who: Principal,
+    stream: tokio::task::JoinHandle<()>,
+    tx: mpsc::Sender<Result<T, Status>>,
+) {
+    if credentials.is_open() {
+        return;
+    }
+    let credentials = credentials.clone();
+    fvd_telemetry::spawn(async move {
+        let abort = stream.abort_handle();
+        tokio::select! {
+            _ = stream => {}
+            _ = tx.closed() => abort.abort(),
+            () = credentials.revoked(&who) => {
+                abort.abort();
+                tracing::info!(credential = %who.name(), "a stream's credential was revoked; ending it");
+                let _ = tx
+                    .send(Err(Status::permission_denied(format!(
+                        "credential {} was revoked",
+                        who.describe()
+                    ))))
+                    .await;
+            }
+        }
+    });
+}
+
 /// Whether a port in wire state `state` is running: a watch of one that
 /// is not ends at once.
 fn is_active(state: &str) -> bool {
@@ -276,10 +378,12 @@ impl pb::port_service_server::PortService for PortApi {
         // The caller's trace context, when it sent one: the port's trace
         // continues it.
         let traceparent = traceparent(&request);
+        let (who, caller) = changer(&request, "submit")?;
         let r = request.into_inner();
         if r.family.is_empty() {
             return Err(Status::invalid_argument("family is empty"));
         }
+        let span = change_span("Submit", &r.family, &who, traceparent.as_deref());
         let sub = Submission {
             family: r.family,
             repo: r.repo,
@@ -288,10 +392,12 @@ impl pb::port_service_server::PortService for PortApi {
             rerun: r.rerun,
             commit: r.commit,
             traceparent,
+            caller,
         };
         let done = call(&self.orchestrator, |reply| {
             OrchestratorMsg::Submit(sub, reply)
         })
+        .instrument(span)
         .await?;
         Ok(Response::new(pb::SubmitResponse {
             family: done.family,
@@ -319,6 +425,7 @@ impl pb::port_service_server::PortService for PortApi {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let who = principal(&request)?;
         let family = request.into_inner().family;
         // Subscribe before reading the state, so nothing falls in between.
         let mut rx = self.events.subscribe();
@@ -328,7 +435,8 @@ impl pb::port_service_server::PortService for PortApi {
             .ok_or_else(|| Status::not_found(format!("no port of family {family}")))?;
         let (tx, out) = mpsc::channel(64);
         let store = self.store.clone();
-        fvd_telemetry::spawn(async move {
+        let watching = tx.clone();
+        let stream = fvd_telemetry::spawn(async move {
             let send = |e: pb::port_event::Event| pb::PortEvent {
                 family: family.clone(),
                 event: Some(e),
@@ -407,6 +515,7 @@ impl pb::port_service_server::PortService for PortApi {
                 }
             }
         });
+        end_when_revoked(&self.credentials, who, stream, watching);
         Ok(Response::new(Box::pin(ReceiverStream::new(out))))
     }
 
@@ -415,7 +524,9 @@ impl pb::port_service_server::PortService for PortApi {
         request: Request<pb::AnswerRequest>,
     ) -> Result<Response<pb::AnswerResponse>, Status> {
         let traceparent = traceparent(&request);
+        let (who, caller) = changer(&request, "answer")?;
         let r = request.into_inner();
+        let span = change_span("Answer", &r.family, &who, traceparent.as_deref());
         let choice = match r.choice {
             Some(pb::answer_request::Choice::Option(n)) => AnswerChoice::Option(n),
             Some(pb::answer_request::Choice::Text(t)) => AnswerChoice::Text(t),
@@ -430,8 +541,10 @@ impl pb::port_service_server::PortService for PortApi {
             id: r.id,
             choice,
             traceparent,
+            caller,
             reply,
         })
+        .instrument(span)
         .await?;
         Ok(Response::new(pb::AnswerResponse {
             escape: Some(escape_wire(row)),
@@ -444,6 +557,7 @@ impl pb::port_service_server::PortService for PortApi {
         &self,
         request: Request<pb::LogsRequest>,
     ) -> Result<Response<Self::LogsStream>, Status> {
+        let who = principal(&request)?;
         let r = request.into_inner();
         let job = query::run_of(
             &self.store,
@@ -455,7 +569,8 @@ impl pb::port_service_server::PortService for PortApi {
         .map_err(query_status)?;
         let mut chunks = query::log_pump(self.store.clone(), job.job_id, r.follow);
         let (tx, out) = mpsc::channel(64);
-        fvd_telemetry::spawn(async move {
+        let following = tx.clone();
+        let stream = fvd_telemetry::spawn(async move {
             while let Some(c) = chunks.recv().await {
                 let wire = c
                     .map(|(stream, data)| pb::LogChunk { stream, data })
@@ -465,6 +580,7 @@ impl pb::port_service_server::PortService for PortApi {
                 }
             }
         });
+        end_when_revoked(&self.credentials, who, stream, following);
         Ok(Response::new(Box::pin(ReceiverStream::new(out))))
     }
 
@@ -505,11 +621,33 @@ impl pb::port_service_server::PortService for PortApi {
         &self,
         request: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
+        let (who, caller) = changer(&request, "cancel")?;
         let family = request.into_inner().family;
-        call(&self.orchestrator, |reply| {
-            OrchestratorMsg::Cancel(family, reply)
+        let span = change_span("Cancel", &family, &who, None);
+        call(&self.orchestrator, |reply| OrchestratorMsg::Cancel {
+            family,
+            caller,
+            reply,
         })
+        .instrument(span)
         .await?;
         Ok(Response::new(pb::CancelResponse { cancelled: true }))
+    }
+
+    async fn reset(
+        &self,
+        request: Request<pb::ResetRequest>,
+    ) -> Result<Response<pb::ResetResponse>, Status> {
+        let (who, caller) = changer(&request, "reset")?;
+        let family = request.into_inner().family;
+        let span = change_span("Reset", &family, &who, None);
+        call(&self.orchestrator, |reply| OrchestratorMsg::Reset {
+            family,
+            caller,
+            reply,
+        })
+        .instrument(span)
+        .await?;
+        Ok(Response::new(pb::ResetResponse {}))
     }
 }

@@ -83,8 +83,12 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
             a.add(t);
             Some(a)
         });
+    let origin = store.port_origin(family).await?.unwrap_or_default();
+    let actions = store.actions(family).await?;
+    let status_write_error = store.status_write_error(family).await?;
     Ok(Some(pb::PortSnapshot {
         agent_spend: port_spend.as_ref().map(crate::port_api::spend_wire),
+        status_write_error,
         escapes: escapes.into_iter().map(escape_wire).collect(),
         family: port.family,
         state: port.state.as_str().to_string(),
@@ -103,6 +107,18 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
         gate_events: gate.into_iter().map(gate_wire).collect(),
         repo: port.repo,
         port_status_path: port.port_status_path,
+        repo_identity: origin.repo_identity,
+        owner: origin.owner,
+        submitted_by: origin.submitted_by,
+        actions: actions
+            .into_iter()
+            .map(|a| pb::PortAction {
+                action: a.action,
+                actor: a.actor,
+                detail: a.detail,
+                at_ms: a.at_ms,
+            })
+            .collect(),
     }))
 }
 

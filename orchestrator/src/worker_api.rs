@@ -1,6 +1,9 @@
 //! `WorkerService`: the gRPC edge for workers. Handlers only convert wire
 //! types to domain types and forward them to the scheduler actor; leases,
-//! fencing and state live there. A worker's `FetchCode` is answered here,
+//! fencing and state live there. What a worker sends of a job's output is
+//! redacted here once more, of the orchestrator's own secrets (its token):
+//! the worker redacts every secret it knows, streaming, before anything
+//! leaves it; this edge catches a worker that did not, chunk by chunk. A worker's `FetchCode` is answered here,
 //! beside the stream, by [`crate::code`] (git, never the scheduler).
 
 use std::collections::BTreeMap;
@@ -35,6 +38,27 @@ pub struct WorkerApi {
     pub max_code_bytes: u64,
     /// Every stream's heartbeats go to the scheduler through this batch.
     pub heartbeats: Arc<HeartbeatBatch>,
+    /// What the interceptor checked the worker's token against: a worker
+    /// whose credential is revoked loses its stream (and is refused when it
+    /// dials again).
+    pub credentials: fvd_proto::auth::Credentials,
+    /// The orchestrator's own secrets, redacted from everything a worker
+    /// sends of a job before it is stored.
+    pub secrets: Arc<fvd_contracts::redactor::Redactor>,
+}
+
+/// How the orchestrator's token is named where it is redacted (the same
+/// name as a worker's: a fleet shares one token).
+pub const TOKEN_NAME: &str = "fvd-token";
+
+/// The orchestrator's own secrets: its token, and the agents' (later the
+/// model-API proxy's keys).
+pub fn own_secrets(config: &crate::ServerConfig) -> fvd_contracts::redactor::Redactor {
+    let mut r = config.agents.secrets.clone();
+    if let Some(t) = &config.token {
+        r.add(TOKEN_NAME, t.value().as_bytes());
+    }
+    r
 }
 
 /// Boxed: a channel's first block of 32 slots is allocated when it is
@@ -51,6 +75,12 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         &self,
         request: Request<Streaming<pb::WorkerMsg>>,
     ) -> Result<Response<OutStream>, Status> {
+        let who = request
+            .extensions()
+            .get::<fvd_proto::auth::Principal>()
+            .cloned()
+            .ok_or_else(|| Status::unauthenticated("no credential was checked for this call"))?;
+        let credentials = self.credentials.clone();
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -93,9 +123,19 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             Arc::<str>::from(worker_id.as_str()),
         );
         let (store, max_code_bytes) = (self.store.clone(), self.max_code_bytes);
+        let secrets = self.secrets.clone();
         fvd_telemetry::spawn(async move {
+            let revoked = credentials.revoked(&who);
+            tokio::pin!(revoked);
             loop {
-                match inbound.message().await {
+                let next = tokio::select! {
+                    m = inbound.message() => m,
+                    () = &mut revoked => {
+                        tracing::warn!(worker = %worker_id, credential = %who.name(), "the worker's credential was revoked; closing its stream");
+                        break;
+                    }
+                };
+                match next {
                     Ok(Some(pb::WorkerMsg {
                         msg: Some(pb::worker_msg::Msg::FetchCode(f)),
                     })) => {
@@ -123,7 +163,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
                         }
                     }
                     Ok(Some(m)) => {
-                        if let Some(msg) = from_wire(&worker_id, m)
+                        if let Some(msg) = from_wire(&worker_id, m, &secrets)
                             && scheduler.cast(msg).is_err()
                         {
                             break;
@@ -297,8 +337,19 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
     pb::OrchestratorMsg { msg: Some(msg) }
 }
 
-fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
+fn from_wire(
+    worker_id: &str,
+    m: pb::WorkerMsg,
+    secrets: &fvd_contracts::redactor::Redactor,
+) -> Option<SchedulerMsg> {
     let worker_id = worker_id.to_string();
+    let text = |s: String| {
+        if secrets.is_empty() {
+            s
+        } else {
+            secrets.text(&s)
+        }
+    };
     Some(match m.msg? {
         pb::worker_msg::Msg::Register(_) => {
             tracing::warn!(worker = %worker_id, "ignored a second register on one stream");
@@ -323,13 +374,22 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                 seq: l.seq,
                 stream: l.stream,
                 offset: l.offset,
-                data: l.data,
+                data: if secrets.is_empty() {
+                    l.data
+                } else {
+                    secrets.bytes(&l.data)
+                },
             }),
         },
         pb::worker_msg::Msg::JobFinished(f) => {
             let wire_bytes = prost::Message::encoded_len(&f) as u64;
             let junit_status = junit_status(&f);
-            let (files, files_error) = checked_files(&worker_id, f.files, f.files_error);
+            let (mut files, files_error) = checked_files(&worker_id, f.files, f.files_error);
+            if !secrets.is_empty() {
+                for c in &mut files {
+                    c.data = secrets.bytes(&c.data);
+                }
+            }
             SchedulerMsg::Finished {
                 worker_id,
                 report: Box::new(JobReport {
@@ -341,18 +401,18 @@ fn from_wire(worker_id: &str, m: pb::WorkerMsg) -> Option<SchedulerMsg> {
                     cancelled: f.cancelled,
                     duration_ms: f.duration_ms,
                     junit_xml: (junit_status == JunitStatus::Read && !f.junit_xml.is_empty())
-                        .then_some(f.junit_xml),
+                        .then(|| text(f.junit_xml)),
                     junit_status,
-                    junit_error: f.junit_error,
-                    output_tail: f.output_tail,
+                    junit_error: text(f.junit_error),
+                    output_tail: text(f.output_tail),
                     survivors: f.survivors,
-                    spawn_error: f.spawn_error,
+                    spawn_error: text(f.spawn_error),
                     files,
-                    files_error,
-                    preflight_error: f.preflight_error,
+                    files_error: text(files_error),
+                    preflight_error: text(f.preflight_error),
                     trace_report: (f.trace_error.is_empty() && !f.trace_report.is_empty())
-                        .then_some(f.trace_report),
-                    trace_error: f.trace_error,
+                        .then(|| text(f.trace_report)),
+                    trace_error: text(f.trace_error),
                     collected_bytes: f.collected_bytes,
                     collected_files: f.collected_files,
                     compare_ms: f.compare_ms,
@@ -434,7 +494,7 @@ mod tests {
     }
 
     fn report(m: pb::WorkerMsg) -> JobReport {
-        match from_wire("w1", m) {
+        match from_wire("w1", m, &fvd_contracts::redactor::Redactor::default()) {
             Some(SchedulerMsg::Finished { report, .. }) => *report,
             other => panic!("not a result: {other:?}"),
         }
@@ -495,5 +555,45 @@ mod tests {
                 r.files_error
             );
         }
+    }
+
+    /// A worker that did not redact (an older or a hostile one) still gets
+    /// no token of the orchestrator's into the store.
+    #[test]
+    fn the_orchestrators_token_is_redacted_from_what_a_worker_sends() {
+        let token = "orchestrator-token-0123456789";
+        let secrets = fvd_contracts::redactor::Redactor::new([(TOKEN_NAME, token)]);
+        let b64 = "b3JjaGVzdHJhdG9yLXRva2VuLTAxMjM0NTY3ODk=";
+        let mut m = finished(&["port_rank0.jsonl"]);
+        if let Some(pb::worker_msg::Msg::JobFinished(f)) = &mut m.msg {
+            f.output_tail = format!("leak {token} {b64}");
+            f.junit_status = pb::JunitStatus::Read.into();
+            f.junit_xml = format!("<testsuite><testcase name='{token}'/></testsuite>");
+            f.spawn_error = token.into();
+            f.files[0].data = token.as_bytes().to_vec();
+        }
+        let Some(SchedulerMsg::Finished { report, .. }) = from_wire("w1", m, &secrets) else {
+            panic!("not a result")
+        };
+        let all = format!(
+            "{} {} {} {}",
+            report.output_tail,
+            report.junit_xml.clone().unwrap_or_default(),
+            report.spawn_error,
+            String::from_utf8_lossy(&report.files[0].data)
+        );
+        assert!(!secrets.finds(all.as_bytes()), "{all}");
+        assert_eq!(all.matches("[redacted:fvd-token]").count(), 5, "{all}");
+        let log = pb::WorkerMsg {
+            msg: Some(pb::worker_msg::Msg::JobLog(pb::JobLog {
+                job_id: "j".into(),
+                data: format!("x{token}y").into_bytes(),
+                ..Default::default()
+            })),
+        };
+        let Some(SchedulerMsg::Log { chunk, .. }) = from_wire("w1", log, &secrets) else {
+            panic!("not a log")
+        };
+        assert_eq!(chunk.data, b"x[redacted:fvd-token]y");
     }
 }

@@ -135,6 +135,7 @@ async fn a_worker_is_ready_while_registered_and_alive_until_it_stops() {
         tls_ca: None,
         provides: Vec::new(),
         code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
+        jail: fvd_sandbox::Jail::off(),
     };
     let link = LinkReporter::default();
     let listener = HealthListener::bind("127.0.0.1:0").await.unwrap();
@@ -217,6 +218,7 @@ async fn a_stopping_worker_is_neither_ready_nor_alive() {
         tls_ca: None,
         provides: Vec::new(),
         code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
+        jail: fvd_sandbox::Jail::off(),
     };
     let link = LinkReporter::default();
     let listener = HealthListener::bind("127.0.0.1:0").await.unwrap();

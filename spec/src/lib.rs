@@ -136,6 +136,12 @@ pub struct ComponentSpec {
     /// Other names `PORT_STATUS.md` uses for this component (a matrix row
     /// `text_encoder/tokenizer`, a Parity Commands scope).
     pub aliases: Vec<String>,
+    /// The code the test exercises (files or folders, relative to the port
+    /// folder, like `fastvideo/models/dits/widget.py`). A submit at another
+    /// commit keeps the component's verdict only when none of these, its
+    /// test files and the `conftest.py` files above them changed; without
+    /// any, any change of the tree reruns it.
+    pub paths: Vec<String>,
     /// Literal, non-secret environment of the runs (`PYTHONPATH`); `{repo}`
     /// in a value stands for the checkout the run tests.
     pub set_env: BTreeMap<String, String>,
@@ -249,6 +255,19 @@ impl AgentSpec {
 }
 
 impl ComponentSpec {
+    /// The files of its parity tests: a node id (`file.py::test_x[fp32]`)
+    /// names its file.
+    pub fn test_files(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for t in &self.parity_tests {
+            let f = t.split_once("::").map_or(t.as_str(), |(f, _)| f);
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+        out
+    }
+
     /// The argv of a run: the template with `{test}` substituted (an
     /// argument that is exactly `{test}` becomes one argument per test
     /// file; inside a longer argument the files are joined by spaces).
@@ -268,6 +287,12 @@ impl ComponentSpec {
             }
         }
         out
+    }
+
+    /// The run's timeout in milliseconds, as the scheduler and workers get
+    /// it (saturating: never wrapped to a short one).
+    pub fn timeout_ms(&self) -> u64 {
+        u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX)
     }
 
     /// The first parity test file (every component has at least one).
@@ -330,12 +355,12 @@ struct RawAgent {
     budget: Option<agent_model::RawBudget>,
     #[serde(default)]
     prices: BTreeMap<String, agent_model::RawPrice>,
-    timeout_s: Option<u64>,
+    timeout_s: Option<Spanned<u64>>,
     #[serde(default)]
     env: Vec<String>,
     max_attempts: Option<u32>,
-    max_wall_s: Option<u64>,
-    max_gpu_s: Option<u64>,
+    max_wall_s: Option<Spanned<u64>>,
+    max_gpu_s: Option<Spanned<u64>>,
     /// Regexes refused on the lines an agent's branch adds.
     forbidden_patterns: Option<Vec<String>>,
     /// Globs of untracked files the cleanup gate lets stay.
@@ -347,7 +372,7 @@ struct RawAgent {
 #[serde(deny_unknown_fields)]
 struct RawDefaults {
     command: Option<Vec<String>>,
-    timeout_s: Option<u64>,
+    timeout_s: Option<Spanned<u64>>,
     gpus: Option<u32>,
     env: Option<Vec<String>>,
     /// Priority of the port's runs against other ports (higher first).
@@ -383,10 +408,13 @@ struct RawComponent {
     coverage_scope: Spanned<String>,
     #[serde(default)]
     aliases: Vec<String>,
+    /// The code the test exercises (see [`ComponentSpec::paths`]).
+    #[serde(default)]
+    paths: Vec<String>,
     #[serde(default)]
     set_env: BTreeMap<String, String>,
     gpus: Option<u32>,
-    timeout_s: Option<u64>,
+    timeout_s: Option<Spanned<u64>>,
     env: Option<Vec<String>>,
     command: Option<Vec<String>>,
     /// Whether the `[agent]` works on this component between red runs.
@@ -614,16 +642,20 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 preset: model.preset,
                 extra_args: a.extra_args,
                 model: model.model,
-                timeout: Duration::from_secs(a.timeout_s.unwrap_or(1800)),
+                timeout: Duration::from_secs(
+                    seconds(a.timeout_s, "agent.timeout_s", text, path)?.unwrap_or(1800),
+                ),
                 env: a.env,
                 max_attempts,
-                max_wall: a.max_wall_s.map(Duration::from_secs),
-                max_gpu_s: a.max_gpu_s,
+                max_wall: seconds(a.max_wall_s, "agent.max_wall_s", text, path)?
+                    .map(Duration::from_secs),
+                max_gpu_s: seconds(a.max_gpu_s, "agent.max_gpu_s", text, path)?,
                 cleanup,
             })
         }
     };
     let runner = runner(raw.runner, text, path)?;
+    let default_timeout = seconds(raw.defaults.timeout_s, "defaults.timeout_s", text, path)?;
     let mut components = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     let default_set_env = raw.defaults.set_env;
@@ -709,6 +741,11 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 "component {name}: confirm_runs must be at least 1"
             )));
         }
+        for p in &c.paths {
+            if let Err(e) = worker_path(p) {
+                return Err(invalid(format!("component {name}: paths: {e}")));
+            }
+        }
         let variants = variants(&name, c.variants, &env, text, &|m| invalid(m))?;
         components.push(ComponentSpec {
             name,
@@ -716,11 +753,16 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             parity_tests,
             coverage_scope: c.coverage_scope.into_inner(),
             aliases: c.aliases,
+            paths: c.paths,
             set_env,
             lines,
             preflight: raw.defaults.preflight.clone(),
             gpus: c.gpus.or(raw.defaults.gpus).unwrap_or(0),
-            timeout: Duration::from_secs(c.timeout_s.or(raw.defaults.timeout_s).unwrap_or(600)),
+            timeout: Duration::from_secs(
+                seconds(c.timeout_s, "timeout_s", text, path)?
+                    .or(default_timeout)
+                    .unwrap_or(600),
+            ),
             env,
             command,
             agent: if c.agent { agent.clone() } else { None },
@@ -746,6 +788,33 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         prep_lines,
         components,
         runner,
+    })
+}
+
+/// Most seconds a `timeout_s`, `max_wall_s` or `max_gpu_s` may hold: 366
+/// days. More is a typo or an attempt at "forever", and as milliseconds it
+/// would overflow (18446744073709552 s became 384 ms).
+pub const MAX_SECONDS: u64 = 366 * 24 * 3600;
+
+/// A number of seconds of the spec, checked: 1 to [`MAX_SECONDS`], or a
+/// `file:line:col` error naming `key`.
+fn seconds(
+    v: Option<Spanned<u64>>,
+    key: &str,
+    text: &str,
+    path: &Path,
+) -> Result<Option<u64>, SpecError> {
+    let Some(v) = v else { return Ok(None) };
+    let (line, column) = line_col(text, v.span().start);
+    let n = *v.get_ref();
+    if (1..=MAX_SECONDS).contains(&n) {
+        return Ok(Some(n));
+    }
+    Err(SpecError::Syntax {
+        path: path.to_path_buf(),
+        line,
+        column,
+        message: format!("{key} is {n}: it must be 1 to {MAX_SECONDS} seconds (366 days)"),
     })
 }
 
@@ -1511,5 +1580,40 @@ env = ["HF_TOKEN"]
         assert!(err.starts_with("p.toml:11:1: unknown field `kkkk"), "{err}");
         assert!(err.len() < 400, "the key is cut: {err}");
         assert!(err.contains("k…`"), "{err}");
+    }
+
+    /// 18446744073709552 s as milliseconds wrapped to 384 ms; every number of
+    /// seconds is now refused past 366 days, naming its line and column.
+    #[test]
+    fn seconds_past_a_year_are_refused_with_their_line_and_column() {
+        for (field, table) in [
+            ("timeout_s", "defaults"),
+            ("timeout_s", "component"),
+            ("timeout_s", "agent"),
+            ("max_wall_s", "agent"),
+            ("max_gpu_s", "agent"),
+        ] {
+            let line = format!("{field} = 18446744073709552");
+            let text = match table {
+                "defaults" => GOOD.replacen(
+                    "[[component]]",
+                    &format!("[defaults]\n{line}\n\n[[component]]"),
+                    1,
+                ),
+                "component" => format!("{GOOD}{line}\n"),
+                _ => format!("{GOOD}agent = true\n\n[agent]\ncommand = [\"a\"]\n{line}\n"),
+            };
+            let err = parse(Path::new("p.toml"), &text).unwrap_err().to_string();
+            let at = text.lines().position(|l| l == line).unwrap() + 1;
+            assert!(
+                err.starts_with(&format!("p.toml:{at}:")) && err.contains("must be 1 to 31622400"),
+                "{table}.{field}: {err}"
+            );
+        }
+        let zero = format!("{GOOD}timeout_s = 0\n");
+        assert!(parse(Path::new("p.toml"), &zero).is_err());
+        let max = format!("{GOOD}timeout_s = {MAX_SECONDS}\n");
+        let spec = parse(Path::new("p.toml"), &max).unwrap();
+        assert_eq!(spec.components[0].timeout_ms(), MAX_SECONDS * 1000);
     }
 }

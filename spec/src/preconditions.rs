@@ -1,6 +1,7 @@
 //! What the gate checks of a spec before any work runs: P0 (the prep
 //! handoff complete, decided and free of placeholders and token values; the
-//! state file the family's own; coverage scopes the contract knows) and P2
+//! state file the family's own; coverage scopes the contract knows; no value
+//! the family's `PORT_STATUS.md` contradicts) and P2
 //! (every parity test a file inside the repository). Pure functions of the
 //! spec and the repository path, so `fvd init`, `fvd submit --dry-run` and
 //! the gate actor ask the same questions.
@@ -77,6 +78,15 @@ pub fn prep_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
                 ));
             }
         }
+        for (k, v) in &c.set_env {
+            if fvd_contracts::contract::is_placeholder(v) {
+                unmet.push(format!(
+                    "{}: component {}: set_env.{k} is a placeholder ({v}); fill it in",
+                    line("name"),
+                    c.name
+                ));
+            }
+        }
         if !fvd_contracts::contract::is_placeholder(&c.coverage_scope)
             && c.coverage_scope.parse::<CoverageScope>().is_err()
         {
@@ -87,6 +97,126 @@ pub fn prep_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
                 c.coverage_scope,
                 CoverageScope::expected()
             ));
+        }
+    }
+    // what the porter's own status file records
+    let state = spec
+        .prep
+        .get("port_state_file")
+        .filter(|p| {
+            !fvd_contracts::contract::is_placeholder(p) && owned_state_file(p, &spec.family)
+        })
+        .cloned()
+        .unwrap_or_else(|| format!("tests/local_tests/{}/PORT_STATUS.md", spec.family));
+    if let Ok(path) = fvd_paths::join_under_no_links(repo, &state)
+        && let Ok(text) = std::fs::read_to_string(path)
+    {
+        unmet.extend(status_conditions(spec, &text, &prep_at));
+    }
+    unmet
+}
+
+/// P0's check of the spec against the port's own `PORT_STATUS.md`: where
+/// both record a value (the Summary's `model_family`, `official_ref`,
+/// `official_ref_commit`, `hf_weights_path`, `source_layout`,
+/// `model_index_class`; Conversion State's `conversion_script` for
+/// `needs_conversion`), they must agree. A value either side leaves open
+/// (`unknown`, a placeholder, empty) is no disagreement. Each finding names
+/// the spec line and both values.
+pub fn status_conditions(
+    spec: &PortSpec,
+    status: &str,
+    at: &dyn Fn(&str) -> String,
+) -> Vec<String> {
+    use fvd_contracts::port_status::{import, plain};
+    let (st, _) = import(status);
+    let norm = |v: &str| {
+        plain(v)
+            .replace('`', "")
+            .trim_matches(['"', '\''])
+            .trim()
+            .trim_end_matches('/')
+            .to_ascii_lowercase()
+    };
+    let open = |v: &str| {
+        let n = norm(v);
+        n.is_empty()
+            || matches!(n.as_str(), "unknown" | "tbd" | "todo" | "n/a" | "-")
+            || fvd_contracts::contract::is_placeholder(v)
+            || n.starts_with('<')
+    };
+    let mut unmet = Vec::new();
+    let mut differ = |field: &str, mine: &str, theirs: &str, source: &str| {
+        unmet.push(format!(
+            "{}: prep.{field}: is {mine:?} but {source} says {:?}; make them agree",
+            at(field),
+            plain(theirs)
+        ));
+    };
+    let family = st.summary.get("model_family").map(str::to_owned);
+    if let Some(f) = family.filter(|f| !open(f))
+        && norm(&f) != spec.family
+    {
+        differ("model_family", &spec.family, &f, "PORT_STATUS.md Summary");
+    }
+    for field in [
+        "official_ref",
+        "official_ref_commit",
+        "hf_weights_path",
+        "source_layout",
+        "model_index_class",
+    ] {
+        // a commit glued to the reference (`URL at SHA`) is the reference's commit
+        let glued = || {
+            st.summary
+                .get("official_ref")
+                .and_then(|r| r.rsplit_once(" at ").map(|(_, sha)| sha.to_owned()))
+        };
+        let theirs = match (field, st.summary.get(field)) {
+            (_, Some(v)) => Some(v.to_owned()),
+            ("official_ref_commit", None) => glued(),
+            _ => None,
+        };
+        let (Some(mine), Some(theirs)) = (spec.prep.get(field), theirs) else {
+            continue;
+        };
+        let theirs = theirs.as_str();
+        if open(mine) || open(theirs) {
+            continue;
+        }
+        let (a, b) = (norm(mine), norm(theirs));
+        let agree = match field {
+            // one sha may be written short
+            "official_ref_commit" => a.starts_with(&b) || b.starts_with(&a),
+            // `URL at SHA`: the reference is the part before ` at `
+            "official_ref" => a == b || b.rsplit_once(" at ").is_some_and(|(u, _)| norm(u) == a),
+            _ => a == b,
+        };
+        if !agree {
+            differ(field, mine, theirs, "PORT_STATUS.md Summary");
+        }
+    }
+    if let (Some(mine), Some(script)) = (
+        spec.prep.get("needs_conversion"),
+        st.conversion_state.get("conversion_script"),
+    ) && !open(script)
+    {
+        let s = norm(script);
+        let first = s
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '/'))
+            .find(|w| !w.is_empty())
+            .unwrap_or_default();
+        let none = matches!(first, "none" | "no" | "n/a" | "not_required" | "not_needed")
+            || s.starts_with("not required")
+            || s.starts_with("not needed");
+        let says = if none { "no" } else { "yes" };
+        if matches!(mine.as_str(), "yes" | "no") && mine != says {
+            differ(
+                "needs_conversion",
+                mine,
+                script,
+                "PORT_STATUS.md Conversion State's conversion_script",
+            );
         }
     }
     unmet
@@ -117,6 +247,15 @@ fn display_path(path: &str, repo: &Path) -> String {
         .unwrap_or_else(|_| path.to_string())
 }
 
+/// Whether `path`, with every symbolic link resolved, lies inside `repo`
+/// (itself resolved).
+fn resolves_inside(path: &Path, repo: &Path) -> bool {
+    match (path.canonicalize(), repo.canonicalize()) {
+        (Ok(p), Ok(r)) => p.starts_with(r),
+        _ => false,
+    }
+}
+
 /// P2: every component's parity test file exists, and the official side
 /// imports (or its private deps are stubbed) so scaffolding may start.
 pub fn scaffold_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
@@ -129,7 +268,7 @@ pub fn scaffold_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
         )),
     }
     for c in &spec.components {
-        for t in &c.parity_tests {
+        for t in c.test_files() {
             match fvd_paths::join_under(repo, t) {
                 Err(e) => unmet.push(format!(
                     "component {}: parity test is not in the repository: {e}",
@@ -137,6 +276,12 @@ pub fn scaffold_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
                 )),
                 Ok(p) if !p.is_file() => unmet.push(format!(
                     "component {}: parity test {t} does not exist",
+                    c.name
+                )),
+                // A committed symbolic link must not make a file outside
+                // the repository the parity test.
+                Ok(p) if !resolves_inside(&p, repo) => unmet.push(format!(
+                    "component {}: parity test {t} is a symbolic link (or lies below one) that leads outside the repository",
                     c.name
                 )),
                 Ok(_) => {}
@@ -293,5 +438,23 @@ coverage_scope = "both"
             assert_eq!(unmet.len(), 1, "{bad}: {unmet:?}");
             assert!(unmet[0].contains("is not in the repository"), "{unmet:?}");
         }
+        // A committed link to a file outside, or a folder link leading
+        // there: refused. A link inside the repository stays fine.
+        std::os::unix::fs::symlink(
+            top.path().join("test_outside.py"),
+            repo.join("t/test_link.py"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(top.path(), repo.join("up")).unwrap();
+        std::os::unix::fs::symlink(repo.join("t/test_a.py"), repo.join("t/test_same.py")).unwrap();
+        for bad in ["t/test_link.py", "up/test_outside.py"] {
+            let unmet = scaffold_conditions(&spec(bad), &repo);
+            assert_eq!(unmet.len(), 1, "{bad}: {unmet:?}");
+            assert!(
+                unmet[0].contains("leads outside the repository"),
+                "{unmet:?}"
+            );
+        }
+        assert!(scaffold_conditions(&spec("t/test_same.py"), &repo).is_empty());
     }
 }

@@ -226,16 +226,22 @@ async fn check_one(path: &Path, agent: &AgentSpec, timeout: Duration) -> anyhow:
         model: Some(m),
         ..agent.clone()
     };
-    let launch = session::launch(&sess, &spec, preset, TASK, dir.path())?;
+    let launch = session::launch(&sess, &spec, preset, TASK, dir.path(), false)?;
     let mut argv = launch.argv;
     argv[0] = c.program.clone();
+    // fvd's own command in a throw-away folder: no jail, the environment
+    // any agent gets.
+    let policy = fvd_workspace::agent::AgentPolicy::default();
     let exit = fvd_workspace::agent::run_with(
         &argv,
-        &work,
-        &agent.env,
-        &launch.env,
-        timeout,
-        dir.path(),
+        fvd_workspace::agent::RunAgent {
+            cwd: &work,
+            env_names: &agent.env,
+            extra: &launch.env,
+            timeout,
+            log_dir: dir.path(),
+            policy: &policy,
+        },
         Some(launch.stdin),
         sess.stopped(),
     )

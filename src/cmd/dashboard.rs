@@ -23,6 +23,10 @@ pub struct DashboardArgs {
     /// Address to serve on (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:7080")]
     pub listen: String,
+    /// A `Host` name to answer to besides the listen address and localhost
+    /// (NAME or NAME:PORT); repeatable.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    pub hosts: Vec<String>,
 }
 
 pub fn run(args: DashboardArgs) -> anyhow::Result<Exit> {
@@ -44,7 +48,11 @@ pub fn run(args: DashboardArgs) -> anyhow::Result<Exit> {
             &db.display().to_string(),
             POLL,
         );
-        let d = fvd_orchestrator::dashboard::serve(listener, dash)
+        let options = fvd_orchestrator::dashboard::guard::Options {
+            hosts: args.hosts.clone(),
+            ..Default::default()
+        };
+        let d = fvd_orchestrator::dashboard::serve(listener, dash, options)
             .context("cannot start the dashboard")?;
         // The first line names the address, so scripts can use port 0.
         println!("fvd dashboard on {} (read-only: {})", d.url(), db.display());

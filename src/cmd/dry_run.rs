@@ -76,6 +76,50 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
         }
     }
 
+    // what the snapshot would hold, and what submit would refuse
+    let fvd_writes: Vec<String> = spec
+        .prep
+        .get("port_state_file")
+        .into_iter()
+        .cloned()
+        .collect();
+    let rt = runtime()?;
+    match rt.block_on(fvd_workspace::commit::preview(&repo, &fvd_writes)) {
+        Ok(None) => println!(
+            "snapshot: none ({} is not in a git work tree; jobs run in the folder)",
+            repo.display()
+        ),
+        Ok(Some(view)) if view.files == 0 && view.refusals.is_empty() => {
+            println!("snapshot: none; the port runs HEAD as it is")
+        }
+        Ok(Some(view)) => {
+            if view.files > 0 {
+                println!(
+                    "snapshot: {} file(s) differ from HEAD, {}; submit commits them on top of HEAD under refs/fvd/snapshots/{}/ (largest: {})",
+                    view.files,
+                    super::port::human_bytes(view.bytes),
+                    spec.family,
+                    view.largest
+                        .iter()
+                        .map(|(p, b)| format!("{p} {}", super::port::human_bytes(*b)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            if view.bytes > args.snapshot_warn_mib.saturating_mul(1024 * 1024) {
+                println!("warning: {}", super::port::snapshot_warning(&view));
+            }
+            for r in &view.refusals {
+                refused = true;
+                println!("submit would refuse: {r}");
+            }
+        }
+        Err(e) => {
+            refused = true;
+            println!("submit would refuse: {e}");
+        }
+    }
+
     let path = port_status::file_path(&repo, &spec)?;
     let shown = path.strip_prefix(&repo).unwrap_or(&path).to_path_buf();
     let text = match std::fs::read_to_string(&path) {
@@ -93,7 +137,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
     let inputs: Vec<coauthor::ComponentInput> = spec
         .components
         .iter()
-        .map(|c| port_status::component_input(&spec.family, c, None, &[]))
+        .map(|c| port_status::component_input(&spec.family, c, None, &[], &Default::default()))
         .collect();
     let matches = coauthor::row_matches(text.as_deref().unwrap_or_default(), &inputs);
     for (c, m) in inputs.iter().zip(&matches) {

@@ -1,4 +1,5 @@
-//! The exit status of every `fvd` command, in one place.
+//! The exit status of every `fvd` command, in one place (README "Exit
+//! codes" has the same table for people).
 
 /// What an `fvd` process exits with. An `Err` a command returns exits
 /// [`Exit::Usage`], printed once by `main`.
@@ -17,9 +18,21 @@ pub enum Exit {
     /// The port paused: some component waits for a worker whose
     /// environment can run it (a package, interpreter or driver missing).
     Environment,
+    /// The orchestrator could not be reached (refused or dropped
+    /// connection, no answer); one line names its URL.
+    Unreachable,
+    /// The orchestrator refused the credential (missing, unknown, revoked)
+    /// or its role (a viewer answering, a porter on another's port); one
+    /// line names the credential's name and role, never the token.
+    Refused,
     /// An embedded submit was interrupted (Ctrl-C, SIGTERM, a lost
     /// terminal); the running tests were ended and the port is resumable.
     Interrupted,
+    /// The port ran, but its `PORT_STATUS.md` could not be written (a
+    /// refused patch, a read-only or full disk): the porter's record is
+    /// not up to date. The store holds the verdicts; the next submit
+    /// writes the file again.
+    StatusNotWritten,
 }
 
 impl Exit {
@@ -36,6 +49,9 @@ impl Exit {
             Exit::Usage => 2,
             Exit::AskUser => 3,
             Exit::Environment => 4,
+            Exit::Unreachable => 5,
+            Exit::Refused => 6,
+            Exit::StatusNotWritten => 7,
             Exit::Interrupted => 130,
         }
     }
@@ -44,5 +60,126 @@ impl Exit {
 impl From<Exit> for std::process::ExitCode {
     fn from(e: Exit) -> Self {
         std::process::ExitCode::from(e.code())
+    }
+}
+
+/// A call to an orchestrator that failed in a way a script can act on:
+/// `main` exits [`Exit::Unreachable`] or [`Exit::Refused`] with the one
+/// line this displays.
+#[derive(Debug)]
+pub enum Remote {
+    Unreachable { url: String, cause: String },
+    Refused { url: String, message: String },
+}
+
+impl std::fmt::Display for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Remote::Unreachable { url, cause } => {
+                write!(f, "cannot reach the orchestrator at {url}: {cause}")
+            }
+            Remote::Refused { url, message } => {
+                write!(f, "refused by the orchestrator at {url}: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Remote {}
+
+impl Remote {
+    /// The exit status this failure maps to.
+    pub fn exit(&self) -> Exit {
+        match self {
+            Remote::Unreachable { .. } => Exit::Unreachable,
+            Remote::Refused { .. } => Exit::Refused,
+        }
+    }
+
+    /// What a failed call to `url` means for a script: unreachable,
+    /// refused, or (`None`) an error of the request itself.
+    pub fn of(url: &str, s: &tonic::Status) -> Option<Self> {
+        use tonic::Code;
+        // What the connection, not the server, said: fvd's handlers never
+        // answer UNKNOWN or CANCELLED, and their INTERNAL carries no source
+        // error, while a status made from a transport or HTTP/2 error does
+        // (a TLS listener dialled in plain http gives any of the three).
+        let transport = matches!(s.code(), Code::Unknown | Code::Cancelled)
+            || (s.code() == Code::Internal && std::error::Error::source(s).is_some())
+            || s.message().starts_with("transport error");
+        match s.code() {
+            Code::Unauthenticated | Code::PermissionDenied => Some(Remote::Refused {
+                url: url.to_string(),
+                message: s.message().to_string(),
+            }),
+            Code::Unavailable => Some(Remote::Unreachable {
+                url: url.to_string(),
+                cause: s.message().to_string(),
+            }),
+            _ if transport => Some(Remote::Unreachable {
+                url: url.to_string(),
+                cause: s.message().to_string(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_exit_codes_scripts_can_tell_apart() {
+        let url = "http://127.0.0.1:1";
+        let refused = Remote::of(
+            url,
+            &tonic::Status::permission_denied("credential vera (viewer) may not answer"),
+        )
+        .unwrap();
+        assert_eq!(refused.exit().code(), 6);
+        assert_eq!(
+            refused.to_string(),
+            "refused by the orchestrator at http://127.0.0.1:1: credential vera (viewer) may not answer"
+        );
+        assert_eq!(
+            Remote::of(url, &tonic::Status::unauthenticated("x"))
+                .unwrap()
+                .exit()
+                .code(),
+            6
+        );
+        assert_eq!(
+            Remote::of(url, &tonic::Status::unavailable("connection refused"))
+                .unwrap()
+                .exit()
+                .code(),
+            5
+        );
+        assert!(Remote::of(url, &tonic::Status::not_found("no port")).is_none());
+        // The server's own internal error is the request's, not the link's.
+        assert!(Remote::of(url, &tonic::Status::internal("database: locked")).is_none());
+        assert_eq!(
+            Remote::of(url, &tonic::Status::cancelled("operation was canceled"))
+                .unwrap()
+                .exit()
+                .code(),
+            5
+        );
+        let codes: Vec<u8> = [
+            Exit::Success,
+            Exit::Findings,
+            Exit::Usage,
+            Exit::AskUser,
+            Exit::Environment,
+            Exit::Unreachable,
+            Exit::Refused,
+            Exit::StatusNotWritten,
+            Exit::Interrupted,
+        ]
+        .iter()
+        .map(|e| e.code())
+        .collect();
+        assert_eq!(codes, [0, 1, 2, 3, 4, 5, 6, 7, 130]);
     }
 }

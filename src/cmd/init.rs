@@ -29,8 +29,7 @@ pub struct InitArgs {
 
 pub fn run(args: InitArgs) -> anyhow::Result<Exit> {
     init::check_family(&args.family)?;
-    let repo = args
-        .repo
+    let repo = super::find_repo(&args.repo, &args.family)
         .canonicalize()
         .with_context(|| format!("repository {}", args.repo.display()))?;
     let rel_dir = format!("tests/local_tests/{}", args.family);

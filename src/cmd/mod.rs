@@ -3,6 +3,7 @@
 //! [`exit::Exit::Usage`] with the error printed once by `main`.
 
 pub mod agents;
+pub mod auth;
 pub mod contracts;
 pub mod dashboard;
 pub mod dry_run;
@@ -16,6 +17,33 @@ pub mod trace_show;
 
 use clap::{Parser, Subcommand};
 
+/// The repository whose embedded state (`.fvd/state.db`) holds the ports,
+/// found from `repo` or any folder below it; `repo` itself when none does.
+pub fn find_state(repo: &std::path::Path) -> std::path::PathBuf {
+    let Ok(start) = repo.canonicalize() else {
+        return repo.to_path_buf();
+    };
+    start
+        .ancestors()
+        .find(|d| d.join(".fvd").join("state.db").is_file())
+        .map_or(start.clone(), std::path::Path::to_path_buf)
+}
+
+/// The repository of a family's port, found from `repo` or any folder
+/// below it, as git finds its top: the nearest of `repo` and its parents
+/// that holds `tests/local_tests/<family>/` (a run from inside the family
+/// folder, say). `repo` itself when none does, so the error names it.
+pub fn find_repo(repo: &std::path::Path, family: &str) -> std::path::PathBuf {
+    let Ok(start) = repo.canonicalize() else {
+        return repo.to_path_buf();
+    };
+    let rel = std::path::Path::new("tests/local_tests").join(family);
+    start
+        .ancestors()
+        .find(|d| d.join(&rel).is_dir())
+        .map_or(start.clone(), std::path::Path::to_path_buf)
+}
+
 /// fvd: parity-driven model ports on GPU fleets.
 #[derive(Debug, Parser)]
 #[command(name = "fvd", version, about)]
@@ -25,11 +53,65 @@ pub struct Cli {
     /// Off when neither is set.
     #[arg(long, global = true, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// Log fvd's own lines to stderr (-v info, -vv debug). A command prints
+    /// none otherwise (servers and workers log warnings); `FVD_LOG` sets
+    /// the filter outright.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Colour in the output: `auto` (only on a terminal, and not when
+    /// `NO_COLOR` is set), `always` or `never`.
+    #[arg(long, global = true, value_name = "WHEN", default_value = "auto")]
+    pub color: ColorChoice,
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// `--color`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Whether this process writes colour (set once by `main`).
+pub static COLOR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether output may carry colour codes.
+pub fn color() -> bool {
+    COLOR.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 impl Cli {
+    /// Whether to write colour: `--color`, else a terminal on stderr and no
+    /// `NO_COLOR` (any value, as no-color.org says).
+    pub fn color_enabled(&self) -> bool {
+        use std::io::IsTerminal;
+        match self.color {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+                    && std::io::stderr().is_terminal()
+            }
+        }
+    }
+
+    /// The log filter when `FVD_LOG` sets none: servers and workers log
+    /// warnings; a command logs nothing unless asked with `-v`.
+    pub fn default_log_filter(&self) -> &'static str {
+        let server = matches!(
+            self.command,
+            Command::Orchestrator(_) | Command::Worker(_) | Command::Dashboard(_)
+        );
+        match (self.verbose, server) {
+            (0, true) => "warn",
+            (0, false) => "off",
+            (1, _) => "info",
+            _ => "debug",
+        }
+    }
+
     /// `service.name` of this process unless `OTEL_SERVICE_NAME` says.
     pub fn service_name(&self) -> &'static str {
         match self.command {
@@ -69,6 +151,9 @@ pub enum Command {
     /// Run the orchestrator server.
     #[command(subcommand)]
     Orchestrator(server::OrchestratorCmd),
+    /// Manage the credentials file of `fvd orchestrator serve --auth`.
+    #[command(subcommand)]
+    Auth(auth::AuthCmd),
     /// Run a GPU worker that dials an orchestrator.
     Worker(server::WorkerArgs),
     /// Serve the web dashboard of an embedded state (REPO/.fvd/state.db),
@@ -93,6 +178,7 @@ pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
         Command::Reset(a) => port::reset(a),
         Command::Answer(a) => port::answer(a),
         Command::Orchestrator(c) => server::serve(c),
+        Command::Auth(c) => auth::run(c),
         Command::Worker(a) => server::worker(a),
         Command::Dashboard(a) => dashboard::run(a),
         Command::Agents(c) => agents::run(c),

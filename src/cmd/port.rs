@@ -21,6 +21,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use super::exit::Remote;
 use super::server::{ClientTls, TokenArgs, local_worker_config, runtime};
 
 #[derive(Debug, Args)]
@@ -53,6 +54,10 @@ pub struct SubmitArgs {
     /// the diff fvd would write there now from the recorded state.
     #[arg(long)]
     pub dry_run: bool,
+    /// Warn when a snapshot of uncommitted changes adds more than this to
+    /// the repository's objects (MiB).
+    #[arg(long, value_name = "MIB", default_value_t = 16)]
+    pub snapshot_warn_mib: u64,
     #[command(flatten)]
     pub local: LocalWorker,
     #[command(flatten)]
@@ -70,6 +75,11 @@ pub struct LocalWorker {
     /// Embedded mode: parallel CPU slots of the local worker (default: cores).
     #[arg(long)]
     pub cpu_slots: Option<u32>,
+    /// Embedded mode: the jail tests and agents start in: auto (a namespace
+    /// if this machine allows one, else Landlock, else none, with a
+    /// warning), namespace, landlock or off.
+    #[arg(long, default_value = "auto", value_name = "MODE")]
+    pub job_sandbox: fvd_sandbox::Mode,
 }
 
 #[derive(Debug, Args)]
@@ -82,6 +92,12 @@ pub struct StatusArgs {
     pub orchestrator: Option<String>,
     #[arg(long)]
     pub json: bool,
+    /// Exit non-zero unless every port shown is running or passed, as
+    /// `git diff --exit-code` does: 1 blocked, failed or cancelled, 3
+    /// waiting for an answer, 4 waiting for an environment (the worst
+    /// first, in that order).
+    #[arg(long)]
+    pub exit_status: bool,
     #[command(flatten)]
     pub token: TokenArgs,
     #[command(flatten)]
@@ -181,6 +197,15 @@ pub struct ResetArgs {
     /// The port's repository (default: the current directory).
     #[arg(long, default_value = ".")]
     pub repo: PathBuf,
+    /// Forget the port on this orchestrator instead (its owner or an
+    /// admin; cancel a running port first): the next submit, from any
+    /// checkout, starts it over.
+    #[arg(long)]
+    pub orchestrator: Option<String>,
+    #[command(flatten)]
+    pub token: TokenArgs,
+    #[command(flatten)]
+    pub tls: ClientTls,
 }
 
 /// The state database of embedded mode inside a repository.
@@ -188,7 +213,10 @@ pub fn state_db(repo: &Path) -> PathBuf {
     repo.join(".fvd").join("state.db")
 }
 
-pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
+pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
+    if args.spec.is_none() {
+        args.repo = super::find_repo(&args.repo, &args.family);
+    }
     if args.dry_run {
         return super::dry_run::run(&args);
     }
@@ -239,6 +267,13 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
         args.commit.as_deref(),
         &fvd_writes,
     ));
+    if let Ok(Some(p)) = &pin
+        && p.snapshot.is_some()
+        && let Ok(Some(view)) = rt.block_on(fvd_workspace::commit::preview(&repo, &fvd_writes))
+        && view.bytes > args.snapshot_warn_mib.saturating_mul(1024 * 1024)
+    {
+        eprintln!("fvd: warning: {}", snapshot_warning(&view));
+    }
     let commit = match pin {
         Ok(Some(p)) => {
             match &p.snapshot {
@@ -291,9 +326,10 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
         match args.orchestrator {
             Some(url) => {
                 let mut client = client(&url, args.token.load()?, args.tls.load()?).await?;
+                let since = history_end(&mut client, &args.family).await;
                 send(&mut client, request, &format!("on {url}")).await?;
                 if args.wait {
-                    watch(&mut client, &args.family).await
+                    watch(&mut client, &args.family, since).await
                 } else {
                     Ok(Exit::Success)
                 }
@@ -301,6 +337,32 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<Exit> {
             None => embedded(&repo, Action::Submit(request), &args.local).await,
         }
     })
+}
+
+/// The size warning of a large snapshot, in one line.
+pub fn snapshot_warning(view: &fvd_workspace::commit::Preview) -> String {
+    format!(
+        "the snapshot of uncommitted changes adds {} file(s), {}, to the repository's objects (largest: {}); git-ignore outputs and data, or commit what belongs to the port (--snapshot-warn-mib sets this warning)",
+        view.files,
+        human_bytes(view.bytes),
+        view.largest
+            .iter()
+            .map(|(p, b)| format!("{p} {}", human_bytes(*b)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Bytes as people read them.
+pub fn human_bytes(b: u64) -> String {
+    const MIB: u64 = 1024 * 1024;
+    if b >= MIB {
+        format!("{:.1} MiB", b as f64 / MIB as f64)
+    } else if b >= 1024 {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    } else {
+        format!("{b} B")
+    }
 }
 
 /// What an embedded run asks of the orchestrator it starts.
@@ -311,7 +373,8 @@ enum Action {
 
 /// `fvd answer`: records the answer to an escape hatch; the component that
 /// asked goes on with it.
-pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
+pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
+    args.repo = super::find_repo(&args.repo, &args.family);
     let request = pb::AnswerRequest {
         family: args.family.clone(),
         id: args.id.trim().to_uppercase(),
@@ -343,9 +406,10 @@ pub fn answer(args: AnswerArgs) -> anyhow::Result<Exit> {
         match &args.orchestrator {
             Some(url) => {
                 let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
+                let since = history_end(&mut client, &args.family).await;
                 send_answer(&mut client, request).await?;
                 if args.wait {
-                    watch(&mut client, &args.family).await
+                    watch(&mut client, &args.family, since).await
                 } else {
                     Ok(Exit::Success)
                 }
@@ -388,7 +452,7 @@ async fn send_answer(client: &mut Client, request: pb::AnswerRequest) -> anyhow:
     let r = client
         .answer(traced(request))
         .await
-        .map_err(status_err)?
+        .map_err(|e| client.fail(e))?
         .into_inner();
     let e = r
         .escape
@@ -405,7 +469,7 @@ async fn send(client: &mut Client, request: pb::SubmitRequest, place: &str) -> a
     let r = client
         .submit(traced(request))
         .await
-        .map_err(status_err)?
+        .map_err(|e| client.fail(e))?
         .into_inner();
     let verb = if r.rerun {
         "reran every component of"
@@ -456,13 +520,16 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
         None,
     )
     .await?;
+    let agents = embedded_agents(repo, spec.as_ref(), local.job_sandbox)?;
+    worker.jail = agents.jail.clone();
     worker.provides = embedded_provides(repo, spec);
-    let embedded = fvd_orchestrator::embedded::Embedded::start(store, worker).await?;
+    let embedded = fvd_orchestrator::embedded::Embedded::start(store, worker, agents).await?;
     // The token is in the run file for the owner's own `fvd cancel`.
     let _run_file =
         super::embedded::RunFile::write(repo, &family, &embedded.url(), embedded.token())?;
     let mut client = client(&embedded.url(), Some(embedded.token().clone()), None).await?;
     let run = async {
+        let since = history_end(&mut client, &family).await;
         match action {
             Action::Submit(request) => {
                 let place = format!("(embedded, state in {})", db.display());
@@ -470,7 +537,7 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
             }
             Action::Answer(request) => send_answer(&mut client, request).await?,
         }
-        watch(&mut client, &family).await
+        watch(&mut client, &family, since).await
     };
     let code = tokio::select! {
         code = run => code,
@@ -483,6 +550,52 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
     };
     embedded.stop().await;
     code
+}
+
+/// Embedded mode's jail and agent policy. The porter runs their own spec on
+/// their own machine: its agent commands run (those of the spec this
+/// command read, no other: a test that reached the loopback orchestrator
+/// could otherwise submit one of its own). Tests and agents start in the
+/// jail `mode` asks for; `auto` without any goes on unjailed, with a
+/// warning. With a namespace, the run files of `.fvd/run` (the loopback
+/// token `fvd cancel` uses) are hidden too; Landlock would make every file
+/// created later directly in the repository's top folder unreadable to
+/// them, so it does not hide them (README "Containment").
+fn embedded_agents(
+    repo: &Path,
+    spec: Option<&(String, String)>,
+    mode: fvd_sandbox::Mode,
+) -> anyhow::Result<fvd_workspace::agent::AgentPolicy> {
+    let commands = spec
+        .and_then(|(path, text)| fvd_spec::parse(Path::new(path), text).ok())
+        .map(|s| {
+            s.components
+                .iter()
+                .filter_map(|c| c.agent.as_ref().map(|a| a.command.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let jail = match super::server::jail(mode, &[]) {
+        Ok(j) => j,
+        Err(e) if mode == fvd_sandbox::Mode::Auto => {
+            eprintln!("fvd: warning: tests and agents run unjailed: {e:#}");
+            fvd_sandbox::Jail::off()
+        }
+        Err(e) => return Err(e),
+    };
+    let jail = if jail.mechanism() == Some(fvd_sandbox::Mechanism::Namespace) {
+        let run = repo.join(".fvd").join("run");
+        std::fs::create_dir_all(&run)
+            .with_context(|| format!("cannot create {}", run.display()))?;
+        jail.hiding(&[run])
+    } else {
+        jail
+    };
+    Ok(fvd_workspace::agent::AgentPolicy {
+        commands: fvd_workspace::agent::AgentCommands::Only(commands),
+        jail,
+        secrets: Default::default(),
+    })
 }
 
 /// What embedded mode's worker provides: the spec's `worker_paths` that
@@ -525,23 +638,54 @@ fn say(line: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stdout(), "{line}");
 }
 
-/// Follows a port's events until it ends; returns the exit code.
-async fn watch(client: &mut Client, family: &str) -> anyhow::Result<Exit> {
+/// Just after the port's last recorded gate decision, by the
+/// orchestrator's clock (0 for a port it does not know): what a watch
+/// replays from before is the port's history, not this run's.
+async fn history_end(client: &mut Client, family: &str) -> i64 {
+    let Ok(reply) = client
+        .status(pb::StatusRequest {
+            family: family.to_string(),
+        })
+        .await
+    else {
+        return 0;
+    };
+    reply
+        .into_inner()
+        .ports
+        .iter()
+        .filter(|p| p.family == family)
+        .flat_map(|p| p.gate_events.iter().map(|g| g.at_ms + 1))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Follows a port's events until it ends; returns the exit code. Gate
+/// decisions recorded before `since` (a resumed port's history, see
+/// [`history_end`]) are not printed again.
+async fn watch(client: &mut Client, family: &str, since: i64) -> anyhow::Result<Exit> {
     let mut stream = client
         .watch(pb::WatchRequest {
             family: family.to_string(),
         })
         .await
-        .map_err(status_err)?
+        .map_err(|e| client.fail(e))?
         .into_inner();
-    let progress = Progress::new(std::io::stderr().is_terminal());
-    while let Some(ev) = stream.message().await.map_err(status_err)? {
+    let progress = Progress::new(std::io::stderr().is_terminal(), super::color(), since);
+    while let Some(ev) = stream.message().await.map_err(|e| client.fail(e))? {
         match ev.event {
             Some(pb::port_event::Event::Component(c)) => progress.component(&c),
             Some(pb::port_event::Event::Gate(g)) => progress.gate(&g),
             Some(pb::port_event::Event::Finished(snap)) => {
                 progress.finish();
                 print_snapshot(&snap);
+                if !snap.status_write_error.is_empty() {
+                    eprintln!(
+                        "fvd: error: PORT_STATUS.md was not written, so it does not show these verdicts: {}",
+                        snap.status_write_error
+                    );
+                    return Ok(Exit::StatusNotWritten);
+                }
                 return Ok(outcome(&snap));
             }
             None => {}
@@ -577,12 +721,30 @@ struct Progress {
         MultiProgress,
         std::cell::RefCell<HashMap<String, ProgressBar>>,
     )>,
+    color: bool,
+    /// Gate events before this (ms) are history, not this run's.
+    since: i64,
+    /// Reasons already printed (plain lines), by state and reason, with
+    /// the component that said each first: a cause many components share
+    /// is said once.
+    said: std::cell::RefCell<std::collections::HashMap<(String, String), String>>,
 }
 
 impl Progress {
-    fn new(tty: bool) -> Self {
+    fn new(tty: bool, color: bool, since: i64) -> Self {
         Self {
             bars: tty.then(|| (MultiProgress::new(), Default::default())),
+            color,
+            since,
+            said: Default::default(),
+        }
+    }
+
+    fn paint(&self, code: &str, text: String) -> String {
+        if self.color {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text
         }
     }
 
@@ -595,40 +757,69 @@ impl Progress {
         if !c.worker_id.is_empty() && running {
             line.push_str(&format!(" on {}", c.worker_id));
         }
-        if !c.reason.is_empty() && !running {
-            line.push_str(&format!("  {}", c.reason));
-        }
+        // what the machine lacks is said once, in the summary
+        let grouped =
+            c.status == ComponentStatus::Environment.as_str() || c.reason.starts_with("unplaced: ");
         let Some((mp, bars)) = &self.bars else {
+            if grouped {
+                line.push_str("  (cause below)");
+            } else if !c.reason.is_empty() && !running {
+                // a cause many components share is said once: a later
+                // component in the same state for the same reason names
+                // the first one (a pass's "1 passed" is said each time)
+                let key = (c.status.clone(), c.reason.clone());
+                let pass = c.status == ComponentStatus::NonSkipPass.as_str();
+                let mut said = self.said.borrow_mut();
+                match said.get(&key) {
+                    Some(first) if !pass && first != &c.name => {
+                        line.push_str(&format!("  (as {first}, above)"));
+                    }
+                    _ => {
+                        said.insert(key, c.name.clone());
+                        line.push_str(&format!("  {}", c.reason));
+                    }
+                }
+            }
             eprintln!("  {:<16} {line}", c.name);
             return;
         };
+        if !c.reason.is_empty() && !running {
+            line.push_str(&format!("  {}", c.reason));
+        }
         let mut bars = bars.borrow_mut();
         let bar = bars.entry(c.name.clone()).or_insert_with(|| {
             let b = mp.add(ProgressBar::new_spinner());
-            b.set_style(
-                ProgressStyle::with_template("{spinner:.cyan} {prefix:16} {wide_msg}")
-                    .expect("valid progress template"),
-            );
+            let template = if self.color {
+                "{spinner:.cyan} {prefix:16} {wide_msg}"
+            } else {
+                "{spinner} {prefix:16} {wide_msg}"
+            };
+            b.set_style(ProgressStyle::with_template(template).expect("valid progress template"));
             b.set_prefix(c.name.clone());
             b.enable_steady_tick(Duration::from_millis(120));
             b
         });
         match c.status.parse() {
-            Ok(ComponentStatus::NonSkipPass) => {
-                bar.finish_with_message(format!("\x1b[32m{line}\x1b[0m"))
-            }
-            Ok(ComponentStatus::Blocked) => {
-                bar.finish_with_message(format!("\x1b[31m{line}\x1b[0m"))
-            }
+            Ok(ComponentStatus::NonSkipPass) => bar.finish_with_message(self.paint("32", line)),
+            Ok(ComponentStatus::Blocked) => bar.finish_with_message(self.paint("31", line)),
             _ => bar.set_message(line),
         }
     }
 
     fn gate(&self, g: &pb::GateEvent) {
-        let why = if g.conditions.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", g.conditions.join("; "))
+        if g.at_ms < self.since {
+            // decided in an earlier run of the port: history
+            return;
+        }
+        let why = match (g.outcome.as_str(), g.conditions.as_slice()) {
+            (_, []) => String::new(),
+            // a refusal's reasons are listed once, in the summary below
+            ("refused", c) => format!(
+                " ({} reason{} below)",
+                c.len(),
+                if c.len() == 1 { "" } else { "s" }
+            ),
+            (_, c) => format!(": {}", c.join("; ")),
         };
         let line = format!("gate {} {}{why}", g.phase, g.outcome);
         match &self.bars {
@@ -659,17 +850,34 @@ fn print_snapshot(s: &pb::PortSnapshot) {
         "port {}: {} at {}",
         s.family, s.state, s.phase
     ));
+    if !s.owner.is_empty() {
+        let last = if s.submitted_by.is_empty() || s.submitted_by == s.owner {
+            String::new()
+        } else {
+            format!(", last submitted by {}", s.submitted_by)
+        };
+        say(format_args!("  owner {}{last}", s.owner));
+    }
     // The gate's latest refusal: why a blocked port stopped where it did.
     if let Some(g) = s.gate_events.iter().rev().find(|g| g.outcome == "refused") {
         say(format_args!("  gate refused {}:", g.phase));
-        for c in &g.conditions {
+        for c in grouped_conditions(&g.conditions) {
             say(format_args!("    - {c}"));
         }
     }
     for c in &s.components {
+        // a cause said for a group below is not repeated on each line
+        let grouped_cause = c.status == ComponentStatus::Environment.as_str()
+            || (c.status == ComponentStatus::Blocked.as_str()
+                && c.reason.starts_with("unplaced: "));
+        let reason = if grouped_cause {
+            "(cause below)"
+        } else {
+            c.reason.as_str()
+        };
         say(format_args!(
             "  {:<16} {:<14} runs={} {}",
-            c.name, c.status, c.runs, c.reason
+            c.name, c.status, c.runs, reason
         ));
         for v in &c.variants {
             say(format_args!("    {}", variant_line(v)));
@@ -715,6 +923,16 @@ fn print_snapshot(s: &pb::PortSnapshot) {
             s.family
         ));
     }
+    for e in s
+        .escapes
+        .iter()
+        .filter(|e| e.status != "open" && !e.answered_by.is_empty())
+    {
+        say(format_args!(
+            "  {} {} answered by {}: {}",
+            e.id, e.component, e.answered_by, e.answer
+        ));
+    }
     for e in s.escapes.iter().filter(|e| e.status == "open") {
         say(format_args!(
             "  {} {} asks ({}): {}",
@@ -738,6 +956,47 @@ fn print_snapshot(s: &pb::PortSnapshot) {
     if !s.port_status_path.is_empty() {
         say(format_args!("status file {}", s.port_status_path));
     }
+}
+
+/// A refusal's conditions with components blocked for one reason said in
+/// one line (`components a, b, c are blocked (…)`); a cause the summary
+/// groups (an environment, a machine that cannot run them) is referred to,
+/// not repeated.
+fn grouped_conditions(conditions: &[String]) -> Vec<String> {
+    let mut out: Vec<(Option<String>, Vec<String>, String)> = Vec::new();
+    for c in conditions {
+        let parsed = c
+            .strip_prefix("component ")
+            .and_then(|r| r.split_once(" is blocked ("))
+            .and_then(|(name, rest)| Some((name.to_string(), rest.strip_suffix(')')?.to_string())));
+        match parsed {
+            Some((name, reason)) => match out
+                .iter_mut()
+                .find(|(r, _, _)| r.as_deref() == Some(&reason))
+            {
+                Some((_, names, _)) => names.push(name),
+                None => out.push((Some(reason), vec![name], String::new())),
+            },
+            None => out.push((None, Vec::new(), c.clone())),
+        }
+    }
+    out.into_iter()
+        .map(|(reason, names, line)| match reason {
+            None => line,
+            Some(r) => {
+                let cause = if r.starts_with("unplaced: ") || r.starts_with("environment") {
+                    "cause below".to_string()
+                } else {
+                    r
+                };
+                if names.len() == 1 {
+                    format!("component {} is blocked ({cause})", names[0])
+                } else {
+                    format!("components {} are blocked ({cause})", names.join(", "))
+                }
+            }
+        })
+        .collect()
 }
 
 /// One row of a component's variant table, under the component.
@@ -797,13 +1056,20 @@ pub fn status(args: StatusArgs) -> anyhow::Result<Exit> {
                         family: args.family.clone().unwrap_or_default(),
                     })
                     .await
-                    .map_err(status_err)?
+                    .map_err(|e| client.fail(e))?
                     .into_inner()
                     .ports
             }
             None => {
-                let store = open_local(&args.repo).await?;
-                fvd_orchestrator::query::status(&store, args.family.as_deref()).await?
+                let repo = match &args.family {
+                    Some(f) => super::find_repo(&args.repo, f),
+                    None => super::find_state(&args.repo),
+                };
+                let store = open_local(&repo).await?;
+                let mut ports =
+                    fvd_orchestrator::query::status(&store, args.family.as_deref()).await?;
+                mark_interrupted(&repo, &mut ports);
+                ports
             }
         };
         if args.json {
@@ -819,8 +1085,32 @@ pub fn status(args: StatusArgs) -> anyhow::Result<Exit> {
                 print_snapshot(p);
             }
         }
-        Ok(Exit::Success)
+        Ok(if args.exit_status {
+            exit_status(&ports)
+        } else {
+            Exit::Success
+        })
     })
+}
+
+/// `fvd status --exit-status`: 0 while every port runs or has passed; else
+/// the worst of 1 (blocked, failed, cancelled), 3 (waits for an answer)
+/// and 4 (waits for an environment).
+fn exit_status(ports: &[pb::PortSnapshot]) -> Exit {
+    let each: Vec<Exit> = ports
+        .iter()
+        .map(|p| {
+            if p.state == PortState::Running.as_str() {
+                Exit::Success
+            } else {
+                outcome(p)
+            }
+        })
+        .collect();
+    [Exit::Findings, Exit::AskUser, Exit::Environment]
+        .into_iter()
+        .find(|e| each.contains(e))
+        .unwrap_or(Exit::Success)
 }
 
 fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
@@ -829,6 +1119,15 @@ fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
         "state": s.state,
         "phase": s.phase,
         "repo": s.repo,
+        "repo_identity": s.repo_identity,
+        "owner": s.owner,
+        "submitted_by": s.submitted_by,
+        "actions": s.actions.iter().map(|a| serde_json::json!({
+            "action": a.action,
+            "actor": a.actor,
+            "detail": a.detail,
+            "at_ms": a.at_ms,
+        })).collect::<Vec<_>>(),
         "port_status_path": s.port_status_path,
         "components": s.components.iter().map(|c| serde_json::json!({
             "name": c.name,
@@ -863,6 +1162,7 @@ fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
             "options": e.options,
             "status": e.status,
             "answer": e.answer,
+            "answered_by": e.answered_by,
             "attempt": e.attempt,
         })).collect::<Vec<_>>(),
         "gate": s.gate_events.iter().map(|g| serde_json::json!({
@@ -913,26 +1213,57 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<Exit> {
                         follow: args.follow,
                     })
                     .await
-                    .map_err(status_err)?
+                    .map_err(|e| client.fail(e))?
                     .into_inner();
-                while let Some(chunk) = stream.message().await.map_err(status_err)? {
+                let mut wrote = 0;
+                while let Some(chunk) = stream.message().await.map_err(|e| client.fail(e))? {
+                    wrote += chunk.data.len();
                     out.write_all(&chunk.data)?;
+                }
+                if wrote == 0 {
+                    eprintln!(
+                        "fvd: run of {} {} has no output (a run that failed on its environment before it printed, or printed nothing); fvd status {} --orchestrator {url} says why",
+                        args.family, args.component, args.family
+                    );
                 }
             }
             None => {
-                let store = open_local(&args.repo).await?;
-                let job = fvd_orchestrator::query::run_of(
+                let store = open_local(&super::find_repo(&args.repo, &args.family)).await?;
+                let mut job = fvd_orchestrator::query::run_of(
                     &store,
                     &args.family,
                     &args.component,
                     args.run,
                 )
                 .await?;
+                // without --run: the latest run that started (a run queued
+                // again after an environment failure has no output yet)
+                if args.run.is_none() && job.state == fvd_store::model::JobState::Queued {
+                    let runs = store.jobs_of(&args.family, &args.component).await?;
+                    if let Some(started) = runs
+                        .iter()
+                        .rev()
+                        .find(|r| r.state != fvd_store::model::JobState::Queued)
+                    {
+                        eprintln!(
+                            "fvd: run {} is queued; showing run {}",
+                            job.run_no, started.run_no
+                        );
+                        job = started.clone();
+                    }
+                }
                 let mut chunks =
-                    fvd_orchestrator::query::log_pump(store, job.job_id.clone(), args.follow);
+                    fvd_orchestrator::query::log_pump(store.clone(), job.job_id.clone(), args.follow);
+                let mut wrote = 0;
                 while let Some(chunk) = chunks.recv().await {
-                    out.write_all(&chunk?.1)?;
+                    let chunk = chunk?.1;
+                    wrote += chunk.len();
+                    out.write_all(&chunk)?;
                     out.flush()?;
+                }
+                if wrote == 0 {
+                    let runs = store.jobs_of(&args.family, &args.component).await?;
+                    eprintln!("fvd: {}", no_output(&args.family, &args.component, &job, &runs));
                 }
             }
         }
@@ -941,14 +1272,84 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<Exit> {
     })
 }
 
+/// Embedded ports the store says are running while no fvd process runs
+/// them (its submit was interrupted: Ctrl-C, a lost terminal): shown as
+/// `interrupted`, their unfinished components too, with how to resume.
+fn mark_interrupted(repo: &Path, ports: &mut [pb::PortSnapshot]) {
+    for p in ports.iter_mut() {
+        if p.state != PortState::Running.as_str()
+            || super::embedded::live(repo, &p.family).is_some()
+        {
+            continue;
+        }
+        p.state = "interrupted".to_string();
+        let resume = format!(
+            "interrupted: no fvd process runs it; fvd submit --family {} resumes it",
+            p.family
+        );
+        for c in p.components.iter_mut().filter(|c| {
+            matches!(
+                c.status.parse::<ComponentStatus>(),
+                Ok(ComponentStatus::Running
+                    | ComponentStatus::Queued
+                    | ComponentStatus::Confirming
+                    | ComponentStatus::Pending)
+            )
+        }) {
+            c.status = "interrupted".to_string();
+            c.reason = resume.clone();
+        }
+    }
+}
+
+/// Why run `job` of a component printed nothing, and which run has output.
+fn no_output(
+    family: &str,
+    component: &str,
+    job: &fvd_store::model::JobRecord,
+    runs: &[fvd_store::model::JobRecord],
+) -> String {
+    use fvd_store::model::JobState;
+    let why = match job.state {
+        JobState::Environment => format!(
+            "it failed on its environment{}: {}",
+            if job.worker_id.is_empty() {
+                String::new()
+            } else {
+                format!(" on worker {}", job.worker_id)
+            },
+            job.reason
+        ),
+        JobState::Queued => "it has not started".to_string(),
+        JobState::Running => "it has printed nothing yet (add --follow)".to_string(),
+        JobState::Unplaced => format!("no worker could take it: {}", job.reason),
+        JobState::Abandoned => "it was in flight when its port stopped".to_string(),
+        JobState::Finished => "it printed nothing".to_string(),
+    };
+    let with_output = runs
+        .iter()
+        .rev()
+        .find(|r| r.job_id != job.job_id && !r.output_tail.is_empty());
+    let other = match with_output {
+        Some(r) => format!(
+            "; run {} has output: fvd logs {family} {component} --run {}",
+            r.run_no, r.run_no
+        ),
+        None => String::new(),
+    };
+    format!(
+        "run {} of {family} {component} has no output: {why}{other}",
+        job.run_no
+    )
+}
+
 pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     rt.block_on(async move {
         let (url, token, tls) = match &args.orchestrator {
             Some(url) => (url.clone(), args.token.load()?, args.tls.load()?),
             None => {
-                let repo = args
-                    .repo
+                let repo = super::find_repo(&args.repo, &args.family)
                     .canonicalize()
                     .with_context(|| format!("repository {}", args.repo.display()))?;
                 match super::embedded::live(&repo, &args.family) {
@@ -982,7 +1383,7 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
                 family: args.family.clone(),
             })
             .await
-            .map_err(status_err)?;
+            .map_err(|e| client.fail(e))?;
         say(format_args!("cancelled port {}", args.family));
         Ok(Exit::Success)
     })
@@ -991,8 +1392,23 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
 /// `fvd reset F`: forgets the port's embedded state. Refused while a
 /// process runs the port.
 pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
-    let repo = args
-        .repo
+    if let Some(url) = &args.orchestrator {
+        return runtime()?.block_on(async {
+            let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
+            client
+                .reset(pb::ResetRequest {
+                    family: args.family.clone(),
+                })
+                .await
+                .map_err(|e| client.fail(e))?;
+            say(format_args!(
+                "reset port {} on {url}: its runs, verdicts, questions and attempt ledger are forgotten there (the log of who changed it stays); the next fvd submit, from any checkout, starts it over",
+                args.family
+            ));
+            Ok(Exit::Success)
+        });
+    }
+    let repo = super::find_repo(&args.repo, &args.family)
         .canonicalize()
         .with_context(|| format!("repository {}", args.repo.display()))?;
     if let Some(live) = super::embedded::live(&repo, &args.family) {
@@ -1013,8 +1429,13 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
             );
             return Ok(Exit::Usage);
         }
+        // its snapshots name no recorded verdict any more
+        let refs = match fvd_workspace::commit::prune_snapshots(&repo, &args.family, &[]).await {
+            Ok(n) => format!("{n} snapshot ref(s) refs/fvd/snapshots/{}/* removed", args.family),
+            Err(e) => format!("its snapshot refs could not be removed: {e}"),
+        };
         say(format_args!(
-            "reset port {}: its runs, verdicts, questions and attempt ledger are forgotten; the next fvd submit starts it over. Kept: PORT_STATUS.md, port.toml, agent branches fvd/{}/* and their worktrees",
+            "reset port {}: its runs, verdicts, questions and attempt ledger are forgotten; {refs}; the next fvd submit starts it over. Kept: PORT_STATUS.md, port.toml, agent branches fvd/{}/* and their worktrees",
             args.family, args.family
         ));
         Ok(Exit::Success)
@@ -1035,7 +1456,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                         component: args.component.clone(),
                     })
                     .await
-                    .map_err(status_err)?
+                    .map_err(|e| client.fail(e))?
                     .into_inner();
                 let worktree = r.worktree.map(|w| fvd_workspace::worktree::Worktree {
                     path: w.path.into(),
@@ -1053,7 +1474,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                 (worktree, ledger)
             }
             None => {
-                let store = open_local(&args.repo).await?;
+                let store = open_local(&super::find_repo(&args.repo, &args.family)).await?;
                 fvd_orchestrator::query::attempts(&store, &args.family, &args.component).await?
             }
         };
@@ -1210,8 +1631,38 @@ pub async fn open_local(repo: &Path) -> anyhow::Result<Store> {
     Ok(Store::open_path(&db).await?)
 }
 
-/// A port client that presents the token, when one is configured.
-pub type Client = PortServiceClient<InterceptedService<Channel, ClientAuth>>;
+/// A port client that presents the token, when one is configured, and
+/// knows its orchestrator's URL for the errors scripts act on.
+#[derive(Debug, Clone)]
+pub struct Client {
+    grpc: PortServiceClient<InterceptedService<Channel, ClientAuth>>,
+    pub url: String,
+}
+
+impl std::ops::Deref for Client {
+    type Target = PortServiceClient<InterceptedService<Channel, ClientAuth>>;
+    fn deref(&self) -> &Self::Target {
+        &self.grpc
+    }
+}
+
+impl std::ops::DerefMut for Client {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.grpc
+    }
+}
+
+impl Client {
+    /// A failed call as an error: [`Remote`] (exit 5 or 6) when the
+    /// orchestrator was unreachable or refused the credential, else the
+    /// server's message (exit 2).
+    pub fn fail(&self, s: tonic::Status) -> anyhow::Error {
+        match Remote::of(&self.url, &s) {
+            Some(r) => r.into(),
+            None => anyhow::anyhow!("{}", s.message()),
+        }
+    }
+}
 
 pub async fn client(
     url: &str,
@@ -1222,11 +1673,26 @@ pub async fn client(
         .connect_timeout(Duration::from_secs(10))
         .connect()
         .await
-        .with_context(|| format!("cannot reach the orchestrator at {url}"))?;
-    Ok(PortServiceClient::with_interceptor(
-        channel,
-        ClientAuth::new(token),
-    ))
+        .map_err(|e| {
+            // The transport error's own text, then its causes, on one line.
+            let mut cause = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                let text = s.to_string();
+                if !cause.contains(&text) {
+                    cause.push_str(&format!(": {text}"));
+                }
+                source = s.source();
+            }
+            Remote::Unreachable {
+                url: url.to_string(),
+                cause,
+            }
+        })?;
+    Ok(Client {
+        grpc: PortServiceClient::with_interceptor(channel, ClientAuth::new(token)),
+        url: url.to_string(),
+    })
 }
 
 /// A submit or answer call, carrying the trace context as W3C `traceparent`
@@ -1240,8 +1706,4 @@ fn traced<T>(request: T) -> tonic::Request<T> {
         request.metadata_mut().insert("traceparent", value);
     }
     request
-}
-
-fn status_err(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{}", s.message())
 }

@@ -33,13 +33,20 @@ pub struct TokenArgs {
 }
 
 impl TokenArgs {
+    /// Where the token comes from, when one is configured.
+    pub fn source(&self) -> Option<TokenSource> {
+        match (&self.token_file, &self.token_env) {
+            (Some(p), _) => Some(TokenSource::File(p.clone())),
+            (None, Some(name)) => Some(TokenSource::Env(name.clone())),
+            (None, None) => None,
+        }
+    }
+
     pub fn load(&self) -> anyhow::Result<Option<Token>> {
-        let source = match (&self.token_file, &self.token_env) {
-            (Some(p), _) => TokenSource::File(p.clone()),
-            (None, Some(name)) => TokenSource::Env(name.clone()),
-            (None, None) => return Ok(None),
-        };
-        Ok(Some(Token::load(&source)?))
+        match self.source() {
+            Some(source) => Ok(Some(Token::load(&source)?)),
+            None => Ok(None),
+        }
     }
 }
 
@@ -75,8 +82,16 @@ pub struct ServeArgs {
     /// re-queued elsewhere (workers heartbeat every second).
     #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
     pub lease_ttl: f64,
+    /// The single shared token of earlier versions: every call that
+    /// carries it is an admin named `admin` (also beside --auth).
     #[command(flatten)]
     pub token: TokenArgs,
+    /// Named credentials with roles (worker, viewer, porter, admin), one
+    /// [[token]] each, stored as SHA-256 hashes: `fvd auth add NAME --role
+    /// ROLE --file FILE` makes one. Re-read on SIGHUP, so a deleted entry
+    /// is refused from then on.
+    #[arg(long, value_name = "FILE")]
+    pub auth: Option<PathBuf>,
     /// Serve TLS with this certificate chain (PEM); needs --tls-key.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -84,10 +99,29 @@ pub struct ServeArgs {
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
     /// Also serve the web dashboard (plain HTTP) on this address, e.g.
-    /// 127.0.0.1:7080; off unless given. Answers from it need --token's
-    /// value when a token is set.
+    /// 127.0.0.1:7080; off unless given. Answers from it need a porter or
+    /// admin token when the orchestrator has credentials.
     #[arg(long, value_name = "ADDR")]
     pub dashboard: Option<String>,
+    /// A `Host` name the dashboard answers to besides its listen address
+    /// and localhost (NAME, or NAME:PORT); repeatable. Any other is refused
+    /// (a DNS-rebinding page names its own).
+    #[arg(long = "dashboard-host", value_name = "NAME", requires = "dashboard")]
+    pub dashboard_hosts: Vec<String>,
+    /// Every dashboard page, twin and stream needs a viewer, porter or
+    /// admin token (a sign-in form for browsers, `Authorization: Bearer`
+    /// for scripts).
+    #[arg(long, requires = "dashboard")]
+    pub dashboard_require_viewer: bool,
+    /// Dashboard connections held at most (default: a quarter of the
+    /// process's file-descriptor limit, 16 to 1,024); live streams at most
+    /// a quarter of them.
+    #[arg(long, value_name = "N", requires = "dashboard")]
+    pub dashboard_max_connections: Option<usize>,
+    /// A dashboard connection with no byte either way for this long is
+    /// closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0, value_parser = idle_seconds, requires = "dashboard")]
+    pub dashboard_idle_timeout: f64,
     /// Also answer `grpc.health.v1` health checks on this address, in
     /// plaintext and without a token (for Kubernetes' grpc probes when the
     /// main listener speaks TLS). The main listener answers them too.
@@ -97,6 +131,20 @@ pub struct ServeArgs {
     /// checkout, in MiB; a larger one fails the job on that worker.
     #[arg(long, default_value_t = 2048, value_name = "MIB")]
     pub max_code_mib: u64,
+    /// Run the `[agent] command` of the specs sent here, on this host.
+    /// Without it a spec with an agent command is refused: whoever holds
+    /// the token would run a command of their choice here.
+    #[arg(long)]
+    pub allow_agent_commands: bool,
+    /// With --allow-agent-commands, the jail agents start in: auto (a
+    /// namespace if this host allows one, else Landlock; neither is an
+    /// error), namespace, landlock or off.
+    #[arg(long, default_value = "auto", value_name = "MODE")]
+    pub agent_sandbox: fvd_sandbox::Mode,
+    /// A file or folder agents may not read, besides the token file and
+    /// the TLS key (repeatable).
+    #[arg(long = "agent-hide", value_name = "PATH")]
+    pub agent_hide: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -142,6 +190,27 @@ pub struct WorkerArgs {
     /// `liveness` until the worker stops. Off by default.
     #[arg(long, value_name = "ADDR")]
     pub health_listen: Option<String>,
+    /// The jail jobs start in: auto (a namespace if this host allows one,
+    /// else Landlock; neither is an error), namespace, landlock, or off
+    /// (jobs can read what this worker's user can, its token file too).
+    #[arg(long, default_value = "auto", value_name = "MODE")]
+    pub job_sandbox: fvd_sandbox::Mode,
+    /// A file or folder jobs may not read, besides the token file
+    /// (repeatable): keys of other services on this host, say.
+    #[arg(long = "job-hide", value_name = "PATH")]
+    pub job_hide: Vec<PathBuf>,
+}
+
+/// The jail of `mode` hiding `hidden`, with this binary as its launcher;
+/// its warnings printed.
+pub fn jail(mode: fvd_sandbox::Mode, hidden: &[PathBuf]) -> anyhow::Result<fvd_sandbox::Jail> {
+    let exe =
+        std::env::current_exe().context("cannot find this fvd binary, the launcher of the jail")?;
+    let jail = fvd_sandbox::Jail::start(mode, &exe, hidden)?;
+    for w in jail.warnings() {
+        eprintln!("fvd: warning: {w}");
+    }
+    Ok(jail)
 }
 
 #[derive(Debug, Subcommand)]
@@ -206,6 +275,70 @@ pub async fn interrupted() {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+fn idle_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.1 => Ok(v),
+        _ => Err(format!("{s} is not a number of seconds of at least 0.1")),
+    }
+}
+
+/// Raises this process's soft limit of open files to its hard limit (a
+/// server of many connections; Go and systemd services do the same), and
+/// returns the limit in force.
+fn raise_fd_limit() -> Option<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return Some(hard);
+    }
+    Some(soft)
+}
+
+/// The dashboard's guard from `serve`'s flags.
+fn dashboard_options(
+    args: &ServeArgs,
+    fds: Option<u64>,
+) -> fvd_orchestrator::dashboard::guard::Options {
+    use fvd_orchestrator::dashboard::guard::{Limits, Options};
+    let mut limits = Limits::for_fd_limit(fds.unwrap_or(1024));
+    if let Some(n) = args.dashboard_max_connections {
+        let n = n.max(1);
+        limits.max_connections = n;
+        limits.max_connections_per_client = limits.max_connections_per_client.min(n);
+        limits.max_streams = (n / 4).max(1);
+        limits.max_streams_per_client = limits.max_streams_per_client.min(limits.max_streams);
+    }
+    limits.idle = Duration::from_secs_f64(args.dashboard_idle_timeout);
+    Options {
+        hosts: args.dashboard_hosts.clone(),
+        require_viewer: args.dashboard_require_viewer,
+        limits: Some(limits),
+    }
+}
+
+/// Re-reads the credentials on every SIGHUP: a deleted entry is refused
+/// from the next call on (and its streams end); a file that does not parse
+/// keeps the previous set and says why.
+fn reload_on_sighup(credentials: fvd_proto::auth::Credentials) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
+    fvd_telemetry::spawn(async move {
+        while hup.recv().await.is_some() {
+            match credentials.reload() {
+                Ok(n) => {
+                    tracing::info!(credentials = n, "reloaded the credentials (SIGHUP)");
+                    eprintln!("fvd: reloaded the credentials: {n} hold");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "kept the previous credentials: the new ones do not load");
+                    eprintln!("fvd: error: kept the previous credentials: {e}");
+                }
+            }
+        }
+    });
+    Ok(())
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -277,13 +410,28 @@ pub async fn local_worker_config(
         tls_ca,
         provides: Vec::new(),
         code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
+        jail: fvd_sandbox::Jail::off(),
     })
 }
 
 pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
     let OrchestratorCmd::Serve(args) = cmd;
+    let fds = raise_fd_limit();
     runtime()?.block_on(async move {
+        let single = args.token.source();
+        let credentials =
+            fvd_proto::auth::Credentials::load(args.auth.as_deref(), single.as_ref())?;
+        // The single token's value, for the redactors (named credentials
+        // are hashes: there is no value to redact).
         let token = args.token.load()?;
+        if credentials.is_open() {
+            tracing::warn!("no --auth or --token-file: every call is accepted");
+        } else if args.auth.is_some() && credentials.is_empty() {
+            eprintln!(
+                "fvd: warning: {} holds no credential yet: every call is refused until one is added (fvd auth add) and the server gets SIGHUP",
+                args.auth.as_deref().map(|p| p.display().to_string()).unwrap_or_default()
+            );
+        }
         let store = Store::open(&args.db).await?;
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
@@ -297,10 +445,38 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             }),
             _ => None,
         };
+        // Agents run here: they never read the token file or the TLS key.
+        // Without --allow-agent-commands none runs, so no jail is needed
+        // (and a host that allows none still serves).
+        let agent_jail = if args.allow_agent_commands {
+            let mut hidden: Vec<PathBuf> = args.token.token_file.iter().cloned().collect();
+            hidden.extend(args.auth.iter().cloned());
+            hidden.extend(args.tls_key.iter().cloned());
+            hidden.extend(args.agent_hide.iter().cloned());
+            jail(args.agent_sandbox, &hidden)?
+        } else {
+            fvd_sandbox::Jail::off()
+        };
+        let mut agent_secrets = fvd_contracts::redactor::Redactor::default();
+        if let Some(t) = &token {
+            agent_secrets.add(fvd_orchestrator::worker_api::TOKEN_NAME, t.value().as_bytes());
+        }
+        tracing::info!(jail = %agent_jail.describe(), allow_agent_commands = args.allow_agent_commands, "agents");
         let mut config = fvd_orchestrator::ServerConfig {
-            token: token.clone(),
+            // What calls are checked against; `token` is only redacted.
+            credentials: Some(credentials.clone()),
+            token,
             tls,
             max_code_bytes: args.max_code_mib.saturating_mul(1024 * 1024),
+            agents: fvd_workspace::agent::AgentPolicy {
+                commands: if args.allow_agent_commands {
+                    fvd_workspace::agent::AgentCommands::Allowed
+                } else {
+                    fvd_workspace::agent::AgentCommands::Refused
+                },
+                jail: agent_jail,
+                secrets: agent_secrets,
+            },
             ..Default::default()
         };
         config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
@@ -313,6 +489,7 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             None => None,
         };
         let mut server = fvd_orchestrator::start(listener, store, config).await?;
+        reload_on_sighup(credentials.clone())?;
         // The first line names the address, so scripts can use port 0.
         println!("fvd orchestrator listening on {}", server.url());
         let _dashboard = match &args.dashboard {
@@ -320,10 +497,14 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("cannot listen on {addr} for the dashboard"))?;
-                let dash = fvd_orchestrator::dashboard::Dashboard::live(&server, token.clone());
-                let d = fvd_orchestrator::dashboard::serve(listener, dash)
-                    .context("cannot start the dashboard")?;
-                if token.is_some() && !fvd_orchestrator::dashboard::is_loopback(&d.addr) {
+                let dash = fvd_orchestrator::dashboard::Dashboard::live(&server);
+                let d = fvd_orchestrator::dashboard::serve(
+                    listener,
+                    dash,
+                    dashboard_options(&args, fds),
+                )
+                .context("cannot start the dashboard")?;
+                if !credentials.is_open() && !fvd_orchestrator::dashboard::is_loopback(&d.addr) {
                     eprintln!(
                         "fvd: warning: the dashboard on {} speaks plain HTTP: a token typed into its answer form crosses the network in clear (bind it to loopback and use a tunnel)",
                         d.addr
@@ -377,12 +558,16 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         config.labels = args.labels.into_iter().collect();
         config.provides = args.provides;
         config.code_cache_bytes = args.code_cache_mib.saturating_mul(1024 * 1024);
+        let mut hidden: Vec<PathBuf> = args.token.token_file.iter().cloned().collect();
+        hidden.extend(args.job_hide.iter().cloned());
+        config.jail = jail(args.job_sandbox, &hidden)?;
         println!(
-            "fvd worker {} with {} GPU(s) and {} CPU slot(s) dialing {}",
+            "fvd worker {} with {} GPU(s) and {} CPU slot(s) dialing {}; jobs: {}",
             config.worker_id,
             config.gpus.len(),
             config.cpu_slots,
-            config.orchestrator
+            config.orchestrator,
+            config.jail.describe()
         );
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
@@ -420,6 +605,19 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         health_stop.cancel();
         if let Some(h) = health {
             let _ = h.await;
+        }
+        // A refused credential is exit 6, like any other command's.
+        if let Err(fvd_worker::client::ClientError::Refused { url, status }) = &result
+            && matches!(
+                status.code(),
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            )
+        {
+            return Err(super::exit::Remote::Refused {
+                url: url.clone(),
+                message: status.message().to_string(),
+            }
+            .into());
         }
         result?;
         Ok(Exit::Success)

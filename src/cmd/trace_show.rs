@@ -55,7 +55,7 @@ async fn fetch(args: &ShowArgs) -> anyhow::Result<TraceInvestigation> {
                 component: args.component.clone(),
             })
             .await
-            .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+            .map_err(|s| c.fail(s))?
             .into_inner();
         return serde_json::from_str(&r.investigation_json)
             .context("the orchestrator sent an investigation that does not parse");

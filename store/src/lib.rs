@@ -21,6 +21,7 @@ pub mod clock;
 pub mod dashboard;
 pub mod model;
 pub mod states;
+pub mod team;
 pub mod traces;
 pub mod usage;
 pub mod variants;
@@ -89,6 +90,8 @@ pub struct EscapeRow {
     /// before the answer reached an attempt).
     pub status: String,
     pub answer: String,
+    /// The credential that answered; empty when none was checked.
+    pub answered_by: String,
     pub asked_ms: i64,
     pub answered_ms: Option<i64>,
     pub resolved_attempt: Option<u32>,
@@ -109,6 +112,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("../migrations/0009_commits.sql")),
     (10, include_str!("../migrations/0010_trace_transport.sql")),
     (11, include_str!("../migrations/0011_variants.sql")),
+    (
+        14,
+        include_str!("../migrations/0014_status_write_error.sql"),
+    ),
+    (15, include_str!("../migrations/0015_team.sql")),
     (16, include_str!("../migrations/0016_agent_usage.sql")),
 ];
 
@@ -356,6 +364,17 @@ impl Store {
         port: &PortRow,
         components: &[String],
     ) -> Result<bool, StoreError> {
+        self.insert_port(port, components, None).await
+    }
+
+    /// [`Store::create_port`], with the port's origin and the log entry of
+    /// its submit in the same transaction when `origin` is given.
+    async fn insert_port(
+        &self,
+        port: &PortRow,
+        components: &[String],
+        origin: Option<(&team::PortOrigin, team::Action)>,
+    ) -> Result<bool, StoreError> {
         let mut tx = self.write_tx().await?;
         let exists: Option<String> =
             sqlx::query_scalar("SELECT family FROM ports WHERE family = ?")
@@ -388,6 +407,10 @@ impl Store {
             .bind(now)
             .execute(&mut *tx)
             .await?;
+        }
+        if let Some((origin, action)) = origin {
+            team::set_origin(&mut tx, &port.family, origin).await?;
+            team::insert_action(&mut tx, &port.family, action, &origin.owner, &port.commit).await?;
         }
         tx.commit().await?;
         Ok(true)
@@ -510,6 +533,35 @@ impl Store {
             .execute(&self.writer)
             .await?;
         Ok(())
+    }
+
+    /// Records why the port's `PORT_STATUS.md` could not be written (empty:
+    /// the last write succeeded).
+    pub async fn set_status_write_error(
+        &self,
+        family: &str,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE ports SET status_write_error = ? WHERE family = ?")
+            .bind(error)
+            .bind(family)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    /// Why the port's `PORT_STATUS.md` could not be written the last time
+    /// fvd tried; empty when it was, or never tried.
+    pub async fn status_write_error(&self, family: &str) -> Result<String, StoreError> {
+        Ok(
+            sqlx::query_scalar::<_, String>(
+                "SELECT status_write_error FROM ports WHERE family = ?",
+            )
+            .bind(family)
+            .fetch_optional(&self.pool)
+            .await?
+            .unwrap_or_default(),
+        )
     }
 
     pub async fn set_port_status_path(&self, family: &str, path: &str) -> Result<(), StoreError> {
@@ -1347,6 +1399,7 @@ impl Store {
                     safe_default: r.get("safe_default"),
                     status: r.get("status"),
                     answer: r.get("answer"),
+                    answered_by: r.get("answered_by"),
                     asked_ms: r.get("asked_ms"),
                     answered_ms: r.get("answered_ms"),
                     resolved_attempt: r
@@ -1364,6 +1417,18 @@ impl Store {
         family: &str,
         id: &str,
         answer: &str,
+    ) -> Result<EscapeRow, StoreError> {
+        self.answer_escape_by(family, id, answer, "").await
+    }
+
+    /// [`Store::answer_escape`] by the credential `by`, logged as its
+    /// `answer` action in the same transaction.
+    pub async fn answer_escape_by(
+        &self,
+        family: &str,
+        id: &str,
+        answer: &str,
+        by: &str,
     ) -> Result<EscapeRow, StoreError> {
         let mut tx = self.write_tx().await?;
         let status: Option<String> =
@@ -1388,13 +1453,15 @@ impl Store {
                 });
             }
         }
-        sqlx::query("UPDATE escape_hatches SET status = 'answered', answer = ?, answered_ms = ? WHERE family = ? AND id = ?")
+        sqlx::query("UPDATE escape_hatches SET status = 'answered', answer = ?, answered_by = ?, answered_ms = ? WHERE family = ? AND id = ?")
             .bind(answer)
+            .bind(by)
             .bind(now_ms())
             .bind(family)
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        team::insert_action(&mut tx, family, team::Action::Answer, by, id).await?;
         tx.commit().await?;
         self.escapes(family)
             .await?

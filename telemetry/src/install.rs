@@ -199,9 +199,32 @@ pub fn init(
     default_service: &str,
     log_env: &str,
 ) -> Result<Telemetry, TelemetryError> {
+    use std::io::IsTerminal;
+    init_with(
+        flag,
+        default_service,
+        log_env,
+        "warn",
+        std::io::stderr().is_terminal(),
+    )
+}
+
+/// [`init`] with the filter used when `log_env` sets none (`off` keeps a
+/// command's output free of log lines) and whether log lines may carry
+/// colour codes (never when stderr is not a terminal, or `NO_COLOR`).
+pub fn init_with(
+    flag: Option<&str>,
+    default_service: &str,
+    log_env: &str,
+    default_filter: &str,
+    ansi: bool,
+) -> Result<Telemetry, TelemetryError> {
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_filter(EnvFilter::try_from_env(log_env).unwrap_or_else(|_| EnvFilter::new("warn")));
+        .with_ansi(ansi)
+        .with_filter(
+            EnvFilter::try_from_env(log_env).unwrap_or_else(|_| EnvFilter::new(default_filter)),
+        );
     let registry = tracing_subscriber::registry().with(logs);
     let config = match ExportDecision::resolve(flag, default_service, |k| std::env::var(k).ok()) {
         ExportDecision::Off => {

@@ -655,7 +655,7 @@ fn kill_9_of_the_orchestrator_during_an_agent_attempt_neither_loses_nor_duplicat
             &wrapper,
         )
     });
-    let url = sb.serve();
+    let url = sb.serve_with(&["--allow-agent-commands"]);
     sb.worker("w1", 2);
     let out = fvd()
         .args([
@@ -692,7 +692,7 @@ fn kill_9_of_the_orchestrator_during_an_agent_attempt_neither_loses_nor_duplicat
     assert!(alive(pid));
 
     let addr = url.trim_start_matches("http://").to_string();
-    sb.serve_at(&addr, &[]);
+    sb.serve_at(&addr, &["--allow-agent-commands"]);
     // ...until the restarted orchestrator finds and ends it.
     crate::support::wait_for(
         "the leftover agent to be killed",
@@ -733,7 +733,7 @@ fn kill_9_of_the_orchestrator_during_an_agent_attempt_neither_loses_nor_duplicat
 fn a_fleet_orchestrator_takes_the_answer_over_grpc() {
     let mut sb = Sandbox::new();
     example_repo(&sb, |t| t);
-    let url = sb.serve();
+    let url = sb.serve_with(&["--allow-agent-commands"]);
     sb.worker("w1", 2);
     let out = sb.submit_remote("tinyport", &["--wait"]);
     let stdout = String::from_utf8_lossy(&out.stdout);

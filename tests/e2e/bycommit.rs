@@ -167,7 +167,7 @@ fn a_worker_that_cannot_see_the_checkout_reaches_the_embedded_verdicts() {
     let base = example_repo(&sb, |t| t);
     let hidden = sb.dir.path().join("hidden");
     assert_hidden(&hidden, sb.repo());
-    let url = sb.serve();
+    let url = sb.serve_with(&["--allow-agent-commands"]);
     spawn_hidden_worker(&mut sb, "far", &[]);
     let out = sb.submit_remote("tinyport", &["--wait"]);
     let text = format!(

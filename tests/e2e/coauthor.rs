@@ -245,8 +245,10 @@ fn fvd_co_authors_a_hand_written_status_file() {
         assert!(after.contains(human), "{human}\n{after}");
     }
     // the regression: both evidences, one issue row, the phase moved back
+    // fvd's result beside the porter's, never over it
     assert!(
-        after.contains("| `debug_red` (regression; recorded encode_parity_pass) | I002 |"),
+        after.contains("| encode_parity_pass [fvd ")
+            && after.contains("(cpu): debug_red (regression)] | I002 |"),
         "{after}"
     );
     assert!(after.contains("debug_red (regression) — "), "{after}");
@@ -263,7 +265,9 @@ fn fvd_co_authors_a_hand_written_status_file() {
         "{after}"
     );
     assert!(
-        after.contains("moved back from phase: `phase_11_post_parity_handoff`; status: `complete`"),
+        after.contains(
+            "moved back from phase: \"`phase_11_post_parity_handoff`\"; status: \"`complete`\""
+        ),
         "{after}"
     );
     assert!(

@@ -1,9 +1,11 @@
 //! The web dashboard (issue #16), in a real browser: Debian's headless
-//! Chromium driven through its chromedriver (WebDriver) watches the example
-//! port's matrix change while a fleet (`fvd orchestrator serve --dashboard`
-//! and an `fvd worker`) runs it, is refused an answer without the token,
-//! answers E001 from the page with it, sees the port resume and end, and
-//! saves screenshots under `target/tmp/dashboard/`. Each matrix change the
+//! Chromium driven through its chromedriver (WebDriver) signs in with a
+//! viewer's token (the orchestrator has named credentials and requires a
+//! viewer), watches the example port's matrix change while a fleet (`fvd
+//! orchestrator serve --dashboard` and an `fvd worker`) runs it, is refused
+//! an answer with the viewer's token and with a wrong one, answers E001
+//! from the page with the porter's, sees who answered, sees the port resume
+//! and end, and saves screenshots under `target/tmp/dashboard/`. Each matrix change the
 //! page applied is timed from the moment the dashboard received the port
 //! event to the browser's `MutationObserver` callback. A second test serves
 //! an embedded state read-only with `fvd dashboard --repo` while `fvd
@@ -26,7 +28,6 @@ use crate::support::{LOG_FILTER, Sandbox, TestComponent, fvd, wait_for};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-const TOKEN: &str = "dashboard-test-token-0123456789";
 
 /// Kills its process on drop (a chromedriver, an orchestrator).
 pub(crate) struct Kill(pub(crate) Child);
@@ -107,14 +108,15 @@ fn js(rt: &tokio::runtime::Runtime, c: &Client, script: &str) -> Value {
 /// Component → status as the page's matrix shows it now.
 const MATRIX: &str = "const m = {}; for (const tr of document.querySelectorAll('#matrix tr[data-component]')) m[tr.dataset.component] = tr.dataset.status; return m;";
 
-fn orchestrator_with_dashboard(sb: &Sandbox, token_file: &Path) -> (Kill, String, String) {
+/// `fvd orchestrator serve --dashboard 127.0.0.1:0` with `args`; its gRPC
+/// URL and the dashboard's.
+pub(crate) fn orchestrator_with_dashboard(sb: &Sandbox, args: &[&str]) -> (Kill, String, String) {
     let db = sb.repo().join("orchestrator.db");
     let mut child = fvd()
         .args(["orchestrator", "serve", "--listen", "127.0.0.1:0", "--db"])
         .arg(format!("sqlite://{}", db.display()))
-        .arg("--token-file")
-        .arg(token_file)
-        .args(["--dashboard", "127.0.0.1:0"])
+        .args(args)
+        .args(["--dashboard", "127.0.0.1:0", "--allow-agent-commands"])
         .env("FVD_LOG", LOG_FILTER)
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(sb.repo().join("orchestrator.log")).unwrap())
@@ -135,14 +137,20 @@ fn orchestrator_with_dashboard(sb: &Sandbox, token_file: &Path) -> (Kill, String
 #[test]
 fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
     let started = Instant::now();
-    let mut sb = Sandbox::new();
+    let mut sb = Sandbox::new().with_auth();
+    let auth = sb.auth.clone().unwrap();
+    let token = |name: &str| {
+        std::fs::read_to_string(auth.token(name))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
     example_repo(&sb, |t| t);
-    let token_file = sb.repo().join("token");
-    std::fs::write(&token_file, TOKEN).unwrap();
-    let (_orch, url, dash) = orchestrator_with_dashboard(&sb, &token_file);
+    let file = auth.file.display().to_string();
+    let (_orch, url, dash) =
+        orchestrator_with_dashboard(&sb, &["--auth", &file, "--dashboard-require-viewer"]);
     sb.url = Some(url.clone());
-    let tok = token_file.to_str().unwrap().to_string();
-    let w = sb.worker_at(&url, "w1", 2, &["--token-file", &tok]);
+    let w = sb.worker_at(&url, "w1", 2, &[]);
     sb.spawn_worker("w1", w);
 
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -150,12 +158,45 @@ fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
     let (_driver, c) = browser(&rt, profile.path());
     let out = out_dir();
 
-    // The index before the port exists; it shows the port once submitted.
+    // Pages need a reader's credential: the browser signs in as the viewer.
     rt.block_on(c.goto(&format!("{dash}/"))).unwrap();
+    assert!(
+        js(
+            &rt,
+            &c,
+            "return !!document.querySelector('form.login') && !document.getElementById('ports')"
+        )
+        .as_bool()
+        .unwrap_or(false),
+        "an index without a sign-in: {}",
+        js(&rt, &c, "return document.body.innerText")
+    );
+    rt.block_on(async {
+        c.find(Locator::Css("form.login input[name=token]"))
+            .await?
+            .send_keys(&token("viewer"))
+            .await?;
+        c.find(Locator::Css("form.login button"))
+            .await?
+            .click()
+            .await
+    })
+    .unwrap();
+    // The index before the port exists; it shows the port once submitted.
     wait_for("the index page to go live", Duration::from_secs(20), || {
-        (js(&rt, &c, "return document.getElementById('live').className") == "on").then_some(())
+        (js(
+            &rt,
+            &c,
+            "return document.getElementById('live') && document.getElementById('live').className",
+        ) == "on")
+            .then_some(())
     });
-    let submit = sb.submit_remote("tinyport", &["--token-file", &tok]);
+    assert_eq!(
+        js(&rt, &c, "return document.cookie"),
+        "",
+        "the session cookie is HttpOnly"
+    );
+    let submit = sb.submit_remote("tinyport", &[]);
     assert!(
         submit.status.success(),
         "{}",
@@ -227,7 +268,8 @@ fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
     )
     .unwrap();
 
-    // Without the token the page is refused, and nothing changes.
+    // The viewer's token is refused an answer, a wrong one too; nothing
+    // changes.
     let form = "#q-E001 form.answer";
     rt.block_on(async {
         c.find(Locator::Css(&format!(
@@ -235,46 +277,62 @@ fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
         )))
         .await?
         .click()
-        .await?;
-        c.find(Locator::Css(&format!("{form} input[name=token]")))
-            .await?
-            .send_keys("not-the-token")
-            .await?;
-        c.find(Locator::Css(&format!("{form} button")))
-            .await?
-            .click()
-            .await
+        .await
     })
     .unwrap();
-    let refused = wait_for("the refusal", Duration::from_secs(20), || {
-        let t = js(
-            &rt,
-            &c,
-            &format!(
-                "const o = document.querySelector('{form} output'); return o.className + ' ' + o.textContent"
-            ),
-        );
-        let t = t.as_str().unwrap_or_default().to_string();
-        t.contains("err").then_some(t)
-    });
+    let post = |t: &str| {
+        rt.block_on(async {
+            let field = c
+                .find(Locator::Css(&format!("{form} input[name=token]")))
+                .await?;
+            field.clear().await?;
+            field.send_keys(t).await?;
+            // Each refusal's text is the output's; clear it first.
+            c.execute(
+                &format!(
+                    "const o = document.querySelector('{form} output'); o.className = 'result'; o.textContent = ''"
+                ),
+                vec![],
+            )
+            .await?;
+            c.find(Locator::Css(&format!("{form} button")))
+                .await?
+                .click()
+                .await
+        })
+        .unwrap();
+    };
+    let refusal = || {
+        wait_for("the refusal", Duration::from_secs(20), || {
+            let t = js(
+                &rt,
+                &c,
+                &format!(
+                    "const o = document.querySelector('{form} output'); return o.className + ' ' + o.textContent"
+                ),
+            );
+            let t = t.as_str().unwrap_or_default().to_string();
+            (t.starts_with("result err ") && t.len() > "result err ".len()).then_some(t)
+        })
+    };
+    post(&token("viewer"));
+    let refused = refusal();
     assert!(
-        refused.contains("missing or wrong orchestrator token"),
+        refused.contains(
+            "credential viewer (viewer) may not answer: that needs a porter or admin credential"
+        ),
+        "{refused}"
+    );
+    post("not-the-token");
+    let refused = refusal();
+    assert!(
+        refused.contains("token not known to this orchestrator"),
         "{refused}"
     );
     assert_eq!(js(&rt, &c, MATRIX)["time_shift"], "ask_user");
 
-    // With it, E001 is answered and the port resumes.
-    rt.block_on(async {
-        c.find(Locator::Css(&format!("{form} input[name=token]")))
-            .await?
-            .send_keys(TOKEN)
-            .await?;
-        c.find(Locator::Css(&format!("{form} button")))
-            .await?
-            .click()
-            .await
-    })
-    .unwrap();
+    // With the porter's, E001 is answered and the port resumes.
+    post(&token("porter"));
     wait_for(
         "time_shift to pass after the answer",
         Duration::from_secs(120),
@@ -304,6 +362,12 @@ fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
         "return document.querySelector('#q-E001').dataset.status",
     );
     assert!(q == "answered" || q == "resolved", "{q}");
+    let who = js(
+        &rt,
+        &c,
+        "return document.querySelector('#q-E001 .who').textContent",
+    );
+    assert_eq!(who, "porter", "the page says who answered");
     std::fs::write(
         out.join("port-resumed.png"),
         rt.block_on(c.screenshot()).unwrap(),
@@ -321,10 +385,14 @@ fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
     .unwrap();
     assert_eq!(twin["state"], "blocked", "{twin}");
     assert_eq!(twin["questions"][0]["id"], "E001");
-    assert!(
-        twin.to_string().find(TOKEN).is_none() && !sb.logs().contains(TOKEN),
-        "the token reached a page or a log"
-    );
+    assert_eq!(twin["questions"][0]["answered_by"], "porter", "{twin}");
+    let logs = sb.logs() + &std::fs::read_to_string(sb.repo().join("orchestrator.log")).unwrap();
+    for t in auth.tokens() {
+        assert!(
+            !twin.to_string().contains(&t) && !logs.contains(&t),
+            "a token reached a page or a log"
+        );
+    }
 
     // The fleet, live from the scheduler: the worker, idle now.
     rt.block_on(c.goto(&format!("{dash}/workers"))).unwrap();

@@ -307,8 +307,9 @@ fn a_killed_submit_is_resumed_rerun_cancelled_and_reset_without_an_orchestrator(
     let pid = test_pid(&started);
     second.kill().unwrap();
     second.wait().unwrap();
+    // no process runs it any more: status says so, not "running"
     let status = sb.local_status("stuck").unwrap();
-    assert_eq!(status["state"], "running", "{status:#}");
+    assert_eq!(status["state"], "interrupted", "{status:#}");
     // The orphaned test would hold the slot's work forever: end it as a
     // person would before trying again.
     let _ = Command::new("kill").arg(pid.to_string()).status();

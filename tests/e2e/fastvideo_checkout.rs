@@ -113,8 +113,10 @@ fn stand_in_tests_update_only_what_fvd_owns_and_a_second_run_changes_nothing() {
     let after = std::fs::read_to_string(status_path(repo, "orbitcam")).unwrap();
     let changes = owned_changes(&before, &after).unwrap_or_else(|e| panic!("{e}\n{after}"));
     assert!(!changes.is_empty());
+    // beside the porter's pass, never over it
     assert!(
-        after.contains("`debug_red` (regression; recorded forward_parity_pass)"),
+        after.contains("| forward_parity_pass [fvd ")
+            && after.contains("debug_red (regression)] |"),
         "{after}"
     );
     // The regression is one issue, the phase moved back with the reason,

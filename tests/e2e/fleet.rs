@@ -35,7 +35,7 @@ fn sigterm(pid: i32) {
 
 #[test]
 fn a_stopped_worker_hands_its_running_job_back_and_it_runs_once_elsewhere() {
-    let mut sb = Sandbox::new();
+    let mut sb = Sandbox::new().with_auth();
     let release = sb.repo().join("release");
     sb.port(
         "handback",
@@ -114,7 +114,7 @@ fn health_checks_answer_on_the_health_listen_addresses() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
 
-    let mut sb = Sandbox::new();
+    let mut sb = Sandbox::new().with_auth();
     let orch_health = format!("127.0.0.1:{}", free_port());
     let worker_health = format!("127.0.0.1:{}", free_port());
     let url = sb.serve_with(&["--health-listen", &orch_health]);
@@ -170,7 +170,7 @@ fn health_checks_answer_on_the_health_listen_addresses() {
 
 #[test]
 fn drain_wait_returns_once_the_drained_worker_has_exited() {
-    let mut sb = Sandbox::new();
+    let mut sb = Sandbox::new().with_auth();
     let release = sb.repo().join("release");
     sb.port(
         "drainwait",

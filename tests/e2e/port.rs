@@ -488,7 +488,8 @@ pub(crate) fn blocks_until(release: &Path) -> String {
 
 #[test]
 fn a_lost_worker_s_job_finishes_on_another_worker_with_one_verdict() {
-    let mut sb = Sandbox::new();
+    // A team's fleet: named credentials (`--auth`).
+    let mut sb = Sandbox::new().with_auth();
     let release = sb.repo().join("release");
     sb.port(
         "lossy",
@@ -539,7 +540,8 @@ fn a_lost_worker_s_job_finishes_on_another_worker_with_one_verdict() {
 
 #[test]
 fn cancel_stops_a_running_port_and_its_job() {
-    let mut sb = Sandbox::new();
+    // A team's fleet: named credentials (`--auth`).
+    let mut sb = Sandbox::new().with_auth();
     let never = sb.repo().join("never-created");
     let pidfile = sb.repo().join("pid");
     let body = format!(
@@ -557,6 +559,7 @@ fn cancel_stops_a_running_port_and_its_job() {
     });
     let out = fvd()
         .args(["cancel", "stoppy", "--orchestrator", &url])
+        .args(sb.token_args("porter"))
         .output()
         .unwrap();
     assert!(
@@ -573,6 +576,7 @@ fn cancel_stops_a_running_port_and_its_job() {
     // A second cancel says there is nothing left to cancel.
     let again = fvd()
         .args(["cancel", "stoppy", "--orchestrator", &url])
+        .args(sb.token_args("porter"))
         .output()
         .unwrap();
     assert_eq!(again.status.code(), Some(2));
@@ -594,22 +598,32 @@ fn calls_without_the_token_are_refused_and_the_token_is_never_logged() {
     sb.port("guarded", &[TestComponent::new("ok", "assert True")]);
     let url = sb.serve_with(&["--token-file", &tf]);
 
-    // A worker without the token is refused at registration and exits.
+    // A worker without the token is refused at registration and exits 6
+    // (refused), not 2 (a usage error).
     let out = sb.worker_with("intruder", 1, &[]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(6));
     assert!(
-        sb.logs().contains("refused the registration"),
+        sb.logs().contains("refused by the orchestrator"),
         "{}",
         sb.logs()
     );
 
-    // So is a client.
+    // So is a client, and a wrong token too.
     let out = fvd()
         .args(["status", "--orchestrator", &url])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("missing or wrong token"));
+    assert_eq!(out.status.code(), Some(6));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no token"));
+    let wrong = sb.repo().join("wrong-token");
+    std::fs::write(&wrong, "not-the-token").unwrap();
+    let out = fvd()
+        .args(["status", "--orchestrator", &url, "--token-file"])
+        .arg(&wrong)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(6));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token not known to this orchestrator"));
 
     // With the token (from an env var named on the command line), it works.
     let w = sb.worker_with("w1", 1, &["--token-env", "FVD_TEST_TOKEN"]);
@@ -689,7 +703,8 @@ fn logs_follow_streams_a_running_component_to_its_last_line() {
 
 #[test]
 fn an_orchestrator_restart_with_workers_connected_loses_no_job() {
-    let mut sb = Sandbox::new();
+    // A team's fleet: named credentials (`--auth`).
+    let mut sb = Sandbox::new().with_auth();
     let release = sb.repo().join("release");
     sb.port(
         "restarty",
@@ -813,7 +828,8 @@ fn a_drained_worker_finishes_its_job_takes_no_new_one_and_exits() {
 
 #[test]
 fn a_partitioned_worker_s_late_result_is_fenced() {
-    let mut sb = Sandbox::new();
+    // A team's fleet: named credentials (`--auth`).
+    let mut sb = Sandbox::new().with_auth();
     let release = sb.repo().join("release");
     sb.port(
         "split",
@@ -906,14 +922,20 @@ fn a_tls_orchestrator_serves_verified_clients_only() {
     let url = sb.serve_with(&["--tls-cert", &cert, "--tls-key", &key]);
     assert!(url.starts_with("https://127.0.0.1:"), "{url}");
 
-    // Plain http to the TLS listener fails; https without the CA is refused
-    // before dialling.
+    // Plain http to the TLS listener finds no orchestrator it can talk to
+    // (exit 5, naming the URL); https without the CA is refused before
+    // dialling.
     let plain = url.replacen("https://", "http://", 1);
     let out = fvd()
         .args(["status", "--orchestrator", &plain])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains(&format!("cannot reach the orchestrator at {plain}")),
+        "{out:?}"
+    );
     let out = fvd()
         .args(["status", "--orchestrator", &url])
         .output()

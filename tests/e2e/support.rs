@@ -71,6 +71,83 @@ pub struct Sandbox {
     /// Index of the running orchestrator in `children`.
     orchestrator: Option<usize>,
     pub url: Option<String>,
+    /// Named credentials (`--auth`): when set, the orchestrator checks
+    /// them, workers dial with the `worker` token, submits and cancels use
+    /// the `porter`'s and reads the `viewer`'s.
+    pub auth: Option<Auth>,
+}
+
+/// A credentials file of four roles made with `fvd auth add`, each token
+/// in a file of its own: the sandbox's fleet in `--auth` mode.
+/// The files live in a folder of their own, outside every repository (a
+/// token must never be snapshotted into a port's commit).
+#[derive(Debug, Clone)]
+pub struct Auth {
+    pub file: PathBuf,
+    dir: PathBuf,
+    _keep: std::sync::Arc<tempfile::TempDir>,
+}
+
+impl Auth {
+    /// `auth.toml` with `fleet` (worker), `porter` (porter), `viewer`
+    /// (viewer) and `root` (admin).
+    pub fn new() -> Self {
+        let keep = tempfile::tempdir().expect("tempdir for credentials");
+        let dir = keep.path().to_path_buf();
+        let a = Auth {
+            file: dir.join("auth.toml"),
+            dir,
+            _keep: std::sync::Arc::new(keep),
+        };
+        for (name, role) in [
+            ("fleet", "worker"),
+            ("porter", "porter"),
+            ("viewer", "viewer"),
+            ("root", "admin"),
+        ] {
+            a.add(name, role);
+        }
+        a
+    }
+
+    /// Adds a credential with `fvd auth add` and returns its token file.
+    pub fn add(&self, name: &str, role: &str) -> PathBuf {
+        let out = fvd()
+            .args(["auth", "add", name, "--role", role, "--file"])
+            .arg(&self.file)
+            .output()
+            .expect("run fvd auth add");
+        assert!(
+            out.status.success(),
+            "fvd auth add {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let path = self.token(name);
+        std::fs::write(&path, &out.stdout).expect("token file");
+        path
+    }
+
+    /// The token file of credential `name`.
+    pub fn token(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.token"))
+    }
+
+    /// `--token-file PATH` of credential `name`, as arguments.
+    pub fn args(&self, name: &str) -> Vec<String> {
+        vec![
+            "--token-file".into(),
+            self.token(name).display().to_string(),
+        ]
+    }
+
+    /// Every token's value, for tests that look for them in logs.
+    pub fn tokens(&self) -> Vec<String> {
+        ["fleet", "porter", "viewer", "root"]
+            .iter()
+            .filter_map(|n| std::fs::read_to_string(self.token(n)).ok())
+            .map(|t| t.trim().to_string())
+            .collect()
+    }
 }
 
 impl Sandbox {
@@ -83,7 +160,27 @@ impl Sandbox {
             workers: Vec::new(),
             orchestrator: None,
             url: None,
+            auth: None,
         }
+    }
+
+    /// This sandbox's fleet checks named credentials (`--auth`): see
+    /// [`Sandbox::auth`].
+    pub fn with_auth(mut self) -> Self {
+        self.auth = Some(Auth::new());
+        self
+    }
+
+    /// `--token-file` of credential `name` when the sandbox has
+    /// credentials; nothing otherwise.
+    pub fn token_args(&self, name: &str) -> Vec<String> {
+        self.auth.as_ref().map(|a| a.args(name)).unwrap_or_default()
+    }
+
+    /// The pid of the running orchestrator.
+    pub fn orchestrator_pid(&self) -> u32 {
+        let i = self.orchestrator.expect("an orchestrator runs");
+        self.children[i].id()
     }
 
     /// A sandbox whose repository is the folder `rel` below its own, so
@@ -103,64 +200,7 @@ impl Sandbox {
     /// Writes `tests/local_tests/<family>/port.toml` and one parity test per
     /// component, with a complete prep handoff.
     pub fn port(&self, family: &str, components: &[TestComponent]) -> &Self {
-        let root = self.repo();
-        let mut spec = format!(
-            r#"[prep]
-model_family = "{family}"
-workload_types = "T2V"
-official_ref = "official.{family}"
-official_ref_dir = "official"
-official_ref_commit = "unknown"
-hf_weights_path = "none"
-hf_revision = "default"
-local_weights_dir = "official_weights/{family}"
-source_layout = "custom"
-model_index_class = "none"
-components_seen = "{names}"
-needs_conversion = "no"
-hf_token_env = "HF_TOKEN"
-dependency_changes = "none"
-official_env_status = "imports_ok"
-local_tests_readme = "tests/local_tests/{family}/README.md"
-port_state_file = "tests/local_tests/{family}/PORT_STATUS.md"
-gitignore_entries_added = "none"
-next_step = "add-model"
-open_questions = "none"
-escape_hatch = "none"
-
-[defaults]
-timeout_s = 60
-"#,
-            names = components
-                .iter()
-                .map(|c| c.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        let tests = root.join("tests/local_tests/generic");
-        std::fs::create_dir_all(&tests).unwrap();
-        std::fs::create_dir_all(root.join(format!("tests/local_tests/{family}"))).unwrap();
-        for c in components {
-            let rel = format!(
-                "tests/local_tests/generic/test_{family}_{}_parity.py",
-                c.name
-            );
-            spec.push_str(&format!(
-                "\n[[component]]\nname = \"{}\"\ntype = \"generic\"\nparity_test = \"{rel}\"\ncoverage_scope = \"implementation_subcomponent\"\n",
-                c.name
-            ));
-            let body: String = c.body.lines().map(|l| format!("    {l}\n")).collect();
-            std::fs::write(
-                root.join(&rel),
-                format!("import os, time, pytest\n\n\ndef test_parity():\n{body}"),
-            )
-            .unwrap();
-        }
-        std::fs::write(
-            root.join(format!("tests/local_tests/{family}/port.toml")),
-            spec,
-        )
-        .unwrap();
+        write_port(self.repo(), family, components);
         self
     }
 
@@ -194,9 +234,14 @@ timeout_s = 60
     /// Starts (or restarts, on the same database) the orchestrator on `addr`.
     pub fn serve_at(&mut self, addr: &str, extra: &[&str]) -> String {
         let db = self.dir.path().join("orchestrator.db");
+        let auth: Vec<String> = match &self.auth {
+            Some(a) => vec!["--auth".into(), a.file.display().to_string()],
+            None => Vec::new(),
+        };
         let mut child = fvd()
             .args(["orchestrator", "serve", "--listen", addr, "--db"])
             .arg(format!("sqlite://{}", db.display()))
+            .args(auth)
             .args(extra)
             .env("FVD_LOG", LOG_FILTER)
             .stdout(Stdio::piped())
@@ -261,6 +306,7 @@ timeout_s = 60
         ])
         .args(["--cpu-slots", &slots.to_string(), "--workspace"])
         .arg(self.dir.path().join(format!("ws-{id}")))
+        .args(self.token_args("fleet"))
         .args(extra)
         .env("FVD_LOG", LOG_FILTER)
         .stdout(Stdio::null())
@@ -318,6 +364,7 @@ timeout_s = 60
         let url = self.url.as_deref().expect("serve() first");
         fvd()
             .args(["submit", "--family", family, "--orchestrator", url])
+            .args(self.token_args("porter"))
             .args(extra)
             .arg("--repo")
             .arg(self.repo())
@@ -330,6 +377,7 @@ timeout_s = 60
         let url = self.url.as_deref()?;
         let out = fvd()
             .args(["status", family, "--json", "--orchestrator", url])
+            .args(self.token_args("viewer"))
             .output()
             .expect("run fvd status");
         if !out.status.success() {
@@ -350,6 +398,68 @@ timeout_s = 60
         }
         serde_json::from_slice(&out.stdout).ok()
     }
+}
+
+/// Writes `tests/local_tests/<family>/port.toml` under `root` and one
+/// parity test per component, with a complete prep handoff.
+pub fn write_port(root: &Path, family: &str, components: &[TestComponent]) {
+    let mut spec = format!(
+        r#"[prep]
+model_family = "{family}"
+workload_types = "T2V"
+official_ref = "official.{family}"
+official_ref_dir = "official"
+official_ref_commit = "unknown"
+hf_weights_path = "none"
+hf_revision = "default"
+local_weights_dir = "official_weights/{family}"
+source_layout = "custom"
+model_index_class = "none"
+components_seen = "{names}"
+needs_conversion = "no"
+hf_token_env = "HF_TOKEN"
+dependency_changes = "none"
+official_env_status = "imports_ok"
+local_tests_readme = "tests/local_tests/{family}/README.md"
+port_state_file = "tests/local_tests/{family}/PORT_STATUS.md"
+gitignore_entries_added = "none"
+next_step = "add-model"
+open_questions = "none"
+escape_hatch = "none"
+
+[defaults]
+timeout_s = 60
+"#,
+        names = components
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let tests = root.join("tests/local_tests/generic");
+    std::fs::create_dir_all(&tests).unwrap();
+    std::fs::create_dir_all(root.join(format!("tests/local_tests/{family}"))).unwrap();
+    for c in components {
+        let rel = format!(
+            "tests/local_tests/generic/test_{family}_{}_parity.py",
+            c.name
+        );
+        spec.push_str(&format!(
+            "\n[[component]]\nname = \"{}\"\ntype = \"generic\"\nparity_test = \"{rel}\"\ncoverage_scope = \"implementation_subcomponent\"\n",
+            c.name
+        ));
+        let body: String = c.body.lines().map(|l| format!("    {l}\n")).collect();
+        std::fs::write(
+            root.join(&rel),
+            format!("import os, time, pytest\n\n\ndef test_parity():\n{body}"),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        root.join(format!("tests/local_tests/{family}/port.toml")),
+        spec,
+    )
+    .unwrap();
 }
 
 impl Drop for Sandbox {

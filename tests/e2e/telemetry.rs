@@ -42,9 +42,9 @@ const TOKEN_VALUE: &str = "fvdsecret_9f8e7d6c5b4a39281706";
 
 /// One exported span, flattened with its resource's `service.name`.
 #[derive(Debug, Clone)]
-struct Got {
+pub(crate) struct Got {
     service: String,
-    name: String,
+    pub(crate) name: String,
     trace_id: String,
     span_id: String,
     parent: String,
@@ -226,8 +226,9 @@ impl MetricsService for Sink {
     }
 }
 
-/// A receiver on its own runtime, counting every TCP connection it accepts.
-struct Receiver {
+/// A receiver on its own runtime, counting every TCP connection it accepts
+/// (also used by `containment.rs`).
+pub(crate) struct Receiver {
     addr: SocketAddr,
     sink: Sink,
     connections: Arc<AtomicUsize>,
@@ -235,7 +236,7 @@ struct Receiver {
 }
 
 impl Receiver {
-    fn start(bind: &str) -> std::io::Result<Self> {
+    pub(crate) fn start(bind: &str) -> std::io::Result<Self> {
         Self::start_with(bind, Mode::Answer)
     }
 
@@ -266,11 +267,11 @@ impl Receiver {
         })
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    fn spans(&self) -> Vec<Got> {
+    pub(crate) fn spans(&self) -> Vec<Got> {
         self.sink.received.lock().unwrap().spans.clone()
     }
 }
@@ -303,9 +304,16 @@ impl Fleet {
         let db = sb.repo().join("orchestrator.db");
         let mut cmd = fvd();
         clean_env(&mut cmd);
+        // The sandbox's credentials (`--auth`) when it has them.
+        let auth: Vec<String> = sb
+            .auth
+            .as_ref()
+            .map(|a| vec!["--auth".into(), a.file.display().to_string()])
+            .unwrap_or_default();
         let mut child = cmd
             .args(["orchestrator", "serve", "--listen", "127.0.0.1:0", "--db"])
             .arg(format!("sqlite://{}", db.display()))
+            .args(auth)
             .args(args)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
@@ -333,6 +341,7 @@ impl Fleet {
             .args(["worker", "--orchestrator", &self.url, "--gpus", "none"])
             .args(["--worker-id", id, "--cpu-slots", "2", "--workspace"])
             .arg(sb.repo().join(format!("ws-{id}")))
+            .args(sb.token_args("fleet"))
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -405,7 +414,9 @@ fn write_traceparent(file: &Path) -> String {
     )
 }
 
-fn submit(url: &str, family: &str, repo: &Path, env: &[(&str, &str)]) -> Option<i32> {
+/// `fvd submit --wait` of the sandbox's repository, as its porter when it
+/// has credentials.
+fn submit(url: &str, family: &str, sb: &Sandbox, env: &[(&str, &str)]) -> Option<i32> {
     let mut cmd = fvd();
     clean_env(&mut cmd);
     let out = cmd
@@ -417,9 +428,10 @@ fn submit(url: &str, family: &str, repo: &Path, env: &[(&str, &str)]) -> Option<
             "--wait",
             "--orchestrator",
             url,
-            "--repo",
         ])
-        .arg(repo)
+        .args(sb.token_args("porter"))
+        .arg("--repo")
+        .arg(sb.repo())
         .output()
         .unwrap();
     eprintln!(
@@ -446,7 +458,8 @@ fn attr<'a>(s: &'a Got, key: &str) -> &'a str {
 #[test]
 fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
-    let sb = Sandbox::new();
+    // A team's fleet: named credentials, the submit by a porter.
+    let sb = Sandbox::new().with_auth();
     let seen = sb.repo().join("traceparent.txt");
     sb.port(
         "otelport",
@@ -480,10 +493,7 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     let mut submit_env = quick.to_vec();
     submit_env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint));
     submit_env.push(("TRACEPARENT", &caller_tp));
-    assert_eq!(
-        submit(&fleet.url, "otelport", sb.repo(), &submit_env),
-        Some(1)
-    );
+    assert_eq!(submit(&fleet.url, "otelport", &sb, &submit_env), Some(1));
     fleet.stop();
 
     let spans = wait_for("the port span", Duration::from_secs(20), || {
@@ -501,6 +511,18 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     assert_eq!((cli.trace_id.as_str(), cli.parent.as_str()), caller);
     assert_eq!(port.trace_id, caller.0);
     assert_eq!(port.parent, cli.span_id);
+    // The orchestrator's side of the call says who made it.
+    let rpc = one(&spans, "Submit call span", |s| {
+        s.name == "fvd.v1.PortService/Submit"
+    });
+    assert_eq!(rpc.service, "fvd-orchestrator");
+    assert_eq!(
+        (rpc.trace_id.as_str(), rpc.parent.as_str()),
+        (caller.0, cli.span_id.as_str())
+    );
+    assert_eq!(attr(rpc, "enduser.id"), "porter");
+    assert_eq!(attr(rpc, "enduser.role"), "porter");
+    assert_eq!(attr(rpc, "rpc.method"), "Submit");
     let trace = port.trace_id.clone();
     for s in spans
         .iter()
@@ -677,7 +699,7 @@ fn without_an_endpoint_nothing_is_exported_or_dialled() {
     let trap = Receiver::start("127.0.0.1:4317")
         .or_else(|_| Receiver::start("127.0.0.1:0"))
         .expect("receiver");
-    let sb = Sandbox::new();
+    let sb = Sandbox::new().with_auth();
     let seen = sb.repo().join("traceparent.txt");
     sb.port(
         "quiet",
@@ -692,7 +714,7 @@ fn without_an_endpoint_nothing_is_exported_or_dialled() {
     ];
     let mut fleet = Fleet::serve(&sb, &[], &tuning);
     let worker_pid = fleet.worker(&sb, "w1", &tuning);
-    assert_eq!(submit(&fleet.url, "quiet", sb.repo(), &[]), Some(0));
+    assert_eq!(submit(&fleet.url, "quiet", &sb, &[]), Some(0));
     assert_eq!(std::fs::read_to_string(&seen).unwrap(), "absent");
 
     // The worker's only connection is to the orchestrator; the
@@ -1197,7 +1219,7 @@ fn a_traces_protocol_fvd_cannot_speak_is_refused_naming_its_variable() {
 #[test]
 fn a_fleet_resume_continues_the_port_s_trace_and_links_its_caller() {
     let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
-    let sb = Sandbox::new();
+    let sb = Sandbox::new().with_auth();
     sb.port("resumed", &[TestComponent::new("solo", "pass")]);
     let endpoint = receiver.endpoint();
     let quick = [("OTEL_BSP_SCHEDULE_DELAY", "50")];
@@ -1205,7 +1227,7 @@ fn a_fleet_resume_continues_the_port_s_trace_and_links_its_caller() {
     fleet.worker(&sb, "w1", &[]);
     let mut env = quick.to_vec();
     env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint));
-    assert_eq!(submit(&fleet.url, "resumed", sb.repo(), &env), Some(0));
+    assert_eq!(submit(&fleet.url, "resumed", &sb, &env), Some(0));
     let first = wait_for("the first port span", Duration::from_secs(20), || {
         let s = receiver.spans();
         s.iter().find(|g| g.name == "port").cloned()
@@ -1216,7 +1238,7 @@ fn a_fleet_resume_continues_the_port_s_trace_and_links_its_caller() {
     let caller = "6bf92f3577b34da6a3ce929d0e0e4738";
     let tp = format!("00-{caller}-20f067aa0ba902b7-01");
     env.push(("TRACEPARENT", &tp));
-    assert_eq!(submit(&fleet.url, "resumed", sb.repo(), &env), Some(0));
+    assert_eq!(submit(&fleet.url, "resumed", &sb, &env), Some(0));
     fleet.stop();
     let spans = receiver.spans();
     let cli = one(&spans, "second submit span", |s| {

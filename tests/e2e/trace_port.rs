@@ -199,7 +199,7 @@ fn embedded_submit_drills_the_red_refiner_down_to_its_norm() {
 fn a_remote_worker_sends_the_trace_files_over_its_stream() {
     let mut sb = Sandbox::new();
     example(&sb);
-    let url = sb.serve();
+    let url = sb.serve_with(&["--allow-agent-commands"]);
     sb.worker("w1", 2);
     let out = sb.submit_remote("tinyport", &["--wait"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));

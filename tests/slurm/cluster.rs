@@ -230,23 +230,6 @@ impl Cluster {
         self.dir.path()
     }
 
-    /// `sbatch --parsable ARGS`: the job id.
-    pub fn sbatch(&self, cmd: &mut Command) -> u32 {
-        let out = cmd.output().expect("run sbatch");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "sbatch failed: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.logs()
-        );
-        text.trim()
-            .split(';')
-            .next()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("sbatch printed no job id: {text:?}"))
-    }
-
     /// The job's state letter code (`R`, `CG`, …), `None` once it left the queue.
     pub fn job_state(&self, job: u32) -> Option<String> {
         let out = self

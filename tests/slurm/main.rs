@@ -1,16 +1,24 @@
-//! fvd's Slurm worker job (`deploy/slurm/fvd-worker.sbatch`) on a real
-//! one-node Slurm cluster that the test starts on localhost (`cluster.rs`).
+//! fvd's Slurm deployment (`deploy/slurm`) on a real one-node Slurm cluster
+//! that the test starts on localhost (`cluster.rs`), driven by the steps of
+//! `deploy/slurm/README.md` as they are written there: every block marked
+//! `<!-- step: NAME -->` runs in `bash -euo pipefail`, from the top of the
+//! checkout, but `site`, whose variables the test provides itself (and
+//! checks against the block, so the two cannot drift apart).
 //!
-//! The example port, plus a slow stand-in component, runs against an
-//! orchestrator the test runs, through the worker job:
+//! The example port, plus a slow stand-in component:
 //!
-//! 1. the first allocation is `scancel`led while the slow component runs
-//!    (Slurm's SIGTERM, as at a preemption): its run is handed back, not
-//!    lost and not a verdict;
-//! 2. a second allocation takes it up, finishes the port (an escape hatch
-//!    answered on the way) and is then told to drain the way `--signal=
-//!    B:USR1@…` does before a time limit, while the slow component runs:
-//!    the run finishes and is reported, the worker exits, the job ends.
+//! 1. `token` and `orchestrator` make the token and start the orchestrator,
+//!    `workers` submits a worker job, and `submit` (`--wait`) starts the port
+//!    and waits in the background;
+//! 2. the test `scancel`s the worker job while the slow component runs
+//!    (Slurm's SIGTERM, as at a preemption): its run is handed back, not lost
+//!    and not a verdict;
+//! 3. `workers` again: the second allocation carries the port on, `answer`
+//!    answers its escape hatch, and `drain` drains the workers the way
+//!    `--signal=B:USR1@…` does before a time limit, while the slow component
+//!    runs: the run finishes and is reported, the worker exits, the job ends;
+//! 4. `submit` and `answer` exit 1 (blocked components), and `stop` stops
+//!    the orchestrator.
 //!
 //! Built only with `--features slurm` (root, `slurm-wlm` and `munge`
 //! needed); `scripts/test.sh` installs the packages and runs it:
@@ -26,13 +34,53 @@ mod cluster;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
 
 use cluster::Cluster;
 use support::{components, fvd, wait_for};
 
 const FAMILY: &str = "tinyport";
+
+/// The steps of `deploy/slurm/README.md`: each `<!-- step: NAME -->` line
+/// and the ```sh block after it, in the order they are written.
+fn readme_steps() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/slurm/README.md");
+    let text = std::fs::read_to_string(&path).expect("read deploy/slurm/README.md");
+    let mut steps = Vec::new();
+    let mut lines = text.lines().enumerate();
+    while let Some((n, line)) = lines.next() {
+        let Some(name) = line
+            .trim()
+            .strip_prefix("<!-- step:")
+            .and_then(|r| r.strip_suffix("-->"))
+        else {
+            continue;
+        };
+        let fence = lines.next().map(|(_, l)| l.trim());
+        assert_eq!(
+            fence,
+            Some("```sh"),
+            "{}:{}: a step marker is followed by a ```sh block",
+            path.display(),
+            n + 1
+        );
+        let body: Vec<&str> = lines
+            .by_ref()
+            .map(|(_, l)| l)
+            .take_while(|l| l.trim() != "```")
+            .collect();
+        steps.push((name.trim().to_string(), body.join("\n")));
+    }
+    steps
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
 
 /// Copies a folder tree (the example port) so the test can write into it.
 fn copy_tree(from: &Path, to: &Path) {
@@ -105,60 +153,161 @@ fn write_port(repo: &Path, release: &Path) {
     git(repo, &["commit", "-q", "-m", "tinyport with a long step"]);
 }
 
-struct Orchestrator {
-    child: Child,
+/// The site the README's `site` block describes, as this test provides it,
+/// and the README's other steps run against it.
+struct Fleet<'a> {
+    cluster: &'a Cluster,
+    steps: Vec<(String, String)>,
+    /// The site's values: what the `site` block exports.
+    site: Vec<(&'static str, String)>,
+    home: PathBuf,
+    state: PathBuf,
     url: String,
-    log: PathBuf,
 }
 
-impl Drop for Orchestrator {
+impl Drop for Fleet<'_> {
+    /// The orchestrator the `orchestrator` step started, when the test ends
+    /// before the `stop` step ran.
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Ok(pid) = std::fs::read_to_string(self.state.join("orchestrator.pid")) {
+            let _ = Command::new("kill").arg(pid.trim()).status();
+        }
     }
 }
 
-fn serve(dir: &Path, token: &Path) -> Orchestrator {
-    use std::io::{BufRead, BufReader};
-    let log = dir.join("orchestrator.log");
-    let mut child = fvd()
-        .args(["orchestrator", "serve", "--listen", "127.0.0.1:0", "--db"])
-        .arg(format!("sqlite://{}", dir.join("state.db").display()))
-        .arg("--token-file")
-        .arg(token)
-        .env("FVD_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("spawn orchestrator");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("the orchestrator prints its address");
-    let url = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    assert!(url.starts_with("http://127.0.0.1:"), "first line {line:?}");
-    Orchestrator { child, url, log }
-}
+impl<'a> Fleet<'a> {
+    fn new(cluster: &'a Cluster, repo: &Path) -> Self {
+        let dir = cluster.dir();
+        let home = dir.join("home");
+        let state = dir.join("state");
+        std::fs::create_dir_all(&home).unwrap();
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let site = vec![
+            ("FVD_BIN", env!("CARGO_BIN_EXE_fvd").to_string()),
+            ("FVD_STATE", state.display().to_string()),
+            ("FVD_PORT", port.to_string()),
+            ("FVD_ORCHESTRATOR", url.clone()),
+            ("WORKER_SBATCH_ARGS", "--nodes=1".to_string()),
+            ("FAMILY", FAMILY.to_string()),
+            ("REPO", repo.display().to_string()),
+            // The example's agents are raw commands (its replay agent).
+            ("FVD_SERVE_ARGS", "--allow-agent-commands".to_string()),
+        ];
+        let steps = readme_steps();
+        let order: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            order,
+            [
+                "site",
+                "token",
+                "orchestrator",
+                "workers",
+                "submit",
+                "answer",
+                "drain",
+                "stop"
+            ],
+            "the README's steps, in the order this test runs them"
+        );
+        let (_, site_block) = steps
+            .iter()
+            .find(|(n, _)| n == "site")
+            .expect("the README has a site step");
+        let mut exported: Vec<&str> = site_block
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("export "))
+            .flat_map(|l| l.split_whitespace())
+            .filter_map(|w| w.split_once('=').map(|(k, _)| k))
+            .filter(|k| {
+                !k.is_empty()
+                    && k.chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            })
+            .collect();
+        exported.sort_unstable();
+        let mut provided: Vec<&str> = site.iter().map(|(k, _)| *k).collect();
+        provided.sort_unstable();
+        assert_eq!(
+            exported, provided,
+            "the README's site step sets what this test provides"
+        );
+        Fleet {
+            cluster,
+            steps,
+            site,
+            home,
+            state,
+            url,
+        }
+    }
 
-struct Fleet<'a> {
-    cluster: &'a Cluster,
-    orch: &'a Orchestrator,
-    token: PathBuf,
-    repo: PathBuf,
-}
+    /// The README's step `name`, ready to run: `bash -euo pipefail -c` its
+    /// block from the top of the checkout, with the site's values, a home
+    /// of its own and the cluster's `SLURM_CONF`. `SLURM_TMPDIR` is the
+    /// node-local scratch the site's Slurm would give the jobs (job ids
+    /// restart at 1 in every test cluster: /tmp/JOBID could be shared), and
+    /// `FVD_LOG=info` the servers' log level the test reads.
+    fn step(&self, name: &str) -> Command {
+        let (_, body) = self
+            .steps
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("deploy/slurm/README.md has no step {name:?}"));
+        let mut cmd = self.cluster.cmd("bash");
+        cmd.args(["-euo", "pipefail", "-c", body])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("HOME", &self.home)
+            .env("SLURM_TMPDIR", self.scratch())
+            .env("FVD_LOG", "info")
+            .envs(self.site.iter().map(|(k, v)| (*k, v.as_str())));
+        cmd
+    }
 
-impl Fleet<'_> {
+    /// Runs step `name` to its end; panics with its output unless it succeeds.
+    fn run(&self, name: &str) -> String {
+        let out = self.step(name).output().expect("run bash");
+        assert!(
+            out.status.success(),
+            "step {name} of deploy/slurm/README.md failed ({}):\n{}\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.story(&[])
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Step `name` in the background, its output in `HOME/NAME.out`.
+    fn spawn(&self, name: &str) -> Child {
+        let log = std::fs::File::create(self.home.join(format!("{name}.out"))).unwrap();
+        self.step(name)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn bash")
+    }
+
+    /// The `workers` step: the job id `sbatch --parsable` printed.
+    fn workers(&self) -> u32 {
+        let out = self.run("workers");
+        out.trim()
+            .split(';')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("the workers step printed no job id: {out:?}"))
+    }
+
+    fn token(&self) -> PathBuf {
+        self.home.join(".fvd/token")
+    }
+
     /// `fvd status --json` of the port, through the orchestrator.
     fn status(&self) -> Option<serde_json::Value> {
         let out = fvd()
-            .args(["status", FAMILY, "--json", "--orchestrator", &self.orch.url])
+            .args(["status", FAMILY, "--json", "--orchestrator", &self.url])
             .arg("--token-file")
-            .arg(&self.token)
+            .arg(self.token())
             .output()
             .expect("run fvd status");
         if !out.status.success() {
@@ -167,33 +316,16 @@ impl Fleet<'_> {
         serde_json::from_slice(&out.stdout).ok()
     }
 
-    /// Submits the worker job with `deploy/slurm/fvd-worker.sbatch`.
-    fn sbatch_worker(&self) -> u32 {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/slurm/fvd-worker.sbatch");
-        let mut cmd = self.cluster.cmd("sbatch");
-        cmd.arg("--parsable")
-            .arg(format!(
-                "--output={}/worker-%j.out",
-                self.cluster.dir().display()
-            ))
-            .arg(script)
-            .current_dir(self.cluster.dir())
-            .env("FVD_BIN", env!("CARGO_BIN_EXE_fvd"))
-            .env("FVD_ORCHESTRATOR", &self.orch.url)
-            .env("FVD_TOKEN_FILE", &self.token)
-            // The node-local scratch a site's Slurm names (job ids restart
-            // at 1 in every test cluster: /tmp/JOBID could be shared).
-            .env("SLURM_TMPDIR", self.scratch())
-            .env("FVD_LOG", "info");
-        self.cluster.sbatch(&mut cmd)
-    }
-
     fn scratch(&self) -> PathBuf {
         self.cluster.dir().join("scratch")
     }
 
+    fn orchestrator_log(&self) -> String {
+        std::fs::read_to_string(self.state.join("orchestrator.log")).unwrap_or_default()
+    }
+
     fn worker_output(&self, job: u32) -> String {
-        std::fs::read_to_string(self.cluster.dir().join(format!("worker-{job}.out")))
+        std::fs::read_to_string(self.home.join(format!(".fvd/fvd-worker-{job}.out")))
             .unwrap_or_default()
     }
 
@@ -202,8 +334,14 @@ impl Fleet<'_> {
         let mut s = format!(
             "status: {}\n--- orchestrator\n{}\n",
             self.status().unwrap_or_default(),
-            std::fs::read_to_string(&self.orch.log).unwrap_or_default()
+            self.orchestrator_log()
         );
+        for name in ["submit", "answer"] {
+            let out = std::fs::read_to_string(self.home.join(format!("{name}.out")));
+            if let Ok(out) = out {
+                s.push_str(&format!("--- step {name}\n{out}\n"));
+            }
+        }
         for j in jobs {
             s.push_str(&format!("--- worker job {j}\n{}\n", self.worker_output(*j)));
         }
@@ -219,7 +357,7 @@ impl Fleet<'_> {
     }
 
     fn wait_until(&self, what: &str, jobs: &[u32], limit: Duration, ok: impl Fn(&Self) -> bool) {
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         while !ok(self) {
             assert!(
                 start.elapsed() < limit,
@@ -229,40 +367,43 @@ impl Fleet<'_> {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+
+    /// The exit status of a step run with `spawn`, once it ended.
+    fn exited(&self, what: &str, child: &mut Child, jobs: &[u32]) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for a step") {
+                return status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "timed out waiting for {what} to exit\n{}",
+                self.story(jobs)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 #[test]
-fn the_example_port_runs_through_slurm_worker_jobs_that_are_cancelled_and_drained() {
+fn the_readme_steps_run_the_example_port_through_worker_jobs_that_are_cancelled_and_drained() {
     let cluster = Cluster::start();
     let dir = cluster.dir().to_path_buf();
-    let token = dir.join("token");
-    std::fs::write(&token, "slurm-test-token-0123456789abcdef\n").unwrap();
     let repo = dir.join("repo");
     let release = dir.join("release");
     write_port(&repo, &release);
-    let orch = serve(&dir, &token);
-    let fleet = Fleet {
-        cluster: &cluster,
-        orch: &orch,
-        token: token.clone(),
-        repo: repo.clone(),
-    };
-    let submit = fvd()
-        .args(["submit", "--family", FAMILY, "--orchestrator", &orch.url])
-        .arg("--token-file")
-        .arg(&token)
-        .arg("--repo")
-        .arg(&fleet.repo)
-        .output()
-        .unwrap();
-    assert!(
-        submit.status.success(),
-        "submit: {}",
-        String::from_utf8_lossy(&submit.stderr)
-    );
+    let fleet = Fleet::new(&cluster, &repo);
 
-    // 1. The first allocation runs the port until long_step is running.
-    let first = fleet.sbatch_worker();
+    // 1. The token, the orchestrator, the first allocation, and the port,
+    //    waiting in the background.
+    fleet.run("token");
+    let token = std::fs::read_to_string(fleet.token()).expect("the token step wrote ~/.fvd/token");
+    assert_eq!(token.trim().len(), 64, "a 32-byte hex token: {token:?}");
+    fleet.run("orchestrator");
+    let first = fleet.workers();
+    let mut submit = fleet.spawn("submit");
+
+    // 2. The first allocation runs the port until long_step is running.
     let first_worker = format!("slurm-{first}-");
     fleet.wait_until(
         "long_step running on the first allocation",
@@ -307,8 +448,8 @@ fn the_example_port_runs_through_slurm_worker_jobs_that_are_cancelled_and_draine
         fleet.story(&[first])
     );
 
-    // 2. A second allocation picks the port up.
-    let second = fleet.sbatch_worker();
+    // 3. A second allocation picks the port up.
+    let second = fleet.workers();
     let second_worker = format!("slurm-{second}-");
     fleet.wait_until(
         "time_shift to ask its question",
@@ -316,18 +457,7 @@ fn the_example_port_runs_through_slurm_worker_jobs_that_are_cancelled_and_draine
         Duration::from_secs(120),
         |f| f.component("time_shift").is_some_and(|r| r.1 == "ask_user"),
     );
-    let answer = fvd()
-        .args(["answer", FAMILY, "E001", "--option", "1"])
-        .args(["--orchestrator", &orch.url])
-        .arg("--token-file")
-        .arg(&token)
-        .output()
-        .unwrap();
-    assert!(
-        answer.status.success(),
-        "answer: {}",
-        String::from_utf8_lossy(&answer.stderr)
-    );
+    let mut answer = fleet.spawn("answer");
     fleet.wait_until(
         "every component but long_step final, long_step running on the second allocation",
         &[first, second],
@@ -343,18 +473,14 @@ fn the_example_port_runs_through_slurm_worker_jobs_that_are_cancelled_and_draine
             })
         },
     );
-    // What `--signal=B:USR1@…` sends before the time limit: the batch
-    // shell asks every worker to drain.
-    cluster.scancel(&["--batch", "--signal=USR1"], second);
+    // What `--signal=B:USR1@…` sends before the time limit, as the README's
+    // drain step sends it: the batch shell asks every worker to drain.
+    fleet.run("drain");
     fleet.wait_until(
         "the drain to reach the orchestrator",
         &[first, second],
         Duration::from_secs(60),
-        |f| {
-            std::fs::read_to_string(&f.orch.log)
-                .unwrap_or_default()
-                .contains("worker drains")
-        },
+        |f| f.orchestrator_log().contains("worker drains"),
     );
     assert!(
         cluster.job_state(second).is_some(),
@@ -369,10 +495,20 @@ fn the_example_port_runs_through_slurm_worker_jobs_that_are_cancelled_and_draine
         |f| f.cluster.job_state(second).is_none(),
     );
 
+    // 4. The port ended blocked: both waiting steps say so with exit 1.
     let status = wait_for("the port to end", Duration::from_secs(30), || {
         let s = fleet.status()?;
         (s["state"] != "running").then_some(s)
     });
+    for (name, child) in [("submit", &mut submit), ("answer", &mut answer)] {
+        let code = fleet.exited(name, child, &[first, second]).code();
+        assert_eq!(
+            code,
+            Some(1),
+            "the {name} step waits for the port and exits 1 (blocked components):\n{}",
+            fleet.story(&[first, second])
+        );
+    }
     let rows = components(&status);
     let verdict = |name: &str| {
         rows.iter()
@@ -403,4 +539,17 @@ fn the_example_port_runs_through_slurm_worker_jobs_that_are_cancelled_and_draine
     if std::env::var_os("FVD_SLURM_STORY").is_some() {
         eprintln!("{}", fleet.story(&[first, second]));
     }
+
+    // 5. The stop step ends the orchestrator.
+    let pid = std::fs::read_to_string(fleet.state.join("orchestrator.pid")).unwrap();
+    fleet.run("stop");
+    wait_for("the orchestrator to exit", Duration::from_secs(30), || {
+        // Gone, or a zombie its new parent has not reaped yet.
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
+        let running = stat.is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        });
+        (!running).then_some(())
+    });
 }

@@ -67,6 +67,7 @@ async fn main() {
             .collect(),
             env: vec![],
             secret_env_names: vec![],
+            sandbox: fvd_worker::exec::JobSandbox::unjailed(),
             cwd: dir.clone(),
             gpus: lease.clone(),
             timeout: Duration::from_secs(300),

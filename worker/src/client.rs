@@ -49,7 +49,35 @@ pub struct WorkerConfig {
     /// Cap of the checkouts' total size in `WORKSPACE/code`
     /// (`--code-cache-mib`); least recently used ones go first.
     pub code_cache_bytes: u64,
+    /// The jail jobs, preflights and zygotes start in (`--job-sandbox`).
+    pub jail: fvd_sandbox::Jail,
 }
+
+impl WorkerConfig {
+    /// What every job of this worker may see of it: the allow-listed
+    /// variables of its environment, and its token among the secrets to
+    /// redact.
+    fn job_sandbox(&self) -> exec::JobSandbox {
+        let mut secrets = fvd_contracts::redactor::Redactor::default();
+        if let Some(t) = &self.token {
+            secrets.add(TOKEN_NAME, t.value().as_bytes());
+        }
+        exec::JobSandbox {
+            base_env: fvd_sandbox::env::inherited(),
+            secrets,
+            jail: self.jail.clone(),
+        }
+    }
+
+    /// Whether `value` is this worker's credential (a spec naming the
+    /// variable that holds it gets nothing).
+    fn is_credential(&self, value: &str) -> bool {
+        self.token.as_ref().is_some_and(|t| t.verify(value))
+    }
+}
+
+/// How the worker's token is named where it is redacted.
+pub const TOKEN_NAME: &str = "fvd-token";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -407,7 +435,10 @@ fn handle(
                 };
                 let finished = match preflight {
                     Some(cell) => {
-                        let outcome = cell.get_or_init(|| preflight_check(&a)).await.clone();
+                        let outcome = cell
+                            .get_or_init(|| preflight_check(&config, &a))
+                            .await
+                            .clone();
                         match outcome {
                             Ok(()) => run_assigned(&config, a, &tx, cancel).await,
                             Err(why) => pb::JobFinished {
@@ -551,28 +582,48 @@ async fn handed_back(f: &pb::JobFinished, stopping: &CancellationToken) -> bool 
 /// Longest a preflight may take.
 const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Runs an assignment's preflight in its working directory with its literal
-/// environment (and passed-through variables): `Err` with one line saying
-/// why when it does not start, exits non-zero or outlives its timeout.
-async fn preflight_check(a: &pb::AssignJob) -> Result<(), String> {
+/// Runs an assignment's preflight in its working directory and in the
+/// worker's jail, with the job's environment (the worker's allow-listed
+/// variables, the assignment's literal ones and those it passes by name):
+/// `Err` with one line saying why when it does not start, exits non-zero
+/// or outlives its timeout. The line is redacted like a job's output.
+async fn preflight_check(config: &WorkerConfig, a: &pb::AssignJob) -> Result<(), String> {
     let shown = a.preflight.join(" ");
-    let mut cmd = tokio::process::Command::new(&a.preflight[0]);
-    cmd.args(&a.preflight[1..])
-        .current_dir(&a.cwd)
-        .envs(
-            a.env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.replace(REPO_DIR, &a.cwd))),
-        )
+    let sandbox = config.job_sandbox();
+    let mut env: std::collections::BTreeMap<String, String> =
+        sandbox.base_env.iter().cloned().collect();
+    env.extend(
+        a.env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.replace(REPO_DIR, &a.cwd))),
+    );
+    let mut secrets = sandbox.secrets.clone();
+    for name in &a.secret_env {
+        if let Ok(v) = std::env::var(name)
+            && !config.is_credential(&v)
+        {
+            secrets.add(name, v.as_bytes());
+            env.insert(name.clone(), v);
+        }
+    }
+    let found = fvd_sandbox::jail::resolve(
+        &a.preflight[0],
+        env.get("PATH").map(String::as_str),
+        std::path::Path::new(&a.cwd),
+    );
+    if found.is_none() {
+        return Err(format!(
+            "preflight `{shown}` could not start: {} not found",
+            a.preflight[0]
+        ));
+    }
+    let mut cmd = tokio::process::Command::from(sandbox.jail.command(&a.preflight));
+    cmd.current_dir(&a.cwd)
+        .env_clear()
+        .envs(&env)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .process_group(0);
-    let secrets: Vec<String> = a
-        .secret_env
-        .iter()
-        .filter_map(|n| std::env::var(n).ok())
-        .filter(|v| !v.is_empty())
-        .collect();
     let out = match tokio::time::timeout(PREFLIGHT_TIMEOUT, cmd.output()).await {
         Err(_) => {
             return Err(format!(
@@ -589,9 +640,7 @@ async fn preflight_check(a: &pb::AssignJob) -> Result<(), String> {
     }
     let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
     text.push_str(&String::from_utf8_lossy(&out.stdout));
-    for s in &secrets {
-        text = text.replace(s.as_str(), "[redacted]");
-    }
+    let text = secrets.text(&text);
     let last = text
         .lines()
         .rev()
@@ -640,16 +689,27 @@ async fn run_assigned(
         *value = value.replace(REPO_DIR, &a.cwd);
     }
     let argv = a.argv.iter().map(|x| x.replace(REPO_DIR, &a.cwd)).collect();
+    let mut withheld = Vec::new();
     for name in &a.secret_env {
         if let Ok(v) = std::env::var(name) {
+            // A spec may name any variable; it never gets the worker's own
+            // credential (`--token-env FVD_TOKEN`, `env = ["FVD_TOKEN"]`).
+            if config.is_credential(&v) {
+                withheld.push(name.clone());
+                continue;
+            }
             env.push((name.clone(), v));
         }
+    }
+    if !withheld.is_empty() {
+        tracing::warn!(job = %a.job_id, variables = ?withheld, "the spec names the worker's own credential: not passed to the test");
     }
     let mut spec = JobSpec {
         job_id: a.job_id.clone(),
         argv,
         env,
         secret_env_names: a.secret_env,
+        sandbox: config.job_sandbox(),
         cwd: PathBuf::from(&a.cwd),
         gpus: a.gpus,
         timeout: Duration::from_millis(a.timeout_ms),
@@ -669,6 +729,7 @@ async fn run_assigned(
             preload: a.preload.clone(),
             unkeyed_paths: vec![scratch.clone()],
             dir: config.workspace.join("zygotes"),
+            jail: config.jail.clone(),
         });
     }
     if a.collect_junit
@@ -699,7 +760,7 @@ async fn run_assigned(
         spec.env.push((a.collect_env.clone(), path));
         Some(dir)
     };
-    let secrets = exec::secret_values(&spec);
+    let secrets = exec::redactor(&spec);
     let (etx, mut erx) = mpsc::channel::<JobEvent>(64);
     let forward = {
         let tx = tx.clone();
@@ -798,7 +859,7 @@ async fn collect_and_compare(
     finished: &mut pb::JobFinished,
     dir: &std::path::Path,
     compare: Option<pb::TraceCompare>,
-    secrets: Vec<(Vec<u8>, Vec<u8>)>,
+    secrets: fvd_contracts::redactor::Redactor,
 ) {
     let secrets = std::sync::Arc::new(secrets);
     let at = dir.to_path_buf();

@@ -11,6 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
+use fvd_contracts::redactor::Redactor;
+
 /// Most bytes of collected files one report carries: under the 4 MiB that
 /// tonic decodes by default, with room for the output tail and JUnit text.
 pub const MAX_COLLECT_BYTES: u64 = 3 * 1024 * 1024;
@@ -42,11 +44,7 @@ pub enum CollectError {
 
 /// Every regular file under `dir` (recursively; links are not followed),
 /// in path order, redacted with `secrets`. A missing folder is no file.
-pub fn collect(
-    dir: &Path,
-    limit: u64,
-    secrets: &[(Vec<u8>, Vec<u8>)],
-) -> Result<Vec<Collected>, CollectError> {
+pub fn collect(dir: &Path, limit: u64, secrets: &Redactor) -> Result<Vec<Collected>, CollectError> {
     let listed = list(dir)?;
     // Sizes first: an oversized folder is refused before anything is read.
     let bytes: u64 = listed.iter().map(|l| l.len).sum();
@@ -60,12 +58,7 @@ pub fn collect(
     }
     listed
         .iter()
-        .map(|l| {
-            Ok((
-                l.rel.clone(),
-                crate::exec::redact_bytes(&read(dir, l)?, secrets),
-            ))
-        })
+        .map(|l| Ok((l.rel.clone(), secrets.bytes(&read(dir, l)?))))
         .collect()
 }
 
@@ -90,11 +83,9 @@ pub fn size(dir: &Path) -> Result<(u64, usize), CollectError> {
 pub fn compare(
     dir: &Path,
     spec: &fvd_trace::FolderSpec,
-    secrets: &[(Vec<u8>, Vec<u8>)],
+    secrets: &Redactor,
 ) -> Result<String, String> {
-    let redacted = |text: String| {
-        String::from_utf8_lossy(&crate::exec::redact_bytes(text.as_bytes(), secrets)).into_owned()
-    };
+    let redacted = |text: String| secrets.text(&text);
     let listed = list(dir).map_err(|e| redacted(e.to_string()))?;
     let written: Vec<String> = listed.into_iter().map(|l| l.rel).collect();
     let report = fvd_trace::compare_folder(dir, &written, spec).map_err(redacted)?;
@@ -205,7 +196,7 @@ mod tests {
         std::fs::write(dir.path().join("port/rank1.jsonl"), "b").unwrap();
         std::fs::write(dir.path().join("port/rank0.jsonl"), "a").unwrap();
         std::fs::write(dir.path().join("ref.jsonl"), "key=s3cretvalue!").unwrap();
-        let secrets = vec![(b"s3cretvalue".to_vec(), b"[redacted:K]".to_vec())];
+        let secrets = Redactor::new([("K", "s3cretvalue")]);
         let got = collect(dir.path(), 1024, &secrets).unwrap();
         let names: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(names, ["port/rank0.jsonl", "port/rank1.jsonl", "ref.jsonl"]);
@@ -223,7 +214,7 @@ mod tests {
         std::fs::write(dir.path().join("rank1.jsonl"), "b").unwrap();
         // A link present at the listing is not listed.
         std::os::unix::fs::symlink(&secret, dir.path().join("key.jsonl")).unwrap();
-        let got = collect(dir.path(), 1024, &[]).unwrap();
+        let got = collect(dir.path(), 1024, &Redactor::default()).unwrap();
         let names: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(names, ["port/rank0.jsonl", "rank1.jsonl"]);
 
@@ -300,7 +291,7 @@ mod tests {
             dir.path().join("port_rank1.jsonl"),
         )
         .unwrap();
-        let secrets = vec![(b"s3cretvalue".to_vec(), b"[redacted:K]".to_vec())];
+        let secrets = Redactor::new([("K", "s3cretvalue")]);
         let spec = fvd_trace::FolderSpec {
             reference: "reference_rank*.jsonl".into(),
             port: "port_rank*.jsonl".into(),
@@ -335,13 +326,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a"), vec![b'x'; 600]).unwrap();
         std::fs::write(dir.path().join("b"), vec![b'x'; 600]).unwrap();
-        let err = collect(dir.path(), 1000, &[]).unwrap_err().to_string();
+        let err = collect(dir.path(), 1000, &Redactor::default())
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("holds 1200 bytes in 2 files, over the 1000 byte limit"),
             "{err}"
         );
         assert!(
-            collect(&dir.path().join("missing"), 10, &[])
+            collect(&dir.path().join("missing"), 10, &Redactor::default())
                 .unwrap()
                 .is_empty()
         );

@@ -11,6 +11,15 @@
 //! with `waitpid(-1)`, which would steal exit statuses from tokio's own child
 //! handling.
 //!
+//! What the job sees of the worker ([`JobSandbox`]): only the worker's
+//! allow-listed variables (`fvd_sandbox::env`) under the job's own, and,
+//! with a jail, no way to its credentials (`fvd_sandbox::jail`): the
+//! program is started by the jail's launcher, which execs it in place (same
+//! pid and group). Every byte that leaves the job is redacted of the
+//! secrets the worker knows: the values of the variables the spec passes by
+//! name and the worker's own token, in every spelling
+//! (`fvd_contracts::redactor`).
+//!
 //! Limits: a descendant that both leaves the process group and clears its
 //! environment (`setsid env -i …`) is not found (the output pipes it holds
 //! are abandoned after [`DRAIN_TIMEOUT`], see [`JobOutcome::output_drained`]).
@@ -23,6 +32,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use fvd_contracts::redactor::Redactor;
 use fvd_contracts::verdict::{self, JunitEvidence, RunEvidence, Verdict};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
@@ -55,10 +65,6 @@ const POLL: Duration = Duration::from_millis(25);
 /// Size of one read from a pipe.
 const CHUNK: usize = 64 * 1024;
 
-/// Secrets shorter than this are not redacted: replacing every `abc` in the
-/// output would destroy it and such a value protects nothing anyway.
-pub const MIN_SECRET_LEN: usize = 4;
-
 /// Module name of the embedded pytest plugin (`-p fvd_pytest_plugin`).
 pub const PYTEST_PLUGIN_MODULE: &str = "fvd_pytest_plugin";
 
@@ -73,12 +79,15 @@ pub struct JobSpec {
     /// Program and arguments; `{junitxml}` in any element becomes the JUnit
     /// path.
     pub argv: Vec<String>,
-    /// Set on top of the worker's environment. `CUDA_VISIBLE_DEVICES` and
+    /// Set on top of the worker's allow-listed variables
+    /// ([`JobSandbox::base_env`]). `CUDA_VISIBLE_DEVICES` and
     /// [`JOB_COOKIE_ENV`] are always fvd's own and cannot be overridden.
     pub env: Vec<(String, String)>,
     /// Names in `env` whose values are redacted from every byte that leaves
     /// the job (output events, tail, JUnit text).
     pub secret_env_names: Vec<String>,
+    /// What the job may see of the worker.
+    pub sandbox: JobSandbox,
     pub cwd: PathBuf,
     /// Host GPU indices leased to the job; empty hides every GPU.
     pub gpus: Vec<u32>,
@@ -91,6 +100,31 @@ pub struct JobSpec {
     /// `Some` for a warm run (`[runner] mode = "warm"`): forked from a
     /// zygote ([`crate::zygote`]), or cold with a warning when it cannot be.
     pub warm: Option<crate::zygote::WarmSpec>,
+}
+
+/// What a job may see of the worker that runs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobSandbox {
+    /// The worker's variables that reach the job (the allow-list of
+    /// `fvd_sandbox::env`, read by the worker): nothing else of its
+    /// environment does.
+    pub base_env: Vec<(String, String)>,
+    /// Secret values the worker knows besides the job's own (its token),
+    /// redacted from everything the job sends back like those.
+    pub secrets: Redactor,
+    /// The jail the job starts in (off: none).
+    pub jail: fvd_sandbox::Jail,
+}
+
+impl JobSandbox {
+    /// This process's allow-listed variables, no other secret, no jail
+    /// (tests and tools that run jobs outside a worker).
+    pub fn unjailed() -> Self {
+        Self {
+            base_env: fvd_sandbox::env::inherited(),
+            ..Self::default()
+        }
+    }
 }
 
 /// Which pipe an output chunk came from.
@@ -260,14 +294,21 @@ pub async fn prepare_pytest(spec: &mut JobSpec, scratch: &Path) -> std::io::Resu
 }
 
 /// Set `name` in the spec's env to `value`, followed by `sep` and the value
-/// the job would otherwise have seen (its own env, else the worker's).
+/// the job would otherwise have seen (its own env, else the worker's
+/// allow-listed one).
 fn prepend_env(spec: &mut JobSpec, name: &str, value: &str, sep: &str) {
     let existing = spec
         .env
         .iter()
         .rposition(|(k, _)| k == name)
         .map(|i| spec.env.remove(i).1)
-        .or_else(|| std::env::var(name).ok())
+        .or_else(|| {
+            spec.sandbox
+                .base_env
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        })
         .filter(|p| !p.is_empty());
     let value = match existing {
         Some(rest) => format!("{value}{sep}{rest}"),
@@ -326,14 +367,14 @@ pub async fn run_job(
         })?;
     }
     let argv = junit_argv(&spec.argv, spec.junit.as_deref());
-    let secrets = secret_values(&spec);
+    let secrets = redactor(&spec);
     let cookie = new_cookie(&job_id);
+    let env = job_env(&spec, &cookie);
 
     let start = Instant::now();
     let (warm, fallback) = match &spec.warm {
         None => (None, None),
         Some(w) => {
-            let env = job_env(&spec, &cookie);
             match crate::zygote::fork(w, &argv, &env, &spec.secret_env_names, &spec.cwd).await {
                 Ok(f) => (Some(f), None),
                 Err(e) => {
@@ -363,14 +404,27 @@ pub async fn run_job(
     let mut child = match warm {
         Some(f) => Leader::Warm(f),
         None => {
-            let mut c = command(&spec, &program, &argv, &cookie)
-                .spawn()
-                .map_err(|source| ExecError::Spawn {
-                    job_id: job_id.clone(),
-                    program: program.clone(),
-                    cwd: spec.cwd.clone(),
-                    source,
-                })?;
+            let spawn_err = |source| ExecError::Spawn {
+                job_id: job_id.clone(),
+                program: program.clone(),
+                cwd: spec.cwd.clone(),
+                source,
+            };
+            // The launcher of a jail always starts: a program or folder that
+            // does not exist is found out here, as a spawn would.
+            if !spec.cwd.is_dir() {
+                return Err(spawn_err(std::io::Error::from(
+                    std::io::ErrorKind::NotFound,
+                )));
+            }
+            if fvd_sandbox::jail::resolve(&program, env.get("PATH").map(String::as_str), &spec.cwd)
+                .is_none()
+            {
+                return Err(spawn_err(std::io::Error::from(
+                    std::io::ErrorKind::NotFound,
+                )));
+            }
+            let mut c = command(&spec, &argv, &env).spawn().map_err(spawn_err)?;
             cold_pipes = Some((c.stdout.take(), c.stderr.take()));
             Leader::Cold(c)
         }
@@ -497,10 +551,11 @@ impl Leader {
     }
 }
 
-/// The whole environment of a job's process, as [`command`] builds it: the
-/// worker's, then the job's own, then fvd's (a warm child gets exactly this).
+/// The whole environment of a job's process (cold or warm): the worker's
+/// allow-listed variables, then the job's own, then fvd's.
 fn job_env(spec: &JobSpec, cookie: &str) -> std::collections::BTreeMap<String, String> {
-    let mut env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let mut env: std::collections::BTreeMap<String, String> =
+        spec.sandbox.base_env.iter().cloned().collect();
     env.insert("PYTHONUNBUFFERED".into(), "1".into());
     env.extend(spec.env.iter().cloned());
     env.insert(
@@ -511,20 +566,21 @@ fn job_env(spec: &JobSpec, cookie: &str) -> std::collections::BTreeMap<String, S
     env
 }
 
-/// The job's command: `argv` in its own process group, output piped, the
-/// job's environment, its GPUs and the cookie that finds its processes.
-fn command(spec: &JobSpec, program: &str, argv: &[String], cookie: &str) -> Command {
-    let mut cmd = Command::new(program);
-    cmd.args(&argv[1..])
-        .current_dir(&spec.cwd)
+/// The job's command: `argv` in its jail, in its own process group, output
+/// piped, with exactly `env` (see [`job_env`]).
+fn command(
+    spec: &JobSpec,
+    argv: &[String],
+    env: &std::collections::BTreeMap<String, String>,
+) -> Command {
+    let mut cmd = Command::from(spec.sandbox.jail.command(argv));
+    cmd.current_dir(&spec.cwd)
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .env("PYTHONUNBUFFERED", "1")
-        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("CUDA_VISIBLE_DEVICES", cuda_visible_devices(&spec.gpus))
-        .env(JOB_COOKIE_ENV, cookie);
+        .env_clear()
+        .envs(env);
     cmd
 }
 
@@ -619,12 +675,12 @@ async fn drain(readers: Vec<tokio::task::JoinHandle<()>>) -> bool {
 }
 
 /// What became of the JUnit report at `path` (redacted when read).
-async fn read_junit(path: Option<&Path>, secrets: &[(Vec<u8>, Vec<u8>)]) -> JunitFile {
+async fn read_junit(path: Option<&Path>, secrets: &Redactor) -> JunitFile {
     let Some(path) = path else {
         return JunitFile::NotRequested;
     };
     match tokio::fs::read(path).await {
-        Ok(bytes) => JunitFile::Read(redact_text(&String::from_utf8_lossy(&bytes), secrets)),
+        Ok(bytes) => JunitFile::Read(String::from_utf8_lossy(&secrets.bytes(&bytes)).into_owned()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             JunitFile::Missing(path.to_path_buf())
         }
@@ -662,106 +718,16 @@ fn new_cookie(job_id: &str) -> String {
     format!("{id}.{}.{nanos}.{n}", std::process::id())
 }
 
-/// Secret values worth redacting, longest first so that a secret containing
-/// another is replaced whole.
-pub(crate) fn secret_values(spec: &JobSpec) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let mut out: Vec<(Vec<u8>, Vec<u8>)> = spec
-        .secret_env_names
-        .iter()
-        .filter_map(|name| {
-            let value = spec.env.iter().rev().find(|(k, _)| k == name)?.1.clone();
-            (value.len() >= MIN_SECRET_LEN).then(|| {
-                (
-                    value.into_bytes(),
-                    format!("[redacted:{name}]").into_bytes(),
-                )
-            })
-        })
-        .collect();
-    out.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
-    out
-}
-
-/// `data` with every secret value replaced (files a job leaves for
-/// collection leave the worker like its output does: redacted).
-pub(crate) fn redact_bytes(data: &[u8], secrets: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
-    let mut r = Redactor::new(secrets.to_vec());
-    let mut out = r.push(data);
-    out.extend(r.finish());
-    out
-}
-
-fn redact_text(text: &str, secrets: &[(Vec<u8>, Vec<u8>)]) -> String {
-    let mut r = Redactor::new(secrets.to_vec());
-    let mut out = r.push(text.as_bytes());
-    out.extend(r.finish());
-    let mut s = String::from_utf8_lossy(&out).into_owned();
-    // XML escapes `&<>"'`; catch the escaped spelling of a secret as well.
-    for (value, repl) in secrets {
-        let value = String::from_utf8_lossy(value);
-        let escaped = value
-            .replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-            .replace('"', "&quot;")
-            .replace('\'', "&apos;");
-        if escaped != value {
-            s = s.replace(&escaped, &String::from_utf8_lossy(repl));
+/// Every secret of a job: the values of the variables its spec passes by
+/// name, and those the worker adds ([`JobSandbox::secrets`]).
+pub fn redactor(spec: &JobSpec) -> Redactor {
+    let mut r = spec.sandbox.secrets.clone();
+    for name in &spec.secret_env_names {
+        if let Some((_, value)) = spec.env.iter().rev().find(|(k, _)| k == name) {
+            r.add(name, value.as_bytes());
         }
     }
-    s
-}
-
-/// Streaming secret replacement. Bytes that could be the start of a secret
-/// split across chunks are held back until the next chunk decides.
-#[derive(Debug)]
-struct Redactor {
-    secrets: Vec<(Vec<u8>, Vec<u8>)>,
-    pending: Vec<u8>,
-}
-
-impl Redactor {
-    fn new(secrets: Vec<(Vec<u8>, Vec<u8>)>) -> Self {
-        Redactor {
-            secrets,
-            pending: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, data: &[u8]) -> Vec<u8> {
-        if self.secrets.is_empty() {
-            return data.to_vec();
-        }
-        let mut buf = std::mem::take(&mut self.pending);
-        buf.extend_from_slice(data);
-        let mut out = Vec::with_capacity(buf.len());
-        let mut i = 0;
-        'scan: while i < buf.len() {
-            let rest = &buf[i..];
-            for (secret, repl) in &self.secrets {
-                if rest.starts_with(secret) {
-                    out.extend_from_slice(repl);
-                    i += secret.len();
-                    continue 'scan;
-                }
-            }
-            if self
-                .secrets
-                .iter()
-                .any(|(s, _)| rest.len() < s.len() && s.starts_with(rest))
-            {
-                self.pending = rest.to_vec();
-                return out;
-            }
-            out.push(buf[i]);
-            i += 1;
-        }
-        out
-    }
-
-    fn finish(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.pending)
-    }
+    r
 }
 
 /// A job's output pipe: the worker's child's, or a named pipe a zygote's
@@ -818,9 +784,9 @@ async fn notify(tx: &mpsc::Sender<Raw>, reason: StopReason) {
 async fn pump(
     mut rx: mpsc::Receiver<Raw>,
     events: mpsc::Sender<JobEvent>,
-    secrets: Vec<(Vec<u8>, Vec<u8>)>,
+    secrets: Redactor,
 ) -> (String, (u64, u64)) {
-    let mut redactors = [Redactor::new(secrets.clone()), Redactor::new(secrets)];
+    let mut redactors = [secrets.stream(), secrets.stream()];
     let mut offsets = [0u64; 2];
     let mut seq = 0u64;
     let mut tail: VecDeque<u8> = VecDeque::new();
@@ -954,8 +920,8 @@ pub fn job_processes(pgid: i32, cookie: Option<&str>) -> Vec<ProcInfo> {
 mod tests {
     use super::*;
 
-    fn secrets(vals: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let spec = JobSpec {
+    fn spec_with(vals: &[(&str, &str)], worker: &[(&str, &str)]) -> JobSpec {
+        JobSpec {
             job_id: "t".into(),
             argv: vec!["x".into()],
             env: vals
@@ -963,32 +929,29 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             secret_env_names: vals.iter().map(|(k, _)| k.to_string()).collect(),
+            sandbox: JobSandbox {
+                secrets: Redactor::new(worker.iter().copied()),
+                ..JobSandbox::default()
+            },
             cwd: ".".into(),
             gpus: vec![],
             timeout: Duration::from_secs(1),
             grace: Duration::from_secs(1),
             junit: None,
             warm: None,
-        };
-        secret_values(&spec)
+        }
     }
 
     #[test]
-    fn redactor_handles_every_split_point() {
-        let s = secrets(&[("TOK", "hf_secretvalue"), ("SHORT", "abc")]);
-        assert_eq!(s.len(), 1, "values under 4 chars are not redacted");
-        let text = b"a hf_secretvalue b hf_secr c hf_secretvaluehf_secretvalue";
-        let want = b"a [redacted:TOK] b hf_secr c [redacted:TOK][redacted:TOK]";
-        for cut in 0..=text.len() {
-            for cut2 in cut..=text.len() {
-                let mut r = Redactor::new(s.clone());
-                let mut out = r.push(&text[..cut]);
-                out.extend(r.push(&text[cut..cut2]));
-                out.extend(r.push(&text[cut2..]));
-                out.extend(r.finish());
-                assert_eq!(out, want.to_vec(), "split at {cut},{cut2}");
-            }
-        }
+    fn a_jobs_secrets_are_its_named_variables_and_the_workers_own() {
+        let r = redactor(&spec_with(
+            &[("TOK", "hf_secretvalue"), ("SHORT", "abc")],
+            &[("fvd-token", "worker-token-value")],
+        ));
+        assert_eq!(
+            r.text("hf_secretvalue abc worker-token-value"),
+            "[redacted:TOK] abc [redacted:fvd-token]"
+        );
     }
 
     #[tokio::test]
@@ -1002,6 +965,10 @@ mod tests {
                 ("PYTEST_ADDOPTS".into(), "-x".into()),
             ],
             secret_env_names: vec![],
+            sandbox: JobSandbox {
+                base_env: vec![("PYTEST_ADDOPTS".into(), "-q".into())],
+                ..JobSandbox::default()
+            },
             cwd: ".".into(),
             gpus: vec![],
             timeout: Duration::from_secs(1),
@@ -1044,9 +1011,9 @@ mod tests {
 
     #[test]
     fn xml_escaped_secret_is_redacted() {
-        let s = secrets(&[("TOK", "a<b&c\"d")]);
+        let r = redactor(&spec_with(&[("TOK", "a<b&c\"d")], &[]));
         let xml = "<x m=\"a&lt;b&amp;c&quot;d\">a<b&c\"d</x>";
-        let red = redact_text(xml, &s);
+        let red = r.text(xml);
         assert!(
             !red.contains("a&lt;b&amp;c&quot;d") && !red.contains("a<b&c\"d"),
             "{red}"

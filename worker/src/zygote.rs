@@ -17,6 +17,13 @@
 //! the repository's modules are imported in the child, under the job's
 //! environment. The zygote starts with exactly the key's variables.
 //!
+//! A zygote starts in the worker's jail (`fvd_sandbox::jail`), so the
+//! children it forks are jailed like a cold run: with a namespace, in the
+//! same covered mount namespace; with Landlock, in the domain made when the
+//! zygote started (a file created later directly in a folder on the way to
+//! a hidden path stays unreadable to its children, until the zygote is
+//! replaced).
+//!
 //! Failures are never verdicts: a zygote that cannot start or fork turns the
 //! run cold, with one warning line in its output ([`WARNING_PREFIX`]); a
 //! zygote lost while its child runs ends the run as an execution error.
@@ -62,6 +69,8 @@ pub struct WarmSpec {
     /// A folder of the worker's for the zygotes' files (program, sockets,
     /// logs) and the jobs' named pipes.
     pub dir: PathBuf,
+    /// The jail a zygote starts in; the children it forks stay in it.
+    pub jail: fvd_sandbox::Jail,
 }
 
 /// Why a warm start did not happen (the run then goes cold).
@@ -291,7 +300,12 @@ pub async fn fork(
     let cmd = pytest_command(argv, env, cwd)?;
     let interp = &cmd.interp;
     let zenv = zygote_env(env, secrets, &warm.unkeyed_paths);
-    let mut key = format!("{}\0{}", interp.display(), warm.preload.join(","));
+    let mut key = format!(
+        "{}\0{}\0{}",
+        interp.display(),
+        warm.preload.join(","),
+        warm.jail.describe()
+    );
     for (k, v) in &zenv {
         key.push_str(&format!("\0{k}={v}"));
     }
@@ -355,10 +369,13 @@ async fn start(
     let _ = std::fs::remove_file(&socket);
     let log = dir.join(format!("z{n}.log"));
     let log_file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-    let mut child = Command::new(interp)
-        .arg(&program)
-        .arg(&socket)
-        .args(&warm.preload)
+    let mut argv = vec![
+        interp.display().to_string(),
+        program.display().to_string(),
+        socket.display().to_string(),
+    ];
+    argv.extend(warm.preload.iter().cloned());
+    let mut child = Command::from(warm.jail.command(&argv))
         .current_dir(&dir)
         .env_clear()
         .envs(zenv)

@@ -20,6 +20,7 @@ fn spec(job_id: &str, argv: &[&str]) -> JobSpec {
         argv: argv.iter().map(|s| s.to_string()).collect(),
         env: vec![],
         secret_env_names: vec![],
+        sandbox: fvd_worker::exec::JobSandbox::unjailed(),
         cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
         gpus: vec![],
         timeout: Duration::from_secs(60),
@@ -260,6 +261,74 @@ async fn output_chunks_reconstruct_both_streams() {
     );
     assert!(outcome.output_tail.ends_with('\n'));
     assert!(outcome.output_tail.len() <= fvd_worker::exec::OUTPUT_TAIL_BYTES);
+}
+
+/// A worker's environment with a credential, keys, and what runs need.
+fn worker_env() -> Vec<(String, String)> {
+    fvd_sandbox::env::filtered([
+        ("PATH", std::env::var("PATH").unwrap()),
+        ("HOME", "/home/worker".to_string()),
+        ("LC_ALL", "C.UTF-8".to_string()),
+        ("CUDA_HOME", "/usr/local/cuda".to_string()),
+        ("FVD_TOKEN", "worker-token-4f9a8b7c6d5e".to_string()),
+        ("ANTHROPIC_API_KEY", "sk-ant-api03-secretvalue".to_string()),
+        ("HF_TOKEN", "hf_notnamedbythespec0000000000000".to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "aws-secret-value".to_string()),
+    ])
+}
+
+/// The interpreter itself, not a shim (pyenv's adds variables of its own).
+fn real_python() -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[tokio::test]
+async fn a_job_sees_only_the_allow_listed_worker_variables_its_own_and_fvds() {
+    let python = real_python();
+    let mut s = spec(
+        "env",
+        &[
+            &python,
+            "-c",
+            "import os; print(','.join(sorted(os.environ))); print(os.environ)",
+        ],
+    );
+    s.env = vec![("SPEC_VAR".into(), "literal".into())];
+    s.sandbox.base_env = worker_env();
+    let (outcome, _) = run(s, CancellationToken::new()).await;
+    assert_eq!(outcome.exit_code, Some(0), "{}", outcome.output_tail);
+    let keys = outcome.output_tail.lines().next().unwrap();
+    assert_eq!(
+        keys,
+        "CUDA_HOME,CUDA_VISIBLE_DEVICES,FVD_JOB_COOKIE,HOME,LC_ALL,PATH,PYTHONUNBUFFERED,SPEC_VAR"
+    );
+    for secret in ["worker-token", "sk-ant", "hf_notnamed", "aws-secret"] {
+        assert!(!outcome.output_tail.contains(secret), "{secret}");
+    }
+}
+
+/// The worker's token is redacted from a job's output like the job's own
+/// secrets, in its encodings too.
+#[tokio::test]
+async fn the_workers_token_is_redacted_in_every_spelling() {
+    let token = "worker-token-4f9a8b7c6d5e";
+    let py = format!(
+        "import base64, urllib.parse\nt = {token:?}\nprint(t)\nprint(base64.b64encode(t.encode()).decode())\nprint(base64.urlsafe_b64encode(('user:' + t).encode()).decode().rstrip('='))\nprint(urllib.parse.quote(t + '/x', safe=''))\n"
+    );
+    let mut s = spec("tok", &["python3", "-c", &py]);
+    s.sandbox.secrets = fvd_contracts::redactor::Redactor::new([("fvd-token", token)]);
+    let (outcome, events) = run(s, CancellationToken::new()).await;
+    assert_eq!(outcome.exit_code, Some(0), "{}", outcome.output_tail);
+    let out = reassemble(&events);
+    let text = String::from_utf8_lossy(&out["stdout"]).into_owned();
+    assert_eq!(text.matches("[redacted:fvd-token]").count(), 4, "{text}");
+    let r = fvd_contracts::redactor::Redactor::new([("t", token)]);
+    assert!(!r.finds(text.as_bytes()), "{text}");
+    assert!(!r.finds(outcome.output_tail.as_bytes()));
 }
 
 #[tokio::test]

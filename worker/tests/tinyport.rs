@@ -66,6 +66,7 @@ async fn run_component(table: &toml::Table, name: &str) -> Verdict {
         argv,
         env: vec![],
         secret_env_names: vec![],
+        sandbox: fvd_worker::exec::JobSandbox::unjailed(),
         cwd: example_dir(),
         gpus: vec![],
         timeout: Duration::from_secs(timeout_s as u64),

@@ -42,6 +42,7 @@ async fn run_case_with(file: &str, extra: &[&str], timeout: Duration, plugin: bo
         // Keep the source tree clean: no __pycache__ next to the cases.
         env: vec![("PYTHONDONTWRITEBYTECODE".into(), "1".into())],
         secret_env_names: vec![],
+        sandbox: fvd_worker::exec::JobSandbox::unjailed(),
         cwd: cases_dir(),
         gpus: vec![],
         timeout,
@@ -333,6 +334,7 @@ async fn missing_junit_is_error_naming_the_file() {
         ],
         env: vec![],
         secret_env_names: vec![],
+        sandbox: fvd_worker::exec::JobSandbox::unjailed(),
         cwd: cases_dir(),
         gpus: vec![],
         timeout: Duration::from_secs(60),

@@ -45,9 +45,9 @@ import repo_mod
 
 def test_body():
     with open(os.environ["REPORT"], "w") as f:
-        f.write("ppid=%d\npgid=%d\npid=%d\ncwd=%s\nfoo=%s\nvalue=%d\n" % (
+        f.write("ppid=%d\npgid=%d\npid=%d\ncwd=%s\nfoo=%s\nvalue=%d\nenvkeys=%s\n" % (
             os.getppid(), os.getpgid(0), os.getpid(), os.getcwd(),
-            os.environ.get("FOO", "-"), repo_mod.VALUE))
+            os.environ.get("FOO", "-"), repo_mod.VALUE, ",".join(sorted(os.environ))))
     if os.environ.get("SLEEP"):
         import subprocess, time
         subprocess.Popen(["sleep", "3600"])
@@ -114,6 +114,7 @@ def test_body():
             .collect(),
             env,
             secret_env_names: vec![],
+            sandbox: fvd_worker::exec::JobSandbox::unjailed(),
             cwd: self.root.join("port"),
             gpus: vec![],
             timeout: Duration::from_secs(60),
@@ -123,6 +124,7 @@ def test_body():
                 preload: p.iter().map(|s| s.to_string()).collect(),
                 unkeyed_paths: vec![scratch.to_path_buf()],
                 dir: self.root.join("z"),
+                jail: fvd_sandbox::Jail::off(),
             }),
         };
         prepare_pytest(&mut spec, scratch).await.unwrap();
@@ -202,6 +204,48 @@ async fn warm_runs_share_one_import_and_see_edits_of_the_checkout() {
         o.verdict(),
         o.output_tail
     );
+}
+
+/// A forked child gets the job's environment, built like a cold run's:
+/// the worker's allow-listed variables only, never its credentials.
+#[tokio::test]
+async fn a_warm_child_sees_only_the_allow_listed_worker_variables() {
+    let sb = Sandbox::new();
+    let s1 = tempfile::tempdir().unwrap();
+    let mut spec = sb
+        .spec("envjob", Some(&["heavy"]), &[("FOO", "one")], s1.path())
+        .await;
+    spec.sandbox.base_env = fvd_sandbox::env::filtered([
+        ("PATH", std::env::var("PATH").unwrap()),
+        ("HOME", "/home/worker".to_string()),
+        ("FVD_TOKEN", "worker-token-4f9a8b7c6d5e".to_string()),
+        ("ANTHROPIC_API_KEY", "sk-ant-api03-secretvalue".to_string()),
+    ]);
+    let o = run(spec, CancellationToken::new()).await;
+    assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+    assert!(!o.output_tail.contains(WARNING_PREFIX), "{}", o.output_tail);
+    let r = sb.report("envjob.report");
+    let keys: Vec<&str> = r["envkeys"].split(',').collect();
+    let allowed = [
+        "CUDA_VISIBLE_DEVICES",
+        "FOO",
+        "FVD_JOB_COOKIE",
+        "HOME",
+        "PATH",
+        "PYTEST_ADDOPTS",
+        "PYTEST_CURRENT_TEST",
+        "PYTEST_VERSION",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONPATH",
+        "PYTHONUNBUFFERED",
+        "REPORT",
+    ];
+    for k in &keys {
+        assert!(allowed.contains(k), "{k} reached the warm child: {keys:?}");
+    }
+    for k in ["FOO", "HOME", "PATH", "FVD_JOB_COOKIE"] {
+        assert!(keys.contains(&k), "{k}: {keys:?}");
+    }
 }
 
 #[tokio::test]

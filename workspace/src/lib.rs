@@ -6,10 +6,13 @@
 //! runs headless behind its model proxy, and what they report) and
 //! [`session`] (one attempt behind the proxy: the key, the budgets left,
 //! what it spent and why it stopped). The component actor drives them.
+//! [`commit`] pins the code a port runs and [`identity`] names the
+//! repository it comes from.
 
 pub mod agent;
 pub mod cleanup;
 pub mod commit;
+pub mod identity;
 pub mod preset;
 pub mod session;
 pub mod worktree;

@@ -36,6 +36,9 @@ pub struct Attempt<'a> {
     pub base_url: &'a str,
     /// The attempt's token.
     pub token: &'a str,
+    /// The agent starts in fvd's jail (`fvd_sandbox`): a CLI's own sandbox,
+    /// which cannot nest in it, is left to the jail.
+    pub jailed: bool,
 }
 
 /// How to start the CLI.
@@ -153,7 +156,14 @@ pub fn launch(a: &Attempt<'_>) -> std::io::Result<Launch> {
                     "--disable",
                     "plugins",
                     "--sandbox",
-                    "workspace-write",
+                    // Codex's own sandbox (bubblewrap or Landlock) runs no
+                    // command inside fvd's jail, silently: the jail is its
+                    // sandbox then.
+                    if a.jailed {
+                        "danger-full-access"
+                    } else {
+                        "workspace-write"
+                    },
                     "--add-dir",
                 ]
                 .map(s),
@@ -639,6 +649,7 @@ mod tests {
                 dir: &attempt_dir,
                 base_url: "http://127.0.0.1:9/v1",
                 token: "fvd-token",
+                jailed: false,
             })
             .unwrap();
             assert_eq!(l.argv[0], preset.program());

@@ -252,13 +252,15 @@ impl Session {
     }
 }
 
-/// A preset's launch for this session, with the packet on stdin.
+/// A preset's launch for this session, with the packet on stdin; `jailed`
+/// when it starts in fvd's jail.
 pub fn launch(
     s: &Session,
     spec: &AgentSpec,
     preset: Preset,
     packet: &str,
     dir: &std::path::Path,
+    jailed: bool,
 ) -> std::io::Result<preset::Launch> {
     let base = s.proxy.base_url();
     preset::launch(&preset::Attempt {
@@ -269,6 +271,7 @@ pub fn launch(
         dir,
         base_url: &base,
         token: s.proxy.token(),
+        jailed,
     })
 }
 

@@ -53,7 +53,9 @@ fn run(verdict: &str, reason: &str) -> Option<Run> {
         reason: reason.into(),
         run_no: 1,
         worker: "w1".into(),
+        gpu: String::new(),
         variants: String::new(),
+        by: String::new(),
     })
 }
 
@@ -302,26 +304,28 @@ fn a_regression_records_both_evidences_and_moves_the_phase_back_until_it_passes(
     // the matrix: regression with the recorded value, the issue id listed
     let vae = line(&after, "| vae | vae |");
     assert!(
-        vae.ends_with("| `debug_red` (regression; recorded encode_decode_parity_pass) | I003 |"),
+        vae.ends_with(
+            "| encode_decode_parity_pass [fvd 2026-11-26 run 1 on w1: debug_red (regression)] | I003 |"
+        ),
         "{vae}"
     );
     // Parity Commands: both evidences, the human's note first
     let cmd = line(&after, "| vae | `python");
     assert!(
-        cmd.contains("| `debug_red` (regression; recorded encode_decode_parity_pass) | 2026-05-09: all 212 keys map \\| encode and decode agree after the latent scaling. [fvd 2026-11-26 run 1 on w1: debug_red (regression) — test_widget_vae_parity::test_decode: max abs diff 0.41 > 0.01; command `"),
+        cmd.contains("| encode_decode_parity_pass [fvd 2026-11-26 run 1 on w1: debug_red (regression)] | 2026-05-09: all 212 keys map \\| encode and decode agree after the latent scaling. [fvd 2026-11-26 run 1 on w1: debug_red (regression) — test_widget_vae_parity::test_decode: max abs diff 0.41 > 0.01; command `"),
         "{cmd}"
     );
     // one issue row
     let issue = line(&after, "| I003 |");
     assert!(
-        issue.starts_with("| I003 | P6 | vae | high | regression: `debug_red` where this file records encode_decode_parity_pass | [fvd 2026-11-26 run 1 on w1: debug_red (regression) — "),
+        issue.starts_with("| I003 | P6 | vae | high | regression: `debug_red` where this file records encode_decode_parity_pass (Component Matrix: vae) | [fvd 2026-11-26 run 1 on w1: debug_red (regression) — "),
         "{issue}"
     );
     assert!(issue.ends_with("| component:vae | open |  |"), "{issue}");
     assert_eq!(after.lines().filter(|l| l.starts_with("| I00")).count(), 3);
     // the phase moved back, with a reason
     assert!(after.contains(
-        "- phase: `phase_6_component_parity_debug`\n- status: `blocked`\n- owner: `component:vae`\n- last_updated: `2026-11-26`\n- fvd 2026-11-26: moved back from phase: `phase_11_post_parity_handoff`; status: `complete`; owner: `orchestrator`; last_updated: `2026-05-14` — `vae` regressed (I003)\n"
+        "- phase: `phase_6_component_parity_debug`\n- status: `blocked`\n- owner: `component:vae`\n- last_updated: `2026-11-26`\n- fvd 2026-11-26: moved back from phase: \"`phase_11_post_parity_handoff`\"; status: \"`complete`\"; owner: \"`orchestrator`\"; last_updated: \"`2026-05-14`\" — `vae` regressed (I003)\n"
     ), "{after}");
     // the final handoff block is untouched and marked superseded after it;
     // the rows after it stay where they were
@@ -373,9 +377,18 @@ fn other_testing_verdicts_on_a_recorded_pass_only_add_evidence() {
         let input = with_runs(widget(), &[("vae", run(verdict, reason))]);
         let after = patch(FINISHED, &input);
         let changes = assert_owned(FINISHED, &after);
-        assert_eq!(changes.changed.len(), 1, "{verdict}: {changes:?}");
+        // the matrix row and the command row, each beside the person's words
+        assert_eq!(changes.changed.len(), 2, "{verdict}: {changes:?}");
         assert!(changes.added.is_empty(), "{verdict}: {changes:?}");
         let (_, old, new) = &changes.changed[0];
+        assert!(old.starts_with("| vae | vae |"), "{old}");
+        assert!(
+            new.contains(&format!(
+                "| encode_decode_parity_pass [fvd 2026-11-26 run 1 on w1: {verdict}] | none |"
+            )),
+            "{new}"
+        );
+        let (_, old, new) = &changes.changed[1];
         assert!(old.starts_with("| vae | `python"), "{old}");
         assert!(
             new.contains(&format!(
@@ -383,7 +396,12 @@ fn other_testing_verdicts_on_a_recorded_pass_only_add_evidence() {
             )),
             "{new}"
         );
-        assert!(new.contains("| encode_decode_parity_pass |"), "{new}");
+        assert!(
+            new.contains(&format!(
+                "| encode_decode_parity_pass [fvd 2026-11-26 run 1 on w1: {verdict}] |"
+            )),
+            "{new}"
+        );
     }
 }
 
@@ -499,10 +517,9 @@ fn the_phase_moves_forward_only() {
 }
 
 #[test]
-fn a_free_form_file_gets_the_sections_fvd_needs_and_keeps_its_own() {
+fn a_free_form_file_gets_one_fvd_section_and_nothing_else() {
     let mut dit = component("dit", &["../gadget/test_gadget_dit.py"]);
     dit.parity_tests = vec!["tests/local_tests/gadget/test_gadget_dit.py".into()];
-    dit.aliases = vec!["GadgetDiT".into()];
     dit.run = run("non_skip_pass", "4 passed");
     let input = Input {
         date: DATE.into(),
@@ -512,27 +529,49 @@ fn a_free_form_file_gets_the_sections_fvd_needs_and_keeps_its_own() {
     let after = patch(FREEFORM, &input);
     let changes = assert_owned(FREEFORM, &after);
     assert!(changes.changed.is_empty(), "{changes:?}");
-    // before the first contract section the file has (Decisions)
+    // the person's table is read (by the test file), never written; no
+    // contract section is added beside it
+    assert!(after.starts_with(FREEFORM), "{after}");
+    for absent in [
+        "## Component Matrix",
+        "## Parity Commands",
+        "## Issues And Blockers",
+        "`unknown`",
+    ] {
+        assert!(!after.contains(absent), "{absent}: {after}");
+    }
+    assert_eq!(after.matches("## fvd evidence").count(), 1, "{after}");
     assert!(
-        after.find("## Parity Commands") < after.find("## Decisions"),
+        line(&after, "| `dit` |").starts_with("| `dit` | Component Status: GadgetDiT: PASS (H100, 2026-04-01) | `non_skip_pass` | 2026-11-26 run 1 on w1 | 4 passed; command `"),
         "{after}"
     );
-    let matrix = after.find("## Component Matrix").expect("matrix added");
-    let commands = after.find("## Parity Commands").expect("commands added");
-    assert!(matrix < commands, "contract order: {after}");
-    assert!(!after.contains("## Current Phase"), "{after}");
     assert_eq!(patch(&after, &input), after);
 
-    // red: no pass recorded in a contract table, so an issue, in a section of its own
+    // red against the person's PASS: a regression, recognised in their shape
     dit.run = run("debug_red", "debug_red: t: off by 2");
     let red = Input {
         date: DATE.into(),
-        components: vec![dit],
+        components: vec![dit.clone()],
         escapes: Vec::new(),
     };
-    let blocked = patch(FREEFORM, &red);
-    assert_owned(FREEFORM, &blocked);
-    assert!(blocked.contains("## Issues And Blockers\n\n| ID | Phase | Component | Severity | Issue | Evidence | Owner | Status | Resolution |\n|---|---|---|---|---|---|---|---|---|\n| I001 | P6 | dit | blocker |"), "{blocked}");
+    let blocked = patch(&after, &red);
+    assert_owned(&after, &blocked);
+    assert_eq!(blocked.matches("## fvd evidence").count(), 1, "{blocked}");
+    assert!(
+        line(&blocked, "| `dit` |").contains(
+            "| `debug_red` (regression) | 2026-11-26 run 1 on w1 | t: off by 2; command `"
+        ),
+        "{blocked}"
+    );
+    assert!(
+        blocked.contains("- regression: `dit` fail(s) where this file records a pass"),
+        "{blocked}"
+    );
+    assert!(blocked.starts_with(FREEFORM), "{blocked}");
+    assert_eq!(patch(&blocked, &red), blocked);
+    // green again: only fvd's section differs from the person's file
+    let green = patch(&blocked, &input);
+    assert_eq!(green, after);
 }
 
 #[test]

@@ -574,7 +574,9 @@ fn the_co_author_keeps_every_real_file_but_its_own_cells() {
                     reason: format!("{verdict}: t::{n}: 2 != 3"),
                     run_no: 1,
                     worker: "w1".into(),
+                    gpu: String::new(),
                     variants: String::new(),
+                    by: String::new(),
                 }),
                 ..ComponentInput::default()
             })
@@ -614,7 +616,9 @@ fn the_co_author_keeps_every_real_file_but_its_own_cells() {
     let once = patch(&text, &i);
     let changes = owned_changes(&text, &once).unwrap();
     assert!(
-        once.contains("`debug_red` (regression; recorded forward_parity_pass)"),
+        once.contains(
+            "| forward_parity_pass [fvd 2026-11-26 run 1 on w1: debug_red (regression)] |"
+        ),
         "{once}"
     );
     assert_eq!(

@@ -216,7 +216,7 @@ fn question(family: &str, q: &QuestionView, access: Access) -> Markup {
                             }
                             label.option { input type="radio" name="option" value="0"; " other: " input type="text" name="text" placeholder="your answer"; }
                             @if token {
-                                label.token { "orchestrator token " input type="password" name="token" autocomplete="off" required; }
+                                label.token { "porter token " input type="password" name="token" autocomplete="off" required; }
                             }
                             button type="submit" { "answer " (q.id) }
                             output.result {}
@@ -224,7 +224,7 @@ fn question(family: &str, q: &QuestionView, access: Access) -> Markup {
                     }
                 }
             } @else if !q.answer.is_empty() {
-                p { "answer: " strong { (q.answer) } }
+                p { "answer: " strong { (q.answer) } @if !q.answered_by.is_empty() { " · by " span.who { (q.answered_by) } } }
             }
         }
     }
@@ -564,6 +564,26 @@ pub fn workers_page(v: &WorkersView, mode: &str) -> Markup {
             h1 { "Workers" }
             (s[0].render())
             p.twin { "JSON: " a href="/api/workers" { "/api/workers" } }
+        },
+    )
+}
+
+/// The sign-in page of a dashboard that needs a reader's credential:
+/// one password field, posted to `/login`, back to `next` after.
+pub fn login_page(next: &str, why: &str, mode: &str) -> Markup {
+    layout(
+        "sign in",
+        "",
+        mode,
+        html! {
+            h1 { "sign in" }
+            @if !why.is_empty() { p.reason #login-error { (why) } }
+            form.login method="post" action="/login" {
+                input type="hidden" name="next" value=(next);
+                label.token { "viewer, porter or admin token " input type="password" name="token" autocomplete="off" required; }
+                button type="submit" { "sign in" }
+            }
+            p.note { "The token is checked and forgotten: the browser keeps a session cookie, which ends when the token is revoked." }
         },
     )
 }

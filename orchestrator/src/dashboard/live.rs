@@ -126,11 +126,12 @@ struct SectionUpdate<'a> {
     html: &'a str,
 }
 
-/// The event stream of one open page: `render` gives the page's live
-/// sections (or `None` when what the page shows is gone); a change of
+/// The event stream of one open page, holding `slot` while it lasts:
+/// `render` gives the page's live sections (or `None` when what the page shows is gone); a change of
 /// `family` (any change when `None`) or a tick re-renders them.
 pub fn sections<F, Fut>(
     dash: Dashboard,
+    slot: super::guard::StreamSlot,
     family: Option<String>,
     tick: Duration,
     render: F,
@@ -141,7 +142,11 @@ where
 {
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(16);
     let mut changes = dash.subscribe();
+    let keep_alive = KeepAlive::new().interval(dash.shield.keep_alive());
     fvd_telemetry::spawn(async move {
+        // The stream's place under the dashboard's caps, given back when
+        // the page goes away.
+        let _slot = slot;
         let mut sent: HashMap<&'static str, String> = HashMap::new();
         let mut interval = tokio::time::interval(tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -204,5 +209,5 @@ where
             }
         }
     });
-    Sse::new(ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
+    Sse::new(ReceiverStream::new(rx)).keep_alive(keep_alive)
 }

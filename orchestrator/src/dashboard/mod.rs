@@ -9,26 +9,35 @@
 //! opened read-only and polled for changes, with no form at all.
 //!
 //! Invariants:
+//! - No request is served under a `Host` name that is not the dashboard's
+//!   own ([`guard`]): a DNS-rebinding page can neither read nor post.
 //! - Read-only unless an orchestrator runs in this process; then an answer
-//!   is accepted only with the orchestrator's bearer token when it has one
-//!   (compared in constant time), from the page's own origin, and goes
-//!   through `OrchestratorMsg::Answer` like `fvd answer`.
+//!   is accepted only with a porter or admin credential of the
+//!   orchestrator's (form field or `Authorization`; any caller when it
+//!   checks none), whose porter owns the port, from an `Origin` on the
+//!   dashboard's host list, and goes through `OrchestratorMsg::Answer` like
+//!   `fvd answer`, with the credential's name. A viewer credential shows
+//!   pages only (`--dashboard-require-viewer` makes one necessary for them).
+//! - No more connections and live streams than [`guard::Limits`] allow, so
+//!   the dashboard cannot take the descriptors gRPC needs.
 //! - No secret reaches a page: the pages show what the store holds
 //!   (reasons and output are redacted by the worker before they are sent),
-//!   never a job's environment, and a token typed into the form is never
-//!   echoed back.
+//!   never a job's environment, and a token typed into a form is never
+//!   echoed back, stored or logged (a session keeps the credential's name).
 
+pub mod guard;
 mod html;
 mod live;
 mod routes;
 pub mod views;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fvd_actors::orchestrator::OrchestratorMsg;
 use fvd_actors::scheduler::SchedulerMsg;
-use fvd_proto::auth::Token;
+use fvd_proto::auth::Credentials;
 use fvd_store::Store;
 use fvd_store::model::PortEvent;
 use ractor::ActorRef;
@@ -44,24 +53,29 @@ pub struct Dashboard {
     store: Store,
     orchestrator: Option<ActorRef<OrchestratorMsg>>,
     scheduler: Option<ActorRef<SchedulerMsg>>,
-    token: Option<Token>,
+    /// The orchestrator's credentials (open for a read-only dashboard).
+    credentials: Credentials,
     changes: broadcast::Sender<Change>,
     /// One line for the header: where the data comes from.
     mode: String,
+    /// Set by [`serve`] for the address it listens on.
+    shield: Arc<guard::Shield>,
 }
 
 impl Dashboard {
     /// Beside the orchestrator of this process: fed by its event channel,
-    /// answers go to its actor, `token` (the orchestrator's) guards them.
-    pub fn live(server: &crate::Server, token: Option<Token>) -> Self {
+    /// answers go to its actor, its credentials guard them (and the pages,
+    /// when a viewer is required).
+    pub fn live(server: &crate::Server) -> Self {
         let changes = live::forward(server.events.subscribe());
         Dashboard {
             store: server.store.clone(),
             orchestrator: Some(server.orchestrator.clone()),
             scheduler: Some(server.scheduler.clone()),
-            token,
+            credentials: server.credentials.clone(),
             changes,
             mode: format!("orchestrator {}", server.url()),
+            shield: unbound_shield(),
         }
     }
 
@@ -73,9 +87,10 @@ impl Dashboard {
             store,
             orchestrator: None,
             scheduler: None,
-            token: None,
+            credentials: Credentials::open(),
             changes,
             mode: format!("read-only · {label}"),
+            shield: unbound_shield(),
         }
     }
 
@@ -88,7 +103,7 @@ impl Dashboard {
         match self.orchestrator {
             None => html::Access::ReadOnly,
             Some(_) => html::Access::Answer {
-                token: self.token.is_some(),
+                token: !self.credentials.is_open(),
             },
         }
     }
@@ -99,6 +114,8 @@ impl Dashboard {
 pub struct DashboardServer {
     pub addr: SocketAddr,
     pub task: JoinHandle<std::io::Result<()>>,
+    /// Its guard: allowed hosts, caps, open connections and streams.
+    pub shield: Arc<guard::Shield>,
 }
 
 impl DashboardServer {
@@ -107,13 +124,36 @@ impl DashboardServer {
     }
 }
 
-/// Serves `dashboard` on `listener` until the task is aborted.
-pub fn serve(listener: TcpListener, dashboard: Dashboard) -> std::io::Result<DashboardServer> {
+/// A shield that accepts no host: replaced by [`serve`] before any
+/// request is routed.
+fn unbound_shield() -> Arc<guard::Shield> {
+    Arc::new(guard::Shield::new(
+        SocketAddr::from(([0, 0, 0, 0], 0)),
+        &guard::Options::default(),
+    ))
+}
+
+/// Serves `dashboard` on `listener` under `options` (hosts, readers,
+/// caps) until the task is aborted. A required viewer needs credentials.
+pub fn serve(
+    listener: TcpListener,
+    mut dashboard: Dashboard,
+    options: guard::Options,
+) -> std::io::Result<DashboardServer> {
     let addr = listener.local_addr()?;
-    let app = routes::router(dashboard);
+    if options.require_viewer && dashboard.credentials.is_open() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a required viewer credential needs the orchestrator to have credentials (--auth or --token-file)",
+        ));
+    }
+    let shield = Arc::new(guard::Shield::new(addr, &options));
+    dashboard.shield = shield.clone();
+    let app = routes::router(dashboard).into_make_service_with_connect_info::<guard::ClientAddr>();
+    let listener = guard::GuardedListener::new(listener, shield.clone());
     let task = fvd_telemetry::spawn(async move { axum::serve(listener, app).await });
-    tracing::info!(%addr, "dashboard listening");
-    Ok(DashboardServer { addr, task })
+    tracing::info!(%addr, hosts = ?shield.hosts(), limits = ?shield.limits, "dashboard listening");
+    Ok(DashboardServer { addr, task, shield })
 }
 
 /// Whether a dashboard on `addr` is reachable only from this host.

@@ -1,22 +1,27 @@
 //! The routes: pages, their JSON twins, their event streams, a run's
-//! output as it grows, the drift plots, and the answer form.
+//! output as it grows, the drift plots, the answer form and the login of
+//! a viewer; every request first passes [`guard_request`] (its `Host`, and
+//! a reader's credential when one is required).
 
 use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Form, Json, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{ConnectInfo, Form, Json, Path, Query, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use fvd_actors::orchestrator::{AnswerChoice, OrchestratorMsg, PortError};
+use fvd_actors::orchestrator::{AnswerChoice, Caller, OrchestratorMsg, PortError};
+use fvd_proto::auth::{Principal, Refusal};
 use fvd_store::StoreError;
 use maud::Markup;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::guard::{ClientAddr, SESSION_COOKIE, StreamSlot};
 use super::html::{self, seg};
 use super::{Dashboard, live, views};
 
@@ -62,7 +67,172 @@ pub fn router(dash: Dashboard) -> Router {
         .route("/workers/events", get(workers_events))
         .route("/assets/dashboard.css", get(css))
         .route("/assets/dashboard.js", get(js))
+        .route("/login", get(login_page).post(login))
+        .layer(axum::middleware::from_fn_with_state(
+            dash.clone(),
+            guard_request,
+        ))
         .with_state(dash)
+}
+
+/// A header's value as text.
+fn header_str<'a>(headers: &'a HeaderMap, name: &header::HeaderName) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The value of cookie `name`.
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| c.trim().strip_prefix(name)?.strip_prefix('='))
+}
+
+/// Who reads: a bearer token, else the browser's session.
+fn reader(d: &Dashboard, headers: &HeaderMap) -> Result<Principal, Refusal> {
+    if let Some(token) = bearer(headers) {
+        return d.credentials.resolve(&token);
+    }
+    cookie(headers, SESSION_COOKIE)
+        .and_then(|id| d.shield.session(id, &d.credentials))
+        .ok_or(Refusal::Missing)
+}
+
+/// First for every request: a `Host` the dashboard answers to (else 421:
+/// a DNS-rebinding page names its own host), then, when a viewer is
+/// required, a credential that reads for every GET but the login page and
+/// the assets.
+async fn guard_request(State(d): State<Dashboard>, req: Request, next: Next) -> Response {
+    let host = header_str(req.headers(), &header::HOST);
+    if !d.shield.host_allowed(host) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "this dashboard answers to {} only; add a name with --dashboard-host",
+                d.shield.hosts().join(", ")
+            ),
+        )
+            .into_response();
+    }
+    let path = req.uri().path();
+    let open_path = path == "/login" || path.starts_with("/assets/");
+    let reads = matches!(*req.method(), Method::GET | Method::HEAD);
+    if d.shield.require_viewer && reads && !open_path {
+        match reader(&d, req.headers()) {
+            Ok(who) if who.role().reads() => {}
+            refused => {
+                let why = match refused {
+                    Ok(who) => format!(
+                        "credential {} may not read the dashboard: that needs a viewer, porter or admin credential",
+                        who.describe()
+                    ),
+                    Err(Refusal::Missing) => "sign in with a viewer, porter or admin token".into(),
+                    Err(Refusal::Unknown) => {
+                        "token not known to this orchestrator (wrong, or revoked)".into()
+                    }
+                };
+                let api = path.starts_with("/api/")
+                    || path.ends_with("/events")
+                    || path.ends_with("/log");
+                if api || wants_json(req.headers()) {
+                    return (
+                        StatusCode::UNAUTHORIZED,
+                        Json(serde_json::json!({ "error": why })),
+                    )
+                        .into_response();
+                }
+                let next = req
+                    .uri()
+                    .path_and_query()
+                    .map_or("/".to_string(), |p| p.to_string());
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    html::login_page(&next, &why, &d.mode),
+                )
+                    .into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+#[derive(Debug, Deserialize)]
+struct LoginQuery {
+    next: Option<String>,
+}
+
+/// Where a login may send the browser: a path of this dashboard only.
+fn local_path(next: Option<&str>) -> String {
+    match next {
+        Some(p) if p.starts_with('/') && !p.starts_with("//") && !p.contains('\\') => p.to_string(),
+        _ => "/".to_string(),
+    }
+}
+
+async fn login_page(State(d): State<Dashboard>, Query(q): Query<LoginQuery>) -> Response {
+    html::login_page(&local_path(q.next.as_deref()), "", &d.mode).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct LoginForm {
+    token: String,
+    #[serde(default)]
+    next: Option<String>,
+}
+
+/// A browser signs in with a token that reads: it gets a session cookie
+/// (the token itself is kept nowhere).
+async fn login(
+    State(d): State<Dashboard>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    let next = local_path(f.next.as_deref());
+    if !d
+        .shield
+        .origin_allowed(header_str(&headers, &header::ORIGIN))
+    {
+        return (
+            StatusCode::FORBIDDEN,
+            html::login_page(
+                &next,
+                "sign-in refused: posted from another origin",
+                &d.mode,
+            ),
+        )
+            .into_response();
+    }
+    if d.credentials.is_open() {
+        return Redirect::to(&next).into_response();
+    }
+    let why = match d.credentials.resolve(&f.token) {
+        Ok(who) if who.role().reads() => {
+            tracing::info!(credential = %who.name(), "dashboard sign-in");
+            let id = d.shield.open_session(who);
+            let cookie =
+                format!("{SESSION_COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age=43200");
+            return ([(header::SET_COOKIE, cookie)], Redirect::to(&next)).into_response();
+        }
+        Ok(who) => format!(
+            "credential {} may not read the dashboard: that needs a viewer, porter or admin credential",
+            who.describe()
+        ),
+        Err(_) => "token not known to this orchestrator (wrong, or revoked)".to_string(),
+    };
+    (
+        StatusCode::UNAUTHORIZED,
+        html::login_page(&next, &why, &d.mode),
+    )
+        .into_response()
+}
+
+/// A live stream's slot for the client, or the 429 that says why not.
+fn stream_slot(d: &Dashboard, client: ClientAddr) -> Result<StreamSlot, Response> {
+    d.shield
+        .stream(client.0.ip())
+        .map_err(|why| (StatusCode::TOO_MANY_REQUESTS, why).into_response())
 }
 
 /// An error as the page or twin that hit it shows it.
@@ -119,13 +289,21 @@ async fn api_index(State(d): State<Dashboard>) -> Response {
     json(views::index(&d.store).await.map_err(Failure::from))
 }
 
-async fn index_events(State(d): State<Dashboard>) -> impl IntoResponse {
-    live::sections(d, None, FLEET_TICK, |d| async move {
+async fn index_events(
+    State(d): State<Dashboard>,
+    ConnectInfo(client): ConnectInfo<ClientAddr>,
+) -> Response {
+    let slot = match stream_slot(&d, client) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    live::sections(d, slot, None, FLEET_TICK, |d| async move {
         views::index(&d.store)
             .await
             .ok()
             .map(|v| html::index_sections(&v))
     })
+    .into_response()
 }
 
 async fn port_view(d: &Dashboard, family: &str) -> Result<views::PortView, Failure> {
@@ -143,9 +321,17 @@ async fn api_port(State(d): State<Dashboard>, Path(family): Path<String>) -> Res
     json(port_view(&d, &family).await)
 }
 
-async fn port_events(State(d): State<Dashboard>, Path(family): Path<String>) -> impl IntoResponse {
+async fn port_events(
+    State(d): State<Dashboard>,
+    ConnectInfo(client): ConnectInfo<ClientAddr>,
+    Path(family): Path<String>,
+) -> Response {
+    let slot = match stream_slot(&d, client) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     let f = family.clone();
-    live::sections(d, Some(family), PORT_TICK, move |d| {
+    live::sections(d, slot, Some(family), PORT_TICK, move |d| {
         let f = f.clone();
         async move {
             let access = d.access();
@@ -156,6 +342,7 @@ async fn port_events(State(d): State<Dashboard>, Path(family): Path<String>) -> 
                 .map(|v| html::port_sections(&v, access))
         }
     })
+    .into_response()
 }
 
 #[derive(Debug, Deserialize)]
@@ -198,10 +385,15 @@ async fn api_component(
 
 async fn component_events(
     State(d): State<Dashboard>,
+    ConnectInfo(client): ConnectInfo<ClientAddr>,
     Path((family, name)): Path<(String, String)>,
-) -> impl IntoResponse {
+) -> Response {
+    let slot = match stream_slot(&d, client) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     let f = family.clone();
-    live::sections(d, Some(family), PORT_TICK, move |d| {
+    live::sections(d, slot, Some(family), PORT_TICK, move |d| {
         let (f, n) = (f.clone(), name.clone());
         async move {
             views::component(&d.store, &f, &n, None)
@@ -211,6 +403,7 @@ async fn component_events(
                 .map(|v| html::component_sections(&v))
         }
     })
+    .into_response()
 }
 
 async fn workers(State(d): State<Dashboard>) -> Response {
@@ -230,13 +423,21 @@ async fn api_workers(State(d): State<Dashboard>) -> Response {
     )
 }
 
-async fn workers_events(State(d): State<Dashboard>) -> impl IntoResponse {
-    live::sections(d, None, FLEET_TICK, |d| async move {
+async fn workers_events(
+    State(d): State<Dashboard>,
+    ConnectInfo(client): ConnectInfo<ClientAddr>,
+) -> Response {
+    let slot = match stream_slot(&d, client) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    live::sections(d, slot, None, FLEET_TICK, |d| async move {
         views::workers(&d.store, d.scheduler.as_ref())
             .await
             .ok()
             .map(|v| html::workers_sections(&v))
     })
+    .into_response()
 }
 
 // ----- a run's output, followed -------------------------------------------------
@@ -251,9 +452,14 @@ struct LogQuery {
 /// then `end` when the run has ended.
 async fn log_follow(
     State(d): State<Dashboard>,
+    ConnectInfo(client): ConnectInfo<ClientAddr>,
     Path((family, name)): Path<(String, String)>,
     Query(q): Query<LogQuery>,
 ) -> Response {
+    let slot = match stream_slot(&d, client) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     let jobs = match d.store.jobs_of(&family, &name).await {
         Ok(j) => j,
         Err(e) => return json::<()>(Err(e.into())),
@@ -267,6 +473,8 @@ async fn log_follow(
     let mut chunks = crate::query::log_pump_after(d.store.clone(), job.job_id, true, q.after);
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(16);
     fvd_telemetry::spawn(async move {
+        // The stream's place under the caps, given back when it ends.
+        let _slot = slot;
         while let Some(c) = chunks.recv().await {
             let ev = match c {
                 Ok((_, data)) => Event::default().event("log").data(
@@ -281,7 +489,7 @@ async fn log_follow(
         let _ = tx.send(Ok(Event::default().event("end").data(""))).await;
     });
     Sse::new(ReceiverStream::new(rx))
-        .keep_alive(KeepAlive::default())
+        .keep_alive(KeepAlive::new().interval(d.shield.keep_alive()))
         .into_response()
 }
 
@@ -338,21 +546,6 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
     v.strip_prefix("Bearer ").map(str::to_string)
 }
 
-/// A cross-site form post carries another site's `Origin`: refused, so a
-/// page elsewhere cannot answer through a browser that can reach this one.
-fn same_origin(headers: &HeaderMap) -> bool {
-    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
-        return true;
-    };
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    origin
-        .split_once("://")
-        .is_some_and(|(_, rest)| rest == host)
-}
-
 fn choice(option: Option<&str>, text: Option<&str>) -> Result<AnswerChoice, Failure> {
     let option = option.map(str::trim).filter(|s| !s.is_empty());
     let text = text.map(str::trim).filter(|s| !s.is_empty());
@@ -390,21 +583,48 @@ async fn answer(
             ),
         ));
     };
-    if !same_origin(headers) {
+    // A rebinding page posts with its own name as Origin: compared with
+    // the dashboard's host list, never with Host.
+    if !d
+        .shield
+        .origin_allowed(header_str(headers, &header::ORIGIN))
+    {
         return Err(Failure::new(
             StatusCode::FORBIDDEN,
             "answer refused: posted from another origin",
         ));
     }
-    if let Some(want) = &d.token {
-        let got = token.or_else(|| bearer(headers)).unwrap_or_default();
-        if !want.verify(&got) {
+    let token = token
+        .filter(|t| !t.trim().is_empty())
+        .or_else(|| bearer(headers));
+    let who = match token {
+        _ if d.credentials.is_open() => Principal::anonymous(),
+        None => {
             return Err(Failure::new(
                 StatusCode::UNAUTHORIZED,
-                "missing or wrong orchestrator token",
+                "answering needs a porter or admin token",
             ));
         }
+        Some(t) => d.credentials.resolve(&t).map_err(|_| {
+            Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "token not known to this orchestrator (wrong, or revoked)",
+            )
+        })?,
+    };
+    if !who.role().changes() {
+        return Err(Failure::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "credential {} may not answer: that needs a porter or admin credential",
+                who.describe()
+            ),
+        ));
     }
+    let caller = Caller {
+        name: who.name().to_string(),
+        admin: who.role() == fvd_proto::credentials::Role::Admin,
+    };
     let choice = choice?;
     let r = orch
         .call(
@@ -413,6 +633,7 @@ async fn answer(
                 id,
                 choice,
                 traceparent: None,
+                caller,
                 reply,
             },
             Some(ANSWER_TIMEOUT),
@@ -425,6 +646,7 @@ async fn answer(
                     StatusCode::NOT_FOUND
                 }
                 PortError::InvalidAnswer(_) => StatusCode::BAD_REQUEST,
+                PortError::NotYours { .. } => StatusCode::FORBIDDEN,
                 PortError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
                 _ => StatusCode::CONFLICT,
             };
@@ -537,13 +759,14 @@ mod tests {
     }
 
     #[test]
-    fn another_origin_is_refused() {
+    fn cookies_and_next_paths_are_read_strictly() {
         let mut h = HeaderMap::new();
-        h.insert(header::HOST, "127.0.0.1:7071".parse().unwrap());
-        assert!(same_origin(&h));
-        h.insert(header::ORIGIN, "http://127.0.0.1:7071".parse().unwrap());
-        assert!(same_origin(&h));
-        h.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
-        assert!(!same_origin(&h));
+        h.insert(header::COOKIE, "a=1; fvd_session=abc; b=2".parse().unwrap());
+        assert_eq!(cookie(&h, SESSION_COOKIE), Some("abc"));
+        assert_eq!(cookie(&h, "fvd"), None);
+        assert_eq!(local_path(Some("/ports/x?y=1")), "/ports/x?y=1");
+        for bad in ["//evil.example/", "https://evil.example/", "\\\\evil"] {
+            assert_eq!(local_path(Some(bad)), "/", "{bad}");
+        }
     }
 }

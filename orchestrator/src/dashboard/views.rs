@@ -123,6 +123,8 @@ pub struct QuestionView {
     pub options: Vec<String>,
     pub status: String,
     pub answer: String,
+    /// The credential that answered; empty when none was checked.
+    pub answered_by: String,
     pub attempt: u32,
 }
 
@@ -282,6 +284,7 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
             options: e.options.clone(),
             status: e.status.clone(),
             answer: e.answer.clone(),
+            answered_by: e.answered_by.clone(),
             attempt: e.attempt,
         })
         .collect();

@@ -99,6 +99,8 @@ impl Harness {
             },
             token: token.clone(),
             clock: clock.clone(),
+            // The gate's tests run agents (the replay stand-ins).
+            agents: fvd_workspace::agent::AgentPolicy::allowing(),
             resume_on_start: false,
             ..ServerConfig::default()
         };

@@ -44,6 +44,8 @@ pub(crate) struct Pytest {
     pub program: String,
     /// Whether pytest runs as `PROGRAM -m pytest`.
     pub module: bool,
+    /// The interpreter's flags before `-m` (`-B`, `-u`), kept in the command.
+    pub interpreter_flags: Vec<String>,
     /// `*.py` arguments, node ids cut to their file.
     pub files: Vec<String>,
     /// Node ids (`file.py::test_x`) as written, when some were given.
@@ -132,6 +134,41 @@ fn is_pytest(p: &str) -> bool {
     matches!(basename(p), "pytest" | "py.test")
 }
 
+/// The shell command lines of a markdown text's fenced blocks: lines
+/// continued with a trailing `\` joined, a leading `$ ` prompt dropped,
+/// comments and blank lines left out.
+pub(crate) fn fenced_commands(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut open = false;
+    let mut cur = String::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with("```") || t.starts_with("~~~") {
+            open = !open;
+            cur.clear();
+            continue;
+        }
+        if !open || t.starts_with('#') {
+            continue;
+        }
+        let t = t.strip_prefix("$ ").unwrap_or(t);
+        match t.strip_suffix('\\') {
+            Some(head) => {
+                cur.push_str(head.trim_end());
+                cur.push(' ');
+            }
+            None => {
+                cur.push_str(t);
+                if !cur.trim().is_empty() {
+                    out.push(std::mem::take(&mut cur).trim().to_string());
+                }
+                cur.clear();
+            }
+        }
+    }
+    out
+}
+
 /// Reads one command. A line of several commands (`cd X && pytest …`) is
 /// read at its pytest part; the words before it are kept as `preamble`.
 pub(crate) fn parse(line: &str) -> Parsed {
@@ -172,18 +209,41 @@ fn pytest_part(words: &[String]) -> Option<Pytest> {
         i += 1;
     }
     let program = words.get(i)?;
-    let args = if is_pytest(program) {
+    // `$PY -m pytest`: an interpreter in a variable the README sets
+    let variable = program.starts_with('$')
+        && words.get(i + 1).is_some_and(|w| w == "-m")
+        && words.get(i + 2).is_some_and(|w| is_pytest(w));
+    // the interpreter's own flags before `-m` (`python3 -B -u -m pytest`)
+    let mut j = i + 1;
+    if is_python(program) {
+        while let Some(w) = words.get(j) {
+            match w.as_str() {
+                "-m" => break,
+                "-X" | "-W" => j += 2,
+                f if f.starts_with('-') && f.len() > 1 && !f.starts_with("--") => j += 1,
+                _ => break,
+            }
+        }
+    }
+    let args = if variable {
+        p.module = true;
+        p.program = "python3".into();
+        &words[i + 3..]
+    } else if is_pytest(program) {
         &words[i + 1..]
     } else if is_python(program)
-        && words.get(i + 1).is_some_and(|w| w == "-m")
-        && words.get(i + 2).is_some_and(|w| is_pytest(w))
+        && words.get(j).is_some_and(|w| w == "-m")
+        && words.get(j + 1).is_some_and(|w| is_pytest(w))
     {
         p.module = true;
-        &words[i + 3..]
+        p.interpreter_flags = words[i + 1..j].to_vec();
+        &words[j + 2..]
     } else {
         return None;
     };
-    p.program = program.clone();
+    if !variable {
+        p.program = program.clone();
+    }
     let mut it = args.iter().peekable();
     while let Some(a) = it.next() {
         if a.starts_with('-') {
@@ -248,12 +308,36 @@ mod tests {
         assert_eq!(p.flags, ["-q", "-rs", "-k", "x and y"]);
         let p = pytest("/opt/venv/bin/python3.11 -m pytest t.py");
         assert_eq!(p.program, "/opt/venv/bin/python3.11");
+        // the interpreter's own flags before -m, as the project's example writes them
+        let p = pytest("python3 -B -X dev -m pytest t/test_a.py -q -p no:cacheprovider");
+        assert_eq!((p.program.as_str(), p.module), ("python3", true));
+        assert_eq!(p.interpreter_flags, ["-B", "-X", "dev"]);
+        assert_eq!(p.files, ["t/test_a.py"]);
+        assert_eq!(p.flags, ["-q", "-p", "no:cacheprovider"]);
         let p = pytest("cd /srv/FastVideo && pytest tests/local_tests/fam/ -vs");
         assert_eq!(
             (p.module, p.dirs.clone()),
             (false, vec!["tests/local_tests/fam/".to_string()])
         );
         assert_eq!(p.preamble, ["cd", "/srv/FastVideo"]);
+    }
+
+    #[test]
+    fn fenced_commands_join_continued_lines_with_their_gates() {
+        let md = "# T\n\n```bash\ncd \"$HUB\"\nPY=\"$HUB/.venv/bin/python\"\n\nGATE_A=1 \\\n  VARIANT=refiner \\\n  $PY -m pytest -v -s \\\n  tests/local_tests/x/test_x_moe_parity.py\n```\n\nprose `pytest not_this.py`\n";
+        let lines = fenced_commands(md);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        let p = pytest(&lines[2]);
+        assert_eq!(
+            p.assignments,
+            [
+                ("GATE_A".to_string(), "1".to_string()),
+                ("VARIANT".to_string(), "refiner".to_string())
+            ]
+        );
+        assert_eq!((p.program.as_str(), p.module), ("python3", true));
+        assert_eq!(p.files, ["tests/local_tests/x/test_x_moe_parity.py"]);
+        assert_eq!(p.flags, ["-v", "-s"]);
     }
 
     #[test]

@@ -250,6 +250,30 @@ impl Cx<'_> {
         (self.read)(path)
     }
 
+    /// The tests a component runs: its files, each narrowed to the node ids
+    /// its command selects (`file.py::test_x[fp32]`), so components sharing
+    /// a file run only their own tests.
+    fn selection(&self, c: &Cand) -> Vec<String> {
+        let mut out = Vec::new();
+        for t in &c.tests {
+            let ids: Vec<String> = c
+                .cmd
+                .iter()
+                .flat_map(|p| p.node_ids.iter())
+                .filter_map(|id| {
+                    let (f, rest) = id.split_once("::")?;
+                    (self.resolve(f, "").0 == *t).then(|| format!("{t}::{rest}"))
+                })
+                .collect();
+            if ids.is_empty() {
+                out.push(t.clone());
+            } else {
+                out.extend(ids);
+            }
+        }
+        out
+    }
+
     /// A path as a row writes it, made repo-relative. A bare file name is
     /// in the family folder; `./x` and `../x` are relative to `base`.
     fn resolve(&self, raw: &str, base: &str) -> (String, Option<String>) {
@@ -298,6 +322,11 @@ impl Cx<'_> {
         {
             self.rows_of_readme(readme, &mut plan, &mut claimed_elsewhere, false);
         }
+        // the README's pytest commands, with the variables that gate them,
+        // for tests anywhere in the checkout
+        if let Some(readme) = self.input.readme {
+            self.readme_commands(readme, &mut plan, &mut claimed_elsewhere);
+        }
         for c in plan.cands.iter_mut().filter(|c| c.tests.is_empty()) {
             let by_name: Vec<String> = self
                 .input
@@ -314,6 +343,38 @@ impl Cx<'_> {
             }
         }
         self.leftovers(&mut plan, &claimed_elsewhere);
+        // rows that select the very same tests are one component: it runs
+        // them once, and its aliases name every row
+        let mut merged: Vec<Cand> = Vec::new();
+        for c in std::mem::take(&mut plan.cands) {
+            // the same tests under the same variables (gates differ: two runs)
+            let key = |c: &Cand| {
+                (
+                    self.selection(c),
+                    c.cmd
+                        .as_ref()
+                        .map(|p| p.assignments.clone())
+                        .unwrap_or_default(),
+                )
+            };
+            let sel = key(&c);
+            match merged
+                .iter_mut()
+                .find(|m| !sel.0.is_empty() && key(m) == sel)
+            {
+                Some(m) => {
+                    m.notes.push(format!(
+                        "{} selects the same tests; one component runs them once",
+                        c.from.join("; ")
+                    ));
+                    let keep = m.cmd.clone();
+                    m.absorb(c);
+                    m.cmd = keep;
+                }
+                None => merged.push(c),
+            }
+        }
+        plan.cands = merged;
         // names the spec accepts: non-empty and unique
         let mut seen = BTreeSet::new();
         for (i, c) in plan.cands.iter_mut().enumerate() {
@@ -438,14 +499,25 @@ impl Cx<'_> {
                         rel
                     })
                     .collect();
-                let name = scope.name();
-                let identity = scope.identity();
+                // a scope that is the template's generic word (`component`)
+                // names no component: the row joins by its test files only
+                let generic = matches!(
+                    scope.name().as_str(),
+                    "component" | "components" | "scope" | "all" | "test" | "tests"
+                );
+                let name = if generic { String::new() } else { scope.name() };
+                let identity = if generic {
+                    String::new()
+                } else {
+                    scope.identity()
+                };
                 let joined = plan
                     .cands
                     .iter()
                     .position(|c| {
                         (!name.is_empty() && c.name == name)
-                            || c.labels.iter().any(|l| l.identity() == identity)
+                            || (!identity.is_empty()
+                                && c.labels.iter().any(|l| l.identity() == identity))
                     })
                     .or_else(|| {
                         plan.cands.iter().position(|c| {
@@ -456,6 +528,20 @@ impl Cx<'_> {
                         })
                     });
                 let mut c = Cand::new(scope.clone(), what.clone());
+                if generic {
+                    // not a label of the component it joins, nor a name: a
+                    // row of its own is named by its test file
+                    let by_file = files
+                        .iter()
+                        .find_map(|f| pyfile::component_of_file(self.input.family, f))
+                        .unwrap_or_default();
+                    c.labels = if by_file.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![Label::new(&by_file)]
+                    };
+                    c.name = by_file;
+                }
                 c.add_tests(files.clone());
                 c.cmd = Some(p);
                 c.notes = notes;
@@ -594,6 +680,135 @@ impl Cx<'_> {
         }
     }
 
+    /// The pytest commands of the README's fenced blocks: each parity test
+    /// they run (anywhere in the checkout) goes to the component without a
+    /// test whose words it shares most (name, labels, type; the test's file
+    /// name and the values of the command's variables), best matches first,
+    /// or becomes a component named by the file (`test_<family>_<x>_parity.py`);
+    /// the command's variables come with it, as the gates that make the
+    /// test run instead of skip.
+    fn readme_commands(
+        &self,
+        readme: &str,
+        plan: &mut Plan,
+        claimed_elsewhere: &mut BTreeMap<String, String>,
+    ) {
+        // (file, the command that runs it, its words)
+        let mut runs: Vec<(String, Pytest, BTreeSet<String>)> = Vec::new();
+        for line in command::fenced_commands(readme) {
+            let Parsed::Pytest(p) = command::parse(&line) else {
+                continue;
+            };
+            for f in &p.files {
+                let (rel, _) = self.resolve(f, "");
+                if self.text(&rel).is_none() {
+                    continue;
+                }
+                if let Some(r) = pyfile::not_parity(&rel, self.text(&rel).as_deref()) {
+                    claimed_elsewhere
+                        .entry(rel.clone())
+                        .or_insert_with(|| format!("{r} (README.md command)"));
+                    continue;
+                }
+                let mut words = words_of(&strip_family(pyfile::file_name(&rel), self.input.family));
+                for (_, v) in &p.assignments {
+                    words.extend(words_of(v));
+                }
+                let mut one = p.clone();
+                one.files = vec![f.clone()];
+                one.node_ids.retain(|id| id.starts_with(&format!("{f}::")));
+                runs.push((rel, one, words));
+            }
+        }
+        if runs.is_empty() {
+            return;
+        }
+        // every (score, component, run), best first
+        let cand_words: Vec<BTreeSet<String>> = plan
+            .cands
+            .iter()
+            .map(|c| {
+                let mut w = words_of(&c.name);
+                for l in &c.labels {
+                    w.extend(words_of(&l.text));
+                }
+                if let Some(t) = c.type_cell.as_deref().and_then(type_of) {
+                    w.insert(t.to_string());
+                }
+                w
+            })
+            .collect();
+        let mut pairs: Vec<(usize, usize, usize)> = Vec::new();
+        for (ci, c) in plan.cands.iter().enumerate() {
+            if !c.tests.is_empty() {
+                continue;
+            }
+            for (ri, (rel, _, words)) in runs.iter().enumerate() {
+                let named = pyfile::component_of_file(self.input.family, rel).as_deref()
+                    == Some(c.name.as_str());
+                let shared = words.intersection(&cand_words[ci]).count();
+                let score = if named { 100 } else { shared };
+                if score > 0 {
+                    pairs.push((score, ci, ri));
+                }
+            }
+        }
+        pairs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let mut cand_done = BTreeSet::new();
+        let mut run_done = BTreeSet::new();
+        for &(score, ci, ri) in &pairs {
+            if cand_done.contains(&ci) || run_done.contains(&ri) {
+                continue;
+            }
+            // a tie for this component between runs of different files is
+            // not a match anyone can check: left for the porter
+            let tie = pairs.iter().any(|&(s, c, r)| {
+                s == score
+                    && c == ci
+                    && r != ri
+                    && !run_done.contains(&r)
+                    && runs[r].0 != runs[ri].0
+            });
+            cand_done.insert(ci);
+            if tie {
+                plan.cands[ci].notes.push(format!(
+                    "README.md runs several tests that fit it equally ({score} shared word(s)); pick its parity test"
+                ));
+                continue;
+            }
+            run_done.insert(ri);
+            let (rel, p, _) = &runs[ri];
+            let c = &mut plan.cands[ci];
+            c.from.push(format!(
+                "README.md command running {} (shares {score} word(s) with it)",
+                pyfile::file_name(rel)
+            ));
+            c.add_tests([rel.clone()]);
+            c.cmd = Some(p.clone());
+        }
+        // parity tests no component took: components of their own, named by
+        // their file
+        let taken: BTreeSet<String> = plan.cands.iter().flat_map(|c| c.tests.clone()).collect();
+        for (ri, (rel, p, _)) in runs.iter().enumerate() {
+            if run_done.contains(&ri) || taken.contains(rel) {
+                continue;
+            }
+            let Some(name) = pyfile::component_of_file(self.input.family, rel) else {
+                continue;
+            };
+            if !pyfile::file_name(rel).ends_with("_parity.py") {
+                continue;
+            }
+            let mut c = Cand::new(
+                Label::new(&name),
+                format!("README.md command running {}", pyfile::file_name(rel)),
+            );
+            c.add_tests([rel.clone()]);
+            c.cmd = Some(p.clone());
+            plan.cands.push(c);
+        }
+    }
+
     /// Test files of the family that no row named: a component when the
     /// name says so, else listed with the reason.
     fn leftovers(&self, plan: &mut Plan, claimed_elsewhere: &BTreeMap<String, String>) {
@@ -673,6 +888,28 @@ impl Cx<'_> {
             }
         }
     }
+}
+
+/// The lowercase words of a name, label or value (`Qwen3-VL text` gives
+/// `qwen3`, `vl`, `text`), without those every test file shares.
+fn words_of(s: &str) -> BTreeSet<String> {
+    s.to_ascii_lowercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| {
+            w.len() > 1 && !matches!(*w, "test" | "tests" | "parity" | "py" | "the" | "and")
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A test file's name without `test_<family>_`.
+fn strip_family(file: &str, family: &str) -> String {
+    let stem = file.strip_suffix(".py").unwrap_or(file);
+    let stem = stem.strip_prefix("test_").unwrap_or(stem);
+    stem.strip_prefix(family)
+        .map(|r| r.trim_start_matches('_'))
+        .unwrap_or(stem)
+        .to_string()
 }
 
 /// Rows whose names collide are one component, unless the first words of

@@ -236,9 +236,15 @@ impl Cx<'_> {
                 "workload_types" => {
                     self.text_or_fill(field, "T2V, I2V, V2V, T2I or a shim with its rationale")
                 }
-                "official_ref" => {
-                    self.text_or_fill(field, "url or import path of the official implementation")
-                }
+                "official_ref" => match self.ref_at_commit() {
+                    // `URL at SHA`: the reference and, apart, its commit
+                    Some((url, _, source)) => Pv::Known {
+                        value: url,
+                        source: format!("{source} (the part before \"at <commit>\")"),
+                    },
+                    None => self
+                        .text_or_fill(field, "url or import path of the official implementation"),
+                },
                 "official_ref_dir" => {
                     self.text_or_fill(field, "the reference checkout's folder, or none")
                 }
@@ -270,7 +276,20 @@ impl Cx<'_> {
                         },
                     }
                 }
-                "official_ref_commit" | "hf_revision" => self.text_or_unknown(field),
+                "official_ref_commit" => match (self.find(field), self.ref_at_commit()) {
+                    (Ok(f), _) => Pv::Known {
+                        value: f.value,
+                        source: f.source,
+                    },
+                    (Err(_), Some((_, sha, source))) => Pv::Known {
+                        value: sha,
+                        source: format!("{source} (\"at <commit>\" after the reference)"),
+                    },
+                    (Err(gaps), None) => Pv::Unknown {
+                        searched: self.searched(&gaps),
+                    },
+                },
+                "hf_revision" => self.text_or_unknown(field),
                 "model_index_class" => self.model_index_class(),
                 "source_layout" => self.source_layout(),
                 "components_seen" => {
@@ -385,6 +404,22 @@ impl Cx<'_> {
         None
     }
 
+    /// `official_ref` written as `URL at SHA` (a commit glued to the
+    /// reference): the reference, the commit and where it was read.
+    fn ref_at_commit(&self) -> Option<(String, String, String)> {
+        let f = self.find("official_ref").ok()?;
+        let (url, sha) = f.value.rsplit_once(" at ")?;
+        let sha = sha.trim().trim_matches('`');
+        let hex = sha.len() >= 7 && sha.len() <= 64 && sha.chars().all(|c| c.is_ascii_hexdigit());
+        hex.then(|| {
+            (
+                url.trim().trim_matches('`').to_string(),
+                sha.to_string(),
+                f.source,
+            )
+        })
+    }
+
     fn model_index_class(&self) -> Pv {
         if let Ok(f) = self.find("model_index_class") {
             return Pv::Known {
@@ -392,9 +427,22 @@ impl Cx<'_> {
                 source: f.source,
             };
         }
-        // `model_index_class=null` in an inspection's output, say
+        // `model_index_class=null` in an inspection's output, say; the name
+        // as a whole word (not inside `converted_model_index_classes`)
+        let whole = |text: &str, at: usize| {
+            let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+            !text[..at].chars().next_back().is_some_and(word)
+                && !text[at + "model_index_class".len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(word)
+        };
         for (file, text) in self.all_texts() {
-            if let Some(at) = text.find("model_index_class") {
+            if let Some(at) = text
+                .match_indices("model_index_class")
+                .map(|(i, _)| i)
+                .find(|&i| whole(text, i))
+            {
                 let rest =
                     text[at + "model_index_class".len()..].trim_start_matches(['`', ' ', '=', ':']);
                 let v: String = rest
@@ -464,20 +512,22 @@ impl Cx<'_> {
     }
 
     fn needs_conversion(&self) -> Pv {
+        // `none`, `no`, `not needed`, also with words after them (`none for
+        // the reused components or native transformer`)
         let none_like = |v: &str| {
             let v = strip_md(v).to_ascii_lowercase();
+            let first = v
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '/'))
+                .find(|w| !w.is_empty())
+                .unwrap_or_default();
             v.is_empty()
+                || v == "-"
                 || matches!(
-                    v.as_str(),
-                    "none"
-                        | "n/a"
-                        | "na"
-                        | "-"
-                        | "no"
-                        | "not_required"
-                        | "not required"
-                        | "not needed"
+                    first,
+                    "none" | "n/a" | "na" | "no" | "not_required" | "not_needed"
                 )
+                || v.starts_with("not required")
+                || v.starts_with("not needed")
         };
         if let Some(st) = self.status {
             for key in ["conversion_script", "converted_weights_dir"] {
@@ -500,19 +550,17 @@ impl Cx<'_> {
                     || l.contains("conversion is not needed")
                     || l.contains("conversion not needed")
             };
-            let not_required = |v: &str| {
-                matches!(
-                    strip_md(v).to_ascii_lowercase().as_str(),
-                    "not required" | "not_required" | "not needed" | "n/a"
-                )
-            };
             if let Some(v) = st.conversion_state.get("conversion_script")
-                && not_required(v)
+                && none_like(v)
+                && !is_gap(v)
+                && !strip_md(v).is_empty()
             {
                 return Pv::Known {
                     value: "no".into(),
-                    source: "PORT_STATUS.md Conversion State (conversion_script: not required)"
-                        .into(),
+                    source: format!(
+                        "PORT_STATUS.md Conversion State (conversion_script: {})",
+                        one_line(&strip_md(v), 60)
+                    ),
                 };
             }
             let raw = self.input.status.unwrap_or_default();

@@ -262,6 +262,16 @@ impl Cx<'_> {
                     .iter()
                     .map(|(k, v)| format!("{k} = {}", quote(&clean(v))))
                     .collect();
+                if let Some((k, _)) = w
+                    .set_env
+                    .iter()
+                    .find(|(_, v)| fvd_contracts::contract::is_placeholder(&clean(v)))
+                {
+                    o.placeholders.push(Placeholder {
+                        line: o.lines.len() + 1,
+                        field: at(&format!("set_env.{k}")),
+                    });
+                }
                 o.line(format!("set_env = {{ {} }}", pairs.join(", ")));
             }
             if !w.env.is_empty() {
@@ -320,7 +330,7 @@ impl Cx<'_> {
                 c.name, self.dir, self.input.family, c.name
             ))]
         } else {
-            c.tests.clone()
+            self.selection(c)
         };
         let texts: Vec<(String, Option<String>)> =
             c.tests.iter().map(|t| (t.clone(), self.text(t))).collect();
@@ -352,6 +362,16 @@ impl Cx<'_> {
                         env.push(k.clone());
                     }
                     env_notes.push(format!("{k}: its value is not copied; passed through by name from the worker's environment"));
+                } else if is_template_value(v) {
+                    // `<pinned-clone>`: the status names a value to choose,
+                    // not one to copy
+                    set_env.push((
+                        k.clone(),
+                        fill(&format!(
+                            "the value of {k} on the workers (the status writes {v})"
+                        )),
+                    ));
+                    env_notes.push(format!("{k}: the status writes {v}, a value to choose"));
                 } else {
                     let (value, changed) = repo_value(v, self.input.repo_name);
                     if changed {
@@ -365,7 +385,8 @@ impl Cx<'_> {
             {
                 env.insert(0, t.to_string());
             }
-            let trivial = p.flags.is_empty() || p.flags == ["-q"];
+            let trivial =
+                (p.flags.is_empty() || p.flags == ["-q"]) && p.interpreter_flags.is_empty();
             let abs_program = p.program.starts_with('/');
             if !trivial || abs_program {
                 let program = if abs_program {
@@ -384,6 +405,7 @@ impl Cx<'_> {
                 };
                 let mut argv = vec![program];
                 if p.module {
+                    argv.extend(p.interpreter_flags.iter().cloned());
                     argv.extend(["-m".to_string(), "pytest".to_string()]);
                 }
                 argv.push("{test}".into());
@@ -396,12 +418,7 @@ impl Cx<'_> {
                 }
                 command = Some(argv);
             }
-            if !p.node_ids.is_empty() {
-                notes.push(format!(
-                    "the status selects {}; this runs the whole files",
-                    p.node_ids.join(" ")
-                ));
-            }
+
             if !p.preamble.is_empty() {
                 notes.push(format!(
                     "the status runs `{}` first; fvd runs tests from the checkout",
@@ -502,6 +519,16 @@ impl Cx<'_> {
             notes,
         }
     }
+}
+
+/// Whether a value is a template to fill in (`<pinned-clone>`,
+/// `/path/to/weights`, `${VAR}`), not a value to copy.
+fn is_template_value(v: &str) -> bool {
+    let v = v.trim();
+    (v.starts_with('<') && v.ends_with('>'))
+        || v.contains("/path/to/")
+        || v.starts_with("${")
+        || v.starts_with('$')
 }
 
 /// The component type a label or Type cell names, if any.

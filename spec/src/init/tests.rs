@@ -783,8 +783,19 @@ fn a_status_file_of_its_own_shape_still_gives_components() {
         [
             ("kestreltransformer2dmodel", "dit"),
             ("autoencoderkl", "vae"),
-            ("cliptextmodel", "encoder")
         ]
+    );
+    // two rows that run the same test file are one component, run once,
+    // named by both rows
+    let loaders = component(&spec, "autoencoderkl");
+    assert_eq!(
+        loaders.parity_tests,
+        ["tests/local_tests/kestrel/test_kestrel_loaders.py"]
+    );
+    assert!(
+        loaders.aliases.iter().any(|a| a == "CLIPTextModel"),
+        "{:?}",
+        loaders.aliases
     );
     assert_eq!(
         component(&spec, "kestreltransformer2dmodel").parity_tests,
@@ -927,5 +938,197 @@ fn readme_gaps_with_notes_and_a_recorded_absence_of_a_token() {
         p("local_weights_dir").starts_with("<fill in:"),
         "{}",
         p("local_weights_dir")
+    );
+}
+
+/// A status file and README with the traps of real ones: a conversion
+/// script "none for …", a key that contains `model_index_class`, a commit
+/// glued to the reference, a `<pinned-clone>` in a command, node ids of
+/// one file shared by two rows, the interpreter's `-B`, and tests outside
+/// the family folder that only the README's gated commands name.
+const LUMEN_STATUS: &str = "# Lumen Port Status
+
+## Summary
+
+- model_family: `lumen`
+- workload_types: `T2I`
+- official_ref: `https://example.org/lumen` at `a638721cf2271804d02738b69f2ad788c4a559fc`
+- converted_model_index_classes: `LumenDensePipeline`; `LumenMoePipeline`
+- local_tests_readme: `tests/local_tests/lumen/README.md`
+
+## Component Matrix
+
+| Component | Type | Reuse/Port | Official Definition | Official Instantiation | FastVideo Target | Prototype | Conversion | Parity | Open Issues |
+|---|---|---|---|---|---|---|---|---|---|
+| Encoder fp32 | text_encoder | reused | x | x | x | DONE | not_needed | PASS | none |
+| Encoder bf16 | text_encoder | reused | x | x | x | DONE | not_needed | PASS | none |
+| Dense DiT | DiT | port | x | x | x | pass | pass | exact | none |
+| Wan VAE | VAE | reuse | x | x | x | pass | pass | exact | none |
+
+## Conversion State
+
+- conversion_script: none for the reused components or native transformer
+- converted_weights_dir: none
+
+## Parity Commands
+
+| Scope | Command | Last Result | Notes |
+|---|---|---|---|
+| Encoder fp32 | `pytest tests/local_tests/lumen/test_lumen_encoder_parity.py::test_forward[fp32] -v -s` | PASS | x |
+| Encoder bf16 | `python3 -B -m pytest tests/local_tests/lumen/test_lumen_encoder_parity.py::test_forward[bf16] -q -p no:cacheprovider` | PASS | x |
+| Dense DiT ref | `LUMEN_REF_DIR=<pinned-clone> pytest tests/local_tests/lumen/test_lumen_extra_parity.py -v -s` | PASS | x |
+";
+
+const LUMEN_README: &str = "# Lumen\n\nRun each gated test alone:\n\n```bash\nPY=\"$HUB/.venv/bin/python\"\nLUMEN_RUN_GPU_TESTS=1 $PY -m pytest -v -s \\\n  tests/local_tests/transformers/test_lumen_dense_dit_parity.py\nLUMEN_RUN_GPU_TESTS=1 \\\n  $PY -m pytest -v -s tests/local_tests/vaes/test_lumen_vae_parity.py\n```\n";
+
+#[test]
+fn init_writes_only_what_the_checkout_says() {
+    let test = "import torch\n\ndef test_forward():\n    assert True\n";
+    let repo = Repo::new(&[
+        ("tests/local_tests/lumen/PORT_STATUS.md", LUMEN_STATUS),
+        ("tests/local_tests/lumen/README.md", LUMEN_README),
+        ("tests/local_tests/lumen/test_lumen_encoder_parity.py", test),
+        ("tests/local_tests/lumen/test_lumen_extra_parity.py", test),
+        (
+            "tests/local_tests/transformers/test_lumen_dense_dit_parity.py",
+            test,
+        ),
+        ("tests/local_tests/vaes/test_lumen_vae_parity.py", test),
+    ]);
+    let out = repo.init("lumen");
+    let spec = parsed(&out);
+    let p = |k: &str| spec.prep.get(k).cloned().unwrap_or_default();
+    // "none for …" is no conversion, not a recorded script
+    assert_eq!(p("needs_conversion"), "no", "{}", out.toml);
+    // `converted_model_index_classes` is not `model_index_class`
+    assert_eq!(p("model_index_class"), "unknown", "{}", out.toml);
+    // a commit glued to the reference is the reference's commit
+    assert_eq!(p("official_ref"), "https://example.org/lumen");
+    assert_eq!(
+        p("official_ref_commit"),
+        "a638721cf2271804d02738b69f2ad788c4a559fc"
+    );
+    // node ids kept: the two encoder rows run only their own tests
+    assert_eq!(
+        component(&spec, "encoder_fp32").parity_tests,
+        ["tests/local_tests/lumen/test_lumen_encoder_parity.py::test_forward[fp32]"]
+    );
+    let bf16 = component(&spec, "encoder_bf16");
+    assert_eq!(
+        bf16.parity_tests,
+        ["tests/local_tests/lumen/test_lumen_encoder_parity.py::test_forward[bf16]"]
+    );
+    // the project's own `python3 -B -m pytest` is read, its -B kept
+    assert_eq!(
+        bf16.command,
+        [
+            "python3",
+            "-B",
+            "-m",
+            "pytest",
+            "{test}",
+            "-q",
+            "-p",
+            "no:cacheprovider"
+        ]
+    );
+    // a placeholder in a command stays a fill-in, never a literal value
+    let extra = spec
+        .components
+        .iter()
+        .find(|c| {
+            c.parity_tests
+                .iter()
+                .any(|t| t.ends_with("test_lumen_extra_parity.py"))
+        })
+        .expect("the extra row's component");
+    let v = &extra.set_env["LUMEN_REF_DIR"];
+    assert!(v.starts_with("<fill in:"), "{v}");
+    assert!(
+        out.summary
+            .placeholders
+            .iter()
+            .any(|p| p.field.ends_with("set_env.LUMEN_REF_DIR")),
+        "{:?}",
+        out.summary.placeholders
+    );
+    // tests outside the family folder, found through the README's gated
+    // commands, with their gates
+    let dit = component(&spec, "dense_dit");
+    assert_eq!(
+        dit.parity_tests,
+        ["tests/local_tests/transformers/test_lumen_dense_dit_parity.py"]
+    );
+    assert_eq!(dit.set_env["LUMEN_RUN_GPU_TESTS"], "1");
+    let vae = component(&spec, "wan_vae");
+    assert_eq!(
+        vae.parity_tests,
+        ["tests/local_tests/vaes/test_lumen_vae_parity.py"]
+    );
+    assert_eq!(vae.set_env["LUMEN_RUN_GPU_TESTS"], "1");
+    // and P0 refuses what is still open, and nothing the file contradicts
+    let unmet = crate::preconditions::prep_conditions(&spec, Path::new("/r"));
+    assert!(
+        unmet
+            .iter()
+            .any(|u| u.contains("set_env.LUMEN_REF_DIR is a placeholder")),
+        "{unmet:?}"
+    );
+    let clash = crate::preconditions::status_conditions(&spec, LUMEN_STATUS, &|f| format!("p:{f}"));
+    assert!(clash.is_empty(), "{clash:?}");
+}
+
+#[test]
+fn p0_names_every_value_the_status_file_contradicts() {
+    let out = Repo::new(&[("tests/local_tests/lumen/PORT_STATUS.md", LUMEN_STATUS)]).init("lumen");
+    let mut spec = parsed(&out);
+    spec.prep.insert("needs_conversion".into(), "yes".into());
+    spec.prep
+        .insert("official_ref_commit".into(), "ffffffffffff".into());
+    spec.prep
+        .insert("official_ref".into(), "https://example.org/other".into());
+    let unmet =
+        crate::preconditions::status_conditions(&spec, LUMEN_STATUS, &|f| format!("port.toml:{f}"));
+    for want in [
+        "port.toml:needs_conversion: prep.needs_conversion: is \"yes\" but PORT_STATUS.md Conversion State's conversion_script says \"none for the reused components or native transformer\"",
+        "prep.official_ref_commit: is \"ffffffffffff\"",
+        "prep.official_ref: is \"https://example.org/other\"",
+    ] {
+        assert!(unmet.iter().any(|u| u.contains(want)), "{want}: {unmet:#?}");
+    }
+    assert_eq!(unmet.len(), 3, "{unmet:#?}");
+}
+
+#[test]
+fn rows_labelled_with_the_templates_word_join_by_their_files_only() {
+    let status = "# Gear Port Status\n\n## Parity Commands\n\n| Scope | Command | Last Result | Notes |\n|---|---|---|---|\n| component | `python3 -B -m pytest tests/local_tests/generic/test_gear_embed_parity.py -q` | `non_skip_pass` | |\n| component | `python3 -B -m pytest tests/local_tests/vaes/test_gear_vae_parity.py -q` | `scaffold_skip` | |\n";
+    let test = "def test_x():\n    assert True\n";
+    let out = Repo::new(&[
+        ("tests/local_tests/gear/PORT_STATUS.md", status),
+        ("tests/local_tests/generic/test_gear_embed_parity.py", test),
+        ("tests/local_tests/vaes/test_gear_vae_parity.py", test),
+    ])
+    .init("gear");
+    let spec = parsed(&out);
+    let tests: Vec<(&str, Vec<String>)> = spec
+        .components
+        .iter()
+        .map(|c| (c.name.as_str(), c.parity_tests.clone()))
+        .collect();
+    // each row its own component, named by its file, never all on the first
+    assert_eq!(
+        tests,
+        [
+            (
+                "embed",
+                vec!["tests/local_tests/generic/test_gear_embed_parity.py".to_string()]
+            ),
+            (
+                "vae",
+                vec!["tests/local_tests/vaes/test_gear_vae_parity.py".to_string()]
+            ),
+        ],
+        "{}",
+        out.toml
     );
 }

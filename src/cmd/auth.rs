@@ -1,0 +1,86 @@
+//! `fvd auth`: the credentials file of `fvd orchestrator serve --auth`,
+//! without writing hashes by hand. `add` makes a token from 32 random
+//! bytes, prints it once on stdout (nothing else keeps it) and appends its
+//! SHA-256 under the name and role; `remove` deletes an entry; `list`
+//! shows names and roles. A running server sees a change after SIGHUP.
+
+use super::exit::Exit;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use fvd_proto::credentials::{self, Role};
+
+#[derive(Debug, Subcommand)]
+pub enum AuthCmd {
+    /// Add a credential and print its token once (keep it: only its hash
+    /// is written).
+    Add(AddArgs),
+    /// Remove a credential (the server refuses it after SIGHUP).
+    Remove(RemoveArgs),
+    /// List the credentials' names and roles.
+    List(ListArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AddArgs {
+    /// The name calls are recorded under (submits, answers, cancels,
+    /// resets): 1 to 32 of letters, digits, `.`, `_`, `-`, `@`.
+    pub name: String,
+    /// worker (connect only), viewer (read), porter (read, and change its
+    /// own ports) or admin (everything).
+    #[arg(long, value_parser = parse_role)]
+    pub role: Role,
+    /// The credentials file (created with mode 0600 when missing).
+    #[arg(long)]
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct RemoveArgs {
+    pub name: String,
+    #[arg(long)]
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[arg(long)]
+    pub file: PathBuf,
+}
+
+fn parse_role(s: &str) -> Result<Role, String> {
+    Role::parse(s).ok_or_else(|| format!("{s:?} is no role: worker, viewer, porter or admin"))
+}
+
+pub fn run(cmd: AuthCmd) -> anyhow::Result<Exit> {
+    match cmd {
+        AuthCmd::Add(a) => {
+            let token = credentials::add(&a.file, &a.name, a.role)?;
+            // The token alone on stdout, so `fvd auth add … > file` keeps
+            // exactly it; the rest on stderr.
+            println!("{}", token.value());
+            eprintln!(
+                "added {} ({}) to {}: the token above is shown once; give it to {} (--token-file or --token-env), and send the orchestrator SIGHUP if it runs",
+                a.name,
+                a.role,
+                a.file.display(),
+                a.name
+            );
+        }
+        AuthCmd::Remove(a) => {
+            let gone = credentials::remove(&a.file, &a.name)?;
+            eprintln!(
+                "removed {} ({}) from {}: send the orchestrator SIGHUP to refuse it from now on",
+                gone.name,
+                gone.role,
+                a.file.display()
+            );
+        }
+        AuthCmd::List(a) => {
+            for e in credentials::list(&a.file)? {
+                println!("{}\t{}", e.name, e.role);
+            }
+        }
+    }
+    Ok(Exit::Success)
+}
