@@ -2,7 +2,8 @@
 # The project's test command (README "Run the tests"; .ci/run calls it).
 # Installs the Python packages the example ports and the verdict tests run
 # under and, when missing, Debian's chromium and chromium-driver (the
-# dashboard's browser test), then: formatting, clippy with warnings denied,
+# dashboard's browser test), Node and the pinned coding-agent CLIs (the
+# real-agent tests, cached in target/agents-cli), then: formatting, clippy with warnings denied,
 # every Rust test (the fuzz targets of fuzz/ for FVD_FUZZ_SECS seconds in
 # all, 60 here, shared by the test threads), the
 # tests of python/fvd_trace (numpy stand-ins for torch modules; the torch
@@ -25,9 +26,10 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
         chromium chromium-driver fonts-liberation >/dev/null
 fi
 cargo fmt --all -- --check
-# --features fvd/conformance,fvd/slurm: those targets compile and are
-# linted here too, though the conformance suite runs only in .ci/run.
-cargo clippy --workspace --all-targets --features fvd/conformance,fvd/slurm --locked -- -D warnings
+# --features fvd/conformance,fvd/slurm,fvd/agents: those targets compile
+# and are linted here too, though the conformance suite runs only in
+# .ci/run.
+cargo clippy --workspace --all-targets --features fvd/conformance,fvd/slurm,fvd/agents --locked -- -D warnings
 # Every test stage runs even when an earlier one failed, and cargo runs
 # every test binary (--no-fail-fast): one failure cannot hide the others.
 status=0
@@ -75,6 +77,17 @@ if ! { command -v slurmctld && command -v munged; } >/dev/null 2>&1; then
         echo "slurm: apt-get install slurm-wlm munge failed; the Slurm test will fail"
 fi
 cargo test --locked --features slurm --test slurm || status=1
+
+# Real coding-agent CLIs as component subagents (tests/agents): Node when
+# the machine has none and the pinned Claude Code, Codex and opencode into
+# the cache target/agents-cli (kept between runs), then each runs the
+# example's fix against the scripted model server inside unshare -n.
+if agent_clis=$(bash scripts/agent-clis.sh); then
+    FVD_AGENT_CLI_DIR="$agent_clis" cargo test --locked --features agents --test agents || status=1
+else
+    echo "agents: the coding-agent CLIs could not be installed; the real-agent tests did not run"
+    status=1
+fi
 
 # The Kubernetes manifests, validated offline against the Kubernetes
 # schemas that kubernetes-validate ships (and the validator's own tests),

@@ -845,9 +845,11 @@ async fn prepare_agent(st: &ComponentState) -> Result<AgentLoop, String> {
     let repo = Path::new(&st.args.repo);
     // A new worktree starts at the commit the port is pinned to.
     let base = Some(st.args.code.commit.as_str()).filter(|c| !c.is_empty());
+    let clock = std::time::Instant::now();
     let wt = worktree::ensure(repo, family, name, known, base)
         .await
         .map_err(|e| e.to_string())?;
+    tracing::info!(%family, component = %name, worktree_ms = clock.elapsed().as_millis() as u64, "agent worktree ready");
     store
         .record_worktree(family, name, &wt)
         .await
@@ -876,6 +878,10 @@ fn agent_dir(repo: &Path, family: &str, name: &str) -> Result<PathBuf, fvd_paths
         Path::new(family).join(name),
     )
 }
+
+/// The ledger state of an attempt whose model API's environment ended it:
+/// not counted, run again under its number.
+const ENVIRONMENT: &str = "environment";
 
 /// Kinds of agent turns, as the ledger records them.
 const FIX: &str = "fix";
@@ -920,6 +926,18 @@ async fn resume(
         let (job, kind) = (cut.job_before.clone(), cut.kind.clone());
         return agent_attempt(myself, st, &job, &before, "", &kind).await;
     }
+    // An attempt its model API's environment ended (a refused key, an API
+    // that kept failing) runs again under its number, from the same run.
+    if let Some(env) = ledger.last().filter(|a| a.state == ENVIRONMENT) {
+        let before = JobResult {
+            verdict: env.verdict_before.clone(),
+            reason: env.reason_before.clone(),
+            output_tail: job_tail(st, &env.job_before).await?,
+            ..JobResult::default()
+        };
+        let (job, kind) = (env.job_before.clone(), env.kind.clone());
+        return agent_attempt(myself, st, &job, &before, "", &kind).await;
+    }
     if row.status == ComponentStatus::AskUser {
         let answered = answered(st).await?;
         if answered.is_empty() {
@@ -930,7 +948,7 @@ async fn resume(
     }
     let untested = ledger
         .last()
-        .filter(|a| a.verdict_after.is_empty())
+        .filter(|a| a.state == "recorded" && a.verdict_after.is_empty())
         .map(|a| a.attempt);
     if row.status == ComponentStatus::Agent && untested.is_none() {
         // Cut off after the verdict was recorded (with `agent` as its next
@@ -1073,6 +1091,10 @@ pub struct Spent {
     /// Run time × GPUs of its finished runs.
     pub gpu_ms: u64,
     pub now_ms: i64,
+    /// What its agent attempts spent on their model API, and the port's
+    /// (every component's) together.
+    pub model_component: fvd_store::usage::Spend,
+    pub model_port: fvd_store::usage::Spend,
 }
 
 /// Which budget of `a` is spent, in words; `None` while all hold.
@@ -1101,7 +1123,61 @@ pub fn budget_spent(a: &fvd_spec::AgentSpec, s: &Spent) -> Option<String> {
             s.gpu_ms as f64 / 1000.0
         ));
     }
+    let b = a.model.as_ref().map(|m| m.budget).unwrap_or_default();
+    for (max, spent, of) in [
+        (b.usd_per_component, s.model_component.usd, "the component"),
+        (b.usd_per_port, s.model_port.usd, "the port"),
+    ] {
+        if let Some(max) = max
+            && spent >= max
+        {
+            return Some(format!(
+                "agent budget spent: {spent:.4} of {max} USD for {of}"
+            ));
+        }
+    }
+    for (max, spent, of) in [
+        (
+            b.tokens_per_component,
+            s.model_component.tokens,
+            "the component",
+        ),
+        (b.tokens_per_port, s.model_port.tokens, "the port"),
+    ] {
+        if let Some(max) = max
+            && spent >= max
+        {
+            return Some(format!(
+                "agent budget spent: {spent} of {max} tokens for {of}"
+            ));
+        }
+    }
     None
+}
+
+/// What one attempt may spend on its model API: its own budget, or what is
+/// left of the component's and the port's when less.
+pub fn allowance(
+    b: &fvd_spec::agent_model::AgentBudget,
+    s: &Spent,
+) -> fvd_workspace::session::Allowance {
+    let least_f = |xs: [Option<f64>; 3]| xs.into_iter().flatten().reduce(f64::min);
+    let least_u = |xs: [Option<u64>; 3]| xs.into_iter().flatten().min();
+    fvd_workspace::session::Allowance {
+        usd: least_f([
+            b.usd_per_attempt,
+            b.usd_per_component
+                .map(|m| (m - s.model_component.usd).max(0.0)),
+            b.usd_per_port.map(|m| (m - s.model_port.usd).max(0.0)),
+        ]),
+        tokens: least_u([
+            b.tokens_per_attempt,
+            b.tokens_per_component
+                .map(|m| m.saturating_sub(s.model_component.tokens)),
+            b.tokens_per_port
+                .map(|m| m.saturating_sub(s.model_port.tokens)),
+        ]),
+    }
 }
 
 /// What the component spent since its port was last started over
@@ -1115,7 +1191,18 @@ async fn spent(st: &ComponentState, recorded: &[AttemptRow]) -> Result<Spent, Ac
         .jobs_of(&st.args.family, &st.args.spec.name)
         .await?;
     let jobs: Vec<_> = jobs.into_iter().filter(|j| j.queued_ms >= since).collect();
+    let model = st.args.store.usage_spent(&st.args.family, since).await?;
+    let model_port = model
+        .values()
+        .fold(fvd_store::usage::Spend::default(), |a, s| {
+            fvd_store::usage::Spend {
+                tokens: a.tokens + s.tokens,
+                usd: a.usd + s.usd,
+            }
+        });
     Ok(Spent {
+        model_component: model.get(&st.args.spec.name).copied().unwrap_or_default(),
+        model_port,
         attempts: recorded.iter().filter(|a| a.started_ms >= since).count() as u32,
         first_queued_ms: jobs.iter().map(|j| j.queued_ms).min(),
         gpu_ms: jobs
@@ -1164,8 +1251,14 @@ async fn agent_attempt(
         result,
         kind,
     };
+    let clock = std::time::Instant::now();
     let files = write_packet(st, &turn, &recorded, &used, &answers).await?;
-    let (exit, handoff) = run_agent(st, &turn, &files).await?;
+    let packet_ms = clock.elapsed().as_millis() as u64;
+    let ran = run_agent(st, &turn, &files, &used).await?;
+    let (exit, handoff) = (ran.exit, ran.handoff);
+    if let Some(env) = ran.environment {
+        return agent_environment(st, &turn, &ran.head_before, &env.0).await;
+    }
     let wt = st
         .agent
         .as_ref()
@@ -1184,6 +1277,20 @@ async fn agent_attempt(
             return block(st, &result.verdict, &reason, worker_id).await;
         }
     };
+    let commit_ms = clock.elapsed().as_millis() as u64 - packet_ms - ran.run_ms;
+    // fvd's own time around the agent, for `bench/agent_overhead.py`.
+    tracing::info!(
+        family = %st.args.family,
+        component = %spec.name,
+        attempt,
+        packet_ms,
+        ledger_ms = ran.ledger_ms,
+        proxy_ms = ran.proxy_ms,
+        agent_ms = exit.duration_ms,
+        commit_ms,
+        total_ms = clock.elapsed().as_millis() as u64,
+        "agent attempt overhead"
+    );
     after_agent(
         myself,
         st,
@@ -1328,6 +1435,7 @@ async fn write_packet(
         max_attempts: a.max_attempts,
         last,
         ledger: recorded,
+        workdir: &lp.worktree.workdir().to_string_lossy(),
         handoff_file: &files.handoff,
         answers,
         next_escape_id: &next_escape,
@@ -1339,17 +1447,80 @@ async fn write_packet(
     Ok(files)
 }
 
+/// What one run of the agent came to.
+struct AgentRan {
+    /// Time spent opening the ledger row, starting the proxy, and in
+    /// `run_agent` as a whole.
+    ledger_ms: u64,
+    proxy_ms: u64,
+    run_ms: u64,
+    exit: agent::AgentExit,
+    handoff: agent::HandoffRead,
+    /// A cause outside the agent ended it (its model API refused the key
+    /// or kept failing): nothing is committed or counted.
+    environment: Option<fvd_workspace::session::Environment>,
+    head_before: String,
+}
+
+/// The attempt's model API failed for a reason outside the agent and the
+/// code: the attempt is closed as `environment` (not counted, run again
+/// under its number when the port resumes), the worktree is reset to where
+/// it began, and the component waits; the port pauses (exit 4) once
+/// nothing else runs.
+async fn agent_environment(
+    st: &mut ComponentState,
+    turn: &Turn<'_>,
+    head_before: &str,
+    why: &str,
+) -> Result<(), ActorProcessingErr> {
+    let (family, name) = (st.args.family.clone(), st.args.spec.name.clone());
+    let reason = format!("environment: agent attempt {}: {why}", turn.attempt);
+    tracing::warn!(%family, component = %name, attempt = turn.attempt, "{reason}");
+    st.args
+        .store
+        .attempt_environment(&family, &name, turn.attempt, why, now_ms())
+        .await?;
+    let wt = st
+        .agent
+        .as_ref()
+        .expect("agent components have a loop")
+        .worktree
+        .path
+        .clone();
+    if let Err(e) = worktree::reset(&wt, head_before).await {
+        let reason = format!("{reason}; its worktree cannot be reset: {e}");
+        return block(st, "error", &reason, "").await;
+    }
+    update(
+        st,
+        ComponentStatus::Environment,
+        &turn.result.verdict,
+        &reason,
+        "",
+    )
+    .await?;
+    spans::environment_failure(&st.span, "", &reason);
+    if !st.waiting_env {
+        st.waiting_env = true;
+        st.args.gate.cast(GateMsg::ComponentWaitsEnv(name))?;
+    }
+    Ok(())
+}
+
 /// Opens the attempt's ledger row, runs the agent in the worktree's port
-/// folder under its own span, and reads the handoff it returned.
+/// folder under its own span (behind the model proxy when the agent has a
+/// model API), and reads the handoff it returned.
 async fn run_agent(
     st: &ComponentState,
     turn: &Turn<'_>,
     files: &AttemptFiles,
-) -> Result<(agent::AgentExit, agent::HandoffRead), ActorProcessingErr> {
+    used: &Spent,
+) -> Result<AgentRan, ActorProcessingErr> {
     let (family, spec) = (&st.args.family, &st.args.spec);
     let a = spec.agent.as_ref().expect("only agent components loop");
     let lp = st.agent.as_ref().expect("agent components have a loop");
     let attempt = turn.attempt;
+    let clock = std::time::Instant::now();
     // git works on the whole worktree; the agent in the port's folder of it.
     let wt = lp.worktree.path.clone();
     let workdir = lp.worktree.workdir();
@@ -1368,12 +1539,13 @@ async fn run_agent(
             verdict_before: turn.result.verdict.clone(),
             reason_before: turn.result.reason.clone(),
             started_ms,
-            head_before,
+            head_before: head_before.clone(),
             cookie: cookie.clone(),
             kind: turn.kind.to_string(),
             ..AttemptRow::default()
         })
         .await?;
+    let ledger_ms = clock.elapsed().as_millis() as u64;
     let argv = a.argv(&fvd_spec::AgentVars {
         prompt_file: &files.prompt,
         handoff_file: &files.handoff,
@@ -1382,7 +1554,11 @@ async fn run_agent(
         component: &spec.name,
         attempt,
     });
-    let span = spans::agent_run(&st.span, family, &spec.name, attempt, &argv[0]);
+    let program = match a.preset {
+        Some(p) => p.program().to_string(),
+        None => argv[0].clone(),
+    };
+    let span = spans::agent_run(&st.span, family, &spec.name, attempt, &program);
     let mut extra = vec![
         ("FVD_FAMILY".to_string(), family.clone()),
         ("FVD_COMPONENT".to_string(), spec.name.clone()),
@@ -1394,7 +1570,172 @@ async fn run_agent(
     if let Some(tp) = fvd_telemetry::traceparent(&span) {
         extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
-    let exit = agent::run(
+    let Some(model) = &a.model else {
+        let exit = agent::run(
+            &argv,
+            agent::RunAgent {
+                cwd: &workdir,
+                env_names: &a.env,
+                extra: &extra,
+                timeout: a.timeout,
+                log_dir: &files.dir,
+                policy: &st.args.agents,
+            },
+        )
+        .await;
+        // The handoff is stored and may reach PORT_STATUS.md: redacted like
+        // the agent's output.
+        let handoff_text = std::fs::read_to_string(&files.handoff)
+            .ok()
+            .map(|t| st.args.agents.redactor(&a.env).text(&t));
+        let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
+        if let Some(e) = &exit.spawn_error {
+            handoff.summary = e.clone();
+        }
+        let outcome = agent::exit_text(exit.exit_code, exit.signal, exit.timed_out);
+        span.record("outcome", outcome.as_str());
+        if let Some(c) = exit.exit_code {
+            span.record("exit_code", c);
+        }
+        return Ok(AgentRan {
+            ledger_ms,
+            proxy_ms: 0,
+            run_ms: clock.elapsed().as_millis() as u64,
+            exit,
+            handoff,
+            environment: None,
+            head_before,
+        });
+    };
+    proxied_agent(
+        st,
+        ProxiedRun {
+            attempt,
+            argv,
+            extra,
+            workdir,
+            files,
+            used,
+            span,
+            head_before,
+            clock,
+            ledger_ms,
+        },
+        model,
+    )
+    .await
+}
+
+/// The parts of one proxied agent run.
+struct ProxiedRun<'a> {
+    attempt: u32,
+    argv: Vec<String>,
+    extra: Vec<(String, String)>,
+    workdir: PathBuf,
+    files: &'a AttemptFiles,
+    used: &'a Spent,
+    span: Span,
+    head_before: String,
+    /// Started with the attempt's ledger row.
+    clock: std::time::Instant,
+    ledger_ms: u64,
+}
+
+/// Runs the agent behind its own model proxy: the key stays in fvd, the
+/// usage is written to the ledger as it is metered, and the agent is ended
+/// the moment the proxy trips (a budget spent, a refused key).
+async fn proxied_agent(
+    st: &ComponentState,
+    r: ProxiedRun<'_>,
+    model: &fvd_spec::agent_model::ModelSpec,
+) -> Result<AgentRan, ActorProcessingErr> {
+    use fvd_workspace::session::{self, Session};
+    let (family, spec) = (&st.args.family, &st.args.spec);
+    let a = spec.agent.as_ref().expect("only agent components loop");
+    let ProxiedRun {
+        attempt,
+        argv,
+        mut extra,
+        workdir,
+        files,
+        used,
+        span,
+        head_before,
+        clock,
+        ledger_ms,
+    } = r;
+    let store = st.args.store.clone();
+    // A try after a crash adds to what the tries before it spent.
+    let before = store
+        .usage_of(family, &spec.name)
+        .await?
+        .remove(&attempt)
+        .unwrap_or_default();
+    let label = format!("{family}/{}/{attempt}", spec.name);
+    let started = std::time::Instant::now();
+    let sess = match Session::start(
+        a,
+        model,
+        allowance(&model.budget, used),
+        label,
+        session::default_retry(),
+    )
+    .await
+    {
+        Ok(s) => std::sync::Arc::new(s),
+        Err(env) => {
+            span.record("outcome", "environment");
+            return Ok(AgentRan {
+                ledger_ms,
+                proxy_ms: started.elapsed().as_millis() as u64,
+                run_ms: clock.elapsed().as_millis() as u64,
+                exit: agent::AgentExit::default(),
+                handoff: agent::read_handoff(&spec.name, None, ""),
+                environment: Some(env),
+                head_before,
+            });
+        }
+    };
+    let proxy_ms = started.elapsed().as_millis() as u64;
+    let (argv, stdin) = match a.preset {
+        Some(p) => {
+            let packet = std::fs::read_to_string(&files.prompt)
+                .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
+            let jailed = st.args.agents.jail.mechanism().is_some();
+            let mut l = session::launch(&sess, a, p, &packet, &files.dir, jailed)
+                .map_err(|e| format!("cannot write the {} configuration: {e}", p.name()))?;
+            // Found as `fvd agents check` finds it: FVD_AGENT_CLI_DIR, then PATH.
+            if let Some(found) =
+                fvd_workspace::preset::find_program(p, std::env::var_os("PATH").as_deref())
+            {
+                l.argv[0] = found.display().to_string();
+            }
+            extra.extend(l.env);
+            (l.argv, Some(l.stdin))
+        }
+        None => {
+            extra.extend(sess.raw_env());
+            (argv, None)
+        }
+    };
+    tracing::debug!(%family, component = %spec.name, attempt, proxy_ms, "agent attempt: model proxy started");
+    // The ledger follows the proxy's meter while the agent runs.
+    let writer = {
+        let (s, store) = (sess.clone(), store.clone());
+        let (f, c, b) = (family.clone(), spec.name.clone(), before.clone());
+        fvd_telemetry::spawn(async move {
+            let mut updates = s.proxy().usage_updates();
+            while updates.changed().await.is_ok() {
+                let mut u = s.usage_now();
+                u.add_counts(&b);
+                if let Err(e) = store.record_usage(&f, &c, attempt, &u).await {
+                    tracing::warn!(error = %e, "agent usage could not be written");
+                }
+            }
+        })
+    };
+    let program = argv[0].clone();
+    let exit = agent::run_with(
         &argv,
         agent::RunAgent {
             cwd: &workdir,
@@ -1404,23 +1745,90 @@ async fn run_agent(
             log_dir: &files.dir,
             policy: &st.args.agents,
         },
+        stdin,
+        sess.stopped(),
     )
     .await;
-    // The handoff is stored and may reach PORT_STATUS.md: redacted like the
-    // agent's output.
+    writer.abort();
+    let _ = writer.await;
+    let report = a
+        .preset
+        .map(|p| fvd_workspace::preset::report(p, &exit.stdout));
+    // The agent never held the key; its handoff is redacted of it anyway,
+    // with the values of the variables its spec passes.
+    let mut names = a.env.clone();
+    names.push(model.key_env.clone());
     let handoff_text = std::fs::read_to_string(&files.handoff)
         .ok()
-        .map(|t| st.args.agents.redactor(&a.env).text(&t));
-    let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
+        .map(|t| st.args.agents.redactor(&names).text(&t));
+    let final_text = report
+        .as_ref()
+        .and_then(|r| r.result.clone())
+        .unwrap_or_else(|| exit.stdout.clone());
+    let mut handoff = agent::read_handoff_of(
+        &spec.name,
+        report
+            .as_ref()
+            .and_then(|r| r.structured_handoff.as_deref()),
+        handoff_text.as_deref(),
+        &final_text,
+    );
     if let Some(e) = &exit.spawn_error {
-        handoff.summary = e.clone();
+        handoff.summary = format!("{e} (is {program} installed and on PATH?)");
     }
+    let (mut usage, environment) = sess.finish(&exit, report.as_ref(), &handoff);
+    usage.add_counts(&before);
+    store
+        .record_usage(family, &spec.name, attempt, &usage)
+        .await?;
     let outcome = agent::exit_text(exit.exit_code, exit.signal, exit.timed_out);
-    span.record("outcome", outcome.as_str());
+    span.record("outcome", usage.outcome.as_str());
     if let Some(c) = exit.exit_code {
         span.record("exit_code", c);
     }
-    Ok((exit, handoff))
+    spans::agent_usage(
+        &span,
+        &spans::AgentUsage {
+            provider: provider_name(model.api),
+            model: &usage.model,
+            input_tokens: usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens,
+            output_tokens: usage.output_tokens,
+            cost_usd: usage.cost_usd,
+            requests: usage.requests,
+        },
+    );
+    metrics::agent_usage(
+        family,
+        &spec.name,
+        &usage.model,
+        [
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+            ("cache_read", usage.cache_read_tokens),
+            ("cache_write", usage.cache_write_tokens),
+        ],
+        usage.cost_usd.unwrap_or(0.0) - before.cost_usd.unwrap_or(0.0),
+    );
+    tracing::info!(%family, component = %spec.name, attempt, %outcome, model_outcome = %usage.outcome, requests = usage.requests, cost_usd = ?usage.cost_usd, "agent attempt ended");
+    Ok(AgentRan {
+        ledger_ms,
+        proxy_ms,
+        run_ms: clock.elapsed().as_millis() as u64,
+        exit,
+        handoff,
+        environment,
+        head_before,
+    })
+}
+
+/// The GenAI semantic conventions' provider name of an API.
+fn provider_name(api: fvd_spec::agent_model::ModelApi) -> &'static str {
+    use fvd_spec::agent_model::ModelApi;
+    match api {
+        ModelApi::Anthropic => "anthropic",
+        ModelApi::OpenAiChat | ModelApi::OpenAiResponses => "openai",
+        ModelApi::Gemini => "gcp.gemini",
+    }
 }
 
 /// The attempt's ledger row as the agent left it.
@@ -1689,6 +2097,9 @@ mod tests {
             max_wall: Some(Duration::from_secs(600)),
             max_gpu_s: Some(100),
             cleanup: Default::default(),
+            preset: None,
+            extra_args: vec![],
+            model: None,
         }
     }
 
@@ -1700,6 +2111,8 @@ mod tests {
             first_queued_ms: Some(1_000),
             gpu_ms: 99_999,
             now_ms: 1_000 + 599_999,
+            model_component: Default::default(),
+            model_port: Default::default(),
         };
         assert_eq!(budget_spent(&a, &fresh), None);
         let s = Spent {
@@ -1738,5 +2151,68 @@ mod tests {
             ..fresh
         };
         assert_eq!(budget_spent(&open, &s), None);
+    }
+
+    #[test]
+    fn model_budgets_block_when_spent_and_an_attempt_gets_what_is_left() {
+        use fvd_spec::agent_model::{AgentBudget, ModelApi, ModelSpec};
+        use fvd_store::usage::Spend;
+        let budget = AgentBudget {
+            usd_per_attempt: Some(2.0),
+            usd_per_component: Some(5.0),
+            usd_per_port: Some(9.0),
+            tokens_per_component: Some(1_000),
+            ..AgentBudget::default()
+        };
+        let a = fvd_spec::AgentSpec {
+            model: Some(ModelSpec {
+                api: ModelApi::Anthropic,
+                model: "claude-sonnet-4-5".into(),
+                key_env: "ANTHROPIC_API_KEY".into(),
+                max_turns: None,
+                budget,
+                prices: Default::default(),
+            }),
+            max_wall: None,
+            max_gpu_s: None,
+            ..agent()
+        };
+        let s = |c: (f64, u64), p: (f64, u64)| Spent {
+            attempts: 0,
+            first_queued_ms: None,
+            gpu_ms: 0,
+            now_ms: 0,
+            model_component: Spend {
+                usd: c.0,
+                tokens: c.1,
+            },
+            model_port: Spend {
+                usd: p.0,
+                tokens: p.1,
+            },
+        };
+        // Plenty left: the attempt's own cap; the component's tokens.
+        let fresh = s((1.0, 100), (1.0, 100));
+        assert_eq!(budget_spent(&a, &fresh), None);
+        let left = allowance(&budget, &fresh);
+        assert_eq!((left.usd, left.tokens), (Some(2.0), Some(900)));
+        // Less left of the component than an attempt may spend.
+        let left = allowance(&budget, &s((4.5, 100), (4.5, 100)));
+        assert_eq!(left.usd, Some(0.5));
+        // The port's other components spent most of its budget.
+        let left = allowance(&budget, &s((1.0, 100), (8.75, 100)));
+        assert_eq!(left.usd, Some(0.25));
+        assert_eq!(
+            budget_spent(&a, &s((5.0, 10), (5.0, 10))).as_deref(),
+            Some("agent budget spent: 5.0000 of 5 USD for the component")
+        );
+        assert_eq!(
+            budget_spent(&a, &s((1.0, 10), (9.5, 10))).as_deref(),
+            Some("agent budget spent: 9.5000 of 9 USD for the port")
+        );
+        assert_eq!(
+            budget_spent(&a, &s((1.0, 1_000), (1.0, 1_000))).as_deref(),
+            Some("agent budget spent: 1000 of 1000 tokens for the component")
+        );
     }
 }

@@ -164,6 +164,20 @@ pub(crate) fn component_wire(c: ComponentRow) -> pb::ComponentSnapshot {
         runs: c.runs,
         worker_id: c.worker_id,
         variants: Vec::new(),
+        agent_spend: None,
+    }
+}
+
+pub(crate) fn spend_wire(t: &fvd_store::usage::UsageTotals) -> pb::AgentSpend {
+    pb::AgentSpend {
+        attempts: t.attempts,
+        input_tokens: t.input_tokens,
+        output_tokens: t.output_tokens,
+        cache_read_tokens: t.cache_read_tokens,
+        cache_write_tokens: t.cache_write_tokens,
+        cost_usd: t.cost_usd,
+        unpriced_tokens: t.unpriced_tokens,
+        requests: t.requests,
     }
 }
 
@@ -211,6 +225,53 @@ fn attempt_wire(a: AttemptRow) -> pb::AgentAttempt {
         finished_ms: a.finished_ms,
         gpu_ms_after: a.gpu_ms_after,
         head_before: a.head_before,
+        usage: a.usage.map(usage_wire),
+    }
+}
+
+fn usage_wire(u: fvd_store::usage::AttemptUsage) -> pb::AttemptUsage {
+    pb::AttemptUsage {
+        preset: u.preset,
+        model: u.model,
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cache_read_tokens: u.cache_read_tokens,
+        cache_write_tokens: u.cache_write_tokens,
+        cost_usd: u.cost_usd,
+        unpriced_tokens: u.unpriced_tokens,
+        source: u.source,
+        cost_source: u.cost_source,
+        requests: u.requests,
+        retries: u.retries,
+        turns: u.turns,
+        cli_cost_usd: u.cli_cost_usd,
+        outcome: u.outcome,
+        stop_reason: u.stop_reason,
+        permission_denials: u.permission_denials,
+        handoff_source: u.handoff_source,
+    }
+}
+
+fn usage_row(u: pb::AttemptUsage) -> fvd_store::usage::AttemptUsage {
+    fvd_store::usage::AttemptUsage {
+        preset: u.preset,
+        model: u.model,
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cache_read_tokens: u.cache_read_tokens,
+        cache_write_tokens: u.cache_write_tokens,
+        cost_usd: u.cost_usd,
+        unpriced_tokens: u.unpriced_tokens,
+        source: u.source,
+        cost_source: u.cost_source,
+        requests: u.requests,
+        retries: u.retries,
+        turns: u.turns,
+        cli_cost_usd: u.cli_cost_usd,
+        outcome: u.outcome,
+        stop_reason: u.stop_reason,
+        permission_denials: u.permission_denials,
+        handoff_source: u.handoff_source,
     }
 }
 
@@ -244,6 +305,7 @@ pub fn attempt_row(family: &str, component: &str, a: pb::AgentAttempt) -> Attemp
         gpu_ms_after: a.gpu_ms_after,
         head_before: a.head_before,
         cookie: String::new(),
+        usage: a.usage.map(usage_row),
     }
 }
 

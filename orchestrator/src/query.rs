@@ -78,6 +78,14 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     let components = store.components(family).await?;
     let escapes = store.escapes(family).await?;
     let mut tables = store.variant_tables(family).await?;
+    let mut spend = store.usage_totals(family).await?;
+    let port_spend = spend
+        .values()
+        .fold(None::<fvd_store::usage::UsageTotals>, |acc, t| {
+            let mut a = acc.unwrap_or_default();
+            a.add(t);
+            Some(a)
+        });
     let origin = store.port_origin(family).await?.unwrap_or_default();
     let actions = store.actions(family).await?;
     let status_write_error = store.status_write_error(family).await?;
@@ -92,6 +100,7 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
         _ => (port.state, String::new()),
     };
     Ok(Some(pb::PortSnapshot {
+        agent_spend: port_spend.as_ref().map(crate::port_api::spend_wire),
         status_write_error,
         pause_reason,
         escapes: escapes.into_iter().map(escape_wire).collect(),
@@ -102,8 +111,10 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
             .into_iter()
             .map(|c| {
                 let rows = tables.remove(&c.name).unwrap_or_default();
+                let used = spend.remove(&c.name);
                 let mut w = component_wire(c);
                 w.variants = rows.into_iter().map(variant_wire).collect();
+                w.agent_spend = used.as_ref().map(crate::port_api::spend_wire);
                 w
             })
             .collect(),

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+pub mod agent_model;
 pub mod cleanup;
 pub mod init;
 pub mod preconditions;
@@ -201,8 +202,16 @@ pub const MAX_VARIANTS: usize = 16;
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentSpec {
     /// argv template with `{prompt_file}`, `{handoff_file}`, `{worktree}`,
-    /// `{family}`, `{component}` and `{attempt}` placeholders.
+    /// `{family}`, `{component}` and `{attempt}` placeholders; empty when
+    /// a preset makes the command.
     pub command: Vec<String>,
+    /// The CLI a preset runs (`fvd_workspace::preset` knows its flags).
+    pub preset: Option<agent_model::Preset>,
+    /// Arguments added to a preset's command.
+    pub extra_args: Vec<String>,
+    /// The model API behind fvd's proxy: a preset's, or a raw command's
+    /// with `api`; `None` for a raw command that reaches its model itself.
+    pub model: Option<agent_model::ModelSpec>,
     pub timeout: Duration,
     /// Names of environment variables passed through to the agent.
     pub env: Vec<String>,
@@ -333,7 +342,19 @@ struct RawRunner {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAgent {
-    command: Vec<String>,
+    command: Option<Vec<String>>,
+    /// `claude-code`, `codex`, `opencode` or `gemini` (agent_model).
+    preset: Option<Spanned<String>>,
+    /// The model API of a raw command, for fvd's proxy.
+    api: Option<Spanned<String>>,
+    model: Option<Spanned<String>>,
+    key_env: Option<Spanned<String>>,
+    max_turns: Option<Spanned<u32>>,
+    #[serde(default)]
+    extra_args: Vec<String>,
+    budget: Option<agent_model::RawBudget>,
+    #[serde(default)]
+    prices: BTreeMap<String, agent_model::RawPrice>,
     timeout_s: Option<Spanned<u64>>,
     #[serde(default)]
     env: Vec<String>,
@@ -563,8 +584,36 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
     let agent = match raw.agent {
         None => None,
         Some(a) => {
-            if a.command.is_empty() {
+            if a.command.as_ref().is_some_and(Vec::is_empty) {
                 return Err(invalid("agent.command is empty".into()));
+            }
+            let model = agent_model::parse(
+                agent_model::RawModel {
+                    preset: a.preset,
+                    api: a.api,
+                    model: a.model,
+                    key_env: a.key_env,
+                    max_turns: a.max_turns,
+                    budget: a.budget,
+                    prices: a.prices,
+                    has_command: a.command.is_some(),
+                    env: a.env.clone(),
+                },
+                |offset| line_col(text, offset).0,
+            )
+            .map_err(|(line, message)| match line {
+                0 => invalid(message),
+                line => SpecError::Syntax {
+                    path: path.to_path_buf(),
+                    line,
+                    column: 1,
+                    message,
+                },
+            })?;
+            if model.preset.is_none() && !a.extra_args.is_empty() {
+                return Err(invalid(
+                    "agent.extra_args adds to a preset's command: put them in agent.command".into(),
+                ));
             }
             if a.env.iter().any(|n| !is_env_name(n)) {
                 return Err(invalid(
@@ -589,7 +638,10 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 .validate()
                 .map_err(|e| invalid(format!("agent.forbidden_patterns: {e}")))?;
             Some(AgentSpec {
-                command: a.command,
+                command: a.command.unwrap_or_default(),
+                preset: model.preset,
+                extra_args: a.extra_args,
+                model: model.model,
                 timeout: Duration::from_secs(
                     seconds(a.timeout_s, "agent.timeout_s", text, path)?.unwrap_or(1800),
                 ),
@@ -1142,6 +1194,132 @@ env = ["HF_TOKEN"]
         let orphan = text.split("[agent]").next().unwrap().to_string();
         let err = parse(Path::new("p.toml"), &orphan).unwrap_err().to_string();
         assert!(err.contains("component b: agent = true but"), "{err}");
+    }
+
+    #[test]
+    fn a_preset_agent_has_a_model_a_key_variable_budgets_and_prices() {
+        use agent_model::{ModelApi, Preset};
+        let agent = |body: &str| format!("{GOOD}agent = true\n\n[agent]\n{body}");
+        let text = agent(
+            "preset = \"claude-code\"\nmodel = \"claude-sonnet-4-5-20250929\"\nmax_turns = 30\nextra_args = [\"--effort\", \"high\"]\n\n[agent.budget]\nusd_per_attempt = 2.5\ntokens_per_port = 5000000\n\n[agent.prices.\"claude-sonnet-4-5\"]\ninput = 3.5\noutput = 16\n",
+        );
+        let s = parse(Path::new("p.toml"), &text).unwrap();
+        let a = s.components[0].agent.as_ref().unwrap();
+        assert_eq!(a.preset, Some(Preset::ClaudeCode));
+        assert!(a.command.is_empty());
+        assert_eq!(a.extra_args, ["--effort", "high"]);
+        let m = a.model.as_ref().unwrap();
+        assert_eq!(m.api, ModelApi::Anthropic);
+        assert_eq!(m.key_env, "ANTHROPIC_API_KEY");
+        assert_eq!(m.max_turns, Some(30));
+        assert_eq!(m.budget.usd_per_attempt, Some(2.5));
+        assert_eq!(m.budget.tokens_per_port, Some(5_000_000));
+        // The spec's price wins over the default; unset cache prices are
+        // charged as input.
+        let p = m.price("claude-sonnet-4-5-20250929").unwrap();
+        assert_eq!((p.input, p.output, p.cache_read), (3.5, 16.0, 3.5));
+        assert_eq!(m.price("claude-haiku-4-5").unwrap().input, 1.0);
+
+        // opencode takes provider/model; the provider decides the API.
+        let text = agent("preset = \"opencode\"\nmodel = \"openai/gpt-5\"\nkey_env = \"MY_KEY\"\n");
+        let a = parse(Path::new("p.toml"), &text).unwrap().components[0]
+            .agent
+            .clone()
+            .unwrap();
+        let m = a.model.unwrap();
+        assert_eq!(
+            (m.api, m.key_env.as_str(), m.api_model()),
+            (ModelApi::OpenAiChat, "MY_KEY", "gpt-5")
+        );
+
+        // A raw command may use the proxy too, naming its API.
+        let text = agent("command = [\"aider\"]\napi = \"openai-chat\"\nmodel = \"gpt-5\"\n");
+        let a = parse(Path::new("p.toml"), &text).unwrap().components[0]
+            .agent
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (a.preset, a.model.unwrap().key_env.as_str()),
+            (None, "OPENAI_API_KEY")
+        );
+    }
+
+    #[test]
+    fn bad_preset_agents_are_refused_with_their_line() {
+        let agent = |body: &str| format!("{GOOD}agent = true\n\n[agent]\n{body}");
+        let first = GOOD.lines().count() + 4;
+        for (body, line, want) in [
+            (
+                "preset = \"cursor\"\nmodel = \"m\"\n",
+                Some(first),
+                "agent.preset \"cursor\" is not one of claude-code, codex, opencode, gemini",
+            ),
+            (
+                "preset = \"codex\"\n",
+                Some(first),
+                "agent.model is required with preset codex",
+            ),
+            (
+                "preset = \"codex\"\ncommand = [\"x\"]\nmodel = \"m\"\n",
+                None,
+                "either preset or command",
+            ),
+            ("max_attempts = 2\n", None, "give a preset or a command"),
+            (
+                "preset = \"opencode\"\nmodel = \"gpt-5\"\n",
+                Some(first + 1),
+                "names no provider",
+            ),
+            (
+                "preset = \"codex\"\nmodel = \"gpt-5\"\nenv = [\"OPENAI_API_KEY\"]\n",
+                None,
+                "agent.env passes OPENAI_API_KEY to the agent",
+            ),
+            (
+                "preset = \"codex\"\nmodel = \"gpt-5\"\nkey_env = \"sk-abc\"\n",
+                Some(first + 2),
+                "agent.key_env is not a variable name",
+            ),
+            (
+                "preset = \"codex\"\nmodel = \"gpt-5\"\nmax_turns = 0\n",
+                Some(first + 2),
+                "max_turns must be at least 1",
+            ),
+            (
+                "preset = \"codex\"\nmodel = \"my-model\"\n[agent.budget]\nusd_per_attempt = 1\n",
+                None,
+                "model \"my-model\" has no price: add [agent.prices.\"my-model\"]",
+            ),
+            (
+                "preset = \"codex\"\nmodel = \"gpt-5\"\n[agent.budget]\nusd_per_port = -1.0\n",
+                Some(first + 3),
+                "usd_per_port must be a positive number",
+            ),
+            (
+                "command = [\"a\"]\n[agent.budget]\ntokens_per_attempt = 5\n",
+                None,
+                "agent.budget needs fvd's model proxy",
+            ),
+            (
+                "command = [\"a\"]\nextra_args = [\"b\"]\n",
+                None,
+                "extra_args adds to a preset's command",
+            ),
+            (
+                "preset = \"gemini\"\nmodel = \"gemini-2.5-pro\"\napi = \"gemini\"\n",
+                Some(first + 2),
+                "agent.api is for a raw command",
+            ),
+        ] {
+            let err = parse(Path::new("p.toml"), &agent(body))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{body}: {err}");
+            match line {
+                Some(l) => assert!(err.starts_with(&format!("p.toml:{l}:")), "{body}: {err}"),
+                None => assert!(err.starts_with("p.toml: "), "{body}: {err}"),
+            }
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! crates and returns the [`exit::Exit`] it wants; an `Err` becomes
 //! [`exit::Exit::Usage`] with the error printed once by `main`.
 
+pub mod agents;
 pub mod auth;
 pub mod contracts;
 pub mod dashboard;
@@ -158,6 +159,10 @@ pub enum Command {
     /// Serve the web dashboard of an embedded state (REPO/.fvd/state.db),
     /// read-only, while or after `fvd submit` runs there.
     Dashboard(dashboard::DashboardArgs),
+    /// Check the coding-agent presets of the repository's ports: CLI,
+    /// model, endpoint, key.
+    #[command(subcommand)]
+    Agents(agents::AgentsCmd),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
@@ -176,5 +181,6 @@ pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
         Command::Auth(c) => auth::run(c),
         Command::Worker(a) => server::worker(a),
         Command::Dashboard(a) => dashboard::run(a),
+        Command::Agents(c) => agents::run(c),
     }
 }

@@ -883,13 +883,31 @@ fn print_snapshot(s: &pb::PortSnapshot) {
         for v in &c.variants {
             say(format_args!("    {}", variant_line(v)));
         }
+        if let Some(a) = &c.agent_spend {
+            say(format_args!("    agent: {}", spend_line(a)));
+        }
     }
-    for (cause, names) in grouped(s, ComponentStatus::Environment, "") {
+    if let Some(a) = &s.agent_spend {
+        say(format_args!("  agents of the port: {}", spend_line(a)));
+    }
+    // A component's agent whose model API refused its key (or kept
+    // failing) waits too, for a different fix than a worker's.
+    let (agents, workers): (Vec<_>, Vec<_>) = grouped(s, ComponentStatus::Environment, "")
+        .into_iter()
+        .partition(|(cause, _)| cause.starts_with("environment: agent attempt "));
+    for (cause, names) in &workers {
         let n = names.len();
         say(format_args!(
             "{n} component{} could not run on {cause} ({})",
             if n == 1 { "" } else { "s" },
             names.join(", ")
+        ));
+    }
+    for (cause, names) in &agents {
+        say(format_args!(
+            "{}: the agent could not work: {} (the attempt was not counted)",
+            names.join(", "),
+            cause.trim_start_matches("environment: ")
         ));
     }
     for (cause, names) in grouped(s, ComponentStatus::Blocked, "unplaced: ") {
@@ -902,7 +920,7 @@ fn print_snapshot(s: &pb::PortSnapshot) {
     }
     if !s.pause_reason.is_empty() {
         say(format_args!("  {}", s.pause_reason));
-    } else if s.state == PortState::Environment.as_str() {
+    } else if s.state == PortState::Environment.as_str() && !workers.is_empty() {
         say(format_args!(
             "  fix the environment of that worker (or start one that has it) and run fvd submit --family {} again: nothing was counted against the components",
             s.family
@@ -1136,7 +1154,9 @@ fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
                 "spawned_ms": v.spawned_ms,
                 "finished_ms": v.finished_ms,
             })).collect::<Vec<_>>(),
+            "agent_spend": c.agent_spend.as_ref().map(spend_json),
         })).collect::<Vec<_>>(),
+        "agent_spend": s.agent_spend.as_ref().map(spend_json),
         "escapes": s.escapes.iter().map(|e| serde_json::json!({
             "id": e.id,
             "component": e.component,
@@ -1154,6 +1174,31 @@ fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
             "outcome": g.outcome,
             "conditions": g.conditions,
         })).collect::<Vec<_>>(),
+    })
+}
+
+fn spend_line(a: &pb::AgentSpend) -> String {
+    let tokens = a.input_tokens + a.output_tokens + a.cache_read_tokens + a.cache_write_tokens;
+    let mut line = format!(
+        "{} attempt(s), {} request(s), {tokens} tokens, ${:.4}",
+        a.attempts, a.requests, a.cost_usd
+    );
+    if a.unpriced_tokens > 0 {
+        line.push_str(&format!(" (+{} tokens without a price)", a.unpriced_tokens));
+    }
+    line
+}
+
+fn spend_json(a: &pb::AgentSpend) -> serde_json::Value {
+    serde_json::json!({
+        "attempts": a.attempts,
+        "input_tokens": a.input_tokens,
+        "output_tokens": a.output_tokens,
+        "cache_read_tokens": a.cache_read_tokens,
+        "cache_write_tokens": a.cache_write_tokens,
+        "cost_usd": a.cost_usd,
+        "unpriced_tokens": a.unpriced_tokens,
+        "requests": a.requests,
     })
 }
 
@@ -1489,6 +1534,18 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                 },
             )?;
             writeln!(out, "  handoff {}: {}", a.handoff_status, a.handoff_summary)?;
+            if let Some(u) = &a.usage {
+                writeln!(out, "  model: {}", usage_line(u))?;
+                for d in &u.permission_denials {
+                    writeln!(out, "  permission denied: {d}")?;
+                }
+            }
+            if a.state == "environment" {
+                writeln!(
+                    out,
+                    "  ended by its environment (not counted; runs again when the port resumes)"
+                )?;
+            }
             let mut notes = vec![format!("{} turn", a.kind)];
             if a.gpu_ms_after > 0 {
                 notes.push(format!(
@@ -1507,8 +1564,64 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                 writeln!(out, "  {line}")?;
             }
         }
+        let used: Vec<_> = ledger.iter().filter_map(|a| a.usage.as_ref()).collect();
+        if !used.is_empty() {
+            let tokens: u64 = used.iter().map(|u| u.total_tokens()).sum();
+            let usd: f64 = used.iter().filter_map(|u| u.cost_usd).sum();
+            writeln!(
+                out,
+                "total: {tokens} tokens, ${usd:.4} over {} attempt(s)",
+                used.len()
+            )?;
+        }
         Ok(Exit::Success)
     })
+}
+
+/// One attempt's model usage in a line: what it cost, from what, and how
+/// it ended on the model side.
+pub fn usage_line(u: &fvd_store::usage::AttemptUsage) -> String {
+    let cost = match u.cost_usd {
+        Some(c) => format!("${c:.4}"),
+        None => "cost unknown (no price)".into(),
+    };
+    let mut parts = vec![
+        format!(
+            "{} {} via {}",
+            if u.preset.is_empty() {
+                "command"
+            } else {
+                &u.preset
+            },
+            u.model,
+            u.source
+        ),
+        format!(
+            "{} in + {} out tokens ({} cache read, {} cache write)",
+            u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens
+        ),
+        cost,
+        format!("{} request(s)", u.requests),
+    ];
+    if u.unpriced_tokens > 0 {
+        parts.push(format!("{} tokens without a price", u.unpriced_tokens));
+    }
+    if u.retries > 0 {
+        parts.push(format!("{} retried", u.retries));
+    }
+    if let Some(t) = u.turns {
+        parts.push(format!("{t} turn(s)"));
+    }
+    if let Some(c) = u.cli_cost_usd {
+        parts.push(format!("the CLI says ${c:.4}"));
+    }
+    let ended = if u.stop_reason.is_empty() {
+        u.outcome.clone()
+    } else {
+        format!("{}: {}", u.outcome, u.stop_reason)
+    };
+    parts.push(ended);
+    parts.join("; ")
 }
 
 pub async fn open_local(repo: &Path) -> anyhow::Result<Store> {

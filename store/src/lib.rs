@@ -27,6 +27,7 @@ pub mod states;
 mod steps;
 pub mod team;
 pub mod traces;
+pub mod usage;
 pub mod variants;
 
 /// One agent attempt of the ledger (`agent_attempts`).
@@ -70,6 +71,9 @@ pub struct AttemptRow {
     pub gpu_ms_after: u64,
     /// `fix` after a red run, `cleanup` after a pass the cleanup gate refused.
     pub kind: String,
+    /// What the attempt spent on its model API (`agent_usage`), when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<usage::AttemptUsage>,
 }
 
 /// An escape hatch an agent raised (`escape_hatches`).
@@ -113,10 +117,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (10, include_str!("../migrations/0010_trace_transport.sql")),
     (11, include_str!("../migrations/0011_variants.sql")),
     (
-        14,
-        include_str!("../migrations/0014_status_write_error.sql"),
+        12,
+        include_str!("../migrations/0012_status_write_error.sql"),
     ),
-    (15, include_str!("../migrations/0015_team.sql")),
+    (13, include_str!("../migrations/0013_team.sql")),
+    (14, include_str!("../migrations/0014_agent_usage.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -913,6 +918,7 @@ impl Store {
                 "DELETE FROM trace_investigations WHERE family = ?",
                 "DELETE FROM escape_hatches WHERE family = ?",
                 "DELETE FROM agent_attempts WHERE family = ?",
+                "DELETE FROM agent_usage WHERE family = ?",
                 "DELETE FROM agent_worktrees WHERE family = ?",
                 "DELETE FROM gate_events WHERE family = ?",
                 "DELETE FROM jobs WHERE family = ?",
@@ -1436,9 +1442,11 @@ impl Store {
         .bind(component)
         .fetch_all(&self.pool)
         .await?;
+        let mut usage = self.usage_of(family, component).await?;
         Ok(rows
             .iter()
             .map(|r| AttemptRow {
+                usage: usage.remove(&(r.get::<i64, _>("attempt") as u32)),
                 family: r.get("family"),
                 component: r.get("component"),
                 attempt: r.get::<i64, _>("attempt") as u32,

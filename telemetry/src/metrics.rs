@@ -19,6 +19,8 @@ struct Instruments {
     gpu_seconds: Counter<f64>,
     attempts: Counter<u64>,
     verdicts: Counter<u64>,
+    agent_cost: Counter<f64>,
+    agent_tokens: Counter<u64>,
 }
 
 static INSTRUMENTS: OnceLock<Instruments> = OnceLock::new();
@@ -62,6 +64,16 @@ pub(crate) fn install() {
         verdicts: meter
             .u64_counter("fvd.verdicts")
             .with_description("classified verdicts of parity-test runs")
+            .build(),
+        agent_cost: meter
+            .f64_counter("fvd.agent.cost")
+            .with_unit("USD")
+            .with_description("what agent attempts spent on their model APIs, as fvd's proxy metered and priced it")
+            .build(),
+        agent_tokens: meter
+            .u64_counter("fvd.agent.tokens")
+            .with_unit("{token}")
+            .with_description("model tokens of agent attempts, by gen_ai.token.type")
             .build(),
     });
 }
@@ -111,6 +123,31 @@ pub fn verdict(family: &str, component: &str, verdict: &str) {
         let mut l = labels(family, component).to_vec();
         l.push(KeyValue::new("verdict", verdict.to_string()));
         i.verdicts.add(1, &l);
+    }
+}
+
+/// What one agent attempt spent: tokens by type (`input`, `output`,
+/// `cache_read`, `cache_write`) and USD.
+pub fn agent_usage(
+    family: &str,
+    component: &str,
+    model: &str,
+    tokens: [(&str, u64); 4],
+    cost_usd: f64,
+) {
+    if let Some(i) = INSTRUMENTS.get() {
+        let mut l = labels(family, component).to_vec();
+        l.push(KeyValue::new("gen_ai.request.model", model.to_string()));
+        if cost_usd > 0.0 {
+            i.agent_cost.add(cost_usd, &l);
+        }
+        for (kind, n) in tokens {
+            if n > 0 {
+                let mut l = l.clone();
+                l.push(KeyValue::new("gen_ai.token.type", kind.to_string()));
+                i.agent_tokens.add(n, &l);
+            }
+        }
     }
 }
 

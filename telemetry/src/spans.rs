@@ -29,7 +29,43 @@ pub fn agent_run(parent: &Span, family: &str, component: &str, attempt: u32, age
         agent,
         outcome = Empty,
         exit_code = Empty,
+        "gen_ai.operation.name" = Empty,
+        "gen_ai.system" = Empty,
+        "gen_ai.provider.name" = Empty,
+        "gen_ai.request.model" = Empty,
+        "gen_ai.usage.input_tokens" = Empty,
+        "gen_ai.usage.output_tokens" = Empty,
+        "fvd.agent.cost_usd" = Empty,
+        "fvd.agent.requests" = Empty,
     )
+}
+
+/// What an agent run behind fvd's model proxy used, for [`agent_usage`].
+#[derive(Debug, Clone, Copy)]
+pub struct AgentUsage<'a> {
+    /// `anthropic`, `openai`, `gcp.gemini`.
+    pub provider: &'a str,
+    pub model: &'a str,
+    /// Every input token, cached or not (the conventions' count).
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_usd: Option<f64>,
+    pub requests: u32,
+}
+
+/// Records an agent run's usage on its [`agent_run`] span with the
+/// OpenTelemetry GenAI semantic conventions' attribute names.
+pub fn agent_usage(span: &Span, u: &AgentUsage<'_>) {
+    span.record("gen_ai.operation.name", "invoke_agent");
+    span.record("gen_ai.system", u.provider);
+    span.record("gen_ai.provider.name", u.provider);
+    span.record("gen_ai.request.model", u.model);
+    span.record("gen_ai.usage.input_tokens", u.input_tokens);
+    span.record("gen_ai.usage.output_tokens", u.output_tokens);
+    if let Some(c) = u.cost_usd {
+        span.record("fvd.agent.cost_usd", c);
+    }
+    span.record("fvd.agent.requests", u.requests);
 }
 
 /// The span of one trace comparison (reference vs port activations);

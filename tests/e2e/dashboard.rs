@@ -466,7 +466,7 @@ fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
 }
 
 /// A plain HTTP/1.0 request on loopback; the status line and the body.
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (String, String) {
+pub(crate) fn http(addr: &str, method: &str, path: &str, body: &str) -> (String, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
         s,

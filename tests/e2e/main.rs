@@ -4,6 +4,7 @@
 //! conformance suite (`tests/conformance`).
 
 mod agent;
+mod agent_model;
 mod bycommit;
 mod chaos;
 #[path = "../checks/mod.rs"]

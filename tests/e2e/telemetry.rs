@@ -1253,3 +1253,50 @@ fn a_fleet_resume_continues_the_port_s_trace_and_links_its_caller() {
     );
     assert_eq!(again.links, [(cli.trace_id.clone(), cli.span_id.clone())]);
 }
+
+// ---------------------------------------------------------------------------
+// Agents behind fvd's model proxy (issue 29).
+
+#[test]
+fn an_agent_behind_the_model_proxy_is_a_gen_ai_span_with_its_cost_and_no_key() {
+    let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
+    let sb = Sandbox::new();
+    let key = "sk-fvdtest-otel-00112233445566778899aabbcc";
+    let server = crate::agent_model::proxied_port(&sb, key, 2, "max_attempts = 1");
+    let (code, out, err) = run(exporting(&receiver)
+        .args(["submit", "--family", "tinyport", "--wait", "--repo"])
+        .arg(sb.repo())
+        .env("OPENAI_API_KEY", key)
+        .env(
+            "OPENAI_BASE_URL",
+            format!("http://127.0.0.1:{}/v1", server.port),
+        ));
+    assert!(code.is_some(), "{out}\n{err}");
+    let spans = receiver.spans();
+    let a = one(&spans, "agent_run span", |s| s.name == "agent_run");
+    assert_eq!(attr(a, "gen_ai.operation.name"), "invoke_agent");
+    assert_eq!(attr(a, "gen_ai.system"), "openai");
+    assert_eq!(attr(a, "gen_ai.request.model"), "gpt-5");
+    // Two replies of 1,000 + 200 cached input and 50 output tokens.
+    assert_eq!(attr(a, "gen_ai.usage.input_tokens"), "2400");
+    assert_eq!(attr(a, "gen_ai.usage.output_tokens"), "100");
+    let cost: f64 = attr(a, "fvd.agent.cost_usd").parse().unwrap();
+    assert!(
+        (cost - 2.0 * crate::agent_model::REPLY_USD).abs() < 1e-9,
+        "{cost}"
+    );
+    let r = receiver.sink.received.lock().unwrap();
+    let usd: f64 = r
+        .sums
+        .iter()
+        .filter(|((name, _), _)| name == "fvd.agent.cost")
+        .map(|(_, v)| *v)
+        .sum();
+    assert!((usd - cost).abs() < 1e-9, "{usd} {:?}", r.metric_names);
+    assert!(r.metric_names.iter().any(|m| m == "fvd.agent.tokens"));
+    // No byte of the key left in a span or a metric.
+    for b in &r.bytes {
+        assert!(!b.windows(key.len()).any(|w| w == key.as_bytes()));
+    }
+    assert!(!out.contains(key) && !err.contains(key));
+}

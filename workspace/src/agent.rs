@@ -78,9 +78,11 @@ impl AgentPolicy {
     /// Whether `agent` may run here; the error says why not and what
     /// allows it.
     pub fn admits(&self, agent: &fvd_spec::AgentSpec) -> Result<(), String> {
-        // Every agent a spec declares today is a raw command. Presets
-        // (issue #29) run fvd's own command, not the spec's: admit them
-        // here, before the check below, whatever `commands` says.
+        // Presets (issue #29) run fvd's own command, not the spec's: they
+        // are admitted whatever `commands` says.
+        if agent.preset.is_some() {
+            return Ok(());
+        }
         match &self.commands {
             AgentCommands::Allowed => Ok(()),
             AgentCommands::Only(known) if known.contains(&agent.command) => Ok(()),
@@ -130,6 +132,8 @@ pub struct Packet<'a> {
     pub last: LastRun<'a>,
     /// Previous attempts, oldest first.
     pub ledger: &'a [AttemptRow],
+    /// The agent's working folder: the port's folder in its worktree.
+    pub workdir: &'a str,
     pub handoff_file: &'a str,
     /// Escape hatches of this component a person answered since the last
     /// attempt: the answers are part of the task.
@@ -155,6 +159,7 @@ pub fn packet(p: &Packet<'_>) -> String {
         max_attempts,
         last,
         ledger,
+        workdir,
         handoff_file,
         answers,
         next_escape_id,
@@ -163,7 +168,7 @@ pub fn packet(p: &Packet<'_>) -> String {
     } = p;
     let mut out = String::new();
     out.push_str(&format!(
-        "# fvd parity-debug: {family} / {} (attempt {attempt}; {budget_used} of {max_attempts} in the budget)\n\n",
+        "# fvd parity-debug: {family} / {} (attempt {attempt}; {budget_used} of {max_attempts} in the budget)\n\nWork in `{workdir}`: the port's folder in this component's own git worktree.\n\n",
         spec.name
     ));
     out.push_str("## Component context\n\n```text\n");
@@ -344,6 +349,9 @@ pub struct AgentExit {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub timed_out: bool,
+    /// Ended by fvd before it exited on its own (its proxy tripped: a
+    /// budget spent, a refused key, an upstream that kept failing).
+    pub stopped: bool,
     pub duration_ms: u64,
     pub stdout: String,
     /// Why the agent could not be started, if it could not.
@@ -370,6 +378,17 @@ pub struct RunAgent<'a> {
 /// group at `timeout`. Its stdout and stderr, redacted, are also written to
 /// `log_dir`. The caller checked [`AgentPolicy::admits`].
 pub async fn run(argv: &[String], r: RunAgent<'_>) -> AgentExit {
+    run_with(argv, r, None, std::future::pending()).await
+}
+
+/// [`run`], with `stdin` written to the agent (else it reads nothing) and
+/// its process group killed as soon as `stop` completes (`stopped`).
+pub async fn run_with(
+    argv: &[String],
+    r: RunAgent<'_>,
+    stdin: Option<Vec<u8>>,
+    stop: impl std::future::Future<Output = ()>,
+) -> AgentExit {
     let started = Instant::now();
     let mut env: BTreeMap<String, String> = fvd_sandbox::env::inherited().into_iter().collect();
     for name in r.env_names {
@@ -392,7 +411,11 @@ pub async fn run(argv: &[String], r: RunAgent<'_>) -> AgentExit {
     cmd.current_dir(r.cwd)
         .env_clear()
         .envs(&env)
-        .stdin(Stdio::null())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // Its own group, so a timeout ends the agent's children too.
@@ -409,6 +432,15 @@ pub async fn run(argv: &[String], r: RunAgent<'_>) -> AgentExit {
         }
     };
     let pid = child.id();
+    if let (Some(bytes), Some(mut input)) = (stdin, child.stdin.take()) {
+        // Written beside the run: an agent that reads its input late (or
+        // never) must not hold up the wait below.
+        fvd_telemetry::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = input.write_all(&bytes).await;
+            let _ = input.shutdown().await;
+        });
+    }
     let mut so = child.stdout.take().expect("stdout is piped");
     let mut se = child.stderr.take().expect("stderr is piped");
     let out = fvd_telemetry::spawn(async move {
@@ -421,16 +453,25 @@ pub async fn run(argv: &[String], r: RunAgent<'_>) -> AgentExit {
         let _ = se.read_to_end(&mut b).await;
         b
     });
-    let (status, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
-        Ok(s) => (s.ok(), false),
-        Err(_) => {
-            if let Some(pid) = pid {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+    let kill = |pid: Option<u32>| {
+        if let Some(pid) = pid {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    };
+    let (status, timed_out, stopped) = tokio::select! {
+        s = tokio::time::timeout(timeout, child.wait()) => match s {
+            Ok(s) => (s.ok(), false, false),
+            Err(_) => {
+                kill(pid);
+                (child.wait().await.ok(), true, false)
             }
-            (child.wait().await.ok(), true)
+        },
+        () = stop => {
+            kill(pid);
+            (child.wait().await.ok(), false, true)
         }
     };
     let stdout = redactor.bytes(&out.await.unwrap_or_default());
@@ -442,6 +483,7 @@ pub async fn run(argv: &[String], r: RunAgent<'_>) -> AgentExit {
         exit_code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),
         timed_out,
+        stopped,
         duration_ms: started.elapsed().as_millis() as u64,
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
         spawn_error: None,
@@ -481,6 +523,10 @@ pub struct HandoffRead {
     /// The block as returned; withheld when it holds a token-looking value.
     pub text: String,
     pub value: Option<ComponentSkillHandoff>,
+    /// Where the block was read: `structured_output` (the CLI's), `file`
+    /// (`{handoff_file}`), `output` (the last block the agent printed), or
+    /// empty when there was none.
+    pub source: &'static str,
 }
 
 impl HandoffRead {
@@ -527,9 +573,25 @@ impl HandoffRead {
 /// agent wrote one, else the last such block of its stdout. A missing or
 /// invalid block is reported as such; nothing is guessed.
 pub fn read_handoff(component: &str, file: Option<&str>, stdout: &str) -> HandoffRead {
-    let block = match file.filter(|t| !t.trim().is_empty()) {
-        Some(text) => Some(unfence(text)),
-        None => last_block(stdout),
+    read_handoff_of(component, None, file, stdout)
+}
+
+/// [`read_handoff`] for a CLI with structured output: the handoff it
+/// returned there comes first, then the handoff file, then the last block
+/// of `text` (its final answer).
+pub fn read_handoff_of(
+    component: &str,
+    structured: Option<&str>,
+    file: Option<&str>,
+    text: &str,
+) -> HandoffRead {
+    let present = |t: Option<&str>| t.filter(|t| !t.trim().is_empty()).map(unfence);
+    let (block, source) = if let Some(b) = present(structured) {
+        (Some(b), "structured_output")
+    } else if let Some(b) = present(file) {
+        (Some(b), "file")
+    } else {
+        (last_block(text), "output")
     };
     let Some(block) = block else {
         return HandoffRead {
@@ -537,6 +599,7 @@ pub fn read_handoff(component: &str, file: Option<&str>, stdout: &str) -> Handof
             summary: "the agent returned no component_skill_handoff block".into(),
             text: String::new(),
             value: None,
+            source: "",
         };
     };
     let checked = ComponentSkillHandoff::check(&block, 1);
@@ -564,6 +627,7 @@ pub fn read_handoff(component: &str, file: Option<&str>, stdout: &str) -> Handof
             summary: one_line(&findings.join("; ")),
             text,
             value: None,
+            source,
         };
     }
     let v = checked.value.expect("checked above");
@@ -584,6 +648,7 @@ pub fn read_handoff(component: &str, file: Option<&str>, stdout: &str) -> Handof
         )),
         text,
         value: Some(v),
+        source,
     }
 }
 
@@ -682,6 +747,7 @@ escape_hatch: none";
             max_attempts: 2,
             last,
             ledger: &[],
+            workdir: "/w/port",
             handoff_file: "/h.txt",
             answers: &[],
             next_escape_id: "E001",
@@ -839,6 +905,9 @@ escape_hatch: none";
                 forbidden: vec![],
                 allowed_untracked: vec![],
             },
+            preset: None,
+            extra_args: vec![],
+            model: None,
         };
         let refused = AgentPolicy::default().admits(&agent).unwrap_err();
         assert!(refused.contains("--allow-agent-commands"), "{refused}");
@@ -853,6 +922,51 @@ escape_hatch: none";
             ..agent
         };
         assert!(embedded.admits(&mine).is_ok());
+        // A preset runs fvd's own command: admitted everywhere.
+        let preset = fvd_spec::AgentSpec {
+            command: vec![],
+            preset: Some(fvd_spec::agent_model::Preset::ClaudeCode),
+            ..mine
+        };
+        assert!(AgentPolicy::default().admits(&preset).is_ok());
+        assert!(embedded.admits(&preset).is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_agent_reads_its_packet_on_stdin_and_a_stop_ends_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let got = dir.path().join("got");
+        let argv: Vec<String> = ["sh", "-c", "cat > got.tmp; mv got.tmp got; sleep 30 & wait"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let started = Instant::now();
+        // The stop comes once the agent has read its whole packet.
+        let stop = async {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !got.exists() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let exit = run_with(
+            &argv,
+            RunAgent {
+                cwd: dir.path(),
+                env_names: &[],
+                extra: &[],
+                timeout: Duration::from_secs(60),
+                log_dir: dir.path(),
+                policy: &AgentPolicy::allowing(),
+            },
+            Some(b"the packet".to_vec()),
+            stop,
+        )
+        .await;
+        assert!(exit.stopped && !exit.timed_out, "{exit:?}");
+        assert_eq!(exit.signal, Some(9), "{exit:?}");
+        assert_eq!(std::fs::read_to_string(&got).unwrap(), "the packet");
+        // The group went with it: the backgrounded sleep held nothing open.
+        assert!(started.elapsed() < Duration::from_secs(10), "{exit:?}");
     }
 
     #[tokio::test]

@@ -2,7 +2,10 @@
 //! agent is given, the agent as a subprocess, the handoff it returns, its
 //! leftovers after a crash), [`worktree`] (each agent component's git
 //! worktree and branch, one commit per attempt) and [`cleanup`] (the gate a
-//! pass clears before it counts). The component actor drives them.
+//! pass clears before it counts), [`preset`] (the coding-agent CLIs fvd
+//! runs headless behind its model proxy, and what they report) and
+//! [`session`] (one attempt behind the proxy: the key, the budgets left,
+//! what it spent and why it stopped). The component actor drives them.
 //! [`commit`] pins the code a port runs and [`identity`] names the
 //! repository it comes from.
 
@@ -10,4 +13,6 @@ pub mod agent;
 pub mod cleanup;
 pub mod commit;
 pub mod identity;
+pub mod preset;
+pub mod session;
 pub mod worktree;

@@ -237,6 +237,7 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
             " · started " span.t { (time(v.created_ms)) } " · updated " span.t { (time(v.updated_ms)) }
         }
         @if !v.port_status_path.is_empty() { p.path { "status file: " code { (v.port_status_path) } } }
+        @if let Some(a) = &v.agent_spend { p.spend { "agents spent " (spend(a)) } }
     };
     let phases = html! {
         ol.phases {
@@ -260,7 +261,7 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
     };
     let matrix = html! {
         table.matrix {
-            thead { tr { th { "component" } th { "status" } th { "runs" } th { "worker" } th { "GPUs" } th { "last reason" } th { "time" } } }
+            thead { tr { th { "component" } th { "status" } th { "runs" } th { "worker" } th { "GPUs" } th { "agent spend" } th { "last reason" } th { "time" } } }
             tbody {
                 @for c in &v.components {
                     tr id={ "c-" (c.name) } data-component=(c.name) data-status=(c.status) data-updated-ms=(c.updated_ms) {
@@ -269,6 +270,7 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
                         td.n { (c.runs) }
                         td.w { (c.worker_id) }
                         td.w { (gpus(c)) }
+                        td.n { @if let Some(a) = &c.agent_spend { (spend(a)) } }
                         td.reason { (c.reason) }
                         td.t { (time(c.updated_ms)) }
                     }
@@ -329,6 +331,33 @@ fn diff(text: &str) -> Markup {
     }
 }
 
+/// USD and tokens of some attempts, in a few words.
+fn spend(a: &crate::dashboard::views::SpendView) -> String {
+    let mut t = format!("${:.4} · {} tokens", a.cost_usd, a.tokens);
+    if a.unpriced_tokens > 0 {
+        t.push_str(&format!(" (+{} without a price)", a.unpriced_tokens));
+    }
+    t
+}
+
+/// One attempt's model usage and how it ended on the model side.
+fn usage(u: &fvd_store::usage::AttemptUsage) -> Markup {
+    html! {
+        p.usage {
+            (if u.preset.is_empty() { "command" } else { &u.preset }) " " code { (u.model) }
+            " · " (u.input_tokens) " in, " (u.output_tokens) " out, " (u.cache_read_tokens) " cache read, " (u.cache_write_tokens) " cache write"
+            " · " @match u.cost_usd { Some(c) => { "$" (format!("{c:.4}")) }, None => { "cost unknown" } }
+            " · " (u.requests) " request(s)"
+            @if u.retries > 0 { " · " (u.retries) " retried" }
+            " · " (u.outcome)
+            @if !u.stop_reason.is_empty() { ": " (u.stop_reason) }
+        }
+        @if !u.permission_denials.is_empty() {
+            ul.denials { @for d in &u.permission_denials { li { "permission denied: " code { (d) } } } }
+        }
+    }
+}
+
 fn attempts(v: &[AttemptRow]) -> Markup {
     html! {
         @if v.is_empty() {
@@ -345,6 +374,7 @@ fn attempts(v: &[AttemptRow]) -> Markup {
                         @if !a.commit_sha.is_empty() { " · " code { (a.commit_sha.get(..10).unwrap_or(&a.commit_sha)) } }
                     }
                     @if !a.handoff_summary.is_empty() { p { (a.handoff_summary) } }
+                    @if let Some(u) = &a.usage { (usage(u)) }
                     @if !a.reason_after.is_empty() { p.reason { "after: " (a.reason_after) } }
                     @if !a.diff_stat.is_empty() { pre.stat { (a.diff_stat) } }
                     @if a.diff.is_empty() { p.empty { "empty diff" } } @else { (diff(&a.diff)) }
@@ -603,6 +633,7 @@ mod tests {
                 ..ComponentView::default()
             }],
             questions: Vec::new(),
+            agent_spend: None,
         };
         let s = port_sections(&v, Access::ReadOnly);
         let matrix = &s[2].html;

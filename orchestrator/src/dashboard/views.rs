@@ -52,6 +52,28 @@ pub struct PortView {
     pub refusals: Vec<GateView>,
     pub components: Vec<ComponentView>,
     pub questions: Vec<QuestionView>,
+    /// What the port's agents spent on their model APIs (every attempt).
+    pub agent_spend: Option<SpendView>,
+}
+
+/// Model usage summed over agent attempts.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct SpendView {
+    pub attempts: u32,
+    pub tokens: u64,
+    pub cost_usd: f64,
+    pub unpriced_tokens: u64,
+}
+
+impl SpendView {
+    fn of(a: &pb::AgentSpend) -> Self {
+        SpendView {
+            attempts: a.attempts,
+            tokens: a.input_tokens + a.output_tokens + a.cache_read_tokens + a.cache_write_tokens,
+            cost_usd: a.cost_usd,
+            unpriced_tokens: a.unpriced_tokens,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -87,6 +109,8 @@ pub struct ComponentView {
     /// Latest run: its number and state (`running`, `finished`, …).
     pub run_no: u32,
     pub job_state: String,
+    /// What its agent attempts spent on their model API.
+    pub agent_spend: Option<SpendView>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -232,6 +256,7 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
                 updated_ms: ct.updated_ms,
                 run_no: ct.run_no,
                 job_state: ct.job_state.map(|s| s.to_string()).unwrap_or_default(),
+                agent_spend: c.agent_spend.as_ref().map(SpendView::of),
             }
         })
         .collect();
@@ -275,6 +300,7 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
         refusals,
         components,
         questions,
+        agent_spend: snap.agent_spend.as_ref().map(SpendView::of),
     }))
 }
 

@@ -1,0 +1,779 @@
+//! The coding-agent CLIs fvd knows: how to run each headless against
+//! fvd's model proxy, and how to read what it reports.
+//!
+//! Per attempt, a preset gets its own HOME (and XDG folders) under the
+//! attempt's folder, with the CLI's configuration written there: the
+//! proxy's base URL and the attempt's token (never the key), telemetry,
+//! update checks and plugin fetches off. The packet goes on stdin (no
+//! argument-length limit, no flag that swallows it). The CLI's JSON events
+//! are read for its result, turns, usage, cost, permission denials and the
+//! handoff of its structured output (Claude Code's `--json-schema`, Codex's
+//! `--output-schema`).
+//!
+//! Flags were checked against Claude Code 2.1.332, Codex CLI 0.171.0,
+//! opencode 1.18.33 and Gemini CLI 0.61.0 (`tests/agents`).
+
+use std::path::{Path, PathBuf};
+
+use fvd_agentproxy::Tokens;
+use fvd_spec::agent_model::{ModelApi, ModelSpec, Preset};
+use serde_json::{Value, json};
+
+/// The JSON schema of a structured handoff: the block's text in one field.
+pub const HANDOFF_SCHEMA: &str = r#"{"type":"object","properties":{"handoff":{"type":"string","description":"the component_skill_handoff block: its lines, one field per line, as the packet's Handoff section asks"}},"required":["handoff"],"additionalProperties":false}"#;
+
+/// What one attempt's launch is made from.
+#[derive(Debug, Clone)]
+pub struct Attempt<'a> {
+    pub preset: Preset,
+    pub model: &'a ModelSpec,
+    pub extra_args: &'a [String],
+    /// The packet, given on stdin.
+    pub packet: &'a str,
+    /// The attempt's folder: HOME and the CLI's files go below it.
+    pub dir: &'a Path,
+    /// The proxy's base URL for the model API (with its base path).
+    pub base_url: &'a str,
+    /// The attempt's token.
+    pub token: &'a str,
+    /// The agent starts in fvd's jail (`fvd_sandbox`): a CLI's own sandbox,
+    /// which cannot nest in it, is left to the jail.
+    pub jailed: bool,
+}
+
+/// How to start the CLI.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    pub argv: Vec<String>,
+    /// Set on top of the agent's base environment (HOME replaced).
+    pub env: Vec<(String, String)>,
+    pub stdin: Vec<u8>,
+}
+
+/// The variable a preset's CLI reads the attempt's token from, where its
+/// configuration names one.
+const TOKEN_ENV: &str = "FVD_MODEL_TOKEN";
+
+/// Writes the CLI's configuration under the attempt's HOME and returns how
+/// to start it.
+pub fn launch(a: &Attempt<'_>) -> std::io::Result<Launch> {
+    let home = a.dir.join("home");
+    std::fs::create_dir_all(&home)?;
+    let mut env: Vec<(String, String)> = vec![
+        ("HOME".into(), home.display().to_string()),
+        (
+            "XDG_CONFIG_HOME".into(),
+            home.join(".config").display().to_string(),
+        ),
+        (
+            "XDG_DATA_HOME".into(),
+            home.join(".local/share").display().to_string(),
+        ),
+        (
+            "XDG_STATE_HOME".into(),
+            home.join(".local/state").display().to_string(),
+        ),
+        (
+            "XDG_CACHE_HOME".into(),
+            home.join(".cache").display().to_string(),
+        ),
+        ("NO_COLOR".into(), "1".into()),
+    ];
+    let m = a.model;
+    let mut argv: Vec<String> = vec![a.preset.program().into()];
+    let s = |x: &str| x.to_string();
+    match a.preset {
+        Preset::ClaudeCode => {
+            argv.extend(
+                [
+                    "-p",
+                    "--output-format",
+                    "stream-json",
+                    "--verbose",
+                    "--no-session-persistence",
+                    "--permission-mode",
+                    "acceptEdits",
+                    "--json-schema",
+                    HANDOFF_SCHEMA,
+                    "--model",
+                    m.api_model(),
+                ]
+                .map(s),
+            );
+            if let Some(t) = m.max_turns {
+                argv.extend([s("--max-turns"), t.to_string()]);
+            }
+            if let Some(usd) = m.budget.usd_per_attempt {
+                // Its own cap is checked between turns; the proxy's stops it
+                // mid-turn.
+                argv.extend([s("--max-budget-usd"), usd.to_string()]);
+            }
+            // What it may run without asking: the parity test and reading
+            // git. Anything else is denied (and listed on the attempt). An
+            // allowlist is not a sandbox: see the containment of jobs.
+            argv.push(s("--allowedTools"));
+            argv.extend(
+                [
+                    "Read",
+                    "Edit",
+                    "Write",
+                    "Glob",
+                    "Grep",
+                    "Bash(python3:*)",
+                    "Bash(python:*)",
+                    "Bash(pytest:*)",
+                    "Bash(git diff:*)",
+                    "Bash(git status:*)",
+                    "Bash(git log:*)",
+                ]
+                .map(s),
+            );
+            env.extend(
+                [
+                    ("ANTHROPIC_BASE_URL", a.base_url),
+                    ("ANTHROPIC_API_KEY", a.token),
+                    ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+                    ("DISABLE_TELEMETRY", "1"),
+                    ("DISABLE_ERROR_REPORTING", "1"),
+                    ("DISABLE_AUTOUPDATER", "1"),
+                    ("DISABLE_BUG_COMMAND", "1"),
+                ]
+                .map(|(k, v)| (s(k), s(v))),
+            );
+        }
+        Preset::Codex => {
+            let codex_home = home.join(".codex");
+            std::fs::create_dir_all(&codex_home)?;
+            std::fs::write(codex_home.join("config.toml"), codex_config(m, a.base_url))?;
+            let schema = a.dir.join("handoff.schema.json");
+            std::fs::write(&schema, HANDOFF_SCHEMA)?;
+            argv.extend(
+                [
+                    "exec",
+                    "--json",
+                    "--skip-git-repo-check",
+                    "--ephemeral",
+                    "--disable",
+                    "plugins",
+                    "--sandbox",
+                    // Codex's own sandbox (bubblewrap or Landlock) runs no
+                    // command inside fvd's jail, silently: the jail is its
+                    // sandbox then.
+                    if a.jailed {
+                        "danger-full-access"
+                    } else {
+                        "workspace-write"
+                    },
+                    "--add-dir",
+                ]
+                .map(s),
+            );
+            argv.push(a.dir.display().to_string());
+            argv.extend([s("--output-schema"), schema.display().to_string()]);
+            argv.extend([s("--model"), s(m.api_model())]);
+            env.push((s("CODEX_HOME"), codex_home.display().to_string()));
+            env.push((s(TOKEN_ENV), s(a.token)));
+        }
+        Preset::Opencode => {
+            argv.extend(["run", "--format", "json", "--model"].map(s));
+            argv.push(format!("fvd/{}", m.api_model()));
+            env.push((s("OPENCODE_CONFIG_CONTENT"), opencode_config(m, a.base_url)));
+            env.push((s(TOKEN_ENV), s(a.token)));
+            env.extend(
+                [
+                    "OPENCODE_DISABLE_AUTOUPDATE",
+                    "OPENCODE_DISABLE_DEFAULT_PLUGINS",
+                    "OPENCODE_DISABLE_MODELS_FETCH",
+                    "OPENCODE_DISABLE_LSP_DOWNLOAD",
+                    "OPENCODE_DISABLE_SHARE",
+                    "OPENCODE_DISABLE_CLAUDE_CODE",
+                    "OPENCODE_DISABLE_EXTERNAL_SKILLS",
+                    "OPENCODE_DISABLE_PROJECT_CONFIG",
+                ]
+                .map(|k| (s(k), s("1"))),
+            );
+        }
+        Preset::Gemini => {
+            let dot = home.join(".gemini");
+            std::fs::create_dir_all(&dot)?;
+            std::fs::write(dot.join("settings.json"), gemini_settings(m))?;
+            argv.extend(
+                [
+                    "--model",
+                    m.api_model(),
+                    "--output-format",
+                    "stream-json",
+                    "--approval-mode",
+                    "yolo",
+                    "--skip-trust",
+                    "--prompt",
+                    "",
+                ]
+                .map(s),
+            );
+            env.extend(
+                [
+                    ("GOOGLE_GEMINI_BASE_URL", a.base_url),
+                    ("GEMINI_API_KEY", a.token),
+                    ("GEMINI_CLI_NO_RELAUNCH", "true"),
+                ]
+                .map(|(k, v)| (s(k), s(v))),
+            );
+        }
+    }
+    argv.extend(a.extra_args.iter().cloned());
+    if a.preset == Preset::Codex {
+        // The packet comes on stdin.
+        argv.push(s("-"));
+    }
+    Ok(Launch {
+        argv,
+        env,
+        stdin: a.packet.as_bytes().to_vec(),
+    })
+}
+
+fn codex_config(m: &ModelSpec, base_url: &str) -> String {
+    let q = |s: &str| serde_json::to_string(s).expect("strings serialize");
+    format!(
+        "# Written by fvd for one agent attempt.\n\
+model = {model}\n\
+model_provider = \"fvd\"\n\
+approval_policy = \"never\"\n\
+allow_login_shell = false\n\
+check_for_update_on_startup = false\n\
+web_search = \"disabled\"\n\
+\n\
+[analytics]\nenabled = false\n\
+\n\
+[feedback]\nenabled = false\n\
+\n\
+[history]\npersistence = \"none\"\n\
+\n\
+[model_providers.fvd]\n\
+name = \"fvd model proxy\"\n\
+base_url = {base}\n\
+env_key = \"{TOKEN_ENV}\"\n\
+wire_api = \"responses\"\n\
+request_max_retries = 0\n\
+stream_max_retries = 0\n",
+        model = q(m.api_model()),
+        base = q(base_url),
+    )
+}
+
+fn opencode_config(m: &ModelSpec, base_url: &str) -> String {
+    let npm = match m.api {
+        ModelApi::Anthropic => "@ai-sdk/anthropic",
+        _ => "@ai-sdk/openai-compatible",
+    };
+    json!({
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": false,
+        "share": "disabled",
+        "plugin": [],
+        "model": format!("fvd/{}", m.api_model()),
+        "provider": {"fvd": {
+            "npm": npm,
+            "name": "fvd model proxy",
+            "options": {"baseURL": base_url, "apiKey": format!("{{env:{TOKEN_ENV}}}")},
+            "models": {m.api_model(): {"name": m.api_model()}},
+        }},
+        // Fetching from the network is not the agent's job: refused (and
+        // listed on the attempt). A rule is not a sandbox either.
+        "permission": {
+            "edit": "allow",
+            "bash": {"*": "allow", "curl *": "deny", "wget *": "deny"},
+            "webfetch": "deny",
+        },
+    })
+    .to_string()
+}
+
+fn gemini_settings(m: &ModelSpec) -> String {
+    let mut v = json!({
+        "privacy": {"usageStatisticsEnabled": false},
+        "telemetry": {"enabled": false},
+        "general": {"disableAutoUpdate": true, "disableUpdateNag": true},
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+    });
+    if let Some(t) = m.max_turns {
+        v["model"] = json!({"maxSessionTurns": t});
+    }
+    v.to_string()
+}
+
+/// A cap of the CLI's own that ended the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cap {
+    Turns,
+    Budget,
+}
+
+/// What the CLI said about its run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Report {
+    /// Its final answer's text.
+    pub result: Option<String>,
+    /// The handoff of its structured output.
+    pub structured_handoff: Option<String>,
+    pub turns: Option<u32>,
+    /// Its own usage figures, when it reports them.
+    pub tokens: Option<Tokens>,
+    /// Its own cost figure, when it reports one.
+    pub cost_usd: Option<f64>,
+    /// Tool calls it refused to make, as `TOOL: input`.
+    pub permission_denials: Vec<String>,
+    pub cap: Option<Cap>,
+    /// Its last error message.
+    pub error: Option<String>,
+}
+
+fn u(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn text(v: &Value, k: &str) -> Option<String> {
+    v.get(k).and_then(Value::as_str).map(str::to_string)
+}
+
+/// A tool call's input in one short line.
+fn brief(tool: &str, input: &Value) -> String {
+    let shown = ["command", "cmd", "file_path", "filePath", "url", "pattern"]
+        .iter()
+        .find_map(|k| input.get(*k).and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_else(|| input.to_string());
+    let line = format!("{tool}: {shown}");
+    crate::agent::tail(&line, 300).to_string()
+}
+
+/// Reads the CLI's stdout: one JSON event per line (others are skipped).
+pub fn report(preset: Preset, stdout: &str) -> Report {
+    let events: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
+        .filter(Value::is_object)
+        .collect();
+    let mut r = Report::default();
+    match preset {
+        Preset::ClaudeCode => claude(&events, &mut r),
+        Preset::Codex => codex(&events, &mut r),
+        Preset::Opencode => opencode(&events, &mut r),
+        Preset::Gemini => gemini(&events, &mut r),
+    }
+    r
+}
+
+fn claude(events: &[Value], r: &mut Report) {
+    let mut texts = Vec::new();
+    for e in events {
+        match e.get("type").and_then(Value::as_str) {
+            Some("assistant") => {
+                for c in e
+                    .pointer("/message/content")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(t) = c.get("text").and_then(Value::as_str) {
+                        texts.push(t.to_string());
+                    }
+                }
+            }
+            Some("result") => {
+                r.result = text(e, "result");
+                r.turns = e.get("num_turns").and_then(Value::as_u64).map(|n| n as u32);
+                r.cost_usd = e.get("total_cost_usd").and_then(Value::as_f64);
+                if let Some(us) = e.get("usage") {
+                    r.tokens = Some(Tokens {
+                        input: u(us, "input_tokens"),
+                        output: u(us, "output_tokens"),
+                        cache_read: u(us, "cache_read_input_tokens"),
+                        cache_write: u(us, "cache_creation_input_tokens"),
+                    });
+                }
+                r.structured_handoff = e
+                    .pointer("/structured_output/handoff")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                r.permission_denials = e
+                    .get("permission_denials")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|d| {
+                        brief(
+                            d.get("tool_name").and_then(Value::as_str).unwrap_or("?"),
+                            d.get("tool_input").unwrap_or(&Value::Null),
+                        )
+                    })
+                    .collect();
+                let sub = e.get("subtype").and_then(Value::as_str).unwrap_or("");
+                let reason = e
+                    .get("terminal_reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                if sub == "error_max_turns" || reason == "max_turns" {
+                    r.cap = Some(Cap::Turns);
+                } else if sub.contains("budget") || reason.contains("budget") {
+                    r.cap = Some(Cap::Budget);
+                }
+                if e.get("is_error").and_then(Value::as_bool) == Some(true) {
+                    r.error = Some(format!(
+                        "{}{}",
+                        if sub.is_empty() { "error" } else { sub },
+                        r.result
+                            .as_deref()
+                            .map(|t| format!(": {}", crate::agent::tail(t, 300)))
+                            .unwrap_or_default()
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    if r.result.is_none() {
+        r.result = texts.pop();
+    }
+}
+
+fn codex(events: &[Value], r: &mut Report) {
+    let mut tokens: Option<Tokens> = None;
+    for e in events {
+        match e.get("type").and_then(Value::as_str) {
+            Some("item.completed") => {
+                let item = e.get("item").unwrap_or(&Value::Null);
+                if item.get("type").and_then(Value::as_str) == Some("agent_message") {
+                    r.result = text(item, "text");
+                }
+            }
+            Some("turn.completed") => {
+                if let Some(us) = e.get("usage") {
+                    let cached = u(us, "cached_input_tokens");
+                    tokens.get_or_insert_with(Tokens::default).add(&Tokens {
+                        input: u(us, "input_tokens").saturating_sub(cached),
+                        output: u(us, "output_tokens"),
+                        cache_read: cached,
+                        cache_write: u(us, "cache_write_input_tokens"),
+                    });
+                }
+            }
+            Some("turn.failed") => {
+                r.error = e
+                    .pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .map(|m| crate::agent::tail(m, 300).to_string());
+            }
+            Some("error") => {
+                r.error = text(e, "message").map(|m| crate::agent::tail(&m, 300).to_string());
+            }
+            _ => {}
+        }
+    }
+    r.tokens = tokens;
+    r.structured_handoff = r.result.as_deref().and_then(structured_handoff);
+}
+
+fn opencode(events: &[Value], r: &mut Report) {
+    let mut tokens: Option<Tokens> = None;
+    let mut cost: Option<f64> = None;
+    let mut turns = 0u32;
+    for e in events {
+        let part = e.get("part").unwrap_or(&Value::Null);
+        match e.get("type").and_then(Value::as_str) {
+            Some("text") => r.result = text(part, "text"),
+            Some("step_finish") => {
+                turns += 1;
+                if let Some(t) = part.get("tokens") {
+                    let cache = t.get("cache").unwrap_or(&Value::Null);
+                    tokens.get_or_insert_with(Tokens::default).add(&Tokens {
+                        input: u(t, "input"),
+                        output: u(t, "output") + u(t, "reasoning"),
+                        cache_read: u(cache, "read"),
+                        cache_write: u(cache, "write"),
+                    });
+                }
+                if let Some(c) = part.get("cost").and_then(Value::as_f64) {
+                    *cost.get_or_insert(0.0) += c;
+                }
+            }
+            Some("tool_use") => {
+                let state = part.get("state").unwrap_or(&Value::Null);
+                let err = state.get("error").and_then(Value::as_str).unwrap_or("");
+                // A rule's refusal, or a person's ("rejected permission").
+                let refused = ["prevents you from using", "rejected permission", "denied"];
+                if state.get("status").and_then(Value::as_str) == Some("error")
+                    && refused.iter().any(|r| err.contains(r))
+                {
+                    r.permission_denials.push(brief(
+                        part.get("tool").and_then(Value::as_str).unwrap_or("?"),
+                        state.get("input").unwrap_or(&Value::Null),
+                    ));
+                }
+            }
+            Some("error") => {
+                let msg = e
+                    .pointer("/error/data/message")
+                    .or_else(|| e.pointer("/error/name"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("error");
+                r.error = Some(crate::agent::tail(msg, 300).to_string());
+            }
+            _ => {}
+        }
+    }
+    r.turns = (turns > 0).then_some(turns);
+    r.tokens = tokens;
+    r.cost_usd = cost.filter(|c| *c > 0.0);
+}
+
+fn gemini(events: &[Value], r: &mut Report) {
+    let mut reply = String::new();
+    let mut tool_calls = 0u32;
+    for e in events {
+        match e.get("type").and_then(Value::as_str) {
+            Some("message") if e.get("role").and_then(Value::as_str) == Some("assistant") => {
+                if e.get("delta").and_then(Value::as_bool) != Some(true) {
+                    reply.clear();
+                }
+                reply.push_str(e.get("content").and_then(Value::as_str).unwrap_or(""));
+            }
+            Some("tool_use") => {
+                // A reply after tools starts a new final text.
+                reply.clear();
+                tool_calls += 1;
+            }
+            Some("tool_result") => {
+                let status = e.get("status").and_then(Value::as_str).unwrap_or("");
+                let msg = e
+                    .pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                if status == "error" && (msg.contains("denied") || msg.contains("not allowed")) {
+                    r.permission_denials
+                        .push(crate::agent::tail(msg, 300).to_string());
+                }
+            }
+            Some("result") => {
+                let stats = e.get("stats").unwrap_or(&Value::Null);
+                let cached = u(stats, "cached");
+                r.tokens = Some(Tokens {
+                    input: u(stats, "input_tokens").saturating_sub(cached),
+                    output: u(stats, "output_tokens"),
+                    cache_read: cached,
+                    cache_write: 0,
+                });
+                if e.get("status").and_then(Value::as_str) == Some("error") {
+                    r.error = e
+                        .pointer("/error/message")
+                        .and_then(Value::as_str)
+                        .map(|m| crate::agent::tail(m, 300).to_string());
+                }
+            }
+            Some("error") => {
+                r.error = text(e, "message").map(|m| crate::agent::tail(&m, 300).to_string());
+            }
+            _ => {}
+        }
+    }
+    r.turns = Some(tool_calls + 1).filter(|_| r.tokens.is_some());
+    if !reply.is_empty() {
+        r.result = Some(reply);
+    }
+}
+
+/// A cap a CLI tells only by its exit code: Gemini CLI exits 53 when its
+/// session's turns are spent.
+pub fn exit_cap(preset: Preset, code: Option<i32>) -> Option<Cap> {
+    (preset == Preset::Gemini && code == Some(53)).then_some(Cap::Turns)
+}
+
+/// `{"handoff": "…"}` as a final message's text.
+fn structured_handoff(text: &str) -> Option<String> {
+    serde_json::from_str::<Value>(text.trim())
+        .ok()?
+        .get("handoff")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Where a preset's CLI is found: `FVD_AGENT_CLI_DIR` (a folder of
+/// programs, e.g. an npm prefix's `node_modules/.bin`) first, then `PATH`.
+pub fn find_program(preset: Preset, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    let dirs = std::env::var_os("FVD_AGENT_CLI_DIR")
+        .into_iter()
+        .chain(path.map(|p| p.to_os_string()))
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>());
+    for d in dirs {
+        let f = d.join(preset.program());
+        if f.is_file() {
+            return Some(f);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn model(api: ModelApi, model: &str) -> ModelSpec {
+        ModelSpec {
+            api,
+            model: model.into(),
+            key_env: api.default_key_env().into(),
+            max_turns: Some(7),
+            budget: Default::default(),
+            prices: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn each_preset_gets_the_token_and_the_proxy_never_a_key() {
+        let dir = tempfile::tempdir().unwrap();
+        for (preset, api, m) in [
+            (Preset::ClaudeCode, ModelApi::Anthropic, "claude-sonnet-4-5"),
+            (Preset::Codex, ModelApi::OpenAiResponses, "gpt-5"),
+            (Preset::Opencode, ModelApi::OpenAiChat, "openai/gpt-5"),
+            (Preset::Gemini, ModelApi::Gemini, "gemini-2.5-pro"),
+        ] {
+            let spec = model(api, m);
+            let attempt_dir = dir.path().join(preset.name());
+            std::fs::create_dir_all(&attempt_dir).unwrap();
+            let l = launch(&Attempt {
+                preset,
+                model: &spec,
+                extra_args: &["--x".to_string()],
+                packet: "the packet",
+                dir: &attempt_dir,
+                base_url: "http://127.0.0.1:9/v1",
+                token: "fvd-token",
+                jailed: false,
+            })
+            .unwrap();
+            assert_eq!(l.argv[0], preset.program());
+            assert!(l.argv.contains(&"--x".to_string()), "{:?}", l.argv);
+            assert_eq!(l.stdin, b"the packet");
+            let home = attempt_dir.join("home").display().to_string();
+            assert!(l.env.contains(&("HOME".into(), home)), "{:?}", l.env);
+            // The token reaches the CLI, by its variable or its config.
+            let mut seen = l.env.iter().any(|(_, v)| v == "fvd-token");
+            seen |= l
+                .env
+                .iter()
+                .any(|(k, v)| k == TOKEN_ENV && v == "fvd-token");
+            assert!(seen, "{preset:?}: {:?}", l.env);
+            // No API key variable is set from fvd's environment.
+            for (k, v) in &l.env {
+                assert!(
+                    !(k.ends_with("_API_KEY") && v != "fvd-token"),
+                    "{preset:?}: {k}"
+                );
+            }
+            let all = format!("{:?}", l.argv);
+            match preset {
+                Preset::ClaudeCode => assert!(all.contains("\"--max-turns\", \"7\""), "{all}"),
+                Preset::Codex => {
+                    assert_eq!(l.argv.last().unwrap(), "-");
+                    let cfg = std::fs::read_to_string(attempt_dir.join("home/.codex/config.toml"))
+                        .unwrap();
+                    assert!(
+                        cfg.contains("base_url = \"http://127.0.0.1:9/v1\""),
+                        "{cfg}"
+                    );
+                    assert!(cfg.contains("env_key = \"FVD_MODEL_TOKEN\""), "{cfg}");
+                    let parsed: toml::Table = cfg.parse().unwrap();
+                    assert_eq!(parsed["model"].as_str(), Some("gpt-5"));
+                }
+                Preset::Opencode => {
+                    let cfg = &l
+                        .env
+                        .iter()
+                        .find(|(k, _)| k == "OPENCODE_CONFIG_CONTENT")
+                        .unwrap()
+                        .1;
+                    let v: Value = serde_json::from_str(cfg).unwrap();
+                    assert_eq!(
+                        v["provider"]["fvd"]["options"]["baseURL"],
+                        "http://127.0.0.1:9/v1"
+                    );
+                    assert!(all.contains("\"fvd/gpt-5\""), "{all}");
+                }
+                Preset::Gemini => {
+                    let s = std::fs::read_to_string(attempt_dir.join("home/.gemini/settings.json"))
+                        .unwrap();
+                    assert!(s.contains("\"maxSessionTurns\":7"), "{s}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn claude_code_results_give_usage_cost_denials_and_the_structured_handoff() {
+        let out = concat!(
+            r#"{"type":"system","subtype":"init"}"#,
+            "\n",
+            r#"{"type":"assistant","message":{"content":[{"type":"text","text":"working"}]}}"#,
+            "\nnot json\n",
+            r#"{"type":"result","subtype":"error_max_turns","is_error":true,"num_turns":5,"total_cost_usd":0.0154,"usage":{"input_tokens":4000,"output_tokens":200,"cache_read_input_tokens":800,"cache_creation_input_tokens":40},"permission_denials":[{"tool_name":"Bash","tool_use_id":"t1","tool_input":{"command":"curl http://x"}}],"structured_output":{"handoff":"component: c"}}"#,
+        );
+        let r = report(Preset::ClaudeCode, out);
+        assert_eq!(r.turns, Some(5));
+        assert_eq!(r.cost_usd, Some(0.0154));
+        assert_eq!(
+            r.tokens,
+            Some(Tokens {
+                input: 4000,
+                output: 200,
+                cache_read: 800,
+                cache_write: 40
+            })
+        );
+        assert_eq!(r.permission_denials, ["Bash: curl http://x"]);
+        assert_eq!(r.structured_handoff.as_deref(), Some("component: c"));
+        assert_eq!(r.cap, Some(Cap::Turns));
+        assert_eq!(r.result.as_deref(), Some("working"));
+    }
+
+    #[test]
+    fn codex_opencode_and_gemini_events_are_read() {
+        let codex_out = concat!(
+            r#"{"type":"item.completed","item":{"type":"agent_message","text":"{\"handoff\": \"component: c\"}"}}"#,
+            "\n",
+            r#"{"type":"turn.completed","usage":{"input_tokens":4800,"cached_input_tokens":800,"output_tokens":200}}"#,
+        );
+        let r = report(Preset::Codex, codex_out);
+        assert_eq!(r.structured_handoff.as_deref(), Some("component: c"));
+        assert_eq!(r.tokens.unwrap().input, 4000);
+
+        let oc = concat!(
+            r#"{"type":"step_finish","part":{"tokens":{"input":1000,"output":50,"reasoning":0,"cache":{"read":200,"write":0}},"cost":0.01}}"#,
+            "\n",
+            r#"{"type":"tool_use","part":{"tool":"bash","state":{"status":"error","input":{"command":"curl http://x"},"error":"The user has specified a rule which prevents you from using this specific tool call."}}}"#,
+            "\n",
+            r#"{"type":"text","part":{"text":"Done.\n\ncomponent: c\n"}}"#,
+            "\n",
+            r#"{"type":"step_finish","part":{"tokens":{"input":1000,"output":50,"reasoning":0,"cache":{"read":200,"write":0}},"cost":0.01}}"#,
+        );
+        let r = report(Preset::Opencode, oc);
+        assert_eq!(r.turns, Some(2));
+        assert_eq!(r.tokens.unwrap().cache_read, 400);
+        assert_eq!(r.cost_usd, Some(0.02));
+        assert_eq!(r.permission_denials, ["bash: curl http://x"]);
+        assert_eq!(r.result.as_deref(), Some("Done.\n\ncomponent: c\n"));
+
+        let gem = concat!(
+            r#"{"type":"tool_use","tool_name":"read_file"}"#,
+            "\n",
+            r#"{"type":"message","role":"assistant","content":"Done.\n\n","delta":true}"#,
+            "\n",
+            r#"{"type":"message","role":"assistant","content":"component: c\n","delta":true}"#,
+            "\n",
+            r#"{"type":"result","status":"success","stats":{"input_tokens":4800,"output_tokens":200,"cached":800}}"#,
+        );
+        let r = report(Preset::Gemini, gem);
+        assert_eq!(r.result.as_deref(), Some("Done.\n\ncomponent: c\n"));
+        assert_eq!(r.tokens.unwrap().input, 4000);
+    }
+}
