@@ -444,6 +444,10 @@ pub struct SchedulerState {
     /// `adopt_until_ms` (see [`SchedulerConfig::adopt_grace`]).
     held: HashMap<String, Held>,
     adopt_until_ms: i64,
+    /// Why held runs whose component had not asked yet went: their worker
+    /// came back without them. The component's later ask is told the same
+    /// reason, whichever came first (taken by that ask).
+    not_held: HashMap<String, String>,
 }
 
 /// A run an earlier orchestrator process leased, still `running` in the
@@ -609,6 +613,7 @@ impl Actor for SchedulerActor {
             ready_waiters: Vec::new(),
             held,
             adopt_until_ms,
+            not_held: HashMap::new(),
         })
     }
 
@@ -910,7 +915,11 @@ async fn report_held(
         .collect();
     for job in gone {
         if let Some(h) = st.held.remove(&job) {
-            not_adopted(&job, h.waiter, &format!("worker {id} came back without it"));
+            let why = format!("worker {id} came back without it");
+            if h.waiter.is_none() {
+                st.not_held.insert(job.clone(), why.clone());
+            }
+            not_adopted(&job, h.waiter, &why);
         }
     }
     let Some(tx) = st.workers.get(id).map(|w| w.tx.clone()) else {
@@ -991,7 +1000,14 @@ async fn adopt(st: &mut SchedulerState, job: Box<QueuedJob>) {
         return;
     }
     match st.held.remove(&id) {
-        None => not_adopted(&id, Some(job), "no worker holds it"),
+        None => {
+            let why = st.not_held.remove(&id);
+            not_adopted(
+                &id,
+                Some(job),
+                why.as_deref().unwrap_or("no worker holds it"),
+            )
+        }
         Some(h) if h.reported => {
             st.held.insert(id.clone(), h);
             install(st, id, job);
