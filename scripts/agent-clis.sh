@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Installs the coding-agent CLIs that the real-agent tests run
-# (tests/agents, README "Using a real agent") at the versions pinned here,
-# into a cache folder (target/agents-cli, or FVD_AGENT_CLI_CACHE): Node and
-# npm from Debian first when the machine has none, then the npm packages.
-# The install is skipped while the folder holds exactly these pins.
-# FVD_AGENT_GEMINI=1 adds Gemini CLI (it needs Node 20; Debian 12 ships 18).
+# (tests/agents, README "Using a real agent") exactly as locked in
+# tests/agents/clis/package-lock.json (versions and integrity hashes of
+# every package), into a cache folder (target/agents-cli, or
+# FVD_AGENT_CLI_CACHE): Node and npm from Debian first when the machine
+# has none. The install is skipped while the folder holds that lock.
+# FVD_AGENT_GEMINI=1 adds Gemini CLI (tests/agents/clis-gemini; it needs
+# Node 20; Debian 12 ships 18). To move a pin: edit the package.json beside
+# the lock, run `npm install --package-lock-only` there, commit both.
 # Prints the folder of the programs (for FVD_AGENT_CLI_DIR) on stdout;
 # everything else goes to stderr.
+
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pins=(@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 opencode-ai@1.18.33)
+locks=(tests/agents/clis)
 programs=(claude codex opencode)
 if [ "${FVD_AGENT_GEMINI:-}" = 1 ]; then
-    pins+=(@google/gemini-cli@0.61.0)
+    locks+=(tests/agents/clis-gemini)
     programs+=(gemini)
 fi
 dir="${FVD_AGENT_CLI_CACHE:-$PWD/target/agents-cli}"
@@ -24,20 +28,36 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     $sudo apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nodejs npm >&2
 fi
-stamp="$dir/pins.txt"
-if [ "$(cat "$stamp" 2>/dev/null)" != "${pins[*]}" ]; then
-    echo "agent CLIs: npm install ${pins[*]} into $dir" >&2
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    npm install --prefix "$dir" --no-audit --no-fund --no-save --loglevel=error "${pins[@]}" >&2
-    echo "${pins[*]}" >"$stamp"
-else
-    echo "agent CLIs: cached in $dir" >&2
-fi
+mkdir -p "$dir"
+bin="$dir/bin"
+mkdir -p "$bin"
+for lock in "${locks[@]}"; do
+    into="$dir/$(basename "$lock")"
+    if ! cmp -s "$lock/package-lock.json" "$into/package-lock.json"; then
+        echo "agent CLIs: npm install of $lock into $into" >&2
+        rm -rf "$into"
+        mkdir -p "$into"
+        cp "$lock/package.json" "$lock/package-lock.json" "$into/"
+        # `npm install` over the lock, not `npm ci`: ci refuses a lock that
+        # lacks the optional platform packages of other systems (opencode
+        # lists twelve), which npm leaves out of it. The packages are still
+        # the lock's, integrity checked; a lock npm had to change fails.
+        (cd "$into" && npm install --no-audit --no-fund --loglevel=error >&2)
+        if ! cmp -s "$lock/package-lock.json" "$into/package-lock.json"; then
+            echo "agent CLIs: npm changed $lock/package-lock.json while installing; refresh it (see this script's header)" >&2
+            exit 1
+        fi
+    else
+        echo "agent CLIs: $lock cached in $into" >&2
+    fi
+    for p in "$into"/node_modules/.bin/*; do
+        ln -sf "$p" "$bin/$(basename "$p")"
+    done
+done
 home=$(mktemp -d)
 for p in "${programs[@]}"; do
-    echo "agent CLIs: $p $(HOME="$home" "$dir/node_modules/.bin/$p" --version 2>/dev/null | head -1)" >&2
+    echo "agent CLIs: $p $(HOME="$home" "$bin/$p" --version 2>/dev/null | head -1)" >&2
 done
 rm -rf "$home"
 echo "agent CLIs: ready in $((SECONDS - started)) s (node $(node --version))" >&2
-echo "$dir/node_modules/.bin"
+echo "$bin"

@@ -14,9 +14,7 @@ use serde_json::{Value, json};
 pub fn cli_dir() -> PathBuf {
     let dir = std::env::var_os("FVD_AGENT_CLI_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/agents-cli/node_modules/.bin")
-        });
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/agents-cli/bin"));
     assert!(
         dir.is_dir(),
         "no coding-agent CLIs at {} (bash scripts/agent-clis.sh installs them)",
