@@ -138,14 +138,35 @@ async fn call<T>(
 where
     T: Send + 'static,
 {
-    if let Some(fault) = store.write_fault() {
-        return Err(fvd_proto::paused::paused(format!(
+    let paused = |fault: fvd_store::faults::WriteFault| {
+        fvd_proto::paused::paused(format!(
             "the orchestrator cannot write its database {} ({}); try again once it can",
             store.db_name(),
             fault.error
-        )));
+        ))
+    };
+    let mut faults = store.watch_write_faults();
+    if let Some(fault) = faults.borrow_and_update().clone() {
+        return Err(paused(fault));
     }
-    match orch.call(f, Some(CALL_TIMEOUT)).await {
+    // The actor may be inside a write the full disk holds (the store
+    // retries it in place): a fault that starts while this request waits
+    // answers it as the pause it is, not as a timeout 30 s later.
+    let fault_starts = async {
+        loop {
+            if faults.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            if let Some(fault) = faults.borrow_and_update().clone() {
+                return fault;
+            }
+        }
+    };
+    let answer = tokio::select! {
+        answer = orch.call(f, Some(CALL_TIMEOUT)) => answer,
+        fault = fault_starts => return Err(paused(fault)),
+    };
+    match answer {
         Ok(ractor::rpc::CallResult::Success(r)) => r.map_err(port_status),
         Ok(ractor::rpc::CallResult::Timeout) => Err(Status::deadline_exceeded(
             "orchestrator did not answer in time",

@@ -99,9 +99,12 @@ fn a_full_disk_pauses_the_port_calmly_and_it_resumes_with_nothing_lost() {
         "a port paused on its orchestrator's disk exits 4\nstdout:\n{stdout}\nstderr:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Said on stdout by the watch when the pause meets a port already
+    // submitted, or as the refusal on stderr when it meets the submit.
+    let said = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        stdout.contains("cannot write its database") && stdout.contains("full"),
-        "the reason is named: {stdout}"
+        said.contains("cannot write its database") && said.contains("full"),
+        "the reason is named: {said}"
     );
     let paused = sb.remote_status("fullish").expect("status while paused");
     assert_eq!(paused["state"], "environment", "{paused}");

@@ -235,12 +235,19 @@ fn a_run_whose_worker_does_not_come_back_runs_again_after_the_grace() {
     );
 }
 
-/// A loopback proxy to `upstream` that resets the first connection as the
-/// worker's registration arrives (after the HTTP/2 handshake, on the
-/// client's next bytes: the socket is closed with them unread, which sends
-/// a TCP reset), and forwards every later connection.
+/// A loopback proxy to `upstream` that resets the first connection once
+/// the worker's registration is on its way: the client's HTTP/2 frames go
+/// through until its first HEADERS frame (the registration's stream),
+/// which is kept back; the socket is then closed with the registration's
+/// bytes unread, which sends a TCP reset. Every later connection is
+/// forwarded. Frames, not reads, decide the moment, so however the
+/// client's writes are split or joined the request is already sent when
+/// the reset comes (an earlier reset would be hidden by tonic, which
+/// reconnects before dispatching).
 fn resetting_proxy(upstream: String) -> String {
     use std::io::{Read, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     std::thread::spawn(move || {
@@ -252,29 +259,57 @@ fn resetting_proxy(upstream: String) -> String {
             let (mut c_read, mut s_write) =
                 (client.try_clone().unwrap(), server.try_clone().unwrap());
             let (mut s_read, mut c_write) = (server, client);
+            let cut = Arc::new(AtomicBool::new(false));
+            let cut_seen = cut.clone();
             std::thread::spawn(move || {
                 let mut buf = [0u8; 16 * 1024];
                 while let Ok(n) = s_read.read(&mut buf) {
-                    if n == 0 || c_write.write_all(&buf[..n]).is_err() {
+                    // Nothing from the server reaches a connection being
+                    // reset (its GOAWAY would end the stream gracefully).
+                    if n == 0
+                        || cut_seen.load(Ordering::SeqCst)
+                        || c_write.write_all(&buf[..n]).is_err()
+                    {
                         return;
                     }
                 }
             });
             let reset = std::mem::replace(&mut first, false);
             std::thread::spawn(move || {
-                let mut buf = [0u8; 16 * 1024];
-                // The client's preface and settings go through.
-                let Ok(n) = c_read.read(&mut buf) else { return };
-                let _ = s_write.write_all(&buf[..n]);
                 if reset {
-                    // Its next bytes (the registration) are left unread
-                    // and the socket closed: a reset, both ways.
+                    let _ = c_read.set_read_timeout(Some(Duration::from_secs(10)));
+                    let mut preface = [0u8; 24];
+                    if c_read.read_exact(&mut preface).is_err() {
+                        return;
+                    }
+                    let _ = s_write.write_all(&preface);
+                    loop {
+                        let mut head = [0u8; 9];
+                        if c_read.read_exact(&mut head).is_err() {
+                            return;
+                        }
+                        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                        let mut payload = vec![0u8; len];
+                        if c_read.read_exact(&mut payload).is_err() {
+                            return;
+                        }
+                        const HEADERS: u8 = 0x1;
+                        if head[3] == HEADERS {
+                            break;
+                        }
+                        let _ = s_write.write_all(&head);
+                        let _ = s_write.write_all(&payload);
+                    }
+                    // The registration's message follows its headers: it
+                    // is left unread, and both sides closed.
                     let mut peek = [0u8; 1];
                     let _ = c_read.peek(&mut peek);
+                    cut.store(true, Ordering::SeqCst);
                     let _ = s_write.shutdown(std::net::Shutdown::Both);
                     drop(c_read);
                     return;
                 }
+                let mut buf = [0u8; 16 * 1024];
                 while let Ok(n) = c_read.read(&mut buf) {
                     if n == 0 || s_write.write_all(&buf[..n]).is_err() {
                         return;
@@ -306,10 +341,12 @@ fn a_reset_during_registration_is_retried_not_fatal() {
         sb.logs()
     );
     let log = crate::durability::strip_colours(&sb.logs());
-    // The reset reaches the worker as UNKNOWN ("transport error",
-    // ConnectionReset): it used to be taken for a refusal, exit 2.
+    // The reset reaches the worker as UNKNOWN ("transport error"): it used
+    // to be taken for a refusal, exit 2. The client meets it reading
+    // (ConnectionReset) or writing (BrokenPipe), whichever it does first.
     assert!(
-        log.contains("connection lost; reconnecting") && log.contains("ConnectionReset"),
+        log.contains("connection lost; reconnecting")
+            && (log.contains("ConnectionReset") || log.contains("BrokenPipe")),
         "the reset was met and retried: {log}"
     );
 }
