@@ -101,6 +101,10 @@ pub struct EscapeRow {
     pub resolved_attempt: Option<u32>,
 }
 
+/// How many of a component's latest finished runs its next run's expected
+/// duration is the median of ([`model::JobRecord::expected_ms`]).
+pub const RECENT_RUNS: usize = 5;
+
 /// Numbered migrations, applied in order, each once. A database records
 /// only the versions it applied (no checksum): a comment in an applied
 /// migration may be corrected, its statements never change.
@@ -1683,6 +1687,7 @@ fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRecord, StoreError> {
         env_names: Vec::new(),
         commit: r.get("commit_sha"),
         code_prefix: r.get("code_prefix"),
+        expected_ms: None,
     })
 }
 
@@ -1938,6 +1943,47 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(level, 2, "the next writer connection commits with FULL");
+    }
+
+    /// Placement by expected duration reads a run's estimate from its
+    /// component's last finished runs, as it is queued.
+    #[tokio::test]
+    async fn a_queued_run_expects_the_median_of_its_components_last_runs() {
+        let (_dir, store) = crate::tests::temp_store().await;
+        store
+            .create_port(&port("p"), &["a".into(), "b".into()])
+            .await
+            .unwrap();
+        let mut epoch = 0;
+        let mut run = |ms: Option<u64>| {
+            let store = store.clone();
+            epoch += 1;
+            let epoch = epoch;
+            async move {
+                let j = store.queue_job(&job("p", "a")).await.unwrap();
+                store.lease_job(&j.job_id, "w", epoch, &[]).await.unwrap();
+                if let Some(ms) = ms {
+                    let r = JobResult {
+                        duration_ms: ms,
+                        ..JobResult::default()
+                    };
+                    assert!(store.finish_job(&j.job_id, epoch, &r).await.unwrap());
+                }
+                j.expected_ms
+            }
+        };
+        assert_eq!(run(Some(9_000)).await, None, "nothing known before a run");
+        assert_eq!(run(Some(1_000)).await, Some(9_000));
+        assert_eq!(run(Some(2_000)).await, Some(5_000), "even: the middle two");
+        // A run still in flight (or lost) is no evidence.
+        assert_eq!(run(None).await, Some(2_000));
+        for ms in [3_000, 4_000, 5_000, 6_000] {
+            run(Some(ms)).await;
+        }
+        // Only the last five finished runs count: 2, 3, 4, 5, 6 s.
+        assert_eq!(run(None).await, Some(4_000));
+        let b = store.queue_job(&job("p", "b")).await.unwrap();
+        assert_eq!(b.expected_ms, None, "another component's runs do not count");
     }
 
     #[tokio::test]
