@@ -502,15 +502,28 @@ enum Write {
     Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
-/// Batches queued writes: one transaction (one fsync) for everything that
-/// arrived while the previous batch was being committed. Leases go first
-/// and back to `scheduler` once committed; a lease commit that fails stops
-/// the scheduler ([`SchedulerMsg::CommitFailed`]), as it did when the
-/// scheduler committed them itself.
-fn spawn_writer(store: Store, scheduler: ActorRef<SchedulerMsg>) -> mpsc::UnboundedSender<Write> {
+/// Lease epochs reserved per synced commit ([`Store::reserve_epochs`]): a
+/// lease commits without an fsync of its own once its epoch is in a
+/// reserved block. A restart skips what is left of the last block.
+pub const EPOCH_BLOCK: u64 = 65_536;
+
+/// Batches queued writes: one relaxed window (no fsync) for everything that
+/// arrived while the previous batch was being written. Leases go first and
+/// back to `scheduler` once committed; a lease commit that fails stops the
+/// scheduler ([`SchedulerMsg::CommitFailed`]), as it did when the scheduler
+/// committed them itself. `reserved` is the end of the epochs reserved so
+/// far: a batch with a lease above it reserves the next block first (one
+/// synced commit), and an idle writer reserves the next block ahead once
+/// half of the current one is used, so a lease rarely waits for an fsync.
+fn spawn_writer(
+    store: Store,
+    scheduler: ActorRef<SchedulerMsg>,
+    mut reserved: u64,
+) -> mpsc::UnboundedSender<Write> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Write>();
     fvd_telemetry::spawn(async move {
         let mut batch = Vec::new();
+        let mut top = 0;
         while rx.recv_many(&mut batch, 512).await > 0 {
             let mut logs = Vec::new();
             let mut spawned = Vec::new();
@@ -526,34 +539,57 @@ fn spawn_writer(store: Store, scheduler: ActorRef<SchedulerMsg>) -> mpsc::Unboun
                     Write::Barrier(done) => barriers.push(done),
                 }
             }
+            top = leases.iter().map(|p| p.epoch).fold(top, u64::max);
+            let mut failed = None;
+            if top > reserved {
+                let through = top.saturating_add(EPOCH_BLOCK);
+                match store.reserve_epochs(through).await {
+                    Ok(()) => reserved = through,
+                    Err(e) => failed = Some(format!("could not reserve lease epochs: {e}")),
+                }
+            }
+            let rows: Vec<(&str, &str, u64, &[u32])> = leases
+                .iter()
+                .map(|p| {
+                    (
+                        p.job_id.as_str(),
+                        p.worker_id.as_str(),
+                        p.epoch,
+                        p.gpus.as_slice(),
+                    )
+                })
+                .collect();
+            let rows = if failed.is_some() { &[][..] } else { &rows[..] };
+            match store.record_round(rows, &logs, &spawned).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, chunks = logs.len(), "could not store job output")
+                }
+                Err(e) => failed = failed.or(Some(e.to_string())),
+            }
             if !leases.is_empty() {
-                let rows: Vec<(&str, &str, u64, &[u32])> = leases
-                    .iter()
-                    .map(|p| {
-                        (
-                            p.job_id.as_str(),
-                            p.worker_id.as_str(),
-                            p.epoch,
-                            p.gpus.as_slice(),
-                        )
-                    })
-                    .collect();
-                let msg = match store.lease_jobs(&rows).await {
-                    Ok(()) => SchedulerMsg::Committed(leases),
-                    Err(e) => SchedulerMsg::CommitFailed(e.to_string()),
+                let msg = match failed {
+                    None => SchedulerMsg::Committed(leases),
+                    Some(e) => SchedulerMsg::CommitFailed(e),
                 };
                 let _ = scheduler.cast(msg);
-            }
-            if (!logs.is_empty() || !spawned.is_empty())
-                && let Err(e) = store.append_output(&logs, &spawned).await
-            {
-                tracing::error!(error = %e, chunks = logs.len(), "could not store job output");
             }
             for (to, msg) in notify {
                 let _ = to.send_message(*msg);
             }
             for done in barriers {
                 let _ = done.send(());
+            }
+            // Ahead of need, while nothing waits: the lease path keeps off
+            // the fsync of the next reservation.
+            if reserved.saturating_sub(top) < EPOCH_BLOCK / 2 && rx.is_empty() {
+                let through = reserved.saturating_add(EPOCH_BLOCK);
+                match store.reserve_epochs(through).await {
+                    Ok(()) => reserved = through,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not reserve lease epochs ahead; the next lease will")
+                    }
+                }
             }
         }
     });
@@ -578,7 +614,12 @@ impl Actor for SchedulerActor {
         myself: ActorRef<Self::Msg>,
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
-        let next_epoch = args.store.max_epoch().await? + 1;
+        // Epochs above any an earlier process may have sent, and a block
+        // of them reserved (synced) before the first lease.
+        let floor = args.store.epoch_floor().await?;
+        let reserved = floor.saturating_add(EPOCH_BLOCK);
+        args.store.reserve_epochs(reserved).await?;
+        let next_epoch = floor + 1;
         // Runs left in flight by an earlier process wait for their workers.
         let mut held = HashMap::new();
         if !args.config.fixed_fleet && !args.config.adopt_grace.is_zero() {
@@ -610,7 +651,7 @@ impl Actor for SchedulerActor {
             sent_ms: clock.now_ms(),
         });
         Ok(SchedulerState {
-            writer: spawn_writer(args.store.clone(), myself.clone()),
+            writer: spawn_writer(args.store.clone(), myself.clone(), reserved),
             store: args.store,
             clock: args.clock,
             config: args.config,
