@@ -6,7 +6,7 @@
 //! that is committed to the store before the assignment is sent, so a
 //! result carrying an older epoch can always be told apart and rejected.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,8 +20,10 @@ use fvd_store::model::{Assignment, JobRecord, JobReport, LogChunk, ToWorker, Wor
 
 mod capacity;
 mod fleet;
+pub mod placement;
 use capacity::{Capacity, ClassId, Free, labels_match};
 pub use fleet::{FleetJob, FleetView, FleetWorker};
+pub use placement::{FairQueue, MAX_BYPASS, Policy};
 
 /// How many times a job whose worker was lost is put back in the queue
 /// before its component gives up with `infra_error`.
@@ -91,6 +93,8 @@ pub struct SchedulerConfig {
     /// again; one no worker reports is run again. Zero, or a fixed fleet
     /// (whose one worker died with the process), holds none.
     pub adopt_grace: Duration,
+    /// How a port's queued jobs are ordered ([`Policy`]).
+    pub placement: Policy,
 }
 
 /// [`SchedulerConfig::max_output_bytes`] by default: 16 MiB, as workers.
@@ -107,6 +111,7 @@ impl Default for SchedulerConfig {
             fixed_fleet: false,
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             adopt_grace: Duration::from_secs(15),
+            placement: Policy::default(),
         }
     }
 }
@@ -134,6 +139,8 @@ pub struct QueuedRun {
     pub queued_ms: i64,
     pub commit: String,
     pub code_prefix: String,
+    /// See [`JobRecord::expected_ms`].
+    pub expected_ms: Option<u64>,
 }
 
 impl From<JobRecord> for QueuedRun {
@@ -150,7 +157,16 @@ impl From<JobRecord> for QueuedRun {
             queued_ms: r.queued_ms,
             commit: r.commit,
             code_prefix: r.code_prefix,
+            expected_ms: r.expected_ms,
         }
+    }
+}
+
+impl QueuedJob {
+    /// How long its run is expected to take: its component's recent runs,
+    /// else its spec's `expected_s`; `None` when neither says.
+    pub fn expected_ms(&self) -> Option<u64> {
+        self.record.expected_ms.or(self.placement.expected_ms)
     }
 }
 
@@ -421,6 +437,8 @@ pub struct SchedulerState {
     /// the silent ones.
     last_seen: BTreeSet<(i64, Arc<str>)>,
     queue: FairQueue,
+    /// Workers held for gangs that fit nowhere yet (see [`placement`]).
+    reservations: placement::Reservations,
     /// Boxed: a table sized for hundreds of thousands of queued jobs (and
     /// twice that while it grows) then holds pointers, not entries of
     /// nearly a kilobyte each.
@@ -488,15 +506,28 @@ enum Write {
     Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
-/// Batches queued writes: one transaction (one fsync) for everything that
-/// arrived while the previous batch was being committed. Leases go first
-/// and back to `scheduler` once committed; a lease commit that fails stops
-/// the scheduler ([`SchedulerMsg::CommitFailed`]), as it did when the
-/// scheduler committed them itself.
-fn spawn_writer(store: Store, scheduler: ActorRef<SchedulerMsg>) -> mpsc::UnboundedSender<Write> {
+/// Lease epochs reserved per synced commit ([`Store::reserve_epochs`]): a
+/// lease commits without an fsync of its own once its epoch is in a
+/// reserved block. A restart skips what is left of the last block.
+pub const EPOCH_BLOCK: u64 = 65_536;
+
+/// Batches queued writes: one relaxed window (no fsync) for everything that
+/// arrived while the previous batch was being written. Leases go first and
+/// back to `scheduler` once committed; a lease commit that fails stops the
+/// scheduler ([`SchedulerMsg::CommitFailed`]), as it did when the scheduler
+/// committed them itself. `reserved` is the end of the epochs reserved so
+/// far: a batch with a lease above it reserves the next block first (one
+/// synced commit), and an idle writer reserves the next block ahead once
+/// half of the current one is used, so a lease rarely waits for an fsync.
+fn spawn_writer(
+    store: Store,
+    scheduler: ActorRef<SchedulerMsg>,
+    mut reserved: u64,
+) -> mpsc::UnboundedSender<Write> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Write>();
     fvd_telemetry::spawn(async move {
         let mut batch = Vec::new();
+        let mut top = 0;
         while rx.recv_many(&mut batch, 512).await > 0 {
             let mut logs = Vec::new();
             let mut spawned = Vec::new();
@@ -512,34 +543,57 @@ fn spawn_writer(store: Store, scheduler: ActorRef<SchedulerMsg>) -> mpsc::Unboun
                     Write::Barrier(done) => barriers.push(done),
                 }
             }
+            top = leases.iter().map(|p| p.epoch).fold(top, u64::max);
+            let mut failed = None;
+            if top > reserved {
+                let through = top.saturating_add(EPOCH_BLOCK);
+                match store.reserve_epochs(through).await {
+                    Ok(()) => reserved = through,
+                    Err(e) => failed = Some(format!("could not reserve lease epochs: {e}")),
+                }
+            }
+            let rows: Vec<(&str, &str, u64, &[u32])> = leases
+                .iter()
+                .map(|p| {
+                    (
+                        p.job_id.as_str(),
+                        p.worker_id.as_str(),
+                        p.epoch,
+                        p.gpus.as_slice(),
+                    )
+                })
+                .collect();
+            let rows = if failed.is_some() { &[][..] } else { &rows[..] };
+            match store.record_round(rows, &logs, &spawned).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, chunks = logs.len(), "could not store job output")
+                }
+                Err(e) => failed = failed.or(Some(e.to_string())),
+            }
             if !leases.is_empty() {
-                let rows: Vec<(&str, &str, u64, &[u32])> = leases
-                    .iter()
-                    .map(|p| {
-                        (
-                            p.job_id.as_str(),
-                            p.worker_id.as_str(),
-                            p.epoch,
-                            p.gpus.as_slice(),
-                        )
-                    })
-                    .collect();
-                let msg = match store.lease_jobs(&rows).await {
-                    Ok(()) => SchedulerMsg::Committed(leases),
-                    Err(e) => SchedulerMsg::CommitFailed(e.to_string()),
+                let msg = match failed {
+                    None => SchedulerMsg::Committed(leases),
+                    Some(e) => SchedulerMsg::CommitFailed(e),
                 };
                 let _ = scheduler.cast(msg);
-            }
-            if (!logs.is_empty() || !spawned.is_empty())
-                && let Err(e) = store.append_output(&logs, &spawned).await
-            {
-                tracing::error!(error = %e, chunks = logs.len(), "could not store job output");
             }
             for (to, msg) in notify {
                 let _ = to.send_message(*msg);
             }
             for done in barriers {
                 let _ = done.send(());
+            }
+            // Ahead of need, while nothing waits: the lease path keeps off
+            // the fsync of the next reservation.
+            if reserved.saturating_sub(top) < EPOCH_BLOCK / 2 && rx.is_empty() {
+                let through = reserved.saturating_add(EPOCH_BLOCK);
+                match store.reserve_epochs(through).await {
+                    Ok(()) => reserved = through,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not reserve lease epochs ahead; the next lease will")
+                    }
+                }
             }
         }
     });
@@ -564,7 +618,12 @@ impl Actor for SchedulerActor {
         myself: ActorRef<Self::Msg>,
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
-        let next_epoch = args.store.max_epoch().await? + 1;
+        // Epochs above any an earlier process may have sent, and a block
+        // of them reserved (synced) before the first lease.
+        let floor = args.store.epoch_floor().await?;
+        let reserved = floor.saturating_add(EPOCH_BLOCK);
+        args.store.reserve_epochs(reserved).await?;
+        let next_epoch = floor + 1;
         // Runs left in flight by an earlier process wait for their workers.
         let mut held = HashMap::new();
         if !args.config.fixed_fleet && !args.config.adopt_grace.is_zero() {
@@ -596,7 +655,7 @@ impl Actor for SchedulerActor {
             sent_ms: clock.now_ms(),
         });
         Ok(SchedulerState {
-            writer: spawn_writer(args.store.clone(), myself.clone()),
+            writer: spawn_writer(args.store.clone(), myself.clone(), reserved),
             store: args.store,
             clock: args.clock,
             config: args.config,
@@ -604,6 +663,7 @@ impl Actor for SchedulerActor {
             capacity: Capacity::default(),
             last_seen: BTreeSet::new(),
             queue: FairQueue::default(),
+            reservations: placement::Reservations::default(),
             jobs: HashMap::new(),
             leased: 0,
             waiting: HashSet::new(),
@@ -1148,6 +1208,7 @@ fn enqueue(st: &mut SchedulerState, job: Box<QueuedJob>) {
         job.placement.priority,
         id.clone(),
         job.record.gpus_needed,
+        job.expected_ms(),
     );
     for w in job.exclude.keys() {
         st.excluded_by
@@ -1412,208 +1473,10 @@ async fn lose_worker(st: &mut SchedulerState, worker_id: &str) -> Result<(), Act
         let family = entry.job.record.family.clone();
         let priority = entry.job.placement.priority;
         let gpus = entry.job.record.gpus_needed;
-        st.queue.push_front(&family, priority, id, gpus);
+        let expected = entry.job.expected_ms();
+        st.queue.push_front(&family, priority, id, gpus, expected);
     }
     Ok(())
-}
-
-/// Queued job ids per family. Families of the highest priority are served
-/// first; families of equal priority take turns (round robin), and within a
-/// family jobs go first in first out, so one port with many components
-/// cannot starve another of its rank.
-#[derive(Debug, Default)]
-pub struct FairQueue {
-    by_family: HashMap<String, FamilyQueue>,
-    /// Priority of each family with queued jobs.
-    priority: HashMap<String, i32>,
-    /// Families with queued jobs per priority level: the levels are read
-    /// from here, highest first, not collected and sorted per take.
-    levels: BTreeMap<i32, usize>,
-    /// Families with queued jobs, in serving order.
-    turn: VecDeque<String>,
-    len: usize,
-    /// How often a queued job that fitted was passed over for a wider one
-    /// queued behind it (see [`FairQueue::take`]); absent is never.
-    bypassed: HashMap<String, u32>,
-}
-
-/// One family's queued jobs, with their GPUs.
-#[derive(Debug, Default)]
-struct FamilyQueue {
-    /// Job ids and GPUs, first in first out.
-    jobs: VecDeque<(String, u32)>,
-    /// Queued jobs per GPU count: a take looks behind the first job that
-    /// fits for a wider one only when some job of the family is wider.
-    widths: BTreeMap<u32, usize>,
-}
-
-/// One fewer of `key` in `counts`; a count that reaches zero leaves, so the
-/// keys present are those counted at least once.
-fn count_down<K: Ord>(counts: &mut BTreeMap<K, usize>, key: &K) {
-    if let Some(n) = counts.get_mut(key) {
-        *n -= 1;
-        if *n == 0 {
-            counts.remove(key);
-        }
-    }
-}
-
-impl FamilyQueue {
-    fn widest(&self) -> u32 {
-        self.widths.keys().next_back().copied().unwrap_or(0)
-    }
-}
-
-/// How often a job that fits may be passed over for a wider gang before it
-/// is taken first: packing wide jobs early must not starve small ones.
-pub const MAX_BYPASS: u32 = 8;
-
-/// How far into one family's queue the scheduler looks for a job that fits
-/// when the first one does not (a 2-GPU job waiting must not block the
-/// 1-GPU jobs behind it forever, nor cost a scan of a huge queue).
-const LOOKAHEAD: usize = 64;
-
-impl FairQueue {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Queues job `id` needing `gpus` GPUs at the back of its family.
-    pub fn push_back(&mut self, family: &str, priority: i32, id: String, gpus: u32) {
-        let q = self.queue_of(family, priority);
-        q.jobs.push_back((id, gpus));
-        *q.widths.entry(gpus).or_default() += 1;
-        self.len += 1;
-    }
-
-    /// Queues job `id` needing `gpus` GPUs at the front of its family.
-    pub fn push_front(&mut self, family: &str, priority: i32, id: String, gpus: u32) {
-        let q = self.queue_of(family, priority);
-        q.jobs.push_front((id, gpus));
-        *q.widths.entry(gpus).or_default() += 1;
-        self.len += 1;
-    }
-
-    fn queue_of(&mut self, family: &str, priority: i32) -> &mut FamilyQueue {
-        if !self.by_family.contains_key(family) {
-            self.turn.push_back(family.to_string());
-        }
-        match self.priority.insert(family.to_string(), priority) {
-            Some(old) if old == priority => {}
-            old => {
-                if let Some(old) = old {
-                    count_down(&mut self.levels, &old);
-                }
-                *self.levels.entry(priority).or_default() += 1;
-            }
-        }
-        self.by_family.entry(family.to_string()).or_default()
-    }
-
-    fn drop_family(&mut self, family: &str) {
-        self.by_family.remove(family);
-        if let Some(level) = self.priority.remove(family) {
-            count_down(&mut self.levels, &level);
-        }
-        self.turn.retain(|f| f != family);
-    }
-
-    /// Takes `id` out of its family's queue, looking from the back (the
-    /// job removed is one that was just queued).
-    pub fn remove(&mut self, family: &str, id: &str) {
-        self.bypassed.remove(id);
-        if let Some(q) = self.by_family.get_mut(family) {
-            if let Some(i) = q.jobs.iter().rposition(|(x, _)| x == id)
-                && let Some((_, gpus)) = q.jobs.remove(i)
-            {
-                count_down(&mut q.widths, &gpus);
-                self.len -= 1;
-            }
-            if q.jobs.is_empty() {
-                self.drop_family(family);
-            }
-        }
-    }
-
-    /// Takes every job of `family` out.
-    pub fn remove_family(&mut self, family: &str) {
-        if let Some(q) = self.by_family.get(family) {
-            self.len -= q.jobs.len();
-            self.drop_family(family);
-        }
-    }
-
-    /// Takes the next job for which `fits` holds: priority levels from the
-    /// highest, families of a level in turn; the served family moves to
-    /// the back of the turn. Within a family's queue (its first
-    /// [`LOOKAHEAD`] jobs) the first job that fits is found, then a wider
-    /// one behind it is asked for, widest first, so a gang is placed while
-    /// GPUs are free together instead of last and alone; a family with no
-    /// job wider than that first one is not looked through again. The
-    /// first job counts each time it is passed over, and one passed over
-    /// [`MAX_BYPASS`] times is taken before any wider one.
-    ///
-    /// `fits` is called in order and the job returned is the one of its
-    /// last `true` (a caller may remember what that call found); in a
-    /// queue of one width it is called exactly as often as before packing.
-    pub fn take(&mut self, mut fits: impl FnMut(&str) -> bool) -> Option<String> {
-        let mut level = self.levels.keys().next_back().copied();
-        while let Some(l) = level {
-            for pos in 0..self.turn.len() {
-                let family = &self.turn[pos];
-                if self.priority[family] != l {
-                    continue;
-                }
-                let q = self
-                    .by_family
-                    .get_mut(family)
-                    .expect("family in turn has a queue");
-                let Some(first) = q.jobs.iter().take(LOOKAHEAD).position(|(id, _)| fits(id)) else {
-                    continue;
-                };
-                let mut i = first;
-                let (first_id, w0) = &q.jobs[first];
-                let w0 = *w0;
-                let starved = self
-                    .bypassed
-                    .get(first_id)
-                    .is_some_and(|&n| n >= MAX_BYPASS);
-                if !starved && q.widest() > w0 {
-                    let mut wider: Vec<(u32, usize)> = q
-                        .jobs
-                        .iter()
-                        .enumerate()
-                        .take(LOOKAHEAD)
-                        .skip(first + 1)
-                        .filter_map(|(j, (_, w))| (*w > w0).then_some((*w, j)))
-                        .collect();
-                    wider.sort_unstable_by_key(|&(w, j)| (std::cmp::Reverse(w), j));
-                    if let Some(&(_, j)) = wider.iter().find(|&&(_, j)| fits(&q.jobs[j].0)) {
-                        i = j;
-                        *self.bypassed.entry(q.jobs[first].0.clone()).or_default() += 1;
-                    }
-                }
-                let (id, gpus) = q.jobs.remove(i).expect("position is in the queue");
-                count_down(&mut q.widths, &gpus);
-                let emptied = q.jobs.is_empty();
-                self.bypassed.remove(&id);
-                self.len -= 1;
-                let family = self.turn.remove(pos).expect("position is in the turn");
-                if emptied {
-                    self.drop_family(&family);
-                } else {
-                    self.turn.push_back(family);
-                }
-                return Some(id);
-            }
-            level = self.levels.range(..l).next_back().map(|(k, _)| *k);
-        }
-        None
-    }
 }
 
 /// "path a" or "paths a, b".
@@ -1817,153 +1680,145 @@ const LEASES_PER_ROUND: usize = 4096;
 
 /// Most placement questions of one round that find no room; past it the
 /// round ends and the next event (at the latest the next tick) starts
-/// another. With [`Misses`] a round rarely comes near it.
+/// another. With the round's memory of what found no room it rarely comes
+/// near it.
 const MISSES_PER_ROUND: usize = 1024;
 
-/// A constrained job's GPUs, GPU memory, labels and paths.
-type Shape<'a> = (u32, u64, &'a BTreeMap<String, String>, &'a Vec<String>);
-
-/// What found no room in this round. Capacity only shrinks within a
-/// round, so a job of the same shape need not ask again: a job without
-/// constraint that found no `n` free GPUs tells that none of `n` or more
-/// will, a constrained one tells its shape, a job with exclusions only
-/// itself.
-#[derive(Default)]
-struct Misses<'a> {
-    count: usize,
-    /// Fewest GPUs an unconstrained job asked for in vain.
-    gpus_from: Option<u32>,
-    /// An unconstrained job found no free CPU slot.
-    cpu: bool,
-    shapes: HashSet<Shape<'a>>,
-    jobs: HashSet<&'a str>,
+/// The scheduler's free capacity as [`placement::place`] sees it: the
+/// capacity index and the workers' free slots.
+struct FreeSlots<'a> {
+    capacity: &'a mut Capacity,
+    workers: &'a mut HashMap<String, WorkerSlot>,
 }
 
-impl<'a> Misses<'a> {
-    fn known(&self, id: &str, need: u32, p: &Placement, exclude: bool) -> bool {
-        if exclude {
-            self.jobs.contains(id)
-        } else if !p.is_constrained() {
-            if need == 0 {
-                self.cpu
-            } else {
-                self.gpus_from.is_some_and(|n| need >= n)
-            }
-        } else {
-            self.shapes
-                .contains(&(need, p.gpu_memory_mib, &p.labels, &p.worker_paths))
-        }
+impl placement::Fleet for FreeSlots<'_> {
+    fn is_full(&self) -> bool {
+        self.capacity.is_full()
     }
 
-    fn add(&mut self, id: &'a str, need: u32, p: &'a Placement, exclude: bool) {
-        self.count += 1;
-        if exclude {
-            self.jobs.insert(id);
-        } else if !p.is_constrained() {
-            if need == 0 {
-                self.cpu = true;
-            } else {
-                self.gpus_from = Some(self.gpus_from.map_or(need, |n| n.min(need)));
-            }
+    fn pick(&mut self, job: &placement::Job<'_>, accept: &dyn Fn(&str) -> bool) -> Option<String> {
+        // Gang placement: all GPUs of a job on one worker. Among workers
+        // with room, the one with the most free room, so load spreads out.
+        let workers = &*self.workers;
+        let p = job.placement;
+        self.capacity.pick(job.need, p, &|w| !accept(w), &|w| {
+            free_usable(workers, w, p)
+        })
+    }
+
+    fn nearest(
+        &mut self,
+        job: &placement::Job<'_>,
+        accept: &dyn Fn(&str) -> bool,
+    ) -> Option<String> {
+        let workers = &*self.workers;
+        let p = job.placement;
+        self.capacity
+            .nearest(job.need, p, accept, &|w| free_usable(workers, w, p))
+    }
+
+    fn free_gpus(&self, worker: &str, job: &placement::Job<'_>) -> Option<u32> {
+        self.workers
+            .get(worker)
+            .filter(|w| !w.draining)
+            .map(|w| usable_gpus(&w.info, Some(&w.free_gpus), job.placement).len() as u32)
+    }
+
+    fn take(&mut self, worker: &str, job: &placement::Job<'_>) -> Vec<u32> {
+        let w = self.workers.get_mut(worker).expect("picked worker exists");
+        let gpus: Vec<u32> = if job.need == 0 {
+            w.free_cpu -= 1;
+            Vec::new()
         } else {
-            self.shapes
-                .insert((need, p.gpu_memory_mib, &p.labels, &p.worker_paths));
-        }
+            let g: Vec<u32> = usable_gpus(&w.info, Some(&w.free_gpus), job.placement)
+                .into_iter()
+                .take(job.need as usize)
+                .collect();
+            for x in &g {
+                w.free_gpus.remove(x);
+            }
+            g
+        };
+        w.refile(self.capacity);
+        gpus
     }
 }
 
-/// Leases queued jobs to workers with room for them. All leases of one
-/// round are committed in one transaction (one fsync), then sent. Each
-/// lease asks the capacity index, never the workers one by one; the
-/// look-ahead past jobs that do not fit is bounded per port
-/// ([`LOOKAHEAD`]) and per round ([`MISSES_PER_ROUND`]). True when the
-/// round stopped at [`LEASES_PER_ROUND`] with work left.
+/// Free GPUs of worker `w` with the memory `p` asks for.
+fn free_usable(workers: &HashMap<String, WorkerSlot>, w: &str, p: &Placement) -> usize {
+    workers
+        .get(w)
+        .map_or(0, |w| usable_gpus(&w.info, Some(&w.free_gpus), p).len())
+}
+
+/// The queued jobs as [`placement::place`] sees them.
+struct QueuedJobs<'a>(&'a HashMap<String, Box<Entry>>);
+
+impl placement::Jobs for QueuedJobs<'_> {
+    fn job(&self, id: &str) -> Option<placement::Job<'_>> {
+        let (id, e) = self.0.get_key_value(id)?;
+        if e.lease.is_some() {
+            return None;
+        }
+        Some(placement::Job {
+            id,
+            family: &e.job.record.family,
+            need: e.job.record.gpus_needed,
+            placement: &e.job.placement,
+            exclude: &e.job.exclude,
+        })
+    }
+}
+
+/// Leases queued jobs to workers with room for them: the round's leases
+/// are decided by [`placement::place`] under the configured policy, then
+/// numbered, held in memory and handed to the writer, which commits them
+/// in one transaction before they are sent. Each lease asks the capacity
+/// index, never the workers one by one; the look-ahead past jobs that do
+/// not fit is bounded per port ([`placement::LOOKAHEAD`]) and per round
+/// ([`MISSES_PER_ROUND`]). True when the round stopped at
+/// [`LEASES_PER_ROUND`] with work left.
 fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
-    let mut planned = Vec::new();
-    let mut more = false;
-    {
+    let round = {
         let SchedulerState {
             jobs,
             workers,
             capacity,
             queue,
-            next_epoch,
+            reservations,
+            config,
             ..
         } = st;
-        let jobs: &HashMap<String, Box<Entry>> = jobs;
-        let mut misses = Misses::default();
-        loop {
-            if queue.is_empty() || capacity.is_full() || misses.count >= MISSES_PER_ROUND {
-                break;
-            }
-            if planned.len() >= LEASES_PER_ROUND {
-                more = true;
-                break;
-            }
-            let mut pick: Option<String> = None;
-            let Some(id) = queue.take(|id| {
-                let Some((id, e)) = jobs.get_key_value(id) else {
-                    return false;
-                };
-                let need = e.job.record.gpus_needed;
-                let p = &e.job.placement;
-                let exclude = &e.job.exclude;
-                if misses.count >= MISSES_PER_ROUND
-                    || misses.known(id, need, p, !exclude.is_empty())
-                {
-                    return false;
-                }
-                // Gang placement: all GPUs of a job on one worker. Among
-                // workers with room, the one with the most free room, so
-                // load spreads out.
-                let found = capacity.pick(need, p, &|w| exclude.contains_key(w), &|w| {
-                    workers
-                        .get(w)
-                        .map_or(0, |w| usable_gpus(&w.info, Some(&w.free_gpus), p).len())
-                });
-                match found {
-                    Some(w) => {
-                        pick = Some(w);
-                        true
-                    }
-                    None => {
-                        misses.add(id, need, p, !exclude.is_empty());
-                        false
-                    }
-                }
-            }) else {
-                break;
-            };
-            let worker_id = pick.expect("take returns the job it found a worker for");
-            let entry = &jobs[&id];
-            let need = entry.job.record.gpus_needed;
-            let w = workers.get_mut(&worker_id).expect("picked worker exists");
-            let gpus: Vec<u32> = if need == 0 {
-                w.free_cpu -= 1;
-                Vec::new()
-            } else {
-                let g: Vec<u32> = usable_gpus(&w.info, Some(&w.free_gpus), &entry.job.placement)
-                    .into_iter()
-                    .take(need as usize)
-                    .collect();
-                for x in &g {
-                    w.free_gpus.remove(x);
-                }
-                g
-            };
-            w.refile(capacity);
-            planned.push(Planned {
-                job_id: id,
-                worker_id,
-                epoch: *next_epoch,
-                gpus,
-            });
-            *next_epoch += 1;
-        }
-    }
-    if planned.is_empty() {
+        placement::place(
+            &mut FreeSlots { capacity, workers },
+            queue,
+            &QueuedJobs(jobs),
+            reservations,
+            config.placement,
+            placement::Limits {
+                leases: LEASES_PER_ROUND,
+                misses: MISSES_PER_ROUND,
+            },
+        )
+    };
+    let more = round.more;
+    if round.leases.is_empty() {
         return Ok(more);
     }
+    let planned: Vec<Planned> = round
+        .leases
+        .into_iter()
+        .map(|l| {
+            let epoch = st.next_epoch;
+            st.next_epoch += 1;
+            Planned {
+                job_id: l.job_id,
+                worker_id: l.worker_id,
+                epoch,
+                gpus: l.gpus,
+            }
+        })
+        .collect();
     // The leases hold from now on in memory; the writer commits them and
     // hands them back (`assign`): an assignment leaves only once its lease
     // is committed, so a crash finds the job running under its epoch and
@@ -2082,60 +1937,5 @@ fn job_end(report: &JobReport) -> fvd_telemetry::spans::JobEnd<'_> {
         } else {
             &report.spawn_error
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::FairQueue;
-
-    #[test]
-    fn a_family_queued_again_at_a_higher_priority_is_served_at_that_level() {
-        let mut q = FairQueue::default();
-        q.push_back("a", 0, "a1".into(), 1);
-        q.push_back("b", 1, "b1".into(), 1);
-        q.push_back("b", 1, "b2".into(), 1);
-        // `a` moves up past `b`; level 0 has no family left.
-        q.push_back("a", 5, "a2".into(), 1);
-        assert_eq!(q.take(|_| true).as_deref(), Some("a1"));
-        assert_eq!(q.take(|_| true).as_deref(), Some("a2"));
-        assert_eq!(q.take(|_| true).as_deref(), Some("b1"));
-        q.remove("b", "b2");
-        assert!(q.is_empty());
-        assert_eq!(q.take(|_| true), None);
-        assert!(q.levels.is_empty(), "no level outlives its families");
-        q.push_back("c", -3, "c1".into(), 1);
-        assert_eq!(q.take(|_| true).as_deref(), Some("c1"));
-    }
-
-    /// The job taken (every job fits) and the jobs asked about, in order.
-    fn take_asking(q: &mut FairQueue) -> (Option<String>, Vec<String>) {
-        let mut asked = Vec::new();
-        let got = q.take(|id| {
-            asked.push(id.to_string());
-            true
-        });
-        (got, asked)
-    }
-
-    #[test]
-    fn a_wider_job_behind_the_first_is_taken_only_while_one_is_queued() {
-        let mut q = FairQueue::default();
-        q.push_back("a", 0, "one".into(), 1);
-        q.push_back("a", 0, "eight".into(), 8);
-        q.push_back("a", 0, "two".into(), 2);
-        let (got, asked) = take_asking(&mut q);
-        assert_eq!(got.as_deref(), Some("eight"));
-        assert_eq!(asked, ["one", "eight"]);
-        let (got, asked) = take_asking(&mut q);
-        assert_eq!(got.as_deref(), Some("two"));
-        assert_eq!(asked, ["one", "two"]);
-        // Only jobs of one GPU are left: nothing wider to look for.
-        q.push_back("a", 0, "one-more".into(), 1);
-        let (got, asked) = take_asking(&mut q);
-        assert_eq!(got.as_deref(), Some("one"));
-        assert_eq!(asked, ["one"]);
-        q.remove("a", "one-more");
-        assert!(q.by_family.is_empty());
     }
 }

@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fvd_actors::scheduler::{
-    HeartbeatBatch, JobEvent, QueuedJob, SchedulerActor, SchedulerArgs, SchedulerConfig,
+    HeartbeatBatch, JobEvent, Policy, QueuedJob, SchedulerActor, SchedulerArgs, SchedulerConfig,
     SchedulerMsg,
 };
 use fvd_spec::Placement;
 use fvd_store::Store;
 use fvd_store::clock::ManualClock;
 use fvd_store::model::{
-    Assignment, GpuInfo, JobRecord, JobReport, JobState, PortRow, ToWorker, WorkerInfo,
+    Assignment, GpuInfo, JobRecord, JobReport, JobResult, JobState, PortRow, ToWorker, WorkerInfo,
 };
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc;
@@ -35,6 +35,11 @@ struct Harness {
 
 impl Harness {
     async fn new() -> Self {
+        Self::with_policy(Policy::default()).await
+    }
+
+    /// A scheduler placing under `placement`.
+    async fn with_policy(placement: Policy) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_path(&dir.path().join("s.db")).await.unwrap();
         let clock = Arc::new(ManualClock::default());
@@ -49,6 +54,7 @@ impl Harness {
                     // Ticks are sent by the tests after moving the clock.
                     tick: Duration::from_secs(3600),
                     fixed_fleet: false,
+                    placement,
                     ..SchedulerConfig::default()
                 },
             },
@@ -805,6 +811,90 @@ async fn the_widest_waiting_gang_is_placed_first_on_free_gpus() {
     assert_eq!(first_wave[0].2.len(), 2);
     assert_eq!(first_wave[1].0, "p.one0.1");
     assert_eq!(first_wave[2].0, "p.one1.1");
+}
+
+/// The rerun of issue #33 on a CPU: seven 1-GPU components of 10 s, a
+/// 2-GPU one of 10 s and a 1-GPU one of 60 s, queued in that order, on one
+/// 4-GPU worker. Returns the first wave of the first run and of the rerun
+/// (the jobs leased while all four GPUs are free, by component), each
+/// run's jobs all queued before its worker registers. The first run's
+/// durations are recorded in the store as a component records them; the
+/// rerun's estimates come from there.
+async fn first_waves(placement: Policy) -> (Vec<String>, Vec<String>) {
+    let mut h = Harness::with_policy(placement).await;
+    let mut jobs: Vec<(String, u32, u64)> = (0..7).map(|i| (format!("s{i}"), 1, 10_000)).collect();
+    jobs.push(("tp".into(), 2, 10_000));
+    jobs.push(("long".into(), 1, 60_000));
+    let names: Vec<&str> = jobs.iter().map(|(n, _, _)| n.as_str()).collect();
+    h.port("p", &names).await;
+    let batch = || {
+        jobs.iter()
+            .map(|(n, g, _)| (n.clone(), *g, Placement::default(), BTreeMap::new()))
+            .collect::<Vec<_>>()
+    };
+    let took = |id: &str| -> u64 {
+        jobs.iter()
+            .find(|(n, _, _)| id.starts_with(&format!("p.{n}.")))
+            .map(|j| j.2)
+            .unwrap()
+    };
+    let component = |id: &str| id.split('.').nth(1).unwrap().to_string();
+    let mut waves = Vec::new();
+    for run in ["w1", "w2"] {
+        let queued = h.enqueue_many("p", batch()).await;
+        h.settle().await;
+        let mut w = h.worker(run, 4, 0);
+        h.settle().await;
+        let mut wave = Vec::new();
+        while let Ok(ToWorker::Assign(a)) = w.try_recv() {
+            wave.push((a.job_id, a.lease_epoch));
+        }
+        waves.push(wave.iter().map(|(id, _)| component(id)).collect::<Vec<_>>());
+        // Run every job to its end, as its component would record it.
+        let mut left = queued.len();
+        let mut running = wave;
+        while left > 0 {
+            for (id, epoch) in running.drain(..) {
+                let result = JobResult {
+                    verdict: "non_skip_pass".into(),
+                    duration_ms: took(&id),
+                    ..JobResult::default()
+                };
+                assert!(h.store.finish_job(&id, epoch, &result).await.unwrap());
+                h.finished(run, &id, epoch);
+                left -= 1;
+            }
+            if left > 0 {
+                let (id, epoch, _) = next_assign(&mut w).await;
+                running.push((id, epoch));
+            }
+        }
+        h.settle().await;
+        // This worker takes no more: the next run waits for the next one.
+        h.sched
+            .cast(SchedulerMsg::Drain {
+                worker_id: run.into(),
+            })
+            .unwrap();
+    }
+    let rerun = waves.pop().unwrap();
+    (waves.pop().unwrap(), rerun)
+}
+
+#[tokio::test]
+async fn a_rerun_places_the_long_job_first() {
+    // First run: nothing known, every job counts the same time, so the
+    // 2-GPU job goes first and the long one waits its turn.
+    let (first, rerun) = first_waves(Policy::ExpectedDuration).await;
+    assert_eq!(first, ["tp", "s0", "s1"]);
+    // Rerun: the store says long takes 60 s (60 GPU-s), tp 10 s on two
+    // GPUs (20 GPU-s), the others 10: longest first, though long is
+    // queued last and needs one GPU like most.
+    assert_eq!(rerun, ["long", "tp", "s0"]);
+    // The same rerun under FIFO: the first four queued, tp and long later.
+    let (first, rerun) = first_waves(Policy::Fifo).await;
+    assert_eq!(first, ["s0", "s1", "s2", "s3"]);
+    assert_eq!(rerun, first);
 }
 
 #[tokio::test]

@@ -44,6 +44,10 @@ pub struct Placement {
     /// job (weights: large untracked files code by commit does not ship),
     /// sorted: `[defaults] worker_paths` and the component's own.
     pub worker_paths: Vec<String>,
+    /// The component's `expected_s` in milliseconds: how long a run takes,
+    /// for placement by expected duration while the store holds no run of
+    /// it yet (its recent runs win once there are some).
+    pub expected_ms: Option<u64>,
 }
 
 impl Placement {
@@ -422,6 +426,9 @@ struct RawComponent {
     agent: bool,
     /// Minimum memory of each GPU the test gets.
     gpu_memory_mib: Option<u64>,
+    /// How long a run is expected to take, for placement until the store
+    /// holds runs of the component.
+    expected_s: Option<Spanned<u64>>,
     /// Labels the worker must carry (`fvd worker --label KEY=VALUE`).
     labels: Option<BTreeMap<String, String>>,
     /// Paths the worker must have besides `[defaults] worker_paths`.
@@ -771,6 +778,8 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 gpu_memory_mib: c.gpu_memory_mib.unwrap_or(0),
                 labels: c.labels.unwrap_or_default(),
                 worker_paths,
+                expected_ms: seconds(c.expected_s, "expected_s", text, path)?
+                    .map(|s| s.saturating_mul(1000)),
             },
             confirm_runs,
             trace: c.trace,
@@ -1080,12 +1089,21 @@ env = ["HF_TOKEN"]
             .replace("[[component]]", "[defaults]\npriority = 3\n\n[[component]]")
             .replace(
                 "env = [\"HF_TOKEN\"]",
-                "env = [\"HF_TOKEN\"]\ngpu_memory_mib = 40000\nlabels = { site = \"a\" }",
+                "env = [\"HF_TOKEN\"]\ngpu_memory_mib = 40000\nlabels = { site = \"a\" }\nexpected_s = 90",
             );
         let s = parse(Path::new("port.toml"), &text).unwrap();
         let p = &s.components[0].placement;
         assert_eq!(p.priority, 3);
         assert_eq!(p.gpu_memory_mib, 40_000);
+        assert_eq!(p.expected_ms, Some(90_000));
+        let timed = Placement {
+            expected_ms: Some(1),
+            ..Placement::default()
+        };
+        assert!(
+            !timed.is_constrained(),
+            "an expected duration constrains no worker"
+        );
         assert_eq!(p.labels.get("site").map(String::as_str), Some("a"));
         assert!(p.worker_paths.is_empty());
     }
@@ -1589,6 +1607,7 @@ env = ["HF_TOKEN"]
         for (field, table) in [
             ("timeout_s", "defaults"),
             ("timeout_s", "component"),
+            ("expected_s", "component"),
             ("timeout_s", "agent"),
             ("max_wall_s", "agent"),
             ("max_gpu_s", "agent"),

@@ -93,6 +93,12 @@ pub struct ServeArgs {
     /// worker reports in time runs again. 0 runs them all again at once.
     #[arg(long, default_value_t = 15.0, value_parser = non_negative_seconds)]
     pub adopt_grace: f64,
+    /// How a port's queued jobs are placed: `duration` (longest expected
+    /// GPU-time first, from the component's recent runs, else its
+    /// `expected_s`; gangs reserve a worker), `widest` (a wider job behind
+    /// the first that fits goes first) or `fifo` (the first that fits).
+    #[arg(long, default_value = "duration", value_name = "POLICY")]
+    pub placement: fvd_actors::scheduler::Policy,
     /// The single shared token of earlier versions: every call that
     /// carries it is an admin named `admin` (also beside --auth).
     #[command(flatten)]
@@ -555,6 +561,7 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
         config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
         config.scheduler.max_output_bytes = args.max_output_mib * 1024 * 1024;
         config.scheduler.adopt_grace = Duration::from_secs_f64(args.adopt_grace);
+        config.scheduler.placement = args.placement;
         let health_listener = match &args.health_listen {
             Some(addr) => Some(
                 tokio::net::TcpListener::bind(addr)

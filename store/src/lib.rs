@@ -101,6 +101,10 @@ pub struct EscapeRow {
     pub resolved_attempt: Option<u32>,
 }
 
+/// How many of a component's latest finished runs its next run's expected
+/// duration is the median of ([`model::JobRecord::expected_ms`]).
+pub const RECENT_RUNS: usize = 5;
+
 /// Numbered migrations, applied in order, each once. A database records
 /// only the versions it applied (no checksum): a comment in an applied
 /// migration may be corrected, its statements never change.
@@ -122,6 +126,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ),
     (13, include_str!("../migrations/0013_team.sql")),
     (14, include_str!("../migrations/0014_agent_usage.sql")),
+    (15, include_str!("../migrations/0015_lease_epochs.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -806,46 +811,112 @@ impl Store {
     }
 
     /// Records many leases `(job_id, worker_id, epoch, gpus)` in one
-    /// transaction, each with its component's `running` state: one fsync for
-    /// a whole dispatch round. The round goes to SQLite as one JSON
-    /// parameter of two statements, whatever its size: each statement is a
-    /// round trip to the database's thread (two thread wake-ups), which per
-    /// lease cost more than the update itself. Where one component has
-    /// several leases in the round, its row names the worker of the last.
+    /// transaction, each with its component's `running` state, at
+    /// `synchronous = NORMAL`: no fsync of its own. Their epochs must be
+    /// reserved first ([`Store::reserve_epochs`], synced): a power cut may
+    /// lose these rows, never let a later process hand out their epochs
+    /// again. See [`Store::record_round`].
     pub async fn lease_jobs(&self, leases: &[(&str, &str, u64, &[u32])]) -> Result<(), StoreError> {
+        self.record_round(leases, &[], &[]).await?
+    }
+
+    /// A dispatch round's writes in one relaxed window of the writer
+    /// connection (`synchronous = NORMAL`, set back to FULL before any
+    /// other write uses it): the leases in one transaction, then output
+    /// chunks and spawn times in another. The round goes to SQLite as one
+    /// JSON parameter of two statements, whatever its size: each statement
+    /// is a round trip to the database's thread (two thread wake-ups),
+    /// which per lease cost more than the update itself. Where one
+    /// component has several leases in the round, its row names the worker
+    /// of the last.
+    ///
+    /// The outer error is the leases' (retried while the disk fails, like
+    /// every write); the inner one the output's, which fails no lease.
+    pub async fn record_round(
+        &self,
+        leases: &[(&str, &str, u64, &[u32])],
+        chunks: &[LogChunk],
+        spawned: &[(String, i64)],
+    ) -> Result<Result<(), StoreError>, StoreError> {
+        if leases.is_empty() && chunks.is_empty() && spawned.is_empty() {
+            return Ok(Ok(()));
+        }
         self.write("lease jobs", || async move {
-            if leases.is_empty() {
-                return Ok(());
+            let mut relaxed = Relaxed(Some(self.writer.acquire().await?));
+            let conn = relaxed.conn();
+            sqlx::query("PRAGMA synchronous = NORMAL")
+                .execute(&mut **conn)
+                .await?;
+            let leased = Self::lease_tx(conn, leases).await;
+            let output = if leased.is_ok() {
+                Self::output_tx(conn, chunks, spawned).await
+            } else {
+                Ok(())
+            };
+            sqlx::query("PRAGMA synchronous = FULL")
+                .execute(&mut **conn)
+                .await?;
+            relaxed.restored();
+            leased?;
+            match output {
+                // Both parts again: a lease written twice is the same row.
+                Err(e) if faults::is_disk_fault(&e) => Err(e),
+                other => Ok(other),
             }
-            // The GPU list travels as a JSON list, which `->>` gives back as
-            // the text the `gpus` column holds.
-            let rows: Vec<(&str, &str, i64, &[u32])> = leases
-                .iter()
-                .map(|(job, worker, epoch, gpus)| (*job, *worker, *epoch as i64, *gpus))
-                .collect();
-            let rows = json_rows(&rows)?;
+        })
+        .await
+    }
+
+    async fn lease_tx(
+        conn: &mut sqlx::pool::PoolConnection<sqlx::Sqlite>,
+        leases: &[(&str, &str, u64, &[u32])],
+    ) -> Result<(), StoreError> {
+        if leases.is_empty() {
+            return Ok(());
+        }
+        // The GPU list travels as a JSON list, which `->>` gives back as
+        // the text the `gpus` column holds.
+        let rows: Vec<(&str, &str, i64, &[u32])> = leases
+            .iter()
+            .map(|(job, worker, epoch, gpus)| (*job, *worker, *epoch as i64, *gpus))
+            .collect();
+        let rows = json_rows(&rows)?;
+        let mut tx = sqlx::Connection::begin_with(&mut **conn, BEGIN_WRITE).await?;
+        let now = now_ms();
+        sqlx::query(
+            "UPDATE jobs SET state = ?1, worker_id = l.value ->> 1, lease_epoch = l.value ->> 2, gpus = l.value ->> 3, started_ms = ?2 \
+             FROM json_each(?3) AS l WHERE jobs.job_id = l.value ->> 0",
+        )
+        .bind(JobState::Running.as_str())
+        .bind(now)
+        .bind(&rows)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE components SET status = ?1, verdict = '', reason = '', worker_id = l.worker_id, updated_ms = ?2 \
+             FROM (SELECT j.family AS family, j.component AS component, e.value ->> 1 AS worker_id, max(e.key) \
+                   FROM json_each(?3) AS e JOIN jobs AS j ON j.job_id = e.value ->> 0 GROUP BY j.family, j.component) AS l \
+             WHERE components.family = l.family AND components.name = l.component",
+        )
+        .bind(ComponentStatus::Running.as_str())
+        .bind(now)
+        .bind(&rows)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Reserves every lease epoch up to `through` in one synced commit
+    /// (FULL): the floor a restarted process starts above
+    /// ([`Store::epoch_floor`]). Never lowers it.
+    pub async fn reserve_epochs(&self, through: u64) -> Result<(), StoreError> {
+        self.write("reserve lease epochs", || async move {
             let mut tx = self.write_tx().await?;
-            let now = now_ms();
-            sqlx::query(
-                "UPDATE jobs SET state = ?1, worker_id = l.value ->> 1, lease_epoch = l.value ->> 2, gpus = l.value ->> 3, started_ms = ?2 \
-                 FROM json_each(?3) AS l WHERE jobs.job_id = l.value ->> 0",
-            )
-            .bind(JobState::Running.as_str())
-            .bind(now)
-            .bind(&rows)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "UPDATE components SET status = ?1, verdict = '', reason = '', worker_id = l.worker_id, updated_ms = ?2 \
-                 FROM (SELECT j.family AS family, j.component AS component, e.value ->> 1 AS worker_id, max(e.key) \
-                       FROM json_each(?3) AS e JOIN jobs AS j ON j.job_id = e.value ->> 0 GROUP BY j.family, j.component) AS l \
-                 WHERE components.family = l.family AND components.name = l.component",
-            )
-            .bind(ComponentStatus::Running.as_str())
-            .bind(now)
-            .bind(&rows)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query("UPDATE lease_epochs SET reserved_to = MAX(reserved_to, ?) WHERE id = 1")
+                .bind(through as i64)
+                .execute(&mut *tx)
+                .await?;
             tx.commit().await?;
             Ok(())
         })
@@ -987,13 +1058,18 @@ impl Store {
         .await
     }
 
-    /// The highest lease epoch ever handed out, so a restarted orchestrator
-    /// keeps epochs increasing and fencing stays sound.
-    pub async fn max_epoch(&self) -> Result<u64, StoreError> {
-        let v: Option<i64> = sqlx::query_scalar("SELECT MAX(lease_epoch) FROM jobs")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(v.unwrap_or(0) as u64)
+    /// The highest lease epoch any process may have handed out: the last
+    /// reserved block's end ([`Store::reserve_epochs`]), or a lease row
+    /// above it. A restarted orchestrator numbers its leases from above it,
+    /// so epochs keep increasing and fencing stays sound even when a power
+    /// cut lost lease rows (committed without an fsync).
+    pub async fn epoch_floor(&self) -> Result<u64, StoreError> {
+        let v: Option<i64> = sqlx::query_scalar(
+            "SELECT MAX(COALESCE((SELECT reserved_to FROM lease_epochs WHERE id = 1), 0), COALESCE((SELECT MAX(lease_epoch) FROM jobs), 0))",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(v.unwrap_or(0).max(0) as u64)
     }
 
     /// Records the result of a run and the component's new state in one
@@ -1208,10 +1284,10 @@ impl Store {
     /// Appends log chunks and records spawn times `(job_id, at_ms)` in one
     /// transaction that does not wait for an fsync: a crash of the process
     /// loses none of it, a power cut at most what no later durable commit
-    /// synced (a lease, a finish: each syncs the whole log before it), and
-    /// that is output of a run that is rerun anyway. Under load this was
-    /// one fsync per batch, queued on the device ahead of the next lease
-    /// commit.
+    /// synced (a finish, an epoch reservation: each syncs the whole log
+    /// before it), and that is output of a run that is rerun anyway. Under
+    /// load this was one fsync per batch, queued on the device ahead of the
+    /// next lease commit.
     ///
     /// The writer connection is back at `synchronous = FULL` before any
     /// other write uses it: one that is not (an error, or this future
@@ -1222,20 +1298,7 @@ impl Store {
         chunks: &[LogChunk],
         spawned: &[(String, i64)],
     ) -> Result<(), StoreError> {
-        self.write("append output", || async move {
-            let mut relaxed = Relaxed(Some(self.writer.acquire().await?));
-            let conn = relaxed.conn();
-            sqlx::query("PRAGMA synchronous = NORMAL")
-                .execute(&mut **conn)
-                .await?;
-            let written = Self::output_tx(conn, chunks, spawned).await;
-            sqlx::query("PRAGMA synchronous = FULL")
-                .execute(&mut **conn)
-                .await?;
-            relaxed.restored();
-            written
-        })
-        .await
+        self.record_round(&[], chunks, spawned).await?
     }
 
     async fn output_tx(
@@ -1243,6 +1306,9 @@ impl Store {
         chunks: &[LogChunk],
         spawned: &[(String, i64)],
     ) -> Result<(), StoreError> {
+        if chunks.is_empty() && spawned.is_empty() {
+            return Ok(());
+        }
         let mut tx = sqlx::Connection::begin_with(&mut **conn, BEGIN_WRITE).await?;
         for c in chunks {
             sqlx::query("INSERT OR IGNORE INTO job_logs (job_id, seq, stream, offset, data) VALUES (?, ?, ?, ?, ?)")
@@ -1254,7 +1320,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
-        // All spawn times in one statement (see `lease_jobs`).
+        // All spawn times in one statement (see `record_round`).
         if !spawned.is_empty() {
             sqlx::query(
                 "UPDATE jobs SET spawned_ms = l.value ->> 1 FROM json_each(?) AS l WHERE jobs.job_id = l.value ->> 0",
@@ -1683,6 +1749,7 @@ fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRecord, StoreError> {
         env_names: Vec::new(),
         commit: r.get("commit_sha"),
         code_prefix: r.get("code_prefix"),
+        expected_ms: None,
     })
 }
 
@@ -1940,6 +2007,81 @@ mod tests {
         assert_eq!(level, 2, "the next writer connection commits with FULL");
     }
 
+    /// Placement by expected duration reads a run's estimate from its
+    /// component's last finished runs, as it is queued.
+    #[tokio::test]
+    async fn a_queued_run_expects_the_median_of_its_components_last_runs() {
+        let (_dir, store) = crate::tests::temp_store().await;
+        store
+            .create_port(&port("p"), &["a".into(), "b".into()])
+            .await
+            .unwrap();
+        let mut epoch = 0;
+        let mut run = |ms: Option<u64>| {
+            let store = store.clone();
+            epoch += 1;
+            let epoch = epoch;
+            async move {
+                let j = store.queue_job(&job("p", "a")).await.unwrap();
+                store.lease_job(&j.job_id, "w", epoch, &[]).await.unwrap();
+                if let Some(ms) = ms {
+                    let r = JobResult {
+                        duration_ms: ms,
+                        ..JobResult::default()
+                    };
+                    assert!(store.finish_job(&j.job_id, epoch, &r).await.unwrap());
+                }
+                j.expected_ms
+            }
+        };
+        assert_eq!(run(Some(9_000)).await, None, "nothing known before a run");
+        assert_eq!(run(Some(1_000)).await, Some(9_000));
+        assert_eq!(run(Some(2_000)).await, Some(5_000), "even: the middle two");
+        // A run still in flight (or lost) is no evidence.
+        assert_eq!(run(None).await, Some(2_000));
+        for ms in [3_000, 4_000, 5_000, 6_000] {
+            run(Some(ms)).await;
+        }
+        // Only the last five finished runs count: 2, 3, 4, 5, 6 s.
+        assert_eq!(run(None).await, Some(4_000));
+        let b = store.queue_job(&job("p", "b")).await.unwrap();
+        assert_eq!(b.expected_ms, None, "another component's runs do not count");
+    }
+
+    /// Leases commit without an fsync, so a power cut may lose their rows;
+    /// the reserved block (synced) still says which epochs were handed
+    /// out, and a reopened store starts above it.
+    #[tokio::test]
+    async fn the_epoch_floor_is_the_reserved_block_even_when_lease_rows_are_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let store = Store::open_path(&path).await.unwrap();
+        assert_eq!(store.epoch_floor().await.unwrap(), 0);
+        store.create_port(&port("p"), &["a".into()]).await.unwrap();
+        store.reserve_epochs(1_000).await.unwrap();
+        let j = store.queue_job(&job("p", "a")).await.unwrap();
+        store.lease_job(&j.job_id, "w", 7, &[]).await.unwrap();
+        assert_eq!(store.epoch_floor().await.unwrap(), 1_000);
+        store.reserve_epochs(10).await.unwrap();
+        assert_eq!(store.epoch_floor().await.unwrap(), 1_000, "never lowered");
+        drop(store);
+        // What a power cut leaves of a lease committed at NORMAL: the row
+        // as it was queued.
+        {
+            let store = Store::open_path(&path).await.unwrap();
+            sqlx::query("UPDATE jobs SET state = 'queued', lease_epoch = 0, worker_id = ''")
+                .execute(&store.writer)
+                .await
+                .unwrap();
+        }
+        let store = Store::open_path(&path).await.unwrap();
+        assert_eq!(store.epoch_floor().await.unwrap(), 1_000);
+        // A lease row above the reservation (none is written so) still
+        // counts.
+        store.lease_job(&j.job_id, "w", 5_000, &[]).await.unwrap();
+        assert_eq!(store.epoch_floor().await.unwrap(), 5_000);
+    }
+
     #[tokio::test]
     async fn a_round_of_leases_is_recorded_job_by_job() {
         let (_dir, store) = crate::tests::temp_store().await;
@@ -2006,7 +2148,7 @@ mod tests {
                 ("c".to_string(), "queued".to_string(), String::new()),
             ]
         );
-        assert_eq!(store.max_epoch().await.unwrap(), 7);
+        assert_eq!(store.epoch_floor().await.unwrap(), 7);
     }
 
     #[tokio::test]
@@ -2041,7 +2183,7 @@ mod tests {
         drop(store);
 
         let store = Store::open_path(&path).await.unwrap();
-        assert_eq!(store.max_epoch().await.unwrap(), 7);
+        assert_eq!(store.epoch_floor().await.unwrap(), 7);
         // The commit the port is pinned to, and each job's, are kept.
         assert_eq!(
             store.port("p").await.unwrap().unwrap().commit,

@@ -85,6 +85,11 @@ pub struct JobRecord {
     /// (`examples/tinyport/`), empty at the top: a worker that checks the
     /// commit out runs the job in that folder of its checkout.
     pub code_prefix: String,
+    /// How long the run is expected to take: the median duration of its
+    /// component's last [`crate::RECENT_RUNS`] finished runs when it was
+    /// queued (`None` before the first). Not a column: [`crate::Store::queue_jobs`]
+    /// reads it from those runs' rows.
+    pub expected_ms: Option<u64>,
 }
 
 /// The classified outcome of a run, as recorded.

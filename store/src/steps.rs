@@ -268,13 +268,35 @@ pub(crate) async fn insert_job(
         .bind(&job.component)
         .execute(&mut *conn)
         .await?;
+    let recent: Vec<i64> = sqlx::query_scalar(
+        "SELECT duration_ms FROM jobs WHERE family = ? AND component = ? AND state = ? AND duration_ms IS NOT NULL ORDER BY run_no DESC LIMIT ?",
+    )
+    .bind(&job.family)
+    .bind(&job.component)
+    .bind(JobState::Finished.as_str())
+    .bind(crate::RECENT_RUNS as i64)
+    .fetch_all(&mut *conn)
+    .await?;
     Ok(JobRecord {
         job_id,
         run_no: run_no as u32,
         state: JobState::Queued,
         queued_ms: now,
+        expected_ms: median_ms(recent),
         ..job.clone()
     })
+}
+
+/// The median of some durations (the mean of the middle two of an even
+/// count), `None` for none; negative ones count as zero.
+fn median_ms(ms: Vec<i64>) -> Option<u64> {
+    let mut ms: Vec<u64> = ms.into_iter().map(|m| m.max(0) as u64).collect();
+    ms.sort_unstable();
+    match ms.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(ms[n / 2]),
+        n => Some(ms[n / 2 - 1] / 2 + ms[n / 2] / 2),
+    }
 }
 
 /// Inserts `e` as an open escape hatch under the next `E###` id of its

@@ -170,7 +170,7 @@ fn check_components(
 
 /// Rows of a query on the SQLite file `db`, through Python's sqlite3 (the
 /// tests need Python anyway).
-fn query(db: &Path, sql: &str) -> Vec<Vec<serde_json::Value>> {
+pub(crate) fn query(db: &Path, sql: &str) -> Vec<Vec<serde_json::Value>> {
     let out = Command::new("python3")
         .args([
             "-c",

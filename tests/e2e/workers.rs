@@ -350,3 +350,87 @@ fn a_reset_during_registration_is_retried_not_fatal() {
         "the reset was met and retried: {log}"
     );
 }
+
+/// Runs `sql` on the SQLite file `db` through Python's sqlite3, as the
+/// tests' other queries (`chaos::query`), for writing.
+fn execute(db: &Path, sql: &str) {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.executescript(sys.argv[2])\nc.commit()",
+        ])
+        .arg(db)
+        .arg(sql)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue #33: leases commit without an fsync; their epochs come from
+/// blocks reserved by a synced commit. The orchestrator is killed (-9) in
+/// the middle of a block with a run in flight, and a power cut is emulated
+/// on top: the run's lease, never synced, is gone from the database (its
+/// row back as it was queued). The restarted orchestrator must number its
+/// leases above the whole block, not above the lease rows it sees (which
+/// would hand out the lost epoch again), and no result of the run cut off
+/// is accepted: the port's verdict is the new run's.
+#[test]
+fn a_kill_9_mid_epoch_block_numbers_leases_above_the_block_and_accepts_no_stale_result() {
+    let mut sb = Sandbox::new();
+    let (addr, release) = one_run_in_flight(&mut sb, "epochs");
+    let db = sb.dir.path().join("orchestrator.db");
+    let one = |sql: &str| crate::chaos::query(&db, sql)[0][0].as_i64().unwrap();
+    let reserved = one("SELECT reserved_to FROM lease_epochs");
+    let first = one("SELECT lease_epoch FROM jobs WHERE job_id = 'epochs.a.1'");
+    assert!(
+        0 < first && first < reserved,
+        "the run's epoch {first} is inside the reserved block (to {reserved})"
+    );
+    sb.kill_orchestrator();
+    execute(
+        &db,
+        "UPDATE jobs SET state = 'queued', lease_epoch = 0, worker_id = '', gpus = '[]', started_ms = NULL, spawned_ms = NULL WHERE job_id = 'epochs.a.1';
+         UPDATE components SET status = 'queued', worker_id = '' WHERE family = 'epochs';",
+    );
+    // The worker still runs the cut-off run and reports it (and its
+    // result, once released) to the restarted orchestrator.
+    sb.serve_at(&addr, &["--adopt-grace", "600"]);
+    std::fs::write(&release, "go").unwrap();
+    let status = ended(&sb, "epochs");
+    let rows = components(&status);
+    assert_eq!(rows[0].1, "non_skip_pass", "{status}");
+    let runs = crate::chaos::query(
+        &db,
+        "SELECT job_id, state, verdict, lease_epoch FROM jobs WHERE family = 'epochs' ORDER BY run_no",
+    );
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(
+        (runs[0][1].as_str(), runs[0][2].as_str()),
+        (Some("abandoned"), Some("")),
+        "the cut-off run's result is not recorded: {runs:?}"
+    );
+    let again = runs[1][3].as_i64().unwrap();
+    assert!(
+        again > reserved,
+        "the rerun's epoch {again} is above the block reserved before the kill ({reserved}): {runs:?}"
+    );
+    assert!(
+        one("SELECT reserved_to FROM lease_epochs") >= again,
+        "its own epoch was reserved first"
+    );
+    assert_eq!(runs[1][2].as_str(), Some("non_skip_pass"), "{runs:?}");
+    // The worker came back with the cut-off run (still running, or ended
+    // and its result held): cancelled as an orphan, or its result
+    // rejected, never taken.
+    let log = sb.orchestrator_log();
+    assert!(
+        log.lines().any(|l| l.contains("epochs.a.1")
+            && (l.contains("a lease it does not hold")
+                || l.contains("rejected a message with a stale or unknown lease"))),
+        "{log}"
+    );
+}

@@ -204,7 +204,7 @@ impl Capacity {
                 }
             }
         }
-        super::count_down(&mut self.gpu_counts, &c.info.gpus.len());
+        super::placement::count_down(&mut self.gpu_counts, &c.info.gpus.len());
         self.registered -= 1;
     }
 
@@ -295,6 +295,47 @@ impl Capacity {
                 && best.is_none_or(|(r, b)| (room, Reverse(id)) > (r, Reverse(b)))
             {
                 best = Some((room, id));
+            }
+        }
+        best.map(|(_, id)| id.to_string())
+    }
+
+    /// The worker closest to holding a job needing `need` GPUs with
+    /// placement `p`, for a gang's reservation: among the workers with room
+    /// that `accept` takes, in the classes that could ever hold the job,
+    /// the one with the most free GPUs it could use (`usable_free`; ties to
+    /// the smallest id). One look per class and bucket, from the most free
+    /// GPUs down, plus the workers `accept` refuses.
+    pub(super) fn nearest(
+        &mut self,
+        need: u32,
+        p: &Placement,
+        accept: &dyn Fn(&str) -> bool,
+        usable_free: &dyn Fn(&str) -> usize,
+    ) -> Option<String> {
+        let mib = p.gpu_memory_mib;
+        let ids: Vec<ClassId> = if p.is_constrained() {
+            self.matching(p).to_vec()
+        } else {
+            (0..self.classes.len()).collect()
+        };
+        let mut best: Option<(usize, &str)> = None;
+        for cid in ids {
+            let c = &self.classes[cid];
+            if c.pool.buckets.is_empty() || !c.could_hold(need, mib) {
+                continue;
+            }
+            let found = c.pool.buckets.values().rev().find_map(|set| {
+                set.iter()
+                    .rev()
+                    .find(|(_, Reverse(id))| accept(id))
+                    .map(|(_, Reverse(id))| &**id)
+            });
+            if let Some(id) = found {
+                let free = usable_free(id);
+                if best.is_none_or(|(f, b)| (free, Reverse(id)) > (f, Reverse(b))) {
+                    best = Some((free, id));
+                }
             }
         }
         best.map(|(_, id)| id.to_string())
