@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use fvd_contracts::verdict::{self, Verdict};
+use fvd_contracts::verdict::Verdict;
 use fvd_telemetry::{metrics, spans};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::broadcast;
@@ -36,7 +36,9 @@ use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_spec::ComponentSpec;
 use fvd_store::model::{
     ComponentRow, ComponentStatus, JobRecord, JobReport, JobResult, JobState, PortEvent,
+    RecordedVerdict,
 };
+use fvd_store::states::{AttemptKind, AttemptState, EscapeStatus};
 use fvd_store::{
     AttemptNext, AttemptRecorded, AttemptRow, ComponentNext, EscapeRow, Store, now_ms,
 };
@@ -127,7 +129,7 @@ pub struct ComponentState {
     /// hangs under it.
     attempt: Span,
     /// Verdict of the previous run, to tell a verdict change.
-    last_verdict: Option<String>,
+    last_verdict: Option<RecordedVerdict>,
     /// The agent loop's state, for a component with an `[agent]`.
     agent: Option<AgentLoop>,
     /// The last run drilled down by the trace actor and its summary.
@@ -207,7 +209,7 @@ impl Actor for ComponentSubagentActor {
                 Ok(l) => st.agent = Some(l),
                 Err(e) => {
                     let reason = format!("error: agent loop cannot start: {e}");
-                    return block(st, "error", &reason, "").await;
+                    return block(st, RecordedVerdict::Error(None), &reason, "").await;
                 }
             }
             return resume(&myself, st, &row).await;
@@ -315,7 +317,7 @@ async fn job_event(
             st.args.store.unplace_job(&job_id).await?;
             st.job_id = None;
             let reason = format!("unplaced: {reason}");
-            block(st, "unplaced", &reason, "").await?;
+            block(st, RecordedVerdict::Unplaced, &reason, "").await?;
         }
         JobEvent::WorkerLost {
             job_id,
@@ -327,7 +329,7 @@ async fn job_event(
             }
             if give_up {
                 let reason = format!("infra_error: worker {worker_id} lost on every retry");
-                block(st, "infra_error", &reason, &worker_id).await?;
+                block(st, RecordedVerdict::InfraError, &reason, &worker_id).await?;
             } else {
                 // The scheduler recorded the requeue; only watchers
                 // need telling.
@@ -368,9 +370,14 @@ async fn run_finished(
     }
     // A red run is drilled down first; `Traced` brings it back.
     let traced = st.traced.as_ref();
-    let v_str = v.status().as_str();
     if crate::trace_actor::hand_over(
-        &st.args, traced, v_str, &report, &worker_id, myself, &st.span,
+        &st.args,
+        traced,
+        (&v).into(),
+        &report,
+        &worker_id,
+        myself,
+        &st.span,
     ) {
         return Ok(());
     }
@@ -387,7 +394,7 @@ async fn run_finished(
         return Ok(());
     }
     let result = JobResult {
-        verdict: v.status().as_str().to_string(),
+        verdict: (&v).into(),
         reason: v.reason(),
         exit_code: report.exit_code,
         signal: report.signal,
@@ -405,7 +412,7 @@ async fn run_finished(
         .then(|| report.duration_ms * u64::from(st.args.spec.gpus));
     let next = ComponentNext {
         status: plan.status,
-        verdict: &plan.verdict,
+        verdict: plan.verdict,
         reason: &plan.reason,
         worker_id: &worker_id,
     };
@@ -445,7 +452,7 @@ async fn run_finished(
         }
         Next::End => {
             emit(st).await?;
-            announce_final(st, plan.status, &plan.verdict, &plan.reason).await
+            announce_final(st, plan.status, plan.verdict, &plan.reason).await
         }
     }
 }
@@ -464,14 +471,14 @@ async fn note_verdict(
     if v.is_pass() {
         spans::succeeded(&attempt);
     } else {
-        spans::failed(&attempt, &classed(&result.verdict, &result.reason));
+        spans::failed(&attempt, &classed(result.verdict, &result.reason));
     }
-    metrics::verdict(&st.args.family, &st.args.spec.name, &result.verdict);
-    if let Some(prev) = st.last_verdict.replace(result.verdict.clone())
+    metrics::verdict(&st.args.family, &st.args.spec.name, result.verdict.as_str());
+    if let Some(prev) = st.last_verdict.replace(result.verdict)
         && prev != result.verdict
     {
         let run = current(st).await?.runs;
-        spans::verdict_changed(&st.span, &prev, &result.verdict, run);
+        spans::verdict_changed(&st.span, prev.as_str(), result.verdict.as_str(), run);
     }
     drop(attempt);
     if !report.survivors.is_empty() {
@@ -485,7 +492,7 @@ async fn note_verdict(
 struct Plan {
     next: Next,
     status: ComponentStatus,
-    verdict: String,
+    verdict: RecordedVerdict,
     reason: String,
 }
 
@@ -497,7 +504,7 @@ enum Next {
     Confirm,
     /// An agent turn starting from `from` (the red run, or the pass the
     /// cleanup gate refused).
-    Agent { from: JobResult, kind: &'static str },
+    Agent { from: JobResult, kind: AttemptKind },
     /// The component ends with its status.
     End,
 }
@@ -514,7 +521,7 @@ async fn plan_after_run(
     let plan = |next, status, reason: String| Plan {
         next,
         status,
-        verdict: result.verdict.clone(),
+        verdict: result.verdict,
         reason,
     };
     if v.is_infra() && st.infra_verdicts < MAX_INFRA_VERDICTS {
@@ -525,7 +532,7 @@ async fn plan_after_run(
         ));
     }
     if !v.is_pass() && !v.is_infra() && st.agent.is_some() {
-        return agent_plan(st, result.clone(), FIX).await;
+        return agent_plan(st, result.clone(), AttemptKind::Fix).await;
     }
     if v.is_pass() {
         // A pass counts once it held `confirm_runs` times in a row on the
@@ -538,11 +545,11 @@ async fn plan_after_run(
         }
         if let Some(findings) = cleanup_findings(st).await? {
             let refused = JobResult {
-                verdict: CLEANUP_REFUSED.into(),
+                verdict: RecordedVerdict::CleanupRefused,
                 reason: format!("cleanup gate: {}", findings.join("; ")),
                 ..result.clone()
             };
-            return agent_plan(st, refused, CLEANUP).await;
+            return agent_plan(st, refused, AttemptKind::Cleanup).await;
         }
         return Ok(plan(
             Next::End,
@@ -558,7 +565,7 @@ async fn plan_after_run(
     Ok(plan(
         Next::End,
         ComponentStatus::Blocked,
-        classed(&result.verdict, &format!("{note}{}", result.reason)),
+        classed(result.verdict, &format!("{note}{}", result.reason)),
     ))
 }
 
@@ -567,13 +574,13 @@ async fn plan_after_run(
 async fn agent_plan(
     st: &ComponentState,
     from: JobResult,
-    kind: &'static str,
+    kind: AttemptKind,
 ) -> Result<Plan, ActorProcessingErr> {
     let plan = match turn_start(st, &from).await? {
         TurnStart::Blocked(reason) => Plan {
             next: Next::End,
             status: ComponentStatus::Blocked,
-            verdict: from.verdict.clone(),
+            verdict: from.verdict,
             reason,
         },
         TurnStart::Go { line, .. } => Plan {
@@ -582,7 +589,7 @@ async fn agent_plan(
                 kind,
             },
             status: ComponentStatus::Agent,
-            verdict: from.verdict.clone(),
+            verdict: from.verdict,
             reason: line,
         },
     };
@@ -591,7 +598,7 @@ async fn agent_plan(
 
 /// A blocked reason that names its verdict class once: `debug_red: …`, but
 /// `error:collection: …` as the reason of an error already reads.
-fn classed(verdict: &str, reason: &str) -> String {
+fn classed(verdict: RecordedVerdict, reason: &str) -> String {
     if reason.starts_with(&format!("{verdict}:")) {
         reason.to_string()
     } else {
@@ -612,7 +619,7 @@ async fn environment_failure(
     cause: &str,
 ) -> Result<(), ActorProcessingErr> {
     let result = JobResult {
-        verdict: verdict::VerdictStatus::Environment.as_str().to_string(),
+        verdict: RecordedVerdict::Environment,
         reason: cause.to_string(),
         exit_code: report.exit_code,
         signal: report.signal,
@@ -782,7 +789,7 @@ async fn rebind_attempt(
         .await?
         .into_iter()
         .rev()
-        .find(|a| a.job_after == old && a.verdict_after.is_empty())
+        .find(|a| a.job_after == old && a.verdict_after.is_none())
     {
         st.args
             .store
@@ -879,16 +886,6 @@ fn agent_dir(repo: &Path, family: &str, name: &str) -> Result<PathBuf, fvd_paths
     )
 }
 
-/// The ledger state of an attempt whose model API's environment ended it:
-/// not counted, run again under its number.
-const ENVIRONMENT: &str = "environment";
-
-/// Kinds of agent turns, as the ledger records them.
-const FIX: &str = "fix";
-const CLEANUP: &str = "cleanup";
-/// The verdict a pass gets when the cleanup gate refuses it.
-const CLEANUP_REFUSED: &str = "cleanup_refused";
-
 /// Where a started agent component stands, from the store: an attempt cut
 /// off by a crash runs again (its leftovers ended, its worktree reset); a
 /// question waits for its answer or goes on with it; an attempt recorded
@@ -900,7 +897,7 @@ async fn resume(
 ) -> Result<(), ActorProcessingErr> {
     let (family, name) = (st.args.family.clone(), st.args.spec.name.clone());
     let ledger = st.args.store.attempts(&family, &name).await?;
-    if let Some(cut) = ledger.iter().find(|a| a.state == "running") {
+    if let Some(cut) = ledger.iter().find(|a| a.state == AttemptState::Running) {
         let killed = agent::kill_leftovers(&cut.cookie);
         tracing::warn!(attempt = cut.attempt, killed = ?killed, "agent attempt was cut off; running it again from its starting commit");
         let wt = st
@@ -915,28 +912,31 @@ async fn resume(
                 "error: attempt {} was cut off and its worktree cannot be reset: {e}",
                 cut.attempt
             );
-            return block(st, "error", &reason, "").await;
+            return block(st, RecordedVerdict::Error(None), &reason, "").await;
         }
         let before = JobResult {
-            verdict: cut.verdict_before.clone(),
+            verdict: cut.verdict_before,
             reason: cut.reason_before.clone(),
             output_tail: job_tail(st, &cut.job_before).await?,
             ..JobResult::default()
         };
-        let (job, kind) = (cut.job_before.clone(), cut.kind.clone());
-        return agent_attempt(myself, st, &job, &before, "", &kind).await;
+        let (job, kind) = (cut.job_before.clone(), cut.kind);
+        return agent_attempt(myself, st, &job, &before, "", kind).await;
     }
     // An attempt its model API's environment ended (a refused key, an API
     // that kept failing) runs again under its number, from the same run.
-    if let Some(env) = ledger.last().filter(|a| a.state == ENVIRONMENT) {
+    if let Some(env) = ledger
+        .last()
+        .filter(|a| a.state == AttemptState::Environment)
+    {
         let before = JobResult {
-            verdict: env.verdict_before.clone(),
+            verdict: env.verdict_before,
             reason: env.reason_before.clone(),
             output_tail: job_tail(st, &env.job_before).await?,
             ..JobResult::default()
         };
-        let (job, kind) = (env.job_before.clone(), env.kind.clone());
-        return agent_attempt(myself, st, &job, &before, "", &kind).await;
+        let (job, kind) = (env.job_before.clone(), env.kind);
+        return agent_attempt(myself, st, &job, &before, "", kind).await;
     }
     if row.status == ComponentStatus::AskUser {
         let answered = answered(st).await?;
@@ -948,24 +948,24 @@ async fn resume(
     }
     let untested = ledger
         .last()
-        .filter(|a| a.state == "recorded" && a.verdict_after.is_empty())
+        .filter(|a| a.state == AttemptState::Recorded && a.verdict_after.is_none())
         .map(|a| a.attempt);
     if row.status == ComponentStatus::Agent && untested.is_none() {
         // Cut off after the verdict was recorded (with `agent` as its next
         // state) and before the attempt row was opened: the attempt starts
         // from that run, a red one, or a pass the cleanup gate refused.
         if let Some((job, last)) = last_result(st).await? {
-            if last.verdict == verdict::VerdictStatus::NonSkipPass.as_str()
+            if last.verdict.is_pass()
                 && let Some(findings) = cleanup_findings(st).await?
             {
                 let refused = JobResult {
-                    verdict: CLEANUP_REFUSED.into(),
+                    verdict: RecordedVerdict::CleanupRefused,
                     reason: format!("cleanup gate: {}", findings.join("; ")),
                     ..last
                 };
-                return agent_attempt(myself, st, &job, &refused, "", CLEANUP).await;
+                return agent_attempt(myself, st, &job, &refused, "", AttemptKind::Cleanup).await;
             }
-            return agent_attempt(myself, st, &job, &last, "", FIX).await;
+            return agent_attempt(myself, st, &job, &last, "", AttemptKind::Fix).await;
         }
     }
     if let Some(job) = in_flight(st).await? {
@@ -994,7 +994,7 @@ async fn answered(st: &ComponentState) -> Result<Vec<EscapeRow>, ActorProcessing
         .escapes(&st.args.family)
         .await?
         .into_iter()
-        .filter(|e| e.component == st.args.spec.name && e.status == "answered")
+        .filter(|e| e.component == st.args.spec.name && e.status == EscapeStatus::Answered)
         .collect())
 }
 
@@ -1005,7 +1005,7 @@ async fn after_answer(
     st: &mut ComponentState,
 ) -> Result<(), ActorProcessingErr> {
     match last_result(st).await? {
-        Some((job, last)) => agent_attempt(myself, st, &job, &last, "", FIX).await,
+        Some((job, last)) => agent_attempt(myself, st, &job, &last, "", AttemptKind::Fix).await,
         None => enqueue(myself, st).await,
     }
 }
@@ -1064,7 +1064,7 @@ async fn passes_in_a_row(st: &ComponentState) -> Result<u32, ActorProcessingErr>
         .iter()
         .rev()
         .filter(|j| j.state == JobState::Finished)
-        .take_while(|j| j.verdict == "non_skip_pass" && j.queued_ms >= since)
+        .take_while(|j| j.verdict.is_pass() && j.queued_ms >= since)
         .count() as u32)
 }
 
@@ -1224,11 +1224,11 @@ async fn agent_attempt(
     job_id: &str,
     result: &JobResult,
     worker_id: &str,
-    kind: &str,
+    kind: AttemptKind,
 ) -> Result<(), ActorProcessingErr> {
     let spec = st.args.spec.clone();
     let (attempt, line, used, recorded) = match turn_start(st, result).await? {
-        TurnStart::Blocked(reason) => return block(st, &result.verdict, &reason, worker_id).await,
+        TurnStart::Blocked(reason) => return block(st, result.verdict, &reason, worker_id).await,
         TurnStart::Go {
             attempt,
             line,
@@ -1236,14 +1236,7 @@ async fn agent_attempt(
             recorded,
         } => (attempt, line, used, recorded),
     };
-    update(
-        st,
-        ComponentStatus::Agent,
-        &result.verdict,
-        &line,
-        worker_id,
-    )
-    .await?;
+    update(st, ComponentStatus::Agent, result.verdict, &line, worker_id).await?;
     let answers = answered(st).await?;
     let turn = Turn {
         attempt,
@@ -1272,9 +1265,9 @@ async fn agent_attempt(
         Err(e) => {
             let reason = format!(
                 "{} (agent attempt {attempt} could not be committed: {e})",
-                classed(&result.verdict, &result.reason)
+                classed(result.verdict, &result.reason)
             );
-            return block(st, &result.verdict, &reason, worker_id).await;
+            return block(st, result.verdict, &reason, worker_id).await;
         }
     };
     let commit_ms = clock.elapsed().as_millis() as u64 - packet_ms - ran.run_ms;
@@ -1329,12 +1322,12 @@ async fn turn_start(
     let ledger = st.args.store.attempts(family, &spec.name).await?;
     let recorded: Vec<AttemptRow> = ledger
         .iter()
-        .filter(|r| r.state == "recorded")
+        .filter(|r| r.state == AttemptState::Recorded)
         .cloned()
         .collect();
     let rerun = ledger
         .iter()
-        .find(|r| r.state == "running")
+        .find(|r| r.state == AttemptState::Running)
         .map(|r| r.attempt);
     let used = spent(st, &recorded).await?;
     if rerun.is_none()
@@ -1342,7 +1335,7 @@ async fn turn_start(
     {
         return Ok(TurnStart::Blocked(format!(
             "{} ({why})",
-            classed(&result.verdict, &result.reason)
+            classed(result.verdict, &result.reason)
         )));
     }
     // A port resumed on an orchestrator that does not run its agent's
@@ -1350,7 +1343,7 @@ async fn turn_start(
     if let Err(why) = st.args.agents.admits(a) {
         return Ok(TurnStart::Blocked(format!(
             "{} ({why})",
-            classed(&result.verdict, &result.reason)
+            classed(result.verdict, &result.reason)
         )));
     }
     let attempt = rerun.unwrap_or(recorded.len() as u32 + 1);
@@ -1374,7 +1367,7 @@ struct Turn<'a> {
     attempt: u32,
     job_id: &'a str,
     result: &'a JobResult,
-    kind: &'a str,
+    kind: AttemptKind,
 }
 
 /// The files of one attempt, under the component's agent folder.
@@ -1422,7 +1415,7 @@ async fn write_packet(
     };
     let last = LastRun {
         job_id: turn.job_id,
-        verdict: &turn.result.verdict,
+        verdict: turn.result.verdict,
         reason: &turn.result.reason,
         output_tail: &turn.result.output_tail,
     };
@@ -1489,12 +1482,12 @@ async fn agent_environment(
         .clone();
     if let Err(e) = worktree::reset(&wt, head_before).await {
         let reason = format!("{reason}; its worktree cannot be reset: {e}");
-        return block(st, "error", &reason, "").await;
+        return block(st, RecordedVerdict::Error(None), &reason, "").await;
     }
     update(
         st,
         ComponentStatus::Environment,
-        &turn.result.verdict,
+        turn.result.verdict,
         &reason,
         "",
     )
@@ -1536,12 +1529,12 @@ async fn run_agent(
             component: spec.name.clone(),
             attempt,
             job_before: turn.job_id.to_string(),
-            verdict_before: turn.result.verdict.clone(),
+            verdict_before: turn.result.verdict,
             reason_before: turn.result.reason.clone(),
             started_ms,
             head_before: head_before.clone(),
             cookie: cookie.clone(),
-            kind: turn.kind.to_string(),
+            kind: turn.kind,
             ..AttemptRow::default()
         })
         .await?;
@@ -1850,7 +1843,7 @@ fn attempt_row(
         signal: exit.signal,
         timed_out: exit.timed_out,
         duration_ms: exit.duration_ms,
-        handoff_status: handoff.status.to_string(),
+        handoff_status: handoff.status,
         handoff_summary: handoff.summary.clone(),
         handoff_text: handoff.text.clone(),
         finished_ms: now_ms(),
@@ -1878,7 +1871,7 @@ async fn after_agent(
     let (attempt, result) = (turn.attempt, turn.result);
     let row = attempt_row(st, attempt, commit, exit, handoff);
     let family = st.args.family.clone();
-    let blocked = |why: String| format!("{} ({why})", classed(&result.verdict, &result.reason));
+    let blocked = |why: String| format!("{} ({why})", classed(result.verdict, &result.reason));
     let mut conversion = None;
     let end_reason = if let Some(e) = &exit.spawn_error {
         Some(blocked(format!("{e}, after agent attempt {attempt}")))
@@ -1900,7 +1893,7 @@ async fn after_agent(
     let then = if let Some(reason) = &end_reason {
         AttemptNext::End(ComponentNext {
             status: ComponentStatus::Blocked,
-            verdict: &result.verdict,
+            verdict: result.verdict,
             reason,
             worker_id,
         })
@@ -1923,7 +1916,7 @@ async fn after_agent(
         AttemptNext::Ask {
             escape: &escape,
             floor,
-            verdict: &result.verdict,
+            verdict: result.verdict,
             worker_id,
         }
     } else {
@@ -1954,7 +1947,7 @@ async fn after_agent(
             }
             emit(st).await?;
             let reason = end_reason.unwrap_or_default();
-            announce_final(st, ComponentStatus::Blocked, &result.verdict, &reason).await
+            announce_final(st, ComponentStatus::Blocked, result.verdict, &reason).await
         }
         AttemptRecorded::Asked(id) => {
             tracing::info!(%family, component = %st.args.spec.name, %id, "the agent asked a question; the component waits for its answer");
@@ -1975,7 +1968,7 @@ async fn after_agent(
 async fn update(
     st: &ComponentState,
     status: ComponentStatus,
-    verdict: &str,
+    verdict: RecordedVerdict,
     reason: &str,
     worker_id: &str,
 ) -> Result<(), ActorProcessingErr> {
@@ -1996,7 +1989,7 @@ async fn update(
 async fn finish(
     st: &mut ComponentState,
     status: ComponentStatus,
-    verdict: &str,
+    verdict: RecordedVerdict,
     reason: &str,
     worker_id: &str,
 ) -> Result<(), ActorProcessingErr> {
@@ -2009,11 +2002,11 @@ async fn finish(
 async fn announce_final(
     st: &mut ComponentState,
     status: ComponentStatus,
-    verdict: &str,
+    verdict: RecordedVerdict,
     reason: &str,
 ) -> Result<(), ActorProcessingErr> {
     st.span.record("status", status.as_str());
-    st.span.record("verdict", verdict);
+    st.span.record("verdict", verdict.as_str());
     st.span.record("reason", reason);
     final_status(&st.span, status, reason);
     // The component is final: its span ends (and is exported) now.
@@ -2028,7 +2021,7 @@ async fn announce_final(
 /// and `reason` say why.
 async fn block(
     st: &mut ComponentState,
-    verdict: &str,
+    verdict: RecordedVerdict,
     reason: &str,
     worker_id: &str,
 ) -> Result<(), ActorProcessingErr> {
@@ -2063,15 +2056,15 @@ mod tests {
     #[test]
     fn a_reason_names_its_class_once() {
         assert_eq!(
-            classed("error", "error:collection: t.py: boom"),
+            classed(RecordedVerdict::Error(None), "error:collection: t.py: boom"),
             "error:collection: t.py: boom"
         );
         assert_eq!(
-            classed("debug_red", "t::a: max diff 0.3"),
+            classed(RecordedVerdict::DebugRed, "t::a: max diff 0.3"),
             "debug_red: t::a: max diff 0.3"
         );
         assert_eq!(
-            classed("timeout", "killed at the timeout"),
+            classed(RecordedVerdict::Timeout, "killed at the timeout"),
             "timeout: killed at the timeout"
         );
     }

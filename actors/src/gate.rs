@@ -10,7 +10,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use fvd_contracts::fields::Slot;
 use fvd_contracts::phase::Phase;
+use fvd_contracts::prep::PrepNextStep;
 use fvd_spec::preconditions::{prep_conditions, scaffold_conditions};
 use fvd_telemetry::spans;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
@@ -23,7 +25,9 @@ use crate::fvd_dir::FvdDir;
 use crate::scheduler::SchedulerMsg;
 use fvd_spec::PortSpec;
 use fvd_store::Store;
-use fvd_store::model::{ComponentRow, ComponentStatus, GateEventRow, PortEvent, PortState};
+use fvd_store::model::{
+    ComponentRow, ComponentStatus, GateEventRow, GateOutcome, PortEvent, PortState, RecordedVerdict,
+};
 
 #[derive(Debug)]
 pub struct GateActor;
@@ -156,8 +160,14 @@ impl Actor for GateActor {
         // the trace says so before P0 decides (only the kind, never the
         // question's text).
         let prep = &st.args.spec.prep;
-        let asks = prep.get("next_step").is_some_and(|s| s == "ask_user");
-        let hatch = prep.get("escape_hatch").is_some_and(|s| s != "none");
+        let asks = prep
+            .get("next_step")
+            .and_then(|s| s.parse::<PrepNextStep>().ok())
+            == Some(PrepNextStep::AskUser);
+        // `escape_hatch: none` is the contract's empty slot.
+        let hatch = prep
+            .get("escape_hatch")
+            .is_some_and(|s| !Slot::<String>::is_none_text(s));
         if asks || hatch {
             spans::escape_hatch(
                 &st.span,
@@ -172,11 +182,11 @@ impl Actor for GateActor {
             // Nothing was dispatched: the port ends here.
             return finish(&myself, st).await;
         }
-        record(st, Phase::ScopeAndHandoffGate, "passed", vec![]).await?;
+        record(st, Phase::ScopeAndHandoffGate, GateOutcome::Passed, vec![]).await?;
         record(
             st,
             Phase::ReferenceAndArchitectureStudy,
-            "pending",
+            GateOutcome::Pending,
             vec!["reference and architecture study is agent work fvd does not drive yet".into()],
         )
         .await?;
@@ -185,11 +195,17 @@ impl Actor for GateActor {
             refuse(st, Phase::EarlyParityScaffolding, p2).await?;
             return finish(&myself, st).await;
         }
-        record(st, Phase::EarlyParityScaffolding, "passed", vec![]).await?;
+        record(
+            st,
+            Phase::EarlyParityScaffolding,
+            GateOutcome::Passed,
+            vec![],
+        )
+        .await?;
         record(
             st,
             Phase::ReuseGateAndComponentDispatch,
-            "pending",
+            GateOutcome::Pending,
             vec![
                 "reuse decisions are not recorded by fvd yet; every component is dispatched".into(),
             ],
@@ -198,7 +214,7 @@ impl Actor for GateActor {
         record(
             st,
             Phase::NativeComponentPrototype,
-            "pending",
+            GateOutcome::Pending,
             vec!["prototype key dumps are not driven by fvd yet".into()],
         )
         .await?;
@@ -213,7 +229,7 @@ impl Actor for GateActor {
                 record(
                     st,
                     Phase::ParamMappingAndWeightConversion,
-                    "passed",
+                    GateOutcome::Passed,
                     vec!["needs_conversion: no".into()],
                 )
                 .await?
@@ -222,7 +238,7 @@ impl Actor for GateActor {
                 record(
                     st,
                     Phase::ParamMappingAndWeightConversion,
-                    "pending",
+                    GateOutcome::Pending,
                     vec![format!(
                         "needs_conversion: {}; conversion is not driven by fvd yet",
                         other.unwrap_or("missing")
@@ -241,7 +257,13 @@ impl Actor for GateActor {
                 &Phase::ComponentParityDebug.id(),
             )
             .await?;
-        record(st, Phase::ComponentParityDebug, "entered", vec![]).await?;
+        record(
+            st,
+            Phase::ComponentParityDebug,
+            GateOutcome::Entered,
+            vec![],
+        )
+        .await?;
         if st.args.spec.components.iter().any(|c| c.trace.is_some()) {
             let a = &st.args;
             let t = crate::trace_actor::spawn_for_port(
@@ -344,7 +366,7 @@ impl Actor for GateActor {
                 record(
                     st,
                     Phase::ParamMappingAndWeightConversion,
-                    "reopened",
+                    GateOutcome::Reopened,
                     vec![format!(
                         "component {component} returned a conversion_retry_request: {request}; conversion is not driven by fvd, so the component stays blocked until conversion is redone and the port resubmitted"
                     )],
@@ -369,7 +391,7 @@ impl Actor for GateActor {
                                 &st.args.family,
                                 &c.name,
                                 ComponentStatus::Blocked,
-                                "cancelled",
+                                RecordedVerdict::Cancelled,
                                 "cancelled: the port was cancelled",
                                 "",
                             )
@@ -379,7 +401,7 @@ impl Actor for GateActor {
                 record(
                     st,
                     Phase::ComponentParityDebug,
-                    "refused",
+                    GateOutcome::Refused,
                     vec!["the port was cancelled".into()],
                 )
                 .await?;
@@ -544,7 +566,7 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
     record(
         st,
         Phase::ComponentParityDebug,
-        "passed",
+        GateOutcome::Passed,
         vec!["every component is non_skip_pass or blocked".into()],
     )
     .await?;
@@ -585,7 +607,7 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
             "post-parity review and handoff need a person",
         ),
     ] {
-        record(st, phase, "pending", vec![why.into()]).await?;
+        record(st, phase, GateOutcome::Pending, vec![why.into()]).await?;
     }
     st.args
         .store
@@ -604,7 +626,7 @@ async fn refuse(
     phase: Phase,
     conditions: Vec<String>,
 ) -> Result<(), ActorProcessingErr> {
-    record(st, phase, "refused", conditions).await?;
+    record(st, phase, GateOutcome::Refused, conditions).await?;
     st.args
         .store
         .set_port_state(&st.args.family, PortState::Blocked, &phase.id())
@@ -636,14 +658,20 @@ async fn fvd_vanished(
                     &st.args.family,
                     &c.name,
                     ComponentStatus::Blocked,
-                    "stopped",
+                    RecordedVerdict::Stopped,
                     &reason,
                     "",
                 )
                 .await?;
         }
     }
-    record(st, Phase::ComponentParityDebug, "refused", vec![reason]).await?;
+    record(
+        st,
+        Phase::ComponentParityDebug,
+        GateOutcome::Refused,
+        vec![reason],
+    )
+    .await?;
     st.args
         .store
         .set_port_state(
@@ -702,7 +730,7 @@ async fn finish_without_status(
 async fn record(
     st: &mut GateState,
     phase: Phase,
-    outcome: &str,
+    outcome: GateOutcome,
     conditions: Vec<String>,
 ) -> Result<(), ActorProcessingErr> {
     // A phase decided at once is a short span; one entered stays open (and
@@ -714,16 +742,16 @@ async fn record(
             tracing::info_span!(parent: &st.span, "phase", phase = %phase.id(), family = %st.args.family, outcome = Empty)
         }
     };
-    span.record("outcome", outcome);
+    span.record("outcome", outcome.as_str());
     match outcome {
-        "refused" => {
+        GateOutcome::Refused => {
             spans::gate_refused(&span, &phase.id(), &conditions);
             spans::failed(&span, &conditions.join("; "));
         }
-        "passed" => spans::succeeded(&span),
-        _ => {}
+        GateOutcome::Passed => spans::succeeded(&span),
+        GateOutcome::Entered | GateOutcome::Pending | GateOutcome::Reopened => {}
     }
-    if outcome == "entered" {
+    if outcome == GateOutcome::Entered {
         st.phase_span = Some((phase.id(), span));
     }
     let same = st

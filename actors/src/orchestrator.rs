@@ -21,7 +21,7 @@ use tokio::sync::broadcast;
 
 use crate::gate::{GateActor, GateArgs, GateMsg};
 use crate::scheduler::SchedulerMsg;
-use fvd_store::model::{PortCode, PortEvent, PortRow, PortState};
+use fvd_store::model::{PortCode, PortEvent, PortRow, PortState, RecordedVerdict};
 use fvd_store::team::{Action, PortOrigin};
 use fvd_store::{EscapeRow, Store, StoreError};
 
@@ -638,12 +638,12 @@ pub fn replan(
             Some(b) if !b.same_run(c) => Some(format!("{}; it runs again", spec_diff(b, c))),
             Some(_) => {
                 match row {
-                    Some(r) if r.is_final() && NO_VERDICT.contains(&r.verdict.as_str()) => {
+                    Some(r) if r.is_final() && NO_VERDICT.contains(&r.verdict) => {
                         Some(format!("its last run was {}; it runs again", r.verdict))
                     }
                     // a verdict an older fvd recorded for what is now known to
                     // be a broken environment says nothing about the code
-                    Some(r) if r.is_final() && r.verdict != "non_skip_pass" => {
+                    Some(r) if r.is_final() && !r.verdict.is_pass() => {
                         let in_repo = crate::run_verdict::repo_modules(&port.repo, c);
                         fvd_contracts::verdict::environment_signature(&r.reason, &in_repo).map(
                         |(_, cause)| {
@@ -750,7 +750,7 @@ async fn stale_verdicts(
         let Some(row) = rows.iter().find(|r| r.name == c.name && r.is_final()) else {
             continue;
         };
-        if NO_VERDICT.contains(&row.verdict.as_str()) {
+        if NO_VERDICT.contains(&row.verdict) {
             continue;
         }
         let jobs = store.jobs_of(&spec.family, &c.name).await?;
@@ -858,7 +858,7 @@ async fn prune_snapshots(store: &Store, sub: &Submission, names: &[String]) -> R
 
 /// Final component verdicts that say nothing about the code: a resubmit
 /// runs such a component again.
-pub const NO_VERDICT: &[&str] = &["cancelled", "unplaced"];
+pub const NO_VERDICT: &[RecordedVerdict] = &[RecordedVerdict::Cancelled, RecordedVerdict::Unplaced];
 
 /// The first differences between two specs of one component, for people.
 fn spec_diff(a: &fvd_spec::ComponentSpec, b: &fvd_spec::ComponentSpec) -> String {

@@ -25,6 +25,7 @@ use fvd_contracts::status_guard;
 
 use fvd_spec::{self, ComponentSpec, PortSpec};
 use fvd_store::model::{ComponentRow, JobRecord, JobState, PortRow, PortState};
+use fvd_store::states::EscapeStatus;
 use fvd_store::{EscapeRow, Store, StoreError, now_ms};
 
 #[derive(Debug, thiserror::Error)]
@@ -328,7 +329,7 @@ pub fn component_input(
             reason.push_str(&format!(" (on branch fvd/{family}/{})", c.name));
         }
         Run {
-            verdict: c.verdict.clone(),
+            verdict: c.verdict,
             reason,
             run_no: last.map_or(c.runs, |j| j.run_no),
             worker: c.worker_id.clone(),
@@ -362,13 +363,21 @@ fn answerer(e: &EscapeRow) -> String {
 
 /// The escape-hatch row of a question an agent asked; its status follows the answer.
 fn escape_row(e: &EscapeRow) -> EscapeHatchRow {
-    let status = match e.status.as_str() {
-        "open" => "open",
-        _ => "resolved",
+    // The file's Status column knows two words: open, and resolved for
+    // every way a question stopped waiting.
+    let status = match e.status {
+        EscapeStatus::Open => EscapeStatus::Open,
+        EscapeStatus::Answered | EscapeStatus::Resolved | EscapeStatus::Withdrawn => {
+            EscapeStatus::Resolved
+        }
     };
-    let resolution = match (e.status.as_str(), e.resolved_attempt) {
-        ("open", _) => format!("waiting: fvd answer {} {} --option N", e.family, e.id),
-        ("withdrawn", _) => "withdrawn: the port was rerun (fvd submit --rerun)".to_string(),
+    let resolution = match (e.status, e.resolved_attempt) {
+        (EscapeStatus::Open, _) => {
+            format!("waiting: fvd answer {} {} --option N", e.family, e.id)
+        }
+        (EscapeStatus::Withdrawn, _) => {
+            "withdrawn: the port was rerun (fvd submit --rerun)".to_string()
+        }
         (_, Some(a)) => coauthor::one_line(&format!(
             "answered{}: {}; given to attempt {a}",
             answerer(e),
@@ -422,7 +431,11 @@ pub fn next_text_by(
     by: &str,
 ) -> Next {
     // A gate refusal before any component ran says nothing about the code.
-    if port.state == PortState::Blocked && matches!(port.phase.as_str(), "P0" | "P2") {
+    let refused_before_runs = matches!(
+        port.phase.parse(),
+        Ok(Phase::ScopeAndHandoffGate | Phase::EarlyParityScaffolding)
+    );
+    if port.state == PortState::Blocked && refused_before_runs {
         return Next::Nothing(format!("the gate refused {}; nothing ran", port.phase));
     }
     let input = Input {
@@ -452,7 +465,7 @@ pub fn next_text_by(
             let tested = input.components.iter().any(|c| {
                 c.run
                     .as_ref()
-                    .is_some_and(|r| coauthor::tests_the_code(&r.verdict, &r.reason))
+                    .is_some_and(|r| coauthor::tests_the_code(r.verdict))
             });
             if !tested && input.escapes.is_empty() {
                 return Next::Nothing("no run tested the code yet".into());
@@ -547,7 +560,7 @@ fn today() -> String {
 mod tests {
     use super::*;
     use fvd_contracts::status_guard::owned_changes;
-    use fvd_store::model::ComponentStatus;
+    use fvd_store::model::{ComponentStatus, RecordedVerdict};
 
     /// A finished port's status file in the project's own words (shared
     /// with the contracts crate's tests).
@@ -613,7 +626,7 @@ set_env = { PYTHONPATH = "{repo}" }
             .map(|(name, status, verdict, reason)| ComponentRow {
                 name: (*name).into(),
                 status: status.parse().unwrap(),
-                verdict: (*verdict).into(),
+                verdict: verdict.parse().unwrap(),
                 reason: (*reason).into(),
                 runs: 1,
                 worker_id: "w1".into(),
@@ -626,7 +639,7 @@ set_env = { PYTHONPATH = "{repo}" }
                     component: c.name.clone(),
                     run_no: 1,
                     state: JobState::Finished,
-                    verdict: c.verdict.clone(),
+                    verdict: c.verdict,
                     ..JobRecord::default()
                 }]
             })
@@ -807,7 +820,7 @@ set_env = { PYTHONPATH = "{repo}" }
             recommended: "3.0".into(),
             options: vec!["3.0".into(), "1.0".into()],
             safe_default: "3.0".into(),
-            status: "open".into(),
+            status: EscapeStatus::Open,
             ..EscapeRow::default()
         };
         let people = "| E001 | P1 | `scope` | skip audio? | yes | `resolved` | skipped |";
@@ -831,7 +844,7 @@ set_env = { PYTHONPATH = "{repo}" }
         };
         owned_changes(&with_people, &first).unwrap();
         assert!(first.contains(&format!("{people}\n| E002 | P6 | `ambiguity` | which shift? (component `vae`) | 3.0 | `open` | waiting: fvd answer widget_world E002 --option N |")), "{first}");
-        e.status = "resolved".into();
+        e.status = EscapeStatus::Resolved;
         e.answer = "3.0".into();
         e.resolved_attempt = Some(2);
         let second = match next_text(
@@ -897,7 +910,7 @@ set_env = { PYTHONPATH = "{repo}" }
                 "widget_world",
                 "vae",
                 ComponentStatus::Blocked,
-                "environment",
+                RecordedVerdict::Environment,
                 "environment: no torch",
                 "w1",
             )
@@ -913,7 +926,7 @@ set_env = { PYTHONPATH = "{repo}" }
                 "widget_world",
                 "vae",
                 ComponentStatus::Blocked,
-                "debug_red",
+                RecordedVerdict::DebugRed,
                 "debug_red: t: off by 0.4",
                 "w1",
             )

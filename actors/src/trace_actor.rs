@@ -44,7 +44,8 @@ use fvd_spec::ComponentSpec;
 use fvd_spec::trace_spec::TraceSpec;
 use fvd_store::Store;
 use fvd_store::model::{
-    CollectedFile, ComponentStatus, JobRecord, JobReport, JobResult, PortEvent, TraceCompare,
+    CollectedFile, ComponentStatus, JobRecord, JobReport, JobResult, PortEvent, RecordedVerdict,
+    TraceCompare,
 };
 use fvd_store::traces::StepTransport;
 
@@ -149,30 +150,9 @@ struct Inquiry {
     shift_hint: Option<fvd_trace::Signature>,
 }
 
-/// How an investigation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The first divergent module has nothing narrower to trace.
-    Leaf,
-    /// `depth` traced runs were spent before a leaf.
-    Depth,
-    NoDivergence,
-    Error,
-    /// A comparator check says the comparison is not a verdict on the port.
-    Untrusted,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Leaf => "leaf",
-            Outcome::Depth => "depth",
-            Outcome::NoDivergence => "no_divergence",
-            Outcome::Error => "error",
-            Outcome::Untrusted => "untrusted",
-        }
-    }
-}
+/// How an investigation ended: the store's [`TraceOutcome`] (never `None`
+/// or `Abandoned` here: those are the store's own).
+pub use fvd_store::states::TraceOutcome as Outcome;
 
 /// What to do after a step's comparison.
 #[derive(Debug, Clone, PartialEq)]
@@ -354,8 +334,8 @@ pub async fn spawn_for_port(
 
 /// Whether a finished run of `spec` is one to drill down: red, and the
 /// component has a trace table.
-pub fn wants(spec: &ComponentSpec, verdict: &str) -> bool {
-    spec.trace.is_some() && verdict == "debug_red"
+pub fn wants(spec: &ComponentSpec, verdict: RecordedVerdict) -> bool {
+    spec.trace.is_some() && verdict == RecordedVerdict::DebugRed
 }
 
 /// The component's side of the hand-over: sends a red run of a traced
@@ -366,7 +346,7 @@ pub fn wants(spec: &ComponentSpec, verdict: &str) -> bool {
 pub fn hand_over(
     args: &crate::component::ComponentArgs,
     traced: Option<&(String, String)>,
-    verdict: &str,
+    verdict: RecordedVerdict,
     report: &JobReport,
     worker_id: &str,
     reply: &ActorRef<ComponentMsg>,
@@ -676,7 +656,7 @@ async fn progress(st: &TraceState, inq: &Inquiry) -> Result<(), fvd_store::Store
             family,
             name,
             ComponentStatus::Tracing,
-            "debug_red",
+            RecordedVerdict::DebugRed,
             &reason,
             "",
         )
@@ -709,7 +689,7 @@ async fn step_finished(
         &crate::run_verdict::repo_modules(&inq.cwd, &inq.spec),
     );
     let result = JobResult {
-        verdict: v.status().as_str().to_string(),
+        verdict: (&v).into(),
         reason: v.reason(),
         exit_code: report.exit_code,
         signal: report.signal,
@@ -968,12 +948,7 @@ async fn conclude(st: &mut TraceState, mut inq: Inquiry, outcome: Outcome, detai
     if outcome != Outcome::Error && outcome != Outcome::Untrusted && !inq.checks.is_empty() {
         text.push_str(&format!("; comparator checks: {}", inq.checks.join("; ")));
     }
-    if let Err(e) = st
-        .args
-        .store
-        .finish_trace(inq.id, outcome.as_str(), &text)
-        .await
-    {
+    if let Err(e) = st.args.store.finish_trace(inq.id, outcome, &text).await {
         tracing::error!(family = %st.args.family, component = %inq.spec.name, error = %e, "cannot record the end of a trace investigation");
     }
     tracing::info!(family = %st.args.family, component = %inq.spec.name, outcome = outcome.as_str(), summary = %text, "trace investigation ended");

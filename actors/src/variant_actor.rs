@@ -41,7 +41,10 @@ use crate::trace_actor;
 use fvd_contracts::verdict::Verdict;
 use fvd_spec::ComponentSpec;
 use fvd_store::Store;
-use fvd_store::model::{ComponentStatus, JobRecord, JobReport, JobResult, PortEvent};
+use fvd_store::model::{
+    ComponentStatus, JobRecord, JobReport, JobResult, PortEvent, RecordedVerdict,
+};
+use fvd_store::states::{VariantFinding, VariantState as RowState};
 use fvd_store::variants::{BASELINE, VariantRow};
 use tokio::sync::broadcast;
 
@@ -73,7 +76,7 @@ pub struct Vary {
     pub report: JobReport,
     pub worker_id: String,
     /// The red run's verdict and reason: the table's baseline row.
-    pub verdict: String,
+    pub verdict: RecordedVerdict,
     pub reason: String,
     pub reply: ActorRef<ComponentMsg>,
     /// The component's span: each variant run's span hangs under it.
@@ -160,8 +163,8 @@ pub async fn spawn_for_port(
 
 /// Whether a finished run of `spec` gets a variant table: red, and the
 /// component has variants.
-pub fn wants(spec: &ComponentSpec, verdict: &str) -> bool {
-    !spec.variants.is_empty() && verdict == "debug_red"
+pub fn wants(spec: &ComponentSpec, verdict: RecordedVerdict) -> bool {
+    !spec.variants.is_empty() && verdict == RecordedVerdict::DebugRed
 }
 
 /// The component's side of the hand-over: sends a red run to the port's
@@ -181,7 +184,7 @@ pub fn hand_over(
     let Some(actor) = &args.variants else {
         return false;
     };
-    let verdict = v.status().as_str();
+    let verdict = RecordedVerdict::from(v);
     if !wants(&args.spec, verdict) || varied.is_some_and(|t| t.0 == report.job_id) {
         return false;
     }
@@ -190,7 +193,7 @@ pub fn hand_over(
             spec: args.spec.clone(),
             report: report.clone(),
             worker_id: worker_id.to_string(),
-            verdict: verdict.to_string(),
+            verdict,
             reason: v.reason(),
             reply: reply.clone(),
             span: span.clone(),
@@ -217,10 +220,16 @@ fn overrides(row: &VariantRow) -> String {
 pub fn table_note(rows: &[VariantRow]) -> String {
     let variants: Vec<&VariantRow> = rows.iter().filter(|r| r.name != BASELINE).collect();
     let mut parts: Vec<String> = Vec::new();
-    for r in variants.iter().filter(|r| r.finding == "passes") {
+    for r in variants
+        .iter()
+        .filter(|r| r.finding == VariantFinding::Passes)
+    {
         parts.push(format!("passes with {} (variant {})", overrides(r), r.name));
     }
-    for r in variants.iter().filter(|r| r.finding == "moves") {
+    for r in variants
+        .iter()
+        .filter(|r| r.finding == VariantFinding::Moves)
+    {
         parts.push(format!(
             "with {} (variant {}) the first divergence moves to {}",
             overrides(r),
@@ -256,7 +265,7 @@ pub fn row_text(r: &VariantRow) -> String {
     }
     s.push_str(&format!(
         ": {}",
-        if r.verdict.is_empty() {
+        if r.verdict.is_none() {
             r.state.as_str()
         } else {
             r.verdict.as_str()
@@ -270,7 +279,9 @@ pub fn row_text(r: &VariantRow) -> String {
     } else if !r.trace_error.is_empty() {
         s.push_str(&format!(", no first divergence ({})", r.trace_error));
     }
-    if !r.finding.is_empty() && r.finding != BASELINE && r.finding != r.verdict {
+    if !matches!(r.finding, VariantFinding::None | VariantFinding::Baseline)
+        && r.finding.as_str() != r.verdict.as_str()
+    {
         s.push_str(&format!(" [{}]", r.finding));
     }
     s
@@ -289,13 +300,14 @@ pub fn evidence_text(rows: &[VariantRow]) -> String {
     rows.iter()
         .filter(|r| r.name != BASELINE)
         .map(|r| {
-            let finding = if r.finding.is_empty() || r.finding == "other" {
-                r.verdict.as_str()
-            } else {
-                r.finding.as_str()
+            let finding = match r.finding {
+                VariantFinding::None | VariantFinding::Other => r.verdict.as_str(),
+                other => other.as_str(),
             };
-            match (r.finding.as_str(), r.first_divergence.is_empty()) {
-                ("moves", false) => format!("{} {finding} to {}", r.name, r.first_divergence),
+            match (r.finding, r.first_divergence.is_empty()) {
+                (VariantFinding::Moves, false) => {
+                    format!("{} {finding} to {}", r.name, r.first_divergence)
+                }
                 _ => format!("{} {finding}", r.name),
             }
         })
@@ -307,18 +319,18 @@ pub fn evidence_text(rows: &[VariantRow]) -> String {
 /// first divergence, it keeps the same one, it is red (untraced), or it
 /// ended otherwise.
 pub fn finding(
-    verdict: &str,
+    verdict: RecordedVerdict,
     variant: Option<&fvd_trace::FirstDivergence>,
     baseline: Option<&fvd_trace::FirstDivergence>,
-) -> &'static str {
+) -> VariantFinding {
     match verdict {
-        "non_skip_pass" => "passes",
-        "debug_red" => match (variant, baseline) {
-            (Some(v), Some(b)) if v.port_module != b.port_module => "moves",
-            (Some(_), Some(_)) => "same",
-            _ => "red",
+        RecordedVerdict::NonSkipPass => VariantFinding::Passes,
+        RecordedVerdict::DebugRed => match (variant, baseline) {
+            (Some(v), Some(b)) if v.port_module != b.port_module => VariantFinding::Moves,
+            (Some(_), Some(_)) => VariantFinding::Same,
+            _ => VariantFinding::Red,
         },
-        _ => "other",
+        _ => VariantFinding::Other,
     }
 }
 
@@ -428,8 +440,8 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
         red_job_id: red_job.clone(),
         name: BASELINE.to_string(),
         job_id: red_job.clone(),
-        state: "done".into(),
-        verdict: ask.verdict.clone(),
+        state: RowState::Done,
+        verdict: ask.verdict,
         reason: ask.reason.clone(),
         first_divergence: first
             .as_ref()
@@ -437,7 +449,7 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
             .unwrap_or_default(),
         stat: first.as_ref().map(|f| f.stat.clone()).unwrap_or_default(),
         drift: first.as_ref().and_then(|f| f.drift),
-        finding: BASELINE.into(),
+        finding: VariantFinding::Baseline,
         ..VariantRow::default()
     }];
     // Every run is recorded before any is queued: the table exists whole
@@ -466,7 +478,7 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
                     name: v.name.clone(),
                     env: v.env_words(),
                     job_id: record.job_id.clone(),
-                    state: "running".into(),
+                    state: RowState::Running,
                     ..VariantRow::default()
                 });
                 queued.push((v.clone(), record));
@@ -550,9 +562,9 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
             })));
         if let Err(e) = sent {
             let row = &mut table.rows[i + 1];
-            row.verdict = "error".into();
+            row.verdict = RecordedVerdict::Error(None);
             row.reason = format!("not queued: the scheduler is down: {e}");
-            row.finding = "other".into();
+            row.finding = VariantFinding::Other;
             let _ = st.args.store.finish_variant(&family, &name, row).await;
             table.pending -= 1;
         } else {
@@ -585,14 +597,32 @@ async fn job_progress(st: &mut VariantState, ev: JobEvent) {
         } => {
             if let Some((red, idx)) = st.running.remove(&job_id) {
                 let why = format!("worker {worker_id} lost on every retry");
-                fill(st, &red, idx, "infra_error", &why, None, String::new()).await;
+                fill(
+                    st,
+                    &red,
+                    idx,
+                    RecordedVerdict::InfraError,
+                    &why,
+                    None,
+                    String::new(),
+                )
+                .await;
             }
         }
         JobEvent::Unplaceable { job_id, reason } => {
             if let Some((red, idx)) = st.running.remove(&job_id) {
                 let _ = st.args.store.unplace_job(&job_id).await;
                 let why = format!("unplaced: {reason}");
-                fill(st, &red, idx, "unplaced", &why, None, String::new()).await;
+                fill(
+                    st,
+                    &red,
+                    idx,
+                    RecordedVerdict::Unplaced,
+                    &why,
+                    None,
+                    String::new(),
+                )
+                .await;
             }
         }
         JobEvent::Waiting { job_id, reason, .. } if !reason.is_empty() => {
@@ -616,14 +646,15 @@ async fn finished(
     };
     let (spec, cwd) = (table.spec.clone(), table.cwd.clone());
     let v = crate::run_verdict::classify(&report, &crate::run_verdict::repo_modules(&cwd, &spec));
+    // An environment failure is not retried elsewhere: the variant's own
+    // overrides may be what the environment lacks (an attention backend
+    // not installed).
     let (verdict, reason) = match &v {
-        // Not retried elsewhere: the variant's own overrides may be what
-        // the environment lacks (an attention backend not installed).
-        Verdict::Environment { cause } => ("environment".to_string(), cause.clone()),
-        other => (other.status().as_str().to_string(), other.reason()),
+        Verdict::Environment { cause } => (RecordedVerdict::Environment, cause.clone()),
+        other => (RecordedVerdict::from(other), other.reason()),
     };
     let result = JobResult {
-        verdict: verdict.clone(),
+        verdict,
         reason: reason.clone(),
         exit_code: report.exit_code,
         signal: report.signal,
@@ -631,7 +662,7 @@ async fn finished(
         junit_xml: report.junit_xml.clone().unwrap_or_default(),
         output_tail: report.output_tail.clone(),
     };
-    let recorded = if verdict == "environment" {
+    let recorded = if verdict == RecordedVerdict::Environment {
         st.args
             .store
             .finish_job_environment(&report.job_id, report.lease_epoch, &result)
@@ -689,7 +720,7 @@ async fn finished(
         .as_ref()
         .filter(|_| trace_error.is_empty())
         .and_then(|r| r.first_divergence.clone());
-    fill(st, &red, idx, &verdict, &reason, fd, trace_error).await;
+    fill(st, &red, idx, verdict, &reason, fd, trace_error).await;
 }
 
 /// Fills row `idx` of `red`'s table and concludes the table once full.
@@ -697,7 +728,7 @@ async fn fill(
     st: &mut VariantState,
     red: &str,
     idx: usize,
-    verdict: &str,
+    verdict: RecordedVerdict,
     reason: &str,
     fd: Option<fvd_trace::FirstDivergence>,
     trace_error: String,
@@ -709,8 +740,8 @@ async fn fill(
     let Some(row) = table.rows.get_mut(idx) else {
         return;
     };
-    row.state = "done".into();
-    row.verdict = verdict.to_string();
+    row.state = RowState::Done;
+    row.verdict = verdict;
     row.reason = reason.to_string();
     row.first_divergence = fd
         .as_ref()
@@ -718,7 +749,7 @@ async fn fill(
         .unwrap_or_default();
     row.stat = fd.as_ref().map(|f| f.stat.clone()).unwrap_or_default();
     row.drift = fd.as_ref().and_then(|f| f.drift);
-    row.finding = found.to_string();
+    row.finding = found;
     row.trace_error = trace_error;
     let row = row.clone();
     if let Err(e) = st
@@ -729,7 +760,7 @@ async fn fill(
     {
         tracing::error!(component = %table.spec.name, error = %e, "cannot record a variant's row");
     }
-    tracing::info!(component = %table.spec.name, variant = %row.name, verdict, finding = found, "variant run ended");
+    tracing::info!(component = %table.spec.name, variant = %row.name, %verdict, finding = %found, "variant run ended");
     table.pending = table.pending.saturating_sub(1);
     if table.pending == 0
         && let Some(t) = st.tables.remove(red)
@@ -753,7 +784,7 @@ async fn progress(st: &VariantState, t: &Table) -> Result<(), fvd_store::StoreEr
             family,
             name,
             ComponentStatus::Variants,
-            "debug_red",
+            RecordedVerdict::DebugRed,
             &reason,
             "",
         )
@@ -809,9 +840,9 @@ mod tests {
         VariantRow {
             name: name.into(),
             env: env.iter().map(|e| e.to_string()).collect(),
-            state: "done".into(),
-            verdict: verdict.into(),
-            finding: finding.into(),
+            state: RowState::Done,
+            verdict: verdict.parse().unwrap(),
+            finding: finding.parse().unwrap(),
             first_divergence: first.into(),
             stat: if first.is_empty() { "" } else { "abs_mean" }.into(),
             drift: (!first.is_empty()).then_some(0.25),
@@ -822,11 +853,26 @@ mod tests {
     #[test]
     fn a_variant_passes_moves_keeps_or_is_red() {
         let (a, b) = (fd("blocks.2.norm"), fd("blocks.1.attn"));
-        assert_eq!(finding("non_skip_pass", None, Some(&a)), "passes");
-        assert_eq!(finding("debug_red", Some(&b), Some(&a)), "moves");
-        assert_eq!(finding("debug_red", Some(&a), Some(&a)), "same");
-        assert_eq!(finding("debug_red", None, None), "red");
-        assert_eq!(finding("timeout", None, Some(&a)), "other");
+        assert_eq!(
+            finding(RecordedVerdict::NonSkipPass, None, Some(&a)),
+            VariantFinding::Passes
+        );
+        assert_eq!(
+            finding(RecordedVerdict::DebugRed, Some(&b), Some(&a)),
+            VariantFinding::Moves
+        );
+        assert_eq!(
+            finding(RecordedVerdict::DebugRed, Some(&a), Some(&a)),
+            VariantFinding::Same
+        );
+        assert_eq!(
+            finding(RecordedVerdict::DebugRed, None, None),
+            VariantFinding::Red
+        );
+        assert_eq!(
+            finding(RecordedVerdict::Timeout, None, Some(&a)),
+            VariantFinding::Other
+        );
     }
 
     #[test]

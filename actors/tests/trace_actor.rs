@@ -313,7 +313,8 @@ async fn depth_ends_the_drill_before_a_leaf_and_missing_files_end_it_in_error() 
             .await
             .unwrap()
             .unwrap()
-            .outcome,
+            .outcome
+            .as_str(),
         "depth"
     );
 
@@ -501,7 +502,7 @@ async fn a_shift_seen_on_block_outputs_is_confirmed_by_their_insides() {
         "{summary}"
     );
     let inv = h.store.latest_trace("p", "c").await.unwrap().unwrap();
-    assert_eq!(inv.outcome, "untrusted");
+    assert_eq!(inv.outcome.as_str(), "untrusted");
 
     // With no step left to look inside, the candidate rides along in the
     // summary of the divergence it could not explain.

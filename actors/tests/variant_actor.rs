@@ -171,7 +171,7 @@ impl Harness {
                     ..JobReport::default()
                 },
                 worker_id: "w".into(),
-                verdict: "debug_red".into(),
+                verdict: fvd_store::model::RecordedVerdict::DebugRed,
                 reason: "debug_red: t::test: max diff 0.3".into(),
                 reply: self.component.clone(),
                 span: tracing::Span::none(),
@@ -360,7 +360,11 @@ async fn traced_variants_say_where_each_first_divergence_lies() {
             .unwrap();
     }
     h.store
-        .finish_trace(inv, "leaf", "first divergence: blocks.2.norm")
+        .finish_trace(
+            inv,
+            fvd_store::states::TraceOutcome::Leaf,
+            "first divergence: blocks.2.norm",
+        )
         .await
         .unwrap();
     h.vary().await;

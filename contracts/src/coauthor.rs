@@ -36,11 +36,13 @@
 use crate::ids::{IdKind, StableId};
 use crate::phase::Phase;
 use crate::port_status::{EscapeHatchRow, PortStatus, SectionId, plain};
+use crate::recorded::RecordedVerdict;
 use crate::status_doc::{Section, StatusDoc, TableAt, is_fence};
 use crate::status_match::{self, Identity};
 use crate::status_read::{
     self, FVD_SECTION_BEGIN, FVD_SECTION_END, FVD_SECTION_TITLE, Found, Kind, Recorded,
 };
+use crate::verdict::ErrorKind;
 
 /// What a run says about the code, for the status file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,30 +60,40 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// The one list of which recorded verdicts tested the code. Everything
-    /// not named as testing here (`environment`, `cancelled`,
-    /// `infra_error`, `cleanup_refused`, an empty verdict, fvd's own
-    /// failures to start a run, verdicts added later) does not.
-    /// `reason` is the component's recorded reason: an `error` verdict
-    /// tests only when it carries a classified `error:<kind>` other than
-    /// `cancelled`.
-    pub fn of(verdict: &str, reason: &str) -> Outcome {
+    /// The one list of which recorded verdicts tested the code. It is a
+    /// match over every [`RecordedVerdict`], so a verdict added later does
+    /// not compile until it is decided here. `environment`, `cancelled`,
+    /// `infra_error`, `cleanup_refused`, `unplaced`, `stopped` and no verdict did not
+    /// test it; an `error` did when its kind is a classified run's, other
+    /// than `cancelled` (an error without a kind is fvd's own failure to
+    /// run or record it).
+    pub fn of(verdict: RecordedVerdict) -> Outcome {
         match verdict {
-            "non_skip_pass" => Outcome::Pass,
-            "debug_red" => Outcome::Red,
-            "scaffold_skip" => Outcome::Skip,
-            "timeout" => Outcome::Timeout,
-            "error" => {
-                let detail = reason.trim_start();
-                let detail = detail.strip_prefix("error: ").unwrap_or(detail);
-                match detail.strip_prefix("error:") {
-                    Some(kind) if !kind.starts_with("cancelled") => Outcome::Error,
-                    _ => Outcome::Untested,
-                }
-            }
-            // Named so that a reader sees they were decided, not forgotten.
-            "environment" | "cancelled" | "infra_error" | "cleanup_refused" => Outcome::Untested,
-            _ => Outcome::Untested,
+            RecordedVerdict::NonSkipPass => Outcome::Pass,
+            RecordedVerdict::DebugRed => Outcome::Red,
+            RecordedVerdict::ScaffoldSkip => Outcome::Skip,
+            RecordedVerdict::Timeout => Outcome::Timeout,
+            RecordedVerdict::Error(Some(kind)) => match kind {
+                ErrorKind::Cancelled => Outcome::Untested,
+                ErrorKind::NoTests
+                | ErrorKind::Collection
+                | ErrorKind::Setup
+                | ErrorKind::Teardown
+                | ErrorKind::JunitMissing
+                | ErrorKind::JunitUnreadable
+                | ErrorKind::JunitInvalid
+                | ErrorKind::Crashed
+                | ErrorKind::ExitMismatch
+                | ErrorKind::Pytest => Outcome::Error,
+            },
+            RecordedVerdict::Error(None)
+            | RecordedVerdict::Environment
+            | RecordedVerdict::Cancelled
+            | RecordedVerdict::InfraError
+            | RecordedVerdict::CleanupRefused
+            | RecordedVerdict::Unplaced
+            | RecordedVerdict::Stopped
+            | RecordedVerdict::None => Outcome::Untested,
         }
     }
 
@@ -101,9 +113,9 @@ impl Outcome {
     }
 }
 
-/// Whether a recorded verdict (and the component's reason) tested the code.
-pub fn tests_the_code(verdict: &str, reason: &str) -> bool {
-    Outcome::of(verdict, reason).tests_the_code()
+/// Whether a recorded verdict tested the code.
+pub fn tests_the_code(verdict: RecordedVerdict) -> bool {
+    Outcome::of(verdict).tests_the_code()
 }
 
 /// The words of a cell, with `non-skip` kept as one.
@@ -167,8 +179,8 @@ pub fn reads_as_affirmative(cell: &str) -> bool {
 /// The run fvd recorded for a component.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Run {
-    /// `non_skip_pass`, `debug_red`, … as stored.
-    pub verdict: String,
+    /// `non_skip_pass`, `debug_red`, … as stored, an error with its kind.
+    pub verdict: RecordedVerdict,
     /// The component's one-line reason as stored.
     pub reason: String,
     pub run_no: u32,
@@ -211,7 +223,7 @@ impl ComponentInput {
     fn outcome(&self) -> Outcome {
         self.run
             .as_ref()
-            .map_or(Outcome::Untested, |r| Outcome::of(&r.verdict, &r.reason))
+            .map_or(Outcome::Untested, |r| Outcome::of(r.verdict))
     }
 }
 
@@ -751,7 +763,9 @@ impl<'a> Patcher<'a> {
                     .is_none_or(|t| t.column("Command").is_some());
                 let ran = (!has_command).then_some(c.command.as_str());
                 let segment = self.segment(run, regression, &reason, ran);
-                self.add_command_row(c, &format!("`{verdict}`"), &segment);
+                // the word an existing row's placeholder gets, so a second
+                // write of the same evidence changes nothing
+                self.add_command_row(c, &outcome.parity_cell(verdict), &segment);
             }
         } else if !owned || (!has_issues && outcome != Outcome::Pass) {
             // no owned cell, or no Issues table for what went wrong

@@ -276,7 +276,15 @@ pub enum Slot<T> {
     Block(T),
 }
 
+/// The scalar that fills a [`Slot`] with nothing.
+pub const SLOT_NONE: &str = "none";
+
 impl<T> Slot<T> {
+    /// Whether a scalar is the empty slot's word (`none`).
+    pub fn is_none_text(scalar: &str) -> bool {
+        scalar.trim() == SLOT_NONE
+    }
+
     /// The nested block, if one was given.
     pub fn block(&self) -> Option<&T> {
         match self {
@@ -289,14 +297,14 @@ impl<T> Slot<T> {
 impl<T: BlockStruct> BlockValue for Slot<T> {
     fn from_value(v: &Value, line: usize, cx: &mut Ctx) -> Option<Self> {
         match v {
-            Value::Scalar(s) if s == "none" => Some(Slot::None),
+            Value::Scalar(s) if s == SLOT_NONE => Some(Slot::None),
             Value::Map(m) => T::from_map(m, line, cx).map(Slot::Block),
             _ => scalar(v, line, cx).map(|s| Slot::Text(s.to_owned())),
         }
     }
     fn to_value(&self) -> Value {
         match self {
-            Slot::None => Value::Scalar("none".to_owned()),
+            Slot::None => Value::Scalar(SLOT_NONE.to_owned()),
             Slot::Text(s) => Value::Scalar(s.clone()),
             Slot::Block(t) => Value::Map(t.to_map()),
         }

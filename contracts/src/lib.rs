@@ -21,6 +21,7 @@ pub mod phase;
 pub mod pipeline;
 pub mod port_status;
 pub mod prep;
+pub mod recorded;
 pub mod redactor;
 pub mod secrets;
 pub mod status_doc;

@@ -362,6 +362,21 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: &[Self] = &[
+        ErrorKind::NoTests,
+        ErrorKind::Collection,
+        ErrorKind::Setup,
+        ErrorKind::Teardown,
+        ErrorKind::JunitMissing,
+        ErrorKind::JunitUnreadable,
+        ErrorKind::JunitInvalid,
+        ErrorKind::Crashed,
+        ErrorKind::ExitMismatch,
+        ErrorKind::Pytest,
+        ErrorKind::Cancelled,
+    ];
+
     /// The snake_case spelling, e.g. `no_tests` (as in `error:no_tests`).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -422,7 +422,7 @@ fn handoff(input: &[u8]) -> u64 {
     } else {
         fvd_workspace::agent::read_handoff("timestep_embed", None, &text)
     };
-    assert_eq!(r.status == "valid", r.value.is_some());
+    assert_eq!(r.status.as_str() == "valid", r.value.is_some());
     assert!(!r.summary.contains('\n'), "a handoff summary spans lines");
     // The summary keeps the last 400 bytes of its findings and the text
     // the last 16 KiB of the block: a cut can turn `xhf_…` (no token) into
@@ -440,7 +440,7 @@ fn handoff(input: &[u8]) -> u64 {
             && secrets::scan_text(&uncut(&r.text, 16 * 1024), 1).is_empty(),
         "a handoff record repeats a secret-looking value"
     );
-    signature(&[r.status, &r.summary])
+    signature(&[r.status.as_str(), &r.summary])
 }
 
 const CONTRACT_TOKENS: &[&[u8]] = &[

@@ -206,13 +206,13 @@ pub(crate) fn variant_wire(r: VariantRow) -> pb::VariantRow {
     pb::VariantRow {
         name: r.name,
         env: r.env,
-        state: r.state,
-        verdict: r.verdict,
+        state: r.state.as_str().into(),
+        verdict: r.verdict.as_str().into(),
         reason: r.reason,
         first_divergence: r.first_divergence,
         stat: r.stat,
         drift: r.drift,
-        finding: r.finding,
+        finding: r.finding.as_str().into(),
         trace_error: r.trace_error,
         job_id: r.job_id,
         spawned_ms: r.spawned_ms.unwrap_or(0),
@@ -223,8 +223,8 @@ pub(crate) fn variant_wire(r: VariantRow) -> pb::VariantRow {
 fn attempt_wire(a: AttemptRow) -> pb::AgentAttempt {
     pb::AgentAttempt {
         attempt: a.attempt,
-        kind: a.kind,
-        state: a.state,
+        kind: a.kind.as_str().into(),
+        state: a.state.as_str().into(),
         tries: a.tries,
         commit_sha: a.commit_sha,
         diff_stat: a.diff_stat,
@@ -234,12 +234,12 @@ fn attempt_wire(a: AttemptRow) -> pb::AgentAttempt {
         timed_out: a.timed_out,
         duration_ms: a.duration_ms,
         job_before: a.job_before,
-        verdict_before: a.verdict_before,
+        verdict_before: a.verdict_before.as_str().into(),
         reason_before: a.reason_before,
         job_after: a.job_after,
-        verdict_after: a.verdict_after,
+        verdict_after: a.verdict_after.as_str().into(),
         reason_after: a.reason_after,
-        handoff_status: a.handoff_status,
+        handoff_status: a.handoff_status.as_str().into(),
         handoff_summary: a.handoff_summary,
         handoff_text: a.handoff_text,
         started_ms: a.started_ms,
@@ -296,14 +296,17 @@ fn usage_row(u: pb::AttemptUsage) -> fvd_store::usage::AttemptUsage {
     }
 }
 
-/// The ledger row of a wire attempt (for the CLI's one renderer).
+/// The ledger row of a wire attempt (for the CLI's one renderer). The
+/// wire's texts are read through the store's one mapping; a word this
+/// version does not know (a newer orchestrator's) shows as the default
+/// rather than failing the listing.
 pub fn attempt_row(family: &str, component: &str, a: pb::AgentAttempt) -> AttemptRow {
     AttemptRow {
         family: family.to_string(),
         component: component.to_string(),
         attempt: a.attempt,
-        kind: a.kind,
-        state: a.state,
+        kind: a.kind.parse().unwrap_or_default(),
+        state: a.state.parse().unwrap_or_default(),
         tries: a.tries,
         commit_sha: a.commit_sha,
         diff_stat: a.diff_stat,
@@ -313,12 +316,12 @@ pub fn attempt_row(family: &str, component: &str, a: pb::AgentAttempt) -> Attemp
         timed_out: a.timed_out,
         duration_ms: a.duration_ms,
         job_before: a.job_before,
-        verdict_before: a.verdict_before,
+        verdict_before: a.verdict_before.parse().unwrap_or_default(),
         reason_before: a.reason_before,
         job_after: a.job_after,
-        verdict_after: a.verdict_after,
+        verdict_after: a.verdict_after.parse().unwrap_or_default(),
         reason_after: a.reason_after,
-        handoff_status: a.handoff_status,
+        handoff_status: a.handoff_status.parse().unwrap_or_default(),
         handoff_summary: a.handoff_summary,
         handoff_text: a.handoff_text,
         started_ms: a.started_ms,
@@ -338,7 +341,7 @@ pub fn escape_wire(e: EscapeRow) -> pb::EscapeHatch {
         question: e.question,
         recommended: e.recommended,
         options: e.options,
-        status: e.status,
+        status: e.status.as_str().into(),
         answer: e.answer,
         attempt: e.attempt,
         answered_by: e.answered_by,
@@ -348,7 +351,7 @@ pub fn escape_wire(e: EscapeRow) -> pb::EscapeHatch {
 pub(crate) fn gate_wire(g: GateEventRow) -> pb::GateEvent {
     pb::GateEvent {
         phase: g.phase,
-        outcome: g.outcome,
+        outcome: g.outcome.as_str().into(),
         conditions: g.conditions,
         at_ms: g.at_ms,
     }
@@ -525,8 +528,11 @@ impl pb::port_service_server::PortService for PortApi {
                         pb::port_event::Event::Component(component_wire(component))
                     }
                     PortEvent::Gate { event, .. } => {
-                        if seen.contains(&(event.phase.clone(), event.outcome.clone(), event.at_ms))
-                        {
+                        if seen.contains(&(
+                            event.phase.clone(),
+                            event.outcome.as_str().to_string(),
+                            event.at_ms,
+                        )) {
                             continue;
                         }
                         pb::port_event::Event::Gate(gate_wire(event))

@@ -17,6 +17,7 @@ use fvd_proto::v1 as pb;
 use fvd_proto::v1::port_service_client::PortServiceClient;
 use fvd_store::Store;
 use fvd_store::model::{ComponentStatus, PortState};
+use fvd_store::states::AttemptState;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -1523,14 +1524,14 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                 fvd_workspace::agent::exit_text(a.exit_code, a.signal, a.timed_out),
                 a.duration_ms as f64 / 1000.0,
                 a.verdict_before,
-                if a.state == "running" {
+                if a.state == AttemptState::Running {
                     "(agent running or cut off)"
                 } else if a.handoff_summary.contains("next_step=ask_user") {
                     "(asked the user)"
-                } else if a.verdict_after.is_empty() {
+                } else if a.verdict_after.is_none() {
                     "(not run yet)"
                 } else {
-                    &a.verdict_after
+                    a.verdict_after.as_str()
                 },
             )?;
             writeln!(out, "  handoff {}: {}", a.handoff_status, a.handoff_summary)?;
@@ -1540,7 +1541,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                     writeln!(out, "  permission denied: {d}")?;
                 }
             }
-            if a.state == "environment" {
+            if a.state == AttemptState::Environment {
                 writeln!(
                     out,
                     "  ended by its environment (not counted; runs again when the port resumes)"

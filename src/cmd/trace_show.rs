@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::Args;
 use fvd_proto::v1 as pb;
+use fvd_store::states::TraceOutcome;
 use fvd_store::traces::TraceInvestigation;
 
 use super::port::client;
@@ -121,7 +122,7 @@ pub fn render(inv: &TraceInvestigation) -> String {
                 let _ = writeln!(s, "\nreport of step {step}:");
                 s.push_str(&report.render_text());
                 // The report's own "next trace" is the scope just traced.
-                if inv.outcome == "leaf" {
+                if inv.outcome == TraceOutcome::Leaf {
                     let _ = writeln!(
                         s,
                         "(drill-down done: that scope was step {step}'s; nothing narrower to trace)"
@@ -194,8 +195,8 @@ mod tests {
             family: "tinyport".into(),
             component: "refiner".into(),
             job_id: "tinyport.refiner.1".into(),
-            state: "done".into(),
-            outcome: "leaf".into(),
+            state: fvd_store::states::TraceState::Done,
+            outcome: TraceOutcome::Leaf,
             summary: "first divergence: blocks.2.norm abs_mean drift 0.310 (reference layers.2.norm, tensor out, step 0; first divergent leaf after 2 trace steps: ^blocks\\.\\d+$ -> ^blocks\\.2(\\.|$))".into(),
             started_ms: 0,
             finished_ms: Some(1),
@@ -229,7 +230,7 @@ mod tests {
             family: "p".into(),
             component: "c".into(),
             job_id: "p.c.3".into(),
-            outcome: "error".into(),
+            outcome: TraceOutcome::Error,
             summary: "trace step 1 failed: no port trace file matches".into(),
             steps: vec![TraceStep {
                 step: 1,
@@ -270,7 +271,7 @@ mod tests {
             family: "p".into(),
             component: "c".into(),
             job_id: "p.c.1".into(),
-            outcome: "untrusted".into(),
+            outcome: TraceOutcome::Untrusted,
             steps: vec![TraceStep {
                 step: 1,
                 layers: "^a$".into(),

@@ -15,7 +15,10 @@ use sqlx::{ConnectOptions, Row, SqlitePool};
 
 use crate::model::Worktree;
 use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, LogChunk, PortRow};
-use crate::states::{ComponentStatus, JobState, PortState, UnknownState};
+use crate::states::{
+    AttemptKind, AttemptState, ComponentStatus, EscapeStatus, GateOutcome, HandoffStatus, JobState,
+    PortState, RecordedVerdict, UnknownState,
+};
 pub use crate::steps::{AttemptNext, AttemptRecorded, ComponentNext};
 
 pub mod chaos;
@@ -44,20 +47,20 @@ pub struct AttemptRow {
     pub timed_out: bool,
     pub duration_ms: u64,
     pub job_before: String,
-    pub verdict_before: String,
+    pub verdict_before: RecordedVerdict,
     pub reason_before: String,
     pub job_after: String,
-    pub verdict_after: String,
+    pub verdict_after: RecordedVerdict,
     pub reason_after: String,
     /// `valid`, `invalid` (with the findings in the summary) or `missing`.
-    pub handoff_status: String,
+    pub handoff_status: HandoffStatus,
     pub handoff_summary: String,
     pub handoff_text: String,
     pub started_ms: i64,
     pub finished_ms: i64,
     /// `running` from just before the agent starts until its work is
-    /// committed and recorded; `recorded` after.
-    pub state: String,
+    /// committed and recorded; `recorded` after (or `environment`).
+    pub state: AttemptState,
     /// The worktree's HEAD when the attempt began: a restart resets to it.
     pub head_before: String,
     /// Marks the agent's processes (`FVD_AGENT_COOKIE`) so a restart can
@@ -70,7 +73,7 @@ pub struct AttemptRow {
     /// GPU-milliseconds of the run that tested the attempt.
     pub gpu_ms_after: u64,
     /// `fix` after a red run, `cleanup` after a pass the cleanup gate refused.
-    pub kind: String,
+    pub kind: AttemptKind,
     /// What the attempt spent on its model API (`agent_usage`), when known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<usage::AttemptUsage>,
@@ -92,7 +95,7 @@ pub struct EscapeRow {
     pub safe_default: String,
     /// `open`, `answered`, `resolved`, or `withdrawn` (the port was rerun
     /// before the answer reached an attempt).
-    pub status: String,
+    pub status: EscapeStatus,
     pub answer: String,
     /// The credential that answered; empty when none was checked.
     pub answered_by: String,
@@ -127,6 +130,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (13, include_str!("../migrations/0013_team.sql")),
     (14, include_str!("../migrations/0014_agent_usage.sql")),
     (15, include_str!("../migrations/0015_lease_epochs.sql")),
+    (16, include_str!("../migrations/0016_error_kind.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -154,7 +158,7 @@ pub enum StoreError {
     EscapeNotOpen {
         family: String,
         id: String,
-        status: String,
+        status: EscapeStatus,
     },
 }
 
@@ -565,7 +569,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             for name in replan {
-                sqlx::query("UPDATE components SET status = ?, verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ? AND name = ?")
+                sqlx::query("UPDATE components SET status = ?, verdict = '', error_kind = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ? AND name = ?")
                     .bind(ComponentStatus::Pending.as_str())
                     .bind(now)
                     .bind(family)
@@ -707,7 +711,7 @@ impl Store {
     /// leased again. Counted from `jobs`, so no later write can drift from
     /// it.
     pub async fn components(&self, family: &str) -> Result<Vec<ComponentRow>, StoreError> {
-        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN (?, ?) OR (j.state = ? AND j.spawned_ms IS NOT NULL))) AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
+        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.error_kind, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN (?, ?) OR (j.state = ? AND j.spawned_ms IS NOT NULL))) AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
             .bind(JobState::Running.as_str())
             .bind(JobState::Finished.as_str())
             .bind(JobState::Abandoned.as_str())
@@ -719,7 +723,7 @@ impl Store {
                 Ok(ComponentRow {
                     name: r.get("name"),
                     status: state(r, "status", "components.status")?,
-                    verdict: r.get("verdict"),
+                    verdict: verdict(r, VERDICT, ("components.verdict", "components.error_kind"))?,
                     reason: r.get("reason"),
                     runs: r.get::<i64, _>("runs") as u32,
                     worker_id: r.get("worker_id"),
@@ -733,14 +737,15 @@ impl Store {
         family: &str,
         name: &str,
         status: ComponentStatus,
-        verdict: &str,
+        verdict: RecordedVerdict,
         reason: &str,
         worker_id: &str,
     ) -> Result<(), StoreError> {
         self.write("set component", || async move {
-            sqlx::query("UPDATE components SET status = ?, verdict = ?, reason = ?, worker_id = ?, updated_ms = ? WHERE family = ? AND name = ?")
+            sqlx::query("UPDATE components SET status = ?, verdict = ?, error_kind = ?, reason = ?, worker_id = ?, updated_ms = ? WHERE family = ? AND name = ?")
                 .bind(status.as_str())
-                .bind(verdict)
+                .bind(verdict.as_str())
+                .bind(verdict.error_kind_str())
                 .bind(reason)
                 .bind(worker_id)
                 .bind(now_ms())
@@ -893,7 +898,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         sqlx::query(
-            "UPDATE components SET status = ?1, verdict = '', reason = '', worker_id = l.worker_id, updated_ms = ?2 \
+            "UPDATE components SET status = ?1, verdict = '', error_kind = '', reason = '', worker_id = l.worker_id, updated_ms = ?2 \
              FROM (SELECT j.family AS family, j.component AS component, e.value ->> 1 AS worker_id, max(e.key) \
                    FROM json_each(?3) AS e JOIN jobs AS j ON j.job_id = e.value ->> 0 GROUP BY j.family, j.component) AS l \
              WHERE components.family = l.family AND components.name = l.component",
@@ -932,9 +937,10 @@ impl Store {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
             let names: Vec<String> = sqlx::query_scalar(
-                "UPDATE components SET status = ?, verdict = 'cancelled', reason = 'cancelled: the port was cancelled', updated_ms = ? WHERE family = ? AND status NOT IN (?, ?) RETURNING name",
+                "UPDATE components SET status = ?, verdict = ?, error_kind = '', reason = 'cancelled: the port was cancelled', updated_ms = ? WHERE family = ? AND status NOT IN (?, ?) RETURNING name",
             )
             .bind(ComponentStatus::Blocked.as_str())
+            .bind(RecordedVerdict::Cancelled.as_str())
             .bind(now)
             .bind(family)
             .bind(ComponentStatus::NonSkipPass.as_str())
@@ -1015,11 +1021,14 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             // Questions of the old run no longer wait: the rerun asks anew.
-            sqlx::query("UPDATE escape_hatches SET status = 'withdrawn' WHERE family = ? AND status IN ('open', 'answered')")
+            sqlx::query("UPDATE escape_hatches SET status = ? WHERE family = ? AND status IN (?, ?)")
+                .bind(EscapeStatus::Withdrawn.as_str())
                 .bind(family)
+                .bind(EscapeStatus::Open.as_str())
+                .bind(EscapeStatus::Answered.as_str())
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query("UPDATE components SET status = ?, verdict = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ?")
+            sqlx::query("UPDATE components SET status = ?, verdict = '', error_kind = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ?")
                 .bind(ComponentStatus::Pending.as_str())
                 .bind(now_ms())
                 .bind(family)
@@ -1045,8 +1054,9 @@ impl Store {
                 .bind(job_id)
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query("UPDATE components SET status = ?, verdict = 'infra_error', reason = ?, worker_id = '', updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
+            sqlx::query("UPDATE components SET status = ?, verdict = ?, error_kind = '', reason = ?, worker_id = '', updated_ms = ? WHERE (family, name) = (SELECT family, component FROM jobs WHERE job_id = ?)")
                 .bind(ComponentStatus::Queued.as_str())
+                .bind(RecordedVerdict::InfraError.as_str())
                 .bind(reason)
                 .bind(now_ms())
                 .bind(job_id)
@@ -1084,9 +1094,10 @@ impl Store {
         self.write("finish job", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
+            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, error_kind = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
                 .bind(JobState::Finished.as_str())
-                .bind(&result.verdict)
+                .bind(result.verdict.as_str())
+                .bind(result.verdict.error_kind_str())
                 .bind(&result.reason)
                 .bind(result.exit_code)
                 .bind(result.signal)
@@ -1120,9 +1131,10 @@ impl Store {
         result: &JobResult,
     ) -> Result<bool, StoreError> {
         self.write("finish job environment", || async move {
-            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
+            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, error_kind = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
                 .bind(JobState::Environment.as_str())
-                .bind(&result.verdict)
+                .bind(result.verdict.as_str())
+                .bind(result.verdict.error_kind_str())
                 .bind(&result.reason)
                 .bind(result.exit_code)
                 .bind(result.signal)
@@ -1145,8 +1157,9 @@ impl Store {
     /// what it needs): it never started and never will.
     pub async fn unplace_job(&self, job_id: &str) -> Result<(), StoreError> {
         self.write("unplace job", || async move {
-            sqlx::query("UPDATE jobs SET state = ?, verdict = 'unplaced', finished_ms = ? WHERE job_id = ? AND state = ?")
+            sqlx::query("UPDATE jobs SET state = ?, verdict = ?, error_kind = '', finished_ms = ? WHERE job_id = ? AND state = ?")
                 .bind(JobState::Unplaced.as_str())
+                .bind(RecordedVerdict::Unplaced.as_str())
                 .bind(now_ms())
                 .bind(job_id)
                 .bind(JobState::Queued.as_str())
@@ -1167,8 +1180,9 @@ impl Store {
         reason: &str,
     ) -> Result<(), StoreError> {
         self.write("set waiting env", || async move {
-            sqlx::query("UPDATE components SET status = ?, verdict = 'environment', reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status IN (?, ?)")
+            sqlx::query("UPDATE components SET status = ?, verdict = ?, error_kind = '', reason = ?, updated_ms = ? WHERE family = ? AND name = ? AND status IN (?, ?)")
                 .bind(ComponentStatus::Environment.as_str())
+                .bind(RecordedVerdict::Environment.as_str())
                 .bind(reason)
                 .bind(now_ms())
                 .bind(family)
@@ -1364,7 +1378,7 @@ impl Store {
         &self,
         family: &str,
         phase: &str,
-        outcome: &str,
+        outcome: GateOutcome,
         conditions: &[String],
     ) -> Result<GateEventRow, StoreError> {
         self.write("record gate", || async move {
@@ -1372,14 +1386,14 @@ impl Store {
             sqlx::query("INSERT INTO gate_events (family, phase, outcome, conditions, at_ms) VALUES (?, ?, ?, ?, ?)")
                 .bind(family)
                 .bind(phase)
-                .bind(outcome)
+                .bind(outcome.as_str())
                 .bind(serde_json::to_string(conditions).unwrap_or_default())
                 .bind(at_ms)
                 .execute(&self.writer)
                 .await?;
             Ok(GateEventRow {
                 phase: phase.to_string(),
-                outcome: outcome.to_string(),
+                outcome,
                 conditions: conditions.to_vec(),
                 at_ms,
             })
@@ -1397,7 +1411,7 @@ impl Store {
                 let conditions: String = r.get("conditions");
                 Ok(GateEventRow {
                     phase: r.get("phase"),
-                    outcome: r.get("outcome"),
+                    outcome: state(r, "outcome", "gate_events.outcome")?,
                     conditions: serde_json::from_str(&conditions).map_err(|e| {
                         StoreError::Corrupt {
                             what: "gate_events.conditions",
@@ -1456,17 +1470,19 @@ impl Store {
     /// counts the new try.
     pub async fn begin_attempt(&self, a: &AttemptRow) -> Result<(), StoreError> {
         self.write("begin attempt", || async move {
-            sqlx::query("INSERT INTO agent_attempts (family, component, attempt, commit_sha, diff_stat, diff, timed_out, duration_ms, job_before, verdict_before, reason_before, handoff_status, handoff_summary, handoff_text, started_ms, finished_ms, state, head_before, cookie, tries, kind) VALUES (?, ?, ?, '', '', '', 0, 0, ?, ?, ?, '', '', '', ?, 0, 'running', ?, ?, 1, ?) ON CONFLICT(family, component, attempt) DO UPDATE SET state = 'running', tries = tries + 1, head_before = excluded.head_before, cookie = excluded.cookie, started_ms = excluded.started_ms")
+            sqlx::query("INSERT INTO agent_attempts (family, component, attempt, commit_sha, diff_stat, diff, timed_out, duration_ms, job_before, verdict_before, error_kind_before, reason_before, handoff_status, handoff_summary, handoff_text, started_ms, finished_ms, state, head_before, cookie, tries, kind) VALUES (?, ?, ?, '', '', '', 0, 0, ?, ?, ?, ?, '', '', '', ?, 0, ?, ?, ?, 1, ?) ON CONFLICT(family, component, attempt) DO UPDATE SET state = excluded.state, tries = tries + 1, head_before = excluded.head_before, cookie = excluded.cookie, started_ms = excluded.started_ms")
                 .bind(&a.family)
                 .bind(&a.component)
                 .bind(a.attempt as i64)
                 .bind(&a.job_before)
-                .bind(&a.verdict_before)
+                .bind(a.verdict_before.as_str())
+                .bind(a.verdict_before.error_kind_str())
                 .bind(&a.reason_before)
                 .bind(a.started_ms)
+                .bind(AttemptState::Running.as_str())
                 .bind(&a.head_before)
                 .bind(&a.cookie)
-                .bind(&a.kind)
+                .bind(a.kind.as_str())
                 .execute(&self.writer)
                 .await?;
             Ok(())
@@ -1509,39 +1525,54 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         let mut usage = self.usage_of(family, component).await?;
-        Ok(rows
-            .iter()
-            .map(|r| AttemptRow {
-                usage: usage.remove(&(r.get::<i64, _>("attempt") as u32)),
-                family: r.get("family"),
-                component: r.get("component"),
-                attempt: r.get::<i64, _>("attempt") as u32,
-                commit_sha: r.get("commit_sha"),
-                diff_stat: r.get("diff_stat"),
-                diff: r.get("diff"),
-                exit_code: r.get("exit_code"),
-                signal: r.get("signal"),
-                timed_out: r.get("timed_out"),
-                duration_ms: r.get::<i64, _>("duration_ms") as u64,
-                job_before: r.get("job_before"),
-                verdict_before: r.get("verdict_before"),
-                reason_before: r.get("reason_before"),
-                job_after: r.get("job_after"),
-                verdict_after: r.get("verdict_after"),
-                reason_after: r.get("reason_after"),
-                handoff_status: r.get("handoff_status"),
-                handoff_summary: r.get("handoff_summary"),
-                handoff_text: r.get("handoff_text"),
-                started_ms: r.get("started_ms"),
-                finished_ms: r.get("finished_ms"),
-                state: r.get("state"),
-                head_before: r.get("head_before"),
-                cookie: r.get("cookie"),
-                tries: r.get::<i64, _>("tries") as u32,
-                gpu_ms_after: r.get::<i64, _>("gpu_ms_after") as u64,
-                kind: r.get("kind"),
+        rows.iter()
+            .map(|r| {
+                Ok(AttemptRow {
+                    usage: usage.remove(&(r.get::<i64, _>("attempt") as u32)),
+                    family: r.get("family"),
+                    component: r.get("component"),
+                    attempt: r.get::<i64, _>("attempt") as u32,
+                    commit_sha: r.get("commit_sha"),
+                    diff_stat: r.get("diff_stat"),
+                    diff: r.get("diff"),
+                    exit_code: r.get("exit_code"),
+                    signal: r.get("signal"),
+                    timed_out: r.get("timed_out"),
+                    duration_ms: r.get::<i64, _>("duration_ms") as u64,
+                    job_before: r.get("job_before"),
+                    verdict_before: verdict(
+                        r,
+                        ("verdict_before", "error_kind_before"),
+                        (
+                            "agent_attempts.verdict_before",
+                            "agent_attempts.error_kind_before",
+                        ),
+                    )?,
+                    reason_before: r.get("reason_before"),
+                    job_after: r.get("job_after"),
+                    verdict_after: verdict(
+                        r,
+                        ("verdict_after", "error_kind_after"),
+                        (
+                            "agent_attempts.verdict_after",
+                            "agent_attempts.error_kind_after",
+                        ),
+                    )?,
+                    reason_after: r.get("reason_after"),
+                    handoff_status: state(r, "handoff_status", "agent_attempts.handoff_status")?,
+                    handoff_summary: r.get("handoff_summary"),
+                    handoff_text: r.get("handoff_text"),
+                    started_ms: r.get("started_ms"),
+                    finished_ms: r.get("finished_ms"),
+                    state: state(r, "state", "agent_attempts.state")?,
+                    head_before: r.get("head_before"),
+                    cookie: r.get("cookie"),
+                    tries: r.get::<i64, _>("tries") as u32,
+                    gpu_ms_after: r.get::<i64, _>("gpu_ms_after") as u64,
+                    kind: state(r, "kind", "agent_attempts.kind")?,
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// Records an escape hatch under the next free `E###` id of the port,
@@ -1590,7 +1621,7 @@ impl Store {
                         message: e.to_string(),
                     })?,
                     safe_default: r.get("safe_default"),
-                    status: r.get("status"),
+                    status: state(r, "status", "escape_hatches.status")?,
                     answer: r.get("answer"),
                     answered_by: r.get("answered_by"),
                     asked_ms: r.get("asked_ms"),
@@ -1631,23 +1662,25 @@ impl Store {
                     .bind(id)
                     .fetch_optional(&mut *tx)
                     .await?;
-            match status.as_deref() {
-                None => {
-                    return Err(StoreError::UnknownEscape {
-                        family: family.into(),
-                        id: id.into(),
-                    });
-                }
-                Some("open") => {}
-                Some(other) => {
-                    return Err(StoreError::EscapeNotOpen {
-                        family: family.into(),
-                        id: id.into(),
-                        status: other.into(),
-                    });
-                }
+            let Some(status) = status else {
+                return Err(StoreError::UnknownEscape {
+                    family: family.into(),
+                    id: id.into(),
+                });
+            };
+            let status: EscapeStatus = status.parse().map_err(|source| StoreError::State {
+                column: "escape_hatches.status",
+                source,
+            })?;
+            if status != EscapeStatus::Open {
+                return Err(StoreError::EscapeNotOpen {
+                    family: family.into(),
+                    id: id.into(),
+                    status,
+                });
             }
-            sqlx::query("UPDATE escape_hatches SET status = 'answered', answer = ?, answered_by = ?, answered_ms = ? WHERE family = ? AND id = ?")
+            sqlx::query("UPDATE escape_hatches SET status = ?, answer = ?, answered_by = ?, answered_ms = ? WHERE family = ? AND id = ?")
+                .bind(EscapeStatus::Answered.as_str())
                 .bind(answer)
                 .bind(by)
                 .bind(now_ms())
@@ -1693,11 +1726,11 @@ impl Store {
     }
 }
 
-const JOB_SELECT: &str = "SELECT job_id, family, component, run_no, state, lease_epoch, worker_id, argv, cwd, gpus_needed, timeout_ms, verdict, reason, exit_code, signal, duration_ms, output_tail, queued_ms, started_ms, finished_ms, commit_sha, code_prefix FROM jobs";
+const JOB_SELECT: &str = "SELECT job_id, family, component, run_no, state, lease_epoch, worker_id, argv, cwd, gpus_needed, timeout_ms, verdict, error_kind, reason, exit_code, signal, duration_ms, output_tail, queued_ms, started_ms, finished_ms, commit_sha, code_prefix FROM jobs";
 
 /// The state in column `name` of `r`, read through its one mapping;
 /// `column` names it in the error (`table.column`).
-fn state<T: FromStr<Err = UnknownState>>(
+pub(crate) fn state<T: FromStr<Err = UnknownState>>(
     r: &sqlx::sqlite::SqliteRow,
     name: &str,
     column: &'static str,
@@ -1706,6 +1739,29 @@ fn state<T: FromStr<Err = UnknownState>>(
         .parse()
         .map_err(|source| StoreError::State { column, source })
 }
+
+/// The verdict in columns `cols` (`verdict`, `error_kind`) of `r`, read
+/// through its one mapping; `names` name them in the error
+/// (`table.column`).
+pub(crate) fn verdict(
+    r: &sqlx::sqlite::SqliteRow,
+    cols: (&str, &str),
+    names: (&'static str, &'static str),
+) -> Result<RecordedVerdict, StoreError> {
+    let text: String = r.get(cols.0);
+    let kind: String = r.get(cols.1);
+    RecordedVerdict::from_columns(&text, &kind).map_err(|source| StoreError::State {
+        column: if source.kind == "error kind" {
+            names.1
+        } else {
+            names.0
+        },
+        source,
+    })
+}
+
+/// The columns of a verdict and its error's kind.
+pub(crate) const VERDICT: (&str, &str) = ("verdict", "error_kind");
 
 fn port_row(r: &sqlx::sqlite::SqliteRow) -> Result<PortRow, StoreError> {
     Ok(PortRow {
@@ -1737,7 +1793,7 @@ fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRecord, StoreError> {
         cwd: r.get("cwd"),
         gpus_needed: r.get::<i64, _>("gpus_needed") as u32,
         timeout_ms: r.get::<i64, _>("timeout_ms") as u64,
-        verdict: r.get("verdict"),
+        verdict: verdict(r, VERDICT, ("jobs.verdict", "jobs.error_kind"))?,
         reason: r.get("reason"),
         exit_code: r.get("exit_code"),
         signal: r.get("signal"),
@@ -2195,7 +2251,7 @@ mod tests {
             (j.commit.as_str(), "examples/p/")
         );
         let result = JobResult {
-            verdict: "non_skip_pass".into(),
+            verdict: RecordedVerdict::NonSkipPass,
             ..JobResult::default()
         };
         assert!(
@@ -2209,7 +2265,7 @@ mod tests {
         );
         let runs = store.jobs_of("p", "a").await.unwrap();
         assert_eq!(runs.len(), 1);
-        assert_eq!(runs[0].verdict, "non_skip_pass");
+        assert_eq!(runs[0].verdict, RecordedVerdict::NonSkipPass);
     }
 
     #[tokio::test]
@@ -2255,6 +2311,88 @@ mod tests {
         );
     }
 
+    /// A database written before migration 0016 (schema 14, with runs,
+    /// components, attempts and variant rows in it) migrates, and every
+    /// error reads back with the kind its reason named; one whose reason
+    /// names none (fvd's own failure) reads without one.
+    #[tokio::test]
+    async fn a_database_of_schema_14_migrates_and_keeps_each_error_s_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let opts = SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true);
+            let mut conn = opts.connect().await.unwrap();
+            sqlx::query("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v <= 14) {
+                sqlx::raw_sql(*sql).execute(&mut conn).await.unwrap();
+                sqlx::query("INSERT INTO schema_migrations VALUES (?, 0)")
+                    .bind(version)
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+            }
+            sqlx::raw_sql(
+                "INSERT INTO ports (family, repo, spec_path, spec_toml, state, phase, created_ms, updated_ms) VALUES ('p', '/r', '/r/port.toml', '', 'blocked', 'P7', 1, 1);
+                 INSERT INTO components (family, name, status, verdict, reason, updated_ms) VALUES
+                   ('p', 'a', 'blocked', 'error', 'error:collection: t.py: SyntaxError', 1),
+                   ('p', 'b', 'blocked', 'error', 'error: agent loop cannot start: no git', 1),
+                   ('p', 'c', 'blocked', 'error', 'error: error:cancelled: run cancelled before it finished', 1),
+                   ('p', 'd', 'blocked', 'debug_red', 'debug_red: t::x: 2 != 3', 1),
+                   ('p', 'e', 'agent', 'error', '  error:no_tests: collected 0 items', 1);
+                 INSERT INTO jobs (job_id, family, component, run_no, state, argv, cwd, gpus_needed, timeout_ms, verdict, reason, queued_ms) VALUES
+                   ('p.a.1', 'p', 'a', 1, 'finished', '[]', '/r', 0, 1, 'error', 'error:collection: t.py: SyntaxError', 1),
+                   ('p.d.1', 'p', 'd', 1, 'finished', '[]', '/r', 0, 1, 'debug_red', 'debug_red: t::x: 2 != 3', 1);
+                 INSERT INTO agent_attempts (family, component, attempt, commit_sha, diff_stat, diff, timed_out, duration_ms, job_before, verdict_before, reason_before, verdict_after, reason_after, handoff_status, handoff_summary, handoff_text, started_ms, finished_ms) VALUES
+                   ('p', 'e', 1, '', '', '', 0, 0, 'p.e.1', 'error', 'error:no_tests: collected 0 items', 'error', 'error:crashed: killed by signal 11', 'valid', '', '', 1, 2);
+                 INSERT INTO variant_runs (family, component, red_job_id, position, name, env, state, verdict, reason, finding, started_ms) VALUES
+                   ('p', 'd', 'p.d.1', 1, 'v', '[]', 'done', 'error', 'error:setup: fixture failed', 'other', 1);",
+            )
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+        let store = Store::open_path(&path).await.unwrap();
+        let kinds: Vec<(String, RecordedVerdict)> = store
+            .components("p")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.name, c.verdict))
+            .collect();
+        use fvd_contracts::verdict::ErrorKind as K;
+        assert_eq!(
+            kinds,
+            [
+                ("a".into(), RecordedVerdict::Error(Some(K::Collection))),
+                ("b".into(), RecordedVerdict::Error(None)),
+                ("c".into(), RecordedVerdict::Error(Some(K::Cancelled))),
+                ("d".into(), RecordedVerdict::DebugRed),
+                ("e".into(), RecordedVerdict::Error(Some(K::NoTests))),
+            ]
+        );
+        let job = store.job("p.a.1").await.unwrap().unwrap();
+        assert_eq!(job.verdict, RecordedVerdict::Error(Some(K::Collection)));
+        let a = &store.attempts("p", "e").await.unwrap()[0];
+        assert_eq!(
+            (a.verdict_before, a.verdict_after, a.state, a.handoff_status),
+            (
+                RecordedVerdict::Error(Some(K::NoTests)),
+                RecordedVerdict::Error(Some(K::Crashed)),
+                AttemptState::Recorded,
+                HandoffStatus::Valid
+            )
+        );
+        let v = &store.variant_table("p", "d").await.unwrap()[0];
+        assert_eq!(v.verdict, RecordedVerdict::Error(Some(K::Setup)));
+        // The reason is kept as it was; only the kind moved beside it.
+        assert_eq!(job.reason, "error:collection: t.py: SyntaxError");
+    }
+
     #[tokio::test]
     async fn an_unknown_state_in_the_database_is_an_error_naming_it() {
         let (_dir, store) = crate::tests::temp_store().await;
@@ -2264,11 +2402,25 @@ mod tests {
             ("UPDATE ports SET state = 'in_progress'", "ports.state"),
             ("UPDATE components SET status = 'done'", "components.status"),
             ("UPDATE jobs SET state = 'lost'", "jobs.state"),
+            (
+                "UPDATE jobs SET verdict = 'passed', state = 'finished'",
+                "jobs.verdict",
+            ),
+            (
+                "UPDATE jobs SET error_kind = 'oops', verdict = 'error'",
+                "jobs.error_kind",
+            ),
+            (
+                "UPDATE components SET verdict = 'green', status = 'blocked'",
+                "components.verdict",
+            ),
         ] {
             sqlx::query(sql).execute(&store.writer).await.unwrap();
             let err = match read {
                 "ports.state" => store.port("p").await.map(|_| ()),
-                "components.status" => store.components("p").await.map(|_| ()),
+                "components.status" | "components.verdict" => {
+                    store.components("p").await.map(|_| ())
+                }
                 _ => store.jobs_of("p", "a").await.map(|_| ()),
             }
             .unwrap_err();
@@ -2279,6 +2431,10 @@ mod tests {
             );
             assert!(err.to_string().contains(read) && err.to_string().contains(value));
         }
+        sqlx::query("UPDATE jobs SET state = 'lost'")
+            .execute(&store.writer)
+            .await
+            .unwrap();
         let err = store.component_times("p").await.unwrap_err();
         assert!(err.to_string().contains("jobs.state"), "{err}");
     }
@@ -2312,7 +2468,14 @@ mod tests {
         // A final component's run in flight is abandoned with the rest.
         store.lease_job(&next.job_id, "w", 3, &[]).await.unwrap();
         store
-            .set_component("p", "a", ComponentStatus::Blocked, "cancelled", "", "")
+            .set_component(
+                "p",
+                "a",
+                ComponentStatus::Blocked,
+                RecordedVerdict::Cancelled,
+                "",
+                "",
+            )
             .await
             .unwrap();
         assert_eq!(store.abandon_unfinished("p").await.unwrap(), ["a"]);

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use crate::states::{ComponentStatus, JobState, PortState, UnknownState};
+pub use crate::states::{
+    ComponentStatus, ErrorKind, GateOutcome, JobState, PortState, RecordedVerdict, UnknownState,
+};
 
 /// A port as stored.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -28,8 +30,9 @@ pub struct PortRow {
 pub struct ComponentRow {
     pub name: String,
     pub status: ComponentStatus,
-    /// Verdict of the latest finished run (`debug_red`, `scaffold_skip`, …).
-    pub verdict: String,
+    /// Verdict of the latest finished run (`debug_red`, `scaffold_skip`, …),
+    /// or how fvd ended the component without one.
+    pub verdict: RecordedVerdict,
     /// One line: the failing assertion, the skip reason, the collection error.
     pub reason: String,
     pub runs: u32,
@@ -47,8 +50,7 @@ impl ComponentRow {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GateEventRow {
     pub phase: String,
-    /// entered | passed | refused | pending
-    pub outcome: String,
+    pub outcome: GateOutcome,
     pub conditions: Vec<String>,
     pub at_ms: i64,
 }
@@ -67,7 +69,7 @@ pub struct JobRecord {
     pub cwd: String,
     pub gpus_needed: u32,
     pub timeout_ms: u64,
-    pub verdict: String,
+    pub verdict: RecordedVerdict,
     pub reason: String,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
@@ -95,7 +97,7 @@ pub struct JobRecord {
 /// The classified outcome of a run, as recorded.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobResult {
-    pub verdict: String,
+    pub verdict: RecordedVerdict,
     pub reason: String,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,

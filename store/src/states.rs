@@ -1,77 +1,20 @@
-//! The states a port, a component and a job can be in, and their one
-//! mapping to the text the database (and the wire) holds.
+//! The states a port, a component and a job can be in, and every other
+//! outcome the store records (gate decisions, attempt and escape-hatch
+//! states, trace and variant steps), with their one mapping to the text
+//! the database (and the wire) holds. Verdicts are
+//! [`RecordedVerdict`]s, an error's kind in a column of its own.
 //!
 //! Every query of the store binds and reads these through [`as_str`] and
-//! [`FromStr`]; no other code spells the text. A value the database holds
+//! [`FromStr`](std::str::FromStr); no other code spells the text. A value the database holds
 //! that none of these knows is an error naming the column and the value
 //! ([`crate::StoreError::State`]), never a panic.
 //!
 //! [`as_str`]: PortState::as_str
 
-use std::fmt;
-use std::str::FromStr;
+use fvd_contracts::recorded_enum as stored_enum;
 
-/// A text the database held that is no state of its kind.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {kind} {value:?}")]
-pub struct UnknownState {
-    /// `port state`, `component status`, `job state`.
-    pub kind: &'static str,
-    pub value: String,
-}
-
-/// An enum stored as text: the variants, each with its text and its doc.
-macro_rules! stored_enum {
-    (
-        $(#[$meta:meta])*
-        pub enum $name:ident ($kind:literal) {
-            $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )+
-        }
-    ) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-        pub enum $name {
-            $( $(#[$vmeta])* $variant, )+
-        }
-
-        impl $name {
-            /// Every variant, in declaration order.
-            pub const ALL: &[Self] = &[$(Self::$variant),+];
-
-            /// The text the database and the wire hold.
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $text,)+
-                }
-            }
-        }
-
-        impl FromStr for $name {
-            type Err = UnknownState;
-            fn from_str(s: &str) -> Result<Self, UnknownState> {
-                match s {
-                    $($text => Ok(Self::$variant),)+
-                    _ => Err(UnknownState {
-                        kind: $kind,
-                        value: s.to_string(),
-                    }),
-                }
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl serde::Serialize for $name {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(self.as_str())
-            }
-        }
-    };
-}
+pub use fvd_contracts::recorded::{RecordedVerdict, UnknownState};
+pub use fvd_contracts::verdict::ErrorKind;
 
 stored_enum! {
     /// Where a port stands (`ports.state`). The phase it stands at is
@@ -206,9 +149,144 @@ impl JobState {
     }
 }
 
+stored_enum! {
+    /// One decision the gate recorded about a phase (`gate_events.outcome`).
+    pub enum GateOutcome ("gate outcome") {
+        /// The phase began.
+        #[default]
+        Entered = "entered",
+        Passed = "passed",
+        /// Its conditions were not met; they are recorded with it.
+        Refused = "refused",
+        /// A phase fvd does not drive: it waits on people, with the reason.
+        Pending = "pending",
+        /// A decided phase is open again: a component asked for a
+        /// conversion retry (P5).
+        Reopened = "reopened",
+    }
+}
+
+stored_enum! {
+    /// Where an agent attempt of the ledger stands (`agent_attempts.state`).
+    pub enum AttemptState ("attempt state") {
+        /// Opened just before the agent started, until its work is
+        /// committed and recorded: a restart that finds it runs it again.
+        #[default]
+        Running = "running",
+        /// Its work is committed and in the ledger.
+        Recorded = "recorded",
+        /// Its model API's environment ended it (a refused key, an API that
+        /// kept failing): not counted, run again under its number.
+        Environment = "environment",
+    }
+}
+
+stored_enum! {
+    /// Why an agent turn ran (`agent_attempts.kind`).
+    pub enum AttemptKind ("attempt kind") {
+        /// After a red run.
+        #[default]
+        Fix = "fix",
+        /// After a pass the cleanup gate refused.
+        Cleanup = "cleanup",
+    }
+}
+
+stored_enum! {
+    /// What became of the handoff an agent returned
+    /// (`agent_attempts.handoff_status`).
+    pub enum HandoffStatus ("handoff status") {
+        /// Not read yet: the attempt is running.
+        #[default]
+        Pending = "",
+        Valid = "valid",
+        /// Read, with findings (in the summary).
+        Invalid = "invalid",
+        Missing = "missing",
+    }
+}
+
+stored_enum! {
+    /// Where an escape hatch stands (`escape_hatches.status`).
+    pub enum EscapeStatus ("escape hatch status") {
+        /// Waits for `fvd answer`.
+        #[default]
+        Open = "open",
+        /// Answered; no attempt was given the answer yet.
+        Answered = "answered",
+        /// An attempt was given the answer.
+        Resolved = "resolved",
+        /// The port was rerun before the answer reached an attempt.
+        Withdrawn = "withdrawn",
+    }
+}
+
+stored_enum! {
+    /// Where a trace investigation stands (`trace_investigations.state`).
+    pub enum TraceState ("trace state") {
+        #[default]
+        Running = "running",
+        Done = "done",
+    }
+}
+
+stored_enum! {
+    /// How a trace investigation ended (`trace_investigations.outcome`).
+    pub enum TraceOutcome ("trace outcome") {
+        /// Still running.
+        #[default]
+        None = "",
+        /// The first divergent module has nothing narrower to trace.
+        Leaf = "leaf",
+        /// `depth` traced runs were spent before a leaf.
+        Depth = "depth",
+        NoDivergence = "no_divergence",
+        /// A step failed or compared nothing.
+        Error = "error",
+        /// A comparator check says the comparison is not a verdict on the port.
+        Untrusted = "untrusted",
+        /// The process investigating it stopped.
+        Abandoned = "abandoned",
+    }
+}
+
+stored_enum! {
+    /// Where one row of a variant table stands (`variant_runs.state`).
+    pub enum VariantState ("variant state") {
+        #[default]
+        Running = "running",
+        Done = "done",
+        /// The process filling the table stopped.
+        Abandoned = "abandoned",
+    }
+}
+
+stored_enum! {
+    /// What a variant row says next to the baseline (`variant_runs.finding`).
+    pub enum VariantFinding ("variant finding") {
+        /// Not in yet.
+        #[default]
+        None = "",
+        /// The red run itself.
+        Baseline = "baseline",
+        Passes = "passes",
+        /// Still red, with its first divergence elsewhere.
+        Moves = "moves",
+        /// Still red at the same first divergence.
+        Same = "same",
+        /// Red, untraced.
+        Red = "red",
+        /// Ended otherwise (timeout, error, environment, unplaced, …).
+        Other = "other",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::fmt;
+    use std::str::FromStr;
 
     fn round_trips<T>(all: &[T])
     where
@@ -227,6 +305,15 @@ mod tests {
         round_trips(PortState::ALL);
         round_trips(ComponentStatus::ALL);
         round_trips(JobState::ALL);
+        round_trips(GateOutcome::ALL);
+        round_trips(AttemptState::ALL);
+        round_trips(AttemptKind::ALL);
+        round_trips(HandoffStatus::ALL);
+        round_trips(EscapeStatus::ALL);
+        round_trips(TraceState::ALL);
+        round_trips(TraceOutcome::ALL);
+        round_trips(VariantState::ALL);
+        round_trips(VariantFinding::ALL);
     }
 
     #[test]

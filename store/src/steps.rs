@@ -13,14 +13,14 @@
 use sqlx::SqliteConnection;
 
 use crate::model::{JobRecord, JobResult};
-use crate::states::{ComponentStatus, JobState};
+use crate::states::{AttemptState, ComponentStatus, EscapeStatus, JobState, RecordedVerdict};
 use crate::{AttemptRow, EscapeRow, Store, StoreError, escape_id_after, now_ms};
 
 /// A component's state as one step sets it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ComponentNext<'a> {
     pub status: ComponentStatus,
-    pub verdict: &'a str,
+    pub verdict: RecordedVerdict,
     pub reason: &'a str,
     pub worker_id: &'a str,
 }
@@ -34,7 +34,7 @@ pub enum AttemptNext<'a> {
     Ask {
         escape: &'a EscapeRow,
         floor: u32,
-        verdict: &'a str,
+        verdict: RecordedVerdict,
         worker_id: &'a str,
     },
     /// The component ends (blocked, with the reason).
@@ -75,9 +75,10 @@ impl Store {
         self.write("record verdict", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
+            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, error_kind = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
                 .bind(JobState::Finished.as_str())
-                .bind(&result.verdict)
+                .bind(result.verdict.as_str())
+                .bind(result.verdict.error_kind_str())
                 .bind(&result.reason)
                 .bind(result.exit_code)
                 .bind(result.signal)
@@ -102,9 +103,10 @@ impl Store {
             set_component(&mut tx, &family, &component, next, now).await?;
             if let Some(gpu_ms) = attempt_gpu_ms {
                 sqlx::query(
-                    "UPDATE agent_attempts SET verdict_after = ?, reason_after = ?, gpu_ms_after = ? WHERE job_after = ?",
+                    "UPDATE agent_attempts SET verdict_after = ?, error_kind_after = ?, reason_after = ?, gpu_ms_after = ? WHERE job_after = ?",
                 )
-                .bind(&result.verdict)
+                .bind(result.verdict.as_str())
+                .bind(result.verdict.error_kind_str())
                 .bind(&result.reason)
                 .bind(gpu_ms as i64)
                 .bind(job_id)
@@ -130,7 +132,7 @@ impl Store {
         self.write("record attempt", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            sqlx::query("UPDATE agent_attempts SET commit_sha = ?, diff_stat = ?, diff = ?, exit_code = ?, signal = ?, timed_out = ?, duration_ms = ?, handoff_status = ?, handoff_summary = ?, handoff_text = ?, finished_ms = ?, state = 'recorded' WHERE family = ? AND component = ? AND attempt = ?")
+            sqlx::query("UPDATE agent_attempts SET commit_sha = ?, diff_stat = ?, diff = ?, exit_code = ?, signal = ?, timed_out = ?, duration_ms = ?, handoff_status = ?, handoff_summary = ?, handoff_text = ?, finished_ms = ?, state = ? WHERE family = ? AND component = ? AND attempt = ?")
                 .bind(&a.commit_sha)
                 .bind(&a.diff_stat)
                 .bind(&a.diff)
@@ -138,20 +140,23 @@ impl Store {
                 .bind(a.signal)
                 .bind(a.timed_out)
                 .bind(a.duration_ms as i64)
-                .bind(&a.handoff_status)
+                .bind(a.handoff_status.as_str())
                 .bind(&a.handoff_summary)
                 .bind(&a.handoff_text)
                 .bind(a.finished_ms)
+                .bind(AttemptState::Recorded.as_str())
                 .bind(&a.family)
                 .bind(&a.component)
                 .bind(a.attempt as i64)
                 .execute(&mut *tx)
                 .await?;
             if resolve {
-                sqlx::query("UPDATE escape_hatches SET status = 'resolved', resolved_attempt = ? WHERE family = ? AND component = ? AND status = 'answered'")
+                sqlx::query("UPDATE escape_hatches SET status = ?, resolved_attempt = ? WHERE family = ? AND component = ? AND status = ?")
+                    .bind(EscapeStatus::Resolved.as_str())
                     .bind(a.attempt as i64)
                     .bind(&a.family)
                     .bind(&a.component)
+                    .bind(EscapeStatus::Answered.as_str())
                     .execute(&mut *tx)
                     .await?;
             }
@@ -218,9 +223,10 @@ async fn set_component(
     next: ComponentNext<'_>,
     now: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query("UPDATE components SET status = ?, verdict = ?, reason = ?, worker_id = ?, updated_ms = ? WHERE family = ? AND name = ?")
+    sqlx::query("UPDATE components SET status = ?, verdict = ?, error_kind = ?, reason = ?, worker_id = ?, updated_ms = ? WHERE family = ? AND name = ?")
         .bind(next.status.as_str())
-        .bind(next.verdict)
+        .bind(next.verdict.as_str())
+        .bind(next.verdict.error_kind_str())
         .bind(next.reason)
         .bind(next.worker_id)
         .bind(now)
@@ -312,7 +318,7 @@ pub(crate) async fn insert_escape(
         .await?;
     let id = escape_id_after(&ids, floor);
     let options = serde_json::to_string(&e.options).expect("strings serialize");
-    sqlx::query("INSERT INTO escape_hatches (family, id, component, attempt, phase, decision_type, question, recommended, options, safe_default, status, asked_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)")
+    sqlx::query("INSERT INTO escape_hatches (family, id, component, attempt, phase, decision_type, question, recommended, options, safe_default, status, asked_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
         .bind(&e.family)
         .bind(&id)
         .bind(&e.component)
@@ -323,6 +329,7 @@ pub(crate) async fn insert_escape(
         .bind(&e.recommended)
         .bind(options)
         .bind(&e.safe_default)
+        .bind(EscapeStatus::Open.as_str())
         .bind(now_ms())
         .execute(&mut *conn)
         .await?;

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use sqlx::Row;
 
-use super::{Store, StoreError, now_ms};
+use super::{Store, StoreError, now_ms, state};
+use crate::states::{TraceOutcome, TraceState};
 
 /// One investigation of a red run, with its steps in order.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -17,10 +18,9 @@ pub struct TraceInvestigation {
     pub component: String,
     /// The red run that was investigated.
     pub job_id: String,
-    /// `running` or `done`.
-    pub state: String,
-    /// `leaf`, `depth`, `no_divergence`, `error`, `untrusted` or `abandoned`.
-    pub outcome: String,
+    pub state: TraceState,
+    /// Empty while it runs.
+    pub outcome: TraceOutcome,
     /// One line; the component's blocked reason quotes it.
     pub summary: String,
     pub started_ms: i64,
@@ -93,16 +93,20 @@ impl Store {
         self.write("start trace", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            sqlx::query("UPDATE trace_investigations SET state = 'done', outcome = 'abandoned', summary = 'abandoned: the process investigating it stopped', finished_ms = ? WHERE family = ? AND component = ? AND state = 'running'")
+            sqlx::query("UPDATE trace_investigations SET state = ?, outcome = ?, summary = 'abandoned: the process investigating it stopped', finished_ms = ? WHERE family = ? AND component = ? AND state = ?")
+                .bind(TraceState::Done.as_str())
+                .bind(TraceOutcome::Abandoned.as_str())
                 .bind(now)
                 .bind(family)
                 .bind(component)
+                .bind(TraceState::Running.as_str())
                 .execute(&mut *tx)
                 .await?;
-            let id: i64 = sqlx::query_scalar("INSERT INTO trace_investigations (family, component, job_id, state, started_ms) VALUES (?, ?, ?, 'running', ?) RETURNING id")
+            let id: i64 = sqlx::query_scalar("INSERT INTO trace_investigations (family, component, job_id, state, started_ms) VALUES (?, ?, ?, ?, ?) RETURNING id")
                 .bind(family)
                 .bind(component)
                 .bind(job_id)
+                .bind(TraceState::Running.as_str())
                 .bind(now)
                 .fetch_one(&mut *tx)
                 .await?;
@@ -189,12 +193,13 @@ impl Store {
     pub async fn finish_trace(
         &self,
         investigation: i64,
-        outcome: &str,
+        outcome: TraceOutcome,
         summary: &str,
     ) -> Result<(), StoreError> {
         self.write("finish trace", || async move {
-            sqlx::query("UPDATE trace_investigations SET state = 'done', outcome = ?, summary = ?, finished_ms = ? WHERE id = ?")
-                .bind(outcome)
+            sqlx::query("UPDATE trace_investigations SET state = ?, outcome = ?, summary = ?, finished_ms = ? WHERE id = ?")
+                .bind(TraceState::Done.as_str())
+                .bind(outcome.as_str())
                 .bind(summary)
                 .bind(now_ms())
                 .bind(investigation)
@@ -263,8 +268,8 @@ impl Store {
             family: r.get("family"),
             component: r.get("component"),
             job_id: r.get("job_id"),
-            state: r.get("state"),
-            outcome: r.get("outcome"),
+            state: state(&r, "state", "trace_investigations.state")?,
+            outcome: state(&r, "outcome", "trace_investigations.outcome")?,
             summary: r.get("summary"),
             started_ms: r.get("started_ms"),
             finished_ms: r.get("finished_ms"),
@@ -280,9 +285,10 @@ impl Store {
         family: &str,
         component: &str,
     ) -> Result<Option<String>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT summary FROM trace_investigations WHERE family = ? AND component = ? AND state = 'done' ORDER BY id DESC LIMIT 1")
+        Ok(sqlx::query_scalar("SELECT summary FROM trace_investigations WHERE family = ? AND component = ? AND state = ? ORDER BY id DESC LIMIT 1")
             .bind(family)
             .bind(component)
+            .bind(TraceState::Done.as_str())
             .fetch_optional(&self.pool)
             .await?)
     }
@@ -336,7 +342,7 @@ mod tests {
             .await
             .unwrap();
         store
-            .finish_trace(id, "error", "trace failed")
+            .finish_trace(id, crate::states::TraceOutcome::Error, "trace failed")
             .await
             .unwrap();
         let t = store.latest_trace("p", "c").await.unwrap().unwrap();

@@ -277,7 +277,7 @@ mod tests {
             component: component.into(),
             attempt,
             started_ms,
-            kind: "fix".into(),
+            kind: crate::states::AttemptKind::Fix,
             ..AttemptRow::default()
         }
     }

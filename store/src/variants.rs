@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use sqlx::Row;
 
-use super::{Store, StoreError, now_ms};
+use super::{Store, StoreError, VERDICT, now_ms, state, verdict};
+use crate::states::{RecordedVerdict, VariantFinding, VariantState};
 
 /// The name of the table's first row: the red run itself.
 pub const BASELINE: &str = "baseline";
@@ -22,18 +23,14 @@ pub struct VariantRow {
     pub env: Vec<String>,
     /// The run: the red run for the baseline, `<family>.<component>#variant.N`.
     pub job_id: String,
-    /// `running`, `done` or `abandoned` (the process that ran it stopped).
-    pub state: String,
-    pub verdict: String,
+    pub state: VariantState,
+    pub verdict: RecordedVerdict,
     pub reason: String,
     /// Port module of the first divergence, when the component is traced.
     pub first_divergence: String,
     pub stat: String,
     pub drift: Option<f64>,
-    /// `baseline`, `passes`, `moves` (red, another first divergence),
-    /// `same` (red, the same one), `red` (red, not traced) or `other` (an
-    /// error, a timeout, a skip, an environment failure).
-    pub finding: String,
+    pub finding: VariantFinding,
     /// Why a traced variant names no first divergence.
     pub trace_error: String,
     pub started_ms: i64,
@@ -58,14 +55,16 @@ impl Store {
         self.write("start variants", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            sqlx::query("UPDATE variant_runs SET state = 'abandoned', finished_ms = ? WHERE family = ? AND component = ? AND state = 'running'")
+            sqlx::query("UPDATE variant_runs SET state = ?, finished_ms = ? WHERE family = ? AND component = ? AND state = ?")
+                .bind(VariantState::Abandoned.as_str())
                 .bind(now)
                 .bind(family)
                 .bind(component)
+                .bind(VariantState::Running.as_str())
                 .execute(&mut *tx)
                 .await?;
             for (i, r) in rows.iter().enumerate() {
-                sqlx::query("INSERT OR REPLACE INTO variant_runs (family, component, red_job_id, position, name, env, job_id, state, verdict, reason, first_divergence, stat, drift, finding, trace_error, started_ms, finished_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                sqlx::query("INSERT OR REPLACE INTO variant_runs (family, component, red_job_id, position, name, env, job_id, state, verdict, error_kind, reason, first_divergence, stat, drift, finding, trace_error, started_ms, finished_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
                     .bind(family)
                     .bind(component)
                     .bind(&r.red_job_id)
@@ -73,16 +72,17 @@ impl Store {
                     .bind(&r.name)
                     .bind(serde_json::to_string(&r.env).unwrap_or_default())
                     .bind(&r.job_id)
-                    .bind(&r.state)
-                    .bind(&r.verdict)
+                    .bind(r.state.as_str())
+                    .bind(r.verdict.as_str())
+                    .bind(r.verdict.error_kind_str())
                     .bind(&r.reason)
                     .bind(&r.first_divergence)
                     .bind(&r.stat)
                     .bind(r.drift)
-                    .bind(&r.finding)
+                    .bind(r.finding.as_str())
                     .bind(&r.trace_error)
                     .bind(now)
-                    .bind((r.state != "running").then_some(now))
+                    .bind((r.state != VariantState::Running).then_some(now))
                     .execute(&mut *tx)
                     .await?;
             }
@@ -100,13 +100,15 @@ impl Store {
         row: &VariantRow,
     ) -> Result<(), StoreError> {
         self.write("finish variant", || async move {
-            sqlx::query("UPDATE variant_runs SET state = 'done', verdict = ?, reason = ?, first_divergence = ?, stat = ?, drift = ?, finding = ?, trace_error = ?, finished_ms = ? WHERE family = ? AND component = ? AND red_job_id = ? AND name = ?")
-                .bind(&row.verdict)
+            sqlx::query("UPDATE variant_runs SET state = ?, verdict = ?, error_kind = ?, reason = ?, first_divergence = ?, stat = ?, drift = ?, finding = ?, trace_error = ?, finished_ms = ? WHERE family = ? AND component = ? AND red_job_id = ? AND name = ?")
+                .bind(VariantState::Done.as_str())
+                .bind(row.verdict.as_str())
+                .bind(row.verdict.error_kind_str())
                 .bind(&row.reason)
                 .bind(&row.first_divergence)
                 .bind(&row.stat)
                 .bind(row.drift)
-                .bind(&row.finding)
+                .bind(row.finding.as_str())
                 .bind(&row.trace_error)
                 .bind(now_ms())
                 .bind(family)
@@ -163,13 +165,17 @@ impl Store {
                     message: e.to_string(),
                 })?,
                 job_id: r.get("job_id"),
-                state: r.get("state"),
-                verdict: r.get("verdict"),
+                state: state(&r, "state", "variant_runs.state")?,
+                verdict: verdict(
+                    &r,
+                    VERDICT,
+                    ("variant_runs.verdict", "variant_runs.error_kind"),
+                )?,
                 reason: r.get("reason"),
                 first_divergence: r.get("first_divergence"),
                 stat: r.get("stat"),
                 drift: r.get("drift"),
-                finding: r.get("finding"),
+                finding: state(&r, "finding", "variant_runs.finding")?,
                 trace_error: r.get("trace_error"),
                 started_ms: r.get("started_ms"),
                 finished_ms: r.get("finished_ms"),
@@ -196,7 +202,7 @@ mod tests {
             } else {
                 vec![format!("{}=1", name.to_uppercase())]
             },
-            state: state.into(),
+            state: state.parse().unwrap(),
             ..VariantRow::default()
         }
     }
@@ -230,8 +236,8 @@ mod tests {
         ];
         store.start_variants("p", "c", &second).await.unwrap();
         let mut done = second[2].clone();
-        done.verdict = "non_skip_pass".into();
-        done.finding = "passes".into();
+        done.verdict = RecordedVerdict::NonSkipPass;
+        done.finding = VariantFinding::Passes;
         done.drift = Some(0.5);
         store.finish_variant("p", "c", &done).await.unwrap();
         let t = store.variant_table("p", "c").await.unwrap();

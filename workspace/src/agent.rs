@@ -32,6 +32,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
 use fvd_spec::ComponentSpec;
+use fvd_store::states::{HandoffStatus, RecordedVerdict};
 use fvd_store::{AttemptRow, EscapeRow};
 
 /// The pytest output given to the agent is cut to its last this many bytes.
@@ -112,7 +113,7 @@ impl AgentPolicy {
 #[derive(Debug, Clone)]
 pub struct LastRun<'a> {
     pub job_id: &'a str,
-    pub verdict: &'a str,
+    pub verdict: RecordedVerdict,
     pub reason: &'a str,
     pub output_tail: &'a str,
 }
@@ -203,10 +204,10 @@ pub fn packet(p: &Packet<'_>) -> String {
             a.attempt,
             short(&a.commit_sha),
             a.verdict_before,
-            if a.verdict_after.is_empty() {
+            if a.verdict_after.is_none() {
                 "(not run)"
             } else {
-                &a.verdict_after
+                a.verdict_after.as_str()
             },
             exit_text(a.exit_code, a.signal, a.timed_out),
             a.handoff_status,
@@ -517,7 +518,7 @@ pub fn kill_leftovers(cookie: &str) -> Vec<i32> {
 #[derive(Debug, Clone)]
 pub struct HandoffRead {
     /// `valid`, `invalid` or `missing`.
-    pub status: &'static str,
+    pub status: HandoffStatus,
     /// The key fields of a valid block, or the findings of an invalid one.
     pub summary: String,
     /// The block as returned; withheld when it holds a token-looking value.
@@ -595,7 +596,7 @@ pub fn read_handoff_of(
     };
     let Some(block) = block else {
         return HandoffRead {
-            status: "missing",
+            status: HandoffStatus::Missing,
             summary: "the agent returned no component_skill_handoff block".into(),
             text: String::new(),
             value: None,
@@ -623,7 +624,7 @@ pub fn read_handoff_of(
             findings.push("the block could not be read".into());
         }
         return HandoffRead {
-            status: "invalid",
+            status: HandoffStatus::Invalid,
             summary: one_line(&findings.join("; ")),
             text,
             value: None,
@@ -638,7 +639,7 @@ pub fn read_handoff_of(
         .collect::<Vec<_>>()
         .join(", ");
     HandoffRead {
-        status: "valid",
+        status: HandoffStatus::Valid,
         summary: one_line(&format!(
             "parity_status={} next_step={} files_changed={} blocker={}",
             v.parity_status.as_str(),
@@ -733,7 +734,7 @@ escape_hatch: none";
         .collect();
         let last = LastRun {
             job_id: "tiny.timestep_embed.1",
-            verdict: "debug_red",
+            verdict: RecordedVerdict::DebugRed,
             reason: "AssertionError: Not equal to tolerance",
             output_tail: &"x".repeat(10_000),
         };
@@ -1014,7 +1015,7 @@ escape_hatch: none";
             Some(&format!("```text\n{HANDOFF}\n```\n")),
             "",
         );
-        assert_eq!(r.status, "valid", "{}", r.summary);
+        assert_eq!(r.status, HandoffStatus::Valid, "{}", r.summary);
         assert!(
             r.summary.contains("parity_status=non_skip_pass"),
             "{}",
@@ -1022,30 +1023,30 @@ escape_hatch: none";
         );
         let stdout = format!("working...\ncomponent: old\n\n{HANDOFF}\n\ndone\n");
         let r = read_handoff("timestep_embed", None, &stdout);
-        assert_eq!(r.status, "valid", "{}", r.summary);
+        assert_eq!(r.status, HandoffStatus::Valid, "{}", r.summary);
         assert!(r.stop_reason().is_none());
     }
 
     #[test]
     fn missing_and_invalid_handoffs_are_recorded_not_guessed() {
         let r = read_handoff("timestep_embed", None, "I fixed it, trust me\n");
-        assert_eq!(r.status, "missing");
+        assert_eq!(r.status, HandoffStatus::Missing);
         let bad = HANDOFF.replace(
             "parity_status: non_skip_pass",
             "parity_status: probably_fine",
         );
         let r = read_handoff("timestep_embed", Some(&bad), "");
-        assert_eq!(r.status, "invalid");
+        assert_eq!(r.status, HandoffStatus::Invalid);
         assert!(r.summary.contains("parity_status"), "{}", r.summary);
         let other = HANDOFF.replace("component: timestep_embed", "component: vae");
         let r = read_handoff("timestep_embed", Some(&other), "");
-        assert_eq!(r.status, "invalid");
+        assert_eq!(r.status, HandoffStatus::Invalid);
         assert!(r.summary.contains("names vae"), "{}", r.summary);
         let blocked = HANDOFF
             .replace("next_step: phase_6_continue", "next_step: blocked")
             .replace("blocker: none", "blocker: the official weights are private");
         let r = read_handoff("timestep_embed", Some(&blocked), "");
-        assert_eq!(r.status, "valid", "{}", r.summary);
+        assert_eq!(r.status, HandoffStatus::Valid, "{}", r.summary);
         assert!(r.stop_reason().unwrap().contains("weights are private"));
     }
 }

@@ -9,6 +9,7 @@ use crate::coauthor::{
     ComponentInput, Input, Outcome, Run, create, patch, reads_as_pass, row_matches,
 };
 use crate::port_status::{EscapeHatchRow, PortStatus, import};
+use crate::recorded::RecordedVerdict;
 use crate::status_guard::owned_changes;
 
 const FINISHED: &str = include_str!("status_files/finished.md");
@@ -47,9 +48,23 @@ fn widget() -> Vec<ComponentInput> {
     ]
 }
 
+/// The recorded verdict a test names by its text; an `error` takes the kind
+/// its reason names (`error:collection: …`), as the run's classification
+/// gave it.
+pub(crate) fn recorded(verdict: &str, reason: &str) -> RecordedVerdict {
+    let v: RecordedVerdict = verdict.parse().expect("a verdict text");
+    if v.as_str() != "error" {
+        return v;
+    }
+    let kind = reason
+        .match_indices("error:")
+        .find_map(|(at, _)| reason[at + 6..].split(':').next()?.parse().ok());
+    RecordedVerdict::Error(kind)
+}
+
 fn run(verdict: &str, reason: &str) -> Option<Run> {
     Some(Run {
-        verdict: verdict.into(),
+        verdict: recorded(verdict, reason),
         reason: reason.into(),
         run_no: 1,
         worker: "w1".into(),
@@ -125,23 +140,32 @@ fn runs_that_did_not_test_the_code_change_nothing() {
 
 #[test]
 fn outcome_classes_are_one_list() {
-    for (v, r, tests) in [
-        ("non_skip_pass", "3 passed", true),
-        ("debug_red", "debug_red: t::x: assert 1 == 2", true),
-        ("scaffold_skip", "scaffold_skip: skipped: no weights", true),
-        ("timeout", "timeout: killed at the timeout", true),
-        ("error", "error: error:collection: t.py: SyntaxError", true),
-        ("error", "error:crashed: killed by signal 11", true),
-        ("error", "error: error:cancelled: run cancelled", false),
-        ("error", "error: agent loop cannot start", false),
-        ("environment", "environment: no torch", false),
-        ("infra_error", "infra_error: worker lost", false),
-        ("cleanup_refused", "cleanup gate", false),
-        ("cancelled", "cancelled", false),
-        ("something_new", "", false),
+    use crate::verdict::ErrorKind;
+    for (v, tests) in [
+        (RecordedVerdict::NonSkipPass, true),
+        (RecordedVerdict::DebugRed, true),
+        (RecordedVerdict::ScaffoldSkip, true),
+        (RecordedVerdict::Timeout, true),
+        (RecordedVerdict::Error(Some(ErrorKind::Collection)), true),
+        (RecordedVerdict::Error(Some(ErrorKind::Crashed)), true),
+        (RecordedVerdict::Error(Some(ErrorKind::Cancelled)), false),
+        // fvd's own failure (an agent loop that cannot start): no kind
+        (RecordedVerdict::Error(None), false),
+        (RecordedVerdict::Environment, false),
+        (RecordedVerdict::InfraError, false),
+        (RecordedVerdict::CleanupRefused, false),
+        (RecordedVerdict::Cancelled, false),
+        (RecordedVerdict::Unplaced, false),
+        (RecordedVerdict::Stopped, false),
+        (RecordedVerdict::None, false),
     ] {
-        assert_eq!(Outcome::of(v, r).tests_the_code(), tests, "{v} {r}");
+        assert_eq!(Outcome::of(v).tests_the_code(), tests, "{v:?}");
     }
+    // The reason's words decide nothing: the kind is its own value.
+    assert_eq!(
+        Outcome::of(recorded("error", "error: error:cancelled: run cancelled")),
+        Outcome::Untested
+    );
 }
 
 #[test]

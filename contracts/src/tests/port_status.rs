@@ -570,7 +570,7 @@ fn the_co_author_keeps_every_real_file_but_its_own_cells() {
                 parity_tests: vec![format!("tests/local_tests/x/test_{n}_parity.py")],
                 command: format!("python3 -m pytest tests/local_tests/x/test_{n}_parity.py -q"),
                 run: Some(Run {
-                    verdict: verdict.into(),
+                    verdict: super::coauthor::recorded(verdict, "error:collection:"),
                     reason: format!("{verdict}: t::{n}: 2 != 3"),
                     run_no: 1,
                     worker: "w1".into(),
@@ -612,7 +612,7 @@ fn the_co_author_keeps_every_real_file_but_its_own_cells() {
     // text encoder row is matched, not doubled
     let text = read("fastvideo/tests/local_tests/orbitcam/PORT_STATUS.md");
     let mut i = input("non_skip_pass", &names);
-    i.components[0].run.as_mut().unwrap().verdict = "debug_red".into();
+    i.components[0].run.as_mut().unwrap().verdict = crate::recorded::RecordedVerdict::DebugRed;
     let once = patch(&text, &i);
     let changes = owned_changes(&text, &once).unwrap();
     assert!(

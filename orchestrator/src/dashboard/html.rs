@@ -367,7 +367,7 @@ fn attempts(v: &[AttemptRow]) -> Markup {
                 details.attempt {
                     summary {
                         b { "attempt " (a.attempt) } " " (a.kind) " · " (a.state)
-                        " · " (status(&a.verdict_before)) " → " (status(if a.verdict_after.is_empty() { "pending" } else { &a.verdict_after }))
+                        " · " (status(a.verdict_before.as_str())) " → " (status(if a.verdict_after.is_none() { "pending" } else { a.verdict_after.as_str() }))
                         " · handoff " (a.handoff_status)
                         @if a.tries > 1 { " · tries " (a.tries) }
                         " · " (duration(a.duration_ms))
@@ -389,7 +389,7 @@ fn trace(family: &str, component: &str, t: &Option<TraceInvestigation>) -> Marku
         @match t {
             None => { p.empty { "Not traced." } }
             Some(t) => {
-                p { (status(&t.state)) " " (t.outcome) " · investigated run " code { (t.job_id) } " · " span.t { (time(t.started_ms)) } }
+                p { (status(t.state.as_str())) " " (t.outcome) " · investigated run " code { (t.job_id) } " · " span.t { (time(t.started_ms)) } }
                 @if !t.summary.is_empty() { p.reason { (t.summary) } }
                 @for s in &t.steps {
                     section.step {

@@ -363,7 +363,7 @@ pub async fn component(
             run_no: j.run_no,
             job_id: j.job_id.clone(),
             state: j.state.to_string(),
-            verdict: j.verdict.clone(),
+            verdict: j.verdict.to_string(),
             reason: j.reason.clone(),
             worker_id: j.worker_id.clone(),
             exit_code: j.exit_code,
