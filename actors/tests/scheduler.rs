@@ -856,7 +856,7 @@ async fn first_waves(placement: Policy) -> (Vec<String>, Vec<String>) {
         while left > 0 {
             for (id, epoch) in running.drain(..) {
                 let result = JobResult {
-                    verdict: "non_skip_pass".into(),
+                    verdict: fvd_store::model::RecordedVerdict::NonSkipPass,
                     duration_ms: took(&id),
                     ..JobResult::default()
                 };

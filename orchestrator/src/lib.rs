@@ -13,6 +13,7 @@ pub mod dashboard;
 pub mod embedded;
 pub mod port_api;
 pub mod query;
+pub mod wire;
 pub mod worker_api;
 
 use std::net::SocketAddr;
@@ -325,6 +326,7 @@ pub async fn start(
     let ports = port_api::PortApi {
         store: store.clone(),
         orchestrator: orchestrator.clone(),
+        scheduler: scheduler.clone(),
         events: events.clone(),
         credentials: credentials.clone(),
     };

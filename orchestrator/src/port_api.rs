@@ -18,10 +18,11 @@ use fvd_proto::auth::{Credentials, Principal};
 use tracing::Instrument;
 
 use crate::query::{self, QueryError};
+use crate::wire;
+use fvd_actors::scheduler::SchedulerMsg;
 use fvd_proto::v1 as pb;
-use fvd_store::model::{ComponentRow, GateEventRow, PortEvent, PortState};
-use fvd_store::variants::VariantRow;
-use fvd_store::{AttemptRow, EscapeRow, Store, StoreError};
+use fvd_store::model::{PortEvent, PortState};
+use fvd_store::{Store, StoreError};
 use ractor::ActorRef;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::Stream;
@@ -35,6 +36,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct PortApi {
     pub store: Store,
     pub orchestrator: ActorRef<OrchestratorMsg>,
+    /// Answers `Workers` and `Queue` with the live fleet.
+    pub scheduler: ActorRef<SchedulerMsg>,
     pub events: broadcast::Sender<PortEvent>,
     /// What the interceptor checked the caller against: streams end when
     /// their caller's credential is revoked.
@@ -177,186 +180,6 @@ where
     }
 }
 
-pub(crate) fn component_wire(c: ComponentRow) -> pb::ComponentSnapshot {
-    pb::ComponentSnapshot {
-        name: c.name,
-        status: c.status.as_str().to_string(),
-        reason: c.reason,
-        runs: c.runs,
-        worker_id: c.worker_id,
-        variants: Vec::new(),
-        agent_spend: None,
-    }
-}
-
-pub(crate) fn spend_wire(t: &fvd_store::usage::UsageTotals) -> pb::AgentSpend {
-    pb::AgentSpend {
-        attempts: t.attempts,
-        input_tokens: t.input_tokens,
-        output_tokens: t.output_tokens,
-        cache_read_tokens: t.cache_read_tokens,
-        cache_write_tokens: t.cache_write_tokens,
-        cost_usd: t.cost_usd,
-        unpriced_tokens: t.unpriced_tokens,
-        requests: t.requests,
-    }
-}
-
-pub(crate) fn variant_wire(r: VariantRow) -> pb::VariantRow {
-    pb::VariantRow {
-        name: r.name,
-        env: r.env,
-        state: r.state.as_str().into(),
-        verdict: r.verdict.as_str().into(),
-        reason: r.reason,
-        first_divergence: r.first_divergence,
-        stat: r.stat,
-        drift: r.drift,
-        finding: r.finding.as_str().into(),
-        trace_error: r.trace_error,
-        job_id: r.job_id,
-        spawned_ms: r.spawned_ms.unwrap_or(0),
-        finished_ms: r.job_finished_ms.or(r.finished_ms).unwrap_or(0),
-    }
-}
-
-fn attempt_wire(a: AttemptRow) -> pb::AgentAttempt {
-    pb::AgentAttempt {
-        attempt: a.attempt,
-        kind: a.kind.as_str().into(),
-        state: a.state.as_str().into(),
-        tries: a.tries,
-        commit_sha: a.commit_sha,
-        diff_stat: a.diff_stat,
-        diff: a.diff,
-        exit_code: a.exit_code,
-        signal: a.signal,
-        timed_out: a.timed_out,
-        duration_ms: a.duration_ms,
-        job_before: a.job_before,
-        verdict_before: a.verdict_before.as_str().into(),
-        reason_before: a.reason_before,
-        job_after: a.job_after,
-        verdict_after: a.verdict_after.as_str().into(),
-        reason_after: a.reason_after,
-        handoff_status: a.handoff_status.as_str().into(),
-        handoff_summary: a.handoff_summary,
-        handoff_text: a.handoff_text,
-        started_ms: a.started_ms,
-        finished_ms: a.finished_ms,
-        gpu_ms_after: a.gpu_ms_after,
-        head_before: a.head_before,
-        usage: a.usage.map(usage_wire),
-    }
-}
-
-fn usage_wire(u: fvd_store::usage::AttemptUsage) -> pb::AttemptUsage {
-    pb::AttemptUsage {
-        preset: u.preset,
-        model: u.model,
-        input_tokens: u.input_tokens,
-        output_tokens: u.output_tokens,
-        cache_read_tokens: u.cache_read_tokens,
-        cache_write_tokens: u.cache_write_tokens,
-        cost_usd: u.cost_usd,
-        unpriced_tokens: u.unpriced_tokens,
-        source: u.source,
-        cost_source: u.cost_source,
-        requests: u.requests,
-        retries: u.retries,
-        turns: u.turns,
-        cli_cost_usd: u.cli_cost_usd,
-        outcome: u.outcome,
-        stop_reason: u.stop_reason,
-        permission_denials: u.permission_denials,
-        handoff_source: u.handoff_source,
-    }
-}
-
-fn usage_row(u: pb::AttemptUsage) -> fvd_store::usage::AttemptUsage {
-    fvd_store::usage::AttemptUsage {
-        preset: u.preset,
-        model: u.model,
-        input_tokens: u.input_tokens,
-        output_tokens: u.output_tokens,
-        cache_read_tokens: u.cache_read_tokens,
-        cache_write_tokens: u.cache_write_tokens,
-        cost_usd: u.cost_usd,
-        unpriced_tokens: u.unpriced_tokens,
-        source: u.source,
-        cost_source: u.cost_source,
-        requests: u.requests,
-        retries: u.retries,
-        turns: u.turns,
-        cli_cost_usd: u.cli_cost_usd,
-        outcome: u.outcome,
-        stop_reason: u.stop_reason,
-        permission_denials: u.permission_denials,
-        handoff_source: u.handoff_source,
-    }
-}
-
-/// The ledger row of a wire attempt (for the CLI's one renderer). The
-/// wire's texts are read through the store's one mapping; a word this
-/// version does not know (a newer orchestrator's) shows as the default
-/// rather than failing the listing.
-pub fn attempt_row(family: &str, component: &str, a: pb::AgentAttempt) -> AttemptRow {
-    AttemptRow {
-        family: family.to_string(),
-        component: component.to_string(),
-        attempt: a.attempt,
-        kind: a.kind.parse().unwrap_or_default(),
-        state: a.state.parse().unwrap_or_default(),
-        tries: a.tries,
-        commit_sha: a.commit_sha,
-        diff_stat: a.diff_stat,
-        diff: a.diff,
-        exit_code: a.exit_code,
-        signal: a.signal,
-        timed_out: a.timed_out,
-        duration_ms: a.duration_ms,
-        job_before: a.job_before,
-        verdict_before: a.verdict_before.parse().unwrap_or_default(),
-        reason_before: a.reason_before,
-        job_after: a.job_after,
-        verdict_after: a.verdict_after.parse().unwrap_or_default(),
-        reason_after: a.reason_after,
-        handoff_status: a.handoff_status.parse().unwrap_or_default(),
-        handoff_summary: a.handoff_summary,
-        handoff_text: a.handoff_text,
-        started_ms: a.started_ms,
-        finished_ms: a.finished_ms,
-        gpu_ms_after: a.gpu_ms_after,
-        head_before: a.head_before,
-        cookie: String::new(),
-        usage: a.usage.map(usage_row),
-    }
-}
-
-pub fn escape_wire(e: EscapeRow) -> pb::EscapeHatch {
-    pb::EscapeHatch {
-        id: e.id,
-        component: e.component,
-        decision_type: e.decision_type,
-        question: e.question,
-        recommended: e.recommended,
-        options: e.options,
-        status: e.status.as_str().into(),
-        answer: e.answer,
-        attempt: e.attempt,
-        answered_by: e.answered_by,
-    }
-}
-
-pub(crate) fn gate_wire(g: GateEventRow) -> pb::GateEvent {
-    pb::GateEvent {
-        phase: g.phase,
-        outcome: g.outcome.as_str().into(),
-        conditions: g.conditions,
-        at_ms: g.at_ms,
-    }
-}
-
 /// The W3C `traceparent` a call carried as gRPC metadata, if any.
 fn traceparent<T>(request: &Request<T>) -> Option<String> {
     request
@@ -396,12 +219,6 @@ fn end_when_revoked<T: Send + 'static>(
             }
         }
     });
-}
-
-/// Whether a port in wire state `state` is running: a watch of one that
-/// is not ends at once.
-fn is_active(state: &str) -> bool {
-    state == PortState::Running.as_str()
 }
 
 #[tonic::async_trait]
@@ -451,7 +268,9 @@ impl pb::port_service_server::PortService for PortApi {
         let ports = query::status(&self.store, (!family.is_empty()).then_some(family.as_str()))
             .await
             .map_err(query_status)?;
-        Ok(Response::new(pb::StatusResponse { ports }))
+        Ok(Response::new(pb::StatusResponse {
+            ports: ports.into_iter().map(wire::to_snapshot).collect(),
+        }))
     }
 
     type WatchStream = BoxStream<pb::PortEvent>;
@@ -472,14 +291,9 @@ impl pb::port_service_server::PortService for PortApi {
         let store = self.store.clone();
         let watching = tx.clone();
         let stream = fvd_telemetry::spawn(async move {
-            let send = |e: pb::port_event::Event| pb::PortEvent {
-                family: family.clone(),
-                event: Some(e),
-            };
-            if !is_active(&snap.state) {
-                let _ = tx
-                    .send(Ok(send(pb::port_event::Event::Finished(snap))))
-                    .await;
+            let send = |e: wire::WatchEvent| Ok(wire::to_event(&family, e));
+            if snap.state != PortState::Running {
+                let _ = tx.send(send(wire::WatchEvent::Finished(snap))).await;
                 return;
             }
             // What happened before the watch began, then the live events.
@@ -488,23 +302,15 @@ impl pb::port_service_server::PortService for PortApi {
             let seen: std::collections::HashSet<(String, String, i64)> = snap
                 .gate_events
                 .iter()
-                .map(|g| (g.phase.clone(), g.outcome.clone(), g.at_ms))
+                .map(|g| (g.phase.clone(), g.outcome.as_str().to_string(), g.at_ms))
                 .collect();
             for g in snap.gate_events.iter().cloned() {
-                if tx
-                    .send(Ok(send(pb::port_event::Event::Gate(g))))
-                    .await
-                    .is_err()
-                {
+                if tx.send(send(wire::WatchEvent::Gate(g))).await.is_err() {
                     return;
                 }
             }
             for c in snap.components.iter().cloned() {
-                if tx
-                    .send(Ok(send(pb::port_event::Event::Component(c))))
-                    .await
-                    .is_err()
-                {
+                if tx.send(send(wire::WatchEvent::Component(c))).await.is_err() {
                     return;
                 }
             }
@@ -523,9 +329,9 @@ impl pb::port_service_server::PortService for PortApi {
                 if ev.family() != family {
                     continue;
                 }
-                let wire = match ev {
+                let event = match ev {
                     PortEvent::Component { component, .. } => {
-                        pb::port_event::Event::Component(component_wire(component))
+                        wire::WatchEvent::Component(component.into())
                     }
                     PortEvent::Gate { event, .. } => {
                         if seen.contains(&(
@@ -535,20 +341,18 @@ impl pb::port_service_server::PortService for PortApi {
                         )) {
                             continue;
                         }
-                        pb::port_event::Event::Gate(gate_wire(event))
+                        wire::WatchEvent::Gate(event)
                     }
                     PortEvent::Finished { .. } => {
                         let snap = match query::snapshot(&store, &family).await {
                             Ok(Some(s)) => s,
                             _ => return,
                         };
-                        let _ = tx
-                            .send(Ok(send(pb::port_event::Event::Finished(snap))))
-                            .await;
+                        let _ = tx.send(send(wire::WatchEvent::Finished(snap))).await;
                         return;
                     }
                 };
-                if tx.send(Ok(send(wire))).await.is_err() {
+                if tx.send(send(event)).await.is_err() {
                     return;
                 }
             }
@@ -587,7 +391,7 @@ impl pb::port_service_server::PortService for PortApi {
         .instrument(span)
         .await?;
         Ok(Response::new(pb::AnswerResponse {
-            escape: Some(escape_wire(row)),
+            escape: Some(wire::to_escape(row)),
         }))
     }
 
@@ -632,11 +436,9 @@ impl pb::port_service_server::PortService for PortApi {
         let inv = query::trace_report(&self.store, &r.family, &r.component)
             .await
             .map_err(query_status)?;
-        let investigation_json = serde_json::to_string(&inv)
-            .map_err(|e| Status::internal(format!("cannot encode the investigation: {e}")))?;
-        Ok(Response::new(pb::TraceReportResponse {
-            investigation_json,
-        }))
+        Ok(Response::new(
+            wire::to_investigation(&inv).map_err(Status::internal)?,
+        ))
     }
 
     async fn attempts(
@@ -648,12 +450,8 @@ impl pb::port_service_server::PortService for PortApi {
             .await
             .map_err(query_status)?;
         Ok(Response::new(pb::AttemptsResponse {
-            worktree: worktree.map(|w| pb::AgentWorktree {
-                path: w.path.display().to_string(),
-                branch: w.branch,
-                base_commit: w.base_commit,
-            }),
-            attempts: ledger.into_iter().map(attempt_wire).collect(),
+            worktree: worktree.map(wire::to_worktree),
+            attempts: ledger.into_iter().map(wire::to_attempt).collect(),
         }))
     }
 
@@ -693,5 +491,44 @@ impl pb::port_service_server::PortService for PortApi {
         .instrument(span)
         .await?;
         Ok(Response::new(pb::ResetResponse {}))
+    }
+
+    async fn runs(
+        &self,
+        request: Request<pb::RunsRequest>,
+    ) -> Result<Response<pb::RunsResponse>, Status> {
+        let r = request.into_inner();
+        let component = (!r.component.is_empty()).then_some(r.component.as_str());
+        let runs = query::runs(&self.store, &r.family, component)
+            .await
+            .map_err(query_status)?;
+        Ok(Response::new(pb::RunsResponse {
+            runs: runs.into_iter().map(wire::to_run).collect(),
+        }))
+    }
+
+    async fn workers(
+        &self,
+        _request: Request<pb::WorkersRequest>,
+    ) -> Result<Response<pb::WorkersResponse>, Status> {
+        let fleet = query::fleet(&self.store, Some(&self.scheduler))
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(wire::to_fleet(fleet)))
+    }
+
+    async fn queue(
+        &self,
+        request: Request<pb::QueueRequest>,
+    ) -> Result<Response<pb::QueueResponse>, Status> {
+        let family = request.into_inner().family;
+        let queue = query::queue(
+            &self.store,
+            Some(&self.scheduler),
+            (!family.is_empty()).then_some(family.as_str()),
+        )
+        .await
+        .map_err(query_status)?;
+        Ok(Response::new(wire::to_queue(queue)))
     }
 }

@@ -1,22 +1,37 @@
-//! The read side of a port's state, in one place for every reader: the
-//! gRPC handlers of `PortService` (a fleet orchestrator) and the CLI reading
-//! an embedded `REPO/.fvd/state.db` (`fvd status`, `logs`, `attempts`,
-//! `trace show`) call the same functions, so the two modes cannot answer
-//! differently. Nothing here writes.
+//! The read side of fvd's state, in one place for every reader: the gRPC
+//! handlers of `PortService` (a fleet orchestrator), the dashboard, and the
+//! CLI reading an embedded `REPO/.fvd/state.db` (`fvd status`, `logs`,
+//! `attempts`, `workers`, `queue`, `trace show`) call the same functions,
+//! so no two readers can answer differently.
+//!
+//! Invariants:
+//! - Nothing here writes.
+//! - Nothing here returns a generated (`fvd_proto`) type: the answers are
+//!   domain views ([`PortSnapshot`], [`RunRow`], [`Fleet`], [`Queue`], …);
+//!   [`crate::wire`] converts them at the gRPC edge, both ways.
+//! - No reader of state bypasses this module: the dashboard's views and the
+//!   CLI's local source read the store only through these functions.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fvd_proto::v1 as pb;
+use fvd_actors::scheduler::{FleetView, SchedulerMsg};
+use fvd_store::dashboard::{ComponentTimes, PortTimes, RunFilter, RunRow};
 use fvd_store::model::Worktree;
-use fvd_store::model::{JobRecord, JobState};
+use fvd_store::model::{ComponentRow, ComponentStatus, GateEventRow, JobState, PortState};
+use fvd_store::team::ActionRow;
 use fvd_store::traces::TraceInvestigation;
-use fvd_store::{AttemptRow, Store, StoreError};
+use fvd_store::usage::UsageTotals;
+use fvd_store::variants::VariantRow;
+use fvd_store::{AttemptRow, EscapeRow, Store, StoreError};
+use ractor::ActorRef;
 use tokio::sync::mpsc;
-
-use crate::port_api::{component_wire, escape_wire, gate_wire, variant_wire};
 
 /// How often a followed log looks for new output.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
+
+/// How long a read waits for the live scheduler's picture of the fleet.
+const FLEET_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a read found nothing to show.
 #[derive(Debug, thiserror::Error)]
@@ -46,11 +61,74 @@ impl QueryError {
     }
 }
 
+// ----- ports ------------------------------------------------------------------
+
+/// One port as every reader shows it: its state, its components with their
+/// variant tables and agent spend, the gate's decisions, its questions and
+/// who did what to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PortSnapshot {
+    pub family: String,
+    /// A running port whose orchestrator cannot write its database reads
+    /// [`PortState::Environment`] here, with `pause_reason` saying why.
+    pub state: PortState,
+    pub phase: String,
+    pub repo: String,
+    pub port_status_path: String,
+    pub repo_identity: String,
+    pub owner: String,
+    pub submitted_by: String,
+    pub pause_reason: String,
+    /// Why `PORT_STATUS.md` was not written at the port's last write;
+    /// empty when it was.
+    pub status_write_error: String,
+    pub components: Vec<ComponentSnapshot>,
+    /// Oldest first.
+    pub gate_events: Vec<GateEventRow>,
+    pub escapes: Vec<EscapeRow>,
+    /// Oldest first.
+    pub actions: Vec<ActionRow>,
+    /// Every agent attempt's model usage, summed; `None` without any.
+    pub agent_spend: Option<UsageTotals>,
+}
+
+impl PortSnapshot {
+    /// The escape hatches still waiting for an answer.
+    pub fn open_questions(&self) -> impl Iterator<Item = &EscapeRow> {
+        self.escapes
+            .iter()
+            .filter(|e| e.status == fvd_store::states::EscapeStatus::Open)
+    }
+}
+
+/// One component of a [`PortSnapshot`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ComponentSnapshot {
+    pub name: String,
+    pub status: ComponentStatus,
+    pub reason: String,
+    pub runs: u32,
+    pub worker_id: String,
+    pub variants: Vec<VariantRow>,
+    pub agent_spend: Option<UsageTotals>,
+}
+
+impl From<ComponentRow> for ComponentSnapshot {
+    fn from(c: ComponentRow) -> Self {
+        ComponentSnapshot {
+            name: c.name,
+            status: c.status,
+            reason: c.reason,
+            runs: c.runs,
+            worker_id: c.worker_id,
+            variants: Vec::new(),
+            agent_spend: None,
+        }
+    }
+}
+
 /// The snapshot of one port, or of every port when `family` is `None`.
-pub async fn status(
-    store: &Store,
-    family: Option<&str>,
-) -> Result<Vec<pb::PortSnapshot>, QueryError> {
+pub async fn status(store: &Store, family: Option<&str>) -> Result<Vec<PortSnapshot>, QueryError> {
     let families: Vec<String> = match family {
         Some(f) => vec![f.to_string()],
         None => store.ports().await?.into_iter().map(|p| p.family).collect(),
@@ -66,8 +144,8 @@ pub async fn status(
     Ok(ports)
 }
 
-/// The wire snapshot of one port, read from the store.
-pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnapshot>, StoreError> {
+/// The snapshot of one port; `None` when there is no such port.
+pub async fn snapshot(store: &Store, family: &str) -> Result<Option<PortSnapshot>, StoreError> {
     // The gate commits a phase before the event that announces it, so the
     // events are read first: a snapshot that holds "P6 entered" then also
     // holds the port in P6 (each read sees its own moment of the store).
@@ -79,13 +157,11 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     let escapes = store.escapes(family).await?;
     let mut tables = store.variant_tables(family).await?;
     let mut spend = store.usage_totals(family).await?;
-    let port_spend = spend
-        .values()
-        .fold(None::<fvd_store::usage::UsageTotals>, |acc, t| {
-            let mut a = acc.unwrap_or_default();
-            a.add(t);
-            Some(a)
-        });
+    let port_spend = spend.values().fold(None::<UsageTotals>, |acc, t| {
+        let mut a = acc.unwrap_or_default();
+        a.add(t);
+        Some(a)
+    });
     let origin = store.port_origin(family).await?.unwrap_or_default();
     let actions = store.actions(family).await?;
     let status_write_error = store.status_write_error(family).await?;
@@ -93,101 +169,134 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<pb::PortSnap
     // paused, whatever the database still says: nothing it decides can be
     // recorded until writes succeed again.
     let (state, pause_reason) = match store.write_fault() {
-        Some(f) if port.state == fvd_store::model::PortState::Running => (
-            fvd_store::model::PortState::Environment,
-            f.reason(store.db_name()),
-        ),
+        Some(f) if port.state == PortState::Running => {
+            (PortState::Environment, f.reason(store.db_name()))
+        }
         _ => (port.state, String::new()),
     };
-    Ok(Some(pb::PortSnapshot {
-        agent_spend: port_spend.as_ref().map(crate::port_api::spend_wire),
+    Ok(Some(PortSnapshot {
+        agent_spend: port_spend,
         status_write_error,
         pause_reason,
-        escapes: escapes.into_iter().map(escape_wire).collect(),
+        escapes,
         family: port.family,
-        state: state.as_str().to_string(),
+        state,
         phase: port.phase,
         components: components
             .into_iter()
             .map(|c| {
-                let rows = tables.remove(&c.name).unwrap_or_default();
-                let used = spend.remove(&c.name);
-                let mut w = component_wire(c);
-                w.variants = rows.into_iter().map(variant_wire).collect();
-                w.agent_spend = used.as_ref().map(crate::port_api::spend_wire);
-                w
+                let variants = tables.remove(&c.name).unwrap_or_default();
+                let agent_spend = spend.remove(&c.name);
+                ComponentSnapshot {
+                    variants,
+                    agent_spend,
+                    ..ComponentSnapshot::from(c)
+                }
             })
             .collect(),
-        gate_events: gate.into_iter().map(gate_wire).collect(),
+        gate_events: gate,
         repo: port.repo,
         port_status_path: port.port_status_path,
         repo_identity: origin.repo_identity,
         owner: origin.owner,
         submitted_by: origin.submitted_by,
-        actions: actions
-            .into_iter()
-            .map(|a| pb::PortAction {
-                action: a.action,
-                actor: a.actor,
-                detail: a.detail,
-                at_ms: a.at_ms,
-            })
-            .collect(),
+        actions,
     }))
 }
 
-/// The run whose output `fvd logs` shows: run `run` (1-based) of the
-/// component, or its latest run.
+/// When each port was first submitted and last changed, by family.
+pub async fn port_times(store: &Store) -> Result<BTreeMap<String, PortTimes>, StoreError> {
+    store.port_times().await
+}
+
+/// Per component of `family`: when it changed and its latest run's lease.
+pub async fn component_times(
+    store: &Store,
+    family: &str,
+) -> Result<BTreeMap<String, ComponentTimes>, StoreError> {
+    store.component_times(family).await
+}
+
+/// The W3C `traceparent` the port's runs continue, when it was traced.
+pub async fn port_traceparent(store: &Store, family: &str) -> Result<Option<String>, StoreError> {
+    store.port_traceparent(family).await
+}
+
+// ----- runs and their output ----------------------------------------------------
+
+/// Every run of a component, or of every component of the port when
+/// `component` is `None`, across all its submits, in the order queued.
+pub async fn runs(
+    store: &Store,
+    family: &str,
+    component: Option<&str>,
+) -> Result<Vec<RunRow>, QueryError> {
+    if store.port(family).await?.is_none() {
+        return Err(QueryError::UnknownFamily(family.to_string()));
+    }
+    Ok(store
+        .runs(RunFilter {
+            family: Some(family),
+            component,
+            since_ms: None,
+        })
+        .await?)
+}
+
+/// Every run of every port that ended at or after `since_ms` or has not
+/// ended: the fleet's timeline.
+pub async fn fleet_runs(store: &Store, since_ms: i64) -> Result<Vec<RunRow>, StoreError> {
+    store
+        .runs(RunFilter {
+            since_ms: Some(since_ms),
+            ..RunFilter::default()
+        })
+        .await
+}
+
+/// The run `fvd logs` shows: run `run` (1-based) of the component, or,
+/// without `run`, its latest run that started (a run queued again after an
+/// environment failure has no output yet), else its latest.
 pub async fn run_of(
     store: &Store,
     family: &str,
     component: &str,
     run: Option<u32>,
-) -> Result<JobRecord, QueryError> {
-    let runs = store.jobs_of(family, component).await?;
-    match run {
-        None => runs.last(),
-        Some(n) => runs.iter().find(|j| j.run_no == n),
-    }
-    .cloned()
-    .ok_or_else(|| QueryError::UnknownRun {
+) -> Result<RunRow, QueryError> {
+    let runs = store
+        .runs(RunFilter {
+            family: Some(family),
+            component: Some(component),
+            since_ms: None,
+        })
+        .await?;
+    pick_run(&runs, run).ok_or_else(|| QueryError::UnknownRun {
         family: family.to_string(),
         component: component.to_string(),
         run: run.map_or("at all".to_string(), |n| n.to_string()),
     })
 }
 
-/// The agent-attempt ledger of a component and its worktree, if it has one.
-pub async fn attempts(
-    store: &Store,
-    family: &str,
-    component: &str,
-) -> Result<(Option<Worktree>, Vec<AttemptRow>), QueryError> {
-    if store.port(family).await?.is_none() {
-        return Err(QueryError::UnknownFamily(family.to_string()));
+/// Run `run` of `runs`, or the latest that started, else the latest.
+pub fn pick_run(runs: &[RunRow], run: Option<u32>) -> Option<RunRow> {
+    match run {
+        Some(n) => runs.iter().find(|j| j.run_no == n),
+        None => runs
+            .iter()
+            .rev()
+            .find(|r| r.state != JobState::Queued)
+            .or_else(|| runs.last()),
     }
-    Ok((
-        store.worktree(family, component).await?,
-        store.attempts(family, component).await?,
-    ))
+    .cloned()
 }
 
-/// The latest drill-down investigation of a component.
-pub async fn trace_report(
+/// The stored output of a job after chunk `after`: `(seq, stream, bytes)`.
+pub async fn output(
     store: &Store,
-    family: &str,
-    component: &str,
-) -> Result<TraceInvestigation, QueryError> {
-    if store.port(family).await?.is_none() {
-        return Err(QueryError::UnknownFamily(family.to_string()));
-    }
-    store
-        .latest_trace(family, component)
-        .await?
-        .ok_or_else(|| QueryError::NoTrace {
-            family: family.to_string(),
-            component: component.to_string(),
-        })
+    job_id: &str,
+    after: Option<u64>,
+) -> Result<Vec<(u64, i32, Vec<u8>)>, StoreError> {
+    store.logs(job_id, after).await
 }
 
 /// Streams a job's stored output `(stream, bytes)` in order; with `follow`,
@@ -217,7 +326,7 @@ pub fn log_pump_after(
             // Over is anything but waiting or running: finished, cut off,
             // failed on its environment, never placed.
             let ended = match store.job(&job_id).await {
-                Ok(Some(j)) => !matches!(j.state, JobState::Queued | JobState::Running),
+                Ok(Some(j)) => !j.state.is_unfinished(),
                 Ok(None) => true,
                 Err(e) => {
                     let _ = tx.send(Err(e)).await;
@@ -244,4 +353,379 @@ pub fn log_pump_after(
         }
     });
     rx
+}
+
+// ----- agents and traces ----------------------------------------------------------
+
+/// The agent-attempt ledger of a component and its worktree, if it has one.
+pub async fn attempts(
+    store: &Store,
+    family: &str,
+    component: &str,
+) -> Result<(Option<Worktree>, Vec<AttemptRow>), QueryError> {
+    if store.port(family).await?.is_none() {
+        return Err(QueryError::UnknownFamily(family.to_string()));
+    }
+    Ok((
+        store.worktree(family, component).await?,
+        store.attempts(family, component).await?,
+    ))
+}
+
+/// The latest drill-down investigation of a component, `None` when it was
+/// never traced.
+pub async fn latest_trace(
+    store: &Store,
+    family: &str,
+    component: &str,
+) -> Result<Option<TraceInvestigation>, StoreError> {
+    store.latest_trace(family, component).await
+}
+
+/// The latest drill-down investigation of a component; an error naming it
+/// when there is none.
+pub async fn trace_report(
+    store: &Store,
+    family: &str,
+    component: &str,
+) -> Result<TraceInvestigation, QueryError> {
+    if store.port(family).await?.is_none() {
+        return Err(QueryError::UnknownFamily(family.to_string()));
+    }
+    latest_trace(store, family, component)
+        .await?
+        .ok_or_else(|| QueryError::NoTrace {
+            family: family.to_string(),
+            component: component.to_string(),
+        })
+}
+
+// ----- the fleet and the queue ------------------------------------------------------
+
+/// The workers as a reader sees them: live from the scheduler of this
+/// process, or, without one, as the store last recorded them.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Fleet {
+    /// A scheduler answered: `workers` are the connected ones, with their
+    /// free slots. Otherwise they are what each worker announced when it
+    /// last registered (connected or not), and free slots are unknown.
+    pub live: bool,
+    /// Milliseconds since the epoch of this picture (the scheduler's clock
+    /// when live).
+    pub now_ms: i64,
+    pub workers: Vec<Worker>,
+}
+
+/// One worker of a [`Fleet`].
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Worker {
+    pub worker_id: String,
+    pub host: String,
+    pub gpus: Vec<Gpu>,
+    /// GPU indices with no lease on them; `None` when not live.
+    pub free_gpus: Option<Vec<u32>>,
+    pub cpu_slots: u32,
+    /// Free CPU slots; `None` when not live.
+    pub free_cpu: Option<u32>,
+    pub labels: BTreeMap<String, String>,
+    /// Port-relative paths it provides (`fvd worker --provide`).
+    pub provides: Vec<String>,
+    /// Its last heartbeat (live), or its last registration (stored).
+    pub last_seen_ms: i64,
+    pub draining: bool,
+    /// The runs holding a lease on it.
+    pub jobs: Vec<Lease>,
+}
+
+/// A GPU a worker announced.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Gpu {
+    pub index: u32,
+    pub name: String,
+    pub memory_mib: u64,
+}
+
+/// A run holding a lease on a worker.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Lease {
+    pub job_id: String,
+    pub family: String,
+    pub component: String,
+    pub run_no: u32,
+    pub lease_epoch: u64,
+    pub gpus: Vec<u32>,
+    pub started_ms: Option<i64>,
+}
+
+/// What the live scheduler of this process sees, if there is one and it
+/// answers in time.
+async fn live_fleet(scheduler: Option<&ActorRef<SchedulerMsg>>) -> Option<FleetView> {
+    let s = scheduler?;
+    match s.call(SchedulerMsg::Fleet, Some(FLEET_TIMEOUT)).await {
+        Ok(ractor::rpc::CallResult::Success(v)) => Some(v),
+        _ => None,
+    }
+}
+
+/// The fleet: live from `scheduler` when one runs in this process, else
+/// the workers table and the leases the store records.
+pub async fn fleet(
+    store: &Store,
+    scheduler: Option<&ActorRef<SchedulerMsg>>,
+) -> Result<Fleet, StoreError> {
+    let leased = store.leased_jobs().await?;
+    let started: BTreeMap<&str, Option<i64>> = leased
+        .iter()
+        .map(|j| (j.job_id.as_str(), j.started_ms))
+        .collect();
+    if let Some(v) = live_fleet(scheduler).await {
+        return Ok(Fleet {
+            live: true,
+            now_ms: v.now_ms,
+            workers: v
+                .workers
+                .into_iter()
+                .map(|w| Worker {
+                    worker_id: w.worker_id,
+                    host: w.host,
+                    gpus: w
+                        .gpus
+                        .into_iter()
+                        .map(|g| Gpu {
+                            index: g.index,
+                            name: g.name,
+                            memory_mib: g.memory_mib,
+                        })
+                        .collect(),
+                    free_gpus: Some(w.free_gpus),
+                    cpu_slots: w.cpu_slots,
+                    free_cpu: Some(w.free_cpu),
+                    labels: w.labels,
+                    provides: w.provides,
+                    last_seen_ms: w.last_seen_ms,
+                    draining: w.draining,
+                    jobs: w
+                        .jobs
+                        .into_iter()
+                        .map(|j| Lease {
+                            started_ms: started.get(j.job_id.as_str()).copied().flatten(),
+                            job_id: j.job_id,
+                            family: j.family,
+                            component: j.component,
+                            run_no: j.run_no,
+                            lease_epoch: j.lease_epoch,
+                            gpus: j.gpus,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        });
+    }
+    let mut workers: Vec<Worker> = store
+        .stored_workers()
+        .await?
+        .into_iter()
+        .map(|w| Worker {
+            worker_id: w.worker_id,
+            host: w.host,
+            gpus: w
+                .gpus
+                .into_iter()
+                .map(|g| Gpu {
+                    index: g.index,
+                    name: g.name,
+                    memory_mib: g.memory_mib,
+                })
+                .collect(),
+            free_gpus: None,
+            cpu_slots: w.cpu_slots,
+            free_cpu: None,
+            labels: BTreeMap::new(),
+            provides: Vec::new(),
+            last_seen_ms: w.registered_ms,
+            draining: false,
+            jobs: Vec::new(),
+        })
+        .collect();
+    let runs = store
+        .runs(RunFilter {
+            since_ms: Some(i64::MAX),
+            ..RunFilter::default()
+        })
+        .await?;
+    let run_no: BTreeMap<&str, u32> = runs.iter().map(|r| (r.job_id.as_str(), r.run_no)).collect();
+    for j in &leased {
+        let lease = Lease {
+            job_id: j.job_id.clone(),
+            family: j.family.clone(),
+            component: j.component.clone(),
+            run_no: run_no.get(j.job_id.as_str()).copied().unwrap_or(0),
+            lease_epoch: j.lease_epoch,
+            gpus: j.gpus.clone(),
+            started_ms: j.started_ms,
+        };
+        match workers.iter_mut().find(|w| w.worker_id == j.worker_id) {
+            Some(w) => w.jobs.push(lease),
+            None => workers.push(Worker {
+                worker_id: j.worker_id.clone(),
+                jobs: vec![lease],
+                ..Worker::default()
+            }),
+        }
+    }
+    Ok(Fleet {
+        live: false,
+        now_ms: now_ms(),
+        workers,
+    })
+}
+
+/// The runs waiting for a lease, and what each needs of a worker.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Queue {
+    /// Connected workers, when a live scheduler answered; `None` when the
+    /// reader cannot know (a state database without its orchestrator).
+    pub workers: Option<usize>,
+    /// Oldest first.
+    pub jobs: Vec<Queued>,
+}
+
+/// One queued run of a [`Queue`].
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Queued {
+    pub job_id: String,
+    pub family: String,
+    pub component: String,
+    pub run_no: u32,
+    pub queued_ms: i64,
+    pub needs: Needs,
+    /// Why it waits, as the scheduler last said (the component's reason
+    /// while queued: `waiting: needs 2 GPUs on one worker; …`, or the
+    /// environment failures of the workers that could take it); empty when
+    /// it simply waits its turn, or nothing was said yet.
+    pub waiting: String,
+}
+
+/// What a run needs of the worker that takes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Needs {
+    pub gpus: u32,
+    /// Each leased GPU has at least this much memory (0: any).
+    pub gpu_memory_mib: u64,
+    pub labels: BTreeMap<String, String>,
+    /// Port-relative paths the worker must provide.
+    pub worker_paths: Vec<String>,
+    /// The port's preflight command runs on the worker first (a failing
+    /// one excludes that worker).
+    pub preflight: bool,
+}
+
+impl Needs {
+    /// In words: `1 GPU with at least 40000 MiB, labels pool=a, worker
+    /// paths weights/, a passing preflight`.
+    pub fn describe(&self) -> String {
+        let mut parts = vec![match self.gpus {
+            0 => "a CPU slot".to_string(),
+            1 => "1 GPU".to_string(),
+            n => format!("{n} GPUs on one worker"),
+        }];
+        if self.gpu_memory_mib > 0 {
+            parts[0].push_str(&format!(" with at least {} MiB each", self.gpu_memory_mib));
+        }
+        if !self.labels.is_empty() {
+            let l: Vec<String> = self
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            parts.push(format!("label {}", l.join(",")));
+        }
+        if !self.worker_paths.is_empty() {
+            parts.push(format!("worker path {}", self.worker_paths.join(", ")));
+        }
+        if self.preflight {
+            parts.push("a passing preflight".to_string());
+        }
+        parts.join(", ")
+    }
+}
+
+/// The queue of one port (`family`) or of every port: its waiting runs
+/// with their needs (from the port's spec) and why they wait.
+pub async fn queue(
+    store: &Store,
+    scheduler: Option<&ActorRef<SchedulerMsg>>,
+    family: Option<&str>,
+) -> Result<Queue, QueryError> {
+    if let Some(f) = family
+        && store.port(f).await?.is_none()
+    {
+        return Err(QueryError::UnknownFamily(f.to_string()));
+    }
+    let runs = store
+        .runs(RunFilter {
+            family,
+            component: None,
+            since_ms: Some(i64::MAX),
+        })
+        .await?;
+    let mut specs: BTreeMap<String, Option<fvd_spec::PortSpec>> = BTreeMap::new();
+    let mut reasons: BTreeMap<String, BTreeMap<String, ComponentRow>> = BTreeMap::new();
+    let mut jobs = Vec::new();
+    for r in runs.into_iter().filter(|r| r.state == JobState::Queued) {
+        if !specs.contains_key(&r.family) {
+            let spec = store.port(&r.family).await?.and_then(|p| {
+                fvd_spec::parse(std::path::Path::new(&p.spec_path), &p.spec_toml).ok()
+            });
+            specs.insert(r.family.clone(), spec);
+            let rows = store
+                .components(&r.family)
+                .await?
+                .into_iter()
+                .map(|c| (c.name.clone(), c))
+                .collect();
+            reasons.insert(r.family.clone(), rows);
+        }
+        let spec = specs
+            .get(&r.family)
+            .and_then(Option::as_ref)
+            .and_then(|s| s.components.iter().find(|c| c.name == r.component));
+        let needs = Needs {
+            gpus: r.gpus_needed,
+            gpu_memory_mib: spec.map_or(0, |c| c.placement.gpu_memory_mib),
+            labels: spec.map(|c| c.placement.labels.clone()).unwrap_or_default(),
+            worker_paths: spec
+                .map(|c| c.placement.worker_paths.clone())
+                .unwrap_or_default(),
+            preflight: spec.is_some_and(|c| !c.preflight.is_empty()),
+        };
+        let waiting = reasons
+            .get(&r.family)
+            .and_then(|rows| rows.get(&r.component))
+            .filter(|c| {
+                matches!(
+                    c.status,
+                    ComponentStatus::Queued | ComponentStatus::Environment
+                )
+            })
+            .map(|c| c.reason.clone())
+            .unwrap_or_default();
+        jobs.push(Queued {
+            job_id: r.job_id,
+            family: r.family,
+            component: r.component,
+            run_no: r.run_no,
+            queued_ms: r.queued_ms,
+            needs,
+            waiting,
+        });
+    }
+    let workers = live_fleet(scheduler).await.map(|v| v.workers.len());
+    Ok(Queue { workers, jobs })
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

@@ -21,10 +21,10 @@ use super::server::runtime;
 /// Exit codes: 0 the gate would let the port start, 1 it would refuse it,
 /// 2 the spec or the repository is unusable.
 pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
-    let repo = match args.repo.canonicalize() {
+    let repo = match args.target.repo.canonicalize() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("fvd: error: repository {}: {e}", args.repo.display());
+            eprintln!("fvd: error: repository {}: {e}", args.target.repo.display());
             return Ok(Exit::Usage);
         }
     };
@@ -150,7 +150,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
         show("Parity Commands", &m.parity);
     }
 
-    if let Some(url) = &args.orchestrator {
+    if let Some(url) = &args.target.orchestrator {
         println!(
             "note: the state of a port on {url} is not read; the diff below comes from {}",
             state_db(&repo).display()

@@ -11,7 +11,10 @@ pub mod embedded;
 pub mod exit;
 pub mod init;
 pub mod port;
+pub mod read;
+pub mod render;
 pub mod server;
+pub mod source;
 pub mod trace;
 pub mod trace_show;
 
@@ -135,11 +138,17 @@ pub enum Command {
     /// Start (or resume) the port of a family.
     Submit(port::SubmitArgs),
     /// Show ports, their phase and their components.
-    Status(port::StatusArgs),
+    Status(read::StatusArgs),
     /// Print the output of a component's run.
-    Logs(port::LogsArgs),
+    Logs(read::LogsArgs),
     /// Show the agent-attempt ledger of a component.
-    Attempts(port::AttemptsArgs),
+    Attempts(read::AttemptsArgs),
+    /// Show the workers: their GPUs, free slots, labels and the runs each
+    /// holds.
+    Workers(read::WorkersArgs),
+    /// Show the runs waiting for a worker, what each needs and why it
+    /// waits.
+    Queue(read::QueueArgs),
     /// Cancel a running port.
     Cancel(port::CancelArgs),
     /// Forget a port's embedded state so the next submit starts it over
@@ -171,9 +180,11 @@ pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
         Command::Trace(c) => trace::run(c),
         Command::Init(a) => init::run(a),
         Command::Submit(a) => port::submit(a),
-        Command::Status(a) => port::status(a),
-        Command::Logs(a) => port::logs(a),
-        Command::Attempts(a) => port::attempts(a),
+        Command::Status(a) => read::status(a),
+        Command::Logs(a) => read::logs(a),
+        Command::Attempts(a) => read::attempts(a),
+        Command::Workers(a) => read::workers(a),
+        Command::Queue(a) => read::queue(a),
         Command::Cancel(a) => port::cancel(a),
         Command::Reset(a) => port::reset(a),
         Command::Answer(a) => port::answer(a),

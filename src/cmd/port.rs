@@ -1,7 +1,8 @@
-//! `fvd submit`, `fvd status`, `fvd logs`, `fvd cancel`, `fvd answer`,
-//! `fvd attempts`: the porter's commands. Without `--orchestrator`, `submit` runs embedded: the same
-//! orchestrator and one local worker in this process, talking real gRPC on
-//! loopback, with state in `REPO/.fvd/state.db`.
+//! `fvd submit`, `fvd answer`, `fvd cancel`, `fvd reset`: the porter's
+//! commands that change a port (the reads are in [`super::read`]). Without
+//! `--orchestrator`, `submit` runs embedded: the same orchestrator and one
+//! local worker in this process, talking real gRPC on loopback, with state
+//! in `REPO/.fvd/state.db`.
 
 use super::exit::Exit;
 use std::io::{IsTerminal, Write};
@@ -12,33 +13,30 @@ use std::collections::HashMap;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use fvd_orchestrator::query::ComponentSnapshot;
+use fvd_orchestrator::wire::{self, WatchEvent};
 use fvd_proto::auth::{ClientAuth, Token};
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::port_service_client::PortServiceClient;
 use fvd_store::Store;
-use fvd_store::model::{ComponentStatus, PortState};
-use fvd_store::states::AttemptState;
+use fvd_store::model::{ComponentStatus, GateEventRow};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use super::exit::Remote;
-use super::server::{ClientTls, TokenArgs, local_worker_config, runtime};
+use super::render::{self, Shown, say};
+use super::server::{local_worker_config, runtime};
+use super::source::Target;
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
     /// Model family, as in `tests/local_tests/<family>/port.toml`.
     #[arg(long)]
     pub family: String,
-    /// The port's repository (default: the current directory).
-    #[arg(long, default_value = ".")]
-    pub repo: PathBuf,
     /// Port spec (default: REPO/tests/local_tests/FAMILY/port.toml).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub spec: Option<PathBuf>,
-    /// Orchestrator URL (`http://HOST:PORT`); embedded mode when absent.
-    #[arg(long)]
-    pub orchestrator: Option<String>,
     /// Show progress until the port ends and exit with its outcome.
     /// Embedded mode always waits: the port runs in this process.
     #[arg(long)]
@@ -62,19 +60,17 @@ pub struct SubmitArgs {
     #[command(flatten)]
     pub local: LocalWorker,
     #[command(flatten)]
-    pub token: TokenArgs,
-    #[command(flatten)]
-    pub tls: ClientTls,
+    pub target: Target,
 }
 
 /// What the local worker of embedded mode offers.
 #[derive(Debug, Args)]
 pub struct LocalWorker {
     /// Embedded mode: GPUs the local worker offers (all, none, or 0,1).
-    #[arg(long, default_value = "all")]
+    #[arg(long, default_value = "all", value_name = "GPUS")]
     pub gpus: String,
     /// Embedded mode: parallel CPU slots of the local worker (default: cores).
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     pub cpu_slots: Option<u32>,
     /// Embedded mode: the jail tests and agents start in: auto (a namespace
     /// if this machine allows one, else Landlock, else none, with a
@@ -84,68 +80,9 @@ pub struct LocalWorker {
 }
 
 #[derive(Debug, Args)]
-pub struct StatusArgs {
-    /// One family, or every port when absent.
-    pub family: Option<String>,
-    #[arg(long, default_value = ".")]
-    pub repo: PathBuf,
-    #[arg(long)]
-    pub orchestrator: Option<String>,
-    #[arg(long)]
-    pub json: bool,
-    /// Exit non-zero unless every port shown is running or passed, as
-    /// `git diff --exit-code` does: 1 blocked, failed or cancelled, 3
-    /// waiting for an answer, 4 waiting for an environment (the worst
-    /// first, in that order).
-    #[arg(long)]
-    pub exit_status: bool,
-    #[command(flatten)]
-    pub token: TokenArgs,
-    #[command(flatten)]
-    pub tls: ClientTls,
-}
-
-#[derive(Debug, Args)]
-pub struct LogsArgs {
-    pub family: String,
-    pub component: String,
-    /// Run number (1-based); the latest run when absent.
-    #[arg(long)]
-    pub run: Option<u32>,
-    /// Keep streaming until the run ends.
-    #[arg(long)]
-    pub follow: bool,
-    #[arg(long, default_value = ".")]
-    pub repo: PathBuf,
-    #[arg(long)]
-    pub orchestrator: Option<String>,
-    #[command(flatten)]
-    pub token: TokenArgs,
-    #[command(flatten)]
-    pub tls: ClientTls,
-}
-
-#[derive(Debug, Args)]
-pub struct AttemptsArgs {
-    pub family: String,
-    pub component: String,
-    #[arg(long, default_value = ".")]
-    pub repo: PathBuf,
-    /// Every recorded field, diffs and handoff blocks included.
-    #[arg(long)]
-    pub json: bool,
-    /// Ask this orchestrator instead of reading REPO/.fvd/state.db.
-    #[arg(long)]
-    pub orchestrator: Option<String>,
-    #[command(flatten)]
-    pub token: TokenArgs,
-    #[command(flatten)]
-    pub tls: ClientTls,
-}
-
-#[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("choice").required(true).args(["option", "text"])))]
 pub struct AnswerArgs {
+    /// The port's family.
     pub family: String,
     /// The escape hatch, as `fvd status` and PORT_STATUS.md name it (`E001`).
     pub id: String,
@@ -155,13 +92,6 @@ pub struct AnswerArgs {
     /// Answer in words instead.
     #[arg(long)]
     pub text: Option<String>,
-    /// The port's repository, for embedded mode (default: the current directory).
-    #[arg(long, default_value = ".")]
-    pub repo: PathBuf,
-    /// Orchestrator URL; embedded mode (the port resumes in this process)
-    /// when absent.
-    #[arg(long)]
-    pub orchestrator: Option<String>,
     /// With --orchestrator: show progress until the port ends or pauses
     /// again. Embedded mode always waits.
     #[arg(long)]
@@ -169,44 +99,29 @@ pub struct AnswerArgs {
     #[command(flatten)]
     pub local: LocalWorker,
     #[command(flatten)]
-    pub token: TokenArgs,
-    #[command(flatten)]
-    pub tls: ClientTls,
+    pub target: Target,
 }
 
+/// Without --orchestrator, the `fvd submit` process running the port is
+/// told, or, when none runs, the port is marked cancelled in
+/// REPO/.fvd/state.db.
 #[derive(Debug, Args)]
 pub struct CancelArgs {
+    /// The port's family.
     pub family: String,
-    /// The port's repository, for embedded mode (default: the current
-    /// directory).
-    #[arg(long, default_value = ".")]
-    pub repo: PathBuf,
-    /// Orchestrator URL; embedded mode when absent: the `fvd submit`
-    /// process running the port is told, or, when none runs, the port is
-    /// marked cancelled in REPO/.fvd/state.db.
-    #[arg(long)]
-    pub orchestrator: Option<String>,
     #[command(flatten)]
-    pub token: TokenArgs,
-    #[command(flatten)]
-    pub tls: ClientTls,
+    pub target: Target,
 }
 
+/// With --orchestrator, the port is forgotten there (its owner or an admin;
+/// cancel a running port first): the next submit, from any checkout,
+/// starts it over.
 #[derive(Debug, Args)]
 pub struct ResetArgs {
+    /// The port's family.
     pub family: String,
-    /// The port's repository (default: the current directory).
-    #[arg(long, default_value = ".")]
-    pub repo: PathBuf,
-    /// Forget the port on this orchestrator instead (its owner or an
-    /// admin; cancel a running port first): the next submit, from any
-    /// checkout, starts it over.
-    #[arg(long)]
-    pub orchestrator: Option<String>,
     #[command(flatten)]
-    pub token: TokenArgs,
-    #[command(flatten)]
-    pub tls: ClientTls,
+    pub target: Target,
 }
 
 /// The state database of embedded mode inside a repository.
@@ -216,15 +131,15 @@ pub fn state_db(repo: &Path) -> PathBuf {
 
 pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
     if args.spec.is_none() {
-        args.repo = super::find_repo(&args.repo, &args.family);
+        args.target.repo = super::find_repo(&args.target.repo, &args.family);
     }
     if args.dry_run {
         return super::dry_run::run(&args);
     }
-    let repo = match args.repo.canonicalize() {
+    let repo = match args.target.repo.canonicalize() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("fvd: error: repository {}: {e}", args.repo.display());
+            eprintln!("fvd: error: repository {}: {e}", args.target.repo.display());
             return Ok(Exit::Usage);
         }
     };
@@ -311,11 +226,12 @@ pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
     // or the caller's (an agent's `TRACEPARENT`).
     let span = tracing::info_span!(
         "submit",
-        family = %args.family,
-        embedded = args.orchestrator.is_none()
+        otel.kind = "client",
+        fvd.family = %args.family,
+        fvd.embedded = args.target.orchestrator.is_none()
     );
     if !span.is_disabled() {
-        let stored = match &args.orchestrator {
+        let stored = match &args.target.orchestrator {
             None => rt.block_on(stored_trace(&repo, &args.family)),
             Some(_) => None,
         };
@@ -324,18 +240,18 @@ pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
     // `block_on` polls the command's future on this thread, inside the span.
     let _in_span = span.enter();
     rt.block_on(async move {
-        match args.orchestrator {
+        match &args.target.orchestrator {
             Some(url) => {
-                let mut client = client(&url, args.token.load()?, args.tls.load()?).await?;
+                let mut client = args.target.client(url).await?;
                 let since = history_end(&mut client, &args.family).await;
                 send(&mut client, request, &format!("on {url}")).await?;
                 if args.wait {
-                    watch(&mut client, &args.family, since).await
+                    watch(&mut client, &args.family, since, &args.target).await
                 } else {
                     Ok(Exit::Success)
                 }
             }
-            None => embedded(&repo, Action::Submit(request), &args.local).await,
+            None => embedded(&repo, Action::Submit(request), &args.local, &args.target).await,
         }
     })
 }
@@ -375,7 +291,7 @@ enum Action {
 /// `fvd answer`: records the answer to an escape hatch; the component that
 /// asked goes on with it.
 pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
-    args.repo = super::find_repo(&args.repo, &args.family);
+    args.target.repo = super::find_repo(&args.target.repo, &args.family);
     let request = pb::AnswerRequest {
         family: args.family.clone(),
         id: args.id.trim().to_uppercase(),
@@ -391,12 +307,13 @@ pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
     // hangs under it.
     let span = tracing::info_span!(
         "answer",
-        family = %args.family,
-        id = %request.id,
-        embedded = args.orchestrator.is_none()
+        otel.kind = "client",
+        fvd.family = %args.family,
+        fvd.escape_hatch = %request.id,
+        fvd.embedded = args.target.orchestrator.is_none()
     );
     if !span.is_disabled() {
-        let stored = match (&args.orchestrator, args.repo.canonicalize()) {
+        let stored = match (&args.target.orchestrator, args.target.repo.canonicalize()) {
             (None, Ok(repo)) => rt.block_on(stored_trace(&repo, &args.family)),
             _ => None,
         };
@@ -404,25 +321,26 @@ pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
     }
     let _in_span = span.enter();
     rt.block_on(async move {
-        match &args.orchestrator {
+        match &args.target.orchestrator {
             Some(url) => {
-                let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
+                let mut client = args.target.client(url).await?;
                 let since = history_end(&mut client, &args.family).await;
                 send_answer(&mut client, request).await?;
                 if args.wait {
-                    watch(&mut client, &args.family, since).await
+                    watch(&mut client, &args.family, since, &args.target).await
                 } else {
                     Ok(Exit::Success)
                 }
             }
             None => {
                 let repo = args
+                    .target
                     .repo
                     .canonicalize()
-                    .with_context(|| format!("repository {}", args.repo.display()))?;
+                    .with_context(|| format!("repository {}", args.target.repo.display()))?;
                 // The port must exist here: answering starts nothing new.
                 open_local(&repo).await?;
-                embedded(&repo, Action::Answer(request), &args.local).await
+                embedded(&repo, Action::Answer(request), &args.local, &args.target).await
             }
         }
     })
@@ -487,16 +405,22 @@ async fn send(client: &mut Client, request: pb::SubmitRequest, place: &str) -> a
 }
 
 /// Embedded mode: orchestrator and worker in this process over loopback.
-async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::Result<Exit> {
+async fn embedded(
+    repo: &Path,
+    action: Action,
+    local: &LocalWorker,
+    target: &Target,
+) -> anyhow::Result<Exit> {
     let family = match &action {
         Action::Submit(r) => r.family.clone(),
         Action::Answer(r) => r.family.clone(),
     };
     if let Some(live) = super::embedded::live(repo, &family) {
         eprintln!(
-            "fvd: error: port {family} is running in process {} (an fvd submit or answer in {}); wait for it, or run fvd cancel {family}",
+            "fvd: error: port {family} is running in process {} (an fvd submit or answer in {}); wait for it, or run `{}`",
             live.pid,
-            repo.display()
+            repo.display(),
+            target.hint(repo, &["cancel", &family])
         );
         return Ok(Exit::Usage);
     }
@@ -538,13 +462,14 @@ async fn embedded(repo: &Path, action: Action, local: &LocalWorker) -> anyhow::R
             }
             Action::Answer(request) => send_answer(&mut client, request).await?,
         }
-        watch(&mut client, &family, since).await
+        watch(&mut client, &family, since, target).await
     };
     let code = tokio::select! {
         code = run => code,
         why = super::embedded::interrupted() => {
             eprintln!(
-                "fvd: {why}: stopping; the running tests are ended and the port resumes with the next fvd submit --family {family}"
+                "fvd: {why}: stopping; the running tests are ended and the port resumes with `{}`",
+                target.hint(repo, &["submit", "--family", &family])
             );
             Ok(Exit::Interrupted)
         }
@@ -633,12 +558,6 @@ fn embedded_provides(
         .collect()
 }
 
-/// Prints a line on stdout; a reader that went away (`fvd submit | head`)
-/// does not stop the port, which keeps running to its end.
-fn say(line: std::fmt::Arguments<'_>) {
-    let _ = writeln!(std::io::stdout(), "{line}");
-}
-
 /// Just after the port's last recorded gate decision, by the
 /// orchestrator's clock (0 for a port it does not know): what a watch
 /// replays from before is the port's history, not this run's.
@@ -661,10 +580,21 @@ async fn history_end(client: &mut Client, family: &str) -> i64 {
         .unwrap_or(0)
 }
 
+/// How long a watched port may have runs waiting with no worker connected
+/// before the watch says so.
+const NO_WORKER_AFTER: Duration = Duration::from_secs(2);
+
 /// Follows a port's events until it ends; returns the exit code. Gate
 /// decisions recorded before `since` (a resumed port's history, see
-/// [`history_end`]) are not printed again.
-async fn watch(client: &mut Client, family: &str, since: i64) -> anyhow::Result<Exit> {
+/// [`history_end`]) are not printed again. While components wait for a
+/// worker, the orchestrator's queue is asked every [`NO_WORKER_AFTER`]: runs
+/// waiting with no worker connected are said once, with what they need.
+async fn watch(
+    client: &mut Client,
+    family: &str,
+    since: i64,
+    target: &Target,
+) -> anyhow::Result<Exit> {
     let mut stream = client
         .watch(pb::WatchRequest {
             family: family.to_string(),
@@ -673,13 +603,41 @@ async fn watch(client: &mut Client, family: &str, since: i64) -> anyhow::Result<
         .map_err(|e| client.fail(e))?
         .into_inner();
     let progress = Progress::new(std::io::stderr().is_terminal(), super::color(), since);
-    while let Some(ev) = stream.message().await.map_err(|e| client.fail(e))? {
-        match ev.event {
-            Some(pb::port_event::Event::Component(c)) => progress.component(&c),
-            Some(pb::port_event::Event::Gate(g)) => progress.gate(&g),
-            Some(pb::port_event::Event::Finished(snap)) => {
+    let mut waiting: HashMap<String, bool> = HashMap::new();
+    let mut told_no_worker = false;
+    let mut check = tokio::time::interval(NO_WORKER_AFTER);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: the first check comes one period in.
+    check.tick().await;
+    loop {
+        let message = tokio::select! {
+            m = stream.message() => m.map_err(|e| client.fail(e))?,
+            _ = check.tick() => {
+                if !told_no_worker && waiting.values().any(|w| *w) {
+                    told_no_worker = no_worker(client, family, target).await;
+                }
+                continue;
+            }
+        };
+        let Some(ev) = message else { break };
+        match wire::from_event(ev)? {
+            Some(WatchEvent::Component(c)) => {
+                waiting.insert(
+                    c.name.clone(),
+                    matches!(c.status, ComponentStatus::Queued | ComponentStatus::Pending),
+                );
+                progress.component(&c);
+            }
+            Some(WatchEvent::Gate(g)) => progress.gate(&g),
+            Some(WatchEvent::Finished(snap)) => {
                 progress.finish();
-                print_snapshot(&snap);
+                render::print_snapshot(
+                    Shown {
+                        snap: &snap,
+                        interrupted: false,
+                    },
+                    target,
+                );
                 if !snap.status_write_error.is_empty() {
                     eprintln!(
                         "fvd: error: PORT_STATUS.md was not written, so it does not show these verdicts: {}",
@@ -687,7 +645,7 @@ async fn watch(client: &mut Client, family: &str, since: i64) -> anyhow::Result<
                     );
                     return Ok(Exit::StatusNotWritten);
                 }
-                return Ok(outcome(&snap));
+                return Ok(render::outcome(&snap));
             }
             None => {}
         }
@@ -695,24 +653,76 @@ async fn watch(client: &mut Client, family: &str, since: i64) -> anyhow::Result<
     bail!("the orchestrator closed the watch of {family} before the port ended")
 }
 
-/// 0 when every component is `non_skip_pass`, 3 when the port paused on
-/// questions, 4 when it waits for a fixed environment (a worker's, or the
-/// orchestrator's disk), 1 otherwise.
-fn outcome(snap: &pb::PortSnapshot) -> Exit {
-    if snap.state == PortState::Environment.as_str() {
-        Exit::Environment
-    } else if snap.state == PortState::AskUser.as_str() {
-        Exit::AskUser
-    } else if !snap.components.is_empty()
-        && snap
-            .components
-            .iter()
-            .all(|c| c.status == ComponentStatus::NonSkipPass.as_str())
-    {
-        Exit::Success
-    } else {
-        Exit::Findings
+/// Asks the orchestrator's queue whether `family`'s waiting runs have any
+/// worker to go to; when none is connected, says so (once) with what each
+/// run needs and how to start a worker. True once said.
+async fn no_worker(client: &mut Client, family: &str, target: &Target) -> bool {
+    let Ok(reply) = client
+        .queue(pb::QueueRequest {
+            family: family.to_string(),
+        })
+        .await
+    else {
+        return false;
+    };
+    let queue = wire::from_queue(reply.into_inner());
+    if queue.workers != Some(0) || queue.jobs.is_empty() {
+        return false;
     }
+    let needs: Vec<String> = queue
+        .jobs
+        .iter()
+        .map(|j| format!("{} needs {}", j.component, j.needs.describe()))
+        .collect();
+    let url = target
+        .orchestrator
+        .as_deref()
+        .unwrap_or(client.url.as_str());
+    eprintln!(
+        "fvd: no worker is connected to {url}: {} run(s) of {family} wait ({}); start one with `{}` on a machine that has what they need",
+        queue.jobs.len(),
+        needs.join("; "),
+        worker_hint(url, target, &queue)
+    );
+    true
+}
+
+/// `fvd worker …` that would take `queue`'s runs: this orchestrator, the
+/// target's token file and CA, the labels and paths the runs ask for.
+fn worker_hint(url: &str, target: &Target, queue: &fvd_orchestrator::query::Queue) -> String {
+    use super::source::shell_quote;
+    let mut words: Vec<String> = vec![
+        "fvd".into(),
+        "worker".into(),
+        "--orchestrator".into(),
+        url.into(),
+        "--workspace".into(),
+        "fvd-worker".into(),
+    ];
+    if let Some(f) = &target.token.token_file {
+        words.extend(["--token-file".into(), f.display().to_string()]);
+    }
+    if let Some(ca) = &target.tls.tls_ca {
+        words.extend(["--tls-ca".into(), ca.display().to_string()]);
+    }
+    if queue.jobs.iter().all(|j| j.needs.gpus == 0) {
+        words.extend(["--gpus".into(), "none".into()]);
+    }
+    let mut labels: Vec<String> = queue
+        .jobs
+        .iter()
+        .flat_map(|j| j.needs.labels.iter().map(|(k, v)| format!("{k}={v}")))
+        .collect();
+    labels.sort();
+    labels.dedup();
+    for l in labels {
+        words.extend(["--label".into(), l]);
+    }
+    words
+        .iter()
+        .map(|w| shell_quote(w))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Live progress. On a terminal, one spinner line per component updated in
@@ -750,18 +760,18 @@ impl Progress {
         }
     }
 
-    fn component(&self, c: &pb::ComponentSnapshot) {
-        let mut line = c.status.clone();
+    fn component(&self, c: &ComponentSnapshot) {
+        let mut line = c.status.as_str().to_string();
         if c.runs > 0 {
             line.push_str(&format!("  run {}", c.runs));
         }
-        let running = c.status == ComponentStatus::Running.as_str();
+        let running = c.status == ComponentStatus::Running;
         if !c.worker_id.is_empty() && running {
             line.push_str(&format!(" on {}", c.worker_id));
         }
         // what the machine lacks is said once, in the summary
         let grouped =
-            c.status == ComponentStatus::Environment.as_str() || c.reason.starts_with("unplaced: ");
+            c.status == ComponentStatus::Environment || c.reason.starts_with("unplaced: ");
         let Some((mp, bars)) = &self.bars else {
             if grouped {
                 line.push_str("  (cause below)");
@@ -769,8 +779,8 @@ impl Progress {
                 // a cause many components share is said once: a later
                 // component in the same state for the same reason names
                 // the first one (a pass's "1 passed" is said each time)
-                let key = (c.status.clone(), c.reason.clone());
-                let pass = c.status == ComponentStatus::NonSkipPass.as_str();
+                let key = (c.status.as_str().to_string(), c.reason.clone());
+                let pass = c.status == ComponentStatus::NonSkipPass;
                 let mut said = self.said.borrow_mut();
                 match said.get(&key) {
                     Some(first) if !pass && first != &c.name => {
@@ -801,14 +811,14 @@ impl Progress {
             b.enable_steady_tick(Duration::from_millis(120));
             b
         });
-        match c.status.parse() {
-            Ok(ComponentStatus::NonSkipPass) => bar.finish_with_message(self.paint("32", line)),
-            Ok(ComponentStatus::Blocked) => bar.finish_with_message(self.paint("31", line)),
+        match c.status {
+            ComponentStatus::NonSkipPass => bar.finish_with_message(self.paint("32", line)),
+            ComponentStatus::Blocked => bar.finish_with_message(self.paint("31", line)),
             _ => bar.set_message(line),
         }
     }
 
-    fn gate(&self, g: &pb::GateEvent) {
+    fn gate(&self, g: &GateEventRow) {
         if g.at_ms < self.since {
             // decided in an earlier run of the port: history
             return;
@@ -844,519 +854,16 @@ impl Progress {
     }
 }
 
-/// The port, its components and open questions. Components that wait for
-/// an environment are summed up by cause (one line per worker and cause,
-/// not one blocker each).
-fn print_snapshot(s: &pb::PortSnapshot) {
-    say(format_args!(
-        "port {}: {} at {}",
-        s.family, s.state, s.phase
-    ));
-    if !s.owner.is_empty() {
-        let last = if s.submitted_by.is_empty() || s.submitted_by == s.owner {
-            String::new()
-        } else {
-            format!(", last submitted by {}", s.submitted_by)
-        };
-        say(format_args!("  owner {}{last}", s.owner));
-    }
-    // The gate's latest refusal: why a blocked port stopped where it did.
-    if let Some(g) = s.gate_events.iter().rev().find(|g| g.outcome == "refused") {
-        say(format_args!("  gate refused {}:", g.phase));
-        for c in grouped_conditions(&g.conditions) {
-            say(format_args!("    - {c}"));
-        }
-    }
-    for c in &s.components {
-        // a cause said for a group below is not repeated on each line
-        let grouped_cause = c.status == ComponentStatus::Environment.as_str()
-            || (c.status == ComponentStatus::Blocked.as_str()
-                && c.reason.starts_with("unplaced: "));
-        let reason = if grouped_cause {
-            "(cause below)"
-        } else {
-            c.reason.as_str()
-        };
-        say(format_args!(
-            "  {:<16} {:<14} runs={} {}",
-            c.name, c.status, c.runs, reason
-        ));
-        for v in &c.variants {
-            say(format_args!("    {}", variant_line(v)));
-        }
-        if let Some(a) = &c.agent_spend {
-            say(format_args!("    agent: {}", spend_line(a)));
-        }
-    }
-    if let Some(a) = &s.agent_spend {
-        say(format_args!("  agents of the port: {}", spend_line(a)));
-    }
-    // A component's agent whose model API refused its key (or kept
-    // failing) waits too, for a different fix than a worker's.
-    let (agents, workers): (Vec<_>, Vec<_>) = grouped(s, ComponentStatus::Environment, "")
-        .into_iter()
-        .partition(|(cause, _)| cause.starts_with("environment: agent attempt "));
-    for (cause, names) in &workers {
-        let n = names.len();
-        say(format_args!(
-            "{n} component{} could not run on {cause} ({})",
-            if n == 1 { "" } else { "s" },
-            names.join(", ")
-        ));
-    }
-    for (cause, names) in &agents {
-        say(format_args!(
-            "{}: the agent could not work: {} (the attempt was not counted)",
-            names.join(", "),
-            cause.trim_start_matches("environment: ")
-        ));
-    }
-    for (cause, names) in grouped(s, ComponentStatus::Blocked, "unplaced: ") {
-        let n = names.len();
-        say(format_args!(
-            "{n} component{} cannot run on this machine: {cause} ({})",
-            if n == 1 { "" } else { "s" },
-            names.join(", ")
-        ));
-    }
-    if !s.pause_reason.is_empty() {
-        say(format_args!("  {}", s.pause_reason));
-    } else if s.state == PortState::Environment.as_str() && !workers.is_empty() {
-        say(format_args!(
-            "  fix the environment of that worker (or start one that has it) and run fvd submit --family {} again: nothing was counted against the components",
-            s.family
-        ));
-    }
-    for e in s
-        .escapes
-        .iter()
-        .filter(|e| e.status != "open" && !e.answered_by.is_empty())
-    {
-        say(format_args!(
-            "  {} {} answered by {}: {}",
-            e.id, e.component, e.answered_by, e.answer
-        ));
-    }
-    for e in s.escapes.iter().filter(|e| e.status == "open") {
-        say(format_args!(
-            "  {} {} asks ({}): {}",
-            e.id, e.component, e.decision_type, e.question
-        ));
-        for (i, o) in e.options.iter().enumerate() {
-            let rec = if *o == e.recommended {
-                " (recommended)"
-            } else {
-                ""
-            };
-            say(format_args!("      {}. {o}{rec}", i + 1));
-        }
-        say(format_args!(
-            "    answer: fvd answer {} {} --option N  (or --text \"...\")",
-            s.family, e.id
-        ));
-    }
-    // Where the file is; whether this command changed it is not known
-    // here (`fvd status` writes nothing).
-    if !s.port_status_path.is_empty() {
-        say(format_args!("status file {}", s.port_status_path));
-    }
-}
-
-/// A refusal's conditions with components blocked for one reason said in
-/// one line (`components a, b, c are blocked (…)`); a cause the summary
-/// groups (an environment, a machine that cannot run them) is referred to,
-/// not repeated.
-fn grouped_conditions(conditions: &[String]) -> Vec<String> {
-    let mut out: Vec<(Option<String>, Vec<String>, String)> = Vec::new();
-    for c in conditions {
-        let parsed = c
-            .strip_prefix("component ")
-            .and_then(|r| r.split_once(" is blocked ("))
-            .and_then(|(name, rest)| Some((name.to_string(), rest.strip_suffix(')')?.to_string())));
-        match parsed {
-            Some((name, reason)) => match out
-                .iter_mut()
-                .find(|(r, _, _)| r.as_deref() == Some(&reason))
-            {
-                Some((_, names, _)) => names.push(name),
-                None => out.push((Some(reason), vec![name], String::new())),
-            },
-            None => out.push((None, Vec::new(), c.clone())),
-        }
-    }
-    out.into_iter()
-        .map(|(reason, names, line)| match reason {
-            None => line,
-            Some(r) => {
-                let cause = if r.starts_with("unplaced: ") || r.starts_with("environment") {
-                    "cause below".to_string()
-                } else {
-                    r
-                };
-                if names.len() == 1 {
-                    format!("component {} is blocked ({cause})", names[0])
-                } else {
-                    format!("components {} are blocked ({cause})", names.join(", "))
-                }
-            }
-        })
-        .collect()
-}
-
-/// One row of a component's variant table, under the component.
-fn variant_line(v: &pb::VariantRow) -> String {
-    let mut line = format!("{:<14}", v.name);
-    if !v.env.is_empty() {
-        line.push_str(&format!(" {}", v.env.join(" ")));
-    }
-    let verdict = if v.verdict.is_empty() {
-        &v.state
-    } else {
-        &v.verdict
-    };
-    line.push_str(&format!("  {verdict}"));
-    if !v.first_divergence.is_empty() {
-        line.push_str(&format!(", first divergence {}", v.first_divergence));
-        if let Some(d) = v.drift {
-            line.push_str(&format!(" {} drift {d:.3}", v.stat));
-        }
-    }
-    if !v.finding.is_empty() && v.finding != "baseline" && v.finding != *verdict {
-        line.push_str(&format!("  [{}]", v.finding));
-    }
-    line
-}
-
-/// Components of `status` whose reason starts with `prefix`, grouped by
-/// the rest of it (the cause: `worker W: No module named 'torch'`, `needs 1
-/// GPU; this machine has none: …`), causes in order of first appearance:
-/// what the machine lacks is said once, not once per component.
-fn grouped(
-    s: &pb::PortSnapshot,
-    status: ComponentStatus,
-    prefix: &str,
-) -> Vec<(String, Vec<String>)> {
-    let mut out: Vec<(String, Vec<String>)> = Vec::new();
-    for c in s.components.iter().filter(|c| c.status == status.as_str()) {
-        let Some(cause) = c.reason.strip_prefix(prefix) else {
-            continue;
-        };
-        match out.iter_mut().find(|(known, _)| known == cause) {
-            Some((_, names)) => names.push(c.name.clone()),
-            None => out.push((cause.to_string(), vec![c.name.clone()])),
-        }
-    }
-    out
-}
-
-pub fn status(args: StatusArgs) -> anyhow::Result<Exit> {
-    let rt = runtime()?;
-    rt.block_on(async move {
-        let ports = match &args.orchestrator {
-            Some(url) => {
-                let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
-                client
-                    .status(pb::StatusRequest {
-                        family: args.family.clone().unwrap_or_default(),
-                    })
-                    .await
-                    .map_err(|e| client.fail(e))?
-                    .into_inner()
-                    .ports
-            }
-            None => {
-                let repo = match &args.family {
-                    Some(f) => super::find_repo(&args.repo, f),
-                    None => super::find_state(&args.repo),
-                };
-                let store = open_local(&repo).await?;
-                let mut ports =
-                    fvd_orchestrator::query::status(&store, args.family.as_deref()).await?;
-                mark_interrupted(&repo, &mut ports);
-                ports
-            }
-        };
-        if args.json {
-            let v: Vec<serde_json::Value> = ports.iter().map(snapshot_json).collect();
-            let out = if args.family.is_some() && v.len() == 1 {
-                v.into_iter().next().expect("one port")
-            } else {
-                serde_json::Value::Array(v)
-            };
-            println!("{}", serde_json::to_string_pretty(&out)?);
-        } else {
-            for p in &ports {
-                print_snapshot(p);
-            }
-        }
-        Ok(if args.exit_status {
-            exit_status(&ports)
-        } else {
-            Exit::Success
-        })
-    })
-}
-
-/// `fvd status --exit-status`: 0 while every port runs or has passed; else
-/// the worst of 1 (blocked, failed, cancelled), 3 (waits for an answer)
-/// and 4 (waits for an environment).
-fn exit_status(ports: &[pb::PortSnapshot]) -> Exit {
-    let each: Vec<Exit> = ports
-        .iter()
-        .map(|p| {
-            if p.state == PortState::Running.as_str() {
-                Exit::Success
-            } else {
-                outcome(p)
-            }
-        })
-        .collect();
-    [Exit::Findings, Exit::AskUser, Exit::Environment]
-        .into_iter()
-        .find(|e| each.contains(e))
-        .unwrap_or(Exit::Success)
-}
-
-fn snapshot_json(s: &pb::PortSnapshot) -> serde_json::Value {
-    serde_json::json!({
-        "family": s.family,
-        "state": s.state,
-        "pause_reason": s.pause_reason,
-        "phase": s.phase,
-        "repo": s.repo,
-        "repo_identity": s.repo_identity,
-        "owner": s.owner,
-        "submitted_by": s.submitted_by,
-        "actions": s.actions.iter().map(|a| serde_json::json!({
-            "action": a.action,
-            "actor": a.actor,
-            "detail": a.detail,
-            "at_ms": a.at_ms,
-        })).collect::<Vec<_>>(),
-        "port_status_path": s.port_status_path,
-        "components": s.components.iter().map(|c| serde_json::json!({
-            "name": c.name,
-            "status": c.status,
-            "reason": c.reason,
-            "runs": c.runs,
-            "worker_id": c.worker_id,
-            "variants": c.variants.iter().map(|v| serde_json::json!({
-                "name": v.name,
-                "env": v.env,
-                "state": v.state,
-                "verdict": v.verdict,
-                "reason": v.reason,
-                "first_divergence": v.first_divergence,
-                "stat": v.stat,
-                "drift": v.drift,
-                "finding": v.finding,
-                "trace_error": v.trace_error,
-                "job_id": v.job_id,
-                "spawned_ms": v.spawned_ms,
-                "finished_ms": v.finished_ms,
-            })).collect::<Vec<_>>(),
-            "agent_spend": c.agent_spend.as_ref().map(spend_json),
-        })).collect::<Vec<_>>(),
-        "agent_spend": s.agent_spend.as_ref().map(spend_json),
-        "escapes": s.escapes.iter().map(|e| serde_json::json!({
-            "id": e.id,
-            "component": e.component,
-            "decision_type": e.decision_type,
-            "question": e.question,
-            "recommended": e.recommended,
-            "options": e.options,
-            "status": e.status,
-            "answer": e.answer,
-            "answered_by": e.answered_by,
-            "attempt": e.attempt,
-        })).collect::<Vec<_>>(),
-        "gate": s.gate_events.iter().map(|g| serde_json::json!({
-            "phase": g.phase,
-            "outcome": g.outcome,
-            "conditions": g.conditions,
-        })).collect::<Vec<_>>(),
-    })
-}
-
-fn spend_line(a: &pb::AgentSpend) -> String {
-    let tokens = a.input_tokens + a.output_tokens + a.cache_read_tokens + a.cache_write_tokens;
-    let mut line = format!(
-        "{} attempt(s), {} request(s), {tokens} tokens, ${:.4}",
-        a.attempts, a.requests, a.cost_usd
-    );
-    if a.unpriced_tokens > 0 {
-        line.push_str(&format!(" (+{} tokens without a price)", a.unpriced_tokens));
-    }
-    line
-}
-
-fn spend_json(a: &pb::AgentSpend) -> serde_json::Value {
-    serde_json::json!({
-        "attempts": a.attempts,
-        "input_tokens": a.input_tokens,
-        "output_tokens": a.output_tokens,
-        "cache_read_tokens": a.cache_read_tokens,
-        "cache_write_tokens": a.cache_write_tokens,
-        "cost_usd": a.cost_usd,
-        "unpriced_tokens": a.unpriced_tokens,
-        "requests": a.requests,
-    })
-}
-
-pub fn logs(args: LogsArgs) -> anyhow::Result<Exit> {
-    let rt = runtime()?;
-    rt.block_on(async move {
-        let mut out = std::io::stdout().lock();
-        match &args.orchestrator {
-            Some(url) => {
-                let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
-                let mut stream = client
-                    .logs(pb::LogsRequest {
-                        family: args.family.clone(),
-                        component: args.component.clone(),
-                        run: args.run.unwrap_or(0),
-                        follow: args.follow,
-                    })
-                    .await
-                    .map_err(|e| client.fail(e))?
-                    .into_inner();
-                let mut wrote = 0;
-                while let Some(chunk) = stream.message().await.map_err(|e| client.fail(e))? {
-                    wrote += chunk.data.len();
-                    out.write_all(&chunk.data)?;
-                }
-                if wrote == 0 {
-                    eprintln!(
-                        "fvd: run of {} {} has no output (a run that failed on its environment before it printed, or printed nothing); fvd status {} --orchestrator {url} says why",
-                        args.family, args.component, args.family
-                    );
-                }
-            }
-            None => {
-                let store = open_local(&super::find_repo(&args.repo, &args.family)).await?;
-                let mut job = fvd_orchestrator::query::run_of(
-                    &store,
-                    &args.family,
-                    &args.component,
-                    args.run,
-                )
-                .await?;
-                // without --run: the latest run that started (a run queued
-                // again after an environment failure has no output yet)
-                if args.run.is_none() && job.state == fvd_store::model::JobState::Queued {
-                    let runs = store.jobs_of(&args.family, &args.component).await?;
-                    if let Some(started) = runs
-                        .iter()
-                        .rev()
-                        .find(|r| r.state != fvd_store::model::JobState::Queued)
-                    {
-                        eprintln!(
-                            "fvd: run {} is queued; showing run {}",
-                            job.run_no, started.run_no
-                        );
-                        job = started.clone();
-                    }
-                }
-                let mut chunks =
-                    fvd_orchestrator::query::log_pump(store.clone(), job.job_id.clone(), args.follow);
-                let mut wrote = 0;
-                while let Some(chunk) = chunks.recv().await {
-                    let chunk = chunk?.1;
-                    wrote += chunk.len();
-                    out.write_all(&chunk)?;
-                    out.flush()?;
-                }
-                if wrote == 0 {
-                    let runs = store.jobs_of(&args.family, &args.component).await?;
-                    eprintln!("fvd: {}", no_output(&args.family, &args.component, &job, &runs));
-                }
-            }
-        }
-        out.flush()?;
-        Ok(Exit::Success)
-    })
-}
-
-/// Embedded ports the store says are running while no fvd process runs
-/// them (its submit was interrupted: Ctrl-C, a lost terminal): shown as
-/// `interrupted`, their unfinished components too, with how to resume.
-fn mark_interrupted(repo: &Path, ports: &mut [pb::PortSnapshot]) {
-    for p in ports.iter_mut() {
-        if p.state != PortState::Running.as_str()
-            || super::embedded::live(repo, &p.family).is_some()
-        {
-            continue;
-        }
-        p.state = "interrupted".to_string();
-        let resume = format!(
-            "interrupted: no fvd process runs it; fvd submit --family {} resumes it",
-            p.family
-        );
-        for c in p.components.iter_mut().filter(|c| {
-            matches!(
-                c.status.parse::<ComponentStatus>(),
-                Ok(ComponentStatus::Running
-                    | ComponentStatus::Queued
-                    | ComponentStatus::Confirming
-                    | ComponentStatus::Pending)
-            )
-        }) {
-            c.status = "interrupted".to_string();
-            c.reason = resume.clone();
-        }
-    }
-}
-
-/// Why run `job` of a component printed nothing, and which run has output.
-fn no_output(
-    family: &str,
-    component: &str,
-    job: &fvd_store::model::JobRecord,
-    runs: &[fvd_store::model::JobRecord],
-) -> String {
-    use fvd_store::model::JobState;
-    let why = match job.state {
-        JobState::Environment => format!(
-            "it failed on its environment{}: {}",
-            if job.worker_id.is_empty() {
-                String::new()
-            } else {
-                format!(" on worker {}", job.worker_id)
-            },
-            job.reason
-        ),
-        JobState::Queued => "it has not started".to_string(),
-        JobState::Running => "it has printed nothing yet (add --follow)".to_string(),
-        JobState::Unplaced => format!("no worker could take it: {}", job.reason),
-        JobState::Abandoned => "it was in flight when its port stopped".to_string(),
-        JobState::Finished => "it printed nothing".to_string(),
-    };
-    let with_output = runs
-        .iter()
-        .rev()
-        .find(|r| r.job_id != job.job_id && !r.output_tail.is_empty());
-    let other = match with_output {
-        Some(r) => format!(
-            "; run {} has output: fvd logs {family} {component} --run {}",
-            r.run_no, r.run_no
-        ),
-        None => String::new(),
-    };
-    format!(
-        "run {} of {family} {component} has no output: {why}{other}",
-        job.run_no
-    )
-}
-
 pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
     rt.block_on(async move {
-        let (url, token, tls) = match &args.orchestrator {
-            Some(url) => (url.clone(), args.token.load()?, args.tls.load()?),
+        let t = &args.target;
+        let (url, token, tls) = match &t.orchestrator {
+            Some(url) => (url.clone(), t.token.load_client()?, t.tls.load()?),
             None => {
-                let repo = super::find_repo(&args.repo, &args.family)
+                let repo = super::find_repo(&t.repo, &args.family)
                     .canonicalize()
-                    .with_context(|| format!("repository {}", args.repo.display()))?;
+                    .with_context(|| format!("repository {}", t.repo.display()))?;
                 match super::embedded::live(&repo, &args.family) {
                     // The process running the port ends it, its tests
                     // first.
@@ -1397,9 +904,10 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
 /// `fvd reset F`: forgets the port's embedded state. Refused while a
 /// process runs the port.
 pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
-    if let Some(url) = &args.orchestrator {
+    let t = &args.target;
+    if let Some(url) = &t.orchestrator {
         return runtime()?.block_on(async {
-            let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
+            let mut client = t.client(url).await?;
             client
                 .reset(pb::ResetRequest {
                     family: args.family.clone(),
@@ -1413,13 +921,15 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
             Ok(Exit::Success)
         });
     }
-    let repo = super::find_repo(&args.repo, &args.family)
+    let repo = super::find_repo(&t.repo, &args.family)
         .canonicalize()
-        .with_context(|| format!("repository {}", args.repo.display()))?;
+        .with_context(|| format!("repository {}", t.repo.display()))?;
     if let Some(live) = super::embedded::live(&repo, &args.family) {
         eprintln!(
-            "fvd: error: port {} is running in process {}; fvd cancel {} first",
-            args.family, live.pid, args.family
+            "fvd: error: port {} is running in process {}; run `{}` first",
+            args.family,
+            live.pid,
+            t.hint(&repo, &["cancel", &args.family])
         );
         return Ok(Exit::Usage);
     }
@@ -1447,189 +957,11 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
     })
 }
 
-/// `fvd attempts`: the agent-attempt ledger of a component, from the
-/// embedded state of the repository or from an orchestrator.
-pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
-    let rt = runtime()?;
-    rt.block_on(async move {
-        let (worktree, ledger) = match &args.orchestrator {
-            Some(url) => {
-                let mut client = client(url, args.token.load()?, args.tls.load()?).await?;
-                let r = client
-                    .attempts(pb::AttemptsRequest {
-                        family: args.family.clone(),
-                        component: args.component.clone(),
-                    })
-                    .await
-                    .map_err(|e| client.fail(e))?
-                    .into_inner();
-                let worktree = r.worktree.map(|w| fvd_workspace::worktree::Worktree {
-                    path: w.path.into(),
-                    branch: w.branch,
-                    base_commit: w.base_commit,
-                    prefix: String::new(),
-                });
-                let ledger = r
-                    .attempts
-                    .into_iter()
-                    .map(|a| {
-                        fvd_orchestrator::port_api::attempt_row(&args.family, &args.component, a)
-                    })
-                    .collect::<Vec<_>>();
-                (worktree, ledger)
-            }
-            None => {
-                let store = open_local(&super::find_repo(&args.repo, &args.family)).await?;
-                fvd_orchestrator::query::attempts(&store, &args.family, &args.component).await?
-            }
-        };
-        let mut out = std::io::stdout().lock();
-        if args.json {
-            let v = serde_json::json!({
-                "family": args.family,
-                "component": args.component,
-                "worktree": worktree.as_ref().map(|w| serde_json::json!({
-                    "path": w.path,
-                    "branch": w.branch,
-                    "base_commit": w.base_commit,
-                })),
-                "attempts": ledger,
-            });
-            writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-            return Ok(Exit::Success);
-        }
-        match &worktree {
-            Some(w) => writeln!(
-                out,
-                "{} / {}: {} attempt(s) on branch {} from {} ({})",
-                args.family,
-                args.component,
-                ledger.len(),
-                w.branch,
-                &w.base_commit[..w.base_commit.len().min(12)],
-                w.path.display()
-            )?,
-            None => writeln!(
-                out,
-                "{} / {}: no agent worktree (the component has no [agent], or it never started)",
-                args.family, args.component
-            )?,
-        }
-        for a in &ledger {
-            writeln!(
-                out,
-                "attempt {}  commit {}  agent {} in {:.1}s  verdict {} -> {}",
-                a.attempt,
-                &a.commit_sha[..a.commit_sha.len().min(12)],
-                fvd_workspace::agent::exit_text(a.exit_code, a.signal, a.timed_out),
-                a.duration_ms as f64 / 1000.0,
-                a.verdict_before,
-                if a.state == AttemptState::Running {
-                    "(agent running or cut off)"
-                } else if a.handoff_summary.contains("next_step=ask_user") {
-                    "(asked the user)"
-                } else if a.verdict_after.is_none() {
-                    "(not run yet)"
-                } else {
-                    a.verdict_after.as_str()
-                },
-            )?;
-            writeln!(out, "  handoff {}: {}", a.handoff_status, a.handoff_summary)?;
-            if let Some(u) = &a.usage {
-                writeln!(out, "  model: {}", usage_line(u))?;
-                for d in &u.permission_denials {
-                    writeln!(out, "  permission denied: {d}")?;
-                }
-            }
-            if a.state == AttemptState::Environment {
-                writeln!(
-                    out,
-                    "  ended by its environment (not counted; runs again when the port resumes)"
-                )?;
-            }
-            let mut notes = vec![format!("{} turn", a.kind)];
-            if a.gpu_ms_after > 0 {
-                notes.push(format!(
-                    "{:.1} GPU-s in its run",
-                    a.gpu_ms_after as f64 / 1000.0
-                ));
-            }
-            if a.tries > 1 {
-                notes.push(format!("run {} times (cut off by a restart)", a.tries));
-            }
-            writeln!(out, "  {}", notes.join("; "))?;
-            if a.diff_stat.is_empty() {
-                writeln!(out, "  no changes")?;
-            }
-            for line in a.diff_stat.lines() {
-                writeln!(out, "  {line}")?;
-            }
-        }
-        let used: Vec<_> = ledger.iter().filter_map(|a| a.usage.as_ref()).collect();
-        if !used.is_empty() {
-            let tokens: u64 = used.iter().map(|u| u.total_tokens()).sum();
-            let usd: f64 = used.iter().filter_map(|u| u.cost_usd).sum();
-            writeln!(
-                out,
-                "total: {tokens} tokens, ${usd:.4} over {} attempt(s)",
-                used.len()
-            )?;
-        }
-        Ok(Exit::Success)
-    })
-}
-
-/// One attempt's model usage in a line: what it cost, from what, and how
-/// it ended on the model side.
-pub fn usage_line(u: &fvd_store::usage::AttemptUsage) -> String {
-    let cost = match u.cost_usd {
-        Some(c) => format!("${c:.4}"),
-        None => "cost unknown (no price)".into(),
-    };
-    let mut parts = vec![
-        format!(
-            "{} {} via {}",
-            if u.preset.is_empty() {
-                "command"
-            } else {
-                &u.preset
-            },
-            u.model,
-            u.source
-        ),
-        format!(
-            "{} in + {} out tokens ({} cache read, {} cache write)",
-            u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens
-        ),
-        cost,
-        format!("{} request(s)", u.requests),
-    ];
-    if u.unpriced_tokens > 0 {
-        parts.push(format!("{} tokens without a price", u.unpriced_tokens));
-    }
-    if u.retries > 0 {
-        parts.push(format!("{} retried", u.retries));
-    }
-    if let Some(t) = u.turns {
-        parts.push(format!("{t} turn(s)"));
-    }
-    if let Some(c) = u.cli_cost_usd {
-        parts.push(format!("the CLI says ${c:.4}"));
-    }
-    let ended = if u.stop_reason.is_empty() {
-        u.outcome.clone()
-    } else {
-        format!("{}: {}", u.outcome, u.stop_reason)
-    };
-    parts.push(ended);
-    parts.join("; ")
-}
-
 pub async fn open_local(repo: &Path) -> anyhow::Result<Store> {
     let db = state_db(repo);
     if !db.is_file() {
         bail!(
-            "no fvd state at {} (run fvd submit there first, or pass --orchestrator)",
+            "no fvd state at {} (submit a port there first, or pass --orchestrator URL)",
             db.display()
         );
     }

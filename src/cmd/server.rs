@@ -21,16 +21,23 @@ pub enum OrchestratorCmd {
 }
 
 /// Where the bearer token comes from (a file, or a variable named here);
-/// without either, no token is sent or required.
+/// without either, no token is sent or required. A client (the CLI, a
+/// worker) given neither reads the file `FVD_TOKEN_FILE` names.
 #[derive(Debug, Clone, Args, Default)]
 pub struct TokenArgs {
-    /// File holding the bearer token.
-    #[arg(long, conflicts_with = "token_env")]
+    /// File holding the bearer token (a client without this or --token-env
+    /// reads the file FVD_TOKEN_FILE names).
+    #[arg(long, conflicts_with = "token_env", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
-    /// Name of the environment variable holding the bearer token.
-    #[arg(long)]
+    /// Name of the environment variable holding the bearer token (its name,
+    /// never its value).
+    #[arg(long, value_name = "NAME")]
     pub token_env: Option<String>,
 }
+
+/// The variable a client reads its token file's path from when neither
+/// `--token-file` nor `--token-env` is given.
+pub const TOKEN_FILE_ENV: &str = "FVD_TOKEN_FILE";
 
 impl TokenArgs {
     /// Where the token comes from, when one is configured.
@@ -48,13 +55,30 @@ impl TokenArgs {
             None => Ok(None),
         }
     }
+
+    /// A client's token: [`TokenArgs::load`], else the file
+    /// [`TOKEN_FILE_ENV`] names (a server's own token never comes from it:
+    /// a variable left in an operator's shell must not open a server).
+    pub fn load_client(&self) -> anyhow::Result<Option<Token>> {
+        if self.source().is_some() {
+            return self.load();
+        }
+        match std::env::var_os(TOKEN_FILE_ENV).filter(|v| !v.is_empty()) {
+            Some(path) => Ok(Some(
+                Token::load(&TokenSource::File(PathBuf::from(path)))
+                    .with_context(|| format!("the token file {TOKEN_FILE_ENV} names"))?,
+            )),
+            None => Ok(None),
+        }
+    }
 }
 
 /// TLS for a client (a worker or the CLI) of an `https://` orchestrator.
 #[derive(Debug, Clone, Args, Default)]
 pub struct ClientTls {
-    /// CA certificate (PEM) that signed the orchestrator's certificate.
-    #[arg(long)]
+    /// CA certificate (PEM) that signed the orchestrator's certificate
+    /// (for an `https://` orchestrator).
+    #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
 }
 
@@ -170,7 +194,7 @@ pub struct WorkerArgs {
     #[command(subcommand)]
     pub command: Option<WorkerCmd>,
     /// Orchestrator URL, `http://HOST:PORT`.
-    #[arg(long, required = true)]
+    #[arg(long, required = true, env = "FVD_ORCHESTRATOR", value_name = "URL")]
     pub orchestrator: Option<String>,
     /// Scratch folder for job files.
     #[arg(long, required = true)]
@@ -633,7 +657,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
             &args.gpus,
             args.cpu_slots,
             args.worker_id,
-            args.token.load()?,
+            args.token.load_client()?,
             args.tls.load()?,
         )
         .await?;

@@ -6,34 +6,25 @@
 
 use super::exit::Exit;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
-use anyhow::Context as _;
 use clap::Args;
-use fvd_proto::v1 as pb;
 use fvd_store::states::TraceOutcome;
 use fvd_store::traces::TraceInvestigation;
 
-use super::port::client;
-use super::server::{ClientTls, TokenArgs, runtime};
+use super::server::runtime;
+use super::source::{Source, Target};
 
 #[derive(Debug, Args)]
 pub struct ShowArgs {
+    /// The port's family.
     pub family: String,
+    /// The traced component.
     pub component: String,
-    /// The port's repository (embedded state in REPO/.fvd/state.db).
-    #[arg(long, default_value = ".")]
-    pub repo: PathBuf,
-    /// Orchestrator URL; the embedded state of `--repo` when absent.
-    #[arg(long)]
-    pub orchestrator: Option<String>,
     /// Print the investigation (steps and their reports) as one JSON object.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub token: TokenArgs,
-    #[command(flatten)]
-    pub tls: ClientTls,
+    pub target: Target,
 }
 
 pub fn show(args: ShowArgs) -> anyhow::Result<Exit> {
@@ -48,21 +39,8 @@ pub fn show(args: ShowArgs) -> anyhow::Result<Exit> {
 }
 
 async fn fetch(args: &ShowArgs) -> anyhow::Result<TraceInvestigation> {
-    if let Some(url) = &args.orchestrator {
-        let mut c = client(url, args.token.load()?, args.tls.load()?).await?;
-        let r = c
-            .trace_report(pb::TraceReportRequest {
-                family: args.family.clone(),
-                component: args.component.clone(),
-            })
-            .await
-            .map_err(|s| c.fail(s))?
-            .into_inner();
-        return serde_json::from_str(&r.investigation_json)
-            .context("the orchestrator sent an investigation that does not parse");
-    }
-    let store = super::port::open_local(&args.repo).await?;
-    Ok(fvd_orchestrator::query::trace_report(&store, &args.family, &args.component).await?)
+    let mut source = Source::open(&args.target, Some(&args.family)).await?;
+    source.trace_report(&args.family, &args.component).await
 }
 
 /// The text view: headline, summary, drill path, then the last report.

@@ -72,6 +72,44 @@ pub struct LeasedJob {
     pub started_ms: Option<i64>,
 }
 
+/// One run (job) of a component as its history shows it: where and when
+/// it ran, on which GPUs, what it found, and whether it printed anything.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct RunRow {
+    pub job_id: String,
+    pub family: String,
+    pub component: String,
+    pub run_no: u32,
+    pub state: JobState,
+    pub worker_id: String,
+    pub gpus_needed: u32,
+    /// Host GPU indices of its lease (empty for a CPU run or one never
+    /// leased).
+    pub gpus: Vec<u32>,
+    pub verdict: String,
+    pub reason: String,
+    pub exit_code: Option<i32>,
+    pub duration_ms: Option<u64>,
+    pub queued_ms: i64,
+    pub started_ms: Option<i64>,
+    /// When its process started on the worker (after the checkout).
+    pub spawned_ms: Option<i64>,
+    pub finished_ms: Option<i64>,
+    /// The commit it tested; empty outside git.
+    pub commit: String,
+    /// Some output is stored for it (`fvd logs` has something to show).
+    pub has_output: bool,
+}
+
+/// Which runs [`Store::runs`] reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunFilter<'a> {
+    pub family: Option<&'a str>,
+    pub component: Option<&'a str>,
+    /// Runs that ended at or after this time, or have not ended.
+    pub since_ms: Option<i64>,
+}
+
 fn gpus_of(text: &str) -> Vec<u32> {
     serde_json::from_str(text).unwrap_or_default()
 }
@@ -199,6 +237,49 @@ impl Store {
             .collect()
     }
 
+    /// The runs `filter` selects, in the order they were queued.
+    pub async fn runs(&self, filter: RunFilter<'_>) -> Result<Vec<RunRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT j.job_id, j.family, j.component, j.run_no, j.state, j.worker_id, j.gpus_needed, j.gpus, j.verdict, j.reason, j.exit_code, j.duration_ms, j.queued_ms, j.started_ms, j.spawned_ms, j.finished_ms, j.commit_sha, (j.output_tail != '' OR EXISTS (SELECT 1 FROM job_logs l WHERE l.job_id = j.job_id)) AS has_output FROM jobs j WHERE (?1 IS NULL OR j.family = ?1) AND (?2 IS NULL OR j.component = ?2) AND (?3 IS NULL OR j.finished_ms IS NULL OR j.finished_ms >= ?3) ORDER BY j.queued_ms, j.family, j.component, j.run_no",
+        )
+        .bind(filter.family)
+        .bind(filter.component)
+        .bind(filter.since_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let state = r
+                    .get::<String, _>("state")
+                    .parse::<JobState>()
+                    .map_err(|source| StoreError::State {
+                        column: "jobs.state",
+                        source,
+                    })?;
+                Ok(RunRow {
+                    job_id: r.get("job_id"),
+                    family: r.get("family"),
+                    component: r.get("component"),
+                    run_no: r.get::<i64, _>("run_no") as u32,
+                    state,
+                    worker_id: r.get("worker_id"),
+                    gpus_needed: r.get::<i64, _>("gpus_needed") as u32,
+                    gpus: gpus_of(&r.get::<String, _>("gpus")),
+                    verdict: r.get("verdict"),
+                    reason: r.get("reason"),
+                    exit_code: r.get::<Option<i64>, _>("exit_code").map(|c| c as i32),
+                    duration_ms: r.get::<Option<i64>, _>("duration_ms").map(|d| d as u64),
+                    queued_ms: r.get("queued_ms"),
+                    started_ms: r.get("started_ms"),
+                    spawned_ms: r.get("spawned_ms"),
+                    finished_ms: r.get("finished_ms"),
+                    commit: r.get("commit_sha"),
+                    has_output: r.get::<bool, _>("has_output"),
+                })
+            })
+            .collect()
+    }
+
     /// Runs the store records as `running` (holding a lease), oldest first.
     pub async fn leased_jobs(&self) -> Result<Vec<LeasedJob>, StoreError> {
         let rows = sqlx::query("SELECT job_id, family, component, worker_id, lease_epoch, gpus, started_ms FROM jobs WHERE state = ? ORDER BY started_ms, job_id")
@@ -277,6 +358,23 @@ mod tests {
             (leased[0].lease_epoch, leased[0].worker_id.as_str()),
             (3, "w1")
         );
+        let runs = reader
+            .runs(RunFilter {
+                family: Some("p"),
+                ..RunFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(
+            (runs[0].state, runs[0].gpus.as_slice(), runs[0].has_output),
+            (JobState::Running, &[0][..], false)
+        );
+        let other = RunFilter {
+            family: Some("q"),
+            ..RunFilter::default()
+        };
+        assert!(reader.runs(other).await.unwrap().is_empty());
         let workers = reader.stored_workers().await.unwrap();
         assert_eq!(workers[0].gpus[0].name, "H100");
         assert!(reader.port_times().await.unwrap()["p"].created_ms > 0);

@@ -186,10 +186,12 @@ fn logs_say_why_there_is_none_and_status_after_ctrl_c_says_interrupted() {
         .arg(slow.repo())
         .output()
         .unwrap();
-    assert!(
-        out(&human).contains("fvd submit --family slow resumes it"),
-        "{}",
-        out(&human)
+    // The hint to resume names the repository, so it can be pasted from
+    // anywhere.
+    let resume = format!(
+        "`fvd submit --family slow --repo {}` resumes it",
+        slow.repo().canonicalize().unwrap().display()
     );
+    assert!(out(&human).contains(&resume), "{}", out(&human));
     assert!(!out(&human).contains("retrying"), "{}", out(&human));
 }

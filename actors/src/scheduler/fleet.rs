@@ -28,6 +28,8 @@ pub struct FleetWorker {
     pub cpu_slots: u32,
     pub free_cpu: u32,
     pub labels: BTreeMap<String, String>,
+    /// Port-relative paths it provides (`fvd worker --provide`).
+    pub provides: Vec<String>,
     pub last_seen_ms: i64,
     pub draining: bool,
     /// The leases it holds, by job id.
@@ -57,6 +59,7 @@ pub(super) fn view(st: &SchedulerState) -> FleetView {
             cpu_slots: w.info.cpu_slots,
             free_cpu: w.free_cpu,
             labels: w.info.labels.clone(),
+            provides: w.info.provides.clone(),
             last_seen_ms: w.last_seen_ms,
             draining: w.draining,
             jobs: Vec::new(),

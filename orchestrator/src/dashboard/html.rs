@@ -493,60 +493,41 @@ pub fn component_page(v: &ComponentPage, mode: &str) -> Markup {
 // ----- workers --------------------------------------------------------------
 
 pub fn workers_sections(v: &WorkersView) -> Vec<Section> {
+    let f = &v.fleet;
     let body = html! {
-        @if let Some(f) = &v.fleet {
-            @if f.workers.is_empty() { p.empty { "No worker connected." } }
-            @for w in &f.workers {
-                article.worker data-worker=(w.worker_id) {
-                    h3 { (w.worker_id) " · " (w.host)
-                        @if w.draining { " · " span.st.st-draining { "draining" } }
-                        " · heartbeat " span.t { (time(w.last_seen_ms)) } }
-                    p {
-                        "GPUs: " @if w.gpus.is_empty() { "none" }
-                        @for g in &w.gpus {
-                            span class={ "gpu " @if w.free_gpus.contains(&g.index) { "free" } @else { "busy" } }
-                                title={ (g.name) " " (g.memory_mib) " MiB" } { (g.index) } " "
-                        }
-                        " · CPU slots " (w.free_cpu) "/" (w.cpu_slots) " free"
-                        @for (k, val) in &w.labels { " · " code { (k) "=" (val) } }
+        @if !f.live {
+            p.note { "No live scheduler in this process: the workers as stored (what each announced when it last registered) and the leases the store records." }
+        }
+        @if f.workers.is_empty() { p.empty { "No worker connected." } }
+        @for w in &f.workers {
+            article.worker data-worker=(w.worker_id) {
+                h3 { (w.worker_id) " · " (w.host)
+                    @if w.draining { " · " span.st.st-draining { "draining" } }
+                    " · " @if f.live { "heartbeat " } @else { "registered " } span.t { (time(w.last_seen_ms)) } }
+                p {
+                    "GPUs: " @if w.gpus.is_empty() { "none" }
+                    @for g in &w.gpus {
+                        @let free = w.free_gpus.as_ref().is_some_and(|f| f.contains(&g.index));
+                        span class={ "gpu " @if w.free_gpus.is_none() { "" } @else if free { "free" } @else { "busy" } }
+                            title={ (g.name) " " (g.memory_mib) " MiB" } { (g.index) } " "
                     }
-                    @if !w.jobs.is_empty() {
-                        table {
-                            thead { tr { th { "job" } th { "port" } th { "component" } th { "epoch" } th { "GPUs" } } }
-                            tbody { @for j in &w.jobs { tr {
-                                td { code { (j.job_id) } }
-                                td { a href={ "/ports/" (seg(&j.family)) } { (j.family) } }
-                                td { (j.component) }
-                                td.n { (j.lease_epoch) }
-                                td { (j.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")) }
-                            } } }
-                        }
-                    }
+                    " · CPU slots "
+                    @if let Some(c) = w.free_cpu { (c) "/" (w.cpu_slots) " free" } @else { (w.cpu_slots) }
+                    @for (k, val) in &w.labels { " · " code { (k) "=" (val) } }
+                    @for p in &w.provides { " · provides " code { (p) } }
                 }
-            }
-            @if !f.queued.is_empty() {
-                p { "queued: " @for (fam, n) in &f.queued { (fam) " " (n) " " } }
-            }
-        } @else {
-            p.note { "No live scheduler in this process: the workers table as stored (what each worker announced when it registered) and the leases the store records." }
-            table {
-                thead { tr { th { "worker" } th { "host" } th { "GPUs" } th { "CPU slots" } th { "registered" } } }
-                tbody { @for w in &v.stored { tr {
-                    td { (w.worker_id) } td { (w.host) }
-                    td { @for g in &w.gpus { span.gpu title={ (g.name) " " (g.memory_mib) " MiB" } { (g.index) } " " } }
-                    td.n { (w.cpu_slots) } td.t { (time(w.registered_ms)) }
-                } } }
-            }
-            @if !v.leased.is_empty() {
-                h3 { "Leased runs" }
-                table {
-                    thead { tr { th { "job" } th { "worker" } th { "epoch" } th { "GPUs" } th { "started" } } }
-                    tbody { @for j in &v.leased { tr {
-                        td { a href={ "/ports/" (seg(&j.family)) "/components/" (seg(&j.component)) } { (j.job_id) } }
-                        td { (j.worker_id) } td.n { (j.lease_epoch) }
-                        td { (j.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")) }
-                        td.t { (time(j.started_ms.unwrap_or(0))) }
-                    } } }
+                @if !w.jobs.is_empty() {
+                    table {
+                        thead { tr { th { "job" } th { "port" } th { "component" } th { "epoch" } th { "GPUs" } th { "started" } } }
+                        tbody { @for j in &w.jobs { tr {
+                            td { a href={ "/ports/" (seg(&j.family)) "/components/" (seg(&j.component)) "?run=" (j.run_no) } { code { (j.job_id) } } }
+                            td { a href={ "/ports/" (seg(&j.family)) } { (j.family) } }
+                            td { (j.component) }
+                            td.n { (j.lease_epoch) }
+                            td { (j.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")) }
+                            td.t { (time(j.started_ms.unwrap_or(0))) }
+                        } } }
+                    }
                 }
             }
         }

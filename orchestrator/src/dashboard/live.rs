@@ -66,30 +66,20 @@ pub fn poll(store: Store, every: Duration) -> broadcast::Sender<Change> {
     let (tx, _) = broadcast::channel(1024);
     let out = tx.clone();
     fvd_telemetry::spawn(async move {
-        let mut seen: HashMap<String, fvd_proto::v1::PortSnapshot> = HashMap::new();
+        let mut seen: HashMap<String, crate::query::PortSnapshot> = HashMap::new();
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let ports = match store.ports().await {
+            let ports = match crate::query::status(&store, None).await {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!(error = %e, "dashboard cannot read the ports");
                     continue;
                 }
             };
-            let mut now: HashMap<String, fvd_proto::v1::PortSnapshot> = HashMap::new();
-            for p in ports {
-                match crate::query::snapshot(&store, &p.family).await {
-                    Ok(Some(s)) => {
-                        now.insert(p.family, s);
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, family = %p.family, "dashboard cannot read a port")
-                    }
-                }
-            }
+            let now: HashMap<String, crate::query::PortSnapshot> =
+                ports.into_iter().map(|s| (s.family.clone(), s)).collect();
             let at_us = now_us();
             for (family, snap) in &now {
                 if seen.get(family) != Some(snap) {

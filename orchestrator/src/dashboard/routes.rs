@@ -256,6 +256,17 @@ impl From<StoreError> for Failure {
     }
 }
 
+impl From<crate::query::QueryError> for Failure {
+    fn from(e: crate::query::QueryError) -> Self {
+        let code = if e.is_not_found() {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
 fn no_port(family: &str) -> Failure {
     Failure::new(StatusCode::NOT_FOUND, format!("no port of family {family}"))
 }
@@ -460,7 +471,7 @@ async fn log_follow(
         Ok(s) => s,
         Err(r) => return r,
     };
-    let jobs = match d.store.jobs_of(&family, &name).await {
+    let jobs = match crate::query::runs(&d.store, &family, Some(&name)).await {
         Ok(j) => j,
         Err(e) => return json::<()>(Err(e.into())),
     };
@@ -500,7 +511,7 @@ async fn plot(
     Path((family, name, step)): Path<(String, String, u32)>,
 ) -> Response {
     let not_found = |m: String| (StatusCode::NOT_FOUND, m).into_response();
-    let inv = match d.store.latest_trace(&family, &name).await {
+    let inv = match crate::query::latest_trace(&d.store, &family, &name).await {
         Ok(Some(i)) => i,
         Ok(None) => return not_found(format!("component {name} of port {family} was not traced")),
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),

@@ -1,19 +1,20 @@
-//! What each page shows, gathered from the store (and the scheduler for
-//! the live fleet) into plain serialisable values. The HTML pages render
-//! these values and the JSON twins return them as they are, so a page and
-//! its twin never disagree. Port data comes from [`port_api::snapshot`];
-//! only what the snapshot leaves out (times, leased GPUs) is read beside it.
+//! What each page shows, gathered through [`crate::query`] (the one read
+//! side: the dashboard never reads the store itself) into plain
+//! serialisable values. The HTML pages render these values and the JSON
+//! twins return them as they are, so a page and its twin never disagree.
+//! Port data comes from [`query::snapshot`]; only what the snapshot leaves
+//! out (times, leased GPUs, runs) is read beside it.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use fvd_actors::scheduler::{FleetView, SchedulerMsg};
+use fvd_actors::scheduler::SchedulerMsg;
 use fvd_contracts::Phase;
-use fvd_proto::v1 as pb;
-use fvd_store::dashboard::{LeasedJob, StoredWorker};
 use fvd_store::traces::TraceInvestigation;
+use fvd_store::usage::UsageTotals;
 use fvd_store::{AttemptRow, Store, StoreError};
 use serde::Serialize;
+
+use crate::query::{self, PortSnapshot};
 
 /// How much of a run's output a page carries; `fvd logs` has the rest.
 pub const LOG_PAGE_BYTES: usize = 512 * 1024;
@@ -66,7 +67,7 @@ pub struct SpendView {
 }
 
 impl SpendView {
-    fn of(a: &pb::AgentSpend) -> Self {
+    fn of(a: &UsageTotals) -> Self {
         SpendView {
             attempts: a.attempts,
             tokens: a.input_tokens + a.output_tokens + a.cache_read_tokens + a.cache_write_tokens,
@@ -178,35 +179,29 @@ pub struct WorktreeView {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkersView {
-    /// A scheduler runs in this process: `fleet` is what it knows now.
-    pub live: bool,
-    pub fleet: Option<FleetView>,
-    /// The `workers` table (what workers announced when they registered)
-    /// and the leases the store records: all there is without a live
-    /// scheduler.
-    pub stored: Vec<StoredWorker>,
-    pub leased: Vec<LeasedJob>,
+    /// Live from the scheduler of this process, else as stored.
+    pub fleet: query::Fleet,
 }
 
 /// The index: every port with its counts.
 pub async fn index(store: &Store) -> Result<IndexView, StoreError> {
-    let times = store.port_times().await?;
+    let times = query::port_times(store).await?;
     let mut ports = Vec::new();
-    for p in store.ports().await? {
-        let Some(snap) = crate::query::snapshot(store, &p.family).await? else {
+    for family in times.keys() {
+        let Some(snap) = query::snapshot(store, family).await? else {
             continue;
         };
         let mut counts = BTreeMap::new();
         for c in &snap.components {
-            *counts.entry(c.status.clone()).or_insert(0) += 1;
+            *counts.entry(c.status.as_str().to_string()).or_insert(0) += 1;
         }
         let t = times.get(&snap.family).cloned().unwrap_or_default();
         ports.push(PortSummary {
             components: snap.components.len(),
-            open_questions: snap.escapes.iter().filter(|e| e.status == "open").count(),
+            open_questions: snap.open_questions().count(),
             family: snap.family,
             phase: snap.phase,
-            state: snap.state,
+            state: snap.state.as_str().to_string(),
             counts,
             created_ms: t.created_ms,
             updated_ms: t.updated_ms,
@@ -215,7 +210,7 @@ pub async fn index(store: &Store) -> Result<IndexView, StoreError> {
     Ok(IndexView { ports })
 }
 
-fn phases(snap: &pb::PortSnapshot) -> Vec<PhaseView> {
+fn phases(snap: &PortSnapshot) -> Vec<PhaseView> {
     (0..=11u8)
         .filter_map(Phase::from_number)
         .map(|ph| {
@@ -224,7 +219,9 @@ fn phases(snap: &pb::PortSnapshot) -> Vec<PhaseView> {
             PhaseView {
                 current: snap.phase == id,
                 name: ph.name().to_string(),
-                outcome: last.map(|g| g.outcome.clone()).unwrap_or_default(),
+                outcome: last
+                    .map(|g| g.outcome.as_str().to_string())
+                    .unwrap_or_default(),
                 at_ms: last.map_or(0, |g| g.at_ms),
                 id,
             }
@@ -234,11 +231,11 @@ fn phases(snap: &pb::PortSnapshot) -> Vec<PhaseView> {
 
 /// One port's page; `None` when there is no such port.
 pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, StoreError> {
-    let Some(snap) = crate::query::snapshot(store, family).await? else {
+    let Some(snap) = query::snapshot(store, family).await? else {
         return Ok(None);
     };
-    let times = store.port_times().await?;
-    let mut ctimes = store.component_times(family).await?;
+    let times = query::port_times(store).await?;
+    let mut ctimes = query::component_times(store, family).await?;
     let t = times.get(family).cloned().unwrap_or_default();
     let components = snap
         .components
@@ -247,7 +244,7 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
             let ct = ctimes.remove(&c.name).unwrap_or_default();
             ComponentView {
                 name: c.name.clone(),
-                status: c.status.clone(),
+                status: c.status.as_str().to_string(),
                 reason: c.reason.clone(),
                 runs: c.runs,
                 worker_id: c.worker_id.clone(),
@@ -264,10 +261,15 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
         .gate_events
         .iter()
         .rev()
-        .filter(|g| g.outcome == "refused" || g.outcome == "pending")
+        .filter(|g| {
+            matches!(
+                g.outcome,
+                fvd_store::states::GateOutcome::Refused | fvd_store::states::GateOutcome::Pending
+            )
+        })
         .map(|g| GateView {
             phase: g.phase.clone(),
-            outcome: g.outcome.clone(),
+            outcome: g.outcome.as_str().to_string(),
             conditions: g.conditions.clone(),
             at_ms: g.at_ms,
         })
@@ -282,7 +284,7 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
             question: e.question.clone(),
             recommended: e.recommended.clone(),
             options: e.options.clone(),
-            status: e.status.clone(),
+            status: e.status.as_str().to_string(),
             answer: e.answer.clone(),
             answered_by: e.answered_by.clone(),
             attempt: e.attempt,
@@ -291,7 +293,7 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
     Ok(Some(PortView {
         phases: phases(&snap),
         family: snap.family,
-        state: snap.state,
+        state: snap.state.as_str().to_string(),
         phase: snap.phase,
         repo: snap.repo,
         port_status_path: snap.port_status_path,
@@ -335,14 +337,18 @@ pub async fn component(
     let Some(component) = port.components.into_iter().find(|c| c.name == name) else {
         return Ok(None);
     };
-    let jobs = store.jobs_of(family, name).await?;
+    let jobs = match query::runs(store, family, Some(name)).await {
+        Ok(j) => j,
+        Err(query::QueryError::Store(e)) => return Err(e),
+        Err(_) => return Ok(None),
+    };
     let chosen = match run {
         Some(n) => jobs.iter().find(|j| j.run_no == n),
         None => jobs.last(),
     };
     let log = match chosen {
         Some(j) => {
-            let chunks = store.logs(&j.job_id, None).await?;
+            let chunks = query::output(store, &j.job_id, None).await?;
             let last_seq = chunks.last().map(|(seq, _, _)| *seq);
             let bytes: Vec<u8> = chunks.into_iter().flat_map(|(_, _, d)| d).collect();
             let (text, cut) = tail(String::from_utf8_lossy(&bytes).into_owned(), LOG_PAGE_BYTES);
@@ -373,7 +379,12 @@ pub async fn component(
             finished_ms: j.finished_ms,
         })
         .collect();
-    let worktree = store.worktree(family, name).await?.map(|w| WorktreeView {
+    let (worktree, attempts) = match query::attempts(store, family, name).await {
+        Ok(a) => a,
+        Err(query::QueryError::Store(e)) => return Err(e),
+        Err(_) => return Ok(None),
+    };
+    let worktree = worktree.map(|w| WorktreeView {
         path: w.path.display().to_string(),
         branch: w.branch,
         base_commit: w.base_commit,
@@ -385,8 +396,8 @@ pub async fn component(
         runs,
         log,
         worktree,
-        attempts: store.attempts(family, name).await?,
-        trace: store.latest_trace(family, name).await?,
+        attempts,
+        trace: query::latest_trace(store, family, name).await?,
     }))
 }
 
@@ -396,21 +407,8 @@ pub async fn workers(
     store: &Store,
     scheduler: Option<&ractor::ActorRef<SchedulerMsg>>,
 ) -> Result<WorkersView, StoreError> {
-    let fleet = match scheduler {
-        Some(s) => match s
-            .call(SchedulerMsg::Fleet, Some(Duration::from_secs(5)))
-            .await
-        {
-            Ok(ractor::rpc::CallResult::Success(v)) => Some(v),
-            _ => None,
-        },
-        None => None,
-    };
     Ok(WorkersView {
-        live: scheduler.is_some(),
-        fleet,
-        stored: store.stored_workers().await?,
-        leased: store.leased_jobs().await?,
+        fleet: query::fleet(store, scheduler).await?,
     })
 }
 

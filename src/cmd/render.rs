@@ -1,0 +1,528 @@
+//! How the port commands show the domain views they read: a port's
+//! snapshot as text or JSON, its exit status, agent spend, a run's
+//! outcome. One renderer for both sources (embedded state or orchestrator),
+//! so `fvd status` reads the same either way.
+
+use std::io::Write;
+
+use fvd_orchestrator::query::{ComponentSnapshot, PortSnapshot};
+use fvd_store::dashboard::RunRow;
+use fvd_store::model::{ComponentStatus, JobState, PortState};
+use fvd_store::states::{EscapeStatus, GateOutcome, VariantFinding};
+use fvd_store::usage::UsageTotals;
+use fvd_store::variants::VariantRow;
+
+use super::exit::Exit;
+use super::source::Target;
+
+/// Prints a line on stdout; a reader that went away (`fvd submit | head`)
+/// does not stop the port, which keeps running to its end.
+pub fn say(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+/// How a port is shown: its snapshot and whether a reader of its embedded
+/// state found that no process runs it although it is recorded running
+/// (an `fvd submit` interrupted by Ctrl-C or a lost terminal).
+#[derive(Debug, Clone, Copy)]
+pub struct Shown<'a> {
+    pub snap: &'a PortSnapshot,
+    pub interrupted: bool,
+}
+
+impl Shown<'_> {
+    /// The port's state word (`interrupted` for an interrupted one).
+    pub fn state(&self) -> &'static str {
+        if self.interrupted {
+            "interrupted"
+        } else {
+            self.snap.state.as_str()
+        }
+    }
+
+    /// A component's status word and reason as shown: an interrupted
+    /// port's unfinished components say how to resume it.
+    fn component(&self, c: &ComponentSnapshot, target: &Target) -> (&'static str, String) {
+        let unfinished = matches!(
+            c.status,
+            ComponentStatus::Running
+                | ComponentStatus::Queued
+                | ComponentStatus::Confirming
+                | ComponentStatus::Pending
+        );
+        if self.interrupted && unfinished {
+            (
+                "interrupted",
+                format!(
+                    "interrupted: no fvd process runs it; `{}` resumes it",
+                    resume_hint(self.snap, target)
+                ),
+            )
+        } else {
+            (c.status.as_str(), c.reason.clone())
+        }
+    }
+}
+
+/// `fvd submit --family F` with the target's flags.
+pub fn resume_hint(s: &PortSnapshot, target: &Target) -> String {
+    target.hint(
+        std::path::Path::new(&s.repo),
+        &["submit", "--family", &s.family],
+    )
+}
+
+/// The answer hint of an open question: its recommended option (else the
+/// first) with the target's flags, ready to paste.
+pub fn answer_hint(s: &PortSnapshot, e: &fvd_store::EscapeRow, target: &Target) -> String {
+    let option = e
+        .options
+        .iter()
+        .position(|o| *o == e.recommended)
+        .map_or(1, |i| i + 1)
+        .to_string();
+    target.hint(
+        std::path::Path::new(&s.repo),
+        &["answer", &s.family, &e.id, "--option", &option],
+    )
+}
+
+/// 0 when every component is `non_skip_pass`, 3 when the port paused on
+/// questions, 4 when it waits for a fixed environment (a worker's, or the
+/// orchestrator's disk), 1 otherwise.
+pub fn outcome(snap: &PortSnapshot) -> Exit {
+    match snap.state {
+        PortState::Environment => Exit::Environment,
+        PortState::AskUser => Exit::AskUser,
+        _ if !snap.components.is_empty()
+            && snap
+                .components
+                .iter()
+                .all(|c| c.status == ComponentStatus::NonSkipPass) =>
+        {
+            Exit::Success
+        }
+        _ => Exit::Findings,
+    }
+}
+
+/// `fvd status --exit-status`: 0 while every port runs or has passed; else
+/// the worst of 1 (blocked, failed, cancelled), 3 (waits for an answer)
+/// and 4 (waits for an environment).
+pub fn exit_status(ports: &[PortSnapshot]) -> Exit {
+    let each: Vec<Exit> = ports
+        .iter()
+        .map(|p| {
+            if p.state == PortState::Running {
+                Exit::Success
+            } else {
+                outcome(p)
+            }
+        })
+        .collect();
+    [Exit::Findings, Exit::AskUser, Exit::Environment]
+        .into_iter()
+        .find(|e| each.contains(e))
+        .unwrap_or(Exit::Success)
+}
+
+/// What a run's end means for `fvd logs --follow`: 0 a pass, 4 a run that
+/// failed on its environment, 1 anything else that ended (a red run, a
+/// skip, an error, a cut-off or unplaceable run); `None` while it may
+/// still end.
+pub fn run_exit(run: &RunRow) -> Option<Exit> {
+    match run.state {
+        JobState::Queued | JobState::Running => None,
+        JobState::Finished if run.verdict == ComponentStatus::NonSkipPass.as_str() => {
+            Some(Exit::Success)
+        }
+        JobState::Environment => Some(Exit::Environment),
+        JobState::Finished | JobState::Unplaced | JobState::Abandoned => Some(Exit::Findings),
+    }
+}
+
+/// The port, its components and open questions. Components that wait for
+/// an environment are summed up by cause (one line per worker and cause,
+/// not one blocker each). Open questions come first, each with a hint to
+/// answer it that can be pasted as it is.
+pub fn print_snapshot(shown: Shown<'_>, target: &Target) {
+    let s = shown.snap;
+    say(format_args!(
+        "port {}: {} at {}",
+        s.family,
+        shown.state(),
+        s.phase
+    ));
+    if !s.owner.is_empty() {
+        let last = if s.submitted_by.is_empty() || s.submitted_by == s.owner {
+            String::new()
+        } else {
+            format!(", last submitted by {}", s.submitted_by)
+        };
+        say(format_args!("  owner {}{last}", s.owner));
+    }
+    for e in s.open_questions() {
+        say(format_args!(
+            "  {} {} asks ({}): {}",
+            e.id, e.component, e.decision_type, e.question
+        ));
+        for (i, o) in e.options.iter().enumerate() {
+            let rec = if *o == e.recommended {
+                " (recommended)"
+            } else {
+                ""
+            };
+            say(format_args!("      {}. {o}{rec}", i + 1));
+        }
+        say(format_args!(
+            "    answer: `{}`  (another --option N, or --text \"...\")",
+            answer_hint(s, e, target)
+        ));
+    }
+    // The gate's latest refusal: why a blocked port stopped where it did.
+    if let Some(g) = s
+        .gate_events
+        .iter()
+        .rev()
+        .find(|g| g.outcome == GateOutcome::Refused)
+    {
+        say(format_args!("  gate refused {}:", g.phase));
+        for c in grouped_conditions(&g.conditions) {
+            say(format_args!("    - {c}"));
+        }
+    }
+    for c in &s.components {
+        let (status, reason) = shown.component(c, target);
+        // a cause said for a group below is not repeated on each line
+        let grouped_cause = c.status == ComponentStatus::Environment
+            || (c.status == ComponentStatus::Blocked && c.reason.starts_with("unplaced: "));
+        let reason = if grouped_cause {
+            "(cause below)".to_string()
+        } else {
+            reason
+        };
+        say(format_args!(
+            "  {:<16} {:<14} runs={} {}",
+            c.name, status, c.runs, reason
+        ));
+        for v in &c.variants {
+            say(format_args!("    {}", variant_line(v)));
+        }
+        if let Some(a) = &c.agent_spend {
+            say(format_args!("    agent: {}", spend_line(a)));
+        }
+    }
+    if let Some(a) = &s.agent_spend {
+        say(format_args!("  agents of the port: {}", spend_line(a)));
+    }
+    // A component's agent whose model API refused its key (or kept
+    // failing) waits too, for a different fix than a worker's.
+    let (agents, workers): (Vec<_>, Vec<_>) = grouped(s, ComponentStatus::Environment, "")
+        .into_iter()
+        .partition(|(cause, _)| cause.starts_with("environment: agent attempt "));
+    for (cause, names) in &workers {
+        let n = names.len();
+        say(format_args!(
+            "{n} component{} could not run on {cause} ({})",
+            if n == 1 { "" } else { "s" },
+            names.join(", ")
+        ));
+    }
+    for (cause, names) in &agents {
+        say(format_args!(
+            "{}: the agent could not work: {} (the attempt was not counted)",
+            names.join(", "),
+            cause.trim_start_matches("environment: ")
+        ));
+    }
+    for (cause, names) in grouped(s, ComponentStatus::Blocked, "unplaced: ") {
+        let n = names.len();
+        say(format_args!(
+            "{n} component{} cannot run on this machine: {cause} ({})",
+            if n == 1 { "" } else { "s" },
+            names.join(", ")
+        ));
+    }
+    if !s.pause_reason.is_empty() {
+        say(format_args!("  {}", s.pause_reason));
+    } else if s.state == PortState::Environment && !workers.is_empty() {
+        say(format_args!(
+            "  fix the environment of that worker (or start one that has it) and run `{}` again: nothing was counted against the components",
+            resume_hint(s, target)
+        ));
+    }
+    for e in s
+        .escapes
+        .iter()
+        .filter(|e| e.status != EscapeStatus::Open && !e.answered_by.is_empty())
+    {
+        say(format_args!(
+            "  {} {} answered by {}: {}",
+            e.id, e.component, e.answered_by, e.answer
+        ));
+    }
+    // Where the file is; whether this command changed it is not known
+    // here (`fvd status` writes nothing).
+    if !s.port_status_path.is_empty() {
+        say(format_args!("status file {}", s.port_status_path));
+    }
+}
+
+/// A refusal's conditions with components blocked for one reason said in
+/// one line (`components a, b, c are blocked (…)`); a cause the summary
+/// groups (an environment, a machine that cannot run them) is referred to,
+/// not repeated.
+pub fn grouped_conditions(conditions: &[String]) -> Vec<String> {
+    let mut out: Vec<(Option<String>, Vec<String>, String)> = Vec::new();
+    for c in conditions {
+        let parsed = c
+            .strip_prefix("component ")
+            .and_then(|r| r.split_once(" is blocked ("))
+            .and_then(|(name, rest)| Some((name.to_string(), rest.strip_suffix(')')?.to_string())));
+        match parsed {
+            Some((name, reason)) => match out
+                .iter_mut()
+                .find(|(r, _, _)| r.as_deref() == Some(&reason))
+            {
+                Some((_, names, _)) => names.push(name),
+                None => out.push((Some(reason), vec![name], String::new())),
+            },
+            None => out.push((None, Vec::new(), c.clone())),
+        }
+    }
+    out.into_iter()
+        .map(|(reason, names, line)| match reason {
+            None => line,
+            Some(r) => {
+                let cause = if r.starts_with("unplaced: ") || r.starts_with("environment") {
+                    "cause below".to_string()
+                } else {
+                    r
+                };
+                if names.len() == 1 {
+                    format!("component {} is blocked ({cause})", names[0])
+                } else {
+                    format!("components {} are blocked ({cause})", names.join(", "))
+                }
+            }
+        })
+        .collect()
+}
+
+/// One row of a component's variant table, under the component.
+fn variant_line(v: &VariantRow) -> String {
+    let mut line = format!("{:<14}", v.name);
+    if !v.env.is_empty() {
+        line.push_str(&format!(" {}", v.env.join(" ")));
+    }
+    let verdict = if v.verdict.is_none() {
+        v.state.as_str()
+    } else {
+        v.verdict.as_str()
+    };
+    line.push_str(&format!("  {verdict}"));
+    if !v.first_divergence.is_empty() {
+        line.push_str(&format!(", first divergence {}", v.first_divergence));
+        if let Some(d) = v.drift {
+            line.push_str(&format!(" {} drift {d:.3}", v.stat));
+        }
+    }
+    if !matches!(v.finding, VariantFinding::None | VariantFinding::Baseline)
+        && v.finding.as_str() != verdict
+    {
+        line.push_str(&format!("  [{}]", v.finding));
+    }
+    line
+}
+
+/// Components of `status` whose reason starts with `prefix`, grouped by
+/// the rest of it (the cause: `worker W: No module named 'torch'`, `needs 1
+/// GPU; this machine has none: …`), causes in order of first appearance:
+/// what the machine lacks is said once, not once per component.
+fn grouped(s: &PortSnapshot, status: ComponentStatus, prefix: &str) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for c in s.components.iter().filter(|c| c.status == status) {
+        let Some(cause) = c.reason.strip_prefix(prefix) else {
+            continue;
+        };
+        match out.iter_mut().find(|(known, _)| known == cause) {
+            Some((_, names)) => names.push(c.name.clone()),
+            None => out.push((cause.to_string(), vec![c.name.clone()])),
+        }
+    }
+    out
+}
+
+/// `fvd status --json` of one port.
+pub fn snapshot_json(shown: Shown<'_>, target: &Target) -> serde_json::Value {
+    let s = shown.snap;
+    serde_json::json!({
+        "family": s.family,
+        "state": shown.state(),
+        "pause_reason": s.pause_reason,
+        "phase": s.phase,
+        "repo": s.repo,
+        "repo_identity": s.repo_identity,
+        "owner": s.owner,
+        "submitted_by": s.submitted_by,
+        "actions": s.actions.iter().map(|a| serde_json::json!({
+            "action": a.action,
+            "actor": a.actor,
+            "detail": a.detail,
+            "at_ms": a.at_ms,
+        })).collect::<Vec<_>>(),
+        "port_status_path": s.port_status_path,
+        "components": s.components.iter().map(|c| {
+            let (status, reason) = shown.component(c, target);
+            serde_json::json!({
+                "name": c.name,
+                "status": status,
+                "reason": reason,
+                "runs": c.runs,
+                "worker_id": c.worker_id,
+                "variants": c.variants.iter().map(|v| serde_json::json!({
+                    "name": v.name,
+                    "env": v.env,
+                    "state": v.state,
+                    "verdict": v.verdict,
+                    "reason": v.reason,
+                    "first_divergence": v.first_divergence,
+                    "stat": v.stat,
+                    "drift": v.drift,
+                    "finding": v.finding,
+                    "trace_error": v.trace_error,
+                    "job_id": v.job_id,
+                    "spawned_ms": v.spawned_ms.unwrap_or(0),
+                    "finished_ms": v.job_finished_ms.or(v.finished_ms).unwrap_or(0),
+                })).collect::<Vec<_>>(),
+                "agent_spend": c.agent_spend.as_ref().map(spend_json),
+            })
+        }).collect::<Vec<_>>(),
+        "agent_spend": s.agent_spend.as_ref().map(spend_json),
+        "escapes": s.escapes.iter().map(|e| serde_json::json!({
+            "id": e.id,
+            "component": e.component,
+            "decision_type": e.decision_type,
+            "question": e.question,
+            "recommended": e.recommended,
+            "options": e.options,
+            "status": e.status,
+            "answer": e.answer,
+            "answered_by": e.answered_by,
+            "attempt": e.attempt,
+            "answer_command": (e.status == EscapeStatus::Open).then(|| answer_hint(s, e, target)),
+        })).collect::<Vec<_>>(),
+        "gate": s.gate_events.iter().map(|g| serde_json::json!({
+            "phase": g.phase,
+            "outcome": g.outcome,
+            "conditions": g.conditions,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn spend_line(a: &UsageTotals) -> String {
+    let tokens = a.input_tokens + a.output_tokens + a.cache_read_tokens + a.cache_write_tokens;
+    let mut line = format!(
+        "{} attempt(s), {} request(s), {tokens} tokens, ${:.4}",
+        a.attempts, a.requests, a.cost_usd
+    );
+    if a.unpriced_tokens > 0 {
+        line.push_str(&format!(" (+{} tokens without a price)", a.unpriced_tokens));
+    }
+    line
+}
+
+fn spend_json(a: &UsageTotals) -> serde_json::Value {
+    serde_json::json!({
+        "attempts": a.attempts,
+        "input_tokens": a.input_tokens,
+        "output_tokens": a.output_tokens,
+        "cache_read_tokens": a.cache_read_tokens,
+        "cache_write_tokens": a.cache_write_tokens,
+        "cost_usd": a.cost_usd,
+        "unpriced_tokens": a.unpriced_tokens,
+        "requests": a.requests,
+    })
+}
+
+/// One attempt's model usage in a line: what it cost, from what, and how
+/// it ended on the model side.
+pub fn usage_line(u: &fvd_store::usage::AttemptUsage) -> String {
+    let cost = match u.cost_usd {
+        Some(c) => format!("${c:.4}"),
+        None => "cost unknown (no price)".into(),
+    };
+    let mut parts = vec![
+        format!(
+            "{} {} via {}",
+            if u.preset.is_empty() {
+                "command"
+            } else {
+                &u.preset
+            },
+            u.model,
+            u.source
+        ),
+        format!(
+            "{} in + {} out tokens ({} cache read, {} cache write)",
+            u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens
+        ),
+        cost,
+        format!("{} request(s)", u.requests),
+    ];
+    if u.unpriced_tokens > 0 {
+        parts.push(format!("{} tokens without a price", u.unpriced_tokens));
+    }
+    if u.retries > 0 {
+        parts.push(format!("{} retried", u.retries));
+    }
+    if let Some(t) = u.turns {
+        parts.push(format!("{t} turn(s)"));
+    }
+    if let Some(c) = u.cli_cost_usd {
+        parts.push(format!("the CLI says ${c:.4}"));
+    }
+    let ended = if u.stop_reason.is_empty() {
+        u.outcome.clone()
+    } else {
+        format!("{}: {}", u.outcome, u.stop_reason)
+    };
+    parts.push(ended);
+    parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_followed_run_exits_with_what_it_found() {
+        let run = |state, verdict: &str| RunRow {
+            state,
+            verdict: verdict.into(),
+            ..RunRow::default()
+        };
+        assert_eq!(run_exit(&run(JobState::Running, "")), None);
+        assert_eq!(run_exit(&run(JobState::Queued, "")), None);
+        assert_eq!(
+            run_exit(&run(JobState::Finished, "non_skip_pass")),
+            Some(Exit::Success)
+        );
+        assert_eq!(
+            run_exit(&run(JobState::Finished, "debug_red")),
+            Some(Exit::Findings)
+        );
+        assert_eq!(
+            run_exit(&run(JobState::Finished, "scaffold_skip")),
+            Some(Exit::Findings)
+        );
+        assert_eq!(
+            run_exit(&run(JobState::Environment, "")),
+            Some(Exit::Environment)
+        );
+        assert_eq!(
+            run_exit(&run(JobState::Abandoned, "")),
+            Some(Exit::Findings)
+        );
+    }
+}
