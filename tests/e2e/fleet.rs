@@ -217,3 +217,64 @@ fn drain_wait_returns_once_the_drained_worker_has_exited() {
         "the drained run was reported: {rows:?}"
     );
 }
+
+/// `fvd workers` and `fvd queue` against a running orchestrator: the
+/// worker with the run it holds and its free slots, and the run waiting
+/// behind it in the queue with what it needs.
+#[test]
+fn workers_and_queue_show_the_fleet_s_leases_and_waiting_runs() {
+    let mut sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    sb.port(
+        "listed",
+        &[
+            TestComponent::new("first", &blocks_until(&release)),
+            TestComponent::new("second", "assert True"),
+        ],
+    );
+    let url = sb.serve();
+    // One slot: `second` waits while `first` runs.
+    sb.worker("w1", 1);
+    assert!(sb.submit_remote("listed", &[]).status.success());
+    let read = |what: &[&str]| -> Option<serde_json::Value> {
+        let out = crate::support::fvd()
+            .args(what)
+            .args(["--json", "--orchestrator", &url])
+            .output()
+            .expect("run fvd");
+        assert!(
+            out.status.success(),
+            "{what:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).ok()
+    };
+    let fleet = wait_for("w1 to hold first's run", Duration::from_secs(60), || {
+        let f = read(&["workers"])?;
+        (f["workers"][0]["jobs"][0]["component"] == "first").then_some(f)
+    });
+    assert_eq!(fleet["live"], true, "{fleet}");
+    assert_eq!(fleet["workers"][0]["worker_id"], "w1", "{fleet}");
+    assert_eq!(fleet["workers"][0]["cpu_slots"], 1, "{fleet}");
+    assert_eq!(fleet["workers"][0]["free_cpu"], 0, "{fleet}");
+    let queue = read(&["queue", "listed"]).expect("queue json");
+    assert_eq!(queue["workers"], 1, "{queue}");
+    let jobs = queue["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 1, "{queue}");
+    assert_eq!(jobs[0]["component"], "second", "{queue}");
+    assert_eq!(jobs[0]["family"], "listed", "{queue}");
+
+    std::fs::write(&release, "go").unwrap();
+    wait_for("the queue to empty", Duration::from_secs(60), || {
+        let q = read(&["queue"])?;
+        q["jobs"].as_array()?.is_empty().then_some(())
+    });
+    let status = wait_for("the port to end", Duration::from_secs(60), || {
+        let s = sb.remote_status("listed")?;
+        (s["state"] != "running").then_some(s)
+    });
+    assert!(
+        components(&status).iter().all(|r| r.1 == "non_skip_pass"),
+        "{status}"
+    );
+}
