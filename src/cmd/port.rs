@@ -226,9 +226,8 @@ pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
     // or the caller's (an agent's `TRACEPARENT`).
     let span = tracing::info_span!(
         "submit",
-        otel.kind = "client",
-        fvd.family = %args.family,
-        fvd.embedded = args.target.orchestrator.is_none()
+        family = %args.family,
+        embedded = args.target.orchestrator.is_none()
     );
     if !span.is_disabled() {
         let stored = match &args.target.orchestrator {
@@ -307,10 +306,9 @@ pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
     // hangs under it.
     let span = tracing::info_span!(
         "answer",
-        otel.kind = "client",
-        fvd.family = %args.family,
-        fvd.escape_hatch = %request.id,
-        fvd.embedded = args.target.orchestrator.is_none()
+        family = %args.family,
+        id = %request.id,
+        embedded = args.target.orchestrator.is_none()
     );
     if !span.is_disabled() {
         let stored = match (&args.target.orchestrator, args.target.repo.canonicalize()) {

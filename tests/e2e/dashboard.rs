@@ -413,7 +413,7 @@ fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
             .unwrap(),
     )
     .unwrap();
-    assert_eq!(fleet["live"], true, "{fleet}");
+    assert_eq!(fleet["fleet"]["live"], true, "{fleet}");
     assert_eq!(fleet["fleet"]["workers"][0]["worker_id"], "w1", "{fleet}");
     assert_eq!(fleet["fleet"]["workers"][0]["free_cpu"], 2, "{fleet}");
 

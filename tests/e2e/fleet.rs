@@ -257,7 +257,16 @@ fn workers_and_queue_show_the_fleet_s_leases_and_waiting_runs() {
     assert_eq!(fleet["workers"][0]["worker_id"], "w1", "{fleet}");
     assert_eq!(fleet["workers"][0]["cpu_slots"], 1, "{fleet}");
     assert_eq!(fleet["workers"][0]["free_cpu"], 0, "{fleet}");
-    let queue = read(&["queue", "listed"]).expect("queue json");
+    // Each component queues its own run: `second`'s may come a moment
+    // after `first`'s lease.
+    let queue = wait_for(
+        "second to wait in the queue",
+        Duration::from_secs(60),
+        || {
+            let q = read(&["queue", "listed"])?;
+            (!q["jobs"].as_array()?.is_empty()).then_some(q)
+        },
+    );
     assert_eq!(queue["workers"], 1, "{queue}");
     let jobs = queue["jobs"].as_array().expect("jobs");
     assert_eq!(jobs.len(), 1, "{queue}");
