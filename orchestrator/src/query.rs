@@ -18,7 +18,7 @@ use std::time::Duration;
 use fvd_actors::scheduler::{FleetView, SchedulerMsg};
 use fvd_store::dashboard::{ComponentTimes, PortTimes, RunFilter, RunRow};
 use fvd_store::model::Worktree;
-use fvd_store::model::{ComponentRow, ComponentStatus, GateEventRow, JobState, PortState};
+use fvd_store::model::{ComponentRow, ComponentStatus, GateEventRow, JobState, PortRow, PortState};
 use fvd_store::team::ActionRow;
 use fvd_store::traces::TraceInvestigation;
 use fvd_store::usage::UsageTotals;
@@ -145,12 +145,40 @@ pub async fn status(store: &Store, family: Option<&str>) -> Result<Vec<PortSnaps
 }
 
 /// The snapshot of one port; `None` when there is no such port.
-pub async fn snapshot(store: &Store, family: &str) -> Result<Option<PortSnapshot>, StoreError> {
-    // The gate commits a phase before the event that announces it, so the
-    // events are read first: a snapshot that holds "P6 entered" then also
-    // holds the port in P6 (each read sees its own moment of the store).
-    let gate = store.gate_events(family).await?;
+/// A port's gate events and its row as they stood at one moment. The gate
+/// writes them apart, in both orders: a phase is committed before the
+/// event that announces it ("P6 entered"), a refusal before the state it
+/// blocks. Each read sees its own moment of the store, so the events are
+/// read before and after the row until no event came in between: then the
+/// pair is one that existed (never "P6 entered" beside phase P0, never a
+/// port blocked at P0 without its refusal).
+async fn gate_and_port(
+    store: &Store,
+    family: &str,
+) -> Result<Option<(Vec<GateEventRow>, PortRow)>, StoreError> {
+    let mark = |g: &[GateEventRow]| (g.len(), g.last().map(|e| e.at_ms));
+    let mut before = store.gate_events(family).await?;
+    for _ in 0..8 {
+        let Some(port) = store.port(family).await? else {
+            return Ok(None);
+        };
+        let after = store.gate_events(family).await?;
+        if mark(&after) == mark(&before) {
+            return Ok(Some((after, port)));
+        }
+        before = after;
+    }
+    // A gate deciding faster than three reads eight times over: the last
+    // events read, with a row read after them (a phase may be ahead of
+    // its announcement, never behind it).
     let Some(port) = store.port(family).await? else {
+        return Ok(None);
+    };
+    Ok(Some((before, port)))
+}
+
+pub async fn snapshot(store: &Store, family: &str) -> Result<Option<PortSnapshot>, StoreError> {
+    let Some((gate, port)) = gate_and_port(store, family).await? else {
         return Ok(None);
     };
     let components = store.components(family).await?;
