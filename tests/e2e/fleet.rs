@@ -287,3 +287,63 @@ fn workers_and_queue_show_the_fleet_s_leases_and_waiting_runs() {
         "{status}"
     );
 }
+
+/// `submit --wait` against an orchestrator no worker is connected to says
+/// so within seconds, with what each run needs and a worker command that
+/// can be pasted, instead of waiting silently.
+#[test]
+fn submit_wait_with_no_worker_says_so_and_what_the_runs_need() {
+    let mut sb = Sandbox::new();
+    sb.port("alone", &[TestComponent::new("a", "assert True")]);
+    let url = sb.serve();
+    let err_path = sb.dir.path().join("submit-wait.err");
+    let mut waiting = crate::support::fvd()
+        .args([
+            "submit",
+            "--family",
+            "alone",
+            "--wait",
+            "--orchestrator",
+            &url,
+        ])
+        .arg("--repo")
+        .arg(sb.repo())
+        .env_remove("FVD_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .expect("spawn fvd submit --wait");
+    let said = wait_for(
+        "submit --wait to say no worker is connected",
+        Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(&err_path).ok()?;
+            text.contains("no worker is connected").then_some(text)
+        },
+    );
+    assert!(
+        said.contains(&format!("no worker is connected to {url}")),
+        "names the orchestrator: {said}"
+    );
+    assert!(said.contains("a needs"), "names the waiting run: {said}");
+    assert!(
+        said.contains(&format!("fvd worker --orchestrator {url}")),
+        "a worker command to paste: {said}"
+    );
+    assert_eq!(
+        said.matches("no worker is connected").count(),
+        1,
+        "said once: {said}"
+    );
+    // A worker then takes the run and the wait ends with its verdict.
+    sb.worker("w1", 1);
+    let status = wait_for("the port to end", Duration::from_secs(60), || {
+        waiting.try_wait().unwrap()
+    });
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}",
+        std::fs::read_to_string(&err_path).unwrap()
+    );
+}
