@@ -225,15 +225,16 @@ fn drain_wait_returns_once_the_drained_worker_has_exited() {
 fn workers_and_queue_show_the_fleet_s_leases_and_waiting_runs() {
     let mut sb = Sandbox::new();
     let release = sb.repo().join("release");
+    // Both block until released: whichever the one slot takes first, the
+    // other waits in the queue (which goes first is the scheduler's call).
     sb.port(
         "listed",
         &[
             TestComponent::new("first", &blocks_until(&release)),
-            TestComponent::new("second", "assert True"),
+            TestComponent::new("second", &blocks_until(&release)),
         ],
     );
     let url = sb.serve();
-    // One slot: `second` waits while `first` runs.
     sb.worker("w1", 1);
     assert!(sb.submit_remote("listed", &[]).status.success());
     let read = |what: &[&str]| -> Option<serde_json::Value> {
@@ -249,18 +250,34 @@ fn workers_and_queue_show_the_fleet_s_leases_and_waiting_runs() {
         );
         serde_json::from_slice(&out.stdout).ok()
     };
-    let fleet = wait_for("w1 to hold first's run", Duration::from_secs(60), || {
+    let fleet = wait_for("w1 to hold a run", Duration::from_secs(60), || {
         let f = read(&["workers"])?;
-        (f["workers"][0]["jobs"][0]["component"] == "first").then_some(f)
+        f["workers"][0]["jobs"][0]["component"]
+            .as_str()
+            .is_some()
+            .then_some(f)
     });
+    let running = fleet["workers"][0]["jobs"][0]["component"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let other = if running == "first" {
+        "second"
+    } else {
+        "first"
+    };
     assert_eq!(fleet["live"], true, "{fleet}");
     assert_eq!(fleet["workers"][0]["worker_id"], "w1", "{fleet}");
     assert_eq!(fleet["workers"][0]["cpu_slots"], 1, "{fleet}");
     assert_eq!(fleet["workers"][0]["free_cpu"], 0, "{fleet}");
-    // Each component queues its own run: `second`'s may come a moment
-    // after `first`'s lease.
+    assert_eq!(
+        fleet["workers"][0]["jobs"][0]["family"], "listed",
+        "{fleet}"
+    );
+    // Each component queues its own run: the other's may come a moment
+    // after the first lease.
     let queue = wait_for(
-        "second to wait in the queue",
+        "the other run to wait in the queue",
         Duration::from_secs(60),
         || {
             let q = read(&["queue", "listed"])?;
@@ -270,7 +287,7 @@ fn workers_and_queue_show_the_fleet_s_leases_and_waiting_runs() {
     assert_eq!(queue["workers"], 1, "{queue}");
     let jobs = queue["jobs"].as_array().expect("jobs");
     assert_eq!(jobs.len(), 1, "{queue}");
-    assert_eq!(jobs[0]["component"], "second", "{queue}");
+    assert_eq!(jobs[0]["component"], other, "{queue}");
     assert_eq!(jobs[0]["family"], "listed", "{queue}");
 
     std::fs::write(&release, "go").unwrap();
