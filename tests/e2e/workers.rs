@@ -59,6 +59,14 @@ fn a_killed_worker_s_test_dies_with_it_and_a_restart_ends_what_is_left() {
         || (!alive(pid)).then_some(()),
     );
 
+    // That reaper exits once its scan of /proc is done (slow on a loaded
+    // machine); until then it would be taken for the next worker's.
+    wait_for(
+        "the first worker's reaper to exit",
+        Duration::from_secs(60),
+        || reaper_of(&sb, "w1").is_none().then_some(()),
+    );
+
     // Now the reaper dies too (a kill of everything, an OOM): the next
     // worker on the workspace ends the leftover before it takes a job.
     sb.worker("w1", 1);
