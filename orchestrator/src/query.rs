@@ -144,7 +144,6 @@ pub async fn status(store: &Store, family: Option<&str>) -> Result<Vec<PortSnaps
     Ok(ports)
 }
 
-/// The snapshot of one port; `None` when there is no such port.
 /// A port's gate events and its row as they stood at one moment. The gate
 /// writes them apart, in both orders: a phase is committed before the
 /// event that announces it ("P6 entered"), a refusal before the state it
@@ -177,6 +176,7 @@ async fn gate_and_port(
     Ok(Some((before, port)))
 }
 
+/// The snapshot of one port; `None` when there is no such port.
 pub async fn snapshot(store: &Store, family: &str) -> Result<Option<PortSnapshot>, StoreError> {
     let Some((gate, port)) = gate_and_port(store, family).await? else {
         return Ok(None);
