@@ -28,6 +28,7 @@ pub mod faults;
 pub mod model;
 pub mod states;
 mod steps;
+use steps::finish_running_job;
 pub mod team;
 pub mod traces;
 pub mod usage;
@@ -742,18 +743,14 @@ impl Store {
         worker_id: &str,
     ) -> Result<(), StoreError> {
         self.write("set component", || async move {
-            sqlx::query("UPDATE components SET status = ?, verdict = ?, error_kind = ?, reason = ?, worker_id = ?, updated_ms = ? WHERE family = ? AND name = ?")
-                .bind(status.as_str())
-                .bind(verdict.as_str())
-                .bind(verdict.error_kind_str())
-                .bind(reason)
-                .bind(worker_id)
-                .bind(now_ms())
-                .bind(family)
-                .bind(name)
-                .execute(&self.writer)
-                .await?;
-            Ok(())
+            let mut conn = self.writer.acquire().await?;
+            let next = ComponentNext {
+                status,
+                verdict,
+                reason,
+                worker_id,
+            };
+            steps::set_component(&mut conn, family, name, next, now_ms()).await
         })
         .await
     }
@@ -1094,24 +1091,7 @@ impl Store {
         self.write("finish job", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, error_kind = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
-                .bind(JobState::Finished.as_str())
-                .bind(result.verdict.as_str())
-                .bind(result.verdict.error_kind_str())
-                .bind(&result.reason)
-                .bind(result.exit_code)
-                .bind(result.signal)
-                .bind(result.duration_ms as i64)
-                .bind(&result.junit_xml)
-                .bind(&result.output_tail)
-                .bind(now)
-                .bind(job_id)
-                .bind(epoch as i64)
-                .bind(JobState::Running.as_str())
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if done == 0 {
+            if !finish_running_job(&mut tx, job_id, epoch, result, now).await? {
                 return Ok(false);
             }
             tx.commit().await?;

@@ -75,24 +75,7 @@ impl Store {
         self.write("record verdict", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, error_kind = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
-                .bind(JobState::Finished.as_str())
-                .bind(result.verdict.as_str())
-                .bind(result.verdict.error_kind_str())
-                .bind(&result.reason)
-                .bind(result.exit_code)
-                .bind(result.signal)
-                .bind(result.duration_ms as i64)
-                .bind(&result.junit_xml)
-                .bind(&result.output_tail)
-                .bind(now)
-                .bind(job_id)
-                .bind(epoch as i64)
-                .bind(JobState::Running.as_str())
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if done == 0 {
+            if !finish_running_job(&mut tx, job_id, epoch, result, now).await? {
                 return Ok(false);
             }
             let (family, component): (String, String) =
@@ -216,7 +199,38 @@ impl Store {
     }
 }
 
-async fn set_component(
+/// Ends a run's job with `result`, only while it still runs under
+/// `epoch`: false, with nothing written, for a stale or duplicate result.
+/// The one statement behind both [`Store::finish_job`] and
+/// [`Store::record_verdict`].
+pub(crate) async fn finish_running_job(
+    conn: &mut SqliteConnection,
+    job_id: &str,
+    epoch: u64,
+    result: &JobResult,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, error_kind = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
+        .bind(JobState::Finished.as_str())
+        .bind(result.verdict.as_str())
+        .bind(result.verdict.error_kind_str())
+        .bind(&result.reason)
+        .bind(result.exit_code)
+        .bind(result.signal)
+        .bind(result.duration_ms as i64)
+        .bind(&result.junit_xml)
+        .bind(&result.output_tail)
+        .bind(now)
+        .bind(job_id)
+        .bind(epoch as i64)
+        .bind(JobState::Running.as_str())
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    Ok(done > 0)
+}
+
+pub(crate) async fn set_component(
     conn: &mut SqliteConnection,
     family: &str,
     name: &str,
