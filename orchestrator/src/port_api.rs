@@ -346,7 +346,22 @@ impl pb::port_service_server::PortService for PortApi {
                     PortEvent::Finished { .. } => {
                         let snap = match query::snapshot(&store, &family).await {
                             Ok(Some(s)) => s,
-                            _ => return,
+                            Ok(None) => {
+                                let _ = tx
+                                    .send(Err(Status::not_found(format!(
+                                        "port {family} ended and is no longer recorded"
+                                    ))))
+                                    .await;
+                                return;
+                            }
+                            Err(e) => {
+                                let _ = tx
+                                    .send(Err(Status::unavailable(format!(
+                                        "port {family} ended but its record could not be read: {e}"
+                                    ))))
+                                    .await;
+                                return;
+                            }
                         };
                         let _ = tx.send(send(wire::WatchEvent::Finished(snap))).await;
                         return;

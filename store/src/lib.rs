@@ -312,6 +312,42 @@ async fn writer_reusable(conn: &mut sqlx::SqliteConnection) -> Result<bool, sqlx
     Ok(true)
 }
 
+/// Applies the migrations `writer`'s database has not had yet, each in its
+/// own transaction.
+async fn migrate(writer: &SqlitePool) -> Result<(), StoreError> {
+    sqlx::query("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)")
+        .execute(writer)
+        .await?;
+    for (version, sql) in MIGRATIONS {
+        let mut tx = writer.begin_with(BEGIN_WRITE).await?;
+        let done: Option<i64> =
+            sqlx::query_scalar("SELECT version FROM schema_migrations WHERE version = ?")
+                .bind(version)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if done.is_some() {
+            continue;
+        }
+        sqlx::raw_sql(*sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|source| StoreError::Migrate {
+                version: *version,
+                source,
+            })?;
+        sqlx::query("INSERT INTO schema_migrations (version, applied_ms) VALUES (?, ?)")
+            .bind(version)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// Reader connections of a [`Store`], all opened by [`Store::open`].
+const READERS: u32 = 4;
+
 impl Store {
     /// Opens (creating if needed) the database at `url` (`sqlite://PATH`)
     /// and applies pending migrations.
@@ -328,8 +364,16 @@ impl Store {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(std::time::Duration::from_secs(10))
             .foreign_keys(true);
+        // Every connection is opened here and kept for the handle's life
+        // (no idle or age reaping): a connection open on the file keeps
+        // reading and writing it after `REPO/.fvd` was deleted around it,
+        // where a fresh one could not open it any more, so a port whose
+        // folder went away can still record and tell why it stopped.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
             .after_release(|conn, _| Box::pin(writer_reusable(conn)))
             .connect_with(
                 opts.clone()
@@ -338,9 +382,15 @@ impl Store {
             )
             .await
             .map_err(open_err)?;
+        // Migrations run before any reader connects: a connection open
+        // across a schema change would keep statements of the old shape.
+        migrate(&writer).await?;
         let opts = opts.create_if_missing(false);
         let pool = SqlitePoolOptions::new()
-            .max_connections(4)
+            .max_connections(READERS)
+            .min_connections(READERS)
+            .idle_timeout(None)
+            .max_lifetime(None)
             .connect_with(opts.clone())
             .await
             .map_err(open_err)?;
@@ -352,7 +402,6 @@ impl Store {
             faults: Arc::new(faults::Faults::new(db)),
             retry: None,
         };
-        store.migrate().await?;
         Ok(store)
     }
 
@@ -432,37 +481,6 @@ impl Store {
     /// writes (SQLite answers `database is locked` at once), this one can.
     async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, sqlx::Error> {
         self.writer.begin_with(BEGIN_WRITE).await
-    }
-
-    async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::query("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_ms INTEGER NOT NULL)")
-            .execute(&self.writer)
-            .await?;
-        for (version, sql) in MIGRATIONS {
-            let mut tx = self.write_tx().await?;
-            let done: Option<i64> =
-                sqlx::query_scalar("SELECT version FROM schema_migrations WHERE version = ?")
-                    .bind(version)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            if done.is_some() {
-                continue;
-            }
-            sqlx::raw_sql(*sql)
-                .execute(&mut *tx)
-                .await
-                .map_err(|source| StoreError::Migrate {
-                    version: *version,
-                    source,
-                })?;
-            sqlx::query("INSERT INTO schema_migrations (version, applied_ms) VALUES (?, ?)")
-                .bind(version)
-                .bind(now_ms())
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-        }
-        Ok(())
     }
 
     // ----- ports -----------------------------------------------------------
@@ -1838,6 +1856,31 @@ mod tests {
             port_status_path: String::new(),
             commit: "c0ffee".repeat(6) + "c0ff",
         }
+    }
+
+    #[tokio::test]
+    async fn a_store_whose_folder_was_deleted_keeps_reading_and_writing_it() {
+        let (dir, store) = temp_store().await;
+        store.create_port(&port("p"), &["c".into()]).await.unwrap();
+        std::fs::remove_dir_all(dir.path()).unwrap();
+        // Twice as many concurrent reads as there are readers, several
+        // times over: none may need a connection that opens the file anew.
+        assert_eq!(READERS, 4);
+        for _ in 0..3 {
+            let c = || store.components("p");
+            let r = tokio::join!(c(), c(), c(), c(), c(), c(), c(), c());
+            for r in [r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7] {
+                assert_eq!(r.unwrap().len(), 1);
+            }
+        }
+        store
+            .set_port_state("p", PortState::Blocked, "P6")
+            .await
+            .unwrap();
+        assert_eq!(
+            store.port("p").await.unwrap().unwrap().state,
+            PortState::Blocked
+        );
     }
 
     fn job(family: &str, component: &str) -> JobRecord {
