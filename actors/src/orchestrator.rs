@@ -1035,14 +1035,25 @@ async fn cancel(
     };
     let owner = owner_of(st, &family).await?;
     check_owner(caller, &family, &owner, "cancel")?;
-    let Some(gate) = st.ports.get(&family) else {
-        return Err(PortError::NotRunning {
-            family,
-            state: port.state,
-        });
-    };
-    gate.cast(GateMsg::Cancel)
-        .map_err(|e| PortError::Internal(e.to_string()))?;
+    match st.ports.get(&family) {
+        Some(gate) => gate
+            .cast(GateMsg::Cancel)
+            .map_err(|e| PortError::Internal(e.to_string()))?,
+        // No gate runs it here (an embedded port whose process is gone, a
+        // port that ended): cancelled in place, its components without a
+        // final verdict with it. The CLI's embedded cancel comes this way
+        // too, so no cancel writes the store behind the actors.
+        None if port.state != PortState::Cancelled => {
+            let stopped = st.args.store.cancel_port(&family).await.map_err(internal)?;
+            tracing::info!(%family, was = %port.state, ?stopped, "port cancelled in place: no gate ran it");
+        }
+        None => {
+            return Err(PortError::NotRunning {
+                family,
+                state: port.state,
+            });
+        }
+    }
     st.args
         .store
         .record_action(&family, Action::Cancel, &caller.name, "")

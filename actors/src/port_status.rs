@@ -49,6 +49,9 @@ pub enum PortStatusError {
     /// The patch would have changed what fvd does not own: nothing written.
     #[error("{path}: refused to write: {message}")]
     Guard { path: PathBuf, message: String },
+    /// The file changed under every plan: nothing was written over it.
+    #[error("{path} changed while fvd wrote it, {tries} times in a row; nothing written over it")]
+    KeptChanging { path: PathBuf, tries: usize },
     #[error("PORT_STATUS.md of {family}: {source}")]
     Path {
         family: String,
@@ -184,8 +187,24 @@ pub async fn plan(
 /// Co-authors the port's status file from the store and says what it did.
 /// A failure is also recorded in the store (and cleared by the next write
 /// that succeeds), so `fvd submit` can say the file is stale and exit 7.
+///
+/// Every writer of a port's file comes through here (the gate, its
+/// components, the orchestrator): the writes of one family are serialised
+/// ([`family_lock`]), each goes through a temporary file of its own, and
+/// each renames only over the text it planned from (see [`write_file`]).
 pub async fn write(store: &Store, family: &str) -> Result<Written, PortStatusError> {
-    let result = write_file(store, family).await;
+    write_watched(store, family, &|_| {}).await
+}
+
+/// [`write`], calling `before_rename` with the file's path after the new
+/// text is on disk beside it and before fvd checks the file and renames
+/// (where a person's save lands in the race the tests stage).
+async fn write_watched(
+    store: &Store,
+    family: &str,
+    before_rename: &(dyn Fn(&Path) + Sync),
+) -> Result<Written, PortStatusError> {
+    let result = write_file(store, family, before_rename).await;
     let error = match &result {
         Ok(_) => String::new(),
         Err(e) => e.to_string(),
@@ -197,72 +216,189 @@ pub async fn write(store: &Store, family: &str) -> Result<Written, PortStatusErr
     result
 }
 
-async fn write_file(store: &Store, family: &str) -> Result<Written, PortStatusError> {
-    let plan = plan(store, family, None).await?;
-    let path = plan.path.clone();
-    let Some(after) = plan.after else {
-        return Ok(Written::Skipped(plan.skipped.unwrap_or_default()));
-    };
-    let written = match &plan.before {
-        Some(before) if *before == after => Written::Unchanged(path.clone()),
-        Some(before) => {
-            // The last line of defence: a patch that touches what fvd does
-            // not own is a bug, and the porter's file must not pay for it.
-            status_guard::owned_changes(before, &after).map_err(|message| {
-                PortStatusError::Guard {
-                    path: path.clone(),
-                    message,
-                }
-            })?;
-            replace(&path, &after)?;
-            Written::Updated(path.clone())
-        }
-        None => {
-            if let Some(dir) = path.parent() {
+/// How many times a write plans again because the file changed under it
+/// before it gives up (an error: nothing is written over the change).
+const MAX_REPLANS: usize = 8;
+
+/// The one lock of each family's status file: held from a write's plan to
+/// its rename, so two writers of this process never interleave.
+fn family_lock(family: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    static LOCKS: OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
+    let mut locks = LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    locks.entry(family.to_string()).or_default().clone()
+}
+
+/// A file's text as a content hash (`None`: no file), to tell whether the
+/// file on disk is still the one a plan was made from.
+fn content_hash(text: Option<&str>) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    text.map(|t| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        t.hash(&mut h);
+        h.finish()
+    })
+}
+
+fn read_current(path: &Path) -> Result<Option<String>, PortStatusError> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(PortStatusError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Plans, checks and writes under the family's lock. The new text goes to
+/// a temporary file unique to this write; just before the rename the file
+/// on disk is read again, and only when its content hash is still that of
+/// the text the plan was made from is the temporary file renamed over it.
+/// Otherwise someone changed it meanwhile (a person saving, an fvd of
+/// another process): the temporary file is removed and the write plans
+/// again on the new text, so their change is kept and fvd's cells are
+/// written into it. A file that keeps changing is an error, never
+/// overwritten.
+async fn write_file(
+    store: &Store,
+    family: &str,
+    before_rename: &(dyn Fn(&Path) + Sync),
+) -> Result<Written, PortStatusError> {
+    let lock = family_lock(family);
+    let _held = lock.lock().await;
+    for _ in 0..MAX_REPLANS {
+        let plan = plan(store, family, None).await?;
+        let path = plan.path.clone();
+        let Some(after) = plan.after else {
+            return Ok(Written::Skipped(plan.skipped.unwrap_or_default()));
+        };
+        let planned_from = content_hash(plan.before.as_deref());
+        let written = match &plan.before {
+            Some(before) if *before == after => Written::Unchanged(path.clone()),
+            Some(before) => {
+                // The last line of defence: a patch that touches what fvd
+                // does not own is a bug, and the porter's file must not pay
+                // for it.
+                status_guard::owned_changes(before, &after).map_err(|message| {
+                    PortStatusError::Guard {
+                        path: path.clone(),
+                        message,
+                    }
+                })?;
+                Written::Updated(path.clone())
+            }
+            None => Written::Created(path.clone()),
+        };
+        if !matches!(written, Written::Unchanged(_)) {
+            if matches!(written, Written::Created(_))
+                && let Some(dir) = path.parent()
+            {
                 std::fs::create_dir_all(dir).map_err(|source| PortStatusError::Write {
                     path: dir.to_path_buf(),
                     source,
                 })?;
             }
-            replace(&path, &after)?;
-            Written::Created(path.clone())
+            let tmp = TempText::write(&path, &after)?;
+            before_rename(&path);
+            if content_hash(read_current(&path)?.as_deref()) != planned_from {
+                tracing::info!(%family, path = %path.display(), "PORT_STATUS.md changed while fvd wrote it; planning again on its new text");
+                drop(tmp);
+                continue;
+            }
+            tmp.rename_over(&path)?;
         }
-    };
-    store
-        .set_port_status_path(family, &path.display().to_string())
-        .await?;
-    Ok(written)
+        store
+            .set_port_status_path(family, &path.display().to_string())
+            .await?;
+        return Ok(written);
+    }
+    let (port, spec) = port_and_spec(store, family).await?;
+    Err(PortStatusError::KeptChanging {
+        path: file_path(Path::new(&port.repo), &spec)?,
+        tries: MAX_REPLANS,
+    })
 }
 
-/// Written beside, synced, renamed over and the folder synced, so neither
-/// a crash nor a power cut leaves half a file or loses the rename. A link
-/// left where the temporary file goes is removed, not followed (the file
-/// is created new).
-fn replace(path: &Path, text: &str) -> Result<(), PortStatusError> {
-    use std::io::Write as _;
-    let tmp = path.with_extension("md.fvd-tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
+/// The new text of a status file, written and synced beside it under a
+/// name of its own (`PORT_STATUS.md.fvd-tmp-PID-N`, created new: a link or
+/// file already there is never followed or reused), and removed unless it
+/// was renamed over the file.
+struct TempText {
+    path: PathBuf,
+    renamed: bool,
+}
+
+impl TempText {
+    fn write(target: &Path, text: &str) -> Result<Self, PortStatusError> {
+        use std::io::Write as _;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let err = |source| PortStatusError::Write {
+            path: target.to_path_buf(),
+            source,
+        };
+        if fvd_store::chaos::fail_point("status-write") {
+            return Err(err(std::io::Error::other(format!(
+                "{}=status-write",
+                fvd_store::chaos::FAIL_AT_ENV
+            ))));
+        }
+        let name = target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        loop {
+            let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+            let path =
+                target.with_file_name(format!("{name}.fvd-tmp-{}-{seq}", std::process::id()));
+            let mut f = match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(err(e)),
+            };
+            let tmp = TempText {
+                path,
+                renamed: false,
+            };
+            f.write_all(text.as_bytes()).map_err(err)?;
+            f.sync_all().map_err(err)?;
+            return Ok(tmp);
+        }
+    }
+
+    /// Renamed over `target` and the folder synced, so neither a crash
+    /// nor a power cut leaves half a file or loses the rename.
+    fn rename_over(mut self, target: &Path) -> Result<(), PortStatusError> {
+        let err = |source| PortStatusError::Write {
+            path: target.to_path_buf(),
+            source,
+        };
+        std::fs::rename(&self.path, target).map_err(err)?;
+        self.renamed = true;
+        if let Some(dir) = target.parent() {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(err)?;
         }
         Ok(())
-    };
-    write().map_err(|source| {
-        let _ = std::fs::remove_file(&tmp);
-        PortStatusError::Write {
-            path: path.to_path_buf(),
-            source,
+    }
+}
+
+impl Drop for TempText {
+    fn drop(&mut self) {
+        if !self.renamed {
+            let _ = std::fs::remove_file(&self.path);
         }
-    })
+    }
 }
 
 /// Where the port's `PORT_STATUS.md` lives: `prep.port_state_file`, or the
@@ -975,29 +1111,212 @@ set_env = { PYTHONPATH = "{repo}" }
         assert!(err.contains("docs is a symbolic link"), "{err}");
     }
 
+    /// The temporary files next to `file`.
+    fn temporaries(file: &Path) -> Vec<String> {
+        std::fs::read_dir(file.parent().unwrap())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".fvd-tmp"))
+            .collect()
+    }
+
     #[test]
-    fn a_replaced_file_leaves_no_temporary_file_and_a_blocked_one_is_an_error() {
+    fn each_write_has_its_own_temporary_file_and_leaves_none() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("PORT_STATUS.md");
         std::fs::write(&path, "old\n").unwrap();
-        replace(&path, "new\n").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
-        assert!(!path.with_extension("md.fvd-tmp").exists());
-        // a link planted where the temporary file goes is not followed
+        let (a, b) = (
+            TempText::write(&path, "a\n").unwrap(),
+            TempText::write(&path, "b\n").unwrap(),
+        );
+        assert_ne!(a.path, b.path, "two writes, two files");
+        assert_eq!(temporaries(&path).len(), 2);
+        drop(a);
+        b.rename_over(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "b\n");
+        assert!(temporaries(&path).is_empty(), "{:?}", temporaries(&path));
+        // a name already taken (a link planted there) is skipped, never
+        // followed
         let outside = dir.path().join("outside");
         std::fs::write(&outside, "theirs\n").unwrap();
-        std::os::unix::fs::symlink(&outside, path.with_extension("md.fvd-tmp")).unwrap();
-        replace(&path, "newer\n").unwrap();
+        let next = format!(
+            "PORT_STATUS.md.fvd-tmp-{}-{}",
+            std::process::id(),
+            TempText::write(&path, "x\n")
+                .map(|t| {
+                    let n: u64 = t
+                        .path
+                        .to_string_lossy()
+                        .rsplit('-')
+                        .next()
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    n + 1
+                })
+                .unwrap()
+        );
+        std::os::unix::fs::symlink(&outside, dir.path().join(&next)).unwrap();
+        TempText::write(&path, "newer\n")
+            .unwrap()
+            .rename_over(&path)
+            .unwrap();
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "theirs\n");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "newer\n");
-        // a folder there cannot be replaced: an error naming the file
-        std::fs::create_dir_all(path.with_extension("md.fvd-tmp").join("x")).unwrap();
-        let err = replace(&path, "newest\n").unwrap_err().to_string();
+        // a folder that is not there: an error naming the file
+        let gone = dir.path().join("gone/PORT_STATUS.md");
+        let err = TempText::write(&gone, "x\n").err().unwrap().to_string();
         assert!(
             err.contains("cannot write") && err.contains("PORT_STATUS.md"),
             "{err}"
         );
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "newer\n");
+    }
+
+    /// A port whose file records the finished port, and the store behind it.
+    async fn finished_port(repo: &Path) -> (Store, PathBuf) {
+        let file = repo.join("tests/local_tests/widget_world/PORT_STATUS.md");
+        let store = Store::open_path(&repo.join("state.db")).await.unwrap();
+        let names: Vec<String> = spec().components.iter().map(|c| c.name.clone()).collect();
+        let row = PortRow {
+            family: "widget_world".into(),
+            repo: repo.display().to_string(),
+            spec_path: "port.toml".into(),
+            spec_toml: SPEC.into(),
+            state: PortState::Blocked,
+            phase: "P7".into(),
+            port_status_path: String::new(),
+            commit: String::new(),
+        };
+        store.create_port(&row, &names).await.unwrap();
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, FINISHED).unwrap();
+        (store, file)
+    }
+
+    /// Two writers of one port's file at once, and a person who saves the
+    /// file after the first planned its write and before it renamed: the
+    /// person's line stays, both writers' evidence is there, only fvd's
+    /// cells changed, and no temporary file is left.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_writers_and_a_person_s_save_lose_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, file) = finished_port(dir.path()).await;
+        let family = "widget_world";
+        store
+            .set_component(
+                family,
+                "vae",
+                ComponentStatus::Blocked,
+                RecordedVerdict::DebugRed,
+                "debug_red: t::vae: off by 0.4",
+                "w1",
+            )
+            .await
+            .unwrap();
+        const NOTE: &str = "- 2026-11-27: a porter's note, saved while fvd wrote";
+        let human = FINISHED.to_string() + NOTE + "\n";
+        let saves = std::sync::atomic::AtomicU32::new(0);
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let person = |path: &Path| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            // The person saves once, in the middle of fvd's first write.
+            if saves.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                let mut text = std::fs::read_to_string(path).unwrap();
+                text.push_str(NOTE);
+                text.push('\n');
+                std::fs::write(path, text).unwrap();
+            }
+        };
+        let other = async {
+            // The second writer's news: the transformer went red too.
+            store
+                .set_component(
+                    family,
+                    "transformer",
+                    ComponentStatus::Blocked,
+                    RecordedVerdict::DebugRed,
+                    "debug_red: t::transformer: off by 0.2",
+                    "w2",
+                )
+                .await
+                .unwrap();
+            write(&store, family).await
+        };
+        let (first, second) = tokio::join!(write_watched(&store, family, &person), other);
+        let (first, second) = (first.unwrap(), second.unwrap());
+        assert!(
+            matches!(first, Written::Updated(_)) && !matches!(second, Written::Skipped(_)),
+            "{first} / {second}"
+        );
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.contains(NOTE), "the person's save was lost:\n{text}");
+        assert!(
+            text.contains("t::vae: off by 0.4") && text.contains("t::transformer: off by 0.2"),
+            "a writer's evidence was lost:\n{text}"
+        );
+        // Every change but the person's line is a cell fvd owns.
+        owned_changes(&human, &text).unwrap();
+        assert!(
+            calls.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+            "the write whose file changed planned again"
+        );
+        assert!(temporaries(&file).is_empty(), "{:?}", temporaries(&file));
+        assert_eq!(store.status_write_error(family).await.unwrap(), "");
+        // Written again with nothing new: not a byte changes.
+        assert_eq!(
+            write(&store, family).await.unwrap(),
+            Written::Unchanged(file.clone())
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), text);
+    }
+
+    /// A file that changes under every plan is never written over: the
+    /// write gives up with an error that names it, and keeps it in the
+    /// store.
+    #[tokio::test]
+    async fn a_file_that_keeps_changing_is_not_written_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, file) = finished_port(dir.path()).await;
+        store
+            .set_component(
+                "widget_world",
+                "vae",
+                ComponentStatus::Blocked,
+                RecordedVerdict::DebugRed,
+                "debug_red: t::vae: off by 0.4",
+                "w1",
+            )
+            .await
+            .unwrap();
+        let n = std::sync::atomic::AtomicU32::new(0);
+        let busy = |path: &Path| {
+            let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let text = std::fs::read_to_string(path).unwrap();
+            std::fs::write(path, format!("{text}- save {i}\n")).unwrap();
+        };
+        let err = write_watched(&store, "widget_world", &busy)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("PORT_STATUS.md changed while fvd wrote it"),
+            "{err}"
+        );
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(!text.contains("off by 0.4"), "fvd wrote over a change");
+        assert!(
+            text.ends_with(&format!("- save {}\n", MAX_REPLANS - 1)),
+            "{text}"
+        );
+        assert!(temporaries(&file).is_empty());
+        assert!(
+            store
+                .status_write_error("widget_world")
+                .await
+                .unwrap()
+                .contains("changed while fvd wrote it")
+        );
     }
 
     #[test]

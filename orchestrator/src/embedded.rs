@@ -32,6 +32,49 @@ pub enum EmbeddedError {
     NotReady,
 }
 
+/// An orchestrator on loopback over a port's embedded state, with no
+/// worker and no port resumed: the way `fvd cancel` and `fvd reset` reach
+/// a port no process runs, through the same `PortService` calls and actors
+/// as everything else (they never write the store themselves).
+#[derive(Debug)]
+pub struct Control {
+    server: Server,
+    token: Token,
+}
+
+impl Control {
+    pub async fn start(store: Store) -> Result<Self, EmbeddedError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(EmbeddedError::Listen)?;
+        let token = Token::random();
+        let config = ServerConfig {
+            token: Some(token.clone()),
+            resume_on_start: false,
+            checkout_owns_store: true,
+            scheduler: SchedulerConfig {
+                fixed_fleet: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let server = crate::start(listener, store, config).await?;
+        Ok(Self { server, token })
+    }
+
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    pub async fn stop(self) {
+        self.server.shutdown().await;
+    }
+}
+
 /// A running embedded orchestrator and its worker.
 #[derive(Debug)]
 pub struct Embedded {

@@ -866,24 +866,7 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
                     // The process running the port ends it, its tests
                     // first.
                     Some(live) => (live.url, Some(live.token), None),
-                    None => {
-                        let store = open_local(&repo).await?;
-                        let port = store.port(&args.family).await?.with_context(|| {
-                            format!("no port {} in {}", args.family, state_db(&repo).display())
-                        })?;
-                        let names = store.cancel_port(&args.family).await?;
-                        say(format_args!(
-                            "cancelled port {} (it was {}; no fvd process was running it){}",
-                            args.family,
-                            port.state,
-                            if names.is_empty() {
-                                String::new()
-                            } else {
-                                format!(": {} stopped", names.join(", "))
-                            }
-                        ));
-                        return Ok(Exit::Success);
-                    }
+                    None => return cancel_in_place(&repo, &args.family).await,
                 }
             }
         };
@@ -899,8 +882,65 @@ pub fn cancel(args: CancelArgs) -> anyhow::Result<Exit> {
     })
 }
 
-/// `fvd reset F`: forgets the port's embedded state. Refused while a
-/// process runs the port.
+/// Runs `call` against an orchestrator over the repository's embedded
+/// state that runs nothing (no worker, no port resumed): the `PortService`
+/// call and the actors behind it are the ones every other change goes
+/// through, so the CLI never writes the store itself.
+async fn with_control<T>(
+    repo: &Path,
+    call: impl AsyncFnOnce(&mut Client) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let store = open_local(repo).await?;
+    let control = fvd_orchestrator::embedded::Control::start(store).await?;
+    let result = match client(&control.url(), Some(control.token().clone()), None).await {
+        Ok(mut c) => call(&mut c).await,
+        Err(e) => Err(e),
+    };
+    control.stop().await;
+    result
+}
+
+/// `fvd cancel F` of an embedded port no process runs: cancelled in
+/// place, through the orchestrator's `Cancel`.
+async fn cancel_in_place(repo: &Path, family: &str) -> anyhow::Result<Exit> {
+    let (port, open) = {
+        let store = open_local(repo).await?;
+        let port = store
+            .port(family)
+            .await?
+            .with_context(|| format!("no port {family} in {}", state_db(repo).display()))?;
+        let open: Vec<String> = store
+            .components(family)
+            .await?
+            .into_iter()
+            .filter(|c| !c.is_final())
+            .map(|c| c.name)
+            .collect();
+        (port, open)
+    };
+    with_control(repo, async |c| {
+        c.cancel(pb::CancelRequest {
+            family: family.to_string(),
+        })
+        .await
+        .map_err(|e| c.fail(e))
+    })
+    .await?;
+    say(format_args!(
+        "cancelled port {family} (it was {}; no fvd process was running it){}",
+        port.state,
+        if open.is_empty() {
+            String::new()
+        } else {
+            format!(": {} stopped", open.join(", "))
+        }
+    ));
+    Ok(Exit::Success)
+}
+
+/// `fvd reset F`: forgets the port's state, through the orchestrator's
+/// `Reset` (an embedded port's on an orchestrator over its state that runs
+/// nothing). Refused while a process runs the port.
 pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
     let t = &args.target;
     if let Some(url) = &t.orchestrator {
@@ -933,8 +973,8 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
     }
     let rt = runtime()?;
     rt.block_on(async move {
-        let store = open_local(&repo).await?;
-        if !store.delete_port(&args.family).await? {
+        let known = open_local(&repo).await?.port(&args.family).await?.is_some();
+        if !known {
             eprintln!(
                 "fvd: error: no port {} in {}",
                 args.family,
@@ -942,6 +982,14 @@ pub fn reset(args: ResetArgs) -> anyhow::Result<Exit> {
             );
             return Ok(Exit::Usage);
         }
+        with_control(&repo, async |c| {
+            c.reset(pb::ResetRequest {
+                family: args.family.clone(),
+            })
+            .await
+            .map_err(|e| c.fail(e))
+        })
+        .await?;
         // its snapshots name no recorded verdict any more
         let refs = match fvd_workspace::commit::prune_snapshots(&repo, &args.family, &[]).await {
             Ok(n) => format!("{n} snapshot ref(s) refs/fvd/snapshots/{}/* removed", args.family),

@@ -8,12 +8,30 @@
 //! hurt before (issue #27): `verdict-committed` (a run's verdict and its
 //! component's next state) and `attempt-committed` (an agent attempt and
 //! what it leads to: its question, its end, or its test run).
+//!
+//! [`fail_point`] is the same for a failure instead of a crash: with
+//! `FVD_FAIL_AT=NAME` the caller fails there as its disk would
+//! (`status-write`: writing `PORT_STATUS.md`, which the end-to-end tests
+//! use since a root process can otherwise write anywhere).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The environment variable naming the point to crash at.
 pub const CRASH_AT_ENV: &str = "FVD_CRASH_AT";
+
+/// The environment variable naming the point to fail at.
+pub const FAIL_AT_ENV: &str = "FVD_FAIL_AT";
+
+/// Whether `FVD_FAIL_AT` names this point (read once): the caller then
+/// fails as if its write had.
+pub fn fail_point(name: &str) -> bool {
+    static FAIL_AT: OnceLock<Option<String>> = OnceLock::new();
+    FAIL_AT
+        .get_or_init(|| std::env::var(FAIL_AT_ENV).ok())
+        .as_deref()
+        == Some(name)
+}
 
 /// The point and the hit to crash on, read once.
 fn target() -> Option<&'static (String, u32)> {

@@ -479,10 +479,14 @@ fn a_status_file_that_cannot_be_written_fails_the_submit_with_7() {
     let original = std::fs::read_to_string(fixtures().join("status_shapes/contract.md")).unwrap();
     let dir = repo(&original, &parts([&[], &[], &[], &[]]));
     let root = dir.path();
-    // something fvd cannot replace where its temporary file goes
-    let blocker = root.join(STATUS).with_file_name("PORT_STATUS.md.fvd-tmp");
-    std::fs::create_dir_all(blocker.join("x")).unwrap();
-    let first = submit(root, &[]);
+    // A root process can write anywhere: the write fails at fvd's own
+    // fault point, as a full or failing disk would make it fail.
+    let first = fvd()
+        .args(["submit", "--family", FAMILY, "--wait", "--repo"])
+        .arg(root)
+        .env("FVD_FAIL_AT", "status-write")
+        .output()
+        .unwrap();
     let text = out(&first);
     assert_eq!(first.status.code(), Some(7), "{text}");
     assert!(
@@ -491,10 +495,15 @@ fn a_status_file_that_cannot_be_written_fails_the_submit_with_7() {
     );
     assert_eq!(read(root), original);
     // once fvd can write it, the next submit does, and says nothing of it
-    std::fs::remove_dir_all(&blocker).unwrap();
     let again = submit(root, &["--rerun"]);
     assert_eq!(again.status.code(), Some(1), "{}", out(&again));
     assert!(!out(&again).contains("was not written"), "{}", out(&again));
     assert_ne!(read(root), original);
-    assert!(!blocker.exists());
+    let folder = root.join(STATUS);
+    let left: Vec<_> = std::fs::read_dir(folder.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".fvd-tmp"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
 }
