@@ -178,3 +178,159 @@ fn warm_runs_on_a_fleet_worker_and_its_zygote_dies_with_it() {
             .then_some(())
     });
 }
+
+/// A stand-in `torchrun` (a Python script, as pip installs it) that would
+/// launch the ranks cold; the warm runner never executes it, it only reads
+/// its `#!` line to find the interpreter. Running it records that it ran.
+fn fake_torchrun(sb: &Sandbox) -> std::path::PathBuf {
+    let bin = sb.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let python = which("python3");
+    let ran = sb.dir.path().join("torchrun.ran");
+    let script = bin.join("torchrun");
+    std::fs::write(
+        &script,
+        format!(
+            "#!{}\nimport sys\nopen({:?}, 'w').write(' '.join(sys.argv))\nsys.exit(3)\n",
+            python.display(),
+            ran.display().to_string()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+fn which(prog: &str) -> std::path::PathBuf {
+    std::env::var("PATH")
+        .unwrap()
+        .split(':')
+        .map(|d| Path::new(d).join(prog))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{prog} on PATH"))
+}
+
+/// `torchrun --standalone --nproc_per_node=2 -m pytest` under
+/// `[runner] mode = "warm"`: two ranks forked from the zygote in one process
+/// group led by rank 0, each with torchrun's variables and one rendezvous
+/// port; rank 0's JUnit report is the verdict. A rank that fails ends the
+/// other at once (it would sleep past the timeout), and the run is red.
+#[test]
+fn a_single_node_torchrun_runs_warm_as_ranks_forked_from_the_zygote() {
+    let sb = Sandbox::with_repo_in("repo");
+    let bin = fake_torchrun(&sb);
+    let record = |name: &str| {
+        format!(
+            "import json\nwith open(os.path.join({:?}, '{name}.%s' % os.environ['RANK']), 'w') as f:\n    json.dump({{'pid': os.getpid(), 'ppid': os.getppid(), 'parent': open('/proc/%d/cmdline' % os.getppid()).read().replace(chr(0), ' '), 'pgid': os.getpgid(0), 'env': {{k: os.environ.get(k) for k in ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT']}}}}, f)",
+            sb.dir.path().display().to_string()
+        )
+    };
+    sb.port(
+        "ranks",
+        &[
+            TestComponent::new("tp", &record("tp")),
+            TestComponent::new(
+                "tp_red",
+                &format!(
+                    "{}\nif os.environ['RANK'] == '1':\n    time.sleep(120)\nassert os.environ['RANK'] != '0', 'rank 0 is off by 0.5'",
+                    record("tp_red")
+                ),
+            ),
+        ],
+    );
+    let spec_path = sb.repo().join("tests/local_tests/ranks/port.toml");
+    let spec = std::fs::read_to_string(&spec_path).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let spec = spec
+        .replace(
+            "timeout_s = 60\n",
+            &format!(
+                "timeout_s = 100\nset_env = {{ PATH = {path:?}, PYTHONDONTWRITEBYTECODE = \"1\" }}\n"
+            ),
+        )
+        .replace(
+            "coverage_scope = \"implementation_subcomponent\"\n",
+            "coverage_scope = \"implementation_subcomponent\"\ncommand = [\"torchrun\", \"--standalone\", \"--nproc_per_node=2\", \"-m\", \"pytest\", \"{test}\", \"-q\", \"-p\", \"no:cacheprovider\", \"--junitxml={junitxml}\"]\n",
+        );
+    std::fs::write(
+        &spec_path,
+        format!("{spec}\n[runner]\nmode = \"warm\"\npreload = [\"json\"]\n"),
+    )
+    .unwrap();
+    let child = fvd()
+        .args(["submit", "--family", "ranks", "--wait", "--repo"])
+        .arg(sb.repo())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "tp_red is red: {text}");
+    assert!(
+        !sb.dir.path().join("torchrun.ran").exists(),
+        "torchrun itself never ran: {text}"
+    );
+    let rank = |name: &str, r: u32| -> serde_json::Value {
+        let p = sb.dir.path().join(format!("{name}.{r}"));
+        serde_json::from_str(
+            &std::fs::read_to_string(&p)
+                .unwrap_or_else(|e| panic!("{} not written ({e}): {text}", p.display())),
+        )
+        .unwrap()
+    };
+    for name in ["tp", "tp_red"] {
+        let (r0, r1) = (rank(name, 0), rank(name, 1));
+        assert_eq!(r0["ppid"], r1["ppid"], "both ranks forked by one process");
+        assert!(
+            r0["parent"].as_str().unwrap().contains("fvd_zygote.py"),
+            "forked by the zygote: {r0}"
+        );
+        assert_eq!(r0["pgid"], r0["pid"], "rank 0 leads the group");
+        assert_eq!(r1["pgid"], r0["pid"], "rank 1 is in rank 0's group");
+        for (r, v) in [(0, &r0), (1, &r1)] {
+            let e = &v["env"];
+            assert_eq!(e["RANK"], r.to_string());
+            assert_eq!(e["LOCAL_RANK"], r.to_string());
+            assert_eq!(e["WORLD_SIZE"], "2");
+            assert_eq!(e["LOCAL_WORLD_SIZE"], "2");
+            assert_eq!(e["MASTER_ADDR"], "127.0.0.1");
+        }
+        assert_eq!(r0["env"]["MASTER_PORT"], r1["env"]["MASTER_PORT"]);
+    }
+    assert_ne!(
+        rank("tp", 0)["env"]["MASTER_PORT"],
+        serde_json::Value::Null,
+        "a rendezvous port is set"
+    );
+    let status = sb.local_status("ranks").unwrap();
+    let rows = components(&status);
+    assert_eq!(status_of(&rows, "tp").1, "non_skip_pass", "{status}");
+    assert_eq!(status_of(&rows, "tp_red").1, "blocked", "{status}");
+    let s = status.to_string();
+    assert!(
+        s.contains("debug_red") && s.contains("rank 0 is off by 0.5"),
+        "rank 0's report is the verdict: {status}"
+    );
+    // Rank 1 would sleep past the timeout (a timeout is no debug_red):
+    // rank 0's failure ended it, and the run's output says so.
+    let logs = fvd()
+        .args(["logs", "ranks", "tp_red", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    let logs = String::from_utf8_lossy(&logs.stdout);
+    assert!(
+        logs.contains("rank 0 exited with code 1; ending the other ranks"),
+        "{logs}"
+    );
+    assert!(
+        !text.contains(fvd_worker::zygote::WARNING_PREFIX),
+        "no cold fallback: {text}"
+    );
+}

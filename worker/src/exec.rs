@@ -402,6 +402,9 @@ pub async fn run_job_capped(
                         crate::zygote::WarmError::NotPytest => {
                             "the command is not `python -m pytest`"
                         }
+                        crate::zygote::WarmError::NotSingleNode(_) => {
+                            "the command is not a single-node `torchrun --nproc_per_node=N -m pytest`"
+                        }
                         crate::zygote::WarmError::NoInterpreter(_) => "interpreter not found",
                         crate::zygote::WarmError::Start(_) => {
                             "the zygote did not start (the worker's log says why)"

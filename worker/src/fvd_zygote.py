@@ -9,11 +9,19 @@ preload module that is part of the repository), so a forked child sees the
 repository's code as it is on disk when the job starts.
 
 Protocol, one Unix-socket connection per job: the worker sends one JSON line
-{"args", "no_bytecode", "env", "cwd", "stdout", "stderr", "safe_path"}; stdout/stderr are
-named pipes the worker already reads. The zygote forks, puts the child in a
-process group of its own (pgid = pid, set by both sides before the reply),
-answers {"pid": N}, and once it reaped the child {"status": WAIT_STATUS}.
-A line {"error": "..."} instead of a pid means nothing was forked.
+{"args", "no_bytecode", "env", "cwd", "stdout", "stderr", "safe_path",
+"ranks", "rank_env"}; stdout/stderr are named pipes the worker already reads.
+The zygote forks, puts the child in a process group of its own (pgid = pid,
+set by both sides before the reply), answers {"pid": N}, and once it reaped
+the child {"status": WAIT_STATUS}. A line {"error": "..."} instead of a pid
+means nothing was forked.
+
+With "ranks": N > 1 (a warm torchrun), it forks N children into one process
+group led by rank 0 (whose pid it answers), each with the job's environment
+plus its "rank_env" entry; ranks above 0 drop --junitxml, so rank 0's report
+is the verdict. A rank that fails ends the others (SIGTERM, SIGKILL after
+KILL_GRACE seconds) with one line on the job's stderr, as torchrun does; the
+status, sent once every rank is reaped, is the first failure's, else 0.
 The zygote exits when its stdin (a pipe the worker holds) closes, killing the
 process groups of the children it still has.
 """
@@ -24,7 +32,10 @@ import selectors
 import signal
 import socket
 import sys
+import time
 
+# Seconds between the SIGTERM a failed rank's group gets and the SIGKILL.
+KILL_GRACE = 3.0
 
 
 def fail(code, message):
@@ -58,6 +69,52 @@ class Conn:
         self.pid = None
 
 
+class Group:
+    """The children of one job: one, or a torchrun's ranks (pgid = rank 0)."""
+
+    def __init__(self, conn, pgid, ranks, err_fd):
+        self.conn = conn
+        self.pgid = pgid
+        self.ranks = ranks  # pid -> rank
+        self.err_fd = err_fd  # the job's stderr (several ranks), else None
+        self.failed = None
+        self.kill_at = None
+
+    def reaped(self, pid, status):
+        rank = self.ranks.pop(pid, 0)
+        if status != 0 and self.failed is None:
+            self.failed = status
+            if self.ranks:
+                self.say("rank %d %s; ending the other ranks" % (rank, describe(status)))
+                self.signal(signal.SIGTERM)
+                self.kill_at = time.monotonic() + KILL_GRACE
+
+    def signal(self, sig):
+        try:
+            os.killpg(self.pgid, sig)
+        except OSError:
+            pass
+
+    def say(self, text):
+        if self.err_fd is not None:
+            try:
+                os.write(self.err_fd, ("fvd: " + text + "\n").encode())
+            except OSError:
+                pass
+
+    def done(self):
+        if self.err_fd is not None:
+            os.close(self.err_fd)
+            self.err_fd = None
+        return 0 if self.failed is None else self.failed
+
+
+def describe(status):
+    if os.WIFSIGNALED(status):
+        return "was killed by signal %d" % os.WTERMSIG(status)
+    return "exited with code %d" % os.WEXITSTATUS(status)
+
+
 def send_line(conn, obj):
     try:
         conn.sock.setblocking(True)
@@ -84,17 +141,16 @@ def serve(path):
     sel.register(wake_r, selectors.EVENT_READ, "wake")
     sel.register(0, selectors.EVENT_READ, "stdin")
     parent = os.getppid()
-    children = {}  # pid -> Conn
-    state = {"listener": listener, "sel": sel, "wake": (wake_r, wake_w), "conns": set()}
+    children = {}  # pid -> Group
+    # "held": the stderr of jobs with several ranks, kept to report a failed
+    # rank; a child forked for another job must not hold it open.
+    state = {"listener": listener, "sel": sel, "wake": (wake_r, wake_w), "conns": set(), "held": set()}
     sys.stdout.write("ready\n")
     sys.stdout.flush()
 
     def shutdown():
-        for pid in list(children):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        for group in set(children.values()):
+            group.signal(signal.SIGKILL)
         try:
             os.unlink(path)
         except OSError:
@@ -105,6 +161,11 @@ def serve(path):
         events = sel.select(timeout=1.0)
         if os.getppid() != parent:
             return shutdown()
+        now = time.monotonic()
+        for group in set(children.values()):
+            if group.kill_at is not None and now >= group.kill_at:
+                group.signal(signal.SIGKILL)
+                group.kill_at = None
         for key, _ in events:
             what = key.data
             if what == "stdin":
@@ -157,9 +218,14 @@ def serve(path):
                 break
             if pid == 0:
                 break
-            conn = children.pop(pid, None)
-            if conn is not None:
-                send_line(conn, {"status": status})
+            group = children.pop(pid, None)
+            if group is None:
+                continue
+            group.reaped(pid, status)
+            if not group.ranks:
+                conn = group.conn
+                state["held"].discard(group.err_fd)
+                send_line(conn, {"status": group.done()})
                 state["conns"].discard(conn)
                 conn.sock.close()
 
@@ -179,34 +245,58 @@ def fork(conn, line, state, children):
         return None
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
-        pid = os.fork()
-    except OSError as e:
-        os.close(out_fd)
-        os.close(err_fd)
-        send_line(conn, {"error": "fork: %s" % e})
-        state["conns"].discard(conn)
-        conn.sock.close()
-        return None
-    if pid == 0:
-        child_setup(state)
-        return (req, out_fd, err_fd)
-    try:
-        os.setpgid(pid, pid)
-    except OSError:
-        pass  # the child did it first, or already exited
+    ranks = int(req.get("ranks") or 1)
+    rank_env = req.get("rank_env") or [{}] * ranks
+    pgid = None
+    pids = {}
+    for rank in range(ranks):
+        try:
+            pid = os.fork()
+        except OSError as e:
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                    os.waitpid(p, 0)
+                except OSError:
+                    pass
+            os.close(out_fd)
+            os.close(err_fd)
+            send_line(conn, {"error": "fork: %s" % e})
+            state["conns"].discard(conn)
+            conn.sock.close()
+            return None
+        if pid == 0:
+            child_setup(state, pgid)
+            req["env"].update(rank_env[rank])
+            req["rank"] = rank
+            return (req, out_fd, err_fd)
+        if pgid is None:
+            pgid = pid
+        try:
+            os.setpgid(pid, pgid)
+        except OSError:
+            pass  # the child did it first, or already exited
+        pids[pid] = rank
     os.close(out_fd)
-    os.close(err_fd)
-    conn.pid = pid
-    children[pid] = conn
-    send_line(conn, {"pid": pid})
+    keep_err = None
+    if ranks > 1:
+        keep_err = err_fd
+        state["held"].add(err_fd)
+    else:
+        os.close(err_fd)
+    conn.pid = pgid
+    group = Group(conn, pgid, pids, keep_err)
+    for pid in pids:
+        children[pid] = group
+    send_line(conn, {"pid": pgid})
     return None
 
 
-def child_setup(state):
-    """In the forked child: leave the zygote's group, signals and files."""
+def child_setup(state, pgid):
+    """In the forked child: leave the zygote's group (for a group of its
+    own, or rank 0's), signals and files."""
     try:
-        os.setpgid(0, 0)
+        os.setpgid(0, pgid or 0)
     except OSError:
         pass
     signal.set_wakeup_fd(-1)
@@ -218,6 +308,8 @@ def child_setup(state):
     for conn in state["conns"]:
         conn.sock.close()
     for fd in state["wake"]:
+        os.close(fd)
+    for fd in state["held"]:
         os.close(fd)
 
 
@@ -259,6 +351,13 @@ def run_child(req, out_fd, err_fd):
     import pytest
 
     args = list(req["args"])
+    if req.get("rank", 0) > 0:
+        args = without_junit(args)
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    torch = sys.modules.get("torch")
+    if req.get("rank_env") and threads.isdigit() and int(threads) > 0 and torch is not None:
+        # torchrun's thread count: the zygote's import set the pool already.
+        torch.set_num_threads(int(threads))
     sys.argv = [os.path.join(os.path.dirname(pytest.__file__), "__main__.py")] + args
     try:
         code = pytest.main(args)
@@ -267,6 +366,23 @@ def run_child(req, out_fd, err_fd):
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(int(code))
+
+
+def without_junit(args):
+    """pytest's arguments less its JUnit report (rank 0 alone writes it)."""
+    out = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in ("--junitxml", "--junit-xml", "--junit_xml"):
+            skip = True
+            continue
+        if a.split("=", 1)[0] in ("--junitxml", "--junit-xml", "--junit_xml"):
+            continue
+        out.append(a)
+    return out
 
 
 if __name__ == "__main__":

@@ -24,6 +24,16 @@
 //! a hidden path stays unreadable to its children, until the zygote is
 //! replaced).
 //!
+//! A single-node `torchrun --nproc_per_node=N -m pytest …` runs warm too
+//! ([`torchrun_command`]): the zygote of the interpreter torchrun's script
+//! names forks N ranks in one process group (rank 0 leads it), each with
+//! the variables torchrun sets (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
+//! `MASTER_ADDR`, `MASTER_PORT` on a free port, …: [`rank_env`]), so each
+//! rank initialises CUDA and NCCL after the fork. Rank 0 alone writes the
+//! JUnit report (the others' `--junitxml` is dropped), and is the verdict;
+//! a rank that fails ends the others (SIGTERM, then SIGKILL), as torchrun
+//! does, and the group's status is the first failure's.
+//!
 //! Failures are never verdicts: a zygote that cannot start or fork turns the
 //! run cold, with one warning line in its output ([`WARNING_PREFIX`]); a
 //! zygote lost while its child runs ends the run as an execution error.
@@ -78,6 +88,10 @@ pub struct WarmSpec {
 pub enum WarmError {
     #[error("the command is not `python -m pytest …`")]
     NotPytest,
+    #[error(
+        "torchrun {0} is not run warm: only a single node (--standalone or --nnodes=1) with --nproc_per_node=N and -m pytest"
+    )]
+    NotSingleNode(String),
     #[error("interpreter {0:?} not found on PATH")]
     NoInterpreter(String),
     #[error("zygote did not start: {0}")]
@@ -204,10 +218,13 @@ pub struct PytestCommand {
     pub no_bytecode: bool,
     /// `-P`: the child's `sys.path` does not start with its folder.
     pub safe_path: bool,
+    /// Processes to fork: 1, or torchrun's `--nproc_per_node`.
+    pub ranks: u32,
 }
 
 /// `argv` taken apart when it is `python… -m pytest …` with at most the
-/// flags `-B`, `-u` and `-P` (the ones a forked child can honour).
+/// flags `-B`, `-u` and `-P` (the ones a forked child can honour), or a
+/// single-node `torchrun … -m pytest …` ([`torchrun_command`]).
 pub fn pytest_command(
     argv: &[String],
     env: &BTreeMap<String, String>,
@@ -216,6 +233,9 @@ pub fn pytest_command(
     let Some((prog, rest)) = argv.split_first() else {
         return Err(WarmError::NotPytest);
     };
+    if Path::new(prog).file_name().and_then(|n| n.to_str()) == Some("torchrun") {
+        return torchrun_command(prog, rest, env, cwd);
+    }
     let (mut no_bytecode, mut safe_path) = (false, false);
     let mut i = 0;
     while let Some(flag) = rest
@@ -245,24 +265,181 @@ pub fn pytest_command(
     if !python || m != "-m" || pytest != "pytest" {
         return Err(WarmError::NotPytest);
     }
-    let interp = if prog.contains('/') {
-        cwd.join(prog)
-    } else {
-        env.get("PATH")
-            .map(String::as_str)
-            .unwrap_or_default()
-            .split(':')
-            .filter(|d| !d.is_empty())
-            .map(|d| Path::new(d).join(prog))
-            .find(|p| p.is_file())
-            .ok_or_else(|| WarmError::NoInterpreter(prog.clone()))?
-    };
+    let interp = resolve(prog, env, cwd).ok_or_else(|| WarmError::NoInterpreter(prog.clone()))?;
     Ok(PytestCommand {
         interp,
         args: args.to_vec(),
         no_bytecode,
         safe_path,
+        ranks: 1,
     })
+}
+
+/// `prog` resolved as a command is (a path, or the first match on the job's
+/// `PATH`).
+fn resolve(prog: &str, env: &BTreeMap<String, String>, cwd: &Path) -> Option<PathBuf> {
+    if prog.contains('/') {
+        return Some(cwd.join(prog));
+    }
+    env.get("PATH")
+        .map(String::as_str)
+        .unwrap_or_default()
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(prog))
+        .find(|p| p.is_file())
+}
+
+/// Most ranks a warm torchrun forks.
+pub const MAX_RANKS: u32 = 64;
+
+/// `torchrun OPTIONS -m pytest ARGS` taken apart: one node (`--standalone`,
+/// `--nnodes=1`, `--node_rank=0`, `--max_restarts=0`), `--nproc_per_node=N`
+/// ranks (both spellings, `=` or a separate value), the interpreter its
+/// script's `#!` line names. Any other option (a rendezvous, several
+/// nodes, restarts, `--no-python`) keeps the run cold.
+pub fn torchrun_command(
+    prog: &str,
+    rest: &[String],
+    env: &BTreeMap<String, String>,
+    cwd: &Path,
+) -> Result<PytestCommand, WarmError> {
+    let mut ranks = None;
+    let mut i = 0;
+    loop {
+        let Some(arg) = rest.get(i) else {
+            return Err(WarmError::NotPytest);
+        };
+        if arg == "-m" || arg == "--module" {
+            break;
+        }
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (arg.as_str(), None),
+        };
+        let name = name.replace('-', "_");
+        let mut value = || -> Result<String, WarmError> {
+            match &inline {
+                Some(v) => Ok(v.clone()),
+                None => {
+                    i += 1;
+                    rest.get(i)
+                        .cloned()
+                        .ok_or_else(|| WarmError::NotSingleNode(arg.clone()))
+                }
+            }
+        };
+        match name.as_str() {
+            "__standalone" if inline.is_none() => {}
+            "__nproc_per_node" => {
+                let v = value()?;
+                match v.parse::<u32>() {
+                    Ok(n) if (1..=MAX_RANKS).contains(&n) => ranks = Some(n),
+                    _ => return Err(WarmError::NotSingleNode(format!("--nproc_per_node={v}"))),
+                }
+            }
+            "__nnodes" => {
+                let v = value()?;
+                if v != "1" && v != "1:1" {
+                    return Err(WarmError::NotSingleNode(format!("--nnodes={v}")));
+                }
+            }
+            "__node_rank" | "__max_restarts" => {
+                let v = value()?;
+                if v != "0" {
+                    let flag = arg.split('=').next().unwrap_or(arg);
+                    return Err(WarmError::NotSingleNode(format!("{flag}={v}")));
+                }
+            }
+            _ => return Err(WarmError::NotSingleNode(arg.clone())),
+        }
+        i += 1;
+    }
+    let Some(ranks) = ranks else {
+        return Err(WarmError::NotSingleNode(
+            "without --nproc_per_node".to_string(),
+        ));
+    };
+    let [_, module, args @ ..] = &rest[i..] else {
+        return Err(WarmError::NotPytest);
+    };
+    if module != "pytest" {
+        return Err(WarmError::NotPytest);
+    }
+    let script = resolve(prog, env, cwd).ok_or_else(|| WarmError::NoInterpreter(prog.into()))?;
+    let interp = shebang_python(&script, env, cwd)
+        .ok_or_else(|| WarmError::NoInterpreter(format!("{} (its #! line)", script.display())))?;
+    Ok(PytestCommand {
+        interp,
+        args: args.to_vec(),
+        no_bytecode: false,
+        safe_path: false,
+        ranks,
+    })
+}
+
+/// The Python interpreter a script's `#!` line names (`#!/path/python3`,
+/// or `#!/usr/bin/env python3` resolved on the job's `PATH`); `None` for
+/// anything else (a shell script, say).
+fn shebang_python(script: &Path, env: &BTreeMap<String, String>, cwd: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut head = [0u8; 512];
+    let n = std::fs::File::open(script).ok()?.read(&mut head).ok()?;
+    let line = std::str::from_utf8(&head[..n]).ok()?.lines().next()?;
+    let mut words = line.strip_prefix("#!")?.split_whitespace();
+    let mut prog = words.next()?;
+    if Path::new(prog).file_name().and_then(|n| n.to_str()) == Some("env") {
+        prog = words.next()?;
+    }
+    let base = Path::new(prog).file_name()?.to_str()?;
+    let python = base
+        .strip_prefix("python")
+        .is_some_and(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.'));
+    if !python {
+        return None;
+    }
+    resolve(prog, env, cwd).filter(|p| p.is_file())
+}
+
+/// The variables torchrun gives rank `rank` of `ranks` on one node, its
+/// store at `127.0.0.1:master_port`; `run_id` names the run. `OMP_NUM_THREADS`
+/// is 1 unless the job sets it, as torchrun does for several ranks.
+pub fn rank_env(
+    rank: u32,
+    ranks: u32,
+    master_port: u16,
+    run_id: &str,
+    job_env: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut e = BTreeMap::new();
+    let mut set = |k: &str, v: String| {
+        e.insert(k.to_string(), v);
+    };
+    for k in ["RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK"] {
+        set(k, if k == "GROUP_RANK" { 0 } else { rank }.to_string());
+    }
+    for k in ["WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE"] {
+        set(k, ranks.to_string());
+    }
+    set("GROUP_WORLD_SIZE", "1".into());
+    set("ROLE_NAME", "default".into());
+    set("MASTER_ADDR", "127.0.0.1".into());
+    set("MASTER_PORT", master_port.to_string());
+    set("TORCHELASTIC_RESTART_COUNT", "0".into());
+    set("TORCHELASTIC_MAX_RESTARTS", "0".into());
+    set("TORCHELASTIC_RUN_ID", run_id.to_string());
+    if ranks > 1 && !job_env.contains_key("OMP_NUM_THREADS") {
+        set("OMP_NUM_THREADS", "1".into());
+    }
+    e
+}
+
+/// A free TCP port on the loopback for rank 0's store (free now: the ranks
+/// bind it a moment later, as torchrun's `--standalone` does).
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// The zygote's environment for a job's: its import-time variables, less
@@ -446,6 +623,18 @@ async fn request(
         .open_receiver(&err_path)
         .map_err(|e| fork_err(format!("{}: {e}", err_path.display())))?;
     let safe_path = cmd.safe_path || env.get("PYTHONSAFEPATH").is_some_and(|v| !v.is_empty());
+    let rank_env: Vec<BTreeMap<String, String>> = if cmd.ranks > 1 {
+        let port = free_port().map_err(|e| fork_err(format!("a free port for rank 0: {e}")))?;
+        let run_id = env
+            .get(crate::exec::JOB_COOKIE_ENV)
+            .cloned()
+            .unwrap_or_else(|| format!("fvd-{n}"));
+        (0..cmd.ranks)
+            .map(|r| rank_env(r, cmd.ranks, port, &run_id, env))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let req = serde_json::json!({
         "args": cmd.args,
         "no_bytecode": cmd.no_bytecode,
@@ -454,6 +643,8 @@ async fn request(
         "stdout": out_path,
         "stderr": err_path,
         "safe_path": safe_path,
+        "ranks": cmd.ranks,
+        "rank_env": rank_env,
     });
     let mut line = req.to_string();
     line.push('\n');
@@ -537,7 +728,7 @@ mod tests {
         let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
             pytest_command(&argv(&["torchrun", "-m", "pytest"]), &e, cwd),
-            Err(WarmError::NotPytest)
+            Err(WarmError::NotSingleNode("without --nproc_per_node".into()))
         );
         assert_eq!(
             pytest_command(&argv(&["python3", "-X", "dev", "-m", "pytest"]), &e, cwd),
@@ -564,6 +755,110 @@ mod tests {
             pytest_command(&argv(&["/x/python3", "-O", "-m", "pytest"]), &e, cwd),
             Err(WarmError::NotPytest)
         );
+    }
+
+    #[test]
+    fn a_single_node_torchrun_of_pytest_is_warm_with_its_ranks() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let python = bin.join("python3.12");
+        std::fs::write(&python, "").unwrap();
+        std::fs::write(
+            bin.join("torchrun"),
+            format!("#!{}\nimport sys\n", python.display()),
+        )
+        .unwrap();
+        let e = env(&[("PATH", &bin.display().to_string())]);
+        let cwd = dir.path();
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for args in [
+            &["--standalone", "--nproc_per_node=2"][..],
+            &["--nproc-per-node", "2", "--nnodes=1"],
+            &[
+                "--nnodes",
+                "1:1",
+                "--node_rank=0",
+                "--max-restarts=0",
+                "--nproc_per_node=2",
+            ],
+        ] {
+            let mut a = vec!["torchrun"];
+            a.extend(args);
+            a.extend(["-m", "pytest", "t.py", "--junitxml=j.xml"]);
+            let c = pytest_command(&argv(&a), &e, cwd).unwrap();
+            assert_eq!(
+                (c.ranks, c.interp.as_path()),
+                (2, python.as_path()),
+                "{a:?}"
+            );
+            assert_eq!(c.args, ["t.py", "--junitxml=j.xml"]);
+        }
+        // Several nodes, a rendezvous, restarts, a script: cold.
+        for (args, why) in [
+            (&["--nnodes=2", "--nproc_per_node=2"][..], "--nnodes=2"),
+            (
+                &["--rdzv_endpoint=h:1", "--nproc_per_node=2"],
+                "--rdzv_endpoint=h:1",
+            ),
+            (&["--nproc_per_node=gpu"], "--nproc_per_node=gpu"),
+            (
+                &["--max_restarts=3", "--nproc_per_node=2"],
+                "--max_restarts=3",
+            ),
+        ] {
+            let mut a = vec!["torchrun"];
+            a.extend(args);
+            a.extend(["-m", "pytest"]);
+            assert_eq!(
+                pytest_command(&argv(&a), &e, cwd),
+                Err(WarmError::NotSingleNode(why.into())),
+                "{a:?}"
+            );
+        }
+        let script = argv(&["torchrun", "--nproc_per_node=2", "train.py"]);
+        assert_eq!(
+            pytest_command(&script, &e, cwd),
+            Err(WarmError::NotSingleNode("train.py".into()))
+        );
+        let other = argv(&["torchrun", "--nproc_per_node=2", "-m", "unittest"]);
+        assert_eq!(pytest_command(&other, &e, cwd), Err(WarmError::NotPytest));
+        // A torchrun that is a shell script names no interpreter: cold.
+        std::fs::write(
+            bin.join("torchrun"),
+            "#!/bin/sh\nexec python3 -m torch.distributed.run \"$@\"\n",
+        )
+        .unwrap();
+        let ok = argv(&["torchrun", "--nproc_per_node=2", "-m", "pytest"]);
+        assert!(matches!(
+            pytest_command(&ok, &e, cwd),
+            Err(WarmError::NoInterpreter(_))
+        ));
+        // `#!/usr/bin/env python3.12` is looked up on the job's PATH.
+        std::fs::write(bin.join("torchrun"), "#!/usr/bin/env python3.12\n").unwrap();
+        assert_eq!(pytest_command(&ok, &e, cwd).unwrap().interp, python);
+    }
+
+    #[test]
+    fn each_rank_gets_torchrun_s_variables() {
+        let job = env(&[]);
+        let r1 = rank_env(1, 2, 4242, "run", &job);
+        for (k, v) in [
+            ("RANK", "1"),
+            ("LOCAL_RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("GROUP_RANK", "0"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "4242"),
+            ("TORCHELASTIC_RUN_ID", "run"),
+            ("OMP_NUM_THREADS", "1"),
+        ] {
+            assert_eq!(r1.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        let threads = env(&[("OMP_NUM_THREADS", "8")]);
+        assert!(!rank_env(0, 2, 1, "r", &threads).contains_key("OMP_NUM_THREADS"));
+        assert!(free_port().unwrap() > 0);
     }
 
     #[test]
