@@ -35,14 +35,24 @@ def _rank():
     return int(os.environ.get("RANK", "0"))
 
 
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    """With ``GPUPORT_BODY_LOG=PATH``, appends when the test body starts
-    (after its fixtures: CUDA is up) and which job it is: the warm-runner
-    benchmark (``bench/gpu_warm.py``) measures start-up as job start ->
-    this moment."""
+    """With ``GPUPORT_BODY_LOG=PATH``, appends when the test body started
+    (after its fixtures: CUDA is up), when it ended, and which job it is:
+    the GPU benchmarks (``bench/gpu_warm.py``, ``bench/gpu_compute.py``)
+    measure start-up as job start -> ``t`` and a job's compute as
+    ``t_end - t``."""
     path = os.environ.get("GPUPORT_BODY_LOG")
+    start = time.time()
+    yield
     if path:
-        rec = {"t": time.time(), "test": item.nodeid, "rank": _rank(), "job": os.environ.get("FVD_JOB_COOKIE", "")}
+        rec = {
+            "t": start,
+            "t_end": time.time(),
+            "test": item.nodeid,
+            "rank": _rank(),
+            "job": os.environ.get("FVD_JOB_COOKIE", ""),
+        }
         with open(path, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
