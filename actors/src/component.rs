@@ -194,30 +194,14 @@ impl Actor for ComponentSubagentActor {
         myself: ActorRef<Self::Msg>,
         st: &mut ComponentState,
     ) -> Result<(), ActorProcessingErr> {
-        let row = current(st).await?;
-        if row.is_final() {
-            // Recorded verdicts are not rerun on resume.
-            st.span.record("status", row.status.as_str());
-            st.span.record("verdict", row.verdict.as_str());
-            final_status(&st.span, row.status, &row.reason);
-            st.span = Span::none();
-            st.args.gate.cast(GateMsg::ComponentFinal(row))?;
-            return Ok(());
-        }
-        if st.args.spec.agent.is_some() {
-            match prepare_agent(st).await {
-                Ok(l) => st.agent = Some(l),
-                Err(e) => {
-                    let reason = format!("error: agent loop cannot start: {e}");
-                    return block(st, RecordedVerdict::Error(None), &reason, "").await;
-                }
-            }
-            return resume(&myself, st, &row).await;
-        }
-        match in_flight(st).await? {
-            Some(job) => adopt(&myself, st, job).await,
-            None => enqueue(&myself, st).await,
-        }
+        let first = first_step(&myself, st).await;
+        // After the run it queued, if any: the gate then ends the port's
+        // hold on placement, and the scheduler has this run by then.
+        let _ = st
+            .args
+            .gate
+            .cast(GateMsg::ComponentStarted(st.args.spec.name.clone()));
+        first
     }
 
     async fn handle(
@@ -679,6 +663,38 @@ async fn enqueue(
     let job = job_record(st).await?;
     let record = st.args.store.queue_job(&job).await?;
     queued(myself, st, record).await
+}
+
+/// The component's first step once started: its verdict already recorded,
+/// its agent loop resumed, its run in flight adopted, or its run queued.
+async fn first_step(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+) -> Result<(), ActorProcessingErr> {
+    let row = current(st).await?;
+    if row.is_final() {
+        // Recorded verdicts are not rerun on resume.
+        st.span.record("status", row.status.as_str());
+        st.span.record("verdict", row.verdict.as_str());
+        final_status(&st.span, row.status, &row.reason);
+        st.span = Span::none();
+        st.args.gate.cast(GateMsg::ComponentFinal(row))?;
+        return Ok(());
+    }
+    if st.args.spec.agent.is_some() {
+        match prepare_agent(st).await {
+            Ok(l) => st.agent = Some(l),
+            Err(e) => {
+                let reason = format!("error: agent loop cannot start: {e}");
+                return block(st, RecordedVerdict::Error(None), &reason, "").await;
+            }
+        }
+        return resume(myself, st, &row).await;
+    }
+    match in_flight(st).await? {
+        Some(job) => adopt(myself, st, job).await,
+        None => enqueue(myself, st).await,
+    }
 }
 
 /// The component's next run, before it is queued: an agent component's

@@ -73,6 +73,10 @@ pub enum GateMsg {
     /// Restart the failed component actor of this component from the store
     /// (sent by the gate itself, after a backoff).
     Respawn(String),
+    /// A component actor took its first step (queued its run, adopted one
+    /// in flight, found its verdict recorded, or blocked): sent after any
+    /// run it queued, so the scheduler has it before the port's hold ends.
+    ComponentStarted(String),
 }
 
 #[derive(Debug)]
@@ -99,7 +103,16 @@ pub struct GateState {
     fvd: Arc<FvdDir>,
     /// Failed component actors, restarted under backoff.
     restarts: crate::restarts::Restarts,
+    /// Components that have not taken their first step while the
+    /// scheduler holds the port's first placement (see
+    /// [`SchedulerMsg::HoldFamily`]); `None` once released.
+    starting: Option<std::collections::BTreeSet<String>>,
 }
+
+/// The longest the port's first placement waits for its components to
+/// queue their first runs (a component whose start fails never says it
+/// started).
+const FIRST_PLACEMENT_HOLD: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How often the gate checks that the port's `REPO/.fvd` is still there.
 const FVD_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -147,6 +160,7 @@ impl Actor for GateActor {
             phase_span: None,
             trace: None,
             variants: None,
+            starting: None,
         })
     }
 
@@ -294,6 +308,24 @@ impl Actor for GateActor {
             );
             st.variants = Some(v.await?);
         }
+        // The components queue their first runs one by one: the port's
+        // placement waits until all are queued, so the policy (longest
+        // expected GPU-time first, by default) orders all of them instead
+        // of the first few to arrive taking the free GPUs.
+        let names: std::collections::BTreeSet<String> = st
+            .args
+            .spec
+            .components
+            .iter()
+            .map(|c| c.name.clone())
+            .collect();
+        if names.len() > 1 {
+            st.args.scheduler.cast(SchedulerMsg::HoldFamily {
+                family: st.args.family.clone(),
+                for_ms: FIRST_PLACEMENT_HOLD.as_millis() as i64,
+            })?;
+            st.starting = Some(names);
+        }
         for c in st.args.spec.components.clone() {
             spawn_component(&myself, st, &c).await?;
         }
@@ -374,6 +406,17 @@ impl Actor for GateActor {
                 .await?;
             }
             GateMsg::Respawn(name) => respawn(&myself, st, &name).await?,
+            GateMsg::ComponentStarted(name) => {
+                if let Some(starting) = &mut st.starting {
+                    starting.remove(&name);
+                    if starting.is_empty() {
+                        st.starting = None;
+                        st.args.scheduler.cast(SchedulerMsg::ReleaseFamily {
+                            family: st.args.family.clone(),
+                        })?;
+                    }
+                }
+            }
             GateMsg::CheckFvd => {
                 if let Err(why) = st.fvd.check() {
                     fvd_vanished(&myself, st, &why).await?;

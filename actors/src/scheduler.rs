@@ -316,6 +316,19 @@ pub enum SchedulerMsg {
     CancelFamily {
         family: String,
     },
+    /// The family's components are queueing their first runs: none of
+    /// its jobs is placed until [`SchedulerMsg::ReleaseFamily`], or for
+    /// at most `for_ms` (a component that never says it started), so the
+    /// placement policy orders all of them instead of the first few that
+    /// arrive taking the free GPUs.
+    HoldFamily {
+        family: String,
+        for_ms: i64,
+    },
+    /// The family's jobs are placed again.
+    ReleaseFamily {
+        family: String,
+    },
     /// Check leases and heartbeats.
     Tick,
     /// The periodic check, sent at `sent_ms` (scheduler clock). A worker
@@ -466,6 +479,9 @@ pub struct SchedulerState {
     /// came back without them. The component's later ask is told the same
     /// reason, whichever came first (taken by that ask).
     not_held: HashMap<String, String>,
+    /// Families held by [`SchedulerMsg::HoldFamily`], until when
+    /// (scheduler clock).
+    holds: HashMap<String, i64>,
 }
 
 /// A run an earlier orchestrator process leased, still `running` in the
@@ -674,6 +690,7 @@ impl Actor for SchedulerActor {
             held,
             adopt_until_ms,
             not_held: HashMap::new(),
+            holds: HashMap::new(),
         })
     }
 
@@ -766,18 +783,28 @@ impl Actor for SchedulerActor {
             }
             SchedulerMsg::Finished { worker_id, report } => finished(st, worker_id, *report),
             SchedulerMsg::CancelFamily { family } => {
+                release_family(st, &family);
                 cancel_family(st, &family).await;
                 true
             }
+            SchedulerMsg::HoldFamily { family, for_ms } => {
+                let until = st.clock.now_ms().saturating_add(for_ms);
+                st.queue.hold(&family);
+                st.holds.insert(family, until);
+                false
+            }
+            SchedulerMsg::ReleaseFamily { family } => release_family(st, &family),
             SchedulerMsg::Tick => {
                 let now = st.clock.now_ms();
                 expire_leases(st, now).await?;
                 expire_held(st, now).await;
+                expire_holds(st, now);
                 true
             }
             SchedulerMsg::TickSent { sent_ms } => {
                 expire_leases(st, sent_ms).await?;
                 expire_held(st, sent_ms).await;
+                expire_holds(st, sent_ms);
                 true
             }
             SchedulerMsg::Drain { worker_id } => {
@@ -1226,6 +1253,30 @@ fn enqueue(st: &mut SchedulerState, job: Box<QueuedJob>) {
         }),
     );
     check_placeable(st, &[id]);
+}
+
+/// The family's jobs are placed again; whether it was held.
+fn release_family(st: &mut SchedulerState, family: &str) -> bool {
+    st.holds.remove(family);
+    st.queue.release(family)
+}
+
+/// Holds past their time end: a component that never said it started
+/// delays its port's first placement by at most the hold's length.
+fn expire_holds(st: &mut SchedulerState, now: i64) {
+    if st.holds.is_empty() {
+        return;
+    }
+    let over: Vec<String> = st
+        .holds
+        .iter()
+        .filter(|(_, until)| **until <= now)
+        .map(|(f, _)| f.clone())
+        .collect();
+    for family in over {
+        tracing::debug!(%family, "hold on the port's first placement expired");
+        release_family(st, &family);
+    }
 }
 
 /// A job left the scheduler (finished, cancelled, given up or refused):

@@ -364,3 +364,44 @@ fn submit_wait_with_no_worker_says_so_and_what_the_runs_need() {
         std::fs::read_to_string(&err_path).unwrap()
     );
 }
+
+/// A rerun on one slot: the components queue their runs one by one in spec
+/// order (short first), and the port's first placement waits for all of
+/// them, so the run the last rerun showed to be the longest starts first
+/// (`--placement duration`, the default), not the first one queued.
+#[test]
+fn a_rerun_starts_the_longest_run_first_though_it_was_queued_last() {
+    let mut sb = Sandbox::new();
+    let order = sb.dir.path().join("order.log");
+    let body = |name: &str, secs: f64| {
+        format!(
+            "with open({:?}, 'a') as f:\n    f.write('{name}\\n')\ntime.sleep({secs})",
+            order.display().to_string()
+        )
+    };
+    sb.port(
+        "paced",
+        &[
+            TestComponent::new("short", &body("short", 0.0)),
+            TestComponent::new("mid", &body("mid", 0.6)),
+            TestComponent::new("long", &body("long", 1.5)),
+        ],
+    );
+    sb.serve();
+    sb.worker("w1", 1);
+    let out = sb.submit_remote("paced", &["--wait"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{}", sb.logs());
+    std::fs::remove_file(&order).unwrap();
+    let out = sb.submit_remote("paced", &["--wait", "--rerun"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{}", sb.logs());
+    let started: Vec<String> = std::fs::read_to_string(&order)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        started,
+        ["long", "mid", "short"],
+        "longest expected first, from the first submit's runs"
+    );
+}

@@ -406,6 +406,9 @@ pub struct FairQueue {
     /// How often a queued job was passed over (see [`FairQueue::take`]);
     /// absent is never.
     bypassed: HashMap<String, u32>,
+    /// Families whose jobs are not taken for now ([`FairQueue::hold`]):
+    /// a port whose components are still queueing their first runs.
+    held: HashSet<String>,
 }
 
 /// One queued job: its id, GPUs and expected duration.
@@ -571,6 +574,17 @@ impl FairQueue {
         }
     }
 
+    /// No job of `family` is taken until [`FairQueue::release`]: its
+    /// jobs queue, and the policy orders all of them once released.
+    pub fn hold(&mut self, family: &str) {
+        self.held.insert(family.to_string());
+    }
+
+    /// Jobs of `family` are taken again; whether it was held.
+    pub fn release(&mut self, family: &str) -> bool {
+        self.held.remove(family)
+    }
+
     /// Takes every job of `family` out.
     pub fn remove_family(&mut self, family: &str) {
         if let Some(q) = self.by_family.get(family) {
@@ -602,7 +616,7 @@ impl FairQueue {
         while let Some(l) = level {
             for pos in 0..self.turn.len() {
                 let family = &self.turn[pos];
-                if self.priority[family] != l {
+                if self.priority[family] != l || self.held.contains(family) {
                     continue;
                 }
                 let q = self
@@ -814,6 +828,29 @@ mod tests {
         }
         let (got, asked) = take_asking(&mut q, p);
         assert_eq!((got.as_deref(), asked.len()), (Some("g"), 1));
+        assert_eq!(q.take(p, |_, _| true).as_deref(), Some("s1"));
+    }
+
+    /// A port's first runs arrive one by one: held until the last is
+    /// queued, the long gang queued last still goes first.
+    #[test]
+    fn a_held_family_is_not_taken_and_once_released_its_longest_job_goes_first() {
+        let p = Policy::ExpectedDuration;
+        let mut q = FairQueue::default();
+        q.hold("a");
+        q.push_back("a", 0, "s1".into(), 1, Some(15_000));
+        assert_eq!(q.take(p, |_, _| true), None, "held");
+        q.push_back("b", 0, "other".into(), 1, None);
+        assert_eq!(
+            q.take(p, |_, _| true).as_deref(),
+            Some("other"),
+            "another port is served meanwhile"
+        );
+        q.push_back("a", 0, "s2".into(), 1, Some(15_000));
+        q.push_back("a", 0, "gang".into(), 2, Some(26_000));
+        assert!(q.release("a"));
+        assert!(!q.release("a"), "released once");
+        assert_eq!(q.take(p, |_, _| true).as_deref(), Some("gang"));
         assert_eq!(q.take(p, |_, _| true).as_deref(), Some("s1"));
     }
 
