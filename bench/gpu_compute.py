@@ -169,8 +169,7 @@ def main():
     work = tempfile.mkdtemp(prefix="gpu_compute.")
     env = dict(os.environ)
     env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
-               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", FVD_LOG="info",
-               GPUPORT_REPEATS=str(args.repeats))
+               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", FVD_LOG="info")
     if shutil.which("torchrun") is None:
         # torch's console script, as pip writes it: a Python script, so the
         # warm runner finds its interpreter on the #! line.
@@ -189,13 +188,17 @@ def main():
     shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
     with open(os.path.join(repo, "tests", "local_tests", "gpuport", "port.toml")) as f:
         text = pack_spec(f.read())
+    # Tests see only the allow-listed environment and the spec's own
+    # variables (README "Containment"): the knobs go into the spec.
+    body_log = os.path.join(work, "bodies.jsonl")
+    text = text.replace("timeout_s = 300\n", 'timeout_s = 300\nset_env = { GPUPORT_REPEATS = "%d", GPUPORT_BODY_LOG = "%s" }\n'
+                        % (args.repeats, body_log), 1)
+    assert "GPUPORT_BODY_LOG" in text, "the spec's [defaults] changed: set_env not added"
     if args.mode == "warm":
         text += '\n[runner]\nmode = "warm"\npreload = [%s]\n' % ", ".join(f'"{m}"' for m in PRELOAD)
     os.makedirs(os.path.join(repo, "tests", "local_tests", "gpupack"), exist_ok=True)
     with open(os.path.join(repo, "tests", "local_tests", "gpupack", "port.toml"), "w") as f:
         f.write(text)
-    body_log = os.path.join(work, "bodies.jsonl")
-    env["GPUPORT_BODY_LOG"] = body_log
     os.environ.update(env)
     db = os.path.join(work, "state")
     out = {"gpus": gpus, "mode": args.mode, "repeats": args.repeats, "reruns": []}
@@ -214,8 +217,8 @@ def main():
             m.update(what=what, placement=policy)
             out["reruns"].append(m)
             log(f"{what} {policy}: wall {m['wall_s']:.1f} s, makespan {m['makespan_s']:.1f} s, ideal {m['ideal_s']:.1f} s "
-                f"(wall/ideal {m['wall_over_ideal']:.2f}), tp_mlp at {m['tp_mlp_start_s']}, "
-                f"start-up median {m['startup_median_s']}")
+                f"(wall/ideal {m['wall_over_ideal']}), tp_mlp at {m['tp_mlp_start_s']}, "
+                f"start-up median {m['startup_median_s']}, max {m['startup_max_s']}")
             with open(result, "w") as f:
                 json.dump(out, f, indent=1)
     finally:
