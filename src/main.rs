@@ -26,9 +26,12 @@ fn main() -> ExitCode {
     let mut telemetry = match fvd_telemetry::init_with(
         cli.otlp_endpoint.as_deref(),
         cli.service_name(),
-        "FVD_LOG",
-        cli.default_log_filter(),
-        color,
+        fvd_telemetry::LogConfig {
+            env: "FVD_LOG",
+            default_filter: cli.default_log_filter(),
+            format: cli.log_format.into(),
+            ansi: color,
+        },
     ) {
         Ok(t) => t,
         Err(err) => {

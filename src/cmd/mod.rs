@@ -57,10 +57,22 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// Log fvd's own lines to stderr (-v info, -vv debug). A command prints
-    /// none otherwise (servers and workers log warnings); `FVD_LOG` sets
-    /// the filter outright.
+    /// none otherwise; servers (`orchestrator`, `worker`, `dashboard`) log
+    /// at info, one line per event, and -v makes them log debug. `FVD_LOG`
+    /// sets the filter outright.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// How log lines are written to stderr: `text` (one line per event) or
+    /// `json` (one JSON object per line: timestamp, level, target, message,
+    /// fields and span).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FORMAT",
+        env = "FVD_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
     /// Colour in the output: `auto` (only on a terminal, and not when
     /// `NO_COLOR` is set), `always` or `never`.
     #[arg(long, global = true, value_name = "WHEN", default_value = "auto")]
@@ -75,6 +87,22 @@ pub enum ColorChoice {
     Auto,
     Always,
     Never,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl From<LogFormat> for fvd_telemetry::LogFormat {
+    fn from(f: LogFormat) -> Self {
+        match f {
+            LogFormat::Text => fvd_telemetry::LogFormat::Text,
+            LogFormat::Json => fvd_telemetry::LogFormat::Json,
+        }
+    }
 }
 
 /// Whether this process writes colour (set once by `main`).
@@ -100,17 +128,19 @@ impl Cli {
         }
     }
 
-    /// The log filter when `FVD_LOG` sets none: servers and workers log
-    /// warnings; a command logs nothing unless asked with `-v`.
+    /// The log filter when `FVD_LOG` sets none: servers (the
+    /// orchestrator, workers, the dashboard) log at info, one line per
+    /// event and nothing per heartbeat or poll, and -v makes them log
+    /// debug; a command logs nothing unless asked with `-v`.
     pub fn default_log_filter(&self) -> &'static str {
         let server = matches!(
             self.command,
             Command::Orchestrator(_) | Command::Worker(_) | Command::Dashboard(_)
         );
         match (self.verbose, server) {
-            (0, true) => "warn",
+            (0, true) => "info",
             (0, false) => "off",
-            (1, _) => "info",
+            (1, false) => "info",
             _ => "debug",
         }
     }
@@ -193,5 +223,26 @@ pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
         Command::Worker(a) => server::worker(a),
         Command::Dashboard(a) => dashboard::run(a),
         Command::Agents(c) => agents::run(c),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(args: &[&str]) -> &'static str {
+        let cli = Cli::try_parse_from(args).expect("arguments parse");
+        cli.default_log_filter()
+    }
+
+    #[test]
+    fn servers_log_info_by_default_and_commands_nothing_unless_asked() {
+        let serve = ["fvd", "orchestrator", "serve", "--db", "sqlite://x.db"];
+        assert_eq!(filter(&serve), "info");
+        assert_eq!(filter(&[&serve[..], &["-v"]].concat()), "debug");
+        assert_eq!(filter(&["fvd", "dashboard"]), "info");
+        assert_eq!(filter(&["fvd", "status"]), "off");
+        assert_eq!(filter(&["fvd", "status", "-v"]), "info");
+        assert_eq!(filter(&["fvd", "-vv", "status"]), "debug");
     }
 }

@@ -19,6 +19,7 @@ mod environment;
 mod fastvideo_checkout;
 mod fleet;
 mod init;
+mod logging;
 mod output;
 mod port;
 mod record;
