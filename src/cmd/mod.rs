@@ -49,7 +49,8 @@ pub fn find_repo(repo: &std::path::Path, family: &str) -> std::path::PathBuf {
 
 /// fvd: parity-driven model ports on GPU fleets.
 #[derive(Debug, Parser)]
-#[command(name = "fvd", version, about)]
+/// `--version` names the commit and the build day too (see `build.rs`).
+#[command(name = "fvd", version = env!("FVD_VERSION"), about)]
 pub struct Cli {
     /// Export spans and metrics over OTLP/gRPC to this collector
     /// (`http://HOST:4317`); `OTEL_EXPORTER_OTLP_ENDPOINT` does the same.

@@ -27,6 +27,7 @@ mod snapshot;
 mod support;
 mod team;
 mod telemetry;
+mod terminal;
 mod trace;
 mod trace_checks;
 mod trace_port;
