@@ -75,8 +75,8 @@ fn main() {
                 .map_or(0, |d| d.as_secs() as i64)
         });
     let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
-    println!(
-        "cargo:rustc-env=FVD_VERSION={version} (commit {commit}, built {})",
-        date::utc_day(secs)
-    );
+    let day = date::utc_day(secs);
+    println!("cargo:rustc-env=FVD_VERSION={version} (commit {commit}, built {day})");
+    // The date of `fvd man`'s pages.
+    println!("cargo:rustc-env=FVD_BUILD_DATE={day}");
 }

@@ -15,6 +15,7 @@ pub mod read;
 pub mod render;
 pub mod server;
 pub mod source;
+pub mod terminal;
 pub mod trace;
 pub mod trace_show;
 
@@ -203,6 +204,11 @@ pub enum Command {
     /// model, endpoint, key.
     #[command(subcommand)]
     Agents(agents::AgentsCmd),
+    /// Print a shell completion script (bash, zsh, fish, …) to stdout.
+    Completions(terminal::CompletionsArgs),
+    /// Print fvd's manual page (roff) to stdout, or write one page per
+    /// subcommand with --dir.
+    Man(terminal::ManArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
@@ -224,6 +230,8 @@ pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
         Command::Worker(a) => server::worker(a),
         Command::Dashboard(a) => dashboard::run(a),
         Command::Agents(c) => agents::run(c),
+        Command::Completions(a) => terminal::completions(a),
+        Command::Man(a) => terminal::man(a),
     }
 }
 
