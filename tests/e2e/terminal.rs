@@ -1,8 +1,14 @@
 //! The terminal surface of the binary (issue #34): `fvd --version` names
 //! the commit it was built from, `fvd completions` prints scripts a shell
-//! accepts, and `fvd man` writes roff pages naming every subcommand.
+//! accepts, `fvd man` writes roff pages naming every subcommand, and
+//! `fvd logs --follow` exits with its run's outcome (`--json`: one object
+//! a line).
 
-use crate::support::fvd;
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::port::blocks_until;
+use crate::support::{Sandbox, TestComponent, components, fvd, wait_for};
 
 fn stdout(args: &[&str]) -> String {
     let out = fvd().args(args).output().expect("run fvd");
@@ -150,4 +156,124 @@ fn the_man_page_is_roff_and_names_every_subcommand() {
         String::from_utf8_lossy(&out.stderr).contains(&missing.display().to_string()),
         "the error names the folder"
     );
+}
+
+/// Runs the port's tests with `-s`, so pytest lets their output through
+/// as it happens (a follower sees it before the run ends).
+fn unbuffered(repo: &std::path::Path, family: &str) {
+    let spec = repo.join(format!("tests/local_tests/{family}/port.toml"));
+    let text = std::fs::read_to_string(&spec).unwrap().replace(
+        "timeout_s = 60",
+        "timeout_s = 60\ncommand = [\"python3\", \"-m\", \"pytest\", \"{test}\", \"-q\", \"-s\", \"-p\", \"no:cacheprovider\", \"--junitxml={junitxml}\"]",
+    );
+    std::fs::write(&spec, text).unwrap();
+}
+
+fn json_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not one JSON object ({e}): {l}"))
+        })
+        .collect()
+}
+
+#[test]
+fn logs_follow_exits_with_a_red_run_s_status_and_json_is_one_object_a_line() {
+    let sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    let red = format!(
+        "print('first-line', flush=True)\n{}\nprint('last-line', flush=True)\nassert False, 'red on purpose'",
+        blocks_until(&release)
+    );
+    sb.port(
+        "redlog",
+        &[
+            TestComponent::new("red", &red),
+            TestComponent::new("green", "print('green-line')"),
+        ],
+    );
+    unbuffered(sb.repo(), "redlog");
+    let mut submit = fvd()
+        .args(["submit", "--family", "redlog", "--wait", "--repo"])
+        .arg(sb.repo())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("red running", Duration::from_secs(60), || {
+        let rows = components(&sb.local_status("redlog")?);
+        (rows.iter().find(|r| r.0 == "red")?.1 == "running").then_some(())
+    });
+    // Followed live, as JSON: the run, each chunk, the run as it ended.
+    let out_path = sb.repo().join("follow.jsonl");
+    let mut follow = fvd()
+        .args(["logs", "redlog", "red", "--follow", "--json", "--repo"])
+        .arg(sb.repo())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("the first line streamed", Duration::from_secs(60), || {
+        std::fs::read_to_string(&out_path)
+            .ok()?
+            .contains("first-line")
+            .then_some(())
+    });
+    std::fs::write(&release, "go").unwrap();
+    let status = wait_for(
+        "logs --follow to end with the run",
+        Duration::from_secs(60),
+        || follow.try_wait().unwrap(),
+    );
+    let text = std::fs::read_to_string(&out_path).unwrap();
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "a red run's follower exits 1, as fvd status --exit-status does: {text}"
+    );
+    let lines = json_lines(&text);
+    assert!(lines.len() >= 3, "{text}");
+    assert_eq!(lines[0]["run"]["component"], "red", "{text}");
+    assert_eq!(lines[0]["run"]["state"], "running", "{text}");
+    let end = &lines[lines.len() - 1]["end"];
+    assert_eq!(end["state"], "finished", "{text}");
+    assert_ne!(end["verdict"], "non_skip_pass", "{text}");
+    let chunks = &lines[1..lines.len() - 1];
+    assert!(
+        chunks.iter().all(|c| ["stdout", "stderr"]
+            .contains(&c["stream"].as_str().unwrap_or_default())
+            && c["text"].is_string()),
+        "{text}"
+    );
+    let stdout: String = chunks
+        .iter()
+        .filter(|c| c["stream"] == "stdout")
+        .filter_map(|c| c["text"].as_str())
+        .collect();
+    let (first, last) = (
+        stdout.find("first-line").expect("first line"),
+        stdout.find("last-line").expect("last line"),
+    );
+    assert!(first < last, "{stdout}");
+    assert_eq!(submit.wait().unwrap().code(), Some(1), "the port is red");
+
+    // Followed after the end: the same statuses, red 1 and green 0.
+    let logs = |component: &str, extra: &[&str]| {
+        fvd()
+            .args(["logs", "redlog", component, "--repo"])
+            .arg(sb.repo())
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let red = logs("red", &["--follow"]);
+    assert_eq!(red.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&red.stdout).contains("last-line"));
+    let green = logs("green", &["--follow"]);
+    assert_eq!(green.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&green.stdout).contains("green-line"));
+    // Without --follow the command reports, and exits 0 either way.
+    let shown = logs("red", &["--json"]);
+    assert_eq!(shown.status.code(), Some(0));
+    let lines = json_lines(&String::from_utf8_lossy(&shown.stdout));
+    assert_eq!(lines[0]["run"], lines[lines.len() - 1]["end"]);
 }
