@@ -110,10 +110,12 @@ fn a_server_logging_to_a_file_writes_plain_text_lines_without_colour() {
     let mut sb = Sandbox::new().with_auth().with_default_logs(&[]);
     sb.serve();
     sb.worker("w1", 1);
+    // Each side logs the registration: the orchestrator's line may come
+    // before the worker's.
     wait_for("the worker registered", Duration::from_secs(30), || {
-        sb.orchestrator_log()
-            .contains("worker registered")
-            .then_some(())
+        (sb.orchestrator_log().contains("worker registered")
+            && sb.worker_log("w1").contains("registered"))
+        .then_some(())
     });
     for (who, log) in [
         ("orchestrator", sb.orchestrator_log()),
