@@ -4,6 +4,11 @@
 
 mod cmd;
 
+/// The build day of `--version`, tested here (`build.rs` uses it).
+#[cfg(test)]
+#[path = "../build/date.rs"]
+mod build_date;
+
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -26,9 +31,12 @@ fn main() -> ExitCode {
     let mut telemetry = match fvd_telemetry::init_with(
         cli.otlp_endpoint.as_deref(),
         cli.service_name(),
-        "FVD_LOG",
-        cli.default_log_filter(),
-        color,
+        fvd_telemetry::LogConfig {
+            env: "FVD_LOG",
+            default_filter: cli.default_log_filter(),
+            format: cli.log_format.into(),
+            ansi: color,
+        },
     ) {
         Ok(t) => t,
         Err(err) => {
@@ -54,4 +62,22 @@ fn main() -> ExitCode {
     // The command's runtime is gone: flushing may block here.
     telemetry.shutdown();
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::build_date::utc_day;
+
+    #[test]
+    fn the_build_day_is_the_utc_calendar_day_of_the_epoch_seconds() {
+        assert_eq!(utc_day(0), "1970-01-01");
+        assert_eq!(utc_day(86_399), "1970-01-01");
+        assert_eq!(utc_day(86_400), "1970-01-02");
+        // 2000-02-29 (a leap day of a century year) and the day after.
+        assert_eq!(utc_day(951_782_400), "2000-02-29");
+        assert_eq!(utc_day(951_868_800), "2000-03-01");
+        // 2026-11-27T23:59:59Z is still that day in UTC.
+        assert_eq!(utc_day(1_795_823_999), "2026-11-27");
+        assert_eq!(utc_day(-1), "1969-12-31");
+    }
 }

@@ -37,13 +37,18 @@ pub struct AddArgs {
 
 #[derive(Debug, Args)]
 pub struct RemoveArgs {
+    /// The name of the credential to remove (as `fvd auth list` shows it).
     pub name: String,
+    /// The credentials file to remove it from (the one `fvd orchestrator
+    /// serve --auth` reads).
     #[arg(long)]
     pub file: PathBuf,
 }
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
+    /// The credentials file to list (the one `fvd orchestrator serve
+    /// --auth` reads).
     #[arg(long)]
     pub file: PathBuf,
 }

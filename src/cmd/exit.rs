@@ -8,7 +8,8 @@ pub enum Exit {
     /// Every component `non_skip_pass`; no divergence; a valid contract.
     Success,
     /// Blocked components, a divergence, an untrusted or empty comparison,
-    /// contract findings, a gate that would refuse.
+    /// contract findings, a gate that would refuse, a run `fvd logs
+    /// --follow` followed to a red, skipped or cut-off end.
     Findings,
     /// A usage or input error (a malformed spec names file, line, column).
     Usage,

@@ -15,6 +15,7 @@ pub mod read;
 pub mod render;
 pub mod server;
 pub mod source;
+pub mod terminal;
 pub mod trace;
 pub mod trace_show;
 
@@ -49,7 +50,8 @@ pub fn find_repo(repo: &std::path::Path, family: &str) -> std::path::PathBuf {
 
 /// fvd: parity-driven model ports on GPU fleets.
 #[derive(Debug, Parser)]
-#[command(name = "fvd", version, about)]
+/// `--version` names the commit and the build day too (see `build.rs`).
+#[command(name = "fvd", version = env!("FVD_VERSION"), about)]
 pub struct Cli {
     /// Export spans and metrics over OTLP/gRPC to this collector
     /// (`http://HOST:4317`); `OTEL_EXPORTER_OTLP_ENDPOINT` does the same.
@@ -57,10 +59,22 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// Log fvd's own lines to stderr (-v info, -vv debug). A command prints
-    /// none otherwise (servers and workers log warnings); `FVD_LOG` sets
-    /// the filter outright.
+    /// none otherwise; servers (`orchestrator`, `worker`, `dashboard`) log
+    /// at info, one line per event, and -v makes them log debug. `FVD_LOG`
+    /// sets the filter outright.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// How log lines are written to stderr: `text` (one line per event) or
+    /// `json` (one JSON object per line: timestamp, level, target, message,
+    /// fields and span).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FORMAT",
+        env = "FVD_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
     /// Colour in the output: `auto` (only on a terminal, and not when
     /// `NO_COLOR` is set), `always` or `never`.
     #[arg(long, global = true, value_name = "WHEN", default_value = "auto")]
@@ -75,6 +89,22 @@ pub enum ColorChoice {
     Auto,
     Always,
     Never,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl From<LogFormat> for fvd_telemetry::LogFormat {
+    fn from(f: LogFormat) -> Self {
+        match f {
+            LogFormat::Text => fvd_telemetry::LogFormat::Text,
+            LogFormat::Json => fvd_telemetry::LogFormat::Json,
+        }
+    }
 }
 
 /// Whether this process writes colour (set once by `main`).
@@ -100,17 +130,19 @@ impl Cli {
         }
     }
 
-    /// The log filter when `FVD_LOG` sets none: servers and workers log
-    /// warnings; a command logs nothing unless asked with `-v`.
+    /// The log filter when `FVD_LOG` sets none: servers (the
+    /// orchestrator, workers, the dashboard) log at info, one line per
+    /// event and nothing per heartbeat or poll, and -v makes them log
+    /// debug; a command logs nothing unless asked with `-v`.
     pub fn default_log_filter(&self) -> &'static str {
         let server = matches!(
             self.command,
             Command::Orchestrator(_) | Command::Worker(_) | Command::Dashboard(_)
         );
         match (self.verbose, server) {
-            (0, true) => "warn",
+            (0, true) => "info",
             (0, false) => "off",
-            (1, _) => "info",
+            (1, false) => "info",
             _ => "debug",
         }
     }
@@ -172,6 +204,11 @@ pub enum Command {
     /// model, endpoint, key.
     #[command(subcommand)]
     Agents(agents::AgentsCmd),
+    /// Print a shell completion script (bash, zsh, fish, …) to stdout.
+    Completions(terminal::CompletionsArgs),
+    /// Print fvd's manual page (roff) to stdout, or write one page per
+    /// subcommand with --dir.
+    Man(terminal::ManArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
@@ -193,5 +230,181 @@ pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
         Command::Worker(a) => server::worker(a),
         Command::Dashboard(a) => dashboard::run(a),
         Command::Agents(c) => agents::run(c),
+        Command::Completions(a) => terminal::completions(a),
+        Command::Man(a) => terminal::man(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// `fvd SUB SUB` of a command path.
+    fn shown(path: &[&str]) -> String {
+        path.join(" ")
+    }
+
+    /// The `--flags` named in `text`, each with the command path that
+    /// should hold it: a flag inside a code span that starts with `fvd …`
+    /// belongs to that command; one in a span that starts with another
+    /// program (`git diff --exit-code`) is not fvd's; any other to `here`.
+    fn named_flags(text: &str, here: &[String]) -> Vec<(Vec<String>, String)> {
+        let mut found = Vec::new();
+        for (i, part) in text.split('`').enumerate() {
+            let code = i % 2 == 1;
+            let words: Vec<&str> = part.split_whitespace().collect();
+            let owner: Vec<String> = match words.first() {
+                Some(&"fvd") if code => words
+                    .iter()
+                    .take_while(|w| !w.starts_with('-'))
+                    .map(|w| w.to_string())
+                    .collect(),
+                Some(w) if code && !w.starts_with('-') => continue,
+                _ => here.to_vec(),
+            };
+            let bytes = part.as_bytes();
+            let mut at = 0;
+            while let Some(off) = part[at..].find("--") {
+                let start = at + off;
+                at = start + 2;
+                if start > 0
+                    && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'-')
+                {
+                    continue;
+                }
+                let name: String = part[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+                    .collect();
+                let name = name.trim_end_matches('-');
+                if name.is_empty() || !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                    continue;
+                }
+                found.push((owner.clone(), name.to_string()));
+            }
+        }
+        found
+    }
+
+    /// The built command at `path` (`["fvd", "orchestrator", "serve"]`).
+    fn find<'a>(root: &'a clap::Command, path: &[String]) -> Option<&'a clap::Command> {
+        let mut cmd = root;
+        for word in path.iter().skip(1) {
+            match cmd.find_subcommand(word) {
+                Some(sub) => cmd = sub,
+                // `fvd submit --family F` in prose: the words after the
+                // command are its arguments.
+                None => break,
+            }
+        }
+        Some(cmd)
+    }
+
+    fn walk(
+        root: &clap::Command,
+        cmd: &clap::Command,
+        path: &mut Vec<String>,
+        missing: &mut Vec<String>,
+        unknown: &mut Vec<String>,
+    ) {
+        let mut texts: Vec<String> = [cmd.get_about(), cmd.get_long_about()]
+            .into_iter()
+            .flatten()
+            .map(ToString::to_string)
+            .collect();
+        let refs: Vec<&str> = path.iter().map(String::as_str).collect();
+        for arg in cmd.get_arguments() {
+            if matches!(arg.get_id().as_str(), "help" | "version") {
+                continue;
+            }
+            let name = match arg.get_long() {
+                Some(long) => format!("--{long}"),
+                None => format!("<{}>", arg.get_id().as_str().to_uppercase()),
+            };
+            match (arg.get_help(), arg.get_long_help()) {
+                (None, None) => missing.push(format!("{} {name}", shown(&refs))),
+                (help, long) => texts.extend(help.into_iter().chain(long).map(ToString::to_string)),
+            }
+        }
+        for text in &texts {
+            for (owner, flag) in named_flags(text, path) {
+                let Some(target) = find(root, &owner) else {
+                    continue;
+                };
+                let known = target.get_arguments().any(|a| {
+                    a.get_long() == Some(flag.as_str())
+                        || a.get_all_aliases().into_iter().flatten().any(|x| x == flag)
+                });
+                if !known {
+                    unknown.push(format!(
+                        "{}: its help names --{flag}, which `{}` does not take",
+                        shown(&refs),
+                        shown(&owner.iter().map(String::as_str).collect::<Vec<_>>())
+                    ));
+                }
+            }
+        }
+        // clap's own `help` subcommand repeats the others' abouts.
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            path.push(sub.get_name().to_string());
+            walk(root, sub, path, missing, unknown);
+            path.pop();
+        }
+    }
+
+    #[test]
+    fn every_option_has_help_and_every_flag_a_help_names_exists() {
+        let mut root = Cli::command();
+        root.build();
+        let (mut missing, mut unknown) = (Vec::new(), Vec::new());
+        walk(
+            &root,
+            &root,
+            &mut vec!["fvd".to_string()],
+            &mut missing,
+            &mut unknown,
+        );
+        assert!(
+            missing.is_empty() && unknown.is_empty(),
+            "options without help:\n{}\nhelp that names flags that do not exist:\n{}",
+            missing.join("\n"),
+            unknown.join("\n")
+        );
+    }
+
+    #[test]
+    fn the_help_check_finds_flags_and_their_commands() {
+        let here = vec!["fvd".to_string(), "worker".to_string()];
+        let found = named_flags(
+            "a file (--token-file, or `fvd auth add NAME --role R`); as `git diff --exit-code` does; -vv",
+            &here,
+        );
+        assert_eq!(
+            found,
+            vec![
+                (here.clone(), "token-file".to_string()),
+                (
+                    vec!["fvd".into(), "auth".into(), "add".into(), "NAME".into()],
+                    "role".to_string()
+                ),
+            ]
+        );
+    }
+
+    fn filter(args: &[&str]) -> &'static str {
+        let cli = Cli::try_parse_from(args).expect("arguments parse");
+        cli.default_log_filter()
+    }
+
+    #[test]
+    fn servers_log_info_by_default_and_commands_nothing_unless_asked() {
+        let serve = ["fvd", "orchestrator", "serve", "--db", "sqlite://x.db"];
+        assert_eq!(filter(&serve), "info");
+        assert_eq!(filter(&[&serve[..], &["-v"]].concat()), "debug");
+        assert_eq!(filter(&["fvd", "dashboard"]), "info");
+        assert_eq!(filter(&["fvd", "status"]), "off");
+        assert_eq!(filter(&["fvd", "status", "-v"]), "info");
+        assert_eq!(filter(&["fvd", "-vv", "status"]), "debug");
     }
 }

@@ -17,10 +17,10 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
-use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, Registry};
 
 use crate::config::{ExportConfig, ExportDecision};
 
@@ -190,6 +190,31 @@ impl Drop for Telemetry {
     }
 }
 
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// One human-readable line per event (`TIME LEVEL target: message
+    /// key=value…`), coloured only when asked.
+    #[default]
+    Text,
+    /// One JSON object per line and event: `timestamp`, `level`, `target`,
+    /// `message` and the event's fields at the top level, and the current
+    /// span (`span`) with its fields. Never coloured.
+    Json,
+}
+
+/// How the process logs: the variable holding the filter, the filter when
+/// that variable sets none (`off` keeps a command's output free of log
+/// lines), the line format, and whether text lines may carry colour codes
+/// (never when stderr is not a terminal, or `NO_COLOR`).
+#[derive(Debug, Clone, Copy)]
+pub struct LogConfig<'a> {
+    pub env: &'a str,
+    pub default_filter: &'a str,
+    pub format: LogFormat,
+    pub ansi: bool,
+}
+
 /// Installs the global subscriber: stderr logs filtered by the environment
 /// variable `log_env` (default `warn`), plus OTLP export when `flag` or the
 /// `OTEL_*` variables configure it. `default_service` names the process
@@ -203,28 +228,35 @@ pub fn init(
     init_with(
         flag,
         default_service,
-        log_env,
-        "warn",
-        std::io::stderr().is_terminal(),
+        LogConfig {
+            env: log_env,
+            default_filter: "warn",
+            format: LogFormat::Text,
+            ansi: std::io::stderr().is_terminal(),
+        },
     )
 }
 
-/// [`init`] with the filter used when `log_env` sets none (`off` keeps a
-/// command's output free of log lines) and whether log lines may carry
-/// colour codes (never when stderr is not a terminal, or `NO_COLOR`).
+/// [`init`] with every choice about the log lines made by the caller.
 pub fn init_with(
     flag: Option<&str>,
     default_service: &str,
-    log_env: &str,
-    default_filter: &str,
-    ansi: bool,
+    log: LogConfig<'_>,
 ) -> Result<Telemetry, TelemetryError> {
-    let logs = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .with_filter(
-            EnvFilter::try_from_env(log_env).unwrap_or_else(|_| EnvFilter::new(default_filter)),
-        );
+    let filter =
+        EnvFilter::try_from_env(log.env).unwrap_or_else(|_| EnvFilter::new(log.default_filter));
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs: Box<dyn Layer<Registry> + Send + Sync> = match log.format {
+        LogFormat::Text => lines.with_ansi(log.ansi).with_filter(filter).boxed(),
+        LogFormat::Json => lines
+            .json()
+            .with_ansi(false)
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_filter(filter)
+            .boxed(),
+    };
     let registry = tracing_subscriber::registry().with(logs);
     let config = match ExportDecision::resolve(flag, default_service, |k| std::env::var(k).ok()) {
         ExportDecision::Off => {

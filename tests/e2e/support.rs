@@ -75,6 +75,12 @@ pub struct Sandbox {
     /// them, workers dial with the `worker` token, submits and cancels use
     /// the `porter`'s and reads the `viewer`'s.
     pub auth: Option<Auth>,
+    /// `FVD_LOG` of the orchestrator and workers; `None` leaves them at
+    /// their default level ([`Sandbox::with_default_logs`]).
+    log_filter: Option<&'static str>,
+    /// Extra arguments of every orchestrator and worker (`--log-format
+    /// json`, say), before their own.
+    server_args: Vec<String>,
 }
 
 /// A credentials file of four roles made with `fvd auth add`, each token
@@ -161,7 +167,23 @@ impl Sandbox {
             orchestrator: None,
             url: None,
             auth: None,
+            log_filter: Some(LOG_FILTER),
+            server_args: Vec::new(),
         }
+    }
+
+    /// The orchestrator and workers log at their default level (no
+    /// `FVD_LOG`), with `args` (a log format, say) before their own.
+    pub fn with_default_logs(mut self, args: &[&str]) -> Self {
+        self.log_filter = None;
+        self.server_args = args.iter().map(|a| a.to_string()).collect();
+        self
+    }
+
+    /// What worker `id` logged so far.
+    pub fn worker_log(&self, id: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("worker-{id}.log")))
+            .unwrap_or_default()
     }
 
     /// This sandbox's fleet checks named credentials (`--auth`): see
@@ -265,13 +287,15 @@ impl Sandbox {
             Some(a) => vec!["--auth".into(), a.file.display().to_string()],
             None => Vec::new(),
         };
-        let mut child = fvd()
+        let mut cmd = fvd();
+        cmd.args(&self.server_args)
             .args(["orchestrator", "serve", "--listen", addr, "--db"])
             .arg(format!("sqlite://{}", db.display()))
             .args(auth)
             .args(extra)
-            .envs(env.iter().copied())
-            .env("FVD_LOG", LOG_FILTER)
+            .envs(env.iter().copied());
+        self.log_env(&mut cmd);
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(self.log_file_appended("orchestrator"))
             .spawn()
@@ -295,6 +319,14 @@ impl Sandbox {
         self.children.push(child);
         self.url = Some(url.clone());
         url
+    }
+
+    /// `FVD_LOG` as this sandbox sets it (or not at all).
+    fn log_env(&self, cmd: &mut Command) {
+        match self.log_filter {
+            Some(filter) => cmd.env("FVD_LOG", filter),
+            None => cmd.env_remove("FVD_LOG"),
+        };
     }
 
     /// SIGKILLs the orchestrator process.
@@ -323,22 +355,23 @@ impl Sandbox {
     /// A worker command that dials `url` (a proxy, say) instead.
     pub fn worker_at(&self, url: &str, id: &str, slots: u32, extra: &[&str]) -> Command {
         let mut cmd = fvd();
-        cmd.args([
-            "worker",
-            "--orchestrator",
-            url,
-            "--gpus",
-            "none",
-            "--worker-id",
-            id,
-        ])
-        .args(["--cpu-slots", &slots.to_string(), "--workspace"])
-        .arg(self.dir.path().join(format!("ws-{id}")))
-        .args(self.token_args("fleet"))
-        .args(extra)
-        .env("FVD_LOG", LOG_FILTER)
-        .stdout(Stdio::null())
-        .stderr(self.log_file(&format!("worker-{id}")));
+        cmd.args(&self.server_args)
+            .args([
+                "worker",
+                "--orchestrator",
+                url,
+                "--gpus",
+                "none",
+                "--worker-id",
+                id,
+            ])
+            .args(["--cpu-slots", &slots.to_string(), "--workspace"])
+            .arg(self.dir.path().join(format!("ws-{id}")))
+            .args(self.token_args("fleet"))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(self.log_file(&format!("worker-{id}")));
+        self.log_env(&mut cmd);
         cmd
     }
 
