@@ -214,8 +214,9 @@ fn which(prog: &str) -> std::path::PathBuf {
 /// `torchrun --standalone --nproc_per_node=2 -m pytest` under
 /// `[runner] mode = "warm"`: two ranks forked from the zygote in one process
 /// group led by rank 0, each with torchrun's variables and one rendezvous
-/// port; rank 0's JUnit report is the verdict. A rank that fails ends the
-/// other at once (it would sleep past the timeout), and the run is red.
+/// port; rank 0's JUnit report is the verdict. A rank that fails (rank 0,
+/// once rank 1 has recorded itself) ends the other at once (it would sleep
+/// past the timeout), and the run is red.
 #[test]
 fn a_single_node_torchrun_runs_warm_as_ranks_forked_from_the_zygote() {
     let sb = Sandbox::with_repo_in("repo");
@@ -233,8 +234,9 @@ fn a_single_node_torchrun_runs_warm_as_ranks_forked_from_the_zygote() {
             TestComponent::new(
                 "tp_red",
                 &format!(
-                    "{}\nif os.environ['RANK'] == '1':\n    time.sleep(120)\nassert os.environ['RANK'] != '0', 'rank 0 is off by 0.5'",
-                    record("tp_red")
+                    "{}\nif os.environ['RANK'] == '1':\n    time.sleep(120)\nfor _ in range(600):\n    if os.path.exists(os.path.join({:?}, 'tp_red.1')):\n        break\n    time.sleep(0.1)\nassert os.environ['RANK'] != '0', 'rank 0 is off by 0.5'",
+                    record("tp_red"),
+                    sb.dir.path().display().to_string()
                 ),
             ),
         ],
