@@ -405,3 +405,55 @@ fn a_rerun_starts_the_longest_run_first_though_it_was_queued_last() {
         "longest expected first, from the first submit's runs"
     );
 }
+
+/// A worker is connected but cannot take the run (it has no GPU, the run
+/// needs one): `submit --wait` says within seconds what the run needs and
+/// that no registered worker has it, and names the capability (GPUs).
+#[test]
+fn submit_wait_with_an_incapable_worker_names_the_missing_capability() {
+    let mut sb = Sandbox::new();
+    sb.port("gpu_only", &[TestComponent::new("g", "assert True")]);
+    let spec = sb.repo().join("tests/local_tests/gpu_only/port.toml");
+    let text = std::fs::read_to_string(&spec).unwrap().replace(
+        "coverage_scope = \"implementation_subcomponent\"\n",
+        "coverage_scope = \"implementation_subcomponent\"\ngpus = 1\n",
+    );
+    std::fs::write(&spec, text).unwrap();
+    let url = sb.serve();
+    sb.worker("cpu_only", 1);
+    let err_path = sb.dir.path().join("submit-wait.err");
+    let mut waiting = crate::support::fvd()
+        .args([
+            "submit",
+            "--family",
+            "gpu_only",
+            "--wait",
+            "--orchestrator",
+            &url,
+        ])
+        .arg("--repo")
+        .arg(sb.repo())
+        .env_remove("FVD_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .expect("spawn fvd submit --wait");
+    let said = wait_for(
+        "submit --wait to say what the run waits for",
+        Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(&err_path).ok()?;
+            text.contains("waiting: needs").then_some(text)
+        },
+    );
+    let _ = waiting.kill();
+    let _ = waiting.wait();
+    assert!(
+        said.contains("waiting: needs 1 GPU") && said.contains("no registered worker has that"),
+        "names the GPUs it needs: {said}"
+    );
+    assert!(
+        !said.contains("no worker is connected"),
+        "a worker is connected: {said}"
+    );
+}
