@@ -9,6 +9,7 @@ pub mod dashboard;
 pub mod dry_run;
 pub mod embedded;
 pub mod exit;
+pub mod gc;
 pub mod init;
 pub mod port;
 pub mod read;
@@ -189,6 +190,9 @@ pub enum Command {
     /// Answer a question (escape hatch E###) an agent asked; the component
     /// that waits on it goes on.
     Answer(port::AnswerArgs),
+    /// Remove agent worktrees and branches no port needs any more (merged
+    /// and finished, or of a port or component no longer recorded).
+    Gc(gc::GcArgs),
     /// Run the orchestrator server.
     #[command(subcommand)]
     Orchestrator(server::OrchestratorCmd),
@@ -225,6 +229,7 @@ pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
         Command::Cancel(a) => port::cancel(a),
         Command::Reset(a) => port::reset(a),
         Command::Answer(a) => port::answer(a),
+        Command::Gc(a) => gc::run(a),
         Command::Orchestrator(c) => server::serve(c),
         Command::Auth(c) => auth::run(c),
         Command::Worker(a) => server::worker(a),

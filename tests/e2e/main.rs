@@ -18,6 +18,7 @@ mod durability;
 mod environment;
 mod fastvideo_checkout;
 mod fleet;
+mod gc;
 mod init;
 mod logging;
 mod output;

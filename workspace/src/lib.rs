@@ -7,11 +7,13 @@
 //! [`session`] (one attempt behind the proxy: the key, the budgets left,
 //! what it spent and why it stopped). The component actor drives them.
 //! [`commit`] pins the code a port runs and [`identity`] names the
-//! repository it comes from.
+//! repository it comes from. [`gc`] decides which agent worktrees and
+//! branches no port needs any more (`fvd gc`).
 
 pub mod agent;
 pub mod cleanup;
 pub mod commit;
+pub mod gc;
 pub mod identity;
 pub mod preset;
 pub mod session;
