@@ -256,6 +256,13 @@ fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
     assert_eq!(m["time_shift"], "ask_user", "{m}");
     assert_eq!(m["embed"], "non_skip_pass", "{m}");
     assert_eq!(m["vae"], "blocked", "{m}");
+    // The open question is the page's first section after its head.
+    let headings = js(
+        &rt,
+        &c,
+        "return [...document.querySelectorAll('h2')].map(h => h.textContent)",
+    );
+    assert_eq!(headings[0], "Open questions", "{headings}");
     let seen = js(&rt, &c, "return window.seen");
     let seen = seen.as_array().unwrap();
     assert!(
@@ -595,4 +602,238 @@ fn fvd_dashboard_follows_an_embedded_state_read_only_while_submit_writes_it() {
         submit.0.try_wait().unwrap()
     });
     assert_eq!(code.code(), Some(0));
+}
+
+/// The operator's views of an embedded state, read-only, in the browser:
+/// the port's timeline holds every run of both submits on its worker's
+/// lane, the matrix filters by status (kept in the URL), the fleet's
+/// timeline shows the same runs, and a run's output is searched and
+/// downloaded as text. Screenshots go to `target/tmp/dashboard/`.
+#[test]
+fn the_operator_sees_the_timeline_history_filters_and_searches_a_log() {
+    let sb = Sandbox::new();
+    sb.port(
+        "ops",
+        &[
+            TestComponent::new("fine", "assert True"),
+            TestComponent::new(
+                "red",
+                "print('needle-4711 found here')\nassert False, 'off by 0.5'",
+            ),
+            TestComponent::new("also_fine", "time.sleep(0.2)"),
+        ],
+    );
+    for extra in [&[][..], &["--rerun"]] {
+        let out = fvd()
+            .args(["submit", "--family", "ops", "--wait"])
+            .args(extra)
+            .arg("--repo")
+            .arg(sb.repo())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "red is red: {out:?}");
+    }
+    let mut d = fvd()
+        .args(["dashboard", "--listen", "127.0.0.1:0", "--repo"])
+        .arg(sb.repo())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(d.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _d = Kill(d);
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .unwrap_or_else(|| panic!("an address in {line:?}"))
+        .to_string();
+
+    // The JSON twin: two runs per component on the timeline, on CPU lanes
+    // of each submit's worker (each embedded process has its own), elapsed
+    // times, no GPU time.
+    let (status, body) = http(&addr, "GET", "/api/ports/ops", "");
+    assert!(status.contains("200"), "{status} {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let lanes = v["timeline"]["lanes"].as_array().unwrap();
+    assert!(
+        lanes
+            .iter()
+            .all(|l| l["label"].as_str().unwrap().contains("· CPU ")),
+        "{v}"
+    );
+    // No two bars of a lane overlap: concurrent runs are on lanes of
+    // their own.
+    for l in lanes {
+        let mut bars: Vec<(i64, i64)> = l["bars"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                (
+                    b["start_ms"].as_i64().unwrap(),
+                    b["end_ms"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        bars.sort();
+        assert!(bars.windows(2).all(|w| w[0].1 <= w[1].0), "{l}");
+    }
+    let mut runs: Vec<(String, u64)> = lanes
+        .iter()
+        .flat_map(|l| l["bars"].as_array().unwrap().iter())
+        .map(|b| {
+            (
+                b["component"].as_str().unwrap().to_string(),
+                b["run_no"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    runs.sort();
+    assert_eq!(
+        runs,
+        [
+            ("also_fine", 1),
+            ("also_fine", 2),
+            ("fine", 1),
+            ("fine", 2),
+            ("red", 1),
+            ("red", 2)
+        ]
+        .map(|(c, n)| (c.to_string(), n)),
+        "every run of both submits: {v}"
+    );
+    assert!(v["elapsed_ms"].as_i64().unwrap() > 0, "{v}");
+    assert_eq!(v["gpu_hours"], 0.0, "CPU runs: {v}");
+    let also = v["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "also_fine")
+        .unwrap();
+    assert!(also["elapsed_ms"].as_i64().unwrap() >= 200, "{also}");
+
+    // A run's output: searched (numbered lines), and downloaded as a file.
+    let (status, body) = http(
+        &addr,
+        "GET",
+        "/ports/ops/components/red/log.txt?run=2&q=NEEDLE-4711",
+        "",
+    );
+    assert!(status.contains("200"), "{status}");
+    let hits: Vec<&str> = body.lines().collect();
+    assert!(
+        !hits.is_empty()
+            && hits.iter().all(|l| l.contains("needle-4711")
+                && l.split_once(": ")
+                    .is_some_and(|(n, _)| n.parse::<u32>().is_ok())),
+        "{body}"
+    );
+    let mut s = TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "GET /ports/ops/components/red/log.txt?run=1&download=1 HTTP/1.0\r\nHost: {addr}\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    assert!(
+        raw.contains("attachment; filename=\"ops-red-run1.log\"") && raw.contains("AssertionError"),
+        "{raw}"
+    );
+
+    // The browser: the port's timeline, then the matrix filtered to
+    // `blocked` (in the URL too), then the fleet's timeline.
+    let out = out_dir();
+    let profile = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (_driver, c) = browser(&rt, profile.path());
+    let base = format!("http://{addr}");
+    rt.block_on(c.goto(&format!("{base}/ports/ops"))).unwrap();
+    let bars = js(
+        &rt,
+        &c,
+        "return [...document.querySelectorAll('#timeline .bar')].map(b => b.dataset.component + '#' + b.dataset.run + ':' + b.dataset.outcome)",
+    );
+    let bars: Vec<String> = serde_json::from_value(bars).unwrap();
+    assert_eq!(bars.len(), 6, "{bars:?}");
+    assert!(bars.contains(&"red#2:debug_red".to_string()), "{bars:?}");
+    assert!(
+        bars.contains(&"fine#1:non_skip_pass".to_string()),
+        "{bars:?}"
+    );
+    let widths = js(
+        &rt,
+        &c,
+        "return [...document.querySelectorAll('#timeline .bar')].map(b => b.getBoundingClientRect().width)",
+    );
+    assert!(
+        widths
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| w.as_f64().unwrap() > 0.0),
+        "every bar is drawn: {widths}"
+    );
+    std::fs::write(
+        out.join("timeline.png"),
+        rt.block_on(c.screenshot()).unwrap(),
+    )
+    .unwrap();
+
+    rt.block_on(async {
+        c.find(Locator::Css(
+            "nav.filter[data-filter-for=matrix] button[data-value=blocked]",
+        ))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    });
+    let visible = js(
+        &rt,
+        &c,
+        "return [...document.querySelectorAll('#matrix tr[data-component]')].filter(r => getComputedStyle(r).display !== 'none').map(r => r.dataset.component)",
+    );
+    assert_eq!(visible, json!(["red"]), "only the blocked row shows");
+    let url = rt.block_on(c.current_url()).unwrap();
+    assert!(url.as_str().ends_with("/ports/ops?show=blocked"), "{url}");
+    std::fs::write(
+        out.join("filtered.png"),
+        rt.block_on(c.screenshot()).unwrap(),
+    )
+    .unwrap();
+    // The URL keeps the filter: a reload (or a link) shows the same rows.
+    rt.block_on(c.goto(&format!("{base}/ports/ops?show=non_skip_pass")))
+        .unwrap();
+    let visible = js(
+        &rt,
+        &c,
+        "return [...document.querySelectorAll('#matrix tr[data-component]')].filter(r => getComputedStyle(r).display !== 'none').map(r => r.dataset.component).sort()",
+    );
+    assert_eq!(visible, json!(["also_fine", "fine"]));
+
+    rt.block_on(c.goto(&format!("{base}/workers"))).unwrap();
+    let fleet = js(
+        &rt,
+        &c,
+        "return document.querySelectorAll('#fleet-timeline .bar').length",
+    );
+    assert_eq!(
+        fleet,
+        json!(6),
+        "the fleet's last hour holds the port's runs"
+    );
+    std::fs::write(
+        out.join("fleet-timeline.png"),
+        rt.block_on(c.screenshot()).unwrap(),
+    )
+    .unwrap();
+    rt.block_on(c.close()).unwrap();
 }

@@ -11,7 +11,8 @@ use fvd_store::traces::TraceInvestigation;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use super::views::{
-    ComponentPage, ComponentView, IndexView, LogView, PortView, QuestionView, WorkersView,
+    ComponentPage, ComponentView, IndexView, LogView, PortView, QuestionView, TimelineView,
+    WorkersView,
 };
 
 /// What the pages may offer besides reading.
@@ -105,6 +106,64 @@ fn status(s: &str) -> Markup {
     html! { span class={ "st st-" (s) } { (s) } }
 }
 
+/// Runs on a time axis, a lane per worker and GPU; each bar links to its
+/// run's page and says what it was when hovered.
+fn timeline(t: &TimelineView) -> Markup {
+    let span = (t.t1_ms - t.t0_ms).max(1) as f64;
+    let pct = |ms: i64| (ms - t.t0_ms) as f64 * 100.0 / span;
+    html! {
+        @if t.lanes.is_empty() {
+            p.empty { "No run started yet." }
+        } @else {
+            div.timeline data-t0-ms=(t.t0_ms) data-t1-ms=(t.t1_ms) {
+                p.axis { span.t { (time(t.t0_ms)) } " → " span.t { (time(t.t1_ms)) } " · " (duration((t.t1_ms - t.t0_ms) as u64)) }
+                @for lane in &t.lanes {
+                    div.lane {
+                        span.label { (lane.label) }
+                        div.track {
+                            @for b in &lane.bars {
+                                @let left = pct(b.start_ms);
+                                @let width = (pct(b.end_ms) - left).max(0.4);
+                                a class={ "bar st-" (b.outcome) @if b.running { " running" } }
+                                    href={ "/ports/" (seg(&b.family)) "/components/" (seg(&b.component)) "?run=" (b.run_no) }
+                                    style={ "left:" (format!("{left:.2}")) "%;width:" (format!("{width:.2}")) "%" }
+                                    data-component=(b.component) data-run=(b.run_no) data-outcome=(b.outcome)
+                                    title={ (b.family) " · " (b.component) " run " (b.run_no) ": " (b.outcome) ", " (duration((b.end_ms - b.start_ms) as u64)) } {
+                                    (b.component) " #" (b.run_no)
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Buttons that show only the rows of one state in the section `target`
+/// (`data-status`/`data-state` rows); the choice is kept in the URL
+/// (`?show=STATE`) and survives the section's live updates.
+fn filter(target: &str, states: &[&str]) -> Markup {
+    html! {
+        nav.filter data-filter-for=(target) {
+            "show: "
+            button type="button" data-value="" { "all" }
+            @for s in states { " " button type="button" data-value=(s) { (s) } }
+        }
+    }
+}
+
+/// Hours of GPU time, for people.
+fn gpu_hours(h: f64) -> String {
+    if h <= 0.0 {
+        String::new()
+    } else if h < 0.01 {
+        format!("{:.1} GPU-s", h * 3600.0)
+    } else {
+        format!("{h:.2} GPU-h")
+    }
+}
+
 fn layout(title: &str, events: &str, mode: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
@@ -142,7 +201,7 @@ pub fn index_sections(v: &IndexView) -> Vec<Section> {
                     thead { tr { th { "family" } th { "phase" } th { "state" } th { "components" } th { "questions" } th { "started" } th { "updated" } } }
                     tbody {
                         @for p in &v.ports {
-                            tr data-family=(p.family) {
+                            tr data-family=(p.family) data-status=(p.state) {
                                 td { a href={ "/ports/" (seg(&p.family)) } { (p.family) } }
                                 td { (p.phase) }
                                 td { (status(&p.state)) }
@@ -169,6 +228,7 @@ pub fn index_page(v: &IndexView, mode: &str) -> Markup {
         mode,
         html! {
             h1 { "Ports" }
+            (filter("ports", &["running", "ask_user", "environment", "waiting", "blocked", "cancelled"]))
             @for s in &sections { (s.render()) }
             p.twin { "JSON: " a href="/api/ports" { "/api/ports" } }
         },
@@ -235,6 +295,9 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
         p.head {
             "state " (status(&v.state)) " · phase " strong { (v.phase) }
             " · started " span.t { (time(v.created_ms)) } " · updated " span.t { (time(v.updated_ms)) }
+            " · elapsed " span.elapsed { (duration(v.elapsed_ms as u64)) }
+            @if v.gpu_hours > 0.0 { " · " span.gpuh { (gpu_hours(v.gpu_hours)) } }
+            @if let Some(u) = &v.trace_url { " · " a.trace href=(u) { "trace" } }
         }
         @if !v.port_status_path.is_empty() { p.path { "status file: " code { (v.port_status_path) } } }
         @if let Some(a) = &v.agent_spend { p.spend { "agents spent " (spend(a)) } }
@@ -261,7 +324,7 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
     };
     let matrix = html! {
         table.matrix {
-            thead { tr { th { "component" } th { "status" } th { "runs" } th { "worker" } th { "GPUs" } th { "agent spend" } th { "last reason" } th { "time" } } }
+            thead { tr { th { "component" } th { "status" } th { "runs" } th { "worker" } th { "GPUs" } th { "elapsed" } th { "GPU time" } th { "agent spend" } th { "last reason" } th { "time" } } }
             tbody {
                 @for c in &v.components {
                     tr id={ "c-" (c.name) } data-component=(c.name) data-status=(c.status) data-updated-ms=(c.updated_ms) {
@@ -270,6 +333,8 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
                         td.n { (c.runs) }
                         td.w { (c.worker_id) }
                         td.w { (gpus(c)) }
+                        td.n { @if let Some(e) = c.elapsed_ms { (duration(e.max(0) as u64)) } }
+                        td.n { (gpu_hours(c.gpu_hours)) }
                         td.n { @if let Some(a) = &c.agent_spend { (spend(a)) } }
                         td.reason { (c.reason) }
                         td.t { (time(c.updated_ms)) }
@@ -278,11 +343,21 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
             }
         }
     };
+    // Open questions are what a person is here for: a section at the top
+    // of the page; answered ones stay below, in their own.
+    let open = html! {
+        @if v.questions.iter().any(|q| q.status == "open") {
+            h2 { "Open questions" }
+            @for q in v.questions.iter().filter(|q| q.status == "open") { (question(&v.family, q, access)) }
+        }
+    };
     let questions = html! {
         @if v.questions.is_empty() {
             p.empty { "No question asked." }
+        } @else if v.questions.iter().all(|q| q.status == "open") {
+            p.empty { "No question answered yet." }
         } @else {
-            @for q in &v.questions { (question(&v.family, q, access)) }
+            @for q in v.questions.iter().filter(|q| q.status != "open") { (question(&v.family, q, access)) }
         }
     };
     vec![
@@ -290,6 +365,8 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
         Section::new("phases", phases),
         Section::new("matrix", matrix),
         Section::new("questions", questions),
+        Section::new("timeline", timeline(&v.timeline)),
+        Section::new("open-questions", open),
     ]
 }
 
@@ -303,10 +380,15 @@ pub fn port_page(v: &PortView, access: Access, mode: &str) -> Markup {
         html! {
             h1 { "Port " (v.family) }
             (s[0].render())
+            (s[5].render())
+            h2 { "Components" }
+            (filter("matrix", &["running", "queued", "agent", "ask_user", "environment", "non_skip_pass", "blocked"]))
+            (s[2].render())
+            h2 { "Timeline" }
+            p.note { "Every run of every submit, a lane per worker and GPU; a bar links to its run." }
+            (s[4].render())
             h2 { "Phases" }
             (s[1].render())
-            h2 { "Components" }
-            (s[2].render())
             h2 { "Questions" }
             (s[3].render())
             p.twin { "JSON: " a href={ "/api/ports/" (f) } { "/api/ports/" (v.family) } }
@@ -453,9 +535,16 @@ fn log(family: &str, component: &str, l: &Option<LogView>) -> Markup {
         @match l {
             None => { p.empty { "No run yet." } }
             Some(l) => {
+                @let txt = format!("/ports/{}/components/{}/log.txt", seg(family), seg(component));
                 p { "run " (l.run_no) " · " code { (l.job_id) }
+                    " · " a.download href={ (txt) "?run=" (l.run_no) "&download=1" } { "download" }
                     @if l.following { " · " span.following { "following" } }
                     @if l.cut { " · earlier output left out (" code { "fvd logs " (family) " " (component) " --run " (l.run_no) } ")" } }
+                form.search method="get" action=(txt) {
+                    input type="hidden" name="run" value=(l.run_no);
+                    input type="search" name="q" placeholder="search this run's output";
+                    " " button type="submit" { "search" }
+                }
                 pre #log data-follow=[l.following.then(|| format!(
                     "/ports/{}/components/{}/log?run={}{}", seg(family), seg(component), l.run_no,
                     l.last_seq.map(|s| format!("&after={s}")).unwrap_or_default()))] { (l.text) }
@@ -532,7 +621,10 @@ pub fn workers_sections(v: &WorkersView) -> Vec<Section> {
             }
         }
     };
-    vec![Section::new("workers", body)]
+    vec![
+        Section::new("workers", body),
+        Section::new("fleet-timeline", timeline(&v.timeline)),
+    ]
 }
 
 pub fn workers_page(v: &WorkersView, mode: &str) -> Markup {
@@ -544,6 +636,9 @@ pub fn workers_page(v: &WorkersView, mode: &str) -> Markup {
         html! {
             h1 { "Workers" }
             (s[0].render())
+            h2 { "Timeline" }
+            p.note { "Every port's runs of the last hour and those still running, a lane per worker and GPU." }
+            (s[1].render())
             p.twin { "JSON: " a href="/api/workers" { "/api/workers" } }
         },
     )
@@ -615,6 +710,10 @@ mod tests {
             }],
             questions: Vec::new(),
             agent_spend: None,
+            timeline: Default::default(),
+            gpu_hours: 0.0,
+            elapsed_ms: 0,
+            trace_url: None,
         };
         let s = port_sections(&v, Access::ReadOnly);
         let matrix = &s[2].html;

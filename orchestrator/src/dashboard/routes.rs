@@ -62,6 +62,10 @@ pub fn router(dash: Dashboard) -> Router {
             "/ports/{family}/components/{component}/trace/{step}/plot.svg",
             get(plot),
         )
+        .route(
+            "/ports/{family}/components/{component}/log.txt",
+            get(log_text),
+        )
         .route("/workers", get(workers))
         .route("/api/workers", get(api_workers))
         .route("/workers/events", get(workers_events))
@@ -502,6 +506,80 @@ async fn log_follow(
     Sse::new(ReceiverStream::new(rx))
         .keep_alive(KeepAlive::new().interval(d.shield.keep_alive()))
         .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct LogTextQuery {
+    run: u32,
+    /// Only the lines holding this text (any case), numbered.
+    q: Option<String>,
+    /// Sent as a file to save (`Content-Disposition: attachment`).
+    #[serde(default)]
+    download: Option<String>,
+}
+
+/// A run's whole output as text (stdout and stderr as they came), or the
+/// lines of it that hold `q`, each after its line number.
+async fn log_text(
+    State(d): State<Dashboard>,
+    Path((family, name)): Path<(String, String)>,
+    Query(q): Query<LogTextQuery>,
+) -> Response {
+    let jobs = match crate::query::runs(&d.store, &family, Some(&name)).await {
+        Ok(j) => j,
+        Err(e) => return json::<()>(Err(e.into())),
+    };
+    let Some(job) = jobs.into_iter().find(|j| j.run_no == q.run) else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("no run {} of component {name} in port {family}", q.run),
+        )
+            .into_response();
+    };
+    let chunks = match crate::query::output(&d.store, &job.job_id, None).await {
+        Ok(c) => c,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let bytes: Vec<u8> = chunks.into_iter().flat_map(|(_, _, data)| data).collect();
+    let text = String::from_utf8_lossy(&bytes);
+    let body = match q.q.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        None => text.into_owned(),
+        Some(needle) => {
+            let needle = needle.to_lowercase();
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| l.to_lowercase().contains(&needle))
+                .map(|(i, l)| format!("{}: {l}\n", i + 1))
+                .collect()
+        }
+    };
+    let mut headers = vec![(
+        header::CONTENT_TYPE,
+        "text/plain; charset=utf-8".to_string(),
+    )];
+    if q.download.is_some() {
+        let file: String = format!("{family}-{name}-run{}.log", q.run)
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        headers.push((
+            header::CONTENT_DISPOSITION,
+            format!("attachment; filename=\"{file}\""),
+        ));
+    }
+    let mut r = body.into_response();
+    for (k, v) in headers {
+        if let Ok(v) = header::HeaderValue::from_str(&v) {
+            r.headers_mut().insert(k, v);
+        }
+    }
+    r
 }
 
 // ----- drift plots ----------------------------------------------------------------

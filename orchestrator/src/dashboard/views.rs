@@ -55,6 +55,172 @@ pub struct PortView {
     pub questions: Vec<QuestionView>,
     /// What the port's agents spent on their model APIs (every attempt).
     pub agent_spend: Option<SpendView>,
+    /// Every run of every submit, on lanes per worker and GPU.
+    pub timeline: TimelineView,
+    /// GPUs × hours over every run (a running one up to now).
+    pub gpu_hours: f64,
+    /// From the port's first submit to its last change, or to now while it
+    /// runs.
+    pub elapsed_ms: i64,
+    /// The port's trace in the tracing UI (`FVD_TRACE_URL_TEMPLATE` with
+    /// `{trace_id}`), when both are known.
+    pub trace_url: Option<String>,
+}
+
+/// Runs on a time axis: one lane per worker and GPU (or the worker's CPU
+/// slots), each run a bar from its process start to its end (or now).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TimelineView {
+    pub t0_ms: i64,
+    pub t1_ms: i64,
+    pub lanes: Vec<LaneView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LaneView {
+    /// `worker · GPU n` or `worker · CPU`.
+    pub label: String,
+    pub bars: Vec<BarView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BarView {
+    pub family: String,
+    pub component: String,
+    pub run_no: u32,
+    pub job_id: String,
+    pub start_ms: i64,
+    pub end_ms: i64,
+    pub running: bool,
+    /// The run's verdict, or its state while it has none.
+    pub outcome: String,
+}
+
+/// Milliseconds since the epoch, now.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The runs that started, on lanes; `now` ends the running ones.
+pub fn timeline(runs: &[fvd_store::dashboard::RunRow], now: i64) -> TimelineView {
+    let mut lanes: BTreeMap<(String, u32, u32), LaneView> = BTreeMap::new();
+    let mut cpu_runs: Vec<(String, BarView)> = Vec::new();
+    let (mut t0, mut t1) = (i64::MAX, i64::MIN);
+    for r in runs {
+        let Some(start) = r.spawned_ms.or(r.started_ms) else {
+            continue;
+        };
+        let running = r.finished_ms.is_none() && r.state.is_unfinished();
+        // The process's own time when the worker measured it (the result
+        // reaches the store a moment after the process ended).
+        let end = match (r.duration_ms, r.finished_ms) {
+            (Some(d), _) if !running => start.saturating_add(d as i64),
+            (_, Some(f)) => f,
+            _ if running => now,
+            _ => start,
+        }
+        .max(start);
+        t0 = t0.min(start);
+        t1 = t1.max(end);
+        let outcome = if r.verdict.is_empty() {
+            r.state.to_string()
+        } else {
+            r.verdict.to_string()
+        };
+        let bar = BarView {
+            family: r.family.clone(),
+            component: r.component.clone(),
+            run_no: r.run_no,
+            job_id: r.job_id.clone(),
+            start_ms: start,
+            end_ms: end,
+            running,
+            outcome,
+        };
+        // A GPU run is on the lane of each GPU it held; CPU runs go on
+        // their worker's CPU lanes below (sorted after the GPUs).
+        if r.gpus.is_empty() {
+            cpu_runs.push((r.worker_id.clone(), bar));
+            continue;
+        }
+        for gpu in &r.gpus {
+            lanes
+                .entry((r.worker_id.clone(), 0, *gpu))
+                .or_insert_with(|| LaneView {
+                    label: format!("{} · GPU {gpu}", r.worker_id),
+                    bars: Vec::new(),
+                })
+                .bars
+                .push(bar.clone());
+        }
+    }
+    // A worker's CPU runs overlap (it has several slots): each goes on the
+    // first of its CPU lanes free at its start, so no bar hides another.
+    cpu_runs.sort_by(|a, b| (&a.0, a.1.start_ms).cmp(&(&b.0, b.1.start_ms)));
+    let mut free_at: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (worker, bar) in cpu_runs {
+        let slots = free_at.entry(worker.clone()).or_default();
+        let slot = match slots.iter().position(|end| *end <= bar.start_ms) {
+            Some(i) => i,
+            None => {
+                slots.push(i64::MIN);
+                slots.len() - 1
+            }
+        };
+        slots[slot] = bar.end_ms;
+        lanes
+            .entry((worker.clone(), 1, slot as u32))
+            .or_insert_with(|| LaneView {
+                label: format!("{worker} · CPU {}", slot + 1),
+                bars: Vec::new(),
+            })
+            .bars
+            .push(bar);
+    }
+    if lanes.is_empty() {
+        return TimelineView::default();
+    }
+    TimelineView {
+        t0_ms: t0,
+        t1_ms: t1.max(t0 + 1),
+        lanes: lanes.into_values().collect(),
+    }
+}
+
+/// GPU-hours of `runs` (GPUs needed × the run's time; a running one up to
+/// `now`).
+fn gpu_hours<'a>(runs: impl Iterator<Item = &'a fvd_store::dashboard::RunRow>, now: i64) -> f64 {
+    runs.map(|r| {
+        let Some(start) = r.spawned_ms.or(r.started_ms) else {
+            return 0.0;
+        };
+        let end = r
+            .finished_ms
+            .unwrap_or(if r.state.is_unfinished() { now } else { start });
+        f64::from(r.gpus_needed) * (end - start).max(0) as f64 / 3_600_000.0
+    })
+    .sum()
+}
+
+/// The URL of the trace `traceparent` names, by `FVD_TRACE_URL_TEMPLATE`
+/// (read once; e.g. `http://jaeger:16686/trace/{trace_id}`).
+pub fn trace_url(traceparent: Option<&str>) -> Option<String> {
+    static TEMPLATE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let template = TEMPLATE.get_or_init(|| std::env::var("FVD_TRACE_URL_TEMPLATE").ok());
+    trace_url_of(template.as_deref(), traceparent)
+}
+
+/// `template` with `{trace_id}` replaced by the trace id of `traceparent`
+/// (`00-<32 hex>-<16 hex>-<2 hex>`); `None` unless both are well formed.
+fn trace_url_of(template: Option<&str>, traceparent: Option<&str>) -> Option<String> {
+    let template = template.filter(|t| t.contains("{trace_id}"))?;
+    let trace_id = traceparent?.split('-').nth(1)?;
+    (trace_id.len() == 32
+        && trace_id.bytes().all(|b| b.is_ascii_hexdigit())
+        && trace_id.bytes().any(|b| b != b'0'))
+    .then(|| template.replace("{trace_id}", trace_id))
 }
 
 /// Model usage summed over agent attempts.
@@ -112,6 +278,10 @@ pub struct ComponentView {
     pub job_state: String,
     /// What its agent attempts spent on their model API.
     pub agent_spend: Option<SpendView>,
+    /// GPUs × hours over all its runs.
+    pub gpu_hours: f64,
+    /// Its latest run's time: running, up to now; else its duration.
+    pub elapsed_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -181,7 +351,13 @@ pub struct WorktreeView {
 pub struct WorkersView {
     /// Live from the scheduler of this process, else as stored.
     pub fleet: query::Fleet,
+    /// Every port's runs of the last [`FLEET_TIMELINE_MS`] (and those still
+    /// running), on lanes per worker and GPU.
+    pub timeline: TimelineView,
 }
+
+/// How far back the fleet's timeline reaches.
+pub const FLEET_TIMELINE_MS: i64 = 3_600_000;
 
 /// The index: every port with its counts.
 pub async fn index(store: &Store) -> Result<IndexView, StoreError> {
@@ -237,12 +413,27 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
     let times = query::port_times(store).await?;
     let mut ctimes = query::component_times(store, family).await?;
     let t = times.get(family).cloned().unwrap_or_default();
+    let now = now_ms();
+    let runs = match query::runs(store, family, None).await {
+        Ok(r) => r,
+        Err(query::QueryError::Store(e)) => return Err(e),
+        Err(_) => Vec::new(),
+    };
     let components = snap
         .components
         .iter()
         .map(|c| {
             let ct = ctimes.remove(&c.name).unwrap_or_default();
+            let mine = || runs.iter().filter(|r| r.component == c.name);
+            let elapsed_ms = mine()
+                .filter_map(|r| {
+                    let start = r.spawned_ms.or(r.started_ms)?;
+                    Some(r.finished_ms.unwrap_or(now) - start)
+                })
+                .next_back();
             ComponentView {
+                gpu_hours: gpu_hours(mine(), now),
+                elapsed_ms,
                 name: c.name.clone(),
                 status: c.status.as_str().to_string(),
                 reason: c.reason.clone(),
@@ -303,6 +494,15 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
         components,
         questions,
         agent_spend: snap.agent_spend.as_ref().map(SpendView::of),
+        gpu_hours: gpu_hours(runs.iter(), now),
+        elapsed_ms: if snap.state == fvd_store::model::PortState::Running {
+            now - t.created_ms
+        } else {
+            t.updated_ms - t.created_ms
+        }
+        .max(0),
+        timeline: timeline(&runs, now),
+        trace_url: trace_url(query::port_traceparent(store, family).await?.as_deref()),
     }))
 }
 
@@ -407,14 +607,97 @@ pub async fn workers(
     store: &Store,
     scheduler: Option<&ractor::ActorRef<SchedulerMsg>>,
 ) -> Result<WorkersView, StoreError> {
+    let now = now_ms();
+    let runs = query::fleet_runs(store, now - FLEET_TIMELINE_MS).await?;
     Ok(WorkersView {
         fleet: query::fleet(store, scheduler).await?,
+        timeline: timeline(&runs, now),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trace_link_needs_a_template_and_a_well_formed_traceparent() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let t = Some("http://jaeger:16686/trace/{trace_id}");
+        assert_eq!(
+            trace_url_of(t, Some(tp)).as_deref(),
+            Some("http://jaeger:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        assert_eq!(trace_url_of(None, Some(tp)), None);
+        assert_eq!(
+            trace_url_of(Some("http://x/"), Some(tp)),
+            None,
+            "no {{trace_id}}"
+        );
+        assert_eq!(trace_url_of(t, None), None);
+        assert_eq!(trace_url_of(t, Some("00-zz-00f067aa0ba902b7-01")), None);
+        let zero = format!("00-{}-00f067aa0ba902b7-01", "0".repeat(32));
+        assert_eq!(
+            trace_url_of(t, Some(&zero)),
+            None,
+            "the invalid all-zero id"
+        );
+    }
+
+    /// Two concurrent CPU runs of a worker get a lane each, a GPU run is on
+    /// each GPU it held, and a running run ends now.
+    #[test]
+    fn the_timeline_puts_overlapping_runs_on_lanes_of_their_own() {
+        use fvd_store::dashboard::RunRow;
+        let run = |c: &str, gpus: Vec<u32>, start: i64, dur: Option<u64>| RunRow {
+            job_id: format!("p.{c}.1"),
+            family: "p".into(),
+            component: c.into(),
+            run_no: 1,
+            state: if dur.is_some() {
+                fvd_store::model::JobState::Finished
+            } else {
+                fvd_store::model::JobState::Running
+            },
+            worker_id: "w".into(),
+            gpus_needed: gpus.len() as u32,
+            gpus,
+            spawned_ms: Some(start),
+            duration_ms: dur,
+            finished_ms: dur.map(|d| start + d as i64 + 5),
+            ..RunRow::default()
+        };
+        let t = timeline(
+            &[
+                run("a", vec![], 0, Some(100)),
+                run("b", vec![], 50, Some(100)),
+                run("c", vec![], 100, Some(10)),
+                run("gang", vec![0, 1], 0, None),
+            ],
+            500,
+        );
+        let lanes: Vec<(&str, Vec<&str>)> = t
+            .lanes
+            .iter()
+            .map(|l| {
+                (
+                    l.label.as_str(),
+                    l.bars.iter().map(|b| b.component.as_str()).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            lanes,
+            [
+                ("w · GPU 0", vec!["gang"]),
+                ("w · GPU 1", vec!["gang"]),
+                ("w · CPU 1", vec!["a", "c"]),
+                ("w · CPU 2", vec!["b"]),
+            ]
+        );
+        assert_eq!((t.t0_ms, t.t1_ms), (0, 500), "the running gang ends now");
+        assert!(t.lanes[0].bars[0].running);
+        assert_eq!(t.lanes[2].bars[0].end_ms, 100, "the worker's own duration");
+    }
 
     #[test]
     fn a_long_log_keeps_its_tail_from_a_line_start() {

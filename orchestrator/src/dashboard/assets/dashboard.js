@@ -95,4 +95,29 @@
     }
   }
   bindForms();
+
+  // Filters: a state chosen hides the other rows of the section it is for
+  // (CSS on the section's `data-filter`, which its live updates keep), and
+  // is kept in the URL as `?show=STATE`.
+  const params = new URLSearchParams(location.search);
+  for (const nav of document.querySelectorAll("nav.filter")) {
+    const target = document.getElementById(nav.dataset.filterFor);
+    if (!target) continue;
+    const choose = (value) => {
+      if (value) target.dataset.filter = value;
+      else delete target.dataset.filter;
+      for (const b of nav.querySelectorAll("button")) {
+        b.setAttribute("aria-pressed", String(b.dataset.value === value));
+      }
+      const p = new URLSearchParams(location.search);
+      if (value) p.set("show", value);
+      else p.delete("show");
+      const q = p.toString();
+      history.replaceState(null, "", location.pathname + (q ? "?" + q : ""));
+    };
+    for (const b of nav.querySelectorAll("button")) {
+      b.addEventListener("click", () => choose(b.dataset.value));
+    }
+    choose(params.get("show") || "");
+  }
 })();
