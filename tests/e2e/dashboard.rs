@@ -472,6 +472,28 @@ fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
     let _ = rt.block_on(c.close());
 }
 
+/// `fvd dashboard --repo REPO` on a free loopback port: the process (killed
+/// on drop) and its address.
+pub(crate) fn read_only_dashboard(repo: &Path) -> (Kill, String) {
+    let mut d = fvd()
+        .args(["dashboard", "--listen", "127.0.0.1:0", "--repo"])
+        .arg(repo)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(d.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .unwrap_or_else(|| panic!("an address in {line:?}"))
+        .to_string();
+    (Kill(d), addr)
+}
+
 /// A plain HTTP/1.0 request on loopback; the status line and the body.
 pub(crate) fn http(addr: &str, method: &str, path: &str, body: &str) -> (String, String) {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -520,23 +542,7 @@ fn fvd_dashboard_follows_an_embedded_state_read_only_while_submit_writes_it() {
         let s = sb.local_status("dash")?;
         (s["components"][1]["status"] == "running").then_some(())
     });
-    let mut d = fvd()
-        .args(["dashboard", "--listen", "127.0.0.1:0", "--repo"])
-        .arg(sb.repo())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(d.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _d = Kill(d);
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http://"))
-        .unwrap_or_else(|| panic!("an address in {line:?}"))
-        .to_string();
+    let (_d, addr) = read_only_dashboard(sb.repo());
 
     let (status, body) = http(&addr, "GET", "/api/ports/dash", "");
     assert!(status.contains("200"), "{status} {body}");
@@ -633,23 +639,7 @@ fn the_operator_sees_the_timeline_history_filters_and_searches_a_log() {
             .unwrap();
         assert_eq!(out.status.code(), Some(1), "red is red: {out:?}");
     }
-    let mut d = fvd()
-        .args(["dashboard", "--listen", "127.0.0.1:0", "--repo"])
-        .arg(sb.repo())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(d.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _d = Kill(d);
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http://"))
-        .unwrap_or_else(|| panic!("an address in {line:?}"))
-        .to_string();
+    let (_d, addr) = read_only_dashboard(sb.repo());
 
     // The JSON twin: two runs per component on the timeline, on CPU lanes
     // of each submit's worker (each embedded process has its own), elapsed

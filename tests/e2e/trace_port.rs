@@ -181,6 +181,30 @@ fn embedded_submit_drills_the_red_refiner_down_to_its_norm() {
     assert!(logs.status.success(), "{}", text(&logs));
     assert!(String::from_utf8_lossy(&logs.stdout).contains("1 failed"));
 
+    // The dashboard's component page: each step's drift plot with its rows
+    // in a table beside it, the first divergence marked.
+    let (_d, addr) = crate::dashboard::read_only_dashboard(sb.repo());
+    let (st, page) = crate::dashboard::http(&addr, "GET", "/ports/tinyport/components/refiner", "");
+    assert!(st.contains("200"), "{st}");
+    assert_eq!(
+        page.matches("<table class=\"drift\">").count(),
+        2,
+        "a table per step"
+    );
+    let first = page
+        .split("<tr class=\"diverged first\">")
+        .nth(2)
+        .and_then(|rest| rest.split("</tr>").next())
+        .unwrap_or_else(|| panic!("step 2 marks its first divergence: {page}"));
+    assert!(first.contains("<code>blocks.2.norm</code>"), "{first}");
+    let (st, svg) = crate::dashboard::http(
+        &addr,
+        "GET",
+        "/ports/tinyport/components/refiner/trace/2/plot.svg",
+        "",
+    );
+    assert!(st.contains("200") && svg.starts_with("<svg"), "{st}");
+
     // A component that was never traced says so, exit 2.
     let none = fvd()
         .args(["trace", "show", "tinyport", "embed", "--repo"])

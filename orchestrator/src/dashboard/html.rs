@@ -478,13 +478,55 @@ fn trace(family: &str, component: &str, t: &Option<TraceInvestigation>) -> Marku
                         h4 { "step " (s.step) ": " code { (s.layers) } @if !s.first_module.is_empty() { " → first divergent " code { (s.first_module) } } }
                         @if !s.error.is_empty() { p.reason { (s.error) } }
                         @if s.report.is_some() {
-                            img.plot src={ "/ports/" (seg(family)) "/components/" (seg(component)) "/trace/" (s.step) "/plot.svg" }
-                                alt={ "drift plot of step " (s.step) } loading="lazy";
+                            div.plotted {
+                                img.plot src={ "/ports/" (seg(family)) "/components/" (seg(component)) "/trace/" (s.step) "/plot.svg" }
+                                    alt={ "drift plot of step " (s.step) } loading="lazy";
+                                @if let Some(r) = s.report.as_ref().and_then(|r| serde_json::from_value::<fvd_trace::Report>(r.clone()).ok()) {
+                                    (drift_table(&r))
+                                }
+                            }
                         }
                     }
                 }
             }
         }
+    }
+}
+
+/// Rows a drift table shows: up to the first divergence and a few after
+/// it (the plot has them all).
+const DRIFT_TABLE_ROWS: usize = 40;
+
+/// The plot's rows as a table, in its x order: each row's module (port and
+/// reference name), tensor, step, largest drift and the stats beyond
+/// tolerance; the first divergence marked.
+fn drift_table(r: &fvd_trace::Report) -> Markup {
+    let first = r.first_divergence.as_ref().map(|f| f.port_module.as_str());
+    let until = r
+        .rows
+        .iter()
+        .position(|row| row.diverged)
+        .map_or(DRIFT_TABLE_ROWS, |i| {
+            (i + 5).min(DRIFT_TABLE_ROWS.max(i + 1))
+        });
+    html! {
+        table.drift {
+            thead { tr { th { "#" } th { "module (port / reference)" } th { "tensor" } th { "step" } th { "max drift" } th { "beyond tolerance" } } }
+            tbody {
+                @for (i, row) in r.rows.iter().enumerate().take(until) {
+                    @let max = row.drift.0.iter().map(|(_, v)| *v).fold(0.0_f64, f64::max);
+                    tr class={ @if row.diverged { "diverged" } @if first == Some(row.port_module.as_str()) && row.diverged { " first" } } {
+                        td.n { (i) }
+                        td { code { (row.port_module) } @if row.reference_module != row.port_module { br; code.ref { (row.reference_module) } } }
+                        td { (row.tensor) }
+                        td.n { @if let Some(st) = row.step { (st) } }
+                        td.n { (format!("{max:.2e}")) }
+                        td { (row.exceeded.join(", ")) }
+                    }
+                }
+            }
+        }
+        @if r.rows.len() > until { p.note { (r.rows.len() - until) " more rows in the plot and in " code { "fvd trace compare" } "." } }
     }
 }
 
