@@ -81,6 +81,7 @@ fn change_span(
     let span = tracing::info_span!(
         "PortService",
         otel.name = %format!("fvd.v1.PortService/{method}"),
+        otel.kind = "server",
         rpc.system = "grpc",
         rpc.service = "fvd.v1.PortService",
         rpc.method = method,
@@ -383,7 +384,17 @@ impl pb::port_service_server::PortService for PortApi {
         let traceparent = traceparent(&request);
         let (who, caller) = changer(&request, "answer")?;
         let r = request.into_inner();
-        let span = change_span("Answer", &r.family, &who, traceparent.as_deref());
+        // An answer resumes the port: its span belongs to the port's trace
+        // (linking the caller's, when that is another), and the resumed
+        // run hangs under it, wherever the answer came from.
+        let span = change_span("Answer", &r.family, &who, None);
+        let stored = query::port_traceparent(&self.store, &r.family)
+            .await
+            .ok()
+            .flatten();
+        fvd_telemetry::Continuation::decide(stored.as_deref(), traceparent.as_deref(), false)
+            .apply(&span);
+        let traceparent = fvd_telemetry::traceparent(&span).or(traceparent);
         let choice = match r.choice {
             Some(pb::answer_request::Choice::Option(n)) => AnswerChoice::Option(n),
             Some(pb::answer_request::Choice::Text(t)) => AnswerChoice::Text(t),

@@ -226,6 +226,7 @@ pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
     // or the caller's (an agent's `TRACEPARENT`).
     let span = tracing::info_span!(
         "submit",
+        otel.kind = "client",
         family = %args.family,
         embedded = args.target.orchestrator.is_none()
     );
@@ -306,6 +307,7 @@ pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
     // hangs under it.
     let span = tracing::info_span!(
         "answer",
+        otel.kind = "client",
         family = %args.family,
         id = %request.id,
         embedded = args.target.orchestrator.is_none()

@@ -350,12 +350,34 @@ fn build(config: &ExportConfig) -> Result<Export, TelemetryError> {
 /// it), otherwise the process's role.
 fn resource(default_service: &str) -> Resource {
     let named = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.trim().is_empty());
-    let builder = Resource::builder();
-    if named {
-        builder.build()
-    } else {
-        builder
-            .with_service_name(default_service.to_string())
-            .build()
+    let mut builder = Resource::builder();
+    if !named {
+        builder = builder.with_service_name(default_service.to_string());
     }
+    // Each process its own instance, so the metrics of short-lived CLI
+    // processes (and of several workers on one host) never collide; one
+    // given in OTEL_RESOURCE_ATTRIBUTES wins.
+    let given = std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| {
+        v.split(',')
+            .any(|kv| kv.trim_start().starts_with("service.instance.id="))
+    });
+    if !given {
+        builder = builder.with_attribute(opentelemetry::KeyValue::new(
+            "service.instance.id",
+            instance_id(),
+        ));
+    }
+    builder.build()
+}
+
+/// This process's `service.instance.id`: host, pid and start time, unique
+/// on a host and across restarts.
+fn instance_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{host}-{}-{nanos:x}", std::process::id())
 }

@@ -21,6 +21,9 @@ struct Instruments {
     verdicts: Counter<u64>,
     agent_cost: Counter<f64>,
     agent_tokens: Counter<u64>,
+    worker_gpu_busy: Counter<f64>,
+    worker_jobs: Counter<u64>,
+    worker_zygote: Counter<u64>,
 }
 
 static INSTRUMENTS: OnceLock<Instruments> = OnceLock::new();
@@ -75,6 +78,21 @@ pub(crate) fn install() {
             .with_unit("{token}")
             .with_description("model tokens of agent attempts, by gen_ai.token.type")
             .build(),
+        worker_gpu_busy: meter
+            .f64_counter("fvd.worker.gpu.busy")
+            .with_unit("s")
+            .with_description("GPU time this worker's jobs held: GPUs times the process's run time")
+            .build(),
+        worker_jobs: meter
+            .u64_counter("fvd.worker.jobs")
+            .with_unit("{job}")
+            .with_description("jobs this worker ran, by fvd.job.end and fvd.runner")
+            .build(),
+        worker_zygote: meter
+            .u64_counter("fvd.worker.zygote")
+            .with_unit("{job}")
+            .with_description("warm runs by fvd.zygote.result: hit (a zygote was ready), miss (one started for it), fallback (ran cold)")
+            .build(),
     });
 }
 
@@ -107,6 +125,32 @@ pub fn gpu_seconds(family: &str, component: &str, seconds: f64) {
         && seconds > 0.0
     {
         i.gpu_seconds.add(seconds, &labels(family, component));
+    }
+}
+
+/// A job this worker ran ended: `end` is how (`exit_0`, `failed`,
+/// `timed_out`, `cancelled`, `spawn_error`), `warm` whether a zygote forked
+/// it; `gpus` × `run` is its GPU busy time.
+pub fn worker_job(end: &'static str, warm: bool, gpus: usize, run: Duration) {
+    if let Some(i) = INSTRUMENTS.get() {
+        i.worker_jobs.add(
+            1,
+            &[
+                KeyValue::new("fvd.job.end", end),
+                KeyValue::new("fvd.runner", if warm { "warm" } else { "cold" }),
+            ],
+        );
+        if gpus > 0 {
+            i.worker_gpu_busy.add(gpus as f64 * run.as_secs_f64(), &[]);
+        }
+    }
+}
+
+/// How a warm run got its process: `hit`, `miss` or `fallback`.
+pub fn zygote(result: &'static str) {
+    if let Some(i) = INSTRUMENTS.get() {
+        i.worker_zygote
+            .add(1, &[KeyValue::new("fvd.zygote.result", result)]);
     }
 }
 

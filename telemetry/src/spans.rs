@@ -179,6 +179,35 @@ pub fn port_paused(span: &Span, phase: &str, state: &str) {
 /// blocked ports are errors; trace viewers show them as such.
 pub fn failed(span: &Span, message: &str) {
     span.set_status(Status::error(message.to_string()));
+    span.set_attribute("error.type", error_type(message));
+}
+
+/// OpenTelemetry's `error.type` of a failure message: a low-cardinality
+/// class, never the message. A verdict or state word that leads it
+/// (`debug_red: …`, `blocked at P7`), how a process ended (`exit_code`,
+/// `signal`, `timeout`), else `_OTHER` as the conventions say.
+pub fn error_type(message: &str) -> String {
+    let m = message.trim_start();
+    if m.starts_with("exit code ") {
+        return "exit_code".into();
+    }
+    if m.starts_with("ended by signal") {
+        return "signal".into();
+    }
+    if m.starts_with("timed out") {
+        return "timeout".into();
+    }
+    let word: String = m
+        .chars()
+        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+        .collect();
+    let rest = &m[word.len()..];
+    let leads = rest.is_empty() || rest.starts_with(':') || rest.starts_with(" at ");
+    if !word.is_empty() && word.len() <= 32 && leads {
+        word
+    } else {
+        "_OTHER".into()
+    }
 }
 
 /// The work of `span` succeeded: status OK.
@@ -233,6 +262,23 @@ pub fn job_ended(span: &Span, end: &JobEnd<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_type_is_a_class_never_the_message() {
+        for (m, t) in [
+            ("debug_red: t::x: AssertionError: off by 0.5", "debug_red"),
+            ("blocked at P7", "blocked"),
+            ("error:collection: t.py: SyntaxError", "error"),
+            ("exit code 1", "exit_code"),
+            ("ended by signal 9", "signal"),
+            ("timed out", "timeout"),
+            ("preflight `x` could not start", "_OTHER"),
+            ("component a is blocked (debug_red: …)", "_OTHER"),
+            ("", "_OTHER"),
+        ] {
+            assert_eq!(error_type(m), t, "{m:?}");
+        }
+    }
 
     #[test]
     fn a_job_fails_unless_it_exits_0_or_is_cancelled() {

@@ -56,6 +56,10 @@ pub(crate) struct Got {
     status: (String, String),
     /// (trace id, span id) of each link.
     links: Vec<(String, String)>,
+    /// The span's kind (`SPAN_KIND_SERVER`, …).
+    kind: String,
+    /// Its resource's `service.instance.id`.
+    instance: String,
 }
 
 impl Got {
@@ -132,6 +136,13 @@ impl TraceService for Sink {
                 .find(|kv| kv.key == "service.name")
                 .map(value)
                 .unwrap_or_default();
+            let instance = rs
+                .resource
+                .iter()
+                .flat_map(|res| &res.attributes)
+                .find(|kv| kv.key == "service.instance.id")
+                .map(value)
+                .unwrap_or_default();
             for ss in &rs.scope_spans {
                 for s in &ss.spans {
                     r.spans.push(Got {
@@ -172,6 +183,12 @@ impl TraceService for Sink {
                             .iter()
                             .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
                             .collect(),
+                        kind: opentelemetry_proto::tonic::trace::v1::span::SpanKind::try_from(
+                            s.kind,
+                        )
+                        .map_or("?", |k| k.as_str_name())
+                        .to_string(),
+                        instance: instance.clone(),
                     });
                 }
             }
@@ -570,12 +587,20 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
         assert_eq!(attr(run, "job_id"), attr(job, "job_id"));
         assert_eq!(attr(run, "family"), "otelport");
         assert_eq!(attr(run, "component"), component);
-        // Span status: a red run's spans are errors with a message; a
-        // pass's are not.
+        // The worker takes its job from its stream: a consumer's span.
+        assert_eq!(run.kind, "SPAN_KIND_CONSUMER", "{run:?}");
+        // Span status: a red run's spans are errors with a message and a
+        // low-cardinality error.type; a pass's are not.
         for s in [c, a, job, run] {
             if verdict == "debug_red" {
                 assert!(s.is_error(), "{} of {component}: {s:?}", s.name);
                 assert!(!s.status.1.is_empty(), "{} has no message: {s:?}", s.name);
+                let want = if s.name == "job.run" || s.name == "job" {
+                    "exit_code"
+                } else {
+                    "debug_red"
+                };
+                assert_eq!(attr(s, "error.type"), want, "{s:?}");
             } else {
                 assert!(!s.is_error(), "{} of {component}: {s:?}", s.name);
             }
@@ -615,6 +640,33 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     ] {
         assert!(names.iter().any(|n| n == m), "{m} missing from {names:?}");
     }
+    // The worker exports its own: the jobs it ran.
+    wait_for("the worker's metrics", Duration::from_secs(10), || {
+        let n = receiver.sink.received.lock().unwrap().metric_names.clone();
+        n.iter().any(|m| m == "fvd.worker.jobs").then_some(())
+    });
+    // Each process is an instance of its own: the orchestrator's and the
+    // worker's spans carry different service.instance.id.
+    let instances: std::collections::BTreeSet<(&str, &str)> = spans
+        .iter()
+        .map(|s| (s.service.as_str(), s.instance.as_str()))
+        .collect();
+    assert!(
+        instances.iter().all(|(_, i)| !i.is_empty()),
+        "{instances:?}"
+    );
+    let orch: Vec<_> = instances
+        .iter()
+        .filter(|(s, _)| *s == "fvd-orchestrator")
+        .collect();
+    let work: Vec<_> = instances
+        .iter()
+        .filter(|(s, _)| *s == "fvd-worker")
+        .collect();
+    assert!(
+        orch.len() == 1 && work.len() == 1 && orch[0].1 != work[0].1,
+        "{instances:?}"
+    );
     // The queue wait is in seconds, and so are its buckets: a wait of a
     // few milliseconds and one of an hour fall in different buckets.
     let bounds = receiver.sink.received.lock().unwrap().bounds["fvd.job.queue_wait"].clone();
@@ -994,8 +1046,16 @@ fn one_port_is_one_trace_across_submit_answer_and_resume() {
         (answer.trace_id.as_str(), answer.parent.as_str()),
         (trace.as_str(), port.span_id.as_str())
     );
+    // The orchestrator's side of the call, a server span under the CLI's,
+    // and the resumed port under it.
+    let served = one(second, "the Answer call's server span", |s| {
+        s.name == "fvd.v1.PortService/Answer"
+    });
+    assert_eq!(served.parent, answer.span_id);
+    assert_eq!(served.kind, "SPAN_KIND_SERVER");
+    assert_eq!(answer.kind, "SPAN_KIND_CLIENT");
     let resumed = one(second, "resumed port span", |s| s.name == "port");
-    assert_eq!(resumed.parent, answer.span_id);
+    assert_eq!(resumed.parent, served.span_id);
     for s in second {
         assert_eq!(s.trace_id, trace, "{s:?}");
     }
@@ -1252,6 +1312,78 @@ fn a_fleet_resume_continues_the_port_s_trace_and_links_its_caller() {
         (first.trace_id.as_str(), first.span_id.as_str())
     );
     assert_eq!(again.links, [(cli.trace_id.clone(), cli.span_id.clone())]);
+}
+
+/// `fvd answer --orchestrator` from a shell with no trace of the port: the
+/// orchestrator's Answer span (a server span) joins the port's trace and
+/// links the caller's.
+#[test]
+fn a_fleet_answer_joins_its_port_s_trace() {
+    let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
+    let sb = Sandbox::new().with_auth();
+    crate::agent::example_repo(&sb, without_timestep_embed);
+    let endpoint = receiver.endpoint();
+    let quick = [("OTEL_BSP_SCHEDULE_DELAY", "50")];
+    let mut fleet = Fleet::serve(
+        &sb,
+        &["--otlp-endpoint", &endpoint, "--allow-agent-commands"],
+        &quick,
+    );
+    fleet.worker(&sb, "w1", &[]);
+    let mut env = quick.to_vec();
+    env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint));
+    assert_eq!(
+        submit(&fleet.url, "tinyport", &sb, &env),
+        Some(3),
+        "paused on time_shift's question"
+    );
+    // The paused port's own span is still open (its actors wait for the
+    // answer); a finished component's span names its trace.
+    let port = wait_for(
+        "a component span of the port",
+        Duration::from_secs(20),
+        || {
+            receiver.spans().into_iter().find(|g| {
+                g.name == "component"
+                    && g.attrs.get("family").map(String::as_str) == Some("tinyport")
+            })
+        },
+    );
+    let mut cmd = fvd();
+    clean_env(&mut cmd);
+    let out = cmd
+        .envs(env.iter().copied())
+        .args([
+            "answer",
+            "tinyport",
+            "E001",
+            "--option",
+            "1",
+            "--orchestrator",
+            &fleet.url,
+        ])
+        .args(sb.token_args("porter"))
+        .arg("--repo")
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let served = wait_for("the Answer call's span", Duration::from_secs(20), || {
+        receiver
+            .spans()
+            .into_iter()
+            .find(|g| g.name == "fvd.v1.PortService/Answer")
+    });
+    fleet.stop();
+    let spans = receiver.spans();
+    let cli = one(&spans, "the CLI's answer span", |s| s.name == "answer");
+    assert_ne!(
+        cli.trace_id, port.trace_id,
+        "the CLI could not know the port's trace"
+    );
+    assert_eq!(served.trace_id, port.trace_id, "{served:?}");
+    assert_eq!(served.kind, "SPAN_KIND_SERVER");
+    assert_eq!(served.links, [(cli.trace_id.clone(), cli.span_id.clone())]);
 }
 
 // ---------------------------------------------------------------------------

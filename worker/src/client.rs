@@ -561,6 +561,7 @@ fn handle(
             let span = tracing::info_span!(
                 parent: None,
                 "job.run",
+                otel.kind = "consumer",
                 family = %a.family,
                 component = %a.component,
                 job_id = %a.job_id,
@@ -970,12 +971,26 @@ async fn run_assigned(
             }
         })
     };
+    let (gpus, warm) = (spec.gpus.len(), spec.warm.is_some());
     let outcome = exec::run_job_capped(spec, etx, cancel, config.max_output_bytes).await;
     // Every log chunk leaves before the result does.
     let _ = forward.await;
     match outcome {
-        Err(e) => finished.spawn_error = e.to_string(),
+        Err(e) => {
+            fvd_telemetry::metrics::worker_job("spawn_error", warm, 0, Duration::ZERO);
+            finished.spawn_error = e.to_string();
+        }
         Ok(o) => {
+            let end = if o.cancelled {
+                "cancelled"
+            } else if o.timed_out {
+                "timed_out"
+            } else if o.exit_code == Some(0) {
+                "exit_0"
+            } else {
+                "failed"
+            };
+            fvd_telemetry::metrics::worker_job(end, warm, gpus, o.duration);
             let span = tracing::Span::current();
             if let Some(code) = o.exit_code {
                 span.record("exit_code", code);

@@ -397,6 +397,7 @@ pub async fn run_job_capped(
             match crate::zygote::fork(w, &argv, &env, &spec.secret_env_names, &spec.cwd).await {
                 Ok(f) => (Some(f), None),
                 Err(e) => {
+                    fvd_telemetry::metrics::zygote("fallback");
                     tracing::warn!(job_id, error = %e, "warm runner unavailable; running cold");
                     let stage = match e {
                         crate::zygote::WarmError::NotPytest => {

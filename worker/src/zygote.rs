@@ -492,6 +492,7 @@ pub async fn fork(
         .entry(key.clone())
         .or_default()
         .clone();
+    fvd_telemetry::metrics::zygote(if slot.initialized() { "hit" } else { "miss" });
     let zygote = slot
         .get_or_init(|| start(warm, interp, &zenv))
         .await
