@@ -1,6 +1,9 @@
 //! `ComponentSubagentActor`: one per component of a port. It asks the
-//! scheduler for a run of the component's parity test, classifies the
-//! result from its JUnit report and records it.
+//! scheduler for a run of the component's parity test, has the result
+//! classified once ([`crate::red_run`]: the verdict from its JUnit report,
+//! and whether a red run is traced or gets its variants first) and records
+//! it. It alone writes the component's row: the helper actors that
+//! diagnose a red run tell it what they do ([`ComponentMsg::Diagnosing`]).
 //!
 //! A component without an `[agent]` ends as `blocked` on any verdict other
 //! than `non_skip_pass`, with the precise reason (the failing assertion, the
@@ -31,7 +34,7 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use crate::gate::GateMsg;
-use crate::run_verdict;
+use crate::red_run::{self, AfterVerdict, Decision, RedRun};
 use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_spec::ComponentSpec;
 use fvd_store::model::{
@@ -45,9 +48,7 @@ use fvd_store::{
 use fvd_workspace::agent::{self, LastRun};
 use fvd_workspace::worktree::{self, Worktree};
 
-/// How many infra errors reported by workers (CUDA init, lost GPU) a
-/// component tolerates before it is blocked on infrastructure.
-pub const MAX_INFRA_VERDICTS: u32 = 3;
+pub use crate::red_run::MAX_INFRA_VERDICTS;
 
 #[derive(Debug)]
 pub struct ComponentSubagentActor;
@@ -66,10 +67,8 @@ pub struct ComponentArgs {
     pub scheduler: ActorRef<SchedulerMsg>,
     pub gate: ActorRef<GateMsg>,
     pub events: broadcast::Sender<PortEvent>,
-    /// The port's trace actor, when some component has `[component.trace]`.
-    pub trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
-    /// The port's variant actor, when some component has variants.
-    pub variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
+    /// The port's helper actors its red runs visit (trace, variants).
+    pub helpers: red_run::Helpers,
     /// Whether its agent command may run here, and jailed how.
     pub agents: agent::AgentPolicy,
     /// The port's `REPO/.fvd`: nothing is recorded once it went away (the
@@ -84,39 +83,23 @@ pub enum ComponentMsg {
     /// A person answered an escape hatch of this component (the answer is
     /// in the store): an `ask_user` component goes on with its next attempt.
     Answered { id: String },
-    /// The trace actor's answer to a red run handed to it: the run, back,
-    /// and the investigation's one-line summary.
-    Traced {
-        report: JobReport,
-        worker_id: String,
-        summary: String,
+    /// A helper actor diagnosing red run `job_id` shows what it does on
+    /// the component's row (a trace step, the variant runs): the component
+    /// writes it while that run is still its run in flight.
+    Diagnosing {
+        job_id: String,
+        status: ComponentStatus,
+        verdict: RecordedVerdict,
+        reason: String,
     },
-    /// The variant actor's answer to a red run handed to it: the run, back,
-    /// and the note of its variant table (what passes or moves the first
-    /// divergence).
-    Varied {
-        report: JobReport,
-        worker_id: String,
-        note: String,
-    },
+    /// A red run back from its route through the helpers, with their notes
+    /// (the investigation's summary, the variant table's note): it is
+    /// recorded as it is, never classified again.
+    Diagnosed(Box<RedRun>),
 }
 
-/// The scheduler's events reach the component through a derived ref.
-impl From<JobEvent> for ComponentMsg {
-    fn from(e: JobEvent) -> Self {
-        ComponentMsg::Job(e)
-    }
-}
-
-impl TryFrom<ComponentMsg> for JobEvent {
-    type Error = ComponentMsg;
-    fn try_from(m: ComponentMsg) -> Result<Self, ComponentMsg> {
-        match m {
-            ComponentMsg::Job(e) => Ok(e),
-            other => Err(other),
-        }
-    }
-}
+// The scheduler's events reach the component through a derived ref.
+crate::scheduler::job_event_msg!(ComponentMsg::Job);
 
 #[derive(Debug)]
 pub struct ComponentState {
@@ -132,10 +115,6 @@ pub struct ComponentState {
     last_verdict: Option<RecordedVerdict>,
     /// The agent loop's state, for a component with an `[agent]`.
     agent: Option<AgentLoop>,
-    /// The last run drilled down by the trace actor and its summary.
-    traced: Option<(String, String)>,
-    /// The last run whose variants ran, and its table's note.
-    varied: Option<(String, String)>,
     /// Workers whose environment failed this component's runs, with the
     /// cause: its next runs go elsewhere (or wait for a fixed worker).
     exclude: BTreeMap<String, String>,
@@ -182,8 +161,6 @@ impl Actor for ComponentSubagentActor {
             attempt: Span::none(),
             last_verdict: None,
             agent: None,
-            traced: None,
-            varied: None,
             exclude: BTreeMap::new(),
             waiting_env: false,
         })
@@ -221,21 +198,27 @@ impl Actor for ComponentSubagentActor {
                 tracing::info!(%id, component = %st.args.spec.name, "escape hatch answered; the agent goes on");
                 return after_answer(&myself, st).await;
             }
-            ComponentMsg::Traced {
-                report,
-                worker_id,
-                summary,
+            ComponentMsg::Diagnosing {
+                job_id,
+                status,
+                verdict,
+                reason,
             } => {
-                st.traced = Some((report.job_id.clone(), summary));
-                myself.cast(ComponentMsg::Job(JobEvent::Finished { report, worker_id }))?;
+                if st.job_id.as_deref() == Some(job_id.as_str()) {
+                    update(st, status, verdict, &reason, "").await?;
+                }
             }
-            ComponentMsg::Varied {
-                report,
-                worker_id,
-                note,
-            } => {
-                st.varied = Some((report.job_id.clone(), note));
-                myself.cast(ComponentMsg::Job(JobEvent::Finished { report, worker_id }))?;
+            ComponentMsg::Diagnosed(run) => {
+                if st.job_id.as_deref() == Some(run.report.job_id.as_str()) {
+                    let note = run.note();
+                    let RedRun {
+                        report,
+                        worker_id,
+                        verdict,
+                        ..
+                    } = *run;
+                    record_run(&myself, st, report, worker_id, verdict, &note).await?;
+                }
             }
         }
         Ok(())
@@ -332,8 +315,9 @@ async fn job_event(
     Ok(())
 }
 
-/// The component's run ended: its verdict is classified and recorded, and
-/// the component goes on (another run, an agent turn) or ends.
+/// The component's run ended: its verdict is classified, once; a red run
+/// goes through its helpers first (it comes back as
+/// [`ComponentMsg::Diagnosed`]), any other is recorded now.
 async fn run_finished(
     myself: &ActorRef<ComponentMsg>,
     st: &mut ComponentState,
@@ -343,53 +327,44 @@ async fn run_finished(
     if st.job_id.as_deref() != Some(report.job_id.as_str()) {
         return Ok(());
     }
-    let v = run_verdict::classify(
-        &report,
-        &run_verdict::repo_modules(&st.args.repo, &st.args.spec),
-    );
-    if let Verdict::Environment { cause } = &v {
-        // Not the component's fault: no verdict, no run, no
-        // agent, no trace; the run goes to another worker.
-        return environment_failure(myself, st, &report, &worker_id, cause).await;
+    let v = red_run::classify(&st.args.repo, &st.args.spec, &report);
+    match red_run::decide(&v, &st.args.spec, &st.args.helpers) {
+        Decision::Environment(cause) => {
+            environment_failure(myself, st, &report, &worker_id, &cause).await
+        }
+        Decision::Diagnose(route) => {
+            red_run::hand_on(Box::new(RedRun {
+                spec: st.args.spec.clone(),
+                report,
+                worker_id,
+                verdict: v,
+                component: myself.clone(),
+                span: st.span.clone(),
+                route,
+                trace_summary: String::new(),
+                variant_note: String::new(),
+            }));
+            Ok(())
+        }
+        Decision::Record => record_run(myself, st, report, worker_id, v, "").await,
     }
-    // A red run is drilled down first; `Traced` brings it back.
-    let traced = st.traced.as_ref();
-    if crate::trace_actor::hand_over(
-        &st.args,
-        traced,
-        (&v).into(),
-        &report,
-        &worker_id,
-        myself,
-        &st.span,
-    ) {
-        return Ok(());
-    }
-    // Then its hypothesis variants, all at once; `Varied` brings it back.
-    if crate::variant_actor::hand_over(
-        &st.args,
-        st.varied.as_ref(),
-        &v,
-        &report,
-        &worker_id,
-        myself,
-        &st.span,
-    ) {
-        return Ok(());
-    }
-    let result = JobResult {
-        verdict: (&v).into(),
-        reason: v.reason(),
-        exit_code: report.exit_code,
-        signal: report.signal,
-        duration_ms: report.duration_ms,
-        junit_xml: report.junit_xml.clone().unwrap_or_default(),
-        output_tail: report.output_tail.clone(),
-    };
+}
+
+/// Records a classified run (`note`: its helpers' notes, for a blocked
+/// reason) and goes on: another run, an agent turn, or the end.
+async fn record_run(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    report: JobReport,
+    worker_id: String,
+    v: Verdict,
+    note: &str,
+) -> Result<(), ActorProcessingErr> {
+    let result = red_run::job_result((&v).into(), v.reason(), &report);
     // What the verdict leads to is decided first, so that the verdict and
     // the component's next state are one commit: a crash between them
     // would test the same commit again.
-    let plan = plan_after_run(st, &report.job_id, &v, &result).await?;
+    let plan = plan_after_run(st, &v, &result, note).await?;
     let attempt_gpu_ms = st
         .agent
         .is_some()
@@ -493,14 +468,15 @@ enum Next {
     End,
 }
 
-/// Decides what run `job_id`'s verdict leads to (reads only): a retry
-/// after an infrastructure error, an agent turn after a red run or a
-/// refused cleanup, a confirming run after a pass, or the component's end.
+/// Plans what a verdict leads to ([`red_run::after_verdict`]; reads only):
+/// a retry after an infrastructure error, an agent turn after a red run or
+/// a refused cleanup, a confirming run after a pass, or the component's
+/// end, blocked with `note` (its helpers' notes) before the reason.
 async fn plan_after_run(
     st: &ComponentState,
-    job_id: &str,
     v: &Verdict,
     result: &JobResult,
+    note: &str,
 ) -> Result<Plan, ActorProcessingErr> {
     let plan = |next, status, reason: String| Plan {
         next,
@@ -508,49 +484,42 @@ async fn plan_after_run(
         verdict: result.verdict,
         reason,
     };
-    if v.is_infra() && st.infra_verdicts < MAX_INFRA_VERDICTS {
-        return Ok(plan(
+    match red_run::after_verdict(v, st.infra_verdicts, st.agent.is_some()) {
+        AfterVerdict::Retry => Ok(plan(
             Next::Retry,
             ComponentStatus::Queued,
             result.reason.clone(),
-        ));
-    }
-    if !v.is_pass() && !v.is_infra() && st.agent.is_some() {
-        return agent_plan(st, result.clone(), AttemptKind::Fix).await;
-    }
-    if v.is_pass() {
-        // A pass counts once it held `confirm_runs` times in a row on the
-        // same code (this run included): one more run otherwise.
-        let streak = passes_in_a_row(st).await? + 1;
-        let need = st.args.spec.confirm_runs;
-        if streak < need {
-            let why = format!("passed {streak} of {need} runs in a row; confirming");
-            return Ok(plan(Next::Confirm, ComponentStatus::Confirming, why));
+        )),
+        AfterVerdict::Agent => agent_plan(st, result.clone(), AttemptKind::Fix).await,
+        AfterVerdict::Pass => {
+            // A pass counts once it held `confirm_runs` times in a row on
+            // the same code (this run included): one more run otherwise.
+            let streak = passes_in_a_row(st).await? + 1;
+            let need = st.args.spec.confirm_runs;
+            if streak < need {
+                let why = format!("passed {streak} of {need} runs in a row; confirming");
+                return Ok(plan(Next::Confirm, ComponentStatus::Confirming, why));
+            }
+            if let Some(findings) = cleanup_findings(st).await? {
+                let refused = JobResult {
+                    verdict: RecordedVerdict::CleanupRefused,
+                    reason: format!("cleanup gate: {}", findings.join("; ")),
+                    ..result.clone()
+                };
+                return agent_plan(st, refused, AttemptKind::Cleanup).await;
+            }
+            Ok(plan(
+                Next::End,
+                ComponentStatus::NonSkipPass,
+                result.reason.clone(),
+            ))
         }
-        if let Some(findings) = cleanup_findings(st).await? {
-            let refused = JobResult {
-                verdict: RecordedVerdict::CleanupRefused,
-                reason: format!("cleanup gate: {}", findings.join("; ")),
-                ..result.clone()
-            };
-            return agent_plan(st, refused, AttemptKind::Cleanup).await;
-        }
-        return Ok(plan(
+        AfterVerdict::Block => Ok(plan(
             Next::End,
-            ComponentStatus::NonSkipPass,
-            result.reason.clone(),
-        ));
+            ComponentStatus::Blocked,
+            classed(result.verdict, &format!("{note}{}", result.reason)),
+        )),
     }
-    let note = format!(
-        "{}{}",
-        crate::variant_actor::note(st.varied.as_ref(), job_id),
-        crate::trace_actor::note(st.traced.as_ref(), job_id)
-    );
-    Ok(plan(
-        Next::End,
-        ComponentStatus::Blocked,
-        classed(result.verdict, &format!("{note}{}", result.reason)),
-    ))
 }
 
 /// An agent turn from `from`: `agent` with the turn's line, or the
@@ -602,15 +571,7 @@ async fn environment_failure(
     worker_id: &str,
     cause: &str,
 ) -> Result<(), ActorProcessingErr> {
-    let result = JobResult {
-        verdict: RecordedVerdict::Environment,
-        reason: cause.to_string(),
-        exit_code: report.exit_code,
-        signal: report.signal,
-        duration_ms: report.duration_ms,
-        junit_xml: report.junit_xml.clone().unwrap_or_default(),
-        output_tail: report.output_tail.clone(),
-    };
+    let result = red_run::job_result(RecordedVerdict::Environment, cause.to_string(), report);
     if !st
         .args
         .store
@@ -836,10 +797,12 @@ async fn scheduled(
     metrics::attempt(&st.args.family, &spec.name);
     emit(st).await?;
     let spec = &st.args.spec;
-    let mut env = spec.set_env.clone();
-    env.insert("FVD_FAMILY".to_string(), st.args.family.clone());
-    env.insert("FVD_COMPONENT".to_string(), spec.name.clone());
-    env.insert("FVD_RUN".to_string(), record.run_no.to_string());
+    let env = crate::helper::run_env(
+        spec.set_env.clone(),
+        &st.args.family,
+        &spec.name,
+        record.run_no,
+    );
     Ok(Box::new(QueuedJob {
         record: record.into(),
         env,

@@ -95,10 +95,8 @@ pub struct GateState {
     /// The phase span still open (P6 from `entered` until it is decided);
     /// component spans are its children.
     phase_span: Option<(String, Span)>,
-    /// The port's trace actor, when some component has `[component.trace]`.
-    trace: Option<ActorRef<crate::trace_actor::TraceMsg>>,
-    /// The port's variant actor, when some component has variants.
-    variants: Option<ActorRef<crate::variant_actor::VariantMsg>>,
+    /// The port's helper actors (trace, variants) its red runs visit.
+    helpers: crate::red_run::Helpers,
     /// The port's `REPO/.fvd`, which must stay the same folder.
     fvd: Arc<FvdDir>,
     /// Failed component actors, restarted under backoff.
@@ -158,8 +156,7 @@ impl Actor for GateActor {
             done: false,
             span,
             phase_span: None,
-            trace: None,
-            variants: None,
+            helpers: Default::default(),
             starting: None,
         })
     }
@@ -279,16 +276,13 @@ impl Actor for GateActor {
         )
         .await?;
         if st.args.spec.components.iter().any(|c| c.trace.is_some()) {
-            let a = &st.args;
-            let t = crate::trace_actor::spawn_for_port(
+            let t = crate::helper::spawn_for_port(
+                crate::trace_actor::TraceActor,
+                crate::trace_actor::TRACE_JOB_SUFFIX,
                 &myself,
-                &a.family,
-                &a.store,
-                &a.scheduler,
-                &a.events,
-                &a.code,
+                helper_args(&st.args),
             );
-            st.trace = Some(t.await?);
+            st.helpers.trace = Some(t.await?);
         }
         if st
             .args
@@ -297,16 +291,13 @@ impl Actor for GateActor {
             .iter()
             .any(|c| !c.variants.is_empty())
         {
-            let a = &st.args;
-            let v = crate::variant_actor::spawn_for_port(
+            let v = crate::helper::spawn_for_port(
+                crate::variant_actor::VariantActor,
+                crate::variant_actor::VARIANT_JOB_SUFFIX,
                 &myself,
-                &a.family,
-                &a.store,
-                &a.scheduler,
-                &a.events,
-                &a.code,
+                helper_args(&st.args),
             );
-            st.variants = Some(v.await?);
+            st.helpers.variants = Some(v.await?);
         }
         // The components queue their first runs one by one: the port's
         // placement waits until all are queued, so the policy (longest
@@ -550,8 +541,7 @@ async fn spawn_component(
         scheduler: st.args.scheduler.clone(),
         gate: myself.clone(),
         events: st.args.events.clone(),
-        trace: st.trace.clone(),
-        variants: st.variants.clone(),
+        helpers: st.helpers.clone(),
         agents: st.args.agents.clone(),
         fvd: st.fvd.clone(),
     };
@@ -563,6 +553,16 @@ async fn spawn_component(
     )
     .await?;
     Ok(())
+}
+
+/// What the port's helper actors (trace, variants) are spawned with.
+fn helper_args(a: &GateArgs) -> crate::helper::HelperArgs {
+    crate::helper::HelperArgs {
+        family: a.family.clone(),
+        code: a.code.clone(),
+        store: a.store.clone(),
+        scheduler: a.scheduler.clone(),
+    }
 }
 
 /// P6's end and P7–P11 once every component is final.

@@ -8,10 +8,16 @@
 //! * [`scheduler::SchedulerActor`]: workers, slots, queue and leases. It
 //!   knows no component: it reports [`scheduler::JobEvent`]s to whoever
 //!   queued a job.
-//! * [`trace_actor::TraceActor`]: one per port; drills a red component
-//!   down with traced reruns to its first divergent module.
-//! * [`variant_actor::VariantActor`]: one per port; runs a red component's
+//! * [`red_run`]: a component's finished run, classified once, and where
+//!   it goes: recorded, retried elsewhere, or (a red run) through the
+//!   port's helper actors first, then an agent turn or the end.
+//! * [`helper`]: the shape the two helper actors share (arguments, one
+//!   message enum, spawn, reruns, progress told to the component):
+//!   [`trace_actor::TraceActor`], one per port, drills a red component down
+//!   with traced reruns to its first divergent module;
+//!   [`variant_actor::VariantActor`], one per port, runs a red component's
 //!   test under each of its hypothesis variants at once and tables them.
+//!   No actor but the component writes a component's row.
 //! * [`run_verdict`]: the verdict of a finished job (or that its
 //!   environment failed it); [`port_status`]: the port's `PORT_STATUS.md`
 //!   from the store, through the contracts' co-author.
@@ -24,8 +30,10 @@
 pub mod component;
 pub mod fvd_dir;
 pub mod gate;
+pub mod helper;
 pub mod orchestrator;
 pub mod port_status;
+pub mod red_run;
 pub mod restarts;
 pub mod run_verdict;
 pub mod scheduler;

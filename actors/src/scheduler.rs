@@ -72,6 +72,31 @@ pub enum JobEvent {
     NotAdopted { job_id: String, reason: String },
 }
 
+/// Makes `$msg` an output port of the scheduler: its `$variant` carries a
+/// [`JobEvent`], so the actor's ref derives a `DerivedActorRef<JobEvent>`
+/// ([`QueuedJob::notify`]), as ractor's output ports do.
+macro_rules! job_event_msg {
+    ($msg:ident :: $variant:ident) => {
+        impl From<$crate::scheduler::JobEvent> for $msg {
+            fn from(e: $crate::scheduler::JobEvent) -> Self {
+                $msg::$variant(e)
+            }
+        }
+
+        impl TryFrom<$msg> for $crate::scheduler::JobEvent {
+            type Error = $msg;
+
+            fn try_from(m: $msg) -> Result<Self, $msg> {
+                match m {
+                    $msg::$variant(e) => Ok(e),
+                    other => Err(other),
+                }
+            }
+        }
+    };
+}
+pub(crate) use job_event_msg;
+
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     /// A worker silent for longer than this loses its leases.

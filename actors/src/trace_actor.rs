@@ -1,19 +1,23 @@
 //! `TraceActor`: one per port (spawned by the gate when some component has
-//! a `[component.trace]` table). When such a component's run is
-//! `debug_red`, the component hands the run here before it blocks or starts
-//! an agent attempt. The actor reruns the parity test with activation
+//! a `[component.trace]` table), of the helper shape ([`crate::helper`]).
+//! When such a component's run is `debug_red`, its route
+//! ([`crate::red_run`]) brings the classified run here first, before its
+//! variants and before the component blocks or starts an agent attempt. The
+//! actor reruns the parity test with activation
 //! tracing on (`FASTVIDEO_TRACE_*`, the spec's layer regex), gets the rank
 //! files back from the worker over the job stream, merges and compares
 //! them with [`fvd_trace::compare`], and reruns with the narrowed regex of
 //! the first divergent block ([`fvd_trace::Report::drill_down`]) until the
 //! first divergent leaf module is known or the spec's `depth` is spent.
-//! Every step's report is stored with the investigation; the component gets
-//! a one-line summary back and puts it in its verdict.
+//! Every step's report is stored with the investigation; the red run goes
+//! on with a one-line summary ([`RedRun::trace_summary`]), which the
+//! component puts in its verdict. While it runs, the actor tells the
+//! component which step runs; the component writes its row.
 //!
 //! Traced reruns are jobs of the component name `<name>#trace`: they go
 //! through the scheduler (leases, fencing, logs) like any run, but never
-//! count as the component's runs and never change its row, because their
-//! verdict is a diagnosis, not a parity verdict.
+//! count as the component's runs and never change its verdict, because
+//! theirs is a diagnosis, not a parity verdict.
 //!
 //! A step whose comparison is not a verdict on the port ends the
 //! investigation instead of drilling into it: nothing compared (no module
@@ -26,27 +30,21 @@
 //!
 //! The actor never fails on an investigation's error (a missing file, a
 //! malformed trace, a lost worker): the investigation ends with outcome
-//! `error` and the component continues with that as the summary. A failed
+//! `error` and the red run goes on with that as the summary. A failed
 //! actor would leave components waiting for an answer that never comes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use fvd_telemetry::spans;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::broadcast;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Span;
 
-use crate::component::ComponentMsg;
-use crate::gate::GateMsg;
-use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
-use fvd_spec::ComponentSpec;
+use crate::helper::{self, HelperArgs, HelperMsg, Rerun, RunCode};
+use crate::red_run::{self, RedRun};
+use crate::scheduler::JobEvent;
 use fvd_spec::trace_spec::TraceSpec;
-use fvd_store::Store;
-use fvd_store::model::{
-    CollectedFile, ComponentStatus, JobRecord, JobReport, JobResult, PortEvent, RecordedVerdict,
-    TraceCompare,
-};
+use fvd_store::model::{CollectedFile, ComponentStatus, JobReport, TraceCompare};
 use fvd_store::traces::StepTransport;
 
 /// Variable the worker points at the run's own folder for trace files.
@@ -63,60 +61,8 @@ pub const MAX_STORED_REPORT_BYTES: usize = 2 * 1024 * 1024;
 pub struct TraceActor;
 
 #[derive(Debug)]
-pub struct TraceArgs {
-    pub family: String,
-    /// The port's code: its traced reruns run the commit of the red run.
-    pub code: fvd_store::model::PortCode,
-    pub store: Store,
-    pub scheduler: ActorRef<SchedulerMsg>,
-    pub events: broadcast::Sender<PortEvent>,
-}
-
-/// A red run handed over by its component.
-#[derive(Debug)]
-pub struct Investigate {
-    pub spec: ComponentSpec,
-    /// The red run's report and worker, handed back untouched in
-    /// [`ComponentMsg::Traced`] so the component finishes it as it would have.
-    pub report: JobReport,
-    pub worker_id: String,
-    /// Where the answer goes.
-    pub reply: ActorRef<ComponentMsg>,
-    /// The component's span: the investigation's span hangs under it.
-    pub span: Span,
-}
-
-#[derive(Debug)]
-pub enum TraceMsg {
-    Investigate(Box<Investigate>),
-    /// Progress of a traced rerun, as the scheduler tells it.
-    Job(JobEvent),
-    /// The components under investigation right now (tests, status).
-    InFlight(RpcReplyPort<Vec<String>>),
-}
-
-// The scheduler reports job progress as `JobEvent`s to a derived ref;
-// these two conversions make this actor such a ref.
-impl From<JobEvent> for TraceMsg {
-    fn from(m: JobEvent) -> Self {
-        TraceMsg::Job(m)
-    }
-}
-
-impl TryFrom<TraceMsg> for JobEvent {
-    type Error = TraceMsg;
-
-    fn try_from(m: TraceMsg) -> Result<Self, TraceMsg> {
-        match m {
-            TraceMsg::Job(m) => Ok(m),
-            other => Err(other),
-        }
-    }
-}
-
-#[derive(Debug)]
 pub struct TraceState {
-    args: TraceArgs,
+    args: HelperArgs,
     /// Where gathered files are written: beside the database.
     root: PathBuf,
     /// Investigations in flight, by the job id of their current rerun.
@@ -127,14 +73,11 @@ pub struct TraceState {
 #[derive(Debug)]
 struct Inquiry {
     id: i64,
-    spec: ComponentSpec,
+    /// The red run under investigation, passed on at its end.
+    run: Box<RedRun>,
     trace: TraceSpec,
-    cwd: String,
-    /// The red run's commit and port folder inside it: reruns test the same code.
-    commit: String,
-    code_prefix: String,
-    red: Option<(JobReport, String)>,
-    reply: ActorRef<ComponentMsg>,
+    /// The red run's code: reruns test the same.
+    code: RunCode,
     span: Span,
     step: u32,
     /// Port-side regexes traced so far, in order: the drill path.
@@ -306,108 +249,19 @@ fn divergence_text(fd: &fvd_trace::FirstDivergence) -> String {
     }
 }
 
-/// Spawns the port's trace actor, linked to its gate (it ends with the port).
-pub async fn spawn_for_port(
-    gate: &ActorRef<GateMsg>,
-    family: &str,
-    store: &Store,
-    scheduler: &ActorRef<SchedulerMsg>,
-    events: &broadcast::Sender<PortEvent>,
-    code: &fvd_store::model::PortCode,
-) -> Result<ActorRef<TraceMsg>, ActorProcessingErr> {
-    let (actor, _) = Actor::spawn_linked(
-        // `#` cannot clash with a component actor's `family/component`.
-        Some(format!("{family}#trace")),
-        TraceActor,
-        TraceArgs {
-            family: family.to_string(),
-            code: code.clone(),
-            store: store.clone(),
-            scheduler: scheduler.clone(),
-            events: events.clone(),
-        },
-        gate.get_cell(),
-    )
-    .await?;
-    Ok(actor)
-}
-
-/// Whether a finished run of `spec` is one to drill down: red, and the
-/// component has a trace table.
-pub fn wants(spec: &ComponentSpec, verdict: RecordedVerdict) -> bool {
-    spec.trace.is_some() && verdict == RecordedVerdict::DebugRed
-}
-
-/// The component's side of the hand-over: sends a red run of a traced
-/// component to the port's trace actor, once per run (`traced` holds the
-/// run already investigated). True when handed over: the component then
-/// waits for [`ComponentMsg::Traced`]. A trace actor that is gone is no
-/// reason to stall: the run is then finished as if untraced.
-pub fn hand_over(
-    args: &crate::component::ComponentArgs,
-    traced: Option<&(String, String)>,
-    verdict: RecordedVerdict,
-    report: &JobReport,
-    worker_id: &str,
-    reply: &ActorRef<ComponentMsg>,
-    span: &Span,
-) -> bool {
-    let Some(trace) = &args.trace else {
-        return false;
-    };
-    if !wants(&args.spec, verdict) || traced.is_some_and(|t| t.0 == report.job_id) {
-        return false;
-    }
-    trace
-        .cast(TraceMsg::Investigate(Box::new(Investigate {
-            spec: args.spec.clone(),
-            report: report.clone(),
-            worker_id: worker_id.to_string(),
-            reply: reply.clone(),
-            span: span.clone(),
-        })))
-        .is_ok()
-}
-
-/// Longest note a blocked reason gets: PORT_STATUS.md cuts evidence at 240
-/// characters, and the failing assertion must still show after the note.
-const NOTE_CHARS: usize = 150;
-
-/// The component's note on a blocked reason, put before the failing
-/// assertion so a cut-off evidence cell still names the module: the
-/// summary of the investigation of exactly this run, when there was one.
-pub fn note(traced: Option<&(String, String)>, job_id: &str) -> String {
-    match traced {
-        Some((job, summary)) if job == job_id && !summary.is_empty() => {
-            let mut s: String = summary.chars().take(NOTE_CHARS).collect();
-            if summary.chars().count() > NOTE_CHARS {
-                s.push('…');
-            }
-            format!("{s}; ")
-        }
-        _ => String::new(),
-    }
-}
-
 impl Actor for TraceActor {
-    type Msg = TraceMsg;
+    type Msg = HelperMsg;
     type State = TraceState;
-    type Arguments = TraceArgs;
+    type Arguments = HelperArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        args: TraceArgs,
+        args: HelperArgs,
     ) -> Result<TraceState, ActorProcessingErr> {
-        // In-memory stores (tests) have no folder: a temporary one serves.
-        let root = args
-            .store
-            .files_dir()
-            .unwrap_or_else(|| std::env::temp_dir().join("fvd"))
-            .join("trace");
         Ok(TraceState {
+            root: helper::files_root(&args.store),
             args,
-            root,
             running: HashMap::new(),
         })
     }
@@ -415,102 +269,86 @@ impl Actor for TraceActor {
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
-        msg: TraceMsg,
+        msg: HelperMsg,
         st: &mut TraceState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            TraceMsg::InFlight(reply) => {
-                let names = st.running.values().map(|i| i.spec.name.clone()).collect();
+            HelperMsg::InFlight(reply) => {
+                let names = st
+                    .running
+                    .values()
+                    .map(|i| i.run.spec.name.clone())
+                    .collect();
                 let _ = reply.send(names);
             }
-            TraceMsg::Investigate(ask) => {
-                let inv = *ask;
-                let (family, name) = (st.args.family.clone(), inv.spec.name.clone());
-                let Some(trace) = inv.spec.trace.clone() else {
-                    // The component only asks with a trace table; answer anyway.
-                    let _ = inv.reply.cast(ComponentMsg::Traced {
-                        report: inv.report,
-                        worker_id: inv.worker_id,
-                        summary: String::new(),
-                    });
-                    return Ok(());
-                };
-                let (cwd, commit, code_prefix) = match st.args.store.job(&inv.report.job_id).await {
-                    Ok(Some(j)) => (j.cwd, j.commit, j.code_prefix),
-                    _ => Default::default(),
-                };
-                let span = spans::trace_comparison(&inv.span, &family, &name);
-                let id = match st
-                    .args
-                    .store
-                    .start_trace(&family, &name, &inv.report.job_id)
-                    .await
-                {
-                    Ok(id) => id,
-                    Err(e) => {
-                        tracing::error!(%family, component = %name, error = %e, "cannot record a trace investigation");
-                        let _ = inv.reply.cast(ComponentMsg::Traced {
-                            report: inv.report,
-                            worker_id: inv.worker_id,
-                            summary: format!("trace not started: {e}"),
-                        });
-                        return Ok(());
-                    }
-                };
-                let inquiry = Inquiry {
-                    id,
-                    reference_layers: trace.reference_layers.clone(),
-                    tried: Vec::new(),
-                    cwd,
-                    commit,
-                    code_prefix,
-                    red: Some((inv.report, inv.worker_id)),
-                    reply: inv.reply,
-                    span,
-                    step: 0,
-                    last: None,
-                    checks: Vec::new(),
-                    shift_hint: None,
-                    spec: inv.spec,
-                    trace: trace.clone(),
-                };
-                launch(&myself, st, inquiry, trace.layers.clone()).await;
-            }
-            TraceMsg::Job(m) => job_progress(&myself, st, m).await,
+            HelperMsg::Diagnose(run) => investigate(&myself, st, run).await,
+            HelperMsg::Job(m) => job_progress(&myself, st, m).await,
         }
         Ok(())
     }
 }
 
-async fn job_progress(myself: &ActorRef<TraceMsg>, st: &mut TraceState, m: JobEvent) {
-    match m {
-        JobEvent::Finished { report, worker_id } => {
+/// Starts the investigation of a red run: its first traced rerun, over the
+/// spec's layers.
+async fn investigate(myself: &ActorRef<HelperMsg>, st: &mut TraceState, mut run: Box<RedRun>) {
+    let (family, name) = (st.args.family.clone(), run.spec.name.clone());
+    let Some(trace) = run.spec.trace.clone() else {
+        // Only a component with a trace table routes its runs here.
+        return red_run::hand_on(run);
+    };
+    let code = st.args.code_of(&run.report.job_id).await;
+    let span = spans::trace_comparison(&run.span, &family, &name);
+    let id = match st
+        .args
+        .store
+        .start_trace(&family, &name, &run.report.job_id)
+        .await
+    {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::error!(%family, component = %name, error = %e, "cannot record a trace investigation");
+            run.trace_summary = format!("trace not started: {e}");
+            return red_run::hand_on(run);
+        }
+    };
+    let inquiry = Inquiry {
+        id,
+        reference_layers: trace.reference_layers.clone(),
+        tried: Vec::new(),
+        code,
+        run,
+        span,
+        step: 0,
+        last: None,
+        checks: Vec::new(),
+        shift_hint: None,
+        trace: trace.clone(),
+    };
+    launch(myself, st, inquiry, trace.layers.clone()).await;
+}
+
+async fn job_progress(myself: &ActorRef<HelperMsg>, st: &mut TraceState, m: JobEvent) {
+    match helper::rerun_event(m, "traced rerun") {
+        Some(Rerun::Finished { report, worker_id }) => {
             let Some(inq) = st.running.remove(&report.job_id) else {
                 return;
             };
-            step_finished(myself, st, inq, report, &worker_id).await;
+            step_finished(myself, st, inq, *report, &worker_id).await;
         }
-        JobEvent::WorkerLost {
-            job_id,
-            worker_id,
-            give_up: true,
-        } => {
+        Some(Rerun::Lost { job_id, worker_id }) => {
             if let Some(inq) = st.running.remove(&job_id) {
                 let e = format!("worker {worker_id} lost on every retry of {job_id}");
                 conclude(st, inq, Outcome::Error, &e).await;
             }
         }
-        JobEvent::Waiting { job_id, reason, .. } if !reason.is_empty() => {
-            tracing::info!(job = %job_id, %reason, "traced rerun waits");
-        }
-        _ => {}
+        Some(Rerun::Unplaceable { .. }) | None => {}
     }
 }
 
 /// Queues the next traced rerun of `inq` with port-side regex `layers`;
 /// an error ends the investigation.
 async fn launch(
-    myself: &ActorRef<TraceMsg>,
+    myself: &ActorRef<HelperMsg>,
     st: &mut TraceState,
     mut inq: Inquiry,
     layers: String,
@@ -519,7 +357,7 @@ async fn launch(
     inq.tried.push(layers);
     match enqueue(myself, st, &inq).await {
         Ok(job_id) => {
-            let _ = progress(st, &inq).await;
+            progress(&inq);
             st.running.insert(job_id, inq);
         }
         Err(e) => conclude(st, inq, Outcome::Error, &e).await,
@@ -527,27 +365,16 @@ async fn launch(
 }
 
 async fn enqueue(
-    myself: &ActorRef<TraceMsg>,
+    myself: &ActorRef<HelperMsg>,
     st: &TraceState,
     inq: &Inquiry,
 ) -> Result<String, String> {
-    let spec = &inq.spec;
+    let spec = &inq.run.spec;
     let t = &inq.trace;
     let layers = inq.tried.last().cloned().unwrap_or_default();
     let record = st
         .args
-        .store
-        .queue_job(&JobRecord {
-            family: st.args.family.clone(),
-            component: format!("{}{TRACE_JOB_SUFFIX}", spec.name),
-            argv: spec.argv(),
-            cwd: inq.cwd.clone(),
-            commit: inq.commit.clone(),
-            code_prefix: inq.code_prefix.clone(),
-            gpus_needed: spec.gpus,
-            timeout_ms: spec.timeout_ms(),
-            ..JobRecord::default()
-        })
+        .queue_rerun(spec, TRACE_JOB_SUFFIX, &inq.code)
         .await
         .map_err(|e| format!("cannot queue the traced rerun: {e}"))?;
     st.args
@@ -563,15 +390,13 @@ async fn enqueue(
         .map_err(|e| format!("cannot record trace step {}: {e}", inq.step))?;
     // The traced rerun runs as the component's own runs do, plus the
     // trace variables.
-    let mut env = spec.set_env.clone();
-    for (k, v) in [
-        ("FVD_FAMILY", st.args.family.clone()),
-        ("FVD_COMPONENT", spec.name.clone()),
-        ("FVD_RUN", record.run_no.to_string()),
-        ("FVD_TRACE_STEP", inq.step.to_string()),
-    ] {
-        env.insert(k.to_string(), v);
-    }
+    let mut env = helper::run_env(
+        spec.set_env.clone(),
+        &st.args.family,
+        &spec.name,
+        record.run_no,
+    );
+    env.insert("FVD_TRACE_STEP".to_string(), inq.step.to_string());
     env.extend(traced_env(t, &layers, &inq.reference_layers));
     let span = spans::trace_step(
         &inq.span,
@@ -583,21 +408,7 @@ async fn enqueue(
     );
     let job_id = record.job_id.clone();
     st.args
-        .scheduler
-        .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-            record: record.into(),
-            env,
-            secret_env: spec.env.clone(),
-            notify: myself.get_derived(),
-            placement: spec.placement.clone(),
-            span,
-            collect_env: Some(TRACE_DIR_ENV.to_string()),
-            exclude: Default::default(),
-            preflight: spec.preflight.clone(),
-            warm: spec.runner.warm_preload(),
-            compare: Some(Box::new(worker_compare(t))),
-            fvd_writes: st.args.code.fvd_writes.clone(),
-        })))
+        .enqueue(myself, spec, record, env, span, Some(t))
         .map_err(|e| format!("scheduler is down: {e}"))?;
     Ok(job_id)
 }
@@ -642,61 +453,26 @@ pub fn worker_compare(t: &TraceSpec) -> TraceCompare {
 }
 
 /// Shows the investigation on the component's row while it runs.
-async fn progress(st: &TraceState, inq: &Inquiry) -> Result<(), fvd_store::StoreError> {
-    let (family, name) = (&st.args.family, &inq.spec.name);
+fn progress(inq: &Inquiry) {
     let reason = format!(
         "trace step {} of at most {}: FASTVIDEO_TRACE_LAYERS={}",
         inq.step,
         inq.trace.depth,
         inq.tried.last().map(String::as_str).unwrap_or_default()
     );
-    st.args
-        .store
-        .set_component(
-            family,
-            name,
-            ComponentStatus::Tracing,
-            RecordedVerdict::DebugRed,
-            &reason,
-            "",
-        )
-        .await?;
-    if let Some(row) = st
-        .args
-        .store
-        .components(family)
-        .await?
-        .into_iter()
-        .find(|r| &r.name == name)
-    {
-        let _ = st.args.events.send(PortEvent::Component {
-            family: family.clone(),
-            component: row,
-        });
-    }
-    Ok(())
+    helper::progress(&inq.run, ComponentStatus::Tracing, reason);
 }
 
 async fn step_finished(
-    myself: &ActorRef<TraceMsg>,
+    myself: &ActorRef<HelperMsg>,
     st: &mut TraceState,
     mut inq: Inquiry,
     report: JobReport,
     worker_id: &str,
 ) {
-    let v = crate::run_verdict::classify(
-        &report,
-        &crate::run_verdict::repo_modules(&inq.cwd, &inq.spec),
-    );
-    let result = JobResult {
-        verdict: (&v).into(),
-        reason: v.reason(),
-        exit_code: report.exit_code,
-        signal: report.signal,
-        duration_ms: report.duration_ms,
-        junit_xml: report.junit_xml.clone().unwrap_or_default(),
-        output_tail: report.output_tail.clone(),
-    };
+    // The rerun's own verdict, a diagnosis: never the component's.
+    let v = red_run::classify(&inq.code.cwd, &inq.run.spec, &report);
+    let result = red_run::job_result((&v).into(), v.reason(), &report);
     match st
         .args
         .store
@@ -716,7 +492,7 @@ async fn step_finished(
         }
     }
     let run = report.job_id.rsplit('.').next().unwrap_or("0").to_string();
-    let dir = match run_dir(&st.root, &st.args.family, &inq.spec.name, &run) {
+    let dir = match run_dir(&st.root, &st.args.family, &inq.run.spec.name, &run) {
         Ok(d) => d,
         Err(e) => {
             let e = format!("cannot place the traced rerun's files: {e}");
@@ -941,24 +717,20 @@ pub fn stored_json(rep: &fvd_trace::Report) -> String {
     fvd_trace::trimmed_json(rep, MAX_STORED_REPORT_BYTES)
 }
 
-/// Ends an investigation: records it and hands the red run back.
-async fn conclude(st: &mut TraceState, mut inq: Inquiry, outcome: Outcome, detail: &str) {
+/// Ends an investigation: records it and passes the red run on.
+async fn conclude(st: &mut TraceState, inq: Inquiry, outcome: Outcome, detail: &str) {
     let mut text = summary(outcome, inq.last.as_ref(), &inq.tried, detail);
     // Checks that localize the error (or hint at a dumper) ride along.
     if outcome != Outcome::Error && outcome != Outcome::Untrusted && !inq.checks.is_empty() {
         text.push_str(&format!("; comparator checks: {}", inq.checks.join("; ")));
     }
     if let Err(e) = st.args.store.finish_trace(inq.id, outcome, &text).await {
-        tracing::error!(family = %st.args.family, component = %inq.spec.name, error = %e, "cannot record the end of a trace investigation");
+        tracing::error!(family = %st.args.family, component = %inq.run.spec.name, error = %e, "cannot record the end of a trace investigation");
     }
-    tracing::info!(family = %st.args.family, component = %inq.spec.name, outcome = outcome.as_str(), summary = %text, "trace investigation ended");
-    if let Some((report, worker_id)) = inq.red.take() {
-        let _ = inq.reply.cast(ComponentMsg::Traced {
-            report,
-            worker_id,
-            summary: text,
-        });
-    }
+    tracing::info!(family = %st.args.family, component = %inq.run.spec.name, outcome = outcome.as_str(), summary = %text, "trace investigation ended");
+    let mut run = inq.run;
+    run.trace_summary = text;
+    red_run::hand_on(run);
 }
 
 #[cfg(test)]
@@ -1042,13 +814,6 @@ mod tests {
             summary(Outcome::Error, None, &tried, "boom"),
             "trace step 2 failed: boom"
         );
-        assert_eq!(note(Some(&("j.1".into(), "x".into())), "j.1"), "x; ");
-        let long = "y".repeat(400);
-        assert_eq!(
-            note(Some(&("j.1".into(), long)), "j.1").chars().count(),
-            NOTE_CHARS + 3
-        );
-        assert_eq!(note(Some(&("j.1".into(), "x".into())), "j.2"), "");
     }
 
     #[test]

@@ -1,20 +1,23 @@
 //! `VariantActor`: one per port (spawned by the gate when some component
-//! declares `[[component.variant]]`s). When such a component's run is
-//! `debug_red`, the component hands the run here (after the trace actor,
-//! when it is traced) before it blocks or starts an agent attempt. The actor
+//! declares `[[component.variant]]`s), of the helper shape
+//! ([`crate::helper`]). When such a component's run is `debug_red`, its
+//! route ([`crate::red_run`]) brings the classified run here (after the
+//! trace actor, when it is traced) before the component blocks or starts an
+//! agent attempt. The actor
 //! queues the parity test once per variant, all at once, each with the
 //! variant's environment overrides: the scheduler places them on whatever
 //! slots or GPUs are free, side by side. Each run's verdict, and for a
 //! traced component its first divergence, fills a row of the red run's
 //! table next to the baseline (the red run itself); once every row is in,
-//! the component gets the table's note back ([`ComponentMsg::Varied`]):
+//! the red run goes on with the table's note ([`RedRun::variant_note`]):
 //! the variants that pass or move the first divergence, by name and
-//! overrides ("passes with EPS_FIX=1").
+//! overrides ("passes with EPS_FIX=1"). While they run, the actor tells the
+//! component, which writes its row.
 //!
 //! Variant runs are jobs of the component name `<name>#variant`, which no
 //! component can have (names are identifiers): like traced reruns, they go
 //! through the scheduler with leases, fencing and logs, but never count as
-//! the component's runs and never change its row.
+//! the component's runs and never change its verdict.
 //!
 //! A traced component's variants are traced too, in one run each: the
 //! regex is the union of every scope the red run's investigation traced
@@ -27,26 +30,21 @@
 //! (unplaced, lost worker, a spawn error) says so, and the component gets
 //! its answer. A failed actor would leave components waiting for good.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tracing::Span;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::field::Empty;
 
-use crate::component::ComponentMsg;
-use crate::gate::GateMsg;
-use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
+use crate::helper::{self, HelperArgs, HelperMsg, Rerun};
+use crate::red_run::{self, RedRun};
+use crate::scheduler::JobEvent;
 use crate::trace_actor;
 use fvd_contracts::verdict::Verdict;
 use fvd_spec::ComponentSpec;
-use fvd_store::Store;
-use fvd_store::model::{
-    ComponentStatus, JobRecord, JobReport, JobResult, PortEvent, RecordedVerdict,
-};
+use fvd_store::model::{ComponentStatus, JobReport, RecordedVerdict};
 use fvd_store::states::{VariantFinding, VariantState as RowState};
 use fvd_store::variants::{BASELINE, VariantRow};
-use tokio::sync::broadcast;
 
 /// Suffix of the component name variant runs are recorded under.
 pub const VARIANT_JOB_SUFFIX: &str = "#variant";
@@ -59,59 +57,8 @@ const NOTE_CHARS: usize = 160;
 pub struct VariantActor;
 
 #[derive(Debug)]
-pub struct VariantArgs {
-    pub family: String,
-    /// The port's code: variant runs run the commit of the red run.
-    pub code: fvd_store::model::PortCode,
-    pub store: Store,
-    pub scheduler: ActorRef<SchedulerMsg>,
-    pub events: broadcast::Sender<PortEvent>,
-}
-
-/// A red run handed over by its component.
-#[derive(Debug)]
-pub struct Vary {
-    pub spec: ComponentSpec,
-    /// The red run, handed back untouched in [`ComponentMsg::Varied`].
-    pub report: JobReport,
-    pub worker_id: String,
-    /// The red run's verdict and reason: the table's baseline row.
-    pub verdict: RecordedVerdict,
-    pub reason: String,
-    pub reply: ActorRef<ComponentMsg>,
-    /// The component's span: each variant run's span hangs under it.
-    pub span: Span,
-}
-
-#[derive(Debug)]
-pub enum VariantMsg {
-    Vary(Box<Vary>),
-    /// Progress of a variant run, as the scheduler tells it.
-    Job(JobEvent),
-    /// The components whose tables are being filled right now.
-    InFlight(RpcReplyPort<Vec<String>>),
-}
-
-impl From<JobEvent> for VariantMsg {
-    fn from(m: JobEvent) -> Self {
-        VariantMsg::Job(m)
-    }
-}
-
-impl TryFrom<VariantMsg> for JobEvent {
-    type Error = VariantMsg;
-
-    fn try_from(m: VariantMsg) -> Result<Self, VariantMsg> {
-        match m {
-            VariantMsg::Job(m) => Ok(m),
-            other => Err(other),
-        }
-    }
-}
-
-#[derive(Debug)]
 pub struct VariantState {
-    args: VariantArgs,
+    args: HelperArgs,
     /// Where traced variants' files go: beside the database.
     root: PathBuf,
     /// Tables being filled, by the red run's job id.
@@ -123,10 +70,9 @@ pub struct VariantState {
 /// One red run's table while its variants run.
 #[derive(Debug)]
 struct Table {
-    spec: ComponentSpec,
+    /// The red run, passed on once every row is in.
+    run: Box<RedRun>,
     cwd: String,
-    red: Option<(JobReport, String)>,
-    reply: ActorRef<ComponentMsg>,
     /// The union of the scopes the red run's investigation traced (port
     /// side, reference side): every variant is traced over it.
     scope: Option<(String, String)>,
@@ -134,80 +80,6 @@ struct Table {
     first: Option<fvd_trace::FirstDivergence>,
     rows: Vec<VariantRow>,
     pending: usize,
-}
-
-/// Spawns the port's variant actor, linked to its gate.
-pub async fn spawn_for_port(
-    gate: &ActorRef<GateMsg>,
-    family: &str,
-    store: &Store,
-    scheduler: &ActorRef<SchedulerMsg>,
-    events: &broadcast::Sender<PortEvent>,
-    code: &fvd_store::model::PortCode,
-) -> Result<ActorRef<VariantMsg>, ActorProcessingErr> {
-    let (actor, _) = Actor::spawn_linked(
-        Some(format!("{family}#variant")),
-        VariantActor,
-        VariantArgs {
-            family: family.to_string(),
-            code: code.clone(),
-            store: store.clone(),
-            scheduler: scheduler.clone(),
-            events: events.clone(),
-        },
-        gate.get_cell(),
-    )
-    .await?;
-    Ok(actor)
-}
-
-/// Whether a finished run of `spec` gets a variant table: red, and the
-/// component has variants.
-pub fn wants(spec: &ComponentSpec, verdict: RecordedVerdict) -> bool {
-    !spec.variants.is_empty() && verdict == RecordedVerdict::DebugRed
-}
-
-/// The component's side of the hand-over: sends a red run to the port's
-/// variant actor, once per run (`varied` holds the run already handed
-/// over). True when handed over: the component then waits for
-/// [`ComponentMsg::Varied`]. A variant actor that is gone is no reason to
-/// stall: the run is then finished without a table.
-pub fn hand_over(
-    args: &crate::component::ComponentArgs,
-    varied: Option<&(String, String)>,
-    v: &Verdict,
-    report: &JobReport,
-    worker_id: &str,
-    reply: &ActorRef<ComponentMsg>,
-    span: &Span,
-) -> bool {
-    let Some(actor) = &args.variants else {
-        return false;
-    };
-    let verdict = RecordedVerdict::from(v);
-    if !wants(&args.spec, verdict) || varied.is_some_and(|t| t.0 == report.job_id) {
-        return false;
-    }
-    actor
-        .cast(VariantMsg::Vary(Box::new(Vary {
-            spec: args.spec.clone(),
-            report: report.clone(),
-            worker_id: worker_id.to_string(),
-            verdict,
-            reason: v.reason(),
-            reply: reply.clone(),
-            span: span.clone(),
-        })))
-        .is_ok()
-}
-
-/// The component's note on a blocked reason from the table of exactly this
-/// run, when there was one: put first, so a cut evidence cell keeps it.
-pub fn note(varied: Option<&(String, String)>, job_id: &str) -> String {
-    match varied {
-        Some((job, note)) if job == job_id && !note.is_empty() => format!("{note}; "),
-        _ => String::new(),
-    }
 }
 
 /// `KEY=VALUE KEY=VALUE` of a row.
@@ -353,23 +225,18 @@ fn union(regexes: &[String]) -> String {
 }
 
 impl Actor for VariantActor {
-    type Msg = VariantMsg;
+    type Msg = HelperMsg;
     type State = VariantState;
-    type Arguments = VariantArgs;
+    type Arguments = HelperArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        args: VariantArgs,
+        args: HelperArgs,
     ) -> Result<VariantState, ActorProcessingErr> {
-        let root = args
-            .store
-            .files_dir()
-            .unwrap_or_else(|| std::env::temp_dir().join("fvd"))
-            .join("trace");
         Ok(VariantState {
+            root: helper::files_root(&args.store),
             args,
-            root,
             tables: HashMap::new(),
             running: HashMap::new(),
         })
@@ -378,16 +245,20 @@ impl Actor for VariantActor {
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
-        msg: VariantMsg,
+        msg: HelperMsg,
         st: &mut VariantState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            VariantMsg::InFlight(reply) => {
-                let names = st.tables.values().map(|t| t.spec.name.clone()).collect();
+            HelperMsg::InFlight(reply) => {
+                let names = st
+                    .tables
+                    .values()
+                    .map(|t| t.run.spec.name.clone())
+                    .collect();
                 let _ = reply.send(names);
             }
-            VariantMsg::Vary(ask) => start(&myself, st, *ask).await,
-            VariantMsg::Job(ev) => job_progress(st, ev).await,
+            HelperMsg::Diagnose(run) => start(&myself, st, run).await,
+            HelperMsg::Job(ev) => job_progress(st, ev).await,
         }
         Ok(())
     }
@@ -427,22 +298,19 @@ async fn baseline_trace(
     (Some((union(&layers), union(&reference))), first)
 }
 
-async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) {
-    let (family, name) = (st.args.family.clone(), ask.spec.name.clone());
-    let red_job = ask.report.job_id.clone();
+async fn start(myself: &ActorRef<HelperMsg>, st: &mut VariantState, mut run: Box<RedRun>) {
+    let (family, name) = (st.args.family.clone(), run.spec.name.clone());
+    let red_job = run.report.job_id.clone();
     // The variants test the red run's code: its folder and commit.
-    let (cwd, commit, code_prefix) = match st.args.store.job(&red_job).await {
-        Ok(Some(j)) => (j.cwd, j.commit, j.code_prefix),
-        _ => Default::default(),
-    };
-    let (scope, first) = baseline_trace(st, &ask.spec, &red_job).await;
+    let code = st.args.code_of(&red_job).await;
+    let (scope, first) = baseline_trace(st, &run.spec, &red_job).await;
     let mut rows = vec![VariantRow {
         red_job_id: red_job.clone(),
         name: BASELINE.to_string(),
         job_id: red_job.clone(),
         state: RowState::Done,
-        verdict: ask.verdict,
-        reason: ask.reason.clone(),
+        verdict: run.recorded(),
+        reason: run.verdict.reason(),
         first_divergence: first
             .as_ref()
             .map(|f| f.port_module.clone())
@@ -455,23 +323,13 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
     // Every run is recorded before any is queued: the table exists whole
     // from the start.
     let mut queued = Vec::new();
-    for v in &ask.spec.variants {
-        let record = st
+    let variants = run.spec.variants.clone();
+    for v in &variants {
+        match st
             .args
-            .store
-            .queue_job(&JobRecord {
-                family: family.clone(),
-                component: format!("{name}{VARIANT_JOB_SUFFIX}"),
-                argv: ask.spec.argv(),
-                cwd: cwd.clone(),
-                commit: commit.clone(),
-                code_prefix: code_prefix.clone(),
-                gpus_needed: ask.spec.gpus,
-                timeout_ms: ask.spec.timeout_ms(),
-                ..JobRecord::default()
-            })
-            .await;
-        match record {
+            .queue_rerun(&run.spec, VARIANT_JOB_SUFFIX, &code)
+            .await
+        {
             Ok(record) => {
                 rows.push(VariantRow {
                     red_job_id: red_job.clone(),
@@ -485,29 +343,19 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
             }
             Err(e) => {
                 tracing::error!(%family, component = %name, error = %e, "cannot queue a variant run");
-                let _ = ask.reply.cast(ComponentMsg::Varied {
-                    report: ask.report,
-                    worker_id: ask.worker_id,
-                    note: format!("variants not run: {e}"),
-                });
-                return;
+                run.variant_note = format!("variants not run: {e}");
+                return red_run::hand_on(run);
             }
         }
     }
     if let Err(e) = st.args.store.start_variants(&family, &name, &rows).await {
         tracing::error!(%family, component = %name, error = %e, "cannot record a variant table");
-        let _ = ask.reply.cast(ComponentMsg::Varied {
-            report: ask.report,
-            worker_id: ask.worker_id,
-            note: format!("variants not run: {e}"),
-        });
-        return;
+        run.variant_note = format!("variants not run: {e}");
+        return red_run::hand_on(run);
     }
     let mut table = Table {
-        spec: ask.spec.clone(),
-        cwd: cwd.clone(),
-        red: Some((ask.report, ask.worker_id)),
-        reply: ask.reply,
+        run,
+        cwd: code.cwd,
         scope,
         first,
         pending: queued.len(),
@@ -515,17 +363,12 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
     };
     for (i, (v, record)) in queued.into_iter().enumerate() {
         let job_id = record.job_id.clone();
-        let mut env = ask.spec.set_env.clone();
+        let spec = &table.run.spec;
+        let mut env = spec.set_env.clone();
         env.extend(v.env.clone());
-        for (k, val) in [
-            ("FVD_FAMILY", family.clone()),
-            ("FVD_COMPONENT", name.clone()),
-            ("FVD_RUN", record.run_no.to_string()),
-            (VARIANT_ENV, v.name.clone()),
-        ] {
-            env.insert(k.to_string(), val);
-        }
-        let traced = match (&table.scope, &ask.spec.trace) {
+        let mut env = helper::run_env(env, &family, &name, record.run_no);
+        env.insert(VARIANT_ENV.to_string(), v.name.clone());
+        let traced = match (&table.scope, &spec.trace) {
             (Some((layers, reference)), Some(t)) => {
                 env.extend(trace_actor::traced_env(t, layers, reference));
                 Some(t)
@@ -533,7 +376,7 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
             _ => None,
         };
         let span = tracing::info_span!(
-            parent: &ask.span,
+            parent: &table.run.span,
             "attempt",
             family = %family,
             component = %name,
@@ -543,24 +386,7 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
             verdict = Empty,
             reason = Empty,
         );
-        let sent = st
-            .args
-            .scheduler
-            .cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-                record: record.into(),
-                env,
-                secret_env: ask.spec.env.clone(),
-                notify: myself.get_derived(),
-                placement: ask.spec.placement.clone(),
-                span,
-                collect_env: traced.map(|_| trace_actor::TRACE_DIR_ENV.to_string()),
-                exclude: BTreeMap::new(),
-                preflight: ask.spec.preflight.clone(),
-                warm: ask.spec.runner.warm_preload(),
-                compare: traced.map(|t| Box::new(trace_actor::worker_compare(t))),
-                fvd_writes: st.args.code.fvd_writes.clone(),
-            })));
-        if let Err(e) = sent {
+        if let Err(e) = st.args.enqueue(myself, spec, record, env, span, traced) {
             let row = &mut table.rows[i + 1];
             row.verdict = RecordedVerdict::Error(None);
             row.reason = format!("not queued: the scheduler is down: {e}");
@@ -572,9 +398,7 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
         }
     }
     tracing::info!(%family, component = %name, variants = table.rows.len() - 1, "variant runs queued");
-    if let Err(e) = progress(st, &table).await {
-        tracing::warn!(component = %name, error = %e, "cannot show the variant runs on the component");
-    }
+    progress(&table);
     if table.pending == 0 {
         conclude(table);
     } else {
@@ -583,18 +407,14 @@ async fn start(myself: &ActorRef<VariantMsg>, st: &mut VariantState, ask: Vary) 
 }
 
 async fn job_progress(st: &mut VariantState, ev: JobEvent) {
-    match ev {
-        JobEvent::Finished { report, worker_id } => {
+    match helper::rerun_event(ev, "variant run") {
+        Some(Rerun::Finished { report, worker_id }) => {
             let Some((red, idx)) = st.running.remove(&report.job_id) else {
                 return;
             };
-            finished(st, red, idx, report, &worker_id).await;
+            finished(st, red, idx, *report, &worker_id).await;
         }
-        JobEvent::WorkerLost {
-            job_id,
-            worker_id,
-            give_up: true,
-        } => {
+        Some(Rerun::Lost { job_id, worker_id }) => {
             if let Some((red, idx)) = st.running.remove(&job_id) {
                 let why = format!("worker {worker_id} lost on every retry");
                 fill(
@@ -609,7 +429,7 @@ async fn job_progress(st: &mut VariantState, ev: JobEvent) {
                 .await;
             }
         }
-        JobEvent::Unplaceable { job_id, reason } => {
+        Some(Rerun::Unplaceable { job_id, reason }) => {
             if let Some((red, idx)) = st.running.remove(&job_id) {
                 let _ = st.args.store.unplace_job(&job_id).await;
                 let why = format!("unplaced: {reason}");
@@ -625,10 +445,7 @@ async fn job_progress(st: &mut VariantState, ev: JobEvent) {
                 .await;
             }
         }
-        JobEvent::Waiting { job_id, reason, .. } if !reason.is_empty() => {
-            tracing::info!(job = %job_id, %reason, "variant run waits");
-        }
-        _ => {}
+        None => {}
     }
 }
 
@@ -644,8 +461,10 @@ async fn finished(
     let Some(table) = st.tables.get(&red) else {
         return;
     };
-    let (spec, cwd) = (table.spec.clone(), table.cwd.clone());
-    let v = crate::run_verdict::classify(&report, &crate::run_verdict::repo_modules(&cwd, &spec));
+    let (spec, cwd) = (table.run.spec.clone(), table.cwd.clone());
+    // The variant run's own verdict: a row of the table, never the
+    // component's.
+    let v = red_run::classify(&cwd, &spec, &report);
     // An environment failure is not retried elsewhere: the variant's own
     // overrides may be what the environment lacks (an attention backend
     // not installed).
@@ -653,15 +472,7 @@ async fn finished(
         Verdict::Environment { cause } => (RecordedVerdict::Environment, cause.clone()),
         other => (RecordedVerdict::from(other), other.reason()),
     };
-    let result = JobResult {
-        verdict,
-        reason: reason.clone(),
-        exit_code: report.exit_code,
-        signal: report.signal,
-        duration_ms: report.duration_ms,
-        junit_xml: report.junit_xml.clone().unwrap_or_default(),
-        output_tail: report.output_tail.clone(),
-    };
+    let result = red_run::job_result(verdict, reason.clone(), &report);
     let recorded = if verdict == RecordedVerdict::Environment {
         st.args
             .store
@@ -755,12 +566,12 @@ async fn fill(
     if let Err(e) = st
         .args
         .store
-        .finish_variant(&st.args.family, &table.spec.name, &row)
+        .finish_variant(&st.args.family, &table.run.spec.name, &row)
         .await
     {
-        tracing::error!(component = %table.spec.name, error = %e, "cannot record a variant's row");
+        tracing::error!(component = %table.run.spec.name, error = %e, "cannot record a variant's row");
     }
-    tracing::info!(component = %table.spec.name, variant = %row.name, %verdict, finding = %found, "variant run ended");
+    tracing::info!(component = %table.run.spec.name, variant = %row.name, %verdict, finding = %found, "variant run ended");
     table.pending = table.pending.saturating_sub(1);
     if table.pending == 0
         && let Some(t) = st.tables.remove(red)
@@ -770,52 +581,23 @@ async fn fill(
 }
 
 /// Shows the variant runs on the component's row while they run.
-async fn progress(st: &VariantState, t: &Table) -> Result<(), fvd_store::StoreError> {
-    let (family, name) = (&st.args.family, &t.spec.name);
+fn progress(t: &Table) {
     let names: Vec<&str> = t.rows.iter().skip(1).map(|r| r.name.as_str()).collect();
     let reason = format!(
         "{} variant run(s) at once: {}",
         names.len(),
         names.join(", ")
     );
-    st.args
-        .store
-        .set_component(
-            family,
-            name,
-            ComponentStatus::Variants,
-            RecordedVerdict::DebugRed,
-            &reason,
-            "",
-        )
-        .await?;
-    if let Some(row) = st
-        .args
-        .store
-        .components(family)
-        .await?
-        .into_iter()
-        .find(|r| &r.name == name)
-    {
-        let _ = st.args.events.send(PortEvent::Component {
-            family: family.clone(),
-            component: row,
-        });
-    }
-    Ok(())
+    helper::progress(&t.run, ComponentStatus::Variants, reason);
 }
 
-/// Hands the red run back to its component with the table's note.
-fn conclude(mut t: Table) {
+/// Passes the red run on with the table's note.
+fn conclude(t: Table) {
     let note = table_note(&t.rows);
-    tracing::info!(component = %t.spec.name, %note, "variant table complete");
-    if let Some((report, worker_id)) = t.red.take() {
-        let _ = t.reply.cast(ComponentMsg::Varied {
-            report,
-            worker_id,
-            note,
-        });
-    }
+    tracing::info!(component = %t.run.spec.name, %note, "variant table complete");
+    let mut run = t.run;
+    run.variant_note = note;
+    red_run::hand_on(run);
 }
 
 #[cfg(test)]
@@ -917,8 +699,6 @@ mod tests {
         ];
         assert_eq!(table_note(&none), "no variant of 2 passes");
         assert_eq!(evidence_text(&none), "a red, b timeout");
-        assert_eq!(note(Some(&("j.1".into(), "x".into())), "j.1"), "x; ");
-        assert_eq!(note(Some(&("j.1".into(), "x".into())), "j.2"), "");
     }
 
     #[test]

@@ -12,13 +12,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fvd_actors::component::ComponentMsg;
+use fvd_actors::helper::{HelperArgs, HelperMsg};
+use fvd_actors::red_run::RedRun;
 use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg};
-use fvd_actors::trace_actor::{Investigate, TraceActor, TraceArgs, TraceMsg};
+use fvd_actors::trace_actor::TraceActor;
+use fvd_contracts::verdict::Verdict;
 use fvd_store::Store;
 use fvd_store::clock::ManualClock;
-use fvd_store::model::{CollectedFile, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo};
+use fvd_store::model::{
+    CollectedFile, ComponentStatus, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo,
+};
 use ractor::{Actor, ActorRef};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 
 const SPEC: &str = r#"
 [prep]
@@ -41,9 +46,11 @@ depth = DEPTH
 struct Harness {
     dir: tempfile::TempDir,
     store: Store,
-    trace: ActorRef<TraceMsg>,
+    trace: ActorRef<HelperMsg>,
     component: ActorRef<ComponentMsg>,
     answers: mpsc::UnboundedReceiver<ComponentMsg>,
+    /// What the actor told the component to show on its row, in order.
+    progress: Vec<(ComponentStatus, String)>,
     worker: mpsc::Receiver<ToWorker>,
     sched: ActorRef<SchedulerMsg>,
 }
@@ -97,16 +104,14 @@ impl Harness {
                 conn: 1,
             })
             .unwrap();
-        let (events, _) = broadcast::channel(64);
         let (trace, _) = Actor::spawn(
             None,
             TraceActor,
-            TraceArgs {
+            HelperArgs {
                 family: "p".into(),
                 code: Default::default(),
                 store: store.clone(),
                 scheduler: sched.clone(),
-                events,
             },
         )
         .await
@@ -119,6 +124,7 @@ impl Harness {
             trace,
             component,
             answers,
+            progress: Vec::new(),
             worker,
             sched,
         }
@@ -144,15 +150,23 @@ impl Harness {
             .await
             .unwrap();
         self.trace
-            .cast(TraceMsg::Investigate(Box::new(Investigate {
+            .cast(HelperMsg::Diagnose(Box::new(RedRun {
                 spec: spec.components[0].clone(),
                 report: JobReport {
                     job_id: red.job_id,
                     ..JobReport::default()
                 },
                 worker_id: "w".into(),
-                reply: self.component.clone(),
+                verdict: Verdict::DebugRed {
+                    failures: Vec::new(),
+                    failed: 1,
+                    passed: 0,
+                },
+                component: self.component.clone(),
                 span: tracing::Span::none(),
+                route: Default::default(),
+                trace_summary: String::new(),
+                variant_note: String::new(),
             })))
             .unwrap();
     }
@@ -182,15 +196,7 @@ impl Harness {
     }
 
     async fn answer(&mut self) -> String {
-        match tokio::time::timeout(Duration::from_secs(10), self.answers.recv()).await {
-            Ok(Some(ComponentMsg::Traced {
-                report, summary, ..
-            })) => {
-                assert_eq!(report.job_id, "p.c.1", "the red run comes back");
-                summary
-            }
-            other => panic!("expected the investigation's answer, got {other:?}"),
-        }
+        self.answer_for_run(1).await
     }
 }
 
@@ -239,7 +245,7 @@ async fn narrows_from_the_blocks_to_the_first_divergent_leaf() {
         a.env["FASTVIDEO_TRACE_OUTPUT"],
         "{collect_dir}/port_rank<rank>.jsonl"
     );
-    let busy = ractor::call_t!(h.trace, TraceMsg::InFlight, 5000).unwrap();
+    let busy = ractor::call_t!(h.trace, HelperMsg::InFlight, 5000).unwrap();
     assert_eq!(busy, ["c"]);
     h.finish(
         &a,
@@ -270,8 +276,25 @@ async fn narrows_from_the_blocks_to_the_first_divergent_leaf() {
         summary,
         "first divergence: blocks.1.mlp abs_mean drift 0.200 (reference blocks.1.mlp, step 0; leaf after 2 trace steps)"
     );
-    let busy = ractor::call_t!(h.trace, TraceMsg::InFlight, 5000).unwrap();
+    let busy = ractor::call_t!(h.trace, HelperMsg::InFlight, 5000).unwrap();
     assert!(busy.is_empty(), "{busy:?}");
+    // Each step was shown on the component's row by the component, which
+    // the actor told; the actor itself never wrote the row.
+    assert_eq!(
+        h.progress,
+        [
+            (
+                ComponentStatus::Tracing,
+                r"trace step 1 of at most 3: FASTVIDEO_TRACE_LAYERS=^blocks\.\d+$".to_string()
+            ),
+            (
+                ComponentStatus::Tracing,
+                r"trace step 2 of at most 3: FASTVIDEO_TRACE_LAYERS=^blocks\.1(\.|$)".to_string()
+            ),
+        ]
+    );
+    let row = h.store.components("p").await.unwrap().remove(0);
+    assert_ne!(row.status, ComponentStatus::Tracing, "{row:?}");
 
     let inv = h.store.latest_trace("p", "c").await.unwrap().unwrap();
     assert_eq!((inv.outcome.as_str(), inv.steps.len()), ("leaf", 2));
@@ -342,16 +365,32 @@ async fn depth_ends_the_drill_before_a_leaf_and_missing_files_end_it_in_error() 
 }
 
 impl Harness {
-    /// Like [`Harness::answer`], for the red run `p.c.N`.
+    /// Like [`Harness::answer`], for the red run `p.c.N`: the run comes
+    /// back with its summary, after what the actor told the component to
+    /// show meanwhile (kept in `progress`).
     async fn answer_for_run(&mut self, n: u32) -> String {
-        match tokio::time::timeout(Duration::from_secs(10), self.answers.recv()).await {
-            Ok(Some(ComponentMsg::Traced {
-                report, summary, ..
-            })) => {
-                assert_eq!(report.job_id, format!("p.c.{n}"));
-                summary
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), self.answers.recv()).await {
+                Ok(Some(ComponentMsg::Diagnosing {
+                    job_id,
+                    status,
+                    reason,
+                    ..
+                })) => {
+                    assert_eq!(job_id, format!("p.c.{n}"));
+                    self.progress.push((status, reason));
+                }
+                Ok(Some(ComponentMsg::Diagnosed(run))) => {
+                    assert_eq!(
+                        run.report.job_id,
+                        format!("p.c.{n}"),
+                        "the red run comes back"
+                    );
+                    assert!(run.route.is_empty() && run.variant_note.is_empty());
+                    return run.trace_summary;
+                }
+                other => panic!("expected the investigation's answer, got {other:?}"),
             }
-            other => panic!("expected the investigation's answer, got {other:?}"),
         }
     }
 }

@@ -13,15 +13,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fvd_actors::component::ComponentMsg;
+use fvd_actors::helper::{HelperArgs, HelperMsg};
+use fvd_actors::red_run::RedRun;
 use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg};
-use fvd_actors::variant_actor::{VariantActor, VariantArgs, VariantMsg, Vary};
+use fvd_actors::variant_actor::VariantActor;
+use fvd_contracts::verdict::{FailureInfo, Verdict};
 use fvd_store::Store;
 use fvd_store::clock::ManualClock;
 use fvd_store::model::{
     Assignment, ComponentStatus, JobRecord, JobReport, PortRow, PortState, ToWorker, WorkerInfo,
 };
 use ractor::{Actor, ActorRef};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 
 const SPEC: &str = r#"
 [prep]
@@ -58,7 +61,7 @@ port = "port/rank*.jsonl"
 struct Harness {
     _dir: tempfile::TempDir,
     store: Store,
-    variants: ActorRef<VariantMsg>,
+    variants: ActorRef<HelperMsg>,
     component: ActorRef<ComponentMsg>,
     answers: mpsc::UnboundedReceiver<ComponentMsg>,
     worker: mpsc::Receiver<ToWorker>,
@@ -115,16 +118,14 @@ impl Harness {
                 conn: 1,
             })
             .unwrap();
-        let (events, _) = broadcast::channel(64);
         let (variants, _) = Actor::spawn(
             None,
             VariantActor,
-            VariantArgs {
+            HelperArgs {
                 family: "p".into(),
                 code: Default::default(),
                 store: store.clone(),
                 scheduler: sched.clone(),
-                events,
             },
         )
         .await
@@ -164,17 +165,26 @@ impl Harness {
             .unwrap();
         assert_eq!(red.job_id, "p.c.1");
         self.variants
-            .cast(VariantMsg::Vary(Box::new(Vary {
+            .cast(HelperMsg::Diagnose(Box::new(RedRun {
                 spec: self.spec.clone(),
                 report: JobReport {
                     job_id: red.job_id,
                     ..JobReport::default()
                 },
                 worker_id: "w".into(),
-                verdict: fvd_store::model::RecordedVerdict::DebugRed,
-                reason: "debug_red: t::test: max diff 0.3".into(),
-                reply: self.component.clone(),
+                verdict: Verdict::DebugRed {
+                    failures: vec![FailureInfo {
+                        case: "t::test".into(),
+                        message: "max diff 0.3".into(),
+                    }],
+                    failed: 1,
+                    passed: 0,
+                },
+                component: self.component.clone(),
                 span: tracing::Span::none(),
+                route: Default::default(),
+                trace_summary: String::new(),
+                variant_note: String::new(),
             })))
             .unwrap();
     }
@@ -209,13 +219,26 @@ impl Harness {
             .unwrap();
     }
 
-    async fn note(&mut self) -> String {
+    /// What the actor tells the component next: what to show on its row
+    /// (`Diagnosing`) or the red run back with the table's note.
+    async fn told(&mut self) -> ComponentMsg {
         match tokio::time::timeout(Duration::from_secs(10), self.answers.recv()).await {
-            Ok(Some(ComponentMsg::Varied { report, note, .. })) => {
-                assert_eq!(report.job_id, "p.c.1", "the red run comes back");
-                note
+            Ok(Some(m)) => m,
+            other => panic!("expected a message to the component, got {other:?}"),
+        }
+    }
+
+    async fn note(&mut self) -> String {
+        loop {
+            match self.told().await {
+                ComponentMsg::Diagnosing { .. } => {}
+                ComponentMsg::Diagnosed(run) => {
+                    assert_eq!(run.report.job_id, "p.c.1", "the red run comes back");
+                    assert!(run.route.is_empty() && run.trace_summary.is_empty());
+                    return run.variant_note;
+                }
+                other => panic!("expected the table's note, got {other:?}"),
             }
-            other => panic!("expected the table's note, got {other:?}"),
         }
     }
 }
@@ -229,7 +252,7 @@ async fn every_variant_runs_at_once_and_the_table_names_the_one_that_passes() {
     for _ in 0..3 {
         runs.push(h.assigned().await);
     }
-    let busy = ractor::call_t!(h.variants, VariantMsg::InFlight, 5000).unwrap();
+    let busy = ractor::call_t!(h.variants, HelperMsg::InFlight, 5000).unwrap();
     assert_eq!(busy, ["c"]);
     let by_job: Vec<(&str, &str, &str)> = runs
         .iter()
@@ -258,10 +281,24 @@ async fn every_variant_runs_at_once_and_the_table_names_the_one_that_passes() {
         runs.iter()
             .all(|a| a.collect_env.is_none() && a.compare.is_none())
     );
-    // The component shows them running.
+    // The component is told to show them running; it writes its row, the
+    // variant actor does not.
+    match h.told().await {
+        ComponentMsg::Diagnosing {
+            job_id,
+            status,
+            verdict,
+            reason,
+        } => {
+            assert_eq!(job_id, "p.c.1");
+            assert_eq!(status, ComponentStatus::Variants);
+            assert_eq!(verdict, fvd_store::model::RecordedVerdict::DebugRed);
+            assert_eq!(reason, "3 variant run(s) at once: eps_fix, fp32, tf32_off");
+        }
+        other => panic!("expected the variants' progress, got {other:?}"),
+    }
     let row = h.store.components("p").await.unwrap().remove(0);
-    assert_eq!(row.status, ComponentStatus::Variants);
-    assert!(row.reason.contains("eps_fix, fp32, tf32_off"), "{row:?}");
+    assert_ne!(row.status, ComponentStatus::Variants, "{row:?}");
 
     // They end in any order.
     h.finish(&runs[2], false, None);
@@ -295,7 +332,7 @@ async fn every_variant_runs_at_once_and_the_table_names_the_one_that_passes() {
     // Variant runs are recorded under their own name, not as runs of `c`.
     assert_eq!(h.store.jobs_of("p", "c#variant").await.unwrap().len(), 3);
     assert_eq!(h.store.jobs_of("p", "c").await.unwrap().len(), 1);
-    let busy = ractor::call_t!(h.variants, VariantMsg::InFlight, 5000).unwrap();
+    let busy = ractor::call_t!(h.variants, HelperMsg::InFlight, 5000).unwrap();
     assert!(busy.is_empty(), "{busy:?}");
 }
 
