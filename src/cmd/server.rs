@@ -498,6 +498,12 @@ pub async fn local_worker_config(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     std::fs::create_dir_all(&workspace)
         .with_context(|| format!("cannot create workspace {}", workspace.display()))?;
+    // Jobs run in their own folders and are handed paths inside the
+    // workspace (their JUnit file, pytest's plugin): a relative workspace
+    // (`--workspace fvd-worker`, as the hints say) must not be read from
+    // the job's folder.
+    let workspace = std::path::absolute(&workspace)
+        .with_context(|| format!("workspace {}", workspace.display()))?;
     Ok(WorkerConfig {
         orchestrator,
         worker_id: worker_id.unwrap_or_else(|| format!("{host}-{}", std::process::id())),

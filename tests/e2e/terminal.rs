@@ -4,6 +4,7 @@
 //! `fvd logs --follow` exits with its run's outcome (`--json`: one object
 //! a line).
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -276,4 +277,167 @@ fn logs_follow_exits_with_a_red_run_s_status_and_json_is_one_object_a_line() {
     assert_eq!(shown.status.code(), Some(0));
     let lines = json_lines(&String::from_utf8_lossy(&shown.stdout));
     assert_eq!(lines[0]["run"], lines[lines.len() - 1]["end"]);
+}
+
+/// Every `fvd …` command quoted in backticks in `text`.
+fn quoted_commands(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|q| q.starts_with("fvd "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `hint` run as a person pastes it: by `sh -c` from another folder, with
+/// the `fvd` under test first on `PATH`.
+fn paste(hint: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let bin = Path::new(env!("CARGO_BIN_EXE_fvd"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("sh")
+        .args(["-c", hint])
+        .current_dir(elsewhere.path())
+        .env("PATH", path)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{hint}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The hints fvd prints are commands a newcomer pastes as they are, from
+/// any folder: the answer of a paused embedded port (with `--repo`), the
+/// same on a fleet with named credentials (with `--orchestrator` and
+/// `--token-file`), and the worker `submit --wait` suggests when none is
+/// connected. Each is run by a shell and does what it says.
+#[test]
+fn every_hint_pasted_into_a_shell_works() {
+    // Embedded: the example pauses on time_shift's question.
+    let sb = Sandbox::new();
+    crate::agent::example_repo(&sb, |t| t);
+    let out = fvd()
+        .args(["submit", "--family", "tinyport", "--wait", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    let answers: Vec<String> = quoted_commands(&text)
+        .into_iter()
+        .filter(|c| c.starts_with("fvd answer "))
+        .collect();
+    assert_eq!(answers.len(), 1, "one answer hint: {text}");
+    assert!(answers[0].contains(" --repo "), "{}", answers[0]);
+    let (code, said) = paste(&answers[0], &[]);
+    assert!(
+        matches!(code, Some(0 | 1)),
+        "the pasted answer resumes the port to its end: {said}"
+    );
+    let status = sb.local_status("tinyport").unwrap();
+    assert!(
+        status["escapes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["status"] != "open"),
+        "{status}"
+    );
+
+    // A fleet with named credentials and no worker: `submit --wait` says
+    // which worker to start; pasted, it takes the run.
+    let mut fleet = Sandbox::new().with_auth();
+    fleet.port("pasted", &[TestComponent::new("a", "assert True")]);
+    let url = fleet.serve();
+    let err_path = fleet.dir.path().join("submit.err");
+    let mut waiting = fvd()
+        .args([
+            "submit",
+            "--family",
+            "pasted",
+            "--wait",
+            "--orchestrator",
+            &url,
+        ])
+        .args(fleet.token_args("porter"))
+        .arg("--repo")
+        .arg(fleet.repo())
+        .env_remove("FVD_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let said = wait_for("the worker hint", Duration::from_secs(60), || {
+        let t = std::fs::read_to_string(&err_path).ok()?;
+        t.contains("no worker is connected").then_some(t)
+    });
+    let workers: Vec<String> = quoted_commands(&said)
+        .into_iter()
+        .filter(|c| c.starts_with("fvd worker "))
+        .collect();
+    assert_eq!(workers.len(), 1, "{said}");
+    // The hint names the porter's token file; a worker needs the worker
+    // credential, which is the one thing a person changes.
+    let auth = fleet.auth.clone().unwrap();
+    let porter = auth.token("porter").display().to_string();
+    assert!(workers[0].contains(&porter), "{}", workers[0]);
+    let hint = workers[0].replace(&porter, &auth.token("fleet").display().to_string());
+    let bin = Path::new(env!("CARGO_BIN_EXE_fvd"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let cwd = tempfile::tempdir().unwrap();
+    let mut worker = std::process::Command::new("sh")
+        .args(["-c", &format!("exec {hint}")])
+        .current_dir(cwd.path())
+        .env(
+            "PATH",
+            format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(fleet.dir.path().join("pasted-worker.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let code = wait_for("the submit to end", Duration::from_secs(60), || {
+        waiting.try_wait().unwrap()
+    });
+    let _ = worker.kill();
+    let _ = worker.wait();
+    assert_eq!(
+        code.code(),
+        Some(0),
+        "{}\nthe pasted worker said:\n{}",
+        std::fs::read_to_string(&err_path).unwrap(),
+        std::fs::read_to_string(fleet.dir.path().join("pasted-worker.log")).unwrap_or_default()
+    );
+
+    // Its status then offers nothing to paste but says where it stands;
+    // a status of the fleet port names the flags a rerun needs.
+    let out = fvd()
+        .args(["status", "pasted", "--orchestrator", &url])
+        .args(fleet.token_args("viewer"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    for hint in quoted_commands(&String::from_utf8_lossy(&out.stdout)) {
+        let (code, said) = paste(&hint, &[]);
+        assert_ne!(
+            code,
+            Some(2),
+            "a pasted hint is never a usage error: {said}"
+        );
+    }
 }
