@@ -146,12 +146,12 @@ impl Actor for ComponentSubagentActor {
         let span = tracing::info_span!(
             parent: &args.span,
             "component",
-            family = %args.family,
-            component = %args.spec.name,
-            gpus_needed = args.spec.gpus,
-            status = Empty,
-            verdict = Empty,
-            reason = Empty,
+            "fvd.family" = %args.family,
+            "fvd.component" = %args.spec.name,
+            "fvd.gpus_needed" = args.spec.gpus,
+            "fvd.status" = Empty,
+            "fvd.verdict" = Empty,
+            "fvd.reason" = Empty,
         );
         Ok(ComponentState {
             args,
@@ -425,8 +425,8 @@ async fn note_verdict(
 ) -> Result<(), ActorProcessingErr> {
     st.job_id = None;
     let attempt = std::mem::replace(&mut st.attempt, Span::none());
-    attempt.record("verdict", result.verdict.as_str());
-    attempt.record("reason", result.reason.as_str());
+    attempt.record("fvd.verdict", result.verdict.as_str());
+    attempt.record("fvd.reason", result.reason.as_str());
     if v.is_pass() {
         spans::succeeded(&attempt);
     } else {
@@ -583,8 +583,8 @@ async fn environment_failure(
     }
     tracing::info!(family = %st.args.family, component = %st.args.spec.name, worker = %worker_id, %cause, "environment failure: the run is not counted and goes to another worker, or waits for a fixed one");
     let attempt = std::mem::replace(&mut st.attempt, Span::none());
-    attempt.record("verdict", result.verdict.as_str());
-    attempt.record("reason", cause);
+    attempt.record("fvd.verdict", result.verdict.as_str());
+    attempt.record("fvd.reason", cause);
     spans::environment_failure(&attempt, worker_id, cause);
     drop(attempt);
     let old_job = st.job_id.take();
@@ -635,8 +635,8 @@ async fn first_step(
     let row = current(st).await?;
     if row.is_final() {
         // Recorded verdicts are not rerun on resume.
-        st.span.record("status", row.status.as_str());
-        st.span.record("verdict", row.verdict.as_str());
+        st.span.record("fvd.status", row.status.as_str());
+        st.span.record("fvd.verdict", row.verdict.as_str());
         final_status(&st.span, row.status, &row.reason);
         st.span = Span::none();
         st.args.gate.cast(GateMsg::ComponentFinal(row))?;
@@ -787,12 +787,12 @@ async fn scheduled(
     st.attempt = tracing::info_span!(
         parent: &st.span,
         "attempt",
-        family = %st.args.family,
-        component = %spec.name,
-        attempt = record.run_no,
-        job_id = %record.job_id,
-        verdict = Empty,
-        reason = Empty,
+        "fvd.family" = %st.args.family,
+        "fvd.component" = %spec.name,
+        "fvd.attempt" = record.run_no,
+        "fvd.job_id" = %record.job_id,
+        "fvd.verdict" = Empty,
+        "fvd.reason" = Empty,
     );
     metrics::attempt(&st.args.family, &spec.name);
     emit(st).await?;
@@ -1565,9 +1565,9 @@ async fn run_agent(
             handoff.summary = e.clone();
         }
         let outcome = agent::exit_text(exit.exit_code, exit.signal, exit.timed_out);
-        span.record("outcome", outcome.as_str());
+        span.record("fvd.outcome", outcome.as_str());
         if let Some(c) = exit.exit_code {
-            span.record("exit_code", c);
+            span.record("fvd.exit_code", c);
         }
         return Ok(AgentRan {
             ledger_ms,
@@ -1656,7 +1656,7 @@ async fn proxied_agent(
     {
         Ok(s) => std::sync::Arc::new(s),
         Err(env) => {
-            span.record("outcome", "environment");
+            span.record("fvd.outcome", "environment");
             return Ok(AgentRan {
                 ledger_ms,
                 proxy_ms: started.elapsed().as_millis() as u64,
@@ -1754,9 +1754,9 @@ async fn proxied_agent(
         .record_usage(family, &spec.name, attempt, &usage)
         .await?;
     let outcome = agent::exit_text(exit.exit_code, exit.signal, exit.timed_out);
-    span.record("outcome", usage.outcome.as_str());
+    span.record("fvd.outcome", usage.outcome.as_str());
     if let Some(c) = exit.exit_code {
-        span.record("exit_code", c);
+        span.record("fvd.exit_code", c);
     }
     spans::agent_usage(
         &span,
@@ -1984,9 +1984,9 @@ async fn announce_final(
     verdict: RecordedVerdict,
     reason: &str,
 ) -> Result<(), ActorProcessingErr> {
-    st.span.record("status", status.as_str());
-    st.span.record("verdict", verdict.as_str());
-    st.span.record("reason", reason);
+    st.span.record("fvd.status", status.as_str());
+    st.span.record("fvd.verdict", verdict.as_str());
+    st.span.record("fvd.reason", reason);
     final_status(&st.span, status, reason);
     // The component is final: its span ends (and is exported) now.
     st.attempt = Span::none();

@@ -131,10 +131,12 @@ impl Actor for GateActor {
         let span = tracing::info_span!(
             parent: None,
             "port",
-            family = %args.family,
-            components = args.spec.components.len(),
-            state = Empty,
-            phase = Empty,
+            "fvd.family" = %args.family,
+            // A port run is a pipeline run in CI/CD terms.
+            "cicd.pipeline.name" = %args.family,
+            "fvd.components" = args.spec.components.len(),
+            "fvd.state" = Empty,
+            "fvd.phase" = Empty,
         );
         args.trace.apply(&span);
         if args.trace.record
@@ -749,8 +751,8 @@ async fn finish_without_status(
 ) -> Result<(), ActorProcessingErr> {
     st.done = true;
     if let Ok(Some(port)) = st.args.store.port(&st.args.family).await {
-        st.span.record("state", port.state.as_str());
-        st.span.record("phase", port.phase.as_str());
+        st.span.record("fvd.state", port.state.as_str());
+        st.span.record("fvd.phase", port.phase.as_str());
         if port.state == PortState::Blocked {
             spans::failed(&st.span, &format!("blocked at {}", port.phase));
         }
@@ -782,10 +784,10 @@ async fn record(
         Some((id, span)) if id == phase.id() => span,
         open => {
             st.phase_span = open;
-            tracing::info_span!(parent: &st.span, "phase", phase = %phase.id(), family = %st.args.family, outcome = Empty)
+            tracing::info_span!(parent: &st.span, "phase", "fvd.phase" = %phase.id(), "fvd.family" = %st.args.family, "fvd.outcome" = Empty)
         }
     };
-    span.record("outcome", outcome.as_str());
+    span.record("fvd.outcome", outcome.as_str());
     match outcome {
         GateOutcome::Refused => {
             spans::gate_refused(&span, &phase.id(), &conditions);

@@ -1143,12 +1143,12 @@ fn install(st: &mut SchedulerState, id: String, job: Box<QueuedJob>) {
     let span = tracing::info_span!(
         parent: &job.span,
         "job",
-        job_id = %id,
-        worker_id = %h.worker_id,
-        lease_epoch = h.epoch,
-        adopted = true,
-        gpu_seconds = tracing::field::Empty,
-        duration_ms = tracing::field::Empty,
+        "fvd.job_id" = %id,
+        "fvd.worker_id" = %h.worker_id,
+        "fvd.lease_epoch" = h.epoch,
+        "fvd.adopted" = true,
+        "fvd.gpu_seconds" = tracing::field::Empty,
+        "fvd.duration_ms" = tracing::field::Empty,
     );
     tracing::info!(job = %id, worker = %h.worker_id, epoch = h.epoch, "adopted a run in flight: same job, same epoch");
     let _ = job.notify.send_message(JobEvent::Leased {
@@ -1357,8 +1357,8 @@ fn finished(st: &mut SchedulerState, worker_id: String, report: JobReport) -> bo
     };
     if let Some(lease) = &entry.lease {
         let gpu_seconds = lease.gpus.len() as f64 * report.duration_ms as f64 / 1000.0;
-        lease.span.record("gpu_seconds", gpu_seconds);
-        lease.span.record("duration_ms", report.duration_ms);
+        lease.span.record("fvd.gpu_seconds", gpu_seconds);
+        lease.span.record("fvd.duration_ms", report.duration_ms);
         fvd_telemetry::spans::job_ended(&lease.span, &job_end(&report));
         let r = &entry.job.record;
         fvd_telemetry::metrics::gpu_seconds(&r.family, &r.component, gpu_seconds);
@@ -1914,18 +1914,18 @@ fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
         let span = tracing::info_span!(
             parent: &entry.job.span,
             "job",
-            family = %r.family,
-            component = %r.component,
-            attempt = r.run_no,
-            job_id = %p.job_id,
-            lease_epoch = p.epoch,
-            worker_id = %p.worker_id,
-            gpus = p.gpus.len(),
+            "fvd.family" = %r.family,
+            "fvd.component" = %r.component,
+            "fvd.attempt" = r.run_no,
+            "fvd.job_id" = %p.job_id,
+            "fvd.lease_epoch" = p.epoch,
+            "fvd.worker_id" = %p.worker_id,
+            "fvd.gpus" = p.gpus.len(),
             // Evaluated only when the span is recorded.
-            gpu_uuids = %gpu_uuids(worker, &p.gpus),
-            queue_wait_ms,
-            gpu_seconds = tracing::field::Empty,
-            duration_ms = tracing::field::Empty,
+            "fvd.gpu_uuids" = %gpu_uuids(worker, &p.gpus),
+            "fvd.queue_wait_ms" = queue_wait_ms,
+            "fvd.gpu_seconds" = tracing::field::Empty,
+            "fvd.duration_ms" = tracing::field::Empty,
         );
         st.waiting.remove(&p.job_id);
         st.leased += 1;

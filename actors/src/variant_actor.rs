@@ -378,13 +378,13 @@ async fn start(myself: &ActorRef<HelperMsg>, st: &mut VariantState, mut run: Box
         let span = tracing::info_span!(
             parent: &table.run.span,
             "attempt",
-            family = %family,
-            component = %name,
-            attempt = record.run_no,
-            job_id = %record.job_id,
-            variant = %v.name,
-            verdict = Empty,
-            reason = Empty,
+            "fvd.family" = %family,
+            "fvd.component" = %name,
+            "fvd.attempt" = record.run_no,
+            "fvd.job_id" = %record.job_id,
+            "fvd.variant" = %v.name,
+            "fvd.verdict" = Empty,
+            "fvd.reason" = Empty,
         );
         if let Err(e) = st.args.enqueue(myself, spec, record, env, span, traced) {
             let row = &mut table.rows[i + 1];

@@ -85,7 +85,7 @@ fn change_span(
         rpc.system = "grpc",
         rpc.service = "fvd.v1.PortService",
         rpc.method = method,
-        family = %family,
+        "fvd.family" = %family,
         enduser.id = %who.name(),
         enduser.role = %who.role(),
     );

@@ -227,8 +227,8 @@ pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
     let span = tracing::info_span!(
         "submit",
         otel.kind = "client",
-        family = %args.family,
-        embedded = args.target.orchestrator.is_none()
+        "fvd.family" = %args.family,
+        "fvd.embedded" = args.target.orchestrator.is_none()
     );
     if !span.is_disabled() {
         let stored = match &args.target.orchestrator {
@@ -308,9 +308,9 @@ pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
     let span = tracing::info_span!(
         "answer",
         otel.kind = "client",
-        family = %args.family,
-        id = %request.id,
-        embedded = args.target.orchestrator.is_none()
+        "fvd.family" = %args.family,
+        "fvd.id" = %request.id,
+        "fvd.embedded" = args.target.orchestrator.is_none()
     );
     if !span.is_disabled() {
         let stored = match (&args.target.orchestrator, args.target.repo.canonicalize()) {

@@ -275,6 +275,9 @@ pub fn init_with(
         .with_tracer(tracer)
         .with_location(false)
         .with_threads(false)
+        // No Rust module path on every span: attributes are fvd's own
+        // (`fvd.*`) or the conventions'.
+        .with_target(false)
         // Busy/idle times would need every enter and exit timed; the
         // spans' own start and end say what is needed.
         .with_tracked_inactivity(false)

@@ -114,7 +114,7 @@ pub fn queue_wait(family: &str, wait: Duration) {
     if let Some(i) = INSTRUMENTS.get() {
         i.queue_wait.record(
             wait.as_secs_f64(),
-            &[KeyValue::new("family", family.to_string())],
+            &[KeyValue::new("fvd.family", family.to_string())],
         );
     }
 }
@@ -165,7 +165,7 @@ pub fn attempt(family: &str, component: &str) {
 pub fn verdict(family: &str, component: &str, verdict: &str) {
     if let Some(i) = INSTRUMENTS.get() {
         let mut l = labels(family, component).to_vec();
-        l.push(KeyValue::new("verdict", verdict.to_string()));
+        l.push(KeyValue::new("fvd.verdict", verdict.to_string()));
         i.verdicts.add(1, &l);
     }
 }
@@ -197,8 +197,8 @@ pub fn agent_usage(
 
 fn labels(family: &str, component: &str) -> [KeyValue; 2] {
     [
-        KeyValue::new("family", family.to_string()),
-        KeyValue::new("component", component.to_string()),
+        KeyValue::new("fvd.family", family.to_string()),
+        KeyValue::new("fvd.component", component.to_string()),
     ]
 }
 

@@ -18,17 +18,17 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 /// The span of one agent run on a component (e.g. a debugging attempt).
 /// Start the agent process with [`crate::TRACEPARENT`] set from this span
 /// so its own instrumentation joins the port's trace. Record the outcome
-/// with `span.record("outcome", …)`.
+/// with `span.record("fvd.outcome", …)`.
 pub fn agent_run(parent: &Span, family: &str, component: &str, attempt: u32, agent: &str) -> Span {
     tracing::info_span!(
         parent: parent,
         "agent_run",
-        family,
-        component,
-        attempt,
-        agent,
-        outcome = Empty,
-        exit_code = Empty,
+        "fvd.family" = family,
+        "fvd.component" = component,
+        "fvd.attempt" = attempt,
+        "fvd.agent" = agent,
+        "fvd.outcome" = Empty,
+        "fvd.exit_code" = Empty,
         "gen_ai.operation.name" = Empty,
         "gen_ai.system" = Empty,
         "gen_ai.provider.name" = Empty,
@@ -76,13 +76,13 @@ pub fn trace_comparison(parent: &Span, family: &str, component: &str) -> Span {
     tracing::info_span!(
         parent: parent,
         "trace_comparison",
-        family,
-        component,
-        compared_rows = Empty,
-        diverged = Empty,
-        first_divergent_module = Empty,
-        first_divergent_reference_module = Empty,
-        first_divergent_stat = Empty,
+        "fvd.family" = family,
+        "fvd.component" = component,
+        "fvd.compared_rows" = Empty,
+        "fvd.diverged" = Empty,
+        "fvd.first_divergent_module" = Empty,
+        "fvd.first_divergent_reference_module" = Empty,
+        "fvd.first_divergent_stat" = Empty,
     )
 }
 
@@ -103,12 +103,12 @@ pub struct Divergence<'a> {
 /// (`first_divergent_module`, as the blocked reason names it) and the
 /// reference's, and the stat that drifted.
 pub fn first_divergence(span: &Span, compared_rows: u64, first: Option<Divergence<'_>>) {
-    span.record("compared_rows", compared_rows);
-    span.record("diverged", first.is_some());
+    span.record("fvd.compared_rows", compared_rows);
+    span.record("fvd.diverged", first.is_some());
     if let Some(d) = first {
-        span.record("first_divergent_module", d.port_module);
-        span.record("first_divergent_reference_module", d.reference_module);
-        span.record("first_divergent_stat", d.stat);
+        span.record("fvd.first_divergent_module", d.port_module);
+        span.record("fvd.first_divergent_reference_module", d.reference_module);
+        span.record("fvd.first_divergent_stat", d.stat);
     }
 }
 
@@ -126,51 +126,51 @@ pub fn trace_step(
     tracing::info_span!(
         parent: parent,
         "trace_step",
-        family,
-        component,
-        step,
-        run,
-        job_id,
+        "fvd.family" = family,
+        "fvd.component" = component,
+        "fvd.step" = step,
+        "fvd.run" = run,
+        "fvd.job_id" = job_id,
     )
 }
 
 /// A component's verdict changed between two attempts.
 pub fn verdict_changed(span: &Span, from: &str, to: &str, attempt: u32) {
-    tracing::info!(parent: span, from, to, attempt, "verdict changed");
+    tracing::info!(parent: span, fvd.from = from, fvd.to = to, fvd.attempt = attempt, "verdict changed");
 }
 
 /// The gate refused a phase transition; `conditions` are the unmet
 /// predicates as recorded (field names and reasons, never values).
 pub fn gate_refused(span: &Span, phase: &str, conditions: &[String]) {
-    tracing::info!(parent: span, phase, conditions = ?conditions, "gate refused a transition");
+    tracing::info!(parent: span, fvd.phase = phase, fvd.conditions = ?conditions, "gate refused a transition");
 }
 
 /// An escape hatch: the workflow paused to ask the user. `hatch` is a
 /// short kind (`ask_user`, a decision type), never the question's text.
 pub fn escape_hatch(span: &Span, phase: &str, hatch: &str) {
-    tracing::info!(parent: span, phase, hatch, "escape hatch");
+    tracing::info!(parent: span, fvd.phase = phase, fvd.hatch = hatch, "escape hatch");
 }
 
 /// A run could not test the code because of its worker's environment (a
 /// package not installed, pytest missing): the cause as classified from the
 /// run's redacted output, never an environment variable's value.
 pub fn environment_failure(span: &Span, worker_id: &str, cause: &str) {
-    tracing::info!(parent: span, worker_id, cause, "environment failure");
+    tracing::info!(parent: span, fvd.worker_id = worker_id, fvd.cause = cause, "environment failure");
     failed(span, &format!("environment: {cause}"));
 }
 
 /// A component waits for a worker whose environment can run it (every
 /// worker that could take its run failed its environment).
 pub fn environment_wait(span: &Span, phase: &str, component: &str) {
-    tracing::info!(parent: span, phase, component, "waits for an environment");
+    tracing::info!(parent: span, fvd.phase = phase, fvd.component = component, "waits for an environment");
 }
 
 /// The port paused: `state` is `ask_user` or `environment`; it resumes
 /// with `fvd answer` or a worker that can run what waits.
 pub fn port_paused(span: &Span, phase: &str, state: &str) {
-    span.record("state", state);
-    span.record("phase", phase);
-    tracing::info!(parent: span, phase, state, "port paused");
+    span.record("fvd.state", state);
+    span.record("fvd.phase", phase);
+    tracing::info!(parent: span, fvd.phase = phase, fvd.state = state, "port paused");
 }
 
 /// The work of `span` failed: status ERROR with `message`, a verdict and

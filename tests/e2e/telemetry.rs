@@ -520,7 +520,7 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
 
     // One trace for the port, and everything of the port is in it.
     let port = one(&spans, "port span", |s| s.name == "port");
-    assert_eq!(attr(port, "family"), "otelport");
+    assert_eq!(attr(port, "fvd.family"), "otelport");
     assert_eq!(port.service, "fvd-orchestrator");
     // The port continues the caller's trace: caller → submit (CLI) → port.
     let cli = one(&spans, "submit span", |s| s.name == "submit");
@@ -554,39 +554,55 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
 
     // port → phase P6 → component → attempt → job (orchestrator) → job.run (worker).
     let p6 = one(&spans, "P6 span", |s| {
-        s.name == "phase" && s.attrs.get("phase").map(String::as_str) == Some("P6")
+        s.name == "phase" && s.attrs.get("fvd.phase").map(String::as_str) == Some("P6")
     });
     assert_eq!(p6.parent, port.span_id);
-    assert_eq!(attr(p6, "outcome"), "passed");
+    assert_eq!(attr(p6, "fvd.outcome"), "passed");
     for (component, verdict) in [("joined", "non_skip_pass"), ("leaky", "debug_red")] {
         let c = one(&spans, "component span", |s| {
-            s.name == "component" && s.attrs.get("component").map(String::as_str) == Some(component)
+            s.name == "component"
+                && s.attrs.get("fvd.component").map(String::as_str) == Some(component)
         });
         assert_eq!(c.parent, p6.span_id, "{component}");
-        assert_eq!(attr(c, "verdict"), verdict, "{component}");
+        assert_eq!(attr(c, "fvd.verdict"), verdict, "{component}");
         let a = one(&spans, "attempt span", |s| {
             s.name == "attempt" && s.parent == c.span_id
         });
-        assert_eq!(attr(a, "attempt"), "1");
-        assert_eq!(attr(a, "verdict"), verdict);
+        assert_eq!(attr(a, "fvd.attempt"), "1");
+        assert_eq!(attr(a, "fvd.verdict"), verdict);
         let job = one(&spans, "job span", |s| {
             s.name == "job" && s.parent == a.span_id
         });
         assert_eq!(job.service, "fvd-orchestrator");
-        assert_eq!(attr(job, "worker_id"), "w1");
-        assert_eq!(attr(job, "family"), "otelport");
-        assert!(attr(job, "queue_wait_ms").parse::<i64>().unwrap() >= 0);
-        assert_eq!(attr(job, "gpu_seconds"), "0");
+        assert_eq!(attr(job, "fvd.worker_id"), "w1");
+        assert_eq!(attr(job, "fvd.family"), "otelport");
+        assert!(attr(job, "fvd.queue_wait_ms").parse::<i64>().unwrap() >= 0);
+        assert_eq!(attr(job, "fvd.gpu_seconds"), "0");
         // The link that crosses processes: the worker's span is a child of
         // the orchestrator's job span.
         let run = one(&spans, "job.run span", |s| {
             s.name == "job.run" && s.parent == job.span_id
         });
         assert_eq!(run.service, "fvd-worker");
-        assert_eq!(attr(run, "worker_id"), "w1");
-        assert_eq!(attr(run, "job_id"), attr(job, "job_id"));
-        assert_eq!(attr(run, "family"), "otelport");
-        assert_eq!(attr(run, "component"), component);
+        assert_eq!(attr(run, "fvd.worker_id"), "w1");
+        assert_eq!(attr(run, "fvd.job_id"), attr(job, "fvd.job_id"));
+        assert_eq!(attr(run, "fvd.family"), "otelport");
+        assert_eq!(attr(run, "fvd.component"), component);
+        // Every attribute is fvd's own, in its namespace, or a standard
+        // one.
+        for s in [c, a, job, run] {
+            for k in s.attrs.keys() {
+                assert!(
+                    k.starts_with("fvd.")
+                        || ["error.type", "cicd.pipeline.name"].contains(&k.as_str())
+                        || ["enduser.", "rpc.", "gen_ai.", "otel."]
+                            .iter()
+                            .any(|p| k.starts_with(p)),
+                    "{k} of {} is outside the fvd. namespace: {s:?}",
+                    s.name
+                );
+            }
+        }
         // The worker takes its job from its stream: a consumer's span.
         assert_eq!(run.kind, "SPAN_KIND_CONSUMER", "{run:?}");
         // Span status: a red run's spans are errors with a message and a
@@ -613,9 +629,9 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     }
     // The gate refuses P7 (a component is blocked): a span event says so.
     let p7 = one(&spans, "P7 span", |s| {
-        s.name == "phase" && s.attrs.get("phase").map(String::as_str) == Some("P7")
+        s.name == "phase" && s.attrs.get("fvd.phase").map(String::as_str) == Some("P7")
     });
-    assert_eq!(attr(p7, "outcome"), "refused");
+    assert_eq!(attr(p7, "fvd.outcome"), "refused");
     assert!(
         p7.events.iter().any(|e| e == "gate refused a transition"),
         "{p7:?}"
@@ -623,7 +639,7 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     // The refusal and the port it blocks are errors; P6, which passed, is not.
     assert!(p7.is_error() && p7.status.1.contains("leaky"), "{p7:?}");
     assert!(!p6.is_error(), "{p6:?}");
-    assert_eq!(attr(port, "state"), "blocked");
+    assert_eq!(attr(port, "fvd.state"), "blocked");
     assert!(port.is_error() && port.status.1.contains("P7"), "{port:?}");
 
     // Metrics arrived through the same collector.
@@ -676,7 +692,7 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     // Counters carry port, component and verdict as attributes.
     let sums = receiver.sink.received.lock().unwrap().sums.clone();
     let key = |metric: &str, extra: &[(&str, &str)]| {
-        let mut a: Vec<(String, String)> = [("family", "otelport"), ("component", "leaky")]
+        let mut a: Vec<(String, String)> = [("fvd.family", "otelport"), ("fvd.component", "leaky")]
             .iter()
             .chain(extra)
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -685,7 +701,7 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
         (metric.to_string(), a)
     };
     assert_eq!(
-        sums.get(&key("fvd.verdicts", &[("verdict", "debug_red")])),
+        sums.get(&key("fvd.verdicts", &[("fvd.verdict", "debug_red")])),
         Some(&1.0),
         "{sums:?}"
     );
@@ -705,11 +721,12 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     let leaky = spans
         .iter()
         .find(|s| {
-            s.name == "component" && s.attrs.get("component").map(String::as_str) == Some("leaky")
+            s.name == "component"
+                && s.attrs.get("fvd.component").map(String::as_str) == Some("leaky")
         })
         .unwrap();
     assert!(
-        attr(leaky, "reason").contains(&format!("[redacted:{TOKEN_ENV}]")),
+        attr(leaky, "fvd.reason").contains(&format!("[redacted:{TOKEN_ENV}]")),
         "{leaky:?}"
     );
 }
@@ -850,28 +867,28 @@ fn a_trace_comparison_joins_its_caller_s_trace_with_the_first_divergent_module()
         s.name == "trace_comparison"
     });
     assert_eq!((cmp.trace_id.as_str(), cmp.parent.as_str()), caller);
-    assert_eq!(attr(cmp, "family"), "tinylm");
-    assert_eq!(attr(cmp, "component"), "transformer");
-    assert_eq!(attr(cmp, "diverged"), "true");
+    assert_eq!(attr(cmp, "fvd.family"), "tinylm");
+    assert_eq!(attr(cmp, "fvd.component"), "transformer");
+    assert_eq!(attr(cmp, "fvd.diverged"), "true");
     // Named on the port's side, as a blocked reason names it; the
     // reference's name beside it.
     assert_eq!(
-        attr(cmp, "first_divergent_module"),
+        attr(cmp, "fvd.first_divergent_module"),
         report["first_divergence"]["port_module"].as_str().unwrap()
     );
-    assert_eq!(attr(cmp, "first_divergent_module"), cases.bug_port);
+    assert_eq!(attr(cmp, "fvd.first_divergent_module"), cases.bug_port);
     assert_eq!(
-        attr(cmp, "first_divergent_reference_module"),
+        attr(cmp, "fvd.first_divergent_reference_module"),
         report["first_divergence"]["reference_module"]
             .as_str()
             .unwrap()
     );
     assert_eq!(
-        attr(cmp, "first_divergent_stat"),
+        attr(cmp, "fvd.first_divergent_stat"),
         report["first_divergence"]["stat"].as_str().unwrap()
     );
     assert_eq!(
-        attr(cmp, "compared_rows"),
+        attr(cmp, "fvd.compared_rows"),
         report["rows"].as_array().unwrap().len().to_string()
     );
 }
@@ -904,13 +921,13 @@ fn a_prep_handoff_that_asks_the_user_is_an_escape_hatch_and_a_p0_refusal() {
     );
     let spans = receiver.spans();
     let port = one(&spans, "port span", |s| s.name == "port");
-    assert_eq!(attr(port, "state"), "blocked");
-    assert_eq!(attr(port, "phase"), "P0");
+    assert_eq!(attr(port, "fvd.state"), "blocked");
+    assert_eq!(attr(port, "fvd.phase"), "P0");
     assert!(port.events.iter().any(|e| e == "escape hatch"), "{port:?}");
     let p0 = one(&spans, "P0 span", |s| {
         s.name == "phase" && s.parent == port.span_id
     });
-    assert_eq!(attr(p0, "outcome"), "refused");
+    assert_eq!(attr(p0, "fvd.outcome"), "refused");
     assert!(
         p0.events.iter().any(|e| e == "gate refused a transition"),
         "{p0:?}"
@@ -945,7 +962,7 @@ fn run(cmd: &mut std::process::Command) -> (Option<i32>, String, String) {
 
 fn component_span<'a>(spans: &'a [Got], name: &str) -> &'a Got {
     one(spans, &format!("component span of {name}"), |s| {
-        s.name == "component" && s.attrs.get("component").map(String::as_str) == Some(name)
+        s.name == "component" && s.attrs.get("fvd.component").map(String::as_str) == Some(name)
     })
 }
 
@@ -979,8 +996,8 @@ fn one_port_is_one_trace_across_submit_answer_and_resume() {
         assert_eq!(s.trace_id, trace, "{s:?}");
     }
     // A paused embedded port says where it stands.
-    assert_eq!(attr(&port, "state"), "ask_user");
-    assert_eq!(attr(&port, "phase"), "P6");
+    assert_eq!(attr(&port, "fvd.state"), "ask_user");
+    assert_eq!(attr(&port, "fvd.phase"), "P6");
     assert!(port.events.iter().any(|e| e == "port paused"), "{port:?}");
 
     // Statuses: a blocked component and its red attempt are errors with a
@@ -1005,18 +1022,19 @@ fn one_port_is_one_trace_across_submit_answer_and_resume() {
     let attempts: Vec<&Got> = first
         .iter()
         .filter(|s| {
-            s.name == "attempt" && s.attrs.get("component").map(String::as_str) == Some("refiner")
+            s.name == "attempt"
+                && s.attrs.get("fvd.component").map(String::as_str) == Some("refiner")
         })
         .collect();
     assert_eq!(attempts.len(), 1, "{attempts:#?}");
-    assert_eq!(attr(attempts[0], "attempt"), "1");
+    assert_eq!(attr(attempts[0], "fvd.attempt"), "1");
     assert_eq!(attempts[0].parent, refiner.span_id);
     let mut steps: Vec<String> = first
         .iter()
         .filter(|s| s.name == "trace_step")
         .map(|s| {
-            assert_eq!(attr(s, "component"), "refiner");
-            attr(s, "step").to_string()
+            assert_eq!(attr(s, "fvd.component"), "refiner");
+            attr(s, "fvd.step").to_string()
         })
         .collect();
     steps.sort();
@@ -1024,8 +1042,11 @@ fn one_port_is_one_trace_across_submit_answer_and_resume() {
     let cmp = one(&first, "trace_comparison span", |s| {
         s.name == "trace_comparison"
     });
-    assert_eq!(attr(cmp, "first_divergent_module"), "blocks.2.norm");
-    assert_eq!(attr(cmp, "first_divergent_reference_module"), "layers.2.ln");
+    assert_eq!(attr(cmp, "fvd.first_divergent_module"), "blocks.2.norm");
+    assert_eq!(
+        attr(cmp, "fvd.first_divergent_reference_module"),
+        "layers.2.ln"
+    );
     assert!(
         refiner.status.1.contains("blocks.2.norm"),
         "the blocked reason names the same module: {refiner:?}"
@@ -1041,7 +1062,7 @@ fn one_port_is_one_trace_across_submit_answer_and_resume() {
     let second = &all[first.len()..];
     let answer = one(second, "answer span", |s| s.name == "answer");
     assert_eq!(answer.service, "fvd");
-    assert_eq!(attr(answer, "family"), "tinyport");
+    assert_eq!(attr(answer, "fvd.family"), "tinyport");
     assert_eq!(
         (answer.trace_id.as_str(), answer.parent.as_str()),
         (trace.as_str(), port.span_id.as_str())
@@ -1061,7 +1082,7 @@ fn one_port_is_one_trace_across_submit_answer_and_resume() {
     }
     assert!(
         second.iter().any(|s| s.name == "attempt"
-            && s.attrs.get("component").map(String::as_str) == Some("time_shift")),
+            && s.attrs.get("fvd.component").map(String::as_str) == Some("time_shift")),
         "time_shift ran again after the answer"
     );
 
@@ -1170,15 +1191,15 @@ fn an_environment_failure_is_in_the_trace_and_pauses_the_port_there() {
     assert_eq!(code, Some(4), "paused for an environment: {err}");
     let spans = receiver.spans();
     let port = one(&spans, "port span", |s| s.name == "port");
-    assert_eq!(attr(port, "state"), "environment");
-    assert_eq!(attr(port, "phase"), "P6");
+    assert_eq!(attr(port, "fvd.state"), "environment");
+    assert_eq!(attr(port, "fvd.phase"), "P6");
     let waits = port
         .event_attrs
         .iter()
         .find(|(n, _)| n == "waits for an environment")
         .unwrap_or_else(|| panic!("no environment wait on the port: {port:?}"));
     assert_eq!(
-        waits.1.get("component").map(String::as_str),
+        waits.1.get("fvd.component").map(String::as_str),
         Some("needs_pkg")
     );
     // The run that hit the environment: its attempt says why, by cause.
@@ -1189,9 +1210,12 @@ fn an_environment_failure_is_in_the_trace_and_pauses_the_port_there() {
         .flat_map(|s| &s.event_attrs)
         .find(|(n, _)| n == "environment failure")
         .unwrap_or_else(|| panic!("no environment failure event: {spans:#?}"));
-    assert!(failure.1["cause"].contains(missing), "{failure:?}");
+    assert!(failure.1["fvd.cause"].contains(missing), "{failure:?}");
     assert!(
-        failure.1.get("worker_id").is_some_and(|w| !w.is_empty()),
+        failure
+            .1
+            .get("fvd.worker_id")
+            .is_some_and(|w| !w.is_empty()),
         "{failure:?}"
     );
     let r = receiver.sink.received.lock().unwrap();
@@ -1345,7 +1369,7 @@ fn a_fleet_answer_joins_its_port_s_trace() {
         || {
             receiver.spans().into_iter().find(|g| {
                 g.name == "component"
-                    && g.attrs.get("family").map(String::as_str) == Some("tinyport")
+                    && g.attrs.get("fvd.family").map(String::as_str) == Some("tinyport")
             })
         },
     );

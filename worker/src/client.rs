@@ -562,15 +562,15 @@ fn handle(
                 parent: None,
                 "job.run",
                 otel.kind = "consumer",
-                family = %a.family,
-                component = %a.component,
-                job_id = %a.job_id,
-                lease_epoch = a.lease_epoch,
-                worker_id = %config.worker_id,
-                gpus = a.gpus.len(),
-                gpu_uuids = %gpu_uuids(&config, &a.gpus),
-                exit_code = tracing::field::Empty,
-                duration_ms = tracing::field::Empty,
+                "fvd.family" = %a.family,
+                "fvd.component" = %a.component,
+                "fvd.job_id" = %a.job_id,
+                "fvd.lease_epoch" = a.lease_epoch,
+                "fvd.worker_id" = %config.worker_id,
+                "fvd.gpus" = a.gpus.len(),
+                "fvd.gpu_uuids" = %gpu_uuids(&config, &a.gpus),
+                "fvd.exit_code" = tracing::field::Empty,
+                "fvd.duration_ms" = tracing::field::Empty,
             );
             fvd_telemetry::set_parent(&span, &a.traceparent);
             let _entered = span.enter();
@@ -993,9 +993,9 @@ async fn run_assigned(
             fvd_telemetry::metrics::worker_job(end, warm, gpus, o.duration);
             let span = tracing::Span::current();
             if let Some(code) = o.exit_code {
-                span.record("exit_code", code);
+                span.record("fvd.exit_code", code);
             }
-            span.record("duration_ms", o.duration.as_millis() as u64);
+            span.record("fvd.duration_ms", o.duration.as_millis() as u64);
             finished.exit_code = o.exit_code;
             finished.signal = o.signal;
             finished.timed_out = o.timed_out;
