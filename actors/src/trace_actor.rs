@@ -341,7 +341,17 @@ async fn job_progress(myself: &ActorRef<HelperMsg>, st: &mut TraceState, m: JobE
                 conclude(st, inq, Outcome::Error, &e).await;
             }
         }
-        Some(Rerun::Unplaceable { .. }) | None => {}
+        // No worker can ever take the rerun (a fixed fleet): the
+        // investigation ends with why, and hands the red run back, rather
+        // than leave its component waiting.
+        Some(Rerun::Unplaceable { job_id, reason }) => {
+            if let Some(inq) = st.running.remove(&job_id) {
+                let _ = st.args.store.unplace_job(&job_id).await;
+                let e = format!("traced rerun {job_id} cannot be placed: {reason}");
+                conclude(st, inq, Outcome::Error, &e).await;
+            }
+        }
+        None => {}
     }
 }
 

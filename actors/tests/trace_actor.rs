@@ -57,6 +57,12 @@ struct Harness {
 
 impl Harness {
     async fn new() -> Self {
+        Self::with_fleet(false).await
+    }
+
+    /// `fixed`: the scheduler's fleet is fixed (embedded mode), so a
+    /// rerun no worker can hold is refused at once.
+    async fn with_fleet(fixed: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_path(&dir.path().join("state.db"))
             .await
@@ -82,7 +88,7 @@ impl Harness {
                 config: SchedulerConfig {
                     lease_ttl: Duration::from_secs(5),
                     tick: Duration::from_secs(3600),
-                    fixed_fleet: false,
+                    fixed_fleet: fixed,
                     ..SchedulerConfig::default()
                 },
             },
@@ -132,11 +138,17 @@ impl Harness {
 
     /// Hands a red run of `c` to the trace actor, as the component does.
     async fn investigate(&self, depth: u32) {
-        let spec = fvd_spec::parse(
-            Path::new("port.toml"),
-            &SPEC.replace("DEPTH", &depth.to_string()),
-        )
-        .unwrap();
+        self.investigate_needing(depth, 0).await
+    }
+
+    /// [`Harness::investigate`] of a component that needs `gpus` GPUs.
+    async fn investigate_needing(&self, depth: u32, gpus: u32) {
+        let text = SPEC.replace("DEPTH", &depth.to_string()).replace(
+            "coverage_scope = \"both\"\n",
+            &format!("coverage_scope = \"both\"\ngpus = {gpus}\n"),
+        );
+        let spec = fvd_spec::parse(Path::new("port.toml"), &text).unwrap();
+        assert_eq!(spec.components[0].gpus, gpus);
         let red = self
             .store
             .queue_job(&JobRecord {
@@ -648,5 +660,19 @@ async fn a_worker_that_compares_where_the_files_lie_sends_only_the_report() {
     assert_eq!(
         summary,
         "trace step 1 failed: no port trace file matches \"port/rank*.jsonl\""
+    );
+}
+
+/// A traced rerun no worker of a fixed fleet can ever hold (it needs a GPU,
+/// the one worker has none) ends the investigation in error, saying why,
+/// and the red run goes back to its component instead of waiting.
+#[tokio::test]
+async fn a_traced_rerun_that_cannot_be_placed_ends_the_investigation() {
+    let mut h = Harness::with_fleet(true).await;
+    h.investigate_needing(4, 1).await;
+    let summary = h.answer().await;
+    assert!(
+        summary.contains("cannot be placed") && summary.contains("p.c#trace.1"),
+        "{summary}"
     );
 }

@@ -86,7 +86,7 @@ pub(crate) fn install() {
         worker_jobs: meter
             .u64_counter("fvd.worker.jobs")
             .with_unit("{job}")
-            .with_description("jobs this worker ran, by fvd.job.end and fvd.runner")
+            .with_description("jobs this worker ran, by fvd.job.end and fvd.runner (the runner the spec asked for; a warm run that fell back to cold also counts in fvd.worker.zygote as fallback)")
             .build(),
         worker_zygote: meter
             .u64_counter("fvd.worker.zygote")
