@@ -314,30 +314,8 @@ fn submit_wait_with_no_worker_says_so_and_what_the_runs_need() {
     sb.port("alone", &[TestComponent::new("a", "assert True")]);
     let url = sb.serve();
     let err_path = sb.dir.path().join("submit-wait.err");
-    let mut waiting = crate::support::fvd()
-        .args([
-            "submit",
-            "--family",
-            "alone",
-            "--wait",
-            "--orchestrator",
-            &url,
-        ])
-        .arg("--repo")
-        .arg(sb.repo())
-        .env_remove("FVD_LOG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .expect("spawn fvd submit --wait");
-    let said = wait_for(
-        "submit --wait to say no worker is connected",
-        Duration::from_secs(60),
-        || {
-            let text = std::fs::read_to_string(&err_path).ok()?;
-            text.contains("no worker is connected").then_some(text)
-        },
-    );
+    let (mut waiting, said) =
+        submit_wait_until(&sb, "alone", &url, &err_path, "no worker is connected");
     assert!(
         said.contains(&format!("no worker is connected to {url}")),
         "names the orchestrator: {said}"
@@ -422,30 +400,7 @@ fn submit_wait_with_an_incapable_worker_names_the_missing_capability() {
     let url = sb.serve();
     sb.worker("cpu_only", 1);
     let err_path = sb.dir.path().join("submit-wait.err");
-    let mut waiting = crate::support::fvd()
-        .args([
-            "submit",
-            "--family",
-            "gpu_only",
-            "--wait",
-            "--orchestrator",
-            &url,
-        ])
-        .arg("--repo")
-        .arg(sb.repo())
-        .env_remove("FVD_LOG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .expect("spawn fvd submit --wait");
-    let said = wait_for(
-        "submit --wait to say what the run waits for",
-        Duration::from_secs(60),
-        || {
-            let text = std::fs::read_to_string(&err_path).ok()?;
-            text.contains("waiting: needs").then_some(text)
-        },
-    );
+    let (mut waiting, said) = submit_wait_until(&sb, "gpu_only", &url, &err_path, "waiting: needs");
     let _ = waiting.kill();
     let _ = waiting.wait();
     assert!(
@@ -456,4 +411,40 @@ fn submit_wait_with_an_incapable_worker_names_the_missing_capability() {
         !said.contains("no worker is connected"),
         "a worker is connected: {said}"
     );
+}
+
+/// `fvd submit --wait` of `family` on `url`, its stderr into `err_path`,
+/// once that says `needle` (within a minute): the process and what it said.
+fn submit_wait_until(
+    sb: &Sandbox,
+    family: &str,
+    url: &str,
+    err_path: &std::path::Path,
+    needle: &str,
+) -> (std::process::Child, String) {
+    let waiting = crate::support::fvd()
+        .args([
+            "submit",
+            "--family",
+            family,
+            "--wait",
+            "--orchestrator",
+            url,
+        ])
+        .arg("--repo")
+        .arg(sb.repo())
+        .env_remove("FVD_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(err_path).unwrap())
+        .spawn()
+        .expect("spawn fvd submit --wait");
+    let said = wait_for(
+        &format!("submit --wait to say {needle:?}"),
+        Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(err_path).ok()?;
+            text.contains(needle).then_some(text)
+        },
+    );
+    (waiting, said)
 }
