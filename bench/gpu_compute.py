@@ -35,7 +35,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_warm import PRELOAD, ROOT, log, pack_spec, sanitize  # noqa: E402
+from gpu_warm import PRELOAD, ROOT, log, pack_spec, sanitize, with_set_env  # noqa: E402
 
 
 class Fleet:
@@ -188,12 +188,8 @@ def main():
     shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
     with open(os.path.join(repo, "tests", "local_tests", "gpuport", "port.toml")) as f:
         text = pack_spec(f.read())
-    # Tests see only the allow-listed environment and the spec's own
-    # variables (README "Containment"): the knobs go into the spec.
     body_log = os.path.join(work, "bodies.jsonl")
-    text = text.replace("timeout_s = 300\n", 'timeout_s = 300\nset_env = { GPUPORT_REPEATS = "%d", GPUPORT_BODY_LOG = "%s" }\n'
-                        % (args.repeats, body_log), 1)
-    assert "GPUPORT_BODY_LOG" in text, "the spec's [defaults] changed: set_env not added"
+    text = with_set_env(text, {"GPUPORT_REPEATS": args.repeats, "GPUPORT_BODY_LOG": body_log})
     if args.mode == "warm":
         text += '\n[runner]\nmode = "warm"\npreload = [%s]\n' % ", ".join(f'"{m}"' for m in PRELOAD)
     os.makedirs(os.path.join(repo, "tests", "local_tests", "gpupack"), exist_ok=True)

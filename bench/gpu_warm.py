@@ -8,7 +8,7 @@ FVD_FIFO is the same build with the scheduler's widest-gang preference off
 (every width taken as 0: the first job that fits, the order before #13).
 
 1. Warm vs cold: `examples/gpuport` (embed, attention, mlp, encoder on one
-   GPU each, tp_mlp on two through torchrun, which stays cold) on one
+   GPU each, tp_mlp on two through torchrun, warm too since #33) on one
    worker owning 4 GPUs, submitted once and then rerun --iterations times
    (what an agent's loop does after each edit), cold and then with
    `[runner] mode = "warm"`, `preload = ["torch", "transformers",
@@ -105,6 +105,16 @@ class Fleet:
                 p.kill()
 
 
+def with_set_env(spec_text, values):
+    """The spec with `values` in its [defaults] set_env: a test sees only the
+    allow-listed environment and the spec's own variables (README
+    "Containment"), so the bench's knobs travel in the spec."""
+    pairs = ", ".join(f'{k} = "{v}"' for k, v in values.items())
+    out = spec_text.replace("timeout_s = 300\n", f"timeout_s = 300\nset_env = {{ {pairs} }}\n", 1)
+    assert out != spec_text, "the spec's [defaults] changed: set_env not added"
+    return out
+
+
 def sanitize(job_id):
     return re.sub(r"[^A-Za-z0-9]", "_", job_id)[:64]
 
@@ -129,10 +139,14 @@ def warm_vs_cold(args, work, env):
         repo = os.path.join(work, f"gpuport-{mode}")
         shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
         spec = os.path.join(repo, "tests", "local_tests", "gpuport", "port.toml")
+        body_log = os.path.join(work, f"body-{mode}.jsonl")
+        with open(spec) as f:
+            text = with_set_env(f.read(), {"GPUPORT_BODY_LOG": body_log})
+        with open(spec, "w") as f:
+            f.write(text)
         if mode == "warm":
             with open(spec, "a") as f:
                 f.write('\n[runner]\nmode = "warm"\npreload = [%s]\n' % ", ".join(f'"{m}"' for m in PRELOAD))
-        body_log = os.path.join(work, f"body-{mode}.jsonl")
         fleet = Fleet(args.fvd, work, f"gpuport-{mode}", {**env, "GPUPORT_BODY_LOG": body_log})
         try:
             submits = [fleet.submit(args.fvd, "gpuport", repo)]
@@ -184,7 +198,7 @@ def packing(args, work, env, ngpus):
         repo = os.path.join(work, f"gpupack-{label}")
         shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
         with open(os.path.join(repo, "tests", "local_tests", "gpuport", "port.toml")) as f:
-            text = pack_spec(f.read())
+            text = with_set_env(pack_spec(f.read()), {"GPUPORT_REPEATS": args.repeats})
         os.makedirs(os.path.join(repo, "tests", "local_tests", "gpupack"), exist_ok=True)
         with open(os.path.join(repo, "tests", "local_tests", "gpupack", "port.toml"), "w") as f:
             f.write(text)
