@@ -127,7 +127,7 @@ def startups(jobs, body_log):
     out = []
     for j in jobs:
         prefix = sanitize(j["job_id"]) + "."
-        ts = [b["t"] for b in bodies if b["job"].startswith(prefix) and b["rank"] == 0]
+        ts = [b["t"] for b in bodies if "phase" not in b and b["job"].startswith(prefix) and b["rank"] == 0]
         if ts:
             out.append({**j, "startup_s": min(ts) - j["spawned_ms"] / 1000.0})
     return out

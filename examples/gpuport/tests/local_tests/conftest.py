@@ -57,8 +57,31 @@ def pytest_runtest_call(item):
             f.write(json.dumps(rec) + "\n")
 
 
+def _phase(name):
+    """With ``GPUPORT_BODY_LOG=PATH``, appends when this process reached
+    ``name`` of its end (``sessionfinish``, ``unconfigure``, ``atexit``):
+    ``bench/gpu_exit_probe.py`` splits a run's time after its test body."""
+    path = os.environ.get("GPUPORT_BODY_LOG")
+    if path:
+        rec = {"phase": name, "t": time.time(), "rank": _rank(), "job": os.environ.get("FVD_JOB_COOKIE", "")}
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _phase("sessionfinish")
+
+
+def pytest_unconfigure(config):
+    _phase("unconfigure")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    if os.environ.get("GPUPORT_BODY_LOG"):
+        import atexit
+
+        atexit.register(_phase, "atexit")
     # torchrun starts pytest once per rank with the same --junitxml. Two
     # writers of one file race (torn or one-rank reports), and fvd reads one
     # file, so ranks > 0 write none. tryfirst: this must run before pytest's
