@@ -6,8 +6,9 @@ body goes, warm and cold.
 
 One one-GPU component of `examples/gpuport` (`embed`), submitted embedded
 and rerun N times, in each of --modes (`cold`, `warm`, `cold-omp1`: cold
-with `OMP_NUM_THREADS=1`). Each submit is a new process, so a warm run
-here includes its zygote's start. The conftest's GPUPORT_BODY_LOG
+with `OMP_NUM_THREADS=1`; `warm-fleet`: warm on one `fvd worker` kept across
+the submits, as in an agent's loop). An embedded submit is a new process,
+so a `warm` run there includes its zygote's start. The conftest's GPUPORT_BODY_LOG
 records when the test body started and ended and when the process reached
 pytest's sessionfinish, unconfigure and its atexit handlers; the store has
 when the worker spawned the process, how long it ran (spawn to exit) and
@@ -76,7 +77,7 @@ def main():
     ap.add_argument("--fvd", required=True)
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=1000)
-    ap.add_argument("--modes", default="cold,warm", help="comma-separated: cold, warm, cold-omp1 (cold with OMP_NUM_THREADS=1)")
+    ap.add_argument("--modes", default="cold,warm", help="comma-separated: cold, warm, cold-omp1 (cold with OMP_NUM_THREADS=1), warm-fleet (one worker kept across submits)")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "bench", "out", "gpu_exit_probe")))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -88,19 +89,31 @@ def main():
         shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
         body_log = os.path.join(work, f"body-{mode}.jsonl")
         with open(os.path.join(repo, "tests", "local_tests", "gpuport", "port.toml")) as f:
-            text = spec_of(f.read(), body_log, args.repeats, mode == "warm", 1 if mode == "cold-omp1" else None)
+            text = spec_of(f.read(), body_log, args.repeats, mode.startswith("warm"), 1 if mode == "cold-omp1" else None)
         os.makedirs(os.path.join(repo, "tests", "local_tests", "gpuprobe"), exist_ok=True)
         with open(os.path.join(repo, "tests", "local_tests", "gpuprobe", "port.toml"), "w") as f:
             f.write(text)
-        for i in range(args.runs + 1):
-            extra = ["--rerun"] if i else []
-            t0 = time.time()
-            r = subprocess.run([args.fvd, "submit", "--family", "gpuprobe", "--wait", "--repo", repo, *extra],
-                               capture_output=True, text=True, env=env, timeout=300)
-            log(f"{mode} submit {i}: exit {r.returncode} in {time.time() - t0:.1f} s")
-            if r.returncode != 0:
-                print(r.stdout[-2000:], r.stderr[-2000:], flush=True)
-        db = sqlite3.connect(os.path.join(repo, ".fvd", "state.db"))
+        # warm-fleet: one worker for every submit, so its zygote stays (an
+        # agent's loop); the other modes submit embedded.
+        fleet = None
+        if mode == "warm-fleet":
+            from gpu_compute import Fleet
+
+            fleet = Fleet(args.fvd, work, os.path.join(work, "fleet.db"), env)
+        target = ["--orchestrator", fleet.url] if fleet else []
+        try:
+            for i in range(args.runs + 1):
+                extra = ["--rerun"] if i else []
+                t0 = time.time()
+                r = subprocess.run([args.fvd, "submit", "--family", "gpuprobe", "--wait", "--repo", repo, *target, *extra],
+                                   capture_output=True, text=True, env=env, timeout=300)
+                log(f"{mode} submit {i}: exit {r.returncode} in {time.time() - t0:.1f} s")
+                if r.returncode != 0:
+                    print(r.stdout[-2000:], r.stderr[-2000:], flush=True)
+        finally:
+            if fleet:
+                fleet.stop()
+        db = sqlite3.connect(fleet.db if fleet else os.path.join(repo, ".fvd", "state.db"))
         jobs = [dict(zip(["job_id", "spawned_ms", "duration_ms", "finished_ms"], row)) for row in db.execute(
             "SELECT job_id, spawned_ms, duration_ms, finished_ms FROM jobs WHERE spawned_ms IS NOT NULL "
             "AND duration_ms IS NOT NULL AND finished_ms IS NOT NULL ORDER BY spawned_ms")]
