@@ -1109,7 +1109,7 @@ impl Store {
         self.write("finish job", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            if !finish_running_job(&mut tx, job_id, epoch, result, now).await? {
+            if !finish_running_job(&mut tx, job_id, epoch, JobState::Finished, result, now).await? {
                 return Ok(false);
             }
             tx.commit().await?;
@@ -1129,24 +1129,16 @@ impl Store {
         result: &JobResult,
     ) -> Result<bool, StoreError> {
         self.write("finish job environment", || async move {
-            let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, error_kind = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
-                .bind(JobState::Environment.as_str())
-                .bind(result.verdict.as_str())
-                .bind(result.verdict.error_kind_str())
-                .bind(&result.reason)
-                .bind(result.exit_code)
-                .bind(result.signal)
-                .bind(result.duration_ms as i64)
-                .bind(&result.junit_xml)
-                .bind(&result.output_tail)
-                .bind(now_ms())
-                .bind(job_id)
-                .bind(epoch as i64)
-                .bind(JobState::Running.as_str())
-                .execute(&self.writer)
-                .await?
-                .rows_affected();
-            Ok(done > 0)
+            let mut conn = self.writer.acquire().await?;
+            finish_running_job(
+                &mut conn,
+                job_id,
+                epoch,
+                JobState::Environment,
+                result,
+                now_ms(),
+            )
+            .await
         })
         .await
     }

@@ -75,7 +75,7 @@ impl Store {
         self.write("record verdict", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            if !finish_running_job(&mut tx, job_id, epoch, result, now).await? {
+            if !finish_running_job(&mut tx, job_id, epoch, JobState::Finished, result, now).await? {
                 return Ok(false);
             }
             let (family, component): (String, String) =
@@ -199,19 +199,21 @@ impl Store {
     }
 }
 
-/// Ends a run's job with `result`, only while it still runs under
-/// `epoch`: false, with nothing written, for a stale or duplicate result.
-/// The one statement behind both [`Store::finish_job`] and
-/// [`Store::record_verdict`].
+/// Ends a run's job in state `to` (`finished`, or `environment` for a run
+/// that could not test the code) with `result`, only while it still runs
+/// under `epoch`: false, with nothing written, for a stale or duplicate
+/// result. The one statement behind [`Store::finish_job`],
+/// [`Store::finish_job_environment`] and [`Store::record_verdict`].
 pub(crate) async fn finish_running_job(
     conn: &mut SqliteConnection,
     job_id: &str,
     epoch: u64,
+    to: JobState,
     result: &JobResult,
     now: i64,
 ) -> Result<bool, StoreError> {
     let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, error_kind = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
-        .bind(JobState::Finished.as_str())
+        .bind(to.as_str())
         .bind(result.verdict.as_str())
         .bind(result.verdict.error_kind_str())
         .bind(&result.reason)
