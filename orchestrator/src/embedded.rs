@@ -44,21 +44,7 @@ pub struct Control {
 
 impl Control {
     pub async fn start(store: Store) -> Result<Self, EmbeddedError> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(EmbeddedError::Listen)?;
-        let token = Token::random();
-        let config = ServerConfig {
-            token: Some(token.clone()),
-            resume_on_start: false,
-            checkout_owns_store: true,
-            scheduler: SchedulerConfig {
-                fixed_fleet: true,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let server = crate::start(listener, store, config).await?;
+        let (server, token) = serve_on_loopback(store, Default::default()).await?;
         Ok(Self { server, token })
     }
 
@@ -92,30 +78,9 @@ impl Embedded {
     pub async fn start(
         store: Store,
         mut worker: WorkerConfig,
-        mut agents: fvd_workspace::agent::AgentPolicy,
+        agents: fvd_workspace::agent::AgentPolicy,
     ) -> Result<Self, EmbeddedError> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(EmbeddedError::Listen)?;
-        let token = Token::random();
-        agents
-            .secrets
-            .add(crate::worker_api::TOKEN_NAME, token.value().as_bytes());
-        let config = ServerConfig {
-            token: Some(token.clone()),
-            // Only the port asked for runs here, on this machine's worker:
-            // a job it can never hold is refused at once, not waited for.
-            resume_on_start: false,
-            // The state is REPO/.fvd: a new path is the same checkout moved.
-            checkout_owns_store: true,
-            scheduler: SchedulerConfig {
-                fixed_fleet: true,
-                ..Default::default()
-            },
-            agents,
-            ..Default::default()
-        };
-        let server = crate::start(listener, store, config).await?;
+        let (server, token) = serve_on_loopback(store, agents).await?;
         worker.orchestrator = server.url();
         worker.token = Some(token.clone());
         let shutdown = CancellationToken::new();
@@ -160,4 +125,36 @@ impl Embedded {
         let _ = self.worker.await;
         self.server.shutdown().await;
     }
+}
+
+/// Embedded mode's server over `store` on `127.0.0.1:0` with a fresh
+/// token, which joins the secrets agents' output is redacted of: no port
+/// resumed, a fixed fleet, the checkout owning the store.
+async fn serve_on_loopback(
+    store: Store,
+    mut agents: fvd_workspace::agent::AgentPolicy,
+) -> Result<(Server, Token), EmbeddedError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(EmbeddedError::Listen)?;
+    let token = Token::random();
+    agents
+        .secrets
+        .add(crate::worker_api::TOKEN_NAME, token.value().as_bytes());
+    let config = ServerConfig {
+        token: Some(token.clone()),
+        // Only the port asked for runs here, on this machine's worker: a
+        // job it can never hold is refused at once, not waited for.
+        resume_on_start: false,
+        // The state is REPO/.fvd: a new path is the same checkout moved.
+        checkout_owns_store: true,
+        scheduler: SchedulerConfig {
+            fixed_fleet: true,
+            ..Default::default()
+        },
+        agents,
+        ..Default::default()
+    };
+    let server = crate::start(listener, store, config).await?;
+    Ok((server, token))
 }
