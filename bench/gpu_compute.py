@@ -35,7 +35,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_warm import PRELOAD, ROOT, log, pack_spec, sanitize, with_set_env  # noqa: E402
+from gpu_warm import PRELOAD, ROOT, bench_env, log, pack_spec, sanitize, with_set_env  # noqa: E402
 
 
 class Fleet:
@@ -167,18 +167,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="gpu_compute.")
-    env = dict(os.environ)
-    env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
-               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", FVD_LOG="info")
-    if shutil.which("torchrun") is None:
-        # torch's console script, as pip writes it: a Python script, so the
-        # warm runner finds its interpreter on the #! line.
-        bindir = os.path.join(work, "bin")
-        os.makedirs(bindir)
-        with open(os.path.join(bindir, "torchrun"), "w") as f:
-            f.write("#!%s\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n" % sys.executable)
-        os.chmod(os.path.join(bindir, "torchrun"), 0o755)
-        env["PATH"] = bindir + os.pathsep + env["PATH"]
+    env = bench_env(work)
     gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                           capture_output=True, text=True).stdout.strip().splitlines()
     log(f"{len(gpus)} GPUs: {gpus[:1]}; mode {args.mode}; GPUPORT_REPEATS={args.repeats}")

@@ -37,7 +37,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_warm import PRELOAD, ROOT, log, sanitize, with_set_env  # noqa: E402
+from gpu_warm import PRELOAD, ROOT, bench_env, log, sanitize, with_set_env  # noqa: E402
 
 PHASES = ["start", "body", "finish", "report", "atexit", "exit", "record"]
 
@@ -82,7 +82,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="gpu_exit_probe.")
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", NCCL_NVLS_ENABLE="0")
+    env = bench_env(work)
     out = {"runs": {}}
     for mode in args.modes.split(","):
         repo = os.path.join(work, mode)

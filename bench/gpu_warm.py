@@ -105,6 +105,25 @@ class Fleet:
                 p.kill()
 
 
+def bench_env(work):
+    """The benches' environment: NCCL without NVLink multicast, unbuffered
+    Python, info logs, and a `torchrun` on PATH. Where torch's console
+    script is missing, one is written as pip writes it, a Python script, so
+    the warm runner finds its interpreter on the #! line (a shell wrapper
+    would keep every torchrun run cold)."""
+    env = dict(os.environ)
+    env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
+               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", FVD_LOG="info")
+    if shutil.which("torchrun") is None:
+        bindir = os.path.join(work, "bin")
+        os.makedirs(bindir)
+        with open(os.path.join(bindir, "torchrun"), "w") as f:
+            f.write("#!%s\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n" % sys.executable)
+        os.chmod(os.path.join(bindir, "torchrun"), 0o755)
+        env["PATH"] = bindir + os.pathsep + env["PATH"]
+    return env
+
+
 def with_set_env(spec_text, values):
     """The spec with `values` in its [defaults] set_env: a test sees only the
     allow-listed environment and the spec's own variables (README
@@ -239,16 +258,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="gpu_warm.")
-    env = dict(os.environ)
-    env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
-               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", FVD_LOG="info")
-    if shutil.which("torchrun") is None:
-        bindir = os.path.join(work, "bin")
-        os.makedirs(bindir)
-        with open(os.path.join(bindir, "torchrun"), "w") as f:
-            f.write('#!/bin/sh\nexec python3 -m torch.distributed.run "$@"\n')
-        os.chmod(os.path.join(bindir, "torchrun"), 0o755)
-        env["PATH"] = bindir + os.pathsep + env["PATH"]
+    env = bench_env(work)
     gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                           capture_output=True, text=True).stdout.strip().splitlines()
     log(f"{len(gpus)} GPUs: {gpus[:1]}")
