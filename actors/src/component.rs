@@ -815,6 +815,7 @@ async fn scheduled(
         exclude: st.exclude.clone(),
         preflight: spec.preflight.clone(),
         warm: spec.runner.warm_preload(),
+        agent: None,
         fvd_writes: st.args.code.fvd_writes.clone(),
     }))
 }
@@ -1238,8 +1239,19 @@ async fn agent_attempt(
         .worktree
         .path
         .clone();
-    let commit = match worktree::commit(&wt, &format!("fvd: {} attempt {attempt}", spec.name)).await
-    {
+    // A worker's commit moves the component's branch to it; a host run's
+    // work is committed here.
+    let (committed, agent_worker) = match &ran.fleet {
+        Some(f) => (
+            worktree::adopt(&wt, &ran.head_before, &f.sha, &f.pack).await,
+            f.worker_id.clone(),
+        ),
+        None => (
+            worktree::commit(&wt, &format!("fvd: {} attempt {attempt}", spec.name)).await,
+            String::new(),
+        ),
+    };
+    let commit = match committed {
         Ok(c) => c,
         Err(e) => {
             let reason = format!(
@@ -1268,9 +1280,12 @@ async fn agent_attempt(
         st,
         &turn,
         worker_id,
-        commit,
-        &exit,
-        &handoff,
+        AgentDone {
+            commit,
+            exit: &exit,
+            handoff: &handoff,
+            worker_id: agent_worker,
+        },
         !answers.is_empty(),
     )
     .await
@@ -1398,6 +1413,9 @@ async fn write_packet(
         reason: &turn.result.reason,
         output_tail: &turn.result.output_tail,
     };
+    // On the fleet, the worker knows its own paths and fills them in.
+    let fleet = fleet_of(st).is_some();
+    let workdir = lp.worktree.workdir().to_string_lossy().into_owned();
     let text = agent::packet(&agent::Packet {
         family,
         spec,
@@ -1407,8 +1425,8 @@ async fn write_packet(
         max_attempts: a.max_attempts,
         last,
         ledger: recorded,
-        workdir: &lp.worktree.workdir().to_string_lossy(),
-        handoff_file: &files.handoff,
+        workdir: if fleet { WORKDIR } else { &workdir },
+        handoff_file: if fleet { HANDOFF_FILE } else { &files.handoff },
         answers,
         next_escape_id: &next_escape,
         trace: trace.as_deref(),
@@ -1432,6 +1450,54 @@ struct AgentRan {
     /// or kept failing): nothing is committed or counted.
     environment: Option<fvd_workspace::session::Environment>,
     head_before: String,
+    /// The commit a worker made of the attempt, when it ran on the fleet.
+    fleet: Option<FleetCommit>,
+}
+
+/// An attempt's commit as a worker sent it back.
+struct FleetCommit {
+    sha: String,
+    pack: Vec<u8>,
+    worker_id: String,
+}
+
+/// Where an attempt's agent runs on the fleet: its worker fills these in.
+const WORKDIR: &str = "{workdir}";
+const PROMPT_FILE: &str = "{prompt_file}";
+const HANDOFF_FILE: &str = "{handoff_file}";
+const ATTEMPT_DIR: &str = "{attempt_dir}";
+const PROXY_URL: &str = "{proxy_url}";
+
+/// The fleet's attempt registry when agents run on workers (`--agents
+/// fleet`); `None` when they run on this host.
+fn fleet_of(st: &ComponentState) -> Option<&fvd_workspace::agent::FleetAttempts> {
+    match &st.args.agents.on {
+        fvd_workspace::agent::AgentsOn::Fleet(f) => Some(f),
+        fvd_workspace::agent::AgentsOn::Host => None,
+    }
+}
+
+/// How one agent run is started, wherever it runs.
+struct AgentLaunch<'a> {
+    argv: Vec<String>,
+    extra: Vec<(String, String)>,
+    stdin: Option<Vec<u8>>,
+    /// A preset's configuration files, relative to the attempt's folder
+    /// (written there by the launch on this host; carried to a worker).
+    files: Vec<(String, String)>,
+    /// The attempt's model proxy, which a worker reaches by its tunnel.
+    proxy: Option<std::net::SocketAddr>,
+    span: &'a Span,
+}
+
+/// What one agent run gave, wherever it ran.
+struct AgentRun {
+    exit: agent::AgentExit,
+    /// The handoff file's text, not yet redacted here.
+    handoff_text: Option<String>,
+    fleet: Option<FleetCommit>,
+    /// It could not run for a cause outside the agent (fleet only).
+    environment: Option<String>,
 }
 
 /// The attempt's model API failed for a reason outside the agent and the
@@ -1518,10 +1584,16 @@ async fn run_agent(
         })
         .await?;
     let ledger_ms = clock.elapsed().as_millis() as u64;
+    let fleet = fleet_of(st).is_some();
+    let (prompt, handoff) = if fleet {
+        (PROMPT_FILE, HANDOFF_FILE)
+    } else {
+        (files.prompt.as_str(), files.handoff.as_str())
+    };
     let argv = a.argv(&fvd_spec::AgentVars {
-        prompt_file: &files.prompt,
-        handoff_file: &files.handoff,
-        worktree: &wt_s,
+        prompt_file: prompt,
+        handoff_file: handoff,
+        worktree: if fleet { WORKDIR } else { &wt_s },
         family,
         component: &spec.name,
         attempt,
@@ -1535,31 +1607,39 @@ async fn run_agent(
         ("FVD_FAMILY".to_string(), family.clone()),
         ("FVD_COMPONENT".to_string(), spec.name.clone()),
         ("FVD_ATTEMPT".to_string(), attempt.to_string()),
-        ("FVD_PROMPT_FILE".to_string(), files.prompt.clone()),
-        ("FVD_HANDOFF_FILE".to_string(), files.handoff.clone()),
+        ("FVD_PROMPT_FILE".to_string(), prompt.to_string()),
+        ("FVD_HANDOFF_FILE".to_string(), handoff.to_string()),
         (agent::COOKIE_ENV.to_string(), cookie),
     ];
     if let Some(tp) = fvd_telemetry::traceparent(&span) {
         extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
     let Some(model) = &a.model else {
-        let exit = agent::run(
-            &argv,
-            agent::RunAgent {
-                cwd: &workdir,
-                env_names: &a.env,
-                extra: &extra,
-                timeout: a.timeout,
-                log_dir: &files.dir,
-                policy: &st.args.agents,
+        let ran = run_where(
+            st,
+            attempt,
+            files,
+            &head_before,
+            AgentLaunch {
+                argv,
+                extra,
+                stdin: None,
+                files: Vec::new(),
+                proxy: None,
+                span: &span,
             },
+            std::future::pending(),
         )
-        .await;
+        .await?;
+        let AgentRun {
+            exit,
+            handoff_text,
+            fleet,
+            environment,
+        } = ran;
         // The handoff is stored and may reach PORT_STATUS.md: redacted like
         // the agent's output.
-        let handoff_text = std::fs::read_to_string(&files.handoff)
-            .ok()
-            .map(|t| st.args.agents.redactor(&a.env).text(&t));
+        let handoff_text = handoff_text.map(|t| st.args.agents.redactor(&a.env).text(&t));
         let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
         if let Some(e) = &exit.spawn_error {
             handoff.summary = e.clone();
@@ -1575,8 +1655,9 @@ async fn run_agent(
             run_ms: clock.elapsed().as_millis() as u64,
             exit,
             handoff,
-            environment: None,
+            environment: environment.map(fvd_workspace::session::Environment),
             head_before,
+            fleet,
         });
     };
     proxied_agent(
@@ -1665,11 +1746,40 @@ async fn proxied_agent(
                 handoff: agent::read_handoff(&spec.name, None, ""),
                 environment: Some(env),
                 head_before,
+                fleet: None,
             });
         }
     };
     let proxy_ms = started.elapsed().as_millis() as u64;
+    let fleet = fleet_of(st).is_some();
+    // A worker reaches the proxy by its own loopback end of a tunnel.
+    let on_worker = |v: String| {
+        if fleet {
+            v.replace(&sess.proxy().origin(), PROXY_URL)
+        } else {
+            v
+        }
+    };
+    let mut launch_files = Vec::new();
     let (argv, stdin) = match a.preset {
+        Some(p) if fleet => {
+            let packet = std::fs::read_to_string(&files.prompt)
+                .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
+            let base_url = on_worker(sess.proxy().base_url());
+            // Workers start jobs in their jail by default.
+            let plan = session::plan(
+                &sess,
+                a,
+                p,
+                &packet,
+                Path::new(ATTEMPT_DIR),
+                &base_url,
+                true,
+            );
+            extra.extend(plan.launch.env);
+            launch_files = plan.files;
+            (plan.launch.argv, Some(plan.launch.stdin))
+        }
         Some(p) => {
             let packet = std::fs::read_to_string(&files.prompt)
                 .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
@@ -1686,7 +1796,7 @@ async fn proxied_agent(
             (l.argv, Some(l.stdin))
         }
         None => {
-            extra.extend(sess.raw_env());
+            extra.extend(sess.raw_env().into_iter().map(|(k, v)| (k, on_worker(v))));
             (argv, None)
         }
     };
@@ -1707,22 +1817,44 @@ async fn proxied_agent(
         })
     };
     let program = argv[0].clone();
-    let exit = agent::run_with(
-        &argv,
-        agent::RunAgent {
-            cwd: &workdir,
-            env_names: &a.env,
-            extra: &extra,
-            timeout: a.timeout,
-            log_dir: &files.dir,
-            policy: &st.args.agents,
+    let _ = workdir;
+    let ran = run_where(
+        st,
+        attempt,
+        files,
+        &head_before,
+        AgentLaunch {
+            argv,
+            extra,
+            stdin,
+            files: launch_files,
+            proxy: Some(sess.proxy().addr()),
+            span: &span,
         },
-        stdin,
         sess.stopped(),
     )
     .await;
     writer.abort();
     let _ = writer.await;
+    let AgentRun {
+        exit,
+        handoff_text,
+        fleet,
+        environment,
+    } = ran?;
+    if let Some(why) = environment {
+        span.record("fvd.outcome", "environment");
+        return Ok(AgentRan {
+            ledger_ms,
+            proxy_ms,
+            run_ms: clock.elapsed().as_millis() as u64,
+            exit,
+            handoff: agent::read_handoff(&spec.name, None, ""),
+            environment: Some(session::Environment(why)),
+            head_before,
+            fleet: None,
+        });
+    }
     let report = a
         .preset
         .map(|p| fvd_workspace::preset::report(p, &exit.stdout));
@@ -1730,9 +1862,7 @@ async fn proxied_agent(
     // with the values of the variables its spec passes.
     let mut names = a.env.clone();
     names.push(model.key_env.clone());
-    let handoff_text = std::fs::read_to_string(&files.handoff)
-        .ok()
-        .map(|t| st.args.agents.redactor(&names).text(&t));
+    let handoff_text = handoff_text.map(|t| st.args.agents.redactor(&names).text(&t));
     let final_text = report
         .as_ref()
         .and_then(|r| r.result.clone())
@@ -1790,8 +1920,122 @@ async fn proxied_agent(
         handoff,
         environment,
         head_before,
+        fleet,
     })
 }
+
+/// Runs the attempt's agent: on this host in the component's worktree, or
+/// (`--agents fleet`) as a fleet job on a worker, which sends back its
+/// commit. `stop` ends it early (its model proxy tripped).
+async fn run_where(
+    st: &ComponentState,
+    attempt: u32,
+    files: &AttemptFiles,
+    head_before: &str,
+    launch: AgentLaunch<'_>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<AgentRun, ActorProcessingErr> {
+    let (family, spec) = (&st.args.family, &st.args.spec);
+    let a = spec.agent.as_ref().expect("only agent components loop");
+    let lp = st.agent.as_ref().expect("agent components have a loop");
+    let Some(attempts) = fleet_of(st) else {
+        let exit = agent::run_with(
+            &launch.argv,
+            agent::RunAgent {
+                cwd: &lp.worktree.workdir(),
+                env_names: &a.env,
+                extra: &launch.extra,
+                timeout: a.timeout,
+                log_dir: &files.dir,
+                policy: &st.args.agents,
+            },
+            launch.stdin,
+            stop,
+        )
+        .await;
+        return Ok(AgentRun {
+            exit,
+            handoff_text: std::fs::read_to_string(&files.handoff).ok(),
+            fleet: None,
+            environment: None,
+        });
+    };
+    let packet = std::fs::read_to_string(&files.prompt)
+        .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
+    let mut placement = spec.placement.clone();
+    if let Some(p) = a.preset {
+        // Only a worker that has the CLI takes the attempt.
+        placement
+            .labels
+            .insert(format!("{}{}", AGENT_LABEL_PREFIX, p.name()), "yes".into());
+    }
+    let job = crate::agent_job::FleetAttemptJob {
+        job_id: format!("{family}/{}/agent-{attempt}-{}", spec.name, now_ms()),
+        family: family.clone(),
+        component: spec.name.clone(),
+        attempt,
+        argv: launch.argv,
+        env: launch.extra.into_iter().collect(),
+        secret_env: a.env.clone(),
+        placement,
+        gpus: a.gpus(spec.gpus),
+        timeout_ms: u64::try_from(a.timeout.as_millis()).unwrap_or(u64::MAX),
+        base: head_before.to_string(),
+        code_prefix: lp.worktree.prefix.clone(),
+        repo: PathBuf::from(&st.args.repo),
+        proxy: launch.proxy,
+        agent: fvd_store::model::AgentJob {
+            packet,
+            packet_on_stdin: launch.stdin.is_some(),
+            files: launch.files,
+            proxied: launch.proxy.is_some(),
+            commit_message: format!("fvd: {} attempt {attempt}", spec.name),
+        },
+        span: launch.span.clone(),
+    };
+    let (end, stopped) = crate::agent_job::run(&st.args.scheduler, attempts, job, stop).await?;
+    let (report, worker_id) = match end {
+        crate::agent_job::FleetEnd::Finished { report, worker_id } => (report, worker_id),
+        crate::agent_job::FleetEnd::Lost(why) => {
+            return Ok(AgentRun {
+                exit: agent::AgentExit {
+                    stopped,
+                    ..Default::default()
+                },
+                handoff_text: None,
+                fleet: None,
+                environment: Some(format!("the attempt ran on no worker: {why}")),
+            });
+        }
+    };
+    let exit = crate::agent_job::exit_of(&report, stopped);
+    // The record of the run, as a host run leaves it beside the packet.
+    let _ = std::fs::write(files.dir.join("agent.stdout"), &exit.stdout);
+    let _ = std::fs::write(files.dir.join("worker"), &worker_id);
+    match crate::agent_job::outcome_of(&report) {
+        Ok(out) => Ok(AgentRun {
+            handoff_text: (!out.handoff.is_empty()).then(|| out.handoff.clone()),
+            fleet: Some(FleetCommit {
+                sha: out.commit.clone(),
+                pack: out.pack.clone(),
+                worker_id,
+            }),
+            exit,
+            environment: None,
+        }),
+        Err(why) => Ok(AgentRun {
+            exit,
+            handoff_text: None,
+            fleet: None,
+            environment: Some(format!("worker {worker_id}: {why}")),
+        }),
+    }
+}
+
+/// The label a worker carries for each agent CLI it has
+/// (`fvd.agent.claude-code = "yes"`): an attempt of a preset goes only to
+/// a worker that has its CLI.
+pub const AGENT_LABEL_PREFIX: &str = "fvd.agent.";
 
 /// The GenAI semantic conventions' provider name of an API.
 fn provider_name(api: fvd_spec::agent_model::ModelApi) -> &'static str {
@@ -1803,15 +2047,25 @@ fn provider_name(api: fvd_spec::agent_model::ModelApi) -> &'static str {
     }
 }
 
-/// The attempt's ledger row as the agent left it.
-fn attempt_row(
-    st: &ComponentState,
-    attempt: u32,
+/// What an agent left: its commit, how it ended, its handoff, and the
+/// worker it ran on (empty: this host).
+struct AgentDone<'a> {
     commit: worktree::Commit,
-    exit: &agent::AgentExit,
-    handoff: &agent::HandoffRead,
-) -> AttemptRow {
+    exit: &'a agent::AgentExit,
+    handoff: &'a agent::HandoffRead,
+    worker_id: String,
+}
+
+/// The attempt's ledger row as the agent left it.
+fn attempt_row(st: &ComponentState, attempt: u32, done: AgentDone<'_>) -> AttemptRow {
+    let AgentDone {
+        commit,
+        exit,
+        handoff,
+        worker_id,
+    } = done;
     AttemptRow {
+        worker_id,
         family: st.args.family.clone(),
         component: st.args.spec.name.clone(),
         attempt,
@@ -1842,13 +2096,12 @@ async fn after_agent(
     st: &mut ComponentState,
     turn: &Turn<'_>,
     worker_id: &str,
-    commit: worktree::Commit,
-    exit: &agent::AgentExit,
-    handoff: &agent::HandoffRead,
+    done: AgentDone<'_>,
     answered: bool,
 ) -> Result<(), ActorProcessingErr> {
     let (attempt, result) = (turn.attempt, turn.result);
-    let row = attempt_row(st, attempt, commit, exit, handoff);
+    let (exit, handoff) = (done.exit, done.handoff);
+    let row = attempt_row(st, attempt, done);
     let family = st.args.family.clone();
     let blocked = |why: String| format!("{} ({why})", classed(result.verdict, &result.reason));
     let mut conversion = None;
@@ -2072,6 +2325,7 @@ mod tests {
             preset: None,
             extra_args: vec![],
             model: None,
+            gpus: Default::default(),
         }
     }
 

@@ -148,6 +148,7 @@ impl HelperArgs {
                 preflight: spec.preflight.clone(),
                 warm: spec.runner.warm_preload(),
                 compare: traced.map(|t| Box::new(trace_actor::worker_compare(t))),
+                agent: None,
                 fvd_writes: self.code.fvd_writes.clone(),
             })))
             .map_err(|e| e.to_string())

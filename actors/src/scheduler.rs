@@ -87,6 +87,8 @@ macro_rules! job_event_msg {
             type Error = $msg;
 
             fn try_from(m: $msg) -> Result<Self, $msg> {
+                // A message type may have no other variant.
+                #[allow(unreachable_patterns)]
                 match m {
                     $msg::$variant(e) => Ok(e),
                     other => Err(other),
@@ -230,6 +232,9 @@ pub struct QueuedJob {
     pub fvd_writes: Vec<String>,
     /// See [`Assignment::warm`].
     pub warm: Option<Vec<String>>,
+    /// See [`Assignment::agent`]: an agent attempt, which has no row in
+    /// the store's `jobs` (its ledger row is its record).
+    pub agent: Option<Box<fvd_store::model::AgentJob>>,
 }
 
 /// What a worker announced when it registered.
@@ -340,6 +345,12 @@ pub enum SchedulerMsg {
     /// Cancel every queued or running job of a family.
     CancelFamily {
         family: String,
+    },
+    /// Cancel one queued or running job (an agent attempt whose model
+    /// proxy tripped, or whose owner went away); its owner is not told.
+    Cancel {
+        job_id: String,
+        reason: String,
     },
     /// The family's components are queueing their first runs: none of
     /// its jobs is placed until [`SchedulerMsg::ReleaseFamily`], or for
@@ -810,6 +821,10 @@ impl Actor for SchedulerActor {
             SchedulerMsg::CancelFamily { family } => {
                 release_family(st, &family);
                 cancel_family(st, &family).await;
+                true
+            }
+            SchedulerMsg::Cancel { job_id, reason } => {
+                cancel_job(st, &job_id, &reason).await;
                 true
             }
             SchedulerMsg::HoldFamily { family, for_ms } => {
@@ -1439,6 +1454,28 @@ async fn cancel_family(st: &mut SchedulerState, family: &str) {
     }
 }
 
+/// One queued or running job is dropped; a running one is cancelled on its
+/// worker.
+async fn cancel_job(st: &mut SchedulerState, job_id: &str, reason: &str) {
+    let Some(entry) = st.jobs.remove(job_id) else {
+        return;
+    };
+    st.queue.remove(&entry.job.record.family, job_id);
+    if let Some(lease) = entry.lease.as_ref().filter(|l| l.sent)
+        && let Some(w) = st.workers.get(&lease.worker_id)
+    {
+        let _ =
+            w.tx.send(ToWorker::Cancel {
+                job_id: job_id.to_string(),
+                lease_epoch: lease.epoch,
+                reason: reason.to_string(),
+            })
+            .await;
+    }
+    release(st, job_id, &entry);
+    forget(st, job_id, &entry);
+}
+
 /// Workers that missed their heartbeats for the lease TTL as of `now` are
 /// lost: their leases expire. Only the silent ones are looked at.
 async fn expire_leases(st: &mut SchedulerState, now: i64) -> Result<(), ActorProcessingErr> {
@@ -1981,6 +2018,7 @@ async fn assign(st: &mut SchedulerState, planned: Vec<Planned>) {
             worker_paths: entry.job.placement.worker_paths.clone(),
             fvd_writes: entry.job.fvd_writes.clone(),
             compare: entry.job.compare.as_deref().cloned(),
+            agent: entry.job.agent.as_deref().cloned(),
         };
         let _ = entry.job.notify.send_message(JobEvent::Leased {
             job_id: p.job_id.clone(),

@@ -183,6 +183,7 @@ impl Harness {
                 exclude: Default::default(),
                 preflight: Vec::new(),
                 warm: None,
+                agent: None,
                 fvd_writes: Vec::new(),
                 placement,
                 span: tracing::Span::none(),
@@ -226,6 +227,7 @@ impl Harness {
                     preflight: Vec::new(),
                     fvd_writes: Vec::new(),
                     warm: None,
+                    agent: None,
                     placement,
                     span: tracing::Span::none(),
                 })))

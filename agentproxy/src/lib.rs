@@ -243,6 +243,11 @@ impl Proxy {
         format!("http://{}{}", self.addr, self.base_path)
     }
 
+    /// Where it listens.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
     /// The address alone (`http://127.0.0.1:PORT`).
     pub fn origin(&self) -> String {
         format!("http://{}", self.addr)

@@ -583,6 +583,7 @@ async fn run(cfg: Config) {
             preflight: Vec::new(),
             fvd_writes: Vec::new(),
             warm: None,
+            agent: None,
             placement: job_shape(i, mix).1,
             span: tracing::Span::none(),
         }))

@@ -81,17 +81,40 @@ pub struct Served {
 /// The repository that serves `commit` to `worker_id` for `job_id`: the
 /// job's port's, when the job is leased to that worker and runs that
 /// commit.
+/// Where the jobs a worker asks code for are known: the store's runs, and
+/// the agent attempts on the fleet (which have no row there).
+#[derive(Debug, Clone, Copy)]
+pub struct Sources<'a> {
+    pub store: &'a Store,
+    pub fleet: Option<&'a fvd_workspace::agent::FleetAttempts>,
+}
+
 pub async fn repository_for(
-    store: &Store,
+    from: Sources<'_>,
     worker_id: &str,
     job_id: &str,
     commit: &str,
 ) -> Result<PathBuf, CodeError> {
+    let (store, fleet) = (from.store, from.fleet);
     let not_leased = || CodeError::NotLeased {
         job_id: job_id.to_string(),
         worker_id: worker_id.to_string(),
     };
-    let job = store.job(job_id).await?.ok_or_else(not_leased)?;
+    let Some(job) = store.job(job_id).await? else {
+        // An agent attempt (issue #32) has no row: its registration says
+        // which worker holds it and which commit it starts from.
+        let attempt = fleet
+            .and_then(|f| f.held_by(job_id, worker_id))
+            .ok_or_else(not_leased)?;
+        if attempt.commit != commit || commit.is_empty() {
+            return Err(CodeError::OtherCommit {
+                job_id: job_id.to_string(),
+                runs: attempt.commit,
+                asked: commit.to_string(),
+            });
+        }
+        return Ok(attempt.repo);
+    };
     if job.worker_id != worker_id || job.state != fvd_store::model::JobState::Running {
         return Err(not_leased());
     }
@@ -249,7 +272,7 @@ async fn known_commits(repo: &Path, shas: &[String]) -> Result<Vec<String>, Code
 /// Serves one `FetchCode`: checks the request against the store, then
 /// streams the pack on `out`. Logs what it sent.
 pub async fn serve(
-    store: &Store,
+    from: Sources<'_>,
     worker_id: &str,
     job_id: &str,
     commit: &str,
@@ -258,7 +281,7 @@ pub async fn serve(
     out: &mpsc::Sender<Vec<u8>>,
 ) -> Result<Served, CodeError> {
     let started = Instant::now();
-    let repo = repository_for(store, worker_id, job_id, commit).await?;
+    let repo = repository_for(from, worker_id, job_id, commit).await?;
     let served = pack(&repo, commit, have, max_bytes, out).await?;
     tracing::info!(
         worker = %worker_id,

@@ -322,6 +322,10 @@ pub async fn start(
         heartbeats: Default::default(),
         credentials: credentials.clone(),
         secrets: Arc::new(worker_api::own_secrets(&config)),
+        fleet: match &config.agents.on {
+            fvd_workspace::agent::AgentsOn::Fleet(f) => Some(f.clone()),
+            fvd_workspace::agent::AgentsOn::Host => None,
+        },
     };
     let ports = port_api::PortApi {
         store: store.clone(),

@@ -394,6 +394,7 @@ pub fn to_attempt(a: AttemptRow) -> pb::AgentAttempt {
         gpu_ms_after: a.gpu_ms_after,
         head_before: a.head_before,
         usage: a.usage.map(to_usage),
+        worker_id: a.worker_id,
     }
 }
 
@@ -432,6 +433,7 @@ pub fn from_attempt(
         head_before: a.head_before,
         cookie: String::new(),
         usage: a.usage.map(from_usage),
+        worker_id: a.worker_id,
     })
 }
 

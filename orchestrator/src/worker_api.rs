@@ -17,7 +17,7 @@ use fvd_actors::scheduler::{HeartbeatBatch, Registration, SchedulerMsg};
 use fvd_proto::v1 as pb;
 use fvd_store::Store;
 use fvd_store::model::{
-    CollectedFile, GpuInfo, JobReport, JunitStatus, LogChunk, ToWorker, WorkerInfo,
+    AgentOutcome, CollectedFile, GpuInfo, JobReport, JunitStatus, LogChunk, ToWorker, WorkerInfo,
 };
 use ractor::ActorRef;
 use tokio::sync::mpsc;
@@ -49,7 +49,14 @@ pub struct WorkerApi {
     /// The orchestrator's own secrets, redacted from everything a worker
     /// sends of a job before it is stored.
     pub secrets: Arc<fvd_contracts::redactor::Redactor>,
+    /// The agent attempts running on workers (`--agents fleet`): their
+    /// code and model-proxy tunnels are served by what is registered here.
+    pub fleet: Option<fvd_workspace::agent::FleetAttempts>,
 }
+
+/// Most bytes of one agent attempt's pack the edge keeps: past it the
+/// attempt comes back without its commit (an environment failure).
+pub const MAX_ATTEMPT_PACK_BYTES: usize = 256 * 1024 * 1024;
 
 /// How the orchestrator's token is named where it is redacted (the same
 /// name as a worker's: a fleet shares one token).
@@ -71,9 +78,85 @@ type OutTx = mpsc::Sender<Box<pb::OrchestratorMsg>>;
 
 type OutStream = Pin<Box<dyn Stream<Item = Result<pb::OrchestratorMsg, Status>> + Send>>;
 
+type TunnelOut = Pin<Box<dyn Stream<Item = Result<pb::TunnelFrame, Status>> + Send>>;
+
+/// Bytes read from a tunnelled connection per frame.
+const TUNNEL_FRAME_BYTES: usize = 64 * 1024;
+
 #[tonic::async_trait]
 impl pb::worker_service_server::WorkerService for WorkerApi {
     type ConnectStream = OutStream;
+    type TunnelStream = TunnelOut;
+
+    /// One connection of an agent on a worker to its attempt's model proxy
+    /// here: bytes both ways, nothing read or kept. Only the worker that
+    /// holds the attempt's lease is connected, and only while it runs.
+    async fn tunnel(
+        &self,
+        request: Request<Streaming<pb::TunnelFrame>>,
+    ) -> Result<Response<TunnelOut>, Status> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the tunnel ended before its first frame"))?;
+        let fleet = self.fleet.as_ref().ok_or_else(|| {
+            Status::failed_precondition("this orchestrator runs no agent on workers")
+        })?;
+        let attempt = fleet
+            .held_by(&first.job_id, &first.worker_id)
+            .ok_or_else(|| {
+                Status::permission_denied(format!(
+                    "job {} is no running agent attempt of worker {}",
+                    first.job_id, first.worker_id
+                ))
+            })?;
+        let proxy = attempt.proxy.ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "the agent attempt of job {} has no model proxy",
+                first.job_id
+            ))
+        })?;
+        let tcp = tokio::net::TcpStream::connect(proxy)
+            .await
+            .map_err(|e| Status::unavailable(format!("the attempt's model proxy: {e}")))?;
+        let (mut rd, mut wr) = tcp.into_split();
+        fvd_telemetry::spawn(async move {
+            let mut data = first.data;
+            loop {
+                if !data.is_empty() && wr.write_all(&data).await.is_err() {
+                    return;
+                }
+                data = match inbound.message().await {
+                    Ok(Some(f)) => f.data,
+                    _ => break,
+                };
+            }
+            let _ = wr.shutdown().await;
+        });
+        let (tx, rx) = mpsc::channel::<Result<pb::TunnelFrame, Status>>(8);
+        fvd_telemetry::spawn(async move {
+            let mut buf = vec![0u8; TUNNEL_FRAME_BYTES];
+            loop {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        let frame = pb::TunnelFrame {
+                            data: buf[..n].to_vec(),
+                            ..Default::default()
+                        };
+                        if tx.send(Ok(frame)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
 
     async fn connect(
         &self,
@@ -156,9 +239,14 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         );
         let (store, max_code_bytes) = (self.store.clone(), self.max_code_bytes);
         let secrets = self.secrets.clone();
+        let fleet = self.fleet.clone();
         fvd_telemetry::spawn(async move {
+            // Agent attempts' packs, by (job, epoch), until their result.
+            let mut packs: std::collections::HashMap<(String, u64), Result<Vec<u8>, ()>> =
+                Default::default();
             let revoked = credentials.revoked(&who);
             tokio::pin!(revoked);
+            let mut pack_in: Option<Vec<u8>> = None;
             loop {
                 let next = tokio::select! {
                     m = inbound.message() => m,
@@ -177,6 +265,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
                             f,
                             max_code_bytes,
                             code_tx.clone(),
+                            fleet.clone(),
                         ));
                     }
                     Ok(Some(pb::WorkerMsg {
@@ -194,11 +283,47 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
                             break;
                         }
                     }
-                    Ok(Some(m)) => {
-                        if let Some(msg) = from_wire(&worker_id, m, &secrets)
-                            && scheduler.cast(msg).is_err()
+                    Ok(Some(pb::WorkerMsg {
+                        msg: Some(pb::worker_msg::Msg::AttemptPack(p)),
+                    })) => {
+                        let slot = packs
+                            .entry((p.job_id.clone(), p.lease_epoch))
+                            .or_insert_with(|| Ok(Vec::new()));
+                        if let Ok(bytes) = slot {
+                            if bytes.len() + p.data.len() > MAX_ATTEMPT_PACK_BYTES {
+                                tracing::warn!(worker = %worker_id, job = %p.job_id, "an agent attempt's pack is over its limit; the attempt comes back without its commit");
+                                *slot = Err(());
+                            } else {
+                                bytes.extend_from_slice(&p.data);
+                            }
+                        }
+                    }
+                    Ok(Some(mut m)) => {
+                        if let Some(pb::worker_msg::Msg::JobFinished(f)) = &mut m.msg
+                            && let Some(agent) = &mut f.agent
                         {
-                            break;
+                            match packs.remove(&(f.job_id.clone(), f.lease_epoch)) {
+                                Some(Ok(bytes)) => pack_in = Some(bytes),
+                                Some(Err(())) => {
+                                    agent.error = format!(
+                                        "the attempt's commit is over {} MiB",
+                                        MAX_ATTEMPT_PACK_BYTES >> 20
+                                    );
+                                    agent.commit.clear();
+                                }
+                                None => {}
+                            }
+                        }
+                        if let Some(mut msg) = from_wire(&worker_id, m, &secrets) {
+                            if let (SchedulerMsg::Finished { report, .. }, Some(bytes)) =
+                                (&mut msg, pack_in.take())
+                                && let Some(agent) = &mut report.agent
+                            {
+                                agent.pack = bytes;
+                            }
+                            if scheduler.cast(msg).is_err() {
+                                break;
+                            }
                         }
                     }
                     Ok(None) => break,
@@ -262,7 +387,14 @@ impl Stream for Outbound {
 
 /// Answers one `FetchCode` with `CodeChunk`s: the pack's pieces, then one
 /// marked `last`, or one carrying the error.
-async fn serve_code(store: Store, worker_id: String, f: pb::FetchCode, max: u64, out: OutTx) {
+async fn serve_code(
+    store: Store,
+    worker_id: String,
+    f: pb::FetchCode,
+    max: u64,
+    out: OutTx,
+    fleet: Option<fvd_workspace::agent::FleetAttempts>,
+) {
     let chunk = |data: Vec<u8>, last: bool, error: String| {
         Box::new(pb::OrchestratorMsg {
             msg: Some(pb::orchestrator_msg::Msg::CodeChunk(pb::CodeChunk {
@@ -275,8 +407,11 @@ async fn serve_code(store: Store, worker_id: String, f: pb::FetchCode, max: u64,
     };
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(4);
     let serve = async {
-        let r =
-            crate::code::serve(&store, &worker_id, &f.job_id, &f.commit, &f.have, max, &tx).await;
+        let from = crate::code::Sources {
+            store: &store,
+            fleet: fleet.as_ref(),
+        };
+        let r = crate::code::serve(from, &worker_id, &f.job_id, &f.commit, &f.have, max, &tx).await;
         drop(tx);
         r
     };
@@ -354,6 +489,17 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
                     tol: c.tol,
                     steps: c.steps,
                 }),
+                agent: a.agent.map(|g| pb::AgentAssignment {
+                    packet: g.packet,
+                    packet_on_stdin: g.packet_on_stdin,
+                    files: g
+                        .files
+                        .into_iter()
+                        .map(|(path, text)| pb::AttemptFile { path, text })
+                        .collect(),
+                    proxied: g.proxied,
+                    commit_message: g.commit_message,
+                }),
             })
         }
         ToWorker::Cancel {
@@ -392,6 +538,8 @@ fn from_wire(
         pb::worker_msg::Msg::Drain(_) => SchedulerMsg::Drain { worker_id },
         // Answered by the stream's reader itself (`serve_code`).
         pb::worker_msg::Msg::FetchCode(_) => return None,
+        // Gathered by the stream's reader until the attempt's result.
+        pb::worker_msg::Msg::AttemptPack(_) => return None,
         pb::worker_msg::Msg::JobStarted(s) => SchedulerMsg::Started {
             worker_id,
             job_id: s.job_id,
@@ -449,6 +597,13 @@ fn from_wire(
                     collected_files: f.collected_files,
                     compare_ms: f.compare_ms,
                     wire_bytes,
+                    agent: f.agent.map(|g| AgentOutcome {
+                        commit: g.commit,
+                        pack: Vec::new(),
+                        handoff: text(g.handoff),
+                        stdout: text(g.stdout),
+                        error: text(g.error),
+                    }),
                 }),
             }
         }

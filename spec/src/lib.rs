@@ -228,6 +228,26 @@ pub struct AgentSpec {
     pub max_gpu_s: Option<u64>,
     /// The cleanup gate a pass must clear before it counts.
     pub cleanup: crate::cleanup::CleanupRules,
+    /// GPUs an attempt leases with it when agents run on the fleet
+    /// (`gpus = 0`, the default: a CPU slot; `gpus = "component"`: the
+    /// component's, so the agent can run the test itself).
+    pub gpus: AgentGpus,
+}
+
+/// See [`AgentSpec::gpus`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AgentGpus {
+    #[default]
+    None,
+    Component,
+}
+
+/// `[agent] gpus` as written.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawAgentGpus {
+    Count(u32),
+    Word(String),
 }
 
 /// The values an agent's argv template is filled with.
@@ -242,6 +262,14 @@ pub struct AgentVars<'a> {
 }
 
 impl AgentSpec {
+    /// GPUs an attempt of a component needing `component_gpus` leases.
+    pub fn gpus(&self, component_gpus: u32) -> u32 {
+        match self.gpus {
+            AgentGpus::None => 0,
+            AgentGpus::Component => component_gpus,
+        }
+    }
+
     /// The argv of one agent attempt.
     pub fn argv(&self, v: &AgentVars<'_>) -> Vec<String> {
         self.command
@@ -365,6 +393,7 @@ struct RawAgent {
     max_attempts: Option<u32>,
     max_wall_s: Option<Spanned<u64>>,
     max_gpu_s: Option<Spanned<u64>>,
+    gpus: Option<Spanned<RawAgentGpus>>,
     /// Regexes refused on the lines an agent's branch adds.
     forbidden_patterns: Option<Vec<String>>,
     /// Globs of untracked files the cleanup gate lets stay.
@@ -658,6 +687,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                     .map(Duration::from_secs),
                 max_gpu_s: seconds(a.max_gpu_s, "agent.max_gpu_s", text, path)?,
                 cleanup,
+                gpus: agent_gpus(a.gpus, text, path)?,
             })
         }
     };
@@ -825,6 +855,35 @@ fn seconds(
         column,
         message: format!("{key} is {n}: it must be 1 to {MAX_SECONDS} seconds (366 days)"),
     })
+}
+
+/// `[agent] gpus`: 0 or `"component"`, else refused with its line and
+/// column.
+fn agent_gpus(
+    v: Option<Spanned<RawAgentGpus>>,
+    text: &str,
+    path: &Path,
+) -> Result<AgentGpus, SpecError> {
+    let Some(v) = v else {
+        return Ok(AgentGpus::None);
+    };
+    let (line, column) = line_col(text, v.span().start);
+    match v.into_inner() {
+        RawAgentGpus::Count(0) => Ok(AgentGpus::None),
+        RawAgentGpus::Word(w) if w == "component" => Ok(AgentGpus::Component),
+        other => Err(SpecError::Syntax {
+            path: path.to_path_buf(),
+            line,
+            column,
+            message: format!(
+                "agent.gpus is {}: it must be 0 (a CPU slot) or \"component\" (the component's GPUs)",
+                match other {
+                    RawAgentGpus::Count(n) => n.to_string(),
+                    RawAgentGpus::Word(w) => format!("{w:?}"),
+                }
+            ),
+        }),
+    }
 }
 
 /// The `[runner]` table, checked: each preload entry a dotted Python
@@ -1598,6 +1657,26 @@ env = ["HF_TOKEN"]
         assert!(err.starts_with("p.toml:11:1: unknown field `kkkk"), "{err}");
         assert!(err.len() < 400, "the key is cut: {err}");
         assert!(err.contains("k…`"), "{err}");
+    }
+
+    #[test]
+    fn agent_gpus_is_a_cpu_slot_or_the_component_s_and_nothing_else() {
+        let with = |v: &str| {
+            parse(
+                Path::new("p.toml"),
+                &format!("{GOOD}agent = true\n\n[agent]\ncommand = [\"a\"]\ngpus = {v}\n"),
+            )
+        };
+        let a = |v: &str| with(v).unwrap().components[0].agent.clone().unwrap();
+        assert_eq!(a("0").gpus(2), 0);
+        assert_eq!(a("\"component\"").gpus(2), 2);
+        for bad in ["1", "\"all\""] {
+            let err = with(bad).unwrap_err().to_string();
+            assert!(
+                err.contains("p.toml:") && err.contains("agent.gpus is"),
+                "{err}"
+            );
+        }
     }
 
     /// 18446744073709552 s as milliseconds wrapped to 384 ms; every number of

@@ -519,6 +519,9 @@ fn embedded_agents(
     };
     Ok(fvd_workspace::agent::AgentPolicy {
         commands: fvd_workspace::agent::AgentCommands::Only(commands),
+        // Embedded mode's one worker is this host: the agent works in the
+        // component's worktree, with no pack to carry back.
+        on: fvd_workspace::agent::AgentsOn::Host,
         jail,
         secrets: Default::default(),
     })

@@ -186,6 +186,11 @@ pub struct ServeArgs {
     /// the TLS key (repeatable).
     #[arg(long = "agent-hide", value_name = "PATH")]
     pub agent_hide: Vec<PathBuf>,
+    /// Where agent attempts run: fleet (a job on a worker with a free
+    /// slot, in a checkout of its own; the model proxy and its key stay
+    /// here) or host (here, in the component's worktree).
+    #[arg(long, default_value = "fleet", value_name = "WHERE", value_parser = ["fleet", "host"])]
+    pub agents: String,
 }
 
 #[derive(Debug, Args)]
@@ -245,6 +250,21 @@ pub struct WorkerArgs {
     /// (repeatable): keys of other services on this host, say.
     #[arg(long = "job-hide", value_name = "PATH")]
     pub job_hide: Vec<PathBuf>,
+    /// An agent CLI this worker runs attempts of (claude-code, codex,
+    /// opencode, gemini; repeatable), whether or not it is found on PATH.
+    /// Those found on PATH (or in FVD_AGENT_CLI_DIR) are offered anyway.
+    #[arg(long = "agent-preset", value_name = "NAME", value_parser = parse_preset)]
+    pub agent_presets: Vec<fvd_spec::agent_model::Preset>,
+}
+
+fn parse_preset(s: &str) -> Result<fvd_spec::agent_model::Preset, String> {
+    fvd_spec::agent_model::Preset::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = fvd_spec::agent_model::Preset::ALL
+            .iter()
+            .map(|p| p.name())
+            .collect();
+        format!("unknown agent preset {s:?}: one of {}", names.join(", "))
+    })
 }
 
 /// The jail of `mode` hiding `hidden`, with this binary as its launcher;
@@ -578,6 +598,11 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             tls,
             max_code_bytes: args.max_code_mib.saturating_mul(1024 * 1024),
             agents: fvd_workspace::agent::AgentPolicy {
+                on: if args.agents == "fleet" {
+                    fvd_workspace::agent::AgentsOn::Fleet(Default::default())
+                } else {
+                    fvd_workspace::agent::AgentsOn::Host
+                },
                 commands: if args.allow_agent_commands {
                     fvd_workspace::agent::AgentCommands::Allowed
                 } else {
@@ -668,6 +693,23 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         )
         .await?;
         config.labels = args.labels.into_iter().collect();
+        // The agent CLIs this worker has: an attempt of a preset goes only
+        // to a worker labelled with it (issue #32).
+        let path = std::env::var_os("PATH");
+        let mut agents = Vec::new();
+        for p in fvd_spec::agent_model::Preset::ALL {
+            let found = fvd_workspace::preset::find_program(p, path.as_deref()).is_some();
+            if found || args.agent_presets.contains(&p) {
+                config.labels.insert(
+                    format!("{}{}", fvd_actors::component::AGENT_LABEL_PREFIX, p.name()),
+                    "yes".into(),
+                );
+                agents.push(p.name());
+            }
+        }
+        if !agents.is_empty() {
+            tracing::info!(agents = ?agents, "agent CLIs this worker runs");
+        }
         config.provides = args.provides;
         config.code_cache_bytes = args.code_cache_mib.saturating_mul(1024 * 1024);
         config.max_output_bytes = args.max_output_mib * 1024 * 1024;

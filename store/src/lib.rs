@@ -78,6 +78,9 @@ pub struct AttemptRow {
     /// What the attempt spent on its model API (`agent_usage`), when known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<usage::AttemptUsage>,
+    /// The worker its agent ran on (issue #32); empty when it ran on the
+    /// orchestrator's host.
+    pub worker_id: String,
 }
 
 /// An escape hatch an agent raised (`escape_hatches`).
@@ -132,6 +135,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (14, include_str!("../migrations/0014_agent_usage.sql")),
     (15, include_str!("../migrations/0015_lease_epochs.sql")),
     (16, include_str!("../migrations/0016_error_kind.sql")),
+    (17, include_str!("../migrations/0017_attempt_worker.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -1556,6 +1560,7 @@ impl Store {
                     finished_ms: r.get("finished_ms"),
                     state: state(r, "state", "agent_attempts.state")?,
                     head_before: r.get("head_before"),
+                    worker_id: r.get("worker_id"),
                     cookie: r.get("cookie"),
                     tries: r.get::<i64, _>("tries") as u32,
                     gpu_ms_after: r.get::<i64, _>("gpu_ms_after") as u64,

@@ -170,6 +170,41 @@ pub struct Assignment {
     /// With `collect_env`: how the worker compares the folder's trace files
     /// where they lie; the report comes back in [`JobReport::trace_report`].
     pub compare: Option<TraceCompare>,
+    /// Set when the job is an agent attempt ([`AgentJob`]).
+    pub agent: Option<AgentJob>,
+}
+
+/// An agent attempt run as a fleet job (issue #32): the worker runs it in
+/// a checkout of its own of the assignment's commit, made for it and
+/// removed after, and sends back the commit it leaves
+/// ([`JobReport::agent`]). In `argv`, `env` values, `files` and `packet`,
+/// the worker replaces `{attempt_dir}`, `{workdir}`, `{prompt_file}`,
+/// `{handoff_file}` and `{proxy_url}` with its own paths and its loopback
+/// end of the model proxy's tunnel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentJob {
+    /// The packet, written to `{prompt_file}`.
+    pub packet: String,
+    /// The packet also goes on the agent's stdin (a preset's CLI).
+    pub packet_on_stdin: bool,
+    /// Files written under `{attempt_dir}` first: `(relative path, text)`.
+    pub files: Vec<(String, String)>,
+    /// The agent reaches a model proxy through the worker's tunnel.
+    pub proxied: bool,
+    pub commit_message: String,
+}
+
+/// What an agent attempt left on its worker.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentOutcome {
+    /// The attempt's commit; empty with `error` when there is none.
+    pub commit: String,
+    /// The git pack of its objects, thin against the base commit.
+    pub pack: Vec<u8>,
+    pub handoff: String,
+    pub stdout: String,
+    /// Why the worker could not commit or send the attempt.
+    pub error: String,
 }
 
 /// How a worker compares a traced rerun's files: the two sides' globs in
@@ -234,6 +269,8 @@ pub struct JobReport {
     /// Size of the result message as it came over the wire (0 when it did
     /// not, as in tests).
     pub wire_bytes: u64,
+    /// An agent attempt's result ([`Assignment::agent`]).
+    pub agent: Option<AgentOutcome>,
 }
 
 /// What became of a job's JUnit report, as its worker said.

@@ -18,7 +18,7 @@ use crate::support::{LOG_FILTER, Sandbox, TestComponent, fvd, wait_for};
 
 /// `unshare -m` with a tmpfs over `hidden`, then `argv`: the command sees
 /// nothing below `hidden`.
-fn hidden_from(hidden: &Path, argv: &[&str]) -> Command {
+pub(crate) fn hidden_from(hidden: &Path, argv: &[&str]) -> Command {
     let mut cmd = Command::new("unshare");
     cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
         .arg(r#"mount -t tmpfs fvd-hidden "$0" && exec "$@""#)
@@ -29,7 +29,7 @@ fn hidden_from(hidden: &Path, argv: &[&str]) -> Command {
 
 /// Checks, in the same kind of namespace the worker gets, that the
 /// checkout is really out of sight there (and in plain sight here).
-fn assert_hidden(hidden: &Path, repo: &Path) {
+pub(crate) fn assert_hidden(hidden: &Path, repo: &Path) {
     assert!(repo.join(".git").exists());
     let probe = hidden_from(hidden, &["test", "!", "-e", &repo.display().to_string()])
         .output()
@@ -45,6 +45,16 @@ fn assert_hidden(hidden: &Path, repo: &Path) {
 
 /// Starts `fvd worker` in its own mount namespace with `hidden` covered.
 pub(crate) fn spawn_hidden_worker(sb: &mut Sandbox, id: &str, extra: &[&str]) {
+    spawn_hidden_worker_with(sb, id, extra, &[]);
+}
+
+/// [`spawn_hidden_worker`] with variables of its own.
+pub(crate) fn spawn_hidden_worker_with(
+    sb: &mut Sandbox,
+    id: &str,
+    extra: &[&str],
+    env: &[(&str, String)],
+) {
     let url = sb.url.clone().expect("serve() first");
     let ws = sb.dir.path().join(format!("ws-{id}"));
     let bin = env!("CARGO_BIN_EXE_fvd");
@@ -70,6 +80,7 @@ pub(crate) fn spawn_hidden_worker(sb: &mut Sandbox, id: &str, extra: &[&str]) {
         .to_path_buf();
     let log = std::fs::File::create(sb.dir.path().join(format!("worker-{id}.log"))).unwrap();
     let mut cmd = hidden_from(&hidden, &argv);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     cmd.env("FVD_LOG", LOG_FILTER)
         .current_dir(sb.dir.path())
         .stdout(Stdio::null())
@@ -88,7 +99,7 @@ fn outcome(cmd: &mut Command) -> (Option<i32>, String) {
 }
 
 /// `(name, status, runs, reason)` of every component, sorted.
-fn verdicts(status: &serde_json::Value) -> Vec<(String, String, u64, String)> {
+pub(crate) fn verdicts(status: &serde_json::Value) -> Vec<(String, String, u64, String)> {
     let mut v: Vec<_> = status["components"]
         .as_array()
         .expect("components")
@@ -107,7 +118,7 @@ fn verdicts(status: &serde_json::Value) -> Vec<(String, String, u64, String)> {
 }
 
 /// A log file's text without its colour escapes.
-fn plain_log(path: &Path) -> String {
+pub(crate) fn plain_log(path: &Path) -> String {
     let raw = std::fs::read_to_string(path).unwrap_or_default();
     let mut out = String::with_capacity(raw.len());
     let mut chars = raw.chars();
@@ -167,7 +178,9 @@ fn a_worker_that_cannot_see_the_checkout_reaches_the_embedded_verdicts() {
     let base = example_repo(&sb, |t| t);
     let hidden = sb.dir.path().join("hidden");
     assert_hidden(&hidden, sb.repo());
-    let url = sb.serve_with(&["--allow-agent-commands"]);
+    // Agents on this host (the fleet case is `agents_on_the_fleet.rs`):
+    // their commits reach the worker by fetch.
+    let url = sb.serve_with(&["--allow-agent-commands", "--agents", "host"]);
     spawn_hidden_worker(&mut sb, "far", &[]);
     let out = sb.submit_remote("tinyport", &["--wait"]);
     let text = format!(

@@ -2,12 +2,13 @@
 //! each followed by the recovery a person or a supervisor would do, and
 //! the invariants checked after every trial. Categories: the orchestrator
 //! with runs in flight (they must be adopted), a worker mid-run (its test
-//! must die with it), an agent attempt, `fvd answer`, a drain, a traced
+//! must die with it), an agent attempt on a worker (the orchestrator or the
+//! worker killed under it), `fvd answer`, a drain, a traced
 //! rerun, code-by-commit transfers on both ends, and the two named kill
 //! points right after a verdict and after an agent attempt is committed.
 //!
-//! CI runs a handful of kills (`FVD_CHAOS_KILLS`, default 5: well under a
-//! minute). A long run:
+//! CI runs a handful of kills (`FVD_CHAOS_KILLS`, default 8, about one per
+//! category up to the agent attempts: about a minute). A long run:
 //!
 //! ```text
 //! FVD_CHAOS_KILLS=150 FVD_CHAOS_REPORT=chaos.md FVD_CHAOS_SEED=7 \
@@ -445,17 +446,75 @@ fn drain_kill(rng: &mut Rng) -> Trial {
     t
 }
 
-/// The example port's agent component on a fleet, each agent turn slowed
-/// down; the orchestrator is killed at a random moment of the loop.
-fn agent_attempt(rng: &mut Rng) -> Trial {
-    let mut t = Trial::default();
-    let mut sb = Sandbox::with_repo_in("repo");
+/// The example port's agent component on a fleet whose agents run on the
+/// worker (issue #32), each agent turn slowed down.
+fn agent_sandbox() -> Sandbox {
+    let sb = Sandbox::with_repo_in("repo");
     crate::agent::example_repo(&sb, |s| {
         crate::durability::keep_components(&s, &["timestep_embed"]).replace(
             "command = [\"python3\", \"-B\", \"tools/replay_agent.py\", ",
             "command = [\"sh\", \"-c\", \"sleep 1; exec python3 -B tools/replay_agent.py \\\"$@\\\"\", \"agent\", ",
         )
     });
+    sb
+}
+
+/// Waits until the agent component's agent runs (its status `agent`).
+fn agent_runs(sb: &Sandbox) -> bool {
+    poll(Duration::from_secs(60), || {
+        let s = remote(sb, "tinyport")?;
+        components(&s)
+            .get("timestep_embed")
+            .is_some_and(|c| c.0 == "agent")
+            .then_some(())
+    })
+    .is_some()
+}
+
+/// The ledger after a kill during an attempt: two attempts, both run on
+/// the worker `w1`, `tries` in all, and one commit per attempt on the
+/// branch.
+fn check_attempts(t: &mut Trial, what: &str, sb: &Sandbox, tries: std::ops::RangeInclusive<u64>) {
+    let url = sb.url.clone().unwrap_or_default();
+    let l = crate::agent::ledger_of(sb, "timestep_embed", Some(&url));
+    let attempts = l["attempts"].as_array().cloned().unwrap_or_default();
+    if attempts.len() != 2 {
+        t.anomaly(format!(
+            "{what}: {} attempts recorded, not 2",
+            attempts.len()
+        ));
+    }
+    for a in &attempts {
+        if a["worker_id"] != "w1" {
+            t.anomaly(format!(
+                "{what}: attempt {} ran on {}, not w1",
+                a["attempt"], a["worker_id"]
+            ));
+        }
+    }
+    let n: u64 = attempts
+        .iter()
+        .map(|a| a["tries"].as_u64().unwrap_or(0))
+        .sum();
+    if !tries.contains(&n) {
+        t.anomaly(format!("{what}: {n} tries for 2 attempts, not {tries:?}"));
+    }
+    let log = crate::agent::git(
+        sb.repo(),
+        &["log", "--format=%s", "fvd/tinyport/timestep_embed"],
+    );
+    if log.lines().filter(|l| l.starts_with("fvd: ")).count() != 2 {
+        t.anomaly(format!(
+            "{what}: the branch holds {log:?}, not one commit per attempt"
+        ));
+    }
+}
+
+/// The orchestrator `kill -9`ed while an attempt's agent runs on the
+/// worker: the attempt runs once more under its number, from its base.
+fn agent_attempt(rng: &mut Rng) -> Trial {
+    let mut t = Trial::default();
+    let mut sb = agent_sandbox();
     // Its agent runs a command of the spec's own (a wrapper around the
     // replay agent): allowed on this orchestrator.
     let allow = ["--allow-agent-commands"];
@@ -470,9 +529,11 @@ fn agent_attempt(rng: &mut Rng) -> Trial {
         ));
         return t;
     }
-    std::thread::sleep(rng.ms(500, 6000));
-    restart(&mut sb, &addr, &allow);
-    t.kills += 1;
+    if agent_runs(&sb) {
+        std::thread::sleep(rng.ms(0, 800));
+        restart(&mut sb, &addr, &allow);
+        t.kills += 1;
+    }
     if let Some(s) = ended(&mut t, "agent", || remote(&sb, "tinyport")) {
         check_components(
             &mut t,
@@ -482,36 +543,55 @@ fn agent_attempt(rng: &mut Rng) -> Trial {
             None,
         );
     }
-    let url = sb.url.clone().unwrap_or_default();
-    let l = crate::agent::ledger_of(&sb, "timestep_embed", Some(&url));
-    let attempts = l["attempts"].as_array().cloned().unwrap_or_default();
-    if attempts.len() != 2 {
-        t.anomaly(format!(
-            "agent: {} attempts recorded, not 2",
-            attempts.len()
-        ));
-    }
-    let tries: u64 = attempts
-        .iter()
-        .map(|a| a["tries"].as_u64().unwrap_or(0))
-        .sum();
-    if tries > 2 + u64::from(t.kills) {
-        t.anomaly(format!(
-            "agent: {tries} tries for 2 attempts and {} kill",
-            t.kills
-        ));
-    }
-    let log = crate::agent::git(
-        sb.repo(),
-        &["log", "--format=%s", "fvd/tinyport/timestep_embed"],
-    );
-    if log.lines().filter(|l| l.starts_with("fvd: ")).count() != 2 {
-        t.anomaly(format!(
-            "agent: the branch holds {log:?}, not one commit per attempt"
-        ));
-    }
+    // The attempt cut off ran once more (or had just been recorded).
+    let most = 2 + u64::from(t.kills);
+    check_attempts(&mut t, "agent", &sb, 2..=most);
     check_db(&mut t, "agent", &sb.dir.path().join("orchestrator.db"));
+    check_orphans(&mut t, "agent", &sb);
     check_log(&mut t, "agent", &sb, 5);
+    t
+}
+
+/// The worker `kill -9`ed while an attempt's agent runs on it, started
+/// again later: the agent dies with it, and the attempt is placed again
+/// from its base under the same number, its ledger row opened once.
+fn agent_worker_kill(rng: &mut Rng) -> Trial {
+    let mut t = Trial::default();
+    let mut sb = agent_sandbox();
+    sb.serve_with(&["--allow-agent-commands"]);
+    sb.worker("w1", 2);
+    let submit = sb.submit_remote("tinyport", &[]);
+    if !submit.status.success() {
+        t.anomaly(format!(
+            "agent worker: submit failed: {}",
+            String::from_utf8_lossy(&submit.stderr)
+        ));
+        return t;
+    }
+    if agent_runs(&sb) {
+        std::thread::sleep(rng.ms(0, 800));
+        sb.kill_worker("w1");
+        t.kills += 1;
+        check_orphans(&mut t, "agent worker", &sb);
+        std::thread::sleep(rng.ms(0, 1500));
+        sb.worker("w1", 2);
+    }
+    if let Some(s) = ended(&mut t, "agent worker", || remote(&sb, "tinyport")) {
+        check_components(
+            &mut t,
+            "agent worker",
+            &s,
+            &[("timestep_embed", "non_skip_pass", 3)],
+            None,
+        );
+    }
+    check_attempts(&mut t, "agent worker", &sb, 2..=2);
+    check_db(
+        &mut t,
+        "agent worker",
+        &sb.dir.path().join("orchestrator.db"),
+    );
+    check_log(&mut t, "agent worker", &sb, 5);
     t
 }
 
@@ -785,7 +865,8 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("kill point: verdict-committed", verdict_point),
     ("kill point: attempt-committed", attempt_point),
     ("worker (mid-run)", worker_kill),
-    ("agent attempt", agent_attempt),
+    ("agent attempt on a worker (orchestrator)", agent_attempt),
+    ("agent attempt on a worker (worker)", agent_worker_kill),
     ("fvd answer", answer_kill),
     ("drain", drain_kill),
     ("traced rerun", traced_rerun),
@@ -808,7 +889,7 @@ fn chaos_kills_leave_no_anomaly() {
     let target: u32 = std::env::var("FVD_CHAOS_KILLS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+        .unwrap_or(8);
     let seed: u64 = std::env::var("FVD_CHAOS_SEED")
         .ok()
         .and_then(|v| v.parse().ok())

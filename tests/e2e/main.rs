@@ -5,6 +5,7 @@
 
 mod agent;
 mod agent_model;
+mod agents_on_the_fleet;
 mod bycommit;
 mod chaos;
 #[path = "../checks/mod.rs"]

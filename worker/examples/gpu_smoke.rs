@@ -74,6 +74,7 @@ async fn main() {
             grace: Duration::from_secs(5),
             junit: None,
             warm: None,
+            stdin: None,
         };
         prepare_pytest(&mut spec, &scratch).await.unwrap();
         let (tx, mut rx) = mpsc::channel(64);

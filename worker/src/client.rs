@@ -72,6 +72,11 @@ impl WorkerConfig {
         }
     }
 
+    /// The secrets this worker redacts from what any job sends back.
+    pub(crate) fn job_secrets(&self) -> fvd_contracts::redactor::Redactor {
+        self.job_sandbox().secrets
+    }
+
     /// Whether `value` is this worker's credential (a spec naming the
     /// variable that holds it gets nothing).
     fn is_credential(&self, value: &str) -> bool {
@@ -114,7 +119,7 @@ type Preflights =
 /// output and result reach the new process. Output buffered meanwhile is
 /// capped ([`OUTBOX_LOG_BYTES`]); starts and results are always kept.
 #[derive(Clone, Default)]
-struct Outbox(Arc<tokio::sync::Mutex<OutboxState>>);
+pub(crate) struct Outbox(Arc<tokio::sync::Mutex<OutboxState>>);
 
 #[derive(Default)]
 struct OutboxState {
@@ -128,7 +133,7 @@ struct OutboxState {
 const OUTBOX_LOG_BYTES: usize = 8 * 1024 * 1024;
 
 impl Outbox {
-    async fn send(&self, m: pb::WorkerMsg) {
+    pub(crate) async fn send(&self, m: pb::WorkerMsg) {
         let mut st = self.0.lock().await;
         let m = match &st.tx {
             Some(tx) => match tx.send(m).await {
@@ -180,9 +185,11 @@ type Fetches = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Chunk>>>>;
 
 /// What a session hands every job: its code cache and open fetches.
 #[derive(Clone)]
-struct CodeLink {
-    cache: Arc<CodeCache>,
+pub(crate) struct CodeLink {
+    pub(crate) cache: Arc<CodeCache>,
     fetches: Fetches,
+    /// Where agent attempts' tunnels dial (a channel of their own).
+    pub(crate) endpoint: tonic::transport::Endpoint,
 }
 
 /// Serves the orchestrator until `shutdown` is cancelled or, once `drain`
@@ -254,6 +261,7 @@ async fn serve(
         )
         .await?,
         fetches: Arc::default(),
+        endpoint: endpoint.clone(),
     };
     let mut backoff = Duration::from_millis(100);
     // When the orchestrator first said this worker's id is taken.
@@ -475,7 +483,7 @@ fn refused(status: &tonic::Status) -> bool {
     )
 }
 
-fn msg(m: pb::worker_msg::Msg) -> pb::WorkerMsg {
+pub(crate) fn msg(m: pb::worker_msg::Msg) -> pb::WorkerMsg {
     pb::WorkerMsg { msg: Some(m) }
 }
 
@@ -576,6 +584,18 @@ fn handle(
             let _entered = span.enter();
             fvd_telemetry::spawn(async move {
                 let job_id = a.job_id.clone();
+                if a.agent.is_some() {
+                    // An agent attempt: its own checkout, its commit back.
+                    let finished = crate::attempt::run(&config, a, &tx, &code, cancel).await;
+                    running.lock().expect("running lock").remove(&job_id);
+                    if handed_back(&finished, &stopping).await {
+                        tracing::info!(job = %job_id, "agent attempt cut short by the worker's stop: no result sent");
+                        return;
+                    }
+                    tx.send(msg(pb::worker_msg::Msg::JobFinished(finished)))
+                        .await;
+                    return;
+                }
                 // The job's code: its checkout if this worker sees it at
                 // the job's commit, else a checkout of its own (held until
                 // the job ends).
@@ -608,7 +628,7 @@ fn handle(
                             .await
                             .clone();
                         match outcome {
-                            Ok(()) => run_assigned(&config, a, &tx, cancel).await,
+                            Ok(()) => run_assigned(&config, a, &tx, cancel, None).await,
                             Err(why) => pb::JobFinished {
                                 job_id: a.job_id.clone(),
                                 lease_epoch: a.lease_epoch,
@@ -617,7 +637,7 @@ fn handle(
                             },
                         }
                     }
-                    None => run_assigned(&config, a, &tx, cancel).await,
+                    None => run_assigned(&config, a, &tx, cancel, None).await,
                 };
                 fvd_telemetry::spans::job_ended(
                     &tracing::Span::current(),
@@ -660,6 +680,39 @@ fn handle(
 
 /// Where the job runs (see [`crate::code`]); fetches the commit over the
 /// stream when the worker lacks it.
+/// A pending code fetch: the stream of its pack's chunks.
+type Fetching<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<mpsc::UnboundedReceiver<Chunk>, String>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// Asks the orchestrator for the assignment's commit over the stream,
+/// given the commits the clone holds.
+pub(crate) fn code_fetch<'a>(
+    code: &'a CodeLink,
+    a: &'a pb::AssignJob,
+    tx: &'a Outbox,
+) -> impl FnOnce(Vec<String>) -> Fetching<'a> + 'a {
+    move |have: Vec<String>| {
+        Box::pin(async move {
+            let id = NEXT_FETCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (to, from) = mpsc::unbounded_channel();
+            code.fetches.lock().expect("fetches lock").insert(id, to);
+            let ask = pb::FetchCode {
+                request_id: id,
+                job_id: a.job_id.clone(),
+                commit: a.commit.clone(),
+                have,
+            };
+            tx.send(msg(pb::worker_msg::Msg::FetchCode(ask))).await;
+            Ok::<_, String>(from)
+        })
+    }
+}
+
 async fn place(
     code: &CodeLink,
     a: &pb::AssignJob,
@@ -827,12 +880,25 @@ pub const COLLECT_DIR: &str = "{collect_dir}";
 /// assignment's argv and literal env (`PYTHONPATH = "{repo}"`).
 pub const REPO_DIR: &str = "{repo}";
 
+/// What an agent attempt's run adds to a job's: its stdin, and its stdout
+/// kept (the last [`AGENT_STDOUT_BYTES`], redacted) for its result.
+#[derive(Debug, Default)]
+pub(crate) struct AgentIo {
+    pub stdin: Option<Vec<u8>>,
+    pub stdout: Arc<Mutex<Vec<u8>>>,
+}
+
+/// Most bytes of an agent's stdout kept for its result (the last ones: a
+/// CLI's final JSON event is its last line).
+pub(crate) const AGENT_STDOUT_BYTES: usize = 4 * 1024 * 1024;
+
 /// Runs one assignment to its end and builds the `JobFinished` report.
-async fn run_assigned(
+pub(crate) async fn run_assigned(
     config: &WorkerConfig,
     a: pb::AssignJob,
     tx: &Outbox,
     cancel: CancellationToken,
+    agent_io: Option<&AgentIo>,
 ) -> pb::JobFinished {
     let mut finished = pb::JobFinished {
         job_id: a.job_id.clone(),
@@ -886,6 +952,7 @@ async fn run_assigned(
         grace: config.grace,
         junit: None,
         warm: None,
+        stdin: agent_io.and_then(|io| io.stdin.clone()),
     };
     let scratch = match scratch_dir(&config.workspace, &a.job_id) {
         Ok(s) => s,
@@ -936,8 +1003,25 @@ async fn run_assigned(
         let tx = tx.clone();
         let job_id = a.job_id.clone();
         let epoch = a.lease_epoch;
+        let kept = agent_io.map(|io| io.stdout.clone());
         fvd_telemetry::spawn(async move {
             while let Some(ev) = erx.recv().await {
+                if let (
+                    Some(kept),
+                    JobEvent::Output {
+                        stream: OutputStream::Stdout,
+                        data,
+                        ..
+                    },
+                ) = (&kept, &ev)
+                {
+                    let mut k = kept.lock().expect("agent stdout lock");
+                    k.extend_from_slice(data);
+                    if k.len() > AGENT_STDOUT_BYTES {
+                        let over = k.len() - AGENT_STDOUT_BYTES;
+                        k.drain(..over);
+                    }
+                }
                 let m = match ev {
                     JobEvent::Started { pid, at } => {
                         pb::worker_msg::Msg::JobStarted(pb::JobStarted {

@@ -223,6 +223,8 @@ impl CodeCache {
         if !repo.join("HEAD").is_file() {
             git(&root, &["init", "-q", "--bare", "repo.git"]).await?;
         }
+        // Checkouts of agent attempts an earlier worker did not finish.
+        let _ = std::fs::remove_dir_all(root.join(ATTEMPTS));
         git(&repo, &["worktree", "prune"]).await?;
         let mut table = Table::default();
         let mut found: Vec<(std::time::SystemTime, String, PathBuf)> = Vec::new();
@@ -395,19 +397,8 @@ impl CodeCache {
             }
         }
         let _git = self.git.lock().await;
-        let mut fetched = 0;
         let short = &sha[..12];
-        if !fvd_git::has_commit(&self.repo, sha).await {
-            let started = Instant::now();
-            let haves = self.haves().await;
-            let n_haves = haves.len();
-            let chunks = fetch(haves).await?;
-            fetched = self
-                .receive(sha, chunks, cancel)
-                .await
-                .map_err(|e| format!("cannot fetch commit {short} from the orchestrator: {e}"))?;
-            tracing::info!(job = %job.job_id, commit = %sha, bytes = fetched, haves = n_haves, ms = started.elapsed().as_millis() as u64, "fetched the code of a commit");
-        }
+        let fetched = self.ensure(job, fetch, cancel).await?;
         let checkout = self
             .checkout(sha)
             .await
@@ -439,6 +430,105 @@ impl CodeCache {
                 sha: sha.to_string(),
             }),
         })
+    }
+
+    /// Fetches the job's commit into the clone unless it holds it; the
+    /// bytes fetched. Called with the git lock held.
+    async fn ensure<F, Fut>(
+        &self,
+        job: &JobCode,
+        fetch: F,
+        cancel: &CancellationToken,
+    ) -> Result<u64, String>
+    where
+        F: FnOnce(Vec<String>) -> Fut,
+        Fut: Future<Output = Result<mpsc::UnboundedReceiver<Chunk>, String>>,
+    {
+        let sha = job.commit.as_str();
+        if fvd_git::has_commit(&self.repo, sha).await {
+            return Ok(0);
+        }
+        let started = Instant::now();
+        let haves = self.haves().await;
+        let n_haves = haves.len();
+        let chunks = fetch(haves).await?;
+        let fetched = self.receive(sha, chunks, cancel).await.map_err(|e| {
+            format!(
+                "cannot fetch commit {} from the orchestrator: {e}",
+                &sha[..12]
+            )
+        })?;
+        tracing::info!(job = %job.job_id, commit = %sha, bytes = fetched, haves = n_haves, ms = started.elapsed().as_millis() as u64, "fetched the code of a commit");
+        Ok(fetched)
+    }
+
+    /// A checkout of its own for an agent attempt (issue #32): a detached
+    /// worktree of the clone at the job's commit, sharing its objects,
+    /// which the attempt may change freely; fetched first when the clone
+    /// lacks the commit. Removed with [`AttemptCheckout::remove`], and by
+    /// the next worker on this workspace if this one dies first.
+    pub async fn attempt_checkout<F, Fut>(
+        self: &Arc<Self>,
+        job: &JobCode,
+        fetch: F,
+        cancel: &CancellationToken,
+    ) -> Result<AttemptCheckout, String>
+    where
+        F: FnOnce(Vec<String>) -> Fut,
+        Fut: Future<Output = Result<mpsc::UnboundedReceiver<Chunk>, String>>,
+    {
+        let sha = job.commit.as_str();
+        if !fvd_git::is_full_sha(sha) {
+            return Err(format!(
+                "agent job {} names commit {sha:?}, not a full sha",
+                job.job_id
+            ));
+        }
+        let _git = self.git.lock().await;
+        let fetched = self.ensure(job, fetch, cancel).await?;
+        let name: String = job
+            .job_id
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = self.root.join(ATTEMPTS).join(name);
+        if path.exists() {
+            let _ = std::fs::remove_dir_all(&path);
+            let _ = git(&self.repo, &["worktree", "prune"]).await;
+        }
+        let p = path.to_string_lossy().into_owned();
+        git(&self.repo, &["worktree", "add", "-q", "--detach", &p, sha])
+            .await
+            .map_err(|e| format!("cannot check out commit {}: {e}", &sha[..12]))?;
+        let workdir = match job.prefix.trim_end_matches('/') {
+            "" => path.clone(),
+            prefix => fvd_paths::join_under(&path, prefix)
+                .map_err(|e| format!("commit {}: port folder refused: {e}", &sha[..12]))?,
+        };
+        let checkout = AttemptCheckout {
+            cache: self.clone(),
+            path,
+            workdir,
+            base: sha.to_string(),
+            fetched,
+        };
+        if !checkout.workdir.is_dir() {
+            let why = format!(
+                "commit {} has no folder {}",
+                &sha[..12],
+                job.prefix.trim_end_matches('/')
+            );
+            drop(_git);
+            checkout.remove().await;
+            return Err(why);
+        }
+        Ok(checkout)
     }
 
     /// The commits the clone holds, most recent first.
@@ -620,6 +710,100 @@ impl CodeCache {
                 .expect("code table lock")
                 .entries
                 .remove(&sha);
+        }
+    }
+}
+
+/// Where agent attempts' checkouts go, under `WORKSPACE/code`.
+const ATTEMPTS: &str = "attempts";
+
+/// An agent attempt's own checkout ([`CodeCache::attempt_checkout`]).
+#[derive(Debug)]
+pub struct AttemptCheckout {
+    cache: Arc<CodeCache>,
+    /// The worktree's root.
+    pub path: PathBuf,
+    /// The port folder in it, where the agent starts.
+    pub workdir: PathBuf,
+    /// The commit it started from.
+    pub base: String,
+    /// Bytes fetched for it (0 when the clone held the commit).
+    pub fetched: u64,
+}
+
+impl AttemptCheckout {
+    /// Commits everything the agent changed (even nothing: an empty commit
+    /// still marks the attempt) and returns the commit and the pack of
+    /// what it adds to the base commit, thin against it.
+    pub async fn commit(&self, message: &str) -> Result<(String, Vec<u8>), String> {
+        let dir = &self.path;
+        git(dir, &["add", "-A"]).await.map_err(|e| e.to_string())?;
+        git(
+            dir,
+            &[
+                "-c",
+                "user.name=fvd agent",
+                "-c",
+                "user.email=fvd-agent@localhost",
+                "commit",
+                "--quiet",
+                "--allow-empty",
+                "--no-verify",
+                "-m",
+                message,
+            ],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let sha = git(dir, &["rev-parse", "HEAD"])
+            .await
+            .map_err(|e| e.to_string())?;
+        // Kept by the clone like a fetched commit: the run that tests it
+        // here needs no fetch, and later packs are thin against it.
+        git(
+            &self.cache.repo,
+            &["update-ref", &format!("refs/fvd/c/{sha}"), &sha],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let mut child = Command::new("git")
+            .args(["pack-objects", "--revs", "--thin", "--stdout", "-q"])
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("git pack-objects: {e}"))?;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin
+            .write_all(format!("{sha}\n^{}\n", self.base).as_bytes())
+            .await
+            .map_err(|e| format!("git pack-objects: {e}"))?;
+        drop(stdin);
+        let out = child
+            .wait_with_output()
+            .await
+            .map_err(|e| format!("git pack-objects: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "git pack-objects: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok((sha, out.stdout))
+    }
+
+    /// Removes the checkout; the clone keeps its objects.
+    pub async fn remove(self) {
+        let _git = self.cache.git.lock().await;
+        let p = self.path.to_string_lossy().into_owned();
+        if git(&self.cache.repo, &["worktree", "remove", "--force", &p])
+            .await
+            .is_err()
+        {
+            let _ = std::fs::remove_dir_all(&self.path);
+            let _ = git(&self.cache.repo, &["worktree", "prune"]).await;
         }
     }
 }

@@ -107,6 +107,9 @@ pub struct JobSpec {
     /// `Some` for a warm run (`[runner] mode = "warm"`): forked from a
     /// zygote ([`crate::zygote`]), or cold with a warning when it cannot be.
     pub warm: Option<crate::zygote::WarmSpec>,
+    /// Written to the job's stdin, which is then closed (an agent's
+    /// packet); `None`: stdin is empty. Cold runs only.
+    pub stdin: Option<Vec<u8>>,
 }
 
 /// What a job may see of the worker that runs it.
@@ -447,7 +450,19 @@ pub async fn run_job_capped(
                     std::io::ErrorKind::NotFound,
                 )));
             }
-            let mut c = command(&spec, &argv, &env).spawn().map_err(spawn_err)?;
+            let mut cmd = command(&spec, &argv, &env);
+            if spec.stdin.is_some() {
+                cmd.stdin(Stdio::piped());
+            }
+            let mut c = cmd.spawn().map_err(spawn_err)?;
+            if let (Some(mut pipe), Some(bytes)) = (c.stdin.take(), spec.stdin.clone()) {
+                fvd_telemetry::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    // A program that exits without reading all of it is
+                    // no error of the job's.
+                    let _ = pipe.write_all(&bytes).await;
+                });
+            }
             cold_pipes = Some((c.stdout.take(), c.stderr.take()));
             Leader::Cold(c)
         }
@@ -1149,6 +1164,7 @@ mod tests {
             grace: Duration::from_secs(1),
             junit: None,
             warm: None,
+            stdin: None,
         }
     }
 
@@ -1185,6 +1201,7 @@ mod tests {
             grace: Duration::from_secs(1),
             junit: None,
             warm: None,
+            stdin: None,
         };
         prepare_pytest(&mut spec, dir.path()).await.unwrap();
         let get = |k: &str| spec.env.iter().find(|(n, _)| n == k).unwrap().1.clone();

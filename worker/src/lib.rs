@@ -2,6 +2,7 @@
 //! their own process groups pinned to their leased GPUs, and talks to the
 //! orchestrator over one bidirectional gRPC stream.
 
+mod attempt;
 pub mod client;
 pub mod code;
 pub mod collect;

@@ -27,6 +27,7 @@ fn spec(job_id: &str, argv: &[&str]) -> JobSpec {
         grace: Duration::from_secs(1),
         junit: None,
         warm: None,
+        stdin: None,
     }
 }
 

@@ -73,6 +73,7 @@ async fn run_component(table: &toml::Table, name: &str) -> Verdict {
         grace: Duration::from_secs(2),
         junit: None,
         warm: None,
+        stdin: None,
     };
     prepare_pytest(&mut spec, scratch.path()).await.unwrap();
     let (tx, mut rx) = mpsc::channel(64);

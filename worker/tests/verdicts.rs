@@ -49,6 +49,7 @@ async fn run_case_with(file: &str, extra: &[&str], timeout: Duration, plugin: bo
         grace: Duration::from_secs(2),
         junit: Some(scratch.path().join("junit.xml")),
         warm: None,
+        stdin: None,
     };
     if plugin {
         prepare_pytest(&mut spec, scratch.path()).await.unwrap();
@@ -341,6 +342,7 @@ async fn missing_junit_is_error_naming_the_file() {
         grace: Duration::from_secs(1),
         junit: Some(junit.clone()),
         warm: None,
+        stdin: None,
     };
     let (tx, mut rx) = mpsc::channel(16);
     fvd_telemetry::spawn(async move { while rx.recv().await.is_some() {} });

@@ -126,6 +126,7 @@ def test_body():
                 dir: self.root.join("z"),
                 jail: fvd_sandbox::Jail::off(),
             }),
+            stdin: None,
         };
         prepare_pytest(&mut spec, scratch).await.unwrap();
         spec

@@ -17,9 +17,11 @@
 //! credential; what it prints and leaves is redacted of those variables'
 //! values and the orchestrator's token.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fvd_contracts::Contract;
@@ -55,10 +57,105 @@ pub enum AgentCommands {
     Only(Vec<Vec<String>>),
 }
 
+/// Where an attempt's agent runs (issue #32).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AgentsOn {
+    /// On the orchestrator's host, in the component's worktree (embedded
+    /// mode, `fvd orchestrator serve --agents host`).
+    #[default]
+    Host,
+    /// As a fleet job on a worker, in a checkout of its own; the model
+    /// proxy stays here and the worker reaches it through a tunnel.
+    Fleet(FleetAttempts),
+}
+
+/// The agent attempts running on workers, by job id. They have no row in
+/// the store's `jobs`: what the worker edge checks a worker's `FetchCode`
+/// and `Tunnel` calls against is here, for as long as the attempt runs.
+#[derive(Debug, Clone, Default)]
+pub struct FleetAttempts(Arc<Mutex<HashMap<String, FleetAttempt>>>);
+
+/// One attempt on the fleet, as the worker edge needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetAttempt {
+    /// The port's repository, which serves the attempt's base commit.
+    pub repo: PathBuf,
+    pub commit: String,
+    /// The attempt's model proxy here, when its agent has one.
+    pub proxy: Option<SocketAddr>,
+    /// The worker holding its lease, once leased.
+    pub worker_id: Option<String>,
+}
+
+impl PartialEq for FleetAttempts {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for FleetAttempts {}
+
+impl FleetAttempts {
+    /// Registers `job_id` until the guard is dropped.
+    pub fn open(&self, job_id: &str, attempt: FleetAttempt) -> AttemptOpen {
+        self.lock().insert(job_id.to_string(), attempt);
+        AttemptOpen {
+            attempts: self.clone(),
+            job_id: job_id.to_string(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, FleetAttempt>> {
+        self.0.lock().expect("fleet attempts lock")
+    }
+
+    /// `worker_id` holds the job's lease now.
+    pub fn leased(&self, job_id: &str, worker_id: &str) {
+        if let Some(a) = self.lock().get_mut(job_id) {
+            a.worker_id = Some(worker_id.to_string());
+        }
+    }
+
+    /// Its worker lost, the job waits for another.
+    pub fn unleased(&self, job_id: &str) {
+        if let Some(a) = self.lock().get_mut(job_id) {
+            a.worker_id = None;
+        }
+    }
+
+    /// The worker holding `job_id`'s lease, if any.
+    pub fn worker_of(&self, job_id: &str) -> Option<String> {
+        self.lock().get(job_id).and_then(|a| a.worker_id.clone())
+    }
+
+    /// The attempt of `job_id` when `worker_id` holds its lease.
+    pub fn held_by(&self, job_id: &str, worker_id: &str) -> Option<FleetAttempt> {
+        self.lock()
+            .get(job_id)
+            .filter(|a| a.worker_id.as_deref() == Some(worker_id))
+            .cloned()
+    }
+}
+
+/// A registered attempt: gone from [`FleetAttempts`] when dropped.
+#[derive(Debug)]
+pub struct AttemptOpen {
+    attempts: FleetAttempts,
+    job_id: String,
+}
+
+impl Drop for AttemptOpen {
+    fn drop(&mut self) {
+        self.attempts.lock().remove(&self.job_id);
+    }
+}
+
 /// Where agents may run and what they get.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AgentPolicy {
     pub commands: AgentCommands,
+    /// Where they run.
+    pub on: AgentsOn,
     /// The jail agents start in.
     pub jail: fvd_sandbox::Jail,
     /// The orchestrator's own secrets (its token): redacted from what an
@@ -909,6 +1006,7 @@ escape_hatch: none";
             preset: None,
             extra_args: vec![],
             model: None,
+            gpus: Default::default(),
         };
         let refused = AgentPolicy::default().admits(&agent).unwrap_err();
         assert!(refused.contains("--allow-agent-commands"), "{refused}");

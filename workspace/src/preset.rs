@@ -57,8 +57,33 @@ const TOKEN_ENV: &str = "FVD_MODEL_TOKEN";
 /// Writes the CLI's configuration under the attempt's HOME and returns how
 /// to start it.
 pub fn launch(a: &Attempt<'_>) -> std::io::Result<Launch> {
+    let plan = plan(a);
+    std::fs::create_dir_all(a.dir.join("home"))?;
+    for (rel, text) in &plan.files {
+        let path = a.dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, text)?;
+    }
+    Ok(plan.launch)
+}
+
+/// A launch and the files it needs, written nowhere yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub launch: Launch,
+    /// `(path relative to the attempt's folder, text)`: the CLI's
+    /// configuration under its HOME.
+    pub files: Vec<(String, String)>,
+}
+
+/// How to start the CLI and the files it needs, without writing them: an
+/// attempt on a worker gets them in its assignment (issue #32), with
+/// `a.dir` a placeholder the worker replaces.
+pub fn plan(a: &Attempt<'_>) -> Plan {
     let home = a.dir.join("home");
-    std::fs::create_dir_all(&home)?;
+    let mut files: Vec<(String, String)> = Vec::new();
     let mut env: Vec<(String, String)> = vec![
         ("HOME".into(), home.display().to_string()),
         (
@@ -143,10 +168,12 @@ pub fn launch(a: &Attempt<'_>) -> std::io::Result<Launch> {
         }
         Preset::Codex => {
             let codex_home = home.join(".codex");
-            std::fs::create_dir_all(&codex_home)?;
-            std::fs::write(codex_home.join("config.toml"), codex_config(m, a.base_url))?;
+            files.push((
+                "home/.codex/config.toml".into(),
+                codex_config(m, a.base_url),
+            ));
             let schema = a.dir.join("handoff.schema.json");
-            std::fs::write(&schema, HANDOFF_SCHEMA)?;
+            files.push(("handoff.schema.json".into(), HANDOFF_SCHEMA.into()));
             argv.extend(
                 [
                     "exec",
@@ -194,9 +221,7 @@ pub fn launch(a: &Attempt<'_>) -> std::io::Result<Launch> {
             );
         }
         Preset::Gemini => {
-            let dot = home.join(".gemini");
-            std::fs::create_dir_all(&dot)?;
-            std::fs::write(dot.join("settings.json"), gemini_settings(m))?;
+            files.push(("home/.gemini/settings.json".into(), gemini_settings(m)));
             argv.extend(
                 [
                     "--model",
@@ -226,11 +251,14 @@ pub fn launch(a: &Attempt<'_>) -> std::io::Result<Launch> {
         // The packet comes on stdin.
         argv.push(s("-"));
     }
-    Ok(Launch {
-        argv,
-        env,
-        stdin: a.packet.as_bytes().to_vec(),
-    })
+    Plan {
+        launch: Launch {
+            argv,
+            env,
+            stdin: a.packet.as_bytes().to_vec(),
+        },
+        files,
+    }
 }
 
 fn codex_config(m: &ModelSpec, base_url: &str) -> String {

@@ -275,6 +275,30 @@ pub fn launch(
     })
 }
 
+/// A preset's launch for this session as a worker runs it (issue #32):
+/// nothing written here; `dir` and `base_url` are what the worker fills in
+/// (its attempt folder, its loopback end of the proxy's tunnel).
+pub fn plan(
+    s: &Session,
+    spec: &AgentSpec,
+    preset: Preset,
+    packet: &str,
+    dir: &std::path::Path,
+    base_url: &str,
+    jailed: bool,
+) -> preset::Plan {
+    preset::plan(&preset::Attempt {
+        preset,
+        model: &s.model,
+        extra_args: &spec.extra_args,
+        packet,
+        dir,
+        base_url,
+        token: s.proxy.token(),
+        jailed,
+    })
+}
+
 /// The retries of real attempts: three more tries over about 3.5 s.
 pub fn default_retry() -> Retry {
     Retry {

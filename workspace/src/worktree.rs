@@ -206,6 +206,11 @@ pub async fn commit(worktree: &Path, message: &str) -> Result<Commit, WorktreeEr
         message,
     ]);
     git(worktree, &args).await?;
+    described_head(worktree).await
+}
+
+/// The commit `worktree` has checked out, as an attempt's record shows it.
+async fn described_head(worktree: &Path) -> Result<Commit, WorktreeError> {
     let sha = git(worktree, &["rev-parse", "HEAD"]).await?;
     let stat = git(worktree, &["show", "--stat", "--format=", "HEAD"]).await?;
     let mut diff = git(worktree, &["show", "--format=", "--patch", "HEAD"]).await?;
@@ -222,6 +227,63 @@ pub async fn commit(worktree: &Path, message: &str) -> Result<Commit, WorktreeEr
         stat: stat.trim().to_string(),
         diff,
     })
+}
+
+/// Takes in an attempt's commit made elsewhere (on a worker, issue #32):
+/// its `pack` (thin against `base`) goes into the worktree's repository,
+/// the commit must descend from `base`, and the worktree and its branch
+/// move to it. The commit is then recorded as [`commit`] records one.
+pub async fn adopt(
+    worktree: &Path,
+    base: &str,
+    sha: &str,
+    pack: &[u8],
+) -> Result<Commit, WorktreeError> {
+    use tokio::io::AsyncWriteExt;
+    let failed = |args: &str, detail: String| WorktreeError::Git {
+        args: args.to_string(),
+        dir: worktree.to_path_buf(),
+        detail,
+    };
+    if !pack.is_empty() {
+        let mut child = Command::new("git")
+            .args(["index-pack", "--stdin", "--fix-thin"])
+            .current_dir(worktree)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| failed("index-pack", e.to_string()))?;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin
+            .write_all(pack)
+            .await
+            .map_err(|e| failed("index-pack", e.to_string()))?;
+        drop(stdin);
+        let out = child
+            .wait_with_output()
+            .await
+            .map_err(|e| failed("index-pack", e.to_string()))?;
+        if !out.status.success() {
+            return Err(failed(
+                "index-pack",
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
+        }
+    }
+    let commit = format!("{sha}^{{commit}}");
+    git(worktree, &["rev-parse", "--verify", "--quiet", &commit]).await?;
+    git(worktree, &["merge-base", "--is-ancestor", base, sha])
+        .await
+        .map_err(|_| {
+            failed(
+                "merge-base --is-ancestor",
+                format!("the attempt's commit {sha} does not descend from its base {base}"),
+            )
+        })?;
+    reset(worktree, sha).await?;
+    described_head(worktree).await
 }
 
 /// The commit `worktree` has checked out.

@@ -1,0 +1,327 @@
+//! An agent attempt on this worker (issue #32): the orchestrator leases it
+//! like a run, and the worker
+//!
+//! - checks out the attempt's base commit in a worktree of its own
+//!   (`WORKSPACE/code/attempts/JOB`, sharing the clone's objects, fetched
+//!   over the stream when the clone lacks the commit), removed when the
+//!   attempt ends;
+//! - writes the packet and the files the assignment carries (a preset's
+//!   configuration) into the attempt's folder, and fills in the paths only
+//!   it knows;
+//! - serves the agent's model proxy on its loopback: each connection there
+//!   becomes one `Tunnel` call to the orchestrator, which holds the proxy
+//!   and the key; no key reaches this machine;
+//! - runs the agent as it runs a test: jailed, allow-listed environment,
+//!   output redacted and streamed, its process group ended;
+//! - commits what the agent left and sends the commit back as a thin pack
+//!   (`AttemptPack`), then its result (`JobFinished.agent`).
+//!
+//! The agent's own test runs are its business: fvd's verdict of the
+//! attempt comes from a run fvd queues on the returned commit.
+
+use std::path::Path;
+
+use fvd_proto::auth::ClientAuth;
+use fvd_proto::v1 as pb;
+use fvd_proto::v1::worker_service_client::WorkerServiceClient;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{AgentIo, CodeLink, Outbox, WorkerConfig, code_fetch, msg, run_assigned};
+use crate::code::{AttemptCheckout, JobCode};
+
+/// Bytes of a pack per `AttemptPack` message, under gRPC's 4 MiB limit.
+const PACK_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// Bytes read from the agent's connection per tunnel frame.
+const TUNNEL_FRAME_BYTES: usize = 64 * 1024;
+
+/// Runs an agent assignment to its end: its `JobFinished`, with
+/// `agent` set once the agent ran (a failure before that, such as a commit
+/// that cannot be fetched, is a `spawn_error` without it).
+pub(crate) async fn run(
+    config: &WorkerConfig,
+    mut a: pb::AssignJob,
+    tx: &Outbox,
+    code: &CodeLink,
+    cancel: CancellationToken,
+) -> pb::JobFinished {
+    let g = a.agent.take().unwrap_or_default();
+    let job = JobCode {
+        job_id: a.job_id.clone(),
+        cwd: a.cwd.clone(),
+        commit: a.commit.clone(),
+        prefix: a.code_prefix.clone(),
+        worker_paths: a.worker_paths.clone(),
+        fvd_writes: a.fvd_writes.clone(),
+    };
+    let checkout = match code
+        .cache
+        .attempt_checkout(&job, code_fetch(code, &a, tx), &cancel)
+        .await
+    {
+        Ok(c) => c,
+        Err(why) => {
+            tracing::warn!(job = %a.job_id, %why, "the agent attempt's code is not available here");
+            return pb::JobFinished {
+                job_id: a.job_id,
+                lease_epoch: a.lease_epoch,
+                spawn_error: why,
+                ..Default::default()
+            };
+        }
+    };
+    tracing::info!(job = %a.job_id, commit = %checkout.base, fetched = checkout.fetched, checkout = %checkout.path.display(), "agent attempt checked out");
+    let scratch = config.workspace.join("jobs").join(sanitized(&a.job_id));
+    let finished = attempt_in(config, a, g, tx, code, &checkout, &scratch, cancel).await;
+    checkout.remove().await;
+    let _ = tokio::fs::remove_dir_all(&scratch).await;
+    finished
+}
+
+/// `job_id` as a folder name.
+fn sanitized(job_id: &str) -> String {
+    job_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn attempt_in(
+    config: &WorkerConfig,
+    mut a: pb::AssignJob,
+    g: pb::AgentAssignment,
+    tx: &Outbox,
+    code: &CodeLink,
+    checkout: &AttemptCheckout,
+    scratch: &Path,
+    cancel: CancellationToken,
+) -> pb::JobFinished {
+    let fail = |a: &pb::AssignJob, why: String| pb::JobFinished {
+        job_id: a.job_id.clone(),
+        lease_epoch: a.lease_epoch,
+        spawn_error: why,
+        ..Default::default()
+    };
+    let dir = std::path::absolute(scratch.join("attempt")).unwrap_or(scratch.join("attempt"));
+    let _ = tokio::fs::remove_dir_all(&dir).await;
+    if let Err(e) = tokio::fs::create_dir_all(&dir).await {
+        return fail(&a, format!("cannot prepare {}: {e}", dir.display()));
+    }
+    let prompt = dir.join("prompt.md");
+    let handoff = dir.join("handoff.txt");
+    // The agent's end of its model proxy: this loopback, tunnelled.
+    let tunnel = if g.proxied {
+        match Tunnel::open(config, code, &a).await {
+            Ok(t) => Some(t),
+            Err(e) => {
+                return fail(
+                    &a,
+                    format!("cannot listen for the agent's model proxy: {e}"),
+                );
+            }
+        }
+    } else {
+        None
+    };
+    let proxy_url = tunnel
+        .as_ref()
+        .map(|t| format!("http://{}", t.addr))
+        .unwrap_or_default();
+    let show = |p: &Path| p.to_string_lossy().into_owned();
+    let (dir_s, workdir_s) = (show(&dir), show(&checkout.workdir));
+    let (prompt_s, handoff_s) = (show(&prompt), show(&handoff));
+    let fill = |t: &str| {
+        t.replace("{attempt_dir}", &dir_s)
+            .replace("{workdir}", &workdir_s)
+            .replace("{prompt_file}", &prompt_s)
+            .replace("{handoff_file}", &handoff_s)
+            .replace("{proxy_url}", &proxy_url)
+    };
+    for f in &g.files {
+        let path = match fvd_paths::join_under(&dir, &f.path) {
+            Ok(p) => p,
+            Err(e) => return fail(&a, format!("attempt file {:?} refused: {e}", f.path)),
+        };
+        if let Some(parent) = path.parent()
+            && let Err(e) = tokio::fs::create_dir_all(parent).await
+        {
+            return fail(&a, format!("cannot prepare {}: {e}", parent.display()));
+        }
+        if let Err(e) = tokio::fs::write(&path, fill(&f.text)).await {
+            return fail(&a, format!("cannot write {}: {e}", path.display()));
+        }
+    }
+    let packet = fill(&g.packet);
+    if let Err(e) = tokio::fs::write(&prompt, &packet).await {
+        return fail(&a, format!("cannot write {}: {e}", prompt.display()));
+    }
+    a.argv = a.argv.iter().map(|x| fill(x)).collect();
+    for v in a.env.values_mut() {
+        *v = fill(v);
+    }
+    a.cwd = workdir_s.clone();
+    a.collect_junit = false;
+    let io = AgentIo {
+        stdin: g.packet_on_stdin.then(|| packet.into_bytes()),
+        ..AgentIo::default()
+    };
+    let secret_env = a.secret_env.clone();
+    let (job_id, epoch) = (a.job_id.clone(), a.lease_epoch);
+    let mut finished = run_assigned(config, a, tx, cancel, Some(&io)).await;
+    drop(tunnel);
+    // What the agent wrote is redacted like its output before it leaves.
+    let mut secrets = config.job_secrets();
+    for name in &secret_env {
+        if let Ok(v) = std::env::var(name) {
+            secrets.add(name, v.as_bytes());
+        }
+    }
+    let handoff_text = tokio::fs::read_to_string(&handoff)
+        .await
+        .map(|t| secrets.text(&t))
+        .unwrap_or_default();
+    let stdout = {
+        let kept = io.stdout.lock().expect("agent stdout lock");
+        String::from_utf8_lossy(&kept).into_owned()
+    };
+    let mut result = pb::AgentResult {
+        handoff: handoff_text,
+        stdout,
+        ..Default::default()
+    };
+    match checkout.commit(&g.commit_message).await {
+        Ok((sha, pack)) => {
+            result.pack_bytes = pack.len() as u64;
+            for piece in pack.chunks(PACK_CHUNK_BYTES) {
+                tx.send(msg(pb::worker_msg::Msg::AttemptPack(pb::AttemptPack {
+                    job_id: job_id.clone(),
+                    lease_epoch: epoch,
+                    data: piece.to_vec(),
+                })))
+                .await;
+            }
+            tracing::info!(job = %job_id, commit = %sha, pack_bytes = pack.len(), "agent attempt committed");
+            result.commit = sha;
+        }
+        Err(e) => {
+            tracing::warn!(job = %job_id, error = %e, "the agent attempt could not be committed");
+            result.error = format!("the attempt could not be committed on the worker: {e}");
+        }
+    }
+    finished.agent = Some(result);
+    finished
+}
+
+/// The loopback end of an attempt's model proxy: every connection accepted
+/// is carried by one `Tunnel` call; closed (with its connections) when
+/// dropped.
+struct Tunnel {
+    addr: std::net::SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Tunnel {
+    async fn open(
+        config: &WorkerConfig,
+        code: &CodeLink,
+        a: &pb::AssignJob,
+    ) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let client = WorkerServiceClient::with_interceptor(
+            code.endpoint.connect_lazy(),
+            ClientAuth::new(config.token.clone()),
+        );
+        let first = pb::TunnelFrame {
+            job_id: a.job_id.clone(),
+            lease_epoch: a.lease_epoch,
+            worker_id: config.worker_id.clone(),
+            data: Vec::new(),
+        };
+        let stop = CancellationToken::new();
+        let until = stop.clone();
+        fvd_telemetry::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = until.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                let Ok((sock, _)) = accepted else {
+                    continue;
+                };
+                let (client, first, until) = (client.clone(), first.clone(), until.clone());
+                fvd_telemetry::spawn(async move {
+                    tokio::select! {
+                        _ = until.cancelled() => {}
+                        _ = carry(client, sock, first) => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, stop })
+    }
+}
+
+/// One connection of the agent, carried both ways by one `Tunnel` call.
+async fn carry<T>(
+    mut client: WorkerServiceClient<T>,
+    sock: tokio::net::TcpStream,
+    first: pb::TunnelFrame,
+) where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let (mut rd, mut wr) = sock.into_split();
+    let (ftx, frx) = mpsc::channel::<pb::TunnelFrame>(8);
+    let _ = ftx.send(first).await;
+    let reader = fvd_telemetry::spawn(async move {
+        let mut buf = vec![0u8; TUNNEL_FRAME_BYTES];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    let frame = pb::TunnelFrame {
+                        data: buf[..n].to_vec(),
+                        ..Default::default()
+                    };
+                    if ftx.send(frame).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    match client.tunnel(ReceiverStream::new(frx)).await {
+        Ok(r) => {
+            let mut inbound = r.into_inner();
+            while let Ok(Some(f)) = inbound.message().await {
+                if wr.write_all(&f.data).await.is_err() {
+                    break;
+                }
+            }
+            let _ = wr.shutdown().await;
+        }
+        Err(status) => {
+            tracing::warn!(%status, "the orchestrator refused the agent's model-proxy tunnel");
+        }
+    }
+    reader.abort();
+}
