@@ -62,6 +62,7 @@ pub struct FleetAttemptJob {
     pub code_prefix: String,
     pub repo: PathBuf,
     pub proxy: Option<std::net::SocketAddr>,
+    pub tools: Option<std::net::SocketAddr>,
     pub agent: AgentJob,
     pub span: tracing::Span,
 }
@@ -81,26 +82,10 @@ pub async fn run(
             repo: job.repo.clone(),
             commit: job.base.clone(),
             proxy: job.proxy,
+            tools: job.tools,
             worker_id: None,
         },
     );
-    let (done, ended) = oneshot::channel();
-    let (waiter, _) = Actor::spawn(
-        None,
-        AttemptWaiter,
-        WaiterArgs {
-            job_id: job.job_id.clone(),
-            attempts: attempts.clone(),
-            done,
-        },
-    )
-    .await?;
-    let guard = Queued {
-        scheduler: scheduler.clone(),
-        waiter: waiter.clone(),
-        job_id: job.job_id.clone(),
-        ended: false,
-    };
     let record = QueuedRun {
         job_id: job.job_id.clone(),
         family: job.family.clone(),
@@ -115,27 +100,66 @@ pub async fn run(
         code_prefix: job.code_prefix,
         expected_ms: None,
     };
-    scheduler.cast(SchedulerMsg::Enqueue(Box::new(QueuedJob {
-        record,
-        env: job.env,
-        secret_env: job.secret_env,
-        notify: waiter.get_derived(),
-        placement: job.placement,
-        span: job.span,
-        collect_env: None,
-        exclude: BTreeMap::new(),
-        preflight: Vec::new(),
-        compare: None,
-        fvd_writes: Vec::new(),
-        warm: None,
-        agent: Some(Box::new(job.agent)),
-    })))?;
+    let (env, secret_env, placement, span, agent) =
+        (job.env, job.secret_env, job.placement, job.span, job.agent);
+    run_queued(
+        scheduler,
+        attempts,
+        &job.job_id,
+        |notify| QueuedJob {
+            record,
+            env,
+            secret_env,
+            notify,
+            placement,
+            span,
+            collect_env: None,
+            exclude: BTreeMap::new(),
+            preflight: Vec::new(),
+            compare: None,
+            fvd_writes: Vec::new(),
+            warm: None,
+            agent: Some(Box::new(agent)),
+        },
+        stop,
+    )
+    .await
+}
+
+/// Queues a job that has no row in the store (`build` gets its `notify`),
+/// waits for its end, and cancels it when `stop` completes first; whether
+/// it was stopped. `attempts` learns its worker once it is leased.
+pub async fn run_queued(
+    scheduler: &ActorRef<SchedulerMsg>,
+    attempts: &FleetAttempts,
+    job_id: &str,
+    build: impl FnOnce(ractor::DerivedActorRef<JobEvent>) -> QueuedJob,
+    stop: impl Future<Output = ()>,
+) -> Result<(FleetEnd, bool), ActorProcessingErr> {
+    let (done, ended) = oneshot::channel();
+    let (waiter, _) = Actor::spawn(
+        None,
+        AttemptWaiter,
+        WaiterArgs {
+            job_id: job_id.to_string(),
+            attempts: attempts.clone(),
+            done,
+        },
+    )
+    .await?;
+    let mut guard = Queued {
+        scheduler: scheduler.clone(),
+        waiter: waiter.clone(),
+        job_id: job_id.to_string(),
+        ended: false,
+    };
+    scheduler.cast(SchedulerMsg::Enqueue(Box::new(build(waiter.get_derived()))))?;
     tokio::pin!(stop);
     let mut stopped = false;
     let mut ended = ended;
     let end = loop {
         tokio::select! {
-            end = &mut ended => break end.unwrap_or_else(|_| FleetEnd::Lost("the attempt's waiter stopped".into())),
+            end = &mut ended => break end.unwrap_or_else(|_| FleetEnd::Lost("the job's waiter stopped".into())),
             () = &mut stop, if !stopped => {
                 stopped = true;
                 let _ = scheduler.cast(SchedulerMsg::Cancel {
@@ -150,7 +174,6 @@ pub async fn run(
             }
         }
     };
-    let mut guard = guard;
     guard.ended = true;
     Ok((end, stopped))
 }

@@ -1172,6 +1172,16 @@ async fn spent(st: &ComponentState, recorded: &[AttemptRow]) -> Result<Spent, Ac
         .await?;
     let jobs: Vec<_> = jobs.into_iter().filter(|j| j.queued_ms >= since).collect();
     let model = st.args.store.usage_spent(&st.args.family, since).await?;
+    // The parity runs an agent asked for itself (`fvd mcp`'s `run_parity`).
+    let tool_gpu_ms: u64 = st
+        .args
+        .store
+        .tool_calls(&st.args.family, &st.args.spec.name)
+        .await?
+        .iter()
+        .filter(|c| c.at_ms >= since)
+        .map(|c| c.gpu_ms)
+        .sum();
     let model_port = model
         .values()
         .fold(fvd_store::usage::Spend::default(), |a, s| {
@@ -1189,7 +1199,8 @@ async fn spent(st: &ComponentState, recorded: &[AttemptRow]) -> Result<Spent, Ac
             .iter()
             .filter(|j| j.state == JobState::Finished)
             .map(|j| j.duration_ms.unwrap_or(0) * u64::from(j.gpus_needed))
-            .sum(),
+            .sum::<u64>()
+            + tool_gpu_ms,
         now_ms: now_ms(),
     })
 }
@@ -1467,12 +1478,14 @@ const PROMPT_FILE: &str = "{prompt_file}";
 const HANDOFF_FILE: &str = "{handoff_file}";
 const ATTEMPT_DIR: &str = "{attempt_dir}";
 const PROXY_URL: &str = "{proxy_url}";
+const TOOLS_ADDR: &str = "{tools_addr}";
+const FVD_PROGRAM: &str = "{fvd}";
 
 /// The fleet's attempt registry when agents run on workers (`--agents
 /// fleet`); `None` when they run on this host.
 fn fleet_of(st: &ComponentState) -> Option<&fvd_workspace::agent::FleetAttempts> {
-    match &st.args.agents.on {
-        fvd_workspace::agent::AgentsOn::Fleet(f) => Some(f),
+    match st.args.agents.on {
+        fvd_workspace::agent::AgentsOn::Fleet => Some(&st.args.agents.registry),
         fvd_workspace::agent::AgentsOn::Host => None,
     }
 }
@@ -1487,6 +1500,8 @@ struct AgentLaunch<'a> {
     files: Vec<(String, String)>,
     /// The attempt's model proxy, which a worker reaches by its tunnel.
     proxy: Option<std::net::SocketAddr>,
+    /// The attempt's tools (`fvd mcp`), likewise.
+    tools: Option<std::net::SocketAddr>,
     span: &'a Span,
 }
 
@@ -1614,6 +1629,13 @@ async fn run_agent(
     if let Some(tp) = fvd_telemetry::traceparent(&span) {
         extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
+    // fvd's tools for the agent (`fvd mcp`), for as long as it runs.
+    let tools = start_tools(st, attempt, &head_before, &span).await;
+    let mcp = tools.as_ref().map(|t| tools_mcp(st, t, &head_before));
+    if let Some(m) = &mcp {
+        extra.extend(m.env.iter().cloned());
+    }
+    let tools_addr = tools.as_ref().map(|t| t.addr);
     let Some(model) = &a.model else {
         let ran = run_where(
             st,
@@ -1626,6 +1648,7 @@ async fn run_agent(
                 stdin: None,
                 files: Vec::new(),
                 proxy: None,
+                tools: tools_addr,
                 span: &span,
             },
             std::future::pending(),
@@ -1673,6 +1696,8 @@ async fn run_agent(
             head_before,
             clock,
             ledger_ms,
+            mcp,
+            tools: tools_addr,
         },
         model,
     )
@@ -1692,6 +1717,8 @@ struct ProxiedRun<'a> {
     /// Started with the attempt's ledger row.
     clock: std::time::Instant,
     ledger_ms: u64,
+    mcp: Option<fvd_workspace::preset::Mcp>,
+    tools: Option<std::net::SocketAddr>,
 }
 
 /// Runs the agent behind its own model proxy: the key stays in fvd, the
@@ -1716,6 +1743,8 @@ async fn proxied_agent(
         head_before,
         clock,
         ledger_ms,
+        mcp,
+        tools,
     } = r;
     let store = st.args.store.clone();
     // A try after a crash adds to what the tries before it spent.
@@ -1772,9 +1801,12 @@ async fn proxied_agent(
                 a,
                 p,
                 &packet,
-                Path::new(ATTEMPT_DIR),
+                session::Place {
+                    dir: Path::new(ATTEMPT_DIR),
+                    jailed: true,
+                    mcp: mcp.as_ref(),
+                },
                 &base_url,
-                true,
             );
             extra.extend(plan.launch.env);
             launch_files = plan.files;
@@ -1784,8 +1816,18 @@ async fn proxied_agent(
             let packet = std::fs::read_to_string(&files.prompt)
                 .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
             let jailed = st.args.agents.jail.mechanism().is_some();
-            let mut l = session::launch(&sess, a, p, &packet, &files.dir, jailed)
-                .map_err(|e| format!("cannot write the {} configuration: {e}", p.name()))?;
+            let mut l = session::launch(
+                &sess,
+                a,
+                p,
+                &packet,
+                session::Place {
+                    dir: &files.dir,
+                    jailed,
+                    mcp: mcp.as_ref(),
+                },
+            )
+            .map_err(|e| format!("cannot write the {} configuration: {e}", p.name()))?;
             // Found as `fvd agents check` finds it: FVD_AGENT_CLI_DIR, then PATH.
             if let Some(found) =
                 fvd_workspace::preset::find_program(p, std::env::var_os("PATH").as_deref())
@@ -1829,6 +1871,7 @@ async fn proxied_agent(
             stdin,
             files: launch_files,
             proxy: Some(sess.proxy().addr()),
+            tools,
             span: &span,
         },
         sess.stopped(),
@@ -1924,6 +1967,73 @@ async fn proxied_agent(
     })
 }
 
+/// Starts the attempt's tools (`attempt_tools`); `None`, with a warning,
+/// when they cannot listen (the agent runs without them).
+async fn start_tools(
+    st: &ComponentState,
+    attempt: u32,
+    head_before: &str,
+    span: &Span,
+) -> Option<crate::attempt_tools::ToolsServer> {
+    let spec = &st.args.spec;
+    let a = spec.agent.as_ref()?;
+    let lp = st.agent.as_ref()?;
+    let ctx = crate::attempt_tools::ToolsContext {
+        family: st.args.family.clone(),
+        component: spec.name.clone(),
+        attempt,
+        spec: spec.clone(),
+        repo: st.args.repo.clone(),
+        code_prefix: lp.worktree.prefix.clone(),
+        base: head_before.to_string(),
+        fvd_writes: st.args.code.fvd_writes.clone(),
+        store: st.args.store.clone(),
+        scheduler: st.args.scheduler.clone(),
+        registry: st.args.agents.registry.clone(),
+        span: span.clone(),
+        secrets: st.args.agents.redactor(&a.env),
+    };
+    match crate::attempt_tools::start(ctx).await {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(error = %e, "the attempt's tools cannot listen; the agent runs without them");
+            None
+        }
+    }
+}
+
+/// How the agent's CLI starts `fvd mcp` for this attempt: the variables
+/// that scope it (the tools' address, their token, the attempt's base),
+/// with the address and the program left for a worker to fill in.
+fn tools_mcp(
+    st: &ComponentState,
+    tools: &crate::attempt_tools::ToolsServer,
+    head_before: &str,
+) -> fvd_workspace::preset::Mcp {
+    let fleet = fleet_of(st).is_some();
+    let program = if fleet {
+        FVD_PROGRAM.to_string()
+    } else {
+        std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "fvd".into())
+    };
+    let addr = if fleet {
+        TOOLS_ADDR.to_string()
+    } else {
+        tools.addr.to_string()
+    };
+    fvd_workspace::preset::Mcp {
+        program: program.clone(),
+        env: vec![
+            ("FVD_TOOLS_ADDR".into(), addr),
+            ("FVD_TOOLS_TOKEN".into(), tools.token.clone()),
+            ("FVD_ATTEMPT_BASE".into(), head_before.to_string()),
+            ("FVD_BIN".into(), program),
+        ],
+    }
+}
+
 /// Runs the attempt's agent: on this host in the component's worktree, or
 /// (`--agents fleet`) as a fleet job on a worker, which sends back its
 /// commit. `stop` ends it early (its model proxy tripped).
@@ -1984,11 +2094,13 @@ async fn run_where(
         code_prefix: lp.worktree.prefix.clone(),
         repo: PathBuf::from(&st.args.repo),
         proxy: launch.proxy,
+        tools: launch.tools,
         agent: fvd_store::model::AgentJob {
             packet,
             packet_on_stdin: launch.stdin.is_some(),
             files: launch.files,
             proxied: launch.proxy.is_some(),
+            tools: launch.tools.is_some(),
             commit_message: format!("fvd: {} attempt {attempt}", spec.name),
         },
         span: launch.span.clone(),

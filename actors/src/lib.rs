@@ -28,6 +28,7 @@
 //! their own, without actors.
 
 pub mod agent_job;
+pub mod attempt_tools;
 pub mod component;
 pub mod fvd_dir;
 pub mod gate;

@@ -322,10 +322,7 @@ pub async fn start(
         heartbeats: Default::default(),
         credentials: credentials.clone(),
         secrets: Arc::new(worker_api::own_secrets(&config)),
-        fleet: match &config.agents.on {
-            fvd_workspace::agent::AgentsOn::Fleet(f) => Some(f.clone()),
-            fvd_workspace::agent::AgentsOn::Host => None,
-        },
+        fleet: Some(config.agents.registry.clone()),
     };
     let ports = port_api::PortApi {
         store: store.clone(),

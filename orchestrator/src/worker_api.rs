@@ -112,9 +112,18 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
                     first.job_id, first.worker_id
                 ))
             })?;
-        let proxy = attempt.proxy.ok_or_else(|| {
+        let (target, what) = match first.target.as_str() {
+            "" | "model" => (attempt.proxy, "model proxy"),
+            "tools" => (attempt.tools, "tools"),
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "no tunnel target {other:?} (model or tools)"
+                )));
+            }
+        };
+        let proxy = target.ok_or_else(|| {
             Status::failed_precondition(format!(
-                "the agent attempt of job {} has no model proxy",
+                "the agent attempt of job {} has no {what}",
                 first.job_id
             ))
         })?;
@@ -499,6 +508,7 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
                         .collect(),
                     proxied: g.proxied,
                     commit_message: g.commit_message,
+                    tools: g.tools,
                 }),
             })
         }

@@ -226,7 +226,17 @@ async fn check_one(path: &Path, agent: &AgentSpec, timeout: Duration) -> anyhow:
         model: Some(m),
         ..agent.clone()
     };
-    let launch = session::launch(&sess, &spec, preset, TASK, dir.path(), false)?;
+    let launch = session::launch(
+        &sess,
+        &spec,
+        preset,
+        TASK,
+        session::Place {
+            dir: dir.path(),
+            jailed: false,
+            mcp: None,
+        },
+    )?;
     let mut argv = launch.argv;
     argv[0] = c.program.clone();
     // fvd's own command in a throw-away folder: no jail, the environment

@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod exit;
 pub mod gc;
 pub mod init;
+pub mod mcp;
 pub mod port;
 pub mod read;
 pub mod render;
@@ -193,6 +194,9 @@ pub enum Command {
     /// Remove agent worktrees and branches no port needs any more (merged
     /// and finished, or of a port or component no longer recorded).
     Gc(gc::GcArgs),
+    /// Serve one agent attempt's tools over MCP on stdin/stdout (started
+    /// by the agent's CLI, which the agent presets configure).
+    Mcp(mcp::McpArgs),
     /// Run the orchestrator server.
     #[command(subcommand)]
     Orchestrator(server::OrchestratorCmd),
@@ -230,6 +234,7 @@ pub fn run(cli: Cli) -> anyhow::Result<exit::Exit> {
         Command::Reset(a) => port::reset(a),
         Command::Answer(a) => port::answer(a),
         Command::Gc(a) => gc::run(a),
+        Command::Mcp(a) => mcp::run(a),
         Command::Orchestrator(c) => server::serve(c),
         Command::Auth(c) => auth::run(c),
         Command::Worker(a) => server::worker(a),

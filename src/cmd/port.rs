@@ -524,6 +524,7 @@ fn embedded_agents(
         on: fvd_workspace::agent::AgentsOn::Host,
         jail,
         secrets: Default::default(),
+        registry: Default::default(),
     })
 }
 

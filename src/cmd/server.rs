@@ -599,7 +599,7 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             max_code_bytes: args.max_code_mib.saturating_mul(1024 * 1024),
             agents: fvd_workspace::agent::AgentPolicy {
                 on: if args.agents == "fleet" {
-                    fvd_workspace::agent::AgentsOn::Fleet(Default::default())
+                    fvd_workspace::agent::AgentsOn::Fleet
                 } else {
                     fvd_workspace::agent::AgentsOn::Host
                 },
@@ -610,6 +610,7 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
                 },
                 jail: agent_jail,
                 secrets: agent_secrets,
+                registry: Default::default(),
             },
             ..Default::default()
         };

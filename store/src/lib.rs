@@ -83,6 +83,26 @@ pub struct AttemptRow {
     pub worker_id: String,
 }
 
+/// One tool call of an attempt's agent (`attempt_tool_calls`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct ToolCallRow {
+    #[serde(skip)]
+    pub family: String,
+    #[serde(skip)]
+    pub component: String,
+    pub attempt: u32,
+    pub seq: u32,
+    pub tool: String,
+    pub arguments: String,
+    /// `ok` or `error`.
+    pub outcome: String,
+    pub detail: String,
+    pub duration_ms: u64,
+    /// GPU-milliseconds of the run the call asked for (`run_parity`).
+    pub gpu_ms: u64,
+    pub at_ms: i64,
+}
+
 /// An escape hatch an agent raised (`escape_hatches`).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct EscapeRow {
@@ -136,6 +156,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (15, include_str!("../migrations/0015_lease_epochs.sql")),
     (16, include_str!("../migrations/0016_error_kind.sql")),
     (17, include_str!("../migrations/0017_attempt_worker.sql")),
+    (
+        18,
+        include_str!("../migrations/0018_attempt_tool_calls.sql"),
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -1482,6 +1506,57 @@ impl Store {
             Ok(())
         })
         .await
+    }
+
+    /// Records one tool call of an attempt's agent (`fvd mcp`), numbered
+    /// after the attempt's earlier calls.
+    pub async fn record_tool_call(&self, c: &ToolCallRow) -> Result<(), StoreError> {
+        self.write("record tool call", || async move {
+            sqlx::query("INSERT INTO attempt_tool_calls (family, component, attempt, seq, tool, arguments, outcome, detail, duration_ms, gpu_ms, at_ms) VALUES (?1, ?2, ?3, (SELECT COALESCE(MAX(seq), 0) + 1 FROM attempt_tool_calls WHERE family = ?1 AND component = ?2 AND attempt = ?3), ?4, ?5, ?6, ?7, ?8, ?9, ?10)")
+                .bind(&c.family)
+                .bind(&c.component)
+                .bind(c.attempt as i64)
+                .bind(&c.tool)
+                .bind(&c.arguments)
+                .bind(&c.outcome)
+                .bind(&c.detail)
+                .bind(c.duration_ms as i64)
+                .bind(c.gpu_ms as i64)
+                .bind(c.at_ms)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The tool calls of a component's attempts, in order.
+    pub async fn tool_calls(
+        &self,
+        family: &str,
+        component: &str,
+    ) -> Result<Vec<ToolCallRow>, StoreError> {
+        let rows = sqlx::query("SELECT attempt, seq, tool, arguments, outcome, detail, duration_ms, gpu_ms, at_ms FROM attempt_tool_calls WHERE family = ? AND component = ? ORDER BY attempt, seq")
+            .bind(family)
+            .bind(component)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| ToolCallRow {
+                family: family.to_string(),
+                component: component.to_string(),
+                attempt: r.get::<i64, _>("attempt") as u32,
+                seq: r.get::<i64, _>("seq") as u32,
+                tool: r.get("tool"),
+                arguments: r.get("arguments"),
+                outcome: r.get("outcome"),
+                detail: r.get("detail"),
+                duration_ms: r.get::<i64, _>("duration_ms") as u64,
+                gpu_ms: r.get::<i64, _>("gpu_ms") as u64,
+                at_ms: r.get("at_ms"),
+            })
+            .collect())
     }
 
     /// Records which run tests the attempt's commit.

@@ -179,8 +179,9 @@ pub struct Assignment {
 /// removed after, and sends back the commit it leaves
 /// ([`JobReport::agent`]). In `argv`, `env` values, `files` and `packet`,
 /// the worker replaces `{attempt_dir}`, `{workdir}`, `{prompt_file}`,
-/// `{handoff_file}` and `{proxy_url}` with its own paths and its loopback
-/// end of the model proxy's tunnel.
+/// `{handoff_file}`, `{fvd}` (its own program), and `{proxy_url}` and
+/// `{tools_addr}` (its loopback ends of the tunnels to the attempt's model
+/// proxy and tools).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AgentJob {
     /// The packet, written to `{prompt_file}`.
@@ -191,6 +192,9 @@ pub struct AgentJob {
     pub files: Vec<(String, String)>,
     /// The agent reaches a model proxy through the worker's tunnel.
     pub proxied: bool,
+    /// The agent reaches its tools (`fvd mcp`) through the worker's tunnel
+    /// (`{tools_addr}`).
+    pub tools: bool,
     pub commit_message: String,
 }
 

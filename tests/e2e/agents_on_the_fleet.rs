@@ -219,3 +219,174 @@ fn agent_attempts_run_on_workers_that_cannot_see_the_repository() {
         assert!(left.is_empty(), "{id} kept {left:?}\n{log}");
     }
 }
+
+/// An agent that works through `fvd mcp` (a Python MCP client): it asks
+/// `run_parity` of its untouched work tree, applies the example's two
+/// recorded patches (the guess and the fix), asks again, reads the ledger, and hands back the recorded handoff.
+/// Every reply goes to `log` (one JSON line per call).
+fn mcp_agent(path: &Path, log: &Path) {
+    let script = format!(
+        r#"#!/usr/bin/env python3
+import json, os, subprocess, sys
+handoff = sys.argv[1]
+log = open({log:?}, "a")
+mcp = subprocess.Popen([os.environ["FVD_BIN"], "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+n = 0
+def rpc(method, params=None, notify=False):
+    global n
+    msg = {{"jsonrpc": "2.0", "method": method}}
+    if params is not None:
+        msg["params"] = params
+    if not notify:
+        n += 1
+        msg["id"] = n
+    mcp.stdin.write(json.dumps(msg) + "\n")
+    mcp.stdin.flush()
+    if notify:
+        return None
+    reply = json.loads(mcp.stdout.readline())
+    log.write(json.dumps({{"method": method, "params": params, "reply": reply}}) + "\n")
+    log.flush()
+    return reply
+rpc("initialize", {{"protocolVersion": "2025-06-18", "capabilities": {{}}, "clientInfo": {{"name": "test", "version": "1"}}}})
+rpc("notifications/initialized", notify=True)
+rpc("tools/list")
+rpc("tools/call", {{"name": "run_parity", "arguments": {{}}}})
+prefix = subprocess.run(["git", "rev-parse", "--show-prefix"], capture_output=True, text=True).stdout.strip().rstrip("/")
+for patch in ["0001", "0002"]:
+    cmd = ["git", "apply"] + ([f"--directory={{prefix}}"] if prefix else []) + [f"tools/replay/timestep_embed/{{patch}}.patch"]
+    subprocess.run(cmd, check=True)
+rpc("tools/call", {{"name": "run_parity", "arguments": {{}}}})
+rpc("tools/call", {{"name": "attempts", "arguments": {{}}}})
+mcp.stdin.close()
+mcp.wait()
+open(handoff, "w").write(open("tools/replay/timestep_embed/0002.handoff").read())
+"#,
+        log = log.display().to_string()
+    );
+    std::fs::write(path, script).unwrap();
+}
+
+/// The replies `mcp_agent` logged, in order.
+fn mcp_log(log: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn an_agent_on_a_worker_runs_the_parity_test_through_fvd_mcp() {
+    let mut sb = Sandbox::with_repo_in("hidden/repo");
+    let agent = sb.dir.path().join("mcp_agent.py");
+    let log = sb.dir.path().join("mcp.jsonl");
+    mcp_agent(&agent, &log);
+    let agent_s = agent.display().to_string();
+    let base = example_repo(&sb, |t| {
+        crate::durability::keep_components(&t, &["timestep_embed"]).replace(
+            r#"command = ["python3", "-B", "tools/replay_agent.py", "--patches", "tools/replay/{component}", "--attempt", "{attempt}", "--prompt", "{prompt_file}", "--handoff", "{handoff_file}", "--worktree", "{worktree}"]"#,
+            &format!(r#"command = ["python3", "-B", "{agent_s}", "{{handoff_file}}"]"#),
+        )
+    });
+    let hidden = sb.dir.path().join("hidden");
+    assert_hidden(&hidden, sb.repo());
+    sb.serve_with(&["--allow-agent-commands"]);
+    spawn_hidden_worker_with(&mut sb, "w1", &[], &[]);
+    let out = sb.submit_remote("tinyport", &["--wait"]);
+    let text = format!(
+        "{}{}\nlogs:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        sb.logs()
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+
+    // What the agent got from its tools: the red verdict of its untouched
+    // tree, the pass of its fixed one, and the ledger with its own attempt
+    // running.
+    let calls = mcp_log(&log);
+    let methods: Vec<&str> = calls
+        .iter()
+        .map(|c| c["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            "initialize",
+            "tools/list",
+            "tools/call",
+            "tools/call",
+            "tools/call"
+        ],
+        "{calls:#?}"
+    );
+    assert_eq!(calls[0]["reply"]["result"]["serverInfo"]["name"], "fvd");
+    let listed: Vec<&str> = calls[1]["reply"]["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["run_parity", "trace", "attempts", "compare_dumps"]);
+    let said = |i: usize| {
+        let r = &calls[i]["reply"]["result"];
+        assert_eq!(r["isError"], false, "{r}");
+        r["content"][0]["text"].as_str().unwrap().to_string()
+    };
+    let red = said(2);
+    assert!(red.starts_with("verdict: debug_red"), "{red}");
+    assert!(red.contains("worker: w1"), "{red}");
+    let green = said(3);
+    assert!(green.starts_with("verdict: non_skip_pass"), "{green}");
+    let ledger = said(4);
+    assert!(ledger.contains("attempt 1 (fix, running)"), "{ledger}");
+
+    // One attempt, fixed; fvd's own runs only (red, then its pass): the
+    // agent's two runs are not the component's.
+    let status = sb.remote_status("tinyport").unwrap();
+    let got = verdicts(&status);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].1, "non_skip_pass", "{got:?}");
+    assert_eq!(got[0].2, 2, "fvd's runs of the component: {got:?}");
+    let db = sb.dir.path().join("orchestrator.db");
+    let rows = crate::chaos::query(
+        &db,
+        "SELECT attempt, seq, tool, outcome, detail, gpu_ms FROM attempt_tool_calls ORDER BY seq",
+    );
+    let tools: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r[2].as_str().unwrap(), r[3].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            ("run_parity", "ok"),
+            ("run_parity", "ok"),
+            ("attempts", "ok")
+        ],
+        "{rows:?}"
+    );
+    assert!(
+        rows[0][4].as_str().unwrap().starts_with("debug_red"),
+        "{rows:?}"
+    );
+    assert!(
+        rows[1][4].as_str().unwrap().starts_with("non_skip_pass"),
+        "{rows:?}"
+    );
+    let jobs = crate::chaos::query(
+        &db,
+        "SELECT COUNT(*) FROM jobs WHERE component = 'timestep_embed'",
+    );
+    assert_eq!(jobs[0][0], 2, "the agent's runs left no job rows");
+    let branch = git(
+        sb.repo(),
+        &[
+            "log",
+            "--format=%H",
+            &format!("{base}..fvd/tinyport/timestep_embed"),
+        ],
+    );
+    assert_eq!(branch.lines().count(), 1, "{branch}");
+}

@@ -119,24 +119,33 @@ async fn attempt_in(
     }
     let prompt = dir.join("prompt.md");
     let handoff = dir.join("handoff.txt");
-    // The agent's end of its model proxy: this loopback, tunnelled.
-    let tunnel = if g.proxied {
-        match Tunnel::open(config, code, &a).await {
-            Ok(t) => Some(t),
-            Err(e) => {
-                return fail(
-                    &a,
-                    format!("cannot listen for the agent's model proxy: {e}"),
-                );
-            }
+    // The agent's ends of its model proxy and its tools: this loopback,
+    // tunnelled to the orchestrator.
+    let mut ends = Vec::new();
+    for (wanted, target) in [(g.proxied, "model"), (g.tools, "tools")] {
+        if !wanted {
+            ends.push(None);
+            continue;
         }
-    } else {
-        None
-    };
+        match Tunnel::open(config, code, &a, target).await {
+            Ok(t) => ends.push(Some(t)),
+            Err(e) => return fail(&a, format!("cannot listen for the agent's {target}: {e}")),
+        }
+    }
+    let tools = ends.pop().flatten();
+    let tunnel = ends.pop().flatten();
     let proxy_url = tunnel
         .as_ref()
         .map(|t| format!("http://{}", t.addr))
         .unwrap_or_default();
+    let tools_addr = tools
+        .as_ref()
+        .map(|t| t.addr.to_string())
+        .unwrap_or_default();
+    // `fvd mcp` is this program.
+    let fvd = std::env::current_exe()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "fvd".into());
     let show = |p: &Path| p.to_string_lossy().into_owned();
     let (dir_s, workdir_s) = (show(&dir), show(&checkout.workdir));
     let (prompt_s, handoff_s) = (show(&prompt), show(&handoff));
@@ -146,6 +155,8 @@ async fn attempt_in(
             .replace("{prompt_file}", &prompt_s)
             .replace("{handoff_file}", &handoff_s)
             .replace("{proxy_url}", &proxy_url)
+            .replace("{tools_addr}", &tools_addr)
+            .replace("{fvd}", &fvd)
     };
     for f in &g.files {
         let path = match fvd_paths::join_under(&dir, &f.path) {
@@ -166,6 +177,17 @@ async fn attempt_in(
         return fail(&a, format!("cannot write {}: {e}", prompt.display()));
     }
     a.argv = a.argv.iter().map(|x| fill(x)).collect();
+    // An agent CLI installed beside this worker rather than on its PATH
+    // (`FVD_AGENT_CLI_DIR`, as `fvd agents check` finds it).
+    if let Some(first) = a.argv.first_mut()
+        && !first.contains('/')
+        && let Some(dir) = std::env::var_os("FVD_AGENT_CLI_DIR")
+    {
+        let found = Path::new(&dir).join(first.as_str());
+        if found.is_file() {
+            *first = found.to_string_lossy().into_owned();
+        }
+    }
     for v in a.env.values_mut() {
         *v = fill(v);
     }
@@ -179,6 +201,7 @@ async fn attempt_in(
     let (job_id, epoch) = (a.job_id.clone(), a.lease_epoch);
     let mut finished = run_assigned(config, a, tx, cancel, Some(&io)).await;
     drop(tunnel);
+    drop(tools);
     // What the agent wrote is redacted like its output before it leaves.
     let mut secrets = config.job_secrets();
     for name in &secret_env {
@@ -241,6 +264,7 @@ impl Tunnel {
         config: &WorkerConfig,
         code: &CodeLink,
         a: &pb::AssignJob,
+        target: &str,
     ) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
@@ -252,6 +276,7 @@ impl Tunnel {
             job_id: a.job_id.clone(),
             lease_epoch: a.lease_epoch,
             worker_id: config.worker_id.clone(),
+            target: target.to_string(),
             data: Vec::new(),
         };
         let stop = CancellationToken::new();

@@ -58,7 +58,7 @@ pub enum AgentCommands {
 }
 
 /// Where an attempt's agent runs (issue #32).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum AgentsOn {
     /// On the orchestrator's host, in the component's worktree (embedded
     /// mode, `fvd orchestrator serve --agents host`).
@@ -66,12 +66,13 @@ pub enum AgentsOn {
     Host,
     /// As a fleet job on a worker, in a checkout of its own; the model
     /// proxy stays here and the worker reaches it through a tunnel.
-    Fleet(FleetAttempts),
+    Fleet,
 }
 
-/// The agent attempts running on workers, by job id. They have no row in
-/// the store's `jobs`: what the worker edge checks a worker's `FetchCode`
-/// and `Tunnel` calls against is here, for as long as the attempt runs.
+/// The jobs workers run for agents, by job id: attempts on the fleet and
+/// the parity runs an agent's tools ask for. They have no row in the
+/// store's `jobs`: what the worker edge checks a worker's `FetchCode` and
+/// `Tunnel` calls against is here, for as long as the job runs.
 #[derive(Debug, Clone, Default)]
 pub struct FleetAttempts(Arc<Mutex<HashMap<String, FleetAttempt>>>);
 
@@ -83,6 +84,8 @@ pub struct FleetAttempt {
     pub commit: String,
     /// The attempt's model proxy here, when its agent has one.
     pub proxy: Option<SocketAddr>,
+    /// The attempt's tools here (`fvd mcp`'s other end).
+    pub tools: Option<SocketAddr>,
     /// The worker holding its lease, once leased.
     pub worker_id: Option<String>,
 }
@@ -156,6 +159,10 @@ pub struct AgentPolicy {
     pub commands: AgentCommands,
     /// Where they run.
     pub on: AgentsOn,
+    /// The jobs without a row in the store that workers run for agents
+    /// (attempts, and the runs their tools ask for): what the worker edge
+    /// serves code and tunnels for. One per orchestrator.
+    pub registry: FleetAttempts,
     /// The jail agents start in.
     pub jail: fvd_sandbox::Jail,
     /// The orchestrator's own secrets (its token): redacted from what an

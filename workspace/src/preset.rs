@@ -39,6 +39,28 @@ pub struct Attempt<'a> {
     /// The agent starts in fvd's jail (`fvd_sandbox`): a CLI's own sandbox,
     /// which cannot nest in it, is left to the jail.
     pub jailed: bool,
+    /// fvd's tools for the attempt (`fvd mcp`), configured as the CLI's
+    /// MCP server `fvd`.
+    pub mcp: Option<&'a Mcp>,
+}
+
+/// How a CLI starts `fvd mcp`: the fvd program and the variables that
+/// scope it to the attempt (its tools' address and token, its base).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mcp {
+    pub program: String,
+    pub env: Vec<(String, String)>,
+}
+
+impl Mcp {
+    fn env_json(&self) -> Value {
+        Value::Object(
+            self.env
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect(),
+        )
+    }
 }
 
 /// How to start the CLI.
@@ -136,7 +158,20 @@ pub fn plan(a: &Attempt<'_>) -> Plan {
             // What it may run without asking: the parity test and reading
             // git. Anything else is denied (and listed on the attempt). An
             // allowlist is not a sandbox: see the containment of jobs.
+            if let Some(mcp) = a.mcp {
+                let config = json!({"mcpServers": {"fvd": {
+                    "type": "stdio",
+                    "command": mcp.program,
+                    "args": ["mcp"],
+                    "env": mcp.env_json(),
+                }}});
+                argv.extend([s("--mcp-config"), config.to_string()]);
+            }
             argv.push(s("--allowedTools"));
+            if a.mcp.is_some() {
+                // Every tool of the `fvd` MCP server.
+                argv.push(s("mcp__fvd"));
+            }
             argv.extend(
                 [
                     "Read",
@@ -170,7 +205,7 @@ pub fn plan(a: &Attempt<'_>) -> Plan {
             let codex_home = home.join(".codex");
             files.push((
                 "home/.codex/config.toml".into(),
-                codex_config(m, a.base_url),
+                codex_config(m, a.base_url, a.mcp),
             ));
             let schema = a.dir.join("handoff.schema.json");
             files.push(("handoff.schema.json".into(), HANDOFF_SCHEMA.into()));
@@ -204,7 +239,10 @@ pub fn plan(a: &Attempt<'_>) -> Plan {
         Preset::Opencode => {
             argv.extend(["run", "--format", "json", "--model"].map(s));
             argv.push(format!("fvd/{}", m.api_model()));
-            env.push((s("OPENCODE_CONFIG_CONTENT"), opencode_config(m, a.base_url)));
+            env.push((
+                s("OPENCODE_CONFIG_CONTENT"),
+                opencode_config(m, a.base_url, a.mcp),
+            ));
             env.push((s(TOKEN_ENV), s(a.token)));
             env.extend(
                 [
@@ -221,7 +259,10 @@ pub fn plan(a: &Attempt<'_>) -> Plan {
             );
         }
         Preset::Gemini => {
-            files.push(("home/.gemini/settings.json".into(), gemini_settings(m)));
+            files.push((
+                "home/.gemini/settings.json".into(),
+                gemini_settings(m, a.mcp),
+            ));
             argv.extend(
                 [
                     "--model",
@@ -261,9 +302,9 @@ pub fn plan(a: &Attempt<'_>) -> Plan {
     }
 }
 
-fn codex_config(m: &ModelSpec, base_url: &str) -> String {
+fn codex_config(m: &ModelSpec, base_url: &str, mcp: Option<&Mcp>) -> String {
     let q = |s: &str| serde_json::to_string(s).expect("strings serialize");
-    format!(
+    let mut text = format!(
         "# Written by fvd for one agent attempt.\n\
 model = {model}\n\
 model_provider = \"fvd\"\n\
@@ -287,15 +328,28 @@ request_max_retries = 0\n\
 stream_max_retries = 0\n",
         model = q(m.api_model()),
         base = q(base_url),
-    )
+    );
+    if let Some(mcp) = mcp {
+        let env: Vec<String> = mcp
+            .env
+            .iter()
+            .map(|(k, v)| format!("{} = {}", q(k), q(v)))
+            .collect();
+        text.push_str(&format!(
+            "\n[mcp_servers.fvd]\ncommand = {}\nargs = [\"mcp\"]\nenv = {{ {} }}\n",
+            q(&mcp.program),
+            env.join(", ")
+        ));
+    }
+    text
 }
 
-fn opencode_config(m: &ModelSpec, base_url: &str) -> String {
+fn opencode_config(m: &ModelSpec, base_url: &str, mcp: Option<&Mcp>) -> String {
     let npm = match m.api {
         ModelApi::Anthropic => "@ai-sdk/anthropic",
         _ => "@ai-sdk/openai-compatible",
     };
-    json!({
+    let mut v = json!({
         "$schema": "https://opencode.ai/config.json",
         "autoupdate": false,
         "share": "disabled",
@@ -314,11 +368,19 @@ fn opencode_config(m: &ModelSpec, base_url: &str) -> String {
             "bash": {"*": "allow", "curl *": "deny", "wget *": "deny"},
             "webfetch": "deny",
         },
-    })
-    .to_string()
+    });
+    if let Some(mcp) = mcp {
+        v["mcp"] = json!({"fvd": {
+            "type": "local",
+            "command": [mcp.program, "mcp"],
+            "environment": mcp.env_json(),
+            "enabled": true,
+        }});
+    }
+    v.to_string()
 }
 
-fn gemini_settings(m: &ModelSpec) -> String {
+fn gemini_settings(m: &ModelSpec, mcp: Option<&Mcp>) -> String {
     let mut v = json!({
         "privacy": {"usageStatisticsEnabled": false},
         "telemetry": {"enabled": false},
@@ -327,6 +389,14 @@ fn gemini_settings(m: &ModelSpec) -> String {
     });
     if let Some(t) = m.max_turns {
         v["model"] = json!({"maxSessionTurns": t});
+    }
+    if let Some(mcp) = mcp {
+        v["mcpServers"] = json!({"fvd": {
+            "command": mcp.program,
+            "args": ["mcp"],
+            "env": mcp.env_json(),
+            "trust": true,
+        }});
     }
     v.to_string()
 }
@@ -657,6 +727,94 @@ mod tests {
         }
     }
 
+    /// Every preset starts `fvd mcp` as its MCP server `fvd`, with the
+    /// variables that scope it to the attempt, and Claude Code may call its
+    /// tools without asking.
+    #[test]
+    fn each_preset_configures_fvd_mcp_for_the_attempt() {
+        let mcp = Mcp {
+            program: "{fvd}".into(),
+            env: vec![
+                ("FVD_TOOLS_ADDR".into(), "{tools_addr}".into()),
+                ("FVD_TOOLS_TOKEN".into(), "tools-token".into()),
+            ],
+        };
+        for (preset, api, m) in [
+            (Preset::ClaudeCode, ModelApi::Anthropic, "claude-sonnet-4-5"),
+            (Preset::Codex, ModelApi::OpenAiResponses, "gpt-5"),
+            (Preset::Opencode, ModelApi::OpenAiChat, "openai/gpt-5"),
+            (Preset::Gemini, ModelApi::Gemini, "gemini-2.5-pro"),
+        ] {
+            let spec = model(api, m);
+            let p = plan(&Attempt {
+                preset,
+                model: &spec,
+                extra_args: &[],
+                packet: "the packet",
+                dir: Path::new("{attempt_dir}"),
+                base_url: "{proxy_url}/v1",
+                token: "fvd-token",
+                jailed: true,
+                mcp: Some(&mcp),
+            });
+            // Wherever the preset keeps it: its argv, its env or a file.
+            let mut all = p.launch.argv.join("\n");
+            for (k, v) in &p.launch.env {
+                all.push_str(&format!("\n{k}={v}"));
+            }
+            for (path, text) in &p.files {
+                all.push_str(&format!("\n{path}:\n{text}"));
+                assert!(!path.starts_with('/') && !path.contains(".."), "{path}");
+            }
+            for want in [
+                "{fvd}",
+                "mcp",
+                "FVD_TOOLS_ADDR",
+                "{tools_addr}",
+                "tools-token",
+            ] {
+                assert!(
+                    all.contains(want),
+                    "{}: {want} missing from\n{all}",
+                    preset.name()
+                );
+            }
+            if preset == Preset::ClaudeCode {
+                assert!(
+                    p.launch.argv.contains(&"mcp__fvd".to_string()),
+                    "{:?}",
+                    p.launch.argv
+                );
+                let i = p
+                    .launch
+                    .argv
+                    .iter()
+                    .position(|a| a == "--mcp-config")
+                    .unwrap();
+                let config: Value = serde_json::from_str(&p.launch.argv[i + 1]).unwrap();
+                assert_eq!(config["mcpServers"]["fvd"]["args"], json!(["mcp"]));
+            }
+            // Without tools, no MCP server.
+            let bare = plan(&Attempt {
+                preset,
+                model: &spec,
+                extra_args: &[],
+                packet: "the packet",
+                dir: Path::new("{attempt_dir}"),
+                base_url: "{proxy_url}/v1",
+                token: "fvd-token",
+                jailed: true,
+                mcp: None,
+            });
+            let text = format!("{:?}", bare);
+            assert!(
+                !text.contains("FVD_TOOLS_ADDR"),
+                "{}: {text}",
+                preset.name()
+            );
+        }
+    }
+
     #[test]
     fn each_preset_gets_the_token_and_the_proxy_never_a_key() {
         let dir = tempfile::tempdir().unwrap();
@@ -678,6 +836,7 @@ mod tests {
                 base_url: "http://127.0.0.1:9/v1",
                 token: "fvd-token",
                 jailed: false,
+                mcp: None,
             })
             .unwrap();
             assert_eq!(l.argv[0], preset.program());

@@ -252,51 +252,63 @@ impl Session {
     }
 }
 
-/// A preset's launch for this session, with the packet on stdin; `jailed`
-/// when it starts in fvd's jail.
+/// Where and how a preset's CLI starts for an attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct Place<'a> {
+    /// The attempt's folder (its HOME and files go below it).
+    pub dir: &'a std::path::Path,
+    /// It starts in fvd's jail.
+    pub jailed: bool,
+    /// fvd's tools, configured as its MCP server.
+    pub mcp: Option<&'a preset::Mcp>,
+}
+
+/// A preset's launch for this session, with the packet on stdin, its
+/// files written under `at.dir`.
 pub fn launch(
     s: &Session,
     spec: &AgentSpec,
     preset: Preset,
     packet: &str,
-    dir: &std::path::Path,
-    jailed: bool,
+    at: Place<'_>,
 ) -> std::io::Result<preset::Launch> {
     let base = s.proxy.base_url();
-    preset::launch(&preset::Attempt {
-        preset,
-        model: &s.model,
-        extra_args: &spec.extra_args,
-        packet,
-        dir,
-        base_url: &base,
-        token: s.proxy.token(),
-        jailed,
-    })
+    preset::launch(&attempt(s, spec, preset, packet, at, &base))
 }
 
 /// A preset's launch for this session as a worker runs it (issue #32):
-/// nothing written here; `dir` and `base_url` are what the worker fills in
-/// (its attempt folder, its loopback end of the proxy's tunnel).
+/// nothing written here; `at.dir` and `base_url` are what the worker fills
+/// in (its attempt folder, its loopback end of the proxy's tunnel).
 pub fn plan(
     s: &Session,
     spec: &AgentSpec,
     preset: Preset,
     packet: &str,
-    dir: &std::path::Path,
+    at: Place<'_>,
     base_url: &str,
-    jailed: bool,
 ) -> preset::Plan {
-    preset::plan(&preset::Attempt {
+    preset::plan(&attempt(s, spec, preset, packet, at, base_url))
+}
+
+fn attempt<'a>(
+    s: &'a Session,
+    spec: &'a AgentSpec,
+    preset: Preset,
+    packet: &'a str,
+    at: Place<'a>,
+    base_url: &'a str,
+) -> preset::Attempt<'a> {
+    preset::Attempt {
         preset,
         model: &s.model,
         extra_args: &spec.extra_args,
         packet,
-        dir,
+        dir: at.dir,
         base_url,
         token: s.proxy.token(),
-        jailed,
-    })
+        jailed: at.jailed,
+        mcp: at.mcp,
+    }
 }
 
 /// The retries of real attempts: three more tries over about 3.5 s.

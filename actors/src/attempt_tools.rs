@@ -1,0 +1,450 @@
+//! fvd as the agent's tools (issue #32): while an attempt's agent runs, the
+//! component serves the attempt's tools on a loopback port with a token of
+//! the attempt's own; `fvd mcp`, the stdio MCP server the presets configure,
+//! calls them. On the fleet the worker tunnels the agent's connections here
+//! as it does the model proxy's, so the tools, like the key, stay on the
+//! orchestrator.
+//!
+//! The wire is one JSON line per connection, answered by one JSON line:
+//! `{"token", "tool", "arguments", "pack_len"}` followed by `pack_len`
+//! bytes of a git pack (`run_parity`'s snapshot, thin against the
+//! attempt's base), and `{"text", "is_error"}` back.
+//!
+//! Tools served here:
+//! - `run_parity`: the component's parity test on the fleet at a commit the
+//!   agent's `fvd mcp` made of its work tree (pack included): the verdict
+//!   as fvd classifies it, the failing assertion and the output's tail. The
+//!   run has no row in `jobs` and is never a verdict of the component; its
+//!   GPU time counts against the component's GPU-second budget.
+//! - `trace`: the latest drill-down report of the component.
+//! - `attempts`: the ledger.
+//! - `record`: a tool `fvd mcp` ran itself (`compare_dumps`), recorded.
+//!
+//! Every call is a `tool_call` span under the attempt's agent span and a
+//! row of `attempt_tool_calls`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use fvd_contracts::redactor::Redactor;
+use fvd_spec::ComponentSpec;
+use fvd_store::{Store, ToolCallRow, now_ms};
+use fvd_workspace::agent::{FleetAttempt, FleetAttempts};
+use ractor::ActorRef;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tracing::Span;
+
+use crate::scheduler::{QueuedJob, QueuedRun, SchedulerMsg};
+
+/// Longest request line.
+const MAX_LINE: u64 = 1024 * 1024;
+/// Largest pack a `run_parity` may bring.
+const MAX_PACK: u64 = 256 * 1024 * 1024;
+/// Most bytes of a run's output given back.
+const TAIL_BYTES: usize = 4000;
+
+/// What the attempt's tools work on.
+#[derive(Debug)]
+pub struct ToolsContext {
+    pub family: String,
+    pub component: String,
+    pub attempt: u32,
+    pub spec: ComponentSpec,
+    /// The port's repository (packs are indexed there) and the port
+    /// folder's place in it.
+    pub repo: String,
+    pub code_prefix: String,
+    /// The attempt's base: a snapshot must descend from it.
+    pub base: String,
+    pub fvd_writes: Vec<String>,
+    pub store: Store,
+    pub scheduler: ActorRef<SchedulerMsg>,
+    /// Where a run's commit is registered for the worker that runs it (the
+    /// run has no row in `jobs`).
+    pub registry: FleetAttempts,
+    /// The agent's span: each call is a child.
+    pub span: Span,
+    /// Redacted from what is stored of a call.
+    pub secrets: Redactor,
+}
+
+/// The running tools of one attempt; they stop when it is dropped.
+#[derive(Debug)]
+pub struct ToolsServer {
+    pub addr: SocketAddr,
+    pub token: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ToolsServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts the attempt's tools on a loopback port.
+pub async fn start(ctx: ToolsContext) -> std::io::Result<ToolsServer> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+    let addr = listener.local_addr()?;
+    let token = random_token()?;
+    let (ctx, secret) = (Arc::new(ctx), Arc::<str>::from(token.as_str()));
+    let task = fvd_telemetry::spawn(async move {
+        loop {
+            let Ok((sock, _)) = listener.accept().await else {
+                continue;
+            };
+            let (ctx, secret) = (ctx.clone(), secret.clone());
+            fvd_telemetry::spawn(async move {
+                if let Err(e) = serve(&ctx, &secret, sock).await {
+                    tracing::debug!(error = %e, "an agent's tool connection failed");
+                }
+            });
+        }
+    });
+    Ok(ToolsServer { addr, token, task })
+}
+
+fn random_token() -> std::io::Result<String> {
+    let mut b = [0u8; 24];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+async fn serve(
+    ctx: &ToolsContext,
+    token: &str,
+    sock: tokio::net::TcpStream,
+) -> std::io::Result<()> {
+    let (rd, mut wr) = sock.into_split();
+    let mut rd = tokio::io::BufReader::new(rd);
+    let mut line = String::new();
+    (&mut rd).take(MAX_LINE).read_line(&mut line).await?;
+    let answer = match serde_json::from_str::<Value>(&line) {
+        Err(e) => error(format!("the request is not JSON: {e}")),
+        Ok(req) if req["token"].as_str() != Some(token) => {
+            error("refused: not this attempt's token".into())
+        }
+        Ok(req) => {
+            let len = req["pack_len"].as_u64().unwrap_or(0);
+            if len > MAX_PACK {
+                error(format!("the pack is over {} MiB", MAX_PACK >> 20))
+            } else {
+                let mut pack = vec![0u8; len as usize];
+                rd.read_exact(&mut pack).await?;
+                let tool = req["tool"].as_str().unwrap_or_default().to_string();
+                call(ctx, &tool, &req["arguments"], &pack).await
+            }
+        }
+    };
+    let mut out = answer.to_string();
+    out.push('\n');
+    wr.write_all(out.as_bytes()).await?;
+    wr.shutdown().await
+}
+
+fn error(text: String) -> Value {
+    json!({"text": text, "is_error": true})
+}
+
+/// What a tool call came to.
+struct Called {
+    text: String,
+    is_error: bool,
+    /// One line for the record.
+    detail: String,
+    gpu_ms: u64,
+}
+
+impl Called {
+    fn failed(why: String) -> Self {
+        Called {
+            detail: why.clone(),
+            text: why,
+            is_error: true,
+            gpu_ms: 0,
+        }
+    }
+}
+
+/// Runs one tool, under its span, and records it on the attempt.
+async fn call(ctx: &ToolsContext, tool: &str, args: &Value, pack: &[u8]) -> Value {
+    let span = tracing::info_span!(
+        parent: &ctx.span,
+        "tool_call",
+        "fvd.family" = %ctx.family,
+        "fvd.component" = %ctx.component,
+        "fvd.attempt" = ctx.attempt,
+        "fvd.tool" = %tool,
+        "fvd.outcome" = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    let (recorded_tool, called) = match tool {
+        "run_parity" => (tool.to_string(), run_parity(ctx, args, pack).await),
+        "attempts" => (tool.to_string(), attempts(ctx).await),
+        "trace" => (tool.to_string(), trace(ctx).await),
+        // A tool `fvd mcp` ran itself: only recorded here.
+        "record" => (
+            args["tool"].as_str().unwrap_or("unknown").to_string(),
+            Called {
+                text: "recorded".into(),
+                is_error: false,
+                detail: args["detail"].as_str().unwrap_or_default().to_string(),
+                gpu_ms: 0,
+            },
+        ),
+        other => (
+            other.to_string(),
+            Called::failed(format!("no tool {other:?}")),
+        ),
+    };
+    let outcome = if called.is_error { "error" } else { "ok" };
+    span.record("fvd.outcome", outcome);
+    let shown_args = if tool == "record" {
+        &args["arguments"]
+    } else {
+        args
+    };
+    let row = ToolCallRow {
+        family: ctx.family.clone(),
+        component: ctx.component.clone(),
+        attempt: ctx.attempt,
+        tool: recorded_tool,
+        arguments: ctx.secrets.text(&shown_args.to_string()),
+        outcome: outcome.into(),
+        detail: ctx.secrets.text(first_line(&called.detail)),
+        duration_ms: started.elapsed().as_millis() as u64,
+        gpu_ms: called.gpu_ms,
+        at_ms: now_ms(),
+        ..ToolCallRow::default()
+    };
+    if let Err(e) = ctx.store.record_tool_call(&row).await {
+        tracing::warn!(error = %e, "an agent's tool call could not be recorded");
+    }
+    tracing::info!(family = %ctx.family, component = %ctx.component, attempt = ctx.attempt, tool = %row.tool, outcome, "agent tool call");
+    json!({"text": ctx.secrets.text(&called.text), "is_error": called.is_error})
+}
+
+fn first_line(s: &str) -> &str {
+    let l = s.lines().next().unwrap_or_default();
+    &l[..l.len().min(300).min(l.floor_char_boundary(300))]
+}
+
+async fn git_in(repo: &str, args: &[&str], stdin: Option<&[u8]>) -> Result<String, String> {
+    let mut cmd = tokio::process::Command::new("git");
+    cmd.args(args)
+        .current_dir(repo)
+        .stdin(if stdin.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| format!("git {}: {e}", args[0]))?;
+    if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(bytes)
+            .await
+            .map_err(|e| format!("git {}: {e}", args[0]))?;
+    }
+    let out = child
+        .wait_with_output()
+        .await
+        .map_err(|e| format!("git {}: {e}", args[0]))?;
+    if !out.status.success() {
+        return Err(format!(
+            "git {}: {}",
+            args[0],
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The parity test at the agent's snapshot, on the fleet.
+async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
+    let Some(commit) = args["commit"].as_str().filter(|c| fvd_git_sha(c)) else {
+        return Called::failed("run_parity needs the snapshot's commit (a full sha)".into());
+    };
+    if ctx
+        .spec
+        .agent
+        .as_ref()
+        .is_some_and(|a| a.gpus(ctx.spec.gpus) > 0)
+    {
+        return Called::failed(
+            "this attempt holds the component's GPUs ([agent] gpus = \"component\"): run the parity test yourself in your work tree".into(),
+        );
+    }
+    if !pack.is_empty()
+        && let Err(e) = git_in(
+            &ctx.repo,
+            &["index-pack", "--stdin", "--fix-thin"],
+            Some(pack),
+        )
+        .await
+    {
+        return Called::failed(format!("the snapshot's objects could not be taken in: {e}"));
+    }
+    if let Err(e) = git_in(
+        &ctx.repo,
+        &["merge-base", "--is-ancestor", &ctx.base, commit],
+        None,
+    )
+    .await
+    {
+        return Called::failed(format!(
+            "commit {commit} is not a snapshot of this attempt's work tree (it does not descend from {}): {e}",
+            ctx.base
+        ));
+    }
+    let job_id = format!(
+        "{}/{}/tool-{}-{}",
+        ctx.family,
+        ctx.component,
+        ctx.attempt,
+        now_ms()
+    );
+    let spec = &ctx.spec;
+    let registry = ctx.registry.clone();
+    let _open = registry.open(
+        &job_id,
+        FleetAttempt {
+            repo: PathBuf::from(&ctx.repo),
+            commit: commit.to_string(),
+            proxy: None,
+            tools: None,
+            worker_id: None,
+        },
+    );
+    let env = crate::helper::run_env(spec.set_env.clone(), &ctx.family, &spec.name, 0);
+    let record = QueuedRun {
+        job_id: job_id.clone(),
+        family: ctx.family.clone(),
+        component: ctx.component.clone(),
+        run_no: 0,
+        argv: spec.argv(),
+        cwd: ctx.repo.clone(),
+        gpus_needed: spec.gpus,
+        timeout_ms: spec.timeout_ms(),
+        queued_ms: now_ms(),
+        commit: commit.to_string(),
+        code_prefix: ctx.code_prefix.clone(),
+        expected_ms: None,
+    };
+    let job = |notify| QueuedJob {
+        record,
+        env: env.clone(),
+        secret_env: spec.env.clone(),
+        notify,
+        placement: spec.placement.clone(),
+        span: Span::current(),
+        collect_env: None,
+        exclude: BTreeMap::new(),
+        preflight: spec.preflight.clone(),
+        compare: None,
+        fvd_writes: ctx.fvd_writes.clone(),
+        warm: spec.runner.warm_preload(),
+        agent: None,
+    };
+    let end = crate::agent_job::run_queued(
+        &ctx.scheduler,
+        &registry,
+        &job_id,
+        job,
+        std::future::pending(),
+    )
+    .await;
+    let (report, worker) = match end {
+        Ok((crate::agent_job::FleetEnd::Finished { report, worker_id }, _)) => (report, worker_id),
+        Ok((crate::agent_job::FleetEnd::Lost(why), _)) => {
+            return Called::failed(format!("the run ran on no worker: {why}"));
+        }
+        Err(e) => return Called::failed(format!("the run could not be queued: {e}")),
+    };
+    let verdict = crate::red_run::classify(&ctx.repo, spec, &report);
+    let gpu_ms = report.duration_ms * u64::from(spec.gpus);
+    let tail = fvd_workspace::agent::tail(&report.output_tail, TAIL_BYTES);
+    let status = verdict.status();
+    Called {
+        text: format!(
+            "verdict: {status}\n{verdict}\nworker: {worker}; {:.1} s\n(this run is yours: fvd still confirms a pass with its own run)\n\noutput (last {TAIL_BYTES} bytes):\n{tail}",
+            report.duration_ms as f64 / 1000.0
+        ),
+        is_error: false,
+        detail: format!("{status}: {verdict}"),
+        gpu_ms,
+    }
+}
+
+fn fvd_git_sha(s: &str) -> bool {
+    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+async fn attempts(ctx: &ToolsContext) -> Called {
+    match ctx.store.attempts(&ctx.family, &ctx.component).await {
+        Err(e) => Called::failed(format!("the ledger could not be read: {e}")),
+        Ok(rows) if rows.is_empty() => Called {
+            text: "no attempt yet".into(),
+            is_error: false,
+            detail: "0 attempts".into(),
+            gpu_ms: 0,
+        },
+        Ok(rows) => {
+            let mut text = String::new();
+            for r in &rows {
+                text.push_str(&format!(
+                    "attempt {} ({}, {}): {} -> {}; {}; handoff {}: {}\n",
+                    r.attempt,
+                    r.kind.as_str(),
+                    r.state.as_str(),
+                    r.verdict_before.as_str(),
+                    if r.verdict_after.as_str().is_empty() {
+                        "not run yet"
+                    } else {
+                        r.verdict_after.as_str()
+                    },
+                    if r.diff_stat.is_empty() {
+                        "no change"
+                    } else {
+                        r.diff_stat.lines().last().unwrap_or_default().trim()
+                    },
+                    r.handoff_status.as_str(),
+                    r.handoff_summary
+                ));
+            }
+            Called {
+                detail: format!("{} attempts", rows.len()),
+                text,
+                is_error: false,
+                gpu_ms: 0,
+            }
+        }
+    }
+}
+
+async fn trace(ctx: &ToolsContext) -> Called {
+    match ctx
+        .store
+        .latest_trace_summary(&ctx.family, &ctx.component)
+        .await
+    {
+        Err(e) => Called::failed(format!("the drill-down report could not be read: {e}")),
+        Ok(None) => Called {
+            text: "no drill-down report for this component (its red runs were not traced)".into(),
+            is_error: false,
+            detail: "none".into(),
+            gpu_ms: 0,
+        },
+        Ok(Some(t)) => Called {
+            detail: first_line(&t).to_string(),
+            text: t,
+            is_error: false,
+            gpu_ms: 0,
+        },
+    }
+}
