@@ -329,6 +329,90 @@ impl Lab {
         (out.status.code(), text)
     }
 
+    /// The port on a fleet (issue #32): `fvd orchestrator serve` with
+    /// the key and the server's URL in its environment, and one worker
+    /// (`w1`, CPU slots only) that has the agent CLIs and no key; then `fvd
+    /// submit --wait` against it. Its exit code and output, and the fleet
+    /// (stopped when dropped).
+    pub fn submit_on_fleet(&self) -> (Option<i32>, String, Fleet) {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let url = format!("http://127.0.0.1:{port}");
+        let db = self.dir.path().join("orchestrator.db");
+        let path = format!(
+            "{}:{}",
+            cli_dir().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let log = |name: &str| std::fs::File::create(self.dir.path().join(name)).unwrap();
+        let filter = "debug,sqlx=warn,h2=warn,hyper=warn,tonic=warn,tower=warn";
+        let orchestrator = Command::new(env!("CARGO_BIN_EXE_fvd"))
+            .args(["orchestrator", "serve", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--db")
+            .arg(format!("sqlite://{}", db.display()))
+            .env_clear()
+            .env("PATH", &path)
+            .env("HOME", self.dir.path())
+            .env("FVD_LOG", filter)
+            .env(self.cli.key_env, &self.key)
+            .env(
+                self.cli.base_env,
+                format!("http://127.0.0.1:{}{}", self.port, self.cli.base_path),
+            )
+            .stdout(Stdio::null())
+            .stderr(log("orchestrator.log"))
+            .spawn()
+            .unwrap();
+        let worker = Command::new(env!("CARGO_BIN_EXE_fvd"))
+            .args(["worker", "--orchestrator", &url, "--gpus", "none"])
+            .args(["--cpu-slots", "2", "--worker-id", "w1", "--workspace"])
+            .arg(self.dir.path().join("ws-w1"))
+            .env_clear()
+            .env("PATH", &path)
+            .env("HOME", self.dir.path())
+            .env("FVD_LOG", filter)
+            .env("FVD_AGENT_CLI_DIR", cli_dir())
+            .stdout(Stdio::null())
+            .stderr(log("worker.log"))
+            .spawn()
+            .unwrap();
+        let fleet = Fleet {
+            children: vec![orchestrator, worker],
+            url: url.clone(),
+            db,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "the orchestrator did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_fvd"))
+            .args([
+                "submit",
+                "--family",
+                "tinyport",
+                "--wait",
+                "--orchestrator",
+                &url,
+            ])
+            .arg("--repo")
+            .arg(&self.repo)
+            .env("FVD_LOG", "warn")
+            .output()
+            .unwrap();
+        let text = format!(
+            "stdout:\n{}\nstderr:\n{}\norchestrator:\n{}\nworker:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(self.dir.path().join("orchestrator.log")).unwrap_or_default(),
+            std::fs::read_to_string(self.dir.path().join("worker.log")).unwrap_or_default(),
+        );
+        (out.status.code(), text, fleet)
+    }
+
     pub fn submit(&self) -> (Option<i32>, String) {
         self.submit_with_key(&self.key.clone())
     }
@@ -397,6 +481,12 @@ impl Lab {
     /// database and its log, every agent folder and worktree, the files of
     /// the port): only the server's own key file holds it.
     pub fn assert_key_absent(&self, texts: &[&str]) {
+        self.assert_key_absent_in(texts, &[self.repo.clone()], "state.db");
+    }
+
+    /// [`Lab::assert_key_absent`] over `roots` (folders walked, or files),
+    /// among which a file named `expect` must be.
+    pub fn assert_key_absent_in(&self, texts: &[&str], roots: &[PathBuf], expect: &str) {
         let forms = [
             self.key.clone(),
             base64(self.key.as_bytes()),
@@ -408,8 +498,14 @@ impl Lab {
             }
         }
         let mut files = Vec::new();
-        walk(&self.repo, &mut files);
-        assert!(files.iter().any(|f| f.ends_with("state.db")), "{files:?}");
+        for root in roots {
+            if root.is_file() {
+                files.push(root.clone());
+            } else {
+                walk(root, &mut files);
+            }
+        }
+        assert!(files.iter().any(|f| f.ends_with(expect)), "{files:?}");
         for f in files {
             let bytes = std::fs::read(&f).unwrap_or_default();
             for form in &forms {
@@ -460,4 +556,57 @@ pub fn only_attempt(ledger: &Value) -> Value {
     let a = ledger["attempts"].as_array().unwrap();
     assert_eq!(a.len(), 1, "{ledger:#}");
     a[0].clone()
+}
+
+/// An orchestrator and its worker, killed when dropped.
+pub struct Fleet {
+    children: Vec<Child>,
+    pub url: String,
+    pub db: PathBuf,
+}
+
+impl Fleet {
+    /// `fvd attempts … --json` from the orchestrator.
+    pub fn ledger(&self) -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_fvd"))
+            .args([
+                "attempts",
+                "tinyport",
+                "timestep_embed",
+                "--json",
+                "--orchestrator",
+            ])
+            .arg(&self.url)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// Rows of a query on the orchestrator's database.
+    pub fn query(&self, sql: &str) -> Vec<Vec<Value>> {
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import json, sqlite3, sys\nc = sqlite3.connect('file:' + sys.argv[1] + '?mode=ro', uri=True)\nprint(json.dumps(c.execute(sys.argv[2]).fetchall()))",
+            ])
+            .arg(&self.db)
+            .arg(sql)
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }

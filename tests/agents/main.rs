@@ -326,6 +326,65 @@ fn agents_check_reports_the_cli_the_model_and_the_key(cli: Cli) {
     assert!(!lab.repo.join(".fvd").exists(), "{out}");
 }
 
+/// On a fleet (issue #32): the CLI runs on the worker, asks fvd's
+/// `run_parity` (its MCP server `fvd mcp`) before and after its fix, and
+/// gets fvd's verdict of a run the worker made of its work tree; the key
+/// never reaches the worker.
+fn runs_parity_on_a_worker_through_fvd_mcp(cli: Cli) {
+    let steps = json!([
+        {"mcp": "run_parity"},
+        {"read": "{workdir}/fastvideo/layers/timestep.py"},
+        {"edit": {"path": "{workdir}/fastvideo/layers/timestep.py", "old": OLD, "new": NEW}},
+        {"mcp": "run_parity"},
+        {"handoff": handoff()},
+        {"text": "done"},
+    ]);
+    let lab = Lab::new(cli, "max_turns = 12\nmax_attempts = 1", script(steps));
+    let (code, out, fleet) = lab.submit_on_fleet();
+    assert_eq!(code, Some(0), "{out}");
+    let ledger = fleet.ledger();
+    let a = only_attempt(&ledger);
+    assert_eq!(a["worker_id"], "w1", "{a:#}");
+    assert_eq!(a["verdict_after"], "non_skip_pass", "{a:#}");
+    let calls =
+        fleet.query("SELECT tool, outcome, detail FROM attempt_tool_calls ORDER BY attempt, seq");
+    let got: Vec<(&str, &str)> = calls
+        .iter()
+        .map(|r| (r[0].as_str().unwrap(), r[1].as_str().unwrap()))
+        .collect();
+    let stdout =
+        std::fs::read_to_string(lab.attempt_dir(1).join("agent.stdout")).unwrap_or_default();
+    assert_eq!(
+        got,
+        [("run_parity", "ok"), ("run_parity", "ok")],
+        "{calls:?}\nthe agent's stdout:\n{stdout}\nthe model server's log: {:?}",
+        lab.requests()
+    );
+    assert!(
+        calls[0][2].as_str().unwrap().starts_with("debug_red"),
+        "{calls:?}"
+    );
+    assert!(
+        calls[1][2].as_str().unwrap().starts_with("non_skip_pass"),
+        "{calls:?}"
+    );
+    // The worker never held the key: not in its log, its workspace, or
+    // anything fvd wrote.
+    let d = lab.dir.path();
+    lab.assert_key_absent_in(
+        &[&out],
+        &[
+            lab.repo.clone(),
+            d.join("ws-w1"),
+            d.join("worker.log"),
+            d.join("orchestrator.log"),
+            d.join("orchestrator.db"),
+            d.join("orchestrator.db-wal"),
+        ],
+        "worker.log",
+    );
+}
+
 macro_rules! in_netns {
     ($name:ident, $body:expr) => {
         #[test]
@@ -438,4 +497,9 @@ in_netns!(gemini_turn_cap, the_turn_cap_ends_a_looping_agent(GEMINI));
 in_netns!(
     gemini_invalid_handoff,
     an_invalid_handoff_and_a_refused_tool_are_recorded(GEMINI, None)
+);
+
+in_netns!(
+    claude_code_runs_parity_on_a_worker_through_fvd_mcp,
+    runs_parity_on_a_worker_through_fvd_mcp(CLAUDE)
 );

@@ -13,8 +13,9 @@ Each reply comes from a script (`--script FILE`, JSON) chosen by a marker in
 the request's messages; the step is the number of assistant turns already in
 the request, so a CLI that sends its whole history each turn walks the
 script. Steps are abstract (`bash`, `read`, `edit`, `write`, `handoff`,
-`text`) and become the tool calls of whichever CLI asks, from the tool names
-and argument schemas it offers. Usage is deterministic (the script's, per
+`text`, and `mcp`: a tool an MCP server offers, by its own name) and
+become the tool calls of whichever CLI asks, from the tool names and
+argument schemas it offers. Usage is deterministic (the script's, per
 reply) and every request is logged as one JSON line (`--log FILE`): path,
 protocol, model, streaming, script, step, status and the usage returned.
 Request bodies and credentials are not logged.
@@ -264,6 +265,14 @@ def tool_call(req, step):
             first_prop(s, ["file_path", "filePath", "absolute_path", "path"]): w["path"],
             first_prop(s, ["content"]): w["content"],
         }
+    if "mcp" in step:
+        # A tool of an MCP server, by the name the server gave it; each CLI
+        # prefixes it its own way (mcp__fvd__run_parity, fvd_run_parity).
+        want = step["mcp"]
+        for name in sorted(req.tools):
+            if name == want or name.endswith("__" + want) or name.endswith("_" + want):
+                return name, {}
+        return None
     if "tool" in step:
         return step["tool"]["name"], step["tool"].get("input", {})
     return None

@@ -166,6 +166,9 @@ pub fn plan(a: &Attempt<'_>) -> Plan {
                     "env": mcp.env_json(),
                 }}});
                 argv.extend([s("--mcp-config"), config.to_string()]);
+                // fvd's tools in every request, not behind its tool search
+                // (which defers MCP tools until the model looks them up).
+                env.push((s("ENABLE_TOOL_SEARCH"), s("false")));
             }
             argv.push(s("--allowedTools"));
             if a.mcp.is_some() {
