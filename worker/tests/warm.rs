@@ -441,7 +441,11 @@ def test_leaves_work_for_the_exit():
     let o = job("fast", &[]).await;
     assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
     assert!(!o.output_tail.contains(WARNING_PREFIX), "{}", o.output_tail);
-    assert_eq!(read("fast.left"), "buffered\n", "the left-open file's buffer");
+    assert_eq!(
+        read("fast.left"),
+        "buffered\n",
+        "the left-open file's buffer"
+    );
     assert_eq!(read("fast.atexit"), "ran\n");
     assert_eq!(read("fast.del"), "", "os._exit: no finalisation");
 
