@@ -22,6 +22,13 @@ when the orchestrator recorded its result. Per run, in seconds:
   exit    atexit -> process exit (interpreter and CUDA teardown)
   record  process exit -> result recorded (the worker's report, the store)
 
+With --concurrency 1,2,4 (after the modes): start-up under concurrency, on
+one `fvd worker` owning every GPU (one zygote): a port of K copies of
+`embed`, one GPU each, submitted once (which starts the zygote, for the
+first K) and rerun --runs times, so K runs start at once; per K the
+medians over the reruns' runs of the phases above. A worker takes each GPU
+once (`--gpus 0,0` is refused), so K is at most the GPU count.
+
 Results: DIR/gpu_exit_probe.json and one line per run on stdout.
 """
 
@@ -42,13 +49,15 @@ from gpu_warm import PRELOAD, ROOT, bench_env, log, sanitize, with_set_env  # no
 PHASES = ["start", "body", "finish", "report", "atexit", "exit", "record"]
 
 
-def spec_of(src, body_log, repeats, warm, omp=None):
+def spec_of(src, body_log, repeats, warm, omp=None, copies=1, family="gpuprobe"):
     head, _, _ = src.partition("[[component]]")
-    head = head.replace('model_family = "gpuport"', 'model_family = "gpuprobe"').replace(
-        "tests/local_tests/gpuport/PORT_STATUS.md", "tests/local_tests/gpuprobe/PORT_STATUS.md")
-    text = head + ('[[component]]\nname = "embed"\ntype = "encoder"\n'
-                   'parity_test = "tests/local_tests/encoders/test_gpuport_embed_parity.py"\n'
-                   'coverage_scope = "implementation_subcomponent"\n')
+    head = head.replace('model_family = "gpuport"', f'model_family = "{family}"').replace(
+        "tests/local_tests/gpuport/PORT_STATUS.md", f"tests/local_tests/{family}/PORT_STATUS.md")
+    text = head
+    for i in range(copies):
+        text += ('[[component]]\nname = "%s"\ntype = "encoder"\n'
+                 'parity_test = "tests/local_tests/encoders/test_gpuport_embed_parity.py"\n'
+                 'coverage_scope = "implementation_subcomponent"\n\n') % ("embed" if copies == 1 else f"embed_{i}")
     knobs = {"GPUPORT_REPEATS": repeats, "GPUPORT_BODY_LOG": body_log}
     if omp:
         knobs["OMP_NUM_THREADS"] = omp
@@ -72,19 +81,75 @@ def split(job, recs):
     return {p: round(b - a, 3) for p, a, b in zip(PHASES, marks, marks[1:])}
 
 
+def medians(rows):
+    return {p: round(statistics.median(s[p] for s in rows), 3) for p in PHASES}
+
+
+def read_runs(db_path, body_log, since_ms=0):
+    db = sqlite3.connect(db_path)
+    jobs = [dict(zip(["job_id", "spawned_ms", "duration_ms", "finished_ms"], row)) for row in db.execute(
+        "SELECT job_id, spawned_ms, duration_ms, finished_ms FROM jobs WHERE spawned_ms IS NOT NULL "
+        "AND duration_ms IS NOT NULL AND finished_ms IS NOT NULL AND spawned_ms >= ? ORDER BY spawned_ms",
+        (since_ms,))]
+    db.close()
+    with open(body_log) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    return [s for s in (split(j, recs) for j in jobs) if s]
+
+
+def concurrency(args, work, env, levels):
+    """K runs at once on one worker and its one zygote, for each K."""
+    from gpu_compute import Fleet
+
+    repo = os.path.join(work, "concurrency")
+    shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
+    body_log = os.path.join(work, "body-concurrency.jsonl")
+    with open(os.path.join(repo, "tests", "local_tests", "gpuport", "port.toml")) as f:
+        src = f.read()
+    for k in levels:
+        family = f"gpuprobe{k}"
+        os.makedirs(os.path.join(repo, "tests", "local_tests", family), exist_ok=True)
+        with open(os.path.join(repo, "tests", "local_tests", family, "port.toml"), "w") as f:
+            f.write(spec_of(src, body_log, args.repeats, True, copies=k, family=family))
+    fleet = Fleet(args.fvd, work, os.path.join(work, "concurrency.db"), env)
+    out = {}
+    try:
+        for k in levels:
+            since = None
+            for i in range(args.runs + 1):
+                if i == 1:
+                    since = int(time.time() * 1000)
+                r = fleet.submit(f"gpuprobe{k}", repo, ["--rerun"] if i else [], timeout=300)
+                if r["exit"] != 0:
+                    log(f"concurrency {k}: submit {i} exited {r['exit']}")
+            rows = read_runs(fleet.db, body_log, since)
+            if not rows:
+                log(f"concurrency {k}: no run measured")
+                continue
+            med = medians(rows)
+            starts = sorted(s["start"] for s in rows)
+            out[str(k)] = {"runs": rows, "median": med, "start_max": starts[-1]}
+            log(f"concurrency {k} ({len(rows)} runs): start-up median {med['start']:.3f} s, max {starts[-1]:.3f} s; "
+                "medians " + "  ".join(f"{p} {med[p]:.3f}" for p in PHASES))
+    finally:
+        fleet.stop()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fvd", required=True)
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=1000)
     ap.add_argument("--modes", default="cold,warm", help="comma-separated: cold, warm, cold-omp1 (cold with OMP_NUM_THREADS=1), warm-fleet (one worker kept across submits)")
+    ap.add_argument("--concurrency", default="", help="comma-separated run counts at once, e.g. 1,2,4 (warm, one worker)")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "bench", "out", "gpu_exit_probe")))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="gpu_exit_probe.")
     env = bench_env(work)
     out = {"runs": {}}
-    for mode in args.modes.split(","):
+    for mode in [m for m in args.modes.split(",") if m]:
         repo = os.path.join(work, mode)
         shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
         body_log = os.path.join(work, f"body-{mode}.jsonl")
@@ -113,22 +178,17 @@ def main():
         finally:
             if fleet:
                 fleet.stop()
-        db = sqlite3.connect(fleet.db if fleet else os.path.join(repo, ".fvd", "state.db"))
-        jobs = [dict(zip(["job_id", "spawned_ms", "duration_ms", "finished_ms"], row)) for row in db.execute(
-            "SELECT job_id, spawned_ms, duration_ms, finished_ms FROM jobs WHERE spawned_ms IS NOT NULL "
-            "AND duration_ms IS NOT NULL AND finished_ms IS NOT NULL ORDER BY spawned_ms")]
-        db.close()
-        with open(body_log) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
-        rows = [s for s in (split(j, recs) for j in jobs) if s]
+        rows = read_runs(fleet.db if fleet else os.path.join(repo, ".fvd", "state.db"), body_log)
         out["runs"][mode] = rows
         for k, s in enumerate(rows):
             log(f"{mode} run {k + 1}: " + "  ".join(f"{p} {s[p]:.3f}" for p in PHASES))
         if len(rows) > 1:
             later = rows[1:]
-            med = {p: round(statistics.median(s[p] for s in later), 3) for p in PHASES}
+            med = medians(later)
             out.setdefault("median_after_first", {})[mode] = med
             log(f"{mode} median of runs 2..: " + "  ".join(f"{p} {med[p]:.3f}" for p in PHASES))
+    if args.concurrency:
+        out["concurrency"] = concurrency(args, work, env, [int(k) for k in args.concurrency.split(",")])
     with open(os.path.join(args.out, "gpu_exit_probe.json"), "w") as f:
         json.dump(out, f, indent=1)
     log("done")

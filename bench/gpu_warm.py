@@ -207,7 +207,7 @@ def pack_spec(src_text):
             'parity_test = "tests/local_tests/distributed/test_gpuport_tp_mlp_parity.py"\n'
             'coverage_scope = "implementation_subcomponent"\ngpus = 2\n'
             'command = ["torchrun", "--standalone", "--nproc_per_node={gpus}", "-m", "pytest", "{test}", "-q", '
-            '"-p", "no:cacheprovider", "--junitxml={junitxml}"]\n')
+            '"-p", "no:cacheprovider", "-p", "no:hypothesispytest", "--junitxml={junitxml}"]\n')
     return out
 
 

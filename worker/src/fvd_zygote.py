@@ -24,8 +24,24 @@ KILL_GRACE seconds) with one line on the job's stderr, as torchrun does; the
 status, sent once every rank is reaped, is the first failure's, else 0.
 The zygote exits when its stdin (a pipe the worker holds) closes, killing the
 process groups of the children it still has.
+
+What a child does not pay again (bench/gpu_exit_probe.py measures it):
+- The preload's objects are frozen (gc.freeze) before the first fork, so a
+  child's garbage collections (pytest runs full ones at its end) do not walk
+  torch's and transformers' objects, nor copy their pages by writing to them.
+- pytest's own plugin modules are imported here, not per run. Installed
+  plugins (entry points) are not: pytest rewrites their asserts when it
+  imports them, and warns about any imported before it.
+- Once pytest has returned (its JUnit report written and closed), the child
+  flushes stdout and stderr, runs the atexit handlers, closes the files it
+  opened and left open (writing their buffers, as finalisation would), and
+  ends with os._exit: no interpreter finalisation and no CUDA teardown in
+  the process, which took 1.2-1.7 s on an H100. A child that still has a
+  non-daemon thread, or a torch.distributed process group it did not
+  destroy, exits as Python normally does instead.
 """
 
+import gc
 import json
 import os
 import selectors
@@ -60,6 +76,28 @@ def preload(modules):
         import pytest  # noqa: F401 - every child runs it
     except BaseException as e:  # noqa: BLE001
         fail(3, "import pytest failed: %s: %s" % (type(e).__name__, e))
+    pytest_plugins()
+    # Everything imported so far lives as long as the zygote: out of the
+    # collector's sight, in the zygote and in every child.
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_plugins():
+    """Imports pytest's builtin plugin modules (`_pytest.junitxml`, …),
+    which pytest.main otherwise imports in every child. Best effort: one
+    that fails here fails the same way in the child, as it would cold."""
+    import importlib
+
+    try:
+        from _pytest.config import default_plugins
+    except BaseException:  # noqa: BLE001 - another pytest layout: nothing to warm
+        return
+    for name in default_plugins:
+        try:
+            importlib.import_module("_pytest." + name)
+        except BaseException:  # noqa: BLE001
+            pass
 
 
 class Conn:
@@ -363,9 +401,65 @@ def run_child(req, out_fd, err_fd):
         code = pytest.main(args)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(int(code))
+    finish(int(code))
+
+
+def finish(code):
+    """Ends the child with `code` once pytest has returned. What a normal
+    exit would still do that matters (atexit handlers: logging, coverage,
+    multiprocessing, weakref finalizers; the buffers of files left open)
+    is done here, then os._exit skips finalisation and CUDA's teardown; the
+    kernel frees the process's memory and GPU context either way. A
+    non-daemon thread (a normal exit waits for it) or a live
+    torch.distributed process group (its destructor talks to the other
+    ranks) keeps the normal exit."""
+    import threading
+
+    main = threading.main_thread()
+    waiting = [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+    dist = sys.modules.get("torch.distributed")
+    try:
+        group = dist is not None and dist.is_available() and dist.is_initialized()
+    except BaseException:  # noqa: BLE001 - unsure: exit normally
+        group = True
+    if waiting or group:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(code)
+    import atexit
+
+    atexit._run_exitfuncs()
+    # As Python's own exit: standard streams first (a failed flush makes
+    # the status 120), then every other file, in close_left_open.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001
+            if code == 0:
+                code = 120
+    close_left_open()
+    os._exit(code)
+
+
+def close_left_open():
+    """Closes the files this child opened and left open, outer layers (text)
+    before the buffers and raw files they wrap, so a buffered write reaches
+    its file as it would when finalisation frees the object. The zygote's
+    objects are frozen (gc.freeze), so gc.get_objects() holds the child's
+    alone; the standard streams are left to the kernel."""
+    import _io
+
+    std = {id(s) for s in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__)}
+    files = [o for o in gc.get_objects() if isinstance(o, _io._IOBase) and id(o) not in std]
+    layers = (_io._TextIOBase, _io._BufferedIOBase, _io._RawIOBase, _io._IOBase)
+    for layer in layers:
+        for f in files:
+            if isinstance(f, layer):
+                try:
+                    if not f.closed:
+                        f.close()
+                except BaseException:  # noqa: BLE001 - as a finaliser, ignore it
+                    pass
 
 
 def without_junit(args):

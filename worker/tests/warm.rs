@@ -376,3 +376,93 @@ async fn a_checkout_module_a_preloaded_library_imported_is_dropped_in_the_child(
     );
     assert_ne!(r1["ppid"], std::process::id().to_string());
 }
+
+/// A warm child ends with `os._exit` once pytest returns; what a normal
+/// exit would still have done is done first: a buffered write to a file
+/// the test left open reaches the file, atexit handlers run, a non-daemon
+/// thread is waited for, and a failing test still exits red. A global's
+/// `__del__` does not run (nothing guarantees it at exit in CPython): that
+/// is how this test sees the fast exit was taken.
+#[tokio::test]
+async fn a_warm_child_exits_fast_yet_keeps_what_a_normal_exit_does() {
+    let sb = Sandbox::new();
+    std::fs::write(
+        sb.root.join("port/test_exit.py"),
+        r#"import atexit, os, threading, time
+import heavy  # noqa: F401
+
+LEFT = open(os.environ["OUT"] + ".left", "w")
+
+
+class Finalised:
+    # Bound now: at finalisation the module's globals may be gone.
+    def __del__(self, open=open, path=os.environ["OUT"] + ".del"):
+        with open(path, "w") as f:
+            f.write("del\n")
+
+
+KEEP = Finalised()
+
+
+def test_leaves_work_for_the_exit():
+    LEFT.write("buffered\n")
+
+    def at_exit():
+        with open(os.environ["OUT"] + ".atexit", "w") as f:
+            f.write("ran\n")
+
+    atexit.register(at_exit)
+    if os.environ.get("THREAD"):
+
+        def late():
+            time.sleep(0.3)
+            with open(os.environ["OUT"] + ".thread", "w") as f:
+                f.write("joined\n")
+
+        threading.Thread(target=late).start()
+    assert os.environ.get("FAIL") != "1"
+"#,
+    )
+    .unwrap();
+    let read = |name: &str| std::fs::read_to_string(sb.root.join(name)).unwrap_or_default();
+    let preload: &[&str] = &["heavy"];
+    let job = |name: &'static str, extra: &'static [(&'static str, &'static str)]| {
+        let sb = &sb;
+        async move {
+            let out = sb.root.join(name).display().to_string();
+            let s = tempfile::tempdir().unwrap();
+            let mut env: Vec<(&str, &str)> = extra.to_vec();
+            env.push(("OUT", &out));
+            let mut spec = sb.spec(name, Some(preload), &env, s.path()).await;
+            spec.argv[3] = "test_exit.py".into();
+            run(spec, CancellationToken::new()).await
+        }
+    };
+
+    let o = job("fast", &[]).await;
+    assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+    assert!(!o.output_tail.contains(WARNING_PREFIX), "{}", o.output_tail);
+    assert_eq!(
+        read("fast.left"),
+        "buffered\n",
+        "the left-open file's buffer"
+    );
+    assert_eq!(read("fast.atexit"), "ran\n");
+    assert_eq!(read("fast.del"), "", "os._exit: no finalisation");
+
+    let o = job("red", &[("FAIL", "1")]).await;
+    assert!(
+        matches!(o.verdict(), Verdict::DebugRed { .. }),
+        "{:?}\n{}",
+        o.verdict(),
+        o.output_tail
+    );
+    assert_eq!(read("red.left"), "buffered\n");
+
+    // A non-daemon thread still running: the normal exit, which waits.
+    let o = job("thread", &[("THREAD", "1")]).await;
+    assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+    assert_eq!(read("thread.thread"), "joined\n");
+    assert_eq!(read("thread.left"), "buffered\n");
+    assert_eq!(read("thread.atexit"), "ran\n");
+}
