@@ -361,6 +361,9 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
             if a.tries > 1 {
                 notes.push(format!("run {} times (cut off by a restart)", a.tries));
             }
+            if !a.worker_id.is_empty() {
+                notes.push(format!("ran on worker {}", a.worker_id));
+            }
             writeln!(out, "  {}", notes.join("; "))?;
             if a.diff_stat.is_empty() {
                 writeln!(out, "  no changes")?;
