@@ -18,6 +18,9 @@
 //!   GPU time counts against the component's GPU-second budget.
 //! - `trace`: the latest drill-down report of the component.
 //! - `attempts`: the ledger.
+//! - `ask_user`: the escape hatch as a tool call: the question becomes the
+//!   attempt's escape hatch when the agent ends (its handoff need not
+//!   carry one), and the component waits for a person's answer.
 //! - `record`: a tool `fvd mcp` ran itself (`compare_dumps`), recorded.
 //!
 //! Every call is a `tool_call` span under the attempt's agent span and a
@@ -26,13 +29,13 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fvd_contracts::redactor::Redactor;
 use fvd_spec::ComponentSpec;
 use fvd_store::{Store, ToolCallRow, now_ms};
-use fvd_workspace::agent::{FleetAttempt, FleetAttempts};
+use fvd_workspace::agent::{AskedQuestion, FleetAttempt, FleetAttempts};
 use ractor::ActorRef;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -70,6 +73,8 @@ pub struct ToolsContext {
     pub span: Span,
     /// Redacted from what is stored of a call.
     pub secrets: Redactor,
+    /// The question the agent asked (`ask_user`), at most one.
+    pub asked: Arc<Mutex<Option<AskedQuestion>>>,
 }
 
 /// The running tools of one attempt; they stop when it is dropped.
@@ -78,6 +83,14 @@ pub struct ToolsServer {
     pub addr: SocketAddr,
     pub token: String,
     task: tokio::task::JoinHandle<()>,
+    asked: Arc<Mutex<Option<AskedQuestion>>>,
+}
+
+impl ToolsServer {
+    /// The question the agent asked through `ask_user`, if it did.
+    pub fn asked(&self) -> Option<AskedQuestion> {
+        self.asked.lock().expect("asked lock").clone()
+    }
 }
 
 impl Drop for ToolsServer {
@@ -91,6 +104,7 @@ pub async fn start(ctx: ToolsContext) -> std::io::Result<ToolsServer> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
     let addr = listener.local_addr()?;
     let token = random_token()?;
+    let asked = ctx.asked.clone();
     let (ctx, secret) = (Arc::new(ctx), Arc::<str>::from(token.as_str()));
     let task = fvd_telemetry::spawn(async move {
         loop {
@@ -105,7 +119,12 @@ pub async fn start(ctx: ToolsContext) -> std::io::Result<ToolsServer> {
             });
         }
     });
-    Ok(ToolsServer { addr, token, task })
+    Ok(ToolsServer {
+        addr,
+        token,
+        task,
+        asked,
+    })
 }
 
 fn random_token() -> std::io::Result<String> {
@@ -186,6 +205,7 @@ async fn call(ctx: &ToolsContext, tool: &str, args: &Value, pack: &[u8]) -> Valu
         "run_parity" => (tool.to_string(), run_parity(ctx, args, pack).await),
         "attempts" => (tool.to_string(), attempts(ctx).await),
         "trace" => (tool.to_string(), trace(ctx).await),
+        "ask_user" => (tool.to_string(), ask_user(ctx, args)),
         // A tool `fvd mcp` ran itself: only recorded here.
         "record" => (
             args["tool"].as_str().unwrap_or("unknown").to_string(),
@@ -446,5 +466,88 @@ async fn trace(ctx: &ToolsContext) -> Called {
             is_error: false,
             gpu_ms: 0,
         },
+    }
+}
+
+/// The decision types an escape hatch takes.
+const DECISION_TYPES: &[&str] = &[
+    "scope",
+    "dependency",
+    "auth",
+    "cost",
+    "destructive",
+    "ambiguity",
+    "blocker",
+];
+
+/// Keeps the agent's question for when it ends.
+fn ask_user(ctx: &ToolsContext, args: &Value) -> Called {
+    let text = |k: &str| {
+        args[k]
+            .as_str()
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let question = text("question");
+    if question.is_empty() {
+        return Called::failed("ask_user needs a `question`".into());
+    }
+    let options: Vec<String> = args["options"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|o| o.as_str().map(|s| s.trim().to_string()))
+                .filter(|o| !o.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !(2..=4).contains(&options.len()) {
+        return Called::failed(format!(
+            "ask_user needs 2 to 4 `options` (the recommended one among them); got {}",
+            options.len()
+        ));
+    }
+    let recommended = match text("recommended_option") {
+        r if r.is_empty() => options[0].clone(),
+        r => r,
+    };
+    if !options.contains(&recommended) {
+        return Called::failed(format!(
+            "`recommended_option` {recommended:?} is not one of the `options`"
+        ));
+    }
+    let decision_type = match text("decision_type") {
+        d if d.is_empty() => "ambiguity".to_string(),
+        d => d,
+    };
+    if !DECISION_TYPES.contains(&decision_type.as_str()) {
+        return Called::failed(format!(
+            "`decision_type` {decision_type:?} is not one of {}",
+            DECISION_TYPES.join(", ")
+        ));
+    }
+    let safe_default = match text("safe_default") {
+        d if d.is_empty() => "none".to_string(),
+        d => d,
+    };
+    let mut asked = ctx.asked.lock().expect("asked lock");
+    if asked.is_some() {
+        return Called::failed(
+            "this attempt already asked its question: end your turn; the answer comes with your next attempt".into(),
+        );
+    }
+    *asked = Some(AskedQuestion {
+        decision_type,
+        question: question.clone(),
+        recommended_option: recommended,
+        options,
+        safe_default,
+    });
+    Called {
+        text: "Your question is recorded as this attempt's escape hatch. End your turn now: the component waits for a person's answer (fvd answer), and your next attempt's packet carries it.".into(),
+        is_error: false,
+        detail: question,
+        gpu_ms: 0,
     }
 }

@@ -1239,9 +1239,16 @@ async fn agent_attempt(
     let files = write_packet(st, &turn, &recorded, &used, &answers).await?;
     let packet_ms = clock.elapsed().as_millis() as u64;
     let ran = run_agent(st, &turn, &files, &used).await?;
-    let (exit, handoff) = (ran.exit, ran.handoff);
+    let (exit, mut handoff) = (ran.exit, ran.handoff);
     if let Some(env) = ran.environment {
         return agent_environment(st, &turn, &ran.head_before, &env.0).await;
+    }
+    // A question asked by tool is the attempt's escape hatch, unless its
+    // handoff already asks one.
+    if let Some(q) = &ran.asked
+        && handoff.escape().is_none()
+    {
+        handoff = question_handoff(st, &handoff, q, result).await?;
     }
     let wt = st
         .agent
@@ -1448,6 +1455,51 @@ async fn write_packet(
     Ok(files)
 }
 
+/// The attempt's handoff with the question its agent asked through
+/// `ask_user` as its escape hatch, under the id the question will get.
+async fn question_handoff(
+    st: &ComponentState,
+    handoff: &agent::HandoffRead,
+    q: &agent::AskedQuestion,
+    result: &JobResult,
+) -> Result<agent::HandoffRead, ActorProcessingErr> {
+    let (family, spec) = (&st.args.family, &st.args.spec);
+    let floor = crate::port_status::escape_floor(&st.args.store, family)
+        .await
+        .unwrap_or(0);
+    let escape_id = st.args.store.next_escape_id(family, floor).await?;
+    let files: Vec<String> = handoff
+        .value
+        .as_ref()
+        .map(|h| h.files_changed.iter().map(|f| f.to_string()).collect())
+        .unwrap_or_default();
+    let lp = st.agent.as_ref().expect("agent components have a loop");
+    let port_state_file = lp
+        .prep
+        .get("port_state_file")
+        .cloned()
+        .unwrap_or_else(|| "none".into());
+    let test = spec
+        .test_files()
+        .first()
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    let evidence = result.reason.lines().next().unwrap_or_default();
+    Ok(agent::with_question(
+        handoff,
+        q,
+        &agent::AskedAt {
+            component: &spec.name,
+            parity_test: &test,
+            parity_status: result.verdict.as_str(),
+            evidence,
+            escape_id: &escape_id,
+            files_changed: &files,
+            port_state_file: &port_state_file,
+        },
+    ))
+}
+
 /// What one run of the agent came to.
 struct AgentRan {
     /// Time spent opening the ledger row, starting the proxy, and in
@@ -1463,6 +1515,8 @@ struct AgentRan {
     head_before: String,
     /// The commit a worker made of the attempt, when it ran on the fleet.
     fleet: Option<FleetCommit>,
+    /// The question the agent asked through its `ask_user` tool.
+    asked: Option<agent::AskedQuestion>,
 }
 
 /// An attempt's commit as a worker sent it back.
@@ -1681,9 +1735,10 @@ async fn run_agent(
             environment: environment.map(fvd_workspace::session::Environment),
             head_before,
             fleet,
+            asked: tools.as_ref().and_then(|t| t.asked()),
         });
     };
-    proxied_agent(
+    let mut ran = proxied_agent(
         st,
         ProxiedRun {
             attempt,
@@ -1701,7 +1756,9 @@ async fn run_agent(
         },
         model,
     )
-    .await
+    .await?;
+    ran.asked = tools.as_ref().and_then(|t| t.asked());
+    Ok(ran)
 }
 
 /// The parts of one proxied agent run.
@@ -1776,6 +1833,7 @@ async fn proxied_agent(
                 environment: Some(env),
                 head_before,
                 fleet: None,
+                asked: None,
             });
         }
     };
@@ -1896,6 +1954,7 @@ async fn proxied_agent(
             environment: Some(session::Environment(why)),
             head_before,
             fleet: None,
+            asked: None,
         });
     }
     let report = a
@@ -1964,6 +2023,7 @@ async fn proxied_agent(
         environment,
         head_before,
         fleet,
+        asked: None,
     })
 }
 
@@ -1992,6 +2052,7 @@ async fn start_tools(
         registry: st.args.agents.registry.clone(),
         span: span.clone(),
         secrets: st.args.agents.redactor(&a.env),
+        asked: Default::default(),
     };
     match crate::attempt_tools::start(ctx).await {
         Ok(t) => Some(t),

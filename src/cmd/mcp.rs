@@ -13,6 +13,7 @@
 //!   the component's parity test run on the fleet at that commit;
 //! - `trace`: the component's latest drill-down report;
 //! - `attempts`: the ledger;
+//! - `ask_user`: the escape hatch as a tool call (one question an attempt);
 //! - `compare_dumps`: two dump files or folders compared here, where they
 //!   are, by fvd's comparator (recorded on the attempt like the others).
 
@@ -89,7 +90,7 @@ fn answer(scope: &Scope, msg: &Value) -> Option<Value> {
                 "protocolVersion": version,
                 "capabilities": {"tools": {}},
                 "serverInfo": {"name": "fvd", "version": env!("CARGO_PKG_VERSION")},
-                "instructions": "fvd's tools for this agent attempt: run the component's parity test on the fleet at your work tree (run_parity), read the drill-down report (trace) and the ledger (attempts), compare two dumps (compare_dumps). fvd still confirms a pass with its own run.",
+                "instructions": "fvd's tools for this agent attempt: run the component's parity test on the fleet at your work tree (run_parity), read the drill-down report (trace) and the ledger (attempts), compare two dumps (compare_dumps), ask a person a decision (ask_user, then end your turn). fvd still confirms a pass with its own run.",
             }))
         }
         "ping" => Ok(json!({})),
@@ -123,6 +124,16 @@ fn tools() -> Value {
         {"name": "attempts",
          "description": "The ledger of this component's agent attempts: each attempt's verdicts before and after, its change and its handoff.",
          "inputSchema": none},
+        {"name": "ask_user",
+         "description": "Ask a person a decision you cannot make from the code and the official model (the escape hatch). The question becomes this attempt's escape hatch: end your turn after asking; the component waits for the answer, and your next attempt's packet carries it. One question per attempt.",
+         "inputSchema": {"type": "object",
+                         "properties": {
+                             "question": {"type": "string"},
+                             "options": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 4},
+                             "recommended_option": {"type": "string", "description": "one of the options"},
+                             "decision_type": {"type": "string", "enum": ["scope", "dependency", "auth", "cost", "destructive", "ambiguity", "blocker"]},
+                             "safe_default": {"type": "string", "description": "an option safe to take without an answer, or none"}},
+                         "required": ["question", "options"], "additionalProperties": false}},
         {"name": "compare_dumps",
          "description": "Compare two tensor dumps (files or folders, paths relative to your work tree) with fvd's comparator and return its findings.",
          "inputSchema": {"type": "object",
@@ -139,6 +150,7 @@ fn call(scope: &Scope, name: &str, args: &Value) -> anyhow::Result<(String, bool
             ask(scope, "run_parity", &json!({"commit": commit}), &pack)
         }
         "trace" | "attempts" => ask(scope, name, &json!({}), &[]),
+        "ask_user" => ask(scope, name, args, &[]),
         "compare_dumps" => {
             let started = Instant::now();
             let (text, is_error) = compare_dumps(args);

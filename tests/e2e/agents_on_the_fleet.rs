@@ -328,7 +328,16 @@ fn an_agent_on_a_worker_runs_the_parity_test_through_fvd_mcp() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(listed, ["run_parity", "trace", "attempts", "compare_dumps"]);
+    assert_eq!(
+        listed,
+        [
+            "run_parity",
+            "trace",
+            "attempts",
+            "ask_user",
+            "compare_dumps"
+        ]
+    );
     let said = |i: usize| {
         let r = &calls[i]["reply"]["result"];
         assert_eq!(r["isError"], false, "{r}");
@@ -389,4 +398,98 @@ fn an_agent_on_a_worker_runs_the_parity_test_through_fvd_mcp() {
         ],
     );
     assert_eq!(branch.lines().count(), 1, "{branch}");
+}
+
+/// An agent that asks its question through `fvd mcp`'s `ask_user` and
+/// hands back nothing; given the answer in its next packet, it applies
+/// the example's recorded patches and hands back the recorded handoff.
+fn asking_agent(path: &Path) {
+    let script = r#"#!/usr/bin/env python3
+import json, os, subprocess, sys
+prompt, handoff = sys.argv[1], sys.argv[2]
+packet = open(prompt).read()
+if "cosines first" in packet and "answer" in packet.lower():
+    prefix = subprocess.run(["git", "rev-parse", "--show-prefix"], capture_output=True, text=True).stdout.strip().rstrip("/")
+    for patch in ["0001", "0002"]:
+        cmd = ["git", "apply"] + ([f"--directory={prefix}"] if prefix else []) + [f"tools/replay/timestep_embed/{patch}.patch"]
+        subprocess.run(cmd, check=True)
+    open(handoff, "w").write(open("tools/replay/timestep_embed/0002.handoff").read())
+    sys.exit(0)
+mcp = subprocess.Popen([os.environ["FVD_BIN"], "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def rpc(i, method, params):
+    mcp.stdin.write(json.dumps({"jsonrpc": "2.0", "id": i, "method": method, "params": params}) + "\n")
+    mcp.stdin.flush()
+    return json.loads(mcp.stdout.readline())
+rpc(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+r = rpc(2, "tools/call", {"name": "ask_user", "arguments": {
+    "question": "Which layout does the port follow: cosines first, as the official model, or sines first?",
+    "options": ["cosines first", "sines first"],
+    "recommended_option": "cosines first",
+    "decision_type": "ambiguity"}})
+assert not r["result"]["isError"], r
+mcp.stdin.close()
+mcp.wait()
+"#;
+    std::fs::write(path, script).unwrap();
+}
+
+#[test]
+fn an_agent_asks_its_question_through_fvd_mcp_and_gets_the_answer() {
+    let mut sb = Sandbox::with_repo_in("hidden/repo");
+    let agent = sb.dir.path().join("asking_agent.py");
+    asking_agent(&agent);
+    let agent_s = agent.display().to_string();
+    example_repo(&sb, |t| {
+        crate::durability::keep_components(&t, &["timestep_embed"]).replace(
+            r#"command = ["python3", "-B", "tools/replay_agent.py", "--patches", "tools/replay/{component}", "--attempt", "{attempt}", "--prompt", "{prompt_file}", "--handoff", "{handoff_file}", "--worktree", "{worktree}"]"#,
+            &format!(r#"command = ["python3", "-B", "{agent_s}", "{{prompt_file}}", "{{handoff_file}}"]"#),
+        )
+    });
+    let hidden = sb.dir.path().join("hidden");
+    assert_hidden(&hidden, sb.repo());
+    let url = sb.serve_with(&["--allow-agent-commands"]);
+    spawn_hidden_worker_with(&mut sb, "w1", &[], &[]);
+    let out = sb.submit_remote("tinyport", &["--wait"]);
+    let text = format!(
+        "{}{}\nlogs:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        sb.logs()
+    );
+    // The question paused the port, as a handoff's escape hatch does.
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    let status = sb.remote_status("tinyport").unwrap();
+    let hatch = status["escapes"]
+        .as_array()
+        .and_then(|a| a.first())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(hatch["id"], "E001", "{status:#}");
+    assert!(
+        hatch["question"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("Which layout"),
+        "{status:#}"
+    );
+    let (code, out) = outcome(fvd().args([
+        "answer",
+        "tinyport",
+        "E001",
+        "--text",
+        "cosines first, as the official model",
+        "--wait",
+        "--orchestrator",
+        &url,
+    ]));
+    assert_eq!(code, Some(0), "{out}\n{}", sb.logs());
+    let got = verdicts(&sb.remote_status("tinyport").unwrap());
+    assert_eq!(got[0].1, "non_skip_pass", "{got:?}");
+    let db = sb.dir.path().join("orchestrator.db");
+    let rows = crate::chaos::query(
+        &db,
+        "SELECT attempt, tool, outcome FROM attempt_tool_calls ORDER BY attempt, seq",
+    );
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0][1], "ask_user", "{rows:?}");
 }

@@ -758,6 +758,96 @@ pub fn read_handoff_of(
 }
 
 /// The body of the last fenced block of `text`, or `text` itself.
+/// A question an agent asked through its `ask_user` tool (`fvd mcp`,
+/// issue #32): the escape hatch as a tool call instead of a handoff field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AskedQuestion {
+    /// One of the escape hatch's decision types (`ambiguity`, `scope`, …).
+    pub decision_type: String,
+    pub question: String,
+    pub recommended_option: String,
+    /// The choices, the recommended one among them.
+    pub options: Vec<String>,
+    /// `none` when there is no safe default.
+    pub safe_default: String,
+}
+
+/// Where the attempt stood when its agent asked (the hatch's snapshot) and
+/// what a handoff the agent did not return says in its place.
+#[derive(Debug, Clone)]
+pub struct AskedAt<'a> {
+    pub component: &'a str,
+    pub parity_test: &'a str,
+    /// The last verdict (`debug_red`, …) and its reason.
+    pub parity_status: &'a str,
+    pub evidence: &'a str,
+    /// The `E###` id the question will be recorded under (the packet's
+    /// next escape id): the snapshot's evidence cites it.
+    pub escape_id: &'a str,
+    pub files_changed: &'a [String],
+    pub port_state_file: &'a str,
+}
+
+/// The handoff with the question the agent asked as its escape hatch
+/// (`next_step: ask_user`), checked again as a whole. The agent's own
+/// block keeps its other fields; without one, its fields are what fvd
+/// knows (the attempt's test, its last verdict, the files it changed).
+pub fn with_question(read: &HandoffRead, q: &AskedQuestion, at: &AskedAt<'_>) -> HandoffRead {
+    let list = |items: &[String], indent: &str| -> String {
+        if items.is_empty() {
+            return " none\n".into();
+        }
+        let mut out = String::from("\n");
+        for i in items {
+            out.push_str(&format!("{indent}- {}\n", one_line(i)));
+        }
+        out
+    };
+    let hatch = format!(
+        "next_step: ask_user\nescape_hatch:\n  needs_user_input: yes\n  decision_type: {}\n  question: {}\n  recommended_option: {}\n  options:{}  safe_default: {}\n  blocked_until_answered: yes\n  state_snapshot:\n    phase: P6\n    files_changed:{}    command_or_test: {}\n    evidence: {}\n",
+        one_line(&q.decision_type),
+        one_line(&q.question),
+        one_line(&q.recommended_option),
+        list(&q.options, "    "),
+        one_line(&q.safe_default),
+        list(at.files_changed, "      "),
+        one_line(at.parity_test),
+        one_line(&format!("{}; {}", at.escape_id, at.evidence)),
+    );
+    let own = read.value.is_some() && read.status == HandoffStatus::Valid;
+    let mut block = String::new();
+    if own {
+        // The agent's block without its next step and its hatch (a field
+        // and the lines indented under it).
+        let mut skipping = false;
+        for line in read.text.lines() {
+            let top = !line.starts_with(' ') && !line.starts_with('\t');
+            if top {
+                skipping = line.starts_with("next_step:") || line.starts_with("escape_hatch:");
+            }
+            if !skipping {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+    } else {
+        block = format!(
+            "component: {}\nmode: parity-debug\nfiles_changed:{}official_files_used: none\nprototype_key_dumps: none\nport_state_file: {}\nconcerns_or_unknowns: {}\nparity_test: {}\nparity_status: {}\nproduction_loader_strictness: stateless\nstrict_load: not_run\npytest_output: {}\nblocker: none\nconversion_retry_request: none\nreadme_updated: no\n",
+            at.component,
+            list(at.files_changed, "  "),
+            one_line(at.port_state_file),
+            one_line(&q.question),
+            one_line(at.parity_test),
+            one_line(at.parity_status),
+            one_line(at.evidence),
+        );
+    }
+    block.push_str(&hatch);
+    let mut merged = read_handoff_of(at.component, None, Some(&block), "");
+    merged.source = "ask_user";
+    merged
+}
+
 fn unfence(text: &str) -> String {
     match fenced_blocks(text).pop() {
         Some(f) => f.body,
@@ -781,6 +871,75 @@ fn last_block(stdout: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn asked() -> AskedQuestion {
+        AskedQuestion {
+            decision_type: "ambiguity".into(),
+            question: "Cosines first, as the official model,\nor sines first, as the port?".into(),
+            recommended_option: "cosines first".into(),
+            options: vec!["cosines first".into(), "sines first".into()],
+            safe_default: "none".into(),
+        }
+    }
+
+    fn asked_at<'a>(files: &'a [String]) -> AskedAt<'a> {
+        AskedAt {
+            component: "timestep_embed",
+            parity_test: "tests/local_tests/generic/test_tinyport_timestep_embed_parity.py",
+            parity_status: "debug_red",
+            evidence: "AssertionError: Not equal to tolerance",
+            escape_id: "E001",
+            files_changed: files,
+            port_state_file: "tests/local_tests/tinyport/PORT_STATUS.md",
+        }
+    }
+
+    /// A question asked by tool becomes the escape hatch of the attempt's
+    /// handoff: of a handoff fvd writes when the agent returned none, and
+    /// of the agent's own valid one, whose other fields stay.
+    #[test]
+    fn a_question_asked_by_tool_becomes_the_handoff_s_escape_hatch() {
+        let none = read_handoff("timestep_embed", None, "");
+        assert_eq!(none.status, HandoffStatus::Missing);
+        let files = vec!["fastvideo/layers/timestep.py".to_string()];
+        let merged = with_question(&none, &asked(), &asked_at(&files));
+        assert_eq!(
+            merged.status,
+            HandoffStatus::Valid,
+            "{}\n{}",
+            merged.summary,
+            merged.text
+        );
+        assert_eq!(merged.source, "ask_user");
+        let e = merged.escape().expect("an escape hatch");
+        assert_eq!(
+            e.question.to_string(),
+            "Cosines first, as the official model, or sines first, as the port?"
+        );
+        assert_eq!(e.options.len(), 2);
+
+        let own = "component: timestep_embed\nmode: parity-debug\nfiles_changed: fastvideo/layers/timestep.py\nofficial_files_used: official/tinyport_official/timestep.py\nprototype_key_dumps: none\nport_state_file: tests/local_tests/tinyport/PORT_STATUS.md\nconcerns_or_unknowns: the layout\nparity_test: tests/local_tests/generic/test_tinyport_timestep_embed_parity.py\nparity_status: debug_red\nproduction_loader_strictness: stateless\nstrict_load: not_run\npytest_output: 1 failed\nblocker: none\nconversion_retry_request: none\nreadme_updated: no\nnext_step: phase_6_continue\nescape_hatch: none\n";
+        let read = read_handoff("timestep_embed", Some(own), "");
+        assert_eq!(read.status, HandoffStatus::Valid, "{}", read.summary);
+        assert!(read.escape().is_none());
+        let merged = with_question(&read, &asked(), &asked_at(&files));
+        assert_eq!(
+            merged.status,
+            HandoffStatus::Valid,
+            "{}\n{}",
+            merged.summary,
+            merged.text
+        );
+        assert!(merged.escape().is_some());
+        assert!(
+            merged
+                .text
+                .contains("official_files_used: official/tinyport_official/timestep.py"),
+            "{}",
+            merged.text
+        );
+        assert!(!merged.text.contains("phase_6_continue"), "{}", merged.text);
+    }
     use fvd_contracts::component::ComponentContext;
 
     fn spec() -> ComponentSpec {
