@@ -109,6 +109,8 @@ pub async fn start(ctx: ToolsContext) -> std::io::Result<ToolsServer> {
     let task = fvd_telemetry::spawn(async move {
         loop {
             let Ok((sock, _)) = listener.accept().await else {
+                // Out of descriptors, say: not a busy loop meanwhile.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             };
             let (ctx, secret) = (ctx.clone(), secret.clone());

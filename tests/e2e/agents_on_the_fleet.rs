@@ -5,7 +5,10 @@
 //! runs on a worker in a checkout of its own and comes back as a commit;
 //! the example's agent components reach the verdicts embedded mode
 //! reaches; each attempt records the worker it ran on; and no agent
-//! process ever descends from the orchestrator.
+//! process ever descends from the orchestrator. Agents that work through
+//! `fvd mcp` get fvd's verdict of their work tree from a worker
+//! (`run_parity`, agents on a worker or on the host) and ask their question
+//! as a tool call (`ask_user`).
 //!
 //! CI runs as root; without `unshare` and a tmpfs mount this test fails, it
 //! never skips.
@@ -278,6 +281,17 @@ fn mcp_log(log: &Path) -> Vec<serde_json::Value> {
 
 #[test]
 fn an_agent_on_a_worker_runs_the_parity_test_through_fvd_mcp() {
+    parity_through_fvd_mcp("fleet");
+}
+
+/// The same agent on the orchestrator's host (`--agents host`): its
+/// tools run the test on the fleet just the same.
+#[test]
+fn an_agent_on_the_host_runs_the_parity_test_on_a_worker_through_fvd_mcp() {
+    parity_through_fvd_mcp("host");
+}
+
+fn parity_through_fvd_mcp(agents: &str) {
     let mut sb = Sandbox::with_repo_in("hidden/repo");
     let agent = sb.dir.path().join("mcp_agent.py");
     let log = sb.dir.path().join("mcp.jsonl");
@@ -291,7 +305,7 @@ fn an_agent_on_a_worker_runs_the_parity_test_through_fvd_mcp() {
     });
     let hidden = sb.dir.path().join("hidden");
     assert_hidden(&hidden, sb.repo());
-    sb.serve_with(&["--allow-agent-commands"]);
+    sb.serve_with(&["--allow-agent-commands", "--agents", agents]);
     spawn_hidden_worker_with(&mut sb, "w1", &[], &[]);
     let out = sb.submit_remote("tinyport", &["--wait"]);
     let text = format!(

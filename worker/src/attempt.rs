@@ -288,6 +288,8 @@ impl Tunnel {
                     a = listener.accept() => a,
                 };
                 let Ok((sock, _)) = accepted else {
+                    // Out of descriptors, say: not a busy loop meanwhile.
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 };
                 let (client, first, until) = (client.clone(), first.clone(), until.clone());
