@@ -481,7 +481,7 @@ impl Lab {
     /// database and its log, every agent folder and worktree, the files of
     /// the port): only the server's own key file holds it.
     pub fn assert_key_absent(&self, texts: &[&str]) {
-        self.assert_key_absent_in(texts, &[self.repo.clone()], "state.db");
+        self.assert_key_absent_in(texts, std::slice::from_ref(&self.repo), "state.db");
     }
 
     /// [`Lab::assert_key_absent`] over `roots` (folders walked, or files),
