@@ -33,29 +33,9 @@ import sys
 import tempfile
 import time
 
-PREP = """[prep]
-model_family = "{family}"
-workload_types = "T2V"
-official_ref = "bench"
-official_ref_dir = "official"
-official_ref_commit = "unknown"
-hf_weights_path = "none"
-hf_revision = "default"
-local_weights_dir = "official_weights/{family}"
-source_layout = "custom"
-model_index_class = "none"
-components_seen = "bench"
-needs_conversion = "no"
-hf_token_env = "HF_TOKEN"
-dependency_changes = "none"
-official_env_status = "imports_ok"
-local_tests_readme = "tests/local_tests/{family}/README.md"
-port_state_file = "tests/local_tests/{family}/PORT_STATUS.md"
-gitignore_entries_added = "none"
-next_step = "add-model"
-open_questions = "none"
-escape_hatch = "none"
-"""
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from port_overhead import PREP  # noqa: E402
+
 
 AGENT = '''#!/usr/bin/env python3
 """A scripted agent: writes its component's fix and a valid handoff."""

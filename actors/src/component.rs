@@ -1630,8 +1630,7 @@ async fn run_agent(
     let clock = std::time::Instant::now();
     // git works on the whole worktree; the agent in the port's folder of it.
     let wt = lp.worktree.path.clone();
-    let workdir = lp.worktree.workdir();
-    let wt_s = workdir.to_string_lossy().into_owned();
+    let wt_s = lp.worktree.workdir().to_string_lossy().into_owned();
     let started_ms = now_ms();
     let cookie = format!("{family}/{}/{attempt}/{started_ms}", spec.name);
     let head_before = worktree::head(&wt).await.map_err(|e| e.to_string())?;
@@ -1744,7 +1743,6 @@ async fn run_agent(
             attempt,
             argv,
             extra,
-            workdir,
             files,
             used,
             span,
@@ -1766,7 +1764,6 @@ struct ProxiedRun<'a> {
     attempt: u32,
     argv: Vec<String>,
     extra: Vec<(String, String)>,
-    workdir: PathBuf,
     files: &'a AttemptFiles,
     used: &'a Spent,
     span: Span,
@@ -1793,7 +1790,6 @@ async fn proxied_agent(
         attempt,
         argv,
         mut extra,
-        workdir,
         files,
         used,
         span,
@@ -1917,7 +1913,6 @@ async fn proxied_agent(
         })
     };
     let program = argv[0].clone();
-    let _ = workdir;
     let ran = run_where(
         st,
         attempt,

@@ -15,10 +15,11 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 
 use crate::agent::{example_repo, git};
-use crate::bycommit::{assert_hidden, plain_log, spawn_hidden_worker_with, verdicts};
+use crate::bycommit::{
+    assert_hidden, embedded_verdicts, outcome, plain_log, spawn_hidden_worker_with, verdicts,
+};
 use crate::support::{Sandbox, fvd};
 
 /// The example's replay agent under a name of its own. It first writes its
@@ -47,16 +48,6 @@ os.execvp("python3", ["python3", "-B", "tools/replay_agent.py", *sys.argv[1:]])
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-fn outcome(cmd: &mut Command) -> (Option<i32>, String) {
-    let out = cmd.output().unwrap();
-    let text = format!(
-        "stdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
-}
-
 /// `(name, status)` of every component, sorted.
 fn statuses(status: &serde_json::Value) -> Vec<(String, String)> {
     verdicts(status)
@@ -68,21 +59,10 @@ fn statuses(status: &serde_json::Value) -> Vec<(String, String)> {
 #[test]
 fn agent_attempts_run_on_workers_that_cannot_see_the_repository() {
     // Embedded mode on one copy of the example port: the reference.
-    let embedded = Sandbox::new();
-    example_repo(&embedded, |t| t);
-    let (code, out) = outcome(
-        fvd()
-            .args(["submit", "--family", "tinyport", "--wait", "--repo"])
-            .arg(embedded.repo()),
-    );
-    assert_eq!(code, Some(3), "{out}");
-    let (code, out) = outcome(
-        fvd()
-            .args(["answer", "tinyport", "E001", "--option", "1", "--repo"])
-            .arg(embedded.repo()),
-    );
-    assert_eq!(code, Some(1), "{out}");
-    let want = statuses(&embedded.local_status("tinyport").unwrap());
+    let want: Vec<(String, String)> = embedded_verdicts()
+        .into_iter()
+        .map(|(name, status, _, _)| (name, status))
+        .collect();
 
     // The same port on two workers that cannot see the repository, with
     // an agent program only they have.
@@ -292,29 +272,13 @@ fn an_agent_on_the_host_runs_the_parity_test_on_a_worker_through_fvd_mcp() {
 }
 
 fn parity_through_fvd_mcp(agents: &str) {
-    let mut sb = Sandbox::with_repo_in("hidden/repo");
-    let agent = sb.dir.path().join("mcp_agent.py");
-    let log = sb.dir.path().join("mcp.jsonl");
-    mcp_agent(&agent, &log);
-    let agent_s = agent.display().to_string();
-    let base = example_repo(&sb, |t| {
-        crate::durability::keep_components(&t, &["timestep_embed"]).replace(
-            r#"command = ["python3", "-B", "tools/replay_agent.py", "--patches", "tools/replay/{component}", "--attempt", "{attempt}", "--prompt", "{prompt_file}", "--handoff", "{handoff_file}", "--worktree", "{worktree}"]"#,
-            &format!(r#"command = ["python3", "-B", "{agent_s}", "{{handoff_file}}"]"#),
-        )
-    });
-    let hidden = sb.dir.path().join("hidden");
-    assert_hidden(&hidden, sb.repo());
-    sb.serve_with(&["--allow-agent-commands", "--agents", agents]);
-    spawn_hidden_worker_with(&mut sb, "w1", &[], &[]);
-    let out = sb.submit_remote("tinyport", &["--wait"]);
-    let text = format!(
-        "{}{}\nlogs:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        sb.logs()
+    let (sb, base, out) = port_with_agent(
+        agents,
+        |path| mcp_agent(path, &path.with_file_name("mcp.jsonl")),
+        "{handoff_file}",
     );
-    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert_eq!(out.0, Some(0), "{}", out.1);
+    let log = sb.dir.path().join("mcp.jsonl");
 
     // What the agent got from its tools: the red verdict of its untouched
     // tree, the pass of its fixed one, and the ledger with its own attempt
@@ -449,29 +413,10 @@ mcp.wait()
 
 #[test]
 fn an_agent_asks_its_question_through_fvd_mcp_and_gets_the_answer() {
-    let mut sb = Sandbox::with_repo_in("hidden/repo");
-    let agent = sb.dir.path().join("asking_agent.py");
-    asking_agent(&agent);
-    let agent_s = agent.display().to_string();
-    example_repo(&sb, |t| {
-        crate::durability::keep_components(&t, &["timestep_embed"]).replace(
-            r#"command = ["python3", "-B", "tools/replay_agent.py", "--patches", "tools/replay/{component}", "--attempt", "{attempt}", "--prompt", "{prompt_file}", "--handoff", "{handoff_file}", "--worktree", "{worktree}"]"#,
-            &format!(r#"command = ["python3", "-B", "{agent_s}", "{{prompt_file}}", "{{handoff_file}}"]"#),
-        )
-    });
-    let hidden = sb.dir.path().join("hidden");
-    assert_hidden(&hidden, sb.repo());
-    let url = sb.serve_with(&["--allow-agent-commands"]);
-    spawn_hidden_worker_with(&mut sb, "w1", &[], &[]);
-    let out = sb.submit_remote("tinyport", &["--wait"]);
-    let text = format!(
-        "{}{}\nlogs:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        sb.logs()
-    );
+    let (sb, _, out) = port_with_agent("fleet", asking_agent, r#"{prompt_file}", "{handoff_file}"#);
+    let url = sb.url.clone().unwrap();
     // The question paused the port, as a handoff's escape hatch does.
-    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert_eq!(out.0, Some(3), "{}", out.1);
     let status = sb.remote_status("tinyport").unwrap();
     let hatch = status["escapes"]
         .as_array()
@@ -506,4 +451,38 @@ fn an_agent_asks_its_question_through_fvd_mcp_and_gets_the_answer() {
     );
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0][1], "ask_user", "{rows:?}");
+}
+
+/// The example port with `timestep_embed` alone, its agent the script
+/// `write` makes (run as `python3 -B SCRIPT ARGS`, `args` the rest of the
+/// argv's TOML), served with agents on `agents`, and one worker that
+/// cannot see the repository: the sandbox, the base commit, and `submit
+/// --wait`'s exit code and output (with the logs).
+fn port_with_agent(
+    agents: &str,
+    write: impl FnOnce(&Path),
+    args: &str,
+) -> (Sandbox, String, (Option<i32>, String)) {
+    let mut sb = Sandbox::with_repo_in("hidden/repo");
+    let agent = sb.dir.path().join("agent.py");
+    write(&agent);
+    let agent_s = agent.display().to_string();
+    let base = example_repo(&sb, |t| {
+        crate::durability::keep_components(&t, &["timestep_embed"]).replace(
+            r#"command = ["python3", "-B", "tools/replay_agent.py", "--patches", "tools/replay/{component}", "--attempt", "{attempt}", "--prompt", "{prompt_file}", "--handoff", "{handoff_file}", "--worktree", "{worktree}"]"#,
+            &format!(r#"command = ["python3", "-B", "{agent_s}", "{args}"]"#),
+        )
+    });
+    let hidden = sb.dir.path().join("hidden");
+    assert_hidden(&hidden, sb.repo());
+    sb.serve_with(&["--allow-agent-commands", "--agents", agents]);
+    spawn_hidden_worker_with(&mut sb, "w1", &[], &[]);
+    let out = sb.submit_remote("tinyport", &["--wait"]);
+    let text = format!(
+        "{}{}\nlogs:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        sb.logs()
+    );
+    (sb, base, (out.status.code(), text))
 }

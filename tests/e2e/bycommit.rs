@@ -88,7 +88,7 @@ pub(crate) fn spawn_hidden_worker_with(
     sb.spawn_worker(id, cmd);
 }
 
-fn outcome(cmd: &mut Command) -> (Option<i32>, String) {
+pub(crate) fn outcome(cmd: &mut Command) -> (Option<i32>, String) {
     let out = cmd.output().unwrap();
     let text = format!(
         "stdout:\n{}\nstderr:\n{}",
@@ -154,9 +154,9 @@ fn fetches(log: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-#[test]
-fn a_worker_that_cannot_see_the_checkout_reaches_the_embedded_verdicts() {
-    // Embedded mode on one copy of the example port: the reference.
+/// The example port's verdicts in embedded mode (the question answered
+/// with its first option): what a fleet must reach on the same repository.
+pub(crate) fn embedded_verdicts() -> Vec<(String, String, u64, String)> {
     let embedded = Sandbox::new();
     example_repo(&embedded, |t| t);
     let (code, out) = outcome(
@@ -171,7 +171,12 @@ fn a_worker_that_cannot_see_the_checkout_reaches_the_embedded_verdicts() {
             .arg(embedded.repo()),
     );
     assert_eq!(code, Some(1), "{out}");
-    let want = verdicts(&embedded.local_status("tinyport").unwrap());
+    verdicts(&embedded.local_status("tinyport").unwrap())
+}
+
+#[test]
+fn a_worker_that_cannot_see_the_checkout_reaches_the_embedded_verdicts() {
+    let want = embedded_verdicts();
 
     // The same port on a fleet whose one worker cannot see the checkout.
     let mut sb = Sandbox::with_repo_in("hidden/repo");

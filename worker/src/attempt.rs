@@ -29,8 +29,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{AgentIo, CodeLink, Outbox, WorkerConfig, code_fetch, msg, run_assigned};
-use crate::code::{AttemptCheckout, JobCode};
+use crate::client::{
+    AgentIo, CodeLink, Outbox, WorkerConfig, code_fetch, job_code, msg, run_assigned,
+};
+use crate::code::AttemptCheckout;
 
 /// Bytes of a pack per `AttemptPack` message, under gRPC's 4 MiB limit.
 const PACK_CHUNK_BYTES: usize = 1024 * 1024;
@@ -49,14 +51,7 @@ pub(crate) async fn run(
     cancel: CancellationToken,
 ) -> pb::JobFinished {
     let g = a.agent.take().unwrap_or_default();
-    let job = JobCode {
-        job_id: a.job_id.clone(),
-        cwd: a.cwd.clone(),
-        commit: a.commit.clone(),
-        prefix: a.code_prefix.clone(),
-        worker_paths: a.worker_paths.clone(),
-        fvd_writes: a.fvd_writes.clone(),
-    };
+    let job = job_code(&a);
     let checkout = match code
         .cache
         .attempt_checkout(&job, code_fetch(code, &a, tx), &cancel)

@@ -713,33 +713,26 @@ pub(crate) fn code_fetch<'a>(
     }
 }
 
-async fn place(
-    code: &CodeLink,
-    a: &pb::AssignJob,
-    tx: &Outbox,
-    cancel: &CancellationToken,
-) -> Result<code::Placed, String> {
-    let job = JobCode {
+/// What the worker does about the code of an assignment.
+pub(crate) fn job_code(a: &pb::AssignJob) -> JobCode {
+    JobCode {
         job_id: a.job_id.clone(),
         cwd: a.cwd.clone(),
         commit: a.commit.clone(),
         prefix: a.code_prefix.clone(),
         worker_paths: a.worker_paths.clone(),
         fvd_writes: a.fvd_writes.clone(),
-    };
-    let fetch = |have: Vec<String>| async move {
-        let id = NEXT_FETCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (to, from) = mpsc::unbounded_channel();
-        code.fetches.lock().expect("fetches lock").insert(id, to);
-        let ask = pb::FetchCode {
-            request_id: id,
-            job_id: a.job_id.clone(),
-            commit: a.commit.clone(),
-            have,
-        };
-        tx.send(msg(pb::worker_msg::Msg::FetchCode(ask))).await;
-        Ok::<_, String>(from)
-    };
+    }
+}
+
+async fn place(
+    code: &CodeLink,
+    a: &pb::AssignJob,
+    tx: &Outbox,
+    cancel: &CancellationToken,
+) -> Result<code::Placed, String> {
+    let job = job_code(a);
+    let fetch = code_fetch(code, a, tx);
     let placed = code.cache.place(&job, fetch, cancel).await?;
     tracing::info!(job = %a.job_id, mode = ?placed.mode, cwd = %placed.cwd.display(), "the job's code is placed");
     Ok(placed)

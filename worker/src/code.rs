@@ -403,10 +403,12 @@ impl CodeCache {
             .checkout(sha)
             .await
             .map_err(|e| format!("cannot check out commit {short}: {e}"))?;
-        let workdir = match job.prefix.trim_end_matches('/') {
-            "" => checkout.clone(),
-            prefix => fvd_paths::join_under(&checkout, prefix)
-                .map_err(|e| format!("commit {short}: port folder refused: {e}"))?,
+        let workdir = match port_folder(&checkout, &job.prefix, sha) {
+            Ok(w) => w,
+            Err(e) => {
+                self.release(sha);
+                return Err(e);
+            }
         };
         if !workdir.is_dir() {
             self.release(sha);
@@ -506,24 +508,24 @@ impl CodeCache {
         git(&self.repo, &["worktree", "add", "-q", "--detach", &p, sha])
             .await
             .map_err(|e| format!("cannot check out commit {}: {e}", &sha[..12]))?;
-        let workdir = match job.prefix.trim_end_matches('/') {
-            "" => path.clone(),
-            prefix => fvd_paths::join_under(&path, prefix)
-                .map_err(|e| format!("commit {}: port folder refused: {e}", &sha[..12]))?,
-        };
+        let workdir = port_folder(&path, &job.prefix, sha);
         let checkout = AttemptCheckout {
             cache: self.clone(),
-            path,
-            workdir,
+            path: path.clone(),
+            workdir: workdir.clone().unwrap_or(path),
             base: sha.to_string(),
             fetched,
         };
-        if !checkout.workdir.is_dir() {
-            let why = format!(
+        let refused = match workdir {
+            Err(e) => Some(e),
+            Ok(w) if !w.is_dir() => Some(format!(
                 "commit {} has no folder {}",
                 &sha[..12],
                 job.prefix.trim_end_matches('/')
-            );
+            )),
+            Ok(_) => None,
+        };
+        if let Some(why) = refused {
             drop(_git);
             checkout.remove().await;
             return Err(why);
@@ -711,6 +713,15 @@ impl CodeCache {
                 .entries
                 .remove(&sha);
         }
+    }
+}
+
+/// The port folder (`prefix`) inside a checkout of `sha`.
+fn port_folder(checkout: &Path, prefix: &str, sha: &str) -> Result<PathBuf, String> {
+    match prefix.trim_end_matches('/') {
+        "" => Ok(checkout.to_path_buf()),
+        prefix => fvd_paths::join_under(checkout, prefix)
+            .map_err(|e| format!("commit {}: port folder refused: {e}", &sha[..12])),
     }
 }
 
