@@ -86,7 +86,7 @@ pub struct Served {
 #[derive(Debug, Clone, Copy)]
 pub struct Sources<'a> {
     pub store: &'a Store,
-    pub fleet: Option<&'a fvd_workspace::agent::FleetAttempts>,
+    pub fleet: &'a fvd_workspace::agent::FleetAttempts,
 }
 
 pub async fn repository_for(
@@ -103,9 +103,7 @@ pub async fn repository_for(
     let Some(job) = store.job(job_id).await? else {
         // An agent attempt (issue #32) has no row: its registration says
         // which worker holds it and which commit it starts from.
-        let attempt = fleet
-            .and_then(|f| f.held_by(job_id, worker_id))
-            .ok_or_else(not_leased)?;
+        let attempt = fleet.held_by(job_id, worker_id).ok_or_else(not_leased)?;
         if attempt.commit != commit || commit.is_empty() {
             return Err(CodeError::OtherCommit {
                 job_id: job_id.to_string(),

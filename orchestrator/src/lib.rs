@@ -322,7 +322,7 @@ pub async fn start(
         heartbeats: Default::default(),
         credentials: credentials.clone(),
         secrets: Arc::new(worker_api::own_secrets(&config)),
-        fleet: Some(config.agents.registry.clone()),
+        fleet: config.agents.registry.clone(),
     };
     let ports = port_api::PortApi {
         store: store.clone(),

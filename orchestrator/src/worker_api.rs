@@ -49,9 +49,9 @@ pub struct WorkerApi {
     /// The orchestrator's own secrets, redacted from everything a worker
     /// sends of a job before it is stored.
     pub secrets: Arc<fvd_contracts::redactor::Redactor>,
-    /// The agent attempts running on workers (`--agents fleet`): their
-    /// code and model-proxy tunnels are served by what is registered here.
-    pub fleet: Option<fvd_workspace::agent::FleetAttempts>,
+    /// The row-less jobs workers run for agents (attempts, their tools'
+    /// runs): their code and tunnels are served by what is registered here.
+    pub fleet: fvd_workspace::agent::FleetAttempts,
 }
 
 /// Most bytes of one agent attempt's pack the edge keeps: past it the
@@ -101,10 +101,8 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("the tunnel ended before its first frame"))?;
-        let fleet = self.fleet.as_ref().ok_or_else(|| {
-            Status::failed_precondition("this orchestrator runs no agent on workers")
-        })?;
-        let attempt = fleet
+        let attempt = self
+            .fleet
             .held_by(&first.job_id, &first.worker_id)
             .ok_or_else(|| {
                 Status::permission_denied(format!(
@@ -402,7 +400,7 @@ async fn serve_code(
     f: pb::FetchCode,
     max: u64,
     out: OutTx,
-    fleet: Option<fvd_workspace::agent::FleetAttempts>,
+    fleet: fvd_workspace::agent::FleetAttempts,
 ) {
     let chunk = |data: Vec<u8>, last: bool, error: String| {
         Box::new(pb::OrchestratorMsg {
@@ -418,7 +416,7 @@ async fn serve_code(
     let serve = async {
         let from = crate::code::Sources {
             store: &store,
-            fleet: fleet.as_ref(),
+            fleet: &fleet,
         };
         let r = crate::code::serve(from, &worker_id, &f.job_id, &f.commit, &f.have, max, &tx).await;
         drop(tx);

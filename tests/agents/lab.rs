@@ -419,17 +419,7 @@ impl Lab {
 
     /// `fvd attempts … --json`.
     pub fn ledger(&self) -> Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_fvd"))
-            .args(["attempts", "tinyport", "timestep_embed", "--json", "--repo"])
-            .arg(&self.repo)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        ledger_from("--repo", self.repo.as_os_str())
     }
 
     /// `fvd status … --json`.
@@ -568,23 +558,7 @@ pub struct Fleet {
 impl Fleet {
     /// `fvd attempts … --json` from the orchestrator.
     pub fn ledger(&self) -> Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_fvd"))
-            .args([
-                "attempts",
-                "tinyport",
-                "timestep_embed",
-                "--json",
-                "--orchestrator",
-            ])
-            .arg(&self.url)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        ledger_from("--orchestrator", self.url.as_ref())
     }
 
     /// Rows of a query on the orchestrator's database.
@@ -609,4 +583,20 @@ impl Drop for Fleet {
             let _ = c.wait();
         }
     }
+}
+
+/// `fvd attempts tinyport timestep_embed --json` from a state (`--repo`)
+/// or an orchestrator (`--orchestrator`).
+fn ledger_from(flag: &str, value: &std::ffi::OsStr) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_fvd"))
+        .args(["attempts", "tinyport", "timestep_embed", "--json", flag])
+        .arg(value)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -18,7 +18,8 @@ use std::path::Path;
 
 use crate::agent::{example_repo, git};
 use crate::bycommit::{
-    assert_hidden, embedded_verdicts, outcome, plain_log, spawn_hidden_worker_with, verdicts,
+    answer_first_option, assert_hidden, embedded_verdicts, outcome, plain_log,
+    spawn_hidden_worker_with, verdicts,
 };
 use crate::support::{Sandbox, fvd};
 
@@ -104,17 +105,7 @@ fn agent_attempts_run_on_workers_that_cannot_see_the_repository() {
         sb.logs()
     );
     assert_eq!(out.status.code(), Some(3), "{text}");
-    let (code, out) = outcome(fvd().args([
-        "answer",
-        "tinyport",
-        "E001",
-        "--option",
-        "1",
-        "--wait",
-        "--orchestrator",
-        &url,
-    ]));
-    assert_eq!(code, Some(1), "{out}\n{}", sb.logs());
+    answer_first_option(&sb, &url);
     let got = statuses(&sb.remote_status("tinyport").unwrap());
     assert_eq!(got, want, "agents on the fleet vs embedded");
     for name in ["timestep_embed", "time_shift"] {

@@ -174,6 +174,23 @@ pub(crate) fn embedded_verdicts() -> Vec<(String, String, u64, String)> {
     verdicts(&embedded.local_status("tinyport").unwrap())
 }
 
+/// `fvd answer tinyport E001 --option 1 --wait` on the sandbox's
+/// orchestrator: the example port then ends with exit 1 (its blocked
+/// components).
+pub(crate) fn answer_first_option(sb: &Sandbox, url: &str) {
+    let (code, out) = outcome(fvd().args([
+        "answer",
+        "tinyport",
+        "E001",
+        "--option",
+        "1",
+        "--wait",
+        "--orchestrator",
+        url,
+    ]));
+    assert_eq!(code, Some(1), "{out}\n{}", sb.logs());
+}
+
 #[test]
 fn a_worker_that_cannot_see_the_checkout_reaches_the_embedded_verdicts() {
     let want = embedded_verdicts();
@@ -200,17 +217,7 @@ fn a_worker_that_cannot_see_the_checkout_reaches_the_embedded_verdicts() {
             .contains(&format!("port tinyport runs commit {}", &base[..12])),
         "{text}"
     );
-    let (code, out) = outcome(fvd().args([
-        "answer",
-        "tinyport",
-        "E001",
-        "--option",
-        "1",
-        "--wait",
-        "--orchestrator",
-        &url,
-    ]));
-    assert_eq!(code, Some(1), "{out}\n{}", sb.logs());
+    answer_first_option(&sb, &url);
     let got = verdicts(&sb.remote_status("tinyport").unwrap());
     assert_eq!(got, want, "fleet by commit vs embedded");
 
