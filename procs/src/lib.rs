@@ -178,6 +178,22 @@ mod tests {
     use super::*;
     use std::process::Command;
 
+    /// `f`'s first `Some`, asked every 10 ms for at most 10 s: a child
+    /// just spawned may not have exec'd yet (on a loaded machine, for a
+    /// while), and until then `/proc/PID/environ` is its parent's.
+    fn poll<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Some(v) = f() {
+                return Some(v);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     #[test]
     fn stat_with_odd_comm() {
         let st = parse_stat("123 (a) b (c)) S 1 77 77 0 -1").unwrap();
@@ -195,14 +211,8 @@ mod tests {
             .spawn()
             .unwrap();
         // Just spawned, its environment may not read yet: a bounded wait.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let found = loop {
-            let found = find_var("FVD_PROCS_VAR_TEST");
-            if !found.is_empty() || std::time::Instant::now() > deadline {
-                break found;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        };
+        let found = poll(|| Some(find_var("FVD_PROCS_VAR_TEST")).filter(|f| !f.is_empty()))
+            .unwrap_or_default();
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].0.pid, marked.id() as i32);
         assert_eq!(found[0].1, "a:b=c");
@@ -229,7 +239,20 @@ mod tests {
             .env("X_FVD_PROCS_TEST", "cookie-1")
             .spawn()
             .unwrap();
-        let found = find(None, Some(("FVD_PROCS_TEST", "cookie-1")));
+        // Until each child has exec'd, its environ is still the parent's
+        // (neither entry is there yet): wait for both, with a deadline,
+        // so the look-alike is checked with its own environment.
+        let lookalike_ready = poll(|| {
+            find_var("X_FVD_PROCS_TEST")
+                .iter()
+                .any(|(p, _)| p.pid == lookalike.id() as i32)
+                .then_some(())
+        });
+        assert!(lookalike_ready.is_some(), "the look-alike never exec'd");
+        let found = poll(|| {
+            Some(find(None, Some(("FVD_PROCS_TEST", "cookie-1")))).filter(|f| !f.is_empty())
+        })
+        .unwrap_or_default();
         let pids: Vec<i32> = found.iter().map(|p| p.pid).collect();
         assert_eq!(pids, vec![marked.id() as i32], "{found:?}");
         assert!(found[0].left_group);
