@@ -167,12 +167,51 @@ struct LoginQuery {
     next: Option<String>,
 }
 
-/// Where a login may send the browser: a path of this dashboard only.
+/// Where a login may send the browser: a path of this dashboard only,
+/// else `/`. It starts with one `/` (not `//` or `/\`, which name another
+/// host), it holds no whitespace, and neither it nor its percent-decoding
+/// holds a backslash or a control character: browsers drop tabs and
+/// newlines from a `Location`, so `/%09/evil.example` (decoded by the form
+/// to `/\t/…`) would read as `//evil.example`.
 fn local_path(next: Option<&str>) -> String {
+    let same_site = |p: &str| {
+        p.starts_with('/')
+            && !p.starts_with("//")
+            && !p.starts_with("/\\")
+            && !p.chars().any(|c| c == '\\' || c.is_control())
+    };
     match next {
-        Some(p) if p.starts_with('/') && !p.starts_with("//") && !p.contains('\\') => p.to_string(),
+        Some(p)
+            if same_site(p)
+                && !p.chars().any(char::is_whitespace)
+                && same_site(&percent_decoded(p)) =>
+        {
+            p.to_string()
+        }
         _ => "/".to_string(),
     }
+}
+
+/// `s` with each `%XX` replaced by its byte (lossily, as UTF-8); a `%`
+/// without two hex digits stays as it is.
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |j: usize| b.get(j).and_then(|c| (*c as char).to_digit(16));
+        match (b[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 async fn login_page(State(d): State<Dashboard>, Query(q): Query<LoginQuery>) -> Response {
@@ -854,8 +893,39 @@ mod tests {
         assert_eq!(cookie(&h, SESSION_COOKIE), Some("abc"));
         assert_eq!(cookie(&h, "fvd"), None);
         assert_eq!(local_path(Some("/ports/x?y=1")), "/ports/x?y=1");
+        assert_eq!(local_path(Some("/ok/path?x=1")), "/ok/path?x=1");
+        assert_eq!(local_path(Some("/ports/a%2Db")), "/ports/a%2Db");
+        assert_eq!(local_path(None), "/");
         for bad in ["//evil.example/", "https://evil.example/", "\\\\evil"] {
             assert_eq!(local_path(Some(bad)), "/", "{bad}");
         }
+    }
+
+    /// Issue #38: `next=/%09/evil.example` signed in to another site (the
+    /// browser drops the tab, leaving `//evil.example`).
+    #[test]
+    fn a_sign_in_goes_back_to_a_same_site_path_only() {
+        for bad in [
+            // As the form decodes it, and as it would be if decoded once more.
+            "/\t/evil.example",
+            "/%09/evil.example",
+            "/%0a/evil.example",
+            "/%0D%0A/evil.example",
+            "/%5Cevil.example",
+            "/%2F/evil.example",
+            "/\n/evil.example",
+            "/ /evil.example",
+            "//evil",
+            "/\\evil",
+            "https://evil",
+            "evil.example",
+            "",
+        ] {
+            assert_eq!(local_path(Some(bad)), "/", "{bad:?}");
+        }
+        for good in ["/", "/ok/path?x=1", "/ports/x/components/y", "/ports/a%20b"] {
+            assert_eq!(local_path(Some(good)), good);
+        }
+        assert_eq!(percent_decoded("/a%2fb%zz%4"), "/a/b%zz%4");
     }
 }
