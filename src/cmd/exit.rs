@@ -1,5 +1,9 @@
 //! The exit status of every `fvd` command, in one place (README "Exit
-//! codes" has the same table for people).
+//! codes" has the same table for people). One more status is in that
+//! table though no command returns it: 125
+//! ([`fvd_sandbox::launch::SETUP_FAILED`]), the exit of a run (a test, a
+//! preflight, a warm runner, an agent) whose jail the launcher, `fvd
+//! __jail`, could not set up; the program never ran.
 
 /// What an `fvd` process exits with. An `Err` a command returns exits
 /// [`Exit::Usage`], printed once by `main`.
@@ -197,20 +201,45 @@ mod tests {
                 .code(),
             5
         );
-        let codes: Vec<u8> = [
-            Exit::Success,
-            Exit::Findings,
-            Exit::Usage,
-            Exit::AskUser,
-            Exit::Environment,
-            Exit::Unreachable,
-            Exit::Refused,
-            Exit::StatusNotWritten,
-            Exit::Interrupted,
-        ]
-        .iter()
-        .map(|e| e.code())
-        .collect();
+        let codes: Vec<u8> = ALL.iter().map(|e| e.code()).collect();
         assert_eq!(codes, [0, 1, 2, 3, 4, 5, 6, 7, 130]);
+    }
+
+    const ALL: [Exit; 9] = [
+        Exit::Success,
+        Exit::Findings,
+        Exit::Usage,
+        Exit::AskUser,
+        Exit::Environment,
+        Exit::Unreachable,
+        Exit::Refused,
+        Exit::StatusNotWritten,
+        Exit::Interrupted,
+    ];
+
+    /// README "Exit codes" lists every code here, and 125, the jail
+    /// launcher's (issue #38: it was missing), and no other.
+    #[test]
+    fn the_readme_table_lists_every_code_and_the_jail_launchers() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+            .expect("README.md");
+        let (_, section) = readme
+            .split_once("\n### Exit codes\n")
+            .expect("the section");
+        let listed: Vec<i32> = section
+            .lines()
+            .skip_while(|l| !l.starts_with("| code |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let code = l.split('|').nth(1).unwrap_or_default().trim();
+                code.parse()
+                    .unwrap_or_else(|_| panic!("a row without a code: {l}"))
+            })
+            .collect();
+        let mut want: Vec<i32> = ALL.iter().map(|e| i32::from(e.code())).collect();
+        want.push(fvd_sandbox::launch::SETUP_FAILED);
+        want.sort_unstable();
+        assert_eq!(listed, want);
     }
 }
