@@ -94,6 +94,8 @@ for root in sorted(roots) + ["/etc"]:
         for f in files:
             if "token" in f.lower() or f.endswith((".key", ".pem")):
                 p = os.path.join(d, f)
+                if not os.path.isfile(p):
+                    continue  # a FIFO or a device would block the read
                 try:
                     data = read(p, 4096).decode(errors="replace").strip()
                 except OSError:
@@ -123,7 +125,12 @@ def call(args, tok):
     e = {"PATH": env["PATH"], "HUNT_TOKEN": tok}
     return subprocess.run([fvd_bin] + args + ["--orchestrator", url, "--token-env", "HUNT_TOKEN"],
                           env=e, capture_output=True, text=True, timeout=60)
-tries = list(dict.fromkeys(c for c in candidates if 8 <= len(c) <= 200))[:100]
+# A bearer token is printable ASCII: anything else found (a binary key of
+# the host's, /etc/munge/munge.key, holds NUL bytes) cannot be one, and
+# could not be passed in an environment or a header anyway.
+token_like = re.compile(r"[!-~]{8,200}")
+tries = list(dict.fromkeys(c for c in candidates if token_like.fullmatch(c)))[:100]
+report["not_token_like"] = len([c for c in candidates if not token_like.fullmatch(c)])
 authed = [c for c in tries + ["a-guess-of-no-value"] if call(["status", "--json"], c).returncode == 0]
 report["orchestrator"] = {"tried": len(tries) + 1, "authenticated": len(authed)}
 if authed:
@@ -141,6 +148,28 @@ if authed:
 print("HUNT " + json.dumps(report, sort_keys=True))
 assert False, "leaking " + s
 "##;
+
+/// A binary key planted where the hunt looks (`host-keys/` in the
+/// sandbox): NUL bytes, as in munge's `/etc/munge/munge.key`.
+const BINARY_KEY: &str = "munge.key";
+
+/// The hunt read the planted binary key (so it met a NUL byte) and got
+/// past it: it was found, and set aside as no token.
+fn the_binary_key_was_read_and_set_aside(h: &Hunt) {
+    let r = &h.report;
+    let key =
+        h.sb.dir
+            .path()
+            .join("host-keys")
+            .join(BINARY_KEY)
+            .display()
+            .to_string();
+    assert!(
+        r["search"].as_array().unwrap().iter().any(|p| p == &key),
+        "{r:#}"
+    );
+    assert!(r["not_token_like"].as_u64().unwrap() >= 1, "{r:#}");
+}
 
 /// Every secret of the fleet, for searching sinks in every spelling.
 fn secrets() -> Redactor {
@@ -204,6 +233,18 @@ fn hunt(sandbox: &str) -> Hunt {
     std::fs::create_dir_all(root.join("secrets")).unwrap();
     let token_file = root.join("secrets/token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    // What a host may hold where the hunt looks (issue #38: Debian's
+    // munge writes a binary /etc/munge/munge.key): a binary key with NUL
+    // bytes, and a FIFO named like a key. The hunt must get through both
+    // whatever the machine's /etc holds.
+    let decoys = root.join("host-keys");
+    std::fs::create_dir_all(&decoys).unwrap();
+    std::fs::write(decoys.join(BINARY_KEY), b"\0\x01munge\xff\0\x80key\0\n").unwrap();
+    nix::unistd::mkfifo(
+        &decoys.join("pipe.key"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
     let tf = token_file.display().to_string();
     let marker = root.join("evil-agent-ran");
     sb.port(
@@ -423,11 +464,14 @@ fn a_jailed_test_that_hunts_for_credentials_finds_nothing_and_leaks_nothing() {
         );
     }
     // What it found is the host's (/etc: an operator hides those with
-    // --job-hide), never a file of fvd's.
+    // --job-hide; here also the planted binary key), never a file of fvd's.
     let root = h.sb.dir.path().display().to_string();
+    let host_keys = h.sb.dir.path().join("host-keys").display().to_string();
     for p in r["search"].as_array().unwrap() {
-        assert!(!p.as_str().unwrap().starts_with(&root), "{r:#}");
+        let p = p.as_str().unwrap();
+        assert!(!p.starts_with(&root) || p.starts_with(&host_keys), "{r:#}");
     }
+    the_binary_key_was_read_and_set_aside(&h);
     assert_eq!(r["orchestrator"]["authenticated"], 0, "{r:#}");
     assert!(
         r["orchestrator"]["tried"].as_u64().unwrap() >= 1,
@@ -456,6 +500,7 @@ fn unjailed_the_same_hunt_finds_the_token_and_its_agent_command_is_still_refused
         r["orchestrator"]["authenticated"].as_u64().unwrap() >= 1,
         "{r:#}"
     );
+    the_binary_key_was_read_and_set_aside(&h);
     let esc = &r["escalation"];
     assert_eq!(esc["exit"], 2, "{r:#}");
     assert!(
