@@ -1,11 +1,15 @@
 //! `fvd auth`: the credentials file of `fvd orchestrator serve --auth`,
 //! without writing hashes by hand. `add` makes a token from 32 random
-//! bytes, prints it once on stdout (nothing else keeps it) and appends its
-//! SHA-256 under the name and role; `remove` deletes an entry; `list`
-//! shows names and roles. A running server sees a change after SIGHUP.
+//! bytes, prints it once on stdout (nothing else keeps it), or writes it
+//! to a new file of mode 0600 with `--out`, and appends its SHA-256 under
+//! the name and role; `remove` deletes an entry; `list` shows names and
+//! roles. A running server sees a change after SIGHUP.
 
 use super::exit::Exit;
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 
 use clap::{Args, Subcommand};
 use fvd_proto::credentials::{self, Role};
@@ -33,6 +37,10 @@ pub struct AddArgs {
     /// The credentials file (created with mode 0600 when missing).
     #[arg(long)]
     pub file: PathBuf,
+    /// Write the token to this new file, mode 0600 (a file that exists is
+    /// refused), instead of stdout: the token file a `--token-file` reads.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -53,6 +61,23 @@ pub struct ListArgs {
     pub file: PathBuf,
 }
 
+/// A new file only its owner can read (0600 from its creation, whatever
+/// the umask); one that exists is refused, never overwritten.
+fn create_private(path: &Path) -> anyhow::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "cannot create the token file {} (an existing file is never overwritten)",
+                path.display()
+            )
+        })
+}
+
 fn parse_role(s: &str) -> Result<Role, String> {
     Role::parse(s).ok_or_else(|| format!("{s:?} is no role: worker, viewer, porter or admin"))
 }
@@ -60,12 +85,41 @@ fn parse_role(s: &str) -> Result<Role, String> {
 pub fn run(cmd: AuthCmd) -> anyhow::Result<Exit> {
     match cmd {
         AuthCmd::Add(a) => {
-            let token = credentials::add(&a.file, &a.name, a.role)?;
-            // The token alone on stdout, so `fvd auth add … > file` keeps
-            // exactly it; the rest on stderr.
-            println!("{}", token.value());
+            if a.out.as_deref() == Some(a.file.as_path()) {
+                anyhow::bail!("--out names the credentials file: give the token a file of its own");
+            }
+            // The token file first: no credential is added whose token
+            // has nowhere to go.
+            let out = a
+                .out
+                .as_deref()
+                .map(|p| create_private(p).map(|f| (f, p)))
+                .transpose()?;
+            let token = match credentials::add(&a.file, &a.name, a.role) {
+                Ok(t) => t,
+                Err(e) => {
+                    if let Some(p) = &a.out {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    return Err(e.into());
+                }
+            };
+            let shown = match out {
+                Some((mut f, p)) => {
+                    writeln!(f, "{}", token.value())
+                        .and_then(|()| f.sync_all())
+                        .with_context(|| format!("cannot write the token to {}", p.display()))?;
+                    format!("its token is in {} (mode 0600)", p.display())
+                }
+                None => {
+                    // The token alone on stdout, so `fvd auth add … >
+                    // file` keeps exactly it; the rest on stderr.
+                    println!("{}", token.value());
+                    "the token above is shown once".to_string()
+                }
+            };
             eprintln!(
-                "added {} ({}) to {}: the token above is shown once; give it to {} (--token-file or --token-env), and send the orchestrator SIGHUP if it runs",
+                "added {} ({}) to {}: {shown}; give it to {} (--token-file or --token-env), and send the orchestrator SIGHUP if it runs",
                 a.name,
                 a.role,
                 a.file.display(),

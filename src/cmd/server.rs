@@ -49,6 +49,28 @@ impl TokenArgs {
         }
     }
 
+    /// The token file this process reads: `--token-file`, or for a
+    /// client without a source, the file [`TOKEN_FILE_ENV`] names.
+    fn file(&self, client: bool) -> Option<PathBuf> {
+        match (&self.token_file, self.source()) {
+            (Some(p), _) => Some(p.clone()),
+            (None, None) if client => std::env::var_os(TOKEN_FILE_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            _ => None,
+        }
+    }
+
+    /// Warns on stderr, in one line naming it, when the token file this
+    /// process reads (a `client`'s: [`TokenArgs::load_client`]'s) is
+    /// readable by its group or by others: anyone who can read it can act
+    /// as its credential.
+    pub fn warn_if_readable(&self, client: bool) {
+        if let Some(line) = self.file(client).and_then(|p| readable_by_others(&p)) {
+            eprintln!("{line}");
+        }
+    }
+
     pub fn load(&self) -> anyhow::Result<Option<Token>> {
         match self.source() {
             Some(source) => Ok(Some(Token::load(&source)?)),
@@ -71,6 +93,25 @@ impl TokenArgs {
             None => Ok(None),
         }
     }
+}
+
+/// The warning for a token file at `path` that its group or others may
+/// read (mode `& 0o044`); `None` when they may not, or when it cannot be
+/// looked at (reading it then says why).
+pub fn readable_by_others(path: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o044 != 0).then(|| {
+        format!(
+            "fvd: warning: the token file {} is readable by {} (mode {mode:04o}): anyone who reads it acts as its credential; chmod 600 it",
+            path.display(),
+            match (mode & 0o040 != 0, mode & 0o004 != 0) {
+                (true, true) => "its group and others",
+                (true, false) => "its group",
+                _ => "others",
+            }
+        )
+    })
 }
 
 /// TLS for a client (a worker or the CLI) of an `https://` orchestrator.
@@ -547,6 +588,7 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
     let OrchestratorCmd::Serve(args) = cmd;
     let fds = raise_fd_limit();
     runtime()?.block_on(async move {
+        args.token.warn_if_readable(false);
         let single = args.token.source();
         let credentials =
             fvd_proto::auth::Credentials::load(args.auth.as_deref(), single.as_ref())?;
@@ -682,6 +724,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
     let (Some(orchestrator), Some(workspace)) = (args.orchestrator, args.workspace) else {
         anyhow::bail!("fvd worker needs --orchestrator and --workspace");
     };
+    args.token.warn_if_readable(true);
     runtime()?.block_on(async move {
         let mut config = local_worker_config(
             orchestrator,
@@ -778,4 +821,57 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         result?;
         Ok(Exit::Success)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Issue #38: a token file others can read is named in a warning;
+    /// one only its owner reads is not.
+    #[test]
+    fn a_token_file_its_group_or_others_can_read_is_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("worker.token");
+        std::fs::write(&p, "fvd_abc\n").unwrap();
+        let with_mode = |mode: u32| {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            readable_by_others(&p)
+        };
+        let line = with_mode(0o644).expect("0644 is readable by others");
+        assert_eq!(
+            line,
+            format!(
+                "fvd: warning: the token file {} is readable by its group and others (mode 0644): anyone who reads it acts as its credential; chmod 600 it",
+                p.display()
+            )
+        );
+        assert!(
+            with_mode(0o640)
+                .unwrap()
+                .contains("readable by its group (mode 0640)")
+        );
+        assert!(
+            with_mode(0o604)
+                .unwrap()
+                .contains("readable by others (mode 0604)")
+        );
+        for private in [0o600, 0o400, 0o700, 0o622] {
+            assert_eq!(with_mode(private), None, "{private:o}");
+        }
+        assert_eq!(readable_by_others(&dir.path().join("missing")), None);
+        // Whose file: --token-file, or a client's FVD_TOKEN_FILE; none
+        // for a variable.
+        let args = TokenArgs {
+            token_file: Some(p.clone()),
+            token_env: None,
+        };
+        assert_eq!(args.file(false), Some(p.clone()));
+        let env = TokenArgs {
+            token_file: None,
+            token_env: Some("FVD_TOKEN".into()),
+        };
+        assert_eq!(env.file(true), None);
+    }
 }

@@ -116,20 +116,22 @@ impl Auth {
         a
     }
 
-    /// Adds a credential with `fvd auth add` and returns its token file.
+    /// Adds a credential with `fvd auth add --out` (a token file of mode
+    /// 0600, as the README says) and returns its token file.
     pub fn add(&self, name: &str, role: &str) -> PathBuf {
+        let path = self.token(name);
         let out = fvd()
             .args(["auth", "add", name, "--role", role, "--file"])
             .arg(&self.file)
+            .arg("--out")
+            .arg(&path)
             .output()
             .expect("run fvd auth add");
         assert!(
-            out.status.success(),
+            out.status.success() && out.stdout.is_empty(),
             "fvd auth add {name}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let path = self.token(name);
-        std::fs::write(&path, &out.stdout).expect("token file");
         path
     }
 

@@ -265,6 +265,91 @@ fn a_revoked_token_is_refused_after_sighup_and_a_broken_file_keeps_the_old_set()
     assert_eq!(code, Some(0), "{out}");
 }
 
+/// Issue #38: `fvd auth add --out` writes the token to a new file only its
+/// owner reads (one that exists is refused, and nothing is added); without
+/// it the token is alone on stdout, as before. `fvd orchestrator serve` and
+/// `fvd worker` name, in one line, a token file its group or others can read.
+#[test]
+fn auth_add_out_writes_a_private_token_file_and_the_servers_warn_about_a_readable_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let mut sb = Sandbox::new().with_auth();
+    let auth = sb.auth.clone().unwrap();
+    // The sandbox's credentials were made with --out.
+    for name in ["fleet", "porter", "viewer", "root"] {
+        let p = auth.token(name);
+        assert_eq!(mode(&p), 0o600, "{}", p.display());
+        let t = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            t.starts_with("fvd_") && t.ends_with('\n') && t.trim().len() == 68,
+            "{t:?}"
+        );
+    }
+    let add = |name: &str, out: Option<&Path>| {
+        let mut cmd = fvd();
+        cmd.args(["auth", "add", name, "--role", "viewer", "--file"])
+            .arg(&auth.file);
+        if let Some(out) = out {
+            cmd.arg("--out").arg(out);
+        }
+        cmd.output().unwrap()
+    };
+    let taken = auth.token("porter");
+    let before = std::fs::read_to_string(&taken).unwrap();
+    let out = add("second", Some(&taken));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("cannot create the token file {}", taken.display())),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&taken).unwrap(), before, "kept");
+    let list = fvd()
+        .args(["auth", "list", "--file"])
+        .arg(&auth.file)
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(!list.contains("second"), "nothing added: {list}");
+    let out = add("third", None);
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success() && printed.starts_with("fvd_") && printed.trim().len() == 68,
+        "{printed:?}"
+    );
+
+    // The orchestrator's token file readable by its group, the worker's
+    // by everyone.
+    let admin = auth.token("single-admin");
+    std::fs::write(&admin, "adminTok-e2e-5Hq8Zr2Lw7Nc\n").unwrap();
+    std::fs::set_permissions(&admin, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let fleet = auth.token("fleet");
+    std::fs::set_permissions(&fleet, std::fs::Permissions::from_mode(0o644)).unwrap();
+    sb.serve_with(&["--token-file", &admin.display().to_string()]);
+    let line = |log: &str, path: &Path| {
+        log.lines()
+            .filter(|l| {
+                l.starts_with(&format!(
+                    "fvd: warning: the token file {} is readable by",
+                    path.display()
+                ))
+            })
+            .count()
+    };
+    let log = sb.orchestrator_log();
+    assert_eq!(line(&log, &admin), 1, "{log}");
+    assert!(log.contains("readable by its group (mode 0640)"), "{log}");
+    sb.worker("w1", 1);
+    let log = wait_for("the worker's warning", Duration::from_secs(30), || {
+        let log = sb.worker_log("w1");
+        (line(&log, &fleet) == 1).then_some(log)
+    });
+    assert!(
+        log.contains("readable by its group and others (mode 0644)"),
+        "{log}"
+    );
+}
+
 #[test]
 fn two_checkouts_of_one_family_keep_their_repository_status_file_and_verdicts() {
     let mut sb = Sandbox::with_repo_in("a");
