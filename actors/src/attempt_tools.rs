@@ -28,7 +28,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -256,9 +256,8 @@ fn first_line(s: &str) -> &str {
 }
 
 async fn git_in(repo: &str, args: &[&str], stdin: Option<&[u8]>) -> Result<String, String> {
-    let mut cmd = tokio::process::Command::new("git");
+    let mut cmd = fvd_git::command(Path::new(repo));
     cmd.args(args)
-        .current_dir(repo)
         .stdin(if stdin.is_some() {
             std::process::Stdio::piped()
         } else {

@@ -6,12 +6,24 @@
 //! tree through a temporary copy of the index (the index, HEAD and the work
 //! tree are never touched), and [`same_tree`] compares it with a commit.
 //!
-//! A crate of its own because the two sides (`fvd-workspace` and
-//! `fvd-worker`) sit on the same layer and share no lower crate that runs
-//! processes.
+//! It is also the one place fvd starts git from (issue #38): [`command`]
+//! and [`blocking_command`] build every git process fvd runs, on the
+//! orchestrator, on workers and in `fvd mcp`, with a fixed configuration
+//! ([`CONFIG`]) that runs no program a repository names: no hook, no
+//! fsmonitor, no credential helper, pager or askpass, no signing program,
+//! no transport but local files. `tests/layout` fails on any other
+//! `Command::new("git")`.
+//!
+//! - Depends on no workspace crate (the two sides, `fvd-workspace` and
+//!   `fvd-worker`, sit on the same layer and share no lower crate that
+//!   runs processes).
+//! - Never reads the system or the user's global git configuration: only
+//!   the user's `safe.directory` entries are carried over, so a checkout
+//!   the user has declared safe stays usable.
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::process::Command;
@@ -35,16 +47,130 @@ impl GitError {
     }
 }
 
-/// Runs git in `dir` with extra variables; its stdout without the trailing
-/// newline. Never prompts, and takes no optional lock (a status refresh
-/// must not lock the index of a checkout someone else uses).
-pub async fn run(dir: &Path, args: &[&str], envs: &[(&str, &OsStr)]) -> Result<String, GitError> {
-    let mut cmd = Command::new("git");
-    cmd.args(args)
+/// The configuration every git fvd starts runs with, given as `-c` (the
+/// command line outranks every configuration file, the repository's own
+/// included). Each entry turns off a way a repository's configuration, or
+/// a file a job wrote into it, could make git run a program:
+///
+/// - `core.hooksPath=/dev/null`: every hook is looked up below a file, so
+///   none is ever found (`hooks/`, a `core.hooksPath` of the repository
+///   and the user's are all ignored);
+/// - `core.fsmonitor=false`: no fsmonitor hook or daemon;
+/// - `credential.helper=` (an empty value clears the list), `core.askPass=`
+///   and `core.sshCommand=false`: no helper, prompt or ssh;
+/// - `protocol.allow=never` with `protocol.file.allow=always`: git reaches
+///   no transport but local paths (`ext::` and the network included);
+/// - `commit.gpgSign`, `tag.gpgSign`, `log.showSignature`: no signing
+///   program;
+/// - `core.pager=cat`: no pager;
+/// - `core.alternateRefsCommand=`: no program to list alternates' refs.
+///
+/// A repository's filter and diff drivers (`filter.*.clean`, `smudge`,
+/// `process`, `diff.*.textconv`) cannot be listed ahead, so they are
+/// still honoured: jobs and agents get the git directories they run in
+/// read-only (`fvd_sandbox::Jail::read_only`), so only the repository's
+/// owner can have written them.
+pub const CONFIG: &[(&str, &str)] = &[
+    ("core.hooksPath", "/dev/null"),
+    ("core.fsmonitor", "false"),
+    ("credential.helper", ""),
+    ("core.askPass", ""),
+    ("core.sshCommand", "false"),
+    ("protocol.allow", "never"),
+    ("protocol.file.allow", "always"),
+    ("commit.gpgSign", "false"),
+    ("tag.gpgSign", "false"),
+    ("log.showSignature", "false"),
+    ("core.pager", "cat"),
+    ("core.alternateRefsCommand", ""),
+];
+
+/// The variables every git fvd starts gets (after every inherited `GIT_*`
+/// variable is removed): no system or global configuration, no prompt, no
+/// optional lock (a status refresh must not lock the index of a checkout
+/// someone else uses), no replace refs (an object means what it holds),
+/// no pager.
+const ENV: &[(&str, &str)] = &[
+    ("GIT_CONFIG_NOSYSTEM", "1"),
+    ("GIT_CONFIG_GLOBAL", "/dev/null"),
+    ("GIT_TERMINAL_PROMPT", "0"),
+    ("GIT_OPTIONAL_LOCKS", "0"),
+    ("GIT_NO_REPLACE_OBJECTS", "1"),
+    ("GIT_ATTR_NOSYSTEM", "1"),
+    ("GIT_PAGER", "cat"),
+    ("GIT_EDITOR", "false"),
+    ("GIT_SEQUENCE_EDITOR", "false"),
+];
+
+/// The user's own `safe.directory` entries (system and global), read once
+/// with the same configuration otherwise: git honours them only from
+/// protected configuration, which fvd's runs no longer read.
+fn safe_directories() -> &'static [String] {
+    static SAFE: OnceLock<Vec<String>> = OnceLock::new();
+    SAFE.get_or_init(|| {
+        let mut found = Vec::new();
+        for scope in ["--system", "--global"] {
+            let mut cmd = std::process::Command::new("git");
+            cmd.args(["config", scope, "--get-all", "safe.directory"]);
+            for (k, _) in std::env::vars_os() {
+                if k.to_string_lossy().starts_with("GIT_") {
+                    cmd.env_remove(&k);
+                }
+            }
+            cmd.current_dir("/")
+                .env("GIT_TERMINAL_PROMPT", "0")
+                .stdin(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            if let Ok(out) = cmd.output()
+                && out.status.success()
+            {
+                found.extend(
+                    String::from_utf8_lossy(&out.stdout)
+                        .lines()
+                        .filter(|l| !l.is_empty())
+                        .map(str::to_string),
+                );
+            }
+        }
+        found
+    })
+}
+
+/// A git process in `dir` with fvd's fixed configuration ([`CONFIG`]),
+/// nothing of fvd's `GIT_*` environment, and standard input closed (the
+/// caller may pipe it). The caller adds the arguments: they come after
+/// fvd's `-c` pairs.
+pub fn blocking_command(dir: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new("git");
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("GIT_") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.envs(ENV.iter().copied())
         .current_dir(dir)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("GIT_OPTIONAL_LOCKS", "0")
         .stdin(std::process::Stdio::null());
+    for (k, v) in CONFIG {
+        cmd.arg("-c").arg(format!("{k}={v}"));
+    }
+    for s in safe_directories() {
+        cmd.arg("-c").arg(format!("safe.directory={s}"));
+    }
+    cmd
+}
+
+/// [`blocking_command`] for tokio; killed when dropped.
+pub fn command(dir: &Path) -> Command {
+    let mut cmd = Command::from(blocking_command(dir));
+    cmd.kill_on_drop(true);
+    cmd
+}
+
+/// Runs git in `dir` with extra variables; its stdout without the trailing
+/// newline.
+pub async fn run(dir: &Path, args: &[&str], envs: &[(&str, &OsStr)]) -> Result<String, GitError> {
+    let mut cmd = command(dir);
+    cmd.args(args);
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -60,6 +186,119 @@ pub async fn run(dir: &Path, args: &[&str], envs: &[(&str, &OsStr)]) -> Result<S
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
+}
+
+/// Runs git in `dir` with `input` on its standard input; its whole stdout.
+pub async fn run_with_input(
+    dir: &Path,
+    args: &[&str],
+    envs: &[(&str, &OsStr)],
+    input: &[u8],
+) -> Result<Vec<u8>, GitError> {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = command(dir);
+    cmd.args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let failed = |detail: String| GitError::Failed {
+        args: args.join(" "),
+        dir: dir.to_path_buf(),
+        detail,
+    };
+    let mut child = cmd.spawn().map_err(|e| failed(e.to_string()))?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let input = input.to_vec();
+    // Written beside the reads: a large input and a large output would
+    // otherwise wait on each other.
+    let writer = async move {
+        let r = stdin.write_all(&input).await;
+        drop(stdin);
+        r
+    };
+    let (written, out) = tokio::join!(writer, child.wait_with_output());
+    let out = out.map_err(|e| failed(e.to_string()))?;
+    if !out.status.success() {
+        return Err(failed(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    written.map_err(|e| failed(e.to_string()))?;
+    Ok(out.stdout)
+}
+
+/// The git paths of the work tree that holds `dir`, found by reading files
+/// (no git is run on a tree a job may have written): the `.git` entry
+/// nearest above `dir`; for a linked worktree (a `.git` file) also its
+/// administrative folder and the repository's common folder. What a job
+/// writes below these changes what fvd's own git does there later, so a
+/// jail leaves them read-only (issue #38). Empty outside a work tree.
+pub fn git_paths(dir: &Path) -> Vec<PathBuf> {
+    let Ok(dir) = std::path::absolute(dir) else {
+        return Vec::new();
+    };
+    let Some(dot_git) = dir
+        .ancestors()
+        .map(|d| d.join(".git"))
+        .find(|p| p.symlink_metadata().is_ok())
+    else {
+        return Vec::new();
+    };
+    let mut out = vec![dot_git.clone()];
+    if dot_git.is_dir() {
+        return out;
+    }
+    let Ok(text) = std::fs::read_to_string(&dot_git) else {
+        return out;
+    };
+    let Some(admin) = text.lines().next().and_then(|l| l.strip_prefix("gitdir: ")) else {
+        return out;
+    };
+    let base = dot_git.parent().unwrap_or(Path::new("/"));
+    let admin = base.join(admin.trim());
+    let common = match std::fs::read_to_string(admin.join("commondir")) {
+        Ok(c) => admin.join(c.trim()),
+        Err(_) => admin.clone(),
+    };
+    let common = common.canonicalize().unwrap_or(common);
+    let admin = admin.canonicalize().unwrap_or(admin);
+    if !admin.starts_with(&common) {
+        out.push(admin);
+    }
+    out.push(common);
+    out
+}
+
+/// The administrative folder of the linked worktree at `work_tree`, found
+/// from the repository's side: the entry of `common/worktrees/` whose
+/// `gitdir` names `work_tree/.git`. The worktree's own `.git` file is
+/// never read, so a job that rewrote it cannot send fvd's git to a
+/// repository of its making.
+pub fn worktree_admin(common: &Path, work_tree: &Path) -> Option<PathBuf> {
+    let want = std::path::absolute(work_tree).ok()?.join(".git");
+    let want_real = want.parent()?.canonicalize().ok().map(|p| p.join(".git"));
+    std::fs::read_dir(common.join("worktrees"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|admin| {
+            std::fs::read_to_string(admin.join("gitdir")).is_ok_and(|g| {
+                let g = PathBuf::from(g.trim());
+                g == want || Some(&g) == want_real.as_ref()
+            })
+        })
+}
+
+/// The variables that make git use the linked worktree at `work_tree`
+/// whose administrative folder is `admin`, whatever its `.git` file says.
+pub fn worktree_env(admin: &Path, work_tree: &Path) -> [(&'static str, OsString); 2] {
+    [
+        ("GIT_DIR", admin.as_os_str().to_owned()),
+        ("GIT_WORK_TREE", work_tree.as_os_str().to_owned()),
+    ]
 }
 
 /// Where `dir` sits inside its repository (`examples/tinyport/`, empty at
@@ -394,6 +633,148 @@ mod tests {
         );
         assert!(is_full_sha(&head));
         assert!(!is_full_sha("HEAD") && !is_full_sha(&head.to_uppercase()));
+    }
+
+    /// Issue #38: a repository whose hooks folder, `core.hooksPath` and
+    /// `core.fsmonitor` all name a program: none of them runs for any git
+    /// fvd starts, through the commands the worker and the orchestrator
+    /// use.
+    #[tokio::test]
+    async fn no_program_a_repository_names_runs() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = repo();
+        let top = dir.path();
+        let marks = tempfile::tempdir().unwrap();
+        let evil = marks.path().join("evil.sh");
+        std::fs::write(
+            &evil,
+            format!(
+                "#!/bin/sh\necho \"$0 $*\" >> {}/ran\n",
+                marks.path().display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&evil, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let hooks = top.join(".git/hooks");
+        let other_hooks = marks.path().join("hooks");
+        std::fs::create_dir_all(&other_hooks).unwrap();
+        for h in [
+            "pre-commit",
+            "post-commit",
+            "post-checkout",
+            "post-index-change",
+            "reference-transaction",
+            "pre-auto-gc",
+            "post-rewrite",
+        ] {
+            for d in [&hooks, &other_hooks] {
+                std::fs::copy(&evil, d.join(h)).unwrap();
+            }
+        }
+        git(top, &["config", "core.fsmonitor", evil.to_str().unwrap()]);
+        // Unhardened, the hooks run (the test can fail).
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(["commit", "-q", "--allow-empty", "-m", "plain"])
+            .current_dir(top)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(
+            marks.path().join("ran").exists(),
+            "the plain commit ran no hook"
+        );
+        std::fs::remove_file(marks.path().join("ran")).unwrap();
+        // Through the runner, with `core.hooksPath` of the repository
+        // naming a second folder of hooks: nothing runs.
+        git(
+            top,
+            &["config", "core.hooksPath", other_hooks.to_str().unwrap()],
+        );
+        std::fs::write(top.join("port/m.py"), "x = 5\n").unwrap();
+        let id = [
+            ("GIT_AUTHOR_NAME", OsStr::new("t")),
+            ("GIT_AUTHOR_EMAIL", OsStr::new("t@t")),
+            ("GIT_COMMITTER_NAME", OsStr::new("t")),
+            ("GIT_COMMITTER_EMAIL", OsStr::new("t@t")),
+        ];
+        run(top, &["status", "--porcelain"], &[]).await.unwrap();
+        run(top, &["add", "-A"], &[]).await.unwrap();
+        run(top, &["commit", "-q", "-m", "runner"], &id)
+            .await
+            .unwrap();
+        run(top, &["update-ref", "refs/fvd/x", "HEAD"], &[])
+            .await
+            .unwrap();
+        let wt = marks.path().join("wt");
+        run(
+            top,
+            &[
+                "worktree",
+                "add",
+                "-q",
+                "--detach",
+                wt.to_str().unwrap(),
+                "HEAD",
+            ],
+            &[],
+        )
+        .await
+        .unwrap();
+        run(&wt, &["reset", "-q", "--hard", "HEAD~1"], &[])
+            .await
+            .unwrap();
+        run(&wt, &["clean", "-q", "-fd"], &[]).await.unwrap();
+        let layout = layout(&wt).await.unwrap();
+        work_tree_id(&layout, Objects::Repository).await.unwrap();
+        assert!(
+            !marks.path().join("ran").exists(),
+            "a program ran: {}",
+            std::fs::read_to_string(marks.path().join("ran")).unwrap_or_default()
+        );
+    }
+
+    /// A linked worktree's administrative folder is found from the
+    /// repository's side; a rewritten `.git` file changes nothing.
+    #[tokio::test]
+    async fn a_worktree_is_found_from_its_repository_not_its_git_file() {
+        let dir = repo();
+        let top = dir.path();
+        let other = tempfile::tempdir().unwrap();
+        let wt = other.path().join("wt");
+        git(
+            top,
+            &[
+                "worktree",
+                "add",
+                "-q",
+                "--detach",
+                wt.to_str().unwrap(),
+                "HEAD",
+            ],
+        );
+        let common = top.join(".git").canonicalize().unwrap();
+        let admin = worktree_admin(&common, &wt).expect("the worktree is registered");
+        assert!(admin.starts_with(common.join("worktrees")), "{admin:?}");
+        assert_eq!(
+            git_paths(&wt.join("port")),
+            vec![wt.join(".git"), common.clone()]
+        );
+        assert_eq!(git_paths(&top.join("port")), vec![top.join(".git")]);
+        assert!(git_paths(other.path()).is_empty());
+        // A job rewrites the `.git` file to a repository of its own.
+        let fake = other.path().join("fake.git");
+        git(
+            other.path(),
+            &["init", "-q", "--bare", fake.to_str().unwrap()],
+        );
+        std::fs::write(wt.join(".git"), format!("gitdir: {}\n", fake.display())).unwrap();
+        assert_eq!(worktree_admin(&common, &wt), Some(admin.clone()));
+        let env = worktree_env(&admin, &wt);
+        let env: Vec<(&str, &OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+        let head = run(&wt, &["rev-parse", "HEAD"], &env).await.unwrap();
+        assert_eq!(head, git(top, &["rev-parse", "HEAD"]));
+        assert_eq!(worktree_admin(&common, other.path()), None);
     }
 
     #[tokio::test]

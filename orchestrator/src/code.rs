@@ -23,7 +23,6 @@ use std::time::Instant;
 
 use fvd_store::{Store, StoreError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
 use tokio::sync::mpsc;
 
 /// Bytes of pack per `CodeChunk`: well under gRPC's 4 MiB message limit.
@@ -153,7 +152,7 @@ pub async fn pack(
         });
     }
     let haves = known_commits(repo, &have[..have.len().min(MAX_HAVES)]).await?;
-    let mut child = Command::new("git")
+    let mut child = fvd_git::command(repo)
         .args([
             "pack-objects",
             "--revs",
@@ -162,8 +161,6 @@ pub async fn pack(
             "--delta-base-offset",
             "-q",
         ])
-        .current_dir(repo)
-        .env("GIT_TERMINAL_PROMPT", "0")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -241,9 +238,8 @@ async fn known_commits(repo: &Path, shas: &[String]) -> Result<Vec<String>, Code
         repo: repo.to_path_buf(),
         detail,
     };
-    let mut child = Command::new("git")
+    let mut child = fvd_git::command(repo)
         .args(["cat-file", "--batch-check=%(objectname) %(objecttype)"])
-        .current_dir(repo)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -1,9 +1,11 @@
 //! Checks of the repository's shape that no crate's own tests see: the
+//! one git runner (`git.rs`), the
 //! layer rule of `ARCHITECTURE.md` against the crates' real dependencies
 //! (`cargo metadata`), and the links and paths the documents name.
 //!
 //! Both read the checkout only; neither builds or runs fvd.
 
+mod git;
 mod layers;
 mod links;
 

@@ -13,8 +13,6 @@
 
 use std::path::{Path, PathBuf};
 
-use tokio::process::Command;
-
 /// Commits carry this identity so they work on a machine without a git
 /// configuration (a bare CI runner).
 const IDENTITY: &[&str] = &["-c", "user.name=fvd", "-c", "user.email=fvd@localhost"];
@@ -72,11 +70,9 @@ pub fn path(repo: &Path, family: &str, component: &str) -> Result<PathBuf, Workt
 }
 
 pub(crate) async fn git(dir: &Path, args: &[&str]) -> Result<String, WorktreeError> {
-    let out = Command::new("git")
+    let out = fvd_git::command(dir)
         .args(args)
-        .current_dir(dir)
-        // Never ask for credentials or an editor: nobody is there to answer.
-        .env("GIT_TERMINAL_PROMPT", "0")
+        // Never ask for an editor: nobody is there to answer.
         .env("GIT_EDITOR", "true")
         .output()
         .await
@@ -246,9 +242,8 @@ pub async fn adopt(
         detail,
     };
     if !pack.is_empty() {
-        let mut child = Command::new("git")
+        let mut child = fvd_git::command(worktree)
             .args(["index-pack", "--stdin", "--fix-thin"])
-            .current_dir(worktree)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
