@@ -102,11 +102,20 @@ pub enum JailError {
     Unavailable { why: String },
 }
 
-/// The plan the launcher gets: how, and which paths to hide.
+/// The plan the launcher gets: how, which paths to hide, and which to
+/// leave readable but not writable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     pub mechanism: Mechanism,
     pub hide: Vec<PathBuf>,
+    /// Readable, never writable inside the jail (issue #38: the git
+    /// directories a job runs in, so that nothing a job writes there can
+    /// change what fvd's own git does outside the jail). With a namespace
+    /// each is a read-only bind mount of itself; with Landlock (folders
+    /// only), writes are allowed only below the paths that contain none of
+    /// them (see [`Jail::warnings`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only: Vec<PathBuf>,
 }
 
 /// A jail, or none (`Jail::default()`, [`Jail::off`]). Cheap to clone.
@@ -177,7 +186,17 @@ impl Jail {
     /// A jail of `mechanism` without asking whether this host allows it
     /// (tests; [`Jail::start`] probes).
     pub fn unprobed(launcher: &Path, mechanism: Mechanism, hide: Vec<PathBuf>) -> Self {
-        let plan = Plan { mechanism, hide };
+        Self::planned(
+            launcher,
+            Plan {
+                mechanism,
+                hide,
+                read_only: Vec::new(),
+            },
+        )
+    }
+
+    fn planned(launcher: &Path, plan: Plan) -> Self {
         let plan_json = serde_json::to_string(&plan).expect("a plan serializes");
         Self {
             armed: Some(Arc::new(Armed {
@@ -194,15 +213,32 @@ impl Jail {
         let Some(a) = &self.armed else {
             return self.clone();
         };
-        let mut hide = a.plan.hide.clone();
-        for m in more {
-            if let Ok(real) = m.canonicalize()
-                && !hide.contains(&real)
-            {
-                hide.push(real);
-            }
-        }
-        Self::unprobed(&a.launcher, a.plan.mechanism, hide)
+        let mut plan = a.plan.clone();
+        add_real(&mut plan.hide, more);
+        Self::planned(&a.launcher, plan)
+    }
+
+    /// The same jail, with `more` readable but not writable inside it
+    /// (paths that do not exist are left out; each is resolved to its
+    /// real location). Off stays off: nothing is protected then.
+    pub fn read_only(&self, more: &[PathBuf]) -> Self {
+        let Some(a) = &self.armed else {
+            return self.clone();
+        };
+        let mut plan = a.plan.clone();
+        add_real(&mut plan.read_only, more);
+        Self::planned(&a.launcher, plan)
+    }
+
+    /// The paths it leaves read-only (real locations).
+    pub fn read_only_paths(&self) -> &[PathBuf] {
+        self.armed.as_ref().map_or(&[], |a| &a.plan.read_only)
+    }
+
+    /// What tells this jail from another of the same launcher (a warm
+    /// runner keys its zygotes by it): the plan as JSON, empty when off.
+    pub fn plan_key(&self) -> &str {
+        self.armed.as_ref().map_or("", |a| &a.plan_json)
     }
 
     /// The mechanism, or `None` when off.
@@ -219,20 +255,28 @@ impl Jail {
     pub fn describe(&self) -> String {
         match &self.armed {
             None => "off: jobs run unjailed, with the allow-listed environment only".into(),
-            Some(a) => format!(
-                "{} (hides {}, and block devices)",
-                a.plan.mechanism,
-                if a.plan.hide.is_empty() {
-                    "no file of fvd's".to_string()
-                } else {
-                    a.plan
-                        .hide
-                        .iter()
+            Some(a) => {
+                let list = |v: &[PathBuf]| {
+                    v.iter()
                         .map(|p| p.display().to_string())
                         .collect::<Vec<_>>()
                         .join(", ")
+                };
+                let mut line = format!(
+                    "{} (hides {}, and block devices",
+                    a.plan.mechanism,
+                    if a.plan.hide.is_empty() {
+                        "no file of fvd's".to_string()
+                    } else {
+                        list(&a.plan.hide)
+                    }
+                );
+                if !a.plan.read_only.is_empty() {
+                    line.push_str(&format!("; read-only: {}", list(&a.plan.read_only)));
                 }
-            ),
+                line.push(')');
+                line
+            }
         }
     }
 
@@ -256,6 +300,20 @@ impl Jail {
             }
         }
         let mut out = Vec::new();
+        for r in &a.plan.read_only {
+            if !r.is_dir() {
+                out.push(format!(
+                    "{} stays writable to jobs: Landlock leaves only folders read-only",
+                    r.display()
+                ));
+            } else if let Some(parent) = r.parent() {
+                out.push(format!(
+                    "{} is read-only to jobs: with Landlock, a job cannot create a file or folder directly in {} or a folder above it (only below their other entries); give the workspace a folder of its own",
+                    r.display(),
+                    parent.display()
+                ));
+            }
+        }
         for h in &a.plan.hide {
             for b in &busy {
                 let b = b.canonicalize().unwrap_or_else(|_| b.clone());
@@ -317,6 +375,17 @@ impl Jail {
             .map(|l| l.trim().trim_start_matches("fvd: jail: ").to_string())
             .unwrap_or_else(|| format!("the launcher exited with {}", out.status));
         Ok(Err(why))
+    }
+}
+
+/// Adds each of `more` that exists, at its real location, once.
+fn add_real(to: &mut Vec<PathBuf>, more: &[PathBuf]) {
+    for m in more {
+        if let Ok(real) = m.canonicalize()
+            && !to.contains(&real)
+        {
+            to.push(real);
+        }
     }
 }
 

@@ -112,15 +112,21 @@ pub fn apply(plan: &Plan) -> Result<(), String> {
         .cloned()
         .collect();
     block_devices(Path::new("/dev"), &mut hidden);
+    let read_only: Vec<PathBuf> = plan
+        .read_only
+        .iter()
+        .filter(|p| p.symlink_metadata().is_ok())
+        .cloned()
+        .collect();
     match plan.mechanism {
         Mechanism::Namespace => {
-            namespace(&hidden)?;
+            namespace(&hidden, &read_only)?;
             drop_capabilities()?;
             nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
         }
         Mechanism::Landlock => {
             drop_capabilities()?;
-            landlock(&hidden)?;
+            landlock(&hidden, &read_only)?;
         }
     }
     Ok(())
@@ -149,8 +155,9 @@ fn block_devices(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// A private mount namespace (inside a user namespace of one's own when
-/// this process may not mount) where each hidden path is covered.
-fn namespace(hidden: &[PathBuf]) -> Result<(), String> {
+/// this process may not mount) where each read-only path is a read-only
+/// bind mount of itself and each hidden path is covered.
+fn namespace(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<(), String> {
     use nix::mount::{MsFlags, mount};
     use nix::sched::{CloneFlags, unshare};
     let may_mount = caps::has_cap(None, CapSet::Effective, Capability::CAP_SYS_ADMIN)
@@ -177,6 +184,9 @@ fn namespace(hidden: &[PathBuf]) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("making / private: {e}"))?;
+    for r in read_only {
+        read_only_bind(r)?;
+    }
     for h in hidden {
         let is_dir = h.symlink_metadata().is_ok_and(|m| m.is_dir());
         let done = if is_dir {
@@ -199,6 +209,40 @@ fn namespace(hidden: &[PathBuf]) -> Result<(), String> {
         done.map_err(|e| format!("covering {}: {e}", h.display()))?;
     }
     Ok(())
+}
+
+/// Makes `path` (a folder and everything mounted below it, or a file) a
+/// read-only bind mount of itself. The flags a user namespace may not
+/// clear (`nosuid`, `nodev`, `noexec`, the atime ones) are kept as the
+/// mount below has them, or the remount would be refused.
+fn read_only_bind(path: &Path) -> Result<(), String> {
+    use nix::mount::{MsFlags, mount};
+    use nix::sys::statvfs::{FsFlags, statvfs};
+    let e =
+        |what: &str, x: nix::Error| format!("making {} read-only ({what}): {x}", path.display());
+    let had = statvfs(path).map_err(|x| e("statvfs", x))?.flags();
+    mount(
+        Some(path),
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|x| e("bind", x))?;
+    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+    for (st, ms) in [
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if had.contains(st) {
+            flags |= ms;
+        }
+    }
+    mount(None::<&str>, path, None::<&str>, flags, None::<&str>).map_err(|x| e("remount", x))
 }
 
 /// Keeps only [`KEEP`] of this process's capabilities, for itself and what
@@ -226,16 +270,26 @@ fn drop_capabilities() -> Result<(), String> {
     Ok(())
 }
 
-/// A Landlock domain that may read every file except the hidden paths.
-fn landlock(hidden: &[PathBuf]) -> Result<(), String> {
+/// A Landlock domain that may read every file except the hidden paths,
+/// and (when some paths are read-only) write only below the paths that
+/// contain no read-only one.
+fn landlock(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<(), String> {
     use landlock::{
-        AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
+        ABI, AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
     };
     let e = |what: &str, e: landlock::RulesetError| format!("landlock {what}: {e}");
     let mut readable = Vec::new();
     complement(Path::new("/"), hidden, &mut readable);
+    // ABI 1's write rights: every way to change a file or a folder's
+    // entries (truncate, ABI 3, is left to the kernels that have it: a
+    // read-only path's files cannot be opened for writing anyway).
+    let write = AccessFs::from_write(ABI::V1);
+    let mut handled = AccessFs::ReadFile | AccessFs::Refer;
+    if read_only.iter().any(|p| p.is_dir()) {
+        handled |= write;
+    }
     let mut rs = Ruleset::default()
-        .handle_access(AccessFs::ReadFile | AccessFs::Refer)
+        .handle_access(handled)
         .map_err(|x| e("ruleset", x))?
         .create()
         .map_err(|x| e("ruleset", x))?;
@@ -252,6 +306,26 @@ fn landlock(hidden: &[PathBuf]) -> Result<(), String> {
         rs = rs
             .add_rule(PathBeneath::new(fd, AccessFs::ReadFile))
             .map_err(|x| e("rule", x))?;
+    }
+    // Folders only: a read-only file would leave its whole folder without
+    // a way to create an entry (Landlock cannot deny below an allowed
+    // path), and a checkout's top folder must stay writable.
+    let read_only: Vec<PathBuf> = read_only.iter().filter(|p| p.is_dir()).cloned().collect();
+    if !read_only.is_empty() {
+        let mut writable = Vec::new();
+        complement(Path::new("/"), &read_only, &mut writable);
+        for p in writable {
+            // A file takes only the rights a file can have.
+            let rights = if p.is_dir() {
+                write
+            } else {
+                write & AccessFs::from_file(ABI::V1)
+            };
+            let Ok(fd) = PathFd::new(&p) else { continue };
+            rs = rs
+                .add_rule(PathBeneath::new(fd, rights))
+                .map_err(|x| e("rule", x))?;
+        }
     }
     let status = rs.restrict_self().map_err(|x| e("restrict", x))?;
     if status.ruleset == RulesetStatus::NotEnforced {

@@ -363,3 +363,100 @@ fn a_jail_that_cannot_be_set_up_never_runs_the_program() {
         .unwrap();
     assert_eq!(out.status.code(), Some(fvd_sandbox::launch::EXEC_FAILED));
 }
+
+/// A read-only path (issue #38: the git folders around a job's checkout)
+/// reads as before and takes no write: no new file in it, no change to a
+/// file in it, no removal or rename, and a read-only file cannot be
+/// replaced (with a namespace; Landlock protects folders only). Beside it
+/// the job writes as before. Both mechanisms, as this user and (as root)
+/// as an unprivileged one, who owns the files.
+#[test]
+fn a_read_only_path_reads_and_takes_no_write() {
+    for who in [Who::Me, Who::Nobody] {
+        if who == Who::Nobody && !nix::unistd::geteuid().is_root() {
+            continue;
+        }
+        for m in [Mechanism::Namespace, Mechanism::Landlock] {
+            let s = Setup::new(who);
+            let root = s.dir.path();
+            let work = root.join("work");
+            let git = work.join("repo.git");
+            std::fs::create_dir_all(git.join("hooks")).unwrap();
+            std::fs::write(git.join("config"), "[core]\n").unwrap();
+            std::fs::write(work.join(".git"), "gitdir: repo.git\n").unwrap();
+            std::fs::create_dir_all(work.join("sub")).unwrap();
+            if who == Who::Nobody {
+                for p in [
+                    git.clone(),
+                    git.join("hooks"),
+                    git.join("config"),
+                    work.join(".git"),
+                    work.join("sub"),
+                ] {
+                    std::os::unix::fs::chown(&p, Some(NOBODY), Some(NOBODY)).unwrap();
+                }
+            }
+            let j = Jail::unprobed(launcher(), m, vec![s.token_file()])
+                .read_only(&[git.clone(), work.join(".git")]);
+            assert_eq!(j.read_only_paths().len(), 2, "{}", j.describe());
+            let script = r##"
+import os
+def attempt(name, f):
+    try:
+        f()
+        print(name, "WROTE")
+    except OSError as e:
+        print(name, "refused")
+print("config", open("repo.git/config").read().strip())
+attempt("hook", lambda: open("repo.git/hooks/post-checkout", "w").write("#!/bin/sh\n"))
+attempt("append", lambda: open("repo.git/config", "a").write("[core]\nfsmonitor = x\n"))
+attempt("mkdir", lambda: os.mkdir("repo.git/new"))
+attempt("rename", lambda: os.rename("repo.git/hooks", "repo.git/hooks2"))
+attempt("unlink", lambda: os.unlink("repo.git/config"))
+attempt("gitfile", lambda: open(".git", "w").write("gitdir: /elsewhere\n"))
+attempt("replace", lambda: (open("fake", "w").write("x"), os.rename("fake", ".git")))
+open("sub/beside.txt", "w").write("ok")
+print("beside", open("sub/beside.txt").read())
+"##;
+            let mut cmd = j.command(&["python3".into(), "-c".into(), script.into()]);
+            cmd.current_dir(&work)
+                .env_clear()
+                .env("PATH", std::env::var("PATH").unwrap());
+            if who == Who::Nobody {
+                cmd.uid(NOBODY).gid(NOBODY);
+            }
+            let out = cmd.output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{who:?} {m}: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(text.contains("config [core]"), "{who:?} {m}: {text}");
+            let refused: &[&str] = match m {
+                Mechanism::Namespace => &[
+                    "hook", "append", "mkdir", "rename", "unlink", "gitfile", "replace",
+                ],
+                Mechanism::Landlock => &["hook", "append", "mkdir", "rename", "unlink"],
+            };
+            for a in refused {
+                assert!(
+                    text.contains(&format!("{a} refused")),
+                    "{who:?} {m}: {a} was not refused: {text}"
+                );
+            }
+            assert!(text.contains("beside ok"), "{who:?} {m}: {text}");
+            assert!(!git.join("hooks/post-checkout").exists());
+            assert_eq!(
+                std::fs::read_to_string(git.join("config")).unwrap(),
+                "[core]\n"
+            );
+            if m == Mechanism::Namespace {
+                assert_eq!(
+                    std::fs::read_to_string(work.join(".git")).unwrap(),
+                    "gitdir: repo.git\n"
+                );
+            }
+        }
+    }
+}

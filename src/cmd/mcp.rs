@@ -211,7 +211,7 @@ fn git(
     env: &[(&str, &Path)],
     stdin: Option<&[u8]>,
 ) -> anyhow::Result<Vec<u8>> {
-    let mut cmd = std::process::Command::new("git");
+    let mut cmd = fvd_git::blocking_command(dir);
     cmd.args([
         "-c",
         "user.name=fvd agent",
@@ -219,7 +219,6 @@ fn git(
         "user.email=fvd-agent@localhost",
     ])
     .args(args)
-    .current_dir(dir)
     .stdin(if stdin.is_some() {
         std::process::Stdio::piped()
     } else {
@@ -262,12 +261,28 @@ fn snapshot(base: &str) -> anyhow::Result<(String, Vec<u8>)> {
         &[],
         None,
     )?));
+    // A private index and a private object folder (the repository's
+    // objects read through it as alternates): the agent's index, HEAD and
+    // files stay as they are, and nothing is written to the repository,
+    // which a jailed agent sees read-only (issue #38).
+    let common = PathBuf::from(text(git(
+        &top,
+        &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+        &[],
+        None,
+    )?));
     let index = tempfile::NamedTempFile::new().context("cannot make a private git index")?;
-    let env = [("GIT_INDEX_FILE", index.path())];
+    let objects = tempfile::tempdir().context("cannot make a private git object folder")?;
+    let alternates = common.join("objects");
+    let env = [
+        ("GIT_INDEX_FILE", index.path()),
+        ("GIT_OBJECT_DIRECTORY", objects.path()),
+        ("GIT_ALTERNATE_OBJECT_DIRECTORIES", alternates.as_path()),
+    ];
     git(&top, &["read-tree", "HEAD"], &env, None)?;
     git(&top, &["add", "-A"], &env, None)?;
     let tree = text(git(&top, &["write-tree"], &env, None)?);
-    let head = text(git(&top, &["rev-parse", "HEAD"], &[], None)?);
+    let head = text(git(&top, &["rev-parse", "HEAD"], &env, None)?);
     let commit = text(git(
         &top,
         &[
@@ -278,13 +293,13 @@ fn snapshot(base: &str) -> anyhow::Result<(String, Vec<u8>)> {
             "-m",
             "fvd: run_parity snapshot",
         ],
-        &[],
+        &env,
         None,
     )?);
     let pack = git(
         &top,
         &["pack-objects", "--revs", "--thin", "--stdout", "-q"],
-        &[],
+        &env,
         Some(format!("{commit}\n^{base}\n").as_bytes()),
     )?;
     Ok((commit, pack))

@@ -6,7 +6,7 @@
 //! own types.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -828,7 +828,10 @@ async fn preflight_check(config: &WorkerConfig, a: &pb::AssignJob) -> Result<(),
             a.preflight[0]
         ));
     }
-    let mut cmd = tokio::process::Command::from(sandbox.jail.command(&a.preflight));
+    let jail = sandbox
+        .jail
+        .read_only(&fvd_git::git_paths(Path::new(&a.cwd)));
+    let mut cmd = tokio::process::Command::from(jail.command(&a.preflight));
     cmd.current_dir(&a.cwd)
         .env_clear()
         .envs(&env)
@@ -933,12 +936,21 @@ pub(crate) async fn run_assigned(
         crate::leftovers::WORKER_ENV.to_string(),
         crate::leftovers::marker(&config.workspace),
     ));
+    // The git folders around the job's folder are read-only to it (issue
+    // #38): nothing it writes there can change what fvd's own git does
+    // later. A warm run's zygote serves every checkout of a repository, so
+    // its jail protects the repository's folders only; a checkout's `.git`
+    // file is then never followed by the worker ([`crate::code`]).
+    let git_paths = fvd_git::git_paths(Path::new(&a.cwd));
+    let repo_dirs: Vec<PathBuf> = git_paths.iter().filter(|p| p.is_dir()).cloned().collect();
+    let mut sandbox = config.job_sandbox();
+    sandbox.jail = sandbox.jail.read_only(&git_paths);
     let mut spec = JobSpec {
         job_id: a.job_id.clone(),
         argv,
         env,
         secret_env_names: a.secret_env,
-        sandbox: config.job_sandbox(),
+        sandbox,
         cwd: PathBuf::from(&a.cwd),
         gpus: a.gpus,
         timeout: Duration::from_millis(a.timeout_ms),
@@ -959,7 +971,7 @@ pub(crate) async fn run_assigned(
             preload: a.preload.clone(),
             unkeyed_paths: vec![scratch.clone()],
             dir: config.workspace.join("zygotes"),
-            jail: config.jail.clone(),
+            jail: config.jail.read_only(&repo_dirs),
         });
     }
     if a.collect_junit

@@ -26,6 +26,7 @@
 //! place in the repository (`code_prefix`).
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -33,7 +34,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -201,6 +201,36 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CodeError + '_ {
 
 async fn git(dir: &Path, args: &[&str]) -> Result<String, fvd_git::GitError> {
     fvd_git::run(dir, args, &[]).await
+}
+
+/// The variables that run git in the checkout at `path` through its
+/// administrative folder in the clone `repo`, never through its `.git`
+/// file: a job can rewrite that file (its jail leaves only the clone
+/// read-only), and fvd's git must not follow it to a repository of the
+/// job's making (issue #38).
+fn checkout_env(
+    repo: &Path,
+    path: &Path,
+) -> Result<[(&'static str, OsString); 2], fvd_git::GitError> {
+    match fvd_git::worktree_admin(repo, path) {
+        Some(admin) => Ok(fvd_git::worktree_env(&admin, path)),
+        None => Err(fvd_git::GitError::Failed {
+            args: "worktree".into(),
+            dir: path.to_path_buf(),
+            detail: format!("not a worktree of {}", repo.display()),
+        }),
+    }
+}
+
+/// git in the checkout at `path` of the clone `repo` ([`checkout_env`]).
+async fn git_checkout(
+    repo: &Path,
+    path: &Path,
+    args: &[&str],
+) -> Result<String, fvd_git::GitError> {
+    let env = checkout_env(repo, path)?;
+    let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    fvd_git::run(path, args, &env).await
 }
 
 impl CodeCache {
@@ -558,9 +588,8 @@ impl CodeCache {
         mut chunks: mpsc::UnboundedReceiver<Chunk>,
         cancel: &CancellationToken,
     ) -> Result<u64, String> {
-        let mut child = Command::new("git")
+        let mut child = fvd_git::command(&self.repo)
             .args(["index-pack", "--stdin", "--fix-thin"])
-            .current_dir(&self.repo)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -631,8 +660,12 @@ impl CodeCache {
             Some(_) if !path.join(".git").is_file() => false,
             Some(0) => {
                 // An earlier job may have changed or added files.
-                git(&path, &["reset", "-q", "--hard", sha]).await.is_ok()
-                    && git(&path, &["clean", "-q", "-fd"]).await.is_ok()
+                git_checkout(&self.repo, &path, &["reset", "-q", "--hard", sha])
+                    .await
+                    .is_ok()
+                    && git_checkout(&self.repo, &path, &["clean", "-q", "-fd"])
+                        .await
+                        .is_ok()
             }
             Some(_) => true,
             None => false,
@@ -748,8 +781,12 @@ impl AttemptCheckout {
     /// what it adds to the base commit, thin against it.
     pub async fn commit(&self, message: &str) -> Result<(String, Vec<u8>), String> {
         let dir = &self.path;
-        git(dir, &["add", "-A"]).await.map_err(|e| e.to_string())?;
-        git(
+        let repo = &self.cache.repo;
+        git_checkout(repo, dir, &["add", "-A"])
+            .await
+            .map_err(|e| e.to_string())?;
+        git_checkout(
+            repo,
             dir,
             &[
                 "-c",
@@ -766,7 +803,7 @@ impl AttemptCheckout {
         )
         .await
         .map_err(|e| e.to_string())?;
-        let sha = git(dir, &["rev-parse", "HEAD"])
+        let sha = git_checkout(repo, dir, &["rev-parse", "HEAD"])
             .await
             .map_err(|e| e.to_string())?;
         // Kept by the clone like a fetched commit: the run that tests it
@@ -777,9 +814,10 @@ impl AttemptCheckout {
         )
         .await
         .map_err(|e| e.to_string())?;
-        let mut child = Command::new("git")
+        let env = checkout_env(repo, dir).map_err(|e| e.to_string())?;
+        let mut child = fvd_git::command(dir)
+            .envs(env)
             .args(["pack-objects", "--revs", "--thin", "--stdout", "-q"])
-            .current_dir(dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -512,7 +512,12 @@ pub async fn run_with(
             ..AgentExit::default()
         };
     }
-    let mut cmd = Command::from(r.policy.jail.command(argv));
+    // The git folders around its checkout are read-only to the agent
+    // (issue #38): fvd commits what it leaves with its own git, outside
+    // the jail, and nothing the agent wrote there may change what that
+    // git runs.
+    let jail = r.policy.jail.read_only(&fvd_git::git_paths(r.cwd));
+    let mut cmd = Command::from(jail.command(argv));
     cmd.current_dir(r.cwd)
         .env_clear()
         .envs(&env)
