@@ -25,6 +25,16 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
         chromium chromium-driver fonts-liberation >/dev/null
 fi
+# The git-escape test (tests/e2e/git_escape.rs) runs a worker as `nobody`,
+# who cannot reach a Python under /root: Debian's python3 runs its parity
+# tests, with Debian's pytest and numpy.
+if ! /usr/bin/python3 -c 'import pytest, numpy' >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+        python3-pytest python3-numpy >/dev/null
+fi
 cargo fmt --all -- --check
 # --features fvd/conformance,fvd/slurm,fvd/agents: those targets compile
 # and are linted here too, though the conformance suite runs only in

@@ -20,6 +20,7 @@ mod environment;
 mod fastvideo_checkout;
 mod fleet;
 mod gc;
+mod git_escape;
 mod init;
 mod logging;
 mod output;
