@@ -20,7 +20,23 @@
 //! - percent-encoded (every byte but `A-Za-z0-9-._~` as `%XX`, upper- and
 //!   lower-case hex), and the form encoding of it (space as `+`);
 //! - XML-escaped (`&amp;` `&lt;` `&gt;` `&quot;` `&apos;`, as a JUnit
-//!   report holds it).
+//!   report holds it);
+//! - hex, two digits a byte with no separator, lower- and upper-case
+//!   (`binascii.hexlify`, `bytes.hex()`); hex is byte-aligned, so `v`
+//!   inside a longer hex dump is found too;
+//! - `\uXXXX`-escaped, lower- and upper-case hex digits: every character
+//!   escaped, and the JSON `ensure_ascii` form (`json.dumps(s)`: only
+//!   quotes, backslashes, control and non-ASCII characters escaped), over
+//!   the UTF-16 units of `v` when it is UTF-8 and over its bytes read as
+//!   Latin-1.
+//!
+//! Not caught, and not meant to be: a secret compressed before it is
+//! encoded (gzip+base64), reversed, split into pieces with other bytes
+//! between them (or across separate writes with other output between),
+//! hex with separators (`xxd`, `od`, `a1:b2:…`), mixed-case escapes, or
+//! under any cipher or hash. Redaction by value stops accidents and
+//! common encodings, not a program that means to exfiltrate; the jail is
+//! what keeps a secret from such a program.
 //!
 //! Values shorter than [`MIN_SECRET_LEN`] are not redacted (replacing every
 //! `abc` would destroy the output and protects nothing); an encoded core
@@ -229,6 +245,25 @@ pub fn spellings(v: &[u8]) -> Vec<Vec<u8>> {
         out.push(percent(v, form));
     }
     out.push(xml_escaped(v));
+    out.push(hex(v, LOWER_HEX));
+    out.push(hex(v, UPPER_HEX));
+    // `\uXXXX` escapes, over the characters of `v` when it is UTF-8 (as
+    // a JSON encoder sees a string, UTF-16 units, surrogate pairs above
+    // U+FFFF) and over its bytes read as Latin-1 (as a program that
+    // decoded bytes with `latin-1` prints them): every character escaped,
+    // and the JSON `ensure_ascii` form (only what JSON must escape and
+    // what is not ASCII), with lower- and upper-case hex digits.
+    let mut views: Vec<Vec<u16>> = Vec::with_capacity(2);
+    if let Ok(text) = std::str::from_utf8(v) {
+        views.push(text.encode_utf16().collect());
+    }
+    views.push(v.iter().map(|&b| u16::from(b)).collect());
+    for units in &views {
+        for digits in [LOWER_HEX, UPPER_HEX] {
+            out.push(u_escaped(units, digits, true));
+            out.push(u_escaped(units, digits, false));
+        }
+    }
     let mut unique: Vec<Vec<u8>> = Vec::with_capacity(out.len());
     for s in out {
         if !s.is_empty() && !unique.contains(&s) {
@@ -307,6 +342,54 @@ fn percent(v: &[u8], form: Percent) -> Vec<u8> {
             out.push(b'+');
         } else {
             out.extend_from_slice(&[b'%', hex[(b >> 4) as usize], hex[(b & 15) as usize]]);
+        }
+    }
+    out
+}
+
+const LOWER_HEX: &[u8; 16] = b"0123456789abcdef";
+const UPPER_HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+/// Two hex digits per byte, no separators (`binascii.hexlify`,
+/// `bytes.hex()`, `xxd -p` of a value shorter than its 30-byte lines).
+fn hex(v: &[u8], digits: &[u8; 16]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * 2);
+    for &b in v {
+        out.extend_from_slice(&[digits[(b >> 4) as usize], digits[(b & 15) as usize]]);
+    }
+    out
+}
+
+/// `units` as the body of a JSON string: with `all`, every unit as
+/// `\uXXXX`; without, as `json.dumps(s, ensure_ascii=True)` writes it
+/// (`\"`, `\\`, the short escapes of `\b\f\n\r\t`, any other control
+/// character or non-ASCII unit as `\uXXXX`, the rest as itself).
+fn u_escaped(units: &[u16], digits: &[u8; 16], all: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(units.len() * 6);
+    for &u in units {
+        if !all {
+            let short: Option<&[u8]> = match u {
+                0x22 => Some(b"\\\""),
+                0x5c => Some(b"\\\\"),
+                0x08 => Some(b"\\b"),
+                0x0c => Some(b"\\f"),
+                0x0a => Some(b"\\n"),
+                0x0d => Some(b"\\r"),
+                0x09 => Some(b"\\t"),
+                0x20..=0x7e => {
+                    out.push(u as u8);
+                    continue;
+                }
+                _ => None,
+            };
+            if let Some(short) = short {
+                out.extend_from_slice(short);
+                continue;
+            }
+        }
+        out.extend_from_slice(b"\\u");
+        for shift in [12, 8, 4, 0] {
+            out.push(digits[usize::from((u >> shift) & 15)]);
         }
     }
     out
@@ -418,6 +501,132 @@ mod tests {
                 "{out}"
             );
         }
+    }
+
+    /// Each of `spelled` inside a line, redacted as text and as bytes:
+    /// replaced by `[redacted:NAME]`, no trace of it left.
+    fn assert_replaced(r: &Redactor, name: &str, spelled: &[&str]) {
+        let want = format!("[redacted:{name}]");
+        for s in spelled {
+            let line = format!("before {s} after");
+            let out = r.text(&line);
+            assert_eq!(out, format!("before {want} after"), "{s}");
+            let out = r.bytes(format!("{{\"k\": \"{s}\"}}\n").as_bytes());
+            assert_eq!(out, format!("{{\"k\": \"{want}\"}}\n").into_bytes(), "{s}");
+        }
+    }
+
+    #[test]
+    fn hex_spellings_are_replaced_in_both_cases() {
+        let r = Redactor::new([("FVD_TOKEN", TOKEN)]);
+        // binascii.hexlify(TOKEN), and .upper() of it.
+        assert_replaced(
+            &r,
+            "FVD_TOKEN",
+            &[
+                "7333637233742d54306b656e2f776974682b6f64643d6368617273266d6f7265",
+                "7333637233742D54306B656E2F776974682B6F64643D6368617273266D6F7265",
+            ],
+        );
+        // Inside a longer dump: hexlify(b"user:" + TOKEN + b"@host").
+        let out = r.text(
+            "757365723a7333637233742d54306b656e2f776974682b6f64643d6368617273266d6f726540686f7374",
+        );
+        assert_eq!(out, "757365723a[redacted:FVD_TOKEN]40686f7374");
+    }
+
+    #[test]
+    fn u_escaped_spellings_are_replaced() {
+        let r = Redactor::new([("FVD_TOKEN", TOKEN)]);
+        // Every character as \u00XX, lower- and upper-case digits.
+        let all_lower = "\\u0073\\u0033\\u0063\\u0072\\u0033\\u0074\\u002d\\u0054\\u0030\\u006b\\u0065\\u006e\\u002f\\u0077\\u0069\\u0074\\u0068\\u002b\\u006f\\u0064\\u0064\\u003d\\u0063\\u0068\\u0061\\u0072\\u0073\\u0026\\u006d\\u006f\\u0072\\u0065";
+        let all_upper = all_lower
+            .replace("\\u002d", "\\u002D")
+            .replace("\\u006b", "\\u006B")
+            .replace("\\u006e", "\\u006E")
+            .replace("\\u002f", "\\u002F")
+            .replace("\\u002b", "\\u002B")
+            .replace("\\u006f", "\\u006F")
+            .replace("\\u003d", "\\u003D")
+            .replace("\\u006d", "\\u006D");
+        assert_replaced(&r, "FVD_TOKEN", &[all_lower, &all_upper]);
+
+        // A non-ASCII secret, as json.dumps(s) (ensure_ascii) writes it:
+        // UTF-16 units, a surrogate pair for the key, `"` as `\"`.
+        let secret = "p\u{e4}ssw\u{f6}rd-\u{1f511}-tok\"q";
+        let r = Redactor::new([("PW", secret)]);
+        assert_replaced(
+            &r,
+            "PW",
+            &[
+                "p\\u00e4ssw\\u00f6rd-\\ud83d\\udd11-tok\\\"q",
+                "p\\u00E4ssw\\u00F6rd-\\uD83D\\uDD11-tok\\\"q",
+                "\\u0070\\u00E4\\u0073\\u0073\\u0077\\u00F6\\u0072\\u0064\\u002D\\uD83D\\uDD11\\u002D\\u0074\\u006F\\u006B\\u0022\\u0071",
+                // Its UTF-8 bytes decoded as Latin-1, then json.dumps.
+                "p\\u00c3\\u00a4ssw\\u00c3\\u00b6rd-\\u00f0\\u009f\\u0094\\u0091-tok\\\"q",
+            ],
+        );
+
+        // Bytes that are not UTF-8: each byte a character.
+        let r = Redactor::new([("RAW", b"\xffsecret\x01")]);
+        assert_replaced(&r, "RAW", &["\\u00ffsecret\\u0001", "\\u00FFsecret\\u0001"]);
+    }
+
+    #[test]
+    fn the_long_spellings_split_across_chunks_are_still_replaced() {
+        // The fully \u-escaped spelling is six times the secret: the
+        // stream must hold back that much, and release what cannot start
+        // one.
+        let r = Redactor::new([("TOK", "hf_secretvalue")]);
+        let hex = "68665f73656372657476616c7565";
+        let uesc = "\\u0068\\u0066\\u005f\\u0073\\u0065\\u0063\\u0072\\u0065\\u0074\\u0076\\u0061\\u006c\\u0075\\u0065";
+        let text = format!("a {hex} b \\u0068\\u0066 c {uesc}{} d", hex.to_uppercase());
+        let want = "a [redacted:TOK] b \\u0068\\u0066 c [redacted:TOK][redacted:TOK] d";
+        assert_eq!(r.text(&text), want);
+        let text = text.as_bytes();
+        for cut in 0..=text.len() {
+            for cut2 in (cut..=text.len()).step_by(7) {
+                let mut s = r.stream();
+                let mut out = s.push(&text[..cut]);
+                out.extend(s.push(&text[cut..cut2]));
+                out.extend(s.push(&text[cut2..]));
+                out.extend(s.finish());
+                assert_eq!(
+                    String::from_utf8(out).unwrap(),
+                    want,
+                    "split at {cut},{cut2}"
+                );
+            }
+        }
+        // What cannot start a spelling is released at once, not held back
+        // to the length of the longest one.
+        let mut s = r.stream();
+        assert_eq!(s.push(b"plain output\n"), b"plain output\n".to_vec());
+        assert_eq!(s.push(b"x \\u0068"), b"x ".to_vec());
+        assert_eq!(s.push(b"\\u0069"), b"\\u0068\\u0069".to_vec());
+    }
+
+    #[test]
+    fn what_the_module_doc_says_is_not_caught_is_not_caught() {
+        // Kept in step with the module doc and the README: if one of these
+        // starts being caught, say so there.
+        let r = Redactor::new([("FVD_TOKEN", TOKEN)]);
+        let reversed: String = TOKEN.chars().rev().collect();
+        let split = format!("{} and then {}", &TOKEN[..10], &TOKEN[10..]);
+        let colon_hex = TOKEN
+            .bytes()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":");
+        for s in [reversed, split, colon_hex] {
+            assert_eq!(r.text(&s), s);
+        }
+        let mut st = r.stream();
+        let mut out = st.push(&TOKEN.as_bytes()[..10]);
+        out.extend(st.push(b"\nother output\n"));
+        out.extend(st.push(&TOKEN.as_bytes()[10..]));
+        out.extend(st.finish());
+        assert!(!out.windows(9).any(|w| w == b"[redacted"));
     }
 
     #[test]
