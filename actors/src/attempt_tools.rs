@@ -15,7 +15,11 @@
 //!   agent's `fvd mcp` made of its work tree (pack included): the verdict
 //!   as fvd classifies it, the failing assertion and the output's tail. The
 //!   run has no row in `jobs` and is never a verdict of the component; its
-//!   GPU time counts against the component's GPU-second budget.
+//!   GPU time counts against the component's GPU-second budget once it has
+//!   ended (nothing is reserved while it runs). At most
+//!   [`MAX_PARITY_IN_FLIGHT`] calls of an attempt are in flight at once;
+//!   one over is refused at once. Each run's job id names the attempt, the
+//!   process and a per-process counter, so no two runs share one.
 //! - `trace`: the latest drill-down report of the component.
 //! - `attempts`: the ledger.
 //! - `ask_user`: the escape hatch as a tool call: the question becomes the
@@ -49,6 +53,9 @@ const MAX_LINE: u64 = 1024 * 1024;
 const MAX_PACK: u64 = 256 * 1024 * 1024;
 /// Most bytes of a run's output given back.
 const TAIL_BYTES: usize = 4000;
+/// Most `run_parity` calls of one attempt in flight at once; a call over
+/// it is answered at once with an error, not queued.
+pub const MAX_PARITY_IN_FLIGHT: usize = 2;
 
 /// What the attempt's tools work on.
 #[derive(Debug)]
@@ -301,6 +308,11 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
             "this attempt holds the component's GPUs ([agent] gpus = \"component\"): run the parity test yourself in your work tree".into(),
         );
     }
+    let Some(_slot) = ParitySlot::take(ctx) else {
+        return Called::failed(format!(
+            "run_parity refused: {MAX_PARITY_IN_FLIGHT} runs of this attempt are already in flight (at most {MAX_PARITY_IN_FLIGHT} at once); wait for one to end"
+        ));
+    };
     if !pack.is_empty()
         && let Err(e) = git_in(
             &ctx.repo,
@@ -323,13 +335,7 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
             ctx.base
         ));
     }
-    let job_id = format!(
-        "{}/{}/tool-{}-{}",
-        ctx.family,
-        ctx.component,
-        ctx.attempt,
-        now_ms()
-    );
+    let job_id = parity_job_id(ctx);
     let spec = &ctx.spec;
     let registry = ctx.registry.clone();
     let _open = registry.open(
@@ -400,6 +406,60 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
         detail: format!("{status}: {verdict}"),
         gpu_ms,
     }
+}
+
+/// The `run_parity` calls in flight, by attempt (`family/component/N`).
+static PARITY_IN_FLIGHT: std::sync::LazyLock<Mutex<std::collections::HashMap<String, usize>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// One of an attempt's [`MAX_PARITY_IN_FLIGHT`] places, given back when
+/// the call ends (or is dropped, its connection gone).
+struct ParitySlot(String);
+
+impl ParitySlot {
+    fn take(ctx: &ToolsContext) -> Option<Self> {
+        let key = format!("{}/{}/{}", ctx.family, ctx.component, ctx.attempt);
+        let mut in_flight = PARITY_IN_FLIGHT.lock().expect("run_parity slots lock");
+        let n = in_flight.entry(key.clone()).or_default();
+        if *n >= MAX_PARITY_IN_FLIGHT {
+            return None;
+        }
+        *n += 1;
+        Some(ParitySlot(key))
+    }
+}
+
+impl Drop for ParitySlot {
+    fn drop(&mut self) {
+        let mut in_flight = PARITY_IN_FLIGHT.lock().expect("run_parity slots lock");
+        if let Some(n) = in_flight.get_mut(&self.0) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&self.0);
+            }
+        }
+    }
+}
+
+/// A `run_parity` job's id, never another's: the attempt, this process (a
+/// random tag, so a run an earlier process left on a worker is never taken
+/// for one of this process's) and a counter of this process's calls.
+fn parity_job_id(ctx: &ToolsContext) -> String {
+    static PROCESS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        random_token().map_or_else(
+            |_| format!("{}-{}", std::process::id(), now_ms()),
+            |t| t[..12].to_string(),
+        )
+    });
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(
+        "{}/{}/tool-{}-{}-{seq}",
+        ctx.family,
+        ctx.component,
+        ctx.attempt,
+        PROCESS.as_str()
+    )
 }
 
 fn fvd_git_sha(s: &str) -> bool {
@@ -550,5 +610,196 @@ fn ask_user(ctx: &ToolsContext, args: &Value) -> Called {
         is_error: false,
         detail: question,
         gpu_ms: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::JobEvent;
+    use ractor::{Actor, ActorProcessingErr, DerivedActorRef};
+    use std::time::Duration;
+
+    /// The jobs a [`HoldingScheduler`] was given: id and whom to tell.
+    type Held = Arc<Mutex<Vec<(String, DerivedActorRef<JobEvent>)>>>;
+
+    /// A scheduler that holds every job it is given until the test ends it.
+    struct HoldingScheduler;
+
+    impl Actor for HoldingScheduler {
+        type Msg = SchedulerMsg;
+        type State = Held;
+        type Arguments = Held;
+
+        async fn pre_start(
+            &self,
+            _myself: ActorRef<SchedulerMsg>,
+            held: Held,
+        ) -> Result<Held, ActorProcessingErr> {
+            Ok(held)
+        }
+
+        async fn handle(
+            &self,
+            _myself: ActorRef<SchedulerMsg>,
+            msg: SchedulerMsg,
+            held: &mut Held,
+        ) -> Result<(), ActorProcessingErr> {
+            if let SchedulerMsg::Enqueue(job) = msg {
+                held.lock()
+                    .unwrap()
+                    .push((job.record.job_id.clone(), job.notify.clone()));
+            }
+            Ok(())
+        }
+    }
+
+    fn git(dir: &Path, args: &[&str]) -> String {
+        let out = fvd_git::blocking_command(dir).args(args).output().unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    fn held_ids(held: &Held) -> Vec<String> {
+        held.lock()
+            .unwrap()
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Ends every held job as unplaceable (its call answers "ran on no
+    /// worker") and forgets it.
+    fn end_held(held: &Held) {
+        for (job_id, notify) in held.lock().unwrap().drain(..) {
+            notify
+                .send_message(JobEvent::Unplaceable {
+                    job_id,
+                    reason: "ended by the test".into(),
+                })
+                .unwrap();
+        }
+    }
+
+    /// Polls `done` until it holds or the deadline passes.
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_run_parity_calls_get_distinct_ids_and_over_the_cap_are_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        git(&repo, &["init", "-q"]);
+        git(
+            &repo,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-q",
+                "--allow-empty",
+                "-m",
+                "base",
+            ],
+        );
+        let base = git(&repo, &["rev-parse", "HEAD"]);
+        let spec = fvd_spec::parse(
+            Path::new("p.toml"),
+            "[prep]\nmodel_family = \"fam\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = \"t/x.py\"\ncoverage_scope = \"both\"\n",
+        )
+        .unwrap()
+        .components
+        .remove(0);
+        let held = Held::default();
+        let (scheduler, _handle) = Actor::spawn(None, HoldingScheduler, held.clone())
+            .await
+            .unwrap();
+        let ctx = Arc::new(ToolsContext {
+            family: "fam".into(),
+            component: "a".into(),
+            attempt: 3,
+            spec,
+            repo: repo.display().to_string(),
+            code_prefix: String::new(),
+            base: base.clone(),
+            fvd_writes: Vec::new(),
+            store: Store::open_path(&dir.path().join("fvd.db")).await.unwrap(),
+            scheduler,
+            registry: FleetAttempts::default(),
+            span: Span::none(),
+            secrets: Redactor::default(),
+            asked: Default::default(),
+        });
+        let spawn_call = || {
+            let (ctx, args) = (ctx.clone(), json!({ "commit": base }));
+            fvd_telemetry::spawn(async move { call(&ctx, "run_parity", &args, &[]).await })
+        };
+        let refusal = format!("at most {MAX_PARITY_IN_FLIGHT} at once");
+
+        // 20 at once: the cap's worth are queued, the rest answered at once.
+        let calls: Vec<_> = (0..20).map(|_| spawn_call()).collect();
+        until("every call queued or answered", || {
+            calls.iter().filter(|c| c.is_finished()).count() + held.lock().unwrap().len() >= 20
+        })
+        .await;
+        let first = held_ids(&held);
+        let mut ids = first.clone();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), first.len(), "job ids collide: {first:?}");
+        assert_eq!(first.len(), MAX_PARITY_IN_FLIGHT, "queued: {first:?}");
+        let (done, running): (Vec<_>, Vec<_>) = calls.into_iter().partition(|c| c.is_finished());
+        assert_eq!(done.len(), 20 - MAX_PARITY_IN_FLIGHT);
+        for c in done {
+            let answer = c.await.unwrap();
+            assert_eq!(answer["is_error"], true, "{answer}");
+            let text = answer["text"].as_str().unwrap();
+            assert!(text.contains(&refusal), "{text}");
+        }
+
+        // Each ended run frees its place: nine more rounds at the cap, every
+        // call answered, no id seen twice.
+        let mut seen = first;
+        let mut running = running;
+        for round in 0..9 {
+            end_held(&held);
+            for c in running.drain(..) {
+                let answer = tokio::time::timeout(Duration::from_secs(30), c)
+                    .await
+                    .unwrap_or_else(|_| panic!("round {round}: a run_parity call hangs"))
+                    .unwrap();
+                let text = answer["text"].as_str().unwrap();
+                assert!(text.contains("ran on no worker"), "{text}");
+            }
+            running = (0..MAX_PARITY_IN_FLIGHT).map(|_| spawn_call()).collect();
+            until("the round's runs queued", || {
+                held.lock().unwrap().len() == MAX_PARITY_IN_FLIGHT
+            })
+            .await;
+            seen.extend(held_ids(&held));
+        }
+        end_held(&held);
+        for c in running {
+            tokio::time::timeout(Duration::from_secs(30), c)
+                .await
+                .expect("a run_parity call hangs")
+                .unwrap();
+        }
+        let mut ids = seen.clone();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 20, "job ids collide: {seen:?}");
+        assert!(
+            seen.iter().all(|id| id.starts_with("fam/a/tool-3-")),
+            "{seen:?}"
+        );
     }
 }
