@@ -38,7 +38,7 @@ pub struct AddArgs {
     #[arg(long)]
     pub file: PathBuf,
     /// Write the token to this new file, mode 0600 (a file that exists is
-    /// refused), instead of stdout: the token file a `--token-file` reads.
+    /// refused), instead of stdout: the token file a worker or a client reads.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
 }
