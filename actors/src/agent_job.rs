@@ -204,6 +204,9 @@ pub fn outcome_of(report: &JobReport) -> Result<&AgentOutcome, String> {
     match &report.agent {
         None if !report.spawn_error.is_empty() => Err(report.spawn_error.clone()),
         None => Err("the worker sent no attempt result".into()),
+        // Refused at the edge (over a limit): the agent's outcome, not the
+        // environment's; the component records it.
+        Some(a) if !a.refused.is_empty() => Ok(a),
         Some(a) if !a.error.is_empty() => Err(a.error.clone()),
         Some(a) if a.commit.is_empty() => Err("the worker sent no commit".into()),
         Some(a) => Ok(a),

@@ -49,8 +49,6 @@ use crate::scheduler::{QueuedJob, QueuedRun, SchedulerMsg};
 
 /// Longest request line.
 const MAX_LINE: u64 = 1024 * 1024;
-/// Largest pack a `run_parity` may bring.
-const MAX_PACK: u64 = 256 * 1024 * 1024;
 /// Most bytes of a run's output given back.
 const TAIL_BYTES: usize = 4000;
 /// Most `run_parity` calls of one attempt in flight at once; a call over
@@ -82,6 +80,9 @@ pub struct ToolsContext {
     pub secrets: Redactor,
     /// The question the agent asked (`ask_user`), at most one.
     pub asked: Arc<Mutex<Option<AskedQuestion>>>,
+    /// What a `run_parity` snapshot may bring: its pack, and the files it
+    /// adds or changes over the base (as an attempt's commit).
+    pub limits: fvd_workspace::attempt_caps::AttemptLimits,
 }
 
 /// The running tools of one attempt; they stop when it is dropped.
@@ -158,11 +159,16 @@ async fn serve(
         }
         Ok(req) => {
             let len = req["pack_len"].as_u64().unwrap_or(0);
-            if len > MAX_PACK {
-                error(format!("the pack is over {} MiB", MAX_PACK >> 20))
+            if let Some(why) = ctx.limits.pack_refusal(len) {
+                error(why)
             } else {
-                let mut pack = vec![0u8; len as usize];
-                rd.read_exact(&mut pack).await?;
+                // Grown as the bytes come, not allocated at the length
+                // the request claims.
+                let mut pack = Vec::new();
+                (&mut rd).take(len).read_to_end(&mut pack).await?;
+                if (pack.len() as u64) < len {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
                 let tool = req["tool"].as_str().unwrap_or_default().to_string();
                 call(ctx, &tool, &req["arguments"], &pack).await
             }
@@ -262,37 +268,6 @@ fn first_line(s: &str) -> &str {
     &l[..l.len().min(300).min(l.floor_char_boundary(300))]
 }
 
-async fn git_in(repo: &str, args: &[&str], stdin: Option<&[u8]>) -> Result<String, String> {
-    let mut cmd = fvd_git::command(Path::new(repo));
-    cmd.args(args)
-        .stdin(if stdin.is_some() {
-            std::process::Stdio::piped()
-        } else {
-            std::process::Stdio::null()
-        })
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|e| format!("git {}: {e}", args[0]))?;
-    if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(bytes)
-            .await
-            .map_err(|e| format!("git {}: {e}", args[0]))?;
-    }
-    let out = child
-        .wait_with_output()
-        .await
-        .map_err(|e| format!("git {}: {e}", args[0]))?;
-    if !out.status.success() {
-        return Err(format!(
-            "git {}: {}",
-            args[0],
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
 /// The parity test at the agent's snapshot, on the fleet.
 async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
     let Some(commit) = args["commit"].as_str().filter(|c| fvd_git_sha(c)) else {
@@ -313,27 +288,25 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
             "run_parity refused: {MAX_PARITY_IN_FLIGHT} runs of this attempt are already in flight (at most {MAX_PARITY_IN_FLIGHT} at once); wait for one to end"
         ));
     };
-    if !pack.is_empty()
-        && let Err(e) = git_in(
-            &ctx.repo,
-            &["index-pack", "--stdin", "--fix-thin"],
-            Some(pack),
-        )
-        .await
-    {
-        return Called::failed(format!("the snapshot's objects could not be taken in: {e}"));
-    }
-    if let Err(e) = git_in(
-        &ctx.repo,
-        &["merge-base", "--is-ancestor", &ctx.base, commit],
-        None,
+    // Measured from a quarantine before it is taken in: a snapshot over
+    // the limits is the call's error, with its numbers (issue #38).
+    if let Err(e) = fvd_workspace::attempt_caps::take_in(
+        Path::new(&ctx.repo),
+        &ctx.base,
+        commit,
+        pack,
+        &ctx.limits,
     )
     .await
     {
-        return Called::failed(format!(
-            "commit {commit} is not a snapshot of this attempt's work tree (it does not descend from {}): {e}",
-            ctx.base
-        ));
+        use fvd_workspace::attempt_caps::TakeInError;
+        return Called::failed(match e {
+            TakeInError::OverLimit(why) => why.replacen("attempt's commit", "snapshot", 1),
+            TakeInError::NotAnAttempt(why) => {
+                format!("commit {commit} is not a snapshot of this attempt's work tree: {why}")
+            }
+            other => format!("the snapshot's objects could not be taken in: {other}"),
+        });
     }
     let job_id = parity_job_id(ctx);
     let spec = &ctx.spec;
@@ -737,6 +710,7 @@ mod tests {
             span: Span::none(),
             secrets: Redactor::default(),
             asked: Default::default(),
+            limits: Default::default(),
         });
         let spawn_call = || {
             let (ctx, args) = (ctx.clone(), json!({ "commit": base }));

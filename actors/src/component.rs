@@ -46,6 +46,7 @@ use fvd_store::{
     AttemptNext, AttemptRecorded, AttemptRow, ComponentNext, EscapeRow, Store, now_ms,
 };
 use fvd_workspace::agent::{self, LastRun};
+use fvd_workspace::attempt_caps::TakeInError;
 use fvd_workspace::worktree::{self, Worktree};
 
 pub use crate::red_run::MAX_INFRA_VERDICTS;
@@ -1259,9 +1260,19 @@ async fn agent_attempt(
         .clone();
     // A worker's commit moves the component's branch to it; a host run's
     // work is committed here.
+    // A commit over the limits on what an attempt brings back (issue #38)
+    // is refused before anything of it is checked out: the attempt is
+    // recorded with the refusal as its outcome, and the worktree stays at
+    // its base.
+    let limits = st.args.agents.limits;
     let (committed, agent_worker) = match &ran.fleet {
         Some(f) => (
-            worktree::adopt(&wt, &ran.head_before, &f.sha, &f.pack).await,
+            match &f.refused {
+                Some(why) => Err(worktree::WorktreeError::TakeIn(TakeInError::OverLimit(
+                    why.clone(),
+                ))),
+                None => worktree::adopt(&wt, &ran.head_before, &f.sha, &f.pack, &limits).await,
+            },
             f.worker_id.clone(),
         ),
         None => (
@@ -1271,6 +1282,28 @@ async fn agent_attempt(
     };
     let commit = match committed {
         Ok(c) => c,
+        Err(worktree::WorktreeError::TakeIn(TakeInError::OverLimit(why))) => {
+            tracing::warn!(family = %st.args.family, component = %spec.name, attempt, worker = %agent_worker, "{why}");
+            return after_agent(
+                myself,
+                st,
+                &turn,
+                worker_id,
+                AgentDone {
+                    commit: worktree::Commit {
+                        sha: ran.head_before.clone(),
+                        stat: why.clone(),
+                        diff: String::new(),
+                    },
+                    exit: &exit,
+                    handoff: &handoff,
+                    worker_id: agent_worker,
+                    refused: Some(why),
+                },
+                !answers.is_empty(),
+            )
+            .await;
+        }
         Err(e) => {
             let reason = format!(
                 "{} (agent attempt {attempt} could not be committed: {e})",
@@ -1303,6 +1336,7 @@ async fn agent_attempt(
             exit: &exit,
             handoff: &handoff,
             worker_id: agent_worker,
+            refused: None,
         },
         !answers.is_empty(),
     )
@@ -1524,6 +1558,9 @@ struct FleetCommit {
     sha: String,
     pack: Vec<u8>,
     worker_id: String,
+    /// Why the orchestrator's edge refused it (its pack was over the
+    /// limit): then there is no commit to take in.
+    refused: Option<String>,
 }
 
 /// Where an attempt's agent runs on the fleet: its worker fills these in.
@@ -2048,6 +2085,7 @@ async fn start_tools(
         span: span.clone(),
         secrets: st.args.agents.redactor(&a.env),
         asked: Default::default(),
+        limits: st.args.agents.limits,
     };
     match crate::attempt_tools::start(ctx).await {
         Ok(t) => Some(t),
@@ -2187,6 +2225,7 @@ async fn run_where(
                 sha: out.commit.clone(),
                 pack: out.pack.clone(),
                 worker_id,
+                refused: (!out.refused.is_empty()).then(|| out.refused.clone()),
             }),
             exit,
             environment: None,
@@ -2222,6 +2261,9 @@ struct AgentDone<'a> {
     exit: &'a agent::AgentExit,
     handoff: &'a agent::HandoffRead,
     worker_id: String,
+    /// Its commit was refused (over a limit on what an attempt brings
+    /// back): why, in one line; `commit` is then the base.
+    refused: Option<String>,
 }
 
 /// The attempt's ledger row as the agent left it.
@@ -2231,6 +2273,7 @@ fn attempt_row(st: &ComponentState, attempt: u32, done: AgentDone<'_>) -> Attemp
         exit,
         handoff,
         worker_id,
+        refused: _,
     } = done;
     AttemptRow {
         worker_id,
@@ -2269,11 +2312,14 @@ async fn after_agent(
 ) -> Result<(), ActorProcessingErr> {
     let (attempt, result) = (turn.attempt, turn.result);
     let (exit, handoff) = (done.exit, done.handoff);
+    let refused = done.refused.clone();
     let row = attempt_row(st, attempt, done);
     let family = st.args.family.clone();
     let blocked = |why: String| format!("{} ({why})", classed(result.verdict, &result.reason));
     let mut conversion = None;
-    let end_reason = if let Some(e) = &exit.spawn_error {
+    let end_reason = if let Some(why) = &refused {
+        Some(blocked(format!("{why}, after agent attempt {attempt}")))
+    } else if let Some(e) = &exit.spawn_error {
         Some(blocked(format!("{e}, after agent attempt {attempt}")))
     } else if handoff.escape().is_some() {
         None

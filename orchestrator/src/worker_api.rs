@@ -52,11 +52,11 @@ pub struct WorkerApi {
     /// The row-less jobs workers run for agents (attempts, their tools'
     /// runs): their code and tunnels are served by what is registered here.
     pub fleet: fvd_workspace::agent::FleetAttempts,
+    /// Most bytes of one agent attempt's pack the edge keeps
+    /// (`max_pack_bytes`): past it the pieces are dropped as they come and
+    /// the attempt comes back refused, with no commit.
+    pub attempt_limits: fvd_workspace::attempt_caps::AttemptLimits,
 }
-
-/// Most bytes of one agent attempt's pack the edge keeps: past it the
-/// attempt comes back without its commit (an environment failure).
-pub const MAX_ATTEMPT_PACK_BYTES: usize = 256 * 1024 * 1024;
 
 /// How the orchestrator's token is named where it is redacted (the same
 /// name as a worker's: a fleet shares one token).
@@ -247,6 +247,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         let (store, max_code_bytes) = (self.store.clone(), self.max_code_bytes);
         let secrets = self.secrets.clone();
         let fleet = self.fleet.clone();
+        let limits = self.attempt_limits;
         fvd_telemetry::spawn(async move {
             // Agent attempts' packs, by (job, epoch), until their result.
             let mut packs: std::collections::HashMap<(String, u64), Result<Vec<u8>, ()>> =
@@ -297,8 +298,9 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
                             .entry((p.job_id.clone(), p.lease_epoch))
                             .or_insert_with(|| Ok(Vec::new()));
                         if let Ok(bytes) = slot {
-                            if bytes.len() + p.data.len() > MAX_ATTEMPT_PACK_BYTES {
-                                tracing::warn!(worker = %worker_id, job = %p.job_id, "an agent attempt's pack is over its limit; the attempt comes back without its commit");
+                            let len = (bytes.len() + p.data.len()) as u64;
+                            if limits.pack_refusal(len).is_some() {
+                                tracing::warn!(worker = %worker_id, job = %p.job_id, "an agent attempt's pack is over its limit; the attempt comes back refused, without its commit");
                                 *slot = Err(());
                             } else {
                                 bytes.extend_from_slice(&p.data);
@@ -306,16 +308,14 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
                         }
                     }
                     Ok(Some(mut m)) => {
+                        let mut refused: Option<String> = None;
                         if let Some(pb::worker_msg::Msg::JobFinished(f)) = &mut m.msg
                             && let Some(agent) = &mut f.agent
                         {
                             match packs.remove(&(f.job_id.clone(), f.lease_epoch)) {
                                 Some(Ok(bytes)) => pack_in = Some(bytes),
                                 Some(Err(())) => {
-                                    agent.error = format!(
-                                        "the attempt's commit is over {} MiB",
-                                        MAX_ATTEMPT_PACK_BYTES >> 20
-                                    );
+                                    refused = limits.pack_refusal(u64::MAX);
                                     agent.commit.clear();
                                 }
                                 None => {}
@@ -327,6 +327,12 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
                                 && let Some(agent) = &mut report.agent
                             {
                                 agent.pack = bytes;
+                            }
+                            if let (SchedulerMsg::Finished { report, .. }, Some(why)) =
+                                (&mut msg, refused.take())
+                                && let Some(agent) = &mut report.agent
+                            {
+                                agent.refused = why;
                             }
                             if scheduler.cast(msg).is_err() {
                                 break;
@@ -611,6 +617,7 @@ fn from_wire(
                         handoff: text(g.handoff),
                         stdout: text(g.stdout),
                         error: text(g.error),
+                        refused: String::new(),
                     }),
                 }),
             }

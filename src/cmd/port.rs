@@ -525,6 +525,8 @@ fn embedded_agents(
         jail,
         secrets: Default::default(),
         registry: Default::default(),
+        // `run_parity`'s snapshots are capped as a fleet's attempts are.
+        limits: Default::default(),
     })
 }
 

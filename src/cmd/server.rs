@@ -232,6 +232,21 @@ pub struct ServeArgs {
     /// here) or host (here, in the component's worktree).
     #[arg(long, default_value = "fleet", value_name = "WHERE", value_parser = ["fleet", "host"])]
     pub agents: String,
+    /// Largest git pack an agent attempt (or its `run_parity`) sends back,
+    /// in MiB, checked as it arrives; a larger one is refused as the
+    /// attempt's outcome.
+    #[arg(long, default_value_t = 64, value_name = "MIB")]
+    pub max_attempt_pack_mib: u64,
+    /// Most bytes, in MiB, of the files an attempt's commit adds or changes
+    /// (what it unpacks to), checked before it is checked out.
+    #[arg(long, default_value_t = 128, value_name = "MIB")]
+    pub max_attempt_unpacked_mib: u64,
+    /// Most files an attempt's commit adds or changes.
+    #[arg(long, default_value_t = 5000, value_name = "N")]
+    pub max_attempt_files: u64,
+    /// Largest single file of an attempt's commit, in MiB.
+    #[arg(long, default_value_t = 32, value_name = "MIB")]
+    pub max_attempt_file_mib: u64,
 }
 
 #[derive(Debug, Args)]
@@ -653,6 +668,12 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
                 jail: agent_jail,
                 secrets: agent_secrets,
                 registry: Default::default(),
+                limits: fvd_workspace::attempt_caps::AttemptLimits {
+                    max_pack_bytes: args.max_attempt_pack_mib.saturating_mul(1024 * 1024),
+                    max_unpacked_bytes: args.max_attempt_unpacked_mib.saturating_mul(1024 * 1024),
+                    max_files: args.max_attempt_files,
+                    max_file_bytes: args.max_attempt_file_mib.saturating_mul(1024 * 1024),
+                },
             },
             ..Default::default()
         };

@@ -209,6 +209,9 @@ pub struct AgentOutcome {
     pub stdout: String,
     /// Why the worker could not commit or send the attempt.
     pub error: String,
+    /// Why the orchestrator refused the attempt's commit (its pack was over
+    /// `--max-attempt-pack-mib`): the agent's doing, the attempt's outcome.
+    pub refused: String,
 }
 
 /// How a worker compares a traced rerun's files: the two sides' globs in

@@ -444,6 +444,96 @@ fn an_agent_asks_its_question_through_fvd_mcp_and_gets_the_answer() {
     assert_eq!(rows[0][1], "ask_user", "{rows:?}");
 }
 
+/// The red team's pack bomb (issue #38): an agent that leaves 20,000 files
+/// of repetitive text, 195 MiB in all, which its worker commits into a pack
+/// of about a MiB.
+fn bomb_agent(path: &Path) {
+    let script = r#"#!/usr/bin/env python3
+import os
+os.makedirs("bomb", exist_ok=True)
+line = "all work and no play makes jack a dull boy\n"
+for i in range(20000):
+    with open(f"bomb/f{i:05}.txt", "w") as f:
+        f.write((f"file {i}\n" + line * 250)[:10240])
+"#;
+    std::fs::write(path, script).unwrap();
+}
+
+/// The orchestrator's peak resident memory (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in {status}"));
+    kb * 1024
+}
+
+#[test]
+fn a_pack_bomb_from_an_agent_on_a_worker_is_refused_with_its_numbers() {
+    let (sb, base, out) = port_with_agent("fleet", bomb_agent, "");
+    let peak = peak_rss(sb.orchestrator_pid());
+    let status = sb.remote_status("tinyport").unwrap();
+    let got = verdicts(&status);
+    let (_, state, _, reason) = &got[0];
+    let refusal = "the attempt's commit unpacks to 195.3 MiB in 20000 new or changed files (largest 10.0 KiB: ";
+    assert_eq!(state, "blocked", "{got:?}\n{}", out.1);
+    assert!(
+        reason.contains(refusal)
+            && reason.contains(
+                "over the limit of 128 MiB / 5000 files (--max-attempt-unpacked-mib, --max-attempt-files), after agent attempt 1"
+            ),
+        "{reason}\n{}",
+        out.1
+    );
+    // Recorded as the attempt's outcome, at its base.
+    let db = sb.dir.path().join("orchestrator.db");
+    let rows = crate::chaos::query(
+        &db,
+        "SELECT attempt, state, commit_sha, diff_stat, worker_id FROM agent_attempts",
+    );
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0][1], "recorded", "{rows:?}");
+    assert_eq!(rows[0][2], base, "{rows:?}");
+    assert!(
+        rows[0][3].as_str().unwrap_or_default().contains(refusal),
+        "{rows:?}"
+    );
+    assert_eq!(rows[0][4], "w1", "{rows:?}");
+    // Nothing of it was checked out or kept.
+    let branch = git(sb.repo(), &["rev-parse", "fvd/tinyport/timestep_embed"]);
+    assert_eq!(branch.trim(), base);
+    let worktree = sb.repo().join(".fvd/worktrees/tinyport/timestep_embed");
+    let bombs: Vec<_> = walk(&worktree)
+        .into_iter()
+        .filter(|p| p.components().any(|c| c.as_os_str() == "bomb"))
+        .collect();
+    assert!(bombs.is_empty(), "{bombs:?}");
+    eprintln!(
+        "pack bomb: refused; the orchestrator's peak RSS {:.1} MB",
+        peak as f64 / 1e6
+    );
+    assert!(
+        peak < 100_000_000,
+        "the orchestrator peaked at {:.1} MB",
+        peak as f64 / 1e6
+    );
+}
+
+/// Every path below `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
 /// The example port with `timestep_embed` alone, its agent the script
 /// `write` makes (run as `python3 -B SCRIPT ARGS`, `args` the rest of the
 /// argv's TOML), served with agents on `agents`, and one worker that

@@ -169,6 +169,9 @@ pub struct AgentPolicy {
     /// agent prints and leaves, with the values of the variables its spec
     /// passes.
     pub secrets: Redactor,
+    /// What an attempt's commit (and a `run_parity` snapshot) may bring
+    /// back: its pack, and the files it adds or changes.
+    pub limits: crate::attempt_caps::AttemptLimits,
 }
 
 impl AgentPolicy {

@@ -11,6 +11,7 @@
 //! branches no port needs any more (`fvd gc`).
 
 pub mod agent;
+pub mod attempt_caps;
 pub mod cleanup;
 pub mod commit;
 pub mod gc;

@@ -13,6 +13,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::attempt_caps;
+
 /// Commits carry this identity so they work on a machine without a git
 /// configuration (a bare CI runner).
 const IDENTITY: &[&str] = &["-c", "user.name=fvd", "-c", "user.email=fvd@localhost"];
@@ -41,6 +43,9 @@ pub enum WorktreeError {
     },
     #[error("component worktree: {0}")]
     Path(#[from] fvd_paths::PathError),
+    /// An attempt's commit refused or not taken in.
+    #[error(transparent)]
+    TakeIn(#[from] attempt_caps::TakeInError),
 }
 
 pub use fvd_store::model::Worktree;
@@ -209,7 +214,7 @@ pub async fn commit(worktree: &Path, message: &str) -> Result<Commit, WorktreeEr
 async fn described_head(worktree: &Path) -> Result<Commit, WorktreeError> {
     let sha = git(worktree, &["rev-parse", "HEAD"]).await?;
     let stat = git(worktree, &["show", "--stat", "--format=", "HEAD"]).await?;
-    let mut diff = git(worktree, &["show", "--format=", "--patch", "HEAD"]).await?;
+    let mut diff = patch_head(worktree).await?;
     if diff.len() > MAX_DIFF_BYTES {
         let mut cut = MAX_DIFF_BYTES;
         while !diff.is_char_boundary(cut) {
@@ -226,59 +231,65 @@ async fn described_head(worktree: &Path) -> Result<Commit, WorktreeError> {
 }
 
 /// Takes in an attempt's commit made elsewhere (on a worker, issue #32):
-/// its `pack` (thin against `base`) goes into the worktree's repository,
-/// the commit must descend from `base`, and the worktree and its branch
-/// move to it. The commit is then recorded as [`commit`] records one.
+/// its `pack` (thin against `base`) goes into the worktree's repository
+/// only if the commit descends from `base` and unpacks within `limits`
+/// ([`attempt_caps::take_in`]: checked from a quarantine, before anything
+/// is checked out), and the worktree and its branch move to it. The commit
+/// is then recorded as [`commit`] records one. A refused commit leaves the
+/// worktree where it was and its objects out of the repository.
 pub async fn adopt(
     worktree: &Path,
     base: &str,
     sha: &str,
     pack: &[u8],
+    limits: &attempt_caps::AttemptLimits,
 ) -> Result<Commit, WorktreeError> {
-    use tokio::io::AsyncWriteExt;
-    let failed = |args: &str, detail: String| WorktreeError::Git {
-        args: args.to_string(),
+    attempt_caps::take_in(worktree, base, sha, pack, limits).await?;
+    reset(worktree, sha).await?;
+    described_head(worktree).await
+}
+
+/// The patch of `worktree`'s HEAD, read no further than a byte past
+/// [`MAX_DIFF_BYTES`]: git is stopped there, so a commit of hundreds of
+/// MiB never comes into memory whole.
+async fn patch_head(worktree: &Path) -> Result<String, WorktreeError> {
+    use tokio::io::AsyncReadExt;
+    let args = ["show", "--format=", "--patch", "HEAD"];
+    let failed = |detail: String| WorktreeError::Git {
+        args: args.join(" "),
         dir: worktree.to_path_buf(),
         detail,
     };
-    if !pack.is_empty() {
-        let mut child = fvd_git::command(worktree)
-            .args(["index-pack", "--stdin", "--fix-thin"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| failed("index-pack", e.to_string()))?;
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        stdin
-            .write_all(pack)
-            .await
-            .map_err(|e| failed("index-pack", e.to_string()))?;
-        drop(stdin);
+    let mut child = fvd_git::command(worktree)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| failed(e.to_string()))?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut bytes = Vec::new();
+    stdout
+        .take(MAX_DIFF_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    if bytes.len() > MAX_DIFF_BYTES {
+        // The rest is not read: git is stopped (SIGPIPE or the kill).
+        let _ = child.kill().await;
+    } else {
         let out = child
             .wait_with_output()
             .await
-            .map_err(|e| failed("index-pack", e.to_string()))?;
+            .map_err(|e| failed(e.to_string()))?;
         if !out.status.success() {
             return Err(failed(
-                "index-pack",
                 String::from_utf8_lossy(&out.stderr).trim().to_string(),
             ));
         }
     }
-    let commit = format!("{sha}^{{commit}}");
-    git(worktree, &["rev-parse", "--verify", "--quiet", &commit]).await?;
-    git(worktree, &["merge-base", "--is-ancestor", base, sha])
-        .await
-        .map_err(|_| {
-            failed(
-                "merge-base --is-ancestor",
-                format!("the attempt's commit {sha} does not descend from its base {base}"),
-            )
-        })?;
-    reset(worktree, sha).await?;
-    described_head(worktree).await
+    let mut diff = String::from_utf8_lossy(&bytes).into_owned();
+    diff.truncate(diff.trim_end().len());
+    Ok(diff)
 }
 
 /// The commit `worktree` has checked out.
@@ -439,6 +450,224 @@ mod tests {
         assert!(
             err.to_string().contains("is not inside a git repository"),
             "{err}"
+        );
+    }
+
+    /// Commits `files` on top of `base` in `repo` without a work tree
+    /// (`git fast-import`): `files(i)` is the i-th file's path and text.
+    /// The commit's sha.
+    async fn import_commit(
+        repo: &Path,
+        base: &str,
+        n: usize,
+        files: impl Fn(usize) -> (String, Vec<u8>),
+    ) -> String {
+        use tokio::io::AsyncWriteExt;
+        let mut child = fvd_git::command(repo)
+            .args(["fast-import", "--quiet", "--force"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut w = tokio::io::BufWriter::new(child.stdin.take().unwrap());
+        let mut paths = Vec::new();
+        for i in 0..n {
+            let (path, text) = files(i);
+            w.write_all(format!("blob\nmark :{}\ndata {}\n", i + 1, text.len()).as_bytes())
+                .await
+                .unwrap();
+            w.write_all(&text).await.unwrap();
+            w.write_all(b"\n").await.unwrap();
+            paths.push(path);
+        }
+        let message = "an attempt";
+        w.write_all(
+            format!(
+                "commit refs/heads/attempt\ncommitter fvd <fvd@localhost> 1700000000 +0000\ndata {}\n{message}\nfrom {base}\n",
+                message.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        for (i, p) in paths.iter().enumerate() {
+            w.write_all(format!("M 100644 :{} {p}\n", i + 1).as_bytes())
+                .await
+                .unwrap();
+        }
+        w.write_all(b"\n").await.unwrap();
+        w.shutdown().await.unwrap();
+        drop(w);
+        assert!(child.wait().await.unwrap().success());
+        git(repo, &["rev-parse", "refs/heads/attempt"])
+            .await
+            .unwrap()
+    }
+
+    /// The objects of `sha` that a repository at `base` lacks: a thin pack,
+    /// as a worker sends an attempt.
+    async fn thin_pack(repo: &Path, base: &str, sha: &str) -> Vec<u8> {
+        fvd_git::run_with_input(
+            repo,
+            &["pack-objects", "--stdout", "--thin", "--revs", "--quiet"],
+            &[],
+            format!("{sha}\n^{base}\n").as_bytes(),
+        )
+        .await
+        .unwrap()
+    }
+
+    /// The red team's pack bomb (issue #38): 20,000 files of repetitive
+    /// text, 195 MiB in all, in a pack of about a MiB. Refused with its
+    /// numbers before anything is checked out: the worktree stays at its
+    /// base, the repository never holds its objects, no quarantine is left.
+    #[tokio::test]
+    async fn a_pack_bomb_is_refused_with_its_numbers_before_any_checkout() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        repo_with_commit(&repo).await;
+        let wt = ensure(&repo, "fam", "comp", None, None).await.unwrap();
+        let base = head(&wt.path).await.unwrap();
+        // The worker's side: a clone of its own, where the agent committed.
+        let worker = dir.path().join("worker");
+        git(
+            dir.path(),
+            &[
+                "clone",
+                "-q",
+                &repo.to_string_lossy(),
+                &worker.to_string_lossy(),
+            ],
+        )
+        .await
+        .unwrap();
+        const FILES: usize = 20_000;
+        const EACH: usize = 10 * 1024;
+        let line = b"all work and no play makes jack a dull boy\n";
+        let bomb = import_commit(&worker, &base, FILES, |i| {
+            let mut text = format!("file {i}\n").into_bytes();
+            while text.len() < EACH {
+                text.extend_from_slice(line);
+            }
+            text.truncate(EACH);
+            (format!("bomb/f{i:05}.txt"), text)
+        })
+        .await;
+        let pack = thin_pack(&worker, &base, &bomb).await;
+        assert!(
+            pack.len() < 4 << 20,
+            "the bomb packs to {} bytes",
+            pack.len()
+        );
+        let limits = attempt_caps::AttemptLimits::default();
+        let refused = adopt(&wt.path, &base, &bomb, &pack, &limits)
+            .await
+            .expect_err("the bomb is refused");
+        let WorktreeError::TakeIn(attempt_caps::TakeInError::OverLimit(why)) = &refused else {
+            panic!("refused for another cause: {refused}");
+        };
+        assert_eq!(
+            why,
+            &format!(
+                "the attempt's commit unpacks to {} in {FILES} new or changed files (largest 10.0 KiB: bomb/f00000.txt), over the limit of 128 MiB / 5000 files (--max-attempt-unpacked-mib, --max-attempt-files)",
+                attempt_caps::human((FILES * EACH) as u64)
+            )
+        );
+        assert!(why.contains("195.3 MiB in 20000"), "{why}");
+        assert_eq!(head(&wt.path).await.unwrap(), base);
+        assert!(!wt.path.join("bomb").exists());
+        assert!(
+            git(&wt.path, &["cat-file", "-e", &format!("{bomb}^{{commit}}")])
+                .await
+                .is_err(),
+            "the refused commit's objects stay out of the repository"
+        );
+        let objects = repo.join(".git").join("objects");
+        let left: Vec<_> = std::fs::read_dir(&objects)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("incoming-"))
+            .collect();
+        assert!(left.is_empty(), "a quarantine is left: {left:?}");
+
+        // An ordinary attempt of the same worker is taken in and checked out.
+        let fix = import_commit(&worker, &base, 2, |i| {
+            (format!("fix{i}.py"), format!("x = {i}\n").into_bytes())
+        })
+        .await;
+        let pack = thin_pack(&worker, &base, &fix).await;
+        let taken = adopt(&wt.path, &base, &fix, &pack, &limits).await.unwrap();
+        assert_eq!(taken.sha, fix);
+        assert_eq!(head(&wt.path).await.unwrap(), fix);
+        assert_eq!(
+            std::fs::read_to_string(wt.path.join("fix1.py")).unwrap(),
+            "x = 1\n"
+        );
+        assert!(taken.diff.contains("+x = 0"), "{}", taken.diff);
+    }
+
+    /// Each limit on its own: the largest file, and a commit that only
+    /// changes files of its base counts what it changes.
+    #[tokio::test]
+    async fn one_file_over_its_limit_is_refused_and_changes_count_against_the_base() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        repo_with_commit(&repo).await;
+        let wt = ensure(&repo, "fam", "comp", None, None).await.unwrap();
+        let base = head(&wt.path).await.unwrap();
+        let worker = dir.path().join("worker");
+        git(
+            dir.path(),
+            &[
+                "clone",
+                "-q",
+                &repo.to_string_lossy(),
+                &worker.to_string_lossy(),
+            ],
+        )
+        .await
+        .unwrap();
+        let limits = attempt_caps::AttemptLimits {
+            max_file_bytes: 1000,
+            ..Default::default()
+        };
+        let big = import_commit(&worker, &base, 1, |_| ("w.bin".into(), vec![b'0'; 1001])).await;
+        let pack = thin_pack(&worker, &base, &big).await;
+        let refused = adopt(&wt.path, &base, &big, &pack, &limits)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "the attempt's commit unpacks to 1001 B in 1 new or changed files (largest 1001 B: w.bin), over the limit of 1000 B a file (--max-attempt-file-mib)"
+        );
+        assert_eq!(head(&wt.path).await.unwrap(), base);
+        // `a.txt` is the base's, unchanged: only `b.txt` counts.
+        let one = import_commit(&worker, &base, 2, |i| {
+            if i == 0 {
+                ("a.txt".into(), b"one\n".to_vec())
+            } else {
+                ("b.txt".into(), b"two\n".to_vec())
+            }
+        })
+        .await;
+        let limits = attempt_caps::AttemptLimits {
+            max_files: 1,
+            ..Default::default()
+        };
+        let pack = thin_pack(&worker, &base, &one).await;
+        let unpacked = attempt_caps::take_in(&wt.path, &base, &one, &pack, &limits)
+            .await
+            .unwrap();
+        assert_eq!(
+            unpacked,
+            attempt_caps::Unpacked {
+                bytes: 4,
+                files: 1,
+                largest: 4,
+                largest_path: "b.txt".into()
+            }
         );
     }
 }
