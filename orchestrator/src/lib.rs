@@ -323,6 +323,7 @@ pub async fn start(
         credentials: credentials.clone(),
         secrets: Arc::new(worker_api::own_secrets(&config)),
         fleet: config.agents.registry.clone(),
+        registered: Default::default(),
         attempt_limits: config.agents.limits,
     };
     let ports = port_api::PortApi {

@@ -52,10 +52,49 @@ pub struct WorkerApi {
     /// The row-less jobs workers run for agents (attempts, their tools'
     /// runs): their code and tunnels are served by what is registered here.
     pub fleet: fvd_workspace::agent::FleetAttempts,
+    /// The credential each connected worker registered under: a `Tunnel`
+    /// is opened only by the credential of the worker holding the lease.
+    pub registered: RegisteredWorkers,
     /// Most bytes of one agent attempt's pack the edge keeps
     /// (`max_pack_bytes`): past it the pieces are dropped as they come and
     /// the attempt comes back refused, with no commit.
     pub attempt_limits: fvd_workspace::attempt_caps::AttemptLimits,
+}
+
+/// The credential each worker's live `Connect` stream was opened with, by
+/// worker id: a worker is who its credential registered, not what a frame
+/// says it is.
+#[derive(Debug, Clone, Default)]
+pub struct RegisteredWorkers(Arc<std::sync::Mutex<ByWorker>>);
+
+/// Worker id to (stream, credential).
+type ByWorker = std::collections::HashMap<String, (u64, fvd_proto::auth::Principal)>;
+
+impl RegisteredWorkers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ByWorker> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `worker_id` registered on stream `conn` with `who`'s credential.
+    fn registered(&self, worker_id: &str, conn: u64, who: &fvd_proto::auth::Principal) {
+        self.lock()
+            .insert(worker_id.to_string(), (conn, who.clone()));
+    }
+
+    /// Stream `conn` of `worker_id` ended (a newer stream's entry stays).
+    fn ended(&self, worker_id: &str, conn: u64) {
+        let mut map = self.lock();
+        if map.get(worker_id).is_some_and(|(c, _)| *c == conn) {
+            map.remove(worker_id);
+        }
+    }
+
+    /// Whether `worker_id` is connected under `who`'s credential.
+    fn is(&self, worker_id: &str, who: &fvd_proto::auth::Principal) -> bool {
+        self.lock().get(worker_id).is_some_and(|(_, p)| p == who)
+    }
 }
 
 /// How the orchestrator's token is named where it is redacted (the same
@@ -90,26 +129,42 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
 
     /// One connection of an agent on a worker to its attempt's model proxy
     /// here: bytes both ways, nothing read or kept. Only the worker that
-    /// holds the attempt's lease is connected, and only while it runs.
+    /// holds the attempt's lease is connected, and only while it runs: the
+    /// call's credential must be the one that worker registered with (the
+    /// worker id a frame names is not trusted, only checked to agree).
     async fn tunnel(
         &self,
         request: Request<Streaming<pb::TunnelFrame>>,
     ) -> Result<Response<TunnelOut>, Status> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let who = request
+            .extensions()
+            .get::<fvd_proto::auth::Principal>()
+            .cloned()
+            .ok_or_else(|| Status::unauthenticated("no credential was checked for this call"))?;
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("the tunnel ended before its first frame"))?;
+        let refused = || {
+            Status::permission_denied(format!(
+                "job {} is no running agent attempt leased to a worker of credential {}",
+                first.job_id,
+                who.describe()
+            ))
+        };
+        let leased_to = self.fleet.worker_of(&first.job_id).ok_or_else(refused)?;
+        if !self.registered.is(&leased_to, &who)
+            || (!first.worker_id.is_empty() && first.worker_id != leased_to)
+        {
+            tracing::warn!(job = %first.job_id, worker = %leased_to, caller = %who.describe(), "refused a tunnel to another worker's agent attempt");
+            return Err(refused());
+        }
         let attempt = self
             .fleet
-            .held_by(&first.job_id, &first.worker_id)
-            .ok_or_else(|| {
-                Status::permission_denied(format!(
-                    "job {} is no running agent attempt of worker {}",
-                    first.job_id, first.worker_id
-                ))
-            })?;
+            .held_by(&first.job_id, &leased_to)
+            .ok_or_else(refused)?;
         let (target, what) = match first.target.as_str() {
             "" | "model" => (attempt.proxy, "model proxy"),
             "tools" => (attempt.tools, "tools"),
@@ -226,7 +281,9 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             )
             .await;
         match answer {
-            Ok(ractor::rpc::CallResult::Success(Ok(()))) => {}
+            Ok(ractor::rpc::CallResult::Success(Ok(()))) => {
+                self.registered.registered(&worker_id, conn, &who);
+            }
             Ok(ractor::rpc::CallResult::Success(Err(why))) => {
                 tracing::warn!(worker = %worker_id, %why, "refused a registration");
                 return Err(Status::already_exists(why));
@@ -247,6 +304,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         let (store, max_code_bytes) = (self.store.clone(), self.max_code_bytes);
         let secrets = self.secrets.clone();
         let fleet = self.fleet.clone();
+        let registered = self.registered.clone();
         let limits = self.attempt_limits;
         fvd_telemetry::spawn(async move {
             // Agent attempts' packs, by (job, epoch), until their result.
@@ -348,6 +406,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
                     }
                 }
             }
+            registered.ended(&worker_id, conn);
             let _ = scheduler.cast(SchedulerMsg::WorkerDisconnected { worker_id, conn });
         });
 

@@ -204,6 +204,16 @@ pub enum CredentialsError {
     },
     #[error("{path} has no credential named {name}")]
     UnknownName { path: PathBuf, name: String },
+    /// The file and the single token would share a name or a token, so
+    /// the audit trail could not tell them apart (issue #38).
+    #[error(
+        "{path}: {what} ({single}), and the audit trail could not tell them apart: revoke that credential (fvd auth revoke) or drop the single token"
+    )]
+    Clash {
+        path: PathBuf,
+        what: &'static str,
+        single: String,
+    },
     #[error(transparent)]
     Token(#[from] crate::auth::AuthError),
 }
@@ -674,6 +684,23 @@ fn read_all(
     };
     if let Some(source) = single {
         let t = Token::load(source)?;
+        let hash = KeyHash::of(t.value());
+        let clash = |what| CredentialsError::Clash {
+            path: file.map(Path::to_path_buf).unwrap_or_default(),
+            what,
+            single: match source {
+                TokenSource::File(p) => format!("--token-file {}", p.display()),
+                TokenSource::Env(name) => format!("--token-env {name}"),
+            },
+        };
+        if table.iter().any(|e| e.name == SINGLE_TOKEN_NAME) {
+            return Err(clash(
+                "a credential is named `admin`, the name of the single token",
+            ));
+        }
+        if table.iter().any(|e| e.hash == hash) {
+            return Err(clash("a credential has the single token's own token"));
+        }
         table.push(Entry {
             name: SINGLE_TOKEN_NAME.into(),
             role: Role::Admin,
@@ -833,6 +860,37 @@ mod tests {
         assert_eq!(only.len(), 1);
         let open = Credentials::open();
         assert_eq!(open.resolve("anything").unwrap(), Principal::anonymous());
+    }
+
+    /// Issue #38: a porter named `admin` in the file would own every port
+    /// of the single token's admin, and the audit trail could not tell
+    /// them apart; the same token in both would be two names for one key.
+    #[test]
+    fn the_file_and_the_single_token_share_no_name_and_no_token() {
+        let (_d, path, tokens) = file_with(&[("admin", Role::Porter), ("bob", Role::Viewer)]);
+        let single_dir = tempfile::tempdir().unwrap();
+        let single = single_dir.path().join("token");
+        std::fs::write(&single, "a-different-token-of-at-least-some-length\n").unwrap();
+        let e = Credentials::load(Some(&path), Some(&TokenSource::File(single.clone())))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("named `admin`") && e.contains(&path.display().to_string()),
+            "{e}"
+        );
+        assert!(e.contains("--token-file"), "{e}");
+        // Without the clash of names, the same token is refused too.
+        let (_d2, path2, tokens2) = file_with(&[("bob", Role::Viewer)]);
+        std::fs::write(&single, format!("{}\n", tokens2[0].value())).unwrap();
+        let e = Credentials::load(Some(&path2), Some(&TokenSource::File(single.clone())))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the single token's own token"), "{e}");
+        // Apart, each loads.
+        assert!(Credentials::load(Some(&path), None).is_ok());
+        std::fs::write(&single, "a-different-token-of-at-least-some-length\n").unwrap();
+        assert!(Credentials::load(Some(&path2), Some(&TokenSource::File(single))).is_ok());
+        drop(tokens);
     }
 
     #[test]
