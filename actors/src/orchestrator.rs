@@ -444,6 +444,9 @@ async fn submit(
                 .map_err(internal)?;
         }
     }
+    if known.is_none() && !st.args.checkout_owns_store {
+        check_checkout_owner(st, &sub).await?;
+    }
     let action = if sub.rerun {
         Action::Rerun
     } else {
@@ -997,6 +1000,53 @@ async fn owner_of(st: &OrchestratorState, family: &str) -> Result<String, PortEr
         .map_err(|e| PortError::Internal(e.to_string()))?
         .map(|o| o.owner)
         .unwrap_or_default())
+}
+
+/// Refuses a new port in a checkout that holds another person's port
+/// (issue #38): opening one makes branches and worktrees there, writes its
+/// `PORT_STATUS.md` and runs the submitter's tests and agents in it. Only
+/// the owner of the checkout's ports, or an admin, may.
+async fn check_checkout_owner(st: &OrchestratorState, sub: &Submission) -> Result<(), PortError> {
+    if sub.caller.admin {
+        return Ok(());
+    }
+    let internal = |e: fvd_store::StoreError| PortError::Internal(e.to_string());
+    for port in st.args.store.ports().await.map_err(internal)? {
+        if port.repo != sub.repo {
+            continue;
+        }
+        let owner = st
+            .args
+            .store
+            .port_origin(&port.family)
+            .await
+            .map_err(internal)?
+            .map(|o| o.owner)
+            .unwrap_or_default();
+        if !sub.caller.may_change(&owner) {
+            let whose = if owner.is_empty() {
+                "submitted without a credential".to_string()
+            } else {
+                format!("{owner}'s")
+            };
+            return Err(PortError::NotYours {
+                family: sub.family.clone(),
+                caller: sub.caller.describe(),
+                what: "open",
+                why: format!(
+                    "its checkout {} holds port {} ({whose}); only {} may open a port there",
+                    sub.repo,
+                    port.family,
+                    if owner.is_empty() {
+                        "an admin".to_string()
+                    } else {
+                        format!("{owner} or an admin")
+                    },
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Refuses `caller` doing `what` to a port owned by `owner`, unless it is

@@ -151,6 +151,27 @@ fn roles_are_enforced_per_call_and_an_answer_records_who_gave_it() {
     let status = status_json(&sb, "tinyport");
     assert_eq!(status["state"], "ask_user", "nothing changed: {status}");
     assert_eq!(status["escapes"][0]["status"], "open", "{status}");
+    // Nor may another porter open a new port in porter's checkout (its
+    // branches, worktrees, status file, and its tests run there), issue #38.
+    write_port(sb.repo(), "intruder", &[TestComponent::new("x", "pass")]);
+    refused(
+        as_who(
+            &sb,
+            "other",
+            &["submit", "--family", "intruder", "--repo", &repo],
+        ),
+        &auth,
+        &format!(
+            "other (porter) may not open port intruder: its checkout {repo} holds port tinyport (porter's); only porter or an admin may open a port there"
+        ),
+    );
+    let (code, out) = as_who(&sb, "viewer", &["status", "intruder", "--json"]);
+    assert_ne!(code, Some(0), "no port was opened: {out}");
+    assert!(
+        !sb.repo()
+            .join("tests/local_tests/intruder/PORT_STATUS.md")
+            .exists()
+    );
 
     // Its owner answers; the port resumes and passes.
     let mut answer_wait = answer.to_vec();
