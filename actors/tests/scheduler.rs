@@ -236,14 +236,19 @@ impl Harness {
         ids
     }
 
+    /// The bound of one `Counts` call: generous, since a loaded 2-core
+    /// machine (CI beside other builds) once took over 5 s to answer the
+    /// large fleet's round; a scheduler that never answers still fails.
+    const COUNTS_MS: u64 = 30_000;
+
     /// Waits (bounded) for the scheduler to have processed every message
     /// sent so far and the dispatch round they caused: the first `Counts`
     /// is answered after the messages, the second after the `Dispatch` the
     /// scheduler queued for itself behind them. Leases that round decided
     /// may still be on their way to the database.
     async fn dispatched(&self) -> (usize, usize, usize) {
-        ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap();
-        ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap()
+        ractor::call_t!(self.sched, SchedulerMsg::Counts, Self::COUNTS_MS).unwrap();
+        ractor::call_t!(self.sched, SchedulerMsg::Counts, Self::COUNTS_MS).unwrap()
     }
 
     /// [`Harness::dispatched`], and then the leases decided so far are
@@ -251,7 +256,7 @@ impl Harness {
     async fn settle(&self) -> (usize, usize, usize) {
         self.dispatched().await;
         ractor::call_t!(self.sched, SchedulerMsg::Settle, 5000).unwrap();
-        ractor::call_t!(self.sched, SchedulerMsg::Counts, 5000).unwrap()
+        ractor::call_t!(self.sched, SchedulerMsg::Counts, Self::COUNTS_MS).unwrap()
     }
 
     fn finished(&self, worker: &str, job_id: &str, epoch: u64) {
