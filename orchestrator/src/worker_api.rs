@@ -413,6 +413,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
         Ok(Response::new(Box::pin(Outbound {
             edge: Some(out_rx),
             scheduler: Some(from_scheduler),
+            ended: false,
         })))
     }
 }
@@ -420,10 +421,17 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
 /// What goes to one worker: the edge's own messages (`Registered` first,
 /// code chunks), then the scheduler's, which become wire messages as the
 /// stream is read. No task stands between the scheduler and the stream.
-/// It ends once both senders are gone.
+///
+/// It ends, with `UNAVAILABLE`, as soon as the scheduler lets go of the
+/// worker (it missed its heartbeats, say, because the link or this process
+/// stalled): the worker then connects and registers again. Ending only
+/// once the edge's sender is gone too left such a worker a silent zombie:
+/// its heartbeats went on arriving on a stream no registration knew, and
+/// the jobs it was to run again waited for a worker forever (issue #38).
 struct Outbound {
     edge: Option<mpsc::Receiver<Box<pb::OrchestratorMsg>>>,
     scheduler: Option<mpsc::Receiver<ToWorker>>,
+    ended: bool,
 }
 
 impl Stream for Outbound {
@@ -435,6 +443,9 @@ impl Stream for Outbound {
     ) -> std::task::Poll<Option<Self::Item>> {
         use std::task::Poll;
         let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
         if let Some(edge) = &mut this.edge {
             match edge.poll_recv(cx) {
                 Poll::Ready(Some(m)) => return Poll::Ready(Some(Ok(*m))),
@@ -445,7 +456,12 @@ impl Stream for Outbound {
         if let Some(scheduler) = &mut this.scheduler {
             match scheduler.poll_recv(cx) {
                 Poll::Ready(Some(m)) => return Poll::Ready(Some(Ok(to_wire(m)))),
-                Poll::Ready(None) => this.scheduler = None,
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    return Poll::Ready(Some(Err(Status::unavailable(
+                        "the orchestrator no longer holds this worker's registration (missed heartbeats, or it stops): connect again",
+                    ))));
+                }
                 Poll::Pending => {}
             }
         }

@@ -442,3 +442,63 @@ fn a_kill_9_mid_epoch_block_numbers_leases_above_the_block_and_accepts_no_stale_
         "{log}"
     );
 }
+
+/// Issue #38: a worker whose link stalls past the lease TTL (no reset,
+/// just silence) is lost to the scheduler, and its job goes back to the
+/// queue. Once the link heals, the worker must register again and run it;
+/// before, the orchestrator kept the stalled stream open, the worker's
+/// heartbeats went on arriving on a stream no registration knew, and the
+/// job waited for a worker forever.
+#[test]
+fn a_worker_lost_to_a_stalled_link_registers_again_and_runs_its_job() {
+    let mut sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    sb.port(
+        "stall",
+        &[TestComponent::new(
+            "only",
+            &crate::port::blocks_until(&release),
+        )],
+    );
+    let url = sb.serve_with(&["--lease-ttl", "1.5"]);
+    let proxy = crate::support::Proxy::start(url.trim_start_matches("http://"));
+    let w1 = sb.worker_at(&proxy.url(), "w1", 1, &[]);
+    sb.spawn_worker("w1", w1);
+    let submit = sb.submit_remote("stall", &[]);
+    assert!(submit.status.success(), "{submit:?}");
+    wait_for("the job running on w1", Duration::from_secs(60), || {
+        let rows = components(&sb.remote_status("stall")?);
+        (rows[0].1 == "running" && rows[0].3 == "w1").then_some(())
+    });
+    // Silence both ways until the orchestrator gives w1 up.
+    proxy.pause(true);
+    wait_for("w1 to be lost", Duration::from_secs(60), || {
+        sb.logs()
+            .contains("worker missed its heartbeats; its leases expire")
+            .then_some(())
+    });
+    std::fs::write(&release, "go").unwrap();
+    proxy.pause(false);
+    // w1 comes back on a new stream and the job gets its verdict.
+    let status = wait_for(
+        "the verdict after w1 is back",
+        Duration::from_secs(90),
+        || {
+            let s = sb.remote_status("stall")?;
+            (s["state"] != "running").then_some(s)
+        },
+    );
+    let rows = components(&status);
+    assert_eq!(
+        (rows[0].1.as_str(), rows[0].3.as_str()),
+        ("non_skip_pass", "w1"),
+        "{status}\n{}",
+        sb.logs()
+    );
+    let registered = sb.logs().matches("worker registered worker=w1").count();
+    assert!(
+        registered >= 2,
+        "w1 registered {registered} times:\n{}",
+        sb.logs()
+    );
+}
