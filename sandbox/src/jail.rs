@@ -112,8 +112,9 @@ pub struct Plan {
     /// directories a job runs in, so that nothing a job writes there can
     /// change what fvd's own git does outside the jail). With a namespace
     /// each is a read-only bind mount of itself; with Landlock (folders
-    /// only), writes are allowed only below the paths that contain none of
-    /// them (see [`Jail::warnings`]).
+    /// only, none below `/tmp` and the like: `launch::landlock_read_only`),
+    /// writes are allowed only below the paths that contain none of them
+    /// (see [`Jail::warnings`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only: Vec<PathBuf>,
 }
@@ -300,11 +301,18 @@ impl Jail {
             }
         }
         let mut out = Vec::new();
+        let busy = crate::launch::busy_folders();
         for r in &a.plan.read_only {
             if !r.is_dir() {
                 out.push(format!(
                     "{} stays writable to jobs: Landlock leaves only folders read-only",
                     r.display()
+                ));
+            } else if let Some(b) = busy.iter().find(|b| r.starts_with(b) && r != *b) {
+                out.push(format!(
+                    "{} stays writable to jobs: with Landlock a folder below {} cannot be read-only without refusing every new file there; give the workspace a folder of its own",
+                    r.display(),
+                    b.display()
                 ));
             } else if let Some(parent) = r.parent() {
                 out.push(format!(

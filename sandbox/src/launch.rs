@@ -284,8 +284,9 @@ fn landlock(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<(), String> {
     // entries (truncate, ABI 3, is left to the kernels that have it: a
     // read-only path's files cannot be opened for writing anyway).
     let write = AccessFs::from_write(ABI::V1);
+    let read_only = landlock_read_only(read_only, &busy_folders());
     let mut handled = AccessFs::ReadFile | AccessFs::Refer;
-    if read_only.iter().any(|p| p.is_dir()) {
+    if !read_only.is_empty() {
         handled |= write;
     }
     let mut rs = Ruleset::default()
@@ -307,10 +308,6 @@ fn landlock(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<(), String> {
             .add_rule(PathBeneath::new(fd, AccessFs::ReadFile))
             .map_err(|x| e("rule", x))?;
     }
-    // Folders only: a read-only file would leave its whole folder without
-    // a way to create an entry (Landlock cannot deny below an allowed
-    // path), and a checkout's top folder must stay writable.
-    let read_only: Vec<PathBuf> = read_only.iter().filter(|p| p.is_dir()).cloned().collect();
     if !read_only.is_empty() {
         let mut writable = Vec::new();
         complement(Path::new("/"), &read_only, &mut writable);
@@ -332,6 +329,36 @@ fn landlock(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<(), String> {
         return Err("this kernel does not enforce Landlock".into());
     }
     Ok(())
+}
+
+/// Where jobs create files directly (`tempfile` in `/tmp`, say): a
+/// Landlock rule set cannot leave a folder below one of these read-only
+/// without refusing every new entry in it.
+pub fn busy_folders() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = ["/tmp", "/var/tmp", "/dev/shm"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    if let Some(t) = std::env::var_os("TMPDIR") {
+        v.push(PathBuf::from(t));
+    }
+    v.into_iter()
+        .map(|p| p.canonicalize().unwrap_or(p))
+        .collect()
+}
+
+/// The read-only paths Landlock can protect: folders (a read-only file
+/// would leave its whole folder without a way to create an entry, and a
+/// checkout's top folder must stay writable), and none below a busy
+/// folder (a job could then create no file directly in `/tmp`). The others
+/// stay writable under Landlock ([`crate::Jail::warnings`] says so).
+pub fn landlock_read_only(read_only: &[PathBuf], busy: &[PathBuf]) -> Vec<PathBuf> {
+    read_only
+        .iter()
+        .filter(|p| p.is_dir())
+        .filter(|p| !busy.iter().any(|b| p.starts_with(b) && *p != b))
+        .cloned()
+        .collect()
 }
 
 /// The largest paths below `dir` that contain no hidden path: every entry
@@ -362,6 +389,26 @@ pub fn complement(dir: &Path, hidden: &[PathBuf], out: &mut Vec<PathBuf>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn landlock_protects_folders_outside_the_busy_ones_only() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        for f in ["scratch/code/repo.git", "tmp/ws/code/repo.git"] {
+            std::fs::create_dir_all(root.join(f)).unwrap();
+        }
+        std::fs::write(root.join("scratch/code/.git"), "gitdir: x\n").unwrap();
+        let busy = vec![root.join("tmp")];
+        let ro = vec![
+            root.join("scratch/code/repo.git"),
+            root.join("scratch/code/.git"),
+            root.join("tmp/ws/code/repo.git"),
+        ];
+        assert_eq!(
+            landlock_read_only(&ro, &busy),
+            vec![root.join("scratch/code/repo.git")]
+        );
+    }
 
     #[test]
     fn the_complement_leaves_out_exactly_the_hidden_paths() {

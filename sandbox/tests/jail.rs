@@ -378,8 +378,20 @@ fn a_read_only_path_reads_and_takes_no_write() {
         }
         for m in [Mechanism::Namespace, Mechanism::Landlock] {
             let s = Setup::new(who);
-            let root = s.dir.path();
-            let work = root.join("work");
+            // Outside /tmp: Landlock leaves nothing below a folder where
+            // jobs create files read-only (`launch::landlock_read_only`).
+            let outside = tempfile::Builder::new()
+                .prefix("fvd-jail-test")
+                .tempdir_in("/run")
+                .or_else(|_| tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")))
+                .unwrap();
+            std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+            let work = outside.path().join("work");
+            std::fs::create_dir_all(&work).unwrap();
+            if who == Who::Nobody {
+                std::os::unix::fs::chown(&work, Some(NOBODY), Some(NOBODY)).unwrap();
+            }
             let git = work.join("repo.git");
             std::fs::create_dir_all(git.join("hooks")).unwrap();
             std::fs::write(git.join("config"), "[core]\n").unwrap();
