@@ -114,7 +114,7 @@ pub struct Plan {
     /// each is a read-only bind mount of itself; with Landlock (folders
     /// only, none below `/tmp` and the like: `launch::landlock_read_only`),
     /// writes are allowed only below the paths that contain none of them
-    /// (see [`Jail::warnings`]).
+    /// ([`Jail::warnings`] of a jail with such paths says what that costs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only: Vec<PathBuf>,
 }
