@@ -1722,8 +1722,12 @@ async fn run_agent(
     // fvd's tools for the agent (`fvd mcp`), for as long as it runs.
     let tools = start_tools(st, attempt, &head_before, &span).await;
     let mcp = tools.as_ref().map(|t| tools_mcp(st, t, &head_before));
-    if let Some(m) = &mcp {
+    if let (Some(m), Some(t)) = (&mcp, &tools) {
         extra.extend(m.env.iter().cloned());
+        // The token only in the agent's environment, never in a file or an
+        // argument a job could read: `fvd mcp` takes it from there
+        // (issue #38).
+        extra.push(("FVD_TOOLS_TOKEN".into(), t.token.clone()));
     }
     let tools_addr = tools.as_ref().map(|t| t.addr);
     let Some(model) = &a.model else {
@@ -2097,8 +2101,9 @@ async fn start_tools(
 }
 
 /// How the agent's CLI starts `fvd mcp` for this attempt: the variables
-/// that scope it (the tools' address, their token, the attempt's base),
-/// with the address and the program left for a worker to fill in.
+/// that scope it (the tools' address, the attempt's base; not the token,
+/// which `fvd mcp` finds in the agent's environment), with the address and
+/// the program left for a worker to fill in.
 fn tools_mcp(
     st: &ComponentState,
     tools: &crate::attempt_tools::ToolsServer,
@@ -2121,7 +2126,6 @@ fn tools_mcp(
         program: program.clone(),
         env: vec![
             ("FVD_TOOLS_ADDR".into(), addr),
-            ("FVD_TOOLS_TOKEN".into(), tools.token.clone()),
             ("FVD_ATTEMPT_BASE".into(), head_before.to_string()),
             ("FVD_BIN".into(), program),
         ],

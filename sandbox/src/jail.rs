@@ -117,6 +117,20 @@ pub struct Plan {
     /// ([`Jail::warnings`] of a jail with such paths says what that costs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only: Vec<PathBuf>,
+    /// A namespace jail that also puts the job in a Landlock domain of its
+    /// own (issue #38): no job can then read another job's or agent's
+    /// `/proc/PID/environ`, `mem` or `fd`, or trace it, though they share a
+    /// uid (Landlock lets a domain reach only its own and nested domains).
+    /// A Landlock jail always is one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub scoped: bool,
+}
+
+impl Plan {
+    /// Whether a job of this plan is kept from the other jobs' processes.
+    pub fn isolates_processes(&self) -> bool {
+        self.scoped || self.mechanism == Mechanism::Landlock
+    }
 }
 
 /// A jail, or none (`Jail::default()`, [`Jail::off`]). Cheap to clone.
@@ -165,17 +179,33 @@ impl Jail {
                 hide.push(real);
             }
         }
-        let tries: &[Mechanism] = match mode {
+        // A namespace with its own Landlock domain first; without one on a
+        // kernel that has no Landlock (the jobs then share a trust domain,
+        // and `describe` says so).
+        let tries: &[(Mechanism, bool)] = match mode {
             Mode::Off => return Ok(Self::off()),
-            Mode::Auto => &[Mechanism::Namespace, Mechanism::Landlock],
-            Mode::Namespace => &[Mechanism::Namespace],
-            Mode::Landlock => &[Mechanism::Landlock],
+            Mode::Auto => &[
+                (Mechanism::Namespace, true),
+                (Mechanism::Namespace, false),
+                (Mechanism::Landlock, false),
+            ],
+            Mode::Namespace => &[(Mechanism::Namespace, true), (Mechanism::Namespace, false)],
+            Mode::Landlock => &[(Mechanism::Landlock, false)],
         };
         let mut why = Vec::new();
-        for &mechanism in tries {
-            let jail = Self::unprobed(launcher, mechanism, hide.clone());
+        for &(mechanism, scoped) in tries {
+            let jail = Self::planned(
+                launcher,
+                Plan {
+                    mechanism,
+                    hide: hide.clone(),
+                    read_only: Vec::new(),
+                    scoped,
+                },
+            );
             match jail.probe()? {
                 Ok(()) => return Ok(jail),
+                Err(e) if scoped => why.push(format!("{mechanism} with a Landlock domain: {e}")),
                 Err(e) => why.push(format!("{mechanism}: {e}")),
             }
         }
@@ -185,7 +215,8 @@ impl Jail {
     }
 
     /// A jail of `mechanism` without asking whether this host allows it
-    /// (tests; [`Jail::start`] probes).
+    /// (tests; [`Jail::start`] probes); a namespace one has its Landlock
+    /// domain.
     pub fn unprobed(launcher: &Path, mechanism: Mechanism, hide: Vec<PathBuf>) -> Self {
         Self::planned(
             launcher,
@@ -193,8 +224,18 @@ impl Jail {
                 mechanism,
                 hide,
                 read_only: Vec::new(),
+                scoped: mechanism == Mechanism::Namespace,
             },
         )
+    }
+
+    /// Whether each job of this jail is kept from the others' processes
+    /// (their environments, memory and open files): false when off, and
+    /// for a namespace jail on a kernel without Landlock.
+    pub fn isolates_processes(&self) -> bool {
+        self.armed
+            .as_ref()
+            .is_some_and(|a| a.plan.isolates_processes())
     }
 
     fn planned(launcher: &Path, plan: Plan) -> Self {
@@ -275,6 +316,11 @@ impl Jail {
                 if !a.plan.read_only.is_empty() {
                     line.push_str(&format!("; read-only: {}", list(&a.plan.read_only)));
                 }
+                line.push_str(if a.plan.isolates_processes() {
+                    "; each job in a Landlock domain of its own, kept from the others' /proc"
+                } else {
+                    "; no Landlock on this kernel: jobs of one user can read each other's /proc/PID/environ"
+                });
                 line.push(')');
                 line
             }

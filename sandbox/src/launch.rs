@@ -123,6 +123,9 @@ pub fn apply(plan: &Plan) -> Result<(), String> {
             namespace(&hidden, &read_only)?;
             drop_capabilities()?;
             nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+            if plan.scoped {
+                own_domain()?;
+            }
         }
         Mechanism::Landlock => {
             drop_capabilities()?;
@@ -267,6 +270,30 @@ fn drop_capabilities() -> Result<(), String> {
     let left: HashSet<Capability> = permitted.intersection(&keep).copied().collect();
     caps::set(None, CapSet::Effective, &left).map_err(|e| err("effective set", e))?;
     caps::set(None, CapSet::Permitted, &left).map_err(|e| err("permitted set", e))?;
+    Ok(())
+}
+
+/// Puts this process in a Landlock domain of its own that restricts
+/// nothing a job does (it handles only making block devices, which no job
+/// may do anyway): what it brings is Landlock's scoping. A process in a
+/// domain can read the `/proc/PID/environ`, `mem`, `fd`… of, trace, and
+/// `pidfd_getfd` from only processes of its own domain or one nested in
+/// it, whatever their uid, so a job cannot read an agent's or another
+/// job's tokens (issue #38). A Landlock jail gets the same from its own
+/// domain.
+fn own_domain() -> Result<(), String> {
+    use landlock::{AccessFs, Ruleset, RulesetAttr, RulesetStatus};
+    let e = |what: &str, e: landlock::RulesetError| format!("landlock {what}: {e}");
+    let status = Ruleset::default()
+        .handle_access(AccessFs::MakeBlock)
+        .map_err(|x| e("ruleset", x))?
+        .create()
+        .map_err(|x| e("ruleset", x))?
+        .restrict_self()
+        .map_err(|x| e("restrict", x))?;
+    if status.ruleset == RulesetStatus::NotEnforced {
+        return Err("this kernel does not enforce Landlock".into());
+    }
     Ok(())
 }
 

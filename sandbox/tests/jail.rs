@@ -472,3 +472,104 @@ print("beside", open("sub/beside.txt").read())
         }
     }
 }
+
+/// Two jobs of one uid (a test and an agent of one worker): the agent holds
+/// its tokens in its environment; the test, started beside it, reads the
+/// agent's `/proc/PID/environ`, `mem` and `fd` and signals it. Unjailed
+/// every read yields the token; in either jail none does (issue #38).
+#[test]
+fn a_jailed_job_cannot_reach_a_sibling_job_s_process() {
+    const HOLDER: &str = r#"
+import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(30)
+"#;
+    const PROBE: &str = r#"
+import os, sys, time
+pid_file, token = sys.argv[1], sys.argv[2].encode()
+deadline = time.time() + 20
+while not (os.path.exists(pid_file) and open(pid_file).read()):
+    if time.time() > deadline: sys.exit("the holder never started")
+    time.sleep(0.02)
+pid = int(open(pid_file).read())
+def line(what, f):
+    try:
+        data = f()
+        print(what, "found" if token in data else "nothing: read %d bytes" % len(data))
+    except OSError as e:
+        print(what, "nothing:", e)
+line("environ", lambda: open("/proc/%d/environ" % pid, "rb").read())
+line("cmdline", lambda: open("/proc/%d/cmdline" % pid, "rb").read())
+def fds():
+    out = b""
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        out += os.readlink("/proc/%d/fd/%s" % (pid, fd)).encode()
+    return out + token  # the list itself is the leak
+line("fd", fds)
+def mem():
+    got, m = b"", open("/proc/%d/mem" % pid, "rb")
+    for l in open("/proc/%d/maps" % pid).read().splitlines():
+        a, b = [int(x, 16) for x in l.split()[0].split("-")]
+        if "rw" in l.split()[1] and b - a < (64 << 20):
+            try:
+                m.seek(a); got += m.read(b - a)
+            except OSError: pass
+    return got
+line("mem", mem)
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let run = |jail: &Jail, tag: &str| -> String {
+        let pid_file = dir.path().join(format!("pid-{tag}"));
+        let mut holder = jail
+            .command(&[
+                "python3".into(),
+                "-c".into(),
+                HOLDER.into(),
+                pid_file.display().to_string(),
+            ])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap())
+            .env("FVD_TOOLS_TOKEN", TOKEN)
+            .spawn()
+            .unwrap();
+        let out = jail
+            .command(&[
+                "python3".into(),
+                "-c".into(),
+                PROBE.into(),
+                pid_file.display().to_string(),
+                TOKEN.into(),
+            ])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap())
+            .output()
+            .unwrap();
+        let _ = holder.kill();
+        let _ = holder.wait();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{tag}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let open = run(&Jail::off(), "off");
+    for what in ["environ", "fd", "mem"] {
+        assert!(
+            open.contains(&format!("{what} found")),
+            "unjailed, {what} should reach the sibling: {open}"
+        );
+    }
+    for m in [Mechanism::Namespace, Mechanism::Landlock] {
+        let got = run(&Jail::unprobed(launcher(), m, Vec::new()), &m.to_string());
+        for what in ["environ", "fd", "mem"] {
+            assert!(
+                got.contains(&format!("{what} nothing")),
+                "{m}: {what} reached the sibling: {got}"
+            );
+        }
+        // The command line stays readable: fvd puts no secret in one.
+        assert!(got.contains("cmdline nothing: read"), "{m}: {got}");
+    }
+}

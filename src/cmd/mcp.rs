@@ -49,9 +49,17 @@ pub fn run(_: McpArgs) -> anyhow::Result<Exit> {
             )
         })
     };
+    let token = match std::env::var(TOKEN_VAR) {
+        Ok(t) => t,
+        Err(_) => ancestor_var(TOKEN_VAR).with_context(|| {
+            format!(
+                "fvd mcp serves one agent attempt: {TOKEN_VAR} is in neither its environment nor its agent's (fvd sets it in the agent's)"
+            )
+        })?,
+    };
     let scope = Scope {
         addr: var("FVD_TOOLS_ADDR")?,
-        token: var("FVD_TOOLS_TOKEN")?,
+        token,
         base: var("FVD_ATTEMPT_BASE")?,
     };
     let stdin = std::io::stdin();
@@ -72,6 +80,39 @@ pub fn run(_: McpArgs) -> anyhow::Result<Exit> {
         }
     }
     Ok(Exit::Success)
+}
+
+/// The attempt's tools token: only in the agent's environment (issue #38),
+/// never in the MCP configuration, which is an argument or a file other
+/// processes can read.
+const TOKEN_VAR: &str = "FVD_TOOLS_TOKEN";
+
+/// `name` in the environment of the nearest ancestor that has it: the agent
+/// whose CLI started this server (a CLI may start it with its own
+/// environment only in part). Readable because the agent and its children
+/// share a uid and a jail; a process of another job cannot read it.
+fn ancestor_var(name: &str) -> Option<String> {
+    let mut pid = std::os::unix::process::parent_id();
+    for _ in 0..32 {
+        if pid <= 1 {
+            return None;
+        }
+        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+            let key = format!("{name}=");
+            if let Some(v) = env
+                .split(|b| *b == 0)
+                .find_map(|kv| kv.strip_prefix(key.as_bytes()))
+            {
+                return String::from_utf8(v.to_vec()).ok();
+            }
+        }
+        // The parent: the field after the command, which may hold spaces
+        // or parentheses itself.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let after = &stat[stat.rfind(')')? + 1..];
+        pid = after.split_whitespace().nth(1)?.parse().ok()?;
+    }
+    None
 }
 
 /// The reply to one message; `None` for a notification.

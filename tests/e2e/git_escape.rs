@@ -112,12 +112,107 @@ def plant(who):
         json.dump(report, f)
 "#;
 
+/// The other half of the planter module (issue #38, item 2): the agent
+/// says which token it holds (as a digest only) and waits while a parity
+/// test of the same worker hunts for it in every process's environment
+/// and command line and in every file of the worker's workspace. The hunt
+/// reports digests of everything token-like it read, the tools scopes
+/// (`FVD_TOOLS_*` together) it found, and what it could read.
+const HUNTER: &str = r#"
+import hashlib, re, time
+
+TOKENISH = re.compile(rb"[A-Za-z0-9_+/=.-]{16,}")
+
+def mark_dir():
+    return os.environ.get("FVD_E2E_HOOK_MARK") or open(os.path.join(os.path.dirname(__file__), "mark")).read().strip()
+
+def digest(v):
+    return hashlib.sha256(v).hexdigest()
+
+def hold():
+    mark = mark_dir()
+    if os.path.exists(os.path.join(mark, "hunted")):
+        return
+    token = os.environ.get("FVD_TOOLS_TOKEN", "").encode()
+    me = os.getpid()
+    with open(os.path.join(mark, "held-%d.json" % me), "w") as f:
+        json.dump({"digest": digest(token) if token else None}, f)
+    open(os.path.join(mark, "agent-ready"), "a").close()
+    deadline = time.time() + 40  # the agent's timeout is longer
+    why = "deadline"
+    while time.time() < deadline:
+        if os.path.exists(os.path.join(mark, "hunted")):
+            why = "hunted"
+            break
+        time.sleep(0.05)
+    open(os.path.join(mark, "released-%s-%d" % (why, me)), "a").close()
+
+def workspace():
+    d = os.getcwd()
+    while d != "/":
+        if os.path.isdir(os.path.join(d, "code")) and os.path.isdir(os.path.join(d, "jobs")):
+            return d
+        d = os.path.dirname(d)
+    return None
+
+def hunt():
+    mark = mark_dir()
+    if os.path.exists(os.path.join(mark, "hunted")):
+        return
+    deadline = time.time() + 90
+    while not os.path.exists(os.path.join(mark, "agent-ready")) and time.time() < deadline:
+        time.sleep(0.05)
+    me = os.getpid()
+    found, scopes = set(), []
+    seen = {"pids": 0, "environs": 0, "cmdlines": 0, "files": 0, "workspace": workspace()}
+    def take(blob):
+        for part in blob.split(b"\0"):
+            value = part.split(b"=", 1)[-1]
+            found.add(digest(value))
+            for m in TOKENISH.findall(part):
+                found.add(digest(m))
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == me:
+            continue
+        seen["pids"] += 1
+        try:
+            env = open("/proc/%s/environ" % p, "rb").read()
+            seen["environs"] += 1
+            take(env)
+            names = dict(kv.split(b"=", 1) for kv in env.split(b"\0") if b"=" in kv)
+            if b"FVD_TOOLS_TOKEN" in names:
+                scopes.append(sorted(k.decode() for k in names if k.startswith(b"FVD_TOOLS")))
+        except OSError:
+            pass
+        try:
+            take(open("/proc/%s/cmdline" % p, "rb").read())
+            seen["cmdlines"] += 1
+        except OSError:
+            pass
+    if seen["workspace"]:
+        for d, _, files in os.walk(seen["workspace"]):
+            if "/objects" in d:
+                continue
+            for f in files:
+                try:
+                    take(open(os.path.join(d, f), "rb").read(1 << 20))
+                    seen["files"] += 1
+                except OSError:
+                    pass
+    with open(os.path.join(mark, "hunt-%d.json" % me), "w") as f:
+        json.dump({"digests": sorted(found), "scopes": scopes, "seen": seen}, f)
+    open(os.path.join(mark, "hunted"), "a").close()
+"#;
+
 /// Loaded by pytest before each parity test of the folder it is in.
 const CONFTEST: &str = r#"
 import os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tools"))
 import fvd_e2e_planter
 fvd_e2e_planter.plant("test")
+# The vae test is the hunter: it waits (at most 90 s) for an agent.
+if os.path.basename(os.path.dirname(os.path.abspath(__file__))) == "vaes":
+    fvd_e2e_planter.hunt()
 "#;
 
 /// The agent: plants, then is the example's replay agent.
@@ -126,6 +221,7 @@ import os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fvd_e2e_planter
 fvd_e2e_planter.plant("agent")
+fvd_e2e_planter.hold()
 os.execvp("python3", ["python3", "-B", "tools/replay_agent.py", *sys.argv[1:]])
 "#;
 
@@ -141,6 +237,11 @@ struct Outcome {
     reports: Vec<serde_json::Value>,
     ran: Option<String>,
     clone: PathBuf,
+    /// The hunter's report and the agents' (`held-*`: the digest of the
+    /// token each held), and why each agent stopped waiting.
+    hunts: Vec<serde_json::Value>,
+    held: Vec<serde_json::Value>,
+    released: Vec<String>,
 }
 
 fn scenario(worker: Worker) -> Outcome {
@@ -166,9 +267,15 @@ fn scenario(worker: Worker) -> Outcome {
             r#"command = ["python3", "-B", "tools/replay_agent.py","#,
             r#"command = ["python3", "-B", "tools/fvd_e2e_agent.py","#,
         )
+        // The hunter's test waits for an agent, the agent for the hunt.
+        .replace("timeout_s = 60\n", "timeout_s = 150\n")
     });
     let repo = sb.repo().to_path_buf();
-    std::fs::write(repo.join("tools/fvd_e2e_planter.py"), PLANTER).unwrap();
+    std::fs::write(
+        repo.join("tools/fvd_e2e_planter.py"),
+        format!("{PLANTER}{HUNTER}"),
+    )
+    .unwrap();
     std::fs::write(repo.join("tools/fvd_e2e_agent.py"), AGENT).unwrap();
     // The marker folder, named by a file of the port (tests get only the
     // spec's variables).
@@ -296,18 +403,28 @@ fn scenario(worker: Worker) -> Outcome {
         sb.logs()
     );
 
-    let mut reports = Vec::new();
+    let (mut reports, mut hunts, mut held, mut released) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for e in std::fs::read_dir(&mark).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
+        let json = || serde_json::from_str(&std::fs::read_to_string(e.path()).unwrap()).unwrap();
         if name.starts_with("report-") {
-            let text = std::fs::read_to_string(e.path()).unwrap();
-            reports.push(serde_json::from_str(&text).unwrap());
+            reports.push(json());
+        } else if name.starts_with("hunt-") {
+            hunts.push(json());
+        } else if name.starts_with("held-") {
+            held.push(json());
+        } else if let Some(why) = name.strip_prefix("released-") {
+            released.push(why.split('-').next().unwrap_or_default().to_string());
         }
     }
     Outcome {
         reports,
         ran: std::fs::read_to_string(mark.join("ran")).ok(),
         clone: ws.join("code/repo.git").canonicalize().unwrap(),
+        hunts,
+        held,
+        released,
     }
 }
 
@@ -341,6 +458,39 @@ fn reach(o: &Outcome, worker: Worker) -> (usize, usize, usize) {
     (tests, agents, planted)
 }
 
+/// Whether the hunt found the token an agent held while it ran: `(found,
+/// scopes)`, the second the tools scopes it read in other processes'
+/// environments. Fails unless exactly one hunt ran while an agent waited
+/// for it (so its result is about a live agent).
+fn hunted(o: &Outcome, worker: Worker) -> (bool, usize) {
+    assert_eq!(o.hunts.len(), 1, "{worker:?}: one hunt: {:#?}", o.hunts);
+    assert!(
+        o.released.iter().any(|w| w == "hunted"),
+        "{worker:?}: no agent was waiting when the hunt ran: released {:?}",
+        o.released
+    );
+    let h = &o.hunts[0];
+    assert!(
+        h["seen"]["pids"].as_u64().unwrap() > 1 && h["seen"]["files"].as_u64().unwrap() > 10,
+        "{worker:?}: the hunt saw too little to mean anything: {}",
+        h["seen"]
+    );
+    let digests: Vec<&str> = h["digests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d.as_str())
+        .collect();
+    let tokens: Vec<&str> = o.held.iter().filter_map(|x| x["digest"].as_str()).collect();
+    assert!(
+        !tokens.is_empty(),
+        "{worker:?}: no agent held a tools token: {:?}",
+        o.held
+    );
+    let found = tokens.iter().any(|t| digests.contains(t));
+    (found, h["scopes"].as_array().unwrap().len())
+}
+
 #[test]
 fn hooks_planted_by_tests_and_agents_never_run_on_a_worker() {
     for worker in [
@@ -349,6 +499,21 @@ fn hooks_planted_by_tests_and_agents_never_run_on_a_worker() {
         Worker::RootUnjailed,
     ] {
         let o = scenario(worker);
+        // Item 2: a parity test hunts a running agent of the same worker.
+        let (found, scopes) = hunted(&o, worker);
+        match worker {
+            Worker::RootJailed | Worker::NobodyJailed => assert!(
+                !found && scopes == 0,
+                "{worker:?}: a parity test reached a running agent's tools token (found {found}, {scopes} scopes): {}",
+                o.hunts[0]["seen"]
+            ),
+            // Unjailed it does: the hunt can fail.
+            Worker::RootUnjailed => assert!(
+                found && scopes > 0,
+                "{worker:?}: the unjailed hunt should find the agent's token: {}",
+                o.hunts[0]["seen"]
+            ),
+        }
         let ran: Vec<&str> = o.ran.as_deref().unwrap_or_default().lines().collect();
         assert!(
             ran.is_empty(),

@@ -336,3 +336,152 @@ fn a_single_node_torchrun_runs_warm_as_ranks_forked_from_the_zygote() {
         "no cold fallback: {text}"
     );
 }
+
+/// Two jobs forked by one jailed zygote (issue #38): the first holds a
+/// secret in its environment while the second reads its
+/// `/proc/PID/environ`. Each forked job has a Landlock domain of its own,
+/// so the read is refused; from an unjailed zygote it succeeds (so the
+/// test can fail).
+#[tokio::test]
+async fn jobs_forked_by_one_jailed_zygote_cannot_read_each_other() {
+    use fvd_worker::exec::{JobSandbox, JobSpec, prepare_pytest, run_job};
+    use fvd_worker::zygote::WarmSpec;
+    use std::path::PathBuf;
+    const SECRET: &str = "fvdsecret_Hq2Lw9Zp4Xk7Rt1Vn6";
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    std::fs::create_dir_all(root.join("port")).unwrap();
+    std::fs::create_dir_all(root.join("lib")).unwrap();
+    std::fs::write(root.join("lib/heavy.py"), "X = 1\n").unwrap();
+    std::fs::write(
+        root.join("port/test_pair.py"),
+        r#"import os, time
+import heavy  # noqa: F401
+
+def test_role():
+    mark, role = os.environ["MARK"], os.environ["ROLE"]
+    if role == "holder":
+        open(os.path.join(mark, "pid.tmp"), "w").write(str(os.getpid()))
+        os.rename(os.path.join(mark, "pid.tmp"), os.path.join(mark, "pid"))
+        deadline = time.time() + 30
+        while not os.path.exists(os.path.join(mark, "probed")) and time.time() < deadline:
+            time.sleep(0.02)
+        return
+    deadline = time.time() + 30
+    while not os.path.exists(os.path.join(mark, "pid")):
+        assert time.time() < deadline, "the holder never started"
+        time.sleep(0.02)
+    pid = int(open(os.path.join(mark, "pid")).read())
+    want = os.environ["WANT"].encode()
+    # A forked run's variables are set after the fork: they are in its
+    # memory, not in the block /proc/PID/environ shows (the zygote's).
+    got = []
+    for what in ("environ", "mem"):
+        try:
+            if what == "environ":
+                data = open("/proc/%d/environ" % pid, "rb").read()
+            else:
+                data, m = b"", open("/proc/%d/mem" % pid, "rb")
+                for l in open("/proc/%d/maps" % pid).read().splitlines():
+                    a, b = [int(x, 16) for x in l.split()[0].split("-")]
+                    if "rw" in l.split()[1] and b - a < (256 << 20):
+                        try:
+                            m.seek(a); data += m.read(b - a)
+                        except OSError:
+                            pass
+            got.append("%s %s" % (what, "found" if want in data else "nothing"))
+        except OSError as e:
+            got.append("%s refused: %s" % (what, e.strerror))
+    open(os.path.join(mark, "probed"), "w").write("\n".join(got))
+"#,
+    )
+    .unwrap();
+    let fvd = Path::new(env!("CARGO_BIN_EXE_fvd"));
+    let jail = fvd_sandbox::Jail::start(fvd_sandbox::Mode::Auto, fvd, &[]).unwrap();
+    let spec = |role: &str, mark: &Path, scratch: &Path, jail: &fvd_sandbox::Jail| {
+        let env = vec![
+            ("ROLE".to_string(), role.to_string()),
+            ("MARK".to_string(), mark.display().to_string()),
+            ("WANT".to_string(), SECRET.to_string()),
+            (
+                "PYTHONPATH".to_string(),
+                root.join("lib").display().to_string(),
+            ),
+            ("PYTHONDONTWRITEBYTECODE".to_string(), "1".to_string()),
+        ];
+        let mut sandbox = JobSandbox::unjailed();
+        sandbox.jail = jail.clone();
+        JobSpec {
+            job_id: format!("{role}-{}", mark.file_name().unwrap().to_string_lossy()),
+            argv: [
+                "python3",
+                "-m",
+                "pytest",
+                "test_pair.py",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--junitxml={junitxml}",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            env,
+            secret_env_names: vec![],
+            sandbox,
+            cwd: root.join("port"),
+            gpus: vec![],
+            timeout: Duration::from_secs(60),
+            grace: Duration::from_secs(1),
+            junit: None,
+            warm: Some(WarmSpec {
+                preload: vec!["heavy".into()],
+                unkeyed_paths: vec![scratch.to_path_buf()],
+                dir: root.join("z"),
+                jail: jail.clone(),
+            }),
+            stdin: None,
+        }
+    };
+    let run = |mut spec: JobSpec, scratch: PathBuf| async move {
+        prepare_pytest(&mut spec, &scratch).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let sink = fvd_telemetry::spawn(async move { while rx.recv().await.is_some() {} });
+        let o = run_job(spec, tx, tokio_util::sync::CancellationToken::new())
+            .await
+            .expect("job runs");
+        sink.await.unwrap();
+        o
+    };
+    for (name, jail) in [("jailed", jail.clone()), ("off", fvd_sandbox::Jail::off())] {
+        let mark = root.join(format!("mark-{name}"));
+        std::fs::create_dir_all(&mark).unwrap();
+        let (s1, s2) = (
+            root.join(format!("s1-{name}")),
+            root.join(format!("s2-{name}")),
+        );
+        let mut holder = spec("holder", &mark, &s1, &jail);
+        // The secret is the holder's own; the prober only knows what to
+        // look for.
+        holder.env.push(("HELD".into(), SECRET.into()));
+        let prober = spec("prober", &mark, &s2, &jail);
+        let (a, b) = tokio::join!(run(holder, s1), run(prober, s2));
+        for o in [&a, &b] {
+            assert!(
+                !o.output_tail.contains(fvd_worker::zygote::WARNING_PREFIX),
+                "{name}: the jobs ran cold: {}",
+                o.output_tail
+            );
+        }
+        let got = std::fs::read_to_string(mark.join("probed")).unwrap();
+        if name == "jailed" {
+            assert!(!got.contains("found"), "{name}: {got}");
+            assert!(got.contains("mem refused"), "{name}: {got}");
+        } else {
+            assert!(
+                got.contains("mem found"),
+                "{name}: the unjailed read should succeed: {got}"
+            );
+        }
+    }
+}

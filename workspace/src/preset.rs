@@ -45,7 +45,10 @@ pub struct Attempt<'a> {
 }
 
 /// How a CLI starts `fvd mcp`: the fvd program and the variables that
-/// scope it to the attempt (its tools' address and token, its base).
+/// scope it to the attempt (its tools' address, its base). Never a secret:
+/// these end up in an argument or a configuration file, which other
+/// processes can read; the tools' token is only in the agent's environment,
+/// where `fvd mcp` finds it (issue #38).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mcp {
     pub program: String,
@@ -739,7 +742,7 @@ mod tests {
             program: "{fvd}".into(),
             env: vec![
                 ("FVD_TOOLS_ADDR".into(), "{tools_addr}".into()),
-                ("FVD_TOOLS_TOKEN".into(), "tools-token".into()),
+                ("FVD_ATTEMPT_BASE".into(), "base-commit".into()),
             ],
         };
         for (preset, api, m) in [
@@ -774,7 +777,7 @@ mod tests {
                 "mcp",
                 "FVD_TOOLS_ADDR",
                 "{tools_addr}",
-                "tools-token",
+                "base-commit",
             ] {
                 assert!(
                     all.contains(want),
