@@ -69,25 +69,26 @@ pub(crate) async fn run(
         }
     };
     tracing::info!(job = %a.job_id, commit = %checkout.base, fetched = checkout.fetched, checkout = %checkout.path.display(), "agent attempt checked out");
-    let scratch = config.workspace.join("jobs").join(sanitized(&a.job_id));
-    let finished = attempt_in(config, a, g, tx, code, &checkout, &scratch, cancel).await;
+    let finished = match crate::client::scratch_dir(&config.workspace, &a.job_id, a.lease_epoch) {
+        Ok(run_scratch) => {
+            // The agent's files beside the scratch folder its run gets
+            // (and removes when the run ends).
+            let mut name = run_scratch.file_name().unwrap_or_default().to_os_string();
+            name.push(".agent");
+            let scratch = run_scratch.with_file_name(name);
+            let f = attempt_in(config, a, g, tx, code, &checkout, &scratch, cancel).await;
+            let _ = tokio::fs::remove_dir_all(&scratch).await;
+            f
+        }
+        Err(e) => pb::JobFinished {
+            job_id: a.job_id,
+            lease_epoch: a.lease_epoch,
+            spawn_error: format!("job id refused: {e}"),
+            ..Default::default()
+        },
+    };
     checkout.remove().await;
-    let _ = tokio::fs::remove_dir_all(&scratch).await;
     finished
-}
-
-/// `job_id` as a folder name.
-fn sanitized(job_id: &str) -> String {
-    job_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
 }
 
 #[allow(clippy::too_many_arguments)]

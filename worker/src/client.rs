@@ -959,7 +959,7 @@ pub(crate) async fn run_assigned(
         warm: None,
         stdin: agent_io.and_then(|io| io.stdin.clone()),
     };
-    let scratch = match scratch_dir(&config.workspace, &a.job_id) {
+    let scratch = match scratch_dir(&config.workspace, &a.job_id, a.lease_epoch) {
         Ok(s) => s,
         Err(e) => {
             finished.spawn_error = format!("job id refused: {e}");
@@ -1190,11 +1190,20 @@ fn gpu_uuids(config: &WorkerConfig, leased: &[u32]) -> String {
         .join(",")
 }
 
-/// The job's own scratch folder, `WORKSPACE/jobs/<job id>`: removed whole
-/// after the run, so a job id (from the wire) of `..` or `.` must never
-/// make it the workspace or its `jobs` folder.
-fn scratch_dir(workspace: &std::path::Path, job_id: &str) -> Result<PathBuf, fvd_paths::PathError> {
-    fvd_paths::join_under_no_links(&workspace.join("jobs"), sanitize(job_id))
+/// The job's own scratch folder, `WORKSPACE/jobs/<job id>.e<lease epoch>`:
+/// removed whole after the run, so a job id (from the wire) of `..` or `.`
+/// must never make it the workspace or its `jobs` folder. The epoch keeps
+/// a cancelled lease's cleanup off the folder of the same job's next lease,
+/// which may start before it ends (a worker lost and back).
+pub(crate) fn scratch_dir(
+    workspace: &std::path::Path,
+    job_id: &str,
+    epoch: u64,
+) -> Result<PathBuf, fvd_paths::PathError> {
+    fvd_paths::join_under_no_links(
+        &workspace.join("jobs"),
+        format!("{}.e{epoch}", sanitize(job_id)),
+    )
 }
 
 fn sanitize(job_id: &str) -> String {
@@ -1242,16 +1251,19 @@ mod tests {
     fn a_job_scratch_folder_stays_under_jobs() {
         let ws = Path::new("/w");
         assert_eq!(
-            scratch_dir(ws, "tinyport.refiner#trace.2").unwrap(),
-            Path::new("/w/jobs/tinyport.refiner_trace.2")
+            scratch_dir(ws, "tinyport.refiner#trace.2", 3).unwrap(),
+            Path::new("/w/jobs/tinyport.refiner_trace.2.e3")
         );
         assert_eq!(
-            scratch_dir(ws, "../../etc").unwrap(),
-            Path::new("/w/jobs/.._.._etc")
+            scratch_dir(ws, "../../etc", 1).unwrap(),
+            Path::new("/w/jobs/.._.._etc.e1")
         );
-        // Removing these after the run would remove the workspace.
+        // Never the workspace or `jobs` itself, which the run's end removes.
         for bad in ["..", ".", ""] {
-            assert!(scratch_dir(ws, bad).is_err(), "{bad:?}");
+            let d = scratch_dir(ws, bad, 1).unwrap();
+            assert_eq!(d.parent(), Some(Path::new("/w/jobs")), "{bad:?}");
         }
+        // Two leases of one job, two folders.
+        assert_ne!(scratch_dir(ws, "a.b.1", 1), scratch_dir(ws, "a.b.1", 2));
     }
 }
