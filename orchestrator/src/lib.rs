@@ -99,6 +99,37 @@ pub struct ServerConfig {
     /// Which spec-given agent commands run on this host, jailed how
     /// (default: none; `fvd orchestrator serve --allow-agent-commands`).
     pub agents: fvd_workspace::agent::AgentPolicy,
+    /// Caps on the gRPC listener's connections, and how long one may stay
+    /// idle (default: from the process's descriptor limit, 60 s).
+    pub grpc_limits: dashboard::guard::Limits,
+}
+
+/// The gRPC listener's connections under `limits` (issue #38): one over
+/// the cap is accepted and closed at once; one with no byte either way for
+/// `limits.idle` is closed (live clients ping both ways every
+/// [`fvd_proto::transport::KEEPALIVE_INTERVAL`], so only a dead or idle one
+/// is). The guard is the dashboard's, its connection part only.
+pub fn grpc_connections(
+    listener: TcpListener,
+    limits: dashboard::guard::Limits,
+) -> dashboard::guard::Incoming {
+    let shield = Arc::new(dashboard::guard::Shield::connections_only(limits));
+    dashboard::guard::GuardedListener::new(listener, shield).into_stream()
+}
+
+/// The gRPC listener's caps for a process that may open `fds`
+/// descriptors: half of them for connections (64 to 4,096), with no cap
+/// per client (workers behind one address, or all on one host) and a
+/// minute's idle.
+pub fn grpc_limits(fds: u64) -> dashboard::guard::Limits {
+    let max_connections = (fds / 2).clamp(64, 4096) as usize;
+    dashboard::guard::Limits {
+        max_connections,
+        max_connections_per_client: max_connections,
+        max_streams: 0,
+        max_streams_per_client: 0,
+        idle: Duration::from_secs(60),
+    }
 }
 
 impl Default for ServerConfig {
@@ -115,6 +146,7 @@ impl Default for ServerConfig {
             checkout_owns_store: false,
             write_retry: Some(fvd_store::faults::Backoff::default()),
             agents: fvd_workspace::agent::AgentPolicy::default(),
+            grpc_limits: grpc_limits(dashboard::guard::fd_limit().unwrap_or(1024)),
         }
     }
 }
@@ -352,7 +384,12 @@ pub async fn start(
             health.set(false).await;
         });
     }
-    let mut builder = tonic::transport::Server::builder();
+    // Both sides ping (fvd_proto::transport): a stalled link ends, and the
+    // worker's stream with it, within a minute (issue #38).
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(fvd_proto::transport::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(fvd_proto::transport::KEEPALIVE_TIMEOUT))
+        .tcp_keepalive(Some(fvd_proto::transport::TCP_KEEPALIVE));
     if let Some(tls) = &config.tls {
         let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
         builder = builder
@@ -371,7 +408,7 @@ pub async fn start(
             ))
             // No token: probes carry none, and it tells only up or down.
             .add_service(health.service())
-            .serve_with_incoming(TcpListenerStream::new(listener)),
+            .serve_with_incoming(grpc_connections(listener, config.grpc_limits.clone())),
     );
     tracing::info!(%addr, "orchestrator listening");
     Ok(Server {

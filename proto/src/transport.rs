@@ -20,12 +20,28 @@ pub enum EndpointError {
     Tls { url: String, message: String },
 }
 
+/// How often each side of a gRPC connection pings the other (HTTP/2
+/// PING), and how long it waits for the answer before it drops the
+/// connection.
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(20);
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+/// The TCP keepalive idle time of fvd's gRPC sockets, both sides.
+pub const TCP_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The endpoint for `url`; with `https://`, `tls_ca` (PEM) must be given.
 pub fn endpoint(url: &str, tls_ca: Option<&[u8]>) -> Result<Endpoint, EndpointError> {
-    let ep = Endpoint::from_shared(url.to_string()).map_err(|e| EndpointError::BadUrl {
-        url: url.to_string(),
-        message: e.to_string(),
-    })?;
+    let ep = Endpoint::from_shared(url.to_string())
+        .map_err(|e| EndpointError::BadUrl {
+            url: url.to_string(),
+            message: e.to_string(),
+        })?
+        // A stalled link (a NAT or a switch that dropped it silently) ends
+        // within a minute instead of never, so a worker registers again
+        // (issue #38): HTTP/2 pings while idle too, and TCP keepalive.
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
+        .tcp_keepalive(Some(TCP_KEEPALIVE));
     let https = url.starts_with("https://");
     match (https, tls_ca) {
         (false, None) => Ok(ep),

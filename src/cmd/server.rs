@@ -244,6 +244,15 @@ pub struct ServeArgs {
     /// Most files an attempt's commit adds or changes.
     #[arg(long, default_value_t = 5000, value_name = "N")]
     pub max_attempt_files: u64,
+    /// Most gRPC connections held at once (workers, CLIs, agents' tools);
+    /// one more is accepted and closed at once. Default: half the process's
+    /// open-file limit, 64 to 4096.
+    #[arg(long, value_name = "N")]
+    pub max_grpc_connections: Option<usize>,
+    /// Seconds a gRPC connection may pass with no byte either way before it
+    /// is closed (fvd's clients ping every 20 s).
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub grpc_idle_secs: u64,
     /// Largest single file of an attempt's commit, in MiB.
     #[arg(long, default_value_t = 32, value_name = "MIB")]
     pub max_attempt_file_mib: u64,
@@ -677,6 +686,11 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
             },
             ..Default::default()
         };
+        if let Some(n) = args.max_grpc_connections {
+            config.grpc_limits.max_connections = n.max(1);
+            config.grpc_limits.max_connections_per_client = n.max(1);
+        }
+        config.grpc_limits.idle = Duration::from_secs(args.grpc_idle_secs.max(1));
         config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
         config.scheduler.max_output_bytes = args.max_output_mib * 1024 * 1024;
         config.scheduler.adopt_grace = Duration::from_secs_f64(args.adopt_grace);

@@ -106,6 +106,8 @@ pub struct Options {
 /// The live state of the guard: allowed hosts, counts, sessions.
 #[derive(Debug)]
 pub struct Shield {
+    /// Which listener it guards, in its log lines (`dashboard`, `grpc`).
+    label: &'static str,
     hosts: Vec<String>,
     pub(super) require_viewer: bool,
     pub(super) limits: Limits,
@@ -168,9 +170,24 @@ impl Shield {
         hosts.sort();
         hosts.dedup();
         Shield {
+            label: "dashboard",
             hosts,
             require_viewer: options.require_viewer,
             limits: options.limits.clone().unwrap_or_default(),
+            counts: Mutex::default(),
+            sessions: Mutex::default(),
+        }
+    }
+
+    /// The connection caps and idle timeout of `limits` alone, for the
+    /// gRPC listener (issue #38: 22,000 idle connections were held): it
+    /// has no hosts, sessions or streams of its own to guard.
+    pub fn connections_only(limits: Limits) -> Self {
+        Shield {
+            label: "grpc",
+            hosts: Vec::new(),
+            require_viewer: false,
+            limits,
             counts: Mutex::default(),
             sessions: Mutex::default(),
         }
@@ -218,7 +235,8 @@ impl Shield {
         {
             counts.last_warned = Some(now);
             tracing::warn!(
-                "dashboard: {what} (connections {}, streams {}); refusing more",
+                "{}: {what} (connections {}, streams {}); refusing more",
+                self.label,
                 counts.connections,
                 counts.streams
             );
@@ -417,6 +435,56 @@ impl axum::serve::Listener for GuardedListener {
     }
 }
 
+impl GuardedListener {
+    /// Its connections as a stream, for `tonic`'s `serve_with_incoming`;
+    /// the listener closes when the stream is dropped.
+    pub fn into_stream(self) -> Incoming {
+        Incoming {
+            next: Box::pin(next_connection(self)),
+        }
+    }
+}
+
+async fn next_connection(mut l: GuardedListener) -> (GuardedListener, GuardedIo) {
+    let (io, _) = axum::serve::Listener::accept(&mut l).await;
+    (l, io)
+}
+
+type Accepting = Pin<Box<dyn std::future::Future<Output = (GuardedListener, GuardedIo)> + Send>>;
+
+/// A [`GuardedListener`]'s connections, one at a time.
+pub struct Incoming {
+    next: Accepting,
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Incoming")
+    }
+}
+
+impl tokio_stream::Stream for Incoming {
+    type Item = io::Result<GuardedIo>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.next.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready((l, io)) => {
+                self.next = Box::pin(next_connection(l));
+                Poll::Ready(Some(Ok(io)))
+            }
+        }
+    }
+}
+
+impl tonic::transport::server::Connected for GuardedIo {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
 /// The client address of a request (its connection's peer).
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddr(pub SocketAddr);
@@ -448,7 +516,7 @@ impl GuardedIo {
         match self.deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                "dashboard connection idle",
+                "connection idle",
             ))),
             Poll::Pending => Poll::Pending,
         }
