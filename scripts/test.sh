@@ -43,7 +43,34 @@ cargo clippy --workspace --all-targets --features fvd/conformance,fvd/slurm,fvd/
 # Every test stage runs even when an earlier one failed, and cargo runs
 # every test binary (--no-fail-fast): one failure cannot hide the others.
 status=0
-FVD_FUZZ_SECS="${FVD_FUZZ_SECS:-60}" cargo test --workspace --locked --no-fail-fast || status=1
+# The Slurm worker job on a one-node Slurm cluster the test starts and
+# stops itself (tests/slurm: private munged, slurmctld and slurmd, stopped
+# by the PIDs in their pid files). Root and Debian's packages are needed;
+# without them the test fails, it never skips.
+if ! { command -v slurmctld && command -v munged; } >/dev/null 2>&1; then
+    echo "slurm: installing slurm-wlm and munge"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; } >/dev/null ||
+        echo "slurm: apt-get install slurm-wlm munge failed; the Slurm test will fail"
+fi
+# Real coding-agent CLIs as component subagents (tests/agents): Node when
+# the machine has none and the pinned Claude Code, Codex and opencode into
+# the cache target/agents-cli (kept between runs); each then runs the
+# example's fix against the scripted model server inside unshare -n.
+if ! agent_clis=$(bash scripts/agent-clis.sh); then
+    echo "agents: the coding-agent CLIs could not be installed; the real-agent tests will fail"
+    agent_clis=""
+    status=1
+fi
+# The real-agent tests find the CLIs in target/agents-cli/bin; named only
+# when the cache is elsewhere (FVD_AGENT_CLI_CACHE), since every other test
+# would see the variable too.
+if [ -n "$agent_clis" ] && [ "$agent_clis" != "$PWD/target/agents-cli/bin" ]; then
+    export FVD_AGENT_CLI_DIR="$agent_clis"
+fi
+# Every Rust test, the Slurm and real-agent ones among them (one build:
+# their features only add those test targets).
+FVD_FUZZ_SECS="${FVD_FUZZ_SECS:-60}" \
+    cargo test --workspace --locked --no-fail-fast --features fvd/slurm,fvd/agents || status=1
 # The Python tests: fvd_trace's, the trace fixtures against their
 # generator, and the pins' own (the lock files cover every import).
 python_tests() {
@@ -77,34 +104,14 @@ for variant in newest numpy-1.26; do
     fi
 done
 
-# The Slurm worker job on a one-node Slurm cluster the test starts and
-# stops itself (tests/slurm: private munged, slurmctld and slurmd, stopped
-# by the PIDs in their pid files). Root and Debian's packages are needed;
-# without them the test fails, it never skips.
-if ! { command -v slurmctld && command -v munged; } >/dev/null 2>&1; then
-    echo "slurm: installing slurm-wlm and munge"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; } >/dev/null ||
-        echo "slurm: apt-get install slurm-wlm munge failed; the Slurm test will fail"
-fi
-cargo test --locked --features slurm --test slurm || status=1
-
-# Real coding-agent CLIs as component subagents (tests/agents): Node when
-# the machine has none and the pinned Claude Code, Codex and opencode into
-# the cache target/agents-cli (kept between runs), then each runs the
-# example's fix against the scripted model server inside unshare -n.
-if agent_clis=$(bash scripts/agent-clis.sh); then
-    FVD_AGENT_CLI_DIR="$agent_clis" cargo test --locked --features agents --test agents || status=1
-else
-    echo "agents: the coding-agent CLIs could not be installed; the real-agent tests did not run"
-    status=1
-fi
 
 # The Kubernetes manifests, validated offline against the Kubernetes
-# schemas that kubernetes-validate ships (and the validator's own tests),
-# and the release binary that the images of deploy/Dockerfile carry
-# (docker itself is not run here).
+# schemas that kubernetes-validate ships (and the validator's own tests;
+# docker itself is not run here). The release binary the images of
+# deploy/Dockerfile carry is not built here: it compiles the same code as
+# the test build (tests/layout/profiles.rs checks that no code is compiled
+# for one profile only), and building it took minutes of CI's two cores.
 python3 -m pip install --quiet --disable-pip-version-check -r deploy/k8s/requirements.txt || status=1
 python3 deploy/k8s/validate.py || status=1
 python3 -m pytest deploy/k8s deploy/test_dockerfile.py -q -p no:cacheprovider || status=1
-cargo build --release --locked --bin fvd || status=1
 exit "$status"

@@ -8,6 +8,7 @@
 mod git;
 mod layers;
 mod links;
+mod profiles;
 
 use std::path::{Path, PathBuf};
 
