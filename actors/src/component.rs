@@ -130,6 +130,9 @@ struct AgentLoop {
     worktree: Worktree,
     /// The port's prep fields, for the packet's `component_context`.
     prep: BTreeMap<String, String>,
+    /// The component's judge, repository-relative (`fvd_workspace::judge`):
+    /// its runs test an attempt with these as the port's commit has them.
+    judge: Vec<String>,
     /// Where prompts, handoffs and agent output of each attempt are kept.
     dir: PathBuf,
 }
@@ -663,22 +666,43 @@ async fn first_step(
 /// runs test its worktree at the attempt's commit, not the checkout at the
 /// port's.
 async fn job_record(st: &ComponentState) -> Result<JobRecord, ActorProcessingErr> {
+    Ok(judged_job_record(st).await?.0)
+}
+
+/// [`job_record`], and the judge paths the worktree's commit changed: an
+/// agent component's run then tests a commit of fvd's with the port's own
+/// judge (issue #39), never the attempt's.
+async fn judged_job_record(
+    st: &ComponentState,
+) -> Result<(JobRecord, Vec<String>), ActorProcessingErr> {
     let spec = &st.args.spec;
+    let mut changed = Vec::new();
     let (cwd, commit, code_prefix) = match &st.agent {
-        Some(l) => (
-            l.worktree.workdir().to_string_lossy().into_owned(),
-            worktree::head(&l.worktree.path)
+        Some(l) => {
+            let head = worktree::head(&l.worktree.path)
                 .await
-                .map_err(|e| e.to_string())?,
-            l.worktree.prefix.clone(),
-        ),
+                .map_err(|e| e.to_string())?;
+            let pinned =
+                fvd_workspace::judge::pin(&l.worktree.path, &st.args.code.commit, &head, &l.judge)
+                    .await
+                    .map_err(|e| format!("cannot pin the judge of {}: {e}", spec.name))?;
+            if !pinned.changed.is_empty() {
+                tracing::warn!(component = %spec.name, head = %head, tested = %pinned.commit, changed = ?pinned.changed, "the worktree changed the component's judge: its run tests the port's own");
+            }
+            changed = pinned.changed;
+            (
+                l.worktree.workdir().to_string_lossy().into_owned(),
+                pinned.commit,
+                l.worktree.prefix.clone(),
+            )
+        }
         None => (
             st.args.repo.clone(),
             st.args.code.commit.clone(),
             st.args.code.prefix.clone(),
         ),
     };
-    Ok(JobRecord {
+    let record = JobRecord {
         family: st.args.family.clone(),
         component: spec.name.clone(),
         argv: spec.argv(),
@@ -688,7 +712,8 @@ async fn job_record(st: &ComponentState) -> Result<JobRecord, ActorProcessingErr
         gpus_needed: spec.gpus,
         timeout_ms: spec.timeout_ms(),
         ..JobRecord::default()
-    })
+    };
+    Ok((record, changed))
 }
 
 /// A run recorded as queued goes to the scheduler, under its own
@@ -851,9 +876,25 @@ async fn prepare_agent(st: &ComponentState) -> Result<AgentLoop, String> {
         .map_err(|e| e.to_string())?
         .prep;
     let dir = agent_dir(repo, family, name).map_err(|e| e.to_string())?;
+    let tests: Vec<String> = st
+        .args
+        .spec
+        .test_files()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    let mut more: Vec<String> = ["official_ref_dir", "port_state_file"]
+        .iter()
+        .filter_map(|k| prep.get(*k).cloned())
+        .collect();
+    if let Ok(spec) = Path::new(&port.spec_path).strip_prefix(repo) {
+        more.push(spec.to_string_lossy().into_owned());
+    }
+    let judge = fvd_workspace::judge::paths(&st.args.code.prefix, &tests, &more);
     Ok(AgentLoop {
         worktree: wt,
         prep,
+        judge,
         dir,
     })
 }
@@ -2317,7 +2358,7 @@ async fn after_agent(
     let (attempt, result) = (turn.attempt, turn.result);
     let (exit, handoff) = (done.exit, done.handoff);
     let refused = done.refused.clone();
-    let row = attempt_row(st, attempt, done);
+    let mut row = attempt_row(st, attempt, done);
     let family = st.args.family.clone();
     let blocked = |why: String| format!("{} ({why})", classed(result.verdict, &result.reason));
     let mut conversion = None;
@@ -2370,7 +2411,9 @@ async fn after_agent(
             worker_id,
         }
     } else {
-        job = job_record(st).await?;
+        let (record, changed) = judged_job_record(st).await?;
+        row.judge_changed = changed;
+        job = record;
         AttemptNext::Test(&job)
     };
     if let Err(why) = st.args.fvd.check() {

@@ -395,6 +395,7 @@ pub fn to_attempt(a: AttemptRow) -> pb::AgentAttempt {
         head_before: a.head_before,
         usage: a.usage.map(to_usage),
         worker_id: a.worker_id,
+        judge_changed: a.judge_changed,
     }
 }
 
@@ -434,6 +435,7 @@ pub fn from_attempt(
         cookie: String::new(),
         usage: a.usage.map(from_usage),
         worker_id: a.worker_id,
+        judge_changed: a.judge_changed,
     })
 }
 

@@ -365,6 +365,13 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                 notes.push(format!("ran on worker {}", a.worker_id));
             }
             writeln!(out, "  {}", notes.join("; "))?;
+            if !a.judge_changed.is_empty() {
+                writeln!(
+                    out,
+                    "  changed the judge, not counted (its run used the port's own): {}",
+                    a.judge_changed.join(", ")
+                )?;
+            }
             if a.diff_stat.is_empty() {
                 writeln!(out, "  no changes")?;
             }

@@ -81,6 +81,9 @@ pub struct AttemptRow {
     /// The worker its agent ran on (issue #32); empty when it ran on the
     /// orchestrator's host.
     pub worker_id: String,
+    /// The judge's paths its commit changed (issue #39); its verdict ran
+    /// with the port's own judge instead.
+    pub judge_changed: Vec<String>,
 }
 
 /// One tool call of an attempt's agent (`attempt_tool_calls`).
@@ -160,6 +163,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         18,
         include_str!("../migrations/0018_attempt_tool_calls.sql"),
     ),
+    (19, include_str!("../migrations/0019_attempt_judge.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -1636,6 +1640,11 @@ impl Store {
                     state: state(r, "state", "agent_attempts.state")?,
                     head_before: r.get("head_before"),
                     worker_id: r.get("worker_id"),
+                    judge_changed: r
+                        .get::<String, _>("judge_changed")
+                        .lines()
+                        .map(str::to_string)
+                        .collect(),
                     cookie: r.get("cookie"),
                     tries: r.get::<i64, _>("tries") as u32,
                     gpu_ms_after: r.get::<i64, _>("gpu_ms_after") as u64,

@@ -115,7 +115,7 @@ impl Store {
         self.write("record attempt", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            sqlx::query("UPDATE agent_attempts SET commit_sha = ?, diff_stat = ?, diff = ?, exit_code = ?, signal = ?, timed_out = ?, duration_ms = ?, handoff_status = ?, handoff_summary = ?, handoff_text = ?, finished_ms = ?, state = ?, worker_id = ? WHERE family = ? AND component = ? AND attempt = ?")
+            sqlx::query("UPDATE agent_attempts SET commit_sha = ?, diff_stat = ?, diff = ?, exit_code = ?, signal = ?, timed_out = ?, duration_ms = ?, handoff_status = ?, handoff_summary = ?, handoff_text = ?, finished_ms = ?, state = ?, worker_id = ?, judge_changed = ? WHERE family = ? AND component = ? AND attempt = ?")
                 .bind(&a.commit_sha)
                 .bind(&a.diff_stat)
                 .bind(&a.diff)
@@ -129,6 +129,7 @@ impl Store {
                 .bind(a.finished_ms)
                 .bind(AttemptState::Recorded.as_str())
                 .bind(&a.worker_id)
+                .bind(a.judge_changed.join("\n"))
                 .bind(&a.family)
                 .bind(&a.component)
                 .bind(a.attempt as i64)

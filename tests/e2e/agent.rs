@@ -84,7 +84,7 @@ fn ledger(sb: &Sandbox) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
-fn component(status: &serde_json::Value, name: &str) -> serde_json::Value {
+pub(crate) fn component(status: &serde_json::Value, name: &str) -> serde_json::Value {
     status["components"]
         .as_array()
         .unwrap()

@@ -22,6 +22,7 @@ mod fleet;
 mod gc;
 mod git_escape;
 mod init;
+mod judge;
 mod logging;
 mod output;
 mod port;

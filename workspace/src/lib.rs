@@ -6,7 +6,8 @@
 //! runs headless behind its model proxy, and what they report) and
 //! [`session`] (one attempt behind the proxy: the key, the budgets left,
 //! what it spent and why it stopped). The component actor drives them.
-//! [`commit`] pins the code a port runs and [`identity`] names the
+//! [`judge`] keeps what decides a component's verdict as the port has it,
+//! whatever an attempt did to it. [`commit`] pins the code a port runs and [`identity`] names the
 //! repository it comes from. [`gc`] decides which agent worktrees and
 //! branches no port needs any more (`fvd gc`).
 
@@ -16,6 +17,7 @@ pub mod cleanup;
 pub mod commit;
 pub mod gc;
 pub mod identity;
+pub mod judge;
 pub mod preset;
 pub mod session;
 pub mod worktree;

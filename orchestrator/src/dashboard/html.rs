@@ -454,6 +454,13 @@ fn attempts(v: &[AttemptRow]) -> Markup {
                         @if a.tries > 1 { " · tries " (a.tries) }
                         " · " (duration(a.duration_ms))
                         @if !a.commit_sha.is_empty() { " · " code { (a.commit_sha.get(..10).unwrap_or(&a.commit_sha)) } }
+                        @if !a.judge_changed.is_empty() { " · " b.judge { "changed the judge" } }
+                    }
+                    @if !a.judge_changed.is_empty() {
+                        p.reason.judge {
+                            "Changed the judge, not counted: its run used the port's own "
+                            @for (i, f) in a.judge_changed.iter().enumerate() { @if i > 0 { ", " } code { (f) } }
+                        }
                     }
                     @if !a.handoff_summary.is_empty() { p { (a.handoff_summary) } }
                     @if let Some(u) = &a.usage { (usage(u)) }
