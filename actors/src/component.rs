@@ -2188,6 +2188,23 @@ async fn run_where(
     let a = spec.agent.as_ref().expect("only agent components loop");
     let lp = st.agent.as_ref().expect("agent components have a loop");
     let Some(attempts) = fleet_of(st) else {
+        // The agent writes its worktree and its attempt's files, nothing
+        // else of the repository: not the main checkout, not `.fvd/` (the
+        // state database, other components' worktrees) (issue #39).
+        let repo = Path::new(&st.args.repo);
+        let depth = st
+            .args
+            .code
+            .prefix
+            .split('/')
+            .filter(|c| !c.is_empty())
+            .count();
+        let top = repo.ancestors().nth(depth).unwrap_or(repo);
+        let mut policy = st.args.agents.clone();
+        policy.jail = policy
+            .jail
+            .read_only(&[top.to_path_buf(), repo.to_path_buf()])
+            .writable(&[lp.worktree.path.clone(), files.dir.clone()]);
         let exit = agent::run_with(
             &launch.argv,
             agent::RunAgent {
@@ -2196,7 +2213,7 @@ async fn run_where(
                 extra: &launch.extra,
                 timeout: a.timeout,
                 log_dir: &files.dir,
-                policy: &st.args.agents,
+                policy: &policy,
             },
             launch.stdin,
             stop,

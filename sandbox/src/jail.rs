@@ -117,6 +117,13 @@ pub struct Plan {
     /// ([`Jail::warnings`] of a jail with such paths says what that costs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only: Vec<PathBuf>,
+    /// Folders below a read-only path that stay writable (issue #39: an
+    /// agent writes its own worktree and files, nothing else of the
+    /// repository). With a namespace each is a writable bind mount of
+    /// itself over the read-only one; with Landlock, a rule that allows
+    /// writing below it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writable: Vec<PathBuf>,
     /// A namespace jail that also puts the job in a Landlock domain of its
     /// own (issue #38): no job can then read another job's or agent's
     /// `/proc/PID/environ`, `mem` or `fd`, or trace it, though they share a
@@ -200,6 +207,7 @@ impl Jail {
                     mechanism,
                     hide: hide.clone(),
                     read_only: Vec::new(),
+                    writable: Vec::new(),
                     scoped,
                 },
             );
@@ -224,6 +232,7 @@ impl Jail {
                 mechanism,
                 hide,
                 read_only: Vec::new(),
+                writable: Vec::new(),
                 scoped: mechanism == Mechanism::Namespace,
             },
         )
@@ -272,6 +281,18 @@ impl Jail {
         Self::planned(&a.launcher, plan)
     }
 
+    /// The same jail, with the folders `more` writable though a read-only
+    /// path holds them (those that do not exist are left out; each is
+    /// resolved to its real location). Off stays off.
+    pub fn writable(&self, more: &[PathBuf]) -> Self {
+        let Some(a) = &self.armed else {
+            return self.clone();
+        };
+        let mut plan = a.plan.clone();
+        add_real(&mut plan.writable, more);
+        Self::planned(&a.launcher, plan)
+    }
+
     /// The paths it leaves read-only (real locations).
     pub fn read_only_paths(&self) -> &[PathBuf] {
         self.armed.as_ref().map_or(&[], |a| &a.plan.read_only)
@@ -315,6 +336,12 @@ impl Jail {
                 );
                 if !a.plan.read_only.is_empty() {
                     line.push_str(&format!("; read-only: {}", list(&a.plan.read_only)));
+                }
+                if !a.plan.writable.is_empty() {
+                    line.push_str(&format!(
+                        "; writable below them: {}",
+                        list(&a.plan.writable)
+                    ));
                 }
                 line.push_str(if a.plan.isolates_processes() {
                     "; each job in a Landlock domain of its own, kept from the others' /proc"

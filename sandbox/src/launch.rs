@@ -118,9 +118,15 @@ pub fn apply(plan: &Plan) -> Result<(), String> {
         .filter(|p| p.symlink_metadata().is_ok())
         .cloned()
         .collect();
+    let writable: Vec<PathBuf> = plan
+        .writable
+        .iter()
+        .filter(|p| p.is_dir())
+        .cloned()
+        .collect();
     match plan.mechanism {
         Mechanism::Namespace => {
-            namespace(&hidden, &read_only)?;
+            namespace(&hidden, &read_only, &writable)?;
             drop_capabilities()?;
             nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
             if plan.scoped {
@@ -129,7 +135,7 @@ pub fn apply(plan: &Plan) -> Result<(), String> {
         }
         Mechanism::Landlock => {
             drop_capabilities()?;
-            landlock(&hidden, &read_only)?;
+            landlock(&hidden, &read_only, &writable)?;
         }
     }
     Ok(())
@@ -160,7 +166,11 @@ fn block_devices(dir: &Path, out: &mut Vec<PathBuf>) {
 /// A private mount namespace (inside a user namespace of one's own when
 /// this process may not mount) where each read-only path is a read-only
 /// bind mount of itself and each hidden path is covered.
-fn namespace(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<(), String> {
+fn namespace(
+    hidden: &[PathBuf],
+    read_only: &[PathBuf],
+    writable: &[PathBuf],
+) -> Result<(), String> {
     use nix::mount::{MsFlags, mount};
     use nix::sched::{CloneFlags, unshare};
     let may_mount = caps::has_cap(None, CapSet::Effective, Capability::CAP_SYS_ADMIN)
@@ -187,8 +197,16 @@ fn namespace(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("making / private: {e}"))?;
-    for r in read_only {
+    // Outer paths first, so that a read-only path inside another stays
+    // read-only (a later recursive bind of the outer one would carry it
+    // anyway); then the writable folders inside them.
+    let mut ordered: Vec<&PathBuf> = read_only.iter().collect();
+    ordered.sort_by_key(|p| p.components().count());
+    for r in ordered {
         read_only_bind(r)?;
+    }
+    for w in writable {
+        writable_bind(w)?;
     }
     for h in hidden {
         let is_dir = h.symlink_metadata().is_ok_and(|m| m.is_dir());
@@ -219,10 +237,22 @@ fn namespace(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<(), String> {
 /// clear (`nosuid`, `nodev`, `noexec`, the atime ones) are kept as the
 /// mount below has them, or the remount would be refused.
 fn read_only_bind(path: &Path) -> Result<(), String> {
+    rebind(path, true)
+}
+
+/// [`read_only_bind`]'s twin: a writable bind mount of `path` over a
+/// read-only one (a bind copies the read-only flag of the mount it comes
+/// from, so it is remounted without it; what is mounted below `path` keeps
+/// its own).
+fn writable_bind(path: &Path) -> Result<(), String> {
+    rebind(path, false)
+}
+
+fn rebind(path: &Path, read_only: bool) -> Result<(), String> {
     use nix::mount::{MsFlags, mount};
     use nix::sys::statvfs::{FsFlags, statvfs};
-    let e =
-        |what: &str, x: nix::Error| format!("making {} read-only ({what}): {x}", path.display());
+    let what = if read_only { "read-only" } else { "writable" };
+    let e = |step: &str, x: nix::Error| format!("making {} {what} ({step}): {x}", path.display());
     let had = statvfs(path).map_err(|x| e("statvfs", x))?.flags();
     mount(
         Some(path),
@@ -232,7 +262,10 @@ fn read_only_bind(path: &Path) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|x| e("bind", x))?;
-    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT;
+    if read_only {
+        flags |= MsFlags::MS_RDONLY;
+    }
     for (st, ms) in [
         (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
         (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
@@ -300,7 +333,7 @@ fn own_domain() -> Result<(), String> {
 /// A Landlock domain that may read every file except the hidden paths,
 /// and (when some paths are read-only) write only below the paths that
 /// contain no read-only one.
-fn landlock(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<(), String> {
+fn landlock(hidden: &[PathBuf], read_only: &[PathBuf], writable: &[PathBuf]) -> Result<(), String> {
     use landlock::{
         ABI, AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
     };
@@ -336,9 +369,9 @@ fn landlock(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<(), String> {
             .map_err(|x| e("rule", x))?;
     }
     if !read_only.is_empty() {
-        let mut writable = Vec::new();
-        complement(Path::new("/"), &read_only, &mut writable);
-        for p in writable {
+        let mut outside = Vec::new();
+        complement(Path::new("/"), &read_only, &mut outside);
+        for p in outside {
             // A file takes only the rights a file can have.
             let rights = if p.is_dir() {
                 write
@@ -348,6 +381,12 @@ fn landlock(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<(), String> {
             let Ok(fd) = PathFd::new(&p) else { continue };
             rs = rs
                 .add_rule(PathBeneath::new(fd, rights))
+                .map_err(|x| e("rule", x))?;
+        }
+        for w in writable {
+            let Ok(fd) = PathFd::new(w) else { continue };
+            rs = rs
+                .add_rule(PathBeneath::new(fd, write))
                 .map_err(|x| e("rule", x))?;
         }
     }

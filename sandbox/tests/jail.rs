@@ -573,3 +573,60 @@ line("mem", mem)
         assert!(got.contains("cmdline nothing: read"), "{m}: {got}");
     }
 }
+
+/// A read-only folder with a writable one inside it (issue #39: an agent
+/// writes its worktree, nothing else of the repository): a write lands in
+/// the writable folder, is refused beside it, and a read-only file inside
+/// the writable folder (its `.git`) stays read-only. Both mechanisms.
+#[test]
+fn a_writable_folder_inside_a_read_only_one() {
+    // Not below /tmp: Landlock leaves no read-only folder there.
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    for m in [Mechanism::Namespace, Mechanism::Landlock] {
+        let d = tempfile::tempdir_in(&base).unwrap();
+        let repo = d.path().join("repo");
+        let wt = repo.join(".fvd/worktrees/c");
+        std::fs::create_dir_all(&wt).unwrap();
+        std::fs::write(repo.join("main.py"), "x").unwrap();
+        std::fs::write(wt.join(".git"), "gitdir: x\n").unwrap();
+        let j = Jail::unprobed(launcher(), m, Vec::new())
+            .read_only(&[repo.clone(), wt.join(".git")])
+            .writable(std::slice::from_ref(&wt));
+        let script = format!(
+            "import os\nfor p in [{a:?}, {b:?}, {c:?}, {d:?}]:\n    try:\n        open(p, 'a').write('y')\n        print('wrote', p)\n    except OSError as e:\n        print('refused', p, e.errno)\n",
+            a = wt.join("fix.py"),
+            b = repo.join("main.py"),
+            c = repo.join(".fvd/state.db"),
+            d = wt.join(".git"),
+        );
+        let out = j
+            .command(&["python3".into(), "-c".into(), script])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{m}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains(&format!("wrote {}", wt.join("fix.py").display())),
+            "{m}: {text}"
+        );
+        for p in [repo.join("main.py"), repo.join(".fvd/state.db")] {
+            assert!(
+                text.contains(&format!("refused {}", p.display())),
+                "{m}: {text}"
+            );
+        }
+        if m == Mechanism::Namespace {
+            // Landlock leaves files writable (folders only).
+            assert!(
+                text.contains(&format!("refused {}", wt.join(".git").display())),
+                "{m}: {text}"
+            );
+        }
+    }
+}

@@ -446,7 +446,16 @@ async fn embedded(
     )
     .await?;
     let agents = embedded_agents(repo, spec.as_ref(), local.job_sandbox)?;
-    worker.jail = agents.jail.clone();
+    // Tests may not write `.fvd/` (the state database, the agents' files)
+    // but for the worker's folder and the worktrees they run in (issue
+    // #39: a forged state database).
+    let fvd = repo.join(".fvd");
+    std::fs::create_dir_all(fvd.join("worktrees"))
+        .with_context(|| format!("cannot create {}", fvd.join("worktrees").display()))?;
+    worker.jail = agents
+        .jail
+        .read_only(std::slice::from_ref(&fvd))
+        .writable(&[fvd.join("worker"), fvd.join("worktrees")]);
     worker.provides = embedded_provides(repo, spec);
     let embedded = fvd_orchestrator::embedded::Embedded::start(store, worker, agents).await?;
     // The token is in the run file for the owner's own `fvd cancel`.

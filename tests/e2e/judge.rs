@@ -3,7 +3,9 @@
 //! edits the official reference to match the port's bug gets no pass: each
 //! attempt's run tests its code with the port's own judge, and the ledger
 //! lists the judge paths it changed. The honest fix, on top of all three,
-//! still passes.
+//! still passes. The agent writes nothing outside its worktree: not the
+//! state database, the main checkout or `.fvd/` (embedded), not the
+//! worker's workspace (fleet).
 
 use crate::agent::{component, example_repo};
 use crate::support::{Sandbox, fvd};
@@ -28,6 +30,18 @@ def edit(rel, old, new):
     p.write_text(text.replace(old, new))
 if a.attempt == 1:
     edit("tests/local_tests/generic/test_tinyport_timestep_embed_parity.py", "atol=1e-4", "atol=10.0")
+    # Writes outside its worktree, each refused by the jail (the targets and
+    # where to say so are named by files of the port).
+    mark = (w / "tools/mark").read_text().strip()
+    lines = []
+    for target in (w / "tools/targets").read_text().split():
+        try:
+            with open(target, "a") as f:
+                f.write("forged")
+            lines.append("wrote " + target)
+        except OSError as e:
+            lines.append("refused %s %s" % (target, e.errno))
+    pathlib.Path(mark, "writes.txt").write_text("\n".join(lines) + "\n")
 elif a.attempt == 2:
     (w / "tests/local_tests/generic/conftest.py").write_text(
         "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
@@ -78,6 +92,40 @@ fn cheats(fleet: bool) {
     )
     .unwrap();
     std::fs::write(sb.repo().join("tools/cheater.py"), CHEATER).unwrap();
+    // What attempt 1 tries to write besides its worktree: the state
+    // database, the main checkout and `.fvd/` embedded; the worker's
+    // workspace on a fleet.
+    // Outside the repository (the sandbox's folder is the repository).
+    let mark_dir = tempfile::tempdir().unwrap();
+    let mark = mark_dir.path().to_path_buf();
+    std::fs::write(sb.repo().join("tools/mark"), mark.display().to_string()).unwrap();
+    let targets: Vec<std::path::PathBuf> = if fleet {
+        let ws = sb.dir.path().join("ws-w1");
+        vec![
+            ws.join("jobs/forged.txt"),
+            ws.join("code/forged.txt"),
+            ws.join("forged.txt"),
+        ]
+    } else {
+        let r = sb.repo();
+        vec![
+            r.join(".fvd/state.db"),
+            r.join("fastvideo/layers/timestep.py"),
+            r.join(".fvd/worktrees/forged.txt"),
+        ]
+    };
+    let listed: Vec<String> = targets.iter().map(|t| t.display().to_string()).collect();
+    std::fs::write(sb.repo().join("tools/targets"), listed.join("\n")).unwrap();
+    // Every test tries the same writes (a port's module can run anything
+    // when a test imports it): the port's own root conftest.py does.
+    std::fs::write(
+        sb.repo().join("conftest.py"),
+        format!(
+            "import os\nlines = []\nfor t in {listed:?}:\n    try:\n        open(t, 'a').close()\n        lines.append('wrote ' + t)\n    except OSError as e:\n        lines.append('refused %s %s' % (t, e.errno))\nopen(os.path.join({mark:?}, 'test-writes-%d.txt' % os.getpid()), 'w').write('\\n'.join(lines) + '\\n')\n",
+            mark = mark.display().to_string(),
+        ),
+    )
+    .unwrap();
     crate::agent::git(sb.repo(), &["add", "-A"]);
     crate::agent::git(sb.repo(), &["commit", "-q", "-m", "a cheating agent"]);
 
@@ -146,6 +194,30 @@ fn cheats(fleet: bool) {
     // The fix on top of all three passes the port's own judge.
     assert_eq!(attempts[3]["verdict_after"], "non_skip_pass", "{l}");
     assert_eq!(judge(&attempts[3]), cheats[2], "{l}");
+    // Nothing outside its worktree took a write.
+    let writes =
+        std::fs::read_to_string(mark.join("writes.txt")).expect("attempt 1 tried its writes");
+    for t in &listed {
+        assert!(writes.contains(&format!("refused {t}")), "{t}:\n{writes}");
+    }
+    // Nor did any test's, embedded (on a fleet the worker's workspace is
+    // the jobs' own).
+    if !fleet {
+        let mut tried = 0;
+        for e in std::fs::read_dir(&mark).unwrap().flatten() {
+            if e.file_name().to_string_lossy().starts_with("test-writes-") {
+                tried += 1;
+                let text = std::fs::read_to_string(e.path()).unwrap();
+                for t in &listed[..1] {
+                    assert!(
+                        text.contains(&format!("refused {t}")),
+                        "a test wrote {t}:\n{text}"
+                    );
+                }
+            }
+        }
+        assert!(tried >= 7, "the tests' write attempts: {tried}");
+    }
     // The person reading the ledger sees it.
     let out = fvd()
         .args(["attempts", "tinyport", COMPONENT])

@@ -191,6 +191,10 @@ async fn attempt_in(
     a.collect_junit = false;
     let io = AgentIo {
         stdin: g.packet_on_stdin.then(|| packet.into_bytes()),
+        // Its checkout and its files, nothing else of the workspace (other
+        // attempts' checkouts, the clone, the jobs' folders).
+        read_only: vec![config.workspace.clone()],
+        writable: vec![checkout.path.clone(), dir.clone()],
         ..AgentIo::default()
     };
     let secret_env = a.secret_env.clone();

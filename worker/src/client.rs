@@ -882,6 +882,10 @@ pub const REPO_DIR: &str = "{repo}";
 pub(crate) struct AgentIo {
     pub stdin: Option<Vec<u8>>,
     pub stdout: Arc<Mutex<Vec<u8>>>,
+    /// Read-only to the agent, but for `writable` (issue #39: it writes its
+    /// checkout and its own files, not the worker's workspace).
+    pub read_only: Vec<PathBuf>,
+    pub writable: Vec<PathBuf>,
 }
 
 /// Most bytes of an agent's stdout kept for its result (the last ones: a
@@ -945,6 +949,9 @@ pub(crate) async fn run_assigned(
     let repo_dirs: Vec<PathBuf> = git_paths.iter().filter(|p| p.is_dir()).cloned().collect();
     let mut sandbox = config.job_sandbox();
     sandbox.jail = sandbox.jail.read_only(&git_paths);
+    if let Some(io) = agent_io {
+        sandbox.jail = sandbox.jail.read_only(&io.read_only).writable(&io.writable);
+    }
     let mut spec = JobSpec {
         job_id: a.job_id.clone(),
         argv,
