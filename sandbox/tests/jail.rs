@@ -580,10 +580,14 @@ line("mem", mem)
 /// the writable folder (its `.git`) stays read-only. Both mechanisms.
 #[test]
 fn a_writable_folder_inside_a_read_only_one() {
-    // Not below /tmp: Landlock leaves no read-only folder there.
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     for m in [Mechanism::Namespace, Mechanism::Landlock] {
-        let d = tempfile::tempdir_in(&base).unwrap();
+        // Not below /tmp: Landlock leaves no read-only folder there
+        // (`launch::landlock_read_only`), and a checkout may lie there.
+        let d = tempfile::Builder::new()
+            .prefix("fvd-jail-test")
+            .tempdir_in("/run")
+            .or_else(|_| tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")))
+            .unwrap();
         let repo = d.path().join("repo");
         let wt = repo.join(".fvd/worktrees/c");
         std::fs::create_dir_all(&wt).unwrap();
