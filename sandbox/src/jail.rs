@@ -346,7 +346,7 @@ impl Jail {
                 line.push_str(if a.plan.isolates_processes() {
                     "; each job in a Landlock domain of its own, kept from the others' /proc"
                 } else {
-                    "; no Landlock on this kernel: jobs of one user can read each other's /proc/PID/environ"
+                    "; no Landlock domain here (the kernel or its seccomp profile refuses one): jobs of one user can read each other's /proc/PID/environ"
                 });
                 line.push(')');
                 line
