@@ -8,29 +8,10 @@
 //! (git at build time, on the developer's checkout) may run git directly:
 //! they are not fvd.
 
-use std::path::{Path, PathBuf};
-
-use crate::{read, root};
+use crate::{lines_where, read, root, rust_files};
 
 /// The one file allowed to start git.
 const RUNNER: &str = "git/src/lib.rs";
-
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        let name = e.file_name().to_string_lossy().into_owned();
-        if p.is_dir() {
-            if !matches!(name.as_str(), "target" | "tests" | ".git" | "node_modules") {
-                sources(&p, out);
-            }
-        } else if name.ends_with(".rs") && p.components().any(|c| c.as_os_str() == "src") {
-            out.push(p);
-        }
-    }
-}
 
 /// The text of a source file before its test module.
 fn before_tests(text: &str) -> &str {
@@ -56,31 +37,27 @@ fn spawns(file: &str, text: &str) -> Vec<String> {
         "Command::new(\"/usr/bin/git\")",
         "Command::new(\"/usr/local/bin/git\")",
     ];
-    before_tests(text)
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| needles.iter().any(|n| l.contains(n)))
-        .map(|(i, l)| format!("{file}:{}: {}", i + 1, l.trim()))
-        .collect()
+    lines_where(file, before_tests(text), |l| {
+        needles.iter().any(|n| l.contains(n))
+    })
 }
 
 #[test]
 fn git_is_started_only_by_the_one_runner() {
-    let root = root();
-    let mut files = Vec::new();
-    sources(&root, &mut files);
+    // fvd's own code: a crate's `src/`, not a `tests` folder.
+    let files: Vec<_> = rust_files()
+        .into_iter()
+        .filter(|(rel, _)| {
+            let parts: Vec<&str> = rel.split('/').collect();
+            parts.contains(&"src") && !parts.contains(&"tests")
+        })
+        .collect();
     assert!(files.len() > 50, "found only {} source files", files.len());
     let mut found = Vec::new();
-    for f in &files {
-        let rel = f
-            .strip_prefix(&root)
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        if rel == RUNNER {
-            continue;
+    for (rel, path) in &files {
+        if rel != RUNNER {
+            found.extend(spawns(rel, &read(path)));
         }
-        found.extend(spawns(&rel, &read(f)));
     }
     assert!(
         found.is_empty(),
@@ -88,7 +65,7 @@ fn git_is_started_only_by_the_one_runner() {
         found.join("\n")
     );
     // The runner itself is where git is started.
-    assert!(!spawns(RUNNER, &read(&root.join(RUNNER))).is_empty());
+    assert!(!spawns(RUNNER, &read(&root().join(RUNNER))).is_empty());
 }
 
 #[test]

@@ -7,53 +7,22 @@
 //! debuggers. Either changing fails here, naming the file and line; put the
 //! release build back into the test command then.
 
-use std::path::{Path, PathBuf};
-
-use crate::{read, root};
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        let name = e.file_name().to_string_lossy().into_owned();
-        if p.is_dir() {
-            if !matches!(name.as_str(), "target" | ".git" | "node_modules") {
-                rust_files(&p, out);
-            }
-        } else if name.ends_with(".rs") {
-            out.push(p);
-        }
-    }
-}
+use crate::{lines_where, read, root, rust_files};
 
 /// `file:line: text` of each line of `text` naming `debug_assertions`.
 fn profile_only(file: &str, text: &str) -> Vec<String> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| l.contains("debug_assertions"))
-        .map(|(i, l)| format!("{file}:{}: {}", i + 1, l.trim()))
-        .collect()
+    lines_where(file, text, |l| l.contains("debug_assertions"))
 }
 
 #[test]
 fn no_code_is_compiled_for_the_release_profile_only() {
-    let root = root();
-    let mut files = Vec::new();
-    rust_files(&root, &mut files);
+    let files = rust_files();
     assert!(files.len() > 50, "found only {} Rust files", files.len());
     let mut found = Vec::new();
-    for f in &files {
-        let rel = f
-            .strip_prefix(&root)
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        if rel == "tests/layout/profiles.rs" {
-            continue;
+    for (rel, path) in &files {
+        if rel != "tests/layout/profiles.rs" {
+            found.extend(profile_only(rel, &read(path)));
         }
-        found.extend(profile_only(&rel, &read(f)));
     }
     assert!(
         found.is_empty(),
