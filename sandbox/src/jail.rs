@@ -261,11 +261,17 @@ impl Jail {
     /// The same jail, hiding `more` as well (paths that do not exist are
     /// left out; each is resolved to its real location).
     pub fn hiding(&self, more: &[PathBuf]) -> Self {
+        self.adding(more, |p| &mut p.hide)
+    }
+
+    /// The same jail with `more` added to the plan's list `list` picks
+    /// (existing paths, at their real locations); off stays off.
+    fn adding(&self, more: &[PathBuf], list: fn(&mut Plan) -> &mut Vec<PathBuf>) -> Self {
         let Some(a) = &self.armed else {
             return self.clone();
         };
         let mut plan = a.plan.clone();
-        add_real(&mut plan.hide, more);
+        add_real(list(&mut plan), more);
         Self::planned(&a.launcher, plan)
     }
 
@@ -273,24 +279,14 @@ impl Jail {
     /// (paths that do not exist are left out; each is resolved to its
     /// real location). Off stays off: nothing is protected then.
     pub fn read_only(&self, more: &[PathBuf]) -> Self {
-        let Some(a) = &self.armed else {
-            return self.clone();
-        };
-        let mut plan = a.plan.clone();
-        add_real(&mut plan.read_only, more);
-        Self::planned(&a.launcher, plan)
+        self.adding(more, |p| &mut p.read_only)
     }
 
     /// The same jail, with the folders `more` writable though a read-only
     /// path holds them (those that do not exist are left out; each is
     /// resolved to its real location). Off stays off.
     pub fn writable(&self, more: &[PathBuf]) -> Self {
-        let Some(a) = &self.armed else {
-            return self.clone();
-        };
-        let mut plan = a.plan.clone();
-        add_real(&mut plan.writable, more);
-        Self::planned(&a.launcher, plan)
+        self.adding(more, |p| &mut p.writable)
     }
 
     /// The paths it leaves read-only (real locations).
