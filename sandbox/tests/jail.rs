@@ -183,6 +183,29 @@ fn launcher() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_fvd-jail"))
 }
 
+/// `python3 -c SCRIPT ARGS…` in `jail` (in `cwd`, with `PATH` only): its
+/// stdout, once it exited 0 (else the test fails, saying `what`).
+fn python_in(jail: &Jail, script: &str, args: &[String], cwd: Option<&Path>, what: &str) -> String {
+    let mut argv = vec!["python3".to_string(), "-c".to_string(), script.to_string()];
+    argv.extend(args.iter().cloned());
+    let mut cmd = jail.command(&argv);
+    if let Some(d) = cwd {
+        cmd.current_dir(d);
+    }
+    let out = cmd
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 fn found(results: &[(String, String)], path: &str) -> bool {
     let (_, v) = results
         .iter()
@@ -286,19 +309,8 @@ fn a_jailed_job_reads_everything_but_the_hidden_paths() {
             readme = s.dir.path().join("secrets/readme"),
             token = s.token_file(),
         );
-        let out = j
-            .command(&["python3".into(), "-c".into(), script])
-            .current_dir(s.dir.path().join("work"))
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap())
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{m}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let work = s.dir.path().join("work");
+        let text = python_in(&j, &script, &[], Some(&work), &m.to_string());
         assert!(
             text.contains("not a secret") && text.contains("mine"),
             "{m}: {text}"
@@ -532,26 +544,15 @@ line("mem", mem)
             .env("FVD_TOOLS_TOKEN", TOKEN)
             .spawn()
             .unwrap();
-        let out = jail
-            .command(&[
-                "python3".into(),
-                "-c".into(),
-                PROBE.into(),
-                pid_file.display().to_string(),
-                TOKEN.into(),
-            ])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap())
-            .output()
-            .unwrap();
+        let text = python_in(
+            jail,
+            PROBE,
+            &[pid_file.display().to_string(), TOKEN.into()],
+            None,
+            tag,
+        );
         let _ = holder.kill();
         let _ = holder.wait();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{tag}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         text
     };
     let open = run(&Jail::off(), "off");
@@ -603,18 +604,7 @@ fn a_writable_folder_inside_a_read_only_one() {
             c = repo.join(".fvd/state.db"),
             d = wt.join(".git"),
         );
-        let out = j
-            .command(&["python3".into(), "-c".into(), script])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap())
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{m}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = python_in(&j, &script, &[], None, &m.to_string());
         assert!(
             text.contains(&format!("wrote {}", wt.join("fix.py").display())),
             "{m}: {text}"
