@@ -37,6 +37,9 @@ pub fn classify(report: &JobReport, in_repo: &dyn Fn(&str) -> bool) -> Verdict {
         signal: report.signal,
         output_tail: &report.output_tail,
         worker_lost: false,
+        // A worker loads fvd's pytest plugin for every run whose report
+        // it collects (`fvd_worker::exec::prepare_pytest`).
+        plugin: true,
     };
     if let Some(env) = verdict::environment_cause(&ev, &report.spawn_error, in_repo) {
         return env;

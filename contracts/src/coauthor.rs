@@ -73,6 +73,9 @@ impl Outcome {
             RecordedVerdict::DebugRed => Outcome::Red,
             RecordedVerdict::ScaffoldSkip => Outcome::Skip,
             RecordedVerdict::Timeout => Outcome::Timeout,
+            // It ran the code, but what it says cannot be believed: a
+            // person's cell reads `blocked`.
+            RecordedVerdict::Tampered => Outcome::Error,
             RecordedVerdict::Error(Some(kind)) => match kind {
                 ErrorKind::Cancelled => Outcome::Untested,
                 ErrorKind::NoTests

@@ -87,9 +87,9 @@ macro_rules! recorded_enum {
 }
 
 /// What a run, a component, an agent attempt (before and after) or a
-/// variant row records about the code (`verdict` columns). The first seven
-/// are a classified run's [`VerdictStatus`]; the rest are fvd's own ends of
-/// a run that has no verdict of its report.
+/// variant row records about the code (`verdict` columns). `NonSkipPass`
+/// to `Tampered` are a classified run's [`VerdictStatus`]; the rest are
+/// fvd's own ends of a run that has no verdict of its report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum RecordedVerdict {
     /// No verdict yet (`""`).
@@ -106,6 +106,8 @@ pub enum RecordedVerdict {
     InfraError,
     /// The run's environment, not the code, failed it.
     Environment,
+    /// The run swapped out what judges it: never a pass.
+    Tampered,
     /// The port was cancelled before the run had a verdict.
     Cancelled,
     /// A pass the cleanup gate refused (an agent component's worktree).
@@ -127,6 +129,7 @@ impl RecordedVerdict {
         Self::Timeout,
         Self::InfraError,
         Self::Environment,
+        Self::Tampered,
         Self::Cancelled,
         Self::CleanupRefused,
         Self::Unplaced,
@@ -144,6 +147,7 @@ impl RecordedVerdict {
             Self::Timeout => "timeout",
             Self::InfraError => "infra_error",
             Self::Environment => "environment",
+            Self::Tampered => "tampered",
             Self::Cancelled => "cancelled",
             Self::CleanupRefused => "cleanup_refused",
             Self::Unplaced => "unplaced",
@@ -225,6 +229,7 @@ impl From<VerdictStatus> for RecordedVerdict {
             VerdictStatus::Timeout => Self::Timeout,
             VerdictStatus::InfraError => Self::InfraError,
             VerdictStatus::Environment => Self::Environment,
+            VerdictStatus::Tampered => Self::Tampered,
         }
     }
 }
@@ -272,7 +277,7 @@ mod tests {
         }
         assert_eq!(
             seen.into_iter().collect::<Vec<_>>().join(" "),
-            " cancelled cleanup_refused debug_red environment error infra_error non_skip_pass scaffold_skip stopped timeout unplaced",
+            " cancelled cleanup_refused debug_red environment error infra_error non_skip_pass scaffold_skip stopped tampered timeout unplaced",
             "the database's texts stay as they were"
         );
     }

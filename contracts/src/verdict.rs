@@ -13,6 +13,14 @@
 //! real outcome of every case as the testcase property
 //! [`OUTCOME_PROPERTY`]; the classifier prefers that property when present,
 //! so an xpass is never mistaken for a `non_skip_pass`.
+//!
+//! The same plugin looks, after each test and at the end of the session,
+//! for an assertion helper, a piece of pytest's machinery or a verdict hook
+//! that code outside the judge swapped out, and writes what it found as the
+//! testsuite property [`INTEGRITY_PROPERTY`]. A run with a finding is
+//! [`Verdict::Tampered`], whatever its cases say; so is a run whose cases
+//! the plugin reported but whose suite lacks the property (the plugin was
+//! unregistered, or the report rewritten).
 
 use std::fmt;
 
@@ -24,6 +32,13 @@ use serde::{Deserialize, Serialize};
 /// outcome of the case: `passed`, `failed`, `skipped`, `xfailed`, `xpassed`
 /// or `xpassed_strict`.
 pub const OUTCOME_PROPERTY: &str = "fvd_outcome";
+
+/// Testsuite property written by the worker's pytest plugin at the end of
+/// the session: `clean`, or `tampered` followed by one finding per line.
+pub const INTEGRITY_PROPERTY: &str = "fvd_integrity";
+
+/// Most findings kept in a [`Verdict::Tampered`].
+pub const MAX_LISTED_FINDINGS: usize = 20;
 
 /// Longest message kept per failing case or skip reason, in characters.
 pub const MAX_MESSAGE_CHARS: usize = 400;
@@ -309,6 +324,10 @@ pub enum VerdictStatus {
     /// or working directory, no CUDA driver. Never an attempt of the
     /// component; the environment must be fixed.
     Environment,
+    /// The run swapped out what judges it (an assertion helper, pytest's
+    /// machinery, a verdict hook outside the judge): never a pass, whatever
+    /// its cases say.
+    Tampered,
 }
 
 impl VerdictStatus {
@@ -322,6 +341,7 @@ impl VerdictStatus {
             VerdictStatus::Timeout => "timeout",
             VerdictStatus::InfraError => "infra_error",
             VerdictStatus::Environment => "environment",
+            VerdictStatus::Tampered => "tampered",
         }
     }
 }
@@ -465,6 +485,13 @@ pub enum Verdict {
         /// One line: `No module named 'torch'`, `cannot start the test: …`.
         cause: String,
     },
+    /// See [`VerdictStatus::Tampered`].
+    Tampered {
+        /// What was swapped out and where the replacement was defined, one
+        /// line each (`numpy.testing.assert_allclose replaced by
+        /// port/model.py:12`), at most [`MAX_LISTED_FINDINGS`].
+        findings: Vec<String>,
+    },
 }
 
 impl Verdict {
@@ -478,6 +505,7 @@ impl Verdict {
             Verdict::Timeout => VerdictStatus::Timeout,
             Verdict::InfraError { .. } => VerdictStatus::InfraError,
             Verdict::Environment { .. } => VerdictStatus::Environment,
+            Verdict::Tampered { .. } => VerdictStatus::Tampered,
         }
     }
 
@@ -535,6 +563,14 @@ impl Verdict {
             Verdict::Timeout => "killed at the timeout".to_string(),
             Verdict::InfraError { cause } => format!("infrastructure: {cause}"),
             Verdict::Environment { cause } => cause.clone(),
+            Verdict::Tampered { findings } => match findings.as_slice() {
+                [] => "the run changed what judges it".to_string(),
+                [one] => format!("the run changed what judges it: {one}"),
+                [first, rest @ ..] => format!(
+                    "the run changed what judges it: {first} (+{} more)",
+                    rest.len()
+                ),
+            },
         };
         one_line(&line, 2 * MAX_MESSAGE_CHARS)
     }
@@ -572,6 +608,10 @@ pub struct RunEvidence<'a> {
     pub output_tail: &'a str,
     /// The worker stopped answering before reporting the run.
     pub worker_lost: bool,
+    /// fvd's pytest plugin was loaded for the run (a worker loads it for
+    /// every run whose JUnit report it collects), so the report must carry
+    /// its [`INTEGRITY_PROPERTY`]: one without it is [`Verdict::Tampered`].
+    pub plugin: bool,
 }
 
 /// Classify one run. Precedence: lost worker, timeout, cancellation, a
@@ -718,6 +758,11 @@ fn classify_report(report: &JunitReport, ev: &RunEvidence<'_>) -> Verdict {
             ),
             _ => error(ErrorKind::NoTests, "no tests collected"),
         };
+    }
+    // Before anything the cases say: a run that swapped out its judge says
+    // nothing about the code, not even an infrastructure fault.
+    if let Some(findings) = report.tampering(ev.plugin) {
+        return Verdict::Tampered { findings };
     }
 
     let troubled = cases
@@ -972,6 +1017,8 @@ impl TestCase {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JunitReport {
     pub cases: Vec<TestCase>,
+    /// The properties of the testsuite itself (not of a case), in order.
+    pub suite_properties: Vec<(String, String)>,
 }
 
 impl JunitReport {
@@ -982,6 +1029,47 @@ impl JunitReport {
             .iter()
             .filter(|c| c.outcome != CaseOutcome::Error(ErrorPhase::Collection))
             .all(|c| c.property(OUTCOME_PROPERTY).is_some())
+    }
+
+    /// What the plugin's integrity check found, `None` when it reported a
+    /// clean run, or when `plugin` is false (the run did not load it, or
+    /// predates it) and the report carries no finding. Any `tampered`
+    /// property wins over a `clean` one; a report the plugin was loaded for
+    /// (`plugin`) but whose suite has no integrity property lost the check,
+    /// which is a finding too.
+    pub fn tampering(&self, plugin: bool) -> Option<Vec<String>> {
+        let mut clean = false;
+        for (name, value) in &self.suite_properties {
+            if name != INTEGRITY_PROPERTY {
+                continue;
+            }
+            let mut lines = value.lines();
+            match lines.next().map(str::trim) {
+                Some("clean") => clean = true,
+                Some("tampered") => {
+                    let findings: Vec<String> = lines
+                        .map(str::trim)
+                        .filter(|l| !l.is_empty())
+                        .take(MAX_LISTED_FINDINGS)
+                        .map(bounded)
+                        .collect();
+                    return Some(findings);
+                }
+                other => {
+                    return Some(vec![bounded(&format!(
+                        "fvd's integrity check reported {:?}, which it never writes",
+                        other.unwrap_or("")
+                    ))]);
+                }
+            }
+        }
+        (plugin && !clean).then(|| {
+            vec![
+                "fvd's integrity check did not report: its pytest plugin was unregistered \
+                 or the report rewritten"
+                    .to_string(),
+            ]
+        })
     }
 }
 
@@ -1056,11 +1144,13 @@ pub fn parse_junit(xml: &str) -> Result<JunitReport, JunitError> {
                         }
                     }
                     "property" => {
-                        if let Some(b) = case.as_mut() {
-                            b.properties.push((
-                                attr(e, "name").map_err(|e| malformed(&e))?,
-                                attr(e, "value").map_err(|e| malformed(&e))?,
-                            ));
+                        let prop = (
+                            attr(e, "name").map_err(|e| malformed(&e))?,
+                            attr(e, "value").map_err(|e| malformed(&e))?,
+                        );
+                        match case.as_mut() {
+                            Some(b) => b.properties.push(prop),
+                            None => report.suite_properties.push(prop),
                         }
                     }
                     _ => {}
@@ -1257,13 +1347,92 @@ mod tests {
             signal: None,
             output_tail: "",
             worker_lost: false,
+            plugin: false,
         }
     }
 
     fn suite(body: &str) -> String {
         format!(
-            r#"<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest" errors="0" failures="0" skipped="0" tests="1">{body}</testsuite></testsuites>"#
+            r#"<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest" errors="0" failures="0" skipped="0" tests="1"><properties><property name="fvd_integrity" value="clean"/></properties>{body}</testsuite></testsuites>"#
         )
+    }
+
+    /// A one-case pass whose suite carries `integrity` (none: no property).
+    fn passing_suite(integrity: Option<&str>) -> String {
+        let props = integrity
+            .map(|v| {
+                format!(r#"<properties><property name="fvd_integrity" value="{v}"/></properties>"#)
+            })
+            .unwrap_or_default();
+        format!(
+            r#"<testsuites><testsuite name="pytest" tests="1">{props}<testcase classname="t" name="a"><properties><property name="fvd_outcome" value="passed"/></properties></testcase></testsuite></testsuites>"#
+        )
+    }
+
+    #[test]
+    fn a_swapped_judge_is_tampered_whatever_the_cases_say() {
+        let xml = passing_suite(Some(
+            "tampered&#10;numpy.testing.assert_allclose replaced by port/m.py:5&#10;hook pytest_runtest_makereport implemented at port/m.py:9, outside the judge",
+        ));
+        let v = classify(&ev(&xml));
+        assert_eq!(
+            v,
+            Verdict::Tampered {
+                findings: vec![
+                    "numpy.testing.assert_allclose replaced by port/m.py:5".into(),
+                    "hook pytest_runtest_makereport implemented at port/m.py:9, outside the judge"
+                        .into(),
+                ]
+            }
+        );
+        assert!(!v.is_pass());
+        assert_eq!(v.status().as_str(), "tampered");
+        assert_eq!(
+            v.reason(),
+            "the run changed what judges it: numpy.testing.assert_allclose replaced by port/m.py:5 (+1 more)"
+        );
+        // A red run that also swapped its judge is named for the swap.
+        let red = xml.replace(
+            r#"value="passed"/></properties></testcase>"#,
+            r#"value="failed"/></properties><failure message="AssertionError: x">E</failure></testcase>"#,
+        );
+        assert_eq!(classify(&ev(&red)).status(), VerdictStatus::Tampered);
+    }
+
+    #[test]
+    fn a_lost_or_forged_integrity_report_is_tampered_and_a_clean_one_passes() {
+        let loaded = |xml: &str| {
+            classify(&RunEvidence {
+                plugin: true,
+                ..ev(xml)
+            })
+        };
+        assert!(loaded(&passing_suite(Some("clean"))).is_pass());
+        // The worker loaded the plugin but its end-of-session report is gone.
+        let lost = loaded(&passing_suite(None));
+        assert_eq!(lost.status(), VerdictStatus::Tampered, "{lost:?}");
+        assert!(
+            lost.reason().contains("did not report"),
+            "{}",
+            lost.reason()
+        );
+        // A text the plugin never writes, and a forged `clean` beside a real
+        // finding.
+        let odd = classify(&ev(&passing_suite(Some("fine"))));
+        assert_eq!(odd.status(), VerdictStatus::Tampered);
+        let both = passing_suite(Some("clean")).replace(
+            "</properties><testcase",
+            r#"<property name="fvd_integrity" value="tampered&#10;math.isclose replaced by a.py:1"/></properties><testcase"#,
+        );
+        assert_eq!(
+            classify(&ev(&both)),
+            Verdict::Tampered {
+                findings: vec!["math.isclose replaced by a.py:1".into()]
+            }
+        );
+        // A report of a run that did not load the plugin (or predates its
+        // check) owes no integrity report.
+        assert!(classify(&ev(&passing_suite(None))).is_pass());
     }
 
     #[test]

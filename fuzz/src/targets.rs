@@ -390,6 +390,7 @@ fn junit_verdict(input: &[u8]) -> u64 {
             "1 passed"
         },
         worker_lost: facts == 0xff,
+        plugin: facts & 0x40 != 0,
     };
     let v = verdict::classify(&ev);
     let reason = v.reason();

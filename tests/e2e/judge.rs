@@ -2,8 +2,9 @@
 //! tolerance, adds a `conftest.py` that turns failures into passes, or
 //! edits the official reference to match the port's bug gets no pass: each
 //! attempt's run tests its code with the port's own judge, and the ledger
-//! lists the judge paths it changed. The honest fix, on top of all three,
-//! still passes. The agent writes nothing outside its worktree: not the
+//! lists the judge paths it changed. One whose port module swaps out
+//! numpy's assertion gets `tampered`, and its next packet names the swap.
+//! The honest fix, on top of all four, still passes. The agent writes nothing outside its worktree: not the
 //! state database, the main checkout or `.fvd/` (embedded), not the
 //! worker's workspace (fleet).
 
@@ -14,15 +15,19 @@ const COMPONENT: &str = "timestep_embed";
 const TEST: &str = "tests/local_tests/generic/test_tinyport_timestep_embed_parity.py";
 
 /// Attempt 1 loosens the tolerance, 2 adds a report-flipping conftest.py,
-/// 3 makes the official reference match the port's bug, 4 fixes the port.
+/// 3 makes the official reference match the port's bug, 4 makes the port's
+/// module swap out `numpy.testing.assert_allclose`, 5 fixes the port (and
+/// drops the swap, after keeping the packet that named it).
 const CHEATER: &str = r#"
 import argparse, pathlib, shutil
 ap = argparse.ArgumentParser()
 ap.add_argument("--attempt", type=int)
 ap.add_argument("--worktree")
 ap.add_argument("--handoff")
+ap.add_argument("--prompt")
 a = ap.parse_args()
 w = pathlib.Path(a.worktree)
+SWAP = "\nimport numpy as _np\n_np.testing.assert_allclose = lambda *a, **k: None\n"
 def edit(rel, old, new):
     p = w / rel
     text = p.read_text()
@@ -50,7 +55,13 @@ elif a.attempt == 3:
     edit("official/tinyport_official/timestep.py",
          "np.concatenate([np.cos(args), np.sin(args)], axis=-1)",
          "np.concatenate([np.sin(args), np.cos(args)], axis=-1)")
+elif a.attempt == 4:
+    with open(w / "fastvideo/layers/timestep.py", "a") as f:
+        f.write(SWAP)
 else:
+    mark = (w / "tools/mark").read_text().strip()
+    shutil.copy(a.prompt, pathlib.Path(mark, "packet5.txt"))
+    edit("fastvideo/layers/timestep.py", SWAP, "")
     edit("fastvideo/layers/timestep.py",
          "np.concatenate([np.sin(args), np.cos(args)], axis=-1)",
          "np.concatenate([np.cos(args), np.sin(args)], axis=-1)")
@@ -74,9 +85,9 @@ fn cheats(fleet: bool) {
     example_repo(&sb, |t| {
         t.replace(
             r#"command = ["python3", "-B", "tools/replay_agent.py", "--patches", "tools/replay/{component}", "--attempt", "{attempt}", "--prompt", "{prompt_file}", "--handoff", "{handoff_file}", "--worktree", "{worktree}"]"#,
-            r#"command = ["python3", "-B", "tools/cheater.py", "--attempt", "{attempt}", "--handoff", "{handoff_file}", "--worktree", "{worktree}"]"#,
+            r#"command = ["python3", "-B", "tools/cheater.py", "--attempt", "{attempt}", "--handoff", "{handoff_file}", "--prompt", "{prompt_file}", "--worktree", "{worktree}"]"#,
         )
-        .replace("max_attempts = 3", "max_attempts = 4")
+        .replace("max_attempts = 3", "max_attempts = 5")
     });
     // Only timestep_embed cheats; time_shift's agent would ask its
     // question of the replay agent, so it runs no agent here.
@@ -161,7 +172,7 @@ fn cheats(fleet: bool) {
         .unwrap();
     let l: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let attempts = l["attempts"].as_array().unwrap();
-    assert_eq!(attempts.len(), 4, "{l}");
+    assert_eq!(attempts.len(), 5, "{l}");
     if fleet {
         assert!(attempts.iter().all(|a| a["worker_id"] == "w1"), "{l}");
     }
@@ -191,9 +202,18 @@ fn cheats(fleet: bool) {
         assert_eq!(a["verdict_after"], "debug_red", "attempt {}: {a}", i + 1);
         assert_eq!(&judge(a), want, "attempt {}: {a}", i + 1);
     }
-    // The fix on top of all three passes the port's own judge.
-    assert_eq!(attempts[3]["verdict_after"], "non_skip_pass", "{l}");
+    // The swapped assertion would have passed too: tampered, never green,
+    // and the agent's next packet names what it swapped and where.
+    assert_eq!(attempts[3]["verdict_after"], "tampered", "{l}");
     assert_eq!(judge(&attempts[3]), cheats[2], "{l}");
+    let packet = std::fs::read_to_string(mark.join("packet5.txt")).expect("attempt 5's packet");
+    assert!(
+        packet.contains("numpy.testing.assert_allclose replaced by fastvideo/layers/timestep.py:"),
+        "{packet}"
+    );
+    // The fix on top of all four passes the port's own judge.
+    assert_eq!(attempts[4]["verdict_after"], "non_skip_pass", "{l}");
+    assert_eq!(judge(&attempts[4]), cheats[2], "{l}");
     // Nothing outside its worktree took a write.
     let writes =
         std::fs::read_to_string(mark.join("writes.txt")).expect("attempt 1 tried its writes");

@@ -112,6 +112,16 @@ pub struct JobSpec {
     pub stdin: Option<Vec<u8>>,
 }
 
+impl JobSpec {
+    /// Whether [`prepare_pytest`] made pytest load fvd's plugin.
+    pub fn loads_plugin(&self) -> bool {
+        let flag = format!("-p {PYTEST_PLUGIN_MODULE}");
+        self.env
+            .iter()
+            .any(|(k, v)| k == "PYTEST_ADDOPTS" && v.starts_with(&flag))
+    }
+}
+
 /// What a job may see of the worker that runs it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobSandbox {
@@ -214,6 +224,8 @@ pub struct JobOutcome {
     /// False when the output pipes were still open at [`DRAIN_TIMEOUT`]
     /// after every known process was gone; the output may be incomplete.
     pub output_drained: bool,
+    /// [`prepare_pytest`] loaded fvd's pytest plugin for the run.
+    pub plugin: bool,
 }
 
 impl JobOutcome {
@@ -241,6 +253,7 @@ impl JobOutcome {
             signal: self.signal,
             output_tail: &self.output_tail,
             worker_lost: false,
+            plugin: self.plugin,
         }
     }
 
@@ -381,6 +394,7 @@ pub async fn run_job_capped(
     let Some(program) = spec.argv.first().cloned() else {
         return Err(ExecError::EmptyArgv { job_id });
     };
+    let plugin = spec.loads_plugin();
     if let Some(path) = &spec.junit {
         remove_stale(path).map_err(|source| ExecError::Junit {
             job_id: job_id.clone(),
@@ -544,6 +558,7 @@ pub async fn run_job_capped(
         leftovers: ended.leftovers,
         survivors,
         output_drained,
+        plugin,
     };
     tracing::info!(
         job_id = outcome.job_id,

@@ -21,29 +21,37 @@ struct Run {
 }
 
 async fn run_case_with(file: &str, extra: &[&str], timeout: Duration, plugin: bool) -> Run {
+    run_in(cases_dir(), &[file], extra, timeout, plugin).await
+}
+
+/// pytest on `files` in `dir`, with `extra` arguments.
+async fn run_in(
+    dir: PathBuf,
+    files: &[&str],
+    extra: &[&str],
+    timeout: Duration,
+    plugin: bool,
+) -> Run {
     let scratch = tempfile::tempdir().unwrap();
-    let mut argv: Vec<String> = [
-        "python3",
-        "-m",
-        "pytest",
-        file,
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--junitxml={junitxml}",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    argv.extend(extra.iter().map(|s| s.to_string()));
+    let mut argv: Vec<String> = ["python3", "-m", "pytest"]
+        .iter()
+        .chain(files)
+        .map(|s| s.to_string())
+        .collect();
+    argv.extend(
+        ["-q", "-p", "no:cacheprovider", "--junitxml={junitxml}"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string()),
+    );
     let mut spec = JobSpec {
-        job_id: format!("verdict-{file}"),
+        job_id: format!("verdict-{}", files.join("-").replace('/', "_")),
         argv,
         // Keep the source tree clean: no __pycache__ next to the cases.
         env: vec![("PYTHONDONTWRITEBYTECODE".into(), "1".into())],
         secret_env_names: vec![],
         sandbox: fvd_worker::exec::JobSandbox::unjailed(),
-        cwd: cases_dir(),
+        cwd: dir,
         gpus: vec![],
         timeout,
         grace: Duration::from_secs(2),
@@ -355,4 +363,127 @@ async fn missing_junit_is_error_naming_the_file() {
         } => assert!(detail.contains(junit.to_str().unwrap()), "{detail}"),
         other => panic!("expected junit_missing, got {other:?}"),
     }
+}
+
+/// The findings of a run that must be `tampered`.
+fn findings(run: &Run) -> &[String] {
+    match &run.verdict {
+        Verdict::Tampered { findings } => findings,
+        other => panic!(
+            "expected tampered, got {other:?}; output:\n{}",
+            run.outcome.output_tail
+        ),
+    }
+}
+
+#[tokio::test]
+async fn a_port_that_swaps_its_judge_out_is_tampered_and_named() {
+    // Each file's test fails on the port's bug; its port module swaps out
+    // what would say so instead of fixing it (cheat_port.py).
+    let cases = [
+        (
+            "test_cheat_swap_numpy.py",
+            "numpy.testing.assert_allclose replaced by cheat_port.py:",
+        ),
+        (
+            "test_cheat_swap_numpy_disguised.py",
+            "numpy.testing.assert_allclose replaced by cheat_port.py:",
+        ),
+        (
+            "test_cheat_register_report_hook.py",
+            "hook pytest_runtest_makereport implemented at cheat_port.py:",
+        ),
+        (
+            "test_cheat_patch_runner.py",
+            "pytest's _pytest.runner.call_and_report replaced by cheat_port.py:",
+        ),
+    ];
+    for (file, want) in cases {
+        let run = run_case(file, &[]).await;
+        let found = findings(&run);
+        assert!(
+            found.iter().any(|f| f.starts_with(want)),
+            "{file}: {found:?}"
+        );
+        assert!(
+            run.verdict
+                .reason()
+                .starts_with("the run changed what judges it: ")
+        );
+        // The run's own output says it too, for a person reading the log.
+        assert!(
+            run.outcome
+                .output_tail
+                .contains("fvd: the run changed what judges it:"),
+            "{file}: {}",
+            run.outcome.output_tail
+        );
+    }
+    // Without a swap the same bug is red.
+    let run = run_case("test_cheat_control.py", &[]).await;
+    assert_eq!(
+        run.verdict.status().as_str(),
+        "debug_red",
+        "{:?}",
+        run.verdict
+    );
+}
+
+#[tokio::test]
+async fn a_port_that_unregisters_the_plugin_is_tampered() {
+    let run = run_case("test_cheat_unregister_fvd.py", &[]).await;
+    assert!(
+        findings(&run)[0].contains("did not report"),
+        "{:?}",
+        run.verdict
+    );
+}
+
+#[tokio::test]
+async fn a_judge_that_patches_a_helper_inside_its_test_is_a_clean_pass() {
+    let run = run_case("test_judge_monkeypatch.py", &[]).await;
+    assert_verdict(
+        &run,
+        Verdict::NonSkipPass {
+            passed: 2,
+            xpass_checked: true,
+        },
+    );
+}
+
+/// Real FastVideo test files (2f3d40740, Apache-2.0; see
+/// `fastvideo_suite/README.md`) with their conftest, at their paths: the
+/// integrity check finds nothing in them.
+#[tokio::test]
+async fn real_fastvideo_tests_show_no_finding() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fastvideo_suite");
+    let run = run_in(
+        dir.clone(),
+        &["apps/dreamverse/dreamverse/tests/test_config.py"],
+        &[],
+        Duration::from_secs(120),
+        true,
+    )
+    .await;
+    assert_verdict(
+        &run,
+        Verdict::NonSkipPass {
+            passed: 9,
+            xpass_checked: true,
+        },
+    );
+    let run = run_in(
+        dir,
+        &["tests/local_tests/pipelines"],
+        &[],
+        Duration::from_secs(120),
+        true,
+    )
+    .await;
+    assert_eq!(
+        run.verdict.status().as_str(),
+        "scaffold_skip",
+        "{:?}",
+        run.verdict
+    );
 }
