@@ -185,6 +185,16 @@ pub enum StoreError {
         column: &'static str,
         source: UnknownState,
     },
+    /// A component reads `non_skip_pass` but no run of it produced one:
+    /// the database was edited, not earned (issue #39).
+    #[error(
+        "state database integrity: component {family}/{component} reads non_skip_pass, but {detail}; no recorded run passed it, so fvd shows no pass (was the database edited?)"
+    )]
+    UnearnedPass {
+        family: String,
+        component: String,
+        detail: String,
+    },
     #[error("port {family} has no escape hatch {id}")]
     UnknownEscape { family: String, id: String },
     #[error("escape hatch {id} of port {family} is {status}, not open")]
@@ -761,24 +771,41 @@ impl Store {
     /// lost or stopping worker handed back counts again only once it is
     /// leased again. Counted from `jobs`, so no later write can drift from
     /// it.
+    ///
+    /// A pass is read from the run that produced it: a component whose row
+    /// says `non_skip_pass` while its last finished run did not record one,
+    /// or whose report does not classify as one, is an
+    /// [`StoreError::UnearnedPass`] naming the row, for every reader (the
+    /// gate, `PORT_STATUS.md`, status, the dashboard).
     pub async fn components(&self, family: &str) -> Result<Vec<ComponentRow>, StoreError> {
-        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.error_kind, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN (?, ?) OR (j.state = ? AND j.spawned_ms IS NOT NULL))) AS runs FROM components c WHERE c.family = ? ORDER BY c.rowid")
+        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.error_kind, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN (?, ?) OR (j.state = ? AND j.spawned_ms IS NOT NULL))) AS runs, l.job_id AS last_job, l.verdict AS last_verdict, l.error_kind AS last_error_kind, l.junit_xml AS last_junit, l.exit_code AS last_exit, l.signal AS last_signal FROM components c LEFT JOIN jobs l ON l.job_id = (SELECT k.job_id FROM jobs k WHERE k.family = c.family AND k.component = c.name AND k.state = ? ORDER BY k.run_no DESC LIMIT 1) WHERE c.family = ? ORDER BY c.rowid")
             .bind(JobState::Running.as_str())
             .bind(JobState::Finished.as_str())
             .bind(JobState::Abandoned.as_str())
+            .bind(JobState::Finished.as_str())
             .bind(family)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
             .map(|r| {
-                Ok(ComponentRow {
+                let row = ComponentRow {
                     name: r.get("name"),
                     status: state(r, "status", "components.status")?,
                     verdict: verdict(r, VERDICT, ("components.verdict", "components.error_kind"))?,
                     reason: r.get("reason"),
                     runs: r.get::<i64, _>("runs") as u32,
                     worker_id: r.get("worker_id"),
-                })
+                };
+                if (row.status == ComponentStatus::NonSkipPass || row.verdict.is_pass())
+                    && let Some(detail) = unearned(r)?
+                {
+                    return Err(StoreError::UnearnedPass {
+                        family: family.to_string(),
+                        component: row.name,
+                        detail,
+                    });
+                }
+                Ok(row)
             })
             .collect()
     }
@@ -1841,6 +1868,39 @@ pub(crate) fn verdict(
 
 /// The columns of a verdict and its error's kind.
 pub(crate) const VERDICT: (&str, &str) = ("verdict", "error_kind");
+
+/// Why the last finished run of a component row (its `last_*` columns)
+/// did not earn a pass: none finished, it recorded another verdict, or its
+/// stored report does not classify as a pass. `None`: it earned one.
+fn unearned(r: &sqlx::sqlite::SqliteRow) -> Result<Option<String>, StoreError> {
+    use fvd_contracts::verdict::{self, JunitEvidence, RunEvidence};
+    let Some(job) = r.get::<Option<String>, _>("last_job") else {
+        return Ok(Some("it has no finished run".to_string()));
+    };
+    let recorded = verdict(
+        r,
+        ("last_verdict", "last_error_kind"),
+        ("jobs.verdict", "jobs.error_kind"),
+    )?;
+    if !recorded.is_pass() {
+        return Ok(Some(format!("its last run {job} recorded {recorded}")));
+    }
+    let junit: String = r.get("last_junit");
+    let ev = RunEvidence {
+        junit: JunitEvidence::Xml(&junit),
+        timed_out: false,
+        cancelled: false,
+        exit_code: r.get::<Option<i64>, _>("last_exit").map(|c| c as i32),
+        signal: r.get::<Option<i64>, _>("last_signal").map(|s| s as i32),
+        output_tail: "",
+        worker_lost: false,
+        // Runs recorded before the integrity check owe no report of it; a
+        // finding in the report still counts.
+        plugin: false,
+    };
+    let v = verdict::classify(&ev);
+    Ok((!v.is_pass()).then(|| format!("the report of its last run {job} reads {}", v.status())))
+}
 
 fn port_row(r: &sqlx::sqlite::SqliteRow) -> Result<PortRow, StoreError> {
     Ok(PortRow {

@@ -19,6 +19,7 @@ mod durability;
 mod environment;
 mod fastvideo_checkout;
 mod fleet;
+mod forged;
 mod gc;
 mod git_escape;
 mod init;
