@@ -23,7 +23,8 @@ plugin looks for:
   ``pytest_report_teststatus``, ``pytest_pyfunc_call``, …) implemented in
   the repository outside a ``conftest.py`` or a collected test module (the
   judge, which fvd pins), or outside both the repository and the installed
-  packages.
+  packages, by a plugin pytest did not load from an installed
+  distribution's entry point.
 
 It writes what it found as the JUnit testsuite property ``fvd_integrity``:
 ``clean``, or ``tampered`` followed by one finding per line, each naming
@@ -153,10 +154,19 @@ def _snapshot_helpers():
                 seen[(modname, attr)] = value
     case = getattr(sys.modules.get("unittest"), "TestCase", None)
     if case is not None:
-        for attr in dir(case):
-            if attr.startswith("assert"):
-                seen[("unittest", "TestCase." + attr)] = getattr(case, attr)
+        for attr in _assert_names(case):
+            seen[("unittest", "TestCase." + attr)] = getattr(case, attr)
     return seen
+
+
+_NAMES = []
+
+
+def _assert_names(case):
+    """The `assert*` names of unittest's TestCase, listed once."""
+    if not _NAMES or _NAMES[0] is not case:
+        _NAMES[:] = [case, [a for a in dir(case) if a.startswith("assert")]]
+    return _NAMES[1]
 
 
 # Taken at import, which pytest does for `-p` plugins before it reads any
@@ -206,13 +216,23 @@ def _under(path, folder):
     return path == folder or path.startswith(os.path.join(folder, ""))
 
 
+# package name -> (its module, its folder), found once per module object.
+_FOLDERS = {}
+
+
 def _package_folders(names):
     out = []
     for name in names:
         mod = sys.modules.get(name)
+        known = _FOLDERS.get(name)
+        if known is not None and known[0] is mod:
+            out.append(known[1])
+            continue
         f = getattr(mod, "__file__", None)
         if isinstance(f, str):
-            out.append(os.path.realpath(os.path.dirname(f)))
+            folder = os.path.realpath(os.path.dirname(f))
+            _FOLDERS[name] = (mod, folder)
+            out.append(folder)
     return out
 
 
@@ -264,17 +284,27 @@ def _check_helpers():
                 current[(modname, attr)] = getattr(mod, attr)
     case = getattr(sys.modules.get("unittest"), "TestCase", None)
     if case is not None:
-        for attr in dir(case):
-            if attr.startswith("assert"):
-                current[("unittest", "TestCase." + attr)] = getattr(case, attr)
-    for (modname, attr), value in current.items():
-        before = _HELPERS.get((modname, attr))
+        for attr in _assert_names(case):
+            current[("unittest", "TestCase." + attr)] = getattr(case, attr)
+    for key, value in current.items():
+        if _VERIFIED.get(key) is value:
+            continue
+        modname, attr = key
+        before = _HELPERS.get(key)
         swapped = before is not None and value is not before and not _same_method(value, before)
         if swapped or not _helper_is_own(modname, attr, value):
             _note("%s.%s replaced by %s" % (modname, attr, _where(value)))
+        elif not isinstance(value, types.MethodType):
+            # Checked once per object: the next check of the same object
+            # costs one identity test (a method is bound anew on each read).
+            _VERIFIED[key] = value
     for (modname, attr), before in _HELPERS.items():
         if (modname, attr) not in current and sys.modules.get(modname) is not None:
             _note("%s.%s removed" % (modname, attr))
+
+
+# (module, attribute) -> the object found to be the library's own.
+_VERIFIED = {}
 
 
 def _same_method(a, b):
@@ -351,18 +381,48 @@ def _hook_is_judged(path):
     return any(_under(path, p) for p in _installed_folders())
 
 
+# id -> hook implementation already found to be the judge's or installed
+# (kept, so that its id is not reused).
+_JUDGED_HOOKS = {}
+
+
+def _distributed_plugins(manager):
+    """ids of the plugins pytest loaded from an installed distribution's
+    `pytest11` entry point, wherever it is installed (site-packages, or a
+    folder on PYTHONPATH), but never one whose files are in the repository:
+    a `*.dist-info` there is the repository's code."""
+    out = set()
+    for plugin, dist in manager.list_plugin_distinfo():
+        inner = getattr(dist, "_dist", dist)
+        try:
+            base = os.path.realpath(str(inner.locate_file("")))
+        except Exception:  # noqa: BLE001 - an odd distribution is not trusted
+            continue
+        if not _under(base, _rootdir[0]):
+            out.add(id(plugin))
+    return out
+
+
 def _check_hooks(config):
     hook = config.pluginmanager.hook
+    distributed = _distributed_plugins(config.pluginmanager)
     for name in VERDICT_HOOKS:
         caller = getattr(hook, name, None)
         if caller is None:
             continue
         for impl in caller.get_hookimpls():
+            if _JUDGED_HOOKS.get(id(impl.function)) is impl.function:
+                continue
+            if id(impl.plugin) in distributed:
+                _JUDGED_HOOKS[id(impl.function)] = impl.function
+                continue
             code = _code_of(impl.function)
             if code is None:
                 _note("hook %s implemented by %s (%s)" % (name, _where(impl.function), impl.plugin_name))
                 continue
-            if not _hook_is_judged(os.path.realpath(code.co_filename)):
+            if _hook_is_judged(os.path.realpath(code.co_filename)):
+                _JUDGED_HOOKS[id(impl.function)] = impl.function
+            else:
                 _note("hook %s implemented at %s, outside the judge" % (name, _where(impl.function)))
 
 

@@ -21,7 +21,7 @@ struct Run {
 }
 
 async fn run_case_with(file: &str, extra: &[&str], timeout: Duration, plugin: bool) -> Run {
-    run_in(cases_dir(), &[file], extra, timeout, plugin).await
+    run_in(cases_dir(), &[file], extra, timeout, plugin, &[]).await
 }
 
 /// pytest on `files` in `dir`, with `extra` arguments.
@@ -31,6 +31,7 @@ async fn run_in(
     extra: &[&str],
     timeout: Duration,
     plugin: bool,
+    env: &[(&str, &str)],
 ) -> Run {
     let scratch = tempfile::tempdir().unwrap();
     let mut argv: Vec<String> = ["python3", "-m", "pytest"]
@@ -48,7 +49,11 @@ async fn run_in(
         job_id: format!("verdict-{}", files.join("-").replace('/', "_")),
         argv,
         // Keep the source tree clean: no __pycache__ next to the cases.
-        env: vec![("PYTHONDONTWRITEBYTECODE".into(), "1".into())],
+        env: [("PYTHONDONTWRITEBYTECODE", "1")]
+            .iter()
+            .chain(env)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         secret_env_names: vec![],
         sandbox: fvd_worker::exec::JobSandbox::unjailed(),
         cwd: dir,
@@ -463,6 +468,7 @@ async fn real_fastvideo_tests_show_no_finding() {
         &[],
         Duration::from_secs(120),
         true,
+        &[],
     )
     .await;
     assert_verdict(
@@ -478,11 +484,89 @@ async fn real_fastvideo_tests_show_no_finding() {
         &[],
         Duration::from_secs(120),
         true,
+        &[],
     )
     .await;
     assert_eq!(
         run.verdict.status().as_str(),
         "scaffold_skip",
+        "{:?}",
+        run.verdict
+    );
+}
+
+/// A pytest plugin of an installed distribution (its `pytest11` entry
+/// point), here one on PYTHONPATH as `pip install --target` leaves it, is
+/// the environment's, not the port's: no finding. The same distribution
+/// planted in the repository is the repository's code: tampered.
+#[tokio::test]
+async fn an_installed_plugin_is_no_finding_and_one_planted_in_the_repository_is() {
+    fn distribution(dir: &std::path::Path) {
+        let info = dir.join("passing-1.0.dist-info");
+        std::fs::create_dir_all(&info).unwrap();
+        std::fs::write(
+            info.join("METADATA"),
+            "Metadata-Version: 2.1\nName: passing\nVersion: 1.0\n",
+        )
+        .unwrap();
+        std::fs::write(
+            info.join("entry_points.txt"),
+            "[pytest11]\npassing = passing_plugin\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("passing_plugin.py"),
+            "import sys\n\nimport pytest\n\nsys.stderr.write('passing plugin loaded\\n')\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n    outcome = yield\n    report = outcome.get_result()\n    if report.failed:\n        report.outcome = 'passed'\n        report.longrepr = None\n",
+        )
+        .unwrap();
+    }
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::write(repo.path().join("pytest.ini"), "[pytest]\n").unwrap();
+    std::fs::write(
+        repo.path().join("test_parity.py"),
+        "def test_parity():\n    assert 1 == 1\n",
+    )
+    .unwrap();
+    let site = tempfile::tempdir().unwrap();
+    distribution(site.path());
+    let path = site.path().display().to_string();
+    let run = run_in(
+        repo.path().to_path_buf(),
+        &["test_parity.py"],
+        &[],
+        Duration::from_secs(120),
+        true,
+        &[("PYTHONPATH", &path)],
+    )
+    .await;
+    assert!(
+        run.outcome.output_tail.contains("passing plugin loaded")
+            && run.outcome.output_tail.contains("1 passed"),
+        "{}",
+        run.outcome.output_tail
+    );
+    assert!(run.verdict.is_pass(), "{:?}", run.verdict);
+
+    distribution(repo.path());
+    std::fs::write(
+        repo.path().join("test_parity.py"),
+        "def test_parity():\n    assert 1 == 2\n",
+    )
+    .unwrap();
+    let run = run_in(
+        repo.path().to_path_buf(),
+        &["test_parity.py"],
+        &[],
+        Duration::from_secs(120),
+        true,
+        &[],
+    )
+    .await;
+    assert!(
+        findings(&run)
+            .iter()
+            .any(|f| f
+                .starts_with("hook pytest_runtest_makereport implemented at passing_plugin.py:")),
         "{:?}",
         run.verdict
     );
