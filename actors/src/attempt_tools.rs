@@ -15,8 +15,11 @@
 //!   agent's `fvd mcp` made of its work tree (pack included): the verdict
 //!   as fvd classifies it, the failing assertion and the output's tail. The
 //!   run has no row in `jobs` and is never a verdict of the component; its
-//!   GPU time counts against the component's GPU-second budget once it has
-//!   ended (nothing is reserved while it runs). At most
+//!   GPU time counts against the component's GPU-second budget. The most it
+//!   can use (its timeout × its GPUs) is reserved from what the budget has
+//!   left when the run is placed, and what it did not use is given back when
+//!   it ends: a call the budget cannot cover is refused at once, with the
+//!   numbers ([`GpuBudget`]). At most
 //!   [`MAX_PARITY_IN_FLIGHT`] calls of an attempt are in flight at once;
 //!   one over is refused at once. Each run's job id names the attempt, the
 //!   process and a per-process counter, so no two runs share one.
@@ -83,6 +86,62 @@ pub struct ToolsContext {
     /// What a `run_parity` snapshot may bring: its pack, and the files it
     /// adds or changes over the base (as an attempt's commit).
     pub limits: fvd_workspace::attempt_caps::AttemptLimits,
+    /// What the component's GPU-second budget has left for this attempt's
+    /// `run_parity` calls.
+    pub gpu_budget: GpuBudget,
+}
+
+/// The GPU-milliseconds an attempt's `run_parity` calls may still use
+/// (`None` inside: the component has no `max_gpu_s`). A call reserves the
+/// most its run can use before the run is queued and settles to what it
+/// used when the run ends; a reservation dropped unsettled (a call whose
+/// connection went away) gives all of it back.
+#[derive(Debug, Clone, Default)]
+pub struct GpuBudget(Option<Arc<Mutex<u64>>>);
+
+impl GpuBudget {
+    /// A budget with `left_ms` GPU-milliseconds; `None`: no limit.
+    pub fn new(left_ms: Option<u64>) -> Self {
+        GpuBudget(left_ms.map(|l| Arc::new(Mutex::new(l))))
+    }
+
+    /// Reserves `need_ms`, or says how much is left when that is less.
+    fn reserve(&self, need_ms: u64) -> Result<GpuReservation, u64> {
+        let Some(left) = &self.0 else {
+            return Ok(GpuReservation(None));
+        };
+        let mut l = left.lock().expect("gpu budget lock");
+        if *l < need_ms {
+            return Err(*l);
+        }
+        *l -= need_ms;
+        Ok(GpuReservation(Some((left.clone(), need_ms))))
+    }
+
+    /// What is left now (`None`: no limit).
+    pub fn left_ms(&self) -> Option<u64> {
+        self.0.as_ref().map(|l| *l.lock().expect("gpu budget lock"))
+    }
+}
+
+/// GPU-milliseconds taken from a [`GpuBudget`], given back on drop.
+struct GpuReservation(Option<(Arc<Mutex<u64>>, u64)>);
+
+impl GpuReservation {
+    /// The run used `used_ms`: what it did not use goes back.
+    fn settle(mut self, used_ms: u64) {
+        if let Some((left, held)) = self.0.take() {
+            *left.lock().expect("gpu budget lock") += held.saturating_sub(used_ms);
+        }
+    }
+}
+
+impl Drop for GpuReservation {
+    fn drop(&mut self) {
+        if let Some((left, held)) = self.0.take() {
+            *left.lock().expect("gpu budget lock") += held;
+        }
+    }
 }
 
 /// The running tools of one attempt; they stop when it is dropped.
@@ -308,8 +367,20 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
             other => format!("the snapshot's objects could not be taken in: {other}"),
         });
     }
-    let job_id = parity_job_id(ctx);
     let spec = &ctx.spec;
+    let need_ms = spec.timeout_ms().saturating_mul(u64::from(spec.gpus));
+    let reservation = match ctx.gpu_budget.reserve(need_ms) {
+        Ok(r) => r,
+        Err(left_ms) => {
+            return Called::failed(format!(
+                "run_parity refused: a run may use up to {:.1} GPU-seconds (its timeout × {} GPUs) and the component's GPU budget has {:.1} left",
+                need_ms as f64 / 1000.0,
+                spec.gpus,
+                left_ms as f64 / 1000.0
+            ));
+        }
+    };
+    let job_id = parity_job_id(ctx);
     let registry = ctx.registry.clone();
     let _open = registry.open(
         &job_id,
@@ -368,6 +439,7 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
     };
     let verdict = crate::red_run::classify(&ctx.repo, spec, &report);
     let gpu_ms = report.duration_ms * u64::from(spec.gpus);
+    reservation.settle(gpu_ms);
     let tail = fvd_workspace::agent::tail(&report.output_tail, TAIL_BYTES);
     let status = verdict.status();
     Called {
@@ -663,8 +735,17 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_run_parity_calls_get_distinct_ids_and_over_the_cap_are_refused_at_once() {
+    /// Attempt `attempt`'s tools (each test its own: the in-flight cap is
+    /// per attempt and process-wide) over a repository with one empty
+    /// commit (the base), a component of `spec_extra` lines, and a
+    /// scheduler that holds every job it is given; the folder, the tools
+    /// and the base.
+    async fn tools_over(
+        attempt: u32,
+        spec_extra: &str,
+        gpu_budget: GpuBudget,
+        held: &Held,
+    ) -> (tempfile::TempDir, Arc<ToolsContext>, String) {
         let dir = tempfile::tempdir().unwrap();
         let repo = dir.path().join("repo");
         std::fs::create_dir(&repo).unwrap();
@@ -686,19 +767,18 @@ mod tests {
         let base = git(&repo, &["rev-parse", "HEAD"]);
         let spec = fvd_spec::parse(
             Path::new("p.toml"),
-            "[prep]\nmodel_family = \"fam\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = \"t/x.py\"\ncoverage_scope = \"both\"\n",
+            &format!("[prep]\nmodel_family = \"fam\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = \"t/x.py\"\ncoverage_scope = \"both\"\n{spec_extra}"),
         )
         .unwrap()
         .components
         .remove(0);
-        let held = Held::default();
         let (scheduler, _handle) = Actor::spawn(None, HoldingScheduler, held.clone())
             .await
             .unwrap();
         let ctx = Arc::new(ToolsContext {
             family: "fam".into(),
             component: "a".into(),
-            attempt: 3,
+            attempt,
             spec,
             repo: repo.display().to_string(),
             code_prefix: String::new(),
@@ -711,7 +791,56 @@ mod tests {
             secrets: Redactor::default(),
             asked: Default::default(),
             limits: Default::default(),
+            gpu_budget,
         });
+        (dir, ctx, base)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_parity_call_reserves_its_gpu_time_when_placed_and_gets_back_what_it_did_not_use()
+    {
+        let held = Held::default();
+        // A 10 s timeout on one GPU; 15 GPU-seconds left.
+        let budget = GpuBudget::new(Some(15_000));
+        let (_dir, ctx, base) =
+            tools_over(4, "gpus = 1\ntimeout_s = 10\n", budget.clone(), &held).await;
+        let spawn_call = || {
+            let (ctx, args) = (ctx.clone(), json!({ "commit": base }));
+            fvd_telemetry::spawn(async move { call(&ctx, "run_parity", &args, &[]).await })
+        };
+        let first = spawn_call();
+        until("the first run queued", || {
+            assert!(!first.is_finished(), "the first call ended without a run");
+            held.lock().unwrap().len() == 1
+        })
+        .await;
+        assert_eq!(budget.left_ms(), Some(5_000), "reserved when placed");
+        // A second run could use 10 more GPU-seconds: refused at once, with
+        // the numbers, and nothing queued.
+        let answer = spawn_call().await.unwrap();
+        let text = answer["text"].as_str().unwrap();
+        assert_eq!(
+            text,
+            "run_parity refused: a run may use up to 10.0 GPU-seconds (its timeout × 1 GPUs) and the component's GPU budget has 5.0 left"
+        );
+        assert_eq!(held.lock().unwrap().len(), 1);
+        // The first run ends having used nothing: all of it comes back, and
+        // the next call is placed.
+        end_held(&held);
+        first.await.unwrap();
+        assert_eq!(budget.left_ms(), Some(15_000));
+        let next = spawn_call();
+        until("the next run queued", || held.lock().unwrap().len() == 1).await;
+        end_held(&held);
+        next.await.unwrap();
+        // No budget, no limit.
+        assert_eq!(GpuBudget::new(None).reserve(u64::MAX).map(|_| ()), Ok(()));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_run_parity_calls_get_distinct_ids_and_over_the_cap_are_refused_at_once() {
+        let held = Held::default();
+        let (_dir, ctx, base) = tools_over(3, "", GpuBudget::default(), &held).await;
         let spawn_call = || {
             let (ctx, args) = (ctx.clone(), json!({ "commit": base }));
             fvd_telemetry::spawn(async move { call(&ctx, "run_parity", &args, &[]).await })

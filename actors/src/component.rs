@@ -2115,6 +2115,17 @@ async fn start_tools(
     let spec = &st.args.spec;
     let a = spec.agent.as_ref()?;
     let lp = st.agent.as_ref()?;
+    // What the GPU-second budget has left for the agent's own runs.
+    let gpu_left_ms = match a.max_gpu_s {
+        Some(max) => match spent(st, &[]).await {
+            Ok(s) => Some(max.saturating_mul(1000).saturating_sub(s.gpu_ms)),
+            Err(e) => {
+                tracing::warn!(error = %e, "what the component spent cannot be read; its agent's runs get no GPU budget");
+                Some(0)
+            }
+        },
+        None => None,
+    };
     let ctx = crate::attempt_tools::ToolsContext {
         family: st.args.family.clone(),
         component: spec.name.clone(),
@@ -2131,6 +2142,7 @@ async fn start_tools(
         secrets: st.args.agents.redactor(&a.env),
         asked: Default::default(),
         limits: st.args.agents.limits,
+        gpu_budget: crate::attempt_tools::GpuBudget::new(gpu_left_ms),
     };
     match crate::attempt_tools::start(ctx).await {
         Ok(t) => Some(t),
