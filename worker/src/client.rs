@@ -947,10 +947,34 @@ pub(crate) async fn run_assigned(
     // file is then never followed by the worker ([`crate::code`]).
     let git_paths = fvd_git::git_paths(Path::new(&a.cwd));
     let repo_dirs: Vec<PathBuf> = git_paths.iter().filter(|p| p.is_dir()).cloned().collect();
+    let scratch = match scratch_dir(&config.workspace, &a.job_id, a.lease_epoch) {
+        Ok(s) => s,
+        Err(e) => {
+            finished.spawn_error = format!("job id refused: {e}");
+            return finished;
+        }
+    };
+    if let Err(e) = tokio::fs::create_dir_all(&scratch).await {
+        finished.spawn_error = format!("cannot prepare {}: {e}", scratch.display());
+        return finished;
+    }
     let mut sandbox = config.job_sandbox();
     sandbox.jail = sandbox.jail.read_only(&git_paths);
     if let Some(io) = agent_io {
         sandbox.jail = sandbox.jail.read_only(&io.read_only).writable(&io.writable);
+    } else if !a.warm {
+        // A test writes its checkout, its own scratch folder and the
+        // worker's HOME and TMPDIR when they are in the workspace; the rest
+        // of the workspace (other jobs' folders, the code store, the
+        // worker's files) is read-only to it (issue #39).
+        sandbox.jail = sandbox
+            .jail
+            .read_only(std::slice::from_ref(&config.workspace))
+            .writable(&test_writable(
+                &config.workspace,
+                &scratch,
+                Path::new(&a.cwd),
+            ));
     }
     let mut spec = JobSpec {
         job_id: a.job_id.clone(),
@@ -965,13 +989,6 @@ pub(crate) async fn run_assigned(
         junit: None,
         warm: None,
         stdin: agent_io.and_then(|io| io.stdin.clone()),
-    };
-    let scratch = match scratch_dir(&config.workspace, &a.job_id, a.lease_epoch) {
-        Ok(s) => s,
-        Err(e) => {
-            finished.spawn_error = format!("job id refused: {e}");
-            return finished;
-        }
     };
     if a.warm {
         spec.warm = Some(crate::zygote::WarmSpec {
@@ -1202,6 +1219,22 @@ fn gpu_uuids(config: &WorkerConfig, leased: &[u32]) -> String {
 /// must never make it the workspace or its `jobs` folder. The epoch keeps
 /// a cancelled lease's cleanup off the folder of the same job's next lease,
 /// which may start before it ends (a worker lost and back).
+/// What a cold test may write of the worker's `workspace`: its `scratch`
+/// folder, its checkout (`cwd`), and the worker's HOME and TMPDIR when
+/// they lie in the workspace.
+fn test_writable(workspace: &Path, scratch: &Path, cwd: &Path) -> Vec<PathBuf> {
+    let mut out = vec![scratch.to_path_buf(), cwd.to_path_buf()];
+    let workspace = std::path::absolute(workspace).unwrap_or_else(|_| workspace.to_path_buf());
+    for var in ["HOME", "TMPDIR"] {
+        if let Some(p) = std::env::var_os(var).map(PathBuf::from)
+            && p.starts_with(&workspace)
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
 pub(crate) fn scratch_dir(
     workspace: &std::path::Path,
     job_id: &str,
