@@ -142,7 +142,9 @@ def _snapshot_machinery():
     return seen
 
 
-def _snapshot_helpers():
+def _helpers_now():
+    """The assertion helpers of the libraries imported so far, by
+    (module, attribute)."""
     seen = {}
     for modname, names in HELPERS.items():
         mod = sys.modules.get(modname)
@@ -172,7 +174,7 @@ def _assert_names(case):
 # Taken at import, which pytest does for `-p` plugins before it reads any
 # conftest or test module.
 _MACHINERY = _snapshot_machinery()
-_HELPERS = _snapshot_helpers()
+_HELPERS = _helpers_now()
 _findings = []
 _rootdir = [os.path.realpath(os.getcwd())]
 _judged_files = set()
@@ -274,18 +276,7 @@ def _helper_is_own(modname, attr, value):
 
 
 def _check_helpers():
-    current = {}
-    for modname, names in HELPERS.items():
-        mod = sys.modules.get(modname)
-        if mod is None:
-            continue
-        for attr in names:
-            if hasattr(mod, attr):
-                current[(modname, attr)] = getattr(mod, attr)
-    case = getattr(sys.modules.get("unittest"), "TestCase", None)
-    if case is not None:
-        for attr in _assert_names(case):
-            current[("unittest", "TestCase." + attr)] = getattr(case, attr)
+    current = _helpers_now()
     for key, value in current.items():
         if _VERIFIED.get(key) is value:
             continue
