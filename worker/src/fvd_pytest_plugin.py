@@ -194,13 +194,18 @@ def _code_of(obj):
         if isinstance(code, types.CodeType):
             return code
         inner = getattr(obj, "__func__", None)
-        if inner is None:
-            # numpy's array-function dispatchers keep the Python function.
+        if inner is None and _from_numpy(type(obj)):
+            # numpy's array-function dispatchers keep the Python function
+            # (only theirs: any object can carry an `_implementation`).
             inner = getattr(obj, "_implementation", None)
         if inner is None:
             return None
         obj = inner
     return None
+
+
+def _from_numpy(cls):
+    return (getattr(cls, "__module__", None) or "").split(".")[0] == "numpy"
 
 
 def _where(obj):
@@ -254,11 +259,13 @@ def _helper_is_own(modname, attr, value):
     for _ in range(4):
         code = _code_of(value)
         if code is None:
-            # A builtin (torch.allclose, math.isclose, a numpy ufunc): only
-            # a builtin of the same name is the library's.
-            if isinstance(value, (types.FunctionType, types.MethodType)):
-                return False
-            return getattr(value, "__name__", None) == name and callable(value)
+            # A builtin (torch.allclose, math.isclose, a numpy ufunc) of the
+            # same name is the library's; any other object without code (a
+            # callable instance, a partial) is not.
+            builtin = isinstance(value, types.BuiltinFunctionType) or (
+                type(value).__name__ == "ufunc" and _from_numpy(type(value))
+            )
+            return builtin and getattr(value, "__name__", None) == name
         if code.co_filename in _GENERATED:
             if "numpy" not in HELPER_HOMES[modname]:
                 return False

@@ -395,6 +395,10 @@ async fn a_port_that_swaps_its_judge_out_is_tampered_and_named() {
             "numpy.testing.assert_allclose replaced by cheat_port.py:",
         ),
         (
+            "test_cheat_swap_numpy_callable.py",
+            "numpy.testing.assert_allclose replaced by a Passthrough object",
+        ),
+        (
             "test_cheat_register_report_hook.py",
             "hook pytest_runtest_makereport implemented at cheat_port.py:",
         ),

@@ -26,6 +26,21 @@ def swap_numpy_disguised():
     np.testing.assert_allclose = assert_allclose
 
 
+def swap_numpy_callable():
+    # No code of its own: a callable object named like the helper, carrying
+    # the original where numpy's dispatchers keep theirs.
+    class Passthrough:
+        __name__ = "assert_allclose"
+
+        def __init__(self, original):
+            self._implementation = original
+
+        def __call__(self, *a, **k):
+            return None
+
+    np.testing.assert_allclose = Passthrough(np.testing.assert_allclose)
+
+
 def _config():
     import gc
 
