@@ -1214,11 +1214,6 @@ fn gpu_uuids(config: &WorkerConfig, leased: &[u32]) -> String {
         .join(",")
 }
 
-/// The job's own scratch folder, `WORKSPACE/jobs/<job id>.e<lease epoch>`:
-/// removed whole after the run, so a job id (from the wire) of `..` or `.`
-/// must never make it the workspace or its `jobs` folder. The epoch keeps
-/// a cancelled lease's cleanup off the folder of the same job's next lease,
-/// which may start before it ends (a worker lost and back).
 /// What a cold test may write of the worker's `workspace`: its `scratch`
 /// folder, its checkout (`cwd`), and the worker's HOME and TMPDIR when
 /// they lie in the workspace.
@@ -1235,6 +1230,11 @@ fn test_writable(workspace: &Path, scratch: &Path, cwd: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The job's own scratch folder, `WORKSPACE/jobs/<job id>.e<lease epoch>`:
+/// removed whole after the run, so a job id (from the wire) of `..` or `.`
+/// must never make it the workspace or its `jobs` folder. The epoch keeps
+/// a cancelled lease's cleanup off the folder of the same job's next lease,
+/// which may start before it ends (a worker lost and back).
 pub(crate) fn scratch_dir(
     workspace: &std::path::Path,
     job_id: &str,
