@@ -1761,7 +1761,7 @@ async fn run_agent(
         extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
     // fvd's tools for the agent (`fvd mcp`), for as long as it runs.
-    let tools = start_tools(st, attempt, &head_before, &span).await;
+    let tools = start_tools(st, attempt, &head_before, &span, used).await;
     let mcp = tools.as_ref().map(|t| tools_mcp(st, t, &head_before));
     if let (Some(m), Some(t)) = (&mcp, &tools) {
         extra.extend(m.env.iter().cloned());
@@ -2104,28 +2104,22 @@ async fn proxied_agent(
     })
 }
 
-/// Starts the attempt's tools (`attempt_tools`); `None`, with a warning,
-/// when they cannot listen (the agent runs without them).
+/// Starts the attempt's tools (`attempt_tools`), their `run_parity` held
+/// to what the GPU-second budget has left after `used`; `None`, with a
+/// warning, when they cannot listen (the agent runs without them).
 async fn start_tools(
     st: &ComponentState,
     attempt: u32,
     head_before: &str,
     span: &Span,
+    used: &Spent,
 ) -> Option<crate::attempt_tools::ToolsServer> {
     let spec = &st.args.spec;
     let a = spec.agent.as_ref()?;
     let lp = st.agent.as_ref()?;
-    // What the GPU-second budget has left for the agent's own runs.
-    let gpu_left_ms = match a.max_gpu_s {
-        Some(max) => match spent(st, &[]).await {
-            Ok(s) => Some(max.saturating_mul(1000).saturating_sub(s.gpu_ms)),
-            Err(e) => {
-                tracing::warn!(error = %e, "what the component spent cannot be read; its agent's runs get no GPU budget");
-                Some(0)
-            }
-        },
-        None => None,
-    };
+    let gpu_left_ms = a
+        .max_gpu_s
+        .map(|max| max.saturating_mul(1000).saturating_sub(used.gpu_ms));
     let ctx = crate::attempt_tools::ToolsContext {
         family: st.args.family.clone(),
         component: spec.name.clone(),
