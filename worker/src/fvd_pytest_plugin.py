@@ -249,6 +249,7 @@ def _package_folders(names):
 # dispatchers (before numpy 1.25). Only through these is `__wrapped__`
 # followed: a replacement defined anywhere else is judged by its own code.
 _WRAPPER_FILES = ("contextlib.py", "functools.py")
+_STDLIB = os.path.realpath(os.path.dirname(os.__file__))
 _GENERATED = ("<__array_function__ internals>",)
 
 
@@ -273,8 +274,7 @@ def _helper_is_own(modname, attr, value):
             path = os.path.realpath(code.co_filename)
             if any(_under(path, home) for home in homes):
                 return True
-            stdlib = os.path.realpath(os.path.dirname(os.__file__))
-            if not (_under(path, stdlib) and os.path.basename(path) in _WRAPPER_FILES):
+            if not (_under(path, _STDLIB) and os.path.basename(path) in _WRAPPER_FILES):
                 return False
         value = getattr(value, "__wrapped__", None)
         if value is None:
@@ -384,12 +384,19 @@ def _hook_is_judged(path):
 _JUDGED_HOOKS = {}
 
 
+# Filled once: pytest loads entry-point plugins only while it configures.
+_DISTRIBUTED = []
+
+
 def _distributed_plugins(manager):
-    """ids of the plugins pytest loaded from an installed distribution's
-    `pytest11` entry point, wherever it is installed (site-packages, or a
-    folder on PYTHONPATH), but never one whose files are in the repository:
-    a `*.dist-info` there is the repository's code."""
-    out = set()
+    """The plugins (id -> plugin) pytest loaded from an installed
+    distribution's `pytest11` entry point, wherever it is installed
+    (site-packages, or a folder on PYTHONPATH), but never one whose files
+    are in the repository: a `*.dist-info` there is the repository's code.
+    Read on the first check, which runs after pytest configured."""
+    if _DISTRIBUTED:
+        return _DISTRIBUTED[0]
+    out = {}
     for plugin, dist in manager.list_plugin_distinfo():
         inner = getattr(dist, "_dist", dist)
         try:
@@ -397,7 +404,8 @@ def _distributed_plugins(manager):
         except Exception:  # noqa: BLE001 - an odd distribution is not trusted
             continue
         if not _under(base, _rootdir[0]):
-            out.add(id(plugin))
+            out[id(plugin)] = plugin
+    _DISTRIBUTED.append(out)
     return out
 
 
@@ -411,7 +419,7 @@ def _check_hooks(config):
         for impl in caller.get_hookimpls():
             if _JUDGED_HOOKS.get(id(impl.function)) is impl.function:
                 continue
-            if id(impl.plugin) in distributed:
+            if distributed.get(id(impl.plugin)) is impl.plugin:
                 _JUDGED_HOOKS[id(impl.function)] = impl.function
                 continue
             code = _code_of(impl.function)
