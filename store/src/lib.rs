@@ -778,10 +778,14 @@ impl Store {
     /// [`StoreError::UnearnedPass`] naming the row, for every reader (the
     /// gate, `PORT_STATUS.md`, status, the dashboard).
     pub async fn components(&self, family: &str) -> Result<Vec<ComponentRow>, StoreError> {
-        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.error_kind, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN (?, ?) OR (j.state = ? AND j.spawned_ms IS NOT NULL))) AS runs, l.job_id AS last_job, l.verdict AS last_verdict, l.error_kind AS last_error_kind, l.junit_xml AS last_junit, l.exit_code AS last_exit, l.signal AS last_signal FROM components c LEFT JOIN jobs l ON l.job_id = (SELECT k.job_id FROM jobs k WHERE k.family = c.family AND k.component = c.name AND k.state = ? ORDER BY k.run_no DESC LIMIT 1) WHERE c.family = ? ORDER BY c.rowid")
+        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.error_kind, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN (?, ?) OR (j.state = ? AND j.spawned_ms IS NOT NULL))) AS runs, l.job_id AS last_job, l.verdict AS last_verdict, l.error_kind AS last_error_kind, CASE WHEN c.status = ? OR c.verdict = ? THEN l.junit_xml ELSE '' END AS last_junit, l.exit_code AS last_exit, l.signal AS last_signal FROM components c LEFT JOIN jobs l ON l.job_id = (SELECT k.job_id FROM jobs k WHERE k.family = c.family AND k.component = c.name AND k.state = ? ORDER BY k.run_no DESC LIMIT 1) WHERE c.family = ? ORDER BY c.rowid")
             .bind(JobState::Running.as_str())
             .bind(JobState::Finished.as_str())
             .bind(JobState::Abandoned.as_str())
+            // The last run's report is read only for a row that says it
+            // passed, the one [`unearned`] looks at.
+            .bind(ComponentStatus::NonSkipPass.as_str())
+            .bind(RecordedVerdict::NonSkipPass.as_str())
             .bind(JobState::Finished.as_str())
             .bind(family)
             .fetch_all(&self.pool)
