@@ -228,6 +228,8 @@ pub fn to_escape(e: EscapeRow) -> pb::EscapeHatch {
         answer: e.answer,
         attempt: e.attempt,
         answered_by: e.answered_by,
+        about: e.about.as_str().into(),
+        judge_commit: e.judge_commit,
     }
 }
 
@@ -244,6 +246,13 @@ pub fn from_escape(family: &str, e: pb::EscapeHatch) -> Result<EscapeRow, WireEr
         options: e.options,
         answer: e.answer,
         answered_by: e.answered_by,
+        // A server from before judge questions sends none: the agent's.
+        about: if e.about.is_empty() {
+            Default::default()
+        } else {
+            parse("EscapeHatch.about", &e.about)?
+        },
+        judge_commit: e.judge_commit,
         ..EscapeRow::default()
     })
 }
@@ -396,6 +405,7 @@ pub fn to_attempt(a: AttemptRow) -> pb::AgentAttempt {
         usage: a.usage.map(to_usage),
         worker_id: a.worker_id,
         judge_changed: a.judge_changed,
+        judge_diff: a.judge_diff,
     }
 }
 
@@ -436,6 +446,7 @@ pub fn from_attempt(
         usage: a.usage.map(from_usage),
         worker_id: a.worker_id,
         judge_changed: a.judge_changed,
+        judge_diff: a.judge_diff,
     })
 }
 

@@ -300,6 +300,7 @@ pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
             (None, Some(t)) => Some(pb::answer_request::Choice::Text(t.clone())),
             (None, None) => unreachable!("clap requires one of --option and --text"),
         },
+        said_by: local_person(&args.target.repo),
     };
     let rt = runtime()?;
     // `fvd answer` resumes the port: its span continues the port's trace
@@ -344,6 +345,34 @@ pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
             }
         }
     })
+}
+
+/// Who is answering, as this machine knows its person: the repository's
+/// git `user.name`, else the login name; empty when neither is known. A
+/// server that checks credentials records the credential's name instead.
+fn local_person(repo: &Path) -> String {
+    // The person's own configuration is what names them: fvd's git reads
+    // no global configuration, this one read does (it runs nothing).
+    let git = fvd_git::blocking_command(repo)
+        .env_remove("GIT_CONFIG_GLOBAL")
+        .env_remove("GIT_CONFIG_NOSYSTEM")
+        .args(["config", "--get", "user.name"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|n| !n.is_empty());
+    let name = git
+        .or_else(|| std::env::var("USER").ok())
+        .or_else(|| std::env::var("LOGNAME").ok())
+        .unwrap_or_default();
+    // One line of printable text, short: it goes into records.
+    name.chars()
+        .filter(|c| !c.is_control())
+        .take(64)
+        .collect::<String>()
+        .trim()
+        .to_string()
 }
 
 /// The trace context stored with an embedded port, if the repository has

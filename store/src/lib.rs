@@ -16,10 +16,12 @@ use sqlx::{ConnectOptions, Row, SqlitePool};
 use crate::model::Worktree;
 use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, LogChunk, PortRow};
 use crate::states::{
-    AttemptKind, AttemptState, ComponentStatus, EscapeStatus, GateOutcome, HandoffStatus, JobState,
-    PortState, RecordedVerdict, UnknownState,
+    AttemptKind, AttemptState, ComponentStatus, EscapeAbout, EscapeStatus, GateOutcome,
+    HandoffStatus, JobState, PortState, RecordedVerdict, UnknownState,
 };
-pub use crate::steps::{AttemptNext, AttemptRecorded, ComponentNext};
+pub use crate::steps::{
+    AttemptNext, AttemptRecorded, ComponentNext, JudgeNext, VerdictNext, VerdictRecorded,
+};
 
 pub mod chaos;
 pub mod clock;
@@ -84,6 +86,9 @@ pub struct AttemptRow {
     /// The judge's paths its commit changed (issue #39); its verdict ran
     /// with the port's own judge instead.
     pub judge_changed: Vec<String>,
+    /// The patch of that change (cut at 16 KiB), shown to the person who
+    /// approves or rejects it.
+    pub judge_diff: String,
 }
 
 /// One tool call of an attempt's agent (`attempt_tool_calls`).
@@ -129,6 +134,12 @@ pub struct EscapeRow {
     pub asked_ms: i64,
     pub answered_ms: Option<i64>,
     pub resolved_attempt: Option<u32>,
+    /// What it asks about: the agent's question, or an attempt's judge
+    /// change.
+    pub about: EscapeAbout,
+    /// The commit of an approved judge change, made under the name of the
+    /// person who approved it; empty otherwise.
+    pub judge_commit: String,
 }
 
 /// How many of a component's latest finished runs its next run's expected
@@ -164,6 +175,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../migrations/0018_attempt_tool_calls.sql"),
     ),
     (19, include_str!("../migrations/0019_attempt_judge.sql")),
+    (20, include_str!("../migrations/0020_judge_questions.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -1676,6 +1688,7 @@ impl Store {
                         .lines()
                         .map(str::to_string)
                         .collect(),
+                    judge_diff: r.get("judge_diff"),
                     cookie: r.get("cookie"),
                     tries: r.get::<i64, _>("tries") as u32,
                     gpu_ms_after: r.get::<i64, _>("gpu_ms_after") as u64,
@@ -1739,6 +1752,8 @@ impl Store {
                     resolved_attempt: r
                         .get::<Option<i64>, _>("resolved_attempt")
                         .map(|a| a as u32),
+                    about: state(r, "about", "escape_hatches.about")?,
+                    judge_commit: r.get("judge_commit"),
                 })
             })
             .collect()

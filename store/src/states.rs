@@ -222,6 +222,18 @@ stored_enum! {
 }
 
 stored_enum! {
+    /// What an escape hatch asks about (`escape_hatches.about`).
+    pub enum EscapeAbout ("escape hatch subject") {
+        /// A decision the agent asked a person for.
+        #[default]
+        Agent = "agent",
+        /// The judge change of an attempt (issue #39): approve it, or drop
+        /// it from the branch.
+        Judge = "judge",
+    }
+}
+
+stored_enum! {
     /// Where a trace investigation stands (`trace_investigations.state`).
     pub enum TraceState ("trace state") {
         #[default]
@@ -310,6 +322,7 @@ mod tests {
         round_trips(AttemptKind::ALL);
         round_trips(HandoffStatus::ALL);
         round_trips(EscapeStatus::ALL);
+        round_trips(EscapeAbout::ALL);
         round_trips(TraceState::ALL);
         round_trips(TraceOutcome::ALL);
         round_trips(VariantState::ALL);

@@ -44,6 +44,41 @@ pub enum AttemptNext<'a> {
     Test(&'a JobRecord),
 }
 
+/// What a recorded verdict leads to, committed with it.
+#[derive(Debug, Clone, Copy)]
+pub enum VerdictNext<'a> {
+    /// The component's next state.
+    Set(ComponentNext<'a>),
+    /// A question: `escape` is raised under the next `E###` id (above
+    /// `floor`) and the component waits in `ask_user` for it, with the
+    /// run's verdict.
+    Ask {
+        escape: &'a EscapeRow,
+        floor: u32,
+        worker_id: &'a str,
+    },
+}
+
+/// What [`Store::record_verdict_then`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VerdictRecorded {
+    /// The job no longer runs under that lease: nothing was written.
+    Stale,
+    /// The verdict and the component's next state are recorded.
+    Set,
+    /// The verdict is recorded and the question raised under this id.
+    Asked(String),
+}
+
+/// What acting on a judge answer leads to ([`Store::judge_decided`]).
+#[derive(Debug, Clone, Copy)]
+pub enum JudgeNext<'a> {
+    /// The component's next state (an agent turn, or its end).
+    Set(ComponentNext<'a>),
+    /// A run of the branch as the answer left it.
+    Test(&'a JobRecord),
+}
+
 /// What [`Store::record_attempt_step`] did beside recording the attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttemptRecorded {
@@ -72,18 +107,62 @@ impl Store {
         next: ComponentNext<'_>,
         attempt_gpu_ms: Option<u64>,
     ) -> Result<bool, StoreError> {
+        let done = self
+            .record_verdict_then(
+                job_id,
+                epoch,
+                result,
+                VerdictNext::Set(next),
+                attempt_gpu_ms,
+            )
+            .await?;
+        Ok(done != VerdictRecorded::Stale)
+    }
+
+    /// [`Store::record_verdict`], where the verdict may also raise a
+    /// question ([`VerdictNext::Ask`]: the judge change of the attempt the
+    /// run tested, issue #39) in the same transaction.
+    pub async fn record_verdict_then(
+        &self,
+        job_id: &str,
+        epoch: u64,
+        result: &JobResult,
+        then: VerdictNext<'_>,
+        attempt_gpu_ms: Option<u64>,
+    ) -> Result<VerdictRecorded, StoreError> {
         self.write("record verdict", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
             if !finish_running_job(&mut tx, job_id, epoch, JobState::Finished, result, now).await? {
-                return Ok(false);
+                return Ok(VerdictRecorded::Stale);
             }
             let (family, component): (String, String) =
                 sqlx::query_as("SELECT family, component FROM jobs WHERE job_id = ?")
                     .bind(job_id)
                     .fetch_one(&mut *tx)
                     .await?;
-            set_component(&mut tx, &family, &component, next, now).await?;
+            let done = match then {
+                VerdictNext::Set(next) => {
+                    set_component(&mut tx, &family, &component, next, now).await?;
+                    VerdictRecorded::Set
+                }
+                VerdictNext::Ask {
+                    escape,
+                    floor,
+                    worker_id,
+                } => {
+                    let id = insert_escape(&mut tx, escape, floor).await?;
+                    let reason = format!("waiting for an answer to {id}: {}", escape.question);
+                    let next = ComponentNext {
+                        status: ComponentStatus::AskUser,
+                        verdict: result.verdict,
+                        reason: &reason,
+                        worker_id,
+                    };
+                    set_component(&mut tx, &family, &component, next, now).await?;
+                    VerdictRecorded::Asked(id)
+                }
+            };
             if let Some(gpu_ms) = attempt_gpu_ms {
                 sqlx::query(
                     "UPDATE agent_attempts SET verdict_after = ?, error_kind_after = ?, reason_after = ?, gpu_ms_after = ? WHERE job_after = ?",
@@ -97,7 +176,82 @@ impl Store {
                 .await?;
             }
             tx.commit().await?;
-            Ok(true)
+            Ok(done)
+        })
+        .await
+    }
+
+    /// Acts on the answer to a judge question (issue #39), in one
+    /// transaction: the escape hatch `id` (still `answered`) is resolved for
+    /// `attempt`, with `judge_commit` the approved change's commit (empty
+    /// when rejected), and the component goes on ([`JudgeNext`]). Refused
+    /// for a hatch that is not waiting to be acted on.
+    pub async fn judge_decided(
+        &self,
+        family: &str,
+        id: &str,
+        attempt: u32,
+        judge_commit: &str,
+        then: JudgeNext<'_>,
+    ) -> Result<Option<JobRecord>, StoreError> {
+        self.write("act on a judge answer", || async move {
+            let mut tx = self.write_tx().await?;
+            let now = now_ms();
+            let row: Option<(String, String)> = sqlx::query_as(
+                "SELECT component, status FROM escape_hatches WHERE family = ? AND id = ?",
+            )
+            .bind(family)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some((component, status)) = row else {
+                return Err(StoreError::UnknownEscape {
+                    family: family.into(),
+                    id: id.into(),
+                });
+            };
+            let status: EscapeStatus = status.parse().map_err(|source| StoreError::State {
+                column: "escape_hatches.status",
+                source,
+            })?;
+            if status != EscapeStatus::Answered {
+                return Err(StoreError::EscapeNotOpen {
+                    family: family.into(),
+                    id: id.into(),
+                    status,
+                });
+            }
+            sqlx::query("UPDATE escape_hatches SET status = ?, resolved_attempt = ?, judge_commit = ? WHERE family = ? AND id = ?")
+                .bind(EscapeStatus::Resolved.as_str())
+                .bind(attempt as i64)
+                .bind(judge_commit)
+                .bind(family)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            let queued = match then {
+                JudgeNext::Set(next) => {
+                    set_component(&mut tx, family, &component, next, now).await?;
+                    None
+                }
+                JudgeNext::Test(job) => {
+                    let job = insert_job(&mut tx, job, now).await?;
+                    // The attempt's verdict becomes the run's with its
+                    // judge change approved.
+                    if !judge_commit.is_empty() {
+                        sqlx::query("UPDATE agent_attempts SET job_after = ? WHERE family = ? AND component = ? AND attempt = ?")
+                            .bind(&job.job_id)
+                            .bind(family)
+                            .bind(&component)
+                            .bind(attempt as i64)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    Some(job)
+                }
+            };
+            tx.commit().await?;
+            Ok(queued)
         })
         .await
     }
@@ -115,7 +269,7 @@ impl Store {
         self.write("record attempt", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            sqlx::query("UPDATE agent_attempts SET commit_sha = ?, diff_stat = ?, diff = ?, exit_code = ?, signal = ?, timed_out = ?, duration_ms = ?, handoff_status = ?, handoff_summary = ?, handoff_text = ?, finished_ms = ?, state = ?, worker_id = ?, judge_changed = ? WHERE family = ? AND component = ? AND attempt = ?")
+            sqlx::query("UPDATE agent_attempts SET commit_sha = ?, diff_stat = ?, diff = ?, exit_code = ?, signal = ?, timed_out = ?, duration_ms = ?, handoff_status = ?, handoff_summary = ?, handoff_text = ?, finished_ms = ?, state = ?, worker_id = ?, judge_changed = ?, judge_diff = ? WHERE family = ? AND component = ? AND attempt = ?")
                 .bind(&a.commit_sha)
                 .bind(&a.diff_stat)
                 .bind(&a.diff)
@@ -130,6 +284,7 @@ impl Store {
                 .bind(AttemptState::Recorded.as_str())
                 .bind(&a.worker_id)
                 .bind(a.judge_changed.join("\n"))
+                .bind(&a.judge_diff)
                 .bind(&a.family)
                 .bind(&a.component)
                 .bind(a.attempt as i64)
@@ -336,7 +491,7 @@ pub(crate) async fn insert_escape(
         .await?;
     let id = escape_id_after(&ids, floor);
     let options = serde_json::to_string(&e.options).expect("strings serialize");
-    sqlx::query("INSERT INTO escape_hatches (family, id, component, attempt, phase, decision_type, question, recommended, options, safe_default, status, asked_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    sqlx::query("INSERT INTO escape_hatches (family, id, component, attempt, phase, decision_type, question, recommended, options, safe_default, status, asked_ms, about) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
         .bind(&e.family)
         .bind(&id)
         .bind(&e.component)
@@ -349,6 +504,7 @@ pub(crate) async fn insert_escape(
         .bind(&e.safe_default)
         .bind(EscapeStatus::Open.as_str())
         .bind(now_ms())
+        .bind(e.about.as_str())
         .execute(&mut *conn)
         .await?;
     Ok(id)

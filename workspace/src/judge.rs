@@ -113,7 +113,12 @@ pub fn paths(prefix: &str, tests: &[String], more: &[String]) -> Vec<String> {
 pub struct Pinned {
     pub commit: String,
     pub changed: Vec<String>,
+    /// The patch of the change to those paths, cut at [`MAX_JUDGE_DIFF`].
+    pub diff: String,
 }
+
+/// How much of a judge change's patch is kept.
+pub const MAX_JUDGE_DIFF: usize = 16 * 1024;
 
 /// Pins `judge` (paths from [`paths`]) of `head` to `base`, in the
 /// repository or worktree at `dir` (see the module doc).
@@ -127,6 +132,7 @@ pub async fn pin(
         return Ok(Pinned {
             commit: head.to_string(),
             changed: Vec::new(),
+            diff: String::new(),
         });
     }
     let specs: Vec<String> = judge.iter().map(|p| format!(":(literal){p}")).collect();
@@ -152,8 +158,12 @@ pub async fn pin(
         return Ok(Pinned {
             commit: head.to_string(),
             changed,
+            diff: String::new(),
         });
     }
+    let mut diff_args = vec!["diff", "--no-renames", "--no-color", base, head, "--"];
+    diff_args.extend(specs.iter().map(String::as_str));
+    let diff = cut(fvd_git::run(dir, &diff_args, &[]).await?, MAX_JUDGE_DIFF);
     let tmp = std::env::temp_dir();
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -205,7 +215,91 @@ pub async fn pin(
     .await?;
     let name = format!("{JUDGED_REFS}/{commit}");
     fvd_git::run(dir, &["update-ref", &name, &commit], &[]).await?;
-    Ok(Pinned { commit, changed })
+    Ok(Pinned {
+        commit,
+        changed,
+        diff,
+    })
+}
+
+/// `text` no longer than `max` bytes (cut at a character's boundary, with
+/// a line saying so).
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut at = max;
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        text.truncate(at);
+        text.push_str("\n[cut at 16 KiB]\n");
+    }
+    text
+}
+
+/// A person's answer to an attempt's judge change, as [`decide`] commits
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision<'a> {
+    /// Kept, committed under this name.
+    Approved { by: &'a str },
+    /// Dropped from the branch.
+    Rejected,
+}
+
+/// The commits of an attempt whose judge change was decided: the attempt
+/// was `head` on top of `before`, and `pinned` is what [`pin`] made of it
+/// (its code, with the judge as the port had it). The branch's new head is
+/// a commit of the attempt's code alone on `before` (`code_message`), and,
+/// when approved, the judge change on top of it authored by the person who
+/// approved it (`judge_message`): so the branch never carries a judge
+/// change nobody approved, and one that was approved names who did.
+/// Returns the new head.
+pub async fn decide(
+    dir: &Path,
+    before: &str,
+    head: &str,
+    pinned: &str,
+    decision: Decision<'_>,
+    code_message: &str,
+    judge_message: &str,
+) -> Result<String, JudgeError> {
+    let fvd_identity: [(&str, &OsStr); 4] = [
+        ("GIT_AUTHOR_NAME", OsStr::new("fvd")),
+        ("GIT_AUTHOR_EMAIL", OsStr::new("fvd@localhost")),
+        ("GIT_COMMITTER_NAME", OsStr::new("fvd")),
+        ("GIT_COMMITTER_EMAIL", OsStr::new("fvd@localhost")),
+    ];
+    let code_tree = fvd_git::run(dir, &["rev-parse", &format!("{pinned}^{{tree}}")], &[]).await?;
+    let code = fvd_git::run(
+        dir,
+        &["commit-tree", &code_tree, "-p", before, "-m", code_message],
+        &fvd_identity,
+    )
+    .await?;
+    let Decision::Approved { by } = decision else {
+        return Ok(code);
+    };
+    let full_tree = fvd_git::run(dir, &["rev-parse", &format!("{head}^{{tree}}")], &[]).await?;
+    let person: [(&str, &OsStr); 4] = [
+        ("GIT_AUTHOR_NAME", OsStr::new(by)),
+        ("GIT_AUTHOR_EMAIL", OsStr::new("")),
+        ("GIT_COMMITTER_NAME", OsStr::new("fvd")),
+        ("GIT_COMMITTER_EMAIL", OsStr::new("fvd@localhost")),
+    ];
+    let judged = fvd_git::run(
+        dir,
+        &["commit-tree", &full_tree, "-p", &code, "-m", judge_message],
+        &person,
+    )
+    .await?;
+    Ok(judged)
+}
+
+/// Whether `ancestor` is `commit` or one of its ancestors.
+pub async fn is_ancestor(dir: &Path, ancestor: &str, commit: &str) -> bool {
+    fvd_git::run(dir, &["merge-base", "--is-ancestor", ancestor, commit], &[])
+        .await
+        .is_ok()
 }
 
 fn short(sha: &str) -> &str {
@@ -248,5 +342,121 @@ mod tests {
                 .any(|x| x.contains("none") || x.contains("..") || x.starts_with('/')),
             "{p:?}"
         );
+    }
+
+    async fn git(dir: &Path, args: &[&str]) -> String {
+        let mut all = vec!["-c", "user.name=t", "-c", "user.email=t@localhost"];
+        all.extend_from_slice(args);
+        fvd_git::run(dir, &all, &[]).await.unwrap()
+    }
+
+    async fn commit_files(dir: &Path, files: &[(&str, &str)], message: &str) -> String {
+        for (p, text) in files {
+            let p = dir.join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        git(dir, &["add", "-A"]).await;
+        git(dir, &["commit", "-q", "-m", message]).await;
+        git(dir, &["rev-parse", "HEAD"]).await
+    }
+
+    async fn show(dir: &Path, commit: &str, path: &str) -> String {
+        git(dir, &["show", &format!("{commit}:{path}")]).await
+    }
+
+    #[tokio::test]
+    async fn a_judge_change_is_pinned_then_dropped_or_kept_under_the_approvers_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path();
+        git(repo, &["init", "-q", "-b", "main"]).await;
+        let base = commit_files(
+            repo,
+            &[
+                ("port.py", "eps = 1e-2\n"),
+                ("tests/test_x.py", "atol = 1e-5\n"),
+            ],
+            "base",
+        )
+        .await;
+        let head = commit_files(
+            repo,
+            &[
+                ("port.py", "eps = 1e-6\n"),
+                ("tests/test_x.py", "atol = 1.0\n"),
+            ],
+            "attempt",
+        )
+        .await;
+        let judge = paths("", &["tests/test_x.py".into()], &[]);
+        let pinned = pin(repo, &base, &head, &judge).await.unwrap();
+        assert_eq!(pinned.changed, vec!["tests/test_x.py".to_string()]);
+        assert!(
+            pinned.diff.contains("-atol = 1e-5") && pinned.diff.contains("+atol = 1.0"),
+            "{}",
+            pinned.diff
+        );
+        assert!(
+            !pinned.diff.contains("eps"),
+            "only the judge's patch: {}",
+            pinned.diff
+        );
+        assert_eq!(
+            show(repo, &pinned.commit, "tests/test_x.py").await,
+            "atol = 1e-5"
+        );
+        assert_eq!(show(repo, &pinned.commit, "port.py").await, "eps = 1e-6");
+
+        let dropped = decide(
+            repo,
+            &base,
+            &head,
+            &pinned.commit,
+            Decision::Rejected,
+            "code",
+            "",
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            git(repo, &["rev-parse", &format!("{dropped}^")]).await,
+            base
+        );
+        assert_eq!(show(repo, &dropped, "tests/test_x.py").await, "atol = 1e-5");
+        assert_eq!(show(repo, &dropped, "port.py").await, "eps = 1e-6");
+        assert!(
+            !is_ancestor(repo, &head, &dropped).await,
+            "the judge change is not on the branch"
+        );
+
+        let kept = decide(
+            repo,
+            &base,
+            &head,
+            &pinned.commit,
+            Decision::Approved { by: "Ada Reviewer" },
+            "code",
+            "judge change approved",
+        )
+        .await
+        .unwrap();
+        assert_eq!(show(repo, &kept, "tests/test_x.py").await, "atol = 1.0");
+        assert_eq!(
+            git(repo, &["log", "-1", "--format=%an", &kept]).await,
+            "Ada Reviewer"
+        );
+        let code = git(repo, &["rev-parse", &format!("{kept}^")]).await;
+        assert_eq!(git(repo, &["rev-parse", &format!("{code}^")]).await, base);
+        assert_eq!(show(repo, &code, "tests/test_x.py").await, "atol = 1e-5");
+        let touched = git(repo, &["diff", "--name-only", &code, &kept]).await;
+        assert_eq!(
+            touched, "tests/test_x.py",
+            "the approved commit is the judge change alone"
+        );
+        assert!(is_ancestor(repo, &kept, &kept).await && is_ancestor(repo, &base, &kept).await);
+
+        // Judged against the approved judge, the same branch changes nothing.
+        let again = pin(repo, &kept, &kept, &judge).await.unwrap();
+        assert!(again.changed.is_empty() && again.commit == kept);
     }
 }
