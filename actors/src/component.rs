@@ -41,7 +41,7 @@ use fvd_store::model::{
     ComponentRow, ComponentStatus, JobRecord, JobReport, JobResult, JobState, PortEvent,
     RecordedVerdict,
 };
-use fvd_store::states::{AttemptKind, AttemptState, EscapeStatus};
+use fvd_store::states::{AttemptKind, AttemptState, EscapeAbout, EscapeStatus};
 use fvd_store::{
     AttemptNext, AttemptRecorded, AttemptRow, ComponentNext, EscapeRow, Store, now_ms,
 };
@@ -50,6 +50,8 @@ use fvd_workspace::attempt_caps::TakeInError;
 use fvd_workspace::worktree::{self, Worktree};
 
 pub use crate::red_run::MAX_INFRA_VERDICTS;
+
+mod judge;
 
 #[derive(Debug)]
 pub struct ComponentSubagentActor;
@@ -373,6 +375,22 @@ async fn record_run(
         .agent
         .is_some()
         .then(|| report.duration_ms * u64::from(st.args.spec.gpus));
+    // The attempt this run judged changed the judge: a person decides
+    // whether to keep that change before the component goes on.
+    if !matches!(plan.next, Next::Retry)
+        && let Some(escape) = judge::question(st, &report.job_id, result.verdict).await?
+    {
+        return judge::ask(
+            st,
+            &report,
+            &worker_id,
+            &v,
+            &result,
+            &escape,
+            attempt_gpu_ms,
+        )
+        .await;
+    }
     let next = ComponentNext {
         status: plan.status,
         verdict: plan.verdict,
@@ -512,10 +530,12 @@ async fn plan_after_run(
                 };
                 return agent_plan(st, refused, AttemptKind::Cleanup).await;
             }
+            // A pass that rests on a judge change says whose approval.
+            let approved = judge::approved_note(st).await?;
             Ok(plan(
                 Next::End,
                 ComponentStatus::NonSkipPass,
-                result.reason.clone(),
+                format!("{}{approved}", result.reason),
             ))
         }
         AfterVerdict::Block => Ok(plan(
@@ -669,40 +689,48 @@ async fn job_record(st: &ComponentState) -> Result<JobRecord, ActorProcessingErr
     Ok(judged_job_record(st).await?.0)
 }
 
-/// [`job_record`], and the judge paths the worktree's commit changed: an
+/// [`job_record`], and what the worktree's commit changed of the judge: an
 /// agent component's run then tests a commit of fvd's with the port's own
-/// judge (issue #39), never the attempt's.
+/// judge (issue #39), never the attempt's; the port's own is the judge of
+/// its commit, or the latest judge change a person approved.
 async fn judged_job_record(
     st: &ComponentState,
-) -> Result<(JobRecord, Vec<String>), ActorProcessingErr> {
+) -> Result<(JobRecord, fvd_workspace::judge::Pinned), ActorProcessingErr> {
     let spec = &st.args.spec;
-    let mut changed = Vec::new();
-    let (cwd, commit, code_prefix) = match &st.agent {
-        Some(l) => {
-            let head = worktree::head(&l.worktree.path)
-                .await
-                .map_err(|e| e.to_string())?;
-            let pinned =
-                fvd_workspace::judge::pin(&l.worktree.path, &st.args.code.commit, &head, &l.judge)
-                    .await
-                    .map_err(|e| format!("cannot pin the judge of {}: {e}", spec.name))?;
-            if !pinned.changed.is_empty() {
-                tracing::warn!(component = %spec.name, head = %head, tested = %pinned.commit, changed = ?pinned.changed, "the worktree changed the component's judge: its run tests the port's own");
-            }
-            changed = pinned.changed;
-            (
-                l.worktree.workdir().to_string_lossy().into_owned(),
-                pinned.commit,
-                l.worktree.prefix.clone(),
-            )
-        }
-        None => (
-            st.args.repo.clone(),
-            st.args.code.commit.clone(),
-            st.args.code.prefix.clone(),
-        ),
+    let Some(l) = &st.agent else {
+        let commit = st.args.code.commit.clone();
+        let unchanged = fvd_workspace::judge::Pinned {
+            commit: commit.clone(),
+            changed: Vec::new(),
+            diff: String::new(),
+        };
+        return Ok((job_at(st, commit), unchanged));
     };
-    let record = JobRecord {
+    let head = worktree::head(&l.worktree.path)
+        .await
+        .map_err(|e| e.to_string())?;
+    let base = judge::base(st, &l.worktree.path, &head).await?;
+    let pinned = fvd_workspace::judge::pin(&l.worktree.path, &base, &head, &l.judge)
+        .await
+        .map_err(|e| format!("cannot pin the judge of {}: {e}", spec.name))?;
+    if !pinned.changed.is_empty() {
+        tracing::warn!(component = %spec.name, head = %head, tested = %pinned.commit, changed = ?pinned.changed, "the worktree changed the component's judge: its run tests the port's own");
+    }
+    Ok((job_at(st, pinned.commit.clone()), pinned))
+}
+
+/// A run of the component's parity test at `commit`: in its worktree for
+/// an agent component, in the checkout otherwise.
+fn job_at(st: &ComponentState, commit: String) -> JobRecord {
+    let spec = &st.args.spec;
+    let (cwd, code_prefix) = match &st.agent {
+        Some(l) => (
+            l.worktree.workdir().to_string_lossy().into_owned(),
+            l.worktree.prefix.clone(),
+        ),
+        None => (st.args.repo.clone(), st.args.code.prefix.clone()),
+    };
+    JobRecord {
         family: st.args.family.clone(),
         component: spec.name.clone(),
         argv: spec.argv(),
@@ -712,8 +740,7 @@ async fn judged_job_record(
         gpus_needed: spec.gpus,
         timeout_ms: spec.timeout_ms(),
         ..JobRecord::default()
-    };
-    Ok((record, changed))
+    }
 }
 
 /// A run recorded as queued goes to the scheduler, under its own
@@ -1026,6 +1053,14 @@ async fn after_answer(
     myself: &ActorRef<ComponentMsg>,
     st: &mut ComponentState,
 ) -> Result<(), ActorProcessingErr> {
+    // A judge question is acted on by fvd, not handed to the agent.
+    if let Some(e) = answered(st)
+        .await?
+        .into_iter()
+        .find(|e| e.about == EscapeAbout::Judge)
+    {
+        return judge::answered(myself, st, e).await;
+    }
     match last_result(st).await? {
         Some((job, last)) => agent_attempt(myself, st, &job, &last, "", AttemptKind::Fix).await,
         None => enqueue(myself, st).await,
@@ -1479,6 +1514,7 @@ async fn write_packet(
         .await
         .unwrap_or(0);
     let next_escape = st.args.store.next_escape_id(family, floor).await?;
+    let judge_decisions = judge::decided_since_reset(st).await?;
     let trace = st
         .args
         .store
@@ -1521,6 +1557,7 @@ async fn write_packet(
         workdir: if fleet { WORKDIR } else { &workdir },
         handoff_file: if fleet { HANDOFF_FILE } else { &files.handoff },
         answers,
+        judge_decisions: &judge_decisions,
         next_escape_id: &next_escape,
         trace: trace.as_deref(),
         variants: variants.as_deref(),
@@ -2434,8 +2471,9 @@ async fn after_agent(
             worker_id,
         }
     } else {
-        let (record, changed) = judged_job_record(st).await?;
-        row.judge_changed = changed;
+        let (record, pinned) = judged_job_record(st).await?;
+        row.judge_changed = pinned.changed;
+        row.judge_diff = pinned.diff;
         job = record;
         AttemptNext::Test(&job)
     };

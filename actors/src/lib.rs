@@ -18,6 +18,8 @@
 //!   [`variant_actor::VariantActor`], one per port, runs a red component's
 //!   test under each of its hypothesis variants at once and tables them.
 //!   No actor but the component writes a component's row.
+//! * [`judge_question`]: the question an attempt's judge change becomes
+//!   (text only; the component asks and acts on the answer).
 //! * [`run_verdict`]: the verdict of a finished job (or that its
 //!   environment failed it); [`port_status`]: the port's `PORT_STATUS.md`
 //!   from the store, through the contracts' co-author.
@@ -33,6 +35,7 @@ pub mod component;
 pub mod fvd_dir;
 pub mod gate;
 pub mod helper;
+pub mod judge_question;
 pub mod orchestrator;
 pub mod port_status;
 pub mod red_run;

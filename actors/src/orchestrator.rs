@@ -956,6 +956,12 @@ async fn answer(
             t
         }
     };
+    // A judge change is kept or dropped: no third reading.
+    if hatch.about == fvd_store::states::EscapeAbout::Judge
+        && crate::judge_question::answer(&text).is_none()
+    {
+        return Err(PortError::InvalidAnswer(crate::judge_question::refusal(id)));
+    }
     let row = st
         .args
         .store

@@ -25,7 +25,7 @@ use fvd_contracts::status_guard;
 
 use fvd_spec::{self, ComponentSpec, PortSpec};
 use fvd_store::model::{ComponentRow, JobRecord, JobState, PortRow, PortState};
-use fvd_store::states::EscapeStatus;
+use fvd_store::states::{EscapeAbout, EscapeStatus};
 use fvd_store::{EscapeRow, Store, StoreError, now_ms};
 
 #[derive(Debug, thiserror::Error)]
@@ -507,7 +507,25 @@ fn escape_row(e: &EscapeRow) -> EscapeHatchRow {
             EscapeStatus::Resolved
         }
     };
+    let branch = fvd_workspace::worktree::branch(&e.family, &e.component);
     let resolution = match (e.status, e.resolved_attempt) {
+        // A judge change (issue #39): who kept or dropped it, and where.
+        (EscapeStatus::Resolved, _) if e.about == EscapeAbout::Judge => {
+            let by = crate::judge_question::approver(e);
+            if e.judge_commit.is_empty() {
+                coauthor::one_line(&format!(
+                    "rejected by {by}: the judge change of attempt {} was dropped from branch `{branch}`; the agent was told ({})",
+                    e.attempt, e.answer
+                ))
+            } else {
+                coauthor::one_line(&format!(
+                    "approved by {by}: the judge change of attempt {} is commit `{}` on branch `{branch}`, authored by {by}; the verdict was rerun with it ({})",
+                    e.attempt,
+                    &e.judge_commit[..e.judge_commit.len().min(12)],
+                    e.answer
+                ))
+            }
+        }
         (EscapeStatus::Open, _) => {
             format!("waiting: fvd answer {} {} --option N", e.family, e.id)
         }

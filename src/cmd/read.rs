@@ -6,9 +6,10 @@ use std::io::Write;
 
 use clap::Args;
 use fvd_orchestrator::query::{Fleet, Queue};
+use fvd_store::EscapeRow;
 use fvd_store::dashboard::RunRow;
 use fvd_store::model::JobState;
-use fvd_store::states::AttemptState;
+use fvd_store::states::{AttemptState, EscapeAbout, EscapeStatus};
 
 use super::exit::Exit;
 use super::render::{self, Shown, run_exit, say};
@@ -287,6 +288,15 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
     runtime()?.block_on(async move {
         let mut source = Source::open(&args.target, Some(&args.family)).await?;
         let (worktree, ledger) = source.attempts(&args.family, &args.component).await?;
+        // The judge questions of the component: each attempt that changed
+        // its judge shows what a person made of the change.
+        let judged: Vec<EscapeRow> = source
+            .status(Some(&args.family))
+            .await?
+            .into_iter()
+            .flat_map(|p| p.escapes)
+            .filter(|e| e.component == args.component && e.about == EscapeAbout::Judge)
+            .collect();
         let mut out = std::io::stdout().lock();
         if args.json {
             let v = serde_json::json!({
@@ -298,6 +308,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                     "base_commit": w.base_commit,
                 })),
                 "attempts": ledger,
+                "judge_questions": judged,
             });
             writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
             return Ok(Exit::Success);
@@ -371,6 +382,11 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
                     "  changed the judge, not counted (its run used the port's own): {}",
                     a.judge_changed.join(", ")
                 )?;
+                let decided = judged
+                    .iter()
+                    .rev()
+                    .find(|e| e.attempt == a.attempt && e.status != EscapeStatus::Withdrawn);
+                writeln!(out, "  judge change: {}", render::judge_decision(decided))?;
             }
             if a.diff_stat.is_empty() {
                 writeln!(out, "  no changes")?;

@@ -87,6 +87,35 @@ pub fn answer_hint(s: &PortSnapshot, e: &fvd_store::EscapeRow, target: &Target) 
     )
 }
 
+/// What became of an attempt's judge change (issue #39), from its
+/// question (`None`: not asked yet, its run has not come back).
+pub fn judge_decision(e: Option<&fvd_store::EscapeRow>) -> String {
+    let Some(e) = e else {
+        return "not decided yet: a person is asked once its run comes back".to_string();
+    };
+    let by = if e.answered_by.is_empty() {
+        String::new()
+    } else {
+        format!(" by {}", e.answered_by)
+    };
+    match e.status {
+        EscapeStatus::Open => format!(
+            "{} waits for a person: `fvd answer {} {} --option 1` approves, `--option 2` rejects",
+            e.id, e.family, e.id
+        ),
+        EscapeStatus::Answered => format!("{} answered{by}, being acted on: {}", e.id, e.answer),
+        EscapeStatus::Withdrawn => format!("{} withdrawn by a rerun", e.id),
+        EscapeStatus::Resolved if e.judge_commit.is_empty() => {
+            format!("{} rejected{by}: dropped from the branch", e.id)
+        }
+        EscapeStatus::Resolved => format!(
+            "{} approved{by}: commit {} on the branch, authored by them",
+            e.id,
+            &e.judge_commit[..e.judge_commit.len().min(12)]
+        ),
+    }
+}
+
 /// 0 when every component is `non_skip_pass`, 3 when the port paused on
 /// questions, 4 when it waits for a fixed environment (a worker's, or the
 /// orchestrator's disk), 1 otherwise.
@@ -410,6 +439,8 @@ pub fn snapshot_json(shown: Shown<'_>, target: &Target) -> serde_json::Value {
             "answer": e.answer,
             "answered_by": e.answered_by,
             "attempt": e.attempt,
+            "about": e.about,
+            "judge_commit": e.judge_commit,
             "answer_command": (e.status == EscapeStatus::Open).then(|| answer_hint(s, e, target)),
         })).collect::<Vec<_>>(),
         "gate": s.gate_events.iter().map(|g| serde_json::json!({

@@ -151,6 +151,13 @@ pub fn escape_hatch(span: &Span, phase: &str, hatch: &str) {
     tracing::info!(parent: span, fvd.phase = phase, fvd.hatch = hatch, "escape hatch");
 }
 
+/// An agent's attempt changed what judges its component (issue #39):
+/// `step` is `asked` (question `id` raised), `approved` or `rejected`. The
+/// change itself is in the ledger, never on the span.
+pub fn judge_change(span: &Span, attempt: u32, id: &str, step: &str) {
+    tracing::info!(parent: span, fvd.attempt = attempt, fvd.id = id, fvd.judge = step, "judge change");
+}
+
 /// A run could not test the code because of its worker's environment (a
 /// package not installed, pytest missing): the cause as classified from the
 /// run's redacted output, never an environment variable's value.

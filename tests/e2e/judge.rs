@@ -1,10 +1,13 @@
 //! The judge, pinned (issue #39): an agent that loosens the parity test's
 //! tolerance, adds a `conftest.py` that turns failures into passes, or
 //! edits the official reference to match the port's bug gets no pass: each
-//! attempt's run tests its code with the port's own judge, and the ledger
-//! lists the judge paths it changed. One whose port module swaps out
-//! numpy's assertion gets `tampered`, and its next packet names the swap.
-//! The honest fix, on top of all four, still passes. The agent writes nothing outside its worktree: not the
+//! attempt's run tests its code with the port's own judge, the ledger
+//! lists the judge paths it changed, and the change becomes a person's
+//! question. Rejected, it is dropped from the branch and the agent's next
+//! packet says so; approved, it is committed under the person's name and
+//! the verdict runs with it. One whose port module swaps out numpy's
+//! assertion gets `tampered`, and its next packet names the swap. The
+//! honest fix still passes. The agent writes nothing outside its worktree: not the
 //! state database, the main checkout or `.fvd/` (embedded), not the
 //! worker's workspace (fleet).
 
@@ -15,7 +18,8 @@ const COMPONENT: &str = "timestep_embed";
 const TEST: &str = "tests/local_tests/generic/test_tinyport_timestep_embed_parity.py";
 
 /// Attempt 1 loosens the tolerance, 2 adds a report-flipping conftest.py,
-/// 3 makes the official reference match the port's bug, 4 makes the port's
+/// 3 makes the official reference match the port's bug (each rejected by a
+/// person, so each starts without the one before), 4 makes the port's
 /// module swap out `numpy.testing.assert_allclose`, 5 fixes the port (and
 /// drops the swap, after keeping the packet that named it).
 const CHEATER: &str = r#"
@@ -140,34 +144,91 @@ fn cheats(fleet: bool) {
     crate::agent::git(sb.repo(), &["add", "-A"]);
     crate::agent::git(sb.repo(), &["commit", "-q", "-m", "a cheating agent"]);
 
+    // Who answers the questions: the checkout's git user.
+    crate::agent::git(sb.repo(), &["config", "user.name", "Ada Reviewer"]);
+    let base = crate::agent::git(sb.repo(), &["rev-parse", "HEAD"]);
+
     // Where the CLI reads from: the repository, or the orchestrator.
     let mut place: Vec<String> = vec!["--repo".into(), sb.repo().display().to_string()];
-    let (out, status) = if fleet {
+    let (code, text) = if fleet {
         let url = sb.serve_with(&["--allow-agent-commands"]);
         sb.worker("w1", 2);
-        place = vec!["--orchestrator".into(), url];
+        place.extend(["--orchestrator".to_string(), url]);
         let out = sb.submit_remote("tinyport", &["--wait"]);
-        (out, sb.remote_status("tinyport").expect("status"))
+        (out.status.code(), said(&out))
     } else {
         let out = fvd()
             .args(["submit", "--family", "tinyport", "--wait", "--repo"])
             .arg(sb.repo())
             .output()
             .unwrap();
-        (out, sb.local_status("tinyport").expect("status"))
+        (out.status.code(), said(&out))
     };
-    let text = format!(
-        "{}{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        sb.logs()
-    );
-    let c = component(&status, COMPONENT);
-    assert_eq!(c["status"], "non_skip_pass", "{text}\n{status}");
+    let status = |sb: &Sandbox| {
+        if fleet {
+            sb.remote_status("tinyport").expect("status")
+        } else {
+            sb.local_status("tinyport").expect("status")
+        }
+    };
+    // Each of the first three attempts changed the judge: its run judged
+    // its code with the port's own (red), and the port waits for a person.
+    let conftest = "tests/local_tests/generic/conftest.py";
+    let official = "official/tinyport_official/timestep.py";
+    let asked = [
+        (
+            "E001",
+            TEST,
+            "reject: the tolerance is the port's; fix the code",
+        ),
+        ("E002", conftest, "option 2"),
+        ("E003", official, "option 2"),
+    ];
+    let (mut code, mut text) = (code, text);
+    for (id, path, answer) in asked {
+        assert_eq!(code, Some(3), "{id}: {text}\n{}", sb.logs());
+        let now = status(&sb);
+        assert_eq!(component(&now, COMPONENT)["status"], "ask_user", "{now}");
+        let q = now["escapes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {now}"))
+            .clone();
+        assert_eq!(q["about"], "judge", "{q}");
+        assert_eq!(q["status"], "open", "{q}");
+        let question = q["question"].as_str().unwrap();
+        assert!(question.contains(path), "{question}");
+        assert!(question.contains("is debug_red"), "{question}");
+        if id == "E001" {
+            assert!(
+                question
+                    .contains("`-np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-4)`"),
+                "{question}"
+            );
+        }
+        let mut cmd = fvd();
+        cmd.args(["answer", "tinyport", id, "--wait"]).args(&place);
+        cmd.args(sb.token_args("porter"));
+        match answer.strip_prefix("option ") {
+            Some(n) => cmd.args(["--option", n]),
+            None => cmd.args(["--text", answer]),
+        };
+        let out = cmd.output().unwrap();
+        (code, text) = (out.status.code(), said(&out));
+    }
+    // time_shift, without an agent, ends blocked; nothing waits any more.
+    assert_ne!(code, Some(3), "{text}\n{}", sb.logs());
+    let text = format!("{text}\n{}", sb.logs());
+    let now = status(&sb);
+    let c = component(&now, COMPONENT);
+    assert_eq!(c["status"], "non_skip_pass", "{text}\n{now}");
 
     let out = fvd()
         .args(["attempts", "tinyport", COMPONENT, "--json"])
         .args(&place)
+        .args(sb.token_args("viewer"))
         .output()
         .unwrap();
     let l: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -184,36 +245,82 @@ fn cheats(fleet: bool) {
             .map(|p| p.as_str().unwrap().to_string())
             .collect()
     };
-    let cheats = [
-        vec![TEST.to_string()],
-        vec![
-            "tests/local_tests/generic/conftest.py".to_string(),
-            TEST.to_string(),
-        ],
-        vec![
-            "official/tinyport_official/timestep.py".to_string(),
-            "tests/local_tests/generic/conftest.py".to_string(),
-            TEST.to_string(),
-        ],
-    ];
-    for (i, want) in cheats.iter().enumerate() {
+    // Each cheat alone would have passed; with the port's judge, red. A
+    // rejected change is gone before the next attempt starts.
+    for (i, (_, path, _)) in asked.iter().enumerate() {
         let a = &attempts[i];
-        // Each cheat alone would have passed; with the port's judge, red.
         assert_eq!(a["verdict_after"], "debug_red", "attempt {}: {a}", i + 1);
-        assert_eq!(&judge(a), want, "attempt {}: {a}", i + 1);
+        assert_eq!(judge(a), vec![path.to_string()], "attempt {}: {a}", i + 1);
+        assert!(
+            a["judge_diff"].as_str().unwrap().contains(path),
+            "attempt {}: {a}",
+            i + 1
+        );
+    }
+    // Every question was the person's, and each rejection is recorded.
+    let questions = l["judge_questions"].as_array().unwrap();
+    assert_eq!(questions.len(), 3, "{l}");
+    // The credential's name, or on a server without credentials the git
+    // user of the answering checkout.
+    let who = if sb.token_args("porter").is_empty() {
+        "Ada Reviewer"
+    } else {
+        "porter"
+    };
+    for q in questions {
+        assert_eq!(q["status"], "resolved", "{q}");
+        assert_eq!(q["judge_commit"], "", "{q}");
+        assert_eq!(q["answered_by"], who, "{q}");
     }
     // The swapped assertion would have passed too: tampered, never green,
     // and the agent's next packet names what it swapped and where.
     assert_eq!(attempts[3]["verdict_after"], "tampered", "{l}");
-    assert_eq!(judge(&attempts[3]), cheats[2], "{l}");
+    assert!(judge(&attempts[3]).is_empty(), "{l}");
     let packet = std::fs::read_to_string(mark.join("packet5.txt")).expect("attempt 5's packet");
     assert!(
         packet.contains("numpy.testing.assert_allclose replaced by fastvideo/layers/timestep.py:"),
         "{packet}"
     );
-    // The fix on top of all four passes the port's own judge.
+    // It also says what a person made of its judge changes.
+    assert!(packet.contains("## Your changes to the judge"), "{packet}");
+    assert!(
+        packet.contains(&format!(
+            "E001 (attempt 1): rejected by {who}: it is no longer on your branch"
+        )),
+        "{packet}"
+    );
+    assert!(
+        packet.contains("the tolerance is the port's; fix the code"),
+        "{packet}"
+    );
+    // The fix passes the port's own judge, and the branch holds none of
+    // the judge changes.
     assert_eq!(attempts[4]["verdict_after"], "non_skip_pass", "{l}");
-    assert_eq!(judge(&attempts[4]), cheats[2], "{l}");
+    assert!(judge(&attempts[4]).is_empty(), "{l}");
+    let branch = format!("fvd/tinyport/{COMPONENT}");
+    let left = crate::agent::git(
+        sb.repo(),
+        &[
+            "diff",
+            "--name-only",
+            &base,
+            &branch,
+            "--",
+            TEST,
+            conftest,
+            official,
+        ],
+    );
+    assert_eq!(left, "", "judge changes left on {branch}");
+    // PORT_STATUS.md says who rejected each.
+    let port_status =
+        std::fs::read_to_string(sb.repo().join("tests/local_tests/tinyport/PORT_STATUS.md"))
+            .unwrap();
+    assert_eq!(
+        port_status.matches(&format!("rejected by {who}")).count(),
+        3,
+        "{port_status}"
+    );
     // Nothing outside its worktree took a write.
     let writes =
         std::fs::read_to_string(mark.join("writes.txt")).expect("attempt 1 tried its writes");
@@ -241,6 +348,7 @@ fn cheats(fleet: bool) {
     let out = fvd()
         .args(["attempts", "tinyport", COMPONENT])
         .args(&place)
+        .args(sb.token_args("viewer"))
         .output()
         .unwrap();
     let shown = String::from_utf8_lossy(&out.stdout);
@@ -248,4 +356,178 @@ fn cheats(fleet: bool) {
         shown.contains("changed the judge, not counted (its run used the port's own): tests/local_tests/generic/test_tinyport_timestep_embed_parity.py"),
         "{shown}"
     );
+    assert!(
+        shown.contains(&format!(
+            "judge change: E001 rejected by {who}: dropped from the branch"
+        )),
+        "{shown}"
+    );
+}
+
+/// What a command said, labelled.
+fn said(out: &std::process::Output) -> String {
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Attempt 1 only loosens the tolerance; a person approves it.
+const LOOSENER: &str = r#"
+import argparse, pathlib, shutil
+ap = argparse.ArgumentParser()
+ap.add_argument("--attempt", type=int)
+ap.add_argument("--worktree")
+ap.add_argument("--handoff")
+ap.add_argument("--prompt")
+a = ap.parse_args()
+w = pathlib.Path(a.worktree)
+p = w / "tests/local_tests/generic/test_tinyport_timestep_embed_parity.py"
+p.write_text(p.read_text().replace("atol=1e-4", "atol=10.0"))
+shutil.copy(w / "tools/replay/timestep_embed/0002.handoff", a.handoff)
+"#;
+
+#[test]
+fn an_approved_judge_change_passes_under_the_persons_name() {
+    approved(false);
+}
+
+/// The same with the agent and the runs on a fleet worker: the approved
+/// commit is run there.
+#[test]
+fn an_approved_judge_change_on_a_fleet_worker_passes_under_the_persons_name() {
+    approved(true);
+}
+
+fn approved(fleet: bool) {
+    let mut sb = Sandbox::new();
+    example_repo(&sb, |t| {
+        t.replace(
+            r#"command = ["python3", "-B", "tools/replay_agent.py", "--patches", "tools/replay/{component}", "--attempt", "{attempt}", "--prompt", "{prompt_file}", "--handoff", "{handoff_file}", "--worktree", "{worktree}"]"#,
+            r#"command = ["python3", "-B", "tools/loosener.py", "--attempt", "{attempt}", "--handoff", "{handoff_file}", "--prompt", "{prompt_file}", "--worktree", "{worktree}"]"#,
+        )
+    });
+    let spec = sb.repo().join("tests/local_tests/tinyport/port.toml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    let (head, tail) = text.split_once("name = \"time_shift\"").unwrap();
+    std::fs::write(
+        &spec,
+        format!(
+            "{head}name = \"time_shift\"{}",
+            tail.replacen("agent = true\n", "", 1)
+        ),
+    )
+    .unwrap();
+    std::fs::write(sb.repo().join("tools/loosener.py"), LOOSENER).unwrap();
+    crate::agent::git(sb.repo(), &["add", "-A"]);
+    crate::agent::git(sb.repo(), &["commit", "-q", "-m", "an agent that loosens"]);
+    crate::agent::git(sb.repo(), &["config", "user.name", "Ada Reviewer"]);
+
+    let mut place: Vec<String> = vec!["--repo".into(), sb.repo().display().to_string()];
+    if fleet {
+        let url = sb.serve_with(&["--allow-agent-commands"]);
+        sb.worker("w1", 2);
+        place.extend(["--orchestrator".to_string(), url]);
+    }
+    let run = |args: &[&str]| {
+        let out = fvd()
+            .args(args)
+            .args(&place)
+            .args(sb.token_args("porter"))
+            .output()
+            .unwrap();
+        (out.status.code(), said(&out))
+    };
+    let status = |sb: &Sandbox| {
+        if fleet {
+            sb.remote_status("tinyport").expect("status")
+        } else {
+            sb.local_status("tinyport").expect("status")
+        }
+    };
+    let (code, text) = run(&["submit", "--family", "tinyport", "--wait"]);
+    assert_eq!(code, Some(3), "{text}\n{}", sb.logs());
+    // Neither approve nor reject: refused, the question stays open.
+    let (code, text) = run(&["answer", "tinyport", "E001", "--text", "looks fine"]);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(
+        text.contains("E001 asks whether to keep a judge change"),
+        "{text}"
+    );
+    let (code, text) = run(&[
+        "answer",
+        "tinyport",
+        "E001",
+        "--text",
+        "approve: bf16 noise needs it here",
+        "--wait",
+    ]);
+    assert_ne!(code, Some(3), "{text}\n{}", sb.logs());
+    let text = format!("{text}\n{}", sb.logs());
+    let who = if sb.token_args("porter").is_empty() {
+        "Ada Reviewer"
+    } else {
+        "porter"
+    };
+    let now = status(&sb);
+    let c = component(&now, COMPONENT);
+    assert_eq!(c["status"], "non_skip_pass", "{text}\n{now}");
+    assert!(
+        c["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("approved by {who} (E001)")),
+        "{c}"
+    );
+    let (_, out) = run(&["attempts", "tinyport", COMPONENT, "--json"]);
+    let json = &out[out.find('{').unwrap()..out.rfind('}').unwrap() + 1];
+    let l: serde_json::Value = serde_json::from_str(json).unwrap();
+    let attempts = l["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{l}");
+    // The attempt's verdict is the run with its approved judge.
+    assert_eq!(attempts[0]["verdict_after"], "non_skip_pass", "{l}");
+    let q = &l["judge_questions"][0];
+    assert_eq!(q["status"], "resolved", "{q}");
+    assert_eq!(q["answered_by"], who, "{q}");
+    let kept = q["judge_commit"].as_str().unwrap().to_string();
+    assert_eq!(kept.len(), 40, "{q}");
+    // The branch ends with the judge change alone, authored by the person.
+    let branch = format!("fvd/tinyport/{COMPONENT}");
+    assert_eq!(crate::agent::git(sb.repo(), &["rev-parse", &branch]), kept);
+    assert_eq!(
+        crate::agent::git(sb.repo(), &["log", "-1", "--format=%an", &branch]),
+        who
+    );
+    assert_eq!(
+        crate::agent::git(
+            sb.repo(),
+            &["diff", "--name-only", &format!("{branch}^"), &branch]
+        ),
+        TEST
+    );
+    let message = crate::agent::git(sb.repo(), &["log", "-1", "--format=%B", &branch]);
+    assert!(
+        message.contains("Why: bf16 noise needs it here"),
+        "{message}"
+    );
+    // PORT_STATUS.md says the judge was changed, and by whom.
+    let port_status =
+        std::fs::read_to_string(sb.repo().join("tests/local_tests/tinyport/PORT_STATUS.md"))
+            .unwrap();
+    assert!(
+        port_status.contains(&format!("approved by {who}: the judge change of attempt 1")),
+        "{port_status}"
+    );
+    // Later runs are judged by the approved judge: a rerun passes without
+    // asking again.
+    let (code, text) = run(&["submit", "--family", "tinyport", "--rerun", "--wait"]);
+    assert_ne!(code, Some(3), "{text}\n{}", sb.logs());
+    let now = status(&sb);
+    assert_eq!(
+        component(&now, COMPONENT)["status"],
+        "non_skip_pass",
+        "{now}"
+    );
+    assert_eq!(now["escapes"].as_array().unwrap().len(), 1, "{now}");
 }

@@ -246,6 +246,9 @@ pub struct Packet<'a> {
     /// Escape hatches of this component a person answered since the last
     /// attempt: the answers are part of the task.
     pub answers: &'a [EscapeRow],
+    /// The component's judge questions a person decided (issue #39):
+    /// what became of the judge changes earlier attempts made.
+    pub judge_decisions: &'a [EscapeRow],
     /// The `E###` id a new escape hatch of this attempt will get.
     pub next_escape_id: &'a str,
     /// One line on the component's latest trace investigation, when it is
@@ -270,6 +273,7 @@ pub fn packet(p: &Packet<'_>) -> String {
         workdir,
         handoff_file,
         answers,
+        judge_decisions,
         next_escape_id,
         trace,
         variants,
@@ -337,10 +341,34 @@ pub fn packet(p: &Packet<'_>) -> String {
         }
         out.push_str("\nFollow these answers; do not ask the same question again.\n\n");
     }
+    if !judge_decisions.is_empty() {
+        out.push_str("## Your changes to the judge\n\nA person decided each judge change an earlier attempt made:\n\n");
+        for e in judge_decisions.iter() {
+            let by = if e.answered_by.is_empty() {
+                String::new()
+            } else {
+                format!(" by {}", e.answered_by)
+            };
+            let what = if e.judge_commit.is_empty() {
+                format!("rejected{by}: it is no longer on your branch")
+            } else {
+                format!(
+                    "approved{by}: it is commit {} on your branch, and runs are judged by it",
+                    short(&e.judge_commit)
+                )
+            };
+            out.push_str(&format!(
+                "- {} (attempt {}): {what}.\n  Their answer: {}\n",
+                e.id, e.attempt, e.answer
+            ));
+        }
+        out.push('\n');
+    }
     out.push_str(&format!(
         "## Rules\n\n\
 - Change the port's code in this worktree until the parity test above is a non-skip pass; fvd commits your changes and reruns the test itself. Your own claim of a pass is not evidence: the rerun is.\n\
 - A skip is not a pass. Do not make the test skip, xfail or loosen its tolerance to turn it green.\n\
+- What judges this component is the port's, not yours: its parity test files, each `conftest.py` and pytest configuration on the way to them, the official reference, `port.toml` and `PORT_STATUS.md`. fvd runs your code with the port's own judge; a change you make there is not counted and becomes a person's question.\n\
 - If the mismatch comes from converted weights or the conversion mapping, do not edit conversion scripts or converted weights: return `next_step: phase_5_conversion_retry` with a `conversion_retry_request` naming the failing keys, shapes or prefixes.\n\
 - If you cannot make progress, return `next_step: blocked` with the exact `blocker`.\n\
 - If a decision needs a person (scope, an ambiguity between official sources, cost), return `next_step: ask_user` with an `escape_hatch` whose evidence cites {next_escape_id}; the rest of the port goes on while the question waits, and the answer comes back in your next packet.\n\
@@ -1022,6 +1050,7 @@ escape_hatch: none";
             workdir: "/w/port",
             handoff_file: "/h.txt",
             answers: &[],
+            judge_decisions: &[],
             next_escape_id: "E001",
             trace: Some("first divergence: blocks.2.norm max drift 0.542"),
             variants: Some("- eps_fix (EPS_FIX=1): non_skip_pass, passes"),

@@ -460,7 +460,9 @@ fn attempts(v: &[AttemptRow]) -> Markup {
                         p.reason.judge {
                             "Changed the judge, not counted: its run used the port's own "
                             @for (i, f) in a.judge_changed.iter().enumerate() { @if i > 0 { ", " } code { (f) } }
+                            ". A person approves or rejects it (its question is on the port's page)."
                         }
+                        @if !a.judge_diff.is_empty() { (diff(&a.judge_diff)) }
                     }
                     @if !a.handoff_summary.is_empty() { p { (a.handoff_summary) } }
                     @if let Some(u) = &a.usage { (usage(u)) }
