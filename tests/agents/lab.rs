@@ -417,6 +417,12 @@ impl Lab {
         self.submit_with_key(&self.key.clone())
     }
 
+    /// `fvd ARGS --repo` with the key and the server's URL in fvd's
+    /// environment (an embedded `answer` runs the port's agents).
+    pub fn run(&self, args: &[&str]) -> (Option<i32>, String) {
+        self.fvd_with_key(args, &self.key.clone())
+    }
+
     /// `fvd attempts … --json`.
     pub fn ledger(&self) -> Value {
         ledger_from("--repo", self.repo.as_os_str())
@@ -559,6 +565,33 @@ impl Fleet {
     /// `fvd attempts … --json` from the orchestrator.
     pub fn ledger(&self) -> Value {
         ledger_from("--orchestrator", self.url.as_ref())
+    }
+
+    /// `fvd status tinyport --json` from the orchestrator.
+    pub fn status(&self) -> Value {
+        let (code, out) = self.fvd(&["status", "tinyport", "--json"], Path::new("."));
+        assert_eq!(code, Some(0), "{out}");
+        let json = &out[out.find('{').unwrap()..=out.rfind('}').unwrap()];
+        serde_json::from_str(json).unwrap()
+    }
+
+    /// `fvd ARGS --orchestrator URL --repo REPO` (the repository names
+    /// who answers, by its git user): exit code and output.
+    pub fn fvd(&self, args: &[&str], repo: &Path) -> (Option<i32>, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_fvd"))
+            .args(args)
+            .args(["--orchestrator", &self.url])
+            .arg("--repo")
+            .arg(repo)
+            .env("FVD_LOG", "warn")
+            .output()
+            .unwrap();
+        let text = format!(
+            "stdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
     }
 
     /// Rows of a query on the orchestrator's database.

@@ -27,6 +27,7 @@
 //! bash scripts/agent-clis.sh && cargo test --locked --features agents --test agents
 //! ```
 
+mod cheats;
 mod lab;
 
 #[cfg(feature = "agents-gemini")]
@@ -502,4 +503,24 @@ in_netns!(
 in_netns!(
     claude_code_runs_parity_on_a_worker_through_fvd_mcp,
     runs_parity_on_a_worker_through_fvd_mcp(CLAUDE)
+);
+
+// Issue #39: the cheats of a coding agent, through the real CLIs; every
+// row of the table through Claude Code, the tolerance and conftest cheats
+// through Codex (the raw `[agent] command` is `tests/e2e/judge.rs`).
+in_netns!(
+    claude_code_cheats_are_named_never_passed,
+    cheats::cheats_are_named_never_passed(CLAUDE, false, true)
+);
+in_netns!(
+    claude_code_cheats_on_a_worker_are_named_never_passed,
+    cheats::cheats_are_named_never_passed(CLAUDE, true, true)
+);
+in_netns!(
+    codex_cheats_are_named_never_passed,
+    cheats::cheats_are_named_never_passed(CODEX, false, false)
+);
+in_netns!(
+    codex_cheats_on_a_worker_are_named_never_passed,
+    cheats::cheats_are_named_never_passed(CODEX, true, false)
 );
