@@ -313,15 +313,22 @@ fn drop_capabilities() -> Result<(), String> {
 /// `pidfd_getfd` from only processes of its own domain or one nested in
 /// it, whatever their uid, so a job cannot read an agent's or another
 /// job's tokens (issue #38). A Landlock jail gets the same from its own
-/// domain.
+/// domain. Moving a file to another folder is the one right every rule set
+/// refuses unless a rule allows it: the domain allows it everywhere, or a
+/// job's `os.rename` between folders fails with EXDEV.
 fn own_domain() -> Result<(), String> {
-    use landlock::{AccessFs, Ruleset, RulesetAttr, RulesetStatus};
+    use landlock::{
+        AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
+    };
     let e = |what: &str, e: landlock::RulesetError| format!("landlock {what}: {e}");
+    let root = PathFd::new("/").map_err(|x| format!("landlock: /: {x}"))?;
     let status = Ruleset::default()
-        .handle_access(AccessFs::MakeBlock)
+        .handle_access(AccessFs::MakeBlock | AccessFs::Refer)
         .map_err(|x| e("ruleset", x))?
         .create()
         .map_err(|x| e("ruleset", x))?
+        .add_rule(PathBeneath::new(root, AccessFs::Refer))
+        .map_err(|x| e("rule", x))?
         .restrict_self()
         .map_err(|x| e("restrict", x))?;
     if status.ruleset == RulesetStatus::NotEnforced {

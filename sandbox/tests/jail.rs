@@ -624,3 +624,32 @@ fn a_writable_folder_inside_a_read_only_one() {
         }
     }
 }
+
+/// A Landlock domain refuses to move a file to another folder unless its
+/// rule set allows it (the one right every rule set denies by default): a
+/// job's own domain must not, or `os.rename` between folders, `pip` and
+/// every tool that moves a finished file into place fail with EXDEV.
+#[test]
+fn a_jailed_job_moves_files_between_folders() {
+    for m in [Mechanism::Namespace, Mechanism::Landlock] {
+        let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(a.join("x"), "x").unwrap();
+        let j = Jail::unprobed(launcher(), m, Vec::new());
+        let script = "import os, sys\nos.rename(sys.argv[1], sys.argv[2])\nprint('moved')\n";
+        let text = python_in(
+            &j,
+            script,
+            &[
+                a.join("x").display().to_string(),
+                b.join("x").display().to_string(),
+            ],
+            None,
+            &format!("{m}: a move between folders"),
+        );
+        assert_eq!(text.trim(), "moved", "{m}");
+        assert!(b.join("x").is_file(), "{m}");
+    }
+}
