@@ -354,8 +354,32 @@ impl Sandbox {
         self.worker_at(&url, id, slots, extra)
     }
 
+    /// Starts `fvd worker` with `slots` CPU slots and its workspace at
+    /// `workspace` (one outside `/tmp`, say).
+    pub fn worker_in(&mut self, id: &str, slots: u32, workspace: &Path) {
+        let url = self.url.clone().expect("serve() first");
+        let child = self
+            .worker_cmd(&url, id, slots, &[], workspace)
+            .spawn()
+            .expect("spawn worker");
+        self.workers.push((id.to_string(), self.children.len()));
+        self.children.push(child);
+    }
+
     /// A worker command that dials `url` (a proxy, say) instead.
     pub fn worker_at(&self, url: &str, id: &str, slots: u32, extra: &[&str]) -> Command {
+        let workspace = self.dir.path().join(format!("ws-{id}"));
+        self.worker_cmd(url, id, slots, extra, &workspace)
+    }
+
+    fn worker_cmd(
+        &self,
+        url: &str,
+        id: &str,
+        slots: u32,
+        extra: &[&str],
+        workspace: &Path,
+    ) -> Command {
         let mut cmd = fvd();
         cmd.args(&self.server_args)
             .args([
@@ -368,7 +392,7 @@ impl Sandbox {
                 id,
             ])
             .args(["--cpu-slots", &slots.to_string(), "--workspace"])
-            .arg(self.dir.path().join(format!("ws-{id}")))
+            .arg(workspace)
             .args(self.token_args("fleet"))
             .args(extra)
             .stdout(Stdio::null())

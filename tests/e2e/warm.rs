@@ -439,6 +439,7 @@ def test_role():
                 unkeyed_paths: vec![scratch.to_path_buf()],
                 dir: root.join("z"),
                 jail: jail.clone(),
+                write_beneath: None,
             }),
             stdin: None,
         }
@@ -484,4 +485,68 @@ def test_role():
             );
         }
     }
+}
+
+/// A warm test on a worker writes what a cold one may (issue #39): its
+/// checkout, its scratch folder, what lies outside the worker's
+/// workspace; not the workspace's code store, other jobs' folders, the
+/// zygotes' folder or its top. The workspace is outside `/tmp` (Landlock
+/// cannot keep a folder there read-only).
+#[test]
+fn a_warm_test_on_a_worker_writes_only_its_checkout_and_scratch() {
+    let mut sb = Sandbox::with_repo_in("repo");
+    warm_port(&sb, "heavy");
+    let ws_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let ws = ws_dir.path().join("ws-w1");
+    let mark = sb.dir.path().join("mark");
+    std::fs::create_dir_all(&mark).unwrap();
+    let refused: Vec<String> = [
+        "jobs/forged.txt",
+        "code/forged.txt",
+        "zygotes/forged.txt",
+        "forged.txt",
+    ]
+    .iter()
+    .map(|p| ws.join(p).display().to_string())
+    .collect();
+    // Every test tries the writes: the port's root conftest.py does.
+    std::fs::write(
+        sb.repo().join("conftest.py"),
+        format!(
+            "import os, sys\nlines = []\nfor t in {refused:?} + [os.path.join(os.getcwd(), 'own.txt'), os.path.join(os.path.dirname(sys.modules['fvd_pytest_plugin'].__file__), 'scratch.txt')]:\n    try:\n        open(t, 'a').close()\n        lines.append('wrote ' + t)\n    except OSError as e:\n        lines.append('refused %s %s' % (t, e.errno))\nd = os.path.join(os.getcwd(), 'mv-%d' % os.getpid())\nos.makedirs(d)\nopen(os.path.join(d, 'x'), 'w').close()\ntry:\n    os.rename(os.path.join(d, 'x'), os.path.join(os.getcwd(), 'moved-%d' % os.getpid()))\n    lines.append('moved between folders')\nexcept OSError as e:\n    lines.append('move refused %s' % e.errno)\nopen(os.path.join({mark:?}, 'writes-%d.txt' % os.getpid()), 'w').write('\\n'.join(lines) + '\\n')\n",
+            mark = mark.display().to_string(),
+        ),
+    )
+    .unwrap();
+    sb.serve_with(&[]);
+    sb.worker_in("w1", 2, &ws);
+    let out = sb.submit_remote("warmy", &["--wait"]);
+    let text = format!(
+        "{}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        sb.logs()
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert_eq!(imports(&sb), 1, "both runs forked from one zygote: {text}");
+    let mut tried = 0;
+    for e in std::fs::read_dir(&mark).unwrap().flatten() {
+        tried += 1;
+        let got = std::fs::read_to_string(e.path()).unwrap();
+        for t in &refused {
+            assert!(got.contains(&format!("refused {t} ")), "{t}:\n{got}");
+        }
+        // A file moves between folders of its own (the one right a
+        // Landlock domain refuses unless allowed).
+        assert!(got.contains("moved between folders"), "{got}");
+        // Its own checkout and scratch folder take writes.
+        for own in ["own.txt", "scratch.txt"] {
+            assert!(
+                got.lines()
+                    .any(|l| l.starts_with("wrote ") && l.ends_with(own)),
+                "{own}:\n{got}"
+            );
+        }
+    }
+    assert_eq!(tried, 2, "each component's test tried its writes");
 }

@@ -991,11 +991,15 @@ pub(crate) async fn run_assigned(
         stdin: agent_io.and_then(|io| io.stdin.clone()),
     };
     if a.warm {
+        // The zygote's jail serves every checkout; each test it forks gets
+        // the cold test's write rules in a Landlock domain of its own.
+        let writable = test_writable(&config.workspace, &scratch, Path::new(&a.cwd));
         spec.warm = Some(crate::zygote::WarmSpec {
             preload: a.preload.clone(),
             unkeyed_paths: vec![scratch.clone()],
             dir: config.workspace.join("zygotes"),
             jail: config.jail.read_only(&repo_dirs),
+            write_beneath: warm_write_rules(&config.workspace, &writable),
         });
     }
     if a.collect_junit
@@ -1228,6 +1232,37 @@ fn test_writable(workspace: &Path, scratch: &Path, cwd: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// A warm test's write rules (issue #39): everything outside the worker's
+/// `workspace`, and below it only `writable` (from [`test_writable`]), as
+/// paths with whether each is a folder. `None` when Landlock cannot keep
+/// the workspace read-only (it lies below `/tmp` or another folder jobs
+/// create files in directly: `fvd_sandbox::launch::landlock_read_only`).
+fn warm_write_rules(workspace: &Path, writable: &[PathBuf]) -> Option<Vec<(PathBuf, bool)>> {
+    use fvd_sandbox::launch::{busy_folders, complement, landlock_read_only};
+    let real = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let read_only = landlock_read_only(&[real(workspace)], &busy_folders());
+    if read_only.is_empty() {
+        return None;
+    }
+    let mut outside = Vec::new();
+    complement(Path::new("/"), &read_only, &mut outside);
+    let mut rules: Vec<(PathBuf, bool)> = outside
+        .into_iter()
+        .map(|p| {
+            let folder = p.is_dir();
+            (p, folder)
+        })
+        .collect();
+    rules.extend(
+        writable
+            .iter()
+            .map(|w| real(w))
+            .filter(|w| w.is_dir())
+            .map(|w| (w, true)),
+    );
+    Some(rules)
 }
 
 /// The job's own scratch folder, `WORKSPACE/jobs/<job id>.e<lease epoch>`:

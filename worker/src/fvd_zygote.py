@@ -10,7 +10,8 @@ repository's code as it is on disk when the job starts.
 
 Protocol, one Unix-socket connection per job: the worker sends one JSON line
 {"args", "no_bytecode", "env", "cwd", "stdout", "stderr", "safe_path",
-"ranks", "rank_env"}; stdout/stderr are named pipes the worker already reads.
+"ranks", "rank_env", "write_beneath"} (write_beneath: the paths a one-process
+job may write below, as [path, is_folder] pairs, or null: see own_domain); stdout/stderr are named pipes the worker already reads.
 The zygote forks, puts the child in a process group of its own (pgid = pid,
 set by both sides before the reply), answers {"pid": N}, and once it reaped
 the child {"status": WAIT_STATUS}. A line {"error": "..."} instead of a pid
@@ -306,8 +307,9 @@ def fork(conn, line, state, children):
             return None
         if pid == 0:
             child_setup(state, pgid)
-            if ranks == 1:
-                own_domain()
+            # A one-process job gets a Landlock domain of its own (see
+            # own_domain), entered once its output goes to the job.
+            req["own_domain"] = ranks == 1
             req["env"].update(rank_env[rank])
             req["rank"] = rank
             return (req, out_fd, err_fd)
@@ -354,29 +356,84 @@ def child_setup(state, pgid):
         os.close(fd)
 
 
-def own_domain():
+# Landlock's filesystem rights (linux/landlock.h): the write rights of ABI 1
+# but making block devices, which no job is granted; truncating (ABI 3);
+# moving a file to another folder (ABI 2), which every rule set refuses
+# unless a rule allows it.
+FS_WRITE_FILE = 1 << 1
+FS_WRITE = FS_WRITE_FILE | sum(1 << b for b in (4, 5, 6, 7, 8, 9, 10, 12))
+FS_MAKE_BLOCK = 1 << 11
+FS_REFER = 1 << 13
+FS_TRUNCATE = 1 << 14
+
+
+class PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def own_domain(write_beneath=None):
     """A one-process job of a jailed zygote enters a Landlock domain of its
-    own, nested in the zygote's, that restricts nothing it does (it handles
-    only making block devices): the other jobs this zygote forks cannot read
-    its /proc/PID/environ, mem or fd, nor it theirs (issue #38). The ranks
-    of one job stay in one domain (they share GPU memory by file
-    descriptor). Only under fvd's jail (no_new_privs set); a kernel without
-    Landlock leaves the child as it was."""
+    own, nested in the zygote's: the other jobs this zygote forks cannot
+    read its /proc/PID/environ, mem or fd, nor it theirs (issue #38). It
+    handles making block devices (refused everywhere) and moving files
+    between folders (allowed everywhere). With `write_beneath` (pairs of a
+    path and whether it is a folder, from the worker) it also handles every
+    write right and grants it only below those paths: a warm test writes
+    its checkout, its scratch folder and what lies outside the worker's
+    workspace, not the workspace's other jobs or code store, as a cold one
+    (issue #39). The ranks of one job stay in one domain (they share GPU
+    memory by file descriptor). Only under fvd's jail (no_new_privs set); a
+    kernel without Landlock leaves the child as it was."""
     try:
         with open("/proc/self/status") as f:
             if "NoNewPrivs:\t1" not in f.read():
                 return
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
-        handled = ctypes.c_uint64(1 << 11)  # LANDLOCK_ACCESS_FS_MAKE_BLOCK
-        # landlock_create_ruleset and landlock_restrict_self: one number on
-        # every architecture.
-        fd = libc.syscall(444, ctypes.byref(handled), ctypes.c_size_t(8), ctypes.c_uint32(0))
-        if fd >= 0:
-            libc.syscall(446, ctypes.c_int(fd), ctypes.c_uint32(0))
+        # landlock_create_ruleset, landlock_add_rule, landlock_restrict_self:
+        # one number on every architecture.
+        abi = libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+        if abi < 1:
+            return
+        handled = FS_MAKE_BLOCK
+        if abi >= 2:
+            handled |= FS_REFER
+        confine = write_beneath is not None
+        truncate = FS_TRUNCATE if abi >= 3 else 0
+        if confine:
+            handled |= FS_WRITE | truncate
+        attr = ctypes.c_uint64(handled)
+        fd = libc.syscall(444, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+        if fd < 0:
+            return
+        rules = []
+        if abi >= 2:
+            rules.append(("/", FS_REFER))
+        if confine:
+            for path, folder in write_beneath:
+                rules.append((path, FS_WRITE | truncate if folder else FS_WRITE_FILE | truncate))
+        for path, rights in rules:
+            try:
+                parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # gone since the worker listed it: nothing to grant
+            rule = PathBeneath(rights, parent)
+            done = libc.syscall(445, ctypes.c_int(fd), ctypes.c_int(1), ctypes.byref(rule), ctypes.c_uint32(0))
+            os.close(parent)
+            if done != 0:
+                os.close(fd)
+                raise OSError(ctypes.get_errno(), "landlock_add_rule " + path)
+        if libc.syscall(446, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
             os.close(fd)
-    except (OSError, AttributeError):
-        pass
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+        os.close(fd)
+    except (OSError, AttributeError) as e:
+        if write_beneath is not None:
+            # A confinement that cannot be set up is not a run without it:
+            # the job ends as a cold one whose jail failed.
+            os.write(2, ("fvd: jail: the warm run's write rules cannot be set up: %s\n" % e).encode())
+            os._exit(125)
 
 
 def run_child(req, out_fd, err_fd):
@@ -389,6 +446,8 @@ def run_child(req, out_fd, err_fd):
     os.dup2(err_fd, 2)
     os.close(out_fd)
     os.close(err_fd)
+    if req.get("own_domain"):
+        own_domain(req.get("write_beneath"))
     os.environ.clear()
     os.environ.update(req["env"])
     cwd = req["cwd"]

@@ -81,6 +81,12 @@ pub struct WarmSpec {
     pub dir: PathBuf,
     /// The jail a zygote starts in; the children it forks stay in it.
     pub jail: fvd_sandbox::Jail,
+    /// The paths (and whether each is a folder) below which a one-process
+    /// child may write, as the rules of its own Landlock domain (issue
+    /// #39: its checkout, its scratch folder and what lies outside the
+    /// worker's workspace); `None`: no write rules (the workspace lies
+    /// where Landlock cannot keep it read-only, below `/tmp`, say).
+    pub write_beneath: Option<Vec<(PathBuf, bool)>>,
 }
 
 /// Why a warm start did not happen (the run then goes cold).
@@ -646,6 +652,7 @@ async fn request(
         "safe_path": safe_path,
         "ranks": cmd.ranks,
         "rank_env": rank_env,
+        "write_beneath": warm.write_beneath,
     });
     let mut line = req.to_string();
     line.push('\n');

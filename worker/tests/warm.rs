@@ -125,6 +125,7 @@ def test_body():
                 unkeyed_paths: vec![scratch.to_path_buf()],
                 dir: self.root.join("z"),
                 jail: fvd_sandbox::Jail::off(),
+                write_beneath: None,
             }),
             stdin: None,
         };
