@@ -161,8 +161,9 @@ pub(super) async fn ask(
         }
     };
     fvd_store::chaos::crash_point("verdict-committed");
+    // The run's own span carries the question; it ends with the verdict.
+    spans::judge_change(&st.attempt, escape.attempt, &id, "asked");
     note_verdict(st, report, v, result).await?;
-    spans::judge_change(&st.span, escape.attempt, &id, "asked");
     tracing::warn!(family = %st.args.family, component = %st.args.spec.name, attempt = escape.attempt, %id, "an attempt changed the component's judge: a person approves or rejects it");
     emit(st).await?;
     if let Err(e) = crate::port_status::write(&st.args.store, &st.args.family).await {
