@@ -95,6 +95,11 @@ pub struct EnvSignature {
     pub what: &'static str,
     /// A text the row recognises (a line as Python or git prints it).
     pub example: &'static str,
+    /// In a report's failure, the row reads only lines that raise this
+    /// exception (`ModuleNotFoundError: …`): a test that builds such a
+    /// message itself, or asserts on one, is not a broken environment.
+    /// `None`: every line of the failure.
+    pub raised: Option<&'static str>,
     /// The cause in one line, or `None` when `text` is not this kind of
     /// failure; `in_repo(top)` says whether the checkout holds a
     /// top-level module.
@@ -118,6 +123,44 @@ impl EnvSignature {
     pub fn detect(&self, text: &str, in_repo: &dyn Fn(&str) -> bool) -> Option<String> {
         (self.detect)(text, in_repo)
     }
+
+    /// [`EnvSignature::detect`] on the error of a report's failing case
+    /// ([`failure_error`]): only its [`EnvSignature::raised`] lines when
+    /// the row names an exception.
+    fn detect_raised(&self, error: &str, in_repo: &dyn Fn(&str) -> bool) -> Option<String> {
+        match self.raised {
+            None => self.detect(error, in_repo),
+            Some(exception) => error
+                .lines()
+                .map(str::trim_start)
+                .filter(|l| {
+                    l.strip_prefix(exception)
+                        .is_some_and(|rest| rest.starts_with(':'))
+                })
+                .find_map(|l| self.detect(l, in_repo)),
+        }
+    }
+}
+
+/// The error of a failing case, without the source its report lists: the
+/// report's message, and of its long text the lines pytest marks `E   `
+/// (the exception and its explanation), or, in a traceback without them
+/// (`--tb=native`), its unindented lines. A comment or a branch not taken
+/// in the failing test is in the listing, never here (issue #41).
+fn failure_error(message: &str, detail: &str) -> String {
+    let marked: Vec<&str> = detail
+        .lines()
+        .filter_map(|l| l.strip_prefix("E   ").or_else(|| (l == "E").then_some("")))
+        .collect();
+    let lines: Vec<&str> = if marked.is_empty() {
+        detail
+            .lines()
+            .filter(|l| !l.starts_with(char::is_whitespace) && !l.starts_with('>'))
+            .collect()
+    } else {
+        marked
+    };
+    format!("{message}\n{}", lines.join("\n"))
 }
 
 /// The recognised signatures of a broken environment, in the order they
@@ -127,55 +170,64 @@ pub const ENVIRONMENT_SIGNATURES: &[EnvSignature] = &[
     EnvSignature {
         name: "missing_module",
         what: "an import of a top-level package the checkout does not hold (torch, diffusers, pytest itself)",
-        example: "E   ModuleNotFoundError: No module named 'torch'",
+        example: "ModuleNotFoundError: No module named 'torch'",
+        raised: Some("ModuleNotFoundError"),
         detect: detect_missing_module,
     },
     EnvSignature {
         name: "cuda_driver",
         what: "no usable CUDA driver, or a driver too old for the CUDA runtime",
         example: "RuntimeError: The NVIDIA driver on your system is too old (found version 11040).",
+        raised: None,
         detect: detect_driver,
     },
     EnvSignature {
         name: "shared_library_missing",
         what: "a shared library the installed packages load is missing (a CUDA runtime such as libcudart.so.13)",
         example: "OSError: libcudart.so.13: cannot open shared object file: No such file or directory",
+        raised: None,
         detect: detect_missing_library,
     },
     EnvSignature {
         name: "undefined_symbol",
         what: "a compiled extension that does not match the libraries it was loaded with",
         example: "ImportError: /venv/lib/python3.12/site-packages/flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
+        raised: None,
         detect: detect_undefined_symbol,
     },
     EnvSignature {
         name: "system_library_version",
         what: "a system library older than an installed package needs (GLIBC, GLIBCXX)",
         example: "ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.32' not found",
+        raised: None,
         detect: detect_library_version,
     },
     EnvSignature {
         name: "installed_package_mismatch",
         what: "an installed package (in site-packages) that lacks what the code imports from it",
         example: "ImportError: cannot import name 'FluxPosEmbed' from 'diffusers.models.embeddings' (/venv/lib/python3.12/site-packages/diffusers/models/embeddings.py)",
+        raised: None,
         detect: detect_installed_mismatch,
     },
     EnvSignature {
         name: "not_a_git_repository",
         what: "git run in a folder that is not a git checkout",
         example: "fatal: not a git repository (or any of the parent directories): .git",
+        raised: None,
         detect: detect_not_git,
     },
     EnvSignature {
         name: "git_dubious_ownership",
         what: "git refusing a checkout owned by another user (safe.directory)",
         example: "fatal: detected dubious ownership in repository at '/srv/FastVideo'",
+        raised: None,
         detect: detect_dubious_ownership,
     },
     EnvSignature {
         name: "missing_working_directory",
         what: "a working directory that does not exist (or was removed under the run)",
         example: "shell-init: error retrieving current directory: getcwd: cannot access parent directories: No such file or directory",
+        raised: None,
         detect: detect_missing_cwd,
     },
 ];
@@ -690,37 +742,36 @@ pub fn environment_cause(
     if ev.timed_out || ev.cancelled || ev.worker_lost {
         return None;
     }
-    // The texts that say why the run failed: the failing and erroring cases
-    // of a report, or the output when there is no usable report.
-    let mut texts: Vec<&str> = Vec::new();
+    // What says why the run failed: the error of each failing and erroring
+    // case of a report (never the source it lists), or the output when
+    // there is no usable report (a process that never reached pytest).
     let parsed = match ev.junit {
         JunitEvidence::Xml(xml) => parse_junit(xml).ok(),
         _ => None,
     };
     match &parsed {
         Some(report) => {
-            for c in &report.cases {
-                if matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::Error(_)) {
-                    texts.push(&c.message);
-                    texts.push(&c.detail);
+            let errors: Vec<String> = report
+                .cases
+                .iter()
+                .filter(|c| matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::Error(_)))
+                .map(|c| failure_error(&c.message, &c.detail))
+                .collect();
+            // Every row over every error, in the table's order: a missing
+            // package outranks what it makes fail later.
+            for sig in ENVIRONMENT_SIGNATURES {
+                if let Some(cause) = errors.iter().find_map(|t| sig.detect_raised(t, in_repo)) {
+                    return env(cause);
                 }
-            }
-            if texts.is_empty() {
-                return None;
             }
         }
         None => {
             if ev.exit_code == Some(0) {
                 return None;
             }
-            texts.push(ev.output_tail);
-        }
-    }
-    // Every row over every text, in the table's order: a missing package
-    // outranks what it makes fail later.
-    for sig in ENVIRONMENT_SIGNATURES {
-        if let Some(cause) = texts.iter().find_map(|t| sig.detect(t, in_repo)) {
-            return env(cause);
+            if let Some((_, cause)) = environment_signature(ev.output_tail, in_repo) {
+                return env(cause);
+            }
         }
     }
     None
@@ -1567,6 +1618,80 @@ E   {esc}</error></testcase>"#
             assert_eq!(v.status(), VerdictStatus::Environment);
             v.reason()
         })
+    }
+
+    /// A failed case whose message is `message` and whose long report is
+    /// `detail` (escaped here).
+    fn failed_with(message: &str, detail: &str) -> String {
+        let esc = |t: &str| {
+            t.replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+                .replace('"', "&quot;")
+        };
+        suite(&format!(
+            r#"<testcase classname="t" name="test_x"><failure message="{}">{}</failure></testcase>"#,
+            esc(message),
+            esc(detail)
+        ))
+    }
+
+    fn cause_of(xml: &str) -> Option<String> {
+        let mut e = ev(xml);
+        e.exit_code = Some(1);
+        environment_cause(&e, "", &in_repo).map(|v| v.reason())
+    }
+
+    #[test]
+    fn a_signature_in_the_listed_source_is_not_the_failure() {
+        // Each example in a comment above the failing line, and in a branch
+        // the test did not take: the failure is the numbers.
+        for sig in ENVIRONMENT_SIGNATURES {
+            let detail = format!(
+                "    def test_x():\n        # if this fails with {ex:?}, load the module first\n        if False:\n            raise RuntimeError({ex:?})\n>       np.testing.assert_allclose(a, b, atol=1e-5)\nE       AssertionError: \nE       Not equal to tolerance rtol=1e-07, atol=1e-05\nE       Max absolute difference: 0.25\n\ntest_x.py:9: AssertionError",
+                ex = sig.example
+            );
+            let xml = failed_with("AssertionError: Not equal to tolerance", &detail);
+            assert_eq!(cause_of(&xml), None, "{}", sig.name);
+        }
+    }
+
+    #[test]
+    fn a_test_that_builds_or_checks_an_import_error_is_not_a_missing_module() {
+        // FastVideo's test_attn_qat_train_kernel.py pattern, the code under
+        // test regressed: pytest.raises' match fails on the mocked message.
+        let detail = "    def test_missing(monkeypatch):\n        missing = ImportError(\"No module named 'fastvideo_kernel'\")\n>       with pytest.raises(ImportError, match=\"requires FastVideo's fastvideo-kernel\"):\nE       AssertionError: Regex pattern did not match.\nE        Regex: \"requires FastVideo's fastvideo-kernel\"\nE        Input: \"No module named 'fastvideo_kernel'\"\n\ntest_attn.py:45: AssertionError";
+        let xml = failed_with("AssertionError: Regex pattern did not match.", detail);
+        assert_eq!(cause_of(&xml), None);
+        // The mocked error raised as it is: an ImportError the test built.
+        let detail = "    def test_missing():\n>       raise missing\nE       ImportError: No module named 'fastvideo_kernel'\n\ntest_attn.py:41: ImportError";
+        let xml = failed_with("ImportError: No module named 'fastvideo_kernel'", detail);
+        assert_eq!(cause_of(&xml), None);
+        // What the import system raises for a package that is not there.
+        let detail = "    def test_x():\n>       import fastvideo_kernel\nE       ModuleNotFoundError: No module named 'fastvideo_kernel'\n\ntest_attn.py:3: ModuleNotFoundError";
+        let xml = failed_with(
+            "ModuleNotFoundError: No module named 'fastvideo_kernel'",
+            detail,
+        );
+        assert_eq!(
+            cause_of(&xml).as_deref(),
+            Some("No module named 'fastvideo_kernel'")
+        );
+    }
+
+    #[test]
+    fn a_cause_is_quoted_from_the_error_not_the_listing() {
+        let detail = "    def test_x():\n>       raise ImportError(\"/venv/lib/python3.12/site-packages/ext/_C.so: undefined symbol: _ZN3c104cuda9SetDeviceEi\")\nE       ImportError: /venv/lib/python3.12/site-packages/ext/_C.so: undefined symbol: _ZN3c104cuda9SetDeviceEi\n\ntest_x.py:2: ImportError";
+        let xml = failed_with("ImportError: /venv/…/_C.so: undefined symbol", detail);
+        let cause = cause_of(&xml).unwrap();
+        assert!(
+            cause.ends_with("undefined symbol: _ZN3c104cuda9SetDeviceEi"),
+            "{cause}"
+        );
+        // A native traceback (--tb=native): its unindented lines.
+        let detail = "Traceback (most recent call last):\n  File \"/r/test_x.py\", line 3, in test_x\n    # libcudart.so.12: cannot open shared object file\n    import torch\nModuleNotFoundError: No module named 'torch'";
+        let xml = failed_with("ModuleNotFoundError: No module named 'torch'", detail);
+        assert_eq!(cause_of(&xml).as_deref(), Some("No module named 'torch'"));
     }
 
     /// Which row of the table recognises `text` first.

@@ -507,3 +507,73 @@ fn a_status_file_that_cannot_be_written_fails_the_submit_with_7() {
         .collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
 }
+
+/// A red test whose source holds every environment signature, in
+/// comments, in a branch it does not take and in a message it builds and
+/// checks (FastVideo's `test_attn_qat_train_kernel.py` pattern with the
+/// code under test regressed), is the component's failure (issue #41):
+/// exit 1, each blocked with its own assertion, each run counted.
+#[test]
+fn signatures_in_a_red_test_s_source_are_the_component_s_failure() {
+    let original = std::fs::read_to_string(fixtures().join("status_shapes/contract.md")).unwrap();
+    let examples: Vec<&str> = fvd_contracts::verdict::ENVIRONMENT_SIGNATURES
+        .iter()
+        .map(|s| s.example)
+        .collect();
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    let comments = leak(format!(
+        "{}\n    assert 1.0 == 1.25, 'max drift 0.25'",
+        examples
+            .iter()
+            .map(|e| format!("# if this fails with {e}, load the module first"))
+            .collect::<Vec<_>>()
+            .join("\n    ")
+    ));
+    let branch = leak(format!(
+        "if os.environ.get('FVD_E2E_NEVER_SET'):\n{}\n    assert 1.0 == 1.25, 'max drift 0.25'",
+        examples
+            .iter()
+            .map(|e| format!("        raise RuntimeError({e:?})"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    ));
+    let parts = vec![
+        Part {
+            name: "comments",
+            aliases: &[],
+            body: comments,
+            paths: &[],
+        },
+        Part {
+            name: "branch",
+            aliases: &[],
+            body: branch,
+            paths: &[],
+        },
+        Part {
+            name: "mocked",
+            aliases: &[],
+            body: "missing = ImportError(\"No module named 'fastvideo_kernel'\")\n    with pytest.raises(ImportError, match=\"requires FastVideo's fastvideo-kernel\"):\n        raise missing",
+            paths: &[],
+        },
+    ];
+    let dir = repo(&original, &parts);
+    let root = dir.path();
+    let first = submit(root, &[]);
+    let text = out(&first);
+    assert_eq!(first.status.code(), Some(1), "{text}");
+    let o = fvd()
+        .args(["status", FAMILY, "--json", "--repo"])
+        .arg(root)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for c in v["components"].as_array().unwrap() {
+        assert_eq!(c["status"], "blocked", "{c}\n{text}");
+        assert_eq!(c["runs"], 1, "{c}");
+        let reason = c["reason"].as_str().unwrap();
+        assert!(reason.starts_with("debug_red: "), "{c}");
+        assert!(!reason.contains("environment"), "{c}");
+    }
+    assert!(!text.contains("could not run on worker"), "{text}");
+}
