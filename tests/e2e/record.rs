@@ -577,3 +577,48 @@ fn signatures_in_a_red_test_s_source_are_the_component_s_failure() {
     }
     assert!(!text.contains("could not run on worker"), "{text}");
 }
+
+/// A regression, then the porter's fix whose run fails on the environment,
+/// then the pass (issue #41): the environment failure changes nothing in
+/// `PORT_STATUS.md`, and the pass gives Current Phase back to the porter's
+/// bytes.
+#[test]
+fn an_environment_failure_during_a_regression_changes_nothing() {
+    let original = std::fs::read_to_string(fixtures().join("status_shapes/contract.md")).unwrap();
+    let dir = repo(&original, &parts([&[], &[], &[], &[]]));
+    let root = dir.path();
+    let first = submit(root, &[]);
+    assert_eq!(first.status.code(), Some(1), "{}", out(&first));
+    let red = read(root);
+    assert!(red.contains("(regression)"), "{red}");
+    // The fix needs a package this machine does not have.
+    std::fs::write(
+        root.join("pkg/vae.py"),
+        format!("import fvd_e2e_not_installed_pkg\n{VAE_FIXED}"),
+    )
+    .unwrap();
+    git(root, &["commit", "-qm", "fix the vae scale", "pkg/vae.py"]);
+    let env = submit(root, &[]);
+    assert_eq!(env.status.code(), Some(4), "{}", out(&env));
+    assert_eq!(read(root), red, "an environment failure changed the file");
+    // The package is not needed after all.
+    std::fs::write(root.join("pkg/vae.py"), VAE_FIXED).unwrap();
+    git(root, &["commit", "-qm", "drop the import", "pkg/vae.py"]);
+    let green = submit(root, &[]);
+    assert_eq!(
+        component_status(root, "vae"),
+        "non_skip_pass",
+        "{}",
+        out(&green)
+    );
+    let after = read(root);
+    let phase = |t: &str| -> String {
+        t.split("## Current Phase")
+            .nth(1)
+            .and_then(|r| r.split("\n## ").next())
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(phase(&after), phase(&original), "{after}");
+    assert_only_evidence(&original, &after, Phase::Same);
+}
