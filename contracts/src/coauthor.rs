@@ -356,6 +356,9 @@ const REGRESSED: &str = "`debug_red` (regression; recorded ";
 const COMMAND_TAG: &str = "; command `";
 const VARIANTS_TAG: &str = "; variants: ";
 const MOVED_BACK: &str = "moved back from phase: ";
+/// The bullet that keeps the porter's Current Phase values fvd replaced
+/// when every component passed (issue #41).
+const MOVED_FORWARD: &str = "moved forward from phase: ";
 const SUPERSEDED: &str = "the final handoff above is superseded";
 /// Written in a moved-back record for a Current Phase field the section
 /// did not have: restoring removes the line fvd added.
@@ -1094,14 +1097,21 @@ impl<'a> Patcher<'a> {
             .collect()
     }
 
+    /// Resolves fvd's issue row `row` with `why`. fvd opens its rows with
+    /// an empty Resolution: what a person wrote there since is kept, fvd's
+    /// words after it (issue #41).
     fn resolve(&mut self, row: usize, why: &str) {
         self.set(SectionId::IssuesAndBlockers, row, "Status", "resolved");
-        self.set(
-            SectionId::IssuesAndBlockers,
-            row,
-            "Resolution",
-            &one_line(why),
-        );
+        let theirs = self
+            .get(SectionId::IssuesAndBlockers, row, "Resolution")
+            .map(|t| t.trim().to_owned())
+            .unwrap_or_default();
+        let text = if theirs.is_empty() {
+            one_line(why)
+        } else {
+            one_line(&format!("{theirs}; fvd: {why}"))
+        };
+        self.set(SectionId::IssuesAndBlockers, row, "Resolution", &text);
     }
 
     fn add_issue(
@@ -1378,6 +1388,7 @@ impl<'a> Patcher<'a> {
         let mut changes: Vec<(&str, String)> = Vec::new();
         let before_p6 = recorded_phase.is_none_or(|p| p < p6);
         if all_pass && recorded_phase.is_none_or(|p| p <= p6) {
+            self.record_forward(&date);
             changes.push((
                 "phase",
                 format!("`{}`", Phase::PipelineStagesAndVariants.slug()),
@@ -1399,6 +1410,45 @@ impl<'a> Patcher<'a> {
         if changed {
             self.set_phase_field("last_updated", &format!("`{date}`"));
         }
+    }
+
+    /// Before every component's pass moves Current Phase on to P7: one
+    /// bullet with the values fvd replaces (the porter's status note and
+    /// owner among them), as a moved-back bullet keeps them; a move back
+    /// later restores them (issue #41). A file fvd created has only fvd's
+    /// values, and one bullet is enough.
+    fn record_forward(&mut self, date: &str) {
+        let Some(s) = self.doc.section(SectionId::CurrentPhase) else {
+            return;
+        };
+        if self.created || self.forward_bullet().is_some() {
+            return;
+        }
+        let fields = self.doc.fields(&s);
+        let record = PHASE_KEYS
+            .iter()
+            .map(|k| match fields.iter().find(|f| f.1 == *k) {
+                Some(f) => format!("{k}: {}", quote(&f.2)),
+                None => format!("{k}: {ABSENT}"),
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let bullet = format!(
+            "- fvd {date}: {MOVED_FORWARD}{} — every component passes",
+            &record["phase: ".len()..]
+        );
+        let at = self.doc.last_content_line(&s) + 1;
+        self.doc.insert(at, vec![bullet]);
+    }
+
+    /// The line of fvd's moved-forward bullet in Current Phase.
+    fn forward_bullet(&self) -> Option<usize> {
+        let s = self.doc.section(SectionId::CurrentPhase)?;
+        (s.heading + 1..s.end).find(|&i| {
+            self.doc
+                .line(i)
+                .is_some_and(|l| l.starts_with("- fvd ") && l.contains(MOVED_FORWARD))
+        })
     }
 
     /// Sets a Current Phase field, adding its line after the last field
@@ -1441,13 +1491,29 @@ impl<'a> Patcher<'a> {
             return;
         };
         let fields = self.doc.fields(&section);
-        let old: Vec<(&str, Option<String>)> = PHASE_KEYS
+        let mut old: Vec<(&str, Option<String>)> = PHASE_KEYS
             .iter()
             .map(|k| (*k, fields.iter().find(|f| f.1 == *k).map(|f| f.2.clone())))
             .collect();
+        // After fvd moved the port forward, the values to come back on a
+        // pass are the porter's it kept then, not fvd's P7 ones.
+        let forward = self.forward_bullet();
+        if let Some(kept) = forward
+            .and_then(|i| self.doc.line(i).map(str::to_owned))
+            .and_then(|l| parse_moved_forward(&l))
+        {
+            for (k, v) in old.iter_mut() {
+                if let Some((_, kv)) = kept.iter().find(|(kk, _)| kk == k) {
+                    *v = kv.clone();
+                }
+            }
+        }
         let phase_was = old[0].1.clone().unwrap_or_default();
         let recorded = plain(&phase_was).parse::<Phase>().ok();
-        let mut changed = false;
+        if let Some(i) = forward {
+            self.doc.remove(i);
+        }
+        let mut changed = forward.is_some();
         changed |= self.set_phase_field("phase", &format!("`{}`", p6.slug()));
         changed |= self.set_phase_field("status", "`blocked`");
         changed |= self.set_phase_field("owner", &format!("`component:{first}`"));
@@ -1543,12 +1609,27 @@ impl<'a> Patcher<'a> {
         let Some(old) = parse_moved_back(&bullet) else {
             return;
         };
+        // What fvd set when it moved back; a field a person changed since
+        // is theirs and stays (issue #41).
+        let moved_on = bullet
+            .strip_prefix("- fvd ")
+            .and_then(|r| r.split_once(':'))
+            .map(|(d, _)| d.trim().to_owned())
+            .unwrap_or_default();
+        let fvd_set = |k: &str, v: &str| match k {
+            "owner" => v.starts_with("component:"),
+            "last_updated" => v == moved_on,
+            _ => true,
+        };
         // lines fvd added are taken away last, bottom up, so indices hold
         let mut gone: Vec<usize> = vec![bullet_line];
         for (k, v) in old {
-            let Some((line, _, _)) = self.doc.fields(&s).into_iter().find(|f| f.1 == k) else {
+            let Some((line, _, now)) = self.doc.fields(&s).into_iter().find(|f| f.1 == k) else {
                 continue;
             };
+            if !fvd_set(&k, &plain(&now)) {
+                continue;
+            }
             match v {
                 Some(v) => {
                     self.doc.set_field(line, &v);
@@ -1734,7 +1815,16 @@ fn unquote(s: &str) -> Option<(String, &str)> {
 /// `None` for a field the section did not have. Reads the quoted record,
 /// and the unquoted one an older fvd wrote (`phase: X; status: Y; …`).
 pub fn parse_moved_back(bullet: &str) -> Option<Vec<(String, Option<String>)>> {
-    let rest = bullet.split_once(MOVED_BACK)?.1;
+    parse_moved(bullet, MOVED_BACK)
+}
+
+/// The values a moved-forward bullet keeps (see [`parse_moved_back`]).
+pub fn parse_moved_forward(bullet: &str) -> Option<Vec<(String, Option<String>)>> {
+    parse_moved(bullet, MOVED_FORWARD)
+}
+
+fn parse_moved(bullet: &str, marker: &str) -> Option<Vec<(String, Option<String>)>> {
+    let rest = bullet.split_once(marker)?.1;
     let mut out = Vec::new();
     if rest.trim_start().starts_with('"') || rest.trim_start().starts_with(ABSENT) {
         let mut key = "phase".to_owned();

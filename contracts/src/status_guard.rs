@@ -13,9 +13,9 @@
 //!   but their ID;
 //! - the `phase`, `status`, `owner` and `last_updated` lines of Current
 //!   Phase (one fvd added, as its moved-back record says, may go again);
-//! - lines fvd added itself earlier (its "moved back" bullet, its
-//!   "superseded" line, its own `## fvd evidence` section), which it may
-//!   take away or replace.
+//! - lines fvd added itself earlier (its "moved back" and "moved forward"
+//!   bullets, its "superseded" line, its own `## fvd evidence` section),
+//!   which it may take away or replace.
 //!
 //! Lines may be added anywhere. The co-author runs this on its own output
 //! before writing, and the tests run it on theirs.
@@ -45,7 +45,8 @@ impl Changes {
 /// Whether a line is one fvd added outside tables and may remove again.
 pub fn is_fvd_line(line: &str) -> bool {
     let l = line.trim_end_matches('\r');
-    (l.starts_with("- fvd ") && l.contains("moved back from phase: "))
+    (l.starts_with("- fvd ")
+        && (l.contains("moved back from phase: ") || l.contains("moved forward from phase: ")))
         || (l.starts_with("fvd ") && l.contains("the final handoff above is superseded"))
 }
 

@@ -622,3 +622,150 @@ fn an_environment_failure_during_a_regression_changes_nothing() {
     assert_eq!(phase(&after), phase(&original), "{after}");
     assert_only_evidence(&original, &after, Phase::Same);
 }
+
+/// The section of `text` under `## NAME`, up to the next section.
+fn section(text: &str, name: &str) -> String {
+    text.split(&format!("## {name}\n"))
+        .nth(1)
+        .and_then(|r| r.split("\n## ").next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// What a person writes into lines fvd wrote during a regression (the
+/// Resolution of fvd's open regression row, the owner fvd set) is theirs
+/// when the component passes again (issue #41).
+#[test]
+fn a_person_s_words_in_fvd_s_lines_are_kept_through_the_pass() {
+    let original = std::fs::read_to_string(fixtures().join("status_shapes/contract.md")).unwrap();
+    let dir = repo(&original, &parts([&[], &[], &[], &[]]));
+    let root = dir.path();
+    let first = submit(root, &[]);
+    assert_eq!(first.status.code(), Some(1), "{}", out(&first));
+    let red = read(root);
+    let row = red
+        .lines()
+        .find(|l| l.starts_with("| I002 |") && l.contains("regression"))
+        .unwrap_or_else(|| panic!("fvd's regression row:\n{red}"))
+        .to_string();
+    assert!(row.ends_with("| open |  |"), "{row}");
+    let note = "alice: the scale constant, see PR 12";
+    let edited = red
+        .replace(
+            &row,
+            &row.replace("| open |  |", &format!("| open | {note} |")),
+        )
+        .replace("- owner: `component:vae`", "- owner: `alice`");
+    assert_ne!(edited, red);
+    std::fs::write(root.join(STATUS), &edited).unwrap();
+    std::fs::write(root.join("pkg/vae.py"), VAE_FIXED).unwrap();
+    git(root, &["commit", "-qm", "fix the vae scale", "pkg/vae.py"]);
+    let green = submit(root, &[]);
+    assert_eq!(
+        component_status(root, "vae"),
+        "non_skip_pass",
+        "{}",
+        out(&green)
+    );
+    let after = read(root);
+    let row = after
+        .lines()
+        .find(|l| l.starts_with("| I002 |"))
+        .unwrap()
+        .to_string();
+    assert!(row.contains("| resolved |"), "{row}");
+    assert!(
+        row.contains(note),
+        "the person's resolution was dropped: {row}"
+    );
+    assert!(row.contains("passed in fvd run"), "{row}");
+    let phase = section(&after, "Current Phase");
+    assert!(phase.contains("- owner: `alice`"), "{phase}");
+    // fvd's own values went back to the porter's
+    assert!(phase.contains("phase_11_post_parity_handoff"), "{phase}");
+    assert!(!phase.contains("moved back"), "{phase}");
+}
+
+/// An all-pass run on a file at P6 moves it on to P7 and keeps the
+/// porter's values it replaced (their status note, owner and date) in one
+/// bullet; a regression after it brings the porter's values back, and the
+/// pass after that moves on again with them kept (issue #41).
+#[test]
+fn moving_forward_keeps_the_porter_s_phase_values() {
+    let original = std::fs::read_to_string(fixtures().join("status_shapes/contract.md"))
+        .unwrap()
+        .replace(
+            "- phase: `phase_11_post_parity_handoff`\n- status: `complete`\n- owner: `orchestrator`\n- last_updated: `2026-06-02`",
+            "- phase: `phase_6_component_parity_debug`\n- status: in_progress; waiting on vae review\n- owner: alice\n- last_updated: 2026-07-01",
+        );
+    assert!(original.contains("waiting on vae review"));
+    let pass = |name: &'static str| Part {
+        name,
+        aliases: &[],
+        body: "assert True",
+        paths: &[],
+    };
+    let parts = vec![
+        pass("transformer"),
+        Part {
+            name: "vae",
+            aliases: &[],
+            body: "assert os.environ.get('WIDGET_VAE', '1') == '1' and open(os.path.join(os.path.dirname(__file__), 'vae_state.txt')).read().strip() == 'ok'",
+            paths: &[],
+        },
+        pass("text_encoder"),
+        pass("scheduler"),
+    ];
+    let dir = repo(&original, &parts);
+    let root = dir.path();
+    let state = root.join("tests/local_tests/widget/vae_state.txt");
+    std::fs::write(&state, "ok\n").unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "vae state"]);
+    let porter = [
+        "\"in_progress; waiting on vae review\"",
+        "\"alice\"",
+        "\"2026-07-01\"",
+    ];
+    let first = submit(root, &[]);
+    assert_eq!(first.status.code(), Some(0), "{}", out(&first));
+    let green = read(root);
+    let phase = section(&green, "Current Phase");
+    assert!(
+        phase.contains("phase_7_pipeline_stages_variants"),
+        "{phase}"
+    );
+    assert!(phase.contains("moved forward from phase:"), "{phase}");
+    for v in porter {
+        assert!(phase.contains(v), "{v} lost:\n{phase}");
+    }
+    // A regression: the porter's values come back into the record.
+    std::fs::write(&state, "broken\n").unwrap();
+    git(root, &["commit", "-qm", "break the vae", "-a"]);
+    let red = submit(root, &["--rerun"]);
+    assert_eq!(red.status.code(), Some(1), "{}", out(&red));
+    let phase = section(&read(root), "Current Phase");
+    assert!(phase.contains("- status: `blocked`"), "{phase}");
+    assert!(!phase.contains("moved forward"), "{phase}");
+    for v in porter {
+        assert!(phase.contains(v), "{v} lost:\n{phase}");
+    }
+    // Passing again: forward once more, the porter's values kept.
+    std::fs::write(&state, "ok\n").unwrap();
+    git(root, &["commit", "-qm", "fix the vae", "-a"]);
+    let again = submit(root, &["--rerun"]);
+    assert_eq!(again.status.code(), Some(0), "{}", out(&again));
+    let after = read(root);
+    let phase = section(&after, "Current Phase");
+    assert!(
+        phase.contains("phase_7_pipeline_stages_variants"),
+        "{phase}"
+    );
+    assert!(!phase.contains("moved back"), "{phase}");
+    for v in porter {
+        assert!(phase.contains(v), "{v} lost:\n{phase}");
+    }
+    // and a resubmit of the same state writes nothing
+    let same = submit(root, &[]);
+    assert_eq!(read(root), after, "{}", out(&same));
+}
