@@ -37,7 +37,8 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
     {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("fvd: error: {e}");
+            let said = super::port::no_spec_hint(&e, &repo, args).unwrap_or(e.to_string());
+            eprintln!("fvd: error: {said}");
             return Ok(Exit::Usage);
         }
     };

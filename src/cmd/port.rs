@@ -129,6 +129,51 @@ pub fn state_db(repo: &Path) -> PathBuf {
     repo.join(".fvd").join("state.db")
 }
 
+/// What to say when a family has no spec at its default path (issue #41:
+/// a never-initialised family got a raw `No such file or directory`): the
+/// folder that is missing, or the spec `fvd init` writes, and the families
+/// this repository has. `None` for any other error.
+pub(crate) fn no_spec_hint(
+    e: &fvd_spec::SpecError,
+    repo: &Path,
+    args: &SubmitArgs,
+) -> Option<String> {
+    let fvd_spec::SpecError::Read { path, source } = e else {
+        return None;
+    };
+    if source.kind() != std::io::ErrorKind::NotFound || args.spec.is_some() {
+        return None;
+    }
+    let local = repo.join("tests/local_tests");
+    let mut families: Vec<String> = std::fs::read_dir(&local)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|d| d.path().join("port.toml").is_file())
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+        .collect();
+    families.sort();
+    let known = if families.is_empty() {
+        "no family here has a port.toml yet".to_string()
+    } else {
+        format!("families with a spec here: {}", families.join(", "))
+    };
+    let folder = path.parent().unwrap_or(repo);
+    let family = &args.family;
+    Some(if folder.is_dir() {
+        format!(
+            "family {family} has no spec: {} does not exist; `fvd init --family {family}` writes it from that folder's PORT_STATUS.md and tests ({known})",
+            path.display()
+        )
+    } else {
+        format!(
+            "no family {family} in {}: {} does not exist ({known}); a new port starts with `fvd init --family {family}` once its folder holds PORT_STATUS.md or its parity tests",
+            repo.display(),
+            folder.display()
+        )
+    })
+}
+
 pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
     if args.spec.is_none() {
         args.target.repo = super::find_repo(&args.target.repo, &args.family);
@@ -154,7 +199,10 @@ pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
     {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("fvd: error: {e}");
+            eprintln!(
+                "fvd: error: {}",
+                no_spec_hint(&e, &repo, &args).unwrap_or(e.to_string())
+            );
             return Ok(Exit::Usage);
         }
     };

@@ -267,3 +267,37 @@ fn init_refuses_a_missing_family_folder_and_a_bad_family_name() {
     );
     assert!(!repo.join("tests/local_tests/wren/port.toml").exists());
 }
+
+/// A family that was never initialised (issue #41): `submit` names what is
+/// missing and the command that writes it, not a raw `No such file or
+/// directory`; a family that has no folder at all is named as such.
+#[test]
+fn submit_of_a_family_without_a_spec_says_how_to_write_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = checkout(tmp.path());
+    let out = fvd()
+        .args(["submit", "--family", "wren", "--repo"])
+        .arg(&repo)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("family wren has no spec:")
+            && err.contains("tests/local_tests/wren/port.toml does not exist")
+            && err.contains("`fvd init --family wren`"),
+        "{err}"
+    );
+    assert!(!err.contains("os error"), "{err}");
+    let out = fvd()
+        .args(["submit", "--family", "nope", "--repo"])
+        .arg(&repo)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no family nope in") && err.contains("tests/local_tests/nope does not exist"),
+        "{err}"
+    );
+}
