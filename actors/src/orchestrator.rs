@@ -105,6 +105,9 @@ pub struct Submitted {
     pub rerun: bool,
     /// What the resubmitted spec changed, one line each.
     pub changes: Vec<String>,
+    /// The commit changed since the last submit (`OLD -> NEW: what
+    /// reruns`): not a spec change.
+    pub commit_change: Option<String>,
     /// The commit the port is pinned to.
     pub commit: String,
 }
@@ -487,6 +490,7 @@ async fn submit(
                 resumed: true,
                 rerun: false,
                 changes: Vec::new(),
+                commit_change: None,
                 commit: sub.commit,
             });
         }
@@ -579,20 +583,21 @@ async fn submit(
     {
         tracing::warn!(family = %sub.family, error = %e, "could not prune snapshot refs");
     }
-    let mut changes: Vec<String> = plan.into_iter().map(|c| c.to_string()).collect();
-    if let Some(old) = known.filter(|_| recommit) {
-        changes.push(format!(
-            "commit {} -> {}: {}",
+    let changes: Vec<String> = plan.into_iter().map(|c| c.to_string()).collect();
+    let commit_change = known.filter(|_| recommit).map(|old| {
+        format!(
+            "{} -> {}: {}",
             short(&old.commit),
             short(&sub.commit),
             stale.line()
-        ));
-    }
+        )
+    });
     Ok(Submitted {
         family: sub.family,
         resumed: !created,
         rerun: sub.rerun && !created,
         changes,
+        commit_change,
         commit: sub.commit,
     })
 }

@@ -269,6 +269,7 @@ impl pb::port_service_server::PortService for PortApi {
             resumed: done.resumed,
             rerun: done.rerun,
             changes: done.changes,
+            commit_change: done.commit_change.unwrap_or_default(),
             commit: done.commit,
         }))
     }

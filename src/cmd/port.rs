@@ -478,6 +478,9 @@ async fn send(client: &mut Client, request: pb::SubmitRequest, place: &str) -> a
     for change in &r.changes {
         say(format_args!("  spec changed: {change}"));
     }
+    if !r.commit_change.is_empty() {
+        say(format_args!("  commit changed: {}", r.commit_change));
+    }
     Ok(())
 }
 

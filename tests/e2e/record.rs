@@ -301,6 +301,11 @@ fn round_trip(shape: &str, aliases: [&'static [&'static str]; 4], contract: bool
         text.contains("rerun vae (pkg/vae.py changed)") && text.contains("keep their verdicts"),
         "{shape}: {text}"
     );
+    // A new commit is not a spec change (issue #41).
+    assert!(
+        text.contains("commit changed: ") && !text.contains("spec changed: commit"),
+        "{shape}: {text}"
+    );
     let green = read(root);
     assert_eq!(component_status(root, "vae"), "non_skip_pass", "{text}");
     let settled = if original.contains("- phase: `phase_6_component_parity_debug`") {
