@@ -321,6 +321,10 @@ fn round_trip(shape: &str, aliases: [&'static [&'static str]; 4], contract: bool
     // 3. resubmit and --rerun: the same evidence changes nothing
     let resubmit = submit(root, &[]);
     assert_eq!(read(root), green, "{shape}: {}", out(&resubmit));
+    // and nothing stale is said about the vae's old red (issue #41)
+    for o in [&fixed, &resubmit] {
+        assert!(!out(o).contains("vae is blocked"), "{shape}: {}", out(o));
+    }
     let rerun = submit(root, &["--rerun"]);
     assert_eq!(read(root), green, "{shape}: {}", out(&rerun));
 }
@@ -773,4 +777,14 @@ fn moving_forward_keeps_the_porter_s_phase_values() {
     // and a resubmit of the same state writes nothing
     let same = submit(root, &[]);
     assert_eq!(read(root), after, "{}", out(&same));
+    // nor says anything stale about the regression (issue #41)
+    for o in [&again, &same] {
+        assert!(!out(o).contains("vae is blocked"), "{}", out(o));
+    }
+    let status = fvd()
+        .args(["status", FAMILY, "--repo"])
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(!out(&status).contains("vae is blocked"), "{}", out(&status));
 }
