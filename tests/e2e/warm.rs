@@ -496,7 +496,7 @@ def test_role():
 fn a_warm_test_on_a_worker_writes_only_its_checkout_and_scratch() {
     let mut sb = Sandbox::with_repo_in("repo");
     warm_port(&sb, "heavy");
-    let ws_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let ws_dir = outside_tmp();
     let ws = ws_dir.path().join("ws-w1");
     let mark = sb.dir.path().join("mark");
     std::fs::create_dir_all(&mark).unwrap();
@@ -549,4 +549,39 @@ fn a_warm_test_on_a_worker_writes_only_its_checkout_and_scratch() {
         }
     }
     assert_eq!(tried, 2, "each component's test tried its writes");
+}
+
+/// A folder for a worker's workspace that lies below none of the folders
+/// jobs create files in directly (`/tmp`, `/var/tmp`, `/dev/shm`,
+/// `$TMPDIR`): `/run`, else `$HOME`, else the build's own folder (a
+/// checkout below `/tmp`, as CI's may be, has its target there too).
+fn outside_tmp() -> tempfile::TempDir {
+    let busy: Vec<std::path::PathBuf> = ["/tmp", "/var/tmp", "/dev/shm"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .chain(std::env::var_os("TMPDIR").map(std::path::PathBuf::from))
+        .map(|p| p.canonicalize().unwrap_or(p))
+        .collect();
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+    let candidates = [
+        Some("/run".into()),
+        home,
+        Some(env!("CARGO_TARGET_TMPDIR").into()),
+    ];
+    for c in candidates.into_iter().flatten() {
+        let c: std::path::PathBuf = c;
+        let real = c.canonicalize().unwrap_or(c.clone());
+        if busy.iter().any(|b| real.starts_with(b)) {
+            continue;
+        }
+        if let Ok(d) = tempfile::Builder::new()
+            .prefix("fvd-warm-ws")
+            .tempdir_in(&real)
+        {
+            return d;
+        }
+    }
+    panic!(
+        "no writable folder outside /tmp-like folders for the worker's workspace (tried /run, $HOME and the target folder)"
+    );
 }
