@@ -773,31 +773,40 @@ async fn no_worker(client: &mut Client, family: &str, target: &Target) -> bool {
         .orchestrator
         .as_deref()
         .unwrap_or(client.url.as_str());
+    let hint = worker_hint(url, target, &queue);
+    let note = hint
+        .token_note
+        .map(|n| format!(" ({n})"))
+        .unwrap_or_default();
     eprintln!(
-        "fvd: no worker is connected to {url}: {} run(s) of {family} wait ({}); start one with `{}` on a machine that has what they need",
+        "fvd: no worker is connected to {url}: {} run(s) of {family} wait ({}); on a machine that has what they need, start one with `{}`{note}",
         queue.jobs.len(),
         needs.join("; "),
-        worker_hint(url, target, &queue)
+        hint.command
     );
     true
 }
 
-/// `fvd worker …` that would take `queue`'s runs: this orchestrator, the
-/// target's token file and CA, the labels and paths the runs ask for.
-fn worker_hint(url: &str, target: &Target, queue: &fvd_orchestrator::query::Queue) -> String {
+/// `fvd worker …` that would take `queue`'s runs: this orchestrator, its
+/// CA, the labels and paths the runs ask for, a workspace in the home
+/// folder of whatever machine runs it (never the porter's checkout), and,
+/// when this client holds a token, a placeholder for a worker credential's
+/// token with how to make one: a porter's own token may not connect as a
+/// worker, and a relative path means nothing elsewhere (issue #43).
+fn worker_hint(url: &str, target: &Target, queue: &fvd_orchestrator::query::Queue) -> WorkerHint {
     use super::source::shell_quote;
     let mut words: Vec<String> = vec![
         "fvd".into(),
         "worker".into(),
         "--orchestrator".into(),
         url.into(),
-        "--workspace".into(),
-        "fvd-worker".into(),
     ];
-    if let Some(f) = &target.token.token_file {
-        words.extend(["--token-file".into(), f.display().to_string()]);
+    let credentials = target.token.token_file.is_some() || target.token.token_env.is_some();
+    if credentials {
+        words.extend(["--token-file".into(), "WORKER_TOKEN_FILE".into()]);
     }
     if let Some(ca) = &target.tls.tls_ca {
+        let ca = std::path::absolute(ca).unwrap_or_else(|_| ca.clone());
         words.extend(["--tls-ca".into(), ca.display().to_string()]);
     }
     if queue.jobs.iter().all(|j| j.needs.gpus == 0) {
@@ -813,11 +822,25 @@ fn worker_hint(url: &str, target: &Target, queue: &fvd_orchestrator::query::Queu
     for l in labels {
         words.extend(["--label".into(), l]);
     }
-    words
+    let mut line = words
         .iter()
         .map(|w| shell_quote(w))
         .collect::<Vec<_>>()
-        .join(" ")
+        .join(" ");
+    // Expanded by the shell of the machine it is pasted on.
+    line.push_str(" --workspace \"$HOME/fvd-worker\"");
+    WorkerHint {
+        command: line,
+        token_note: credentials.then_some(
+            "WORKER_TOKEN_FILE: a token of role worker or admin; a porter's or viewer's is refused; on the orchestrator's host `fvd auth add NAME --role worker --file AUTH_FILE --out WORKER_TOKEN_FILE` makes one",
+        ),
+    }
+}
+
+/// A worker command to paste, and what its token placeholder stands for.
+struct WorkerHint {
+    command: String,
+    token_note: Option<&'static str>,
 }
 
 /// Live progress. On a terminal, one spinner line per component updated in

@@ -585,7 +585,7 @@ pub async fn local_worker_config(
         .with_context(|| format!("cannot create workspace {}", workspace.display()))?;
     // Jobs run in their own folders and are handed paths inside the
     // workspace (their JUnit file, pytest's plugin): a relative workspace
-    // (`--workspace fvd-worker`, as the hints say) must not be read from
+    // (`--workspace fvd-worker`, say) must not be read from
     // the job's folder.
     let workspace = std::path::absolute(&workspace)
         .with_context(|| format!("workspace {}", workspace.display()))?;

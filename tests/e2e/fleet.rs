@@ -325,6 +325,13 @@ fn submit_wait_with_no_worker_says_so_and_what_the_runs_need() {
         said.contains(&format!("fvd worker --orchestrator {url}")),
         "a worker command to paste: {said}"
     );
+    // Its workspace is in the home folder of the machine it is pasted on,
+    // never a relative folder in the porter's checkout (issue #43).
+    assert!(
+        said.contains("--workspace \"$HOME/fvd-worker\"")
+            && !said.contains("--workspace fvd-worker"),
+        "{said}"
+    );
     assert_eq!(
         said.matches("no worker is connected").count(),
         1,
@@ -431,6 +438,7 @@ fn submit_wait_until(
             "--orchestrator",
             url,
         ])
+        .args(sb.token_args("porter"))
         .arg("--repo")
         .arg(sb.repo())
         .env_remove("FVD_LOG")
@@ -447,4 +455,30 @@ fn submit_wait_until(
         },
     );
     (waiting, said)
+}
+
+/// On a team orchestrator (`--auth`), the no-worker hint never hands the
+/// porter's own token to a worker (it would be refused, exit 6): it names
+/// a placeholder and how a worker credential is made (issue #43).
+#[test]
+fn the_no_worker_hint_on_a_team_orchestrator_asks_for_a_worker_credential() {
+    let mut sb = Sandbox::new().with_auth();
+    sb.port("alone", &[TestComponent::new("a", "assert True")]);
+    let url = sb.serve();
+    let err_path = sb.dir.path().join("submit-wait.err");
+    let (mut waiting, said) =
+        submit_wait_until(&sb, "alone", &url, &err_path, "no worker is connected");
+    let porter = sb.token_args("porter")[1].clone();
+    assert!(
+        !said.contains(&porter),
+        "the porter's token file in the hint: {said}"
+    );
+    assert!(
+        said.contains("--token-file WORKER_TOKEN_FILE")
+            && said.contains("--role worker")
+            && said.contains("a porter's or viewer's is refused"),
+        "{said}"
+    );
+    let _ = waiting.kill();
+    let _ = waiting.wait();
 }

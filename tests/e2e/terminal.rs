@@ -397,12 +397,17 @@ fn every_hint_pasted_into_a_shell_works() {
         .filter(|c| c.starts_with("fvd worker "))
         .collect();
     assert_eq!(workers.len(), 1, "{said}");
-    // The hint names the porter's token file; a worker needs the worker
-    // credential, which is the one thing a person changes.
+    // The hint never names the porter's token file (a worker may not use
+    // it): it leaves a placeholder for a worker credential, the one thing
+    // a person fills in (issue #43).
     let auth = fleet.auth.clone().unwrap();
     let porter = auth.token("porter").display().to_string();
-    assert!(workers[0].contains(&porter), "{}", workers[0]);
-    let hint = workers[0].replace(&porter, &auth.token("fleet").display().to_string());
+    assert!(!workers[0].contains(&porter), "{}", workers[0]);
+    assert!(workers[0].contains("WORKER_TOKEN_FILE"), "{}", workers[0]);
+    let hint = workers[0].replace(
+        "WORKER_TOKEN_FILE",
+        &auth.token("fleet").display().to_string(),
+    );
     let bin = Path::new(env!("CARGO_BIN_EXE_fvd"))
         .parent()
         .unwrap()
@@ -411,6 +416,8 @@ fn every_hint_pasted_into_a_shell_works() {
     let mut worker = std::process::Command::new("sh")
         .args(["-c", &format!("exec {hint}")])
         .current_dir(cwd.path())
+        // the hint's workspace is `$HOME/fvd-worker`
+        .env("HOME", cwd.path())
         .env(
             "PATH",
             format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
