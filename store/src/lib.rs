@@ -1781,29 +1781,7 @@ impl Store {
     ) -> Result<EscapeRow, StoreError> {
         self.write("answer escape", || async move {
             let mut tx = self.write_tx().await?;
-            let status: Option<String> =
-                sqlx::query_scalar("SELECT status FROM escape_hatches WHERE family = ? AND id = ?")
-                    .bind(family)
-                    .bind(id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            let Some(status) = status else {
-                return Err(StoreError::UnknownEscape {
-                    family: family.into(),
-                    id: id.into(),
-                });
-            };
-            let status: EscapeStatus = status.parse().map_err(|source| StoreError::State {
-                column: "escape_hatches.status",
-                source,
-            })?;
-            if status != EscapeStatus::Open {
-                return Err(StoreError::EscapeNotOpen {
-                    family: family.into(),
-                    id: id.into(),
-                    status,
-                });
-            }
+            steps::escape_in(&mut tx, family, id, EscapeStatus::Open).await?;
             sqlx::query("UPDATE escape_hatches SET status = ?, answer = ?, answered_by = ?, answered_ms = ? WHERE family = ? AND id = ?")
                 .bind(EscapeStatus::Answered.as_str())
                 .bind(answer)

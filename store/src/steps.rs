@@ -151,16 +151,13 @@ impl Store {
                     floor,
                     worker_id,
                 } => {
-                    let id = insert_escape(&mut tx, escape, floor).await?;
-                    let reason = format!("waiting for an answer to {id}: {}", escape.question);
-                    let next = ComponentNext {
-                        status: ComponentStatus::AskUser,
+                    let asked = Asked {
+                        escape,
+                        floor,
                         verdict: result.verdict,
-                        reason: &reason,
                         worker_id,
                     };
-                    set_component(&mut tx, &family, &component, next, now).await?;
-                    VerdictRecorded::Asked(id)
+                    VerdictRecorded::Asked(ask(&mut tx, &family, &component, asked, now).await?)
                 }
             };
             if let Some(gpu_ms) = attempt_gpu_ms {
@@ -197,30 +194,7 @@ impl Store {
         self.write("act on a judge answer", || async move {
             let mut tx = self.write_tx().await?;
             let now = now_ms();
-            let row: Option<(String, String)> = sqlx::query_as(
-                "SELECT component, status FROM escape_hatches WHERE family = ? AND id = ?",
-            )
-            .bind(family)
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some((component, status)) = row else {
-                return Err(StoreError::UnknownEscape {
-                    family: family.into(),
-                    id: id.into(),
-                });
-            };
-            let status: EscapeStatus = status.parse().map_err(|source| StoreError::State {
-                column: "escape_hatches.status",
-                source,
-            })?;
-            if status != EscapeStatus::Answered {
-                return Err(StoreError::EscapeNotOpen {
-                    family: family.into(),
-                    id: id.into(),
-                    status,
-                });
-            }
+            let component = escape_in(&mut tx, family, id, EscapeStatus::Answered).await?;
             sqlx::query("UPDATE escape_hatches SET status = ?, resolved_attempt = ?, judge_commit = ? WHERE family = ? AND id = ?")
                 .bind(EscapeStatus::Resolved.as_str())
                 .bind(attempt as i64)
@@ -321,16 +295,13 @@ impl Store {
                         verdict,
                         worker_id,
                     } => {
-                        let id = insert_escape(&mut tx, escape, floor).await?;
-                        let reason = format!("waiting for an answer to {id}: {}", escape.question);
-                        let next = ComponentNext {
-                            status: ComponentStatus::AskUser,
+                        let asked = Asked {
+                            escape,
+                            floor,
                             verdict,
-                            reason: &reason,
                             worker_id,
                         };
-                        set_component(&mut tx, &a.family, &a.component, next, now).await?;
-                        AttemptRecorded::Asked(id)
+                        AttemptRecorded::Asked(ask(&mut tx, &a.family, &a.component, asked, now).await?)
                     }
                     AttemptNext::End(next) => {
                         set_component(&mut tx, &a.family, &a.component, next, now).await?;
@@ -476,6 +447,71 @@ fn median_ms(ms: Vec<i64>) -> Option<u64> {
         n if n % 2 == 1 => Some(ms[n / 2]),
         n => Some(ms[n / 2 - 1] / 2 + ms[n / 2] / 2),
     }
+}
+
+/// A question a step raises, and the component's state while it waits.
+struct Asked<'a> {
+    escape: &'a EscapeRow,
+    floor: u32,
+    verdict: RecordedVerdict,
+    worker_id: &'a str,
+}
+
+/// Raises `q.escape` under the next `E###` id and sets the component
+/// `ask_user` (reason `waiting for an answer to E###: QUESTION`); returns
+/// the id. The one statement pair behind every step that asks.
+async fn ask(
+    conn: &mut SqliteConnection,
+    family: &str,
+    component: &str,
+    q: Asked<'_>,
+    now: i64,
+) -> Result<String, StoreError> {
+    let id = insert_escape(&mut *conn, q.escape, q.floor).await?;
+    let reason = format!("waiting for an answer to {id}: {}", q.escape.question);
+    let next = ComponentNext {
+        status: ComponentStatus::AskUser,
+        verdict: q.verdict,
+        reason: &reason,
+        worker_id: q.worker_id,
+    };
+    set_component(conn, family, component, next, now).await?;
+    Ok(id)
+}
+
+/// The component of escape hatch `id` of `family`, refused unless the
+/// hatch is in state `want` (unknown: [`StoreError::UnknownEscape`];
+/// another state: [`StoreError::EscapeNotOpen`]).
+pub(crate) async fn escape_in(
+    conn: &mut SqliteConnection,
+    family: &str,
+    id: &str,
+    want: EscapeStatus,
+) -> Result<String, StoreError> {
+    let row: Option<(String, String)> =
+        sqlx::query_as("SELECT component, status FROM escape_hatches WHERE family = ? AND id = ?")
+            .bind(family)
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    let Some((component, status)) = row else {
+        return Err(StoreError::UnknownEscape {
+            family: family.into(),
+            id: id.into(),
+        });
+    };
+    let status: EscapeStatus = status.parse().map_err(|source| StoreError::State {
+        column: "escape_hatches.status",
+        source,
+    })?;
+    if status != want {
+        return Err(StoreError::EscapeNotOpen {
+            family: family.into(),
+            id: id.into(),
+            status,
+        });
+    }
+    Ok(component)
 }
 
 /// Inserts `e` as an open escape hatch under the next `E###` id of its
