@@ -1035,16 +1035,24 @@ async fn resume(
     Ok(())
 }
 
-/// The answered, not yet given, escape hatches of this component.
-async fn answered(st: &ComponentState) -> Result<Vec<EscapeRow>, ActorProcessingErr> {
+/// This component's escape hatches that `keep` selects, oldest first.
+async fn escapes_where(
+    st: &ComponentState,
+    keep: impl Fn(&EscapeRow) -> bool,
+) -> Result<Vec<EscapeRow>, ActorProcessingErr> {
     Ok(st
         .args
         .store
         .escapes(&st.args.family)
         .await?
         .into_iter()
-        .filter(|e| e.component == st.args.spec.name && e.status == EscapeStatus::Answered)
+        .filter(|e| e.component == st.args.spec.name && keep(e))
         .collect())
+}
+
+/// The answered, not yet given, escape hatches of this component.
+async fn answered(st: &ComponentState) -> Result<Vec<EscapeRow>, ActorProcessingErr> {
+    escapes_where(st, |e| e.status == EscapeStatus::Answered).await
 }
 
 /// The next attempt after a person answered: it starts from the red run the

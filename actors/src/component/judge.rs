@@ -41,14 +41,7 @@ pub(super) async fn base(
 
 /// The component's judge questions, oldest first.
 async fn judge_escapes(st: &ComponentState) -> Result<Vec<EscapeRow>, ActorProcessingErr> {
-    Ok(st
-        .args
-        .store
-        .escapes(&st.args.family)
-        .await?
-        .into_iter()
-        .filter(|e| e.component == st.args.spec.name && e.about == EscapeAbout::Judge)
-        .collect())
+    escapes_where(st, |e| e.about == EscapeAbout::Judge).await
 }
 
 /// The component's judge questions a person decided since the port was
