@@ -6,13 +6,15 @@
 //! (`worktree::adopt`).
 //!
 //! The job has no row in the store's `jobs`: the attempt's ledger row
-//! (opened before the job is queued) is its record, which is what makes a
-//! crash safe. An orchestrator killed during the attempt restarts with the
-//! row `running` and runs the attempt again under the same number from its
-//! base; the worker's agent, whose lease no process holds any more, is
-//! cancelled at its next heartbeat. A worker lost during the attempt has
-//! its job queued again by the scheduler, which starts it from the base on
-//! another worker.
+//! (opened before the job is queued, given the job's id and its lease) is
+//! its record, which is what makes a crash safe. An orchestrator killed
+//! during the attempt restarts with the row `running` and asks to adopt the
+//! job ([`Queue::Adopt`], issue #38): its worker still runs it, and the
+//! agent goes on; a job no worker runs any more ends
+//! [`FleetEnd::NotAdopted`] and the attempt runs again under the same
+//! number from its base. A worker lost during the attempt has its job
+//! queued again by the scheduler, which starts it from the base on another
+//! worker.
 //!
 //! While it runs, the attempt is registered in [`FleetAttempts`]: the worker
 //! edge serves its base commit and its model-proxy tunnel to the worker
@@ -41,6 +43,9 @@ pub enum FleetEnd {
     /// It ran nowhere and will not: never placeable, its workers lost on
     /// every retry, or its owner's process gone. An environment failure.
     Lost(String),
+    /// Asked to adopt it after a restart, no worker still runs it (why):
+    /// the attempt is tried again from its base.
+    NotAdopted(String),
 }
 
 /// What the component asks of the fleet for one attempt.
@@ -65,6 +70,10 @@ pub struct FleetAttemptJob {
     pub tools: Option<std::net::SocketAddr>,
     pub agent: AgentJob,
     pub span: tracing::Span,
+    /// The job is this attempt's try an earlier orchestrator process
+    /// queued (same id): its worker may still run it, and it is adopted
+    /// rather than queued (issue #38).
+    pub adopt: bool,
 }
 
 /// Queues the attempt, waits for its end, and cancels it when `stop`
@@ -83,7 +92,7 @@ pub async fn run(
             commit: job.base.clone(),
             proxy: job.proxy,
             tools: job.tools,
-            worker_id: None,
+            lease: None,
         },
     );
     let record = QueuedRun {
@@ -102,10 +111,12 @@ pub async fn run(
     };
     let (env, secret_env, placement, span, agent) =
         (job.env, job.secret_env, job.placement, job.span, job.agent);
+    let how = if job.adopt { Queue::Adopt } else { Queue::New };
     run_queued(
         scheduler,
         attempts,
         &job.job_id,
+        how,
         |notify| QueuedJob {
             record,
             env,
@@ -126,13 +137,25 @@ pub async fn run(
     .await
 }
 
-/// Queues a job that has no row in the store (`build` gets its `notify`),
-/// waits for its end, and cancels it when `stop` completes first; whether
-/// it was stopped. `attempts` learns its worker once it is leased.
+/// How [`run_queued`] hands its job to the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queue {
+    /// A new job, queued.
+    New,
+    /// A job an earlier orchestrator process leased: adopted if its worker
+    /// still runs it, else it ends [`FleetEnd::NotAdopted`].
+    Adopt,
+}
+
+/// Queues (or adopts, see [`Queue`]) a job that has no row in the store
+/// (`build` gets its `notify`), waits for its end, and cancels it when
+/// `stop` completes first; whether it was stopped. `attempts` learns its
+/// worker once it is leased.
 pub async fn run_queued(
     scheduler: &ActorRef<SchedulerMsg>,
     attempts: &FleetAttempts,
     job_id: &str,
+    how: Queue,
     build: impl FnOnce(ractor::DerivedActorRef<JobEvent>) -> QueuedJob,
     stop: impl Future<Output = ()>,
 ) -> Result<(FleetEnd, bool), ActorProcessingErr> {
@@ -153,7 +176,11 @@ pub async fn run_queued(
         job_id: job_id.to_string(),
         ended: false,
     };
-    scheduler.cast(SchedulerMsg::Enqueue(Box::new(build(waiter.get_derived()))))?;
+    let job = Box::new(build(waiter.get_derived()));
+    scheduler.cast(match how {
+        Queue::New => SchedulerMsg::Enqueue(job),
+        Queue::Adopt => SchedulerMsg::Adopt(job),
+    })?;
     tokio::pin!(stop);
     let mut stopped = false;
     let mut ended = ended;
@@ -179,7 +206,7 @@ pub async fn run_queued(
 }
 
 fn waiter_has_lease(attempts: &FleetAttempts, job_id: &str) -> bool {
-    attempts.worker_of(job_id).is_some()
+    attempts.lease_of(job_id).is_some()
 }
 
 /// What the component made of a finished fleet job: the agent's exit as a
@@ -290,9 +317,13 @@ impl Actor for AttemptWaiter {
         st: &mut WaiterState,
     ) -> Result<(), ActorProcessingErr> {
         let end = match ev {
-            JobEvent::Leased { job_id, worker_id } if job_id == st.job_id => {
-                tracing::info!(job = %job_id, worker = %worker_id, "agent attempt leased");
-                st.attempts.leased(&job_id, &worker_id);
+            JobEvent::Leased {
+                job_id,
+                worker_id,
+                epoch,
+            } if job_id == st.job_id => {
+                tracing::info!(job = %job_id, worker = %worker_id, epoch, "agent attempt leased");
+                st.attempts.leased(&job_id, &worker_id, epoch);
                 None
             }
             JobEvent::Finished { report, worker_id } if report.job_id == st.job_id => {
@@ -321,7 +352,7 @@ impl Actor for AttemptWaiter {
                 None
             }
             JobEvent::NotAdopted { job_id, reason } if job_id == st.job_id => {
-                Some(FleetEnd::Lost(reason))
+                Some(FleetEnd::NotAdopted(reason))
             }
             _ => None,
         };

@@ -43,6 +43,7 @@ use fvd_contracts::redactor::Redactor;
 use fvd_spec::ComponentSpec;
 use fvd_store::{Store, ToolCallRow, now_ms};
 use fvd_workspace::agent::{AskedQuestion, FleetAttempt, FleetAttempts};
+use fvd_workspace::session::AttemptToken;
 use ractor::ActorRef;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -148,7 +149,9 @@ impl Drop for GpuReservation {
 #[derive(Debug)]
 pub struct ToolsServer {
     pub addr: SocketAddr,
-    pub token: String,
+    /// What the agent sends with each call; its value is known only to
+    /// the tools that made it (see [`fvd_agentproxy::AttemptToken`]).
+    pub token: AttemptToken,
     task: tokio::task::JoinHandle<()>,
     asked: Arc<Mutex<Option<AskedQuestion>>>,
 }
@@ -166,13 +169,18 @@ impl Drop for ToolsServer {
     }
 }
 
-/// Starts the attempt's tools on a loopback port.
-pub async fn start(ctx: ToolsContext) -> std::io::Result<ToolsServer> {
+/// Starts the attempt's tools on a loopback port, admitting `token` (the
+/// token of an attempt whose agent holds it already, adopted after a
+/// restart of the orchestrator) or a fresh one.
+pub async fn start(ctx: ToolsContext, token: Option<AttemptToken>) -> std::io::Result<ToolsServer> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
     let addr = listener.local_addr()?;
-    let token = random_token()?;
+    let token = match token {
+        Some(t) => t,
+        None => AttemptToken::fresh()?,
+    };
     let asked = ctx.asked.clone();
-    let (ctx, secret) = (Arc::new(ctx), Arc::<str>::from(token.as_str()));
+    let (ctx, secret) = (Arc::new(ctx), Arc::new(token.clone()));
     let task = fvd_telemetry::spawn(async move {
         loop {
             let Ok((sock, _)) = listener.accept().await else {
@@ -204,7 +212,7 @@ fn random_token() -> std::io::Result<String> {
 
 async fn serve(
     ctx: &ToolsContext,
-    token: &str,
+    token: &AttemptToken,
     sock: tokio::net::TcpStream,
 ) -> std::io::Result<()> {
     let (rd, mut wr) = sock.into_split();
@@ -213,7 +221,11 @@ async fn serve(
     (&mut rd).take(MAX_LINE).read_line(&mut line).await?;
     let answer = match serde_json::from_str::<Value>(&line) {
         Err(e) => error(format!("the request is not JSON: {e}")),
-        Ok(req) if req["token"].as_str() != Some(token) => {
+        Ok(req)
+            if !req["token"]
+                .as_str()
+                .is_some_and(|t| token.admits(t.as_bytes())) =>
+        {
             error("refused: not this attempt's token".into())
         }
         Ok(req) => {
@@ -389,7 +401,7 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
             commit: commit.to_string(),
             proxy: None,
             tools: None,
-            worker_id: None,
+            lease: None,
         },
     );
     let env = crate::helper::run_env(spec.set_env.clone(), &ctx.family, &spec.name, 0);
@@ -426,13 +438,17 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
         &ctx.scheduler,
         &registry,
         &job_id,
+        crate::agent_job::Queue::New,
         job,
         std::future::pending(),
     )
     .await;
     let (report, worker) = match end {
         Ok((crate::agent_job::FleetEnd::Finished { report, worker_id }, _)) => (report, worker_id),
-        Ok((crate::agent_job::FleetEnd::Lost(why), _)) => {
+        Ok((
+            crate::agent_job::FleetEnd::Lost(why) | crate::agent_job::FleetEnd::NotAdopted(why),
+            _,
+        )) => {
             return Called::failed(format!("the run ran on no worker: {why}"));
         }
         Err(e) => return Called::failed(format!("the run could not be queued: {e}")),

@@ -239,7 +239,9 @@ async fn job_event(
 ) -> Result<(), ActorProcessingErr> {
     let myself = myself.clone();
     match ev {
-        JobEvent::Leased { job_id, worker_id } => {
+        JobEvent::Leased {
+            job_id, worker_id, ..
+        } => {
             // The scheduler recorded `running` with the lease; only
             // watchers (and the gate, if it waited for an environment)
             // need telling.
@@ -947,8 +949,22 @@ async fn resume(
     let (family, name) = (st.args.family.clone(), st.args.spec.name.clone());
     let ledger = st.args.store.attempts(&family, &name).await?;
     if let Some(cut) = ledger.iter().find(|a| a.state == AttemptState::Running) {
-        let killed = agent::kill_leftovers(&cut.cookie);
-        tracing::warn!(attempt = cut.attempt, killed = ?killed, "agent attempt was cut off; running it again from its starting commit");
+        // On the fleet, its agent may still run on its worker: the try is
+        // adopted, with the tokens its agent holds (issue #38), or, if no
+        // worker runs it any more, tried again.
+        let in_flight = match fleet_of(st) {
+            Some(_) => st.args.store.fleet_try(&family, &name, cut.attempt).await?,
+            None => None,
+        };
+        match &in_flight {
+            Some(t) => {
+                tracing::info!(attempt = cut.attempt, job = %t.job_id, "agent attempt was in flight on a worker; asking to adopt it");
+            }
+            None => {
+                let killed = agent::kill_leftovers(&cut.cookie);
+                tracing::warn!(attempt = cut.attempt, killed = ?killed, "agent attempt was cut off; running it again from its starting commit");
+            }
+        }
         let wt = st
             .agent
             .as_ref()
@@ -970,7 +986,7 @@ async fn resume(
             ..JobResult::default()
         };
         let (job, kind) = (cut.job_before.clone(), cut.kind);
-        return agent_attempt(myself, st, &job, &before, "", kind).await;
+        return agent_turn(myself, st, &job, &before, "", kind, in_flight).await;
     }
     // An attempt its model API's environment ended (a refused key, an API
     // that kept failing) runs again under its number, from the same run.
@@ -1220,23 +1236,26 @@ pub fn budget_spent(a: &fvd_spec::AgentSpec, s: &Spent) -> Option<String> {
     None
 }
 
-/// What one attempt may spend on its model API: its own budget, or what is
-/// left of the component's and the port's when less.
+/// What one attempt may spend on its model API: what is left of its own
+/// budget after `this_attempt` (what its earlier tries spent), or of the
+/// component's and the port's when less.
 pub fn allowance(
     b: &fvd_spec::agent_model::AgentBudget,
     s: &Spent,
+    this_attempt: fvd_store::usage::Spend,
 ) -> fvd_workspace::session::Allowance {
     let least_f = |xs: [Option<f64>; 3]| xs.into_iter().flatten().reduce(f64::min);
     let least_u = |xs: [Option<u64>; 3]| xs.into_iter().flatten().min();
     fvd_workspace::session::Allowance {
         usd: least_f([
-            b.usd_per_attempt,
+            b.usd_per_attempt.map(|m| (m - this_attempt.usd).max(0.0)),
             b.usd_per_component
                 .map(|m| (m - s.model_component.usd).max(0.0)),
             b.usd_per_port.map(|m| (m - s.model_port.usd).max(0.0)),
         ]),
         tokens: least_u([
-            b.tokens_per_attempt,
+            b.tokens_per_attempt
+                .map(|m| m.saturating_sub(this_attempt.tokens)),
             b.tokens_per_component
                 .map(|m| m.saturating_sub(s.model_component.tokens)),
             b.tokens_per_port
@@ -1302,6 +1321,21 @@ async fn agent_attempt(
     worker_id: &str,
     kind: AttemptKind,
 ) -> Result<(), ActorProcessingErr> {
+    agent_turn(myself, st, job_id, result, worker_id, kind, None).await
+}
+
+/// [`agent_attempt`], or (`adopting`) the try of the attempt an earlier
+/// process of the orchestrator started on a worker: asked for instead of
+/// started, and started again from its base if no worker runs it now.
+async fn agent_turn(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    job_id: &str,
+    result: &JobResult,
+    worker_id: &str,
+    kind: AttemptKind,
+    adopting: Option<fvd_store::FleetTry>,
+) -> Result<(), ActorProcessingErr> {
     let spec = st.args.spec.clone();
     let (attempt, line, used, recorded) = match turn_start(st, result).await? {
         TurnStart::Blocked(reason) => return block(st, result.verdict, &reason, worker_id).await,
@@ -1319,11 +1353,19 @@ async fn agent_attempt(
         job_id,
         result,
         kind,
+        adopting: adopting.as_ref(),
     };
     let clock = std::time::Instant::now();
     let files = write_packet(st, &turn, &recorded, &used, &answers).await?;
     let packet_ms = clock.elapsed().as_millis() as u64;
     let ran = run_agent(st, &turn, &files, &used).await?;
+    if let Some(why) = ran.not_adopted {
+        tracing::warn!(attempt, %why, "the agent attempt in flight before the restart runs on no worker; it runs again from its base");
+        return Box::pin(agent_turn(
+            myself, st, job_id, result, worker_id, kind, None,
+        ))
+        .await;
+    }
     let (exit, mut handoff) = (ran.exit, ran.handoff);
     if let Some(env) = ran.environment {
         return agent_environment(st, &turn, &ran.head_before, &env.0).await;
@@ -1498,6 +1540,8 @@ struct Turn<'a> {
     job_id: &'a str,
     result: &'a JobResult,
     kind: AttemptKind,
+    /// The try an earlier process started on a worker, to adopt.
+    adopting: Option<&'a fvd_store::FleetTry>,
 }
 
 /// The files of one attempt, under the component's agent folder.
@@ -1637,6 +1681,8 @@ struct AgentRan {
     fleet: Option<FleetCommit>,
     /// The question the agent asked through its `ask_user` tool.
     asked: Option<agent::AskedQuestion>,
+    /// The try it was to adopt runs on no worker (why): nothing ran.
+    not_adopted: Option<String>,
 }
 
 /// An attempt's commit as a worker sent it back.
@@ -1679,6 +1725,12 @@ struct AgentLaunch<'a> {
     proxy: Option<std::net::SocketAddr>,
     /// The attempt's tools (`fvd mcp`), likewise.
     tools: Option<std::net::SocketAddr>,
+    /// Digests of the tokens the agent is given for them (stored with the
+    /// try's fleet job, for a restarted orchestrator to admit them).
+    proxy_token: String,
+    tools_token: String,
+    /// The try to adopt instead of queuing a new one.
+    adopt: Option<&'a fvd_store::FleetTry>,
     span: &'a Span,
 }
 
@@ -1690,6 +1742,8 @@ struct AgentRun {
     fleet: Option<FleetCommit>,
     /// It could not run for a cause outside the agent (fleet only).
     environment: Option<String>,
+    /// The try to adopt runs on no worker (why).
+    not_adopted: Option<String>,
 }
 
 /// The attempt's model API failed for a reason outside the agent and the
@@ -1758,22 +1812,25 @@ async fn run_agent(
     let cookie = format!("{family}/{}/{attempt}/{started_ms}", spec.name);
     let head_before = worktree::head(&wt).await.map_err(|e| e.to_string())?;
     // The row exists before the agent does: a crash from here on finds it.
-    st.args
-        .store
-        .begin_attempt(&AttemptRow {
-            family: family.clone(),
-            component: spec.name.clone(),
-            attempt,
-            job_before: turn.job_id.to_string(),
-            verdict_before: turn.result.verdict,
-            reason_before: turn.result.reason.clone(),
-            started_ms,
-            head_before: head_before.clone(),
-            cookie: cookie.clone(),
-            kind: turn.kind,
-            ..AttemptRow::default()
-        })
-        .await?;
+    // An adopted try goes on under the row its process opened.
+    if turn.adopting.is_none() {
+        st.args
+            .store
+            .begin_attempt(&AttemptRow {
+                family: family.clone(),
+                component: spec.name.clone(),
+                attempt,
+                job_before: turn.job_id.to_string(),
+                verdict_before: turn.result.verdict,
+                reason_before: turn.result.reason.clone(),
+                started_ms,
+                head_before: head_before.clone(),
+                cookie: cookie.clone(),
+                kind: turn.kind,
+                ..AttemptRow::default()
+            })
+            .await?;
+    }
     let ledger_ms = clock.elapsed().as_millis() as u64;
     let fleet = fleet_of(st).is_some();
     let (prompt, handoff) = if fleet {
@@ -1805,17 +1862,27 @@ async fn run_agent(
     if let Some(tp) = fvd_telemetry::traceparent(&span) {
         extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
-    // fvd's tools for the agent (`fvd mcp`), for as long as it runs.
-    let tools = start_tools(st, attempt, &head_before, &span, used).await;
+    // fvd's tools for the agent (`fvd mcp`), for as long as it runs; an
+    // adopted try's admit the token its agent holds.
+    let tools_token = turn
+        .adopting
+        .and_then(|t| fvd_workspace::session::AttemptToken::from_digest_hex(&t.tools_token_sha256));
+    let tools = start_tools(st, attempt, &head_before, &span, used, tools_token).await;
     let mcp = tools.as_ref().map(|t| tools_mcp(st, t, &head_before));
     if let (Some(m), Some(t)) = (&mcp, &tools) {
         extra.extend(m.env.iter().cloned());
         // The token only in the agent's environment, never in a file or an
         // argument a job could read: `fvd mcp` takes it from there
         // (issue #38).
-        extra.push(("FVD_TOOLS_TOKEN".into(), t.token.clone()));
+        if let Some(v) = t.token.value() {
+            extra.push(("FVD_TOOLS_TOKEN".into(), v.to_string()));
+        }
     }
     let tools_addr = tools.as_ref().map(|t| t.addr);
+    let tools_token = tools
+        .as_ref()
+        .map(|t| t.token.digest_hex())
+        .unwrap_or_default();
     let Some(model) = &a.model else {
         let ran = run_where(
             st,
@@ -1829,6 +1896,9 @@ async fn run_agent(
                 files: Vec::new(),
                 proxy: None,
                 tools: tools_addr,
+                proxy_token: String::new(),
+                tools_token,
+                adopt: turn.adopting,
                 span: &span,
             },
             std::future::pending(),
@@ -1839,6 +1909,7 @@ async fn run_agent(
             handoff_text,
             fleet,
             environment,
+            not_adopted,
         } = ran;
         // The handoff is stored and may reach PORT_STATUS.md: redacted like
         // the agent's output.
@@ -1862,6 +1933,7 @@ async fn run_agent(
             head_before,
             fleet,
             asked: tools.as_ref().and_then(|t| t.asked()),
+            not_adopted,
         });
     };
     let mut ran = proxied_agent(
@@ -1878,6 +1950,8 @@ async fn run_agent(
             ledger_ms,
             mcp,
             tools: tools_addr,
+            tools_token,
+            adopting: turn.adopting,
         },
         model,
     )
@@ -1900,6 +1974,9 @@ struct ProxiedRun<'a> {
     ledger_ms: u64,
     mcp: Option<fvd_workspace::preset::Mcp>,
     tools: Option<std::net::SocketAddr>,
+    /// The digest of the tools' token.
+    tools_token: String,
+    adopting: Option<&'a fvd_store::FleetTry>,
 }
 
 /// Runs the agent behind its own model proxy: the key stays in fvd, the
@@ -1925,22 +2002,35 @@ async fn proxied_agent(
         ledger_ms,
         mcp,
         tools,
+        tools_token,
+        adopting,
     } = r;
     let store = st.args.store.clone();
-    // A try after a crash adds to what the tries before it spent.
+    // A try after a crash (or an adopted one) adds to what the tries
+    // before it spent, and may spend only what the attempt has left.
     let before = store
         .usage_of(family, &spec.name)
         .await?
         .remove(&attempt)
         .unwrap_or_default();
+    let this_attempt = fvd_store::usage::Spend {
+        tokens: before.input_tokens
+            + before.output_tokens
+            + before.cache_read_tokens
+            + before.cache_write_tokens,
+        usd: before.cost_usd.unwrap_or(0.0),
+    };
     let label = format!("{family}/{}/{attempt}", spec.name);
     let started = std::time::Instant::now();
+    let token = adopting
+        .and_then(|t| fvd_workspace::session::AttemptToken::from_digest_hex(&t.proxy_token_sha256));
     let sess = match Session::start(
         a,
         model,
-        allowance(&model.budget, used),
+        allowance(&model.budget, used, this_attempt),
         label,
         session::default_retry(),
+        token,
     )
     .await
     {
@@ -1957,6 +2047,7 @@ async fn proxied_agent(
                 head_before,
                 fleet: None,
                 asked: None,
+                not_adopted: None,
             });
         }
     };
@@ -2052,6 +2143,9 @@ async fn proxied_agent(
             files: launch_files,
             proxy: Some(sess.proxy().addr()),
             tools,
+            proxy_token: sess.proxy().token_digest(),
+            tools_token,
+            adopt: adopting,
             span: &span,
         },
         sess.stopped(),
@@ -2064,7 +2158,22 @@ async fn proxied_agent(
         handoff_text,
         fleet,
         environment,
+        not_adopted,
     } = ran?;
+    if not_adopted.is_some() {
+        return Ok(AgentRan {
+            ledger_ms,
+            proxy_ms,
+            run_ms: clock.elapsed().as_millis() as u64,
+            exit,
+            handoff: agent::read_handoff(&spec.name, None, ""),
+            environment: None,
+            head_before,
+            fleet: None,
+            asked: None,
+            not_adopted,
+        });
+    }
     if let Some(why) = environment {
         span.record("fvd.outcome", "environment");
         return Ok(AgentRan {
@@ -2077,6 +2186,7 @@ async fn proxied_agent(
             head_before,
             fleet: None,
             asked: None,
+            not_adopted: None,
         });
     }
     let report = a
@@ -2146,6 +2256,7 @@ async fn proxied_agent(
         head_before,
         fleet,
         asked: None,
+        not_adopted: None,
     })
 }
 
@@ -2158,6 +2269,7 @@ async fn start_tools(
     head_before: &str,
     span: &Span,
     used: &Spent,
+    token: Option<fvd_workspace::session::AttemptToken>,
 ) -> Option<crate::attempt_tools::ToolsServer> {
     let spec = &st.args.spec;
     let a = spec.agent.as_ref()?;
@@ -2183,7 +2295,7 @@ async fn start_tools(
         limits: st.args.agents.limits,
         gpu_budget: crate::attempt_tools::GpuBudget::new(gpu_left_ms),
     };
-    match crate::attempt_tools::start(ctx).await {
+    match crate::attempt_tools::start(ctx, token).await {
         Ok(t) => Some(t),
         Err(e) => {
             tracing::warn!(error = %e, "the attempt's tools cannot listen; the agent runs without them");
@@ -2275,6 +2387,7 @@ async fn run_where(
             handoff_text: std::fs::read_to_string(&files.handoff).ok(),
             fleet: None,
             environment: None,
+            not_adopted: None,
         });
     };
     let packet = std::fs::read_to_string(&files.prompt)
@@ -2286,8 +2399,30 @@ async fn run_where(
             .labels
             .insert(format!("{}{}", AGENT_LABEL_PREFIX, p.name()), "yes".into());
     }
+    let job_id = match launch.adopt {
+        Some(t) => t.job_id.clone(),
+        None => {
+            let job_id = format!("{family}/{}/agent-{attempt}-{}", spec.name, now_ms());
+            // Kept with the attempt before it is queued: its lease is then
+            // written with it, and a restarted orchestrator adopts it.
+            st.args
+                .store
+                .set_fleet_try(
+                    family,
+                    &spec.name,
+                    attempt,
+                    &fvd_store::FleetTry {
+                        job_id: job_id.clone(),
+                        proxy_token_sha256: launch.proxy_token.clone(),
+                        tools_token_sha256: launch.tools_token.clone(),
+                    },
+                )
+                .await?;
+            job_id
+        }
+    };
     let job = crate::agent_job::FleetAttemptJob {
-        job_id: format!("{family}/{}/agent-{attempt}-{}", spec.name, now_ms()),
+        job_id,
         family: family.clone(),
         component: spec.name.clone(),
         attempt,
@@ -2311,6 +2446,7 @@ async fn run_where(
             commit_message: format!("fvd: {} attempt {attempt}", spec.name),
         },
         span: launch.span.clone(),
+        adopt: launch.adopt.is_some(),
     };
     let (end, stopped) = crate::agent_job::run(&st.args.scheduler, attempts, job, stop).await?;
     let (report, worker_id) = match end {
@@ -2324,6 +2460,16 @@ async fn run_where(
                 handoff_text: None,
                 fleet: None,
                 environment: Some(format!("the attempt ran on no worker: {why}")),
+                not_adopted: None,
+            });
+        }
+        crate::agent_job::FleetEnd::NotAdopted(why) => {
+            return Ok(AgentRun {
+                exit: agent::AgentExit::default(),
+                handoff_text: None,
+                fleet: None,
+                environment: None,
+                not_adopted: Some(why),
             });
         }
     };
@@ -2342,12 +2488,14 @@ async fn run_where(
             }),
             exit,
             environment: None,
+            not_adopted: None,
         }),
         Err(why) => Ok(AgentRun {
             exit,
             handoff_text: None,
             fleet: None,
             environment: Some(format!("worker {worker_id}: {why}")),
+            not_adopted: None,
         }),
     }
 }
@@ -2750,13 +2898,22 @@ mod tests {
         // Plenty left: the attempt's own cap; the component's tokens.
         let fresh = s((1.0, 100), (1.0, 100));
         assert_eq!(budget_spent(&a, &fresh), None);
-        let left = allowance(&budget, &fresh);
+        let none = Spend::default();
+        let left = allowance(&budget, &fresh, none);
         assert_eq!((left.usd, left.tokens), (Some(2.0), Some(900)));
+        // A try of an attempt after a crash, or one adopted, has what its
+        // earlier tries left of the attempt's cap.
+        let earlier = Spend {
+            usd: 1.5,
+            tokens: 50,
+        };
+        let left = allowance(&budget, &fresh, earlier);
+        assert_eq!((left.usd, left.tokens), (Some(0.5), Some(900)));
         // Less left of the component than an attempt may spend.
-        let left = allowance(&budget, &s((4.5, 100), (4.5, 100)));
+        let left = allowance(&budget, &s((4.5, 100), (4.5, 100)), none);
         assert_eq!(left.usd, Some(0.5));
         // The port's other components spent most of its budget.
-        let left = allowance(&budget, &s((1.0, 100), (8.75, 100)));
+        let left = allowance(&budget, &s((1.0, 100), (8.75, 100)), none);
         assert_eq!(left.usd, Some(0.25));
         assert_eq!(
             budget_spent(&a, &s((5.0, 10), (5.0, 10))).as_deref(),

@@ -39,8 +39,13 @@ pub struct SchedulerActor;
 /// own messages.
 #[derive(Debug)]
 pub enum JobEvent {
-    /// The job holds a lease on `worker_id` (committed to the store).
-    Leased { job_id: String, worker_id: String },
+    /// The job holds a lease on `worker_id` under `epoch` (committed to
+    /// the store).
+    Leased {
+        job_id: String,
+        worker_id: String,
+        epoch: u64,
+    },
     /// Its process started on the worker.
     Started { job_id: String, worker_id: String },
     /// The worker reported its end.
@@ -1122,6 +1127,7 @@ async fn adopt(st: &mut SchedulerState, job: Box<QueuedJob>) {
             let _ = e.job.notify.send_message(JobEvent::Leased {
                 job_id: id,
                 worker_id: l.worker_id.clone(),
+                epoch: l.epoch,
             });
         }
         return;
@@ -1169,6 +1175,7 @@ fn install(st: &mut SchedulerState, id: String, job: Box<QueuedJob>) {
     let _ = job.notify.send_message(JobEvent::Leased {
         job_id: id.clone(),
         worker_id: h.worker_id.clone(),
+        epoch: h.epoch,
     });
     st.jobs.insert(
         id.clone(),
@@ -2023,6 +2030,7 @@ async fn assign(st: &mut SchedulerState, planned: Vec<Planned>) {
         let _ = entry.job.notify.send_message(JobEvent::Leased {
             job_id: p.job_id.clone(),
             worker_id: p.worker_id.clone(),
+            epoch: p.epoch,
         });
         let Some(w) = st.workers.get(&p.worker_id) else {
             continue;

@@ -20,6 +20,7 @@
 //!   after a trip.
 
 pub mod meter;
+pub mod token;
 pub mod upstream;
 
 use std::collections::BTreeSet;
@@ -41,6 +42,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 pub use meter::{Price, PriceTable, Tokens};
+pub use token::AttemptToken;
 pub use upstream::Upstream;
 
 /// Why a proxy could not start or be configured.
@@ -169,7 +171,7 @@ pub struct Usage {
 
 struct Shared {
     cfg: Config,
-    token: String,
+    token: AttemptToken,
     usage: watch::Sender<Usage>,
     trip: watch::Sender<Option<Trip>>,
 }
@@ -200,11 +202,18 @@ impl Drop for Proxy {
 impl Proxy {
     /// Listens on `127.0.0.1:0` with a fresh token.
     pub async fn start(cfg: Config) -> Result<Proxy, ProxyError> {
+        let token = AttemptToken::fresh().map_err(ProxyError::Token)?;
+        Self::start_with(cfg, token).await
+    }
+
+    /// Listens on `127.0.0.1:0`, admitting `token`: the proxy of an
+    /// attempt whose agent already holds it (started again after a restart
+    /// of the orchestrator, with the token known by its digest).
+    pub async fn start_with(cfg: Config, token: AttemptToken) -> Result<Proxy, ProxyError> {
         let listener = TcpListener::bind(("127.0.0.1", 0))
             .await
             .map_err(ProxyError::Listen)?;
         let addr = listener.local_addr().map_err(ProxyError::Listen)?;
-        let token = new_token().map_err(ProxyError::Token)?;
         let base_path = cfg.upstream.base_path.clone();
         let shared = Arc::new(Shared {
             cfg,
@@ -254,8 +263,14 @@ impl Proxy {
     }
 
     /// The attempt's token: what the agent sends instead of the key.
-    pub fn token(&self) -> &str {
-        &self.shared.token
+    /// `None` for a proxy started with a token known by its digest only.
+    pub fn token(&self) -> Option<&str> {
+        self.shared.token.value()
+    }
+
+    /// The token's digest, which may be stored (see [`AttemptToken`]).
+    pub fn token_digest(&self) -> String {
+        self.shared.token.digest_hex()
     }
 
     pub fn usage(&self) -> Usage {
@@ -275,21 +290,6 @@ impl Proxy {
     pub fn tripped(&self) -> Option<Trip> {
         self.shared.trip.borrow().clone()
     }
-}
-
-/// `fvd-` and 48 hex digits from the kernel's random source.
-fn new_token() -> std::io::Result<String> {
-    use std::io::Read;
-    let mut b = [0u8; 24];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
-    Ok(format!(
-        "fvd-{}",
-        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-    ))
-}
-
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A response body: whole, or streamed from the upstream through a channel.
@@ -444,7 +444,7 @@ fn strip_key(query: &str) -> String {
         .join("&")
 }
 
-fn authorized(token: &str, req: &Request<Incoming>) -> bool {
+fn authorized(token: &AttemptToken, req: &Request<Incoming>) -> bool {
     let h = req.headers();
     let mut given: Vec<&[u8]> = Vec::new();
     for name in ["x-api-key", "x-goog-api-key", "api-key"] {
@@ -465,7 +465,7 @@ fn authorized(token: &str, req: &Request<Incoming>) -> bool {
             }
         }
     }
-    given.iter().any(|g| ct_eq(g, token.as_bytes()))
+    given.iter().any(|g| token.admits(g))
 }
 
 /// The body to forward, the model it asks for and whether it is a turn

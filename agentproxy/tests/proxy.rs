@@ -211,11 +211,11 @@ async fn every_protocol_is_forwarded_with_the_key_and_metered_to_the_servers_fig
                 .await
                 .unwrap();
             assert!(proxy.base_url().ends_with(base), "{}", proxy.base_url());
-            assert!(!proxy.token().contains(KEY));
+            assert!(!proxy.token().unwrap().contains(KEY));
             let token = if header == "authorization" {
-                format!("Bearer {}", proxy.token())
+                format!("Bearer {}", proxy.token().unwrap())
             } else {
-                proxy.token().to_string()
+                proxy.token().unwrap().to_string()
             };
             let before = server.usage();
             let (path, body) = request(protocol, stream);
@@ -271,6 +271,40 @@ async fn a_request_without_the_token_never_reaches_the_upstream() {
     assert_eq!(proxy.usage().refused, 3);
 }
 
+/// The proxy of an attempt adopted after a restart of the orchestrator is
+/// started with the token's digest: the agent's token still gets through,
+/// nothing else does, and the new proxy has no token to hand out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_started_again_from_the_token_s_digest_admits_the_agent_s_token_only() {
+    let server = Server::start(KEY, script(json!([{"loop": {"bash": "true"}}])));
+    let upstream = format!("http://127.0.0.1:{}", server.port);
+    let first = Proxy::start(config(Api::Anthropic, &upstream, KEY, Limits::default()))
+        .await
+        .unwrap();
+    let token = first.token().unwrap().to_string();
+    let digest = first.token_digest();
+    drop(first);
+    let again = Proxy::start_with(
+        config(Api::Anthropic, &upstream, KEY, Limits::default()),
+        fvd_agentproxy::AttemptToken::from_digest_hex(&digest).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.token(), None);
+    assert_eq!(again.token_digest(), digest);
+    let (path, body) = request("anthropic", false);
+    for (headers, want) in [
+        (vec![("x-api-key", token.as_str())], 200),
+        (vec![("x-api-key", "fvd-wrong")], 401),
+        (vec![("x-api-key", digest.as_str())], 401),
+    ] {
+        let (status, text) = post(&again.base_url(), &path, &headers, body.clone()).await;
+        assert_eq!(status, want, "{headers:?}: {text}");
+    }
+    assert_eq!(server.requests().len(), 1);
+    assert_eq!(again.usage().refused, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_upstream_is_retried_then_trips_the_proxy() {
     // The first request at step 0 fails once: the retry gets through.
@@ -285,7 +319,7 @@ async fn a_failing_upstream_is_retried_then_trips_the_proxy() {
     let proxy = Proxy::start(config(Api::OpenAi, &upstream, KEY, Limits::default()))
         .await
         .unwrap();
-    let auth = format!("Bearer {}", proxy.token());
+    let auth = format!("Bearer {}", proxy.token().unwrap());
     let (path, body) = request("chat", true);
     let (status, text) = post(&proxy.base_url(), &path, &[("authorization", &auth)], body).await;
     assert_eq!(status, 200, "{text}");
@@ -336,7 +370,7 @@ async fn a_refused_key_trips_the_proxy_at_once() {
     let (status, _) = post(
         &proxy.base_url(),
         &path,
-        &[("x-api-key", proxy.token())],
+        &[("x-api-key", proxy.token().unwrap())],
         body.clone(),
     )
     .await;
@@ -346,7 +380,7 @@ async fn a_refused_key_trips_the_proxy_at_once() {
     let (status, text) = post(
         &proxy.base_url(),
         &path,
-        &[("x-api-key", proxy.token())],
+        &[("x-api-key", proxy.token().unwrap())],
         body,
     )
     .await;
@@ -374,7 +408,7 @@ async fn a_spent_budget_stops_forwarding_after_the_request_that_crossed_it() {
         let (status, _) = post(
             &proxy.base_url(),
             &path,
-            &[("x-api-key", proxy.token())],
+            &[("x-api-key", proxy.token().unwrap())],
             body.clone(),
         )
         .await;
@@ -420,7 +454,7 @@ async fn a_request_past_the_turn_cap_is_refused_and_trips_the_proxy() {
     // A side request (no tools: a title, a summary) is not a turn.
     let mut side = body.clone();
     side.as_object_mut().unwrap().remove("tools");
-    let h = [("x-api-key", proxy.token())];
+    let h = [("x-api-key", proxy.token().unwrap())];
     assert_eq!(post(&proxy.base_url(), &path, &h, side).await.0, 200);
     let mut statuses = Vec::new();
     for _ in 0..3 {
@@ -452,7 +486,7 @@ async fn an_unreachable_upstream_trips_the_proxy_after_its_retries() {
     let (status, text) = post(
         &proxy.base_url(),
         &path,
-        &[("x-goog-api-key", proxy.token())],
+        &[("x-goog-api-key", proxy.token().unwrap())],
         body,
     )
     .await;

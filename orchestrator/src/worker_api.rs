@@ -154,12 +154,21 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
                 who.describe()
             ))
         };
-        let leased_to = self.fleet.worker_of(&first.job_id).ok_or_else(refused)?;
+        let (leased_to, epoch) = self.fleet.lease_of(&first.job_id).ok_or_else(refused)?;
         if !self.registered.is(&leased_to, &who)
             || (!first.worker_id.is_empty() && first.worker_id != leased_to)
         {
             tracing::warn!(job = %first.job_id, worker = %leased_to, caller = %who.describe(), "refused a tunnel to another worker's agent attempt");
             return Err(refused());
+        }
+        // A tunnel of an earlier lease of the job (the same worker, say,
+        // before the job was placed again) is not this lease's.
+        if first.lease_epoch != epoch {
+            tracing::warn!(job = %first.job_id, worker = %leased_to, epoch = first.lease_epoch, lease_epoch = epoch, "refused a tunnel of another lease of the agent attempt");
+            return Err(Status::permission_denied(format!(
+                "job {} is leased under epoch {epoch}, not {}",
+                first.job_id, first.lease_epoch
+            )));
         }
         let attempt = self
             .fleet

@@ -1,7 +1,7 @@
 //! `WorkerService.Tunnel` against the lease (issue #38): a tunnel to an
 //! agent attempt's model proxy is opened only with the credential of the
 //! worker that holds the attempt's lease, whatever worker id its first
-//! frame names.
+//! frame names, and only under that lease's epoch.
 
 mod support;
 
@@ -53,6 +53,7 @@ async fn tunnel(
     h: &Harness,
     token: &Token,
     worker: &str,
+    epoch: u64,
     hello: &[u8],
 ) -> Result<Vec<u8>, tonic::Status> {
     let mut client = WorkerServiceClient::with_interceptor(
@@ -62,10 +63,10 @@ async fn tunnel(
     let (tx, rx) = mpsc::channel(4);
     tx.send(pb::TunnelFrame {
         job_id: JOB.into(),
+        lease_epoch: epoch,
         worker_id: worker.into(),
         target: "model".into(),
         data: hello.to_vec(),
-        ..Default::default()
     })
     .await
     .expect("first frame");
@@ -113,15 +114,15 @@ async fn another_workers_credential_cannot_open_a_tunnel_to_w1s_attempt() {
             commit: String::new(),
             proxy: Some(proxy),
             tools: None,
-            worker_id: None,
+            lease: None,
         },
     );
-    registry.leased(JOB, "w1");
+    registry.leased(JOB, "w1", 4);
 
     // w2's credential, the frame claiming to be w1 (what the red team did),
     // or saying w2: refused, naming the job, before the proxy is dialled.
     for claimed in ["w1", "w2", ""] {
-        let e = tunnel(&h, &w2, claimed, b"from w2")
+        let e = tunnel(&h, &w2, claimed, 4, b"from w2")
             .await
             .expect_err("w2's credential opened a tunnel to w1's attempt");
         assert_eq!(e.code(), Code::PermissionDenied, "{claimed:?}: {e:?}");
@@ -133,8 +134,17 @@ async fn another_workers_credential_cannot_open_a_tunnel_to_w1s_attempt() {
         "a refused tunnel reached the proxy"
     );
 
+    // w1's own credential with an earlier lease's epoch (the job placed
+    // again on the same worker, an old agent still running): refused too.
+    let e = tunnel(&h, &w1, "w1", 3, b"old lease")
+        .await
+        .expect_err("a tunnel of an earlier lease");
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("epoch 4"), "{e:?}");
+    assert_eq!(accepted.load(Ordering::SeqCst), 0);
+
     // w1's own credential: the bytes go through, both ways.
-    let back = tunnel(&h, &w1, "w1", b"from w1")
+    let back = tunnel(&h, &w1, "w1", 4, b"from w1")
         .await
         .expect("w1's tunnel");
     assert_eq!(back, b"from w1");
@@ -142,7 +152,7 @@ async fn another_workers_credential_cannot_open_a_tunnel_to_w1s_attempt() {
 
     // w1's credential naming w2 in the frame: the frame must agree with
     // the lease too.
-    let e = tunnel(&h, &w1, "w2", b"x")
+    let e = tunnel(&h, &w1, "w2", 4, b"x")
         .await
         .expect_err("a frame naming w2");
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");

@@ -202,6 +202,7 @@ async fn check_one(path: &Path, agent: &AgentSpec, timeout: Duration) -> anyhow:
         allowance,
         "check".into(),
         session::default_retry(),
+        None,
     )
     .await
     {

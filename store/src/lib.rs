@@ -91,6 +91,16 @@ pub struct AttemptRow {
     pub judge_diff: String,
 }
 
+/// One try of an agent attempt as a fleet job (issue #38): its job id and
+/// the SHA-256 digests (hex) of the tokens its agent was given, empty for
+/// an agent without a model proxy or tools. No token value is kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FleetTry {
+    pub job_id: String,
+    pub proxy_token_sha256: String,
+    pub tools_token_sha256: String,
+}
+
 /// One tool call of an attempt's agent (`attempt_tool_calls`).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct ToolCallRow {
@@ -176,6 +186,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ),
     (19, include_str!("../migrations/0019_attempt_judge.sql")),
     (20, include_str!("../migrations/0020_judge_questions.sql")),
+    (21, include_str!("../migrations/0021_attempt_fleet_try.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -998,6 +1009,16 @@ impl Store {
         .bind(&rows)
         .execute(&mut *tx)
         .await?;
+        // An agent attempt's fleet job has no `jobs` row: its try's lease
+        // is kept on the attempt, for a restarted orchestrator to adopt.
+        sqlx::query(
+            "UPDATE agent_attempts SET worker_id = l.value ->> 1, lease_epoch = l.value ->> 2, lease_gpus = l.value ->> 3 \
+             FROM json_each(?1) AS l WHERE agent_attempts.fleet_job = l.value ->> 0 AND agent_attempts.fleet_job <> '' AND agent_attempts.state = ?2",
+        )
+        .bind(&rows)
+        .bind(AttemptState::Running.as_str())
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -1306,14 +1327,17 @@ impl Store {
         .await
     }
 
-    /// The leases of runs still `running`: `(job, family, worker, epoch,
-    /// GPUs)`. A restarted orchestrator holds them for their workers to
-    /// report and their components to adopt.
+    /// The leases of runs still `running`, and of agent attempts' fleet
+    /// jobs still `running`: `(job, family, worker, epoch, GPUs)`. A
+    /// restarted orchestrator holds them for their workers to report and
+    /// their components to adopt.
     pub async fn running_leases(
         &self,
     ) -> Result<Vec<(String, String, String, u64, Vec<u32>)>, StoreError> {
-        let rows = sqlx::query("SELECT job_id, family, worker_id, lease_epoch, gpus FROM jobs WHERE state = ? AND lease_epoch IS NOT NULL AND worker_id <> ''")
+        let rows = sqlx::query("SELECT job_id, family, worker_id, lease_epoch, gpus FROM jobs WHERE state = ?1 AND lease_epoch IS NOT NULL AND worker_id <> '' \
+             UNION ALL SELECT fleet_job, family, worker_id, lease_epoch, lease_gpus FROM agent_attempts WHERE state = ?2 AND fleet_job <> '' AND lease_epoch IS NOT NULL AND worker_id <> ''")
             .bind(JobState::Running.as_str())
+            .bind(AttemptState::Running.as_str())
             .fetch_all(&self.pool)
             .await?;
         Ok(rows
@@ -1535,7 +1559,7 @@ impl Store {
     /// counts the new try.
     pub async fn begin_attempt(&self, a: &AttemptRow) -> Result<(), StoreError> {
         self.write("begin attempt", || async move {
-            sqlx::query("INSERT INTO agent_attempts (family, component, attempt, commit_sha, diff_stat, diff, timed_out, duration_ms, job_before, verdict_before, error_kind_before, reason_before, handoff_status, handoff_summary, handoff_text, started_ms, finished_ms, state, head_before, cookie, tries, kind) VALUES (?, ?, ?, '', '', '', 0, 0, ?, ?, ?, ?, '', '', '', ?, 0, ?, ?, ?, 1, ?) ON CONFLICT(family, component, attempt) DO UPDATE SET state = excluded.state, tries = tries + 1, head_before = excluded.head_before, cookie = excluded.cookie, started_ms = excluded.started_ms")
+            sqlx::query("INSERT INTO agent_attempts (family, component, attempt, commit_sha, diff_stat, diff, timed_out, duration_ms, job_before, verdict_before, error_kind_before, reason_before, handoff_status, handoff_summary, handoff_text, started_ms, finished_ms, state, head_before, cookie, tries, kind) VALUES (?, ?, ?, '', '', '', 0, 0, ?, ?, ?, ?, '', '', '', ?, 0, ?, ?, ?, 1, ?) ON CONFLICT(family, component, attempt) DO UPDATE SET state = excluded.state, tries = tries + 1, head_before = excluded.head_before, cookie = excluded.cookie, started_ms = excluded.started_ms, fleet_job = '', lease_epoch = NULL, lease_gpus = NULL, proxy_token_sha256 = '', tools_token_sha256 = ''")
                 .bind(&a.family)
                 .bind(&a.component)
                 .bind(a.attempt as i64)
@@ -1553,6 +1577,53 @@ impl Store {
             Ok(())
         })
         .await
+    }
+
+    /// The fleet job of attempt `attempt`'s try, queued now, and the
+    /// digests of the tokens its agent is given (see [`FleetTry`]).
+    pub async fn set_fleet_try(
+        &self,
+        family: &str,
+        component: &str,
+        attempt: u32,
+        t: &FleetTry,
+    ) -> Result<(), StoreError> {
+        self.write("set fleet try", || async move {
+            sqlx::query("UPDATE agent_attempts SET fleet_job = ?, lease_epoch = NULL, lease_gpus = NULL, proxy_token_sha256 = ?, tools_token_sha256 = ? WHERE family = ? AND component = ? AND attempt = ? AND state = ?")
+                .bind(&t.job_id)
+                .bind(&t.proxy_token_sha256)
+                .bind(&t.tools_token_sha256)
+                .bind(family)
+                .bind(component)
+                .bind(attempt as i64)
+                .bind(AttemptState::Running.as_str())
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The fleet job of a running attempt's try, if it has one and a
+    /// worker leased it: what a restarted orchestrator asks to adopt.
+    pub async fn fleet_try(
+        &self,
+        family: &str,
+        component: &str,
+        attempt: u32,
+    ) -> Result<Option<FleetTry>, StoreError> {
+        let row = sqlx::query("SELECT fleet_job, proxy_token_sha256, tools_token_sha256 FROM agent_attempts WHERE family = ? AND component = ? AND attempt = ? AND state = ? AND fleet_job <> '' AND lease_epoch IS NOT NULL")
+            .bind(family)
+            .bind(component)
+            .bind(attempt as i64)
+            .bind(AttemptState::Running.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| FleetTry {
+            job_id: r.get("fleet_job"),
+            proxy_token_sha256: r.get("proxy_token_sha256"),
+            tools_token_sha256: r.get("tools_token_sha256"),
+        }))
     }
 
     /// Records one tool call of an attempt's agent (`fvd mcp`), numbered
@@ -2598,6 +2669,54 @@ mod tests {
             .unwrap();
         let err = store.component_times("p").await.unwrap_err();
         assert!(err.to_string().contains("jobs.state"), "{err}");
+    }
+
+    /// An agent attempt's fleet job has no `jobs` row: its lease is kept on
+    /// the attempt (issue #38), listed with the runs' for a restarted
+    /// orchestrator, and forgotten when the attempt is tried again or
+    /// recorded.
+    #[tokio::test]
+    async fn an_agent_attempt_s_fleet_lease_is_listed_with_the_runs() {
+        let (_dir, store) = crate::tests::temp_store().await;
+        store.create_port(&port("p"), &["a".into()]).await.unwrap();
+        let row = AttemptRow {
+            family: "p".into(),
+            component: "a".into(),
+            attempt: 1,
+            head_before: "abc".into(),
+            ..AttemptRow::default()
+        };
+        store.begin_attempt(&row).await.unwrap();
+        let t = FleetTry {
+            job_id: "p/a/agent-1-5".into(),
+            proxy_token_sha256: "d".repeat(64),
+            tools_token_sha256: "e".repeat(64),
+        };
+        store.set_fleet_try("p", "a", 1, &t).await.unwrap();
+        // Queued, not leased: nothing to adopt.
+        assert_eq!(store.fleet_try("p", "a", 1).await.unwrap(), None);
+        assert!(store.running_leases().await.unwrap().is_empty());
+        store.lease_job(&t.job_id, "w2", 7, &[1]).await.unwrap();
+        assert_eq!(store.fleet_try("p", "a", 1).await.unwrap(), Some(t.clone()));
+        assert_eq!(
+            store.running_leases().await.unwrap(),
+            [(t.job_id.clone(), "p".into(), "w2".into(), 7, vec![1])]
+        );
+        assert_eq!(store.attempts("p", "a").await.unwrap()[0].worker_id, "w2");
+        // A new try of the attempt forgets the old one's job and tokens.
+        store.begin_attempt(&row).await.unwrap();
+        assert_eq!(store.fleet_try("p", "a", 1).await.unwrap(), None);
+        assert!(store.running_leases().await.unwrap().is_empty());
+        // So does its record.
+        store.set_fleet_try("p", "a", 1, &t).await.unwrap();
+        store.lease_job(&t.job_id, "w2", 8, &[]).await.unwrap();
+        assert_eq!(store.running_leases().await.unwrap().len(), 1);
+        store
+            .attempt_environment("p", "a", 1, "the model API refused the key", 9)
+            .await
+            .unwrap();
+        assert!(store.running_leases().await.unwrap().is_empty());
+        assert_eq!(store.fleet_try("p", "a", 1).await.unwrap(), None);
     }
 
     #[tokio::test]

@@ -77,12 +77,23 @@ pub(crate) const REPLY_USD: f64 = (1000.0 * 1.25 + 50.0 * 10.0 + 200.0 * 0.125) 
 /// `api_agent.py` behind the proxy, `requests` requests per attempt, and
 /// `extra` lines in its `[agent]` table; the model server it talks to.
 pub(crate) fn proxied_port(sb: &Sandbox, key: &str, requests: u32, extra: &str) -> ModelServer {
+    proxied_port_with(sb, key, &["--requests", &requests.to_string()], extra)
+}
+
+/// [`proxied_port`] with the agent's arguments given whole.
+pub(crate) fn proxied_port_with(
+    sb: &Sandbox,
+    key: &str,
+    args: &[&str],
+    extra: &str,
+) -> ModelServer {
     let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents/api_agent.py");
+    let args: String = args.iter().map(|a| format!(", \"{a}\"")).collect();
     example_repo(sb, |t| {
         // time_shift keeps no agent: one agent component here.
         let (head, _) = t.split_once("agent = true\n\n[agent]").unwrap();
         format!(
-            "{head}\n[agent]\ncommand = [\"python3\", \"-B\", \"{}\", \"--requests\", \"{requests}\"]\napi = \"openai-chat\"\nmodel = \"gpt-5\"\ntimeout_s = 60\n{extra}\n",
+            "{head}\n[agent]\ncommand = [\"python3\", \"-B\", \"{}\"{args}]\napi = \"openai-chat\"\nmodel = \"gpt-5\"\ntimeout_s = 60\n{extra}\n",
             agent.display()
         )
     });
@@ -240,4 +251,145 @@ fn a_component_budget_spans_attempts_and_the_proxy_ends_the_one_that_crosses_it(
         let db = std::fs::read(sb.repo().join(".fvd").join(f)).unwrap_or_default();
         assert!(!db.windows(key.len()).any(|w| w == key.as_bytes()), "{f}");
     }
+}
+
+/// An agent attempt on a worker outlives a `kill -9` of the orchestrator
+/// (issue #38): the restarted orchestrator adopts the attempt's fleet job
+/// (same job, same lease), starts its model proxy and tools again admitting
+/// the tokens the agent already holds (their digests were stored, never
+/// their values), and the agent goes on: one agent process, one try, every
+/// request metered once, every tool call answered.
+#[test]
+fn an_agent_attempt_on_a_worker_goes_on_through_an_orchestrator_restart() {
+    let mut sb = Sandbox::new();
+    let key = "sk-fvdtest-adopt-0123456789abcdef0123456789";
+    let server = proxied_port_with(
+        &sb,
+        key,
+        &[
+            "--requests",
+            "3",
+            "--pause",
+            "3",
+            "--retry-for",
+            "60",
+            "--tools",
+        ],
+        "max_attempts = 1",
+    );
+    let upstream = format!("http://127.0.0.1:{}/v1", server.port);
+    let env = [
+        ("OPENAI_API_KEY", key),
+        ("OPENAI_BASE_URL", upstream.as_str()),
+    ];
+    let addr = crate::chaos::free_addr();
+    let db = sb.dir.path().join("orchestrator.db");
+    let allow = ["--allow-agent-commands"];
+    sb.serve_db(&addr, &db, &allow, &env);
+    sb.worker("w1", 2);
+    let submit = sb.submit_remote("tinyport", &[]);
+    assert!(
+        submit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&submit.stderr)
+    );
+
+    // The first request answered, metered and in the store, and the first
+    // tool call recorded: the orchestrator is killed while the agent
+    // pauses, and started again on the same address and database.
+    let metered = || {
+        crate::chaos::query(
+            &db,
+            "SELECT (SELECT COALESCE(SUM(requests), 0) FROM agent_usage), (SELECT COUNT(*) FROM attempt_tool_calls)",
+        )
+        .first()
+        .map(|r| (r[0].as_u64().unwrap_or(0), r[1].as_u64().unwrap_or(0)))
+        .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while metered() != (1, 1) {
+        assert!(
+            Instant::now() < deadline,
+            "the first request was never metered: {:?}\n{}",
+            metered(),
+            sb.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sb.kill_orchestrator();
+    sb.serve_db(&addr, &db, &allow, &env);
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = sb.remote_status("tinyport")
+            && s["state"] != "running"
+        {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the port never ended\n{}",
+            sb.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let log = sb.orchestrator_log();
+    assert!(
+        log.contains("adopted a run in flight") && log.contains("/agent-1-"),
+        "the attempt's fleet job was not adopted:\n{log}"
+    );
+    assert!(!sb.logs().contains(key), "the key is in a log");
+
+    // One agent: the server saw one conversation of three turns, each
+    // answered once.
+    let served = server.replies();
+    let turns: Vec<u64> = served.iter().map(|r| r["turn"].as_u64().unwrap()).collect();
+    assert_eq!(turns, [0, 1, 2], "{served:?}");
+
+    let url = sb.url.clone().unwrap();
+    let l = crate::agent::ledger_of(&sb, "timestep_embed", Some(&url));
+    let attempts = l["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{l:#}");
+    let a = &attempts[0];
+    assert_eq!(
+        (a["tries"].as_u64(), a["state"].as_str()),
+        (Some(1), Some("recorded")),
+        "{a:#}"
+    );
+    assert_eq!(a["worker_id"], "w1", "{a:#}");
+    assert_eq!(a["exit_code"], 0, "{a:#}");
+    // Metered once each, across both processes: the usage is the server's.
+    assert_eq!(a["usage"]["requests"], 3, "{a:#}");
+    let usd = a["usage"]["cost_usd"].as_f64().unwrap();
+    assert!((usd - 3.0 * REPLY_USD).abs() < 1e-9, "{usd}");
+    // Every tool call answered, two of them by the restarted tools.
+    let calls = crate::chaos::query(
+        &db,
+        "SELECT tool, outcome FROM attempt_tool_calls ORDER BY seq",
+    );
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    for c in &calls {
+        assert_eq!(c[0], "attempts", "{calls:?}");
+        assert_ne!(c[1], "error", "{calls:?}");
+    }
+    // The key never reached the store; the tokens' digests did.
+    for f in ["orchestrator.db", "orchestrator.db-wal"] {
+        let bytes = std::fs::read(sb.dir.path().join(f)).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(key),
+            "the key is in {f}"
+        );
+    }
+    let digests = crate::chaos::query(
+        &db,
+        "SELECT length(proxy_token_sha256), length(tools_token_sha256) FROM agent_attempts",
+    );
+    assert_eq!(digests, [[serde_json::json!(64), serde_json::json!(64)]]);
+    let c = status["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "timestep_embed")
+        .unwrap();
+    assert_eq!(c["status"], "blocked", "{c:#}");
 }

@@ -38,6 +38,10 @@ struct Trial {
     adopted: u32,
     /// Runs started again after a kill (more than one run of a component).
     reruns: u32,
+    /// Agent attempts' fleet jobs adopted by a restarted orchestrator
+    /// (issue #38), and tries of attempts run again after a kill.
+    agents_adopted: u32,
+    agents_rerun: u32,
     /// ERROR lines the orchestrator logged.
     errors: u32,
 }
@@ -89,7 +93,7 @@ fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
 const PORT_END: Duration = Duration::from_secs(180);
 
 /// A fixed loopback address, so workers find a restarted orchestrator.
-fn free_addr() -> String {
+pub(crate) fn free_addr() -> String {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -266,7 +270,16 @@ fn check_orphans(t: &mut Trial, what: &str, sb: &Sandbox) {
 fn check_log(t: &mut Trial, what: &str, sb: &Sandbox, max: u32) {
     let log = crate::durability::strip_colours(&sb.orchestrator_log());
     t.errors = log.lines().filter(|l| l.contains(" ERROR ")).count() as u32;
-    t.adopted += log.matches("adopted a run in flight").count() as u32;
+    for l in log
+        .lines()
+        .filter(|l| l.contains("adopted a run in flight"))
+    {
+        if l.contains("/agent-") {
+            t.agents_adopted += 1;
+        } else {
+            t.adopted += 1;
+        }
+    }
     if t.errors > max {
         t.anomaly(format!(
             "{what}: {} ERROR lines in the orchestrator's log",
@@ -496,6 +509,7 @@ fn check_attempts(t: &mut Trial, what: &str, sb: &Sandbox, tries: std::ops::Rang
         .iter()
         .map(|a| a["tries"].as_u64().unwrap_or(0))
         .sum();
+    t.agents_rerun += n.saturating_sub(attempts.len() as u64) as u32;
     if !tries.contains(&n) {
         t.anomaly(format!("{what}: {n} tries for 2 attempts, not {tries:?}"));
     }
@@ -511,7 +525,10 @@ fn check_attempts(t: &mut Trial, what: &str, sb: &Sandbox, tries: std::ops::Rang
 }
 
 /// The orchestrator `kill -9`ed while an attempt's agent runs on the
-/// worker: the attempt runs once more under its number, from its base.
+/// worker: the restarted orchestrator adopts the attempt's fleet job, and
+/// the agent goes on (issue #38); a try no worker ran any more (killed
+/// before its lease was written, or after it ended) runs once more under
+/// its number, from its base. An adopted try run again too is an anomaly.
 fn agent_attempt(rng: &mut Rng) -> Trial {
     let mut t = Trial::default();
     let mut sb = agent_sandbox();
@@ -549,6 +566,12 @@ fn agent_attempt(rng: &mut Rng) -> Trial {
     check_db(&mut t, "agent", &sb.dir.path().join("orchestrator.db"));
     check_orphans(&mut t, "agent", &sb);
     check_log(&mut t, "agent", &sb, 5);
+    if t.agents_adopted + t.agents_rerun > t.kills {
+        t.anomaly(format!(
+            "agent: {} tries adopted and {} run again after {} kills",
+            t.agents_adopted, t.agents_rerun, t.kills
+        ));
+    }
     t
 }
 
@@ -879,6 +902,8 @@ struct Row {
     kills: u32,
     adopted: u32,
     reruns: u32,
+    agents_adopted: u32,
+    agents_rerun: u32,
     max_errors: u32,
     anomalies: Vec<String>,
     seconds: f64,
@@ -914,6 +939,8 @@ fn chaos_kills_leave_no_anomaly() {
         row.kills += trial.kills;
         row.adopted += trial.adopted;
         row.reruns += trial.reruns;
+        row.agents_adopted += trial.agents_adopted;
+        row.agents_rerun += trial.agents_rerun;
         row.max_errors = row.max_errors.max(trial.errors);
         row.seconds += t0.elapsed().as_secs_f64();
         for a in &trial.anomalies {
@@ -929,18 +956,20 @@ fn chaos_kills_leave_no_anomaly() {
         i += 1;
     }
     let mut table = String::from(
-        "| category | trials | kill -9s | runs adopted | runs rerun | max ERROR lines | anomalies | seconds |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| category | trials | kill -9s | runs adopted | runs rerun | agent attempts adopted | agent tries rerun | max ERROR lines | anomalies | seconds |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut all = Vec::new();
     let mut total = Row::default();
     for (k, row) in &rows {
         table.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
             SCENARIOS[*k].0,
             row.trials,
             row.kills,
             row.adopted,
             row.reruns,
+            row.agents_adopted,
+            row.agents_rerun,
             row.max_errors,
             row.anomalies.len(),
             row.seconds
@@ -949,6 +978,8 @@ fn chaos_kills_leave_no_anomaly() {
         total.kills += row.kills;
         total.adopted += row.adopted;
         total.reruns += row.reruns;
+        total.agents_adopted += row.agents_adopted;
+        total.agents_rerun += row.agents_rerun;
         total.seconds += row.seconds;
         all.extend(
             row.anomalies
@@ -957,11 +988,13 @@ fn chaos_kills_leave_no_anomaly() {
         );
     }
     table.push_str(&format!(
-        "| **total** | {} | {} | {} | {} | | {} | {:.0} |\n",
+        "| **total** | {} | {} | {} | {} | {} | {} | | {} | {:.0} |\n",
         total.trials,
         total.kills,
         total.adopted,
         total.reruns,
+        total.agents_adopted,
+        total.agents_rerun,
         all.len(),
         total.seconds
     ));

@@ -178,6 +178,23 @@ impl Outbox {
     async fn detach(&self) {
         self.0.lock().await.tx = None;
     }
+
+    /// Jobs whose end waits here for a session: a registration lists them
+    /// with the running ones, so a job that ended while the orchestrator
+    /// was away is adopted by its result rather than run again.
+    async fn ended_unsent(&self) -> Vec<pb::RunningJob> {
+        let st = self.0.lock().await;
+        st.pending
+            .iter()
+            .filter_map(|m| match &m.msg {
+                Some(pb::worker_msg::Msg::JobFinished(f)) => Some(pb::RunningJob {
+                    job_id: f.job_id.clone(),
+                    lease_epoch: f.lease_epoch,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// Code fetches waiting for their `CodeChunk`s, by request id.
@@ -358,11 +375,11 @@ async fn session(
     let mut client =
         WorkerServiceClient::with_interceptor(channel, ClientAuth::new(config.token.clone()));
     let (tx, rx) = mpsc::channel::<pb::WorkerMsg>(256);
-    tx.send(msg(pb::worker_msg::Msg::Register(register(
-        config, running,
-    ))))
-    .await
-    .map_err(|_| Session::Lost("stream closed".into()))?;
+    let mut reg = register(config, running);
+    reg.running.extend(outbox.ended_unsent().await);
+    tx.send(msg(pb::worker_msg::Msg::Register(reg)))
+        .await
+        .map_err(|_| Session::Lost("stream closed".into()))?;
     let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
         Err(status) if refused(&status) => return Err(Session::Refused(status)),

@@ -86,8 +86,8 @@ pub struct FleetAttempt {
     pub proxy: Option<SocketAddr>,
     /// The attempt's tools here (`fvd mcp`'s other end).
     pub tools: Option<SocketAddr>,
-    /// The worker holding its lease, once leased.
-    pub worker_id: Option<String>,
+    /// The worker holding its lease, once leased, and the lease's epoch.
+    pub lease: Option<(String, u64)>,
 }
 
 impl PartialEq for FleetAttempts {
@@ -112,30 +112,30 @@ impl FleetAttempts {
         self.0.lock().expect("fleet attempts lock")
     }
 
-    /// `worker_id` holds the job's lease now.
-    pub fn leased(&self, job_id: &str, worker_id: &str) {
+    /// `worker_id` holds the job's lease now, under `epoch`.
+    pub fn leased(&self, job_id: &str, worker_id: &str, epoch: u64) {
         if let Some(a) = self.lock().get_mut(job_id) {
-            a.worker_id = Some(worker_id.to_string());
+            a.lease = Some((worker_id.to_string(), epoch));
         }
     }
 
     /// Its worker lost, the job waits for another.
     pub fn unleased(&self, job_id: &str) {
         if let Some(a) = self.lock().get_mut(job_id) {
-            a.worker_id = None;
+            a.lease = None;
         }
     }
 
-    /// The worker holding `job_id`'s lease, if any.
-    pub fn worker_of(&self, job_id: &str) -> Option<String> {
-        self.lock().get(job_id).and_then(|a| a.worker_id.clone())
+    /// The worker holding `job_id`'s lease and the lease's epoch, if any.
+    pub fn lease_of(&self, job_id: &str) -> Option<(String, u64)> {
+        self.lock().get(job_id).and_then(|a| a.lease.clone())
     }
 
     /// The attempt of `job_id` when `worker_id` holds its lease.
     pub fn held_by(&self, job_id: &str, worker_id: &str) -> Option<FleetAttempt> {
         self.lock()
             .get(job_id)
-            .filter(|a| a.worker_id.as_deref() == Some(worker_id))
+            .filter(|a| a.lease.as_ref().is_some_and(|(w, _)| w == worker_id))
             .cloned()
     }
 }

@@ -4,6 +4,9 @@
 //! standard variables pointed at the proxy), and, once the agent ended,
 //! what it spent and why it stopped.
 
+/// An attempt's token, checked by its digest (issue #38: an attempt
+/// adopted after a restart keeps the token its agent holds).
+pub use fvd_agentproxy::AttemptToken;
 use std::time::Duration;
 
 use fvd_agentproxy::{
@@ -68,13 +71,16 @@ impl Session {
     /// Starts the attempt's proxy. The key comes from `key_env` in fvd's
     /// environment and the upstream from the API's `*_BASE_URL` there, or
     /// the vendor's endpoint. A missing key or a malformed URL is an
-    /// environment cause, named by its variable.
+    /// environment cause, named by its variable. `token`: the attempt's
+    /// token when its agent already holds one (an attempt adopted after a
+    /// restart of the orchestrator); a fresh one otherwise.
     pub async fn start(
         spec: &AgentSpec,
         model: &ModelSpec,
         allowance: Allowance,
         label: String,
         retry: Retry,
+        token: Option<fvd_agentproxy::AttemptToken>,
     ) -> Result<Session, Environment> {
         let key = std::env::var(&model.key_env).unwrap_or_default();
         if key.trim().is_empty() {
@@ -96,19 +102,27 @@ impl Session {
         let turn_cap = model
             .max_turns
             .filter(|_| !spec.preset.is_some_and(Preset::caps_its_turns));
-        let proxy = Proxy::start(Config {
-            api: proxy_api(model.api),
-            upstream,
-            key: Secret::new(key),
-            limits: Limits {
-                usd: allowance.usd,
-                tokens: allowance.tokens,
-                turns: turn_cap,
+        let token = match token {
+            Some(t) => t,
+            None => fvd_agentproxy::AttemptToken::fresh()
+                .map_err(|e| Environment(format!("cannot make an attempt token: {e}")))?,
+        };
+        let proxy = Proxy::start_with(
+            Config {
+                api: proxy_api(model.api),
+                upstream,
+                key: Secret::new(key),
+                limits: Limits {
+                    usd: allowance.usd,
+                    tokens: allowance.tokens,
+                    turns: turn_cap,
+                },
+                prices: price_table(model),
+                retry,
+                label,
             },
-            prices: price_table(model),
-            retry,
-            label,
-        })
+            token,
+        )
         .await
         .map_err(|e| Environment(e.to_string()))?;
         Ok(Session {
@@ -125,19 +139,23 @@ impl Session {
 
     /// The variables a raw command gets: its API's standard ones pointed at
     /// the proxy with the token, and `FVD_MODEL_BASE_URL`/`FVD_MODEL_TOKEN`.
+    /// A session started from a token's digest has no token to give: its
+    /// agent was given it when it started, and only the URLs are listed.
     pub fn raw_env(&self) -> Vec<(String, String)> {
         let base = self.proxy.base_url();
-        let token = self.proxy.token().to_string();
         let (url_var, key_var) = (
             self.model.api.base_url_env(),
             self.model.api.default_key_env(),
         );
-        vec![
+        let mut env = vec![
             (url_var.into(), base.clone()),
-            (key_var.into(), token.clone()),
             ("FVD_MODEL_BASE_URL".into(), base),
-            ("FVD_MODEL_TOKEN".into(), token),
-        ]
+        ];
+        if let Some(token) = self.proxy.token() {
+            env.push((key_var.into(), token.to_string()));
+            env.push(("FVD_MODEL_TOKEN".into(), token.to_string()));
+        }
+        env
     }
 
     /// Completes when the proxy stops forwarding: the agent is then ended.
@@ -305,7 +323,9 @@ fn attempt<'a>(
         packet,
         dir: at.dir,
         base_url,
-        token: s.proxy.token(),
+        // Empty for a session started from a token's digest, whose agent
+        // is not launched again.
+        token: s.proxy.token().unwrap_or_default(),
         jailed: at.jailed,
         mcp: at.mcp,
     }
