@@ -20,6 +20,10 @@
 //! - Never reads the system or the user's global git configuration: only
 //!   the user's `safe.directory` entries are carried over, so a checkout
 //!   the user has declared safe stays usable.
+//! - Never follows the `.git` file of a linked worktree fvd made
+//!   ([`trust_worktree`]): a job or an agent that can write the work tree
+//!   can rewrite that file to send git to a repository of its making, whose
+//!   own configuration (a filter or diff driver) git would run.
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -136,10 +140,47 @@ fn safe_directories() -> &'static [String] {
     })
 }
 
+/// Linked worktrees fvd made, and their administrative folders as found
+/// from the repository's side: `(work tree, admin)`.
+static TRUSTED_WORKTREES: std::sync::Mutex<Vec<(PathBuf, PathBuf)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// From now on, git run anywhere in `work_tree` (a linked worktree of the
+/// repository whose common folder is `common`) uses the administrative
+/// folder the repository lists for it ([`worktree_admin`]), whatever the
+/// work tree's `.git` file says. `false` when the repository lists no such
+/// worktree.
+pub fn trust_worktree(common: &Path, work_tree: &Path) -> bool {
+    let Some(admin) = worktree_admin(common, work_tree) else {
+        return false;
+    };
+    let top = std::path::absolute(work_tree).unwrap_or_else(|_| work_tree.to_path_buf());
+    let mut all = TRUSTED_WORKTREES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    all.retain(|(t, _)| *t != top);
+    all.push((top, admin));
+    true
+}
+
+/// The variables of [`worktree_env`] for `dir` when it lies in a worktree
+/// given to [`trust_worktree`].
+fn trusted_env(dir: &Path) -> Option<[(&'static str, OsString); 2]> {
+    let dir = std::path::absolute(dir).ok()?;
+    let all = TRUSTED_WORKTREES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    all.iter()
+        .filter(|(top, _)| dir.starts_with(top))
+        .max_by_key(|(top, _)| top.as_os_str().len())
+        .map(|(top, admin)| worktree_env(admin, top))
+}
+
 /// A git process in `dir` with fvd's fixed configuration ([`CONFIG`]),
 /// nothing of fvd's `GIT_*` environment, and standard input closed (the
 /// caller may pipe it). The caller adds the arguments: they come after
-/// fvd's `-c` pairs.
+/// fvd's `-c` pairs. In a worktree given to [`trust_worktree`], git is
+/// told its folders rather than reading its `.git` file.
 pub fn blocking_command(dir: &Path) -> std::process::Command {
     let mut cmd = std::process::Command::new("git");
     for (k, _) in std::env::vars_os() {
@@ -150,6 +191,9 @@ pub fn blocking_command(dir: &Path) -> std::process::Command {
     cmd.envs(ENV.iter().copied())
         .current_dir(dir)
         .stdin(std::process::Stdio::null());
+    if let Some(env) = trusted_env(dir) {
+        cmd.envs(env);
+    }
     for (k, v) in CONFIG {
         cmd.arg("-c").arg(format!("{k}={v}"));
     }

@@ -141,10 +141,36 @@ pub async fn ensure(
     }
     let wt_path = path(&repo, family, component)?;
     let branch = branch(family, component);
+    // The agent writes its worktree, `.git` file included where its jail
+    // cannot keep one file read-only (Landlock): fvd's git there is told
+    // its folders by the repository instead (issue #38).
+    let common = PathBuf::from(
+        git(
+            &repo,
+            &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+        )
+        .await?,
+    );
+    let trust = |wt: &Path| {
+        if fvd_git::trust_worktree(&common, wt) {
+            Ok(())
+        } else {
+            Err(WorktreeError::Git {
+                args: "worktree list".into(),
+                dir: repo.clone(),
+                detail: format!(
+                    "the repository ({}) lists no worktree at {}: fvd runs no git in a worktree its repository does not know",
+                    common.display(),
+                    wt.display()
+                ),
+            })
+        }
+    };
     if let Some(k) = known
         && k.path == wt_path
         && wt_path.join(".git").exists()
     {
+        trust(&wt_path)?;
         return Ok(Worktree { prefix, ..k });
     }
     // Git's worktree registrations are not safe to change concurrently: a
@@ -185,6 +211,7 @@ pub async fn ensure(
         git(&repo, &["worktree", "add", "-b", &branch, &wt, &base]).await?;
         base
     };
+    trust(&wt_path)?;
     Ok(Worktree {
         path: wt_path,
         branch,
@@ -337,6 +364,61 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(wt.path.join("a.txt")).unwrap(),
             "one\n"
+        );
+    }
+
+    /// An agent that can write its worktree (Landlock cannot keep its
+    /// `.git` file read-only) points the file at a repository of its own
+    /// with a filter driver: fvd's git there still uses the repository's
+    /// own folders, and the driver never runs (issue #38).
+    #[tokio::test]
+    async fn a_rewritten_dot_git_file_sends_fvd_s_git_nowhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        repo_with_commit(&repo).await;
+        let wt = ensure(&repo, "fam", "comp", None, None).await.unwrap();
+        let before = head(&wt.path).await.unwrap();
+        // The agent's repository (in its attempt folder, say): a filter
+        // driver on every file, which would leave a mark outside.
+        let mark = dir.path().join("ran");
+        let driver = dir.path().join("driver.sh");
+        std::fs::write(
+            &driver,
+            format!("#!/bin/sh\ntouch {}\nexec cat\n", mark.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &driver,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let evil = dir.path().join("evil").join(".git");
+        git(dir.path(), &["init", "-q", "evil"]).await.unwrap();
+        let mut config = std::fs::read_to_string(evil.join("config")).unwrap();
+        config.push_str(&format!(
+            "[filter \"x\"]\n\tclean = {0}\n\tsmudge = {0}\n",
+            driver.display()
+        ));
+        std::fs::write(evil.join("config"), config).unwrap();
+        std::fs::write(wt.path.join(".gitattributes"), "* filter=x\n").unwrap();
+        std::fs::write(
+            wt.path.join(".git"),
+            format!("gitdir: {}\n", evil.display()),
+        )
+        .unwrap();
+        std::fs::write(wt.path.join("a.txt"), "the agent's\n").unwrap();
+        let c = commit(&wt.path, "fvd: comp attempt 1").await.unwrap();
+        reset(&wt.path, &c.sha).await.unwrap();
+        assert!(!mark.exists(), "the agent's filter driver ran");
+        // The commit is on the component's branch of the real repository.
+        let on_branch = git(&repo, &["rev-parse", &wt.branch]).await.unwrap();
+        assert_eq!(on_branch, c.sha);
+        assert_eq!(
+            git(&repo, &["rev-parse", &format!("{}^", c.sha)])
+                .await
+                .unwrap(),
+            before
         );
     }
 
