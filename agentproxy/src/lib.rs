@@ -19,6 +19,7 @@
 //! - No request reaches the upstream without the attempt's token, and none
 //!   after a trip.
 
+pub mod hold;
 pub mod meter;
 pub mod token;
 pub mod upstream;
@@ -172,6 +173,9 @@ pub struct Usage {
 struct Shared {
     cfg: Config,
     token: AttemptToken,
+    /// What requests in flight reserved of the limits, and the previous
+    /// reply's prompt ([`hold`]).
+    held: std::sync::Mutex<(hold::Spent, hold::Prompt)>,
     usage: watch::Sender<Usage>,
     trip: watch::Sender<Option<Trip>>,
 }
@@ -218,6 +222,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             cfg,
             token,
+            held: std::sync::Mutex::new(Default::default()),
             usage: watch::channel(Usage::default()).0,
             trip: watch::channel(None).0,
         });
@@ -381,6 +386,16 @@ async fn handle(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Proxy
             &format!("fvd proxy: the agent's turns are spent ({max} turns)"),
         ));
     }
+    // The reply bounded by what the limits have left, before it is asked.
+    let reserved = match hold_request(&s, parts.uri.path(), body, &model) {
+        Ok(r) => r,
+        Err((status, why)) => {
+            s.usage.send_modify(|u| u.refused += 1);
+            tracing::warn!(label = %s.cfg.label, %method, %path, "model API proxy: {why}");
+            return Ok(error(s.cfg.api, status, &format!("fvd proxy: {why}")));
+        }
+    };
+    let body = reserved.body.clone();
     s.usage.send_modify(|u| {
         u.requests += 1;
         u.turns += u32::from(turn);
@@ -425,7 +440,72 @@ async fn handle(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Proxy
             },
         );
     }
-    Ok(relay(s, resp, model).await)
+    Ok(relay(s, resp, model, reserved).await)
+}
+
+/// A request's share of the limits, held until its reply is metered (or
+/// it fails): given back when dropped.
+struct Reserved {
+    s: Arc<Shared>,
+    share: hold::Spent,
+    body: Bytes,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        let mut held = self.s.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.0.usd = (held.0.usd - self.share.usd).max(0.0);
+        held.0.tokens = held.0.tokens.saturating_sub(self.share.tokens);
+    }
+}
+
+/// [`hold::hold`] under the proxy's lock, so requests at once share what
+/// is left rather than each taking all of it. Refused: 403 (and the proxy
+/// trips) when nothing is left, 429 when requests in flight hold it.
+fn hold_request(
+    s: &Arc<Shared>,
+    path: &str,
+    body: Bytes,
+    model: &str,
+) -> Result<Reserved, (StatusCode, String)> {
+    let price = s.cfg.prices.price(model);
+    let mut held = s.held.lock().unwrap_or_else(|e| e.into_inner());
+    let (in_flight, prompt) = *held;
+    let spent = {
+        let u = s.usage.borrow();
+        hold::Spent {
+            usd: u.cost_usd + in_flight.usd,
+            tokens: u.tokens.total() + in_flight.tokens,
+        }
+    };
+    match hold::hold(path, body, price, &s.cfg.limits, spent, prompt) {
+        Ok(h) => {
+            if let Some((from, to)) = h.clamped {
+                tracing::info!(label = %s.cfg.label, from = ?from, to, "model API proxy: the request's output cap is lowered to what the budget has left");
+            }
+            held.0.usd += h.reserve.usd;
+            held.0.tokens += h.reserve.tokens;
+            Ok(Reserved {
+                s: s.clone(),
+                share: h.reserve,
+                body: h.body,
+            })
+        }
+        Err(why) if in_flight.tokens > 0 || in_flight.usd > 0.0 => Err((
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "the requests in flight hold what is left of the agent budget; try again once they end ({why})"
+            ),
+        )),
+        Err(why) => {
+            drop(held);
+            trip(s, Trip::Budget(why.clone()));
+            Err((
+                StatusCode::FORBIDDEN,
+                format!("the agent budget is spent ({why})"),
+            ))
+        }
+    }
 }
 
 /// The path and query for log lines, without a `key` parameter's value.
@@ -587,7 +667,12 @@ fn key_header(api: Api, key: &Secret) -> Result<(HeaderName, HeaderValue), Strin
 }
 
 /// Hands the upstream's response to the agent while metering it.
-async fn relay(s: Arc<Shared>, resp: Response<Incoming>, model: String) -> Response<ProxyBody> {
+async fn relay(
+    s: Arc<Shared>,
+    resp: Response<Incoming>,
+    model: String,
+    reserved: Reserved,
+) -> Response<ProxyBody> {
     let (parts, body) = resp.into_parts();
     let mut out = Response::builder().status(parts.status);
     for (name, value) in &parts.headers {
@@ -614,6 +699,7 @@ async fn relay(s: Arc<Shared>, resp: Response<Incoming>, model: String) -> Respo
             meter::read_body(&bytes, &mut r);
             account(&s, &model, &r);
         }
+        drop(reserved);
         return out
             .body(Either::Left(Full::new(bytes)))
             .unwrap_or_else(|_| {
@@ -647,6 +733,7 @@ async fn relay(s: Arc<Shared>, resp: Response<Incoming>, model: String) -> Respo
         }
         sse.finish(|v| reading.take(v));
         account(&s, &model, &reading);
+        drop(reserved);
     });
     out.body(Either::Right(ChannelBody(rx)))
         .unwrap_or_else(|_| error(api, StatusCode::BAD_GATEWAY, "fvd proxy: bad response"))
@@ -664,6 +751,15 @@ fn account(s: &Shared, asked: &str, r: &meter::Reading) {
     };
     let tokens = r.tokens();
     let price = s.cfg.prices.price(&model);
+    // The next request's prompt is estimated at this one's.
+    let prompt = Tokens {
+        output: 0,
+        ..tokens
+    };
+    s.held.lock().unwrap_or_else(|e| e.into_inner()).1 = hold::Prompt {
+        usd: price.map_or(0.0, |p| p.cost(&prompt)),
+        tokens: prompt.total(),
+    };
     let mut after = Usage::default();
     s.usage.send_modify(|u| {
         u.tokens.add(&tokens);

@@ -389,11 +389,13 @@ async fn a_refused_key_trips_the_proxy_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_spent_budget_stops_forwarding_after_the_request_that_crossed_it() {
+async fn a_spent_budget_stops_forwarding_before_the_request_that_would_cross_it() {
     let server = Server::start(KEY, script(json!([{"loop": {"bash": "true"}}])));
     let upstream = format!("http://127.0.0.1:{}", server.port);
     // One reply costs 1000*3 + 50*15 + 200*0.3 + 10*3.75 per million USD
-    // = 0.0038475: the cap is crossed by the third.
+    // = 0.0038475, its prompt 0.0030975: after two, 0.002305 is left, less
+    // than the third's prompt alone, so the third is refused before it is
+    // forwarded (issue #43: the cap holds before the request).
     let limits = Limits {
         usd: Some(0.01),
         ..Limits::default()
@@ -423,7 +425,7 @@ async fn a_spent_budget_stops_forwarding_after_the_request_that_crossed_it() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    assert_eq!(statuses, [200, 200, 200, 403, 403]);
+    assert_eq!(statuses, [200, 200, 403, 403, 403]);
     tokio::time::timeout(Duration::from_secs(5), trips.wait_for(Option::is_some))
         .await
         .unwrap()
@@ -431,12 +433,51 @@ async fn a_spent_budget_stops_forwarding_after_the_request_that_crossed_it() {
     let Some(Trip::Budget(why)) = proxy.tripped() else {
         panic!("{:?}", proxy.tripped())
     };
-    assert_eq!(why, "0.0115 of 0.01 USD");
+    assert!(why.starts_with("0.0077 of 0.01 USD spent"), "{why}");
     let u = proxy.usage();
-    // Within one request of the cap.
-    assert!(u.cost_usd >= 0.01 && u.cost_usd < 0.01 + 0.0038476, "{u:?}");
-    assert_eq!(server.requests().len(), 3);
-    assert_eq!(u.refused, 2);
+    // Under the cap: the request that would have crossed it never left.
+    assert!(u.cost_usd < 0.01, "{u:?}");
+    assert_eq!(server.requests().len(), 2);
+    assert_eq!(u.refused, 3);
+}
+
+/// The 200k-token reply of issue #43 on a $0.05 cap: the proxy lowers the
+/// request's `max_tokens` to what the cap leaves at the model's output
+/// price before forwarding it, so the reply (which, like a real API's,
+/// keeps to the cap asked) costs at most its prompt past the cap; the next
+/// request is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_of_any_size_is_held_to_what_the_cap_leaves() {
+    let server = Server::start(
+        KEY,
+        json!({"scripts": [{"name": "t", "marker": MARK,
+            "usage": {"input": 1000, "output": 200_000, "cache_read": 0, "cache_write": 0},
+            "steps": [{"loop": {"bash": "true"}}]}]}),
+    );
+    let upstream = format!("http://127.0.0.1:{}", server.port);
+    let limits = Limits {
+        usd: Some(0.05),
+        ..Limits::default()
+    };
+    let proxy = Proxy::start(config(Api::Anthropic, &upstream, KEY, limits))
+        .await
+        .unwrap();
+    let (path, mut body) = request("anthropic", false);
+    body["max_tokens"] = json!(200_000);
+    let h = [("x-api-key", proxy.token().unwrap())];
+    let (status, text) = post(&proxy.base_url(), &path, &h, body.clone()).await;
+    assert_eq!(status, 200, "{text}");
+    let asked = server.requests();
+    // 0.05 USD / 15 USD per million output tokens.
+    assert_eq!(asked[0]["max_tokens"], 3333, "{asked:?}");
+    assert_eq!(asked[0]["usage"]["output"], 3333, "{asked:?}");
+    let u = proxy.usage();
+    // Past the cap by the prompt (1000 input tokens: 0.003 USD), never by
+    // the 200k tokens of output (3 USD) it asked for.
+    assert!(u.cost_usd > 0.05 && u.cost_usd <= 0.05 + 0.003, "{u:?}");
+    let (status, text) = post(&proxy.base_url(), &path, &h, body).await;
+    assert_eq!(status, 403, "{text}");
+    assert_eq!(server.requests().len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

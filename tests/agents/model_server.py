@@ -38,6 +38,11 @@ Script file:
   the same turn walks on once they are spent).
 - `loop`: a step `{"loop": STEP}` repeats STEP for every later turn (an
   agent that never finishes: turn caps and budgets end it).
+
+Like the real APIs, a reply uses no more output tokens than the request's
+cap (`max_tokens`, `max_completion_tokens`, `max_output_tokens`,
+`generationConfig.maxOutputTokens`); the cap asked for is logged
+(`max_tokens`).
 - `handoff`: the handoff returned the way the client takes one: through a
   `StructuredOutput` tool (Claude Code's `--json-schema`), as JSON text when
   the request asks for a JSON schema (Codex's `--output-schema`), else as
@@ -294,6 +299,19 @@ class Reply:
         self.usage = usage
 
 
+def output_cap(protocol, body):
+    """The most output tokens a request allows, if it says."""
+    if protocol == "anthropic":
+        cap = body.get("max_tokens")
+    elif protocol == "chat":
+        cap = body.get("max_completion_tokens", body.get("max_tokens"))
+    elif protocol == "responses":
+        cap = body.get("max_output_tokens")
+    else:
+        cap = (body.get("generationConfig") or {}).get("maxOutputTokens")
+    return cap if isinstance(cap, int) else None
+
+
 def decide(server, req):
     """The script and step a request gets, and the reply or error."""
     script = None
@@ -402,6 +420,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if protocol != "anthropic":
             # Only Anthropic's usage has a field for tokens written to a cache.
             reply.usage = {**reply.usage, "cache_write": 0}
+        cap = output_cap(protocol, body)
+        if cap is not None:
+            entry.update(max_tokens=cap)
+            reply.usage = {**reply.usage, "output": min(reply.usage["output"], cap)}
         entry.update(
             status=200,
             usage=reply.usage,

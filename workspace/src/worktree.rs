@@ -388,11 +388,8 @@ mod tests {
             format!("#!/bin/sh\ntouch {}\nexec cat\n", mark.display()),
         )
         .unwrap();
-        std::fs::set_permissions(
-            &driver,
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        std::fs::set_permissions(&driver, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
         let evil = dir.path().join("evil").join(".git");
         git(dir.path(), &["init", "-q", "evil"]).await.unwrap();
         let mut config = std::fs::read_to_string(evil.join("config")).unwrap();
