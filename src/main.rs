@@ -20,10 +20,18 @@ fn main() -> ExitCode {
     fvd_sandbox::launch::main_if_jail();
     // Nothing of this process's environment or memory (its token) is
     // readable through /proc by a process without CAP_SYS_PTRACE.
-    if let Err(e) = fvd_sandbox::harden() {
-        eprintln!("fvd: warning: cannot make this process non-dumpable: {e}");
-    }
+    let hardened = fvd_sandbox::harden();
     let cli = cmd::Cli::parse();
+    cmd::JSON_LOGS.store(
+        cli.log_format == cmd::LogFormat::Json,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    if let Err(e) = hardened {
+        cmd::say(
+            cmd::Said::Warning,
+            &format!("cannot make this process non-dumpable: {e}"),
+        );
+    }
     // Logs go to stderr so stdout stays machine-readable (`--json`); spans
     // and metrics leave over OTLP only when an endpoint is configured.
     let color = cli.color_enabled();
@@ -40,7 +48,7 @@ fn main() -> ExitCode {
     ) {
         Ok(t) => t,
         Err(err) => {
-            eprintln!("fvd: error: {err}");
+            cmd::say(cmd::Said::Error, &err.to_string());
             return ExitCode::from(cmd::exit::Exit::Usage);
         }
     };
@@ -50,11 +58,11 @@ fn main() -> ExitCode {
         // credential (6) from a usage error (2), each with one line.
         Err(err) => match err.downcast_ref::<cmd::exit::Remote>() {
             Some(remote) => {
-                eprintln!("fvd: error: {remote}");
+                cmd::say(cmd::Said::Error, &remote.to_string());
                 ExitCode::from(remote.exit())
             }
             None => {
-                eprintln!("fvd: error: {err:#}");
+                cmd::say(cmd::Said::Error, &format!("{err:#}"));
                 ExitCode::from(cmd::exit::Exit::Usage)
             }
         },

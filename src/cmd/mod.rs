@@ -112,6 +112,42 @@ impl From<LogFormat> for fvd_telemetry::LogFormat {
 /// Whether this process writes colour (set once by `main`).
 pub static COLOR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Whether log lines are JSON objects (`--log-format json`; set once by
+/// `main`).
+pub static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// How a line [`say`] writes reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Said {
+    /// `fvd: TEXT`.
+    Info,
+    /// `fvd: warning: TEXT`.
+    Warning,
+    /// `fvd: error: TEXT`.
+    Error,
+}
+
+/// A line for a person on stderr (a server's warning or news, the last
+/// error): `fvd: warning: TEXT` as text, or under `--log-format json` one
+/// JSON log event, so that every stderr line of a process parses as JSON.
+pub fn say(said: Said, text: &str) {
+    if JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
+        let level = match said {
+            Said::Info => "INFO",
+            Said::Warning => "WARN",
+            Said::Error => "ERROR",
+        };
+        eprintln!("{}", fvd_telemetry::json_event(level, text));
+    } else {
+        let prefix = match said {
+            Said::Info => "fvd: ",
+            Said::Warning => "fvd: warning: ",
+            Said::Error => "fvd: error: ",
+        };
+        eprintln!("{prefix}{text}");
+    }
+}
+
 /// Whether output may carry colour codes.
 pub fn color() -> bool {
     COLOR.load(std::sync::atomic::Ordering::Relaxed)

@@ -67,7 +67,7 @@ impl TokenArgs {
     /// as its credential.
     pub fn warn_if_readable(&self, client: bool) {
         if let Some(line) = self.file(client).and_then(|p| readable_by_others(&p)) {
-            eprintln!("{line}");
+            super::say(super::Said::Warning, &line);
         }
     }
 
@@ -103,7 +103,7 @@ pub fn readable_by_others(path: &std::path::Path) -> Option<String> {
     let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
     (mode & 0o044 != 0).then(|| {
         format!(
-            "fvd: warning: the token file {} is readable by {} (mode {mode:04o}): anyone who reads it acts as its credential; chmod 600 it",
+            "the token file {} is readable by {} (mode {mode:04o}): anyone who reads it acts as its credential; chmod 600 it",
             path.display(),
             match (mode & 0o040 != 0, mode & 0o004 != 0) {
                 (true, true) => "its group and others",
@@ -339,7 +339,7 @@ pub fn jail(mode: fvd_sandbox::Mode, hidden: &[PathBuf]) -> anyhow::Result<fvd_s
         std::env::current_exe().context("cannot find this fvd binary, the launcher of the jail")?;
     let jail = fvd_sandbox::Jail::start(mode, &exe, hidden)?;
     for w in jail.warnings() {
-        eprintln!("fvd: warning: {w}");
+        super::say(super::Said::Warning, &w);
     }
     Ok(jail)
 }
@@ -506,14 +506,14 @@ fn reload_on_sighup(credentials: fvd_proto::auth::Credentials) -> anyhow::Result
     fvd_telemetry::spawn(async move {
         while hup.recv().await.is_some() {
             match credentials.reload() {
-                Ok(n) => {
-                    tracing::info!(credentials = n, "reloaded the credentials (SIGHUP)");
-                    eprintln!("fvd: reloaded the credentials: {n} hold");
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "kept the previous credentials: the new ones do not load");
-                    eprintln!("fvd: error: kept the previous credentials: {e}");
-                }
+                Ok(n) => super::say(
+                    super::Said::Info,
+                    &format!("reloaded the credentials (SIGHUP): {n} hold"),
+                ),
+                Err(e) => super::say(
+                    super::Said::Error,
+                    &format!("kept the previous credentials: the new ones do not load: {e}"),
+                ),
             }
         }
     });
@@ -622,9 +622,12 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
         if credentials.is_open() {
             tracing::warn!("no --auth or --token-file: every call is accepted");
         } else if args.auth.is_some() && credentials.is_empty() {
-            eprintln!(
-                "fvd: warning: {} holds no credential yet: every call is refused until one is added (fvd auth add) and the server gets SIGHUP",
-                args.auth.as_deref().map(|p| p.display().to_string()).unwrap_or_default()
+            super::say(
+                super::Said::Warning,
+                &format!(
+                    "{} holds no credential yet: every call is refused until one is added (fvd auth add) and the server gets SIGHUP",
+                    args.auth.as_deref().map(|p| p.display().to_string()).unwrap_or_default()
+                ),
             );
         }
         let store = Store::open(&args.db).await?;
@@ -720,9 +723,12 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
                 )
                 .context("cannot start the dashboard")?;
                 if !credentials.is_open() && !fvd_orchestrator::dashboard::is_loopback(&d.addr) {
-                    eprintln!(
-                        "fvd: warning: the dashboard on {} speaks plain HTTP: a token typed into its answer form crosses the network in clear (bind it to loopback and use a tunnel)",
-                        d.addr
+                    super::say(
+                        super::Said::Warning,
+                        &format!(
+                            "the dashboard on {} speaks plain HTTP: a token typed into its answer form crosses the network in clear (bind it to loopback and use a tunnel)",
+                            d.addr
+                        ),
                     );
                 }
                 println!("fvd dashboard on {}", d.url());
@@ -878,7 +884,7 @@ mod tests {
         assert_eq!(
             line,
             format!(
-                "fvd: warning: the token file {} is readable by its group and others (mode 0644): anyone who reads it acts as its credential; chmod 600 it",
+                "the token file {} is readable by its group and others (mode 0644): anyone who reads it acts as its credential; chmod 600 it",
                 p.display()
             )
         );

@@ -384,3 +384,71 @@ fn instance_id() -> String {
         .map_or(0, |d| d.as_nanos());
     format!("{host}-{}-{nanos:x}", std::process::id())
 }
+
+/// One log event as the JSON format writes it (`timestamp`, `level`,
+/// `message`, `target` `fvd`), for a line a process writes to stderr
+/// itself (a warning for a person, its last error): under `--log-format
+/// json` every stderr line then parses, whatever the filter lets through.
+pub fn json_event(level: &str, message: &str) -> String {
+    serde_json::json!({
+        "timestamp": rfc3339_now(),
+        "level": level,
+        "message": message,
+        "target": "fvd",
+    })
+    .to_string()
+}
+
+/// Now in UTC, `2026-12-03T13:40:00.123456Z`.
+fn rfc3339_now() -> String {
+    rfc3339(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default(),
+    )
+}
+
+/// `d` after the Unix epoch, in UTC.
+fn rfc3339(d: std::time::Duration) -> String {
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_micros()
+    )
+}
+
+#[cfg(test)]
+mod json_event_tests {
+    #[test]
+    fn a_json_event_is_one_object_with_a_utc_timestamp() {
+        let line = super::json_event("WARN", "the token file is \"readable\"");
+        assert!(!line.contains('\n'));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["level"], "WARN");
+        assert_eq!(v["message"], "the token file is \"readable\"");
+        let ts = v["timestamp"].as_str().unwrap();
+        assert_eq!(ts.len(), 27, "{ts}");
+        assert!(
+            ts.starts_with("20") && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',
+            "{ts}"
+        );
+        let at = |s: f64| super::rfc3339(std::time::Duration::from_secs_f64(s));
+        assert_eq!(at(1_796_300_400.25), "2026-12-03T12:20:00.250000Z");
+        assert_eq!(at(951_782_400.0), "2000-02-29T00:00:00.000000Z");
+        assert_eq!(at(0.0), "1970-01-01T00:00:00.000000Z");
+    }
+}

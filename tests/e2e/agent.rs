@@ -637,12 +637,20 @@ fn a_conversion_retry_request_blocks_the_component_and_reopens_p5() {
     );
 }
 
+/// An agent on the orchestrator's host (`--agents host`) cut off by a
+/// `kill -9` of its orchestrator: the restarted one ends what is left of
+/// it and runs the attempt again under its number. (An agent on a worker
+/// is adopted instead: `agent_model::an_agent_attempt_on_a_worker_goes_on…`.)
 #[test]
 fn kill_9_of_the_orchestrator_during_an_agent_attempt_neither_loses_nor_duplicates_it() {
     // The orchestrator's database and logs stay outside the checkout, so
     // the port runs its HEAD (not a snapshot holding them).
     let mut sb = Sandbox::with_repo_in("repo");
-    let mark = sb.repo().join("agent-started.pid");
+    // In the attempt's own folder, which its jailed agent may write and
+    // which the attempt's second try finds again.
+    let mark = sb
+        .repo()
+        .join(".fvd/agent/tinyport/timestep_embed/attempt-1/agent-started.pid");
     let mark_s = mark.display().to_string();
     example_repo(&sb, |t| {
         // The first agent run of timestep_embed records its pid and hangs
@@ -655,7 +663,7 @@ fn kill_9_of_the_orchestrator_during_an_agent_attempt_neither_loses_nor_duplicat
             &wrapper,
         )
     });
-    let url = sb.serve_with(&["--allow-agent-commands"]);
+    let url = sb.serve_with(&["--allow-agent-commands", "--agents", "host"]);
     sb.worker("w1", 2);
     let out = fvd()
         .args([
@@ -692,7 +700,7 @@ fn kill_9_of_the_orchestrator_during_an_agent_attempt_neither_loses_nor_duplicat
     assert!(alive(pid));
 
     let addr = url.trim_start_matches("http://").to_string();
-    sb.serve_at(&addr, &["--allow-agent-commands"]);
+    sb.serve_at(&addr, &["--allow-agent-commands", "--agents", "host"]);
     // ...until the restarted orchestrator finds and ends it.
     crate::support::wait_for(
         "the leftover agent to be killed",

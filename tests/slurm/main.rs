@@ -193,6 +193,7 @@ impl<'a> Fleet<'a> {
             ("REPO", repo.display().to_string()),
             // The example's agents are raw commands (its replay agent).
             ("FVD_SERVE_ARGS", "--allow-agent-commands".to_string()),
+            ("ORCHESTRATOR_SBATCH_ARGS", "--nodes=1".to_string()),
         ];
         let steps = readme_steps();
         let order: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
@@ -206,7 +207,9 @@ impl<'a> Fleet<'a> {
                 "submit",
                 "answer",
                 "drain",
-                "stop"
+                "stop",
+                "orchestrator-job",
+                "stop-job"
             ],
             "the README's steps, in the order this test runs them"
         );
@@ -552,4 +555,43 @@ fn the_readme_steps_run_the_example_port_through_worker_jobs_that_are_cancelled_
         });
         (!running).then_some(())
     });
+
+    // 6. The orchestrator as a Slurm job: its extra flags come from
+    //    FVD_SERVE_ARGS (issue #43: the batch script passed none, so the
+    //    example port, whose agents are raw commands, was refused on it).
+    let out = fleet.run("orchestrator-job");
+    let job: u32 = out
+        .lines()
+        .last()
+        .and_then(|l| l.split(';').next())
+        .and_then(|j| j.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the orchestrator-job step printed no job id: {out:?}"));
+    let job_out = fleet.home.join(format!(".fvd/fvd-orchestrator-{job}.out"));
+    let submitted = fvd()
+        .args(["submit", "--family", FAMILY, "--orchestrator", &fleet.url])
+        .arg("--token-file")
+        .arg(fleet.token())
+        .arg("--repo")
+        .arg(&repo)
+        .output()
+        .expect("run fvd submit");
+    assert!(
+        submitted.status.success(),
+        "the orchestrator job refused the example port ({}):\n{}\n{}\n--- job output\n{}",
+        submitted.status,
+        String::from_utf8_lossy(&submitted.stdout),
+        String::from_utf8_lossy(&submitted.stderr),
+        std::fs::read_to_string(&job_out).unwrap_or_default()
+    );
+    let log = std::fs::read_to_string(&job_out).unwrap_or_default();
+    assert!(
+        log.contains(&format!("fvd-orchestrator: {}", fleet.url)),
+        "the job wrote another URL:\n{log}"
+    );
+    fleet.run("stop-job");
+    wait_for(
+        "the orchestrator job to end",
+        Duration::from_secs(60),
+        || cluster.job_state(job).is_none().then_some(()),
+    );
 }

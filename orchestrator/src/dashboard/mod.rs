@@ -152,7 +152,17 @@ pub fn serve(
     let app = routes::router(dashboard).into_make_service_with_connect_info::<guard::ClientAddr>();
     let listener = guard::GuardedListener::new(listener, shield.clone());
     let task = fvd_telemetry::spawn(async move { axum::serve(listener, app).await });
-    tracing::info!(%addr, hosts = ?shield.hosts(), limits = ?shield.limits, "dashboard listening");
+    let l = &shield.limits;
+    tracing::info!(
+        %addr,
+        hosts = %shield.hosts().join(","),
+        max_connections = l.max_connections,
+        max_connections_per_client = l.max_connections_per_client,
+        max_streams = l.max_streams,
+        max_streams_per_client = l.max_streams_per_client,
+        idle_s = l.idle.as_secs_f64(),
+        "dashboard listening"
+    );
     Ok(DashboardServer { addr, task, shield })
 }
 
