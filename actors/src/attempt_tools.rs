@@ -282,7 +282,7 @@ async fn call(ctx: &ToolsContext, tool: &str, args: &Value, pack: &[u8]) -> Valu
         "tool_call",
         "fvd.family" = %ctx.family,
         "fvd.component" = %ctx.component,
-        "fvd.attempt" = ctx.attempt,
+        "fvd.attempt" = i64::from(ctx.attempt),
         "fvd.tool" = %tool,
         "fvd.outcome" = tracing::field::Empty,
     );

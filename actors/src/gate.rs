@@ -134,7 +134,7 @@ impl Actor for GateActor {
             "fvd.family" = %args.family,
             // A port run is a pipeline run in CI/CD terms.
             "cicd.pipeline.name" = %args.family,
-            "fvd.components" = args.spec.components.len(),
+            "fvd.components" = args.spec.components.len() as i64,
             "fvd.state" = Empty,
             "fvd.phase" = Empty,
         );

@@ -1166,7 +1166,7 @@ fn install(st: &mut SchedulerState, id: String, job: Box<QueuedJob>) {
         "job",
         "fvd.job_id" = %id,
         "fvd.worker_id" = %h.worker_id,
-        "fvd.lease_epoch" = h.epoch,
+        "fvd.lease_epoch" = h.epoch as i64,
         "fvd.adopted" = true,
         "fvd.gpu_seconds" = tracing::field::Empty,
         "fvd.duration_ms" = tracing::field::Empty,
@@ -1380,7 +1380,9 @@ fn finished(st: &mut SchedulerState, worker_id: String, report: JobReport) -> bo
     if let Some(lease) = &entry.lease {
         let gpu_seconds = lease.gpus.len() as f64 * report.duration_ms as f64 / 1000.0;
         lease.span.record("fvd.gpu_seconds", gpu_seconds);
-        lease.span.record("fvd.duration_ms", report.duration_ms);
+        lease
+            .span
+            .record("fvd.duration_ms", report.duration_ms as i64);
         fvd_telemetry::spans::job_ended(&lease.span, &job_end(&report));
         let r = &entry.job.record;
         fvd_telemetry::metrics::gpu_seconds(&r.family, &r.component, gpu_seconds);
@@ -1960,11 +1962,11 @@ fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             "job",
             "fvd.family" = %r.family,
             "fvd.component" = %r.component,
-            "fvd.attempt" = r.run_no,
+            "fvd.attempt" = i64::from(r.run_no),
             "fvd.job_id" = %p.job_id,
-            "fvd.lease_epoch" = p.epoch,
+            "fvd.lease_epoch" = p.epoch as i64,
             "fvd.worker_id" = %p.worker_id,
-            "fvd.gpus" = p.gpus.len(),
+            "fvd.gpus" = p.gpus.len() as i64,
             // Evaluated only when the span is recorded.
             "fvd.gpu_uuids" = %gpu_uuids(worker, &p.gpus),
             "fvd.queue_wait_ms" = queue_wait_ms,

@@ -380,7 +380,7 @@ async fn start(myself: &ActorRef<HelperMsg>, st: &mut VariantState, mut run: Box
             "attempt",
             "fvd.family" = %family,
             "fvd.component" = %name,
-            "fvd.attempt" = record.run_no,
+            "fvd.attempt" = i64::from(record.run_no),
             "fvd.job_id" = %record.job_id,
             "fvd.variant" = %v.name,
             "fvd.verdict" = Empty,

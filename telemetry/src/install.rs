@@ -370,15 +370,29 @@ fn resource(default_service: &str) -> Resource {
             instance_id(),
         ));
     }
+    // fvd's crates share one version: this one's is the binary's.
+    builder = builder.with_attribute(opentelemetry::KeyValue::new(
+        "service.version",
+        env!("CARGO_PKG_VERSION"),
+    ));
+    if let Some(host) = host_name() {
+        builder = builder.with_attribute(opentelemetry::KeyValue::new("host.name", host));
+    }
     builder.build()
+}
+
+/// The kernel's host name, if it has one.
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
 }
 
 /// This process's `service.instance.id`: host, pid and start time, unique
 /// on a host and across restarts.
 fn instance_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default();
+    let host = host_name().unwrap_or_default();
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());

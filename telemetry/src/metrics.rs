@@ -43,10 +43,12 @@ pub(crate) fn install() {
     let _ = INSTRUMENTS.set(Instruments {
         queued: meter
             .u64_gauge("fvd.jobs.queued")
+            .with_unit("{job}")
             .with_description("jobs waiting for a worker slot")
             .build(),
         running: meter
             .u64_gauge("fvd.jobs.running")
+            .with_unit("{job}")
             .with_description("jobs leased to a worker")
             .build(),
         queue_wait: meter
@@ -62,10 +64,12 @@ pub(crate) fn install() {
             .build(),
         attempts: meter
             .u64_counter("fvd.attempts")
+            .with_unit("{run}")
             .with_description("runs of a component's parity test")
             .build(),
         verdicts: meter
             .u64_counter("fvd.verdicts")
+            .with_unit("{verdict}")
             .with_description("classified verdicts of parity-test runs")
             .build(),
         agent_cost: meter

@@ -25,7 +25,7 @@ pub fn agent_run(parent: &Span, family: &str, component: &str, attempt: u32, age
         "agent_run",
         "fvd.family" = family,
         "fvd.component" = component,
-        "fvd.attempt" = attempt,
+        "fvd.attempt" = i64::from(attempt),
         "fvd.agent" = agent,
         "fvd.outcome" = Empty,
         "fvd.exit_code" = Empty,
@@ -60,12 +60,12 @@ pub fn agent_usage(span: &Span, u: &AgentUsage<'_>) {
     span.record("gen_ai.system", u.provider);
     span.record("gen_ai.provider.name", u.provider);
     span.record("gen_ai.request.model", u.model);
-    span.record("gen_ai.usage.input_tokens", u.input_tokens);
-    span.record("gen_ai.usage.output_tokens", u.output_tokens);
+    span.record("gen_ai.usage.input_tokens", u.input_tokens as i64);
+    span.record("gen_ai.usage.output_tokens", u.output_tokens as i64);
     if let Some(c) = u.cost_usd {
         span.record("fvd.agent.cost_usd", c);
     }
-    span.record("fvd.agent.requests", u.requests);
+    span.record("fvd.agent.requests", i64::from(u.requests));
 }
 
 /// The span of one trace comparison (reference vs port activations);
@@ -103,7 +103,7 @@ pub struct Divergence<'a> {
 /// (`first_divergent_module`, as the blocked reason names it) and the
 /// reference's, and the stat that drifted.
 pub fn first_divergence(span: &Span, compared_rows: u64, first: Option<Divergence<'_>>) {
-    span.record("fvd.compared_rows", compared_rows);
+    span.record("fvd.compared_rows", compared_rows as i64);
     span.record("fvd.diverged", first.is_some());
     if let Some(d) = first {
         span.record("fvd.first_divergent_module", d.port_module);
@@ -128,8 +128,8 @@ pub fn trace_step(
         "trace_step",
         "fvd.family" = family,
         "fvd.component" = component,
-        "fvd.step" = step,
-        "fvd.run" = run,
+        "fvd.step" = i64::from(step),
+        "fvd.run" = i64::from(run),
         "fvd.job_id" = job_id,
     )
 }

@@ -60,6 +60,10 @@ pub(crate) struct Got {
     kind: String,
     /// Its resource's `service.instance.id`.
     instance: String,
+    /// The attributes sent as integers (OTLP `intValue`).
+    ints: std::collections::HashSet<String>,
+    /// Its resource's attributes.
+    resource: HashMap<String, String>,
 }
 
 impl Got {
@@ -72,6 +76,8 @@ impl Got {
 struct Received {
     spans: Vec<Got>,
     metric_names: Vec<String>,
+    /// Each metric's unit, by name.
+    units: HashMap<String, String>,
     /// Latest value of each counter point: (metric, sorted attributes).
     sums: HashMap<(String, Vec<(String, String)>), f64>,
     /// Bucket bounds of each histogram point, by metric.
@@ -189,6 +195,23 @@ impl TraceService for Sink {
                         .map_or("?", |k| k.as_str_name())
                         .to_string(),
                         instance: instance.clone(),
+                        ints: s
+                            .attributes
+                            .iter()
+                            .filter(|kv| {
+                                matches!(
+                                    kv.value.as_ref().and_then(|v| v.value.as_ref()),
+                                    Some(any_value::Value::IntValue(_))
+                                )
+                            })
+                            .map(|kv| kv.key.clone())
+                            .collect(),
+                        resource: rs
+                            .resource
+                            .iter()
+                            .flat_map(|res| &res.attributes)
+                            .map(|kv| (kv.key.clone(), value(kv)))
+                            .collect(),
                     });
                 }
             }
@@ -213,6 +236,7 @@ impl MetricsService for Sink {
             for sm in &rm.scope_metrics {
                 for m in &sm.metrics {
                     r.metric_names.push(m.name.clone());
+                    r.units.insert(m.name.clone(), m.unit.clone());
                     if let Some(metric::Data::Histogram(h)) = &m.data {
                         for p in &h.data_points {
                             r.bounds.insert(m.name.clone(), p.explicit_bounds.clone());
@@ -578,6 +602,29 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
         assert_eq!(attr(job, "fvd.family"), "otelport");
         assert!(attr(job, "fvd.queue_wait_ms").parse::<i64>().unwrap() >= 0);
         assert_eq!(attr(job, "fvd.gpu_seconds"), "0");
+        // Numbers are sent as numbers (issue #43), never as their text.
+        for (s, key) in [
+            (a, "fvd.attempt"),
+            (job, "fvd.attempt"),
+            (job, "fvd.lease_epoch"),
+            (job, "fvd.gpus"),
+            (job, "fvd.duration_ms"),
+            (job, "fvd.queue_wait_ms"),
+        ] {
+            assert!(
+                s.ints.contains(key),
+                "{}'s {key} is not an integer: {:?}",
+                s.name,
+                s.attrs.get(key)
+            );
+        }
+        for key in ["service.version", "host.name"] {
+            assert!(
+                job.resource.get(key).is_some_and(|v| !v.is_empty()),
+                "no {key} in {:?}",
+                job.resource
+            );
+        }
         // The link that crosses processes: the worker's span is a child of
         // the orchestrator's job span.
         let run = one(&spans, "job.run span", |s| {
@@ -655,6 +702,11 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
         "fvd.jobs.running",
     ] {
         assert!(names.iter().any(|n| n == m), "{m} missing from {names:?}");
+    }
+    // Every one of fvd's metrics says its unit (issue #43).
+    let units = receiver.sink.received.lock().unwrap().units.clone();
+    for (name, unit) in &units {
+        assert!(!unit.is_empty(), "{name} has no unit: {units:?}");
     }
     // The worker exports its own: the jobs it ran.
     wait_for("the worker's metrics", Duration::from_secs(10), || {
@@ -1436,6 +1488,18 @@ fn an_agent_behind_the_model_proxy_is_a_gen_ai_span_with_its_cost_and_no_key() {
     // Two replies of 1,000 + 200 cached input and 50 output tokens.
     assert_eq!(attr(a, "gen_ai.usage.input_tokens"), "2400");
     assert_eq!(attr(a, "gen_ai.usage.output_tokens"), "100");
+    for key in [
+        "gen_ai.usage.input_tokens",
+        "gen_ai.usage.output_tokens",
+        "fvd.agent.requests",
+        "fvd.attempt",
+    ] {
+        assert!(
+            a.ints.contains(key),
+            "{key} is not an integer: {:?}",
+            a.attrs.get(key)
+        );
+    }
     let cost: f64 = attr(a, "fvd.agent.cost_usd").parse().unwrap();
     assert!(
         (cost - 2.0 * crate::agent_model::REPLY_USD).abs() < 1e-9,

@@ -590,9 +590,9 @@ fn handle(
                 "fvd.family" = %a.family,
                 "fvd.component" = %a.component,
                 "fvd.job_id" = %a.job_id,
-                "fvd.lease_epoch" = a.lease_epoch,
+                "fvd.lease_epoch" = a.lease_epoch as i64,
                 "fvd.worker_id" = %config.worker_id,
-                "fvd.gpus" = a.gpus.len(),
+                "fvd.gpus" = a.gpus.len() as i64,
                 "fvd.gpu_uuids" = %gpu_uuids(&config, &a.gpus),
                 "fvd.exit_code" = tracing::field::Empty,
                 "fvd.duration_ms" = tracing::field::Empty,
@@ -1129,7 +1129,7 @@ pub(crate) async fn run_assigned(
             if let Some(code) = o.exit_code {
                 span.record("fvd.exit_code", code);
             }
-            span.record("fvd.duration_ms", o.duration.as_millis() as u64);
+            span.record("fvd.duration_ms", o.duration.as_millis() as i64);
             finished.exit_code = o.exit_code;
             finished.signal = o.signal;
             finished.timed_out = o.timed_out;
