@@ -385,9 +385,10 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
         Ok(r) => r,
         Err(left_ms) => {
             return Called::failed(format!(
-                "run_parity refused: a run may use up to {:.1} GPU-seconds (its timeout × {} GPUs) and the component's GPU budget has {:.1} left",
+                "run_parity refused: a run may use up to {:.1} GPU-seconds (its timeout × {} GPU{}) and the component's GPU budget has {:.1} left",
                 need_ms as f64 / 1000.0,
                 spec.gpus,
+                if spec.gpus == 1 { "" } else { "s" },
                 left_ms as f64 / 1000.0
             ));
         }
@@ -837,7 +838,7 @@ mod tests {
         let text = answer["text"].as_str().unwrap();
         assert_eq!(
             text,
-            "run_parity refused: a run may use up to 10.0 GPU-seconds (its timeout × 1 GPUs) and the component's GPU budget has 5.0 left"
+            "run_parity refused: a run may use up to 10.0 GPU-seconds (its timeout × 1 GPU) and the component's GPU budget has 5.0 left"
         );
         assert_eq!(held.lock().unwrap().len(), 1);
         // The first run ends having used nothing: all of it comes back, and

@@ -1642,7 +1642,10 @@ fn check_placeable(st: &mut SchedulerState, ids: &[String]) {
         let holders = st.capacity.could_hold(need, p);
         let fitting = st.capacity.members(&holders);
         let reason = if fitting == 0 {
-            let mut want = format!("{need} GPUs on one worker");
+            let mut want = format!(
+                "{need} GPU{} on one worker",
+                if need == 1 { "" } else { "s" }
+            );
             if p.gpu_memory_mib > 0 {
                 want.push_str(&format!(" with at least {} MiB each", p.gpu_memory_mib));
             }

@@ -759,7 +759,7 @@ async fn labels_and_gpu_memory_choose_the_worker_or_say_why_none_fits() {
     let reason = waiting_reason(&mut h.events, &huge).await;
     assert_eq!(
         reason,
-        "waiting: needs 1 GPUs on one worker with at least 160000 MiB each; no registered worker has that"
+        "waiting: needs 1 GPU on one worker with at least 160000 MiB each; no registered worker has that"
     );
 }
 

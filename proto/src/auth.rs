@@ -28,10 +28,12 @@ pub enum TokenSource {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    #[error("cannot read token file {path}: {source}")]
+    /// The cause is in the message, not chained as a source: an `{:#}`
+    /// of the error would say it twice.
+    #[error("cannot read token file {path}: {cause}")]
     File {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("token environment variable {0} is not set")]
     EnvUnset(String),
@@ -142,9 +144,9 @@ fn random_bytes() -> std::io::Result<[u8; 32]> {
 }
 
 fn read_file(p: &Path) -> Result<String, AuthError> {
-    std::fs::read_to_string(p).map_err(|source| AuthError::File {
+    std::fs::read_to_string(p).map_err(|cause| AuthError::File {
         path: p.to_path_buf(),
-        source,
+        cause,
     })
 }
 

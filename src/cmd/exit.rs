@@ -5,6 +5,48 @@
 //! preflight, a warm runner, an agent) whose jail the launcher, `fvd
 //! __jail`, could not set up; the program never ran.
 
+/// Every exit status in one line each, for `--help` and the man page's
+/// EXIT STATUS (README "Exit codes" says each in full).
+pub const STATUSES: &[(u8, &str)] = &[
+    (
+        0,
+        "success: every component non_skip_pass; no divergence; a valid contract",
+    ),
+    (
+        1,
+        "findings: blocked components, a divergence, contract findings, a gate that refuses",
+    ),
+    (
+        2,
+        "a usage or input error (a malformed spec names its file and line)",
+    ),
+    (3, "the port paused on a question: see `fvd answer`"),
+    (
+        4,
+        "the port waits for a fixed environment, or for the orchestrator's disk",
+    ),
+    (
+        5,
+        "the orchestrator could not be reached (one line names its URL)",
+    ),
+    (
+        6,
+        "the orchestrator refused the credential or its role (never the token)",
+    ),
+    (
+        7,
+        "the port ran but its PORT_STATUS.md could not be written",
+    ),
+    (
+        125,
+        "in a run's output, not fvd's own exit: the run's jail could not be set up",
+    ),
+    (
+        130,
+        "an embedded submit was interrupted; the next submit resumes",
+    ),
+];
+
 /// What an `fvd` process exits with. An `Err` a command returns exits
 /// [`Exit::Usage`], printed once by `main`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -53,7 +53,7 @@ pub fn find_repo(repo: &std::path::Path, family: &str) -> std::path::PathBuf {
 /// fvd: parity-driven model ports on GPU fleets.
 #[derive(Debug, Parser)]
 /// `--version` names the commit and the build day too (see `build.rs`).
-#[command(name = "fvd", version = env!("FVD_VERSION"), about)]
+#[command(name = "fvd", version = env!("FVD_VERSION"), about, after_long_help = long_help_end())]
 pub struct Cli {
     /// Export spans and metrics over OTLP/gRPC to this collector
     /// (`http://HOST:4317`); `OTEL_EXPORTER_OTLP_ENDPOINT` does the same.
@@ -107,6 +107,54 @@ impl From<LogFormat> for fvd_telemetry::LogFormat {
             LogFormat::Json => fvd_telemetry::LogFormat::Json,
         }
     }
+}
+
+/// The variables fvd reads, for `--help` and the man page's ENVIRONMENT.
+pub const ENVIRONMENT: &[(&str, &str)] = &[
+    (
+        "FVD_ORCHESTRATOR",
+        "the orchestrator URL when --orchestrator is not given",
+    ),
+    (
+        "FVD_TOKEN_FILE",
+        "a client's token file when --token-file is not given",
+    ),
+    (
+        "FVD_LOG",
+        "the log filter, an EnvFilter (info,fvd_worker=debug)",
+    ),
+    ("FVD_LOG_FORMAT", "text or json, as --log-format"),
+    ("NO_COLOR", "no colour in the output"),
+    (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "where spans and metrics go, as --otlp-endpoint (other OTEL_* variables are honoured)",
+    ),
+    (
+        "FVD_AGENT_CLI_DIR",
+        "a folder of agent CLIs, looked in before PATH",
+    ),
+    (
+        "ANTHROPIC_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY",
+        "a model API's key (or the variable a spec's key_env names), read by the model proxy, never given to an agent",
+    ),
+    (
+        "ANTHROPIC_BASE_URL, OPENAI_BASE_URL, GOOGLE_GEMINI_BASE_URL",
+        "another endpoint for that API (a gateway, a test server)",
+    ),
+];
+
+/// The end of `fvd --help`: EXIT STATUS and ENVIRONMENT, as the man page
+/// has them.
+fn long_help_end() -> String {
+    let mut s = String::from("Exit status:\n");
+    for (code, meaning) in exit::STATUSES {
+        s.push_str(&format!("  {code:<5} {meaning}\n"));
+    }
+    s.push_str("\nEnvironment:\n");
+    for (name, meaning) in ENVIRONMENT {
+        s.push_str(&format!("  {name}\n          {meaning}\n"));
+    }
+    s
 }
 
 /// Whether this process writes colour (set once by `main`).

@@ -264,7 +264,7 @@ pub struct WorkerArgs {
     #[command(subcommand)]
     pub command: Option<WorkerCmd>,
     /// Orchestrator URL, `http://HOST:PORT`.
-    #[arg(long, required = true, env = "FVD_ORCHESTRATOR", value_name = "URL")]
+    #[arg(long, required = true, env = "FVD_ORCHESTRATOR", value_name = "URL", value_parser = super::source::orchestrator_url)]
     pub orchestrator: Option<String>,
     /// Scratch folder for job files.
     #[arg(long, required = true)]

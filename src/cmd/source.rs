@@ -36,7 +36,7 @@ pub struct Target {
     /// Orchestrator URL (`http://HOST:PORT`); without it the command works
     /// on the embedded state of --repo (and `submit` and `answer` run the
     /// port in this process).
-    #[arg(long, env = "FVD_ORCHESTRATOR", value_name = "URL")]
+    #[arg(long, env = "FVD_ORCHESTRATOR", value_name = "URL", value_parser = orchestrator_url)]
     pub orchestrator: Option<String>,
     #[command(flatten)]
     pub token: TokenArgs,
@@ -356,5 +356,43 @@ mod tests {
             ),
             "fvd answer f E001 --option 1 --orchestrator http://10.0.0.1:7070 --token-file /etc/fvd/token"
         );
+    }
+}
+
+/// An orchestrator URL as `--orchestrator` (or `FVD_ORCHESTRATOR`) takes
+/// it: `http://` or `https://`, then a host. One without a scheme is a
+/// usage error (exit 2) that says which URL was meant, not an unreachable
+/// orchestrator (exit 5).
+pub fn orchestrator_url(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    match t.split_once("://") {
+        Some(("http" | "https", rest)) if !rest.is_empty() => Ok(t.to_string()),
+        Some((scheme, _)) => Err(format!(
+            "{t:?} has scheme {scheme:?}: an orchestrator URL is http://HOST:PORT or https://HOST:PORT"
+        )),
+        None if t.is_empty() => Err("an empty orchestrator URL".into()),
+        None => Err(format!(
+            "{t:?} has no scheme: did you mean http://{t} (or https://{t} for an orchestrator serving TLS)?"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    #[test]
+    fn an_orchestrator_url_needs_its_scheme() {
+        assert_eq!(
+            super::orchestrator_url("http://127.0.0.1:7070").unwrap(),
+            "http://127.0.0.1:7070"
+        );
+        assert!(super::orchestrator_url("https://fvd.lab:443").is_ok());
+        let e = super::orchestrator_url("127.0.0.1:27070").unwrap_err();
+        assert!(e.contains("did you mean http://127.0.0.1:27070"), "{e}");
+        assert!(
+            super::orchestrator_url("grpc://h:1")
+                .unwrap_err()
+                .contains("scheme \"grpc\"")
+        );
+        assert!(super::orchestrator_url("http://").is_err());
     }
 }

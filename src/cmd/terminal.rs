@@ -53,8 +53,9 @@ pub fn man(args: ManArgs) -> anyhow::Result<Exit> {
     cmd.build();
     let Some(dir) = args.dir else {
         let mut out = std::io::stdout().lock();
-        page(cmd)
-            .render(&mut out)
+        let mut text = Vec::new();
+        render_page(&cmd, &mut text).context("cannot render the man page")?;
+        out.write_all(&text)
             .and_then(|()| out.flush())
             .context("cannot write the man page to stdout")?;
         return Ok(Exit::Success);
@@ -82,8 +83,52 @@ fn write_pages(
     }
     let man = page(cmd.clone());
     let path = dir.join(man.get_filename());
-    man.generate_to(dir)
+    let mut text = Vec::new();
+    render_page(cmd, &mut text)
+        .and_then(|()| std::fs::write(&path, &text))
         .with_context(|| format!("cannot write man page {}", path.display()))?;
     *written += 1;
     Ok(())
+}
+
+/// The page of `cmd` as clap_mangen renders it, with fvd's own EXIT
+/// STATUS and ENVIRONMENT sections (on `fvd`'s page) in place of its EXTRA
+/// section.
+fn render_page(cmd: &clap::Command, w: &mut Vec<u8>) -> std::io::Result<()> {
+    let man = page(cmd.clone());
+    man.render_title(w)?;
+    man.render_name_section(w)?;
+    man.render_synopsis_section(w)?;
+    man.render_description_section(w)?;
+    man.render_options_section(w)?;
+    if cmd.has_subcommands() {
+        man.render_subcommands_section(w)?;
+    }
+    if cmd.get_name() == "fvd" {
+        w.extend_from_slice(b".SH \"EXIT STATUS\"\n");
+        for (code, meaning) in super::exit::STATUSES {
+            w.extend_from_slice(format!(".TP\n\\fB{code}\\fR\n{}\n", roff(meaning)).as_bytes());
+        }
+        w.extend_from_slice(b".SH ENVIRONMENT\n");
+        for (name, meaning) in super::ENVIRONMENT {
+            w.extend_from_slice(
+                format!(".TP\n\\fB{}\\fR\n{}\n", roff(name), roff(meaning)).as_bytes(),
+            );
+        }
+    }
+    if cmd.get_version().is_some() {
+        man.render_version_section(w)?;
+    }
+    Ok(())
+}
+
+/// Text safe in a roff line: backslashes doubled, no line starting with a
+/// control character.
+fn roff(s: &str) -> String {
+    let s = s.replace('\\', "\\\\").replace('-', "\\-");
+    if s.starts_with('.') || s.starts_with('\'') {
+        format!("\\&{s}")
+    } else {
+        s
+    }
 }

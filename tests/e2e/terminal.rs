@@ -127,6 +127,33 @@ fn the_man_page_is_roff_and_names_every_subcommand() {
         );
     }
     assert!(!page.contains("fvd\\-help(1)"), "no page for help exists");
+    // Issue #43: the page and `--help` say the exit statuses and the
+    // variables fvd reads.
+    let help = stdout(&["--help"]);
+    for (section, help_heading, items) in [
+        (
+            ".SH \"EXIT STATUS\"",
+            "Exit status:",
+            &["0", "3", "5", "6", "125"][..],
+        ),
+        (
+            ".SH ENVIRONMENT",
+            "Environment:",
+            &["FVD_ORCHESTRATOR", "FVD_TOKEN_FILE", "FVD_LOG"][..],
+        ),
+    ] {
+        let at = page
+            .find(section)
+            .unwrap_or_else(|| panic!("no {section}: {page}"));
+        assert!(help.contains(help_heading), "{help}");
+        for item in items {
+            assert!(
+                page[at..].contains(&format!("\\fB{item}\\fR")),
+                "{section} lacks {item}"
+            );
+            assert!(help.contains(item), "--help lacks {item}");
+        }
+    }
     let dir = tempfile::tempdir().unwrap();
     let out = fvd()
         .args(["man", "--dir"])
@@ -455,4 +482,42 @@ fn every_hint_pasted_into_a_shell_works() {
             "a pasted hint is never a usage error: {said}"
         );
     }
+}
+
+/// Issue #43's small mistakes: an orchestrator URL without its scheme is a
+/// usage error (exit 2) that names the URL meant, from the flag or from
+/// `FVD_ORCHESTRATOR`, not an unreachable orchestrator (exit 5); a missing
+/// token file says its cause once.
+#[test]
+fn a_url_without_its_scheme_is_a_usage_error_and_a_missing_token_file_says_why_once() {
+    for (flag, env) in [
+        (Some("127.0.0.1:27070"), None),
+        (None, Some("127.0.0.1:27070")),
+    ] {
+        let mut cmd = fvd();
+        cmd.args(["status", "tinyport"]);
+        if let Some(f) = flag {
+            cmd.args(["--orchestrator", f]);
+        }
+        match env {
+            Some(v) => cmd.env("FVD_ORCHESTRATOR", v),
+            None => cmd.env_remove("FVD_ORCHESTRATOR"),
+        };
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("did you mean http://127.0.0.1:27070"), "{err}");
+    }
+    let out = fvd()
+        .args(["status", "tinyport", "--orchestrator", "http://127.0.0.1:1"])
+        .args(["--token-file", "/nonexistent/fvd.token"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("cannot read token file /nonexistent/fvd.token"),
+        "{err}"
+    );
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
