@@ -18,7 +18,9 @@ use std::time::Duration;
 use fvd_actors::scheduler::{FleetView, SchedulerMsg};
 use fvd_store::dashboard::{ComponentTimes, PortTimes, RunFilter, RunRow};
 use fvd_store::model::Worktree;
-use fvd_store::model::{ComponentRow, ComponentStatus, GateEventRow, JobState, PortRow, PortState};
+use fvd_store::model::{
+    ComponentRow, ComponentStatus, GateEventRow, JobState, PortRow, PortState, RecordedVerdict,
+};
 use fvd_store::team::ActionRow;
 use fvd_store::traces::TraceInvestigation;
 use fvd_store::usage::UsageTotals;
@@ -106,11 +108,18 @@ impl PortSnapshot {
 pub struct ComponentSnapshot {
     pub name: String,
     pub status: ComponentStatus,
+    /// The latest finished run's verdict, or how fvd ended the component.
+    pub verdict: RecordedVerdict,
     pub reason: String,
     pub runs: u32,
     pub worker_id: String,
     pub variants: Vec<VariantRow>,
     pub agent_spend: Option<UsageTotals>,
+    /// When its row last changed, and when its latest run started and
+    /// ended (Unix ms; `None`: not yet).
+    pub updated_ms: i64,
+    pub run_started_ms: Option<i64>,
+    pub run_finished_ms: Option<i64>,
 }
 
 impl From<ComponentRow> for ComponentSnapshot {
@@ -118,11 +127,15 @@ impl From<ComponentRow> for ComponentSnapshot {
         ComponentSnapshot {
             name: c.name,
             status: c.status,
+            verdict: c.verdict,
             reason: c.reason,
             runs: c.runs,
             worker_id: c.worker_id,
             variants: Vec::new(),
             agent_spend: None,
+            updated_ms: 0,
+            run_started_ms: None,
+            run_finished_ms: None,
         }
     }
 }
@@ -182,6 +195,7 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<PortSnapshot
         return Ok(None);
     };
     let components = store.components(family).await?;
+    let mut times = store.component_times(family).await?;
     let escapes = store.escapes(family).await?;
     let mut tables = store.variant_tables(family).await?;
     let mut spend = store.usage_totals(family).await?;
@@ -215,9 +229,13 @@ pub async fn snapshot(store: &Store, family: &str) -> Result<Option<PortSnapshot
             .map(|c| {
                 let variants = tables.remove(&c.name).unwrap_or_default();
                 let agent_spend = spend.remove(&c.name);
+                let t = times.remove(&c.name).unwrap_or_default();
                 ComponentSnapshot {
                     variants,
                     agent_spend,
+                    updated_ms: t.updated_ms,
+                    run_started_ms: t.started_ms,
+                    run_finished_ms: t.finished_ms,
                     ..ComponentSnapshot::from(c)
                 }
             })

@@ -127,17 +127,25 @@ pub fn to_component(c: ComponentSnapshot) -> pb::ComponentSnapshot {
     pb::ComponentSnapshot {
         name: c.name,
         status: c.status.as_str().to_string(),
+        verdict: c.verdict.as_str().to_string(),
         reason: c.reason,
         runs: c.runs,
         worker_id: c.worker_id,
         variants: c.variants.into_iter().map(to_variant).collect(),
         agent_spend: c.agent_spend.as_ref().map(to_spend),
+        updated_ms: c.updated_ms,
+        run_started_ms: c.run_started_ms,
+        run_finished_ms: c.run_finished_ms,
     }
 }
 
 pub fn from_component(c: pb::ComponentSnapshot) -> Result<ComponentSnapshot, WireError> {
     Ok(ComponentSnapshot {
         status: parse("ComponentSnapshot.status", &c.status)?,
+        verdict: parse("ComponentSnapshot.verdict", &c.verdict)?,
+        updated_ms: c.updated_ms,
+        run_started_ms: c.run_started_ms,
+        run_finished_ms: c.run_finished_ms,
         name: c.name,
         reason: c.reason,
         runs: c.runs,
@@ -671,9 +679,13 @@ mod tests {
             components: vec![ComponentSnapshot {
                 name: "vae".into(),
                 status: ComponentStatus::Blocked,
+                verdict: fvd_store::model::RecordedVerdict::DebugRed,
                 reason: "debug_red: off by one".into(),
                 runs: 2,
                 worker_id: "w1".into(),
+                updated_ms: 9,
+                run_started_ms: Some(3),
+                run_finished_ms: None,
                 variants: Vec::new(),
                 agent_spend: Some(UsageTotals {
                     attempts: 1,

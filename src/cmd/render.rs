@@ -231,8 +231,12 @@ pub fn print_snapshot(shown: Shown<'_>, target: &Target) {
             reason
         };
         say(format_args!(
-            "  {:<16} {:<14} runs={} {}",
-            c.name, status, c.runs, reason
+            "  {:<16} {:<14} runs={}{} {}",
+            c.name,
+            status,
+            c.runs,
+            run_time(c, now_ms()),
+            reason
         ));
         for v in &c.variants {
             say(format_args!("    {}", variant_line(v)));
@@ -403,12 +407,21 @@ pub fn snapshot_json(shown: Shown<'_>, target: &Target) -> serde_json::Value {
         "port_status_path": s.port_status_path,
         "components": s.components.iter().map(|c| {
             let (status, reason) = shown.component(c, target);
+            let run_duration_ms = c
+                .run_started_ms
+                .zip(c.run_finished_ms)
+                .map(|(s, f)| (f - s).max(0));
             serde_json::json!({
                 "name": c.name,
                 "status": status,
+                "verdict": c.verdict.as_str(),
                 "reason": reason,
                 "runs": c.runs,
                 "worker_id": c.worker_id,
+                "updated_ms": c.updated_ms,
+                "run_started_ms": c.run_started_ms,
+                "run_finished_ms": c.run_finished_ms,
+                "run_duration_ms": run_duration_ms,
                 "variants": c.variants.iter().map(|v| serde_json::json!({
                     "name": v.name,
                     "env": v.env,
@@ -520,6 +533,32 @@ pub fn usage_line(u: &fvd_store::usage::AttemptUsage) -> String {
     };
     parts.push(ended);
     parts.join("; ")
+}
+
+/// The latest run's time: ` (0.8 s)` once it ended, ` (running 12 s)`
+/// while it runs; nothing before it started.
+fn run_time(c: &fvd_orchestrator::query::ComponentSnapshot, now: i64) -> String {
+    let secs = |ms: i64| {
+        let s = ms.max(0) as f64 / 1000.0;
+        if s < 10.0 {
+            format!("{s:.1} s")
+        } else if s < 120.0 {
+            format!("{s:.0} s")
+        } else {
+            format!("{:.0} min", s / 60.0)
+        }
+    };
+    match (c.run_started_ms, c.run_finished_ms) {
+        (Some(start), Some(end)) => format!(" ({})", secs(end - start)),
+        (Some(start), None) => format!(" (running {})", secs(now - start)),
+        _ => String::new(),
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

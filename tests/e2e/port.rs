@@ -64,6 +64,27 @@ fn example_port_runs_embedded_end_to_end() {
     // this copy is in none (tests/e2e/agent.rs runs the loop in one).
     assert_eq!(status_of(&rows, "timestep_embed").1, "blocked", "{rows:?}");
     assert_eq!(status_of(&rows, "time_shift").1, "blocked", "{rows:?}");
+    // Each component says its verdict and when its latest run started and
+    // ended (issue #43), not only its reason.
+    for c in status["components"].as_array().unwrap() {
+        if c["name"] == "vae" {
+            assert_eq!(c["verdict"], "scaffold_skip", "{c}");
+        }
+        if c["name"] == "embed" {
+            assert_eq!(c["verdict"], "non_skip_pass", "{c}");
+            let (start, end) = (
+                c["run_started_ms"].as_i64().unwrap(),
+                c["run_finished_ms"].as_i64().unwrap(),
+            );
+            assert!(start > 0 && end >= start, "{c}");
+            assert_eq!(c["run_duration_ms"].as_i64(), Some(end - start), "{c}");
+            assert!(c["updated_ms"].as_i64().unwrap() >= end, "{c}");
+        }
+    }
+    assert!(
+        stdout.contains(" runs=1 (") && stdout.contains(" s) 1 passed"),
+        "the table says how long each run took:\n{stdout}"
+    );
     let reasons: Vec<&str> = status["components"]
         .as_array()
         .unwrap()
