@@ -101,6 +101,25 @@ impl PortSnapshot {
             .iter()
             .filter(|e| e.status == fvd_store::states::EscapeStatus::Open)
     }
+
+    /// The gate's refusals and pending phases that still hold: those
+    /// recorded after the latest phase it entered, passed or reopened,
+    /// oldest first. A refusal a later submit went past (`gate refused
+    /// P0` under a port now running at P6) is history, not listed here.
+    pub fn current_gate(&self) -> &[GateEventRow] {
+        use fvd_store::states::GateOutcome;
+        let from = self
+            .gate_events
+            .iter()
+            .rposition(|g| {
+                matches!(
+                    g.outcome,
+                    GateOutcome::Entered | GateOutcome::Passed | GateOutcome::Reopened
+                )
+            })
+            .map_or(0, |i| i + 1);
+        &self.gate_events[from..]
+    }
 }
 
 /// One component of a [`PortSnapshot`].
@@ -774,4 +793,68 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fvd_store::states::GateOutcome;
+
+    fn event(phase: &str, outcome: GateOutcome) -> GateEventRow {
+        GateEventRow {
+            phase: phase.into(),
+            outcome,
+            conditions: vec![format!("{phase} {}", outcome.as_str())],
+            at_ms: 0,
+        }
+    }
+
+    fn port(events: Vec<GateEventRow>) -> PortSnapshot {
+        PortSnapshot {
+            family: "f".into(),
+            state: PortState::Running,
+            phase: "P6".into(),
+            repo: String::new(),
+            port_status_path: String::new(),
+            repo_identity: String::new(),
+            owner: String::new(),
+            submitted_by: String::new(),
+            pause_reason: String::new(),
+            status_write_error: String::new(),
+            components: Vec::new(),
+            gate_events: events,
+            escapes: Vec::new(),
+            actions: Vec::new(),
+            agent_spend: None,
+        }
+    }
+
+    /// Issue #43: a refusal a later submit went past is history; the
+    /// refusals and pending phases after the latest phase entered hold.
+    #[test]
+    fn only_the_gate_s_refusals_since_its_latest_step_hold() {
+        let stale = port(vec![
+            event("P0", GateOutcome::Refused),
+            event("P0", GateOutcome::Passed),
+            event("P6", GateOutcome::Entered),
+        ]);
+        assert!(stale.current_gate().is_empty());
+        let blocked = port(vec![
+            event("P0", GateOutcome::Refused),
+            event("P6", GateOutcome::Entered),
+            event("P7", GateOutcome::Refused),
+            event("P9", GateOutcome::Pending),
+        ]);
+        let phases: Vec<(&str, GateOutcome)> = blocked
+            .current_gate()
+            .iter()
+            .map(|g| (g.phase.as_str(), g.outcome))
+            .collect();
+        assert_eq!(
+            phases,
+            [("P7", GateOutcome::Refused), ("P9", GateOutcome::Pending)]
+        );
+        let refused_at_once = port(vec![event("P0", GateOutcome::Refused)]);
+        assert_eq!(refused_at_once.current_gate().len(), 1);
+    }
 }

@@ -210,7 +210,7 @@ pub fn print_snapshot(shown: Shown<'_>, target: &Target) {
     }
     // The gate's latest refusal: why a blocked port stopped where it did.
     if let Some(g) = s
-        .gate_events
+        .current_gate()
         .iter()
         .rev()
         .find(|g| g.outcome == GateOutcome::Refused)
@@ -301,45 +301,36 @@ pub fn print_snapshot(shown: Shown<'_>, target: &Target) {
     }
 }
 
-/// A refusal's conditions with components blocked for one reason said in
-/// one line (`components a, b, c are blocked (…)`); a cause the summary
-/// groups (an environment, a machine that cannot run them) is referred to,
-/// not repeated.
+/// A refusal's conditions as the summary lists them, above the component
+/// table: the blocked components in one line that names them and refers to
+/// their lines below, where each one's reason is (issue #43: a reason of
+/// 200-300 characters was said in full here and again in the table); any
+/// other condition as it is.
 pub fn grouped_conditions(conditions: &[String]) -> Vec<String> {
-    let mut out: Vec<(Option<String>, Vec<String>, String)> = Vec::new();
+    let mut blocked: Vec<&str> = Vec::new();
+    let mut others: Vec<String> = Vec::new();
     for c in conditions {
-        let parsed = c
+        match c
             .strip_prefix("component ")
             .and_then(|r| r.split_once(" is blocked ("))
-            .and_then(|(name, rest)| Some((name.to_string(), rest.strip_suffix(')')?.to_string())));
-        match parsed {
-            Some((name, reason)) => match out
-                .iter_mut()
-                .find(|(r, _, _)| r.as_deref() == Some(&reason))
-            {
-                Some((_, names, _)) => names.push(name),
-                None => out.push((Some(reason), vec![name], String::new())),
-            },
-            None => out.push((None, Vec::new(), c.clone())),
+        {
+            Some((name, _)) => blocked.push(name),
+            None => others.push(c.clone()),
         }
     }
-    out.into_iter()
-        .map(|(reason, names, line)| match reason {
-            None => line,
-            Some(r) => {
-                let cause = if r.starts_with("unplaced: ") || r.starts_with("environment") {
-                    "cause below".to_string()
-                } else {
-                    r
-                };
-                if names.len() == 1 {
-                    format!("component {} is blocked ({cause})", names[0])
-                } else {
-                    format!("components {} are blocked ({cause})", names.join(", "))
-                }
-            }
-        })
-        .collect()
+    let mut out = Vec::new();
+    match blocked.as_slice() {
+        [] => {}
+        [one] => out.push(format!(
+            "component {one} is blocked (its line below says why)"
+        )),
+        many => out.push(format!(
+            "components {} are blocked (their lines below say why)",
+            many.join(", ")
+        )),
+    }
+    out.extend(others);
+    out
 }
 
 /// One row of a component's variant table, under the component.

@@ -85,6 +85,19 @@ fn example_port_runs_embedded_end_to_end() {
         stdout.contains(" runs=1 (") && stdout.contains(" s) 1 passed"),
         "the table says how long each run took:\n{stdout}"
     );
+    // The gate's refusal names the blocked components and leaves their
+    // reasons to the table: each is said once (issue #43).
+    assert!(
+        stdout.contains("are blocked (their lines below say why)"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout
+            .matches("needs private dependency tinyport_private_ops")
+            .count(),
+        1,
+        "{stdout}"
+    );
     let reasons: Vec<&str> = status["components"]
         .as_array()
         .unwrap()

@@ -449,7 +449,7 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
         })
         .collect();
     let refusals = snap
-        .gate_events
+        .current_gate()
         .iter()
         .rev()
         .filter(|g| {
