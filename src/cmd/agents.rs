@@ -264,6 +264,11 @@ async fn check_one(path: &Path, agent: &AgentSpec, timeout: Duration) -> anyhow:
     c.cost_usd = u.cost_usd;
     c.reply =
         fvd_workspace::agent::tail(report.result.as_deref().unwrap_or("").trim(), 200).to_string();
+    // A model that answers the check with a tool call (the check allows
+    // none) walks the CLI into its turn cap: the CLI, the key and the
+    // endpoint answered, which is what the check asks (issue #43).
+    let turn_capped = matches!(sess.proxy().tripped(), Some(Trip::Turns(_)))
+        || report.cap == Some(fvd_workspace::preset::Cap::Turns);
     match sess.proxy().tripped() {
         Some(Trip::Auth { status }) => {
             c.key = "refused".into();
@@ -283,6 +288,8 @@ async fn check_one(path: &Path, agent: &AgentSpec, timeout: Duration) -> anyhow:
         c.problem = e.clone();
     } else if exit.timed_out {
         c.problem = format!("the check did not end within {} s", timeout.as_secs());
+    } else if c.problem.is_empty() && turn_capped && c.key == "works" {
+        c.reply = "(the model answered with a tool call, which the check allows none of: the CLI stopped at its turn cap; the CLI, the key and the endpoint work)".into();
     } else if c.problem.is_empty() && exit.exit_code != Some(0) {
         c.problem = report.error.unwrap_or_else(|| {
             fvd_workspace::agent::exit_text(exit.exit_code, exit.signal, exit.timed_out)

@@ -325,6 +325,35 @@ fn agents_check_reports_the_cli_the_model_and_the_key(cli: Cli) {
     );
     // The check's folder is gone and nothing of it is in the repository.
     assert!(!lab.repo.join(".fvd").exists(), "{out}");
+
+    // A model that answers the check with a tool call, every turn: the CLI
+    // stops at the check's turn cap, and the check still says what it
+    // learnt (the CLI, the key and the endpoint work), not a problem
+    // (issue #43).
+    let (i, o, cr, cw) = lab::USAGE;
+    let tools = json!({"scripts": [{
+        "name": "check",
+        "marker": "fvd agents check: reply with the single word ok",
+        "usage": {"input": i, "output": o, "cache_read": cr, "cache_write": cw},
+        "steps": [{"loop": {"bash": "true"}}],
+    }]});
+    let lab = Lab::new(cli, "max_attempts = 1", tools);
+    let (code, out) = lab.check_with_key(&lab.key.clone());
+    assert_eq!(code, Some(0), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .expect("a JSON line");
+    let c: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(c["key"], "works", "{c:#}");
+    assert_eq!(c["problem"], "", "{c:#}");
+    assert!(
+        c["reply"]
+            .as_str()
+            .unwrap()
+            .contains("answered with a tool call"),
+        "{c:#}"
+    );
 }
 
 /// On a fleet (issue #32): the CLI runs on the worker, asks fvd's
