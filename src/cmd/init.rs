@@ -55,7 +55,27 @@ pub fn run(args: InitArgs) -> anyhow::Result<Exit> {
     let mut tests = Vec::new();
     collect_tests(&repo, &dir, &mut tests)
         .with_context(|| format!("cannot list {}", args.repo.join(&rel_dir).display()))?;
+    // FastVideo keeps a family's parity tests by kind beside its folder
+    // (`tests/local_tests/generic/test_F_C_parity.py`): those named for
+    // the family are its too (issue #43: the example's time_shift, named
+    // by no status row, was dropped).
+    let local = repo.join("tests/local_tests");
+    let prefix = format!("test_{}_", args.family);
+    let mut beside = Vec::new();
+    for entry in std::fs::read_dir(&local).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path != dir && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            collect_tests(&repo, &path, &mut beside)
+                .with_context(|| format!("cannot list {}", path.display()))?;
+        }
+    }
+    tests.extend(beside.into_iter().filter(|t| {
+        t.rsplit('/')
+            .next()
+            .is_some_and(|name| name.starts_with(&prefix))
+    }));
     tests.sort();
+    tests.dedup();
     let repo_name = repo
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

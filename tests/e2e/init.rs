@@ -301,3 +301,32 @@ fn submit_of_a_family_without_a_spec_says_how_to_write_one() {
         "{err}"
     );
 }
+
+/// Issue #43: `fvd init` on the example port finds all seven components,
+/// `time_shift` too (named by no status row, its test filed by kind beside
+/// the family's folder), and takes a type from a test's kind folder.
+#[test]
+fn init_on_the_example_finds_every_component_filed_by_kind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tinyport");
+    crate::port::copy_tree(&example, &repo);
+    let out = fvd()
+        .args(["init", "--family", "tinyport", "--force", "--repo"])
+        .arg(&repo)
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("components (7):"), "{stdout}");
+    let path = repo.join("tests/local_tests/tinyport/port.toml");
+    let spec = fvd_spec::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
+    let types: Vec<(&str, &str)> = spec
+        .components
+        .iter()
+        .map(|c| (c.name.as_str(), c.component_type.as_str()))
+        .collect();
+    assert!(types.contains(&("time_shift", "generic")), "{types:?}");
+    assert!(types.contains(&("refiner", "dit")), "{types:?}");
+    assert!(stdout.contains("test files not used (0):"), "{stdout}");
+}

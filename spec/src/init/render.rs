@@ -445,10 +445,15 @@ impl Cx<'_> {
             None => {
                 match type_of(&c.name).or_else(|| c.labels.iter().find_map(|l| type_of(&l.text))) {
                     Some(t) => (t.to_string(), "type: from the name".into()),
-                    None => (
-                        fill(&TYPES.join(" | ")),
-                        "fill in: no Type column and the name says nothing".into(),
-                    ),
+                    // FastVideo files a test by kind: tests/local_tests/
+                    // generic/, transformers/, vaes/ (issue #43).
+                    None => match c.tests.iter().find_map(|t| type_of(kind_folder(t)?)) {
+                        Some(t) => (t.to_string(), "type: from its test's folder".into()),
+                        None => (
+                            fill(&TYPES.join(" | ")),
+                            "fill in: no Type column and the name says nothing".into(),
+                        ),
+                    },
                 }
             }
         };
@@ -529,6 +534,14 @@ fn is_template_value(v: &str) -> bool {
         || v.contains("/path/to/")
         || v.starts_with("${")
         || v.starts_with('$')
+}
+
+/// The kind folder a test sits in below `tests/local_tests/`
+/// (`generic`, `transformers`, `vaes`), if it sits in one.
+fn kind_folder(test: &str) -> Option<&str> {
+    let rest = test.strip_prefix("tests/local_tests/")?;
+    let (folder, file) = rest.split_once('/')?;
+    (!file.contains('/')).then_some(folder)
 }
 
 /// The component type a label or Type cell names, if any.
