@@ -256,6 +256,37 @@ fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
     assert_eq!(m["time_shift"], "ask_user", "{m}");
     assert_eq!(m["embed"], "non_skip_pass", "{m}");
     assert_eq!(m["vae"], "blocked", "{m}");
+    // Readable component rows on a narrow window and a wide one (issue
+    // #43): no row taller than 6 lines, the reason at least 20 characters
+    // wide (at 800 px it used to shrink to ~8 and rows grew 40-80 lines).
+    for width in [800u32, 1280] {
+        rt.block_on(c.set_window_size(width, 1500)).unwrap();
+        let rows = js(
+            &rt,
+            &c,
+            "const out = []; for (const tr of document.querySelectorAll('#matrix tr[data-component]')) { const td = tr.querySelector('td.reason'); const cs = getComputedStyle(td); const ch = parseFloat(cs.fontSize) * 0.6; out.push({name: tr.dataset.component, lines: tr.getBoundingClientRect().height / parseFloat(getComputedStyle(tr.querySelector('td')).lineHeight), reason_chars: td.getBoundingClientRect().width / ch}); } return out;",
+        );
+        for r in rows.as_array().unwrap() {
+            let lines = r["lines"].as_f64().unwrap();
+            let chars = r["reason_chars"].as_f64().unwrap();
+            assert!(
+                lines <= 6.0,
+                "at {width} px the row of {} is {lines:.1} lines tall: {rows}",
+                r["name"]
+            );
+            assert!(
+                chars >= 20.0,
+                "at {width} px the reason of {} is {chars:.0} characters wide: {rows}",
+                r["name"]
+            );
+        }
+        std::fs::write(
+            out.join(format!("port-{width}px.png")),
+            rt.block_on(c.screenshot()).unwrap(),
+        )
+        .unwrap();
+    }
+    rt.block_on(c.set_window_size(1280, 1500)).unwrap();
     // The open question is the page's first section after its head.
     let headings = js(
         &rt,
@@ -826,4 +857,141 @@ fn the_operator_sees_the_timeline_history_filters_and_searches_a_log() {
     )
     .unwrap();
     rt.block_on(c.close()).unwrap();
+}
+
+/// One HTTP/1.0 exchange with `headers` added: the status line, the
+/// response's headers and its body.
+fn http_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (String, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let (status, rest) = head.split_once("\r\n").unwrap_or((head, ""));
+    (status.to_string(), rest.to_string(), body.to_string())
+}
+
+/// A browser signed in as a porter answers from the page without typing a
+/// token (issue #43: the form asked a signed-in porter for one); a viewer's
+/// session still gets the token field, and its answer is refused.
+#[test]
+fn a_browser_signed_in_as_a_porter_answers_without_a_token() {
+    let mut sb = Sandbox::new().with_auth();
+    let auth = sb.auth.clone().unwrap();
+    let token = |name: &str| {
+        std::fs::read_to_string(auth.token(name))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    example_repo(&sb, |t| t);
+    let file = auth.file.display().to_string();
+    let (_orch, url, dash) = orchestrator_with_dashboard(&sb, &["--auth", &file]);
+    sb.url = Some(url.clone());
+    let w = sb.worker_at(&url, "w1", 2, &[]);
+    sb.spawn_worker("w1", w);
+    let out = sb.submit_remote("tinyport", &["--wait"]);
+    assert_eq!(out.status.code(), Some(3), "{}", sb.logs());
+    let addr = dash.trim_start_matches("http://").to_string();
+    let origin = dash.clone();
+    let session = |who: &str| {
+        let (status, head, _) = http_with(
+            &addr,
+            "POST",
+            "/login",
+            &[("Origin", &origin)],
+            &format!("token={}&next=/", token(who)),
+        );
+        assert!(
+            status.contains("303") || status.contains("302"),
+            "{status}\n{head}"
+        );
+        head.lines()
+            .find_map(|l| {
+                l.strip_prefix("set-cookie: ")
+                    .or_else(|| l.strip_prefix("Set-Cookie: "))
+            })
+            .and_then(|c| c.split(';').next())
+            .unwrap_or_else(|| panic!("no session cookie: {head}"))
+            .to_string()
+    };
+    let page = |cookie: &str| {
+        let (status, _, body) =
+            http_with(&addr, "GET", "/ports/tinyport", &[("Cookie", cookie)], "");
+        assert!(status.contains("200"), "{status}");
+        body
+    };
+    let viewer = session("viewer");
+    assert!(
+        page(&viewer).contains("name=\"token\""),
+        "a viewer's page asks for a token"
+    );
+    let (status, _, body) = http_with(
+        &addr,
+        "POST",
+        "/ports/tinyport/answer",
+        &[
+            ("Cookie", &viewer),
+            ("Origin", &origin),
+            ("Accept", "application/json"),
+        ],
+        "id=E001&option=1",
+    );
+    assert!(!status.contains("200"), "{status} {body}");
+    assert!(body.contains("may not answer"), "{body}");
+
+    let porter = session("porter");
+    assert!(
+        !page(&porter).contains("name=\"token\""),
+        "a porter's page asks for no token"
+    );
+    // From another origin, the session does not answer.
+    let (status, _, body) = http_with(
+        &addr,
+        "POST",
+        "/ports/tinyport/answer",
+        &[
+            ("Cookie", &porter),
+            ("Origin", "http://evil.example"),
+            ("Accept", "application/json"),
+        ],
+        "id=E001&option=1",
+    );
+    assert!(status.contains("403"), "{status} {body}");
+    let (status, _, body) = http_with(
+        &addr,
+        "POST",
+        "/ports/tinyport/answer",
+        &[
+            ("Cookie", &porter),
+            ("Origin", &origin),
+            ("Accept", "application/json"),
+        ],
+        "id=E001&option=1",
+    );
+    assert!(status.contains("200"), "{status} {body}");
+    let s = sb.remote_status("tinyport").unwrap();
+    let e = s["escapes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["id"] == "E001")
+        .unwrap()
+        .clone();
+    assert_eq!(e["answered_by"], "porter", "{e:#}");
 }

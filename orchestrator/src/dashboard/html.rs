@@ -253,7 +253,14 @@ fn gpus(c: &ComponentView) -> String {
     }
 }
 
-fn question(family: &str, q: &QuestionView, access: Access) -> Markup {
+fn question(family: &str, repo: &str, q: &QuestionView, access: Access) -> Markup {
+    // The command a person can paste, from anywhere: it names the
+    // checkout whose embedded state holds the port (issue #43).
+    let repo_arg = if repo.is_empty() {
+        " --repo DIR".to_string()
+    } else {
+        format!(" --repo {}", shell_word(repo))
+    };
     html! {
         article.question id={ "q-" (q.id) } data-status=(q.status) {
             h3 { (q.id) " · " (q.component) " · " (status(&q.status)) @if !q.decision_type.is_empty() { " · " (q.decision_type) } }
@@ -263,7 +270,7 @@ fn question(family: &str, q: &QuestionView, access: Access) -> Markup {
                 @match access {
                     Access::ReadOnly => {
                         ol { @for o in &q.options { li { (o) } } }
-                        p.note { "Read-only dashboard: answer with " code { "fvd answer " (family) " " (q.id) " --option N" } "." }
+                        p.note { "Read-only dashboard: answer with " code { "fvd answer " (family) " " (q.id) " --option N" (repo_arg) } "." }
                     }
                     Access::Answer { token } => {
                         form.answer method="post" action={ "/ports/" (seg(family)) "/answer" } {
@@ -324,7 +331,7 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
     };
     let matrix = html! {
         table.matrix {
-            thead { tr { th { "component" } th { "status" } th { "runs" } th { "worker" } th { "GPUs" } th { "elapsed" } th { "GPU time" } th { "agent spend" } th { "last reason" } th { "time" } } }
+            thead { tr { th { "component" } th { "status" } th { "runs" } th { "worker" } th.wide { "GPUs" } th { "elapsed" } th.wide { "GPU time" } th.wide { "agent spend" } th.reason { "last reason" } th.wide { "time" } } }
             tbody {
                 @for c in &v.components {
                     tr id={ "c-" (c.name) } data-component=(c.name) data-status=(c.status) data-updated-ms=(c.updated_ms) {
@@ -332,12 +339,14 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
                         td { (status(&c.status)) }
                         td.n { (c.runs) }
                         td.w { (c.worker_id) }
-                        td.w { (gpus(c)) }
+                        td.w.wide { (gpus(c)) }
                         td.n { @if let Some(e) = c.elapsed_ms { (duration(e.max(0) as u64)) } }
-                        td.n { (gpu_hours(c.gpu_hours)) }
-                        td.n { @if let Some(a) = &c.agent_spend { (spend(a)) } }
-                        td.reason { (c.reason) }
-                        td.t { (time(c.updated_ms)) }
+                        td.n.wide { (gpu_hours(c.gpu_hours)) }
+                        td.n.wide { @if let Some(a) = &c.agent_spend { (spend(a)) } }
+                        // Three lines at most; the whole reason on hover
+                        // and on the component's page.
+                        td.reason { div.clamp title=(c.reason) { (c.reason) } }
+                        td.t.wide { (time(c.updated_ms)) }
                     }
                 }
             }
@@ -348,7 +357,7 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
     let open = html! {
         @if v.questions.iter().any(|q| q.status == "open") {
             h2 { "Open questions" }
-            @for q in v.questions.iter().filter(|q| q.status == "open") { (question(&v.family, q, access)) }
+            @for q in v.questions.iter().filter(|q| q.status == "open") { (question(&v.family, &v.repo, q, access)) }
         }
     };
     let questions = html! {
@@ -357,7 +366,7 @@ pub fn port_sections(v: &PortView, access: Access) -> Vec<Section> {
         } @else if v.questions.iter().all(|q| q.status == "open") {
             p.empty { "No question answered yet." }
         } @else {
-            @for q in v.questions.iter().filter(|q| q.status != "open") { (question(&v.family, q, access)) }
+            @for q in v.questions.iter().filter(|q| q.status != "open") { (question(&v.family, &v.repo, q, access)) }
         }
     };
     vec![
@@ -729,9 +738,47 @@ pub fn error_page(title: &str, message: &str, back: &str, mode: &str) -> Markup 
     )
 }
 
+/// `s` as one shell word: as it is when it needs no quoting, else in
+/// single quotes.
+fn shell_word(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:@,".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue #43: a read-only page's hint is a command that works pasted
+    /// anywhere: it names the port's checkout.
+    #[test]
+    fn a_read_only_question_says_the_command_with_its_checkout() {
+        let q = QuestionView {
+            id: "E001".into(),
+            component: "c".into(),
+            decision_type: "ambiguity".into(),
+            question: "which?".into(),
+            recommended: "a".into(),
+            options: vec!["a".into(), "b".into()],
+            status: "open".into(),
+            answer: String::new(),
+            answered_by: String::new(),
+            attempt: 1,
+        };
+        let html = question("fam", "/work/my repo", &q, Access::ReadOnly).into_string();
+        assert!(
+            html.contains("fvd answer fam E001 --option N --repo '/work/my repo'"),
+            "{html}"
+        );
+        let html = question("fam", "/work/repo", &q, Access::ReadOnly).into_string();
+        assert!(html.contains("--option N --repo /work/repo<"), "{html}");
+    }
 
     #[test]
     fn times_are_utc_civil_dates() {

@@ -99,11 +99,16 @@ impl Dashboard {
         self.changes.subscribe()
     }
 
-    fn access(&self) -> html::Access {
+    /// What the page offers the browser that sent `headers`: no form
+    /// without an orchestrator; a form without a token field for an open
+    /// orchestrator or a browser signed in as a porter or admin (its
+    /// session answers, issue #43); else one that asks for the token.
+    fn access(&self, headers: &axum::http::HeaderMap) -> html::Access {
         match self.orchestrator {
             None => html::Access::ReadOnly,
             Some(_) => html::Access::Answer {
-                token: !self.credentials.is_open(),
+                token: !self.credentials.is_open()
+                    && !routes::session_of(self, headers).is_some_and(|w| w.role().changes()),
             },
         }
     }

@@ -99,9 +99,13 @@ fn reader(d: &Dashboard, headers: &HeaderMap) -> Result<Principal, Refusal> {
     if let Some(token) = bearer(headers) {
         return d.credentials.resolve(&token);
     }
-    cookie(headers, SESSION_COOKIE)
-        .and_then(|id| d.shield.session(id, &d.credentials))
-        .ok_or(Refusal::Missing)
+    session_of(d, headers).ok_or(Refusal::Missing)
+}
+
+/// The credential the browser's session cookie stands for, if it has a
+/// live one.
+pub(super) fn session_of(d: &Dashboard, headers: &HeaderMap) -> Option<Principal> {
+    cookie(headers, SESSION_COOKIE).and_then(|id| d.shield.session(id, &d.credentials))
 }
 
 /// First for every request: a `Host` the dashboard answers to (else 421:
@@ -366,9 +370,14 @@ async fn port_view(d: &Dashboard, family: &str) -> Result<views::PortView, Failu
         .ok_or_else(|| no_port(family))
 }
 
-async fn port(State(d): State<Dashboard>, Path(family): Path<String>) -> Response {
+async fn port(
+    State(d): State<Dashboard>,
+    Path(family): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let r = port_view(&d, &family).await;
-    page(&d, r.map(|v| html::port_page(&v, d.access(), &d.mode)))
+    let access = d.access(&headers);
+    page(&d, r.map(|v| html::port_page(&v, access, &d.mode)))
 }
 
 async fn api_port(State(d): State<Dashboard>, Path(family): Path<String>) -> Response {
@@ -379,7 +388,10 @@ async fn port_events(
     State(d): State<Dashboard>,
     ConnectInfo(client): ConnectInfo<ClientAddr>,
     Path(family): Path<String>,
+    headers: HeaderMap,
 ) -> Response {
+    // The page's form as it was first rendered for this browser.
+    let access = d.access(&headers);
     let slot = match stream_slot(&d, client) {
         Ok(s) => s,
         Err(r) => return r,
@@ -388,7 +400,6 @@ async fn port_events(
     live::sections(d, slot, Some(family), PORT_TICK, move |d| {
         let f = f.clone();
         async move {
-            let access = d.access();
             views::port(&d.store, &f)
                 .await
                 .ok()
@@ -725,14 +736,20 @@ async fn answer(
     let token = token
         .filter(|t| !t.trim().is_empty())
         .or_else(|| bearer(headers));
+    // A browser signed in answers as its session's credential: the post
+    // came from this dashboard's own origin (checked above) and the
+    // cookie is SameSite=Strict.
     let who = match token {
         _ if d.credentials.is_open() => Principal::anonymous(),
-        None => {
-            return Err(Failure::new(
-                StatusCode::UNAUTHORIZED,
-                "answering needs a porter or admin token",
-            ));
-        }
+        None => match session_of(d, headers) {
+            Some(who) => who,
+            None => {
+                return Err(Failure::new(
+                    StatusCode::UNAUTHORIZED,
+                    "answering needs a porter or admin token (or a browser signed in as one)",
+                ));
+            }
+        },
         Some(t) => d.credentials.resolve(&t).map_err(|_| {
             Failure::new(
                 StatusCode::UNAUTHORIZED,
