@@ -42,7 +42,10 @@ for lock in "${locks[@]}"; do
         # lacks the optional platform packages of other systems (opencode
         # lists twelve), which npm leaves out of it. The packages are still
         # the lock's, integrity checked; a lock npm had to change fails.
-        (cd "$into" && npm install --no-audit --no-fund --loglevel=error >&2)
+        # Install scripts on whatever an npmrc says: Claude Code and
+        # opencode put their programs in place from one (issue #43: an npm
+        # 11 setup skipped them, and both CLIs failed until run by hand).
+        (cd "$into" && npm install --ignore-scripts=false --no-audit --no-fund --loglevel=error >&2)
         if ! cmp -s "$lock/package-lock.json" "$into/package-lock.json"; then
             echo "agent CLIs: npm changed $lock/package-lock.json while installing; refresh it (see this script's header)" >&2
             exit 1
@@ -56,7 +59,18 @@ for lock in "${locks[@]}"; do
 done
 home=$(mktemp -d)
 for p in "${programs[@]}"; do
-    echo "agent CLIs: $p $(HOME="$home" "$bin/$p" --version 2>/dev/null | head -1)" >&2
+    if ! v=$(HOME="$home" "$bin/$p" --version 2>/dev/null | head -1) || [ -z "$v" ]; then
+        # A program whose install script did not run: run them now, once.
+        echo "agent CLIs: $p does not answer --version; running the packages' install scripts (npm rebuild)" >&2
+        for lock in "${locks[@]}"; do
+            (cd "$dir/$(basename "$lock")" && npm rebuild --ignore-scripts=false --loglevel=error >&2)
+        done
+        if ! v=$(HOME="$home" "$bin/$p" --version 2>/dev/null | head -1) || [ -z "$v" ]; then
+            echo "agent CLIs: $p still does not run ($bin/$p --version); remove $dir and run this script again" >&2
+            exit 1
+        fi
+    fi
+    echo "agent CLIs: $p $v" >&2
 done
 rm -rf "$home"
 echo "agent CLIs: ready in $((SECONDS - started)) s (node $(node --version))" >&2

@@ -16,6 +16,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,12 +30,25 @@ use crate::support::{LOG_FILTER, Sandbox, TestComponent, fvd, wait_for};
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
-/// Kills its process on drop (a chromedriver, an orchestrator).
+/// Kills its process on drop (an orchestrator).
 pub(crate) struct Kill(pub(crate) Child);
 
 impl Drop for Kill {
     fn drop(&mut self) {
         let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A chromedriver in a process group of its own: dropped, the whole group
+/// is killed, the Chromium it started too (ending chromedriver alone left
+/// the browser running, busy, after a failed test).
+pub(crate) struct KillGroup(Child);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        let pgid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
         let _ = self.0.wait();
     }
 }
@@ -55,7 +69,7 @@ fn free_port() -> u16 {
 
 /// A chromedriver on a free loopback port, and a headless Chromium session
 /// through it with a fresh profile.
-fn browser(rt: &tokio::runtime::Runtime, profile: &Path) -> (Kill, Client) {
+fn browser(rt: &tokio::runtime::Runtime, profile: &Path) -> (KillGroup, Client) {
     for bin in [CHROMIUM, CHROMEDRIVER] {
         assert!(
             Path::new(bin).exists(),
@@ -63,9 +77,10 @@ fn browser(rt: &tokio::runtime::Runtime, profile: &Path) -> (Kill, Client) {
         );
     }
     let port = free_port();
-    let driver = Kill(
+    let driver = KillGroup(
         Command::new(CHROMEDRIVER)
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
