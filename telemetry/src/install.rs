@@ -424,9 +424,18 @@ fn rfc3339_now() -> String {
 
 /// `d` after the Unix epoch, in UTC.
 fn rfc3339(d: std::time::Duration) -> String {
-    let secs = d.as_secs() as i64;
+    let (year, month, day, h, m, s) = civil_utc(d.as_secs() as i64);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{:06}Z",
+        d.subsec_micros()
+    )
+}
+
+/// Seconds after the Unix epoch as a UTC civil date and time: (year,
+/// month, day, hour, minute, second), by Howard Hinnant's algorithm. The
+/// one calendar fvd's readers print times with.
+pub fn civil_utc(secs: i64) -> (i64, i64, i64, i64, i64, i64) {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Days to a civil date (Howard Hinnant's algorithm).
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
@@ -436,13 +445,7 @@ fn rfc3339(d: std::time::Duration) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_micros()
-    )
+    (year, month, day, rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 #[cfg(test)]

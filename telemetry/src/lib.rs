@@ -33,7 +33,9 @@ pub mod task;
 mod install;
 
 pub use config::{ExportConfig, ExportDecision};
-pub use install::{LogConfig, LogFormat, Telemetry, TelemetryError, init, init_with, json_event};
+pub use install::{
+    LogConfig, LogFormat, Telemetry, TelemetryError, civil_utc, init, init_with, json_event,
+};
 pub use propagation::{
     Continuation, TRACEPARENT, add_link, current_traceparent, sampled, set_parent, traceparent,
 };
