@@ -30,6 +30,9 @@ use crate::meter::Price;
 /// The largest output cap the proxy writes into a request that has none.
 pub const MAX_INSERTED: u64 = 65_536;
 
+/// The smallest thinking budget Anthropic's Messages API takes.
+const MIN_THINKING: u64 = 1_024;
+
 /// Where a request states its output cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CapField {
@@ -189,6 +192,25 @@ pub fn hold(
         None if allowed > MAX_INSERTED => (MAX_INSERTED, None),
         _ => (allowed, Some((asked, allowed))),
     };
+    // Anthropic's extended thinking must fit below `max_tokens` (and take
+    // 1,024 tokens at least): a lowered cap lowers its budget too, and one
+    // too small for any thinking refuses the request.
+    let thinking = v.pointer("/thinking/budget_tokens").and_then(Value::as_u64);
+    if field == CapField::Anthropic
+        && clamped.is_some()
+        && let Some(t) = thinking
+        && t >= cap
+    {
+        if cap <= MIN_THINKING {
+            return Err(format!(
+                "{cap} output tokens are left, too few for the request's extended thinking ({} at least)",
+                MIN_THINKING + 1
+            ));
+        }
+        if let Some(b) = v.pointer_mut("/thinking/budget_tokens") {
+            *b = (cap - 1).into();
+        }
+    }
     let body = match clamped {
         Some(_) => {
             set_cap(&mut v, field, cap);
@@ -299,6 +321,56 @@ mod tests {
             e.contains("0.0450 of 0.05 USD") && e.contains("0.0060"),
             "{e}"
         );
+    }
+
+    /// A lowered `max_tokens` keeps Anthropic's extended thinking below
+    /// it, or refuses a request with no room for any thinking.
+    #[test]
+    fn a_lowered_cap_lowers_the_thinking_budget_under_it() {
+        let limits = Limits {
+            tokens: Some(5000),
+            ..Limits::default()
+        };
+        let req = |budget: u64| {
+            body(
+                json!({"max_tokens": 32_000, "thinking": {"type": "enabled", "budget_tokens": budget}}),
+            )
+        };
+        let h = hold(
+            "/v1/messages",
+            req(16_000),
+            None,
+            &limits,
+            Spent::default(),
+            Prompt::default(),
+        )
+        .unwrap();
+        assert_eq!(cap_of(&h, "/max_tokens"), Some(5000));
+        assert_eq!(cap_of(&h, "/thinking/budget_tokens"), Some(4999));
+        // A budget already under the cap stays.
+        let h = hold(
+            "/v1/messages",
+            req(2000),
+            None,
+            &limits,
+            Spent::default(),
+            Prompt::default(),
+        )
+        .unwrap();
+        assert_eq!(cap_of(&h, "/thinking/budget_tokens"), Some(2000));
+        let e = hold(
+            "/v1/messages",
+            req(16_000),
+            None,
+            &limits,
+            Spent {
+                usd: 0.0,
+                tokens: 4200,
+            },
+            Prompt::default(),
+        )
+        .unwrap_err();
+        assert!(e.contains("800 output tokens are left"), "{e}");
     }
 
     #[test]
