@@ -2014,10 +2014,7 @@ async fn proxied_agent(
         .remove(&attempt)
         .unwrap_or_default();
     let this_attempt = fvd_store::usage::Spend {
-        tokens: before.input_tokens
-            + before.output_tokens
-            + before.cache_read_tokens
-            + before.cache_write_tokens,
+        tokens: before.total_tokens(),
         usd: before.cost_usd.unwrap_or(0.0),
     };
     let label = format!("{family}/{}/{attempt}", spec.name);

@@ -387,7 +387,7 @@ async fn handle(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Proxy
         ));
     }
     // The reply bounded by what the limits have left, before it is asked.
-    let reserved = match hold_request(&s, parts.uri.path(), body, &model) {
+    let (body, reserved) = match hold_request(&s, parts.uri.path(), body, &model) {
         Ok(r) => r,
         Err((status, why)) => {
             s.usage.send_modify(|u| u.refused += 1);
@@ -395,7 +395,6 @@ async fn handle(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Proxy
             return Ok(error(s.cfg.api, status, &format!("fvd proxy: {why}")));
         }
     };
-    let body = reserved.body.clone();
     s.usage.send_modify(|u| {
         u.requests += 1;
         u.turns += u32::from(turn);
@@ -448,7 +447,6 @@ async fn handle(s: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Proxy
 struct Reserved {
     s: Arc<Shared>,
     share: hold::Spent,
-    body: Bytes,
 }
 
 impl Drop for Reserved {
@@ -460,14 +458,15 @@ impl Drop for Reserved {
 }
 
 /// [`hold::hold`] under the proxy's lock, so requests at once share what
-/// is left rather than each taking all of it. Refused: 403 (and the proxy
-/// trips) when nothing is left, 429 when requests in flight hold it.
+/// is left rather than each taking all of it: the body to forward, and
+/// its share. Refused: 403 (and the proxy trips) when nothing is left, 429
+/// when requests in flight hold it.
 fn hold_request(
     s: &Arc<Shared>,
     path: &str,
     body: Bytes,
     model: &str,
-) -> Result<Reserved, (StatusCode, String)> {
+) -> Result<(Bytes, Reserved), (StatusCode, String)> {
     let price = s.cfg.prices.price(model);
     let mut held = s.held.lock().unwrap_or_else(|e| e.into_inner());
     let (in_flight, prompt) = *held;
@@ -485,11 +484,13 @@ fn hold_request(
             }
             held.0.usd += h.reserve.usd;
             held.0.tokens += h.reserve.tokens;
-            Ok(Reserved {
-                s: s.clone(),
-                share: h.reserve,
-                body: h.body,
-            })
+            Ok((
+                h.body,
+                Reserved {
+                    s: s.clone(),
+                    share: h.reserve,
+                },
+            ))
         }
         Err(why) if in_flight.tokens > 0 || in_flight.usd > 0.0 => Err((
             StatusCode::TOO_MANY_REQUESTS,

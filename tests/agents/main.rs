@@ -312,15 +312,20 @@ fn an_invalid_handoff_and_a_refused_tool_are_recorded(cli: Cli, refused: Option<
     }
 }
 
+/// The JSON object `fvd agents check --json` printed, in `out`.
+fn check_json(out: &str) -> Value {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON line in {out}"));
+    serde_json::from_str(line).unwrap()
+}
+
 fn agents_check_reports_the_cli_the_model_and_the_key(cli: Cli) {
     let lab = Lab::new(cli, "max_attempts = 1", script(loop_steps()));
     let (code, out) = lab.check_with_key(&lab.key.clone());
     assert_eq!(code, Some(0), "{out}");
-    let line = out
-        .lines()
-        .find(|l| l.starts_with('{'))
-        .expect("a JSON line");
-    let c: Value = serde_json::from_str(line).unwrap();
+    let c = check_json(&out);
     assert_eq!(c["preset"], cli.preset, "{c:#}");
     assert_eq!(c["key"], "works", "{c:#}");
     assert_eq!(c["model"], cli.model.rsplit('/').next().unwrap(), "{c:#}");
@@ -349,11 +354,7 @@ fn agents_check_reports_the_cli_the_model_and_the_key(cli: Cli) {
     let lab = Lab::new(cli, "max_attempts = 1", tools);
     let (code, out) = lab.check_with_key(&lab.key.clone());
     assert_eq!(code, Some(0), "{out}");
-    let line = out
-        .lines()
-        .find(|l| l.starts_with('{'))
-        .expect("a JSON line");
-    let c: Value = serde_json::from_str(line).unwrap();
+    let c = check_json(&out);
     assert_eq!(c["key"], "works", "{c:#}");
     assert_eq!(c["problem"], "", "{c:#}");
     assert!(

@@ -149,24 +149,39 @@ pub(crate) fn orchestrator_with_dashboard(sb: &Sandbox, args: &[&str]) -> (Kill,
     (Kill(child), url, dash)
 }
 
-#[test]
-fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
-    let started = Instant::now();
-    let mut sb = Sandbox::new().with_auth();
-    let auth = sb.auth.clone().unwrap();
-    let token = |name: &str| {
+/// The example port on a fleet with named credentials: an orchestrator
+/// with `--auth`, `args` and a dashboard, one worker `w1`; the
+/// orchestrator's guard, its URL, the dashboard's, and a reader of each
+/// credential's token by name.
+fn example_fleet_with_dashboard(
+    sb: &mut Sandbox,
+    args: &[&str],
+) -> (Kill, String, String, impl Fn(&str) -> String + use<>) {
+    let auth = sb.auth.clone().expect("Sandbox::with_auth()");
+    example_repo(sb, |t| t);
+    let file = auth.file.display().to_string();
+    let mut all = vec!["--auth", file.as_str()];
+    all.extend_from_slice(args);
+    let (orch, url, dash) = orchestrator_with_dashboard(sb, &all);
+    sb.url = Some(url.clone());
+    let w = sb.worker_at(&url, "w1", 2, &[]);
+    sb.spawn_worker("w1", w);
+    let token = move |name: &str| {
         std::fs::read_to_string(auth.token(name))
             .unwrap()
             .trim()
             .to_string()
     };
-    example_repo(&sb, |t| t);
-    let file = auth.file.display().to_string();
-    let (_orch, url, dash) =
-        orchestrator_with_dashboard(&sb, &["--auth", &file, "--dashboard-require-viewer"]);
-    sb.url = Some(url.clone());
-    let w = sb.worker_at(&url, "w1", 2, &[]);
-    sb.spawn_worker("w1", w);
+    (orch, url, dash, token)
+}
+
+#[test]
+fn the_browser_watches_the_example_port_and_answers_e001_from_the_page() {
+    let started = Instant::now();
+    let mut sb = Sandbox::new().with_auth();
+    let auth = sb.auth.clone().unwrap();
+    let (_orch, _url, dash, token) =
+        example_fleet_with_dashboard(&mut sb, &["--dashboard-require-viewer"]);
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let profile = tempfile::tempdir().unwrap();
@@ -542,20 +557,8 @@ pub(crate) fn read_only_dashboard(repo: &Path) -> (Kill, String) {
 
 /// A plain HTTP/1.0 request on loopback; the status line and the body.
 pub(crate) fn http(addr: &str, method: &str, path: &str, body: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nAccept: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (
-        head.lines().next().unwrap_or_default().to_string(),
-        body.to_string(),
-    )
+    let (status, _, body) = http_with(addr, method, path, &[("Accept", "application/json")], body);
+    (status, body)
 }
 
 #[test]
@@ -907,19 +910,7 @@ fn http_with(
 #[test]
 fn a_browser_signed_in_as_a_porter_answers_without_a_token() {
     let mut sb = Sandbox::new().with_auth();
-    let auth = sb.auth.clone().unwrap();
-    let token = |name: &str| {
-        std::fs::read_to_string(auth.token(name))
-            .unwrap()
-            .trim()
-            .to_string()
-    };
-    example_repo(&sb, |t| t);
-    let file = auth.file.display().to_string();
-    let (_orch, url, dash) = orchestrator_with_dashboard(&sb, &["--auth", &file]);
-    sb.url = Some(url.clone());
-    let w = sb.worker_at(&url, "w1", 2, &[]);
-    sb.spawn_worker("w1", w);
+    let (_orch, _url, dash, token) = example_fleet_with_dashboard(&mut sb, &[]);
     let out = sb.submit_remote("tinyport", &["--wait"]);
     assert_eq!(out.status.code(), Some(3), "{}", sb.logs());
     let addr = dash.trim_start_matches("http://").to_string();
