@@ -155,33 +155,38 @@ pub fn hold(
     let Ok(mut v) = serde_json::from_slice::<Value>(&body) else {
         return Ok(unchanged(body));
     };
-    let mut allowed: Option<u64> = None;
+    // `allowed` and the words that say which limit set it.
+    let mut allowed: Option<(u64, String)> = None;
     if let (Some(max), Some(p)) = (limits.usd, price)
         && p.output > 0.0
     {
         let left = max - spent.usd - prompt.usd;
         let tokens = (left * 1_000_000.0 / p.output).floor();
+        let words = format!(
+            "{:.4} of {max} USD spent or held by requests in flight, and this request's prompt costs about {:.4}",
+            spent.usd, prompt.usd
+        );
         if tokens < 1.0 {
-            return Err(format!(
-                "{:.4} of {max} USD spent or held by requests in flight, and this request's prompt costs about {:.4}: not one output token is left",
-                spent.usd, prompt.usd
-            ));
+            return Err(format!("{words}: not one output token is left"));
         }
-        allowed = Some(tokens as u64);
+        allowed = Some((tokens as u64, words));
     }
     if let Some(max) = limits.tokens {
         let left = max
             .saturating_sub(spent.tokens)
             .saturating_sub(prompt.tokens);
+        let words = format!(
+            "{} of {max} tokens spent or held by requests in flight, and this request's prompt is about {} tokens",
+            spent.tokens, prompt.tokens
+        );
         if left == 0 {
-            return Err(format!(
-                "{} of {max} tokens spent or held by requests in flight, and this request's prompt is about {} tokens: not one output token is left",
-                spent.tokens, prompt.tokens
-            ));
+            return Err(format!("{words}: not one output token is left"));
         }
-        allowed = Some(allowed.map_or(left, |a| a.min(left)));
+        if allowed.as_ref().is_none_or(|(a, _)| left < *a) {
+            allowed = Some((left, words));
+        }
     }
-    let Some(allowed) = allowed else {
+    let Some((allowed, words)) = allowed else {
         // A USD limit on a model without a price: the proxy counts its
         // tokens as unpriced, and cannot bound it in USD.
         return Ok(unchanged(body));
@@ -203,7 +208,7 @@ pub fn hold(
     {
         if cap <= MIN_THINKING {
             return Err(format!(
-                "{cap} output tokens are left, too few for the request's extended thinking ({} at least)",
+                "{words}: {cap} output tokens are left, too few for the request's extended thinking ({} at least)",
                 MIN_THINKING + 1
             ));
         }
