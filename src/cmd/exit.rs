@@ -1,12 +1,12 @@
-//! The exit status of every `fvd` command, in one place (README "Exit
-//! codes" has the same table for people). One more status is in that
-//! table though no command returns it: 125
+//! The exit status of every `fvd` command, in one place
+//! (`docs/exit-codes.md` has the same table for people). One more status
+//! is in that table though no command returns it: 125
 //! ([`fvd_sandbox::launch::SETUP_FAILED`]), the exit of a run (a test, a
 //! preflight, a warm runner, an agent) whose jail the launcher, `fvd
 //! __jail`, could not set up; the program never ran.
 
 /// Every exit status in one line each, for `--help` and the man page's
-/// EXIT STATUS (README "Exit codes" says each in full).
+/// EXIT STATUS (`docs/exit-codes.md` says each in full).
 pub const STATUSES: &[(u8, &str)] = &[
     (
         0,
@@ -259,15 +259,14 @@ mod tests {
         Exit::Interrupted,
     ];
 
-    /// README "Exit codes" lists every code here, and 125, the jail
+    /// `docs/exit-codes.md` lists every code here, and 125, the jail
     /// launcher's (issue #38: it was missing), and no other.
     #[test]
-    fn the_readme_table_lists_every_code_and_the_jail_launchers() {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-            .expect("README.md");
-        let (_, section) = readme
-            .split_once("\n### Exit codes\n")
-            .expect("the section");
+    fn the_docs_table_lists_every_code_and_the_jail_launchers() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/exit-codes.md"))
+                .expect("docs/exit-codes.md");
+        let (_, section) = doc.split_once("# Exit codes\n").expect("the title");
         let listed: Vec<i32> = section
             .lines()
             .skip_while(|l| !l.starts_with("| code |"))
