@@ -126,7 +126,7 @@ def bench_env(work):
 
 def with_set_env(spec_text, values):
     """The spec with `values` in its [defaults] set_env: a test sees only the
-    allow-listed environment and the spec's own variables (README
+    allow-listed environment and the spec's own variables (docs/fleet.md
     "Containment"), so the bench's knobs travel in the spec."""
     pairs = ", ".join(f'{k} = "{v}"' for k, v in values.items())
     out = spec_text.replace("timeout_s = 300\n", f"timeout_s = 300\nset_env = {{ {pairs} }}\n", 1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the coding-agent CLIs that the real-agent tests run
-# (tests/agents, README "Using a real agent") exactly as locked in
+# (tests/agents, docs/guide.md "Using a real agent") exactly as locked in
 # tests/agents/clis/package-lock.json (versions and integrity hashes of
 # every package), into a cache folder (target/agents-cli, or
 # FVD_AGENT_CLI_CACHE): Node and npm from Debian first when the machine

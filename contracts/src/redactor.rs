@@ -608,7 +608,7 @@ mod tests {
 
     #[test]
     fn what_the_module_doc_says_is_not_caught_is_not_caught() {
-        // Kept in step with the module doc and the README: if one of these
+        // Kept in step with the module doc and docs/fleet.md: if one of these
         // starts being caught, say so there.
         let r = Redactor::new([("FVD_TOKEN", TOKEN)]);
         let reversed: String = TOKEN.chars().rev().collect();

@@ -6,7 +6,7 @@
 //! values (`set_env`) and fvd's own per-run `FVD_*` variables are added by
 //! the caller, on top.
 //!
-//! The list (README "What a test or an agent sees"):
+//! The list (docs/fleet.md "Containment", "The environment"):
 //!
 //! - the process's identity and locale: `PATH`, `HOME`, `USER`, `LOGNAME`,
 //!   `LANG`, `LANGUAGE`, `LC_*`, `TZ`, `TMPDIR`;

@@ -97,7 +97,7 @@ pub enum JailError {
         source: std::io::Error,
     },
     #[error(
-        "this host allows no jail for jobs ({why}); fix that, or run them unjailed with --job-sandbox off (README \"Containment\")"
+        "this host allows no jail for jobs ({why}); fix that, or run them unjailed with --job-sandbox off (docs/fleet.md \"Containment\")"
     )]
     Unavailable { why: String },
 }

@@ -218,7 +218,7 @@ pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
     let spec_toml = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("cannot read {}", spec_path.display()))?;
     let rt = runtime()?;
-    // The commit every job of the port runs (README "Running on a fleet").
+    // The commit every job of the port runs (docs/fleet.md "Running on a fleet").
     let fvd_writes: Vec<String> = parsed
         .prep
         .get("port_state_file")
@@ -575,7 +575,7 @@ async fn embedded(
 /// warning. With a namespace, the run files of `.fvd/run` (the loopback
 /// token `fvd cancel` uses) are hidden too; Landlock would make every file
 /// created later directly in the repository's top folder unreadable to
-/// them, so it does not hide them (README "Containment").
+/// them, so it does not hide them (docs/fleet.md "Containment").
 fn embedded_agents(
     repo: &Path,
     spec: Option<&(String, String)>,

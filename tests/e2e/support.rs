@@ -117,7 +117,7 @@ impl Auth {
     }
 
     /// Adds a credential with `fvd auth add --out` (a token file of mode
-    /// 0600, as the README says) and returns its token file.
+    /// 0600, as docs/fleet.md says) and returns its token file.
     pub fn add(&self, name: &str, role: &str) -> PathBuf {
         let path = self.token(name);
         let out = fvd()
