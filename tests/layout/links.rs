@@ -4,7 +4,10 @@
 //! exists), and every code span that names a path of the repository
 //! (`actors/src/gate.rs`, `store/migrations/`, `src/cmd/port.rs::submit`)
 //! names one that exists, so a moved or deleted file cannot leave the map
-//! pointing at nothing.
+//! pointing at nothing. A section named in quotes after its document
+//! anywhere in the repository (`README "Run the tests"`, `docs/fleet.md
+//! "Containment"`, in prose, comments and messages) must exist too, so a
+//! section moved to another document leaves no reference behind.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -188,6 +191,168 @@ fn broken(root: &Path, doc: &Path, text: &str, top: &BTreeSet<String>) -> Vec<St
     bad
 }
 
+/// The names a section can be referred to by in `text`: its headings
+/// (outside code blocks, `#`s and code quotes dropped) and the bold leads
+/// of its paragraphs and list items (`**Run the tests**`,
+/// `**Stopping a worker.**`).
+fn section_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        if line.starts_with('#') {
+            names.push(line.trim_start_matches('#').trim().replace('`', ""));
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("**") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find("**") else { break };
+            names.push(after[..end].trim_end_matches('.').replace('`', ""));
+            rest = &after[end + 2..];
+        }
+    }
+    names
+}
+
+/// `(line, document, section)` of every reference to a section of one of
+/// the project's documents by its name in quotes: `README "Run the
+/// tests"`, `docs/fleet.md "Containment"`, also inside a Rust string
+/// (`docs/fleet.md \"Containment\"`) and across a line break of a comment.
+/// `README` alone is the top-level `README.md`; another folder's
+/// (`deploy/slurm/README.md`) is named with its path.
+fn section_refs(text: &str, documents: &[String]) -> Vec<(usize, String, String)> {
+    // The text as one line, comment markers and indentation of each line
+    // dropped, with where each line starts.
+    let mut flat = String::new();
+    let mut starts = Vec::new();
+    for line in text.lines() {
+        let l = line.trim_start();
+        let l = ["//!", "///", "//", "#"]
+            .iter()
+            .find_map(|m| l.strip_prefix(m))
+            .unwrap_or(l)
+            .trim_start();
+        starts.push(flat.len());
+        flat.push_str(l);
+        flat.push(' ');
+    }
+    let line_of = |at: usize| starts.partition_point(|&s| s <= at);
+    let mut out = Vec::new();
+    for doc in documents {
+        let names: Vec<&str> = if doc == "README.md" {
+            vec!["README.md", "README"]
+        } else {
+            vec![doc.as_str()]
+        };
+        for name in names {
+            for (at, _) in flat.match_indices(name) {
+                let before = flat[..at].chars().next_back();
+                if before.is_some_and(|c| c.is_alphanumeric() || matches!(c, '/' | '_' | '.' | '-'))
+                {
+                    continue;
+                }
+                let after = &flat[at + name.len()..];
+                let (quote, rest) = if let Some(r) = after.strip_prefix(" \"") {
+                    ("\"", r)
+                } else if let Some(r) = after.strip_prefix(" \\\"") {
+                    ("\\\"", r)
+                } else {
+                    continue;
+                };
+                let Some(end) = rest.find(quote) else {
+                    continue;
+                };
+                out.push((line_of(at), doc.clone(), rest[..end].to_string()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The repository's text files that may name a document's section: every
+/// document, source file, script, manifest and configuration file (not
+/// build output, fuzz inputs or test fixtures).
+fn text_files(root: &Path) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+        entries.sort();
+        for p in entries {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            if p.is_dir() {
+                if !name.starts_with('.')
+                    && !matches!(&*name, "target" | "node_modules" | "corpus" | "fixtures")
+                {
+                    walk(&p, out);
+                }
+            } else if p.extension().is_some_and(|e| {
+                matches!(
+                    e.to_str(),
+                    Some("md" | "rs" | "toml" | "sh" | "py" | "yaml" | "yml" | "sbatch" | "in")
+                )
+            }) {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, &mut out);
+    out.push(root.join(".ci/run"));
+    out.retain(|p| p.exists());
+    out
+}
+
+/// Every reference of `text` to a section that its document does not have.
+fn broken_section_refs(root: &Path, name: &str, text: &str, documents: &[String]) -> Vec<String> {
+    let mut bad = Vec::new();
+    for (line, doc, section) in section_refs(text, documents) {
+        let names = section_names(&read(&root.join(&doc)));
+        if !names.iter().any(|n| n.starts_with(&section)) {
+            bad.push(format!("{name}:{line}: {doc} has no section \"{section}\""));
+        }
+    }
+    bad
+}
+
+/// The documents a section can be named in: `README.md`,
+/// `ARCHITECTURE.md` and `docs/*.md`, relative to the root.
+fn named_documents(root: &Path) -> Vec<String> {
+    documents(root)
+        .iter()
+        .map(|p| p.strip_prefix(root).unwrap().to_string_lossy().into_owned())
+        .filter(|p| !p.starts_with("deploy/"))
+        .collect()
+}
+
+#[test]
+fn every_section_a_file_names_in_quotes_exists() {
+    let root = root();
+    let documents = named_documents(&root);
+    assert!(
+        documents.iter().any(|d| d == "docs/guide.md"),
+        "docs/*.md are among the documents: {documents:?}"
+    );
+    let mut bad = Vec::new();
+    let mut checked = 0;
+    for path in text_files(&root) {
+        let text = read(&path);
+        let name = path.strip_prefix(&root).unwrap().display().to_string();
+        checked += section_refs(&text, &documents).len();
+        bad.extend(broken_section_refs(&root, &name, &text, &documents));
+    }
+    assert!(checked > 10, "files name sections: {checked} checked");
+    assert!(bad.is_empty(), "{} broken:\n{}", bad.len(), bad.join("\n"));
+}
+
 #[test]
 fn every_link_and_path_of_the_documents_exists() {
     let root = root();
@@ -229,6 +394,50 @@ fn a_missing_file_heading_or_path_is_reported_with_its_line() {
             "README.md:3: link to nowhere.md: no such file",
             "README.md:3: link to other.md#nope: no such heading",
             "README.md:4: `store/src/gone.rs`: no such path in the repository",
+        ]
+    );
+}
+
+#[test]
+fn a_section_named_in_quotes_is_found_or_reported_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("docs")).unwrap();
+    std::fs::write(
+        root.join("README.md"),
+        "# fvd\n\n**Run the tests** (all of them):\n```\n## Not a heading\n```\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("docs/ops.md"),
+        "# Running on a fleet\n\n## Containment: what a test can reach\n\n**Stopping a worker.** …\n",
+    )
+    .unwrap();
+    let documents = ["README.md".to_string(), "docs/ops.md".to_string()];
+    let text = "// (README \"Run the tests\"; docs/ops.md \"Containment\")\n\
+        \"fix it (docs/ops.md \\\"Stopping a worker\\\")\"\n\
+        # a comment that wraps (README\n\
+        #   \"Not a heading\"), deploy/slurm/README \"Step 1\"\n\
+        (docs/ops.md \"Running on a fleet\", docs/ops.md \"Deploying\")\n";
+    assert_eq!(
+        section_refs(text, &documents)
+            .iter()
+            .map(|(l, d, s)| format!("{l} {d} {s}"))
+            .collect::<Vec<_>>(),
+        [
+            "1 README.md Run the tests",
+            "1 docs/ops.md Containment",
+            "2 docs/ops.md Stopping a worker",
+            "3 README.md Not a heading",
+            "5 docs/ops.md Deploying",
+            "5 docs/ops.md Running on a fleet",
+        ]
+    );
+    assert_eq!(
+        broken_section_refs(root, "x.rs", text, &documents),
+        [
+            "x.rs:3: README.md has no section \"Not a heading\"",
+            "x.rs:5: docs/ops.md has no section \"Deploying\"",
         ]
     );
 }
