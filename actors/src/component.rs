@@ -24,7 +24,7 @@
 //! runs once more under the same number (see `resume`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use fvd_contracts::verdict::Verdict;
 use fvd_telemetry::{metrics, spans};
@@ -33,6 +33,10 @@ use tokio::sync::broadcast;
 use tracing::Span;
 use tracing::field::Empty;
 
+use crate::attempt::{
+    AgentDone, AgentLoop, AttemptActor, AttemptArgs, AttemptCtx, AttemptDone, AttemptEnd,
+    AttemptTurn, Spent, budget_spent,
+};
 use crate::gate::GateMsg;
 use crate::red_run::{self, AfterVerdict, Decision, RedRun};
 use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
@@ -42,12 +46,9 @@ use fvd_store::model::{
     RecordedVerdict,
 };
 use fvd_store::states::{AttemptKind, AttemptState, EscapeAbout, EscapeStatus};
-use fvd_store::{
-    AttemptNext, AttemptRecorded, AttemptRow, ComponentNext, EscapeRow, Store, now_ms,
-};
-use fvd_workspace::agent::{self, LastRun};
-use fvd_workspace::attempt_caps::TakeInError;
-use fvd_workspace::worktree::{self, Worktree};
+use fvd_store::{AttemptNext, AttemptRecorded, AttemptRow, ComponentNext, EscapeRow, Store};
+use fvd_workspace::agent::{self, AgentsOn};
+use fvd_workspace::worktree;
 
 pub use crate::red_run::MAX_INFRA_VERDICTS;
 
@@ -99,10 +100,13 @@ pub enum ComponentMsg {
     /// (the investigation's summary, the variant table's note): it is
     /// recorded as it is, never classified again.
     Diagnosed(Box<RedRun>),
+    /// The agent attempt this component spawned ended.
+    AttemptDone(Box<AttemptDone>),
 }
 
 // The scheduler's events reach the component through a derived ref.
 crate::scheduler::job_event_msg!(ComponentMsg::Job);
+crate::attempt::attempt_done_msg!(ComponentMsg::AttemptDone);
 
 #[derive(Debug)]
 pub struct ComponentState {
@@ -124,19 +128,6 @@ pub struct ComponentState {
     /// The component waits for an environment (no worker without a failed
     /// environment can take its run); the gate knows.
     waiting_env: bool,
-}
-
-/// What the agent loop of a component needs besides its spec.
-#[derive(Debug)]
-struct AgentLoop {
-    worktree: Worktree,
-    /// The port's prep fields, for the packet's `component_context`.
-    prep: BTreeMap<String, String>,
-    /// The component's judge, repository-relative (`fvd_workspace::judge`):
-    /// its runs test an attempt with these as the port's commit has them.
-    judge: Vec<String>,
-    /// Where prompts, handoffs and agent output of each attempt are kept.
-    dir: PathBuf,
 }
 
 impl Actor for ComponentSubagentActor {
@@ -226,8 +217,27 @@ impl Actor for ComponentSubagentActor {
                     record_run(&myself, st, report, worker_id, verdict, &note).await?;
                 }
             }
+            ComponentMsg::AttemptDone(done) => attempt_done(&myself, st, *done).await?,
         }
         Ok(())
+    }
+
+    /// The only children are its attempts' actors: one that ended has sent
+    /// its [`ComponentMsg::AttemptDone`]; one that failed fails the
+    /// component, which the gate restarts from the store (the attempt, cut
+    /// off, runs again).
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        evt: ractor::SupervisionEvent,
+        _st: &mut ComponentState,
+    ) -> Result<(), ActorProcessingErr> {
+        match evt {
+            ractor::SupervisionEvent::ActorFailed(_, err) => {
+                Err(format!("its agent attempt failed: {err}").into())
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -669,7 +679,8 @@ async fn first_step(
         return Ok(());
     }
     if st.args.spec.agent.is_some() {
-        match prepare_agent(st).await {
+        let a = &st.args;
+        match AgentLoop::prepare(&a.store, &a.spec, &a.family, &a.repo, &a.code).await {
             Ok(l) => st.agent = Some(l),
             Err(e) => {
                 let reason = format!("error: agent loop cannot start: {e}");
@@ -875,68 +886,6 @@ async fn scheduled(
     }))
 }
 
-/// Finds or makes the component's worktree and reads the port's prep
-/// fields from the stored spec.
-async fn prepare_agent(st: &ComponentState) -> Result<AgentLoop, String> {
-    let (family, name) = (&st.args.family, &st.args.spec.name);
-    let store = &st.args.store;
-    let known = store
-        .worktree(family, name)
-        .await
-        .map_err(|e| e.to_string())?;
-    let repo = Path::new(&st.args.repo);
-    // A new worktree starts at the commit the port is pinned to.
-    let base = Some(st.args.code.commit.as_str()).filter(|c| !c.is_empty());
-    let clock = std::time::Instant::now();
-    let wt = worktree::ensure(repo, family, name, known, base)
-        .await
-        .map_err(|e| e.to_string())?;
-    tracing::info!(%family, component = %name, worktree_ms = clock.elapsed().as_millis() as u64, "agent worktree ready");
-    store
-        .record_worktree(family, name, &wt)
-        .await
-        .map_err(|e| e.to_string())?;
-    let port = store
-        .port(family)
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("port {family} has no row in the store"))?;
-    let prep = fvd_spec::parse(Path::new(&port.spec_path), &port.spec_toml)
-        .map_err(|e| e.to_string())?
-        .prep;
-    let dir = agent_dir(repo, family, name).map_err(|e| e.to_string())?;
-    let tests: Vec<String> = st
-        .args
-        .spec
-        .test_files()
-        .iter()
-        .map(|t| t.to_string())
-        .collect();
-    let mut more: Vec<String> = ["official_ref_dir", "port_state_file"]
-        .iter()
-        .filter_map(|k| prep.get(*k).cloned())
-        .collect();
-    if let Ok(spec) = Path::new(&port.spec_path).strip_prefix(repo) {
-        more.push(spec.to_string_lossy().into_owned());
-    }
-    let judge = fvd_workspace::judge::paths(&st.args.code.prefix, &tests, &more);
-    Ok(AgentLoop {
-        worktree: wt,
-        prep,
-        judge,
-        dir,
-    })
-}
-
-/// Where a component's packets and handoffs go:
-/// `REPO/.fvd/agent/<family>/<component>`, never elsewhere.
-fn agent_dir(repo: &Path, family: &str, name: &str) -> Result<PathBuf, fvd_paths::PathError> {
-    fvd_paths::join_under_no_links(
-        &repo.join(".fvd").join("agent"),
-        Path::new(family).join(name),
-    )
-}
-
 /// Where a started agent component stands, from the store: an attempt cut
 /// off by a crash runs again (its leftovers ended, its worktree reset); a
 /// question waits for its answer or goes on with it; an attempt recorded
@@ -952,9 +901,9 @@ async fn resume(
         // On the fleet, its agent may still run on its worker: the try is
         // adopted, with the tokens its agent holds (issue #38), or, if no
         // worker runs it any more, tried again.
-        let in_flight = match fleet_of(st) {
-            Some(_) => st.args.store.fleet_try(&family, &name, cut.attempt).await?,
-            None => None,
+        let in_flight = match st.args.agents.on {
+            AgentsOn::Fleet => st.args.store.fleet_try(&family, &name, cut.attempt).await?,
+            AgentsOn::Host => None,
         };
         match &in_flight {
             Some(t) => {
@@ -965,13 +914,7 @@ async fn resume(
                 tracing::warn!(attempt = cut.attempt, killed = ?killed, "agent attempt was cut off; running it again from its starting commit");
             }
         }
-        let wt = st
-            .agent
-            .as_ref()
-            .expect("agent loop prepared")
-            .worktree
-            .path
-            .clone();
+        let wt = agent_loop(st)?.worktree.path.clone();
         if let Err(e) = worktree::reset(&wt, &cut.head_before).await {
             let reason = format!(
                 "error: attempt {} was cut off and its worktree cannot be reset: {e}",
@@ -1162,153 +1105,6 @@ async fn cleanup_findings(st: &ComponentState) -> Result<Option<Vec<String>>, Ac
     Ok((!findings.is_empty()).then_some(findings))
 }
 
-/// What the component has spent so far, against its agent's budgets.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Spent {
-    /// Attempts recorded (an attempt cut off by a crash is not one yet).
-    pub attempts: u32,
-    /// When its first run was queued.
-    pub first_queued_ms: Option<i64>,
-    /// Run time × GPUs of its finished runs.
-    pub gpu_ms: u64,
-    pub now_ms: i64,
-    /// What its agent attempts spent on their model API, and the port's
-    /// (every component's) together.
-    pub model_component: fvd_store::usage::Spend,
-    pub model_port: fvd_store::usage::Spend,
-}
-
-/// Which budget of `a` is spent, in words; `None` while all hold.
-pub fn budget_spent(a: &fvd_spec::AgentSpec, s: &Spent) -> Option<String> {
-    if s.attempts >= a.max_attempts {
-        return Some(format!(
-            "agent budget spent: {} of {} attempts",
-            s.attempts, a.max_attempts
-        ));
-    }
-    if let (Some(max), Some(first)) = (a.max_wall, s.first_queued_ms) {
-        let used = std::time::Duration::from_millis((s.now_ms - first).max(0) as u64);
-        if used >= max {
-            return Some(format!(
-                "agent budget spent: wall time {} s of {} s",
-                used.as_secs(),
-                max.as_secs()
-            ));
-        }
-    }
-    if let Some(max) = a.max_gpu_s
-        && s.gpu_ms >= max.saturating_mul(1000)
-    {
-        return Some(format!(
-            "agent budget spent: {:.1} of {max} GPU-seconds",
-            s.gpu_ms as f64 / 1000.0
-        ));
-    }
-    let b = a.model.as_ref().map(|m| m.budget).unwrap_or_default();
-    for (max, spent, of) in [
-        (b.usd_per_component, s.model_component.usd, "the component"),
-        (b.usd_per_port, s.model_port.usd, "the port"),
-    ] {
-        if let Some(max) = max
-            && spent >= max
-        {
-            return Some(format!(
-                "agent budget spent: {spent:.4} of {max} USD for {of}"
-            ));
-        }
-    }
-    for (max, spent, of) in [
-        (
-            b.tokens_per_component,
-            s.model_component.tokens,
-            "the component",
-        ),
-        (b.tokens_per_port, s.model_port.tokens, "the port"),
-    ] {
-        if let Some(max) = max
-            && spent >= max
-        {
-            return Some(format!(
-                "agent budget spent: {spent} of {max} tokens for {of}"
-            ));
-        }
-    }
-    None
-}
-
-/// What one attempt may spend on its model API: what is left of its own
-/// budget after `this_attempt` (what its earlier tries spent), or of the
-/// component's and the port's when less.
-pub fn allowance(
-    b: &fvd_spec::agent_model::AgentBudget,
-    s: &Spent,
-    this_attempt: fvd_store::usage::Spend,
-) -> fvd_workspace::session::Allowance {
-    let least_f = |xs: [Option<f64>; 3]| xs.into_iter().flatten().reduce(f64::min);
-    let least_u = |xs: [Option<u64>; 3]| xs.into_iter().flatten().min();
-    fvd_workspace::session::Allowance {
-        usd: least_f([
-            b.usd_per_attempt.map(|m| (m - this_attempt.usd).max(0.0)),
-            b.usd_per_component
-                .map(|m| (m - s.model_component.usd).max(0.0)),
-            b.usd_per_port.map(|m| (m - s.model_port.usd).max(0.0)),
-        ]),
-        tokens: least_u([
-            b.tokens_per_attempt
-                .map(|m| m.saturating_sub(this_attempt.tokens)),
-            b.tokens_per_component
-                .map(|m| m.saturating_sub(s.model_component.tokens)),
-            b.tokens_per_port
-                .map(|m| m.saturating_sub(s.model_port.tokens)),
-        ]),
-    }
-}
-
-/// What the component spent since its port was last started over
-/// (`--rerun`): the ledger keeps older attempts as history, the budgets
-/// start again.
-async fn spent(st: &ComponentState, recorded: &[AttemptRow]) -> Result<Spent, ActorProcessingErr> {
-    let since = st.args.store.reset_ms(&st.args.family).await?;
-    let jobs = st
-        .args
-        .store
-        .jobs_of(&st.args.family, &st.args.spec.name)
-        .await?;
-    let jobs: Vec<_> = jobs.into_iter().filter(|j| j.queued_ms >= since).collect();
-    let model = st.args.store.usage_spent(&st.args.family, since).await?;
-    // The parity runs an agent asked for itself (`fvd mcp`'s `run_parity`).
-    let tool_gpu_ms: u64 = st
-        .args
-        .store
-        .tool_calls(&st.args.family, &st.args.spec.name)
-        .await?
-        .iter()
-        .filter(|c| c.at_ms >= since)
-        .map(|c| c.gpu_ms)
-        .sum();
-    let model_port = model
-        .values()
-        .fold(fvd_store::usage::Spend::default(), |a, s| {
-            fvd_store::usage::Spend {
-                tokens: a.tokens + s.tokens,
-                usd: a.usd + s.usd,
-            }
-        });
-    Ok(Spent {
-        model_component: model.get(&st.args.spec.name).copied().unwrap_or_default(),
-        model_port,
-        attempts: recorded.iter().filter(|a| a.started_ms >= since).count() as u32,
-        first_queued_ms: jobs.iter().map(|j| j.queued_ms).min(),
-        gpu_ms: jobs
-            .iter()
-            .filter(|j| j.state == JobState::Finished)
-            .map(|j| j.duration_ms.unwrap_or(0) * u64::from(j.gpus_needed))
-            .sum::<u64>()
-            + tool_gpu_ms,
-        now_ms: now_ms(),
-    })
-}
-
 /// One turn of the agent loop after run `job_id` (red, or a pass the
 /// cleanup gate refused): spend an attempt (agent, commit, ledger row) and
 /// queue the next run; or block when a budget is spent or the agent returns
@@ -1327,6 +1123,8 @@ async fn agent_attempt(
 /// [`agent_attempt`], or (`adopting`) the try of the attempt an earlier
 /// process of the orchestrator started on a worker: asked for instead of
 /// started, and started again from its base if no worker runs it now.
+/// The attempt runs in its own actor ([`crate::attempt`]), linked to this
+/// one; its end comes back as [`ComponentMsg::AttemptDone`].
 async fn agent_turn(
     myself: &ActorRef<ComponentMsg>,
     st: &mut ComponentState,
@@ -1336,7 +1134,6 @@ async fn agent_turn(
     kind: AttemptKind,
     adopting: Option<fvd_store::FleetTry>,
 ) -> Result<(), ActorProcessingErr> {
-    let spec = st.args.spec.clone();
     let (attempt, line, used, recorded) = match turn_start(st, result).await? {
         TurnStart::Blocked(reason) => return block(st, result.verdict, &reason, worker_id).await,
         TurnStart::Go {
@@ -1346,127 +1143,111 @@ async fn agent_turn(
             recorded,
         } => (attempt, line, used, recorded),
     };
+    let lp = agent_loop(st)?.clone();
     update(st, ComponentStatus::Agent, result.verdict, &line, worker_id).await?;
-    let answers = answered(st).await?;
-    let turn = Turn {
+    let turn = AttemptTurn {
         attempt,
-        job_id,
-        result,
+        job_id: job_id.to_string(),
+        result: result.clone(),
+        worker_id: worker_id.to_string(),
         kind,
-        adopting: adopting.as_ref(),
+        adopting,
+        used,
+        recorded,
+        answers: answered(st).await?,
+        judge_decisions: judge::decided_since_reset(st).await?,
     };
-    let clock = std::time::Instant::now();
-    let files = write_packet(st, &turn, &recorded, &used, &answers).await?;
-    let packet_ms = clock.elapsed().as_millis() as u64;
-    let ran = run_agent(st, &turn, &files, &used).await?;
-    if let Some(why) = ran.not_adopted {
-        tracing::warn!(attempt, %why, "the agent attempt in flight before the restart runs on no worker; it runs again from its base");
-        return Box::pin(agent_turn(
-            myself, st, job_id, result, worker_id, kind, None,
-        ))
-        .await;
-    }
-    let (exit, mut handoff) = (ran.exit, ran.handoff);
-    if let Some(env) = ran.environment {
-        return agent_environment(st, &turn, &ran.head_before, &env.0).await;
-    }
-    // A question asked by tool is the attempt's escape hatch, unless its
-    // handoff already asks one.
-    if let Some(q) = &ran.asked
-        && handoff.escape().is_none()
-    {
-        handoff = question_handoff(st, &handoff, q, result).await?;
-    }
-    let wt = st
-        .agent
+    let cx = AttemptCtx {
+        family: st.args.family.clone(),
+        spec: st.args.spec.clone(),
+        lp,
+        store: st.args.store.clone(),
+        scheduler: st.args.scheduler.clone(),
+        agents: st.args.agents.clone(),
+        repo: st.args.repo.clone(),
+        code: st.args.code.clone(),
+        span: st.span.clone(),
+    };
+    let args = AttemptArgs {
+        cx,
+        turn,
+        reply: myself.get_derived(),
+    };
+    Actor::spawn_linked(None, AttemptActor, args, myself.get_cell()).await?;
+    Ok(())
+}
+
+/// The component's agent loop: only an agent component turns to it, and
+/// it has one from its first step on.
+fn agent_loop(st: &ComponentState) -> Result<&AgentLoop, ActorProcessingErr> {
+    st.agent
         .as_ref()
-        .expect("agent components have a loop")
-        .worktree
-        .path
-        .clone();
-    // A worker's commit moves the component's branch to it; a host run's
-    // work is committed here.
-    // A commit over the limits on what an attempt brings back (issue #38)
-    // is refused before anything of it is checked out: the attempt is
-    // recorded with the refusal as its outcome, and the worktree stays at
-    // its base.
-    let limits = st.args.agents.limits;
-    let (committed, agent_worker) = match &ran.fleet {
-        Some(f) => (
-            match &f.refused {
-                Some(why) => Err(worktree::WorktreeError::TakeIn(TakeInError::OverLimit(
-                    why.clone(),
-                ))),
-                None => worktree::adopt(&wt, &ran.head_before, &f.sha, &f.pack, &limits).await,
-            },
-            f.worker_id.clone(),
-        ),
-        None => (
-            worktree::commit(&wt, &format!("fvd: {} attempt {attempt}", spec.name)).await,
-            String::new(),
-        ),
-    };
-    let commit = match committed {
-        Ok(c) => c,
-        Err(worktree::WorktreeError::TakeIn(TakeInError::OverLimit(why))) => {
-            tracing::warn!(family = %st.args.family, component = %spec.name, attempt, worker = %agent_worker, "{why}");
-            return after_agent(
+        .ok_or_else(|| format!("component {} has no agent loop", st.args.spec.name).into())
+}
+
+/// The attempt's actor ended: what its agent left is recorded with what it
+/// leads to, or the attempt starts again (a try no worker runs), or the
+/// component waits for its environment, or blocks.
+async fn attempt_done(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    done: AttemptDone,
+) -> Result<(), ActorProcessingErr> {
+    let AttemptDone { turn, end } = done;
+    let result = &turn.result;
+    match end {
+        AttemptEnd::Ran(done) => after_agent(myself, st, &turn, *done).await,
+        AttemptEnd::NotAdopted(why) => {
+            tracing::warn!(attempt = turn.attempt, %why, "the agent attempt in flight before the restart runs on no worker; it runs again from its base");
+            agent_turn(
                 myself,
                 st,
-                &turn,
-                worker_id,
-                AgentDone {
-                    commit: worktree::Commit {
-                        sha: ran.head_before.clone(),
-                        stat: why.clone(),
-                        diff: String::new(),
-                    },
-                    exit: &exit,
-                    handoff: &handoff,
-                    worker_id: agent_worker,
-                    refused: Some(why),
-                },
-                !answers.is_empty(),
+                &turn.job_id,
+                result,
+                &turn.worker_id,
+                turn.kind,
+                None,
             )
-            .await;
+            .await
         }
-        Err(e) => {
-            let reason = format!(
-                "{} (agent attempt {attempt} could not be committed: {e})",
-                classed(result.verdict, &result.reason)
-            );
-            return block(st, result.verdict, &reason, worker_id).await;
+        AttemptEnd::Uncommitted(why) => {
+            let reason = format!("{} ({why})", classed(result.verdict, &result.reason));
+            block(st, result.verdict, &reason, &turn.worker_id).await
         }
-    };
-    let commit_ms = clock.elapsed().as_millis() as u64 - packet_ms - ran.run_ms;
-    // fvd's own time around the agent, for `bench/agent_overhead.py`.
-    tracing::info!(
-        family = %st.args.family,
-        component = %spec.name,
-        attempt,
-        packet_ms,
-        ledger_ms = ran.ledger_ms,
-        proxy_ms = ran.proxy_ms,
-        agent_ms = exit.duration_ms,
-        commit_ms,
-        total_ms = clock.elapsed().as_millis() as u64,
-        "agent attempt overhead"
-    );
-    after_agent(
-        myself,
+        AttemptEnd::Environment { why, reset } => agent_environment(st, &turn, &why, reset).await,
+    }
+}
+
+/// The attempt's model API failed for a reason outside the agent and the
+/// code (the attempt is closed as `environment`, its worktree reset): the
+/// component waits; the port pauses (exit 4) once nothing else runs.
+async fn agent_environment(
+    st: &mut ComponentState,
+    turn: &AttemptTurn,
+    why: &str,
+    reset: Result<(), String>,
+) -> Result<(), ActorProcessingErr> {
+    let reason = format!("environment: agent attempt {}: {why}", turn.attempt);
+    if let Err(e) = reset {
+        let reason = format!("{reason}; its worktree cannot be reset: {e}");
+        return block(st, RecordedVerdict::Error(None), &reason, "").await;
+    }
+    update(
         st,
-        &turn,
-        worker_id,
-        AgentDone {
-            commit,
-            exit: &exit,
-            handoff: &handoff,
-            worker_id: agent_worker,
-            refused: None,
-        },
-        !answers.is_empty(),
+        ComponentStatus::Environment,
+        turn.result.verdict,
+        &reason,
+        "",
     )
-    .await
+    .await?;
+    spans::environment_failure(&st.span, "", &reason);
+    if !st.waiting_env {
+        st.waiting_env = true;
+        st.args
+            .gate
+            .cast(GateMsg::ComponentWaitsEnv(st.args.spec.name.clone()))?;
+    }
+    Ok(())
 }
 
 /// Where an agent turn stands before it starts: its budget is spent or its
@@ -1490,7 +1271,7 @@ async fn turn_start(
     result: &JobResult,
 ) -> Result<TurnStart, ActorProcessingErr> {
     let (family, spec) = (&st.args.family, &st.args.spec);
-    let a = spec.agent.as_ref().expect("only agent components loop");
+    let a = &agent_loop(st)?.agent;
     let ledger = st.args.store.attempts(family, &spec.name).await?;
     let recorded: Vec<AttemptRow> = ledger
         .iter()
@@ -1501,7 +1282,7 @@ async fn turn_start(
         .iter()
         .find(|r| r.state == AttemptState::Running)
         .map(|r| r.attempt);
-    let used = spent(st, &recorded).await?;
+    let used = crate::attempt::budget::spent(&st.args.store, family, &spec.name, &recorded).await?;
     if rerun.is_none()
         && let Some(why) = budget_spent(a, &used)
     {
@@ -1533,1045 +1314,28 @@ async fn turn_start(
     })
 }
 
-/// What one agent turn is about: its attempt number, and the run it starts
-/// from (`kind`: `fix` after a red run, `cleanup` after a refused pass).
-struct Turn<'a> {
-    attempt: u32,
-    job_id: &'a str,
-    result: &'a JobResult,
-    kind: AttemptKind,
-    /// The try an earlier process started on a worker, to adopt.
-    adopting: Option<&'a fvd_store::FleetTry>,
-}
-
-/// The files of one attempt, under the component's agent folder.
-struct AttemptFiles {
-    dir: PathBuf,
-    prompt: String,
-    handoff: String,
-}
-
-/// Writes the attempt's packet (`attempt-N/prompt.md`) and clears the
-/// handoff file a crashed earlier try may have left.
-async fn write_packet(
-    st: &ComponentState,
-    turn: &Turn<'_>,
-    recorded: &[AttemptRow],
-    used: &Spent,
-    answers: &[EscapeRow],
-) -> Result<AttemptFiles, ActorProcessingErr> {
-    let (family, spec) = (&st.args.family, &st.args.spec);
-    let a = spec.agent.as_ref().expect("only agent components loop");
-    let floor = crate::port_status::escape_floor(&st.args.store, family)
-        .await
-        .unwrap_or(0);
-    let next_escape = st.args.store.next_escape_id(family, floor).await?;
-    let judge_decisions = judge::decided_since_reset(st).await?;
-    let trace = st
-        .args
-        .store
-        .latest_trace_summary(family, &spec.name)
-        .await?;
-    // The variant table of exactly this red run, when it had one.
-    let table = st.args.store.variant_table(family, &spec.name).await?;
-    let variants = (table.first().is_some_and(|r| r.red_job_id == turn.job_id))
-        .then(|| crate::variant_actor::table_text(&table));
-    let lp = st.agent.as_ref().expect("agent components have a loop");
-    let dir = lp.dir.join(format!("attempt-{}", turn.attempt));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let prompt_file = dir.join("prompt.md");
-    let handoff_file = dir.join("handoff.txt");
-    // A handoff left by a crashed earlier try must not pass for this one's.
-    let _ = std::fs::remove_file(&handoff_file);
-    let files = AttemptFiles {
-        prompt: prompt_file.to_string_lossy().into_owned(),
-        handoff: handoff_file.to_string_lossy().into_owned(),
-        dir,
-    };
-    let last = LastRun {
-        job_id: turn.job_id,
-        verdict: turn.result.verdict,
-        reason: &turn.result.reason,
-        output_tail: &turn.result.output_tail,
-    };
-    // On the fleet, the worker knows its own paths and fills them in.
-    let fleet = fleet_of(st).is_some();
-    let workdir = lp.worktree.workdir().to_string_lossy().into_owned();
-    let text = agent::packet(&agent::Packet {
-        family,
-        spec,
-        prep: &lp.prep,
-        attempt: turn.attempt,
-        budget_used: used.attempts + 1,
-        max_attempts: a.max_attempts,
-        last,
-        ledger: recorded,
-        workdir: if fleet { WORKDIR } else { &workdir },
-        handoff_file: if fleet { HANDOFF_FILE } else { &files.handoff },
-        answers,
-        judge_decisions: &judge_decisions,
-        next_escape_id: &next_escape,
-        trace: trace.as_deref(),
-        variants: variants.as_deref(),
-    });
-    std::fs::write(&prompt_file, text)
-        .map_err(|e| format!("cannot write {}: {e}", prompt_file.display()))?;
-    Ok(files)
-}
-
-/// The attempt's handoff with the question its agent asked through
-/// `ask_user` as its escape hatch, under the id the question will get.
-async fn question_handoff(
-    st: &ComponentState,
-    handoff: &agent::HandoffRead,
-    q: &agent::AskedQuestion,
-    result: &JobResult,
-) -> Result<agent::HandoffRead, ActorProcessingErr> {
-    let (family, spec) = (&st.args.family, &st.args.spec);
-    let floor = crate::port_status::escape_floor(&st.args.store, family)
-        .await
-        .unwrap_or(0);
-    let escape_id = st.args.store.next_escape_id(family, floor).await?;
-    let files: Vec<String> = handoff
-        .value
-        .as_ref()
-        .map(|h| h.files_changed.iter().map(|f| f.to_string()).collect())
-        .unwrap_or_default();
-    let lp = st.agent.as_ref().expect("agent components have a loop");
-    let port_state_file = lp
-        .prep
-        .get("port_state_file")
-        .cloned()
-        .unwrap_or_else(|| "none".into());
-    let test = spec
-        .test_files()
-        .first()
-        .map(|t| t.to_string())
-        .unwrap_or_default();
-    let evidence = result.reason.lines().next().unwrap_or_default();
-    Ok(agent::with_question(
-        handoff,
-        q,
-        &agent::AskedAt {
-            component: &spec.name,
-            parity_test: &test,
-            parity_status: result.verdict.as_str(),
-            evidence,
-            escape_id: &escape_id,
-            files_changed: &files,
-            port_state_file: &port_state_file,
-        },
-    ))
-}
-
-/// What one run of the agent came to.
-struct AgentRan {
-    /// Time spent opening the ledger row, starting the proxy, and in
-    /// `run_agent` as a whole.
-    ledger_ms: u64,
-    proxy_ms: u64,
-    run_ms: u64,
-    exit: agent::AgentExit,
-    handoff: agent::HandoffRead,
-    /// A cause outside the agent ended it (its model API refused the key
-    /// or kept failing): nothing is committed or counted.
-    environment: Option<fvd_workspace::session::Environment>,
-    head_before: String,
-    /// The commit a worker made of the attempt, when it ran on the fleet.
-    fleet: Option<FleetCommit>,
-    /// The question the agent asked through its `ask_user` tool.
-    asked: Option<agent::AskedQuestion>,
-    /// The try it was to adopt runs on no worker (why): nothing ran.
-    not_adopted: Option<String>,
-}
-
-/// An attempt's commit as a worker sent it back.
-struct FleetCommit {
-    sha: String,
-    pack: Vec<u8>,
-    worker_id: String,
-    /// Why the orchestrator's edge refused it (its pack was over the
-    /// limit): then there is no commit to take in.
-    refused: Option<String>,
-}
-
-/// Where an attempt's agent runs on the fleet: its worker fills these in.
-const WORKDIR: &str = "{workdir}";
-const PROMPT_FILE: &str = "{prompt_file}";
-const HANDOFF_FILE: &str = "{handoff_file}";
-const ATTEMPT_DIR: &str = "{attempt_dir}";
-const PROXY_URL: &str = "{proxy_url}";
-const TOOLS_ADDR: &str = "{tools_addr}";
-const FVD_PROGRAM: &str = "{fvd}";
-
-/// The fleet's attempt registry when agents run on workers (`--agents
-/// fleet`); `None` when they run on this host.
-fn fleet_of(st: &ComponentState) -> Option<&fvd_workspace::agent::FleetAttempts> {
-    match st.args.agents.on {
-        fvd_workspace::agent::AgentsOn::Fleet => Some(&st.args.agents.registry),
-        fvd_workspace::agent::AgentsOn::Host => None,
-    }
-}
-
-/// How one agent run is started, wherever it runs.
-struct AgentLaunch<'a> {
-    argv: Vec<String>,
-    extra: Vec<(String, String)>,
-    stdin: Option<Vec<u8>>,
-    /// A preset's configuration files, relative to the attempt's folder
-    /// (written there by the launch on this host; carried to a worker).
-    files: Vec<(String, String)>,
-    /// The attempt's model proxy, which a worker reaches by its tunnel.
-    proxy: Option<std::net::SocketAddr>,
-    /// The attempt's tools (`fvd mcp`), likewise.
-    tools: Option<std::net::SocketAddr>,
-    /// Digests of the tokens the agent is given for them (stored with the
-    /// try's fleet job, for a restarted orchestrator to admit them).
-    proxy_token: String,
-    tools_token: String,
-    /// The try to adopt instead of queuing a new one.
-    adopt: Option<&'a fvd_store::FleetTry>,
-    span: &'a Span,
-}
-
-/// What one agent run gave, wherever it ran.
-struct AgentRun {
-    exit: agent::AgentExit,
-    /// The handoff file's text, not yet redacted here.
-    handoff_text: Option<String>,
-    fleet: Option<FleetCommit>,
-    /// It could not run for a cause outside the agent (fleet only).
-    environment: Option<String>,
-    /// The try to adopt runs on no worker (why).
-    not_adopted: Option<String>,
-}
-
-/// The attempt's model API failed for a reason outside the agent and the
-/// code: the attempt is closed as `environment` (not counted, run again
-/// under its number when the port resumes), the worktree is reset to where
-/// it began, and the component waits; the port pauses (exit 4) once
-/// nothing else runs.
-async fn agent_environment(
-    st: &mut ComponentState,
-    turn: &Turn<'_>,
-    head_before: &str,
-    why: &str,
-) -> Result<(), ActorProcessingErr> {
-    let (family, name) = (st.args.family.clone(), st.args.spec.name.clone());
-    let reason = format!("environment: agent attempt {}: {why}", turn.attempt);
-    tracing::warn!(%family, component = %name, attempt = turn.attempt, "{reason}");
-    st.args
-        .store
-        .attempt_environment(&family, &name, turn.attempt, why, now_ms())
-        .await?;
-    let wt = st
-        .agent
-        .as_ref()
-        .expect("agent components have a loop")
-        .worktree
-        .path
-        .clone();
-    if let Err(e) = worktree::reset(&wt, head_before).await {
-        let reason = format!("{reason}; its worktree cannot be reset: {e}");
-        return block(st, RecordedVerdict::Error(None), &reason, "").await;
-    }
-    update(
-        st,
-        ComponentStatus::Environment,
-        turn.result.verdict,
-        &reason,
-        "",
-    )
-    .await?;
-    spans::environment_failure(&st.span, "", &reason);
-    if !st.waiting_env {
-        st.waiting_env = true;
-        st.args.gate.cast(GateMsg::ComponentWaitsEnv(name))?;
-    }
-    Ok(())
-}
-
-/// Opens the attempt's ledger row, runs the agent in the worktree's port
-/// folder under its own span (behind the model proxy when the agent has a
-/// model API), and reads the handoff it returned.
-async fn run_agent(
-    st: &ComponentState,
-    turn: &Turn<'_>,
-    files: &AttemptFiles,
-    used: &Spent,
-) -> Result<AgentRan, ActorProcessingErr> {
-    let (family, spec) = (&st.args.family, &st.args.spec);
-    let a = spec.agent.as_ref().expect("only agent components loop");
-    let lp = st.agent.as_ref().expect("agent components have a loop");
-    let attempt = turn.attempt;
-    let clock = std::time::Instant::now();
-    // git works on the whole worktree; the agent in the port's folder of it.
-    let wt = lp.worktree.path.clone();
-    let wt_s = lp.worktree.workdir().to_string_lossy().into_owned();
-    let started_ms = now_ms();
-    let cookie = format!("{family}/{}/{attempt}/{started_ms}", spec.name);
-    let head_before = worktree::head(&wt).await.map_err(|e| e.to_string())?;
-    // The row exists before the agent does: a crash from here on finds it.
-    // An adopted try goes on under the row its process opened.
-    if turn.adopting.is_none() {
-        st.args
-            .store
-            .begin_attempt(&AttemptRow {
-                family: family.clone(),
-                component: spec.name.clone(),
-                attempt,
-                job_before: turn.job_id.to_string(),
-                verdict_before: turn.result.verdict,
-                reason_before: turn.result.reason.clone(),
-                started_ms,
-                head_before: head_before.clone(),
-                cookie: cookie.clone(),
-                kind: turn.kind,
-                ..AttemptRow::default()
-            })
-            .await?;
-    }
-    let ledger_ms = clock.elapsed().as_millis() as u64;
-    let fleet = fleet_of(st).is_some();
-    let (prompt, handoff) = if fleet {
-        (PROMPT_FILE, HANDOFF_FILE)
-    } else {
-        (files.prompt.as_str(), files.handoff.as_str())
-    };
-    let argv = a.argv(&fvd_spec::AgentVars {
-        prompt_file: prompt,
-        handoff_file: handoff,
-        worktree: if fleet { WORKDIR } else { &wt_s },
-        family,
-        component: &spec.name,
-        attempt,
-    });
-    let program = match a.preset {
-        Some(p) => p.program().to_string(),
-        None => argv[0].clone(),
-    };
-    let span = spans::agent_run(&st.span, family, &spec.name, attempt, &program);
-    let mut extra = vec![
-        ("FVD_FAMILY".to_string(), family.clone()),
-        ("FVD_COMPONENT".to_string(), spec.name.clone()),
-        ("FVD_ATTEMPT".to_string(), attempt.to_string()),
-        ("FVD_PROMPT_FILE".to_string(), prompt.to_string()),
-        ("FVD_HANDOFF_FILE".to_string(), handoff.to_string()),
-        (agent::COOKIE_ENV.to_string(), cookie),
-    ];
-    if let Some(tp) = fvd_telemetry::traceparent(&span) {
-        extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
-    }
-    // fvd's tools for the agent (`fvd mcp`), for as long as it runs; an
-    // adopted try's admit the token its agent holds.
-    let tools_token = turn
-        .adopting
-        .and_then(|t| fvd_workspace::session::AttemptToken::from_digest_hex(&t.tools_token_sha256));
-    let tools = start_tools(st, attempt, &head_before, &span, used, tools_token).await;
-    let mcp = tools.as_ref().map(|t| tools_mcp(st, t, &head_before));
-    if let (Some(m), Some(t)) = (&mcp, &tools) {
-        extra.extend(m.env.iter().cloned());
-        // The token only in the agent's environment, never in a file or an
-        // argument a job could read: `fvd mcp` takes it from there
-        // (issue #38).
-        if let Some(v) = t.token.value() {
-            extra.push(("FVD_TOOLS_TOKEN".into(), v.to_string()));
-        }
-    }
-    let tools_addr = tools.as_ref().map(|t| t.addr);
-    let tools_token = tools
-        .as_ref()
-        .map(|t| t.token.digest_hex())
-        .unwrap_or_default();
-    let Some(model) = &a.model else {
-        let ran = run_where(
-            st,
-            attempt,
-            files,
-            &head_before,
-            AgentLaunch {
-                argv,
-                extra,
-                stdin: None,
-                files: Vec::new(),
-                proxy: None,
-                tools: tools_addr,
-                proxy_token: String::new(),
-                tools_token,
-                adopt: turn.adopting,
-                span: &span,
-            },
-            std::future::pending(),
-        )
-        .await?;
-        let AgentRun {
-            exit,
-            handoff_text,
-            fleet,
-            environment,
-            not_adopted,
-        } = ran;
-        // The handoff is stored and may reach PORT_STATUS.md: redacted like
-        // the agent's output.
-        let handoff_text = handoff_text.map(|t| st.args.agents.redactor(&a.env).text(&t));
-        let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
-        if let Some(e) = &exit.spawn_error {
-            handoff.summary = e.clone();
-        }
-        let outcome = agent::exit_text(exit.exit_code, exit.signal, exit.timed_out);
-        span.record("fvd.outcome", outcome.as_str());
-        if let Some(c) = exit.exit_code {
-            span.record("fvd.exit_code", c);
-        }
-        return Ok(AgentRan {
-            ledger_ms,
-            proxy_ms: 0,
-            run_ms: clock.elapsed().as_millis() as u64,
-            exit,
-            handoff,
-            environment: environment.map(fvd_workspace::session::Environment),
-            head_before,
-            fleet,
-            asked: tools.as_ref().and_then(|t| t.asked()),
-            not_adopted,
-        });
-    };
-    let mut ran = proxied_agent(
-        st,
-        ProxiedRun {
-            attempt,
-            argv,
-            extra,
-            files,
-            used,
-            span,
-            head_before,
-            clock,
-            ledger_ms,
-            mcp,
-            tools: tools_addr,
-            tools_token,
-            adopting: turn.adopting,
-        },
-        model,
-    )
-    .await?;
-    ran.asked = tools.as_ref().and_then(|t| t.asked());
-    Ok(ran)
-}
-
-/// The parts of one proxied agent run.
-struct ProxiedRun<'a> {
-    attempt: u32,
-    argv: Vec<String>,
-    extra: Vec<(String, String)>,
-    files: &'a AttemptFiles,
-    used: &'a Spent,
-    span: Span,
-    head_before: String,
-    /// Started with the attempt's ledger row.
-    clock: std::time::Instant,
-    ledger_ms: u64,
-    mcp: Option<fvd_workspace::preset::Mcp>,
-    tools: Option<std::net::SocketAddr>,
-    /// The digest of the tools' token.
-    tools_token: String,
-    adopting: Option<&'a fvd_store::FleetTry>,
-}
-
-/// Runs the agent behind its own model proxy: the key stays in fvd, the
-/// usage is written to the ledger as it is metered, and the agent is ended
-/// the moment the proxy trips (a budget spent, a refused key).
-async fn proxied_agent(
-    st: &ComponentState,
-    r: ProxiedRun<'_>,
-    model: &fvd_spec::agent_model::ModelSpec,
-) -> Result<AgentRan, ActorProcessingErr> {
-    use fvd_workspace::session::{self, Session};
-    let (family, spec) = (&st.args.family, &st.args.spec);
-    let a = spec.agent.as_ref().expect("only agent components loop");
-    let ProxiedRun {
-        attempt,
-        argv,
-        mut extra,
-        files,
-        used,
-        span,
-        head_before,
-        clock,
-        ledger_ms,
-        mcp,
-        tools,
-        tools_token,
-        adopting,
-    } = r;
-    let store = st.args.store.clone();
-    // A try after a crash (or an adopted one) adds to what the tries
-    // before it spent, and may spend only what the attempt has left.
-    let before = store
-        .usage_of(family, &spec.name)
-        .await?
-        .remove(&attempt)
-        .unwrap_or_default();
-    let this_attempt = fvd_store::usage::Spend {
-        tokens: before.total_tokens(),
-        usd: before.cost_usd.unwrap_or(0.0),
-    };
-    let label = format!("{family}/{}/{attempt}", spec.name);
-    let started = std::time::Instant::now();
-    let token = adopting
-        .and_then(|t| fvd_workspace::session::AttemptToken::from_digest_hex(&t.proxy_token_sha256));
-    let sess = match Session::start(
-        a,
-        model,
-        allowance(&model.budget, used, this_attempt),
-        label,
-        session::default_retry(),
-        token,
-    )
-    .await
-    {
-        Ok(s) => std::sync::Arc::new(s),
-        Err(env) => {
-            span.record("fvd.outcome", "environment");
-            return Ok(AgentRan {
-                ledger_ms,
-                proxy_ms: started.elapsed().as_millis() as u64,
-                run_ms: clock.elapsed().as_millis() as u64,
-                exit: agent::AgentExit::default(),
-                handoff: agent::read_handoff(&spec.name, None, ""),
-                environment: Some(env),
-                head_before,
-                fleet: None,
-                asked: None,
-                not_adopted: None,
-            });
-        }
-    };
-    let proxy_ms = started.elapsed().as_millis() as u64;
-    let fleet = fleet_of(st).is_some();
-    // A worker reaches the proxy by its own loopback end of a tunnel.
-    let on_worker = |v: String| {
-        if fleet {
-            v.replace(&sess.proxy().origin(), PROXY_URL)
-        } else {
-            v
-        }
-    };
-    let mut launch_files = Vec::new();
-    let (argv, stdin) = match a.preset {
-        Some(p) if fleet => {
-            let packet = std::fs::read_to_string(&files.prompt)
-                .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
-            let base_url = on_worker(sess.proxy().base_url());
-            // Workers start jobs in their jail by default.
-            let plan = session::plan(
-                &sess,
-                a,
-                p,
-                &packet,
-                session::Place {
-                    dir: Path::new(ATTEMPT_DIR),
-                    jailed: true,
-                    mcp: mcp.as_ref(),
-                },
-                &base_url,
-            );
-            extra.extend(plan.launch.env);
-            launch_files = plan.files;
-            (plan.launch.argv, Some(plan.launch.stdin))
-        }
-        Some(p) => {
-            let packet = std::fs::read_to_string(&files.prompt)
-                .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
-            let jailed = st.args.agents.jail.mechanism().is_some();
-            let mut l = session::launch(
-                &sess,
-                a,
-                p,
-                &packet,
-                session::Place {
-                    dir: &files.dir,
-                    jailed,
-                    mcp: mcp.as_ref(),
-                },
-            )
-            .map_err(|e| format!("cannot write the {} configuration: {e}", p.name()))?;
-            // Found as `fvd agents check` finds it: FVD_AGENT_CLI_DIR, then PATH.
-            if let Some(found) =
-                fvd_workspace::preset::find_program(p, std::env::var_os("PATH").as_deref())
-            {
-                l.argv[0] = found.display().to_string();
-            }
-            extra.extend(l.env);
-            (l.argv, Some(l.stdin))
-        }
-        None => {
-            extra.extend(sess.raw_env().into_iter().map(|(k, v)| (k, on_worker(v))));
-            (argv, None)
-        }
-    };
-    tracing::debug!(%family, component = %spec.name, attempt, proxy_ms, "agent attempt: model proxy started");
-    // The ledger follows the proxy's meter while the agent runs.
-    let writer = {
-        let (s, store) = (sess.clone(), store.clone());
-        let (f, c, b) = (family.clone(), spec.name.clone(), before.clone());
-        fvd_telemetry::spawn(async move {
-            let mut updates = s.proxy().usage_updates();
-            while updates.changed().await.is_ok() {
-                let mut u = s.usage_now();
-                u.add_counts(&b);
-                if let Err(e) = store.record_usage(&f, &c, attempt, &u).await {
-                    tracing::warn!(error = %e, "agent usage could not be written");
-                }
-            }
-        })
-    };
-    let program = argv[0].clone();
-    let ran = run_where(
-        st,
-        attempt,
-        files,
-        &head_before,
-        AgentLaunch {
-            argv,
-            extra,
-            stdin,
-            files: launch_files,
-            proxy: Some(sess.proxy().addr()),
-            tools,
-            proxy_token: sess.proxy().token_digest(),
-            tools_token,
-            adopt: adopting,
-            span: &span,
-        },
-        sess.stopped(),
-    )
-    .await;
-    writer.abort();
-    let _ = writer.await;
-    let AgentRun {
-        exit,
-        handoff_text,
-        fleet,
-        environment,
-        not_adopted,
-    } = ran?;
-    if not_adopted.is_some() {
-        return Ok(AgentRan {
-            ledger_ms,
-            proxy_ms,
-            run_ms: clock.elapsed().as_millis() as u64,
-            exit,
-            handoff: agent::read_handoff(&spec.name, None, ""),
-            environment: None,
-            head_before,
-            fleet: None,
-            asked: None,
-            not_adopted,
-        });
-    }
-    if let Some(why) = environment {
-        span.record("fvd.outcome", "environment");
-        return Ok(AgentRan {
-            ledger_ms,
-            proxy_ms,
-            run_ms: clock.elapsed().as_millis() as u64,
-            exit,
-            handoff: agent::read_handoff(&spec.name, None, ""),
-            environment: Some(session::Environment(why)),
-            head_before,
-            fleet: None,
-            asked: None,
-            not_adopted: None,
-        });
-    }
-    let report = a
-        .preset
-        .map(|p| fvd_workspace::preset::report(p, &exit.stdout));
-    // The agent never held the key; its handoff is redacted of it anyway,
-    // with the values of the variables its spec passes.
-    let mut names = a.env.clone();
-    names.push(model.key_env.clone());
-    let handoff_text = handoff_text.map(|t| st.args.agents.redactor(&names).text(&t));
-    let final_text = report
-        .as_ref()
-        .and_then(|r| r.result.clone())
-        .unwrap_or_else(|| exit.stdout.clone());
-    let mut handoff = agent::read_handoff_of(
-        &spec.name,
-        report
-            .as_ref()
-            .and_then(|r| r.structured_handoff.as_deref()),
-        handoff_text.as_deref(),
-        &final_text,
-    );
-    if let Some(e) = &exit.spawn_error {
-        handoff.summary = format!("{e} (is {program} installed and on PATH?)");
-    }
-    let (mut usage, environment) = sess.finish(&exit, report.as_ref(), &handoff);
-    usage.add_counts(&before);
-    store
-        .record_usage(family, &spec.name, attempt, &usage)
-        .await?;
-    let outcome = agent::exit_text(exit.exit_code, exit.signal, exit.timed_out);
-    span.record("fvd.outcome", usage.outcome.as_str());
-    if let Some(c) = exit.exit_code {
-        span.record("fvd.exit_code", c);
-    }
-    spans::agent_usage(
-        &span,
-        &spans::AgentUsage {
-            provider: provider_name(model.api),
-            model: &usage.model,
-            input_tokens: usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens,
-            output_tokens: usage.output_tokens,
-            cost_usd: usage.cost_usd,
-            requests: usage.requests,
-        },
-    );
-    metrics::agent_usage(
-        family,
-        &spec.name,
-        &usage.model,
-        [
-            ("input", usage.input_tokens),
-            ("output", usage.output_tokens),
-            ("cache_read", usage.cache_read_tokens),
-            ("cache_write", usage.cache_write_tokens),
-        ],
-        usage.cost_usd.unwrap_or(0.0) - before.cost_usd.unwrap_or(0.0),
-    );
-    tracing::info!(%family, component = %spec.name, attempt, %outcome, model_outcome = %usage.outcome, requests = usage.requests, cost_usd = ?usage.cost_usd, "agent attempt ended");
-    Ok(AgentRan {
-        ledger_ms,
-        proxy_ms,
-        run_ms: clock.elapsed().as_millis() as u64,
-        exit,
-        handoff,
-        environment,
-        head_before,
-        fleet,
-        asked: None,
-        not_adopted: None,
-    })
-}
-
-/// Starts the attempt's tools (`attempt_tools`), their `run_parity` held
-/// to what the GPU-second budget has left after `used`; `None`, with a
-/// warning, when they cannot listen (the agent runs without them).
-async fn start_tools(
-    st: &ComponentState,
-    attempt: u32,
-    head_before: &str,
-    span: &Span,
-    used: &Spent,
-    token: Option<fvd_workspace::session::AttemptToken>,
-) -> Option<crate::attempt_tools::ToolsServer> {
-    let spec = &st.args.spec;
-    let a = spec.agent.as_ref()?;
-    let lp = st.agent.as_ref()?;
-    let gpu_left_ms = a
-        .max_gpu_s
-        .map(|max| max.saturating_mul(1000).saturating_sub(used.gpu_ms));
-    let ctx = crate::attempt_tools::ToolsContext {
-        family: st.args.family.clone(),
-        component: spec.name.clone(),
-        attempt,
-        spec: spec.clone(),
-        repo: st.args.repo.clone(),
-        code_prefix: lp.worktree.prefix.clone(),
-        base: head_before.to_string(),
-        fvd_writes: st.args.code.fvd_writes.clone(),
-        store: st.args.store.clone(),
-        scheduler: st.args.scheduler.clone(),
-        registry: st.args.agents.registry.clone(),
-        span: span.clone(),
-        secrets: st.args.agents.redactor(&a.env),
-        asked: Default::default(),
-        limits: st.args.agents.limits,
-        gpu_budget: crate::attempt_tools::GpuBudget::new(gpu_left_ms),
-    };
-    match crate::attempt_tools::start(ctx, token).await {
-        Ok(t) => Some(t),
-        Err(e) => {
-            tracing::warn!(error = %e, "the attempt's tools cannot listen; the agent runs without them");
-            None
-        }
-    }
-}
-
-/// How the agent's CLI starts `fvd mcp` for this attempt: the variables
-/// that scope it (the tools' address, the attempt's base; not the token,
-/// which `fvd mcp` finds in the agent's environment), with the address and
-/// the program left for a worker to fill in.
-fn tools_mcp(
-    st: &ComponentState,
-    tools: &crate::attempt_tools::ToolsServer,
-    head_before: &str,
-) -> fvd_workspace::preset::Mcp {
-    let fleet = fleet_of(st).is_some();
-    let program = if fleet {
-        FVD_PROGRAM.to_string()
-    } else {
-        std::env::current_exe()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|_| "fvd".into())
-    };
-    let addr = if fleet {
-        TOOLS_ADDR.to_string()
-    } else {
-        tools.addr.to_string()
-    };
-    fvd_workspace::preset::Mcp {
-        program: program.clone(),
-        env: vec![
-            ("FVD_TOOLS_ADDR".into(), addr),
-            ("FVD_ATTEMPT_BASE".into(), head_before.to_string()),
-            ("FVD_BIN".into(), program),
-        ],
-    }
-}
-
-/// Runs the attempt's agent: on this host in the component's worktree, or
-/// (`--agents fleet`) as a fleet job on a worker, which sends back its
-/// commit. `stop` ends it early (its model proxy tripped).
-async fn run_where(
-    st: &ComponentState,
-    attempt: u32,
-    files: &AttemptFiles,
-    head_before: &str,
-    launch: AgentLaunch<'_>,
-    stop: impl std::future::Future<Output = ()>,
-) -> Result<AgentRun, ActorProcessingErr> {
-    let (family, spec) = (&st.args.family, &st.args.spec);
-    let a = spec.agent.as_ref().expect("only agent components loop");
-    let lp = st.agent.as_ref().expect("agent components have a loop");
-    let Some(attempts) = fleet_of(st) else {
-        // The agent writes its worktree and its attempt's files, nothing
-        // else of the repository: not the main checkout, not `.fvd/` (the
-        // state database, other components' worktrees) (issue #39).
-        let repo = Path::new(&st.args.repo);
-        let depth = st
-            .args
-            .code
-            .prefix
-            .split('/')
-            .filter(|c| !c.is_empty())
-            .count();
-        let top = repo.ancestors().nth(depth).unwrap_or(repo);
-        let mut policy = st.args.agents.clone();
-        policy.jail = policy
-            .jail
-            .read_only(&[top.to_path_buf(), repo.to_path_buf()])
-            .writable(&[lp.worktree.path.clone(), files.dir.clone()]);
-        let exit = agent::run_with(
-            &launch.argv,
-            agent::RunAgent {
-                cwd: &lp.worktree.workdir(),
-                env_names: &a.env,
-                extra: &launch.extra,
-                timeout: a.timeout,
-                log_dir: &files.dir,
-                policy: &policy,
-            },
-            launch.stdin,
-            stop,
-        )
-        .await;
-        return Ok(AgentRun {
-            exit,
-            handoff_text: std::fs::read_to_string(&files.handoff).ok(),
-            fleet: None,
-            environment: None,
-            not_adopted: None,
-        });
-    };
-    let packet = std::fs::read_to_string(&files.prompt)
-        .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
-    let mut placement = spec.placement.clone();
-    if let Some(p) = a.preset {
-        // Only a worker that has the CLI takes the attempt.
-        placement
-            .labels
-            .insert(format!("{}{}", AGENT_LABEL_PREFIX, p.name()), "yes".into());
-    }
-    let job_id = match launch.adopt {
-        Some(t) => t.job_id.clone(),
-        None => {
-            let job_id = format!("{family}/{}/agent-{attempt}-{}", spec.name, now_ms());
-            // Kept with the attempt before it is queued: its lease is then
-            // written with it, and a restarted orchestrator adopts it.
-            st.args
-                .store
-                .set_fleet_try(
-                    family,
-                    &spec.name,
-                    attempt,
-                    &fvd_store::FleetTry {
-                        job_id: job_id.clone(),
-                        proxy_token_sha256: launch.proxy_token.clone(),
-                        tools_token_sha256: launch.tools_token.clone(),
-                    },
-                )
-                .await?;
-            job_id
-        }
-    };
-    let job = crate::agent_job::FleetAttemptJob {
-        job_id,
-        family: family.clone(),
-        component: spec.name.clone(),
-        attempt,
-        argv: launch.argv,
-        env: launch.extra.into_iter().collect(),
-        secret_env: a.env.clone(),
-        placement,
-        gpus: a.gpus(spec.gpus),
-        timeout_ms: u64::try_from(a.timeout.as_millis()).unwrap_or(u64::MAX),
-        base: head_before.to_string(),
-        code_prefix: lp.worktree.prefix.clone(),
-        repo: PathBuf::from(&st.args.repo),
-        proxy: launch.proxy,
-        tools: launch.tools,
-        agent: fvd_store::model::AgentJob {
-            packet,
-            packet_on_stdin: launch.stdin.is_some(),
-            files: launch.files,
-            proxied: launch.proxy.is_some(),
-            tools: launch.tools.is_some(),
-            commit_message: format!("fvd: {} attempt {attempt}", spec.name),
-        },
-        span: launch.span.clone(),
-        adopt: launch.adopt.is_some(),
-    };
-    let (end, stopped) = crate::agent_job::run(&st.args.scheduler, attempts, job, stop).await?;
-    let (report, worker_id) = match end {
-        crate::agent_job::FleetEnd::Finished { report, worker_id } => (report, worker_id),
-        crate::agent_job::FleetEnd::Lost(why) => {
-            return Ok(AgentRun {
-                exit: agent::AgentExit {
-                    stopped,
-                    ..Default::default()
-                },
-                handoff_text: None,
-                fleet: None,
-                environment: Some(format!("the attempt ran on no worker: {why}")),
-                not_adopted: None,
-            });
-        }
-        crate::agent_job::FleetEnd::NotAdopted(why) => {
-            return Ok(AgentRun {
-                exit: agent::AgentExit::default(),
-                handoff_text: None,
-                fleet: None,
-                environment: None,
-                not_adopted: Some(why),
-            });
-        }
-    };
-    let exit = crate::agent_job::exit_of(&report, stopped);
-    // The record of the run, as a host run leaves it beside the packet.
-    let _ = std::fs::write(files.dir.join("agent.stdout"), &exit.stdout);
-    let _ = std::fs::write(files.dir.join("worker"), &worker_id);
-    match crate::agent_job::outcome_of(&report) {
-        Ok(out) => Ok(AgentRun {
-            handoff_text: (!out.handoff.is_empty()).then(|| out.handoff.clone()),
-            fleet: Some(FleetCommit {
-                sha: out.commit.clone(),
-                pack: out.pack.clone(),
-                worker_id,
-                refused: (!out.refused.is_empty()).then(|| out.refused.clone()),
-            }),
-            exit,
-            environment: None,
-            not_adopted: None,
-        }),
-        Err(why) => Ok(AgentRun {
-            exit,
-            handoff_text: None,
-            fleet: None,
-            environment: Some(format!("worker {worker_id}: {why}")),
-            not_adopted: None,
-        }),
-    }
-}
-
-/// The label a worker carries for each agent CLI it has
-/// (`fvd.agent.claude-code = "yes"`): an attempt of a preset goes only to
-/// a worker that has its CLI.
-pub const AGENT_LABEL_PREFIX: &str = "fvd.agent.";
-
-/// The GenAI semantic conventions' provider name of an API.
-fn provider_name(api: fvd_spec::agent_model::ModelApi) -> &'static str {
-    use fvd_spec::agent_model::ModelApi;
-    match api {
-        ModelApi::Anthropic => "anthropic",
-        ModelApi::OpenAiChat | ModelApi::OpenAiResponses => "openai",
-        ModelApi::Gemini => "gcp.gemini",
-    }
-}
-
-/// What an agent left: its commit, how it ended, its handoff, and the
-/// worker it ran on (empty: this host).
-struct AgentDone<'a> {
-    commit: worktree::Commit,
-    exit: &'a agent::AgentExit,
-    handoff: &'a agent::HandoffRead,
-    worker_id: String,
-    /// Its commit was refused (over a limit on what an attempt brings
-    /// back): why, in one line; `commit` is then the base.
-    refused: Option<String>,
-}
-
-/// The attempt's ledger row as the agent left it.
-fn attempt_row(st: &ComponentState, attempt: u32, done: AgentDone<'_>) -> AttemptRow {
-    let AgentDone {
-        commit,
-        exit,
-        handoff,
-        worker_id,
-        refused: _,
-    } = done;
-    AttemptRow {
-        worker_id,
-        family: st.args.family.clone(),
-        component: st.args.spec.name.clone(),
-        attempt,
-        commit_sha: commit.sha,
-        diff_stat: commit.stat,
-        diff: commit.diff,
-        exit_code: exit.exit_code,
-        signal: exit.signal,
-        timed_out: exit.timed_out,
-        duration_ms: exit.duration_ms,
-        handoff_status: handoff.status,
-        handoff_summary: handoff.summary.clone(),
-        handoff_text: handoff.text.clone(),
-        finished_ms: now_ms(),
-        ..AttemptRow::default()
-    }
-}
-
 /// Records the attempt together with what it leads to, in one commit:
 /// blocked (the agent could not start, asked for a conversion retry, or
 /// returned a blocker), parked on its question (raised under a fresh
 /// `E###` id), or the parity test queued on its commit. A crash after the
 /// ledger row and before the question or the run cannot happen: both or
 /// neither are in the store.
-#[allow(clippy::too_many_arguments)]
 async fn after_agent(
     myself: &ActorRef<ComponentMsg>,
     st: &mut ComponentState,
-    turn: &Turn<'_>,
-    worker_id: &str,
-    done: AgentDone<'_>,
-    answered: bool,
+    turn: &AttemptTurn,
+    done: AgentDone,
 ) -> Result<(), ActorProcessingErr> {
-    let (attempt, result) = (turn.attempt, turn.result);
-    let (exit, handoff) = (done.exit, done.handoff);
-    let refused = done.refused.clone();
-    let mut row = attempt_row(st, attempt, done);
+    let (attempt, result) = (turn.attempt, &turn.result);
+    let worker_id = turn.worker_id.as_str();
+    let answered = !turn.answers.is_empty();
+    let mut row = done.row(&st.args.family, &st.args.spec.name, attempt);
+    let AgentDone {
+        exit,
+        handoff,
+        refused,
+        ..
+    } = done;
     let family = st.args.family.clone();
     let blocked = |why: String| format!("{} ({why})", classed(result.verdict, &result.reason));
     let mut conversion = None;
@@ -2758,7 +1522,6 @@ async fn emit(st: &ComponentState) -> Result<(), ActorProcessingErr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn a_reason_names_its_class_once() {
@@ -2773,156 +1536,6 @@ mod tests {
         assert_eq!(
             classed(RecordedVerdict::Timeout, "killed at the timeout"),
             "timeout: killed at the timeout"
-        );
-    }
-
-    #[test]
-    fn agent_files_stay_under_the_agent_folder() {
-        let repo = Path::new("/r");
-        assert_eq!(
-            agent_dir(repo, "p", "c").unwrap(),
-            Path::new("/r/.fvd/agent/p/c")
-        );
-        for name in ["../../../etc", "/tmp/x", "a/../.."] {
-            assert!(agent_dir(repo, "p", name).is_err(), "{name}");
-        }
-    }
-
-    fn agent() -> fvd_spec::AgentSpec {
-        fvd_spec::AgentSpec {
-            command: vec!["a".into()],
-            timeout: Duration::from_secs(60),
-            env: vec![],
-            max_attempts: 3,
-            max_wall: Some(Duration::from_secs(600)),
-            max_gpu_s: Some(100),
-            cleanup: Default::default(),
-            preset: None,
-            extra_args: vec![],
-            model: None,
-            gpus: Default::default(),
-        }
-    }
-
-    #[test]
-    fn each_budget_stops_the_loop_when_spent_and_not_before() {
-        let a = agent();
-        let fresh = Spent {
-            attempts: 2,
-            first_queued_ms: Some(1_000),
-            gpu_ms: 99_999,
-            now_ms: 1_000 + 599_999,
-            model_component: Default::default(),
-            model_port: Default::default(),
-        };
-        assert_eq!(budget_spent(&a, &fresh), None);
-        let s = Spent {
-            attempts: 3,
-            ..fresh
-        };
-        assert_eq!(
-            budget_spent(&a, &s).as_deref(),
-            Some("agent budget spent: 3 of 3 attempts")
-        );
-        let s = Spent {
-            now_ms: 1_000 + 600_000,
-            ..fresh
-        };
-        assert_eq!(
-            budget_spent(&a, &s).as_deref(),
-            Some("agent budget spent: wall time 600 s of 600 s")
-        );
-        let s = Spent {
-            gpu_ms: 100_000,
-            ..fresh
-        };
-        assert_eq!(
-            budget_spent(&a, &s).as_deref(),
-            Some("agent budget spent: 100.0 of 100 GPU-seconds")
-        );
-        // No limits: only attempts count.
-        let open = fvd_spec::AgentSpec {
-            max_wall: None,
-            max_gpu_s: None,
-            ..agent()
-        };
-        let s = Spent {
-            gpu_ms: u64::MAX / 2,
-            now_ms: i64::MAX / 2,
-            ..fresh
-        };
-        assert_eq!(budget_spent(&open, &s), None);
-    }
-
-    #[test]
-    fn model_budgets_block_when_spent_and_an_attempt_gets_what_is_left() {
-        use fvd_spec::agent_model::{AgentBudget, ModelApi, ModelSpec};
-        use fvd_store::usage::Spend;
-        let budget = AgentBudget {
-            usd_per_attempt: Some(2.0),
-            usd_per_component: Some(5.0),
-            usd_per_port: Some(9.0),
-            tokens_per_component: Some(1_000),
-            ..AgentBudget::default()
-        };
-        let a = fvd_spec::AgentSpec {
-            model: Some(ModelSpec {
-                api: ModelApi::Anthropic,
-                model: "claude-sonnet-4-5".into(),
-                key_env: "ANTHROPIC_API_KEY".into(),
-                max_turns: None,
-                budget,
-                prices: Default::default(),
-            }),
-            max_wall: None,
-            max_gpu_s: None,
-            ..agent()
-        };
-        let s = |c: (f64, u64), p: (f64, u64)| Spent {
-            attempts: 0,
-            first_queued_ms: None,
-            gpu_ms: 0,
-            now_ms: 0,
-            model_component: Spend {
-                usd: c.0,
-                tokens: c.1,
-            },
-            model_port: Spend {
-                usd: p.0,
-                tokens: p.1,
-            },
-        };
-        // Plenty left: the attempt's own cap; the component's tokens.
-        let fresh = s((1.0, 100), (1.0, 100));
-        assert_eq!(budget_spent(&a, &fresh), None);
-        let none = Spend::default();
-        let left = allowance(&budget, &fresh, none);
-        assert_eq!((left.usd, left.tokens), (Some(2.0), Some(900)));
-        // A try of an attempt after a crash, or one adopted, has what its
-        // earlier tries left of the attempt's cap.
-        let earlier = Spend {
-            usd: 1.5,
-            tokens: 50,
-        };
-        let left = allowance(&budget, &fresh, earlier);
-        assert_eq!((left.usd, left.tokens), (Some(0.5), Some(900)));
-        // Less left of the component than an attempt may spend.
-        let left = allowance(&budget, &s((4.5, 100), (4.5, 100)), none);
-        assert_eq!(left.usd, Some(0.5));
-        // The port's other components spent most of its budget.
-        let left = allowance(&budget, &s((1.0, 100), (8.75, 100)), none);
-        assert_eq!(left.usd, Some(0.25));
-        assert_eq!(
-            budget_spent(&a, &s((5.0, 10), (5.0, 10))).as_deref(),
-            Some("agent budget spent: 5.0000 of 5 USD for the component")
-        );
-        assert_eq!(
-            budget_spent(&a, &s((1.0, 10), (9.5, 10))).as_deref(),
-            Some("agent budget spent: 9.5000 of 9 USD for the port")
-        );
-        assert_eq!(
-            budget_spent(&a, &s((1.0, 1_000), (1.0, 1_000))).as_deref(),
-            Some("agent budget spent: 1000 of 1000 tokens for the component")
         );
     }
 }

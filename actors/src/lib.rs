@@ -29,8 +29,7 @@
 //! (`fvd_spec`) and the agent's workspace (`fvd_workspace`) are crates of
 //! their own, without actors.
 
-pub mod agent_job;
-pub mod attempt_tools;
+pub mod attempt;
 pub mod component;
 pub mod fvd_dir;
 pub mod gate;

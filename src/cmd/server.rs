@@ -786,7 +786,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
             let found = fvd_workspace::preset::find_program(p, path.as_deref()).is_some();
             if found || args.agent_presets.contains(&p) {
                 config.labels.insert(
-                    format!("{}{}", fvd_actors::component::AGENT_LABEL_PREFIX, p.name()),
+                    format!("{}{}", fvd_actors::attempt::AGENT_LABEL_PREFIX, p.name()),
                     "yes".into(),
                 );
                 agents.push(p.name());

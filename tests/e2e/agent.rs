@@ -737,6 +737,76 @@ fn kill_9_of_the_orchestrator_during_an_agent_attempt_neither_loses_nor_duplicat
     );
 }
 
+/// The attempt runs in its own actor (issue #40), so its component answers
+/// a cancel while the agent runs: the port ends cancelled and the agent's
+/// whole process group is ended with it, not left to run out its time.
+#[test]
+fn a_cancel_during_an_agent_attempt_ends_its_agent_at_once() {
+    let mut sb = Sandbox::with_repo_in("repo");
+    let dir = sb
+        .repo()
+        .join(".fvd/agent/tinyport/timestep_embed/attempt-1");
+    let (shell, child) = (dir.join("shell.pid"), dir.join("child.pid"));
+    let (shell_s, child_s) = (shell.display().to_string(), child.display().to_string());
+    example_repo(&sb, |t| {
+        // timestep_embed's agent records its pid and its child's, and
+        // waits on the child far longer than the test.
+        let wrapper = format!(
+            "command = [\"sh\", \"-c\", \"if [ \\\"$FVD_COMPONENT\\\" = timestep_embed ]; then sleep 300 & echo $! > {child_s}; echo $$ > {shell_s}; wait; fi; exec python3 -B tools/replay_agent.py \\\"$@\\\"\", \"agent\", "
+        );
+        without_time_shift(t).replace(
+            "command = [\"python3\", \"-B\", \"tools/replay_agent.py\", ",
+            &wrapper,
+        )
+    });
+    let url = sb.serve_with(&["--allow-agent-commands", "--agents", "host"]);
+    sb.worker("w1", 2);
+    let (code, out) = outcome(
+        fvd()
+            .args([
+                "submit",
+                "--family",
+                "tinyport",
+                "--orchestrator",
+                &url,
+                "--repo",
+            ])
+            .arg(sb.repo()),
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let pids: Vec<i32> = crate::support::wait_for(
+        "the agent and its child",
+        std::time::Duration::from_secs(60),
+        || {
+            let read = |p: &Path| std::fs::read_to_string(p).ok()?.trim().parse().ok();
+            Some(vec![read(&shell)?, read(&child)?])
+        },
+    );
+    assert!(pids.iter().all(|p| alive(*p)), "{pids:?}");
+    let (code, out) = outcome(fvd().args(["cancel", "tinyport", "--orchestrator", &url]));
+    assert_eq!(code, Some(0), "{out}");
+    let status = crate::support::wait_for(
+        "the port to end",
+        std::time::Duration::from_secs(30),
+        || {
+            let s = sb.remote_status("tinyport")?;
+            (s["state"] == "cancelled").then_some(s)
+        },
+    );
+    assert_eq!(
+        component(&status, COMPONENT)["status"],
+        "blocked",
+        "{status}"
+    );
+    for pid in pids {
+        crate::support::wait_for(
+            "the agent's processes to be ended",
+            std::time::Duration::from_secs(30),
+            || (!alive(pid)).then_some(()),
+        );
+    }
+}
+
 #[test]
 fn a_fleet_orchestrator_takes_the_answer_over_grpc() {
     let mut sb = Sandbox::new();

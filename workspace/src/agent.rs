@@ -573,6 +573,9 @@ pub async fn run_with(
         }
     };
     let pid = child.id();
+    // Dropped before the agent ended (its attempt was cancelled): its whole
+    // group goes, not only the process `kill_on_drop` ends.
+    let group = GroupKill(pid);
     if let (Some(bytes), Some(mut input)) = (stdin, child.stdin.take()) {
         // Written beside the run: an agent that reads its input late (or
         // never) must not hold up the wait below.
@@ -615,6 +618,7 @@ pub async fn run_with(
             (child.wait().await.ok(), false, true)
         }
     };
+    group.disarm();
     let stdout = redactor.bytes(&out.await.unwrap_or_default());
     let stderr = redactor.bytes(&err.await.unwrap_or_default());
     let _ = std::fs::write(log_dir.join("agent.stdout"), &stdout);
@@ -628,6 +632,28 @@ pub async fn run_with(
         duration_ms: started.elapsed().as_millis() as u64,
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
         spawn_error: None,
+    }
+}
+
+/// Kills an agent's process group when dropped armed: a run whose future
+/// is dropped (its attempt's actor ended with its component) leaves no
+/// process behind.
+struct GroupKill(Option<u32>);
+
+impl GroupKill {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
     }
 }
 

@@ -435,21 +435,18 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
         warm: spec.runner.warm_preload(),
         agent: None,
     };
-    let end = crate::agent_job::run_queued(
+    let end = super::fleet::run_queued(
         &ctx.scheduler,
         &registry,
         &job_id,
-        crate::agent_job::Queue::New,
+        super::fleet::Queue::New,
         job,
         std::future::pending(),
     )
     .await;
     let (report, worker) = match end {
-        Ok((crate::agent_job::FleetEnd::Finished { report, worker_id }, _)) => (report, worker_id),
-        Ok((
-            crate::agent_job::FleetEnd::Lost(why) | crate::agent_job::FleetEnd::NotAdopted(why),
-            _,
-        )) => {
+        Ok((super::fleet::FleetEnd::Finished { report, worker_id }, _)) => (report, worker_id),
+        Ok((super::fleet::FleetEnd::Lost(why) | super::fleet::FleetEnd::NotAdopted(why), _)) => {
             return Called::failed(format!("the run ran on no worker: {why}"));
         }
         Err(e) => return Called::failed(format!("the run could not be queued: {e}")),
