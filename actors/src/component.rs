@@ -2,14 +2,14 @@
 //! scheduler for a run of the component's parity test, has the result
 //! classified once ([`crate::red_run`]: the verdict from its JUnit report,
 //! and whether a red run is traced or gets its variants first) and records
-//! it. It alone writes the component's row: the helper actors that
-//! diagnose a red run tell it what they do ([`ComponentMsg::Diagnosing`]).
+//! it. It alone writes the component's row: the diagnosers that
+//! diagnose a red run tell it what they do ([`ComponentMsg::Diagnosis`]).
 //!
 //! A component without an `[agent]` ends as `blocked` on any verdict other
 //! than `non_skip_pass`, with the precise reason (the failing assertion, the
 //! skip reason, the collection error), as the parity contract asks. A
 //! component with one loops: after a red run the coding agent runs in the
-//! component's git worktree with the packet of [`crate::agent`], its work is
+//! component's git worktree with the packet of [`fvd_workspace::agent`], its work is
 //! committed and recorded in the attempt ledger, and the parity test runs
 //! again there, until a `non_skip_pass` that holds for `confirm_runs` runs
 //! and clears the cleanup gate, a blocker the agent returns, or a budget
@@ -38,7 +38,7 @@ use crate::attempt::{
     AttemptTurn, Spent, budget_spent,
 };
 use crate::gate::GateMsg;
-use crate::red_run::{self, AfterVerdict, Decision, RedRun};
+use crate::red_run::{self, AfterVerdict, Decision, Diagnosis, RedRun};
 use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_spec::ComponentSpec;
 use fvd_store::model::{
@@ -71,8 +71,8 @@ pub struct ComponentArgs {
     pub scheduler: ActorRef<SchedulerMsg>,
     pub gate: ActorRef<GateMsg>,
     pub events: broadcast::Sender<PortEvent>,
-    /// The port's helper actors its red runs visit (trace, variants).
-    pub helpers: red_run::Helpers,
+    /// The port's diagnosers its red runs visit (trace, variants).
+    pub diagnosers: red_run::Diagnosers,
     /// Whether its agent command may run here, and jailed how.
     pub agents: agent::AgentPolicy,
     /// The port's `REPO/.fvd`: nothing is recorded once it went away (the
@@ -87,19 +87,10 @@ pub enum ComponentMsg {
     /// A person answered an escape hatch of this component (the answer is
     /// in the store): an `ask_user` component goes on with its next attempt.
     Answered { id: String },
-    /// A helper actor diagnosing red run `job_id` shows what it does on
-    /// the component's row (a trace step, the variant runs): the component
-    /// writes it while that run is still its run in flight.
-    Diagnosing {
-        job_id: String,
-        status: ComponentStatus,
-        verdict: RecordedVerdict,
-        reason: String,
-    },
-    /// A red run back from its route through the helpers, with their notes
-    /// (the investigation's summary, the variant table's note): it is
-    /// recorded as it is, never classified again.
-    Diagnosed(Box<RedRun>),
+    /// A red run's diagnosers show what they do on the component's row (a
+    /// trace step, the variant runs), and hand the run back with their
+    /// notes (the investigation's summary, the variant table's note).
+    Diagnosis(Diagnosis),
     /// The agent attempt this component spawned ended.
     AttemptDone(Box<AttemptDone>),
 }
@@ -107,6 +98,24 @@ pub enum ComponentMsg {
 // The scheduler's events reach the component through a derived ref.
 crate::scheduler::job_event_msg!(ComponentMsg::Job);
 crate::attempt::attempt_done_msg!(ComponentMsg::AttemptDone);
+
+// A red run's route reaches the component through a derived ref.
+impl From<Diagnosis> for ComponentMsg {
+    fn from(d: Diagnosis) -> Self {
+        ComponentMsg::Diagnosis(d)
+    }
+}
+
+impl TryFrom<ComponentMsg> for Diagnosis {
+    type Error = ComponentMsg;
+
+    fn try_from(m: ComponentMsg) -> Result<Self, ComponentMsg> {
+        match m {
+            ComponentMsg::Diagnosis(d) => Ok(d),
+            other => Err(other),
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct ComponentState {
@@ -195,17 +204,17 @@ impl Actor for ComponentSubagentActor {
                 tracing::info!(%id, component = %st.args.spec.name, "escape hatch answered; the agent goes on");
                 return after_answer(&myself, st).await;
             }
-            ComponentMsg::Diagnosing {
+            ComponentMsg::Diagnosis(Diagnosis::Progress {
                 job_id,
                 status,
                 verdict,
                 reason,
-            } => {
+            }) => {
                 if st.job_id.as_deref() == Some(job_id.as_str()) {
                     update(st, status, verdict, &reason, "").await?;
                 }
             }
-            ComponentMsg::Diagnosed(run) => {
+            ComponentMsg::Diagnosis(Diagnosis::Done(run)) => {
                 if st.job_id.as_deref() == Some(run.report.job_id.as_str()) {
                     let note = run.note();
                     let RedRun {
@@ -334,8 +343,8 @@ async fn job_event(
 }
 
 /// The component's run ended: its verdict is classified, once; a red run
-/// goes through its helpers first (it comes back as
-/// [`ComponentMsg::Diagnosed`]), any other is recorded now.
+/// goes through its diagnosers first (it comes back as
+/// [`ComponentMsg::Diagnosis`]), any other is recorded now.
 async fn run_finished(
     myself: &ActorRef<ComponentMsg>,
     st: &mut ComponentState,
@@ -346,7 +355,7 @@ async fn run_finished(
         return Ok(());
     }
     let v = red_run::classify(&st.args.repo, &st.args.spec, &report);
-    match red_run::decide(&v, &st.args.spec, &st.args.helpers) {
+    match red_run::decide(&v, &st.args.spec, &st.args.diagnosers) {
         Decision::Environment(cause) => {
             environment_failure(myself, st, &report, &worker_id, &cause).await
         }
@@ -356,7 +365,7 @@ async fn run_finished(
                 report,
                 worker_id,
                 verdict: v,
-                component: myself.clone(),
+                component: myself.get_derived(),
                 span: st.span.clone(),
                 route,
                 trace_summary: String::new(),
@@ -368,7 +377,7 @@ async fn run_finished(
     }
 }
 
-/// Records a classified run (`note`: its helpers' notes, for a blocked
+/// Records a classified run (`note`: its diagnosers' notes, for a blocked
 /// reason) and goes on: another run, an agent turn, or the end.
 async fn record_run(
     myself: &ActorRef<ComponentMsg>,
@@ -505,7 +514,7 @@ enum Next {
 /// Plans what a verdict leads to ([`red_run::after_verdict`]; reads only):
 /// a retry after an infrastructure error, an agent turn after a red run or
 /// a refused cleanup, a confirming run after a pass, or the component's
-/// end, blocked with `note` (its helpers' notes) before the reason.
+/// end, blocked with `note` (its diagnosers' notes) before the reason.
 async fn plan_after_run(
     st: &ComponentState,
     v: &Verdict,
@@ -863,7 +872,7 @@ async fn scheduled(
     metrics::attempt(&st.args.family, &spec.name);
     emit(st).await?;
     let spec = &st.args.spec;
-    let env = crate::helper::run_env(
+    let env = crate::run_env::run_env(
         spec.set_env.clone(),
         &st.args.family,
         &spec.name,

@@ -95,8 +95,8 @@ pub struct GateState {
     /// The phase span still open (P6 from `entered` until it is decided);
     /// component spans are its children.
     phase_span: Option<(String, Span)>,
-    /// The port's helper actors (trace, variants) its red runs visit.
-    helpers: crate::red_run::Helpers,
+    /// The port's diagnosers (trace, variants) its red runs visit.
+    diagnosers: crate::red_run::Diagnosers,
     /// The port's `REPO/.fvd`, which must stay the same folder.
     fvd: Arc<FvdDir>,
     /// Failed component actors, restarted under backoff.
@@ -158,7 +158,7 @@ impl Actor for GateActor {
             done: false,
             span,
             phase_span: None,
-            helpers: Default::default(),
+            diagnosers: Default::default(),
             starting: None,
         })
     }
@@ -278,13 +278,13 @@ impl Actor for GateActor {
         )
         .await?;
         if st.args.spec.components.iter().any(|c| c.trace.is_some()) {
-            let t = crate::helper::spawn_for_port(
+            let t = crate::diagnosis::spawn_for_port(
                 crate::trace_actor::TraceActor,
                 crate::trace_actor::TRACE_JOB_SUFFIX,
-                &myself,
-                helper_args(&st.args),
+                myself.get_cell(),
+                diagnoser_args(&st.args),
             );
-            st.helpers.trace = Some(t.await?);
+            st.diagnosers.trace = Some(t.await?.get_derived());
         }
         if st
             .args
@@ -293,13 +293,13 @@ impl Actor for GateActor {
             .iter()
             .any(|c| !c.variants.is_empty())
         {
-            let v = crate::helper::spawn_for_port(
+            let v = crate::diagnosis::spawn_for_port(
                 crate::variant_actor::VariantActor,
                 crate::variant_actor::VARIANT_JOB_SUFFIX,
-                &myself,
-                helper_args(&st.args),
+                myself.get_cell(),
+                diagnoser_args(&st.args),
             );
-            st.helpers.variants = Some(v.await?);
+            st.diagnosers.variants = Some(v.await?.get_derived());
         }
         // The components queue their first runs one by one: the port's
         // placement waits until all are queued, so the policy (longest
@@ -543,7 +543,7 @@ async fn spawn_component(
         scheduler: st.args.scheduler.clone(),
         gate: myself.clone(),
         events: st.args.events.clone(),
-        helpers: st.helpers.clone(),
+        diagnosers: st.diagnosers.clone(),
         agents: st.args.agents.clone(),
         fvd: st.fvd.clone(),
     };
@@ -557,9 +557,9 @@ async fn spawn_component(
     Ok(())
 }
 
-/// What the port's helper actors (trace, variants) are spawned with.
-fn helper_args(a: &GateArgs) -> crate::helper::HelperArgs {
-    crate::helper::HelperArgs {
+/// What the port's diagnosers (trace, variants) are spawned with.
+fn diagnoser_args(a: &GateArgs) -> crate::diagnosis::DiagnosisArgs {
+    crate::diagnosis::DiagnosisArgs {
         family: a.family.clone(),
         code: a.code.clone(),
         store: a.store.clone(),

@@ -10,14 +10,20 @@
 //!   queued a job.
 //! * [`red_run`]: a component's finished run, classified once, and where
 //!   it goes: recorded, retried elsewhere, or (a red run) through the
-//!   port's helper actors first, then an agent turn or the end.
-//! * [`helper`]: the shape the two helper actors share (arguments, one
-//!   message enum, spawn, reruns, progress told to the component):
+//!   port's diagnosers first, then an agent turn or the end. The run
+//!   answers its component through a derived ref ([`red_run::Diagnosis`]):
+//!   no diagnoser knows the component's message type.
+//! * [`diagnosis`]: the shape the two diagnosers share (arguments, one
+//!   message enum, spawn, reruns):
 //!   [`trace_actor::TraceActor`], one per port, drills a red component down
 //!   with traced reruns to its first divergent module;
 //!   [`variant_actor::VariantActor`], one per port, runs a red component's
-//!   test under each of its hypothesis variants at once and tables them.
-//!   No actor but the component writes a component's row.
+//!   test under each of its hypothesis variants at once and tables them
+//!   ([`variant_table`]: the table as text).
+//! * [`attempt`]: one actor per running coding-agent attempt, spawned by
+//!   its component and linked to it; it answers with one
+//!   [`attempt::AttemptDone`].
+//! * [`run_env`]: the variables a run gets (every run's, a traced rerun's).
 //! * [`judge_question`]: the question an attempt's judge change becomes
 //!   (text only; the component asks and acts on the answer).
 //! * [`run_verdict`]: the verdict of a finished job (or that its
@@ -31,15 +37,17 @@
 
 pub mod attempt;
 pub mod component;
+pub mod diagnosis;
 pub mod fvd_dir;
 pub mod gate;
-pub mod helper;
 pub mod judge_question;
 pub mod orchestrator;
 pub mod port_status;
 pub mod red_run;
 pub mod restarts;
+pub mod run_env;
 pub mod run_verdict;
 pub mod scheduler;
 pub mod trace_actor;
 pub mod variant_actor;
+pub mod variant_table;

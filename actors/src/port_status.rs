@@ -59,7 +59,7 @@ pub enum PortStatusError {
     },
 }
 
-/// What [`write`] did.
+/// What [`write()`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Written {
     /// No file was there; fvd wrote one.
@@ -142,7 +142,7 @@ pub async fn plan(
         if let (Some(last), Some(t)) = (last, tables.get(&c.name))
             && t.first().is_some_and(|r| r.red_job_id == last.job_id)
         {
-            variants.insert(c.name.clone(), crate::variant_actor::evidence_text(t));
+            variants.insert(c.name.clone(), crate::variant_table::evidence_text(t));
         }
     }
     // The GPU model each worker announced, for the evidence's "on what".

@@ -3,14 +3,14 @@
 //! The component actor hands every finished run of its own to [`classify`]
 //! and [`decide`], once: an environment failure is no verdict (the run goes
 //! to another worker); a `debug_red` run of a component with a trace table
-//! or variants is a [`RedRun`] with a route through the port's helper
-//! actors (the trace actor, then the variant actor), each of which adds its
-//! note and passes it on with [`hand_on`], the last one back to the
-//! component ([`ComponentMsg::Diagnosed`]); every other run, and a red run
+//! or variants is a [`RedRun`] with a route through the port's diagnosers
+//! (the trace actor, then the variant actor), each of which adds its note
+//! and passes it on with [`hand_on`], the last one back to the component
+//! ([`Diagnosis::Done`]); every other run, and a red run
 //! back from its route, is recorded, and [`after_verdict`] says what follows
 //! (another run, an agent turn, a pass to confirm, or the end).
 //!
-//! The helpers never classify the red run again: they get its [`Verdict`]
+//! The diagnosers never classify the red run again: they get its [`Verdict`]
 //! with it. Their own reruns (traced reruns, variant runs) are classified
 //! where they end, as diagnoses that never become the component's verdict.
 
@@ -18,28 +18,43 @@ use std::collections::VecDeque;
 
 use fvd_contracts::verdict::Verdict;
 use fvd_spec::ComponentSpec;
-use fvd_store::model::{JobReport, JobResult, RecordedVerdict};
-use ractor::{ActorRef, ActorStatus, MessagingErr};
+use fvd_store::model::{ComponentStatus, JobReport, JobResult, RecordedVerdict};
+use ractor::{ActorStatus, DerivedActorRef, MessagingErr};
 use tracing::Span;
 
-use crate::component::ComponentMsg;
-use crate::helper::HelperMsg;
 use crate::run_verdict;
 
 /// How many infra errors reported by workers (CUDA init, lost GPU) a
 /// component tolerates before it is blocked on infrastructure.
 pub const MAX_INFRA_VERDICTS: u32 = 3;
 
-/// The port's helper actors a red run may visit, as the gate spawned them.
+/// The port's diagnosing actors a red run may visit, as the gate spawned
+/// them: each takes a red run ([`crate::diagnosis`]).
 #[derive(Debug, Clone, Default)]
-pub struct Helpers {
+pub struct Diagnosers {
     /// The trace actor, when some component has `[component.trace]`.
-    pub trace: Option<ActorRef<HelperMsg>>,
+    pub trace: Option<DerivedActorRef<Box<RedRun>>>,
     /// The variant actor, when some component has variants.
-    pub variants: Option<ActorRef<HelperMsg>>,
+    pub variants: Option<DerivedActorRef<Box<RedRun>>>,
 }
 
-/// A red run on its way through the helpers, classified once.
+/// What a red run's component hears from its route: what a diagnosing
+/// actor does with the run now (the component writes it on its row while
+/// the run is still its run in flight), and the run back at its end.
+#[derive(Debug)]
+pub enum Diagnosis {
+    Progress {
+        job_id: String,
+        status: ComponentStatus,
+        verdict: RecordedVerdict,
+        reason: String,
+    },
+    /// The run back from its route, with the notes the diagnosers added:
+    /// it is recorded as it is, never classified again.
+    Done(Box<RedRun>),
+}
+
+/// A red run on its way through the diagnosers, classified once.
 #[derive(Debug)]
 pub struct RedRun {
     pub spec: ComponentSpec,
@@ -51,11 +66,11 @@ pub struct RedRun {
     pub verdict: Verdict,
     /// The component the run belongs to: it alone writes the component's
     /// row, and gets the run back at the end of its route.
-    pub component: ActorRef<ComponentMsg>,
-    /// The component's span: the helpers' spans hang under it.
+    pub component: DerivedActorRef<Diagnosis>,
+    /// The component's span: the diagnosers' spans hang under it.
     pub span: Span,
-    /// The helpers still to see the run, in order.
-    pub route: VecDeque<ActorRef<HelperMsg>>,
+    /// The diagnosers still to see the run, in order.
+    pub route: VecDeque<DerivedActorRef<Box<RedRun>>>,
     /// The trace investigation's one-line summary, once traced.
     pub trace_summary: String,
     /// The variant table's note, once its variants ran.
@@ -85,6 +100,18 @@ impl RedRun {
         }
         s
     }
+
+    /// Shows what a diagnosing actor does with this run on its component's
+    /// row: the component writes it (status `status`, the run's verdict,
+    /// `reason`).
+    pub fn progress(&self, status: ComponentStatus, reason: String) {
+        let _ = self.component.send_message(Diagnosis::Progress {
+            job_id: self.report.job_id.clone(),
+            status,
+            verdict: self.recorded(),
+            reason,
+        });
+    }
 }
 
 /// Longest trace summary a blocked reason gets: PORT_STATUS.md cuts
@@ -104,25 +131,25 @@ pub enum Decision {
     /// Its environment failed it, not the code: no verdict, no run, no
     /// agent, no trace; it goes to another worker.
     Environment(String),
-    /// A red run to diagnose first: the helpers to visit, in order.
-    Diagnose(VecDeque<ActorRef<HelperMsg>>),
+    /// A red run to diagnose first: the diagnosers to visit, in order.
+    Diagnose(VecDeque<DerivedActorRef<Box<RedRun>>>),
     /// A verdict to record now.
     Record,
 }
 
 /// Decides what a classified run of `spec` leads to: a `debug_red` run is
 /// traced when the component has a trace table, then gets its variants
-/// when it has some (each only where the port has the helper).
-pub fn decide(v: &Verdict, spec: &ComponentSpec, helpers: &Helpers) -> Decision {
+/// when it has some (each only where the port has the diagnoser).
+pub fn decide(v: &Verdict, spec: &ComponentSpec, diagnosers: &Diagnosers) -> Decision {
     if let Verdict::Environment { cause } = v {
         return Decision::Environment(cause.clone());
     }
     if RecordedVerdict::from(v) != RecordedVerdict::DebugRed {
         return Decision::Record;
     }
-    let route: VecDeque<ActorRef<HelperMsg>> = [
-        helpers.trace.as_ref().filter(|_| spec.trace.is_some()),
-        helpers
+    let route: VecDeque<DerivedActorRef<Box<RedRun>>> = [
+        diagnosers.trace.as_ref().filter(|_| spec.trace.is_some()),
+        diagnosers
             .variants
             .as_ref()
             .filter(|_| !spec.variants.is_empty()),
@@ -181,8 +208,8 @@ pub fn job_result(verdict: RecordedVerdict, reason: String, report: &JobReport) 
     }
 }
 
-/// Passes a red run to the next helper of its route, or back to its
-/// component when none is left. A helper that is gone is skipped: the run
+/// Passes a red run to the next diagnoser of its route, or back to its
+/// component when none is left. A diagnoser that is gone is skipped: the run
 /// is then recorded without its note, never left waiting. A component that
 /// is gone (restarted, its port stopped) waits for nothing: the run stops.
 pub fn hand_on(mut run: Box<RedRun>) {
@@ -193,14 +220,14 @@ pub fn hand_on(mut run: Box<RedRun>) {
         ) {
             return;
         }
-        match next.cast(HelperMsg::Diagnose(run)) {
+        match next.send_message(run) {
             Ok(()) => return,
-            Err(MessagingErr::SendErr(HelperMsg::Diagnose(back))) => run = back,
+            Err(MessagingErr::SendErr(back)) => run = back,
             Err(_) => return,
         }
     }
     let component = run.component.clone();
-    let _ = component.cast(ComponentMsg::Diagnosed(run));
+    let _ = component.send_message(Diagnosis::Done(run));
 }
 
 #[cfg(test)]
@@ -250,7 +277,7 @@ mod tests {
             report: JobReport::default(),
             worker_id: String::new(),
             verdict: Verdict::Timeout,
-            component: me.clone(),
+            component: me.get_derived(),
             span: Span::none(),
             route: VecDeque::new(),
             trace_summary: String::new(),
@@ -271,13 +298,13 @@ mod tests {
     struct Idle;
 
     impl ractor::Actor for Idle {
-        type Msg = ComponentMsg;
+        type Msg = Diagnosis;
         type State = ();
         type Arguments = ();
 
         async fn pre_start(
             &self,
-            _me: ActorRef<ComponentMsg>,
+            _me: ractor::ActorRef<Diagnosis>,
             _: (),
         ) -> Result<(), ractor::ActorProcessingErr> {
             Ok(())

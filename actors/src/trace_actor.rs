@@ -1,12 +1,12 @@
 //! `TraceActor`: one per port (spawned by the gate when some component has
-//! a `[component.trace]` table), of the helper shape ([`crate::helper`]).
+//! a `[component.trace]` table), of the diagnoser shape ([`crate::diagnosis`]).
 //! When such a component's run is `debug_red`, its route
 //! ([`crate::red_run`]) brings the classified run here first, before its
 //! variants and before the component blocks or starts an agent attempt. The
 //! actor reruns the parity test with activation
 //! tracing on (`FASTVIDEO_TRACE_*`, the spec's layer regex), gets the rank
 //! files back from the worker over the job stream, merges and compares
-//! them with [`fvd_trace::compare`], and reruns with the narrowed regex of
+//! them with [`fvd_trace::compare()`], and reruns with the narrowed regex of
 //! the first divergent block ([`fvd_trace::Report::drill_down`]) until the
 //! first divergent leaf module is known or the spec's `depth` is spent.
 //! Every step's report is stored with the investigation; the red run goes
@@ -40,17 +40,13 @@ use fvd_telemetry::spans;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Span;
 
-use crate::helper::{self, HelperArgs, HelperMsg, Rerun, RunCode};
+use crate::diagnosis::{self, DiagnosisArgs, DiagnosisMsg, Rerun, RunCode};
 use crate::red_run::{self, RedRun};
 use crate::scheduler::JobEvent;
 use fvd_spec::trace_spec::TraceSpec;
-use fvd_store::model::{CollectedFile, ComponentStatus, JobReport, TraceCompare};
+use fvd_store::model::{CollectedFile, ComponentStatus, JobReport};
 use fvd_store::traces::StepTransport;
 
-/// Variable the worker points at the run's own folder for trace files.
-pub const TRACE_DIR_ENV: &str = "FVD_TRACE_DIR";
-/// The reference side's layer regex (reference module names).
-pub const REFERENCE_LAYERS_ENV: &str = "FVD_TRACE_REFERENCE_LAYERS";
 /// Suffix of the component name traced reruns are recorded under.
 pub const TRACE_JOB_SUFFIX: &str = "#trace";
 /// A stored report over this size keeps only the rows around the first
@@ -62,7 +58,7 @@ pub struct TraceActor;
 
 #[derive(Debug)]
 pub struct TraceState {
-    args: HelperArgs,
+    args: DiagnosisArgs,
     /// Where gathered files are written: beside the database.
     root: PathBuf,
     /// Investigations in flight, by the job id of their current rerun.
@@ -93,7 +89,7 @@ struct Inquiry {
     shift_hint: Option<fvd_trace::Signature>,
 }
 
-/// How an investigation ended: the store's [`TraceOutcome`] (never `None`
+/// How an investigation ended: the store's [`fvd_store::states::TraceOutcome`] (never `None`
 /// or `Abandoned` here: those are the store's own).
 pub use fvd_store::states::TraceOutcome as Outcome;
 
@@ -250,17 +246,17 @@ fn divergence_text(fd: &fvd_trace::FirstDivergence) -> String {
 }
 
 impl Actor for TraceActor {
-    type Msg = HelperMsg;
+    type Msg = DiagnosisMsg;
     type State = TraceState;
-    type Arguments = HelperArgs;
+    type Arguments = DiagnosisArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        args: HelperArgs,
+        args: DiagnosisArgs,
     ) -> Result<TraceState, ActorProcessingErr> {
         Ok(TraceState {
-            root: helper::files_root(&args.store),
+            root: diagnosis::files_root(&args.store),
             args,
             running: HashMap::new(),
         })
@@ -269,11 +265,11 @@ impl Actor for TraceActor {
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
-        msg: HelperMsg,
+        msg: DiagnosisMsg,
         st: &mut TraceState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            HelperMsg::InFlight(reply) => {
+            DiagnosisMsg::InFlight(reply) => {
                 let names = st
                     .running
                     .values()
@@ -281,8 +277,8 @@ impl Actor for TraceActor {
                     .collect();
                 let _ = reply.send(names);
             }
-            HelperMsg::Diagnose(run) => investigate(&myself, st, run).await,
-            HelperMsg::Job(m) => job_progress(&myself, st, m).await,
+            DiagnosisMsg::Diagnose(run) => investigate(&myself, st, run).await,
+            DiagnosisMsg::Job(m) => job_progress(&myself, st, m).await,
         }
         Ok(())
     }
@@ -290,7 +286,7 @@ impl Actor for TraceActor {
 
 /// Starts the investigation of a red run: its first traced rerun, over the
 /// spec's layers.
-async fn investigate(myself: &ActorRef<HelperMsg>, st: &mut TraceState, mut run: Box<RedRun>) {
+async fn investigate(myself: &ActorRef<DiagnosisMsg>, st: &mut TraceState, mut run: Box<RedRun>) {
     let (family, name) = (st.args.family.clone(), run.spec.name.clone());
     let Some(trace) = run.spec.trace.clone() else {
         // Only a component with a trace table routes its runs here.
@@ -327,8 +323,8 @@ async fn investigate(myself: &ActorRef<HelperMsg>, st: &mut TraceState, mut run:
     launch(myself, st, inquiry, trace.layers.clone()).await;
 }
 
-async fn job_progress(myself: &ActorRef<HelperMsg>, st: &mut TraceState, m: JobEvent) {
-    match helper::rerun_event(m, "traced rerun") {
+async fn job_progress(myself: &ActorRef<DiagnosisMsg>, st: &mut TraceState, m: JobEvent) {
+    match diagnosis::rerun_event(m, "traced rerun") {
         Some(Rerun::Finished { report, worker_id }) => {
             let Some(inq) = st.running.remove(&report.job_id) else {
                 return;
@@ -358,7 +354,7 @@ async fn job_progress(myself: &ActorRef<HelperMsg>, st: &mut TraceState, m: JobE
 /// Queues the next traced rerun of `inq` with port-side regex `layers`;
 /// an error ends the investigation.
 async fn launch(
-    myself: &ActorRef<HelperMsg>,
+    myself: &ActorRef<DiagnosisMsg>,
     st: &mut TraceState,
     mut inq: Inquiry,
     layers: String,
@@ -375,7 +371,7 @@ async fn launch(
 }
 
 async fn enqueue(
-    myself: &ActorRef<HelperMsg>,
+    myself: &ActorRef<DiagnosisMsg>,
     st: &TraceState,
     inq: &Inquiry,
 ) -> Result<String, String> {
@@ -400,14 +396,18 @@ async fn enqueue(
         .map_err(|e| format!("cannot record trace step {}: {e}", inq.step))?;
     // The traced rerun runs as the component's own runs do, plus the
     // trace variables.
-    let mut env = helper::run_env(
+    let mut env = crate::run_env::run_env(
         spec.set_env.clone(),
         &st.args.family,
         &spec.name,
         record.run_no,
     );
     env.insert("FVD_TRACE_STEP".to_string(), inq.step.to_string());
-    env.extend(traced_env(t, &layers, &inq.reference_layers));
+    env.extend(crate::run_env::traced_env(
+        t,
+        &layers,
+        &inq.reference_layers,
+    ));
     let span = spans::trace_step(
         &inq.span,
         &st.args.family,
@@ -423,45 +423,6 @@ async fn enqueue(
     Ok(job_id)
 }
 
-/// The variables of a run traced with port-side regex `layers` and
-/// reference-side `reference_layers`: what the test's tracers read.
-pub fn traced_env(
-    t: &TraceSpec,
-    layers: &str,
-    reference_layers: &str,
-) -> std::collections::BTreeMap<String, String> {
-    let mut env: std::collections::BTreeMap<String, String> = [
-        ("FASTVIDEO_TRACE_ACTIVATIONS", "1".to_string()),
-        ("FASTVIDEO_TRACE_LAYERS", layers.to_string()),
-        ("FASTVIDEO_TRACE_STATS", t.stats.clone()),
-        (
-            "FASTVIDEO_TRACE_OUTPUT",
-            t.output.replace("{dir}", "{collect_dir}"),
-        ),
-        (REFERENCE_LAYERS_ENV, reference_layers.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    if let Some(steps) = &t.steps {
-        env.insert("FASTVIDEO_TRACE_STEPS".to_string(), steps.clone());
-    }
-    env
-}
-
-/// How the worker that runs a traced rerun compares its files, where they
-/// lie: the spec's globs and comparison options.
-pub fn worker_compare(t: &TraceSpec) -> TraceCompare {
-    let f = t.folder_spec();
-    TraceCompare {
-        reference: f.reference,
-        port: f.port,
-        rename: f.rename,
-        tol: f.tol,
-        steps: f.steps,
-    }
-}
-
 /// Shows the investigation on the component's row while it runs.
 fn progress(inq: &Inquiry) {
     let reason = format!(
@@ -470,11 +431,11 @@ fn progress(inq: &Inquiry) {
         inq.trace.depth,
         inq.tried.last().map(String::as_str).unwrap_or_default()
     );
-    helper::progress(&inq.run, ComponentStatus::Tracing, reason);
+    inq.run.progress(ComponentStatus::Tracing, reason);
 }
 
 async fn step_finished(
-    myself: &ActorRef<HelperMsg>,
+    myself: &ActorRef<DiagnosisMsg>,
     st: &mut TraceState,
     mut inq: Inquiry,
     report: JobReport,

@@ -1,6 +1,6 @@
 //! `VariantActor`: one per port (spawned by the gate when some component
-//! declares `[[component.variant]]`s), of the helper shape
-//! ([`crate::helper`]). When such a component's run is `debug_red`, its
+//! declares `[[component.variant]]`s), of the diagnoser shape
+//! ([`crate::diagnosis`]). When such a component's run is `debug_red`, its
 //! route ([`crate::red_run`]) brings the classified run here (after the
 //! trace actor, when it is traced) before the component blocks or starts an
 //! agent attempt. The actor
@@ -36,10 +36,12 @@ use std::path::PathBuf;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::field::Empty;
 
-use crate::helper::{self, HelperArgs, HelperMsg, Rerun};
+use crate::diagnosis::{self, DiagnosisArgs, DiagnosisMsg, Rerun};
 use crate::red_run::{self, RedRun};
+use crate::run_env;
 use crate::scheduler::JobEvent;
 use crate::trace_actor;
+use crate::variant_table::{finding, table_note};
 use fvd_contracts::verdict::Verdict;
 use fvd_spec::ComponentSpec;
 use fvd_store::model::{ComponentStatus, JobReport, RecordedVerdict};
@@ -50,15 +52,12 @@ use fvd_store::variants::{BASELINE, VariantRow};
 pub const VARIANT_JOB_SUFFIX: &str = "#variant";
 /// Variable naming the variant a run tests (the test may read it).
 pub const VARIANT_ENV: &str = "FVD_VARIANT";
-/// Longest note a blocked reason gets from the table.
-const NOTE_CHARS: usize = 160;
-
 #[derive(Debug)]
 pub struct VariantActor;
 
 #[derive(Debug)]
 pub struct VariantState {
-    args: HelperArgs,
+    args: DiagnosisArgs,
     /// Where traced variants' files go: beside the database.
     root: PathBuf,
     /// Tables being filled, by the red run's job id.
@@ -82,130 +81,6 @@ struct Table {
     pending: usize,
 }
 
-/// `KEY=VALUE KEY=VALUE` of a row.
-fn overrides(row: &VariantRow) -> String {
-    row.env.join(" ")
-}
-
-/// The one-line note of a finished table: the variants that pass, then
-/// those that move the first divergence; or that none did.
-pub fn table_note(rows: &[VariantRow]) -> String {
-    let variants: Vec<&VariantRow> = rows.iter().filter(|r| r.name != BASELINE).collect();
-    let mut parts: Vec<String> = Vec::new();
-    for r in variants
-        .iter()
-        .filter(|r| r.finding == VariantFinding::Passes)
-    {
-        parts.push(format!("passes with {} (variant {})", overrides(r), r.name));
-    }
-    for r in variants
-        .iter()
-        .filter(|r| r.finding == VariantFinding::Moves)
-    {
-        parts.push(format!(
-            "with {} (variant {}) the first divergence moves to {}",
-            overrides(r),
-            r.name,
-            r.first_divergence
-        ));
-    }
-    let mut s = if parts.is_empty() {
-        let traced = rows.iter().any(|r| !r.first_divergence.is_empty());
-        format!(
-            "no variant of {} passes{}",
-            variants.len(),
-            if traced {
-                " or moves the first divergence"
-            } else {
-                ""
-            }
-        )
-    } else {
-        parts.join("; ")
-    };
-    if s.chars().count() > NOTE_CHARS {
-        s = s.chars().take(NOTE_CHARS).collect::<String>() + "…";
-    }
-    s
-}
-
-/// One row as a line of the agent's packet and of `fvd status`.
-pub fn row_text(r: &VariantRow) -> String {
-    let mut s = r.name.clone();
-    if !r.env.is_empty() {
-        s.push_str(&format!(" ({})", overrides(r)));
-    }
-    s.push_str(&format!(
-        ": {}",
-        if r.verdict.is_none() {
-            r.state.as_str()
-        } else {
-            r.verdict.as_str()
-        }
-    ));
-    if !r.first_divergence.is_empty() {
-        s.push_str(&format!(", first divergence {}", r.first_divergence));
-        if let Some(d) = r.drift {
-            s.push_str(&format!(" {} drift {d:.3}", r.stat));
-        }
-    } else if !r.trace_error.is_empty() {
-        s.push_str(&format!(", no first divergence ({})", r.trace_error));
-    }
-    if !matches!(r.finding, VariantFinding::None | VariantFinding::Baseline)
-        && r.finding.as_str() != r.verdict.as_str()
-    {
-        s.push_str(&format!(" [{}]", r.finding));
-    }
-    s
-}
-
-/// The table as the agent's packet shows it, one line per row.
-pub fn table_text(rows: &[VariantRow]) -> String {
-    rows.iter()
-        .map(|r| format!("- {}", row_text(r)))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The table as `PORT_STATUS.md` evidence: each variant's name and finding.
-pub fn evidence_text(rows: &[VariantRow]) -> String {
-    rows.iter()
-        .filter(|r| r.name != BASELINE)
-        .map(|r| {
-            let finding = match r.finding {
-                VariantFinding::None | VariantFinding::Other => r.verdict.as_str(),
-                other => other.as_str(),
-            };
-            match (r.finding, r.first_divergence.is_empty()) {
-                (VariantFinding::Moves, false) => {
-                    format!("{} {finding} to {}", r.name, r.first_divergence)
-                }
-                _ => format!("{} {finding}", r.name),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// What a variant's row says next to the baseline: it passes, it moves the
-/// first divergence, it keeps the same one, it is red (untraced), or it
-/// ended otherwise.
-pub fn finding(
-    verdict: RecordedVerdict,
-    variant: Option<&fvd_trace::FirstDivergence>,
-    baseline: Option<&fvd_trace::FirstDivergence>,
-) -> VariantFinding {
-    match verdict {
-        RecordedVerdict::NonSkipPass => VariantFinding::Passes,
-        RecordedVerdict::DebugRed => match (variant, baseline) {
-            (Some(v), Some(b)) if v.port_module != b.port_module => VariantFinding::Moves,
-            (Some(_), Some(_)) => VariantFinding::Same,
-            _ => VariantFinding::Red,
-        },
-        _ => VariantFinding::Other,
-    }
-}
-
 /// `(?:a)|(?:b)` of the distinct regexes, or the one regex alone.
 fn union(regexes: &[String]) -> String {
     let mut distinct: Vec<&String> = Vec::new();
@@ -225,17 +100,17 @@ fn union(regexes: &[String]) -> String {
 }
 
 impl Actor for VariantActor {
-    type Msg = HelperMsg;
+    type Msg = DiagnosisMsg;
     type State = VariantState;
-    type Arguments = HelperArgs;
+    type Arguments = DiagnosisArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        args: HelperArgs,
+        args: DiagnosisArgs,
     ) -> Result<VariantState, ActorProcessingErr> {
         Ok(VariantState {
-            root: helper::files_root(&args.store),
+            root: diagnosis::files_root(&args.store),
             args,
             tables: HashMap::new(),
             running: HashMap::new(),
@@ -245,11 +120,11 @@ impl Actor for VariantActor {
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
-        msg: HelperMsg,
+        msg: DiagnosisMsg,
         st: &mut VariantState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            HelperMsg::InFlight(reply) => {
+            DiagnosisMsg::InFlight(reply) => {
                 let names = st
                     .tables
                     .values()
@@ -257,8 +132,8 @@ impl Actor for VariantActor {
                     .collect();
                 let _ = reply.send(names);
             }
-            HelperMsg::Diagnose(run) => start(&myself, st, run).await,
-            HelperMsg::Job(ev) => job_progress(st, ev).await,
+            DiagnosisMsg::Diagnose(run) => start(&myself, st, run).await,
+            DiagnosisMsg::Job(ev) => job_progress(st, ev).await,
         }
         Ok(())
     }
@@ -298,7 +173,7 @@ async fn baseline_trace(
     (Some((union(&layers), union(&reference))), first)
 }
 
-async fn start(myself: &ActorRef<HelperMsg>, st: &mut VariantState, mut run: Box<RedRun>) {
+async fn start(myself: &ActorRef<DiagnosisMsg>, st: &mut VariantState, mut run: Box<RedRun>) {
     let (family, name) = (st.args.family.clone(), run.spec.name.clone());
     let red_job = run.report.job_id.clone();
     // The variants test the red run's code: its folder and commit.
@@ -366,11 +241,11 @@ async fn start(myself: &ActorRef<HelperMsg>, st: &mut VariantState, mut run: Box
         let spec = &table.run.spec;
         let mut env = spec.set_env.clone();
         env.extend(v.env.clone());
-        let mut env = helper::run_env(env, &family, &name, record.run_no);
+        let mut env = crate::run_env::run_env(env, &family, &name, record.run_no);
         env.insert(VARIANT_ENV.to_string(), v.name.clone());
         let traced = match (&table.scope, &spec.trace) {
             (Some((layers, reference)), Some(t)) => {
-                env.extend(trace_actor::traced_env(t, layers, reference));
+                env.extend(run_env::traced_env(t, layers, reference));
                 Some(t)
             }
             _ => None,
@@ -407,7 +282,7 @@ async fn start(myself: &ActorRef<HelperMsg>, st: &mut VariantState, mut run: Box
 }
 
 async fn job_progress(st: &mut VariantState, ev: JobEvent) {
-    match helper::rerun_event(ev, "variant run") {
+    match diagnosis::rerun_event(ev, "variant run") {
         Some(Rerun::Finished { report, worker_id }) => {
             let Some((red, idx)) = st.running.remove(&report.job_id) else {
                 return;
@@ -588,7 +463,7 @@ fn progress(t: &Table) {
         names.len(),
         names.join(", ")
     );
-    helper::progress(&t.run, ComponentStatus::Variants, reason);
+    t.run.progress(ComponentStatus::Variants, reason);
 }
 
 /// Passes the red run on with the table's note.
@@ -603,103 +478,6 @@ fn conclude(t: Table) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fd(m: &str) -> fvd_trace::FirstDivergence {
-        fvd_trace::FirstDivergence {
-            reference_module: m.into(),
-            port_module: m.into(),
-            tensor: "out".into(),
-            step: Some(0),
-            stat: "abs_mean".into(),
-            reference: serde_json::json!(1.0),
-            port: serde_json::json!(1.5),
-            drift: Some(0.333),
-            tolerance: Some(0.005),
-        }
-    }
-
-    fn row(name: &str, env: &[&str], verdict: &str, finding: &str, first: &str) -> VariantRow {
-        VariantRow {
-            name: name.into(),
-            env: env.iter().map(|e| e.to_string()).collect(),
-            state: RowState::Done,
-            verdict: verdict.parse().unwrap(),
-            finding: finding.parse().unwrap(),
-            first_divergence: first.into(),
-            stat: if first.is_empty() { "" } else { "abs_mean" }.into(),
-            drift: (!first.is_empty()).then_some(0.25),
-            ..VariantRow::default()
-        }
-    }
-
-    #[test]
-    fn a_variant_passes_moves_keeps_or_is_red() {
-        let (a, b) = (fd("blocks.2.norm"), fd("blocks.1.attn"));
-        assert_eq!(
-            finding(RecordedVerdict::NonSkipPass, None, Some(&a)),
-            VariantFinding::Passes
-        );
-        assert_eq!(
-            finding(RecordedVerdict::DebugRed, Some(&b), Some(&a)),
-            VariantFinding::Moves
-        );
-        assert_eq!(
-            finding(RecordedVerdict::DebugRed, Some(&a), Some(&a)),
-            VariantFinding::Same
-        );
-        assert_eq!(
-            finding(RecordedVerdict::DebugRed, None, None),
-            VariantFinding::Red
-        );
-        assert_eq!(
-            finding(RecordedVerdict::Timeout, None, Some(&a)),
-            VariantFinding::Other
-        );
-    }
-
-    #[test]
-    fn the_note_names_what_passes_or_moves_and_the_table_every_row() {
-        let rows = vec![
-            row(BASELINE, &[], "debug_red", BASELINE, "blocks.2.norm"),
-            row("eps_fix", &["EPS_FIX=1"], "non_skip_pass", "passes", ""),
-            row(
-                "fp32",
-                &["FASTVIDEO_DTYPE=fp32"],
-                "debug_red",
-                "moves",
-                "blocks.1.attn",
-            ),
-            row(
-                "tf32_off",
-                &["TF32=0"],
-                "debug_red",
-                "same",
-                "blocks.2.norm",
-            ),
-        ];
-        assert_eq!(
-            table_note(&rows),
-            "passes with EPS_FIX=1 (variant eps_fix); with FASTVIDEO_DTYPE=fp32 (variant fp32) the first divergence moves to blocks.1.attn"
-        );
-        assert_eq!(
-            table_text(&rows),
-            "- baseline: debug_red, first divergence blocks.2.norm abs_mean drift 0.250\n\
-             - eps_fix (EPS_FIX=1): non_skip_pass [passes]\n\
-             - fp32 (FASTVIDEO_DTYPE=fp32): debug_red, first divergence blocks.1.attn abs_mean drift 0.250 [moves]\n\
-             - tf32_off (TF32=0): debug_red, first divergence blocks.2.norm abs_mean drift 0.250 [same]"
-        );
-        assert_eq!(
-            evidence_text(&rows),
-            "eps_fix passes, fp32 moves to blocks.1.attn, tf32_off same"
-        );
-        let none = vec![
-            row(BASELINE, &[], "debug_red", BASELINE, ""),
-            row("a", &["A=1"], "debug_red", "red", ""),
-            row("b", &["B=1"], "timeout", "other", ""),
-        ];
-        assert_eq!(table_note(&none), "no variant of 2 passes");
-        assert_eq!(evidence_text(&none), "a red, b timeout");
-    }
 
     #[test]
     fn a_traced_variant_covers_every_scope_the_investigation_traced() {

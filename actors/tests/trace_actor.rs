@@ -11,8 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fvd_actors::component::ComponentMsg;
-use fvd_actors::helper::{HelperArgs, HelperMsg};
+use fvd_actors::diagnosis::{DiagnosisArgs, DiagnosisMsg};
+use fvd_actors::red_run::Diagnosis;
 use fvd_actors::red_run::RedRun;
 use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg};
 use fvd_actors::trace_actor::TraceActor;
@@ -46,9 +46,9 @@ depth = DEPTH
 struct Harness {
     dir: tempfile::TempDir,
     store: Store,
-    trace: ActorRef<HelperMsg>,
-    component: ActorRef<ComponentMsg>,
-    answers: mpsc::UnboundedReceiver<ComponentMsg>,
+    trace: ActorRef<DiagnosisMsg>,
+    component: ActorRef<Diagnosis>,
+    answers: mpsc::UnboundedReceiver<Diagnosis>,
     /// What the actor told the component to show on its row, in order.
     progress: Vec<(ComponentStatus, String)>,
     worker: mpsc::Receiver<ToWorker>,
@@ -113,7 +113,7 @@ impl Harness {
         let (trace, _) = Actor::spawn(
             None,
             TraceActor,
-            HelperArgs {
+            DiagnosisArgs {
                 family: "p".into(),
                 code: Default::default(),
                 store: store.clone(),
@@ -162,7 +162,7 @@ impl Harness {
             .await
             .unwrap();
         self.trace
-            .cast(HelperMsg::Diagnose(Box::new(RedRun {
+            .cast(DiagnosisMsg::Diagnose(Box::new(RedRun {
                 spec: spec.components[0].clone(),
                 report: JobReport {
                     job_id: red.job_id,
@@ -174,7 +174,7 @@ impl Harness {
                     failed: 1,
                     passed: 0,
                 },
-                component: self.component.clone(),
+                component: self.component.get_derived(),
                 span: tracing::Span::none(),
                 route: Default::default(),
                 trace_summary: String::new(),
@@ -257,7 +257,7 @@ async fn narrows_from_the_blocks_to_the_first_divergent_leaf() {
         a.env["FASTVIDEO_TRACE_OUTPUT"],
         "{collect_dir}/port_rank<rank>.jsonl"
     );
-    let busy = ractor::call_t!(h.trace, HelperMsg::InFlight, 5000).unwrap();
+    let busy = ractor::call_t!(h.trace, DiagnosisMsg::InFlight, 5000).unwrap();
     assert_eq!(busy, ["c"]);
     h.finish(
         &a,
@@ -288,7 +288,7 @@ async fn narrows_from_the_blocks_to_the_first_divergent_leaf() {
         summary,
         "first divergence: blocks.1.mlp abs_mean drift 0.200 (reference blocks.1.mlp, step 0; leaf after 2 trace steps)"
     );
-    let busy = ractor::call_t!(h.trace, HelperMsg::InFlight, 5000).unwrap();
+    let busy = ractor::call_t!(h.trace, DiagnosisMsg::InFlight, 5000).unwrap();
     assert!(busy.is_empty(), "{busy:?}");
     // Each step was shown on the component's row by the component, which
     // the actor told; the actor itself never wrote the row.
@@ -383,7 +383,7 @@ impl Harness {
     async fn answer_for_run(&mut self, n: u32) -> String {
         loop {
             match tokio::time::timeout(Duration::from_secs(10), self.answers.recv()).await {
-                Ok(Some(ComponentMsg::Diagnosing {
+                Ok(Some(Diagnosis::Progress {
                     job_id,
                     status,
                     reason,
@@ -392,7 +392,7 @@ impl Harness {
                     assert_eq!(job_id, format!("p.c.{n}"));
                     self.progress.push((status, reason));
                 }
-                Ok(Some(ComponentMsg::Diagnosed(run))) => {
+                Ok(Some(Diagnosis::Done(run))) => {
                     assert_eq!(
                         run.report.job_id,
                         format!("p.c.{n}"),

@@ -12,8 +12,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fvd_actors::component::ComponentMsg;
-use fvd_actors::helper::{HelperArgs, HelperMsg};
+use fvd_actors::diagnosis::{DiagnosisArgs, DiagnosisMsg};
+use fvd_actors::red_run::Diagnosis;
 use fvd_actors::red_run::RedRun;
 use fvd_actors::scheduler::{SchedulerActor, SchedulerArgs, SchedulerConfig, SchedulerMsg};
 use fvd_actors::variant_actor::VariantActor;
@@ -61,9 +61,9 @@ port = "port/rank*.jsonl"
 struct Harness {
     _dir: tempfile::TempDir,
     store: Store,
-    variants: ActorRef<HelperMsg>,
-    component: ActorRef<ComponentMsg>,
-    answers: mpsc::UnboundedReceiver<ComponentMsg>,
+    variants: ActorRef<DiagnosisMsg>,
+    component: ActorRef<Diagnosis>,
+    answers: mpsc::UnboundedReceiver<Diagnosis>,
     worker: mpsc::Receiver<ToWorker>,
     sched: ActorRef<SchedulerMsg>,
     spec: fvd_spec::ComponentSpec,
@@ -121,7 +121,7 @@ impl Harness {
         let (variants, _) = Actor::spawn(
             None,
             VariantActor,
-            HelperArgs {
+            DiagnosisArgs {
                 family: "p".into(),
                 code: Default::default(),
                 store: store.clone(),
@@ -165,7 +165,7 @@ impl Harness {
             .unwrap();
         assert_eq!(red.job_id, "p.c.1");
         self.variants
-            .cast(HelperMsg::Diagnose(Box::new(RedRun {
+            .cast(DiagnosisMsg::Diagnose(Box::new(RedRun {
                 spec: self.spec.clone(),
                 report: JobReport {
                     job_id: red.job_id,
@@ -180,7 +180,7 @@ impl Harness {
                     failed: 1,
                     passed: 0,
                 },
-                component: self.component.clone(),
+                component: self.component.get_derived(),
                 span: tracing::Span::none(),
                 route: Default::default(),
                 trace_summary: String::new(),
@@ -221,7 +221,7 @@ impl Harness {
 
     /// What the actor tells the component next: what to show on its row
     /// (`Diagnosing`) or the red run back with the table's note.
-    async fn told(&mut self) -> ComponentMsg {
+    async fn told(&mut self) -> Diagnosis {
         match tokio::time::timeout(Duration::from_secs(10), self.answers.recv()).await {
             Ok(Some(m)) => m,
             other => panic!("expected a message to the component, got {other:?}"),
@@ -231,13 +231,12 @@ impl Harness {
     async fn note(&mut self) -> String {
         loop {
             match self.told().await {
-                ComponentMsg::Diagnosing { .. } => {}
-                ComponentMsg::Diagnosed(run) => {
+                Diagnosis::Progress { .. } => {}
+                Diagnosis::Done(run) => {
                     assert_eq!(run.report.job_id, "p.c.1", "the red run comes back");
                     assert!(run.route.is_empty() && run.trace_summary.is_empty());
                     return run.variant_note;
                 }
-                other => panic!("expected the table's note, got {other:?}"),
             }
         }
     }
@@ -252,7 +251,7 @@ async fn every_variant_runs_at_once_and_the_table_names_the_one_that_passes() {
     for _ in 0..3 {
         runs.push(h.assigned().await);
     }
-    let busy = ractor::call_t!(h.variants, HelperMsg::InFlight, 5000).unwrap();
+    let busy = ractor::call_t!(h.variants, DiagnosisMsg::InFlight, 5000).unwrap();
     assert_eq!(busy, ["c"]);
     let by_job: Vec<(&str, &str, &str)> = runs
         .iter()
@@ -284,7 +283,7 @@ async fn every_variant_runs_at_once_and_the_table_names_the_one_that_passes() {
     // The component is told to show them running; it writes its row, the
     // variant actor does not.
     match h.told().await {
-        ComponentMsg::Diagnosing {
+        Diagnosis::Progress {
             job_id,
             status,
             verdict,
@@ -332,7 +331,7 @@ async fn every_variant_runs_at_once_and_the_table_names_the_one_that_passes() {
     // Variant runs are recorded under their own name, not as runs of `c`.
     assert_eq!(h.store.jobs_of("p", "c#variant").await.unwrap().len(), 3);
     assert_eq!(h.store.jobs_of("p", "c").await.unwrap().len(), 1);
-    let busy = ractor::call_t!(h.variants, HelperMsg::InFlight, 5000).unwrap();
+    let busy = ractor::call_t!(h.variants, DiagnosisMsg::InFlight, 5000).unwrap();
     assert!(busy.is_empty(), "{busy:?}");
 }
 

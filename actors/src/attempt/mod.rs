@@ -39,8 +39,8 @@ use crate::scheduler::SchedulerMsg;
 
 pub mod budget;
 pub mod fleet;
-mod launch;
-mod packet;
+pub mod launch;
+pub mod packet;
 pub mod tools;
 
 pub use budget::{Spent, allowance, budget_spent};

@@ -35,7 +35,7 @@ pub(super) async fn write(
     // The variant table of exactly this red run, when it had one.
     let table = cx.store.variant_table(family, &spec.name).await?;
     let variants = (table.first().is_some_and(|r| r.red_job_id == turn.job_id))
-        .then(|| crate::variant_actor::table_text(&table));
+        .then(|| crate::variant_table::table_text(&table));
     let lp = &cx.lp;
     let dir = lp.dir.join(format!("attempt-{}", turn.attempt));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

@@ -150,7 +150,7 @@ impl Drop for GpuReservation {
 pub struct ToolsServer {
     pub addr: SocketAddr,
     /// What the agent sends with each call; its value is known only to
-    /// the tools that made it (see [`fvd_agentproxy::AttemptToken`]).
+    /// the tools that made it (see [`fvd_workspace::session::AttemptToken`]).
     pub token: AttemptToken,
     task: tokio::task::JoinHandle<()>,
     asked: Arc<Mutex<Option<AskedQuestion>>>,
@@ -405,7 +405,7 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
             lease: None,
         },
     );
-    let env = crate::helper::run_env(spec.set_env.clone(), &ctx.family, &spec.name, 0);
+    let env = crate::run_env::run_env(spec.set_env.clone(), &ctx.family, &spec.name, 0);
     let record = QueuedRun {
         job_id: job_id.clone(),
         family: ctx.family.clone(),

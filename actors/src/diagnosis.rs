@@ -1,14 +1,14 @@
-//! The shape the port's helper actors share: the trace actor
+//! The shape the port's diagnosers share: the trace actor
 //! ([`crate::trace_actor`]) and the variant actor ([`crate::variant_actor`]).
 //!
-//! A helper is one actor per port, spawned by the gate and linked to it,
-//! with [`HelperArgs`] and one message enum, [`HelperMsg`]: a red run to
+//! A diagnoser is one actor per port, spawned by the gate and linked to it,
+//! with [`DiagnosisArgs`] and one message enum, [`DiagnosisMsg`]: a red run to
 //! diagnose ([`crate::red_run::RedRun`], already classified), the
 //! scheduler's [`JobEvent`]s of the reruns it queued, and the components it
 //! works for right now. It queues its reruns of a red run's code as jobs of
-//! `<component><suffix>` ([`HelperArgs::queue_rerun`], [`HelperArgs::enqueue`]),
+//! `<component><suffix>` ([`DiagnosisArgs::queue_rerun`], [`DiagnosisArgs::enqueue`]),
 //! shows what it does on the component's row by telling the component
-//! ([`progress`]; no helper writes a component's row), and passes the run
+//! ([`RedRun::progress`]; no diagnoser writes a component's row), and passes the run
 //! on when done ([`crate::red_run::hand_on`]).
 
 use std::collections::BTreeMap;
@@ -17,19 +17,17 @@ use std::path::PathBuf;
 use fvd_spec::ComponentSpec;
 use fvd_spec::trace_spec::TraceSpec;
 use fvd_store::Store;
-use fvd_store::model::{ComponentStatus, JobRecord, JobReport};
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use fvd_store::model::{JobRecord, JobReport};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::Span;
 
-use crate::component::ComponentMsg;
-use crate::gate::GateMsg;
 use crate::red_run::RedRun;
+use crate::run_env;
 use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
-use crate::trace_actor;
 
-/// What the gate gives a helper of its port.
+/// What the gate gives a diagnoser of its port.
 #[derive(Debug)]
-pub struct HelperArgs {
+pub struct DiagnosisArgs {
     pub family: String,
     /// The port's code: reruns run the commit of the red run.
     pub code: fvd_store::model::PortCode,
@@ -38,36 +36,54 @@ pub struct HelperArgs {
 }
 
 #[derive(Debug)]
-pub enum HelperMsg {
+pub enum DiagnosisMsg {
     /// A red run handed over, to pass on with [`crate::red_run::hand_on`]
     /// once diagnosed.
     Diagnose(Box<RedRun>),
     /// Progress of a rerun, as the scheduler tells it.
     Job(JobEvent),
-    /// The components this helper works for right now (tests, status).
+    /// The components this diagnoser works for right now (tests, status).
     InFlight(RpcReplyPort<Vec<String>>),
 }
 
-crate::scheduler::job_event_msg!(HelperMsg::Job);
+crate::scheduler::job_event_msg!(DiagnosisMsg::Job);
 
-/// Spawns a helper of port `family`, linked to its gate (it ends with the
+// A red run reaches a diagnoser through a derived ref (its route).
+impl From<Box<RedRun>> for DiagnosisMsg {
+    fn from(r: Box<RedRun>) -> Self {
+        DiagnosisMsg::Diagnose(r)
+    }
+}
+
+impl TryFrom<DiagnosisMsg> for Box<RedRun> {
+    type Error = DiagnosisMsg;
+
+    fn try_from(m: DiagnosisMsg) -> Result<Self, DiagnosisMsg> {
+        match m {
+            DiagnosisMsg::Diagnose(r) => Ok(r),
+            other => Err(other),
+        }
+    }
+}
+
+/// Spawns a diagnoser of port `family`, linked to its gate (it ends with the
 /// port), under the name `<family><suffix>` (`#` cannot clash with a
 /// component actor's `family/component`).
 pub async fn spawn_for_port<A>(
     actor: A,
     suffix: &str,
-    gate: &ActorRef<GateMsg>,
-    args: HelperArgs,
-) -> Result<ActorRef<HelperMsg>, ActorProcessingErr>
+    supervisor: ActorCell,
+    args: DiagnosisArgs,
+) -> Result<ActorRef<DiagnosisMsg>, ActorProcessingErr>
 where
-    A: Actor<Msg = HelperMsg, Arguments = HelperArgs>,
+    A: Actor<Msg = DiagnosisMsg, Arguments = DiagnosisArgs>,
 {
     let name = format!("{}{suffix}", args.family);
-    let (actor, _) = Actor::spawn_linked(Some(name), actor, args, gate.get_cell()).await?;
+    let (actor, _) = Actor::spawn_linked(Some(name), actor, args, supervisor).await?;
     Ok(actor)
 }
 
-/// Where a helper writes the files its reruns gathered: beside the
+/// Where a diagnoser writes the files its reruns gathered: beside the
 /// database (in-memory stores, in tests, have no folder: a temporary one
 /// serves).
 pub fn files_root(store: &Store) -> PathBuf {
@@ -86,7 +102,7 @@ pub struct RunCode {
     pub code_prefix: String,
 }
 
-impl HelperArgs {
+impl DiagnosisArgs {
     /// The code red run `job_id` tested (empty when it has no row).
     pub async fn code_of(&self, job_id: &str) -> RunCode {
         match self.store.job(job_id).await {
@@ -128,7 +144,7 @@ impl HelperArgs {
     /// scheduler's: it is down.
     pub fn enqueue(
         &self,
-        notify: &ActorRef<HelperMsg>,
+        notify: &ActorRef<DiagnosisMsg>,
         spec: &ComponentSpec,
         record: JobRecord,
         env: BTreeMap<String, String>,
@@ -143,11 +159,11 @@ impl HelperArgs {
                 notify: notify.get_derived(),
                 placement: spec.placement.clone(),
                 span,
-                collect_env: traced.map(|_| trace_actor::TRACE_DIR_ENV.to_string()),
+                collect_env: traced.map(|_| run_env::TRACE_DIR_ENV.to_string()),
                 exclude: BTreeMap::new(),
                 preflight: spec.preflight.clone(),
                 warm: spec.runner.warm_preload(),
-                compare: traced.map(|t| Box::new(trace_actor::worker_compare(t))),
+                compare: traced.map(|t| Box::new(run_env::worker_compare(t))),
                 agent: None,
                 fvd_writes: self.code.fvd_writes.clone(),
             })))
@@ -155,32 +171,7 @@ impl HelperArgs {
     }
 }
 
-/// The variables every run of a component gets on top of `env`: its
-/// family, name and run number.
-pub fn run_env(
-    mut env: BTreeMap<String, String>,
-    family: &str,
-    component: &str,
-    run_no: u32,
-) -> BTreeMap<String, String> {
-    env.insert("FVD_FAMILY".to_string(), family.to_string());
-    env.insert("FVD_COMPONENT".to_string(), component.to_string());
-    env.insert("FVD_RUN".to_string(), run_no.to_string());
-    env
-}
-
-/// Shows what a helper does with a red run on its component's row: the
-/// component writes it (status `status`, the run's verdict, `reason`).
-pub fn progress(run: &RedRun, status: ComponentStatus, reason: String) {
-    let _ = run.component.cast(ComponentMsg::Diagnosing {
-        job_id: run.report.job_id.clone(),
-        status,
-        verdict: run.recorded(),
-        reason,
-    });
-}
-
-/// A rerun's event as a helper handles it.
+/// A rerun's event as a diagnoser handles it.
 #[derive(Debug)]
 pub enum Rerun {
     Finished {
@@ -198,7 +189,7 @@ pub enum Rerun {
     },
 }
 
-/// The events a helper acts on (`what` names its reruns in the log of one
+/// The events a diagnoser acts on (`what` names its reruns in the log of one
 /// that waits); the rest only the scheduler's log needs.
 pub fn rerun_event(ev: JobEvent, what: &str) -> Option<Rerun> {
     match ev {
