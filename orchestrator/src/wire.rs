@@ -11,8 +11,9 @@
 //! - No state word is taken on trust: a state a message carries that the
 //!   domain does not know is a [`WireError`] naming the field and the word.
 //!
-//! (`WorkerService`'s messages are converted in `worker_api` and
-//! `fvd_worker::client`, the two ends of the worker stream.)
+//! (`WorkerService`'s messages are converted in `worker_api` and, on the
+//! worker, its `client` and `attempt` modules, the two ends of the worker
+//! stream.)
 
 use std::path::PathBuf;
 

@@ -1,6 +1,7 @@
 //! fvd's wire protocol: the generated types of `fvd.v1`, which stop at the
-//! gRPC edge (the orchestrator and the worker convert them into their own
-//! domain types in their handlers and never pass them further), the
+//! gRPC edge (the orchestrator's handlers, the worker's stream client and
+//! the CLI's calls convert them into domain types and never pass them
+//! further), the
 //! bearer-token authentication both sides of every call share (named
 //! credentials with roles in `credentials`), how a paused server refuses a
 //! change (`paused`), and how

@@ -16,8 +16,8 @@
 //!   process of the same user without `CAP_SYS_PTRACE` (any jailed job)
 //!   cannot read its `/proc/PID/environ`, `mem`, `maps` or `fd`.
 //!
-//! `ARCHITECTURE.md` ("Containment") says why this mechanism and what it
-//! does not cover.
+//! docs/internals.md "Containment" says why this mechanism, and
+//! docs/fleet.md "Containment" what it does not cover.
 //!
 //! - Depends on no workspace crate.
 //! - Nothing here logs a variable's value or reads a secret: it deals in
