@@ -4,7 +4,7 @@
 # under and, when missing, Debian's chromium and chromium-driver (the
 # dashboard's browser test), Node and the pinned coding-agent CLIs (the
 # real-agent tests, cached in target/agents-cli), then: formatting, clippy with warnings denied,
-# every Rust test (the fuzz targets of fuzz/ for FVD_FUZZ_SECS seconds in
+# the API documentation with no broken intra-doc link, every Rust test (the fuzz targets of fuzz/ for FVD_FUZZ_SECS seconds in
 # all, 60 here, shared by the test threads), the
 # tests of python/fvd_trace (numpy stand-ins for torch modules; the torch
 # path is proven on GPUs, see bench/gpu_trace_proof.sh) and the check that
@@ -43,6 +43,12 @@ cargo clippy --workspace --all-targets --features fvd/conformance,fvd/slurm,fvd/
 # Every test stage runs even when an earlier one failed, and cargo runs
 # every test binary (--no-fail-fast): one failure cannot hide the others.
 status=0
+# The API documentation of every crate, with no broken intra-doc link (a
+# renamed item a doc comment still names fails here). --keep-going documents
+# every crate, so each broken link is reported. About 35 s on two cores
+# once clippy has checked the dependencies; nothing here is run.
+RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" \
+    cargo doc --no-deps --workspace --locked --keep-going || status=1
 # The Slurm worker job on a one-node Slurm cluster the test starts and
 # stops itself (tests/slurm: private munged, slurmctld and slurmd, stopped
 # by the PIDs in their pid files). Root and Debian's packages are needed;

@@ -6,7 +6,7 @@
 //! ended a run that has none. An `error` carries its [`ErrorKind`] beside
 //! it (a column of its own), so no reader ever parses a kind back out of a
 //! reason. The store's own states (`fvd_store::states`) are made with
-//! [`recorded_enum!`] too. A text none of them knows is an
+//! [`recorded_enum!`](crate::recorded_enum!) too. A text none of them knows is an
 //! [`UnknownState`], never a default.
 
 use std::fmt;

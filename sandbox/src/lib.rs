@@ -2,7 +2,7 @@
 //! agent starts with, so that the code fvd runs cannot reach fvd's
 //! credentials:
 //!
-//! - [`env`]: the allow-list of fvd's own environment variables that reach
+//! - [`env`](mod@env): the allow-list of fvd's own environment variables that reach
 //!   it (nothing else of fvd's environment does);
 //! - [`jail`]: the jail it starts in, through a launcher (`fvd __jail`, a
 //!   fresh single-threaded process that sets the jail up and then execs the

@@ -169,7 +169,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub token: TokenArgs,
     /// Named credentials with roles (worker, viewer, porter, admin), one
-    /// [[token]] each, stored as SHA-256 hashes: `fvd auth add NAME --role
+    /// `[[token]]` each, stored as SHA-256 hashes: `fvd auth add NAME --role
     /// ROLE --file FILE` makes one. Re-read on SIGHUP, so a deleted entry
     /// is refused from then on.
     #[arg(long, value_name = "FILE")]

@@ -6,9 +6,8 @@
 //! cannot drift apart; the edges are `cargo metadata`'s.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
-use crate::{read, root};
+use crate::{metadata, read, root};
 
 /// The crates of each row of the diagram, top first, with the line each
 /// row is on (for the message).
@@ -40,25 +39,8 @@ fn layers(doc: &str) -> Vec<(usize, Vec<String>)> {
 
 /// Every workspace package's name and its dependencies on other workspace
 /// packages, with cargo's kind (`normal`, `build`, `dev`).
-fn edges() -> BTreeMap<String, Vec<(String, String)>> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .current_dir(root())
-        .output()
-        .expect("cargo metadata runs");
-    assert!(
-        out.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+pub(crate) fn edges() -> BTreeMap<String, Vec<(String, String)>> {
+    let meta = metadata();
     let packages = meta["packages"].as_array().expect("a package list");
     let names: Vec<String> = packages
         .iter()

@@ -1,5 +1,5 @@
 //! Comparing the rank files one traced run left in a folder: a glob per
-//! side picks that side's files among the folder's, and [`compare`] merges
+//! side picks that side's files among the folder's, and [`compare`](fn@crate::compare) merges
 //! and compares them. The same code runs wherever the folder is: a worker
 //! compares the files of its own job where the test wrote them (so a
 //! traced rerun of any size sends back a report, not its files), and the

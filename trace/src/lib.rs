@@ -4,7 +4,7 @@
 //!
 //! The library knows nothing of actors, gRPC or the orchestrator: it is usable
 //! offline from the `fvd trace` CLI. The entry points an orchestrator needs
-//! are [`compare`] (returns a serde-serializable [`Report`], whose
+//! are [`compare`](fn@compare) (returns a serde-serializable [`Report`], whose
 //! [`Report::drill_down`] is the regex of the next, narrower trace),
 //! [`merge_ranks`] and [`dumps::compare_dumps`]. Both comparisons run the
 //! comparator checks of [`signature`] before they name a first divergence,

@@ -223,7 +223,7 @@ impl Report {
     }
 
     /// The verdict, computed from the report's contents. Nothing compared
-    /// is read from the finding [`crate::compare`] puts first when no row
+    /// is read from the finding [`compare`](fn@crate::compare) puts first when no row
     /// aligned (a stored report may have been trimmed of its rows).
     pub fn assess(&self) -> Verdict {
         let nothing = self

@@ -7,7 +7,7 @@
 //! a dumper's block index is off by one, the inputs differ), or where the
 //! error lives (a subset of tokens, every token but the first, a few
 //! channels). Each carries its kind, structured evidence, a sentence and
-//! what to check. [`crate::compare`] and [`crate::dumps::compare_dumps`] put
+//! what to check. [`compare`](fn@crate::compare) and [`crate::dumps::compare_dumps`] put
 //! them in their reports (`signatures`, and as diagnostics of the same
 //! code, first), and render them before the first-divergence verdict.
 //!
