@@ -99,38 +99,109 @@ pub(super) async fn run_agent(
     turn: &AttemptTurn,
     files: &AttemptFiles,
 ) -> Result<AgentRan, ActorProcessingErr> {
-    let used = &turn.used;
-    let (family, spec) = (&cx.family, &cx.spec);
-    let a = &cx.lp.agent;
-    let lp = &cx.lp;
-    let attempt = turn.attempt;
     let clock = std::time::Instant::now();
     // git works on the whole worktree; the agent in the port's folder of it.
-    let wt = lp.worktree.path.clone();
-    let wt_s = lp.worktree.workdir().to_string_lossy().into_owned();
+    let head_before = worktree::head(&cx.lp.worktree.path)
+        .await
+        .map_err(|e| e.to_string())?;
+    let cookie = open_ledger(cx, turn, &head_before).await?;
+    let ledger_ms = clock.elapsed().as_millis() as u64;
+    let (argv, mut extra, span) = agent_command(cx, turn, files, cookie);
+    // fvd's tools for the agent (`fvd mcp`), for as long as it runs; an
+    // adopted try's admit the token its agent holds.
+    let tools_token = turn
+        .adopting
+        .as_ref()
+        .and_then(|t| fvd_workspace::session::AttemptToken::from_digest_hex(&t.tools_token_sha256));
+    let tools = start_tools(
+        cx,
+        turn.attempt,
+        &head_before,
+        &span,
+        &turn.used,
+        tools_token,
+    )
+    .await;
+    let mcp = tools.as_ref().map(|t| tools_mcp(cx, t, &head_before));
+    if let (Some(m), Some(t)) = (&mcp, &tools) {
+        extra.extend(m.env.iter().cloned());
+        // The token only in the agent's environment, never in a file or an
+        // argument a job could read: `fvd mcp` takes it from there
+        // (issue #38).
+        if let Some(v) = t.token.value() {
+            extra.push(("FVD_TOOLS_TOKEN".into(), v.to_string()));
+        }
+    }
+    let call = AgentCall {
+        attempt: turn.attempt,
+        argv,
+        extra,
+        files,
+        used: &turn.used,
+        span,
+        head_before,
+        clock,
+        ledger_ms,
+        mcp,
+        tools: tools.as_ref().map(|t| t.addr),
+        tools_token: tools
+            .as_ref()
+            .map(|t| t.token.digest_hex())
+            .unwrap_or_default(),
+        adopting: turn.adopting.as_ref(),
+    };
+    let mut ran = match &cx.lp.agent.model {
+        Some(model) => proxied_agent(cx, call, model).await?,
+        None => plain_agent(cx, call).await?,
+    };
+    ran.asked = tools.as_ref().and_then(|t| t.asked());
+    Ok(ran)
+}
+
+/// Opens the attempt's ledger row before its agent exists (a crash from
+/// here on finds it); an adopted try goes on under the row its process
+/// opened. The cookie that marks the agent's processes.
+async fn open_ledger(
+    cx: &AttemptCtx,
+    turn: &AttemptTurn,
+    head_before: &str,
+) -> Result<String, ActorProcessingErr> {
     let started_ms = now_ms();
-    let cookie = format!("{family}/{}/{attempt}/{started_ms}", spec.name);
-    let head_before = worktree::head(&wt).await.map_err(|e| e.to_string())?;
-    // The row exists before the agent does: a crash from here on finds it.
-    // An adopted try goes on under the row its process opened.
+    let cookie = format!(
+        "{}/{}/{}/{started_ms}",
+        cx.family, cx.spec.name, turn.attempt
+    );
     if turn.adopting.is_none() {
         cx.store
             .begin_attempt(&AttemptRow {
-                family: family.clone(),
-                component: spec.name.clone(),
-                attempt,
+                family: cx.family.clone(),
+                component: cx.spec.name.clone(),
+                attempt: turn.attempt,
                 job_before: turn.job_id.to_string(),
                 verdict_before: turn.result.verdict,
                 reason_before: turn.result.reason.clone(),
                 started_ms,
-                head_before: head_before.clone(),
+                head_before: head_before.to_string(),
                 cookie: cookie.clone(),
                 kind: turn.kind,
                 ..AttemptRow::default()
             })
             .await?;
     }
-    let ledger_ms = clock.elapsed().as_millis() as u64;
+    Ok(cookie)
+}
+
+/// The agent's command line and fvd's variables for it (on the fleet,
+/// with the paths its worker fills in), and its `agent` span.
+fn agent_command(
+    cx: &AttemptCtx,
+    turn: &AttemptTurn,
+    files: &AttemptFiles,
+    cookie: String,
+) -> (Vec<String>, Vec<(String, String)>, Span) {
+    let (family, spec, a) = (&cx.family, &cx.spec, &cx.lp.agent);
+    let attempt = turn.attempt;
+    let wt = cx.lp.worktree.workdir().to_string_lossy().into_owned();
     let fleet = cx.fleet().is_some();
     let (prompt, handoff) = if fleet {
         (PROMPT_FILE, HANDOFF_FILE)
@@ -140,7 +211,7 @@ pub(super) async fn run_agent(
     let argv = a.argv(&fvd_spec::AgentVars {
         prompt_file: prompt,
         handoff_file: handoff,
-        worktree: if fleet { WORKDIR } else { &wt_s },
+        worktree: if fleet { WORKDIR } else { &wt },
         family,
         component: &spec.name,
         attempt,
@@ -161,107 +232,68 @@ pub(super) async fn run_agent(
     if let Some(tp) = fvd_telemetry::traceparent(&span) {
         extra.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
     }
-    // fvd's tools for the agent (`fvd mcp`), for as long as it runs; an
-    // adopted try's admit the token its agent holds.
-    let tools_token = turn
-        .adopting
-        .as_ref()
-        .and_then(|t| fvd_workspace::session::AttemptToken::from_digest_hex(&t.tools_token_sha256));
-    let tools = start_tools(cx, attempt, &head_before, &span, used, tools_token).await;
-    let mcp = tools.as_ref().map(|t| tools_mcp(cx, t, &head_before));
-    if let (Some(m), Some(t)) = (&mcp, &tools) {
-        extra.extend(m.env.iter().cloned());
-        // The token only in the agent's environment, never in a file or an
-        // argument a job could read: `fvd mcp` takes it from there
-        // (issue #38).
-        if let Some(v) = t.token.value() {
-            extra.push(("FVD_TOOLS_TOKEN".into(), v.to_string()));
-        }
-    }
-    let tools_addr = tools.as_ref().map(|t| t.addr);
-    let tools_token = tools
-        .as_ref()
-        .map(|t| t.token.digest_hex())
-        .unwrap_or_default();
-    let Some(model) = &a.model else {
-        let ran = run_where(
-            cx,
-            attempt,
-            files,
-            &head_before,
-            AgentLaunch {
-                argv,
-                extra,
-                stdin: None,
-                files: Vec::new(),
-                proxy: None,
-                tools: tools_addr,
-                proxy_token: String::new(),
-                tools_token,
-                adopt: turn.adopting.as_ref(),
-                span: &span,
-            },
-            std::future::pending(),
-        )
-        .await?;
-        let AgentRun {
-            exit,
-            handoff_text,
-            fleet,
-            environment,
-            not_adopted,
-        } = ran;
-        // The handoff is stored and may reach PORT_STATUS.md: redacted like
-        // the agent's output.
-        let handoff_text = handoff_text.map(|t| cx.agents.redactor(&a.env).text(&t));
-        let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
-        if let Some(e) = &exit.spawn_error {
-            handoff.summary = e.clone();
-        }
-        let outcome = agent::exit_text(exit.exit_code, exit.signal, exit.timed_out);
-        span.record("fvd.outcome", outcome.as_str());
-        if let Some(c) = exit.exit_code {
-            span.record("fvd.exit_code", c);
-        }
-        return Ok(AgentRan {
-            ledger_ms,
-            proxy_ms: 0,
-            run_ms: clock.elapsed().as_millis() as u64,
-            exit,
-            handoff,
-            environment: environment.map(fvd_workspace::session::Environment),
-            head_before,
-            fleet,
-            asked: tools.as_ref().and_then(|t| t.asked()),
-            not_adopted,
-        });
-    };
-    let mut ran = proxied_agent(
-        cx,
-        ProxiedRun {
-            attempt,
-            argv,
-            extra,
-            files,
-            used,
-            span,
-            head_before,
-            clock,
-            ledger_ms,
-            mcp,
-            tools: tools_addr,
-            tools_token,
-            adopting: turn.adopting.as_ref(),
-        },
-        model,
-    )
-    .await?;
-    ran.asked = tools.as_ref().and_then(|t| t.asked());
-    Ok(ran)
+    (argv, extra, span)
 }
 
-/// The parts of one proxied agent run.
-struct ProxiedRun<'a> {
+/// Runs an agent without a model API of fvd's (its own command, its own
+/// key if any): no proxy, no metering.
+async fn plain_agent(cx: &AttemptCtx, r: AgentCall<'_>) -> Result<AgentRan, ActorProcessingErr> {
+    let (spec, a) = (&cx.spec, &cx.lp.agent);
+    let AgentRun {
+        exit,
+        handoff_text,
+        fleet,
+        environment,
+        not_adopted,
+    } = run_where(
+        cx,
+        r.attempt,
+        r.files,
+        &r.head_before,
+        AgentLaunch {
+            argv: r.argv,
+            extra: r.extra,
+            stdin: None,
+            files: Vec::new(),
+            proxy: None,
+            tools: r.tools,
+            proxy_token: String::new(),
+            tools_token: r.tools_token,
+            adopt: r.adopting,
+            span: &r.span,
+        },
+        std::future::pending(),
+    )
+    .await?;
+    // The handoff is stored and may reach PORT_STATUS.md: redacted like
+    // the agent's output.
+    let handoff_text = handoff_text.map(|t| cx.agents.redactor(&a.env).text(&t));
+    let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
+    if let Some(e) = &exit.spawn_error {
+        handoff.summary = e.clone();
+    }
+    let outcome = agent::exit_text(exit.exit_code, exit.signal, exit.timed_out);
+    r.span.record("fvd.outcome", outcome.as_str());
+    if let Some(c) = exit.exit_code {
+        r.span.record("fvd.exit_code", c);
+    }
+    Ok(AgentRan {
+        ledger_ms: r.ledger_ms,
+        proxy_ms: 0,
+        run_ms: r.clock.elapsed().as_millis() as u64,
+        exit,
+        handoff,
+        environment: environment.map(fvd_workspace::session::Environment),
+        head_before: r.head_before,
+        fleet,
+        asked: None,
+        not_adopted,
+    })
+}
+
+/// The parts of one agent run, once its ledger row, command and tools are
+/// ready.
+struct AgentCall<'a> {
     attempt: u32,
     argv: Vec<String>,
     extra: Vec<(String, String)>,
@@ -284,13 +316,11 @@ struct ProxiedRun<'a> {
 /// the moment the proxy trips (a budget spent, a refused key).
 async fn proxied_agent(
     cx: &AttemptCtx,
-    r: ProxiedRun<'_>,
+    r: AgentCall<'_>,
     model: &fvd_spec::agent_model::ModelSpec,
 ) -> Result<AgentRan, ActorProcessingErr> {
-    use fvd_workspace::session::{self, Session};
     let (family, spec) = (&cx.family, &cx.spec);
-    let a = &cx.lp.agent;
-    let ProxiedRun {
+    let AgentCall {
         attempt,
         argv,
         mut extra,
@@ -305,128 +335,41 @@ async fn proxied_agent(
         tools_token,
         adopting,
     } = r;
-    let store = cx.store.clone();
     // A try after a crash (or an adopted one) adds to what the tries
     // before it spent, and may spend only what the attempt has left.
-    let before = store
+    let before = cx
+        .store
         .usage_of(family, &spec.name)
         .await?
-        .remove(&attempt)
-        .unwrap_or_default();
-    let this_attempt = fvd_store::usage::Spend {
-        tokens: before.total_tokens(),
-        usd: before.cost_usd.unwrap_or(0.0),
-    };
-    let label = format!("{family}/{}/{attempt}", spec.name);
+        .remove(&attempt);
+    let before = before.unwrap_or_default();
     let started = std::time::Instant::now();
-    let token = adopting
-        .and_then(|t| fvd_workspace::session::AttemptToken::from_digest_hex(&t.proxy_token_sha256));
-    let sess = match Session::start(
-        a,
-        model,
-        allowance(&model.budget, used, this_attempt),
-        label,
-        session::default_retry(),
-        token,
-    )
-    .await
-    {
+    let session = start_session(cx, attempt, model, used, &before, adopting).await;
+    let proxy_ms = started.elapsed().as_millis() as u64;
+    // An attempt that ends before any work: nothing to read or take in.
+    let ended = |exit, environment, not_adopted| AgentRan {
+        ledger_ms,
+        proxy_ms,
+        run_ms: clock.elapsed().as_millis() as u64,
+        exit,
+        handoff: agent::read_handoff(&spec.name, None, ""),
+        environment,
+        head_before: head_before.clone(),
+        fleet: None,
+        asked: None,
+        not_adopted,
+    };
+    let sess = match session {
         Ok(s) => std::sync::Arc::new(s),
         Err(env) => {
             span.record("fvd.outcome", "environment");
-            return Ok(AgentRan {
-                ledger_ms,
-                proxy_ms: started.elapsed().as_millis() as u64,
-                run_ms: clock.elapsed().as_millis() as u64,
-                exit: agent::AgentExit::default(),
-                handoff: agent::read_handoff(&spec.name, None, ""),
-                environment: Some(env),
-                head_before,
-                fleet: None,
-                asked: None,
-                not_adopted: None,
-            });
+            return Ok(ended(agent::AgentExit::default(), Some(env), None));
         }
     };
-    let proxy_ms = started.elapsed().as_millis() as u64;
-    let fleet = cx.fleet().is_some();
-    // A worker reaches the proxy by its own loopback end of a tunnel.
-    let on_worker = |v: String| {
-        if fleet {
-            v.replace(&sess.proxy().origin(), PROXY_URL)
-        } else {
-            v
-        }
-    };
-    let mut launch_files = Vec::new();
-    let (argv, stdin) = match a.preset {
-        Some(p) if fleet => {
-            let packet = std::fs::read_to_string(&files.prompt)
-                .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
-            let base_url = on_worker(sess.proxy().base_url());
-            // Workers start jobs in their jail by default.
-            let plan = session::plan(
-                &sess,
-                a,
-                p,
-                &packet,
-                session::Place {
-                    dir: Path::new(ATTEMPT_DIR),
-                    jailed: true,
-                    mcp: mcp.as_ref(),
-                },
-                &base_url,
-            );
-            extra.extend(plan.launch.env);
-            launch_files = plan.files;
-            (plan.launch.argv, Some(plan.launch.stdin))
-        }
-        Some(p) => {
-            let packet = std::fs::read_to_string(&files.prompt)
-                .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
-            let jailed = cx.agents.jail.mechanism().is_some();
-            let mut l = session::launch(
-                &sess,
-                a,
-                p,
-                &packet,
-                session::Place {
-                    dir: &files.dir,
-                    jailed,
-                    mcp: mcp.as_ref(),
-                },
-            )
-            .map_err(|e| format!("cannot write the {} configuration: {e}", p.name()))?;
-            // Found as `fvd agents check` finds it: FVD_AGENT_CLI_DIR, then PATH.
-            if let Some(found) =
-                fvd_workspace::preset::find_program(p, std::env::var_os("PATH").as_deref())
-            {
-                l.argv[0] = found.display().to_string();
-            }
-            extra.extend(l.env);
-            (l.argv, Some(l.stdin))
-        }
-        None => {
-            extra.extend(sess.raw_env().into_iter().map(|(k, v)| (k, on_worker(v))));
-            (argv, None)
-        }
-    };
+    let (argv, stdin, launch_files) =
+        proxied_command(cx, &sess, files, argv, &mut extra, mcp.as_ref())?;
     tracing::debug!(%family, component = %spec.name, attempt, proxy_ms, "agent attempt: model proxy started");
-    // The ledger follows the proxy's meter while the agent runs.
-    let writer = {
-        let (s, store) = (sess.clone(), store.clone());
-        let (f, c, b) = (family.clone(), spec.name.clone(), before.clone());
-        fvd_telemetry::spawn(async move {
-            let mut updates = s.proxy().usage_updates();
-            while updates.changed().await.is_ok() {
-                let mut u = s.usage_now();
-                u.add_counts(&b);
-                if let Err(e) = store.record_usage(&f, &c, attempt, &u).await {
-                    tracing::warn!(error = %e, "agent usage could not be written");
-                }
-            }
-        })
-    };
+    let writer = usage_writer(cx, &sess, attempt, &before);
     let program = argv[0].clone();
     let ran = run_where(
         cx,
@@ -458,34 +401,203 @@ async fn proxied_agent(
         not_adopted,
     } = ran?;
     if not_adopted.is_some() {
-        return Ok(AgentRan {
-            ledger_ms,
-            proxy_ms,
-            run_ms: clock.elapsed().as_millis() as u64,
-            exit,
-            handoff: agent::read_handoff(&spec.name, None, ""),
-            environment: None,
-            head_before,
-            fleet: None,
-            asked: None,
-            not_adopted,
-        });
+        return Ok(ended(exit, None, not_adopted));
     }
     if let Some(why) = environment {
         span.record("fvd.outcome", "environment");
-        return Ok(AgentRan {
-            ledger_ms,
-            proxy_ms,
-            run_ms: clock.elapsed().as_millis() as u64,
+        return Ok(ended(
             exit,
-            handoff: agent::read_handoff(&spec.name, None, ""),
-            environment: Some(session::Environment(why)),
-            head_before,
-            fleet: None,
-            asked: None,
-            not_adopted: None,
-        });
+            Some(fvd_workspace::session::Environment(why)),
+            None,
+        ));
     }
+    let (handoff, environment) = metered_end(
+        cx,
+        Metered {
+            attempt,
+            model,
+            span: &span,
+            program: &program,
+            sess: &sess,
+            before: &before,
+        },
+        &exit,
+        handoff_text,
+    )
+    .await?;
+    Ok(AgentRan {
+        handoff,
+        environment,
+        fleet,
+        ..ended(exit, None, None)
+    })
+}
+
+/// Starts the attempt's model proxy with what it may spend (`used` by the
+/// component, `before` by its earlier tries); an adopted try's proxy admits
+/// the token its agent holds.
+async fn start_session(
+    cx: &AttemptCtx,
+    attempt: u32,
+    model: &fvd_spec::agent_model::ModelSpec,
+    used: &Spent,
+    before: &fvd_store::usage::AttemptUsage,
+    adopting: Option<&fvd_store::FleetTry>,
+) -> Result<fvd_workspace::session::Session, fvd_workspace::session::Environment> {
+    use fvd_workspace::session::{self, Session};
+    let this_attempt = fvd_store::usage::Spend {
+        tokens: before.total_tokens(),
+        usd: before.cost_usd.unwrap_or(0.0),
+    };
+    let token = adopting
+        .and_then(|t| fvd_workspace::session::AttemptToken::from_digest_hex(&t.proxy_token_sha256));
+    Session::start(
+        &cx.lp.agent,
+        model,
+        allowance(&model.budget, used, this_attempt),
+        format!("{}/{}/{attempt}", cx.family, cx.spec.name),
+        session::default_retry(),
+        token,
+    )
+    .await
+}
+
+/// The command of an agent behind the proxy `sess`: a preset's CLI with
+/// its configuration (written into the attempt's folder here, carried to a
+/// worker on the fleet, where the worker's end of the tunnel is the
+/// proxy), or a raw command with the proxy's variables. Its argv, stdin
+/// and the preset's files.
+fn proxied_command(
+    cx: &AttemptCtx,
+    sess: &fvd_workspace::session::Session,
+    files: &AttemptFiles,
+    argv: Vec<String>,
+    extra: &mut Vec<(String, String)>,
+    mcp: Option<&fvd_workspace::preset::Mcp>,
+) -> Result<ProxiedCommand, ActorProcessingErr> {
+    use fvd_workspace::session;
+    let a = &cx.lp.agent;
+    let fleet = cx.fleet().is_some();
+    // A worker reaches the proxy by its own loopback end of a tunnel.
+    let on_worker = |v: String| {
+        if fleet {
+            v.replace(&sess.proxy().origin(), PROXY_URL)
+        } else {
+            v
+        }
+    };
+    let packet = || {
+        std::fs::read_to_string(&files.prompt)
+            .map_err(|e| format!("cannot read {}: {e}", files.prompt))
+    };
+    Ok(match a.preset {
+        Some(p) if fleet => {
+            let base_url = on_worker(sess.proxy().base_url());
+            // Workers start jobs in their jail by default.
+            let plan = session::plan(
+                sess,
+                a,
+                p,
+                &packet()?,
+                session::Place {
+                    dir: Path::new(ATTEMPT_DIR),
+                    jailed: true,
+                    mcp,
+                },
+                &base_url,
+            );
+            extra.extend(plan.launch.env);
+            (plan.launch.argv, Some(plan.launch.stdin), plan.files)
+        }
+        Some(p) => {
+            let jailed = cx.agents.jail.mechanism().is_some();
+            let mut l = session::launch(
+                sess,
+                a,
+                p,
+                &packet()?,
+                session::Place {
+                    dir: &files.dir,
+                    jailed,
+                    mcp,
+                },
+            )
+            .map_err(|e| format!("cannot write the {} configuration: {e}", p.name()))?;
+            // Found as `fvd agents check` finds it: FVD_AGENT_CLI_DIR, then PATH.
+            if let Some(found) =
+                fvd_workspace::preset::find_program(p, std::env::var_os("PATH").as_deref())
+            {
+                l.argv[0] = found.display().to_string();
+            }
+            extra.extend(l.env);
+            (l.argv, Some(l.stdin), Vec::new())
+        }
+        None => {
+            extra.extend(sess.raw_env().into_iter().map(|(k, v)| (k, on_worker(v))));
+            (argv, None, Vec::new())
+        }
+    })
+}
+
+/// A proxied agent's argv, stdin and configuration files.
+type ProxiedCommand = (Vec<String>, Option<Vec<u8>>, Vec<(String, String)>);
+
+/// Writes the proxy's meter into the ledger as it moves, while the agent
+/// runs (`before`: what the attempt's earlier tries used).
+fn usage_writer(
+    cx: &AttemptCtx,
+    sess: &std::sync::Arc<fvd_workspace::session::Session>,
+    attempt: u32,
+    before: &fvd_store::usage::AttemptUsage,
+) -> tokio::task::JoinHandle<()> {
+    let (s, store) = (sess.clone(), cx.store.clone());
+    let (f, c, b) = (cx.family.clone(), cx.spec.name.clone(), before.clone());
+    fvd_telemetry::spawn(async move {
+        let mut updates = s.proxy().usage_updates();
+        while updates.changed().await.is_ok() {
+            let mut u = s.usage_now();
+            u.add_counts(&b);
+            if let Err(e) = store.record_usage(&f, &c, attempt, &u).await {
+                tracing::warn!(error = %e, "agent usage could not be written");
+            }
+        }
+    })
+}
+
+/// What a proxied run's end is read with.
+struct Metered<'a> {
+    attempt: u32,
+    model: &'a fvd_spec::agent_model::ModelSpec,
+    span: &'a Span,
+    program: &'a str,
+    sess: &'a fvd_workspace::session::Session,
+    before: &'a fvd_store::usage::AttemptUsage,
+}
+
+/// A proxied agent ended: its handoff (from the CLI's report, the handoff
+/// file or its output, redacted), its usage recorded with its span and
+/// metrics, and whether the proxy saw its environment end it.
+async fn metered_end(
+    cx: &AttemptCtx,
+    m: Metered<'_>,
+    exit: &agent::AgentExit,
+    handoff_text: Option<String>,
+) -> Result<
+    (
+        agent::HandoffRead,
+        Option<fvd_workspace::session::Environment>,
+    ),
+    ActorProcessingErr,
+> {
+    let (family, spec, a) = (&cx.family, &cx.spec, &cx.lp.agent);
+    let Metered {
+        attempt,
+        model,
+        span,
+        program,
+        sess,
+        before,
+    } = m;
     let report = a
         .preset
         .map(|p| fvd_workspace::preset::report(p, &exit.stdout));
@@ -509,9 +621,9 @@ async fn proxied_agent(
     if let Some(e) = &exit.spawn_error {
         handoff.summary = format!("{e} (is {program} installed and on PATH?)");
     }
-    let (mut usage, environment) = sess.finish(&exit, report.as_ref(), &handoff);
-    usage.add_counts(&before);
-    store
+    let (mut usage, environment) = sess.finish(exit, report.as_ref(), &handoff);
+    usage.add_counts(before);
+    cx.store
         .record_usage(family, &spec.name, attempt, &usage)
         .await?;
     let outcome = agent::exit_text(exit.exit_code, exit.signal, exit.timed_out);
@@ -520,7 +632,7 @@ async fn proxied_agent(
         span.record("fvd.exit_code", c);
     }
     spans::agent_usage(
-        &span,
+        span,
         &spans::AgentUsage {
             provider: provider_name(model.api),
             model: &usage.model,
@@ -543,18 +655,7 @@ async fn proxied_agent(
         usage.cost_usd.unwrap_or(0.0) - before.cost_usd.unwrap_or(0.0),
     );
     tracing::info!(%family, component = %spec.name, attempt, %outcome, model_outcome = %usage.outcome, requests = usage.requests, cost_usd = ?usage.cost_usd, "agent attempt ended");
-    Ok(AgentRan {
-        ledger_ms,
-        proxy_ms,
-        run_ms: clock.elapsed().as_millis() as u64,
-        exit,
-        handoff,
-        environment,
-        head_before,
-        fleet,
-        asked: None,
-        not_adopted: None,
-    })
+    Ok((handoff, environment))
 }
 
 /// Starts the attempt's tools (`attempt_tools`), their `run_parity` held
@@ -643,43 +744,67 @@ async fn run_where(
     launch: AgentLaunch<'_>,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<AgentRun, ActorProcessingErr> {
+    match cx.fleet() {
+        None => Ok(on_host(cx, files, launch, stop).await),
+        Some(attempts) => on_fleet(cx, attempts, attempt, files, head_before, launch, stop).await,
+    }
+}
+
+/// Runs the agent on this host, jailed, in the component's worktree.
+async fn on_host(
+    cx: &AttemptCtx,
+    files: &AttemptFiles,
+    launch: AgentLaunch<'_>,
+    stop: impl std::future::Future<Output = ()>,
+) -> AgentRun {
+    let (a, lp) = (&cx.lp.agent, &cx.lp);
+    // The agent writes its worktree and its attempt's files, nothing
+    // else of the repository: not the main checkout, not `.fvd/` (the
+    // state database, other components' worktrees) (issue #39).
+    let repo = Path::new(&cx.repo);
+    let depth = cx.code.prefix.split('/').filter(|c| !c.is_empty()).count();
+    let top = repo.ancestors().nth(depth).unwrap_or(repo);
+    let mut policy = cx.agents.clone();
+    policy.jail = policy
+        .jail
+        .read_only(&[top.to_path_buf(), repo.to_path_buf()])
+        .writable(&[lp.worktree.path.clone(), files.dir.clone()]);
+    let exit = agent::run_with(
+        &launch.argv,
+        agent::RunAgent {
+            cwd: &lp.worktree.workdir(),
+            env_names: &a.env,
+            extra: &launch.extra,
+            timeout: a.timeout,
+            log_dir: &files.dir,
+            policy: &policy,
+        },
+        launch.stdin,
+        stop,
+    )
+    .await;
+    AgentRun {
+        exit,
+        handoff_text: std::fs::read_to_string(&files.handoff).ok(),
+        fleet: None,
+        environment: None,
+        not_adopted: None,
+    }
+}
+
+/// Runs the agent as a fleet job on a worker that has its CLI: the worker
+/// sends back its commit as a pack, which the attempt takes in.
+async fn on_fleet(
+    cx: &AttemptCtx,
+    attempts: &agent::FleetAttempts,
+    attempt: u32,
+    files: &AttemptFiles,
+    head_before: &str,
+    launch: AgentLaunch<'_>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<AgentRun, ActorProcessingErr> {
     let (family, spec) = (&cx.family, &cx.spec);
-    let a = &cx.lp.agent;
-    let lp = &cx.lp;
-    let Some(attempts) = cx.fleet() else {
-        // The agent writes its worktree and its attempt's files, nothing
-        // else of the repository: not the main checkout, not `.fvd/` (the
-        // state database, other components' worktrees) (issue #39).
-        let repo = Path::new(&cx.repo);
-        let depth = cx.code.prefix.split('/').filter(|c| !c.is_empty()).count();
-        let top = repo.ancestors().nth(depth).unwrap_or(repo);
-        let mut policy = cx.agents.clone();
-        policy.jail = policy
-            .jail
-            .read_only(&[top.to_path_buf(), repo.to_path_buf()])
-            .writable(&[lp.worktree.path.clone(), files.dir.clone()]);
-        let exit = agent::run_with(
-            &launch.argv,
-            agent::RunAgent {
-                cwd: &lp.worktree.workdir(),
-                env_names: &a.env,
-                extra: &launch.extra,
-                timeout: a.timeout,
-                log_dir: &files.dir,
-                policy: &policy,
-            },
-            launch.stdin,
-            stop,
-        )
-        .await;
-        return Ok(AgentRun {
-            exit,
-            handoff_text: std::fs::read_to_string(&files.handoff).ok(),
-            fleet: None,
-            environment: None,
-            not_adopted: None,
-        });
-    };
+    let (a, lp) = (&cx.lp.agent, &cx.lp);
     let packet = std::fs::read_to_string(&files.prompt)
         .map_err(|e| format!("cannot read {}: {e}", files.prompt))?;
     let mut placement = spec.placement.clone();
