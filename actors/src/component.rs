@@ -2,8 +2,11 @@
 //! scheduler for a run of the component's parity test, has the result
 //! classified once ([`crate::red_run`]: the verdict from its JUnit report,
 //! and whether a red run is traced or gets its variants first) and records
-//! it. It alone writes the component's row: the diagnosers that
-//! diagnose a red run tell it what they do ([`ComponentMsg::Diagnosis`]).
+//! it. While it runs, it writes the component's row (the scheduler marks
+//! a run leased or requeued in the same transaction; the gate and the
+//! orchestrator write it on cancel, on a vanished `.fvd` and on reset): the
+//! diagnosers of a red run tell it what they do
+//! ([`ComponentMsg::Diagnosis`]) and never write the row themselves.
 //!
 //! A component without an `[agent]` ends as `blocked` on any verdict other
 //! than `non_skip_pass`, with the precise reason (the failing assertion, the

@@ -64,8 +64,8 @@ pub struct RedRun {
     pub worker_id: String,
     /// Its verdict, as the component classified it.
     pub verdict: Verdict,
-    /// The component the run belongs to: it alone writes the component's
-    /// row, and gets the run back at the end of its route.
+    /// The component the run belongs to: it writes what the diagnosers
+    /// show on its row, and gets the run back at the end of its route.
     pub component: DerivedActorRef<Diagnosis>,
     /// The component's span: the diagnosers' spans hang under it.
     pub span: Span,

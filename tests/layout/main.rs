@@ -4,11 +4,13 @@
 //! (`cargo metadata`, `layers.rs`) and its "Used by" lines (`used_by.rs`),
 //! the links and paths the documents name (`links.rs`), the Rust items
 //! they name (`claims.rs`), and the `//!` every Rust file opens with
-//! (`module_docs.rs`).
+//! (`module_docs.rs`), and the actors' import graph with no circle but
+//! the gate and the component (`actors_circle.rs`).
 //!
 //! They read the checkout (and `cargo metadata`) only; none builds or runs
 //! fvd.
 
+mod actors_circle;
 mod claims;
 mod git;
 mod layers;

@@ -1,6 +1,6 @@
-//! fvd as the agent's tools (issue #32): while an attempt's agent runs, the
-//! component serves the attempt's tools on a loopback port with a token of
-//! the attempt's own; `fvd mcp`, the stdio MCP server the presets configure,
+//! fvd as the agent's tools (issue #32): while an attempt's agent runs, its
+//! attempt actor serves the attempt's tools on a loopback port with a token
+//! of the attempt's own; `fvd mcp`, the stdio MCP server the presets configure,
 //! calls them. On the fleet the worker tunnels the agent's connections here
 //! as it does the model proxy's, so the tools, like the key, stay on the
 //! orchestrator.
