@@ -29,10 +29,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{
-    AgentIo, CodeLink, Outbox, WorkerConfig, code_fetch, job_code, msg, run_assigned,
-};
+use crate::client::{AgentIo, CodeLink, Outbox, WorkerConfig, code_fetch, job_code, run_assigned};
 use crate::code::AttemptCheckout;
+use crate::wire::{AgentAssignment, AgentResult, Assignment, Finished, pack_msg};
 
 /// Bytes of a pack per `AttemptPack` message, under gRPC's 4 MiB limit.
 const PACK_CHUNK_BYTES: usize = 1024 * 1024;
@@ -45,11 +44,11 @@ const TUNNEL_FRAME_BYTES: usize = 64 * 1024;
 /// that cannot be fetched, is a `spawn_error` without it).
 pub(crate) async fn run(
     config: &WorkerConfig,
-    mut a: pb::AssignJob,
+    mut a: Assignment,
     tx: &Outbox,
     code: &CodeLink,
     cancel: CancellationToken,
-) -> pb::JobFinished {
+) -> Finished {
     let g = a.agent.take().unwrap_or_default();
     let job = job_code(&a);
     let checkout = match code
@@ -60,12 +59,7 @@ pub(crate) async fn run(
         Ok(c) => c,
         Err(why) => {
             tracing::warn!(job = %a.job_id, %why, "the agent attempt's code is not available here");
-            return pb::JobFinished {
-                job_id: a.job_id,
-                lease_epoch: a.lease_epoch,
-                spawn_error: why,
-                ..Default::default()
-            };
+            return Finished::refused(&a, why);
         }
     };
     tracing::info!(job = %a.job_id, commit = %checkout.base, fetched = checkout.fetched, checkout = %checkout.path.display(), "agent attempt checked out");
@@ -80,12 +74,7 @@ pub(crate) async fn run(
             let _ = tokio::fs::remove_dir_all(&scratch).await;
             f
         }
-        Err(e) => pb::JobFinished {
-            job_id: a.job_id,
-            lease_epoch: a.lease_epoch,
-            spawn_error: format!("job id refused: {e}"),
-            ..Default::default()
-        },
+        Err(e) => Finished::refused(&a, format!("job id refused: {e}")),
     };
     checkout.remove().await;
     finished
@@ -94,20 +83,15 @@ pub(crate) async fn run(
 #[allow(clippy::too_many_arguments)]
 async fn attempt_in(
     config: &WorkerConfig,
-    mut a: pb::AssignJob,
-    g: pb::AgentAssignment,
+    mut a: Assignment,
+    g: AgentAssignment,
     tx: &Outbox,
     code: &CodeLink,
     checkout: &AttemptCheckout,
     scratch: &Path,
     cancel: CancellationToken,
-) -> pb::JobFinished {
-    let fail = |a: &pb::AssignJob, why: String| pb::JobFinished {
-        job_id: a.job_id.clone(),
-        lease_epoch: a.lease_epoch,
-        spawn_error: why,
-        ..Default::default()
-    };
+) -> Finished {
+    let fail = |a: &Assignment, why: String| Finished::refused(a, why);
     let dir = std::path::absolute(scratch.join("attempt")).unwrap_or(scratch.join("attempt"));
     let _ = tokio::fs::remove_dir_all(&dir).await;
     if let Err(e) = tokio::fs::create_dir_all(&dir).await {
@@ -154,35 +138,13 @@ async fn attempt_in(
             .replace("{tools_addr}", &tools_addr)
             .replace("{fvd}", &fvd)
     };
-    for f in &g.files {
-        let path = match fvd_paths::join_under(&dir, &f.path) {
-            Ok(p) => p,
-            Err(e) => return fail(&a, format!("attempt file {:?} refused: {e}", f.path)),
-        };
-        if let Some(parent) = path.parent()
-            && let Err(e) = tokio::fs::create_dir_all(parent).await
-        {
-            return fail(&a, format!("cannot prepare {}: {e}", parent.display()));
-        }
-        if let Err(e) = tokio::fs::write(&path, fill(&f.text)).await {
-            return fail(&a, format!("cannot write {}: {e}", path.display()));
-        }
-    }
-    let packet = fill(&g.packet);
-    if let Err(e) = tokio::fs::write(&prompt, &packet).await {
-        return fail(&a, format!("cannot write {}: {e}", prompt.display()));
-    }
+    let packet = match write_files(&dir, &prompt, &g, &fill).await {
+        Ok(p) => p,
+        Err(why) => return fail(&a, why),
+    };
     a.argv = a.argv.iter().map(|x| fill(x)).collect();
-    // An agent CLI installed beside this worker rather than on its PATH
-    // (`FVD_AGENT_CLI_DIR`, as `fvd agents check` finds it).
-    if let Some(first) = a.argv.first_mut()
-        && !first.contains('/')
-        && let Some(dir) = std::env::var_os("FVD_AGENT_CLI_DIR")
-    {
-        let found = Path::new(&dir).join(first.as_str());
-        if found.is_file() {
-            *first = found.to_string_lossy().into_owned();
-        }
+    if let Some(first) = a.argv.first_mut() {
+        beside_worker(first);
     }
     for v in a.env.values_mut() {
         *v = fill(v);
@@ -217,7 +179,7 @@ async fn attempt_in(
         let kept = io.stdout.lock().expect("agent stdout lock");
         String::from_utf8_lossy(&kept).into_owned()
     };
-    let mut result = pb::AgentResult {
+    let mut result = AgentResult {
         handoff: handoff_text,
         stdout,
         ..Default::default()
@@ -226,12 +188,7 @@ async fn attempt_in(
         Ok((sha, pack)) => {
             result.pack_bytes = pack.len() as u64;
             for piece in pack.chunks(PACK_CHUNK_BYTES) {
-                tx.send(msg(pb::worker_msg::Msg::AttemptPack(pb::AttemptPack {
-                    job_id: job_id.clone(),
-                    lease_epoch: epoch,
-                    data: piece.to_vec(),
-                })))
-                .await;
+                tx.send(pack_msg(&job_id, epoch, piece.to_vec())).await;
             }
             tracing::info!(job = %job_id, commit = %sha, pack_bytes = pack.len(), "agent attempt committed");
             result.commit = sha;
@@ -243,6 +200,48 @@ async fn attempt_in(
     }
     finished.agent = Some(result);
     finished
+}
+
+/// An agent CLI installed beside this worker rather than on its PATH
+/// (`FVD_AGENT_CLI_DIR`, as `fvd agents check` finds it): `program`
+/// becomes its path there.
+fn beside_worker(program: &mut String) {
+    if let Some(dir) = std::env::var_os("FVD_AGENT_CLI_DIR")
+        && !program.contains('/')
+    {
+        let found = Path::new(&dir).join(program.as_str());
+        if found.is_file() {
+            *program = found.to_string_lossy().into_owned();
+        }
+    }
+}
+
+/// Writes the assignment's files (a preset's configuration) into the
+/// attempt's folder `dir` and its packet to `prompt`, the paths only this
+/// worker knows filled in by `fill`; the packet as written.
+async fn write_files(
+    dir: &Path,
+    prompt: &Path,
+    g: &AgentAssignment,
+    fill: &impl Fn(&str) -> String,
+) -> Result<String, String> {
+    for (file, text) in &g.files {
+        let path = fvd_paths::join_under(dir, file)
+            .map_err(|e| format!("attempt file {file:?} refused: {e}"))?;
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(|e| format!("cannot prepare {}: {e}", parent.display()))?;
+        }
+        tokio::fs::write(&path, fill(text))
+            .await
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    let packet = fill(&g.packet);
+    tokio::fs::write(prompt, &packet)
+        .await
+        .map_err(|e| format!("cannot write {}: {e}", prompt.display()))?;
+    Ok(packet)
 }
 
 /// The loopback end of an attempt's model proxy: every connection accepted
@@ -263,7 +262,7 @@ impl Tunnel {
     async fn open(
         config: &WorkerConfig,
         code: &CodeLink,
-        a: &pb::AssignJob,
+        a: &Assignment,
         target: &str,
     ) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;

@@ -21,6 +21,8 @@ use crate::code::{self, Chunk, CodeCache, JobCode, Provide};
 use crate::exec::{self, JobEvent, JobSpec, JunitFile, OutputStream};
 use crate::gpu::GpuInfo;
 use crate::health::{Link, LinkReporter};
+pub(crate) use crate::wire::msg;
+use crate::wire::{self, Assignment, Finished, JunitStatus};
 
 /// How a worker presents itself and where it runs jobs.
 #[derive(Debug, Clone)]
@@ -500,10 +502,6 @@ fn refused(status: &tonic::Status) -> bool {
     )
 }
 
-pub(crate) fn msg(m: pb::worker_msg::Msg) -> pb::WorkerMsg {
-    pb::WorkerMsg { msg: Some(m) }
-}
-
 fn register(config: &WorkerConfig, running: &Running) -> pb::Register {
     pb::Register {
         incarnation: crate::leftovers::incarnation(),
@@ -562,7 +560,8 @@ fn handle(
                 fetches.remove(&c.request_id);
             }
         }
-        Some(pb::orchestrator_msg::Msg::AssignJob(mut a)) => {
+        Some(pb::orchestrator_msg::Msg::AssignJob(a)) => {
+            let mut a = wire::assignment(a);
             let cancel = CancellationToken::new();
             running
                 .lock()
@@ -609,8 +608,7 @@ fn handle(
                         tracing::info!(job = %job_id, "agent attempt cut short by the worker's stop: no result sent");
                         return;
                     }
-                    tx.send(msg(pb::worker_msg::Msg::JobFinished(finished)))
-                        .await;
+                    tx.send(wire::finished_msg(finished)).await;
                     return;
                 }
                 // The job's code: its checkout if this worker sees it at
@@ -625,15 +623,9 @@ fn handle(
                     Err(why) => {
                         tracing::warn!(job = %job_id, %why, "the job's code is not available here");
                         running.lock().expect("running lock").remove(&job_id);
-                        let finished = pb::JobFinished {
-                            job_id: a.job_id.clone(),
-                            lease_epoch: a.lease_epoch,
-                            spawn_error: why,
-                            ..Default::default()
-                        };
+                        let finished = Finished::refused(&a, why);
                         if !handed_back(&finished, &stopping).await {
-                            tx.send(msg(pb::worker_msg::Msg::JobFinished(finished)))
-                                .await;
+                            tx.send(wire::finished_msg(finished)).await;
                         }
                         return;
                     }
@@ -646,11 +638,9 @@ fn handle(
                             .clone();
                         match outcome {
                             Ok(()) => run_assigned(&config, a, &tx, cancel, None).await,
-                            Err(why) => pb::JobFinished {
-                                job_id: a.job_id.clone(),
-                                lease_epoch: a.lease_epoch,
+                            Err(why) => Finished {
                                 preflight_error: why,
-                                ..Default::default()
+                                ..Finished::refused(&a, String::new())
                             },
                         }
                     }
@@ -675,8 +665,7 @@ fn handle(
                     tracing::info!(job = %job_id, "job cut short by the worker's stop: no result sent; the orchestrator queues it again");
                     return;
                 }
-                tx.send(msg(pb::worker_msg::Msg::JobFinished(finished)))
-                    .await;
+                tx.send(wire::finished_msg(finished)).await;
             });
         }
         Some(pb::orchestrator_msg::Msg::CancelJob(c)) => {
@@ -710,7 +699,7 @@ type Fetching<'a> = std::pin::Pin<
 /// given the commits the clone holds.
 pub(crate) fn code_fetch<'a>(
     code: &'a CodeLink,
-    a: &'a pb::AssignJob,
+    a: &'a Assignment,
     tx: &'a Outbox,
 ) -> impl FnOnce(Vec<String>) -> Fetching<'a> + 'a {
     move |have: Vec<String>| {
@@ -731,7 +720,7 @@ pub(crate) fn code_fetch<'a>(
 }
 
 /// What the worker does about the code of an assignment.
-pub(crate) fn job_code(a: &pb::AssignJob) -> JobCode {
+pub(crate) fn job_code(a: &Assignment) -> JobCode {
     JobCode {
         job_id: a.job_id.clone(),
         cwd: a.cwd.clone(),
@@ -744,7 +733,7 @@ pub(crate) fn job_code(a: &pb::AssignJob) -> JobCode {
 
 async fn place(
     code: &CodeLink,
-    a: &pb::AssignJob,
+    a: &Assignment,
     tx: &Outbox,
     cancel: &CancellationToken,
 ) -> Result<code::Placed, String> {
@@ -785,7 +774,7 @@ const STOP_SETTLE: Duration = Duration::from_secs(1);
 /// run cut short (cancelled, signalled, no report) while it stops is no
 /// verdict and goes back to the queue; a run that finished by itself (its
 /// exit code and report, or its timeout) is sent as usual.
-async fn handed_back(f: &pb::JobFinished, stopping: &CancellationToken) -> bool {
+async fn handed_back(f: &Finished, stopping: &CancellationToken) -> bool {
     let finished_by_itself = f.timed_out
         || (f.exit_code.is_some()
             && !f.cancelled
@@ -815,7 +804,7 @@ const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(120);
 /// variables, the assignment's literal ones and those it passes by name):
 /// `Err` with one line saying why when it does not start, exits non-zero
 /// or outlives its timeout. The line is redacted like a job's output.
-async fn preflight_check(config: &WorkerConfig, a: &pb::AssignJob) -> Result<(), String> {
+async fn preflight_check(config: &WorkerConfig, a: &Assignment) -> Result<(), String> {
     let shown = a.preflight.join(" ");
     let sandbox = config.job_sandbox();
     let mut env: std::collections::BTreeMap<String, String> =
@@ -912,51 +901,18 @@ pub(crate) const AGENT_STDOUT_BYTES: usize = 4 * 1024 * 1024;
 /// Runs one assignment to its end and builds the `JobFinished` report.
 pub(crate) async fn run_assigned(
     config: &WorkerConfig,
-    a: pb::AssignJob,
+    a: Assignment,
     tx: &Outbox,
     cancel: CancellationToken,
     agent_io: Option<&AgentIo>,
-) -> pb::JobFinished {
-    let mut finished = pb::JobFinished {
+) -> Finished {
+    let mut finished = Finished {
         job_id: a.job_id.clone(),
         lease_epoch: a.lease_epoch,
         ..Default::default()
     };
-    // Secret values are read here, on the worker, and nowhere else.
-    let mut env: Vec<(String, String)> = a.env.into_iter().collect();
-    // The test process joins the port's trace under this worker's span; if
-    // this worker does not export, the orchestrator's context still joins.
-    let traceparent = fvd_telemetry::current_traceparent()
-        .or_else(|| (!a.traceparent.is_empty()).then(|| a.traceparent.clone()));
-    if let Some(tp) = traceparent {
-        env.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
-    }
-    // `{repo}` in the argv or a literal value is the checkout the job
-    // tests (its working directory here), which only this worker knows.
-    for (_, value) in env.iter_mut() {
-        *value = value.replace(REPO_DIR, &a.cwd);
-    }
+    let env = job_env(config, &a);
     let argv = a.argv.iter().map(|x| x.replace(REPO_DIR, &a.cwd)).collect();
-    let mut withheld = Vec::new();
-    for name in &a.secret_env {
-        if let Ok(v) = std::env::var(name) {
-            // A spec may name any variable; it never gets the worker's own
-            // credential (`--token-env FVD_TOKEN`, `env = ["FVD_TOKEN"]`).
-            if config.is_credential(&v) {
-                withheld.push(name.clone());
-                continue;
-            }
-            env.push((name.clone(), v));
-        }
-    }
-    if !withheld.is_empty() {
-        tracing::warn!(job = %a.job_id, variables = ?withheld, "the spec names the worker's own credential: not passed to the test");
-    }
-    // Finds the job's processes if this worker dies ([`crate::leftovers`]).
-    env.push((
-        crate::leftovers::WORKER_ENV.to_string(),
-        crate::leftovers::marker(&config.workspace),
-    ));
     // The git folders around the job's folder are read-only to it (issue
     // #38): nothing it writes there can change what fvd's own git does
     // later. A warm run's zygote serves every checkout of a repository, so
@@ -1027,88 +983,145 @@ pub(crate) async fn run_assigned(
     }
     // A folder of this worker's own for the job's files (a traced rerun's
     // rank files): empty at the start, read back and sent after the run.
-    let collect_dir = if a.collect_env.is_empty() {
-        None
-    } else {
-        let dir = std::path::absolute(scratch.join("collect")).unwrap_or(scratch.join("collect"));
-        let _ = tokio::fs::remove_dir_all(&dir).await;
-        if let Err(e) = tokio::fs::create_dir_all(&dir).await {
-            finished.spawn_error = format!("cannot prepare {}: {e}", dir.display());
+    let collect_dir = match collect_dir(&mut spec, &a.collect_env, &scratch).await {
+        Ok(d) => d,
+        Err(why) => {
+            finished.spawn_error = why;
             return finished;
         }
-        let path = dir.to_string_lossy().into_owned();
-        // Literal values may name the folder (`FASTVIDEO_TRACE_OUTPUT`
-        // = `{collect_dir}/port_rank<rank>.jsonl`); only this worker knows it.
-        for (name, value) in spec.env.iter_mut() {
-            if !spec.secret_env_names.contains(name) {
-                *value = value.replace(COLLECT_DIR, &path);
-            }
-        }
-        spec.env.push((a.collect_env.clone(), path));
-        Some(dir)
     };
     let secrets = exec::redactor(&spec);
-    let (etx, mut erx) = mpsc::channel::<JobEvent>(64);
-    let forward = {
-        let tx = tx.clone();
-        let job_id = a.job_id.clone();
-        let epoch = a.lease_epoch;
-        let kept = agent_io.map(|io| io.stdout.clone());
-        fvd_telemetry::spawn(async move {
-            while let Some(ev) = erx.recv().await {
-                if let (
-                    Some(kept),
-                    JobEvent::Output {
-                        stream: OutputStream::Stdout,
-                        data,
-                        ..
-                    },
-                ) = (&kept, &ev)
-                {
-                    let mut k = kept.lock().expect("agent stdout lock");
-                    k.extend_from_slice(data);
-                    if k.len() > AGENT_STDOUT_BYTES {
-                        let over = k.len() - AGENT_STDOUT_BYTES;
-                        k.drain(..over);
-                    }
-                }
-                let m = match ev {
-                    JobEvent::Started { pid, at } => {
-                        pb::worker_msg::Msg::JobStarted(pb::JobStarted {
-                            job_id: job_id.clone(),
-                            lease_epoch: epoch,
-                            pid,
-                            started_at_ms: at
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map_or(0, |d| d.as_millis() as i64),
-                        })
-                    }
-                    JobEvent::Output {
-                        stream,
-                        seq,
-                        offset,
-                        data,
-                    } => pb::worker_msg::Msg::JobLog(pb::JobLog {
-                        job_id: job_id.clone(),
-                        lease_epoch: epoch,
-                        stream: match stream {
-                            OutputStream::Stdout => pb::Stream::Stdout as i32,
-                            OutputStream::Stderr => pb::Stream::Stderr as i32,
-                        },
-                        seq,
-                        offset,
-                        data,
-                    }),
-                    JobEvent::Stopping { .. } => continue,
-                };
-                tx.send(msg(m)).await;
-            }
-        })
-    };
+    let (etx, erx) = mpsc::channel::<JobEvent>(64);
+    let forward = forward_events(tx, &a.job_id, a.lease_epoch, agent_io, erx);
     let (gpus, warm) = (spec.gpus.len(), spec.warm.is_some());
     let outcome = exec::run_job_capped(spec, etx, cancel, config.max_output_bytes).await;
     // Every log chunk leaves before the result does.
     let _ = forward.await;
+    record_outcome(&mut finished, outcome, warm, gpus);
+    if let Some(dir) = &collect_dir {
+        collect_and_compare(&mut finished, dir, a.compare, secrets).await;
+    }
+    if a.collect_junit || collect_dir.is_some() {
+        // The scratch folder only held the plugin, the report and the
+        // collected files, all read.
+        let _ = tokio::fs::remove_dir_all(&scratch).await;
+    }
+    finished
+}
+
+/// The job's environment: its literal variables (`{repo}` filled in), the
+/// trace context, the secrets its spec names read here (never the worker's
+/// own credential) and the marker that finds its processes.
+fn job_env(config: &WorkerConfig, a: &Assignment) -> Vec<(String, String)> {
+    // Secret values are read here, on the worker, and nowhere else.
+    let mut env: Vec<(String, String)> =
+        a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    // The test process joins the port's trace under this worker's span; if
+    // this worker does not export, the orchestrator's context still joins.
+    let traceparent = fvd_telemetry::current_traceparent()
+        .or_else(|| (!a.traceparent.is_empty()).then(|| a.traceparent.clone()));
+    if let Some(tp) = traceparent {
+        env.push((fvd_telemetry::TRACEPARENT.to_string(), tp));
+    }
+    // `{repo}` in the argv or a literal value is the checkout the job
+    // tests (its working directory here), which only this worker knows.
+    for (_, value) in env.iter_mut() {
+        *value = value.replace(REPO_DIR, &a.cwd);
+    }
+    let mut withheld = Vec::new();
+    for name in &a.secret_env {
+        if let Ok(v) = std::env::var(name) {
+            // A spec may name any variable; it never gets the worker's own
+            // credential (`--token-env FVD_TOKEN`, `env = ["FVD_TOKEN"]`).
+            if config.is_credential(&v) {
+                withheld.push(name.clone());
+                continue;
+            }
+            env.push((name.clone(), v));
+        }
+    }
+    if !withheld.is_empty() {
+        tracing::warn!(job = %a.job_id, variables = ?withheld, "the spec names the worker's own credential: not passed to the test");
+    }
+    // Finds the job's processes if this worker dies ([`crate::leftovers`]).
+    env.push((
+        crate::leftovers::WORKER_ENV.to_string(),
+        crate::leftovers::marker(&config.workspace),
+    ));
+    env
+}
+
+/// The folder a job's files are gathered in, named to it by `var` (and
+/// in literal values naming `{collect_dir}`); `None` when it gathers none.
+async fn collect_dir(
+    spec: &mut JobSpec,
+    var: &str,
+    scratch: &Path,
+) -> Result<Option<PathBuf>, String> {
+    if var.is_empty() {
+        return Ok(None);
+    }
+    let dir = std::path::absolute(scratch.join("collect")).unwrap_or(scratch.join("collect"));
+    let _ = tokio::fs::remove_dir_all(&dir).await;
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| format!("cannot prepare {}: {e}", dir.display()))?;
+    let path = dir.to_string_lossy().into_owned();
+    // Literal values may name the folder (`FASTVIDEO_TRACE_OUTPUT`
+    // = `{collect_dir}/port_rank<rank>.jsonl`); only this worker knows it.
+    for (name, value) in spec.env.iter_mut() {
+        if !spec.secret_env_names.contains(name) {
+            *value = value.replace(COLLECT_DIR, &path);
+        }
+    }
+    spec.env.push((var.to_string(), path));
+    Ok(Some(dir))
+}
+
+/// Sends a run's events to the orchestrator as they come (an agent's
+/// stdout also kept, its tail, for its result).
+fn forward_events(
+    tx: &Outbox,
+    job_id: &str,
+    epoch: u64,
+    agent_io: Option<&AgentIo>,
+    mut erx: mpsc::Receiver<JobEvent>,
+) -> tokio::task::JoinHandle<()> {
+    let tx = tx.clone();
+    let job_id = job_id.to_string();
+    let kept = agent_io.map(|io| io.stdout.clone());
+    fvd_telemetry::spawn(async move {
+        while let Some(ev) = erx.recv().await {
+            if let (
+                Some(kept),
+                JobEvent::Output {
+                    stream: OutputStream::Stdout,
+                    data,
+                    ..
+                },
+            ) = (&kept, &ev)
+            {
+                let mut k = kept.lock().expect("agent stdout lock");
+                k.extend_from_slice(data);
+                if k.len() > AGENT_STDOUT_BYTES {
+                    let over = k.len() - AGENT_STDOUT_BYTES;
+                    k.drain(..over);
+                }
+            }
+            if let Some(m) = wire::event_msg(&job_id, epoch, ev) {
+                tx.send(m).await;
+            }
+        }
+    })
+}
+
+/// How the run ended, into its result, its metrics and its span.
+fn record_outcome(
+    finished: &mut Finished,
+    outcome: Result<exec::JobOutcome, exec::ExecError>,
+    warm: bool,
+    gpus: usize,
+) {
     match outcome {
         Err(e) => {
             fvd_telemetry::metrics::worker_job("spawn_error", warm, 0, Duration::ZERO);
@@ -1140,31 +1153,22 @@ pub(crate) async fn run_assigned(
             let status = match o.junit {
                 JunitFile::Read(xml) => {
                     finished.junit_xml = xml;
-                    pb::JunitStatus::Read
+                    JunitStatus::Read
                 }
-                JunitFile::NotRequested => pb::JunitStatus::NotRequested,
+                JunitFile::NotRequested => JunitStatus::NotRequested,
                 JunitFile::Missing(p) => {
                     finished.junit_error = format!("junit file {} was not written", p.display());
-                    pb::JunitStatus::Missing
+                    JunitStatus::Missing
                 }
                 JunitFile::Unreadable { path, error } => {
                     finished.junit_error =
                         format!("junit file {} is unreadable: {error}", path.display());
-                    pb::JunitStatus::Unreadable
+                    JunitStatus::Unreadable
                 }
             };
-            finished.junit_status = status.into();
+            finished.junit_status = status;
         }
     }
-    if let Some(dir) = &collect_dir {
-        collect_and_compare(&mut finished, dir, a.compare, secrets).await;
-    }
-    if a.collect_junit || collect_dir.is_some() {
-        // The scratch folder only held the plugin, the report and the
-        // collected files, all read.
-        let _ = tokio::fs::remove_dir_all(&scratch).await;
-    }
-    finished
 }
 
 /// The collected folder into the result: its size, the comparison of its
@@ -1172,9 +1176,9 @@ pub(crate) async fn run_assigned(
 /// lie, so a trace of any size sends back only its report), and its files
 /// when they fit beside that report.
 async fn collect_and_compare(
-    finished: &mut pb::JobFinished,
+    finished: &mut Finished,
     dir: &std::path::Path,
-    compare: Option<pb::TraceCompare>,
+    compare: Option<fvd_trace::FolderSpec>,
     secrets: fvd_contracts::redactor::Redactor,
 ) {
     let secrets = std::sync::Arc::new(secrets);
@@ -1186,14 +1190,7 @@ async fn collect_and_compare(
         finished.collected_files = files as u32;
     }
     let mut budget = crate::collect::MAX_COLLECT_BYTES;
-    if let Some(c) = compare {
-        let spec = fvd_trace::FolderSpec {
-            reference: c.reference,
-            port: c.port,
-            rename: c.rename,
-            tol: c.tol,
-            steps: c.steps,
-        };
+    if let Some(spec) = compare {
         let (at, s) = (dir.to_path_buf(), secrets.clone());
         let started = std::time::Instant::now();
         let compared =
@@ -1213,12 +1210,7 @@ async fn collect_and_compare(
         fvd_telemetry::spawn_blocking(move || crate::collect::collect(&dir, budget, &secrets))
             .await;
     match read {
-        Ok(Ok(files)) => {
-            finished.files = files
-                .into_iter()
-                .map(|(path, data)| pb::CollectedFile { path, data })
-                .collect()
-        }
+        Ok(Ok(files)) => finished.files = files,
         Ok(Err(e)) => finished.files_error = e.to_string(),
         Err(e) => finished.files_error = format!("collecting files failed: {e}"),
     }

@@ -10,4 +10,5 @@ pub mod exec;
 pub mod gpu;
 pub mod health;
 pub mod leftovers;
+mod wire;
 pub mod zygote;
