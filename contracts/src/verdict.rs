@@ -815,45 +815,15 @@ fn classify_report(report: &JunitReport, ev: &RunEvidence<'_>) -> Verdict {
     if let Some(findings) = report.tampering(ev.plugin) {
         return Verdict::Tampered { findings };
     }
-
-    let troubled = cases
-        .iter()
-        .any(|c| matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::Error(_)));
-    if troubled {
-        for c in cases {
-            if matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::Error(_))
-                && let Some(m) = infra_marker(&c.message).or_else(|| infra_marker(&c.detail))
-            {
-                return Verdict::InfraError {
-                    cause: format!("{m} in {}", c.id()),
-                };
-            }
-        }
-        if let Some(m) = infra_marker(ev.output_tail) {
-            return Verdict::InfraError {
-                cause: format!("{m} in the output"),
-            };
-        }
+    if let Some(v) = infra_fault(cases, ev) {
+        return v;
     }
 
     // Collection and setup errors outrank failures: those tests compared
     // nothing. A teardown error ranks below a failure, whose assertion says
     // more, but still keeps a run from passing.
-    let errored = |phase: ErrorPhase, kind: ErrorKind| {
-        cases
-            .iter()
-            .find(|c| c.outcome == CaseOutcome::Error(phase))
-            .map(|c| {
-                let what = if c.detail_reason.is_empty() {
-                    &c.message
-                } else {
-                    &c.detail_reason
-                };
-                error(kind, &format!("{}: {what}", c.id()))
-            })
-    };
-    if let Some(v) = errored(ErrorPhase::Collection, ErrorKind::Collection)
-        .or_else(|| errored(ErrorPhase::Setup, ErrorKind::Setup))
+    if let Some(v) = errored(cases, ErrorPhase::Collection, ErrorKind::Collection)
+        .or_else(|| errored(cases, ErrorPhase::Setup, ErrorKind::Setup))
     {
         return v;
     }
@@ -862,53 +832,126 @@ fn classify_report(report: &JunitReport, ev: &RunEvidence<'_>) -> Verdict {
         .iter()
         .filter(|c| c.outcome == CaseOutcome::Passed)
         .count();
+    if let Some(v) = debug_red(cases, passed) {
+        return v;
+    }
+
+    if let Some(v) = errored(cases, ErrorPhase::Teardown, ErrorKind::Teardown) {
+        return v;
+    }
+    if let Some(v) = exit_mismatch(ev, passed) {
+        return v;
+    }
+
+    let skips = skips_of(cases);
+    if !skips.is_empty() {
+        return Verdict::ScaffoldSkip { passed, skips };
+    }
+    if passed == 0 {
+        // Unreachable with pytest's writer, kept so that an odd report can
+        // never fall through to a pass.
+        return error(ErrorKind::NoTests, "no test passed, failed or skipped");
+    }
+    Verdict::NonSkipPass {
+        passed,
+        xpass_checked: report.plugin_complete(),
+    }
+}
+
+/// An infrastructure error when a case failed or errored and an
+/// infrastructure marker shows in a troubled case (the first such case
+/// named) or else in the output; `None` otherwise.
+fn infra_fault(cases: &[TestCase], ev: &RunEvidence<'_>) -> Option<Verdict> {
+    let troubled = cases
+        .iter()
+        .any(|c| matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::Error(_)));
+    if !troubled {
+        return None;
+    }
+    for c in cases {
+        if matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::Error(_))
+            && let Some(m) = infra_marker(&c.message).or_else(|| infra_marker(&c.detail))
+        {
+            return Some(Verdict::InfraError {
+                cause: format!("{m} in {}", c.id()),
+            });
+        }
+    }
+    infra_marker(ev.output_tail).map(|m| Verdict::InfraError {
+        cause: format!("{m} in the output"),
+    })
+}
+
+/// An error of `kind` naming the first case that errored in `phase`, with
+/// its reason (else its message); `None` when none did.
+fn errored(cases: &[TestCase], phase: ErrorPhase, kind: ErrorKind) -> Option<Verdict> {
+    cases
+        .iter()
+        .find(|c| c.outcome == CaseOutcome::Error(phase))
+        .map(|c| {
+            let what = if c.detail_reason.is_empty() {
+                &c.message
+            } else {
+                &c.detail_reason
+            };
+            error(kind, &format!("{}: {what}", c.id()))
+        })
+}
+
+/// A red verdict listing the failed (and strictly xpassed) cases, the first
+/// [`MAX_LISTED_FAILURES`] of them by name; `None` when none failed.
+fn debug_red(cases: &[TestCase], passed: usize) -> Option<Verdict> {
     let failing: Vec<&TestCase> = cases
         .iter()
         .filter(|c| matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::XpassedStrict))
         .collect();
-    if !failing.is_empty() {
-        return Verdict::DebugRed {
-            failures: failing
-                .iter()
-                .take(MAX_LISTED_FAILURES)
-                .map(|c| FailureInfo {
-                    case: c.id(),
-                    message: bounded(&c.message),
-                })
-                .collect(),
-            failed: failing.len(),
-            passed,
-        };
+    if failing.is_empty() {
+        return None;
     }
+    Some(Verdict::DebugRed {
+        failures: failing
+            .iter()
+            .take(MAX_LISTED_FAILURES)
+            .map(|c| FailureInfo {
+                case: c.id(),
+                message: bounded(&c.message),
+            })
+            .collect(),
+        failed: failing.len(),
+        passed,
+    })
+}
 
-    if let Some(v) = errored(ErrorPhase::Teardown, ErrorKind::Teardown) {
-        return v;
-    }
-
-    // From here on pytest should have exited 0 (or 5, "no tests ran", when
-    // every module skipped at import); anything else means the report is
-    // incomplete or pytest broke after writing it.
+/// An exit-mismatch error when pytest did not end cleanly although its
+/// report shows no failure; `None` when it did. Clean is exit 0 (or 5, "no
+/// tests ran", when every module skipped at import); anything else means
+/// the report is incomplete or pytest broke after writing it.
+fn exit_mismatch(ev: &RunEvidence<'_>, passed: usize) -> Option<Verdict> {
     let clean_exit = match ev.exit_code {
         None | Some(0) => true,
         Some(5) => passed == 0,
         Some(_) => false,
     };
-    if ev.signal.is_some() || !clean_exit {
-        let how = match (ev.exit_code, ev.signal) {
-            (_, Some(sig)) => format!("killed by signal {sig}"),
-            (Some(code), None) => format!("exited {code}"),
-            (None, None) => "ended abnormally".to_string(),
-        };
-        return error(
-            ErrorKind::ExitMismatch,
-            &format!(
-                "pytest {how} although its report shows no failure: {}",
-                last_line(ev.output_tail)
-            ),
-        );
+    if ev.signal.is_none() && clean_exit {
+        return None;
     }
+    let how = match (ev.exit_code, ev.signal) {
+        (_, Some(sig)) => format!("killed by signal {sig}"),
+        (Some(code), None) => format!("exited {code}"),
+        (None, None) => "ended abnormally".to_string(),
+    };
+    Some(error(
+        ErrorKind::ExitMismatch,
+        &format!(
+            "pytest {how} although its report shows no failure: {}",
+            last_line(ev.output_tail)
+        ),
+    ))
+}
 
-    let skips: Vec<SkipInfo> = cases
+/// The skipped, xfailed and xpassed cases, in order, each with its reason.
+fn skips_of(cases: &[TestCase]) -> Vec<SkipInfo> {
+    cases
         .iter()
         .filter_map(|c| {
             let kind = match c.outcome {
@@ -923,19 +966,7 @@ fn classify_report(report: &JunitReport, ev: &RunEvidence<'_>) -> Verdict {
                 reason: bounded(&c.message),
             })
         })
-        .collect();
-    if !skips.is_empty() {
-        return Verdict::ScaffoldSkip { passed, skips };
-    }
-    if passed == 0 {
-        // Unreachable with pytest's writer, kept so that an odd report can
-        // never fall through to a pass.
-        return error(ErrorKind::NoTests, "no test passed, failed or skipped");
-    }
-    Verdict::NonSkipPass {
-        passed,
-        xpass_checked: report.plugin_complete(),
-    }
+        .collect()
 }
 
 fn error(kind: ErrorKind, detail: &str) -> Verdict {
