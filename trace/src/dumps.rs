@@ -1386,111 +1386,22 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
     let mut diags = Collector::default();
 
     let (order, order_source) = execution_order(&ra, a, opts, &mut diags)?;
-
-    // Port tensors under reference names.
-    let mut port_by_ident: HashMap<Ident, usize> = HashMap::new();
-    for (i, t) in rb.tensors.iter().enumerate() {
-        port_by_ident.insert((renamer.apply(&t.module), t.tensor.clone(), t.step), i);
-    }
-    let mut port_used = vec![false; rb.tensors.len()];
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-
-    let mut tensors = Vec::new();
-    // (reference tensor, port tensor) of each compared pair, for the checks.
-    let mut pairs: Vec<(usize, usize)> = Vec::new();
-    let mut first_at: Option<usize> = None;
-    // Per-token sums of the latest tensor while no divergence is found: at
-    // the end, those of the first divergent tensor.
-    let mut token_sums: Vec<Sums> = Vec::new();
-    let mut signatures: Vec<Signature> = Vec::new();
-    let mut unmatched_ref = Vec::new();
-    let mut first = None;
-    for &i in &order {
-        let ta = &ra.tensors[i];
-        let Some(&j) = port_by_ident.get(&(ta.module.clone(), ta.tensor.clone(), ta.step)) else {
-            unmatched_ref.push(Unmatched {
-                module: ta.key.clone(),
-                renamed: None,
-                nearest: Vec::new(),
-            });
-            continue;
-        };
-        port_used[j] = true;
-        let tb = &rb.tensors[j];
-        let Pair {
-            metrics,
-            diverged,
-            divergence: fd,
-            token_sums: tok,
-        } = compare_pair(ta, tb, opts, threads)?;
-        if first.is_none()
-            && let Some(tok) = tok
-        {
-            token_sums = tok;
-        }
-        // The first tensor in execution order is the model's input; a name
-        // sort does not know which one that is, and a block's tensor is not.
-        if i == order[0]
-            && order_source != "sorted"
-            && block_of(&ta.module).is_none()
-            && let Some(sig) = inputs_signature(ta, tb, metrics.as_ref(), opts)
-        {
-            signatures.push(sig);
-        }
-        if first.is_none()
-            && let Some(fd) = fd
-        {
-            if let Some(m) = &metrics
-                && fd.stat == "rel_diff"
-                && m.cosine >= opts.min_cosine
-            {
-                diags.push(
-                    "scale_error",
-                    format!(
-                        "{} keeps cosine {:.4} but rel_diff is {:.3e} (norms {:.4e} vs {:.4e}): a magnitude error that cosine alone does not see",
-                        tb.key, m.cosine, m.rel_diff, m.reference_norm, m.port_norm
-                    ),
-                );
-            }
-            first = Some(fd);
-            first_at = Some(tensors.len());
-        }
-        pairs.push((i, j));
-        tensors.push(TensorResult {
-            reference_key: ta.key.clone(),
-            port_key: tb.key.clone(),
-            module: ta.module.clone(),
-            port_module: tb.module.clone(),
-            tensor: ta.tensor.clone(),
-            step: ta.step,
-            shape: ta.shape.clone(),
-            port_shape: tb.shape.clone(),
-            metrics,
-            diverged,
-        });
+    let Walk {
+        tensors,
+        pairs,
+        mut first_at,
+        mut first,
+        token_sums,
+        mut signatures,
+        unmatched_ref,
+        port_used,
+        scale_error,
+    } = walk_in_order(&ra, &rb, &order, &order_source, &renamer, opts, threads)?;
+    if let Some(what) = scale_error {
+        diags.push("scale_error", what);
     }
-    // Block outputs matching their neighbour across the two sides.
-    let shift_rows: Vec<ShiftRow<'_>> = tensors
-        .iter()
-        .map(|t: &TensorResult| ShiftRow {
-            module: &t.module,
-            tensor: &t.tensor,
-            step: t.step,
-            diverged: t.diverged,
-        })
-        .collect();
-    let norms = |t: &TensorResult| t.metrics.as_ref().map(|m| (m.reference_norm, m.port_norm));
-    let shift = signature::layer_shift(&shift_rows, |p, r| {
-        let (tp, tr) = (&rb.tensors[pairs[p].1], &ra.tensors[pairs[r].0]);
-        let (Some((_, np)), Some((nr, _))) = (norms(&tensors[p]), norms(&tensors[r])) else {
-            return Ok(None);
-        };
-        if tp.shape != tr.shape {
-            return Ok(None);
-        }
-        cross_match(tr, tp, nr * nr + np * np, opts).map(Some)
-    })?;
-    if let Some(sig) = shift {
+    if let Some(sig) = shift_signature(&ra, &rb, &tensors, &pairs, opts)? {
         if sig.untrusted {
             first = None;
             first_at = None;
@@ -1515,17 +1426,7 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
         );
     }
 
-    let unmatched_port: Vec<Unmatched> = rb
-        .tensors
-        .iter()
-        .zip(&port_used)
-        .filter(|(_, u)| !**u)
-        .map(|(t, _)| Unmatched {
-            module: t.key.clone(),
-            renamed: Some(renamer.apply(&t.module)).filter(|r| *r != t.module),
-            nearest: Vec::new(),
-        })
-        .collect();
+    let unmatched_port = unmatched_port(&rb, &port_used, &renamer);
     if !unmatched_ref.is_empty() {
         diags.push(
             "only_in_reference",
@@ -1559,6 +1460,167 @@ pub fn compare_dumps(a: &Path, b: &Path, opts: &DumpOptions) -> Result<DumpRepor
         },
         order_source,
     })
+}
+
+/// What the walk over the reference's tensors in execution order found.
+struct Walk {
+    /// One result per compared pair, in execution order.
+    tensors: Vec<TensorResult>,
+    /// (reference tensor, port tensor) of each compared pair, for the checks.
+    pairs: Vec<(usize, usize)>,
+    /// Where in `tensors` the first divergent pair is.
+    first_at: Option<usize>,
+    /// The first divergence as the report names it.
+    first: Option<FirstDivergence>,
+    /// Per-token sums of the latest tensor while no divergence is found: at
+    /// the end, those of the first divergent tensor.
+    token_sums: Vec<Sums>,
+    /// The model inputs' signature, when they differ.
+    signatures: Vec<Signature>,
+    /// Reference tensors with no port tensor of the same name.
+    unmatched_ref: Vec<Unmatched>,
+    /// Which port tensors were compared, by index.
+    port_used: Vec<bool>,
+    /// The scale_error diagnostic's text, when the first divergence keeps its
+    /// cosine but not its magnitude.
+    scale_error: Option<String>,
+}
+
+/// Compares each reference tensor, in execution order, with the port tensor
+/// of the same name (port names renamed to reference names).
+fn walk_in_order(
+    ra: &DumpSource,
+    rb: &DumpSource,
+    order: &[usize],
+    order_source: &str,
+    renamer: &Renamer,
+    opts: &DumpOptions,
+    threads: usize,
+) -> Result<Walk, TraceError> {
+    // Port tensors under reference names.
+    let mut port_by_ident: HashMap<Ident, usize> = HashMap::new();
+    for (i, t) in rb.tensors.iter().enumerate() {
+        port_by_ident.insert((renamer.apply(&t.module), t.tensor.clone(), t.step), i);
+    }
+    let mut w = Walk {
+        tensors: Vec::new(),
+        pairs: Vec::new(),
+        first_at: None,
+        first: None,
+        token_sums: Vec::new(),
+        signatures: Vec::new(),
+        unmatched_ref: Vec::new(),
+        port_used: vec![false; rb.tensors.len()],
+        scale_error: None,
+    };
+    for &i in order {
+        let ta = &ra.tensors[i];
+        let Some(&j) = port_by_ident.get(&(ta.module.clone(), ta.tensor.clone(), ta.step)) else {
+            w.unmatched_ref.push(Unmatched {
+                module: ta.key.clone(),
+                renamed: None,
+                nearest: Vec::new(),
+            });
+            continue;
+        };
+        w.port_used[j] = true;
+        let tb = &rb.tensors[j];
+        let Pair {
+            metrics,
+            diverged,
+            divergence: fd,
+            token_sums: tok,
+        } = compare_pair(ta, tb, opts, threads)?;
+        if w.first.is_none()
+            && let Some(tok) = tok
+        {
+            w.token_sums = tok;
+        }
+        // The first tensor in execution order is the model's input; a name
+        // sort does not know which one that is, and a block's tensor is not.
+        if i == order[0]
+            && order_source != "sorted"
+            && block_of(&ta.module).is_none()
+            && let Some(sig) = inputs_signature(ta, tb, metrics.as_ref(), opts)
+        {
+            w.signatures.push(sig);
+        }
+        if w.first.is_none()
+            && let Some(fd) = fd
+        {
+            if let Some(m) = &metrics
+                && fd.stat == "rel_diff"
+                && m.cosine >= opts.min_cosine
+            {
+                w.scale_error = Some(format!(
+                    "{} keeps cosine {:.4} but rel_diff is {:.3e} (norms {:.4e} vs {:.4e}): a magnitude error that cosine alone does not see",
+                    tb.key, m.cosine, m.rel_diff, m.reference_norm, m.port_norm
+                ));
+            }
+            w.first = Some(fd);
+            w.first_at = Some(w.tensors.len());
+        }
+        w.pairs.push((i, j));
+        w.tensors.push(TensorResult {
+            reference_key: ta.key.clone(),
+            port_key: tb.key.clone(),
+            module: ta.module.clone(),
+            port_module: tb.module.clone(),
+            tensor: ta.tensor.clone(),
+            step: ta.step,
+            shape: ta.shape.clone(),
+            port_shape: tb.shape.clone(),
+            metrics,
+            diverged,
+        });
+    }
+    Ok(w)
+}
+
+/// The layer_shift signature of the compared pairs: block outputs matching
+/// their neighbour across the two sides.
+fn shift_signature(
+    ra: &DumpSource,
+    rb: &DumpSource,
+    tensors: &[TensorResult],
+    pairs: &[(usize, usize)],
+    opts: &DumpOptions,
+) -> Result<Option<Signature>, TraceError> {
+    let shift_rows: Vec<ShiftRow<'_>> = tensors
+        .iter()
+        .map(|t: &TensorResult| ShiftRow {
+            module: &t.module,
+            tensor: &t.tensor,
+            step: t.step,
+            diverged: t.diverged,
+        })
+        .collect();
+    let norms = |t: &TensorResult| t.metrics.as_ref().map(|m| (m.reference_norm, m.port_norm));
+    signature::layer_shift(&shift_rows, |p, r| {
+        let (tp, tr) = (&rb.tensors[pairs[p].1], &ra.tensors[pairs[r].0]);
+        let (Some((_, np)), Some((nr, _))) = (norms(&tensors[p]), norms(&tensors[r])) else {
+            return Ok(None);
+        };
+        if tp.shape != tr.shape {
+            return Ok(None);
+        }
+        cross_match(tr, tp, nr * nr + np * np, opts).map(Some)
+    })
+}
+
+/// The port tensors no reference tensor was compared with, each with its
+/// renamed module when the rename rules change it.
+fn unmatched_port(rb: &DumpSource, port_used: &[bool], renamer: &Renamer) -> Vec<Unmatched> {
+    rb.tensors
+        .iter()
+        .zip(port_used)
+        .filter(|(_, u)| !**u)
+        .map(|(t, _)| Unmatched {
+            module: t.key.clone(),
+            renamed: Some(renamer.apply(&t.module)).filter(|r| *r != t.module),
+            nearest: Vec::new(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -138,14 +138,6 @@ pub fn merge_ranks(
     let occ0 = occurrences(&files[0].records);
     let mut aligned = vec![true; world];
     let mut index: Vec<Option<RankIndex<'_>>> = (0..world).map(|_| None).collect();
-    fn build(records: &[Record]) -> RankIndex<'_> {
-        let occ = occurrences(records);
-        let mut map = fast_map(records.len());
-        for (i, (r, n)) in records.iter().zip(&occ).enumerate() {
-            map.insert((&*r.module, &*r.tensor, r.step, *n), i);
-        }
-        (occ, map)
-    }
     let mut used: Vec<Vec<bool>> = files.iter().map(|f| vec![false; f.records.len()]).collect();
     let mut out = Vec::with_capacity(files[0].records.len());
     let mut group: Vec<&Record> = Vec::with_capacity(world);
@@ -169,7 +161,7 @@ pub fn merge_ranks(
                 }
                 aligned[r] = false;
             }
-            let (_, map) = index[r].get_or_insert_with(|| build(recs));
+            let (_, map) = index[r].get_or_insert_with(|| rank_index(recs));
             if let Some(&j) = map.get(&key) {
                 used[r][j] = true;
                 group.push(&recs[j]);
@@ -193,13 +185,46 @@ pub fn merge_ranks(
     }
     // Rows rank 0 never wrote: keep them (merged across the ranks that have
     // them) after rank 0's rows, in rank order.
+    out.extend(merge_leftovers(
+        &files, &mut index, &mut used, reference, opts, &mut diags,
+    ));
+    drop(index);
+    Merged {
+        records: out,
+        diagnostics: diags.finish(),
+    }
+}
+
+/// A rank's rows keyed by (module, tensor, step, call count), with the call
+/// counts of its rows.
+fn rank_index(records: &[Record]) -> RankIndex<'_> {
+    let occ = occurrences(records);
+    let mut map = fast_map(records.len());
+    for (i, (r, n)) in records.iter().zip(&occ).enumerate() {
+        map.insert((&*r.module, &*r.tensor, r.step, *n), i);
+    }
+    (occ, map)
+}
+
+/// The rows rank 0 never wrote, each merged across the later ranks that
+/// have it, in rank order; `used` marks the rows taken.
+fn merge_leftovers<'a>(
+    files: &'a [TraceFile],
+    index: &mut [Option<RankIndex<'a>>],
+    used: &mut [Vec<bool>],
+    reference: Option<&ShapeIndex>,
+    opts: &MergeOptions,
+    diags: &mut Collector,
+) -> Vec<Record> {
+    let world = files.len();
+    let mut out = Vec::new();
     for r in 1..world {
         if used[r].iter().all(|u| *u) {
             continue;
         }
         for (s, slot) in index.iter_mut().enumerate().skip(r) {
             if slot.is_none() {
-                *slot = Some(build(&files[s].records));
+                *slot = Some(rank_index(&files[s].records));
             }
         }
         for (i, rec) in files[r].records.iter().enumerate() {
@@ -227,14 +252,10 @@ pub fn merge_ranks(
                 ),
             );
             let ref_shape = reference.and_then(|x| x.get(&rec.module, &rec.tensor, rec.step, n));
-            out.push(merge_group(&group, ref_shape, opts, &mut diags));
+            out.push(merge_group(&group, ref_shape, opts, diags));
         }
     }
-    drop(index);
-    Merged {
-        records: out,
-        diagnostics: diags.finish(),
-    }
+    out
 }
 
 fn same_value(a: &StatValue, b: &StatValue, tol: f64) -> bool {
@@ -278,90 +299,12 @@ pub fn merge_group(
     if group.len() == 1 || replicated(group, opts.replicated_rel_tol) {
         return base;
     }
-    let k = group.len() as u64;
 
     // Shape and sharded dim.
-    let shapes: Option<Vec<&Vec<u64>>> = group.iter().map(|r| r.shape.as_ref()).collect();
-    let mut merged_shape = None;
-    if let Some(shapes) = shapes {
-        let s0 = shapes[0];
-        if shapes.iter().all(|s| *s == s0) {
-            match ref_shape {
-                Some(full) if full == s0.as_slice() => {
-                    // Same shape as the full tensor yet different stats: the
-                    // ranks disagree on a row that should be replicated.
-                    diags.push(
-                        "ranks_disagree",
-                        format!(
-                            "{}: ranks have the full shape {:?} but different stats; rank {} taken",
-                            label(first),
-                            s0,
-                            first.rank.unwrap_or(0)
-                        ),
-                    );
-                    return base;
-                }
-                Some(full) => {
-                    let dims: Vec<usize> = (0..s0.len())
-                        .filter(|&d| full.len() == s0.len() && full[d] == k * s0[d])
-                        .collect();
-                    let others_equal = |d: usize| {
-                        (0..s0.len()).all(|e| e == d || full.get(e) == s0.get(e))
-                    };
-                    let fits: Vec<usize> = dims.into_iter().filter(|&d| others_equal(d)).collect();
-                    if fits.len() == 1 {
-                        let mut s = s0.clone();
-                        s[fits[0]] *= k;
-                        merged_shape = Some(s);
-                    } else {
-                        diags.push(
-                            "shard_dim_unknown",
-                            format!(
-                                "{}: no single dim of the reference shape {:?} is {} x the shard shape {:?}; merged shape left out",
-                                label(first),
-                                full,
-                                k,
-                                s0
-                            ),
-                        );
-                    }
-                }
-                None => diags.push(
-                    "shard_dim_unknown",
-                    format!(
-                        "{}: equal shard shapes {:?} and no reference shape; merged shape left out (pass --reference)",
-                        label(first),
-                        s0
-                    ),
-                ),
-            }
-        } else {
-            let nd = s0.len();
-            let diff: Vec<usize> = if shapes.iter().all(|s| s.len() == nd) {
-                (0..nd)
-                    .filter(|&d| shapes.iter().any(|s| s[d] != s0[d]))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            if diff.len() == 1 {
-                let d = diff[0];
-                let mut s = s0.clone();
-                s[d] = shapes.iter().map(|s| s[d]).sum();
-                merged_shape = Some(s);
-            } else {
-                diags.push(
-                    "shard_dim_unknown",
-                    format!(
-                        "{}: shard shapes {:?} differ in more than one dim; merged shape left out",
-                        label(first),
-                        shapes
-                    ),
-                );
-            }
-        }
-    }
-    base.shape = merged_shape;
+    base.shape = match merged_shape(group, ref_shape, diags) {
+        ShapeMerge::Disagree => return base,
+        ShapeMerge::Shape(shape) => shape,
+    };
 
     let counts: Option<Vec<u64>> = group.iter().map(|r| r.element_count()).collect();
     let total: Option<u64> = counts.as_ref().map(|c| c.iter().sum());
@@ -375,6 +318,129 @@ pub fn merge_group(
         );
     }
 
+    base.stats = merged_stats(group, counts.as_deref(), opts, diags);
+    base
+}
+
+/// What the shards' shapes say about a group's merged row.
+enum ShapeMerge {
+    /// The ranks have the full shape yet different stats: the first row is
+    /// kept as it is.
+    Disagree,
+    /// The merged shape, when the sharded dim can be told.
+    Shape(Option<Vec<u64>>),
+}
+
+/// The merged shape of a group whose rows differ: the shards' shapes joined
+/// along the one dim they are split on.
+fn merged_shape(group: &[&Record], ref_shape: Option<&[u64]>, diags: &mut Collector) -> ShapeMerge {
+    let first = group[0];
+    let shapes: Option<Vec<&Vec<u64>>> = group.iter().map(|r| r.shape.as_ref()).collect();
+    let Some(shapes) = shapes else {
+        return ShapeMerge::Shape(None);
+    };
+    let s0 = shapes[0];
+    if shapes.iter().all(|s| *s == s0) {
+        return equal_shards_shape(first, s0, group.len() as u64, ref_shape, diags);
+    }
+    let nd = s0.len();
+    let diff: Vec<usize> = if shapes.iter().all(|s| s.len() == nd) {
+        (0..nd)
+            .filter(|&d| shapes.iter().any(|s| s[d] != s0[d]))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if diff.len() == 1 {
+        let d = diff[0];
+        let mut s = s0.clone();
+        s[d] = shapes.iter().map(|s| s[d]).sum();
+        ShapeMerge::Shape(Some(s))
+    } else {
+        diags.push(
+            "shard_dim_unknown",
+            format!(
+                "{}: shard shapes {:?} differ in more than one dim; merged shape left out",
+                label(first),
+                shapes
+            ),
+        );
+        ShapeMerge::Shape(None)
+    }
+}
+
+/// The merged shape of `k` shards that all have shape `s0`: the reference
+/// shape tells which dim they are split on.
+fn equal_shards_shape(
+    first: &Record,
+    s0: &[u64],
+    k: u64,
+    ref_shape: Option<&[u64]>,
+    diags: &mut Collector,
+) -> ShapeMerge {
+    match ref_shape {
+        Some(full) if full == s0 => {
+            // Same shape as the full tensor yet different stats: the
+            // ranks disagree on a row that should be replicated.
+            diags.push(
+                "ranks_disagree",
+                format!(
+                    "{}: ranks have the full shape {:?} but different stats; rank {} taken",
+                    label(first),
+                    s0,
+                    first.rank.unwrap_or(0)
+                ),
+            );
+            ShapeMerge::Disagree
+        }
+        Some(full) => {
+            let dims: Vec<usize> = (0..s0.len())
+                .filter(|&d| full.len() == s0.len() && full[d] == k * s0[d])
+                .collect();
+            let others_equal = |d: usize| (0..s0.len()).all(|e| e == d || full.get(e) == s0.get(e));
+            let fits: Vec<usize> = dims.into_iter().filter(|&d| others_equal(d)).collect();
+            if fits.len() == 1 {
+                let mut s = s0.to_vec();
+                s[fits[0]] *= k;
+                ShapeMerge::Shape(Some(s))
+            } else {
+                diags.push(
+                    "shard_dim_unknown",
+                    format!(
+                        "{}: no single dim of the reference shape {:?} is {} x the shard shape {:?}; merged shape left out",
+                        label(first),
+                        full,
+                        k,
+                        s0
+                    ),
+                );
+                ShapeMerge::Shape(None)
+            }
+        }
+        None => {
+            diags.push(
+                "shard_dim_unknown",
+                format!(
+                    "{}: equal shard shapes {:?} and no reference shape; merged shape left out (pass --reference)",
+                    label(first),
+                    s0
+                ),
+            );
+            ShapeMerge::Shape(None)
+        }
+    }
+}
+
+/// The stats of a group's merged row: each of rank 0's stats merged exactly
+/// across the shards (`counts`: their element counts), or dropped with a
+/// diagnostic when it cannot be.
+fn merged_stats(
+    group: &[&Record],
+    counts: Option<&[u64]>,
+    opts: &MergeOptions,
+    diags: &mut Collector,
+) -> crate::record::Stats {
+    let first = group[0];
     let names: Vec<String> = first.stats.names();
     let mut stats = crate::record::Stats::default();
     for name in names {
@@ -410,10 +476,8 @@ pub fn merge_group(
             "sum" => Some(nums.iter().sum()),
             "min" => Some(nums.iter().copied().fold(f64::INFINITY, f64::min)),
             "max" => Some(nums.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
-            "abs_mean" | "mean" => counts.as_ref().map(|c| weighted_mean(&nums, c)),
-            "std" => counts
-                .as_ref()
-                .and_then(|c| pooled_std(group, &nums, c, opts.std_correction)),
+            "abs_mean" | "mean" => counts.map(|c| weighted_mean(&nums, c)),
+            "std" => counts.and_then(|c| pooled_std(group, &nums, c, opts.std_correction)),
             _ => None,
         };
         match merged {
@@ -427,8 +491,7 @@ pub fn merge_group(
             ),
         }
     }
-    base.stats = stats;
-    base
+    stats
 }
 
 fn weighted_mean(values: &[f64], counts: &[u64]) -> f64 {
