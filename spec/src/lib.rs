@@ -547,9 +547,62 @@ pub fn load(path: &Path) -> Result<PortSpec, SpecError> {
 
 /// Parses spec text; `path` only names the file in errors.
 pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
-    // Refused before anything is parsed or stored: a token value in a spec
-    // must never reach the database, a log or PORT_STATUS.md. Scanned with
-    // toml's escapes decoded, so `"\u00e9hf_…"` does not hide one.
+    refuse_secrets(path, text)?;
+    let raw = raw_spec(path, text)?;
+    let invalid = |message: String| SpecError::Invalid {
+        path: path.to_path_buf(),
+        message,
+    };
+    let (prep, prep_lines) = prep_table(raw.prep, text);
+    let family = family_of(&prep, &invalid)?;
+    let defaults = raw.defaults;
+    let defaults_cmd: Vec<String> = defaults
+        .command
+        .clone()
+        .unwrap_or_else(|| DEFAULT_COMMAND.iter().map(|s| s.to_string()).collect());
+    let agent = match raw.agent {
+        None => None,
+        Some(a) => Some(agent_spec(a, text, path)?),
+    };
+    let runner = runner(raw.runner, text, path)?;
+    let default_timeout = seconds(defaults.timeout_s.clone(), "defaults.timeout_s", text, path)?;
+    for name in defaults.set_env.keys() {
+        if !is_env_name(name) {
+            return Err(invalid(format!(
+                "defaults.set_env: {name:?} is not a variable name"
+            )));
+        }
+    }
+    let shared = Shared {
+        defaults: &defaults,
+        command: &defaults_cmd,
+        timeout: default_timeout,
+        agent: agent.as_ref(),
+        runner: &runner,
+    };
+    let mut components = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for c in raw.components {
+        components.push(component_spec(c, &shared, &mut seen, text, path)?);
+    }
+    if components.is_empty() {
+        return Err(invalid("no [[component]] is listed".into()));
+    }
+    Ok(PortSpec {
+        family,
+        path: path.display().to_string(),
+        prep,
+        prep_lines,
+        components,
+        runner,
+    })
+}
+
+/// Refuses a spec holding a token value, before anything is parsed or
+/// stored: a token value in a spec must never reach the database, a log or
+/// PORT_STATUS.md. Scanned with toml's escapes decoded, so `"\u00e9hf_…"`
+/// does not hide one. The error names the line and the key.
+fn refuse_secrets(path: &Path, text: &str) -> Result<(), SpecError> {
     let scanned = decoded_for_scan(text);
     if let Some(f) = fvd_contracts::secrets::scan_text(&scanned, 1)
         .into_iter()
@@ -569,7 +622,13 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             message: f.message,
         });
     }
-    let raw: RawSpec = toml::from_str(text).map_err(|e| {
+    Ok(())
+}
+
+/// The spec's toml read into its raw tables, or a syntax error with the
+/// line and column of the fault.
+fn raw_spec(path: &Path, text: &str) -> Result<RawSpec, SpecError> {
+    toml::from_str(text).map_err(|e| {
         let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
         SpecError::Syntax {
             path: path.to_path_buf(),
@@ -578,14 +637,18 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             // An unknown key or a bad value is quoted in the message: cut.
             message: fvd_paths::cut_quoted(e.message()),
         }
-    })?;
-    let invalid = |message: String| SpecError::Invalid {
-        path: path.to_path_buf(),
-        message,
-    };
+    })
+}
+
+/// The `[prep]` table as text (an array joined with `, `) and the line of
+/// each of its keys.
+fn prep_table(
+    raw: BTreeMap<String, Spanned<toml::Value>>,
+    text: &str,
+) -> (BTreeMap<String, String>, BTreeMap<String, usize>) {
     let mut prep = BTreeMap::new();
     let mut prep_lines = BTreeMap::new();
-    for (k, v) in raw.prep {
+    for (k, v) in raw {
         prep_lines.insert(k.clone(), line_col(text, v.span().start).0);
         let s = match v.into_inner() {
             toml::Value::String(s) => s,
@@ -602,6 +665,14 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         };
         prep.insert(k, s);
     }
+    (prep, prep_lines)
+}
+
+/// `prep.model_family`, which must be present and snake_case.
+fn family_of(
+    prep: &BTreeMap<String, String>,
+    invalid: &dyn Fn(String) -> SpecError,
+) -> Result<String, SpecError> {
     let family = prep
         .get("model_family")
         .cloned()
@@ -613,221 +684,251 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             fvd_paths::MAX_IDENTIFIER_LEN
         )));
     }
-    let defaults_cmd: Vec<String> = raw
-        .defaults
-        .command
-        .unwrap_or_else(|| DEFAULT_COMMAND.iter().map(|s| s.to_string()).collect());
-    let agent = match raw.agent {
-        None => None,
-        Some(a) => {
-            if a.command.as_ref().is_some_and(Vec::is_empty) {
-                return Err(invalid("agent.command is empty".into()));
-            }
-            let model = agent_model::parse(
-                agent_model::RawModel {
-                    preset: a.preset,
-                    api: a.api,
-                    model: a.model,
-                    key_env: a.key_env,
-                    max_turns: a.max_turns,
-                    budget: a.budget,
-                    prices: a.prices,
-                    has_command: a.command.is_some(),
-                    env: a.env.clone(),
-                },
-                |offset| line_col(text, offset).0,
-            )
-            .map_err(|(line, message)| match line {
-                0 => invalid(message),
-                line => SpecError::Syntax {
-                    path: path.to_path_buf(),
-                    line,
-                    column: 1,
-                    message,
-                },
-            })?;
-            if model.preset.is_none() && !a.extra_args.is_empty() {
-                return Err(invalid(
-                    "agent.extra_args adds to a preset's command: put them in agent.command".into(),
-                ));
-            }
-            if a.env.iter().any(|n| !is_env_name(n)) {
-                return Err(invalid(
-                    "agent.env entry is not a variable name (specs name variables, never values)"
-                        .into(),
-                ));
-            }
-            let max_attempts = a.max_attempts.unwrap_or(3);
-            if max_attempts == 0 {
-                return Err(invalid("agent.max_attempts must be at least 1".into()));
-            }
-            let cleanup = crate::cleanup::CleanupRules {
-                forbidden: a.forbidden_patterns.unwrap_or_else(|| {
-                    crate::cleanup::DEFAULT_FORBIDDEN
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect()
-                }),
-                allowed_untracked: a.allowed_untracked,
-            };
-            cleanup
-                .validate()
-                .map_err(|e| invalid(format!("agent.forbidden_patterns: {e}")))?;
-            Some(AgentSpec {
-                command: a.command.unwrap_or_default(),
-                preset: model.preset,
-                extra_args: a.extra_args,
-                model: model.model,
-                timeout: Duration::from_secs(
-                    seconds(a.timeout_s, "agent.timeout_s", text, path)?.unwrap_or(1800),
-                ),
-                env: a.env,
-                max_attempts,
-                max_wall: seconds(a.max_wall_s, "agent.max_wall_s", text, path)?
-                    .map(Duration::from_secs),
-                max_gpu_s: seconds(a.max_gpu_s, "agent.max_gpu_s", text, path)?,
-                cleanup,
-                gpus: agent_gpus(a.gpus, text, path)?,
-            })
-        }
+    Ok(family)
+}
+
+/// The `[agent]` table, checked: its command, model, variables, attempts,
+/// limits, cleanup rules and GPUs.
+fn agent_spec(a: RawAgent, text: &str, path: &Path) -> Result<AgentSpec, SpecError> {
+    let invalid = |message: String| SpecError::Invalid {
+        path: path.to_path_buf(),
+        message,
     };
-    let runner = runner(raw.runner, text, path)?;
-    let default_timeout = seconds(raw.defaults.timeout_s, "defaults.timeout_s", text, path)?;
-    let mut components = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    let default_set_env = raw.defaults.set_env;
-    for name in default_set_env.keys() {
-        if !is_env_name(name) {
-            return Err(invalid(format!(
-                "defaults.set_env: {name:?} is not a variable name"
-            )));
-        }
+    if a.command.as_ref().is_some_and(Vec::is_empty) {
+        return Err(invalid("agent.command is empty".into()));
     }
-    for c in raw.components {
-        let line_of = |start: usize| line_col(text, start).0;
-        let mut lines = BTreeMap::new();
-        lines.insert("name".to_string(), line_of(c.name.span().start));
-        lines.insert("type".to_string(), line_of(c.component_type.span().start));
-        lines.insert(
-            "parity_test".to_string(),
-            line_of(c.parity_test.span().start),
-        );
-        lines.insert(
-            "coverage_scope".to_string(),
-            line_of(c.coverage_scope.span().start),
-        );
-        let name = c.name.into_inner().0;
-        if !seen.insert(name.clone()) {
-            return Err(invalid(format!("component {name:?} is listed twice")));
-        }
-        let env = c
-            .env
-            .or_else(|| raw.defaults.env.clone())
-            .unwrap_or_default();
-        for var in &env {
-            if !is_env_name(var) {
-                return Err(invalid(format!(
-                    "component {name}: env entry is not a variable name (specs name variables, never values)"
-                )));
-            }
-        }
-        let mut set_env = default_set_env.clone();
-        for (var, value) in c.set_env {
-            if !is_env_name(&var) {
-                return Err(invalid(format!(
-                    "component {name}: set_env: {var:?} is not a variable name"
-                )));
-            }
-            set_env.insert(var, value);
-        }
-        if let Some(var) = set_env.keys().find(|v| env.contains(v)) {
-            return Err(invalid(format!(
-                "component {name}: {var} is both passed through (env) and set (set_env)"
-            )));
-        }
-        let parity_tests = match c.parity_test.into_inner() {
-            OneOrMany::One(t) => vec![t],
-            OneOrMany::Many(ts) => ts,
-        };
-        if parity_tests.is_empty() || parity_tests.iter().any(|t| t.trim().is_empty()) {
-            return Err(invalid(format!(
-                "component {name}: parity_test names no file"
-            )));
-        }
-        let command = c.command.unwrap_or_else(|| defaults_cmd.clone());
-        if c.agent && agent.is_none() {
-            return Err(invalid(format!(
-                "component {name}: agent = true but the spec has no [agent] table"
-            )));
-        }
-        if command.is_empty() {
-            return Err(invalid(format!("component {name}: command is empty")));
-        }
-        let mut worker_paths: Vec<String> = raw.defaults.worker_paths.clone();
-        worker_paths.extend(c.worker_paths);
-        for p in &worker_paths {
-            if let Err(e) = worker_path(p) {
-                return Err(invalid(format!("component {name}: worker_paths: {e}")));
-            }
-        }
-        worker_paths.sort();
-        worker_paths.dedup();
-        let confirm_runs = c.confirm_runs.or(raw.defaults.confirm_runs).unwrap_or(1);
-        if confirm_runs == 0 {
-            return Err(invalid(format!(
-                "component {name}: confirm_runs must be at least 1"
-            )));
-        }
-        for p in &c.paths {
-            if let Err(e) = worker_path(p) {
-                return Err(invalid(format!("component {name}: paths: {e}")));
-            }
-        }
-        let variants = variants(&name, c.variants, &env, text, &|m| invalid(m))?;
-        components.push(ComponentSpec {
-            name,
-            component_type: c.component_type.into_inner(),
-            parity_tests,
-            coverage_scope: c.coverage_scope.into_inner(),
-            aliases: c.aliases,
-            paths: c.paths,
-            set_env,
-            lines,
-            preflight: raw.defaults.preflight.clone(),
-            gpus: c.gpus.or(raw.defaults.gpus).unwrap_or(0),
-            timeout: Duration::from_secs(
-                seconds(c.timeout_s, "timeout_s", text, path)?
-                    .or(default_timeout)
-                    .unwrap_or(600),
-            ),
-            env,
-            command,
-            agent: if c.agent { agent.clone() } else { None },
-            placement: crate::Placement {
-                priority: raw.defaults.priority.unwrap_or(0),
-                gpu_memory_mib: c.gpu_memory_mib.unwrap_or(0),
-                labels: c.labels.unwrap_or_default(),
-                worker_paths,
-                expected_ms: seconds(c.expected_s, "expected_s", text, path)?
-                    .map(|s| s.saturating_mul(1000)),
-            },
-            confirm_runs,
-            trace: c.trace,
-            variants,
-            runner: runner.clone(),
-        });
+    let model = agent_model::parse(
+        agent_model::RawModel {
+            preset: a.preset,
+            api: a.api,
+            model: a.model,
+            key_env: a.key_env,
+            max_turns: a.max_turns,
+            budget: a.budget,
+            prices: a.prices,
+            has_command: a.command.is_some(),
+            env: a.env.clone(),
+        },
+        |offset| line_col(text, offset).0,
+    )
+    .map_err(|(line, message)| match line {
+        0 => invalid(message),
+        line => SpecError::Syntax {
+            path: path.to_path_buf(),
+            line,
+            column: 1,
+            message,
+        },
+    })?;
+    if model.preset.is_none() && !a.extra_args.is_empty() {
+        return Err(invalid(
+            "agent.extra_args adds to a preset's command: put them in agent.command".into(),
+        ));
     }
-    if components.is_empty() {
-        return Err(invalid("no [[component]] is listed".into()));
+    if a.env.iter().any(|n| !is_env_name(n)) {
+        return Err(invalid(
+            "agent.env entry is not a variable name (specs name variables, never values)".into(),
+        ));
     }
-    Ok(PortSpec {
-        family,
-        path: path.display().to_string(),
-        prep,
-        prep_lines,
-        components,
-        runner,
+    let max_attempts = a.max_attempts.unwrap_or(3);
+    if max_attempts == 0 {
+        return Err(invalid("agent.max_attempts must be at least 1".into()));
+    }
+    let cleanup = crate::cleanup::CleanupRules {
+        forbidden: a.forbidden_patterns.unwrap_or_else(|| {
+            crate::cleanup::DEFAULT_FORBIDDEN
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        }),
+        allowed_untracked: a.allowed_untracked,
+    };
+    cleanup
+        .validate()
+        .map_err(|e| invalid(format!("agent.forbidden_patterns: {e}")))?;
+    Ok(AgentSpec {
+        command: a.command.unwrap_or_default(),
+        preset: model.preset,
+        extra_args: a.extra_args,
+        model: model.model,
+        timeout: Duration::from_secs(
+            seconds(a.timeout_s, "agent.timeout_s", text, path)?.unwrap_or(1800),
+        ),
+        env: a.env,
+        max_attempts,
+        max_wall: seconds(a.max_wall_s, "agent.max_wall_s", text, path)?.map(Duration::from_secs),
+        max_gpu_s: seconds(a.max_gpu_s, "agent.max_gpu_s", text, path)?,
+        cleanup,
+        gpus: agent_gpus(a.gpus, text, path)?,
     })
+}
+
+/// What every component of a spec starts from: the `[defaults]` table, its
+/// command and timeout, the `[agent]` and the `[runner]`.
+struct Shared<'a> {
+    defaults: &'a RawDefaults,
+    command: &'a [String],
+    timeout: Option<u64>,
+    agent: Option<&'a AgentSpec>,
+    runner: &'a RunnerSpec,
+}
+
+/// One `[[component]]`, checked and filled in from the defaults; `seen`
+/// holds the names read so far (a name listed twice is refused).
+fn component_spec(
+    c: RawComponent,
+    shared: &Shared<'_>,
+    seen: &mut std::collections::BTreeSet<String>,
+    text: &str,
+    path: &Path,
+) -> Result<ComponentSpec, SpecError> {
+    let invalid = |message: String| SpecError::Invalid {
+        path: path.to_path_buf(),
+        message,
+    };
+    let defaults = shared.defaults;
+    let lines = component_lines(&c, text);
+    let name = c.name.into_inner().0;
+    if !seen.insert(name.clone()) {
+        return Err(invalid(format!("component {name:?} is listed twice")));
+    }
+    let (env, set_env) = component_env(&name, c.env, c.set_env, defaults, &invalid)?;
+    let parity_tests = match c.parity_test.into_inner() {
+        OneOrMany::One(t) => vec![t],
+        OneOrMany::Many(ts) => ts,
+    };
+    if parity_tests.is_empty() || parity_tests.iter().any(|t| t.trim().is_empty()) {
+        return Err(invalid(format!(
+            "component {name}: parity_test names no file"
+        )));
+    }
+    let command = c.command.unwrap_or_else(|| shared.command.to_vec());
+    if c.agent && shared.agent.is_none() {
+        return Err(invalid(format!(
+            "component {name}: agent = true but the spec has no [agent] table"
+        )));
+    }
+    if command.is_empty() {
+        return Err(invalid(format!("component {name}: command is empty")));
+    }
+    let worker_paths = component_worker_paths(&name, defaults, c.worker_paths, &invalid)?;
+    let confirm_runs = c.confirm_runs.or(defaults.confirm_runs).unwrap_or(1);
+    if confirm_runs == 0 {
+        return Err(invalid(format!(
+            "component {name}: confirm_runs must be at least 1"
+        )));
+    }
+    for p in &c.paths {
+        if let Err(e) = worker_path(p) {
+            return Err(invalid(format!("component {name}: paths: {e}")));
+        }
+    }
+    let variants = variants(&name, c.variants, &env, text, &|m| invalid(m))?;
+    Ok(ComponentSpec {
+        name,
+        component_type: c.component_type.into_inner(),
+        parity_tests,
+        coverage_scope: c.coverage_scope.into_inner(),
+        aliases: c.aliases,
+        paths: c.paths,
+        set_env,
+        lines,
+        preflight: defaults.preflight.clone(),
+        gpus: c.gpus.or(defaults.gpus).unwrap_or(0),
+        timeout: Duration::from_secs(
+            seconds(c.timeout_s, "timeout_s", text, path)?
+                .or(shared.timeout)
+                .unwrap_or(600),
+        ),
+        env,
+        command,
+        agent: if c.agent { shared.agent.cloned() } else { None },
+        placement: crate::Placement {
+            priority: defaults.priority.unwrap_or(0),
+            gpu_memory_mib: c.gpu_memory_mib.unwrap_or(0),
+            labels: c.labels.unwrap_or_default(),
+            worker_paths,
+            expected_ms: seconds(c.expected_s, "expected_s", text, path)?
+                .map(|s| s.saturating_mul(1000)),
+        },
+        confirm_runs,
+        trace: c.trace,
+        variants,
+        runner: shared.runner.clone(),
+    })
+}
+
+/// The line of each of the component's required keys: `name`, `type`,
+/// `parity_test` and `coverage_scope`.
+fn component_lines(c: &RawComponent, text: &str) -> BTreeMap<String, usize> {
+    let line_of = |start: usize| line_col(text, start).0;
+    let mut lines = BTreeMap::new();
+    lines.insert("name".to_string(), line_of(c.name.span().start));
+    lines.insert("type".to_string(), line_of(c.component_type.span().start));
+    lines.insert(
+        "parity_test".to_string(),
+        line_of(c.parity_test.span().start),
+    );
+    lines.insert(
+        "coverage_scope".to_string(),
+        line_of(c.coverage_scope.span().start),
+    );
+    lines
+}
+
+/// The variables component `name` passes through (its `env`, else the
+/// default's) and those it sets (the default `set_env` with its own over
+/// it), checked: names only, and none both passed and set.
+fn component_env(
+    name: &str,
+    env: Option<Vec<String>>,
+    own_set_env: BTreeMap<String, String>,
+    defaults: &RawDefaults,
+    invalid: &dyn Fn(String) -> SpecError,
+) -> Result<(Vec<String>, BTreeMap<String, String>), SpecError> {
+    let env = env.or_else(|| defaults.env.clone()).unwrap_or_default();
+    for var in &env {
+        if !is_env_name(var) {
+            return Err(invalid(format!(
+                "component {name}: env entry is not a variable name (specs name variables, never values)"
+            )));
+        }
+    }
+    let mut set_env = defaults.set_env.clone();
+    for (var, value) in own_set_env {
+        if !is_env_name(&var) {
+            return Err(invalid(format!(
+                "component {name}: set_env: {var:?} is not a variable name"
+            )));
+        }
+        set_env.insert(var, value);
+    }
+    if let Some(var) = set_env.keys().find(|v| env.contains(v)) {
+        return Err(invalid(format!(
+            "component {name}: {var} is both passed through (env) and set (set_env)"
+        )));
+    }
+    Ok((env, set_env))
+}
+
+/// The default `worker_paths` and component `name`'s own, each checked,
+/// sorted and without repeats.
+fn component_worker_paths(
+    name: &str,
+    defaults: &RawDefaults,
+    own: Vec<String>,
+    invalid: &dyn Fn(String) -> SpecError,
+) -> Result<Vec<String>, SpecError> {
+    let mut worker_paths: Vec<String> = defaults.worker_paths.clone();
+    worker_paths.extend(own);
+    for p in &worker_paths {
+        if let Err(e) = worker_path(p) {
+            return Err(invalid(format!("component {name}: worker_paths: {e}")));
+        }
+    }
+    worker_paths.sort();
+    worker_paths.dedup();
+    Ok(worker_paths)
 }
 
 /// Most seconds a `timeout_s`, `max_wall_s` or `max_gpu_s` may hold: 366
