@@ -109,7 +109,33 @@ pub struct Plan {
 pub fn plan(a: &Attempt<'_>) -> Plan {
     let home = a.dir.join("home");
     let mut files: Vec<(String, String)> = Vec::new();
-    let mut env: Vec<(String, String)> = vec![
+    let mut env = home_env(&home);
+    let mut argv: Vec<String> = vec![a.preset.program().into()];
+    match a.preset {
+        Preset::ClaudeCode => claude_code_args(a, &mut argv, &mut env),
+        Preset::Codex => codex_args(a, &home, &mut argv, &mut env, &mut files),
+        Preset::Opencode => opencode_args(a, &mut argv, &mut env),
+        Preset::Gemini => gemini_args(a, &mut argv, &mut env, &mut files),
+    }
+    argv.extend(a.extra_args.iter().cloned());
+    if a.preset == Preset::Codex {
+        // The packet comes on stdin.
+        argv.push("-".to_string());
+    }
+    Plan {
+        launch: Launch {
+            argv,
+            env,
+            stdin: a.packet.as_bytes().to_vec(),
+        },
+        files,
+    }
+}
+
+/// The variables every preset gets: HOME and the XDG folders under the
+/// attempt's `home`, and `NO_COLOR`.
+fn home_env(home: &Path) -> Vec<(String, String)> {
+    vec![
         ("HOME".into(), home.display().to_string()),
         (
             "XDG_CONFIG_HOME".into(),
@@ -128,184 +154,202 @@ pub fn plan(a: &Attempt<'_>) -> Plan {
             home.join(".cache").display().to_string(),
         ),
         ("NO_COLOR".into(), "1".into()),
-    ];
+    ]
+}
+
+/// Adds Claude Code's arguments (headless, stream-json, the handoff schema,
+/// its limits, fvd's MCP server and the tools it may run without asking)
+/// and variables (the proxy, the token, no telemetry) to `argv` and `env`.
+fn claude_code_args(a: &Attempt<'_>, argv: &mut Vec<String>, env: &mut Vec<(String, String)>) {
     let m = a.model;
-    let mut argv: Vec<String> = vec![a.preset.program().into()];
     let s = |x: &str| x.to_string();
-    match a.preset {
-        Preset::ClaudeCode => {
-            argv.extend(
-                [
-                    "-p",
-                    "--output-format",
-                    "stream-json",
-                    "--verbose",
-                    "--no-session-persistence",
-                    "--permission-mode",
-                    "acceptEdits",
-                    "--json-schema",
-                    HANDOFF_SCHEMA,
-                    "--model",
-                    m.api_model(),
-                ]
-                .map(s),
-            );
-            if let Some(t) = m.max_turns {
-                argv.extend([s("--max-turns"), t.to_string()]);
-            }
-            if let Some(usd) = m.budget.usd_per_attempt {
-                // Its own cap is checked between turns; the proxy's stops it
-                // mid-turn.
-                argv.extend([s("--max-budget-usd"), usd.to_string()]);
-            }
-            // What it may run without asking: the parity test and reading
-            // git. Anything else is denied (and listed on the attempt). An
-            // allowlist is not a sandbox: see the containment of jobs.
-            if let Some(mcp) = a.mcp {
-                let config = json!({"mcpServers": {"fvd": {
-                    "type": "stdio",
-                    "command": mcp.program,
-                    "args": ["mcp"],
-                    "env": mcp.env_json(),
-                }}});
-                argv.extend([s("--mcp-config"), config.to_string()]);
-                // fvd's tools in every request, not behind its tool search
-                // (which defers MCP tools until the model looks them up).
-                env.push((s("ENABLE_TOOL_SEARCH"), s("false")));
-            }
-            argv.push(s("--allowedTools"));
-            if a.mcp.is_some() {
-                // Every tool of the `fvd` MCP server.
-                argv.push(s("mcp__fvd"));
-            }
-            argv.extend(
-                [
-                    "Read",
-                    "Edit",
-                    "Write",
-                    "Glob",
-                    "Grep",
-                    "Bash(python3:*)",
-                    "Bash(python:*)",
-                    "Bash(pytest:*)",
-                    "Bash(git diff:*)",
-                    "Bash(git status:*)",
-                    "Bash(git log:*)",
-                ]
-                .map(s),
-            );
-            env.extend(
-                [
-                    ("ANTHROPIC_BASE_URL", a.base_url),
-                    ("ANTHROPIC_API_KEY", a.token),
-                    ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
-                    ("DISABLE_TELEMETRY", "1"),
-                    ("DISABLE_ERROR_REPORTING", "1"),
-                    ("DISABLE_AUTOUPDATER", "1"),
-                    ("DISABLE_BUG_COMMAND", "1"),
-                ]
-                .map(|(k, v)| (s(k), s(v))),
-            );
-        }
-        Preset::Codex => {
-            let codex_home = home.join(".codex");
-            files.push((
-                "home/.codex/config.toml".into(),
-                codex_config(m, a.base_url, a.mcp),
-            ));
-            let schema = a.dir.join("handoff.schema.json");
-            files.push(("handoff.schema.json".into(), HANDOFF_SCHEMA.into()));
-            argv.extend(
-                [
-                    "exec",
-                    "--json",
-                    "--skip-git-repo-check",
-                    "--ephemeral",
-                    "--disable",
-                    "plugins",
-                    "--sandbox",
-                    // Codex's own sandbox (bubblewrap or Landlock) runs no
-                    // command inside fvd's jail, silently: the jail is its
-                    // sandbox then.
-                    if a.jailed {
-                        "danger-full-access"
-                    } else {
-                        "workspace-write"
-                    },
-                    "--add-dir",
-                ]
-                .map(s),
-            );
-            argv.push(a.dir.display().to_string());
-            argv.extend([s("--output-schema"), schema.display().to_string()]);
-            argv.extend([s("--model"), s(m.api_model())]);
-            env.push((s("CODEX_HOME"), codex_home.display().to_string()));
-            env.push((s(TOKEN_ENV), s(a.token)));
-        }
-        Preset::Opencode => {
-            argv.extend(["run", "--format", "json", "--model"].map(s));
-            argv.push(format!("fvd/{}", m.api_model()));
-            env.push((
-                s("OPENCODE_CONFIG_CONTENT"),
-                opencode_config(m, a.base_url, a.mcp),
-            ));
-            env.push((s(TOKEN_ENV), s(a.token)));
-            env.extend(
-                [
-                    "OPENCODE_DISABLE_AUTOUPDATE",
-                    "OPENCODE_DISABLE_DEFAULT_PLUGINS",
-                    "OPENCODE_DISABLE_MODELS_FETCH",
-                    "OPENCODE_DISABLE_LSP_DOWNLOAD",
-                    "OPENCODE_DISABLE_SHARE",
-                    "OPENCODE_DISABLE_CLAUDE_CODE",
-                    "OPENCODE_DISABLE_EXTERNAL_SKILLS",
-                    "OPENCODE_DISABLE_PROJECT_CONFIG",
-                ]
-                .map(|k| (s(k), s("1"))),
-            );
-        }
-        Preset::Gemini => {
-            files.push((
-                "home/.gemini/settings.json".into(),
-                gemini_settings(m, a.mcp),
-            ));
-            argv.extend(
-                [
-                    "--model",
-                    m.api_model(),
-                    "--output-format",
-                    "stream-json",
-                    "--approval-mode",
-                    "yolo",
-                    "--skip-trust",
-                    "--prompt",
-                    "",
-                ]
-                .map(s),
-            );
-            env.extend(
-                [
-                    ("GOOGLE_GEMINI_BASE_URL", a.base_url),
-                    ("GEMINI_API_KEY", a.token),
-                    ("GEMINI_CLI_NO_RELAUNCH", "true"),
-                ]
-                .map(|(k, v)| (s(k), s(v))),
-            );
-        }
+    argv.extend(
+        [
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--no-session-persistence",
+            "--permission-mode",
+            "acceptEdits",
+            "--json-schema",
+            HANDOFF_SCHEMA,
+            "--model",
+            m.api_model(),
+        ]
+        .map(s),
+    );
+    if let Some(t) = m.max_turns {
+        argv.extend([s("--max-turns"), t.to_string()]);
     }
-    argv.extend(a.extra_args.iter().cloned());
-    if a.preset == Preset::Codex {
-        // The packet comes on stdin.
-        argv.push(s("-"));
+    if let Some(usd) = m.budget.usd_per_attempt {
+        // Its own cap is checked between turns; the proxy's stops it
+        // mid-turn.
+        argv.extend([s("--max-budget-usd"), usd.to_string()]);
     }
-    Plan {
-        launch: Launch {
-            argv,
-            env,
-            stdin: a.packet.as_bytes().to_vec(),
-        },
-        files,
+    // What it may run without asking: the parity test and reading
+    // git. Anything else is denied (and listed on the attempt). An
+    // allowlist is not a sandbox: see the containment of jobs.
+    if let Some(mcp) = a.mcp {
+        let config = json!({"mcpServers": {"fvd": {
+            "type": "stdio",
+            "command": mcp.program,
+            "args": ["mcp"],
+            "env": mcp.env_json(),
+        }}});
+        argv.extend([s("--mcp-config"), config.to_string()]);
+        // fvd's tools in every request, not behind its tool search
+        // (which defers MCP tools until the model looks them up).
+        env.push((s("ENABLE_TOOL_SEARCH"), s("false")));
     }
+    argv.push(s("--allowedTools"));
+    if a.mcp.is_some() {
+        // Every tool of the `fvd` MCP server.
+        argv.push(s("mcp__fvd"));
+    }
+    argv.extend(
+        [
+            "Read",
+            "Edit",
+            "Write",
+            "Glob",
+            "Grep",
+            "Bash(python3:*)",
+            "Bash(python:*)",
+            "Bash(pytest:*)",
+            "Bash(git diff:*)",
+            "Bash(git status:*)",
+            "Bash(git log:*)",
+        ]
+        .map(s),
+    );
+    env.extend(
+        [
+            ("ANTHROPIC_BASE_URL", a.base_url),
+            ("ANTHROPIC_API_KEY", a.token),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+            ("DISABLE_TELEMETRY", "1"),
+            ("DISABLE_ERROR_REPORTING", "1"),
+            ("DISABLE_AUTOUPDATER", "1"),
+            ("DISABLE_BUG_COMMAND", "1"),
+        ]
+        .map(|(k, v)| (s(k), s(v))),
+    );
+}
+
+/// Adds Codex's arguments (exec, json, its sandbox or none in fvd's jail,
+/// the output schema, the model) and variables (`CODEX_HOME`, the token) to
+/// `argv` and `env`, and its configuration and the handoff schema to
+/// `files`.
+fn codex_args(
+    a: &Attempt<'_>,
+    home: &Path,
+    argv: &mut Vec<String>,
+    env: &mut Vec<(String, String)>,
+    files: &mut Vec<(String, String)>,
+) {
+    let m = a.model;
+    let s = |x: &str| x.to_string();
+    let codex_home = home.join(".codex");
+    files.push((
+        "home/.codex/config.toml".into(),
+        codex_config(m, a.base_url, a.mcp),
+    ));
+    let schema = a.dir.join("handoff.schema.json");
+    files.push(("handoff.schema.json".into(), HANDOFF_SCHEMA.into()));
+    argv.extend(
+        [
+            "exec",
+            "--json",
+            "--skip-git-repo-check",
+            "--ephemeral",
+            "--disable",
+            "plugins",
+            "--sandbox",
+            // Codex's own sandbox (bubblewrap or Landlock) runs no
+            // command inside fvd's jail, silently: the jail is its
+            // sandbox then.
+            if a.jailed {
+                "danger-full-access"
+            } else {
+                "workspace-write"
+            },
+            "--add-dir",
+        ]
+        .map(s),
+    );
+    argv.push(a.dir.display().to_string());
+    argv.extend([s("--output-schema"), schema.display().to_string()]);
+    argv.extend([s("--model"), s(m.api_model())]);
+    env.push((s("CODEX_HOME"), codex_home.display().to_string()));
+    env.push((s(TOKEN_ENV), s(a.token)));
+}
+
+/// Adds opencode's arguments (run, json, fvd's model) and variables (its
+/// configuration, the token, its downloads and extras off) to `argv` and
+/// `env`.
+fn opencode_args(a: &Attempt<'_>, argv: &mut Vec<String>, env: &mut Vec<(String, String)>) {
+    let m = a.model;
+    let s = |x: &str| x.to_string();
+    argv.extend(["run", "--format", "json", "--model"].map(s));
+    argv.push(format!("fvd/{}", m.api_model()));
+    env.push((
+        s("OPENCODE_CONFIG_CONTENT"),
+        opencode_config(m, a.base_url, a.mcp),
+    ));
+    env.push((s(TOKEN_ENV), s(a.token)));
+    env.extend(
+        [
+            "OPENCODE_DISABLE_AUTOUPDATE",
+            "OPENCODE_DISABLE_DEFAULT_PLUGINS",
+            "OPENCODE_DISABLE_MODELS_FETCH",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD",
+            "OPENCODE_DISABLE_SHARE",
+            "OPENCODE_DISABLE_CLAUDE_CODE",
+            "OPENCODE_DISABLE_EXTERNAL_SKILLS",
+            "OPENCODE_DISABLE_PROJECT_CONFIG",
+        ]
+        .map(|k| (s(k), s("1"))),
+    );
+}
+
+/// Adds Gemini CLI's arguments (the model, stream-json, yolo, an empty
+/// `--prompt`: the packet comes on stdin) and variables (the proxy, the
+/// token) to `argv` and `env`, and its settings to `files`.
+fn gemini_args(
+    a: &Attempt<'_>,
+    argv: &mut Vec<String>,
+    env: &mut Vec<(String, String)>,
+    files: &mut Vec<(String, String)>,
+) {
+    let m = a.model;
+    let s = |x: &str| x.to_string();
+    files.push((
+        "home/.gemini/settings.json".into(),
+        gemini_settings(m, a.mcp),
+    ));
+    argv.extend(
+        [
+            "--model",
+            m.api_model(),
+            "--output-format",
+            "stream-json",
+            "--approval-mode",
+            "yolo",
+            "--skip-trust",
+            "--prompt",
+            "",
+        ]
+        .map(s),
+    );
+    env.extend(
+        [
+            ("GOOGLE_GEMINI_BASE_URL", a.base_url),
+            ("GEMINI_API_KEY", a.token),
+            ("GEMINI_CLI_NO_RELAUNCH", "true"),
+        ]
+        .map(|(k, v)| (s(k), s(v))),
+    );
 }
 
 fn codex_config(m: &ModelSpec, base_url: &str, mcp: Option<&Mcp>) -> String {
