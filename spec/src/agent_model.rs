@@ -277,6 +277,66 @@ pub(crate) fn parse(
     raw: RawModel,
     line_of: impl Fn(usize) -> usize,
 ) -> Result<Parsed, (usize, String)> {
+    let preset = preset_of(&raw, &line_of)?;
+    let model = raw.model.as_ref().map(|m| m.get_ref().clone());
+    let line_or_0 = |s: &Option<Spanned<String>>| s.as_ref().map_or(0, |s| line_of(s.span().start));
+    let Some(api) = api_of(&raw, preset, model.as_deref(), &line_of)? else {
+        return without_proxy(&raw);
+    };
+    let model = model.unwrap_or_default();
+    if model.trim().is_empty() && raw.model.is_some() {
+        return Err((line_or_0(&raw.model), "agent.model is empty".into()));
+    }
+    if preset == Some(Preset::Opencode) && !model.contains('/') {
+        return Err((
+            line_or_0(&raw.model),
+            format!(
+                "agent.model {} names no provider: opencode takes provider/model (anthropic/… or openai/…)",
+                fvd_paths::shown(&model)
+            ),
+        ));
+    }
+    let key_env = key_env_of(&raw, api, &line_of)?;
+    if let Some(t) = &raw.max_turns
+        && *t.get_ref() == 0
+    {
+        return Err((
+            line_of(t.span().start),
+            "agent.max_turns must be at least 1".into(),
+        ));
+    }
+    let prices = prices(raw.prices)?;
+    let budget = budget(raw.budget, &line_of)?;
+    let spec = ModelSpec {
+        api,
+        model,
+        key_env,
+        max_turns: raw.max_turns.map(Spanned::into_inner),
+        budget,
+        prices,
+    };
+    if budget.has_usd() && spec.price(spec.api_model()).is_none() {
+        return Err((
+            0,
+            format!(
+                "agent.budget counts USD but model {} has no price: add [agent.prices.\"{}\"] with input and output (USD per million tokens)",
+                fvd_paths::shown(spec.api_model()),
+                spec.api_model()
+            ),
+        ));
+    }
+    Ok(Parsed {
+        preset,
+        model: Some(spec),
+    })
+}
+
+/// The `agent.preset`, checked, when there is one; refused when the table
+/// gives both a preset and a command, or neither.
+fn preset_of(
+    raw: &RawModel,
+    line_of: &impl Fn(usize) -> usize,
+) -> Result<Option<Preset>, (usize, String)> {
     let preset = match &raw.preset {
         None => None,
         Some(s) => Some(Preset::parse(s.get_ref()).ok_or_else(|| {
@@ -291,16 +351,25 @@ pub(crate) fn parse(
         })?),
     };
     match (preset, raw.has_command) {
-        (Some(_), true) => {
-            return Err((
-                0,
-                "agent: give either preset or command, not both (extra_args adds to a preset's command)"
-                    .into(),
-            ));
-        }
-        (None, false) => return Err((0, "agent: give a preset or a command".into())),
-        _ => {}
+        (Some(_), true) => Err((
+            0,
+            "agent: give either preset or command, not both (extra_args adds to a preset's command)"
+                .into(),
+        )),
+        (None, false) => Err((0, "agent: give a preset or a command".into())),
+        _ => Ok(preset),
     }
+}
+
+/// The model API fvd's proxy speaks: the preset's for `model` (which a
+/// preset requires), else `agent.api` of a raw command; `None` for a raw
+/// command without the proxy.
+fn api_of(
+    raw: &RawModel,
+    preset: Option<Preset>,
+    model: Option<&str>,
+    line_of: &impl Fn(usize) -> usize,
+) -> Result<Option<ModelApi>, (usize, String)> {
     let api = match (&raw.api, preset) {
         (Some(a), Some(_)) => {
             return Err((
@@ -319,56 +388,52 @@ pub(crate) fn parse(
         })?),
         (None, _) => None,
     };
-    let model = raw.model.as_ref().map(|m| m.get_ref().clone());
-    let line_or_0 = |s: &Option<Spanned<String>>| s.as_ref().map_or(0, |s| line_of(s.span().start));
-    let api = match (preset, api) {
+    match (preset, api) {
         (Some(p), _) => {
-            let Some(m) = &model else {
+            let Some(m) = model else {
                 return Err((
-                    line_or_0(&raw.preset),
+                    raw.preset.as_ref().map_or(0, |s| line_of(s.span().start)),
                     format!(
                         "agent.model is required with preset {} (the model's id, as its API names it)",
                         p.name()
                     ),
                 ));
             };
-            Some(p.api(m))
+            Ok(Some(p.api(m)))
         }
-        (None, a) => a,
-    };
-    let Some(api) = api else {
-        // A raw command without the proxy: nothing of the model side.
-        for (what, set) in [
-            ("model", raw.model.is_some()),
-            ("key_env", raw.key_env.is_some()),
-            ("max_turns", raw.max_turns.is_some()),
-            ("budget", raw.budget.is_some()),
-            ("prices", !raw.prices.is_empty()),
-        ] {
-            if set {
-                return Err((
-                    0,
-                    format!(
-                        "agent.{what} needs fvd's model proxy: set agent.preset, or agent.api with a command"
-                    ),
-                ));
-            }
+        (None, a) => Ok(a),
+    }
+}
+
+/// A raw command without the proxy: nothing of the model side may be set,
+/// and nothing of it is parsed.
+fn without_proxy(raw: &RawModel) -> Result<Parsed, (usize, String)> {
+    for (what, set) in [
+        ("model", raw.model.is_some()),
+        ("key_env", raw.key_env.is_some()),
+        ("max_turns", raw.max_turns.is_some()),
+        ("budget", raw.budget.is_some()),
+        ("prices", !raw.prices.is_empty()),
+    ] {
+        if set {
+            return Err((
+                0,
+                format!(
+                    "agent.{what} needs fvd's model proxy: set agent.preset, or agent.api with a command"
+                ),
+            ));
         }
-        return Ok(Parsed::default());
-    };
-    let model = model.unwrap_or_default();
-    if model.trim().is_empty() && raw.model.is_some() {
-        return Err((line_or_0(&raw.model), "agent.model is empty".into()));
     }
-    if preset == Some(Preset::Opencode) && !model.contains('/') {
-        return Err((
-            line_or_0(&raw.model),
-            format!(
-                "agent.model {} names no provider: opencode takes provider/model (anthropic/… or openai/…)",
-                fvd_paths::shown(&model)
-            ),
-        ));
-    }
+    Ok(Parsed::default())
+}
+
+/// The variable that holds the model key: `agent.key_env`, checked, else
+/// the API's default; refused when `agent.env` passes it to the agent.
+fn key_env_of(
+    raw: &RawModel,
+    api: ModelApi,
+    line_of: &impl Fn(usize) -> usize,
+) -> Result<String, (usize, String)> {
     let key_env = match &raw.key_env {
         Some(k) => {
             if !crate::is_env_name(k.get_ref()) {
@@ -390,19 +455,19 @@ pub(crate) fn parse(
             ),
         ));
     }
-    if let Some(t) = &raw.max_turns
-        && *t.get_ref() == 0
-    {
-        return Err((
-            line_of(t.span().start),
-            "agent.max_turns must be at least 1".into(),
-        ));
-    }
+    Ok(key_env)
+}
+
+/// The default prices with the spec's `[agent.prices]` over them, each
+/// checked (finite, not negative); an unknown cache price is the input's.
+fn prices(
+    raw: BTreeMap<String, RawPrice>,
+) -> Result<BTreeMap<String, ModelPrice>, (usize, String)> {
     let mut prices: BTreeMap<String, ModelPrice> = DEFAULT_PRICES
         .iter()
         .map(|(m, p)| (m.to_string(), *p))
         .collect();
-    for (m, p) in raw.prices {
+    for (m, p) in raw {
         let all = [
             p.input,
             p.output,
@@ -430,29 +495,7 @@ pub(crate) fn parse(
             },
         );
     }
-    let budget = budget(raw.budget, &line_of)?;
-    let spec = ModelSpec {
-        api,
-        model,
-        key_env,
-        max_turns: raw.max_turns.map(Spanned::into_inner),
-        budget,
-        prices,
-    };
-    if budget.has_usd() && spec.price(spec.api_model()).is_none() {
-        return Err((
-            0,
-            format!(
-                "agent.budget counts USD but model {} has no price: add [agent.prices.\"{}\"] with input and output (USD per million tokens)",
-                fvd_paths::shown(spec.api_model()),
-                spec.api_model()
-            ),
-        ));
-    }
-    Ok(Parsed {
-        preset,
-        model: Some(spec),
-    })
+    Ok(prices)
 }
 
 fn budget(
