@@ -214,25 +214,10 @@ impl Cx<'_> {
     }
 
     pub(super) fn prep(&self, plan: &Plan) -> Vec<(&'static str, Pv)> {
-        let family = self.input.family;
         let mut out: Vec<(&'static str, Pv)> = Vec::new();
         for &field in <PrepHandoff as BlockStruct>::FIELDS {
             let v = match field {
-                "model_family" => {
-                    let source = match self.find("model_family") {
-                        Ok(f) if ident(&f.value) == family => f.source,
-                        Ok(f) => format!(
-                            "the family folder's name ({} says {:?})",
-                            f.source,
-                            one_line(&f.value, 60)
-                        ),
-                        Err(_) => "the family folder's name".into(),
-                    };
-                    Pv::Known {
-                        value: family.into(),
-                        source,
-                    }
-                }
+                "model_family" => self.model_family(),
                 "workload_types" => {
                     self.text_or_fill(field, "T2V, I2V, V2V, T2I or a shim with its rationale")
                 }
@@ -248,69 +233,12 @@ impl Cx<'_> {
                 "official_ref_dir" => {
                     self.text_or_fill(field, "the reference checkout's folder, or none")
                 }
-                "hf_weights_path" | "local_weights_dir" => {
-                    match (self.find(field), self.download()) {
-                        (Ok(f), _) => Pv::Known {
-                            value: f.value,
-                            source: f.source,
-                        },
-                        (Err(_), Some((id, _))) if field == "hf_weights_path" => Pv::Known {
-                            value: id,
-                            source: "README.md's huggingface-cli download command".into(),
-                        },
-                        (Err(_), Some((_, Some(dir)))) => Pv::Known {
-                            value: dir,
-                            source: "README.md's huggingface-cli download command (--local-dir)"
-                                .into(),
-                        },
-                        (Err(gaps), _) => Pv::Fill {
-                            hint: if field == "hf_weights_path" {
-                                "HF id or local path of the weights".into()
-                            } else {
-                                "where the weights are staged".into()
-                            },
-                            from: format!(
-                                "prep decides it; searched {} and its download commands",
-                                self.searched(&gaps)
-                            ),
-                        },
-                    }
-                }
-                "official_ref_commit" => match (self.find(field), self.ref_at_commit()) {
-                    (Ok(f), _) => Pv::Known {
-                        value: f.value,
-                        source: f.source,
-                    },
-                    (Err(_), Some((_, sha, source))) => Pv::Known {
-                        value: sha,
-                        source: format!("{source} (\"at <commit>\" after the reference)"),
-                    },
-                    (Err(gaps), None) => Pv::Unknown {
-                        searched: self.searched(&gaps),
-                    },
-                },
+                "hf_weights_path" | "local_weights_dir" => self.weights(field),
+                "official_ref_commit" => self.official_ref_commit(field),
                 "hf_revision" => self.text_or_unknown(field),
                 "model_index_class" => self.model_index_class(),
                 "source_layout" => self.source_layout(),
-                "components_seen" => {
-                    if !plan.matrix_labels.is_empty() {
-                        Pv::List {
-                            items: plan.matrix_labels.clone(),
-                            source: "PORT_STATUS.md component table".into(),
-                        }
-                    } else if !plan.cands.is_empty() {
-                        Pv::List {
-                            items: plan.cands.iter().map(|c| c.name.clone()).collect(),
-                            source: "the components below (no component table in PORT_STATUS.md)"
-                                .into(),
-                        }
-                    } else {
-                        Pv::Fill {
-                            hint: "the components of the official model".into(),
-                            from: "no component table and no parity test found".into(),
-                        }
-                    }
-                }
+                "components_seen" => components_seen(plan),
                 "needs_conversion" => self.needs_conversion(),
                 "hf_token_env" => self.hf_token_env(),
                 "dependency_changes" => {
@@ -329,40 +257,9 @@ impl Cx<'_> {
                     },
                 },
                 "gitignore_entries_added" => self.gitignore_entries(),
-                "next_step" => match out.iter().find(|(k, _)| *k == "official_env_status") {
-                    Some((_, Pv::Known { value, .. }))
-                        if value
-                            .parse::<OfficialEnvStatus>()
-                            .is_ok_and(OfficialEnvStatus::allows_parity_scaffolding) =>
-                    {
-                        Pv::Known {
-                            value: "add-model".into(),
-                            source: "official_env_status, which allows parity scaffolding".into(),
-                        }
-                    }
-                    _ => Pv::Fill {
-                        hint: "add-model | ask_user".into(),
-                        from: "follows official_env_status, which is not decided".into(),
-                    },
-                },
+                "next_step" => next_step(&out),
                 "open_questions" => self.open_rows("Q"),
-                "escape_hatch" => match self.open_rows("E") {
-                    Pv::List { items, .. } => Pv::Fill {
-                        hint: "none once the open escape hatches are answered".into(),
-                        from: format!(
-                            "PORT_STATUS.md has open escape hatches: {}",
-                            items.join("; ")
-                        ),
-                    },
-                    _ => Pv::Known {
-                        value: "none".into(),
-                        source: if self.status.is_some() {
-                            "PORT_STATUS.md Escape Hatches: no open row".into()
-                        } else {
-                            "nothing: no PORT_STATUS.md records an escape hatch".into()
-                        },
-                    },
-                },
+                "escape_hatch" => self.escape_hatch(),
                 _ => Pv::Fill {
                     hint: field.into(),
                     from: "a prep field init does not know yet".into(),
@@ -371,6 +268,95 @@ impl Cx<'_> {
             out.push((field, v));
         }
         out
+    }
+
+    /// `model_family`: the family folder's name, with what the texts say
+    /// when they name another.
+    fn model_family(&self) -> Pv {
+        let family = self.input.family;
+        let source = match self.find("model_family") {
+            Ok(f) if ident(&f.value) == family => f.source,
+            Ok(f) => format!(
+                "the family folder's name ({} says {:?})",
+                f.source,
+                one_line(&f.value, 60)
+            ),
+            Err(_) => "the family folder's name".into(),
+        };
+        Pv::Known {
+            value: family.into(),
+            source,
+        }
+    }
+
+    /// `hf_weights_path` or `local_weights_dir` (`field`): as the texts
+    /// give it, else from the README's download command, else to fill in.
+    fn weights(&self, field: &str) -> Pv {
+        match (self.find(field), self.download()) {
+            (Ok(f), _) => Pv::Known {
+                value: f.value,
+                source: f.source,
+            },
+            (Err(_), Some((id, _))) if field == "hf_weights_path" => Pv::Known {
+                value: id,
+                source: "README.md's huggingface-cli download command".into(),
+            },
+            (Err(_), Some((_, Some(dir)))) => Pv::Known {
+                value: dir,
+                source: "README.md's huggingface-cli download command (--local-dir)".into(),
+            },
+            (Err(gaps), _) => Pv::Fill {
+                hint: if field == "hf_weights_path" {
+                    "HF id or local path of the weights".into()
+                } else {
+                    "where the weights are staged".into()
+                },
+                from: format!(
+                    "prep decides it; searched {} and its download commands",
+                    self.searched(&gaps)
+                ),
+            },
+        }
+    }
+
+    /// `official_ref_commit` (`field`): as the texts give it, else the
+    /// commit of a `URL at SHA` reference, else unknown.
+    fn official_ref_commit(&self, field: &str) -> Pv {
+        match (self.find(field), self.ref_at_commit()) {
+            (Ok(f), _) => Pv::Known {
+                value: f.value,
+                source: f.source,
+            },
+            (Err(_), Some((_, sha, source))) => Pv::Known {
+                value: sha,
+                source: format!("{source} (\"at <commit>\" after the reference)"),
+            },
+            (Err(gaps), None) => Pv::Unknown {
+                searched: self.searched(&gaps),
+            },
+        }
+    }
+
+    /// `escape_hatch`: `none` when PORT_STATUS.md has no open escape hatch,
+    /// else to fill in once they are answered.
+    fn escape_hatch(&self) -> Pv {
+        match self.open_rows("E") {
+            Pv::List { items, .. } => Pv::Fill {
+                hint: "none once the open escape hatches are answered".into(),
+                from: format!(
+                    "PORT_STATUS.md has open escape hatches: {}",
+                    items.join("; ")
+                ),
+            },
+            _ => Pv::Known {
+                value: "none".into(),
+                source: if self.status.is_some() {
+                    "PORT_STATUS.md Escape Hatches: no open row".into()
+                } else {
+                    "nothing: no PORT_STATUS.md records an escape hatch".into()
+                },
+            },
+        }
     }
 
     /// The repository and folder of the README's first `huggingface-cli
@@ -795,6 +781,48 @@ impl Cx<'_> {
                 source: format!("open rows of PORT_STATUS.md {section}"),
             }
         }
+    }
+}
+
+/// `components_seen`: the status's component table, else the components
+/// found, else to fill in.
+fn components_seen(plan: &Plan) -> Pv {
+    if !plan.matrix_labels.is_empty() {
+        Pv::List {
+            items: plan.matrix_labels.clone(),
+            source: "PORT_STATUS.md component table".into(),
+        }
+    } else if !plan.cands.is_empty() {
+        Pv::List {
+            items: plan.cands.iter().map(|c| c.name.clone()).collect(),
+            source: "the components below (no component table in PORT_STATUS.md)".into(),
+        }
+    } else {
+        Pv::Fill {
+            hint: "the components of the official model".into(),
+            from: "no component table and no parity test found".into(),
+        }
+    }
+}
+
+/// `next_step`: `add-model` when the `official_env_status` already in
+/// `out` allows parity scaffolding, else to fill in.
+fn next_step(out: &[(&'static str, Pv)]) -> Pv {
+    match out.iter().find(|(k, _)| *k == "official_env_status") {
+        Some((_, Pv::Known { value, .. }))
+            if value
+                .parse::<OfficialEnvStatus>()
+                .is_ok_and(OfficialEnvStatus::allows_parity_scaffolding) =>
+        {
+            Pv::Known {
+                value: "add-model".into(),
+                source: "official_env_status, which allows parity scaffolding".into(),
+            }
+        }
+        _ => Pv::Fill {
+            hint: "add-model | ask_user".into(),
+            from: "follows official_env_status, which is not decided".into(),
+        },
     }
 }
 
