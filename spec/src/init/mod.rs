@@ -466,139 +466,152 @@ impl Cx<'_> {
             let scope = Label::new(cell(scope_col));
             let what = format!("Parity Commands row `{}`", scope.text);
             for line in command_texts(cell(cmd_col)) {
-                let p = match command::parse(&line) {
-                    Parsed::Pytest(p) if !p.files.is_empty() => p,
-                    Parsed::Pytest(_) => {
-                        plan.unused_rows.push((
-                            Unused {
-                                what: what.clone(),
-                                reason: "runs pytest on a folder, not on named test files".into(),
-                            },
-                            Some(line.clone()),
-                        ));
-                        continue;
-                    }
-                    Parsed::Other => {
-                        plan.unused_rows.push((
-                            Unused {
-                                what: what.clone(),
-                                reason: "does not run pytest on test files".into(),
-                            },
-                            Some(line.clone()),
-                        ));
-                        continue;
-                    }
+                let Some(p) = pytest_on_files(&line, &what, plan) else {
+                    continue;
                 };
-                let mut notes = Vec::new();
-                let files: Vec<String> = p
-                    .files
-                    .iter()
-                    .map(|f| {
-                        let (rel, note) = self.resolve(f, "");
-                        notes.extend(note);
-                        rel
-                    })
-                    .collect();
-                // a scope that is the template's generic word (`component`)
-                // names no component: the row joins by its test files only
-                let generic = matches!(
-                    scope.name().as_str(),
-                    "component" | "components" | "scope" | "all" | "test" | "tests"
-                );
-                let name = if generic { String::new() } else { scope.name() };
-                let identity = if generic {
-                    String::new()
-                } else {
-                    scope.identity()
-                };
-                let joined = plan
-                    .cands
-                    .iter()
-                    .position(|c| {
-                        (!name.is_empty() && c.name == name)
-                            || (!identity.is_empty()
-                                && c.labels.iter().any(|l| l.identity() == identity))
-                    })
-                    .or_else(|| {
-                        plan.cands.iter().position(|c| {
-                            files.iter().any(|f| {
-                                pyfile::component_of_file(self.input.family, f).as_deref()
-                                    == Some(c.name.as_str())
-                            })
-                        })
-                    });
-                let mut c = Cand::new(scope.clone(), what.clone());
-                if generic {
-                    // not a label of the component it joins, nor a name: a
-                    // row of its own is named by its test file
-                    let by_file = files
-                        .iter()
-                        .find_map(|f| pyfile::component_of_file(self.input.family, f))
-                        .unwrap_or_default();
-                    c.labels = if by_file.is_empty() {
-                        Vec::new()
-                    } else {
-                        vec![Label::new(&by_file)]
-                    };
-                    c.name = by_file;
-                }
-                c.add_tests(files.clone());
-                c.cmd = Some(p);
-                c.notes = notes;
-                match joined {
-                    Some(i) => {
-                        let target = &mut plan.cands[i];
-                        if target.cmd.is_some() && target.cmd != c.cmd {
-                            target.notes.push(format!(
-                                "{what} runs it too; its files are added, the first row's command is kept"
-                            ));
-                            c.cmd = None;
-                        }
-                        target.absorb(c);
-                    }
-                    None => {
-                        let reasons: Vec<Option<&str>> = files
-                            .iter()
-                            .map(|f| pyfile::not_parity(f, self.text(f).as_deref()))
-                            .collect();
-                        if type_of(&scope.text).is_none() && reasons.iter().all(Option::is_some) {
-                            let why = files
-                                .iter()
-                                .zip(&reasons)
-                                .map(|(f, r)| {
-                                    let r = r.unwrap_or_default();
-                                    claimed_elsewhere
-                                        .entry(f.clone())
-                                        .or_insert_with(|| format!("{r} ({what})"));
-                                    format!("{}: {r}", pyfile::file_name(f))
-                                })
-                                .collect::<Vec<_>>()
-                                .join("; ");
-                            plan.unused_rows.push((
-                                Unused {
-                                    what: what.clone(),
-                                    reason: format!("not a component parity test ({why})"),
-                                },
-                                Some(line.clone()),
-                            ));
-                        } else if c.name.is_empty() || c.name == "pipeline" {
-                            plan.unused_rows.push((
-                                Unused {
-                                    what: what.clone(),
-                                    reason: if c.name.is_empty() {
-                                        "its scope names no component".into()
-                                    } else {
-                                        "the pipeline: fvd records the pipeline phases, it does not run them as components".into()
-                                    },
-                                },
-                                Some(line.clone()),
-                            ));
-                        } else {
-                            plan.cands.push(c);
-                        }
-                    }
-                }
+                self.parity_command(&scope, &what, line, p, plan, claimed_elsewhere);
             }
+        }
+    }
+
+    /// Adds the pytest command `line` (parsed as `p`) of the Parity
+    /// Commands row `what`, whose scope is `scope`, to `plan`: joined to
+    /// the component it names or whose test files it runs, else a component
+    /// of its own, else a row that is not a component (its test files,
+    /// when none is a parity test, then `claimed_elsewhere`).
+    fn parity_command(
+        &self,
+        scope: &Label,
+        what: &str,
+        line: String,
+        p: Pytest,
+        plan: &mut Plan,
+        claimed_elsewhere: &mut BTreeMap<String, String>,
+    ) {
+        let mut notes = Vec::new();
+        let files: Vec<String> = p
+            .files
+            .iter()
+            .map(|f| {
+                let (rel, note) = self.resolve(f, "");
+                notes.extend(note);
+                rel
+            })
+            .collect();
+        // a scope that is the template's generic word (`component`)
+        // names no component: the row joins by its test files only
+        let generic = matches!(
+            scope.name().as_str(),
+            "component" | "components" | "scope" | "all" | "test" | "tests"
+        );
+        let joined = self.joined(plan, scope, generic, &files);
+        let mut c = Cand::new(scope.clone(), what.to_string());
+        if generic {
+            // not a label of the component it joins, nor a name: a
+            // row of its own is named by its test file
+            let by_file = files
+                .iter()
+                .find_map(|f| pyfile::component_of_file(self.input.family, f))
+                .unwrap_or_default();
+            c.labels = if by_file.is_empty() {
+                Vec::new()
+            } else {
+                vec![Label::new(&by_file)]
+            };
+            c.name = by_file;
+        }
+        c.add_tests(files.clone());
+        c.cmd = Some(p);
+        c.notes = notes;
+        match joined {
+            Some(i) => {
+                let target = &mut plan.cands[i];
+                if target.cmd.is_some() && target.cmd != c.cmd {
+                    target.notes.push(format!(
+                        "{what} runs it too; its files are added, the first row's command is kept"
+                    ));
+                    c.cmd = None;
+                }
+                target.absorb(c);
+            }
+            None => match self.not_a_component(&c, scope, what, &files, claimed_elsewhere) {
+                Some(reason) => plan.unused_rows.push((
+                    Unused {
+                        what: what.to_string(),
+                        reason,
+                    },
+                    Some(line),
+                )),
+                None => plan.cands.push(c),
+            },
+        }
+    }
+
+    /// The index in `plan` of the component a Parity Commands row joins:
+    /// the one its scope names (unless `generic`), else the first whose
+    /// name a test file of the row names.
+    fn joined(&self, plan: &Plan, scope: &Label, generic: bool, files: &[String]) -> Option<usize> {
+        let name = if generic { String::new() } else { scope.name() };
+        let identity = if generic {
+            String::new()
+        } else {
+            scope.identity()
+        };
+        plan.cands
+            .iter()
+            .position(|c| {
+                (!name.is_empty() && c.name == name)
+                    || (!identity.is_empty() && c.labels.iter().any(|l| l.identity() == identity))
+            })
+            .or_else(|| {
+                plan.cands.iter().position(|c| {
+                    files.iter().any(|f| {
+                        pyfile::component_of_file(self.input.family, f).as_deref()
+                            == Some(c.name.as_str())
+                    })
+                })
+            })
+    }
+
+    /// Why the Parity Commands row `what`, which joins no component, is no
+    /// component `c` of its own: none of its test `files` is a parity test
+    /// (each then goes into `claimed_elsewhere`, with why), or its scope
+    /// names no component or the pipeline; `None` when it is one.
+    fn not_a_component(
+        &self,
+        c: &Cand,
+        scope: &Label,
+        what: &str,
+        files: &[String],
+        claimed_elsewhere: &mut BTreeMap<String, String>,
+    ) -> Option<String> {
+        let reasons: Vec<Option<&str>> = files
+            .iter()
+            .map(|f| pyfile::not_parity(f, self.text(f).as_deref()))
+            .collect();
+        if type_of(&scope.text).is_none() && reasons.iter().all(Option::is_some) {
+            let why = files
+                .iter()
+                .zip(&reasons)
+                .map(|(f, r)| {
+                    let r = r.unwrap_or_default();
+                    claimed_elsewhere
+                        .entry(f.clone())
+                        .or_insert_with(|| format!("{r} ({what})"));
+                    format!("{}: {r}", pyfile::file_name(f))
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            Some(format!("not a component parity test ({why})"))
+        } else if c.name.is_empty() || c.name == "pipeline" {
+            Some(if c.name.is_empty() {
+                "its scope names no component".into()
+            } else {
+                "the pipeline: fvd records the pipeline phases, it does not run them as components"
+                    .into()
+            })
+        } else {
+            None
         }
     }
 
@@ -937,6 +950,24 @@ fn disambiguate(rows: Vec<Cand>) -> Vec<Cand> {
         }
     }
     out
+}
+/// The pytest command `line` of the Parity Commands row `what` when it runs
+/// named test files; else `None`, with the row listed in `plan` as not a
+/// component and why.
+fn pytest_on_files(line: &str, what: &str, plan: &mut Plan) -> Option<Pytest> {
+    let reason = match command::parse(line) {
+        Parsed::Pytest(p) if !p.files.is_empty() => return Some(p),
+        Parsed::Pytest(_) => "runs pytest on a folder, not on named test files",
+        Parsed::Other => "does not run pytest on test files",
+    };
+    plan.unused_rows.push((
+        Unused {
+            what: what.to_string(),
+            reason: reason.into(),
+        },
+        Some(line.to_string()),
+    ));
+    None
 }
 
 /// The commands of a Command cell: each backticked span, or the whole cell.
