@@ -706,51 +706,12 @@ impl Cx<'_> {
         plan: &mut Plan,
         claimed_elsewhere: &mut BTreeMap<String, String>,
     ) {
-        // (file, the command that runs it, its words)
-        let mut runs: Vec<(String, Pytest, BTreeSet<String>)> = Vec::new();
-        for line in command::fenced_commands(readme) {
-            let Parsed::Pytest(p) = command::parse(&line) else {
-                continue;
-            };
-            for f in &p.files {
-                let (rel, _) = self.resolve(f, "");
-                if self.text(&rel).is_none() {
-                    continue;
-                }
-                if let Some(r) = pyfile::not_parity(&rel, self.text(&rel).as_deref()) {
-                    claimed_elsewhere
-                        .entry(rel.clone())
-                        .or_insert_with(|| format!("{r} (README.md command)"));
-                    continue;
-                }
-                let mut words = words_of(&strip_family(pyfile::file_name(&rel), self.input.family));
-                for (_, v) in &p.assignments {
-                    words.extend(words_of(v));
-                }
-                let mut one = p.clone();
-                one.files = vec![f.clone()];
-                one.node_ids.retain(|id| id.starts_with(&format!("{f}::")));
-                runs.push((rel, one, words));
-            }
-        }
+        let runs = self.readme_runs(readme, claimed_elsewhere);
         if runs.is_empty() {
             return;
         }
         // every (score, component, run), best first
-        let cand_words: Vec<BTreeSet<String>> = plan
-            .cands
-            .iter()
-            .map(|c| {
-                let mut w = words_of(&c.name);
-                for l in &c.labels {
-                    w.extend(words_of(&l.text));
-                }
-                if let Some(t) = c.type_cell.as_deref().and_then(type_of) {
-                    w.insert(t.to_string());
-                }
-                w
-            })
-            .collect();
+        let cand_words = cand_words(plan);
         let mut pairs: Vec<(usize, usize, usize)> = Vec::new();
         for (ci, c) in plan.cands.iter().enumerate() {
             if !c.tests.is_empty() {
@@ -820,6 +781,45 @@ impl Cx<'_> {
             c.cmd = Some(p.clone());
             plan.cands.push(c);
         }
+    }
+
+    /// The parity tests the README's fenced pytest commands run, each with
+    /// the command (narrowed to that file) and its words (the file's name
+    /// and the values of the command's variables); the other test files
+    /// they run go into `claimed_elsewhere`, with why.
+    fn readme_runs(
+        &self,
+        readme: &str,
+        claimed_elsewhere: &mut BTreeMap<String, String>,
+    ) -> Vec<(String, Pytest, BTreeSet<String>)> {
+        // (file, the command that runs it, its words)
+        let mut runs: Vec<(String, Pytest, BTreeSet<String>)> = Vec::new();
+        for line in command::fenced_commands(readme) {
+            let Parsed::Pytest(p) = command::parse(&line) else {
+                continue;
+            };
+            for f in &p.files {
+                let (rel, _) = self.resolve(f, "");
+                if self.text(&rel).is_none() {
+                    continue;
+                }
+                if let Some(r) = pyfile::not_parity(&rel, self.text(&rel).as_deref()) {
+                    claimed_elsewhere
+                        .entry(rel.clone())
+                        .or_insert_with(|| format!("{r} (README.md command)"));
+                    continue;
+                }
+                let mut words = words_of(&strip_family(pyfile::file_name(&rel), self.input.family));
+                for (_, v) in &p.assignments {
+                    words.extend(words_of(v));
+                }
+                let mut one = p.clone();
+                one.files = vec![f.clone()];
+                one.node_ids.retain(|id| id.starts_with(&format!("{f}::")));
+                runs.push((rel, one, words));
+            }
+        }
+        runs
     }
 
     /// Test files of the family that no row named: a component when the
@@ -951,6 +951,25 @@ fn disambiguate(rows: Vec<Cand>) -> Vec<Cand> {
     }
     out
 }
+
+/// The words of each component of `plan`, in order: its name's, its
+/// labels' and its type's.
+fn cand_words(plan: &Plan) -> Vec<BTreeSet<String>> {
+    plan.cands
+        .iter()
+        .map(|c| {
+            let mut w = words_of(&c.name);
+            for l in &c.labels {
+                w.extend(words_of(&l.text));
+            }
+            if let Some(t) = c.type_cell.as_deref().and_then(type_of) {
+                w.insert(t.to_string());
+            }
+            w
+        })
+        .collect()
+}
+
 /// The pytest command `line` of the Parity Commands row `what` when it runs
 /// named test files; else `None`, with the row listed in `plan` as not a
 /// component and why.
