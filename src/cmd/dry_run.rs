@@ -21,36 +21,9 @@ use super::server::runtime;
 /// Exit codes: 0 the gate would let the port start, 1 it would refuse it,
 /// 2 the spec or the repository is unusable.
 pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
-    let repo = match args.target.repo.canonicalize() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("fvd: error: repository {}: {e}", args.target.repo.display());
-            return Ok(Exit::Usage);
-        }
-    };
-    let spec_path = args
-        .spec
-        .clone()
-        .unwrap_or_else(|| fvd_spec::default_path(&repo, &args.family));
-    let spec = match fvd_spec::load(&spec_path)
-        .and_then(|s| fvd_spec::check_preload(&s, &repo).map(|()| s))
-    {
-        Ok(s) => s,
-        Err(e) => {
-            let said = super::port::no_spec_hint(&e, &repo, args).unwrap_or(e.to_string());
-            eprintln!("fvd: error: {said}");
-            return Ok(Exit::Usage);
-        }
-    };
-    if spec.family != args.family {
-        eprintln!(
-            "fvd: error: {}: prep.model_family is {} but --family is {}",
-            spec_path.display(),
-            spec.family,
-            args.family
-        );
+    let Some((repo, spec_path, spec)) = super::port::checked_spec(args) else {
         return Ok(Exit::Usage);
-    }
+    };
     println!(
         "dry run of port {}: nothing is started or written",
         spec.family
@@ -61,10 +34,19 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
         spec.components.len()
     );
 
+    let mut refused = print_gate(&spec, &repo);
+    refused |= print_snapshot_preview(args, &repo, &spec)?;
+    let shown = print_row_matches(&repo, &spec)?;
+    print_recorded_diff(args, &repo, &spec, &shown)?;
+    Ok(Exit::success_if(!refused))
+}
+
+/// Prints the gate's P0 and P2 conditions; true when it would refuse.
+fn print_gate(spec: &PortSpec, repo: &Path) -> bool {
     let mut refused = false;
     for (phase, conditions) in [
-        ("P0", prep_conditions(&spec, &repo)),
-        ("P2", scaffold_conditions(&spec, &repo)),
+        ("P0", prep_conditions(spec, repo)),
+        ("P2", scaffold_conditions(spec, repo)),
     ] {
         if conditions.is_empty() {
             println!("gate {phase}: passes");
@@ -76,8 +58,13 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
             }
         }
     }
+    refused
+}
 
-    // what the snapshot would hold, and what submit would refuse
+/// Prints what the snapshot would hold, and what submit would refuse; true
+/// when it would refuse.
+fn print_snapshot_preview(args: &SubmitArgs, repo: &Path, spec: &PortSpec) -> anyhow::Result<bool> {
+    let mut refused = false;
     let fvd_writes: Vec<String> = spec
         .prep
         .get("port_state_file")
@@ -85,7 +72,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
         .cloned()
         .collect();
     let rt = runtime()?;
-    match rt.block_on(fvd_workspace::commit::preview(&repo, &fvd_writes)) {
+    match rt.block_on(fvd_workspace::commit::preview(repo, &fvd_writes)) {
         Ok(None) => println!(
             "snapshot: none ({} is not in a git work tree; jobs run in the folder)",
             repo.display()
@@ -120,9 +107,14 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
             println!("submit would refuse: {e}");
         }
     }
+    Ok(refused)
+}
 
-    let path = port_status::file_path(&repo, &spec)?;
-    let shown = path.strip_prefix(&repo).unwrap_or(&path).to_path_buf();
+/// Prints each component's command and the `PORT_STATUS.md` rows it
+/// matches; returns that file's path as shown (relative to the repository).
+fn print_row_matches(repo: &Path, spec: &PortSpec) -> anyhow::Result<PathBuf> {
+    let path = port_status::file_path(repo, spec)?;
+    let shown = path.strip_prefix(repo).unwrap_or(&path).to_path_buf();
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -150,19 +142,28 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
         show("Component Matrix", &m.matrix);
         show("Parity Commands", &m.parity);
     }
+    Ok(shown)
+}
 
+/// Prints the diff fvd would write into `shown` now from the recorded state.
+fn print_recorded_diff(
+    args: &SubmitArgs,
+    repo: &Path,
+    spec: &PortSpec,
+    shown: &Path,
+) -> anyhow::Result<()> {
     if let Some(url) = &args.target.orchestrator {
         println!(
             "note: the state of a port on {url} is not read; the diff below comes from {}",
-            state_db(&repo).display()
+            state_db(repo).display()
         );
     }
-    let plan = recorded_plan(&repo, &spec)?;
+    let plan = recorded_plan(repo, spec)?;
     match plan {
         None => println!(
             "no state recorded for {} in {}: fvd would write nothing now",
             spec.family,
-            state_db(&repo).display()
+            state_db(repo).display()
         ),
         Some(Plan {
             after: None,
@@ -199,7 +200,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
             }
         }
     }
-    Ok(Exit::success_if(!refused))
+    Ok(())
 }
 
 /// The write fvd would make from the recorded state, read from a copy of

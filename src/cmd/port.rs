@@ -181,84 +181,16 @@ pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
     if args.dry_run {
         return super::dry_run::run(&args);
     }
-    let repo = match args.target.repo.canonicalize() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("fvd: error: repository {}: {e}", args.target.repo.display());
-            return Ok(Exit::Usage);
-        }
-    };
-    let spec_path = args
-        .spec
-        .clone()
-        .unwrap_or_else(|| fvd_spec::default_path(&repo, &args.family));
     // Validate locally first: a bad spec is a usage error named by file,
     // line and column, before anything starts.
-    let parsed = match fvd_spec::load(&spec_path)
-        .and_then(|s| fvd_spec::check_preload(&s, &repo).map(|()| s))
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!(
-                "fvd: error: {}",
-                no_spec_hint(&e, &repo, &args).unwrap_or(e.to_string())
-            );
-            return Ok(Exit::Usage);
-        }
-    };
-    if parsed.family != args.family {
-        eprintln!(
-            "fvd: error: {}: prep.model_family is {} but --family is {}",
-            spec_path.display(),
-            parsed.family,
-            args.family
-        );
+    let Some((repo, spec_path, parsed)) = checked_spec(&args) else {
         return Ok(Exit::Usage);
-    }
+    };
     let spec_toml = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("cannot read {}", spec_path.display()))?;
     let rt = runtime()?;
-    // The commit every job of the port runs (docs/fleet.md "Running on a fleet").
-    let fvd_writes: Vec<String> = parsed
-        .prep
-        .get("port_state_file")
-        .into_iter()
-        .cloned()
-        .collect();
-    let pin = rt.block_on(fvd_workspace::commit::pin(
-        &repo,
-        &args.family,
-        args.commit.as_deref(),
-        &fvd_writes,
-    ));
-    if let Ok(Some(p)) = &pin
-        && p.snapshot.is_some()
-        && let Ok(Some(view)) = rt.block_on(fvd_workspace::commit::preview(&repo, &fvd_writes))
-        && view.bytes > args.snapshot_warn_mib.saturating_mul(1024 * 1024)
-    {
-        eprintln!("fvd: warning: {}", snapshot_warning(&view));
-    }
-    let commit = match pin {
-        Ok(Some(p)) => {
-            match &p.snapshot {
-                Some(name) => say(format_args!(
-                    "port {} runs commit {}: a snapshot of the uncommitted changes on top of HEAD, kept as {name} (the checkout, its index and HEAD are untouched)",
-                    args.family,
-                    &p.sha[..12]
-                )),
-                None => say(format_args!(
-                    "port {} runs commit {}",
-                    args.family,
-                    &p.sha[..12]
-                )),
-            }
-            p.sha
-        }
-        Ok(None) => String::new(),
-        Err(e) => {
-            eprintln!("fvd: error: {e}");
-            return Ok(Exit::Usage);
-        }
+    let Some(commit) = pinned_commit(&rt, &repo, &args, &parsed) else {
+        return Ok(Exit::Usage);
     };
     let request = pb::SubmitRequest {
         family: args.family.clone(),
@@ -302,6 +234,98 @@ pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
             None => embedded(&repo, Action::Submit(request), &args.local, &args.target).await,
         }
     })
+}
+
+/// The repository, the spec's path and the spec of a submit, loaded and
+/// checked against `--family`; `None` once the error is printed (a usage
+/// error).
+pub(super) fn checked_spec(args: &SubmitArgs) -> Option<(PathBuf, PathBuf, fvd_spec::PortSpec)> {
+    let repo = match args.target.repo.canonicalize() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fvd: error: repository {}: {e}", args.target.repo.display());
+            return None;
+        }
+    };
+    let spec_path = args
+        .spec
+        .clone()
+        .unwrap_or_else(|| fvd_spec::default_path(&repo, &args.family));
+    let parsed = match fvd_spec::load(&spec_path)
+        .and_then(|s| fvd_spec::check_preload(&s, &repo).map(|()| s))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "fvd: error: {}",
+                no_spec_hint(&e, &repo, args).unwrap_or(e.to_string())
+            );
+            return None;
+        }
+    };
+    if parsed.family != args.family {
+        eprintln!(
+            "fvd: error: {}: prep.model_family is {} but --family is {}",
+            spec_path.display(),
+            parsed.family,
+            args.family
+        );
+        return None;
+    }
+    Some((repo, spec_path, parsed))
+}
+
+/// The commit every job of the port runs (docs/fleet.md "Running on a
+/// fleet"): `--commit`, HEAD, or a snapshot of the uncommitted changes on top
+/// of HEAD, said on stderr with a warning when the snapshot is large; empty
+/// outside a git work tree, `None` once the error is printed (a usage error).
+fn pinned_commit(
+    rt: &tokio::runtime::Runtime,
+    repo: &Path,
+    args: &SubmitArgs,
+    parsed: &fvd_spec::PortSpec,
+) -> Option<String> {
+    let fvd_writes: Vec<String> = parsed
+        .prep
+        .get("port_state_file")
+        .into_iter()
+        .cloned()
+        .collect();
+    let pin = rt.block_on(fvd_workspace::commit::pin(
+        repo,
+        &args.family,
+        args.commit.as_deref(),
+        &fvd_writes,
+    ));
+    if let Ok(Some(p)) = &pin
+        && p.snapshot.is_some()
+        && let Ok(Some(view)) = rt.block_on(fvd_workspace::commit::preview(repo, &fvd_writes))
+        && view.bytes > args.snapshot_warn_mib.saturating_mul(1024 * 1024)
+    {
+        eprintln!("fvd: warning: {}", snapshot_warning(&view));
+    }
+    match pin {
+        Ok(Some(p)) => {
+            match &p.snapshot {
+                Some(name) => say(format_args!(
+                    "port {} runs commit {}: a snapshot of the uncommitted changes on top of HEAD, kept as {name} (the checkout, its index and HEAD are untouched)",
+                    args.family,
+                    &p.sha[..12]
+                )),
+                None => say(format_args!(
+                    "port {} runs commit {}",
+                    args.family,
+                    &p.sha[..12]
+                )),
+            }
+            Some(p.sha)
+        }
+        Ok(None) => Some(String::new()),
+        Err(e) => {
+            eprintln!("fvd: error: {e}");
+            None
+        }
+    }
 }
 
 /// The size warning of a large snapshot, in one line.
