@@ -619,85 +619,12 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
         // The single token's value, for the redactors (named credentials
         // are hashes: there is no value to redact).
         let token = args.token.load()?;
-        if credentials.is_open() {
-            tracing::warn!("no --auth or --token-file: every call is accepted");
-        } else if args.auth.is_some() && credentials.is_empty() {
-            super::say(
-                super::Said::Warning,
-                &format!(
-                    "{} holds no credential yet: every call is refused until one is added (fvd auth add) and the server gets SIGHUP",
-                    args.auth.as_deref().map(|p| p.display().to_string()).unwrap_or_default()
-                ),
-            );
-        }
+        warn_about_credentials(&args, &credentials);
         let store = Store::open(&args.db).await?;
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let tls = match (&args.tls_cert, &args.tls_key) {
-            (Some(cert), Some(key)) => Some(fvd_orchestrator::TlsIdentity {
-                cert_pem: std::fs::read(cert)
-                    .with_context(|| format!("cannot read certificate {}", cert.display()))?,
-                key_pem: std::fs::read(key)
-                    .with_context(|| format!("cannot read key {}", key.display()))?,
-            }),
-            _ => None,
-        };
-        // Agents run here: they never read the token file or the TLS key.
-        // Without --allow-agent-commands none runs, so no jail is needed
-        // (and a host that allows none still serves).
-        let agent_jail = if args.allow_agent_commands {
-            let mut hidden: Vec<PathBuf> = args.token.token_file.iter().cloned().collect();
-            hidden.extend(args.auth.iter().cloned());
-            hidden.extend(args.tls_key.iter().cloned());
-            hidden.extend(args.agent_hide.iter().cloned());
-            jail(args.agent_sandbox, &hidden)?
-        } else {
-            fvd_sandbox::Jail::off()
-        };
-        let mut agent_secrets = fvd_contracts::redactor::Redactor::default();
-        if let Some(t) = &token {
-            agent_secrets.add(fvd_orchestrator::worker_api::TOKEN_NAME, t.value().as_bytes());
-        }
-        tracing::info!(jail = %agent_jail.describe(), allow_agent_commands = args.allow_agent_commands, "agents");
-        let mut config = fvd_orchestrator::ServerConfig {
-            // What calls are checked against; `token` is only redacted.
-            credentials: Some(credentials.clone()),
-            token,
-            tls,
-            max_code_bytes: args.max_code_mib.saturating_mul(1024 * 1024),
-            agents: fvd_workspace::agent::AgentPolicy {
-                on: if args.agents == "fleet" {
-                    fvd_workspace::agent::AgentsOn::Fleet
-                } else {
-                    fvd_workspace::agent::AgentsOn::Host
-                },
-                commands: if args.allow_agent_commands {
-                    fvd_workspace::agent::AgentCommands::Allowed
-                } else {
-                    fvd_workspace::agent::AgentCommands::Refused
-                },
-                jail: agent_jail,
-                secrets: agent_secrets,
-                registry: Default::default(),
-                limits: fvd_workspace::attempt_caps::AttemptLimits {
-                    max_pack_bytes: args.max_attempt_pack_mib.saturating_mul(1024 * 1024),
-                    max_unpacked_bytes: args.max_attempt_unpacked_mib.saturating_mul(1024 * 1024),
-                    max_files: args.max_attempt_files,
-                    max_file_bytes: args.max_attempt_file_mib.saturating_mul(1024 * 1024),
-                },
-            },
-            ..Default::default()
-        };
-        if let Some(n) = args.max_grpc_connections {
-            config.grpc_limits.max_connections = n.max(1);
-            config.grpc_limits.max_connections_per_client = n.max(1);
-        }
-        config.grpc_limits.idle = Duration::from_secs(args.grpc_idle_secs.max(1));
-        config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
-        config.scheduler.max_output_bytes = args.max_output_mib * 1024 * 1024;
-        config.scheduler.adopt_grace = Duration::from_secs_f64(args.adopt_grace);
-        config.scheduler.placement = args.placement;
+        let config = server_config(&args, &credentials, token)?;
         let health_listener = match &args.health_listen {
             Some(addr) => Some(
                 tokio::net::TcpListener::bind(addr)
@@ -710,32 +637,7 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
         reload_on_sighup(credentials.clone())?;
         // The first line names the address, so scripts can use port 0.
         println!("fvd orchestrator listening on {}", server.url());
-        let _dashboard = match &args.dashboard {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("cannot listen on {addr} for the dashboard"))?;
-                let dash = fvd_orchestrator::dashboard::Dashboard::live(&server);
-                let d = fvd_orchestrator::dashboard::serve(
-                    listener,
-                    dash,
-                    dashboard_options(&args, fds),
-                )
-                .context("cannot start the dashboard")?;
-                if !credentials.is_open() && !fvd_orchestrator::dashboard::is_loopback(&d.addr) {
-                    super::say(
-                        super::Said::Warning,
-                        &format!(
-                            "the dashboard on {} speaks plain HTTP: a token typed into its answer form crosses the network in clear (bind it to loopback and use a tunnel)",
-                            d.addr
-                        ),
-                    );
-                }
-                println!("fvd dashboard on {}", d.url());
-                Some(d)
-            }
-            None => None,
-        };
+        let _dashboard = start_dashboard(&args, &server, &credentials, fds).await?;
         let health = match health_listener {
             Some(l) => {
                 tracing::info!(addr = %l.local_addr()?, "answering health checks");
@@ -756,6 +658,143 @@ pub fn serve(cmd: OrchestratorCmd) -> anyhow::Result<Exit> {
         }
         Ok(Exit::Success)
     })
+}
+
+/// Warns when every call is accepted (no credentials at all) or every call
+/// is refused (an `--auth` file that holds none yet).
+fn warn_about_credentials(args: &ServeArgs, credentials: &fvd_proto::auth::Credentials) {
+    if credentials.is_open() {
+        tracing::warn!("no --auth or --token-file: every call is accepted");
+    } else if args.auth.is_some() && credentials.is_empty() {
+        super::say(
+            super::Said::Warning,
+            &format!(
+                "{} holds no credential yet: every call is refused until one is added (fvd auth add) and the server gets SIGHUP",
+                args.auth
+                    .as_deref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            ),
+        );
+    }
+}
+
+/// The orchestrator's configuration from `serve`'s flags: credentials, TLS
+/// identity, agent policy, gRPC limits and the scheduler's settings.
+fn server_config(
+    args: &ServeArgs,
+    credentials: &fvd_proto::auth::Credentials,
+    token: Option<Token>,
+) -> anyhow::Result<fvd_orchestrator::ServerConfig> {
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(fvd_orchestrator::TlsIdentity {
+            cert_pem: std::fs::read(cert)
+                .with_context(|| format!("cannot read certificate {}", cert.display()))?,
+            key_pem: std::fs::read(key)
+                .with_context(|| format!("cannot read key {}", key.display()))?,
+        }),
+        _ => None,
+    };
+    let agents = agent_policy(args, token.as_ref())?;
+    let mut config = fvd_orchestrator::ServerConfig {
+        // What calls are checked against; `token` is only redacted.
+        credentials: Some(credentials.clone()),
+        token,
+        tls,
+        max_code_bytes: args.max_code_mib.saturating_mul(1024 * 1024),
+        agents,
+        ..Default::default()
+    };
+    if let Some(n) = args.max_grpc_connections {
+        config.grpc_limits.max_connections = n.max(1);
+        config.grpc_limits.max_connections_per_client = n.max(1);
+    }
+    config.grpc_limits.idle = Duration::from_secs(args.grpc_idle_secs.max(1));
+    config.scheduler.lease_ttl = Duration::from_secs_f64(args.lease_ttl);
+    config.scheduler.max_output_bytes = args.max_output_mib * 1024 * 1024;
+    config.scheduler.adopt_grace = Duration::from_secs_f64(args.adopt_grace);
+    config.scheduler.placement = args.placement;
+    Ok(config)
+}
+
+/// Where agents run, whether their commands may run, the jail they run in
+/// and the secrets redacted from what they say, from `serve`'s flags.
+fn agent_policy(
+    args: &ServeArgs,
+    token: Option<&Token>,
+) -> anyhow::Result<fvd_workspace::agent::AgentPolicy> {
+    // Agents run here: they never read the token file or the TLS key.
+    // Without --allow-agent-commands none runs, so no jail is needed
+    // (and a host that allows none still serves).
+    let agent_jail = if args.allow_agent_commands {
+        let mut hidden: Vec<PathBuf> = args.token.token_file.iter().cloned().collect();
+        hidden.extend(args.auth.iter().cloned());
+        hidden.extend(args.tls_key.iter().cloned());
+        hidden.extend(args.agent_hide.iter().cloned());
+        jail(args.agent_sandbox, &hidden)?
+    } else {
+        fvd_sandbox::Jail::off()
+    };
+    let mut agent_secrets = fvd_contracts::redactor::Redactor::default();
+    if let Some(t) = token {
+        agent_secrets.add(
+            fvd_orchestrator::worker_api::TOKEN_NAME,
+            t.value().as_bytes(),
+        );
+    }
+    tracing::info!(jail = %agent_jail.describe(), allow_agent_commands = args.allow_agent_commands, "agents");
+    Ok(fvd_workspace::agent::AgentPolicy {
+        on: if args.agents == "fleet" {
+            fvd_workspace::agent::AgentsOn::Fleet
+        } else {
+            fvd_workspace::agent::AgentsOn::Host
+        },
+        commands: if args.allow_agent_commands {
+            fvd_workspace::agent::AgentCommands::Allowed
+        } else {
+            fvd_workspace::agent::AgentCommands::Refused
+        },
+        jail: agent_jail,
+        secrets: agent_secrets,
+        registry: Default::default(),
+        limits: fvd_workspace::attempt_caps::AttemptLimits {
+            max_pack_bytes: args.max_attempt_pack_mib.saturating_mul(1024 * 1024),
+            max_unpacked_bytes: args.max_attempt_unpacked_mib.saturating_mul(1024 * 1024),
+            max_files: args.max_attempt_files,
+            max_file_bytes: args.max_attempt_file_mib.saturating_mul(1024 * 1024),
+        },
+    })
+}
+
+/// Serves the dashboard when `--dashboard` names an address, and prints
+/// where; warns when it speaks plain HTTP beyond loopback to a server that
+/// checks credentials.
+async fn start_dashboard(
+    args: &ServeArgs,
+    server: &fvd_orchestrator::Server,
+    credentials: &fvd_proto::auth::Credentials,
+    fds: Option<u64>,
+) -> anyhow::Result<Option<fvd_orchestrator::dashboard::DashboardServer>> {
+    let Some(addr) = &args.dashboard else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for the dashboard"))?;
+    let dash = fvd_orchestrator::dashboard::Dashboard::live(server);
+    let d = fvd_orchestrator::dashboard::serve(listener, dash, dashboard_options(args, fds))
+        .context("cannot start the dashboard")?;
+    if !credentials.is_open() && !fvd_orchestrator::dashboard::is_loopback(&d.addr) {
+        super::say(
+            super::Said::Warning,
+            &format!(
+                "the dashboard on {} speaks plain HTTP: a token typed into its answer form crosses the network in clear (bind it to loopback and use a tunnel)",
+                d.addr
+            ),
+        );
+    }
+    println!("fvd dashboard on {}", d.url());
+    Ok(Some(d))
 }
 
 pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
