@@ -144,12 +144,10 @@ fn print(c: &Checked) {
     }
 }
 
-/// The one-line task of a check.
-const TASK: &str =
-    "fvd agents check: reply with the single word ok. Do not use any tool or read any file.\n";
-
-async fn check_one(path: &Path, agent: &AgentSpec, timeout: Duration) -> anyhow::Result<Checked> {
-    let mut c = Checked {
+/// The check of `agent` before anything ran: its spec and preset, the key
+/// not checked.
+fn unchecked(path: &Path, agent: &AgentSpec) -> Checked {
+    Checked {
         spec: path.display().to_string(),
         preset: agent
             .preset
@@ -166,7 +164,17 @@ async fn check_one(path: &Path, agent: &AgentSpec, timeout: Duration) -> anyhow:
         tokens: 0,
         cost_usd: 0.0,
         problem: String::new(),
-    };
+    }
+}
+
+/// The one-line task of a check.
+const TASK: &str =
+    "fvd agents check: reply with the single word ok. Do not use any tool or read any file.\n";
+
+/// Runs `agent` (of the spec at `path`) once on the one-line task and says
+/// what answered, whether the key works and what the check cost.
+async fn check_one(path: &Path, agent: &AgentSpec, timeout: Duration) -> anyhow::Result<Checked> {
+    let mut c = unchecked(path, agent);
     let (Some(preset), Some(model)) = (agent.preset, agent.model.as_ref()) else {
         c.problem = "a raw [agent] command is not checked: run it yourself".into();
         return Ok(c);
@@ -221,25 +229,42 @@ async fn check_one(path: &Path, agent: &AgentSpec, timeout: Duration) -> anyhow:
             return Ok(c);
         }
     };
-    let work = dir.path().join("work");
+    let exit = run_check(&sess, agent, m, preset, &c.program, dir.path(), timeout).await?;
+    judge(&mut c, &sess, exit, preset, timeout);
+    Ok(c)
+}
+
+/// Launches the agent's CLI (`program`) on the one-line task in the
+/// throw-away folder `dir`, behind the session's model proxy, and waits for
+/// it to end.
+async fn run_check(
+    sess: &Session,
+    agent: &AgentSpec,
+    m: fvd_spec::agent_model::ModelSpec,
+    preset: fvd_spec::agent_model::Preset,
+    program: &str,
+    dir: &Path,
+    timeout: Duration,
+) -> anyhow::Result<fvd_workspace::agent::AgentExit> {
+    let work = dir.join("work");
     std::fs::create_dir_all(&work)?;
     let spec = AgentSpec {
         model: Some(m),
         ..agent.clone()
     };
     let launch = session::launch(
-        &sess,
+        sess,
         &spec,
         preset,
         TASK,
         session::Place {
-            dir: dir.path(),
+            dir,
             jailed: false,
             mcp: None,
         },
     )?;
     let mut argv = launch.argv;
-    argv[0] = c.program.clone();
+    argv[0] = program.to_string();
     // fvd's own command in a throw-away folder: no jail, the environment
     // any agent gets.
     let policy = fvd_workspace::agent::AgentPolicy::default();
@@ -250,13 +275,25 @@ async fn check_one(path: &Path, agent: &AgentSpec, timeout: Duration) -> anyhow:
             env_names: &agent.env,
             extra: &launch.env,
             timeout,
-            log_dir: dir.path(),
+            log_dir: dir,
             policy: &policy,
         },
         Some(launch.stdin),
         sess.stopped(),
     )
     .await;
+    Ok(exit)
+}
+
+/// Fills in what the check found from the agent's exit and what its model
+/// proxy saw: usage, the reply, whether the key works, the problem if any.
+fn judge(
+    c: &mut Checked,
+    sess: &Session,
+    exit: fvd_workspace::agent::AgentExit,
+    preset: fvd_spec::agent_model::Preset,
+    timeout: Duration,
+) {
     let report = fvd_workspace::preset::report(preset, &exit.stdout);
     let u = sess.proxy().usage();
     c.requests = u.requests;
@@ -295,7 +332,6 @@ async fn check_one(path: &Path, agent: &AgentSpec, timeout: Duration) -> anyhow:
             fvd_workspace::agent::exit_text(exit.exit_code, exit.signal, exit.timed_out)
         });
     }
-    Ok(c)
 }
 
 /// `PROGRAM --version`, first line, in a throw-away HOME.
