@@ -331,69 +331,7 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
             )?,
         }
         for a in &ledger {
-            writeln!(
-                out,
-                "attempt {}  commit {}  agent {} in {:.1}s  verdict {} -> {}",
-                a.attempt,
-                &a.commit_sha[..a.commit_sha.len().min(12)],
-                fvd_workspace::agent::exit_text(a.exit_code, a.signal, a.timed_out),
-                a.duration_ms as f64 / 1000.0,
-                a.verdict_before,
-                if a.state == AttemptState::Running {
-                    "(agent running or cut off)"
-                } else if a.handoff_summary.contains("next_step=ask_user") {
-                    "(asked the user)"
-                } else if a.verdict_after.is_none() {
-                    "(not run yet)"
-                } else {
-                    a.verdict_after.as_str()
-                },
-            )?;
-            writeln!(out, "  handoff {}: {}", a.handoff_status, a.handoff_summary)?;
-            if let Some(u) = &a.usage {
-                writeln!(out, "  model: {}", render::usage_line(u))?;
-                for d in &u.permission_denials {
-                    writeln!(out, "  permission denied: {d}")?;
-                }
-            }
-            if a.state == AttemptState::Environment {
-                writeln!(
-                    out,
-                    "  ended by its environment (not counted; runs again when the port resumes)"
-                )?;
-            }
-            let mut notes = vec![format!("{} turn", a.kind)];
-            if a.gpu_ms_after > 0 {
-                notes.push(format!(
-                    "{:.1} GPU-s in its run",
-                    a.gpu_ms_after as f64 / 1000.0
-                ));
-            }
-            if a.tries > 1 {
-                notes.push(format!("run {} times (cut off by a restart)", a.tries));
-            }
-            if !a.worker_id.is_empty() {
-                notes.push(format!("ran on worker {}", a.worker_id));
-            }
-            writeln!(out, "  {}", notes.join("; "))?;
-            if !a.judge_changed.is_empty() {
-                writeln!(
-                    out,
-                    "  changed the judge, not counted (its run used the port's own): {}",
-                    a.judge_changed.join(", ")
-                )?;
-                let decided = judged
-                    .iter()
-                    .rev()
-                    .find(|e| e.attempt == a.attempt && e.status != EscapeStatus::Withdrawn);
-                writeln!(out, "  judge change: {}", render::judge_decision(decided))?;
-            }
-            if a.diff_stat.is_empty() {
-                writeln!(out, "  no changes")?;
-            }
-            for line in a.diff_stat.lines() {
-                writeln!(out, "  {line}")?;
-            }
+            write_attempt(&mut out, a, &judged)?;
         }
         let used: Vec<_> = ledger.iter().filter_map(|a| a.usage.as_ref()).collect();
         if !used.is_empty() {
@@ -407,6 +345,80 @@ pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
         }
         Ok(Exit::Success)
     })
+}
+
+/// One attempt of the ledger as `fvd attempts` lists it: its commit, the
+/// agent's exit and the verdicts, the handoff, the model's use, notes, a
+/// judge change and what a person made of it (`judged`), the diff stat.
+fn write_attempt(
+    out: &mut impl Write,
+    a: &fvd_store::AttemptRow,
+    judged: &[EscapeRow],
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "attempt {}  commit {}  agent {} in {:.1}s  verdict {} -> {}",
+        a.attempt,
+        &a.commit_sha[..a.commit_sha.len().min(12)],
+        fvd_workspace::agent::exit_text(a.exit_code, a.signal, a.timed_out),
+        a.duration_ms as f64 / 1000.0,
+        a.verdict_before,
+        if a.state == AttemptState::Running {
+            "(agent running or cut off)"
+        } else if a.handoff_summary.contains("next_step=ask_user") {
+            "(asked the user)"
+        } else if a.verdict_after.is_none() {
+            "(not run yet)"
+        } else {
+            a.verdict_after.as_str()
+        },
+    )?;
+    writeln!(out, "  handoff {}: {}", a.handoff_status, a.handoff_summary)?;
+    if let Some(u) = &a.usage {
+        writeln!(out, "  model: {}", render::usage_line(u))?;
+        for d in &u.permission_denials {
+            writeln!(out, "  permission denied: {d}")?;
+        }
+    }
+    if a.state == AttemptState::Environment {
+        writeln!(
+            out,
+            "  ended by its environment (not counted; runs again when the port resumes)"
+        )?;
+    }
+    let mut notes = vec![format!("{} turn", a.kind)];
+    if a.gpu_ms_after > 0 {
+        notes.push(format!(
+            "{:.1} GPU-s in its run",
+            a.gpu_ms_after as f64 / 1000.0
+        ));
+    }
+    if a.tries > 1 {
+        notes.push(format!("run {} times (cut off by a restart)", a.tries));
+    }
+    if !a.worker_id.is_empty() {
+        notes.push(format!("ran on worker {}", a.worker_id));
+    }
+    writeln!(out, "  {}", notes.join("; "))?;
+    if !a.judge_changed.is_empty() {
+        writeln!(
+            out,
+            "  changed the judge, not counted (its run used the port's own): {}",
+            a.judge_changed.join(", ")
+        )?;
+        let decided = judged
+            .iter()
+            .rev()
+            .find(|e| e.attempt == a.attempt && e.status != EscapeStatus::Withdrawn);
+        writeln!(out, "  judge change: {}", render::judge_decision(decided))?;
+    }
+    if a.diff_stat.is_empty() {
+        writeln!(out, "  no changes")?;
+    }
+    for line in a.diff_stat.lines() {
+        writeln!(out, "  {line}")?;
+    }
+    Ok(())
 }
 
 /// GPU indices as `0,1` (`-` for none).

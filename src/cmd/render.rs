@@ -190,6 +190,44 @@ pub fn print_snapshot(shown: Shown<'_>, target: &Target) {
         };
         say(format_args!("  owner {}{last}", s.owner));
     }
+    print_open_questions(s, target);
+    // The gate's latest refusal: why a blocked port stopped where it did.
+    if let Some(g) = s
+        .current_gate()
+        .iter()
+        .rev()
+        .find(|g| g.outcome == GateOutcome::Refused)
+    {
+        say(format_args!("  gate refused {}:", g.phase));
+        for c in grouped_conditions(&g.conditions) {
+            say(format_args!("    - {c}"));
+        }
+    }
+    print_components(shown, target);
+    if let Some(a) = &s.agent_spend {
+        say(format_args!("  agents of the port: {}", spend_line(a)));
+    }
+    print_waiting_causes(s, target);
+    for e in s
+        .escapes
+        .iter()
+        .filter(|e| e.status != EscapeStatus::Open && !e.answered_by.is_empty())
+    {
+        say(format_args!(
+            "  {} {} answered by {}: {}",
+            e.id, e.component, e.answered_by, e.answer
+        ));
+    }
+    // Where the file is; whether this command changed it is not known
+    // here (`fvd status` writes nothing).
+    if !s.port_status_path.is_empty() {
+        say(format_args!("status file {}", s.port_status_path));
+    }
+}
+
+/// The open questions, each with its options and a hint to answer it that
+/// can be pasted as it is.
+fn print_open_questions(s: &PortSnapshot, target: &Target) {
     for e in s.open_questions() {
         say(format_args!(
             "  {} {} asks ({}): {}",
@@ -208,18 +246,12 @@ pub fn print_snapshot(shown: Shown<'_>, target: &Target) {
             answer_hint(s, e, target)
         ));
     }
-    // The gate's latest refusal: why a blocked port stopped where it did.
-    if let Some(g) = s
-        .current_gate()
-        .iter()
-        .rev()
-        .find(|g| g.outcome == GateOutcome::Refused)
-    {
-        say(format_args!("  gate refused {}:", g.phase));
-        for c in grouped_conditions(&g.conditions) {
-            say(format_args!("    - {c}"));
-        }
-    }
+}
+
+/// One line per component (status, runs, run time, reason), with its
+/// variants and its agent's spend below it.
+fn print_components(shown: Shown<'_>, target: &Target) {
+    let s = shown.snap;
     for c in &s.components {
         let (status, reason) = shown.component(c, target);
         // a cause said for a group below is not repeated on each line
@@ -245,9 +277,13 @@ pub fn print_snapshot(shown: Shown<'_>, target: &Target) {
             say(format_args!("    agent: {}", spend_line(a)));
         }
     }
-    if let Some(a) = &s.agent_spend {
-        say(format_args!("  agents of the port: {}", spend_line(a)));
-    }
+}
+
+/// The components that wait, summed up by cause: one line per worker and
+/// cause, per agent that could not work, per cause that no machine here
+/// meets; then why the port paused, or how to resume it once the
+/// environment is fixed.
+fn print_waiting_causes(s: &PortSnapshot, target: &Target) {
     // A component's agent whose model API refused its key (or kept
     // failing) waits too, for a different fix than a worker's.
     let (agents, workers): (Vec<_>, Vec<_>) = grouped(s, ComponentStatus::Environment, "")
@@ -283,21 +319,6 @@ pub fn print_snapshot(shown: Shown<'_>, target: &Target) {
             "  fix the environment of that worker (or start one that has it) and run `{}` again: nothing was counted against the components",
             resume_hint(s, target)
         ));
-    }
-    for e in s
-        .escapes
-        .iter()
-        .filter(|e| e.status != EscapeStatus::Open && !e.answered_by.is_empty())
-    {
-        say(format_args!(
-            "  {} {} answered by {}: {}",
-            e.id, e.component, e.answered_by, e.answer
-        ));
-    }
-    // Where the file is; whether this command changed it is not known
-    // here (`fvd status` writes nothing).
-    if !s.port_status_path.is_empty() {
-        say(format_args!("status file {}", s.port_status_path));
     }
 }
 
