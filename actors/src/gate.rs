@@ -115,6 +115,170 @@ const FIRST_PLACEMENT_HOLD: std::time::Duration = std::time::Duration::from_secs
 /// How often the gate checks that the port's `REPO/.fvd` is still there.
 const FVD_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// A prep handoff that pauses to ask the user is an escape hatch: the
+/// trace says so before P0 decides (only the kind, never the question's
+/// text).
+fn trace_prep_escape(st: &GateState) {
+    let prep = &st.args.spec.prep;
+    let asks = prep
+        .get("next_step")
+        .and_then(|s| s.parse::<PrepNextStep>().ok())
+        == Some(PrepNextStep::AskUser);
+    // `escape_hatch: none` is the contract's empty slot.
+    let hatch = prep
+        .get("escape_hatch")
+        .is_some_and(|s| !Slot::<String>::is_none_text(s));
+    if asks || hatch {
+        spans::escape_hatch(
+            &st.span,
+            &Phase::ScopeAndHandoffGate.id(),
+            if asks { "ask_user" } else { "declared" },
+        );
+    }
+}
+
+/// P0 passed: P1 to P5 as fvd can judge them before component work (P2's
+/// scaffold checked; the rest recorded pending with why). `false` when P2
+/// refused and the port ends.
+async fn before_components(st: &mut GateState) -> Result<bool, ActorProcessingErr> {
+    record(st, Phase::ScopeAndHandoffGate, GateOutcome::Passed, vec![]).await?;
+    record(
+        st,
+        Phase::ReferenceAndArchitectureStudy,
+        GateOutcome::Pending,
+        vec!["reference and architecture study is agent work fvd does not drive yet".into()],
+    )
+    .await?;
+    let p2 = scaffold_conditions(&st.args.spec, Path::new(&st.args.repo));
+    if !p2.is_empty() {
+        refuse(st, Phase::EarlyParityScaffolding, p2).await?;
+        return Ok(false);
+    }
+    record(
+        st,
+        Phase::EarlyParityScaffolding,
+        GateOutcome::Passed,
+        vec![],
+    )
+    .await?;
+    record(
+        st,
+        Phase::ReuseGateAndComponentDispatch,
+        GateOutcome::Pending,
+        vec!["reuse decisions are not recorded by fvd yet; every component is dispatched".into()],
+    )
+    .await?;
+    record(
+        st,
+        Phase::NativeComponentPrototype,
+        GateOutcome::Pending,
+        vec!["prototype key dumps are not driven by fvd yet".into()],
+    )
+    .await?;
+    match st
+        .args
+        .spec
+        .prep
+        .get("needs_conversion")
+        .map(String::as_str)
+    {
+        Some("no") => {
+            record(
+                st,
+                Phase::ParamMappingAndWeightConversion,
+                GateOutcome::Passed,
+                vec!["needs_conversion: no".into()],
+            )
+            .await?
+        }
+        other => {
+            record(
+                st,
+                Phase::ParamMappingAndWeightConversion,
+                GateOutcome::Pending,
+                vec![format!(
+                    "needs_conversion: {}; conversion is not driven by fvd yet",
+                    other.unwrap_or("missing")
+                )],
+            )
+            .await?
+        }
+    }
+    Ok(true)
+}
+
+/// The port's diagnosers, for the components that have a trace table or
+/// variants, linked to the gate.
+async fn spawn_diagnosers(
+    myself: &ActorRef<GateMsg>,
+    st: &mut GateState,
+) -> Result<(), ActorProcessingErr> {
+    if st.args.spec.components.iter().any(|c| c.trace.is_some()) {
+        let t = crate::diagnosis::spawn_for_port(
+            crate::trace_actor::TraceActor,
+            crate::trace_actor::TRACE_JOB_SUFFIX,
+            myself.get_cell(),
+            diagnoser_args(&st.args),
+        );
+        st.diagnosers.trace = Some(t.await?.get_derived());
+    }
+    if st
+        .args
+        .spec
+        .components
+        .iter()
+        .any(|c| !c.variants.is_empty())
+    {
+        let v = crate::diagnosis::spawn_for_port(
+            crate::variant_actor::VariantActor,
+            crate::variant_actor::VARIANT_JOB_SUFFIX,
+            myself.get_cell(),
+            diagnoser_args(&st.args),
+        );
+        st.diagnosers.variants = Some(v.await?.get_derived());
+    }
+    Ok(())
+}
+
+/// The port is cancelled: its jobs go, its unfinished components end
+/// `blocked` with the reason, and the port is `cancelled` in P6.
+async fn cancel(st: &mut GateState) -> Result<(), ActorProcessingErr> {
+    st.args.scheduler.cast(SchedulerMsg::CancelFamily {
+        family: st.args.family.clone(),
+    })?;
+    for c in &st.args.spec.components {
+        if !st.finals.contains_key(&c.name) {
+            st.args
+                .store
+                .set_component(
+                    &st.args.family,
+                    &c.name,
+                    ComponentStatus::Blocked,
+                    RecordedVerdict::Cancelled,
+                    "cancelled: the port was cancelled",
+                    "",
+                )
+                .await?;
+        }
+    }
+    record(
+        st,
+        Phase::ComponentParityDebug,
+        GateOutcome::Refused,
+        vec!["the port was cancelled".into()],
+    )
+    .await?;
+    st.args
+        .store
+        .set_port_state(
+            &st.args.family,
+            PortState::Cancelled,
+            &Phase::ComponentParityDebug.id(),
+        )
+        .await?;
+    Ok(())
+}
+
 impl Actor for GateActor {
     type Msg = GateMsg;
     type State = GateState;
@@ -169,25 +333,7 @@ impl Actor for GateActor {
         st: &mut GateState,
     ) -> Result<(), ActorProcessingErr> {
         myself.send_interval(FVD_CHECK_EVERY, || GateMsg::CheckFvd);
-        // A prep handoff that pauses to ask the user is an escape hatch:
-        // the trace says so before P0 decides (only the kind, never the
-        // question's text).
-        let prep = &st.args.spec.prep;
-        let asks = prep
-            .get("next_step")
-            .and_then(|s| s.parse::<PrepNextStep>().ok())
-            == Some(PrepNextStep::AskUser);
-        // `escape_hatch: none` is the contract's empty slot.
-        let hatch = prep
-            .get("escape_hatch")
-            .is_some_and(|s| !Slot::<String>::is_none_text(s));
-        if asks || hatch {
-            spans::escape_hatch(
-                &st.span,
-                &Phase::ScopeAndHandoffGate.id(),
-                if asks { "ask_user" } else { "declared" },
-            );
-        }
+        trace_prep_escape(st);
         // P0–P5: the predicates fvd can evaluate before component work.
         let p0 = prep_conditions(&st.args.spec, Path::new(&st.args.repo));
         if !p0.is_empty() {
@@ -195,70 +341,8 @@ impl Actor for GateActor {
             // Nothing was dispatched: the port ends here.
             return finish(&myself, st).await;
         }
-        record(st, Phase::ScopeAndHandoffGate, GateOutcome::Passed, vec![]).await?;
-        record(
-            st,
-            Phase::ReferenceAndArchitectureStudy,
-            GateOutcome::Pending,
-            vec!["reference and architecture study is agent work fvd does not drive yet".into()],
-        )
-        .await?;
-        let p2 = scaffold_conditions(&st.args.spec, Path::new(&st.args.repo));
-        if !p2.is_empty() {
-            refuse(st, Phase::EarlyParityScaffolding, p2).await?;
+        if !before_components(st).await? {
             return finish(&myself, st).await;
-        }
-        record(
-            st,
-            Phase::EarlyParityScaffolding,
-            GateOutcome::Passed,
-            vec![],
-        )
-        .await?;
-        record(
-            st,
-            Phase::ReuseGateAndComponentDispatch,
-            GateOutcome::Pending,
-            vec![
-                "reuse decisions are not recorded by fvd yet; every component is dispatched".into(),
-            ],
-        )
-        .await?;
-        record(
-            st,
-            Phase::NativeComponentPrototype,
-            GateOutcome::Pending,
-            vec!["prototype key dumps are not driven by fvd yet".into()],
-        )
-        .await?;
-        match st
-            .args
-            .spec
-            .prep
-            .get("needs_conversion")
-            .map(String::as_str)
-        {
-            Some("no") => {
-                record(
-                    st,
-                    Phase::ParamMappingAndWeightConversion,
-                    GateOutcome::Passed,
-                    vec!["needs_conversion: no".into()],
-                )
-                .await?
-            }
-            other => {
-                record(
-                    st,
-                    Phase::ParamMappingAndWeightConversion,
-                    GateOutcome::Pending,
-                    vec![format!(
-                        "needs_conversion: {}; conversion is not driven by fvd yet",
-                        other.unwrap_or("missing")
-                    )],
-                )
-                .await?
-            }
         }
         // The phase is committed before the event that announces it: a
         // reader that sees "P6 entered" sees the port in P6.
@@ -277,30 +361,7 @@ impl Actor for GateActor {
             vec![],
         )
         .await?;
-        if st.args.spec.components.iter().any(|c| c.trace.is_some()) {
-            let t = crate::diagnosis::spawn_for_port(
-                crate::trace_actor::TraceActor,
-                crate::trace_actor::TRACE_JOB_SUFFIX,
-                myself.get_cell(),
-                diagnoser_args(&st.args),
-            );
-            st.diagnosers.trace = Some(t.await?.get_derived());
-        }
-        if st
-            .args
-            .spec
-            .components
-            .iter()
-            .any(|c| !c.variants.is_empty())
-        {
-            let v = crate::diagnosis::spawn_for_port(
-                crate::variant_actor::VariantActor,
-                crate::variant_actor::VARIANT_JOB_SUFFIX,
-                myself.get_cell(),
-                diagnoser_args(&st.args),
-            );
-            st.diagnosers.variants = Some(v.await?.get_derived());
-        }
+        spawn_diagnosers(&myself, st).await?;
         // The components queue their first runs one by one: the port's
         // placement waits until all are queued, so the policy (longest
         // expected GPU-time first, by default) orders all of them instead
@@ -416,39 +477,7 @@ impl Actor for GateActor {
                 }
             }
             GateMsg::Cancel => {
-                st.args.scheduler.cast(SchedulerMsg::CancelFamily {
-                    family: st.args.family.clone(),
-                })?;
-                for c in &st.args.spec.components {
-                    if !st.finals.contains_key(&c.name) {
-                        st.args
-                            .store
-                            .set_component(
-                                &st.args.family,
-                                &c.name,
-                                ComponentStatus::Blocked,
-                                RecordedVerdict::Cancelled,
-                                "cancelled: the port was cancelled",
-                                "",
-                            )
-                            .await?;
-                    }
-                }
-                record(
-                    st,
-                    Phase::ComponentParityDebug,
-                    GateOutcome::Refused,
-                    vec!["the port was cancelled".into()],
-                )
-                .await?;
-                st.args
-                    .store
-                    .set_port_state(
-                        &st.args.family,
-                        PortState::Cancelled,
-                        &Phase::ComponentParityDebug.id(),
-                    )
-                    .await?;
+                cancel(st).await?;
                 finish(&myself, st).await?;
             }
         }

@@ -368,88 +368,11 @@ async fn submit(
     st: &mut OrchestratorState,
     sub: Submission,
 ) -> Result<Submitted, PortError> {
-    let spec = fvd_spec::parse(Path::new(&sub.spec_path), &sub.spec_toml)
-        .map_err(|e| PortError::InvalidSpec(e.to_string()))?;
-    if spec.family != sub.family {
-        return Err(PortError::FamilyMismatch {
-            spec: spec.family,
-            submitted: sub.family,
-        });
-    }
-    // Refused before anything is stored: a component would only block on
-    // it later (`component.rs` checks again for ports resumed from the
-    // store).
-    if let Some(why) = spec
-        .components
-        .iter()
-        .filter_map(|c| c.agent.as_ref())
-        .find_map(|a| st.args.agents.admits(a).err())
-    {
-        return Err(PortError::AgentRefused {
-            path: sub.spec_path,
-            why,
-        });
-    }
-    // No commit (not a git repository), or a full sha the repository has.
-    let known_commit = sub.commit.is_empty()
-        || (fvd_workspace::commit::is_full_sha(&sub.commit)
-            && fvd_workspace::commit::has_commit(Path::new(&sub.repo), &sub.commit).await);
-    if !known_commit {
-        return Err(PortError::UnknownCommit {
-            commit: sub.commit,
-            repo: sub.repo,
-        });
-    }
+    let spec = admit(st, &sub).await?;
     let internal = |e: fvd_store::StoreError| PortError::Internal(e.to_string());
     let known = st.args.store.port(&sub.family).await.map_err(internal)?;
     let identity = fvd_workspace::identity::repo_identity(Path::new(&sub.repo)).await;
-    if let Some(port) = &known {
-        let origin = st
-            .args
-            .store
-            .port_origin(&sub.family)
-            .await
-            .map_err(internal)?
-            .unwrap_or_default();
-        let same_checkout = port.repo == sub.repo
-            && (origin.repo_identity.is_empty() || origin.repo_identity == identity);
-        if !same_checkout && !st.args.checkout_owns_store {
-            return Err(PortError::OtherCheckout {
-                family: sub.family,
-                port_repo: port.repo.clone(),
-                port_identity: if origin.repo_identity.is_empty() {
-                    "identity not recorded".into()
-                } else {
-                    origin.repo_identity
-                },
-                repo: sub.repo,
-                identity,
-                owner: if origin.owner.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (its owner: {})", origin.owner)
-                },
-            });
-        }
-        check_owner(&sub.caller, &sub.family, &origin.owner, "submit")?;
-        if !same_checkout {
-            // Embedded: the checkout moved, and its state with it.
-            st.args
-                .store
-                .adopt_checkout(&sub.family, &sub.repo, &identity)
-                .await
-                .map_err(internal)?;
-        } else if origin.repo_identity.is_empty() {
-            st.args
-                .store
-                .record_repo_identity(&sub.family, &identity)
-                .await
-                .map_err(internal)?;
-        }
-    }
-    if known.is_none() && !st.args.checkout_owns_store {
-        check_checkout_owner(st, &sub).await?;
-    }
+    claim_checkout(st, &sub, known.as_ref(), &identity).await?;
     let action = if sub.rerun {
         Action::Rerun
     } else {
@@ -478,7 +401,7 @@ async fn submit(
         }
         None => Stale::default(),
     };
-    if let Some(gate) = st.ports.get(&sub.family).cloned() {
+    if st.ports.contains_key(&sub.family) {
         if !sub.rerun && plan.is_empty() && !recommit {
             st.args
                 .store
@@ -494,83 +417,11 @@ async fn submit(
                 commit: sub.commit,
             });
         }
-        // A port whose components are all final or waiting (for an answer
-        // or an environment) runs nothing, and one resumed at start-up has
-        // no submitter waiting on it: either may be replaced by a rerun or
-        // a changed spec. One that a submission here is running must be
-        // cancelled first.
-        let paused = rows.iter().all(|c| c.is_final() || c.status.is_paused());
-        if !paused && st.submitted.contains(&sub.family) {
-            let what = if sub.rerun {
-                "asking for a rerun"
-            } else if plan.is_empty() {
-                "submitting another commit"
-            } else {
-                "submitting a changed spec"
-            };
-            return Err(PortError::Busy(sub.family, what));
-        }
-        // Its queued or running jobs go with it; the restarted port queues
-        // what it still needs.
-        st.args
-            .scheduler
-            .cast(SchedulerMsg::CancelFamily {
-                family: sub.family.clone(),
-            })
-            .map_err(|e| PortError::Internal(e.to_string()))?;
-        gate.stop_children(Some("port restarted".into()));
-        gate.stop_and_wait(
-            Some("port restarted".into()),
-            Some(std::time::Duration::from_secs(10)),
-        )
-        .await
-        .map_err(|e| PortError::Internal(format!("the running port did not stop: {e}")))?;
-        st.ports.remove(&sub.family);
-        st.submitted.remove(&sub.family);
+        stop_running(st, &sub, &rows, plan.is_empty()).await?;
     }
-    let names: Vec<String> = spec.components.iter().map(|c| c.name.clone()).collect();
-    let row = PortRow {
-        family: sub.family.clone(),
-        repo: sub.repo.clone(),
-        spec_path: sub.spec_path.clone(),
-        spec_toml: sub.spec_toml.clone(),
-        state: PortState::Running,
-        phase: "P0".into(),
-        port_status_path: String::new(),
-        commit: sub.commit.clone(),
-    };
-    let origin = PortOrigin {
-        repo_identity: identity,
-        owner: sub.caller.name.clone(),
-        submitted_by: sub.caller.name.clone(),
-    };
-    let created = st
-        .args
-        .store
-        .create_port_from(&row, &names, &origin, action)
-        .await
-        .map_err(internal)?;
-    if !created {
-        st.args
-            .store
-            .record_action(&sub.family, action, &sub.caller.name, &sub.commit)
-            .await
-            .map_err(internal)?;
-        let mut again: Vec<String> = plan.iter().map(|c| c.component.clone()).collect();
-        again.extend(stale.rerun.iter().map(|(c, _)| c.clone()));
-        st.args
-            .store
-            .update_port_spec(&row, &names, &again)
-            .await
-            .map_err(internal)?;
-        if sub.rerun {
-            st.args
-                .store
-                .reset_components(&sub.family)
-                .await
-                .map_err(internal)?;
-        }
-    }
+    let mut again: Vec<String> = plan.iter().map(|c| c.component.clone()).collect();
+    again.extend(stale.rerun.iter().map(|(c, _)| c.clone()));
+    let (row, names, created) = store_port(st, &sub, &spec, identity, action, &again).await?;
     // A new port, or a rerun, starts the port's trace anew.
     let fresh = created || sub.rerun;
     start_gate(myself, st, &row, sub.traceparent.clone(), fresh)
@@ -600,6 +451,205 @@ async fn submit(
         commit_change,
         commit: sub.commit,
     })
+}
+
+/// The submission's spec, if this orchestrator takes it: it parses, names
+/// the submitted family, its agents may run here, and its commit is one
+/// the repository has (or there is none: not a git repository). Refused
+/// before anything is stored: a component would only block on it later
+/// (`component.rs` checks again for ports resumed from the store).
+async fn admit(st: &OrchestratorState, sub: &Submission) -> Result<fvd_spec::PortSpec, PortError> {
+    let spec = fvd_spec::parse(Path::new(&sub.spec_path), &sub.spec_toml)
+        .map_err(|e| PortError::InvalidSpec(e.to_string()))?;
+    if spec.family != sub.family {
+        return Err(PortError::FamilyMismatch {
+            spec: spec.family,
+            submitted: sub.family.clone(),
+        });
+    }
+    if let Some(why) = spec
+        .components
+        .iter()
+        .filter_map(|c| c.agent.as_ref())
+        .find_map(|a| st.args.agents.admits(a).err())
+    {
+        return Err(PortError::AgentRefused {
+            path: sub.spec_path.clone(),
+            why,
+        });
+    }
+    let known_commit = sub.commit.is_empty()
+        || (fvd_workspace::commit::is_full_sha(&sub.commit)
+            && fvd_workspace::commit::has_commit(Path::new(&sub.repo), &sub.commit).await);
+    if !known_commit {
+        return Err(PortError::UnknownCommit {
+            commit: sub.commit.clone(),
+            repo: sub.repo.clone(),
+        });
+    }
+    Ok(spec)
+}
+
+/// Whether the submission's checkout (and caller) may take the port:
+/// a port of another checkout is refused unless the checkout owns the
+/// store (embedded: the state moved with it, and is adopted); the port's
+/// owner must be the caller; a new port checks who owns the checkout.
+async fn claim_checkout(
+    st: &OrchestratorState,
+    sub: &Submission,
+    known: Option<&PortRow>,
+    identity: &str,
+) -> Result<(), PortError> {
+    let internal = |e: fvd_store::StoreError| PortError::Internal(e.to_string());
+    if let Some(port) = known {
+        let origin = st
+            .args
+            .store
+            .port_origin(&sub.family)
+            .await
+            .map_err(internal)?
+            .unwrap_or_default();
+        let same_checkout = port.repo == sub.repo
+            && (origin.repo_identity.is_empty() || origin.repo_identity == identity);
+        if !same_checkout && !st.args.checkout_owns_store {
+            return Err(PortError::OtherCheckout {
+                family: sub.family.clone(),
+                port_repo: port.repo.clone(),
+                port_identity: if origin.repo_identity.is_empty() {
+                    "identity not recorded".into()
+                } else {
+                    origin.repo_identity
+                },
+                repo: sub.repo.clone(),
+                identity: identity.to_string(),
+                owner: if origin.owner.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (its owner: {})", origin.owner)
+                },
+            });
+        }
+        check_owner(&sub.caller, &sub.family, &origin.owner, "submit")?;
+        if !same_checkout {
+            // Embedded: the checkout moved, and its state with it.
+            st.args
+                .store
+                .adopt_checkout(&sub.family, &sub.repo, identity)
+                .await
+                .map_err(internal)?;
+        } else if origin.repo_identity.is_empty() {
+            st.args
+                .store
+                .record_repo_identity(&sub.family, identity)
+                .await
+                .map_err(internal)?;
+        }
+    }
+    if known.is_none() && !st.args.checkout_owns_store {
+        check_checkout_owner(st, sub).await?;
+    }
+    Ok(())
+}
+
+/// Stops the port's running gate (its queued and running jobs go with it)
+/// before a rerun, a changed spec or another commit replaces it. A port
+/// whose components are all final or waiting (for an answer or an
+/// environment) runs nothing, and one resumed at start-up has no submitter
+/// waiting on it: either may be replaced; one that a submission here is
+/// running must be cancelled first.
+async fn stop_running(
+    st: &mut OrchestratorState,
+    sub: &Submission,
+    rows: &[fvd_store::model::ComponentRow],
+    same_plan: bool,
+) -> Result<(), PortError> {
+    let Some(gate) = st.ports.get(&sub.family).cloned() else {
+        return Ok(());
+    };
+    let paused = rows.iter().all(|c| c.is_final() || c.status.is_paused());
+    if !paused && st.submitted.contains(&sub.family) {
+        let what = if sub.rerun {
+            "asking for a rerun"
+        } else if same_plan {
+            "submitting another commit"
+        } else {
+            "submitting a changed spec"
+        };
+        return Err(PortError::Busy(sub.family.clone(), what));
+    }
+    st.args
+        .scheduler
+        .cast(SchedulerMsg::CancelFamily {
+            family: sub.family.clone(),
+        })
+        .map_err(|e| PortError::Internal(e.to_string()))?;
+    gate.stop_children(Some("port restarted".into()));
+    gate.stop_and_wait(
+        Some("port restarted".into()),
+        Some(std::time::Duration::from_secs(10)),
+    )
+    .await
+    .map_err(|e| PortError::Internal(format!("the running port did not stop: {e}")))?;
+    st.ports.remove(&sub.family);
+    st.submitted.remove(&sub.family);
+    Ok(())
+}
+
+/// Stores the port as submitted: created with its components, or (known
+/// already) its spec updated, `again` set to run again and, on a rerun,
+/// its components reset. Its row, its component names, and whether it was
+/// created.
+async fn store_port(
+    st: &OrchestratorState,
+    sub: &Submission,
+    spec: &fvd_spec::PortSpec,
+    identity: String,
+    action: Action,
+    again: &[String],
+) -> Result<(PortRow, Vec<String>, bool), PortError> {
+    let internal = |e: fvd_store::StoreError| PortError::Internal(e.to_string());
+    let names: Vec<String> = spec.components.iter().map(|c| c.name.clone()).collect();
+    let row = PortRow {
+        family: sub.family.clone(),
+        repo: sub.repo.clone(),
+        spec_path: sub.spec_path.clone(),
+        spec_toml: sub.spec_toml.clone(),
+        state: PortState::Running,
+        phase: "P0".into(),
+        port_status_path: String::new(),
+        commit: sub.commit.clone(),
+    };
+    let origin = PortOrigin {
+        repo_identity: identity,
+        owner: sub.caller.name.clone(),
+        submitted_by: sub.caller.name.clone(),
+    };
+    let created = st
+        .args
+        .store
+        .create_port_from(&row, &names, &origin, action)
+        .await
+        .map_err(internal)?;
+    if !created {
+        st.args
+            .store
+            .record_action(&sub.family, action, &sub.caller.name, &sub.commit)
+            .await
+            .map_err(internal)?;
+        st.args
+            .store
+            .update_port_spec(&row, &names, again)
+            .await
+            .map_err(internal)?;
+        if sub.rerun {
+            st.args
+                .store
+                .reset_components(&sub.family)
+                .await
+                .map_err(internal)?;
+        }
+    }
+    Ok((row, names, created))
 }
 
 /// A commit as people read it: its first 12 hex digits, or `none`.

@@ -534,6 +534,122 @@ pub struct SchedulerState {
     holds: HashMap<String, i64>,
 }
 
+/// A chunk of a run's output, stored while it is under the cap (or its run
+/// waits to be adopted); past the cap it is dropped, said once. Whether
+/// work may have changed.
+fn log_chunk(st: &mut SchedulerState, worker_id: &str, lease_epoch: u64, chunk: LogChunk) -> bool {
+    if held_by(st, worker_id, &chunk.job_id, lease_epoch) {
+        // Output of a run waiting for its component to adopt it.
+        let _ = st.writer.send(Write::Log(chunk));
+        return false;
+    }
+    let cap = st.config.max_output_bytes.saturating_add(OUTPUT_CAP_SLACK);
+    if let Some(e) = leased(st, worker_id, &chunk.job_id, lease_epoch)
+        && let Some(lease) = e.lease.as_mut()
+    {
+        lease.output_bytes = lease.output_bytes.saturating_add(chunk.data.len() as u64);
+        if lease.output_bytes <= cap {
+            let _ = st.writer.send(Write::Log(chunk));
+        } else if !std::mem::replace(&mut lease.output_capped, true) {
+            tracing::warn!(worker = %worker_id, job = %chunk.job_id, cap, "a run's output passed the cap; the rest of it is not stored");
+        }
+    }
+    true
+}
+
+/// A worker's stream ended: its runs are lost with it, unless a newer
+/// connection of the same worker took over (`conn` is not its latest).
+async fn disconnected(
+    st: &mut SchedulerState,
+    worker_id: &str,
+    conn: u64,
+) -> Result<(), ActorProcessingErr> {
+    if st.workers.get(worker_id).is_some_and(|w| w.conn == conn) {
+        tracing::info!(worker = %worker_id, "worker disconnected");
+        lose_worker(st, worker_id).await?;
+    }
+    Ok(())
+}
+
+/// The port's runs are not placed for `for_ms` (its components are still
+/// queuing their first runs).
+fn hold_family(st: &mut SchedulerState, family: String, for_ms: i64) {
+    let until = st.clock.now_ms().saturating_add(for_ms);
+    st.queue.hold(&family);
+    st.holds.insert(family, until);
+}
+
+/// Leases, held runs and port holds whose time ran out at `now`.
+async fn expire(st: &mut SchedulerState, now: i64) -> Result<(), ActorProcessingErr> {
+    expire_leases(st, now).await?;
+    expire_held(st, now).await;
+    expire_holds(st, now);
+    Ok(())
+}
+
+/// A draining worker gets no new job.
+fn drain(st: &mut SchedulerState, worker_id: &str) {
+    if let Some(w) = st.workers.get_mut(worker_id) {
+        tracing::info!(worker = %worker_id, "worker drains: no new jobs for it");
+        w.draining = true;
+        w.free_cpu = 0;
+        w.free_gpus.clear();
+        w.refile(&mut st.capacity);
+    }
+}
+
+/// Dispatch once the messages already waiting are handled: under load many
+/// finished jobs free their slots first and one round (one commit) leases
+/// them all; when idle the round runs right away.
+fn dispatch_soon(
+    myself: &ActorRef<SchedulerMsg>,
+    st: &mut SchedulerState,
+) -> Result<(), ActorProcessingErr> {
+    if !st.dispatch_pending {
+        st.dispatch_pending = true;
+        myself.cast(SchedulerMsg::Dispatch)?;
+    }
+    if fvd_telemetry::metrics::enabled() {
+        fvd_telemetry::metrics::jobs(st.queue.len(), st.leased);
+    }
+    Ok(())
+}
+
+/// Answers a question to the scheduler (settled, enough workers, counts,
+/// the fleet's view); it changes no work.
+async fn answer(
+    myself: &ActorRef<SchedulerMsg>,
+    st: &mut SchedulerState,
+    msg: SchedulerMsg,
+) -> Result<(), ActorProcessingErr> {
+    match msg {
+        SchedulerMsg::Settle(reply) => {
+            // Every lease is committed after this, and its `Committed`
+            // is in the mailbox: the answer goes behind it.
+            written(st).await;
+            myself.cast(SchedulerMsg::Settled(reply))?;
+        }
+        SchedulerMsg::Settled(reply) => {
+            let _ = reply.send(());
+        }
+        SchedulerMsg::WhenWorkers { workers, reply } => {
+            if st.workers.len() >= workers {
+                let _ = reply.send(());
+            } else {
+                st.ready_waiters.push((workers, reply));
+            }
+        }
+        SchedulerMsg::Counts(reply) => {
+            let _ = reply.send((st.workers.len(), st.queue.len(), st.leased));
+        }
+        SchedulerMsg::Fleet(reply) => {
+            let _ = reply.send(fleet::view(st));
+        }
+        other => tracing::warn!(?other, "not a question to the scheduler"),
+    }
+    Ok(())
+}
+
 impl Actor for SchedulerActor {
     type Msg = SchedulerMsg;
     type State = SchedulerState;
@@ -611,7 +727,7 @@ impl Actor for SchedulerActor {
         st: &mut SchedulerState,
     ) -> Result<(), ActorProcessingErr> {
         // Whether the message may have freed or added work: then a dispatch
-        // round follows.
+        // round follows. Questions are answered in [`answer`].
         let work_changed = match msg {
             SchedulerMsg::WorkerConnected { info, tx, conn } => {
                 let r = Registration {
@@ -639,10 +755,7 @@ impl Actor for SchedulerActor {
                 true
             }
             SchedulerMsg::WorkerDisconnected { worker_id, conn } => {
-                if st.workers.get(&worker_id).is_some_and(|w| w.conn == conn) {
-                    tracing::info!(worker = %worker_id, "worker disconnected");
-                    lose_worker(st, &worker_id).await?;
-                }
+                disconnected(st, &worker_id, conn).await?;
                 true
             }
             SchedulerMsg::Heartbeat { worker_id, running } => {
@@ -672,25 +785,7 @@ impl Actor for SchedulerActor {
                 worker_id,
                 lease_epoch,
                 chunk,
-            } => {
-                if held_by(st, &worker_id, &chunk.job_id, lease_epoch) {
-                    // Output of a run waiting for its component to adopt it.
-                    let _ = st.writer.send(Write::Log(*chunk));
-                    return Ok(());
-                }
-                let cap = st.config.max_output_bytes.saturating_add(OUTPUT_CAP_SLACK);
-                if let Some(e) = leased(st, &worker_id, &chunk.job_id, lease_epoch)
-                    && let Some(lease) = e.lease.as_mut()
-                {
-                    lease.output_bytes = lease.output_bytes.saturating_add(chunk.data.len() as u64);
-                    if lease.output_bytes <= cap {
-                        let _ = st.writer.send(Write::Log(*chunk));
-                    } else if !std::mem::replace(&mut lease.output_capped, true) {
-                        tracing::warn!(worker = %worker_id, job = %chunk.job_id, cap, "a run's output passed the cap; the rest of it is not stored");
-                    }
-                }
-                true
-            }
+            } => log_chunk(st, &worker_id, lease_epoch, *chunk),
             SchedulerMsg::Finished { worker_id, report } => finished(st, worker_id, *report),
             SchedulerMsg::CancelFamily { family } => {
                 release_family(st, &family);
@@ -702,39 +797,26 @@ impl Actor for SchedulerActor {
                 true
             }
             SchedulerMsg::HoldFamily { family, for_ms } => {
-                let until = st.clock.now_ms().saturating_add(for_ms);
-                st.queue.hold(&family);
-                st.holds.insert(family, until);
+                hold_family(st, family, for_ms);
                 false
             }
             SchedulerMsg::ReleaseFamily { family } => release_family(st, &family),
             SchedulerMsg::Tick => {
                 let now = st.clock.now_ms();
-                expire_leases(st, now).await?;
-                expire_held(st, now).await;
-                expire_holds(st, now);
+                expire(st, now).await?;
                 true
             }
             SchedulerMsg::TickSent { sent_ms } => {
-                expire_leases(st, sent_ms).await?;
-                expire_held(st, sent_ms).await;
-                expire_holds(st, sent_ms);
+                expire(st, sent_ms).await?;
                 true
             }
             SchedulerMsg::Drain { worker_id } => {
-                if let Some(w) = st.workers.get_mut(&worker_id) {
-                    tracing::info!(worker = %worker_id, "worker drains: no new jobs for it");
-                    w.draining = true;
-                    w.free_cpu = 0;
-                    w.free_gpus.clear();
-                    w.refile(&mut st.capacity);
-                }
+                drain(st, &worker_id);
                 false
             }
             SchedulerMsg::Dispatch => {
                 st.dispatch_pending = false;
-                // A round that stopped at its lease budget goes on after
-                // the messages that arrived meanwhile.
+                // A round cut at its lease budget goes on after the rest.
                 dispatch(st)?
             }
             SchedulerMsg::Committed(planned) => {
@@ -744,46 +826,17 @@ impl Actor for SchedulerActor {
             SchedulerMsg::CommitFailed(e) => {
                 return Err(format!("could not commit leases: {e}").into());
             }
-            SchedulerMsg::Settle(reply) => {
-                // Every lease is committed after this, and its `Committed`
-                // is in the mailbox: the answer goes behind it.
-                written(st).await;
-                myself.cast(SchedulerMsg::Settled(reply))?;
-                return Ok(());
-            }
-            SchedulerMsg::Settled(reply) => {
-                let _ = reply.send(());
-                return Ok(());
-            }
-            SchedulerMsg::WhenWorkers { workers, reply } => {
-                if st.workers.len() >= workers {
-                    let _ = reply.send(());
-                } else {
-                    st.ready_waiters.push((workers, reply));
-                }
-                return Ok(());
-            }
-            SchedulerMsg::Counts(reply) => {
-                let _ = reply.send((st.workers.len(), st.queue.len(), st.leased));
-                false
-            }
-            SchedulerMsg::Fleet(reply) => {
-                let _ = reply.send(fleet::view(st));
+            query @ (SchedulerMsg::Settle(_)
+            | SchedulerMsg::Settled(_)
+            | SchedulerMsg::WhenWorkers { .. }
+            | SchedulerMsg::Counts(_)
+            | SchedulerMsg::Fleet(_)) => {
+                answer(&myself, st, query).await?;
                 false
             }
         };
-        if !work_changed {
-            return Ok(());
-        }
-        // Dispatch once the messages already waiting are handled: under load
-        // many finished jobs free their slots first and one round (one
-        // commit) leases them all; when idle the round runs right away.
-        if !st.dispatch_pending {
-            st.dispatch_pending = true;
-            myself.cast(SchedulerMsg::Dispatch)?;
-        }
-        if fvd_telemetry::metrics::enabled() {
-            fvd_telemetry::metrics::jobs(st.queue.len(), st.leased);
+        if work_changed {
+            dispatch_soon(&myself, st)?;
         }
         Ok(())
     }

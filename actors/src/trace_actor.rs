@@ -434,6 +434,51 @@ fn progress(inq: &Inquiry) {
     inq.run.progress(ComponentStatus::Tracing, reason);
 }
 
+/// What follows a step's report: narrow the trace to the divergent
+/// module, or stop with an outcome and its detail (a leaf the previous
+/// step's layer shift explains is untrusted, not a finding).
+fn what_next(inq: &Inquiry, rep: &fvd_trace::Report) -> (Next, String) {
+    let mut next = next_step(rep, &inq.tried, inq.trace.depth);
+    let mut detail = stop_detail(
+        rep,
+        match next {
+            Next::Stop(o) => o,
+            Next::Narrow(..) => Outcome::Leaf,
+        },
+    );
+    if next == Next::Stop(Outcome::Leaf)
+        && let Some(confirmed) = inq
+            .shift_hint
+            .as_ref()
+            .and_then(|h| confirmed_shift(h, rep))
+    {
+        next = Next::Stop(Outcome::Untrusted);
+        detail = confirmed;
+    }
+    (next, detail)
+}
+
+/// What the investigation keeps from a step for the next one: its first
+/// divergence, its trusted checks, and a layer shift it saw.
+fn learn(inq: &mut Inquiry, rep: &fvd_trace::Report) {
+    if let Some(fd) = &rep.first_divergence {
+        inq.last = Some(fd.clone());
+    }
+    inq.checks = rep
+        .signatures
+        .iter()
+        .filter(|s| !s.untrusted)
+        .map(fvd_trace::Signature::line)
+        .collect();
+    if let Some(hint) = rep
+        .signatures
+        .iter()
+        .find(|s| s.kind() == "layer_shift" && !s.untrusted)
+    {
+        inq.shift_hint = Some(hint.clone());
+    }
+}
+
 async fn step_finished(
     myself: &ActorRef<DiagnosisMsg>,
     st: &mut TraceState,
@@ -498,23 +543,7 @@ async fn step_finished(
         // A narrowed trace starts inside the model: its first row is no input.
         rep.drop_signatures("inputs_differ");
     }
-    let mut next = next_step(&rep, &inq.tried, inq.trace.depth);
-    let mut detail = stop_detail(
-        &rep,
-        match next {
-            Next::Stop(o) => o,
-            Next::Narrow(..) => Outcome::Leaf,
-        },
-    );
-    if next == Next::Stop(Outcome::Leaf)
-        && let Some(confirmed) = inq
-            .shift_hint
-            .as_ref()
-            .and_then(|h| confirmed_shift(h, &rep))
-    {
-        next = Next::Stop(Outcome::Untrusted);
-        detail = confirmed;
-    }
+    let (next, detail) = what_next(&inq, &rep);
     let first = rep
         .first_divergence
         .as_ref()
@@ -545,22 +574,7 @@ async fn step_finished(
             stat: &f.stat,
         }),
     );
-    if let Some(fd) = &rep.first_divergence {
-        inq.last = Some(fd.clone());
-    }
-    inq.checks = rep
-        .signatures
-        .iter()
-        .filter(|s| !s.untrusted)
-        .map(fvd_trace::Signature::line)
-        .collect();
-    if let Some(hint) = rep
-        .signatures
-        .iter()
-        .find(|s| s.kind() == "layer_shift" && !s.untrusted)
-    {
-        inq.shift_hint = Some(hint.clone());
-    }
+    learn(&mut inq, &rep);
     match next {
         Next::Narrow(port, reference) => {
             inq.reference_layers = reference;

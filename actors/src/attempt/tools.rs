@@ -339,6 +339,23 @@ fn first_line(s: &str) -> &str {
     &l[..l.len().min(300).min(l.floor_char_boundary(300))]
 }
 
+/// Takes the snapshot's pack in, measured from a quarantine first: a
+/// snapshot over the limits, or not of this attempt, is the call's error,
+/// with its numbers (issue #38).
+async fn take_in_snapshot(ctx: &ToolsContext, commit: &str, pack: &[u8]) -> Result<(), String> {
+    use fvd_workspace::attempt_caps::TakeInError;
+    fvd_workspace::attempt_caps::take_in(Path::new(&ctx.repo), &ctx.base, commit, pack, &ctx.limits)
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            TakeInError::OverLimit(why) => why.replacen("attempt's commit", "snapshot", 1),
+            TakeInError::NotAnAttempt(why) => {
+                format!("commit {commit} is not a snapshot of this attempt's work tree: {why}")
+            }
+            other => format!("the snapshot's objects could not be taken in: {other}"),
+        })
+}
+
 /// The parity test at the agent's snapshot, on the fleet.
 async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
     let Some(commit) = args["commit"].as_str().filter(|c| fvd_git_sha(c)) else {
@@ -359,25 +376,8 @@ async fn run_parity(ctx: &ToolsContext, args: &Value, pack: &[u8]) -> Called {
             "run_parity refused: {MAX_PARITY_IN_FLIGHT} runs of this attempt are already in flight (at most {MAX_PARITY_IN_FLIGHT} at once); wait for one to end"
         ));
     };
-    // Measured from a quarantine before it is taken in: a snapshot over
-    // the limits is the call's error, with its numbers (issue #38).
-    if let Err(e) = fvd_workspace::attempt_caps::take_in(
-        Path::new(&ctx.repo),
-        &ctx.base,
-        commit,
-        pack,
-        &ctx.limits,
-    )
-    .await
-    {
-        use fvd_workspace::attempt_caps::TakeInError;
-        return Called::failed(match e {
-            TakeInError::OverLimit(why) => why.replacen("attempt's commit", "snapshot", 1),
-            TakeInError::NotAnAttempt(why) => {
-                format!("commit {commit} is not a snapshot of this attempt's work tree: {why}")
-            }
-            other => format!("the snapshot's objects could not be taken in: {other}"),
-        });
+    if let Err(why) = take_in_snapshot(ctx, commit, pack).await {
+        return Called::failed(why);
     }
     let spec = &ctx.spec;
     let need_ms = spec.timeout_ms().saturating_mul(u64::from(spec.gpus));

@@ -167,6 +167,45 @@ pub(super) async fn ask(
     Ok(())
 }
 
+/// Acts on a person's answer in the worktree `wt`: the attempt's code
+/// kept with the port's judge (rejected), or with the changed judge
+/// (approved), committed by fvd, and the branch moved there. The new head,
+/// or why it could not be done.
+async fn move_branch(
+    wt: &Path,
+    e: &EscapeRow,
+    a: &fvd_store::AttemptRow,
+    asked_commit: &str,
+    said: &judge_question::JudgeAnswer,
+) -> Result<String, String> {
+    let decision = if said.approve {
+        Decision::Approved {
+            by: judge_question::approver(e),
+        }
+    } else {
+        Decision::Rejected
+    };
+    let head = pinning::decide(
+        wt,
+        &a.head_before,
+        &a.commit_sha,
+        asked_commit,
+        decision,
+        &judge_question::code_message(e, said.approve),
+        &judge_question::approved_message(e, &a.judge_changed, &said.why),
+    )
+    .await
+    .map_err(|err| format!("error: cannot act on {}: {err}", e.id))?;
+    worktree::reset(wt, &head).await.map_err(|err| {
+        format!(
+            "error: cannot move the branch to {} after {}: {err}",
+            &head[..head.len().min(12)],
+            e.id
+        )
+    })?;
+    Ok(head)
+}
+
 /// Acts on the answer to judge question `e` (see the module doc).
 pub(super) async fn answered(
     myself: &ActorRef<ComponentMsg>,
@@ -200,45 +239,11 @@ pub(super) async fn answered(
         let reason = format!("error: {} has no run its question was asked about", e.id);
         return block(st, RecordedVerdict::Error(None), &reason, "").await;
     };
-    let wt = st
-        .agent
-        .as_ref()
-        .expect("agent components have a loop")
-        .worktree
-        .path
-        .clone();
-    let decision = if said.approve {
-        Decision::Approved {
-            by: judge_question::approver(&e),
-        }
-    } else {
-        Decision::Rejected
-    };
-    let head = match pinning::decide(
-        &wt,
-        &a.head_before,
-        &a.commit_sha,
-        &asked_run.commit,
-        decision,
-        &judge_question::code_message(&e, said.approve),
-        &judge_question::approved_message(&e, &a.judge_changed, &said.why),
-    )
-    .await
-    {
+    let wt = super::agent_loop::agent_loop(st)?.worktree.path.clone();
+    let head = match move_branch(&wt, &e, &a, &asked_run.commit, &said).await {
         Ok(h) => h,
-        Err(err) => {
-            let reason = format!("error: cannot act on {}: {err}", e.id);
-            return block(st, RecordedVerdict::Error(None), &reason, "").await;
-        }
+        Err(reason) => return block(st, RecordedVerdict::Error(None), &reason, "").await,
     };
-    if let Err(err) = worktree::reset(&wt, &head).await {
-        let reason = format!(
-            "error: cannot move the branch to {} after {}: {err}",
-            &head[..head.len().min(12)],
-            e.id
-        );
-        return block(st, RecordedVerdict::Error(None), &reason, "").await;
-    }
     let word = if said.approve { "approved" } else { "rejected" };
     spans::judge_change(&st.span, e.attempt, &e.id, word);
     tracing::info!(%family, component = %name, id = %e.id, attempt = e.attempt, by = %judge_question::approver(&e), head = %head, "judge change {word}");
