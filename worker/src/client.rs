@@ -561,112 +561,15 @@ fn handle(
             }
         }
         Some(pb::orchestrator_msg::Msg::AssignJob(a)) => {
-            let mut a = wire::assignment(a);
-            let cancel = CancellationToken::new();
-            running
-                .lock()
-                .expect("running lock")
-                .insert(a.job_id.clone(), (a.lease_epoch, cancel.clone()));
-            let config = config.clone();
-            let tx = tx.clone();
-            let running = running.clone();
-            let stopping = stopping.clone();
-            let code = code.clone();
-            let preflight = (!a.preflight.is_empty()).then(|| {
-                preflights
-                    .lock()
-                    .expect("preflights lock")
-                    .entry((a.preflight_key.clone(), a.preflight.clone()))
-                    .or_default()
-                    .clone()
-            });
-            // The worker's side of the job, a child of the orchestrator's
-            // `job` span whose context came with the assignment.
-            let span = tracing::info_span!(
-                parent: None,
-                "job.run",
-                otel.kind = "consumer",
-                "fvd.family" = %a.family,
-                "fvd.component" = %a.component,
-                "fvd.job_id" = %a.job_id,
-                "fvd.lease_epoch" = a.lease_epoch as i64,
-                "fvd.worker_id" = %config.worker_id,
-                "fvd.gpus" = a.gpus.len() as i64,
-                "fvd.gpu_uuids" = %gpu_uuids(&config, &a.gpus),
-                "fvd.exit_code" = tracing::field::Empty,
-                "fvd.duration_ms" = tracing::field::Empty,
+            start_job(
+                config,
+                wire::assignment(a),
+                tx,
+                running,
+                preflights,
+                code,
+                stopping,
             );
-            fvd_telemetry::set_parent(&span, &a.traceparent);
-            let _entered = span.enter();
-            fvd_telemetry::spawn(async move {
-                let job_id = a.job_id.clone();
-                if a.agent.is_some() {
-                    // An agent attempt: its own checkout, its commit back.
-                    let finished = crate::attempt::run(&config, a, &tx, &code, cancel).await;
-                    running.lock().expect("running lock").remove(&job_id);
-                    if handed_back(&finished, &stopping).await {
-                        tracing::info!(job = %job_id, "agent attempt cut short by the worker's stop: no result sent");
-                        return;
-                    }
-                    tx.send(wire::finished_msg(finished)).await;
-                    return;
-                }
-                // The job's code: its checkout if this worker sees it at
-                // the job's commit, else a checkout of its own (held until
-                // the job ends).
-                let placed = place(&code, &a, &tx, &cancel).await;
-                let _checkout = match placed {
-                    Ok(p) => {
-                        a.cwd = p.cwd.to_string_lossy().into_owned();
-                        p.checkout
-                    }
-                    Err(why) => {
-                        tracing::warn!(job = %job_id, %why, "the job's code is not available here");
-                        running.lock().expect("running lock").remove(&job_id);
-                        let finished = Finished::refused(&a, why);
-                        if !handed_back(&finished, &stopping).await {
-                            tx.send(wire::finished_msg(finished)).await;
-                        }
-                        return;
-                    }
-                };
-                let finished = match preflight {
-                    Some(cell) => {
-                        let outcome = cell
-                            .get_or_init(|| preflight_check(&config, &a))
-                            .await
-                            .clone();
-                        match outcome {
-                            Ok(()) => run_assigned(&config, a, &tx, cancel, None).await,
-                            Err(why) => Finished {
-                                preflight_error: why,
-                                ..Finished::refused(&a, String::new())
-                            },
-                        }
-                    }
-                    None => run_assigned(&config, a, &tx, cancel, None).await,
-                };
-                fvd_telemetry::spans::job_ended(
-                    &tracing::Span::current(),
-                    &fvd_telemetry::spans::JobEnd {
-                        exit_code: finished.exit_code,
-                        signal: finished.signal,
-                        timed_out: finished.timed_out,
-                        cancelled: finished.cancelled,
-                        error: if finished.spawn_error.is_empty() {
-                            &finished.preflight_error
-                        } else {
-                            &finished.spawn_error
-                        },
-                    },
-                );
-                running.lock().expect("running lock").remove(&job_id);
-                if handed_back(&finished, &stopping).await {
-                    tracing::info!(job = %job_id, "job cut short by the worker's stop: no result sent; the orchestrator queues it again");
-                    return;
-                }
-                tx.send(wire::finished_msg(finished)).await;
-            });
         }
         Some(pb::orchestrator_msg::Msg::CancelJob(c)) => {
             let guard = running.lock().expect("running lock");
@@ -682,6 +585,126 @@ fn handle(
         }
         None => {}
     }
+}
+
+/// Starts an assigned job in a task of its own, under its `job.run` span:
+/// an agent attempt, or a run of a test on its code (placed here first,
+/// its port's preflight run once), whose result goes back unless the
+/// worker's stop cut it short.
+fn start_job(
+    config: &WorkerConfig,
+    mut a: Assignment,
+    tx: &Outbox,
+    running: &Running,
+    preflights: &Preflights,
+    code: &CodeLink,
+    stopping: &CancellationToken,
+) {
+    let cancel = CancellationToken::new();
+    running
+        .lock()
+        .expect("running lock")
+        .insert(a.job_id.clone(), (a.lease_epoch, cancel.clone()));
+    let config = config.clone();
+    let tx = tx.clone();
+    let running = running.clone();
+    let stopping = stopping.clone();
+    let code = code.clone();
+    let preflight = (!a.preflight.is_empty()).then(|| {
+        preflights
+            .lock()
+            .expect("preflights lock")
+            .entry((a.preflight_key.clone(), a.preflight.clone()))
+            .or_default()
+            .clone()
+    });
+    // The worker's side of the job, a child of the orchestrator's
+    // `job` span whose context came with the assignment.
+    let span = tracing::info_span!(
+        parent: None,
+        "job.run",
+        otel.kind = "consumer",
+        "fvd.family" = %a.family,
+        "fvd.component" = %a.component,
+        "fvd.job_id" = %a.job_id,
+        "fvd.lease_epoch" = a.lease_epoch as i64,
+        "fvd.worker_id" = %config.worker_id,
+        "fvd.gpus" = a.gpus.len() as i64,
+        "fvd.gpu_uuids" = %gpu_uuids(&config, &a.gpus),
+        "fvd.exit_code" = tracing::field::Empty,
+        "fvd.duration_ms" = tracing::field::Empty,
+    );
+    fvd_telemetry::set_parent(&span, &a.traceparent);
+    let _entered = span.enter();
+    fvd_telemetry::spawn(async move {
+        let job_id = a.job_id.clone();
+        if a.agent.is_some() {
+            // An agent attempt: its own checkout, its commit back.
+            let finished = crate::attempt::run(&config, a, &tx, &code, cancel).await;
+            running.lock().expect("running lock").remove(&job_id);
+            if handed_back(&finished, &stopping).await {
+                tracing::info!(job = %job_id, "agent attempt cut short by the worker's stop: no result sent");
+                return;
+            }
+            tx.send(wire::finished_msg(finished)).await;
+            return;
+        }
+        // The job's code: its checkout if this worker sees it at
+        // the job's commit, else a checkout of its own (held until
+        // the job ends).
+        let placed = place(&code, &a, &tx, &cancel).await;
+        let _checkout = match placed {
+            Ok(p) => {
+                a.cwd = p.cwd.to_string_lossy().into_owned();
+                p.checkout
+            }
+            Err(why) => {
+                tracing::warn!(job = %job_id, %why, "the job's code is not available here");
+                running.lock().expect("running lock").remove(&job_id);
+                let finished = Finished::refused(&a, why);
+                if !handed_back(&finished, &stopping).await {
+                    tx.send(wire::finished_msg(finished)).await;
+                }
+                return;
+            }
+        };
+        let finished = match preflight {
+            Some(cell) => {
+                let outcome = cell
+                    .get_or_init(|| preflight_check(&config, &a))
+                    .await
+                    .clone();
+                match outcome {
+                    Ok(()) => run_assigned(&config, a, &tx, cancel, None).await,
+                    Err(why) => Finished {
+                        preflight_error: why,
+                        ..Finished::refused(&a, String::new())
+                    },
+                }
+            }
+            None => run_assigned(&config, a, &tx, cancel, None).await,
+        };
+        fvd_telemetry::spans::job_ended(
+            &tracing::Span::current(),
+            &fvd_telemetry::spans::JobEnd {
+                exit_code: finished.exit_code,
+                signal: finished.signal,
+                timed_out: finished.timed_out,
+                cancelled: finished.cancelled,
+                error: if finished.spawn_error.is_empty() {
+                    &finished.preflight_error
+                } else {
+                    &finished.spawn_error
+                },
+            },
+        );
+        running.lock().expect("running lock").remove(&job_id);
+        if handed_back(&finished, &stopping).await {
+            tracing::info!(job = %job_id, "job cut short by the worker's stop: no result sent; the orchestrator queues it again");
+            return;
+        }
+        tx.send(wire::finished_msg(finished)).await;
+    });
 }
 
 /// Where the job runs (see [`crate::code`]); fetches the commit over the

@@ -410,74 +410,14 @@ pub async fn run_job_capped(
     let start = Instant::now();
     let (warm, fallback) = match &spec.warm {
         None => (None, None),
-        Some(w) => {
-            match crate::zygote::fork(w, &argv, &env, &spec.secret_env_names, &spec.cwd).await {
-                Ok(f) => (Some(f), None),
-                Err(e) => {
-                    fvd_telemetry::metrics::zygote("fallback");
-                    tracing::warn!(job_id, error = %e, "warm runner unavailable; running cold");
-                    let stage = match e {
-                        crate::zygote::WarmError::NotPytest => {
-                            "the command is not `python -m pytest`"
-                        }
-                        crate::zygote::WarmError::NotSingleNode(_) => {
-                            "the command is not a single-node `torchrun --nproc_per_node=N -m pytest`"
-                        }
-                        crate::zygote::WarmError::NoInterpreter(_) => "interpreter not found",
-                        crate::zygote::WarmError::Start(_) => {
-                            "the zygote did not start (the worker's log says why)"
-                        }
-                        crate::zygote::WarmError::Fork(_) => {
-                            "the zygote could not fork (the worker's log says why)"
-                        }
-                    };
-                    let line = format!(
-                        "{}: {stage}; this run is cold\n",
-                        crate::zygote::WARNING_PREFIX
-                    );
-                    (None, Some(line))
-                }
-            }
-        }
+        Some(w) => warm_fork(w, &spec, &argv, &env).await,
     };
     let mut cold_pipes = None;
     let mut child = match warm {
         Some(f) => Leader::Warm(f),
         None => {
-            let spawn_err = |source| ExecError::Spawn {
-                job_id: job_id.clone(),
-                program: program.clone(),
-                cwd: spec.cwd.clone(),
-                source,
-            };
-            // The launcher of a jail always starts: a program or folder that
-            // does not exist is found out here, as a spawn would.
-            if !spec.cwd.is_dir() {
-                return Err(spawn_err(std::io::Error::from(
-                    std::io::ErrorKind::NotFound,
-                )));
-            }
-            if fvd_sandbox::jail::resolve(&program, env.get("PATH").map(String::as_str), &spec.cwd)
-                .is_none()
-            {
-                return Err(spawn_err(std::io::Error::from(
-                    std::io::ErrorKind::NotFound,
-                )));
-            }
-            let mut cmd = command(&spec, &argv, &env);
-            if spec.stdin.is_some() {
-                cmd.stdin(Stdio::piped());
-            }
-            let mut c = cmd.spawn().map_err(spawn_err)?;
-            if let (Some(mut pipe), Some(bytes)) = (c.stdin.take(), spec.stdin.clone()) {
-                fvd_telemetry::spawn(async move {
-                    use tokio::io::AsyncWriteExt;
-                    // A program that exits without reading all of it is
-                    // no error of the job's.
-                    let _ = pipe.write_all(&bytes).await;
-                });
-            }
-            cold_pipes = Some((c.stdout.take(), c.stderr.take()));
+            let (c, pipes) = spawn_cold(&spec, &program, &argv, &env)?;
+            cold_pipes = Some(pipes);
             Leader::Cold(c)
         }
     };
@@ -497,31 +437,7 @@ pub async fn run_job_capped(
         .await;
 
     let (raw_tx, raw_rx) = mpsc::channel::<Raw>(64);
-    if let Some(line) = fallback {
-        let _ = raw_tx
-            .send(Raw::Chunk(OutputStream::Stderr, line.into_bytes()))
-            .await;
-    }
-    let mut readers = Vec::new();
-    let (out, err) = match &mut child {
-        Leader::Warm(f) => (
-            f.stdout.take().map(Pipe::Warm),
-            f.stderr.take().map(Pipe::Warm),
-        ),
-        Leader::Cold(_) => {
-            let (out, err) = cold_pipes.unwrap_or((None, None));
-            (out.map(Pipe::ColdOut), err.map(Pipe::ColdErr))
-        }
-    };
-    for (pipe, stream) in [(out, OutputStream::Stdout), (err, OutputStream::Stderr)] {
-        if let Some(pipe) = pipe {
-            readers.push(fvd_telemetry::spawn(read_pipe(
-                pipe,
-                stream,
-                raw_tx.clone(),
-            )));
-        }
-    }
+    let readers = read_output(&mut child, cold_pipes, fallback, &raw_tx).await;
     let pump = fvd_telemetry::spawn(pump(raw_rx, events, secrets.clone(), max_output));
 
     let ended = wait_or_stop(&mut child, &spec, start, pid, &cookie, &raw_tx, &cancel).await?;
@@ -570,6 +486,131 @@ pub async fn run_job_capped(
     );
     Ok(outcome)
 }
+
+/// Starts reading the job's stdout and stderr into `raw_tx` (a warm run's
+/// from its zygote, a cold run's from its pipes), after the warning line
+/// of a run that fell back to cold.
+async fn read_output(
+    child: &mut Leader,
+    cold_pipes: Option<ColdPipes>,
+    fallback: Option<String>,
+    raw_tx: &mpsc::Sender<Raw>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    if let Some(line) = fallback {
+        let _ = raw_tx
+            .send(Raw::Chunk(OutputStream::Stderr, line.into_bytes()))
+            .await;
+    }
+    let mut readers = Vec::new();
+    let (out, err) = match child {
+        Leader::Warm(f) => (
+            f.stdout.take().map(Pipe::Warm),
+            f.stderr.take().map(Pipe::Warm),
+        ),
+        Leader::Cold(_) => {
+            let (out, err) = cold_pipes.unwrap_or((None, None));
+            (out.map(Pipe::ColdOut), err.map(Pipe::ColdErr))
+        }
+    };
+    for (pipe, stream) in [(out, OutputStream::Stdout), (err, OutputStream::Stderr)] {
+        if let Some(pipe) = pipe {
+            readers.push(fvd_telemetry::spawn(read_pipe(
+                pipe,
+                stream,
+                raw_tx.clone(),
+            )));
+        }
+    }
+    readers
+}
+
+/// The job forked from its warm zygote, or (with the warning line its
+/// output gets) `None` when it runs cold: the command is not one the zygote
+/// serves, or the zygote did not start or fork.
+async fn warm_fork(
+    w: &crate::zygote::WarmSpec,
+    spec: &JobSpec,
+    argv: &[String],
+    env: &std::collections::BTreeMap<String, String>,
+) -> (Option<crate::zygote::Forked>, Option<String>) {
+    let job_id = &spec.job_id;
+    match crate::zygote::fork(w, argv, env, &spec.secret_env_names, &spec.cwd).await {
+        Ok(f) => (Some(f), None),
+        Err(e) => {
+            fvd_telemetry::metrics::zygote("fallback");
+            tracing::warn!(job_id, error = %e, "warm runner unavailable; running cold");
+            let stage = match e {
+                crate::zygote::WarmError::NotPytest => "the command is not `python -m pytest`",
+                crate::zygote::WarmError::NotSingleNode(_) => {
+                    "the command is not a single-node `torchrun --nproc_per_node=N -m pytest`"
+                }
+                crate::zygote::WarmError::NoInterpreter(_) => "interpreter not found",
+                crate::zygote::WarmError::Start(_) => {
+                    "the zygote did not start (the worker's log says why)"
+                }
+                crate::zygote::WarmError::Fork(_) => {
+                    "the zygote could not fork (the worker's log says why)"
+                }
+            };
+            let line = format!(
+                "{}: {stage}; this run is cold\n",
+                crate::zygote::WARNING_PREFIX
+            );
+            (None, Some(line))
+        }
+    }
+}
+
+/// The job started cold, in its jail: the process and its output pipes.
+/// A program or folder that does not exist is a spawn error.
+fn spawn_cold(
+    spec: &JobSpec,
+    program: &str,
+    argv: &[String],
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<(Child, ColdPipes), ExecError> {
+    let job_id = &spec.job_id;
+    let spawn_err = |source| ExecError::Spawn {
+        job_id: job_id.clone(),
+        program: program.to_string(),
+        cwd: spec.cwd.clone(),
+        source,
+    };
+    // The launcher of a jail always starts: a program or folder that
+    // does not exist is found out here, as a spawn would.
+    if !spec.cwd.is_dir() {
+        return Err(spawn_err(std::io::Error::from(
+            std::io::ErrorKind::NotFound,
+        )));
+    }
+    if fvd_sandbox::jail::resolve(program, env.get("PATH").map(String::as_str), &spec.cwd).is_none()
+    {
+        return Err(spawn_err(std::io::Error::from(
+            std::io::ErrorKind::NotFound,
+        )));
+    }
+    let mut cmd = command(spec, argv, env);
+    if spec.stdin.is_some() {
+        cmd.stdin(Stdio::piped());
+    }
+    let mut c = cmd.spawn().map_err(spawn_err)?;
+    if let (Some(mut pipe), Some(bytes)) = (c.stdin.take(), spec.stdin.clone()) {
+        fvd_telemetry::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            // A program that exits without reading all of it is
+            // no error of the job's.
+            let _ = pipe.write_all(&bytes).await;
+        });
+    }
+    let pipes = (c.stdout.take(), c.stderr.take());
+    Ok((c, pipes))
+}
+
+/// A cold job's stdout and stderr.
+type ColdPipes = (
+    Option<tokio::process::ChildStdout>,
+    Option<tokio::process::ChildStderr>,
+);
 
 /// A job's main process: a child of the worker (cold) or of a zygote
 /// (warm), leader of its own process group either way.
