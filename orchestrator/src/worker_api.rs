@@ -7,6 +7,7 @@
 //! beside the stream, by [`crate::code`] (git, never the scheduler).
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -240,15 +241,7 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             .ok_or_else(|| Status::unauthenticated("no credential was checked for this call"))?;
         let credentials = self.credentials.clone();
         let mut inbound = request.into_inner();
-        let first = inbound
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("stream ended before register"))?;
-        let Some(pb::worker_msg::Msg::Register(mut reg)) = first.msg else {
-            return Err(Status::invalid_argument(
-                "the first message must be register",
-            ));
-        };
+        let mut reg = first_register(&mut inbound).await?;
         let incarnation = std::mem::take(&mut reg.incarnation);
         let running: Vec<(String, u64)> = std::mem::take(&mut reg.running)
             .into_iter()
@@ -260,17 +253,10 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
 
         let (out_tx, out_rx): (OutTx, _) = mpsc::channel(64);
         out_tx
-            .send(Box::new(pb::OrchestratorMsg {
-                msg: Some(pb::orchestrator_msg::Msg::Registered(pb::Registered {
-                    heartbeat_interval_ms: self.heartbeat_interval.as_millis() as u64,
-                    lease_ttl_ms: self.lease_ttl.as_millis() as u64,
-                })),
-            }))
+            .send(self.registered_msg())
             .await
             .map_err(|_| Status::cancelled("worker went away"))?;
 
-        // The scheduler decides before the stream opens: a second process
-        // under a live worker's id is refused, not left as a silent zombie.
         let (to_worker, from_scheduler) = mpsc::channel::<ToWorker>(64);
         let registration = Box::new(Registration {
             info,
@@ -279,6 +265,43 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             incarnation,
             running,
         });
+        self.register(registration, &worker_id, conn, &who).await?;
+
+        // Worker → scheduler, until the stream ends.
+        let stream = self.worker_stream(worker_id, conn, out_tx);
+        fvd_telemetry::spawn(stream.run(inbound, credentials, who));
+
+        Ok(Response::new(Box::pin(Outbound {
+            edge: Some(out_rx),
+            scheduler: Some(from_scheduler),
+            ended: false,
+        })))
+    }
+}
+
+impl WorkerApi {
+    /// The edge's first message to a worker: how often to beat, how long a
+    /// lease lives.
+    fn registered_msg(&self) -> Box<pb::OrchestratorMsg> {
+        Box::new(pb::OrchestratorMsg {
+            msg: Some(pb::orchestrator_msg::Msg::Registered(pb::Registered {
+                heartbeat_interval_ms: self.heartbeat_interval.as_millis() as u64,
+                lease_ttl_ms: self.lease_ttl.as_millis() as u64,
+            })),
+        })
+    }
+
+    /// Hands `registration` to the scheduler, which decides before the
+    /// stream opens: a second process under a live worker's id is refused,
+    /// not left as a silent zombie. Once it is taken, `worker_id` is known
+    /// as registered by `who`.
+    async fn register(
+        &self,
+        registration: Box<Registration>,
+        worker_id: &str,
+        conn: u64,
+        who: &fvd_proto::auth::Principal,
+    ) -> Result<(), Status> {
         let answer = self
             .scheduler
             .call(
@@ -291,139 +314,225 @@ impl pb::worker_service_server::WorkerService for WorkerApi {
             .await;
         match answer {
             Ok(ractor::rpc::CallResult::Success(Ok(()))) => {
-                self.registered.registered(&worker_id, conn, &who);
+                self.registered.registered(worker_id, conn, who);
+                Ok(())
             }
             Ok(ractor::rpc::CallResult::Success(Err(why))) => {
                 tracing::warn!(worker = %worker_id, %why, "refused a registration");
-                return Err(Status::already_exists(why));
+                Err(Status::already_exists(why))
             }
             Ok(ractor::rpc::CallResult::Timeout) => {
-                return Err(Status::unavailable("the scheduler did not answer in time"));
+                Err(Status::unavailable("the scheduler did not answer in time"))
             }
-            _ => return Err(Status::unavailable("scheduler is down")),
+            _ => Err(Status::unavailable("scheduler is down")),
         }
+    }
 
-        // Worker → scheduler, until the stream ends.
-        let code_tx = out_tx;
-        let scheduler = self.scheduler.clone();
-        let (heartbeats, beat_id) = (
-            self.heartbeats.clone(),
-            Arc::<str>::from(worker_id.as_str()),
-        );
-        let (store, max_code_bytes) = (self.store.clone(), self.max_code_bytes);
-        let secrets = self.secrets.clone();
-        let fleet = self.fleet.clone();
-        let registered = self.registered.clone();
-        let limits = self.attempt_limits;
-        fvd_telemetry::spawn(async move {
-            // Agent attempts' packs, by (job, epoch), until their result.
-            let mut packs: std::collections::HashMap<(String, u64), Result<Vec<u8>, ()>> =
-                Default::default();
-            let revoked = credentials.revoked(&who);
-            tokio::pin!(revoked);
-            let mut pack_in: Option<Vec<u8>> = None;
-            loop {
-                let next = tokio::select! {
-                    m = inbound.message() => m,
-                    () = &mut revoked => {
-                        tracing::warn!(worker = %worker_id, credential = %who.name(), "the worker's credential was revoked; closing its stream");
-                        break;
-                    }
-                };
-                match next {
-                    Ok(Some(pb::WorkerMsg {
-                        msg: Some(pb::worker_msg::Msg::FetchCode(f)),
-                    })) => {
-                        fvd_telemetry::spawn(serve_code(
-                            store.clone(),
-                            worker_id.clone(),
-                            f,
-                            max_code_bytes,
-                            code_tx.clone(),
-                            fleet.clone(),
-                        ));
-                    }
-                    Ok(Some(pb::WorkerMsg {
-                        msg: Some(pb::worker_msg::Msg::Heartbeat(h)),
-                    })) => {
-                        let running = h
-                            .running
-                            .into_iter()
-                            .map(|r| (r.job_id, r.lease_epoch))
-                            .collect();
-                        if heartbeats
-                            .add(&scheduler, beat_id.clone(), running)
-                            .is_err()
-                        {
-                            break;
-                        }
-                    }
-                    Ok(Some(pb::WorkerMsg {
-                        msg: Some(pb::worker_msg::Msg::AttemptPack(p)),
-                    })) => {
-                        let slot = packs
-                            .entry((p.job_id.clone(), p.lease_epoch))
-                            .or_insert_with(|| Ok(Vec::new()));
-                        if let Ok(bytes) = slot {
-                            let len = (bytes.len() + p.data.len()) as u64;
-                            if limits.pack_refusal(len).is_some() {
-                                tracing::warn!(worker = %worker_id, job = %p.job_id, "an agent attempt's pack is over its limit; the attempt comes back refused, without its commit");
-                                *slot = Err(());
-                            } else {
-                                bytes.extend_from_slice(&p.data);
-                            }
-                        }
-                    }
-                    Ok(Some(mut m)) => {
-                        let mut refused: Option<String> = None;
-                        if let Some(pb::worker_msg::Msg::JobFinished(f)) = &mut m.msg
-                            && let Some(agent) = &mut f.agent
-                        {
-                            match packs.remove(&(f.job_id.clone(), f.lease_epoch)) {
-                                Some(Ok(bytes)) => pack_in = Some(bytes),
-                                Some(Err(())) => {
-                                    refused = limits.pack_refusal(u64::MAX);
-                                    agent.commit.clear();
-                                }
-                                None => {}
-                            }
-                        }
-                        if let Some(mut msg) = from_wire(&worker_id, m, &secrets) {
-                            if let (SchedulerMsg::Finished { report, .. }, Some(bytes)) =
-                                (&mut msg, pack_in.take())
-                                && let Some(agent) = &mut report.agent
-                            {
-                                agent.pack = bytes;
-                            }
-                            if let (SchedulerMsg::Finished { report, .. }, Some(why)) =
-                                (&mut msg, refused.take())
-                                && let Some(agent) = &mut report.agent
-                            {
-                                agent.refused = why;
-                            }
-                            if scheduler.cast(msg).is_err() {
-                                break;
-                            }
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(status) => {
-                        // A worker stopping or dying ends its stream this way; the lost
-                        // leases, if any, are reported by the scheduler.
-                        tracing::info!(worker = %worker_id, %status, "worker stream ended with an error");
+    /// What the task reading one registered worker's stream holds: its own
+    /// copies of what this edge shares, and `code_tx`, where code chunks go.
+    fn worker_stream(&self, worker_id: String, conn: u64, code_tx: OutTx) -> WorkerStream {
+        let beat_id = Arc::<str>::from(worker_id.as_str());
+        WorkerStream {
+            worker_id,
+            conn,
+            scheduler: self.scheduler.clone(),
+            heartbeats: self.heartbeats.clone(),
+            beat_id,
+            store: self.store.clone(),
+            max_code_bytes: self.max_code_bytes,
+            code_tx,
+            secrets: self.secrets.clone(),
+            fleet: self.fleet.clone(),
+            registered: self.registered.clone(),
+            limits: self.attempt_limits,
+            packs: Default::default(),
+            pack_in: None,
+        }
+    }
+}
+
+/// Reads a stream's first message, which must be the worker's `Register`.
+async fn first_register(inbound: &mut Streaming<pb::WorkerMsg>) -> Result<pb::Register, Status> {
+    let first = inbound
+        .message()
+        .await?
+        .ok_or_else(|| Status::invalid_argument("stream ended before register"))?;
+    let Some(pb::worker_msg::Msg::Register(reg)) = first.msg else {
+        return Err(Status::invalid_argument(
+            "the first message must be register",
+        ));
+    };
+    Ok(reg)
+}
+
+/// One registered worker's stream, as the task reading it holds it: what
+/// its messages go to, and the agent attempts' packs still coming in.
+struct WorkerStream {
+    worker_id: String,
+    conn: u64,
+    scheduler: ActorRef<SchedulerMsg>,
+    heartbeats: Arc<HeartbeatBatch>,
+    /// The worker's id, as its heartbeats carry it.
+    beat_id: Arc<str>,
+    store: Store,
+    max_code_bytes: u64,
+    /// Where the answers to `FetchCode` go, beside the scheduler's messages.
+    code_tx: OutTx,
+    secrets: Arc<fvd_contracts::redactor::Redactor>,
+    fleet: fvd_workspace::agent::FleetAttempts,
+    registered: RegisteredWorkers,
+    limits: fvd_workspace::attempt_caps::AttemptLimits,
+    /// Agent attempts' packs, by (job, epoch), until their result.
+    packs: std::collections::HashMap<(String, u64), Result<Vec<u8>, ()>>,
+    /// A finished attempt's pack, until it is put in the scheduler's message.
+    pack_in: Option<Vec<u8>>,
+}
+
+impl WorkerStream {
+    /// Forwards what the worker sends until its stream ends or fails, or
+    /// its credential is revoked; then tells the scheduler it is gone.
+    async fn run(
+        mut self,
+        mut inbound: Streaming<pb::WorkerMsg>,
+        credentials: fvd_proto::auth::Credentials,
+        who: fvd_proto::auth::Principal,
+    ) {
+        let revoked = credentials.revoked(&who);
+        tokio::pin!(revoked);
+        loop {
+            let next = tokio::select! {
+                m = inbound.message() => m,
+                () = &mut revoked => {
+                    tracing::warn!(worker = %self.worker_id, credential = %who.name(), "the worker's credential was revoked; closing its stream");
+                    break;
+                }
+            };
+            match next {
+                Ok(Some(m)) => {
+                    if self.handle(m).is_break() {
                         break;
                     }
                 }
+                Ok(None) => break,
+                Err(status) => {
+                    // A worker stopping or dying ends its stream this way; the lost
+                    // leases, if any, are reported by the scheduler.
+                    tracing::info!(worker = %self.worker_id, %status, "worker stream ended with an error");
+                    break;
+                }
             }
-            registered.ended(&worker_id, conn);
-            let _ = scheduler.cast(SchedulerMsg::WorkerDisconnected { worker_id, conn });
+        }
+        self.registered.ended(&self.worker_id, self.conn);
+        let _ = self.scheduler.cast(SchedulerMsg::WorkerDisconnected {
+            worker_id: self.worker_id,
+            conn: self.conn,
         });
+    }
 
-        Ok(Response::new(Box::pin(Outbound {
-            edge: Some(out_rx),
-            scheduler: Some(from_scheduler),
-            ended: false,
-        })))
+    /// One message from the worker; breaks when the scheduler is gone.
+    fn handle(&mut self, m: pb::WorkerMsg) -> ControlFlow<()> {
+        match m {
+            pb::WorkerMsg {
+                msg: Some(pb::worker_msg::Msg::FetchCode(f)),
+            } => {
+                self.fetch_code(f);
+                ControlFlow::Continue(())
+            }
+            pb::WorkerMsg {
+                msg: Some(pb::worker_msg::Msg::Heartbeat(h)),
+            } => self.heartbeat(h),
+            pb::WorkerMsg {
+                msg: Some(pb::worker_msg::Msg::AttemptPack(p)),
+            } => {
+                self.attempt_pack(p);
+                ControlFlow::Continue(())
+            }
+            m => self.forward(m),
+        }
+    }
+
+    /// Answers a `FetchCode` on a task of its own, beside the stream.
+    fn fetch_code(&self, f: pb::FetchCode) {
+        fvd_telemetry::spawn(serve_code(
+            self.store.clone(),
+            self.worker_id.clone(),
+            f,
+            self.max_code_bytes,
+            self.code_tx.clone(),
+            self.fleet.clone(),
+        ));
+    }
+
+    /// Adds a heartbeat to the batch the scheduler reads; breaks when the
+    /// scheduler is gone.
+    fn heartbeat(&self, h: pb::Heartbeat) -> ControlFlow<()> {
+        let running = h
+            .running
+            .into_iter()
+            .map(|r| (r.job_id, r.lease_epoch))
+            .collect();
+        if self
+            .heartbeats
+            .add(&self.scheduler, self.beat_id.clone(), running)
+            .is_err()
+        {
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Keeps a piece of an agent attempt's pack; past the limit, the pack
+    /// is dropped and the attempt marked to come back refused.
+    fn attempt_pack(&mut self, p: pb::AttemptPack) {
+        let slot = self
+            .packs
+            .entry((p.job_id.clone(), p.lease_epoch))
+            .or_insert_with(|| Ok(Vec::new()));
+        if let Ok(bytes) = slot {
+            let len = (bytes.len() + p.data.len()) as u64;
+            if self.limits.pack_refusal(len).is_some() {
+                tracing::warn!(worker = %self.worker_id, job = %p.job_id, "an agent attempt's pack is over its limit; the attempt comes back refused, without its commit");
+                *slot = Err(());
+            } else {
+                bytes.extend_from_slice(&p.data);
+            }
+        }
+    }
+
+    /// Any other message goes to the scheduler, redacted; a finished agent
+    /// attempt takes its pack along, or its refusal when the pack was over
+    /// its limit. Breaks when the scheduler is gone.
+    fn forward(&mut self, mut m: pb::WorkerMsg) -> ControlFlow<()> {
+        let mut refused: Option<String> = None;
+        if let Some(pb::worker_msg::Msg::JobFinished(f)) = &mut m.msg
+            && let Some(agent) = &mut f.agent
+        {
+            match self.packs.remove(&(f.job_id.clone(), f.lease_epoch)) {
+                Some(Ok(bytes)) => self.pack_in = Some(bytes),
+                Some(Err(())) => {
+                    refused = self.limits.pack_refusal(u64::MAX);
+                    agent.commit.clear();
+                }
+                None => {}
+            }
+        }
+        if let Some(mut msg) = from_wire(&self.worker_id, m, &self.secrets) {
+            if let (SchedulerMsg::Finished { report, .. }, Some(bytes)) =
+                (&mut msg, self.pack_in.take())
+                && let Some(agent) = &mut report.agent
+            {
+                agent.pack = bytes;
+            }
+            if let (SchedulerMsg::Finished { report, .. }, Some(why)) = (&mut msg, refused.take())
+                && let Some(agent) = &mut report.agent
+            {
+                agent.refused = why;
+            }
+            if self.scheduler.cast(msg).is_err() {
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
     }
 }
 
