@@ -297,6 +297,94 @@ fn pause_on_write_faults(store: &Store, events: &broadcast::Sender<PortEvent>) {
     });
 }
 
+/// Starts the scheduler actor on `store`.
+async fn spawn_scheduler(
+    store: &Store,
+    config: &ServerConfig,
+) -> Result<(ActorRef<SchedulerMsg>, JoinHandle<()>), ServerError> {
+    Actor::spawn(
+        None,
+        SchedulerActor,
+        SchedulerArgs {
+            store: store.clone(),
+            clock: config.clock.clone(),
+            config: config.scheduler.clone(),
+        },
+    )
+    .await
+    .map_err(|e| ServerError::Actor {
+        actor: "scheduler",
+        message: e.to_string(),
+    })
+}
+
+/// Starts the orchestrator actor, which hands jobs to `scheduler` and tells
+/// `events` what its ports do.
+async fn spawn_orchestrator(
+    store: &Store,
+    scheduler: &ActorRef<SchedulerMsg>,
+    events: &broadcast::Sender<PortEvent>,
+    config: &ServerConfig,
+) -> Result<(ActorRef<OrchestratorMsg>, JoinHandle<()>), ServerError> {
+    Actor::spawn(
+        None,
+        OrchestratorActor,
+        OrchestratorArgs {
+            store: store.clone(),
+            scheduler: scheduler.clone(),
+            events: events.clone(),
+            resume_on_start: config.resume_on_start,
+            checkout_owns_store: config.checkout_owns_store,
+            agents: config.agents.clone(),
+        },
+    )
+    .await
+    .map_err(|e| ServerError::Actor {
+        actor: "orchestrator",
+        message: e.to_string(),
+    })
+}
+
+/// Sets `health` to NOT_SERVING as soon as either actor stops (a crash the
+/// supervisor did not absorb, or a shutdown).
+fn not_serving_once_an_actor_stops(
+    health: &Health,
+    scheduler_done: JoinHandle<()>,
+    orchestrator_done: JoinHandle<()>,
+) {
+    let health = health.clone();
+    fvd_telemetry::spawn(async move {
+        tokio::select! {
+            _ = scheduler_done => {}
+            _ = orchestrator_done => {}
+        }
+        if health.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            tracing::debug!("the orchestrator's actors stopped for the shutdown");
+        } else {
+            tracing::warn!("an orchestrator actor stopped: health is NOT_SERVING");
+        }
+        health.set(false).await;
+    });
+}
+
+/// The gRPC server, before its services: keepalives on, and TLS when
+/// `config` has a certificate.
+fn grpc_builder(config: &ServerConfig) -> Result<tonic::transport::Server, ServerError> {
+    // Both sides ping (fvd_proto::transport): a stalled link ends, and the
+    // worker's stream with it, within a minute (issue #38).
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(fvd_proto::transport::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(fvd_proto::transport::KEEPALIVE_TIMEOUT))
+        .tcp_keepalive(Some(fvd_proto::transport::TCP_KEEPALIVE));
+    if let Some(tls) = &config.tls {
+        let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .map_err(ServerError::Tls)?;
+    }
+    Ok(builder)
+}
+
 /// Starts the actors and serves both services on `listener`.
 pub async fn start(
     listener: TcpListener,
@@ -314,37 +402,9 @@ pub async fn start(
     };
     let (events, _) = broadcast::channel(1024);
     pause_on_write_faults(&store, &events);
-    let (scheduler, scheduler_done) = Actor::spawn(
-        None,
-        SchedulerActor,
-        SchedulerArgs {
-            store: store.clone(),
-            clock: config.clock.clone(),
-            config: config.scheduler.clone(),
-        },
-    )
-    .await
-    .map_err(|e| ServerError::Actor {
-        actor: "scheduler",
-        message: e.to_string(),
-    })?;
-    let (orchestrator, orchestrator_done) = Actor::spawn(
-        None,
-        OrchestratorActor,
-        OrchestratorArgs {
-            store: store.clone(),
-            scheduler: scheduler.clone(),
-            events: events.clone(),
-            resume_on_start: config.resume_on_start,
-            checkout_owns_store: config.checkout_owns_store,
-            agents: config.agents.clone(),
-        },
-    )
-    .await
-    .map_err(|e| ServerError::Actor {
-        actor: "orchestrator",
-        message: e.to_string(),
-    })?;
+    let (scheduler, scheduler_done) = spawn_scheduler(&store, &config).await?;
+    let (orchestrator, orchestrator_done) =
+        spawn_orchestrator(&store, &scheduler, &events, &config).await?;
     let workers = worker_api::WorkerApi {
         scheduler: scheduler.clone(),
         heartbeat_interval: config.heartbeat_interval,
@@ -369,33 +429,8 @@ pub async fn start(
     // stops (a crash the supervisor did not absorb, or a shutdown).
     let health = Health::new();
     health.set(true).await;
-    {
-        let health = health.clone();
-        fvd_telemetry::spawn(async move {
-            tokio::select! {
-                _ = scheduler_done => {}
-                _ = orchestrator_done => {}
-            }
-            if health.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                tracing::debug!("the orchestrator's actors stopped for the shutdown");
-            } else {
-                tracing::warn!("an orchestrator actor stopped: health is NOT_SERVING");
-            }
-            health.set(false).await;
-        });
-    }
-    // Both sides ping (fvd_proto::transport): a stalled link ends, and the
-    // worker's stream with it, within a minute (issue #38).
-    let mut builder = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(fvd_proto::transport::KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(fvd_proto::transport::KEEPALIVE_TIMEOUT))
-        .tcp_keepalive(Some(fvd_proto::transport::TCP_KEEPALIVE));
-    if let Some(tls) = &config.tls {
-        let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
-        builder = builder
-            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
-            .map_err(ServerError::Tls)?;
-    }
+    not_serving_once_an_actor_stops(&health, scheduler_done, orchestrator_done);
+    let mut builder = grpc_builder(&config)?;
     let serve = fvd_telemetry::spawn(
         builder
             .add_service(WorkerServiceServer::with_interceptor(
