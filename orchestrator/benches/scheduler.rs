@@ -528,38 +528,25 @@ fn waits(enqueued: &[(usize, u64)], arrived: &[AtomicU64]) -> Vec<f64> {
     w
 }
 
-async fn run(cfg: Config) {
-    let Config {
-        workers,
-        gpus,
-        jobs,
-        mix,
-        deadline,
-        probes,
-    } = cfg.clone();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("bench.db");
-    let store = Store::open_path(&db).await.expect("store");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let server = fvd_orchestrator::start(listener, store.clone(), Default::default())
-        .await
-        .expect("server");
-    let t = Instant::now();
-    let mut fleet = start_fleet(&cfg, &server.url(), jobs + probes, &server).await;
-    let registration = t.elapsed();
+/// What the backlog phase measured.
+struct Backlog {
+    /// Jobs finished, at most the backlog's.
+    done: usize,
+    /// Seconds from the first enqueue to the last finish (or the deadline).
+    secs: f64,
+    /// Whether the deadline came first.
+    stopped: bool,
+    /// Milliseconds from each job's enqueue to its arrival, sorted.
+    wait: Vec<f64>,
+}
 
-    let finishes = Arc::new(Finishes::default());
-    let (sink, _) = Actor::spawn(None, Sink, finishes.clone())
-        .await
-        .expect("sink");
-
-    // Rows first, in batches, as ports' components would have queued them;
-    // only each batch's queue time is kept.
+/// Stores `total` job rows in batches of 10,000, as ports' components
+/// would have queued them, checking each stored row; keeps only each
+/// batch's queue time.
+async fn queue_rows(store: &Store, total: usize, mix: bool) -> Vec<i64> {
     let mut queued_ms = Vec::new();
-    for start in (0..jobs + probes).step_by(10_000) {
-        let end = (start + 10_000).min(jobs + probes);
+    for start in (0..total).step_by(10_000) {
+        let end = (start + 10_000).min(total);
         let batch: Vec<JobRecord> = (start..end).map(|i| job_row(i, mix)).collect();
         let stored = store.queue_jobs(&batch).await.expect("queue rows");
         for (i, r) in (start..end).zip(&stored) {
@@ -571,25 +558,38 @@ async fn run(cfg: Config) {
         }
         queued_ms.push(stored[0].queued_ms);
     }
-    let queued = |i: usize| {
-        SchedulerMsg::Enqueue(Box::new(QueuedJob {
-            record: queued_record(i, mix, queued_ms[i / 10_000]).into(),
-            env: BTreeMap::new(),
-            secret_env: Vec::new(),
-            notify: sink.get_derived(),
-            collect_env: None,
-            compare: None,
-            exclude: Default::default(),
-            preflight: Vec::new(),
-            fvd_writes: Vec::new(),
-            warm: None,
-            agent: None,
-            placement: job_shape(i, mix).1,
-            span: tracing::Span::none(),
-        }))
-    };
+    queued_ms
+}
 
-    // Phase 1: the backlog, all at once.
+/// The scheduler's `Enqueue` for job `i`, its finish told to `sink`.
+fn enqueue(i: usize, mix: bool, queued_ms: &[i64], sink: &ActorRef<JobEvent>) -> SchedulerMsg {
+    SchedulerMsg::Enqueue(Box::new(QueuedJob {
+        record: queued_record(i, mix, queued_ms[i / 10_000]).into(),
+        env: BTreeMap::new(),
+        secret_env: Vec::new(),
+        notify: sink.get_derived(),
+        collect_env: None,
+        compare: None,
+        exclude: Default::default(),
+        preflight: Vec::new(),
+        fvd_writes: Vec::new(),
+        warm: None,
+        agent: None,
+        placement: job_shape(i, mix).1,
+        span: tracing::Span::none(),
+    }))
+}
+
+/// Phase 1: the backlog of `jobs`, all at once, until every one finished
+/// or `deadline` passed; then each finished job's arrival is waited for.
+async fn run_backlog(
+    server: &fvd_orchestrator::Server,
+    finishes: &Finishes,
+    arrived: &[AtomicU64],
+    jobs: usize,
+    deadline: Duration,
+    queued: impl Fn(usize) -> SchedulerMsg,
+) -> Backlog {
     let mut enqueued: Vec<(usize, u64)> = Vec::with_capacity(jobs);
     let start = Instant::now();
     for i in 0..jobs {
@@ -620,60 +620,98 @@ async fn run(cfg: Config) {
     let t = Instant::now();
     while enqueued
         .iter()
-        .filter(|&&(i, _)| fleet.arrived[i].load(Ordering::Relaxed) != 0)
+        .filter(|&&(i, _)| arrived[i].load(Ordering::Relaxed) != 0)
         .count()
         < done
         && t.elapsed() < Duration::from_secs(60)
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let wait = waits(&enqueued, &fleet.arrived);
-
-    // Phase 2: probes on the idle fleet, 2 every millisecond.
-    let mut lat = Vec::new();
-    if !stopped {
-        let mut sent: Vec<(usize, u64)> = Vec::with_capacity(probes);
-        let mut tick = tokio::time::interval(Duration::from_millis(1));
-        let mut it = jobs..jobs + probes;
-        'probes: loop {
-            tick.tick().await;
-            for _ in 0..2 {
-                let Some(i) = it.next() else {
-                    break 'probes;
-                };
-                sent.push((i, now_ns()));
-                server.scheduler.cast(queued(i)).expect("enqueue");
-            }
-        }
-        let t = Instant::now();
-        while (finishes.count.load(Ordering::SeqCst) < jobs + probes
-            || sent
-                .iter()
-                .any(|&(i, _)| fleet.arrived[i].load(Ordering::Relaxed) == 0))
-            && t.elapsed() < Duration::from_secs(120)
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        lat = waits(&sent, &fleet.arrived);
+    let wait = waits(&enqueued, arrived);
+    Backlog {
+        done,
+        secs,
+        stopped,
+        wait,
     }
+}
 
-    let rate = done as f64 / secs;
-    let db_bytes: u64 = ["bench.db", "bench.db-wal"]
-        .iter()
-        .filter_map(|f| std::fs::metadata(dir.path().join(f)).ok())
-        .map(|m| m.len())
-        .sum();
-    let rss = peak_rss_mb();
+/// Phase 2: `probes` jobs on the idle fleet, 2 every millisecond; the
+/// milliseconds each waited for its worker, sorted.
+async fn run_probes(
+    server: &fvd_orchestrator::Server,
+    finishes: &Finishes,
+    arrived: &[AtomicU64],
+    jobs: usize,
+    probes: usize,
+    queued: impl Fn(usize) -> SchedulerMsg,
+) -> Vec<f64> {
+    let mut sent: Vec<(usize, u64)> = Vec::with_capacity(probes);
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    let mut it = jobs..jobs + probes;
+    'probes: loop {
+        tick.tick().await;
+        for _ in 0..2 {
+            let Some(i) = it.next() else {
+                break 'probes;
+            };
+            sent.push((i, now_ns()));
+            server.scheduler.cast(queued(i)).expect("enqueue");
+        }
+    }
+    let t = Instant::now();
+    while (finishes.count.load(Ordering::SeqCst) < jobs + probes
+        || sent
+            .iter()
+            .any(|&(i, _)| arrived[i].load(Ordering::Relaxed) == 0))
+        && t.elapsed() < Duration::from_secs(120)
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waits(&sent, arrived)
+}
+
+/// Tells the workers' process to stop and waits for it; its own peak RSS
+/// in MB, as it reported it ("?" when it did not).
+fn stop_fleet(mut fleet: Fleet) -> String {
     // The workers' process reports its own peak once told to stop.
     drop(fleet.child.stdin.take());
     let _ = fleet.child.wait();
     let _ = fleet.reader.join();
-    let workers_rss = fleet
+    fleet
         .rss
         .lock()
         .expect("not poisoned")
         .clone()
-        .unwrap_or_else(|| "?".into());
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Prints what one run measured: the summary for people, then the
+/// `RESULT` lines for scripts.
+fn report(
+    cfg: &Config,
+    registration: Duration,
+    backlog: &Backlog,
+    lat: &[f64],
+    rss: f64,
+    workers_rss: &str,
+    db_bytes: u64,
+) {
+    let Config {
+        workers,
+        gpus,
+        jobs,
+        mix,
+        deadline,
+        ..
+    } = cfg.clone();
+    let Backlog {
+        done,
+        secs,
+        stopped,
+        ref wait,
+    } = *backlog;
+    let rate = done as f64 / secs;
     println!(
         "fvd scheduler: {workers} workers x {gpus} GPUs, {jobs} zero-length {} jobs over loopback gRPC (registration {:.1} s)",
         if mix { "1/2/8-GPU labelled" } else { "1-GPU" },
@@ -685,14 +723,14 @@ async fn run(cfg: Config) {
     println!("  {done} jobs in {secs:.2} s, {rate:.0} dispatches/s");
     println!(
         "  queue wait under the backlog (enqueue -> worker receives AssignJob): p50 {:.1} ms, p99 {:.1} ms",
-        percentile(&wait, 0.5),
-        percentile(&wait, 0.99)
+        percentile(wait, 0.5),
+        percentile(wait, 0.99)
     );
     println!(
         "  assignment latency with a free slot ({} probes at 2,000/s): p50 {:.2} ms, p99 {:.2} ms",
         lat.len(),
-        percentile(&lat, 0.5),
-        percentile(&lat, 0.99)
+        percentile(lat, 0.5),
+        percentile(lat, 0.99)
     );
     println!(
         "  peak RSS: orchestrator {rss:.0} MB, simulated workers {workers_rss} MB; database {:.0} MB",
@@ -701,14 +739,71 @@ async fn run(cfg: Config) {
     println!("RESULT fvd_dispatches_per_s {rate:.1}");
     println!("RESULT done {done}");
     println!("RESULT stopped {}", u8::from(stopped));
-    println!("RESULT queue_wait_p50_ms {:.0}", percentile(&wait, 0.5));
-    println!("RESULT queue_wait_p99_ms {:.0}", percentile(&wait, 0.99));
-    println!("RESULT assign_p50_ms {:.2}", percentile(&lat, 0.5));
-    println!("RESULT assign_p99_ms {:.2}", percentile(&lat, 0.99));
+    println!("RESULT queue_wait_p50_ms {:.0}", percentile(wait, 0.5));
+    println!("RESULT queue_wait_p99_ms {:.0}", percentile(wait, 0.99));
+    println!("RESULT assign_p50_ms {:.2}", percentile(lat, 0.5));
+    println!("RESULT assign_p99_ms {:.2}", percentile(lat, 0.99));
     println!("RESULT peak_rss_mb {rss:.0}");
     println!("RESULT workers_rss_mb {workers_rss}");
     println!("RESULT db_mb {:.0}", db_bytes as f64 / 1e6);
-    if !stopped {
+}
+
+/// One run: a server and its simulated fleet, the backlog, then the
+/// probes when the backlog finished in time; reports what it measured.
+async fn run(cfg: Config) {
+    let Config {
+        jobs,
+        mix,
+        deadline,
+        probes,
+        ..
+    } = cfg.clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("bench.db");
+    let store = Store::open_path(&db).await.expect("store");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let server = fvd_orchestrator::start(listener, store.clone(), Default::default())
+        .await
+        .expect("server");
+    let t = Instant::now();
+    let fleet = start_fleet(&cfg, &server.url(), jobs + probes, &server).await;
+    let registration = t.elapsed();
+
+    let finishes = Arc::new(Finishes::default());
+    let (sink, _) = Actor::spawn(None, Sink, finishes.clone())
+        .await
+        .expect("sink");
+
+    // Rows first, in batches, as ports' components would have queued them;
+    // only each batch's queue time is kept.
+    let queued_ms = queue_rows(&store, jobs + probes, mix).await;
+    let queued = |i: usize| enqueue(i, mix, &queued_ms, &sink);
+
+    let backlog = run_backlog(&server, &finishes, &fleet.arrived, jobs, deadline, queued).await;
+    let mut lat = Vec::new();
+    if !backlog.stopped {
+        lat = run_probes(&server, &finishes, &fleet.arrived, jobs, probes, queued).await;
+    }
+
+    let db_bytes: u64 = ["bench.db", "bench.db-wal"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(dir.path().join(f)).ok())
+        .map(|m| m.len())
+        .sum();
+    let rss = peak_rss_mb();
+    let workers_rss = stop_fleet(fleet);
+    report(
+        &cfg,
+        registration,
+        &backlog,
+        &lat,
+        rss,
+        &workers_rss,
+        db_bytes,
+    );
+    if !backlog.stopped {
         server.shutdown().await;
     }
 }
