@@ -44,9 +44,9 @@ use crate::gate::GateMsg;
 use crate::red_run::{self, AfterVerdict, Decision, Diagnosis, RedRun};
 use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
 use fvd_spec::ComponentSpec;
+use fvd_store::messages::{JobReport, PortEvent};
 use fvd_store::model::{
-    ComponentRow, ComponentStatus, JobRecord, JobReport, JobResult, JobState, PortEvent,
-    RecordedVerdict,
+    ComponentRow, ComponentStatus, JobRecord, JobResult, JobState, RecordedVerdict,
 };
 use fvd_store::states::{AttemptKind, AttemptState, EscapeAbout, EscapeStatus};
 use fvd_store::{AttemptNext, AttemptRecorded, AttemptRow, ComponentNext, EscapeRow, Store};

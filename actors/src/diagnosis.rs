@@ -17,7 +17,8 @@ use std::path::PathBuf;
 use fvd_spec::ComponentSpec;
 use fvd_spec::trace_spec::TraceSpec;
 use fvd_store::Store;
-use fvd_store::model::{JobRecord, JobReport};
+use fvd_store::messages::JobReport;
+use fvd_store::model::JobRecord;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tracing::Span;
 

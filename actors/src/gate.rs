@@ -25,8 +25,9 @@ use crate::fvd_dir::FvdDir;
 use crate::scheduler::SchedulerMsg;
 use fvd_spec::PortSpec;
 use fvd_store::Store;
+use fvd_store::messages::PortEvent;
 use fvd_store::model::{
-    ComponentRow, ComponentStatus, GateEventRow, GateOutcome, PortEvent, PortState, RecordedVerdict,
+    ComponentRow, ComponentStatus, GateEventRow, GateOutcome, PortState, RecordedVerdict,
 };
 
 #[derive(Debug)]

@@ -21,7 +21,8 @@ use tokio::sync::broadcast;
 
 use crate::gate::{GateActor, GateArgs, GateMsg};
 use crate::scheduler::SchedulerMsg;
-use fvd_store::model::{PortCode, PortEvent, PortRow, PortState, RecordedVerdict};
+use fvd_store::messages::PortEvent;
+use fvd_store::model::{PortCode, PortRow, PortState, RecordedVerdict};
 use fvd_store::team::{Action, PortOrigin};
 use fvd_store::{EscapeRow, Store, StoreError};
 

@@ -18,7 +18,8 @@ use std::collections::VecDeque;
 
 use fvd_contracts::verdict::Verdict;
 use fvd_spec::ComponentSpec;
-use fvd_store::model::{ComponentStatus, JobReport, JobResult, RecordedVerdict};
+use fvd_store::messages::JobReport;
+use fvd_store::model::{ComponentStatus, JobResult, RecordedVerdict};
 use ractor::{ActorStatus, DerivedActorRef, MessagingErr};
 use tracing::Span;
 

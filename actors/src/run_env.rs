@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use fvd_spec::trace_spec::TraceSpec;
-use fvd_store::model::TraceCompare;
+use fvd_store::messages::TraceCompare;
 
 /// Variable the worker points at the run's own folder for trace files.
 pub const TRACE_DIR_ENV: &str = "FVD_TRACE_DIR";

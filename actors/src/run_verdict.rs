@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use fvd_contracts::verdict::{self, JunitEvidence, RunEvidence, Verdict};
 
-use fvd_store::model::{JobReport, JunitStatus};
+use fvd_store::messages::{JobReport, JunitStatus};
 
 /// The verdict of a run: an environment failure when its cause lies
 /// outside the repository (`in_repo` says which top-level modules the

@@ -16,7 +16,8 @@ use tokio::sync::mpsc;
 use fvd_spec::Placement;
 use fvd_store::Store;
 use fvd_store::clock::Clock;
-use fvd_store::model::{Assignment, JobRecord, JobReport, LogChunk, ToWorker, WorkerInfo};
+use fvd_store::messages::{Assignment, JobReport, LogChunk, ToWorker, WorkerInfo};
+use fvd_store::model::JobRecord;
 
 mod capacity;
 mod fits;
@@ -241,14 +242,14 @@ pub struct QueuedJob {
     /// worker once before its first job of the port.
     pub preflight: Vec<String>,
     /// See [`Assignment::compare`]; `None` but for traced reruns.
-    pub compare: Option<Box<fvd_store::model::TraceCompare>>,
+    pub compare: Option<Box<fvd_store::messages::TraceCompare>>,
     /// See [`Assignment::fvd_writes`].
     pub fvd_writes: Vec<String>,
     /// See [`Assignment::warm`].
     pub warm: Option<Vec<String>>,
     /// See [`Assignment::agent`]: an agent attempt, which has no row in
     /// the store's `jobs` (its ledger row is its record).
-    pub agent: Option<Box<fvd_store::model::AgentJob>>,
+    pub agent: Option<Box<fvd_store::messages::AgentJob>>,
 }
 
 /// What a worker announced when it registered.

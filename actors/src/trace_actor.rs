@@ -44,7 +44,8 @@ use crate::diagnosis::{self, DiagnosisArgs, DiagnosisMsg, Rerun, RunCode};
 use crate::red_run::{self, RedRun};
 use crate::scheduler::JobEvent;
 use fvd_spec::trace_spec::TraceSpec;
-use fvd_store::model::{CollectedFile, ComponentStatus, JobReport};
+use fvd_store::messages::{CollectedFile, JobReport};
+use fvd_store::model::ComponentStatus;
 use fvd_store::traces::StepTransport;
 
 /// Suffix of the component name traced reruns are recorded under.

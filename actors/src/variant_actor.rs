@@ -44,7 +44,8 @@ use crate::trace_actor;
 use crate::variant_table::{finding, table_note};
 use fvd_contracts::verdict::Verdict;
 use fvd_spec::ComponentSpec;
-use fvd_store::model::{ComponentStatus, JobReport, RecordedVerdict};
+use fvd_store::messages::JobReport;
+use fvd_store::model::{ComponentStatus, RecordedVerdict};
 use fvd_store::states::{VariantFinding, VariantState as RowState};
 use fvd_store::variants::{BASELINE, VariantRow};
 

@@ -17,9 +17,8 @@ use fvd_actors::scheduler::{
 use fvd_spec::Placement;
 use fvd_store::Store;
 use fvd_store::clock::ManualClock;
-use fvd_store::model::{
-    Assignment, GpuInfo, JobRecord, JobReport, JobResult, JobState, PortRow, ToWorker, WorkerInfo,
-};
+use fvd_store::messages::{Assignment, GpuInfo, JobReport, ToWorker, WorkerInfo};
+use fvd_store::model::{JobRecord, JobResult, JobState, PortRow};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc;
 

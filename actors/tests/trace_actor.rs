@@ -19,9 +19,8 @@ use fvd_actors::trace_actor::TraceActor;
 use fvd_contracts::verdict::Verdict;
 use fvd_store::Store;
 use fvd_store::clock::ManualClock;
-use fvd_store::model::{
-    CollectedFile, ComponentStatus, JobRecord, JobReport, PortRow, ToWorker, WorkerInfo,
-};
+use fvd_store::messages::{CollectedFile, JobReport, ToWorker, WorkerInfo};
+use fvd_store::model::{ComponentStatus, JobRecord, PortRow};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc;
 
@@ -184,14 +183,14 @@ impl Harness {
     }
 
     /// The next traced rerun the worker gets: its job, epoch, env and cwd.
-    async fn assigned(&mut self) -> fvd_store::model::Assignment {
+    async fn assigned(&mut self) -> fvd_store::messages::Assignment {
         match tokio::time::timeout(Duration::from_secs(5), self.worker.recv()).await {
             Ok(Some(ToWorker::Assign(a))) => *a,
             other => panic!("expected an assignment, got {other:?}"),
         }
     }
 
-    fn finish(&self, a: &fvd_store::model::Assignment, files: Vec<CollectedFile>, error: &str) {
+    fn finish(&self, a: &fvd_store::messages::Assignment, files: Vec<CollectedFile>, error: &str) {
         self.sched
             .cast(SchedulerMsg::Finished {
                 worker_id: "w".into(),

@@ -20,9 +20,8 @@ use fvd_actors::variant_actor::VariantActor;
 use fvd_contracts::verdict::{FailureInfo, Verdict};
 use fvd_store::Store;
 use fvd_store::clock::ManualClock;
-use fvd_store::model::{
-    Assignment, ComponentStatus, JobRecord, JobReport, PortRow, PortState, ToWorker, WorkerInfo,
-};
+use fvd_store::messages::{Assignment, JobReport, ToWorker, WorkerInfo};
+use fvd_store::model::{ComponentStatus, JobRecord, PortRow, PortState};
 use ractor::{Actor, ActorRef};
 use tokio::sync::mpsc;
 

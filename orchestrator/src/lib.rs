@@ -26,7 +26,7 @@ use fvd_proto::auth::{Credentials, Need, ServerAuth};
 use fvd_proto::v1::port_service_server::PortServiceServer;
 use fvd_proto::v1::worker_service_server::WorkerServiceServer;
 use fvd_store::clock::{Clock, SystemClock};
-use fvd_store::model::PortEvent;
+use fvd_store::messages::PortEvent;
 use fvd_store::{Store, StoreError};
 use ractor::{Actor, ActorRef};
 use tokio::net::TcpListener;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use fvd_actors::scheduler::{HeartbeatBatch, Registration, SchedulerMsg};
 use fvd_proto::v1 as pb;
 use fvd_store::Store;
-use fvd_store::model::{
+use fvd_store::messages::{
     AgentOutcome, CollectedFile, GpuInfo, JobReport, JunitStatus, LogChunk, ToWorker, WorkerInfo,
 };
 use ractor::ActorRef;

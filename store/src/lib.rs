@@ -13,8 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Row, SqlitePool};
 
+use crate::messages::LogChunk;
 use crate::model::Worktree;
-use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, LogChunk, PortRow};
+use crate::model::{ComponentRow, GateEventRow, JobRecord, JobResult, PortRow};
 use crate::states::{
     AttemptKind, AttemptState, ComponentStatus, EscapeAbout, EscapeStatus, GateOutcome,
     HandoffStatus, JobState, PortState, RecordedVerdict, UnknownState,
@@ -27,6 +28,7 @@ pub mod chaos;
 pub mod clock;
 pub mod dashboard;
 pub mod faults;
+pub mod messages;
 pub mod model;
 pub mod states;
 mod steps;

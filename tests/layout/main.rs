@@ -5,13 +5,15 @@
 //! the links and paths the documents name (`links.rs`), the Rust items
 //! they name (`claims.rs`), and the `//!` every Rust file opens with
 //! (`module_docs.rs`), and the actors' import graph with no circle but
-//! the gate and the component (`actors_circle.rs`).
+//! the gate and the component (`actors_circle.rs`), and no function over
+//! 120 lines (`fn_length.rs`).
 //!
 //! They read the checkout (and `cargo metadata`) only; none builds or runs
 //! fvd.
 
 mod actors_circle;
 mod claims;
+mod fn_length;
 mod git;
 mod layers;
 mod links;

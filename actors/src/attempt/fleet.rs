@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 
-use fvd_store::model::{AgentJob, AgentOutcome, JobReport};
+use fvd_store::messages::{AgentJob, AgentOutcome, JobReport};
 use fvd_workspace::agent::{AgentExit, FleetAttempt, FleetAttempts};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;

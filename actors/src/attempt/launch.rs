@@ -851,7 +851,7 @@ async fn on_fleet(
         repo: PathBuf::from(&cx.repo),
         proxy: launch.proxy,
         tools: launch.tools,
-        agent: fvd_store::model::AgentJob {
+        agent: fvd_store::messages::AgentJob {
             packet,
             packet_on_stdin: launch.stdin.is_some(),
             files: launch.files,

@@ -9,7 +9,8 @@
 //! component goes on from the run that already judged it (an agent turn
 //! whose packet says why, or a confirming run of a pass).
 
-use fvd_store::model::{JobRecord, JobReport, JobResult, JobState};
+use fvd_store::messages::JobReport;
+use fvd_store::model::{JobRecord, JobResult, JobState};
 use fvd_store::states::{AttemptState, EscapeAbout, EscapeStatus};
 use fvd_store::{ComponentNext, EscapeRow, JudgeNext, VerdictNext, VerdictRecorded};
 use fvd_workspace::judge::{self as pinning, Decision};

@@ -24,7 +24,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use fvd_spec::Placement;
-use fvd_store::model::WorkerInfo;
+use fvd_store::messages::WorkerInfo;
 
 /// Index of a class in [`Capacity::classes`].
 pub(super) type ClassId = usize;

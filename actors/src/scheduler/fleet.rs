@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::SchedulerState;
-use fvd_store::model::GpuInfo;
+use fvd_store::messages::GpuInfo;
 
 /// The fleet as the scheduler knows it at one moment.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use fvd_store::Store;
-use fvd_store::model::PortEvent;
+use fvd_store::messages::PortEvent;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;

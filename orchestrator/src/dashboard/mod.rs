@@ -39,7 +39,7 @@ use fvd_actors::orchestrator::OrchestratorMsg;
 use fvd_actors::scheduler::SchedulerMsg;
 use fvd_proto::auth::Credentials;
 use fvd_store::Store;
-use fvd_store::model::PortEvent;
+use fvd_store::messages::PortEvent;
 use ractor::ActorRef;
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
