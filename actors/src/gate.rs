@@ -244,6 +244,26 @@ async fn spawn_diagnosers(
 /// The port is cancelled: its jobs go, its unfinished components end
 /// `blocked` with the reason, and the port is `cancelled` in P6.
 async fn cancel(st: &mut GateState) -> Result<(), ActorProcessingErr> {
+    stop_port(
+        st,
+        RecordedVerdict::Cancelled,
+        "cancelled: the port was cancelled",
+        "the port was cancelled".into(),
+        PortState::Cancelled,
+    )
+    .await
+}
+
+/// Stops the port in P6: its jobs cancelled, its unfinished components
+/// `blocked` with `verdict` and `reason`, P6 refused with `refused`, and
+/// the port left in `state`.
+async fn stop_port(
+    st: &mut GateState,
+    verdict: RecordedVerdict,
+    reason: &str,
+    refused: String,
+    state: PortState,
+) -> Result<(), ActorProcessingErr> {
     st.args.scheduler.cast(SchedulerMsg::CancelFamily {
         family: st.args.family.clone(),
     })?;
@@ -255,27 +275,18 @@ async fn cancel(st: &mut GateState) -> Result<(), ActorProcessingErr> {
                     &st.args.family,
                     &c.name,
                     ComponentStatus::Blocked,
-                    RecordedVerdict::Cancelled,
-                    "cancelled: the port was cancelled",
+                    verdict,
+                    reason,
                     "",
                 )
                 .await?;
         }
     }
-    record(
-        st,
-        Phase::ComponentParityDebug,
-        GateOutcome::Refused,
-        vec!["the port was cancelled".into()],
-    )
-    .await?;
+    let phase = Phase::ComponentParityDebug;
+    record(st, phase, GateOutcome::Refused, vec![refused]).await?;
     st.args
         .store
-        .set_port_state(
-            &st.args.family,
-            PortState::Cancelled,
-            &Phase::ComponentParityDebug.id(),
-        )
+        .set_port_state(&st.args.family, state, &phase.id())
         .await?;
     Ok(())
 }
@@ -721,40 +732,15 @@ async fn fvd_vanished(
 ) -> Result<(), ActorProcessingErr> {
     let reason = crate::fvd_dir::stop_reason(why);
     tracing::error!(family = %st.args.family, %reason, "the port's .fvd folder went away; the port stops");
-    st.args.scheduler.cast(SchedulerMsg::CancelFamily {
-        family: st.args.family.clone(),
-    })?;
     myself.stop_children(Some("the port's .fvd went away".into()));
-    for c in &st.args.spec.components {
-        if !st.finals.contains_key(&c.name) {
-            st.args
-                .store
-                .set_component(
-                    &st.args.family,
-                    &c.name,
-                    ComponentStatus::Blocked,
-                    RecordedVerdict::Stopped,
-                    &reason,
-                    "",
-                )
-                .await?;
-        }
-    }
-    record(
+    stop_port(
         st,
-        Phase::ComponentParityDebug,
-        GateOutcome::Refused,
-        vec![reason],
+        RecordedVerdict::Stopped,
+        &reason,
+        reason.clone(),
+        PortState::Blocked,
     )
     .await?;
-    st.args
-        .store
-        .set_port_state(
-            &st.args.family,
-            PortState::Blocked,
-            &Phase::ComponentParityDebug.id(),
-        )
-        .await?;
     finish_without_status(myself, st).await
 }
 

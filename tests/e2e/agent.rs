@@ -322,6 +322,20 @@ fn alive(pid: i32) -> bool {
         .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
 }
 
+/// The example's spec (without the escape-hatch component) whose agent
+/// command runs `sh -c "if [ timestep_embed ] && <cond_then_body>; fi"`
+/// first, then the replay agent: `cond_then_body` is the rest of an `if`'s
+/// condition, `; then`, and its body.
+fn before_the_agent(spec: String, cond_then_body: &str) -> String {
+    let wrapper = format!(
+        "command = [\"sh\", \"-c\", \"if [ \\\"$FVD_COMPONENT\\\" = timestep_embed ] && {cond_then_body}; fi; exec python3 -B tools/replay_agent.py \\\"$@\\\"\", \"agent\", "
+    );
+    without_time_shift(spec).replace(
+        "command = [\"python3\", \"-B\", \"tools/replay_agent.py\", ",
+        &wrapper,
+    )
+}
+
 /// The spec without the escape-hatch component, for tests about something
 /// else: the port then ends instead of pausing on its question.
 fn without_time_shift(spec: String) -> String {
@@ -652,15 +666,12 @@ fn kill_9_of_the_orchestrator_during_an_agent_attempt_neither_loses_nor_duplicat
         .repo()
         .join(".fvd/agent/tinyport/timestep_embed/attempt-1/agent-started.pid");
     let mark_s = mark.display().to_string();
+    // The first agent run of timestep_embed records its pid and hangs (the
+    // orchestrator is killed meanwhile); later runs replay.
     example_repo(&sb, |t| {
-        // The first agent run of timestep_embed records its pid and hangs
-        // (the orchestrator is killed meanwhile); later runs replay.
-        let wrapper = format!(
-            "command = [\"sh\", \"-c\", \"if [ \\\"$FVD_COMPONENT\\\" = timestep_embed ] && [ ! -e {mark_s} ]; then echo $$ > {mark_s}; sleep 120; fi; exec python3 -B tools/replay_agent.py \\\"$@\\\"\", \"agent\", "
-        );
-        without_time_shift(t).replace(
-            "command = [\"python3\", \"-B\", \"tools/replay_agent.py\", ",
-            &wrapper,
+        before_the_agent(
+            t,
+            &format!("[ ! -e {mark_s} ]; then echo $$ > {mark_s}; sleep 120"),
         )
     });
     let url = sb.serve_with(&["--allow-agent-commands", "--agents", "host"]);
@@ -748,15 +759,12 @@ fn a_cancel_during_an_agent_attempt_ends_its_agent_at_once() {
         .join(".fvd/agent/tinyport/timestep_embed/attempt-1");
     let (shell, child) = (dir.join("shell.pid"), dir.join("child.pid"));
     let (shell_s, child_s) = (shell.display().to_string(), child.display().to_string());
+    // timestep_embed's agent records its pid and its child's, and waits on
+    // the child far longer than the test.
     example_repo(&sb, |t| {
-        // timestep_embed's agent records its pid and its child's, and
-        // waits on the child far longer than the test.
-        let wrapper = format!(
-            "command = [\"sh\", \"-c\", \"if [ \\\"$FVD_COMPONENT\\\" = timestep_embed ]; then sleep 300 & echo $! > {child_s}; echo $$ > {shell_s}; wait; fi; exec python3 -B tools/replay_agent.py \\\"$@\\\"\", \"agent\", "
-        );
-        without_time_shift(t).replace(
-            "command = [\"python3\", \"-B\", \"tools/replay_agent.py\", ",
-            &wrapper,
+        before_the_agent(
+            t,
+            &format!("true; then sleep 300 & echo $! > {child_s}; echo $$ > {shell_s}; wait"),
         )
     });
     let url = sb.serve_with(&["--allow-agent-commands", "--agents", "host"]);
