@@ -597,24 +597,16 @@ pub async fn run_with(
         let _ = se.read_to_end(&mut b).await;
         b
     });
-    let kill = |pid: Option<u32>| {
-        if let Some(pid) = pid {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    };
     let (status, timed_out, stopped) = tokio::select! {
         s = tokio::time::timeout(timeout, child.wait()) => match s {
             Ok(s) => (s.ok(), false, false),
             Err(_) => {
-                kill(pid);
+                kill_group(pid);
                 (child.wait().await.ok(), true, false)
             }
         },
         () = stop => {
-            kill(pid);
+            kill_group(pid);
             (child.wait().await.ok(), false, true)
         }
     };
@@ -648,12 +640,18 @@ impl GroupKill {
 
 impl Drop for GroupKill {
     fn drop(&mut self) {
-        if let Some(pid) = self.0 {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        kill_group(self.0);
+    }
+}
+
+/// SIGKILL to the process group that `pid` leads (the agent runs in its
+/// own group); nothing for `None`.
+fn kill_group(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 
