@@ -7,9 +7,8 @@
 //! with the circle named.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
-use crate::root;
+use crate::rust_files;
 
 /// The one circle allowed.
 const ALLOWED: &[&str] = &["component", "gate"];
@@ -17,19 +16,18 @@ const ALLOWED: &[&str] = &["component", "gate"];
 /// The top-level module of each `actors/src` file and the top-level
 /// modules its code (not its comments, not its tests) names as
 /// `crate::<module>`.
-fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut files = Vec::new();
-    collect(src, &mut files);
-    for path in files {
-        let rel = path.strip_prefix(src).unwrap().with_extension("");
-        let top = rel
-            .components()
+    for (rel, path) in rust_files() {
+        let Some(inside) = rel.strip_prefix("actors/src/") else {
+            continue;
+        };
+        let top = inside
+            .split('/')
             .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy()
-            .into_owned();
+            .unwrap_or_default()
+            .trim_end_matches(".rs")
+            .to_string();
         if top == "lib" {
             continue;
         }
@@ -39,17 +37,6 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             .extend(uses(&text).into_iter().filter(|m| *m != top));
     }
     g
-}
-
-fn collect(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            collect(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
 }
 
 /// The modules `text` names as `crate::<module>` before its tests, in code
@@ -105,7 +92,7 @@ fn circles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> {
 
 #[test]
 fn only_the_gate_and_the_component_import_each_other() {
-    let g = graph(&root().join("actors/src"));
+    let g = graph();
     assert!(
         g.contains_key("component") && g.contains_key("attempt"),
         "{g:?}"
