@@ -724,7 +724,7 @@ pub(crate) fn code_fetch<'a>(
     code: &'a CodeLink,
     a: &'a Assignment,
     tx: &'a Outbox,
-) -> impl FnOnce(Vec<String>) -> Fetching<'a> + 'a {
+) -> impl FnMut(Vec<String>) -> Fetching<'a> + 'a {
     move |have: Vec<String>| {
         Box::pin(async move {
             let id = NEXT_FETCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -46,6 +46,11 @@ pub const MAX_HAVES: usize = 256;
 /// Longest wait for the next piece of a pack before the fetch fails.
 pub const CHUNK_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Times one fetch is asked again after the stream to the orchestrator
+/// closed under it (a restart, a lost connection): the request waits in
+/// the outbox for the next session, whose orchestrator adopts the job.
+const FETCH_TRIES_ON_LOST_STREAM: u32 = 3;
+
 /// A path the worker has for jobs that need it (`fvd worker --provide`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Provide {
@@ -131,6 +136,23 @@ pub struct Chunk {
     pub data: Vec<u8>,
     pub last: bool,
     pub error: String,
+}
+
+/// Why a pack did not arrive whole.
+#[derive(Debug, thiserror::Error)]
+enum ReceiveError {
+    /// The session ended under the fetch: no verdict on the commit, so the
+    /// fetch is asked again once the worker is connected.
+    #[error("the stream to the orchestrator closed")]
+    StreamLost,
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for ReceiveError {
+    fn from(why: String) -> Self {
+        ReceiveError::Failed(why)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -330,7 +352,7 @@ impl CodeCache {
         cancel: &CancellationToken,
     ) -> Result<Placed, String>
     where
-        F: FnOnce(Vec<String>) -> Fut,
+        F: FnMut(Vec<String>) -> Fut,
         Fut: Future<Output = Result<mpsc::UnboundedReceiver<Chunk>, String>>,
     {
         let cwd = PathBuf::from(&job.cwd);
@@ -409,7 +431,7 @@ impl CodeCache {
         cancel: &CancellationToken,
     ) -> Result<Placed, String>
     where
-        F: FnOnce(Vec<String>) -> Fut,
+        F: FnMut(Vec<String>) -> Fut,
         Fut: Future<Output = Result<mpsc::UnboundedReceiver<Chunk>, String>>,
     {
         let sha = job.commit.as_str();
@@ -469,11 +491,11 @@ impl CodeCache {
     async fn ensure<F, Fut>(
         &self,
         job: &JobCode,
-        fetch: F,
+        mut fetch: F,
         cancel: &CancellationToken,
     ) -> Result<u64, String>
     where
-        F: FnOnce(Vec<String>) -> Fut,
+        F: FnMut(Vec<String>) -> Fut,
         Fut: Future<Output = Result<mpsc::UnboundedReceiver<Chunk>, String>>,
     {
         let sha = job.commit.as_str();
@@ -481,15 +503,25 @@ impl CodeCache {
             return Ok(0);
         }
         let started = Instant::now();
-        let haves = self.haves().await;
-        let n_haves = haves.len();
-        let chunks = fetch(haves).await?;
-        let fetched = self.receive(sha, chunks, cancel).await.map_err(|e| {
-            format!(
-                "cannot fetch commit {} from the orchestrator: {e}",
-                &sha[..12]
-            )
-        })?;
+        let mut lost = 0;
+        let (fetched, n_haves) = loop {
+            let haves = self.haves().await;
+            let n_haves = haves.len();
+            let chunks = fetch(haves).await?;
+            match self.receive(sha, chunks, cancel).await {
+                Ok(bytes) => break (bytes, n_haves),
+                Err(ReceiveError::StreamLost) if lost < FETCH_TRIES_ON_LOST_STREAM => {
+                    lost += 1;
+                    tracing::info!(job = %job.job_id, commit = %sha, tries = lost, "the stream closed during the fetch of a commit: asked again for the next session");
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "cannot fetch commit {} from the orchestrator: {e}",
+                        &sha[..12]
+                    ));
+                }
+            }
+        };
         tracing::info!(job = %job.job_id, commit = %sha, bytes = fetched, haves = n_haves, ms = started.elapsed().as_millis() as u64, "fetched the code of a commit");
         Ok(fetched)
     }
@@ -506,7 +538,7 @@ impl CodeCache {
         cancel: &CancellationToken,
     ) -> Result<AttemptCheckout, String>
     where
-        F: FnOnce(Vec<String>) -> Fut,
+        F: FnMut(Vec<String>) -> Fut,
         Fut: Future<Output = Result<mpsc::UnboundedReceiver<Chunk>, String>>,
     {
         let sha = job.commit.as_str();
@@ -587,7 +619,7 @@ impl CodeCache {
         sha: &str,
         mut chunks: mpsc::UnboundedReceiver<Chunk>,
         cancel: &CancellationToken,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, ReceiveError> {
         let mut child = fvd_git::command(&self.repo)
             .args(["index-pack", "--stdin", "--fix-thin"])
             .stdin(Stdio::piped())
@@ -600,21 +632,21 @@ impl CodeCache {
         let mut bytes = 0u64;
         loop {
             let next = tokio::select! {
-                _ = cancel.cancelled() => return Err("the job was cancelled".into()),
+                _ = cancel.cancelled() => return Err(ReceiveError::Failed("the job was cancelled".into())),
                 n = tokio::time::timeout(CHUNK_TIMEOUT, chunks.recv()) => n,
             };
             let chunk = match next {
                 Err(_) => {
-                    return Err(format!(
+                    return Err(ReceiveError::Failed(format!(
                         "no piece of the pack came in {} s",
                         CHUNK_TIMEOUT.as_secs()
-                    ));
+                    )));
                 }
-                Ok(None) => return Err("the stream to the orchestrator closed".into()),
+                Ok(None) => return Err(ReceiveError::StreamLost),
                 Ok(Some(c)) => c,
             };
             if !chunk.error.is_empty() {
-                return Err(chunk.error);
+                return Err(ReceiveError::Failed(chunk.error));
             }
             bytes += chunk.data.len() as u64;
             stdin
@@ -631,10 +663,10 @@ impl CodeCache {
             .await
             .map_err(|e| format!("git index-pack: {e}"))?;
         if !out.status.success() {
-            return Err(format!(
+            return Err(ReceiveError::Failed(format!(
                 "git index-pack: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            )));
         }
         git(
             &self.repo,
@@ -898,4 +930,147 @@ async fn size_of(dir: PathBuf) -> u64 {
     })
     .await
     .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn git_in(dir: &Path, args: &[&str]) -> Vec<u8> {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// A repository with one commit holding `port/x.py`; its sha and a
+    /// pack of it.
+    fn source(dir: &Path) -> (String, Vec<u8>) {
+        git_in(dir, &["init", "-q"]);
+        std::fs::create_dir_all(dir.join("port")).unwrap();
+        std::fs::write(dir.join("port/x.py"), "x = 1\n").unwrap();
+        git_in(dir, &["add", "-A"]);
+        git_in(dir, &["commit", "-q", "-m", "one"]);
+        let sha = String::from_utf8(git_in(dir, &["rev-parse", "HEAD"]))
+            .unwrap()
+            .trim()
+            .to_string();
+        let mut child = std::process::Command::new("git")
+            .args(["pack-objects", "--stdout", "--revs", "-q"])
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{sha}\n").as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        (sha, out.stdout)
+    }
+
+    fn job(sha: &str, cwd: &Path) -> JobCode {
+        JobCode {
+            job_id: "j1".into(),
+            cwd: cwd.join("nowhere").to_string_lossy().into_owned(),
+            commit: sha.into(),
+            prefix: "port/".into(),
+            worker_paths: vec![],
+            fvd_writes: vec![],
+        }
+    }
+
+    /// A stream that closes in the middle of a fetch (the orchestrator
+    /// restarted) is no verdict on the commit: the fetch is asked again
+    /// and the job is placed, where it used to end as an environment
+    /// failure that a restarted orchestrator adopted.
+    #[tokio::test]
+    async fn a_fetch_cut_by_a_lost_stream_is_asked_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        let (sha, pack) = source(&src);
+        let cache = CodeCache::open(&tmp.path().join("ws"), DEFAULT_CACHE_BYTES, vec![])
+            .await
+            .unwrap();
+        let mut asked = 0;
+        let fetch = |_have: Vec<String>| {
+            asked += 1;
+            let first = asked == 1;
+            let pack = pack.clone();
+            async move {
+                let (to, from) = mpsc::unbounded_channel();
+                if first {
+                    // Half the pack, then the session ends.
+                    to.send(Chunk {
+                        data: pack[..pack.len() / 2].to_vec(),
+                        last: false,
+                        error: String::new(),
+                    })
+                    .unwrap();
+                } else {
+                    to.send(Chunk {
+                        data: pack,
+                        last: true,
+                        error: String::new(),
+                    })
+                    .unwrap();
+                }
+                Ok::<_, String>(from)
+            }
+        };
+        let placed = cache
+            .place(&job(&sha, tmp.path()), fetch, &CancellationToken::new())
+            .await
+            .expect("placed after the fetch was asked again");
+        assert!(
+            placed.cwd.join("x.py").is_file(),
+            "{}",
+            placed.cwd.display()
+        );
+        assert_eq!(asked, 2);
+    }
+
+    /// A stream that keeps closing ends the job's placement with the cause
+    /// after the bounded number of tries, not a wait without end.
+    #[tokio::test]
+    async fn a_stream_that_keeps_closing_ends_the_fetch() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        let (sha, _) = source(&src);
+        let cache = CodeCache::open(&tmp.path().join("ws"), DEFAULT_CACHE_BYTES, vec![])
+            .await
+            .unwrap();
+        let mut asked = 0;
+        let fetch = |_have: Vec<String>| {
+            asked += 1;
+            async move {
+                let (_, from) = mpsc::unbounded_channel::<Chunk>();
+                Ok::<_, String>(from)
+            }
+        };
+        let why = cache
+            .place(&job(&sha, tmp.path()), fetch, &CancellationToken::new())
+            .await
+            .expect_err("no pack ever came");
+        assert!(
+            why.contains("the stream to the orchestrator closed"),
+            "{why}"
+        );
+        assert_eq!(asked, 1 + FETCH_TRIES_ON_LOST_STREAM);
+    }
 }
