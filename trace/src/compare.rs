@@ -332,7 +332,7 @@ pub fn compare_records(
             ),
             None => (None, None),
         };
-    Ok(Report {
+    let mut report = Report {
         verdict,
         diagnostics: lead_diagnostics(diags.finish(), &signatures),
         signatures,
@@ -347,7 +347,11 @@ pub fn compare_records(
             .iter()
             .filter_map(|s| tols.get("", s).map(|t| (s.clone(), t)))
             .collect(),
-    })
+    };
+    // One finding where several exclude each other (`diag::PRECEDENCE`):
+    // rows that all diverge already explain a divergence at the first block.
+    report.drop_explained();
+    Ok(report)
 }
 
 /// The rows of the two traces aligned in the reference's execution order,
@@ -775,20 +779,26 @@ fn diagnose_coverage(
         );
     }
     if !steps.exact.is_empty() && steps.order.iter().any(|s| s.is_some()) {
-        let list: Vec<String> = steps.exact.iter().map(|s| step_text(*s)).collect();
-        let tail = match &a.first {
-            Some(fd) => format!("; the first divergence is at step {}", step_text(fd.step)),
+        // Rows without a step are named in words, never as a null step.
+        let list: Vec<String> = steps.exact.iter().flatten().map(i64::to_string).collect();
+        let mut what = match list.len() {
+            0 => String::new(),
+            1 => format!("step {}", list[0]),
+            _ => format!("steps {}", list.join(", ")),
+        };
+        if steps.exact.contains(&None) {
+            if !what.is_empty() {
+                what.push_str(" and ");
+            }
+            what.push_str("the rows without a step");
+        }
+        let tail = match a.first.as_ref().map(|fd| fd.step) {
+            Some(Some(step)) => format!("; the first divergence is at step {step}"),
+            Some(None) => "; the first divergence is in a row without a step".to_string(),
             None => String::new(),
         };
-        diags.push(
-            "exact_steps",
-            format!("steps {} match bit for bit{tail}", list.join(", ")),
-        );
+        diags.push("exact_steps", format!("{what} match bit for bit{tail}"));
     }
-}
-
-fn step_text(s: Option<i64>) -> String {
-    s.map_or("null".to_string(), |v| v.to_string())
 }
 
 fn pct(d: f64) -> String {

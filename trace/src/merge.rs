@@ -171,10 +171,8 @@ pub fn merge_ranks(
             diags.push(
                 "partial_ranks",
                 format!(
-                    "{} {} step {:?} is on {} of {} ranks; merged from those",
-                    rec.module,
-                    rec.tensor,
-                    rec.step,
+                    "{} is on {} of {} ranks; merged from those",
+                    label(rec),
                     group.len(),
                     world
                 ),
@@ -246,10 +244,7 @@ fn merge_leftovers<'a>(
             }
             diags.push(
                 "partial_ranks",
-                format!(
-                    "{} {} step {:?} is missing on rank {}",
-                    rec.module, rec.tensor, rec.step, files[0].rank
-                ),
+                format!("{} is missing on rank {}", label(rec), files[0].rank),
             );
             let ref_shape = reference.and_then(|x| x.get(&rec.module, &rec.tensor, rec.step, n));
             out.push(merge_group(&group, ref_shape, opts, diags));

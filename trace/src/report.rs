@@ -237,9 +237,24 @@ impl Report {
         )
     }
 
-    /// Sets `verdict` from the contents (after a change to them).
+    /// Sets `verdict` from the contents (after a change to them), and
+    /// drops the findings another one explains ([`crate::diag::PRECEDENCE`]):
+    /// a caller that adds a finding settles the report, so that its JSON
+    /// says one thing, as its text does.
     pub fn settle(&mut self) {
+        self.drop_explained();
         self.verdict = self.assess();
+    }
+
+    /// Drops the diagnostics (and signatures of their kind) that a finding
+    /// of higher precedence explains.
+    pub(crate) fn drop_explained(&mut self) {
+        let gone = crate::diag::explained_away(&self.diagnostics);
+        if !gone.is_empty() {
+            self.diagnostics
+                .retain(|d| !gone.contains(&d.code.as_str()));
+            self.signatures.retain(|s| !gone.contains(&s.kind()));
+        }
     }
 
     /// Removes the signatures of `kind` and their diagnostics (a caller
@@ -265,9 +280,27 @@ impl Report {
 
     /// A short text report: comparator checks, verdict, the rows around the
     /// first divergence, diagnostics, unmatched modules, drill-down.
+    /// A stored report may predate [`crate::diag::PRECEDENCE`]: what a
+    /// finding explains is left out here too.
     pub fn render_text(&self) -> String {
-        let mut s = crate::signature::render(&self.signatures);
-        match (self.assess(), &self.first_divergence) {
+        let gone = crate::diag::explained_away(&self.diagnostics);
+        let signatures: Vec<Signature> = self
+            .signatures
+            .iter()
+            .filter(|s| !gone.contains(&s.kind()))
+            .cloned()
+            .collect();
+        let mut s = crate::signature::render(&signatures);
+        let nothing = self
+            .diagnostics
+            .iter()
+            .any(|d| d.code == "nothing_compared");
+        let verdict = Verdict::of(
+            usize::from(!nothing),
+            &signatures,
+            self.first_divergence.is_some(),
+        );
+        match (verdict, &self.first_divergence) {
             (Verdict::NothingCompared, _) => {
                 let why = self
                     .diagnostics
@@ -282,7 +315,7 @@ impl Report {
                 let _ = writeln!(
                     s,
                     "{}",
-                    untrusted_line(&self.signatures, fd.as_ref(), "model's blocks")
+                    untrusted_line(&signatures, fd.as_ref(), "model's blocks")
                 );
             }
             (_, None) => {
@@ -292,13 +325,14 @@ impl Report {
                 let drift = fd
                     .drift
                     .map_or(String::new(), |d| format!(", drift {}", pct(d)));
+                // A row without a step says nothing of one.
+                let step = fd.step.map_or(String::new(), |v| format!(" step {v}"));
                 let _ = writeln!(
                     s,
-                    "first divergence: {} (reference {}) tensor {} step {}: {} {} vs {}{}",
+                    "first divergence: {} (reference {}) tensor {}{step}: {} {} vs {}{}",
                     fd.port_module,
                     fd.reference_module,
                     fd.tensor,
-                    step_text(fd.step),
                     fd.stat,
                     fd.reference,
                     fd.port,
@@ -306,59 +340,11 @@ impl Report {
                 );
             }
         }
-        let stats: Vec<&String> = self.tolerances.keys().collect();
-        let first = self.rows.iter().position(|r| r.diverged);
-        // Every row for a small trace; around the divergence for a big one.
-        let (lo, hi) = if self.rows.len() <= 80 {
-            (0, self.rows.len())
-        } else {
-            let f = first.unwrap_or(0);
-            (f.saturating_sub(5), (f + 6).min(self.rows.len()))
-        };
-        if hi > lo {
-            let _ = write!(
-                s,
-                "\n  {:<6} {:<40} {:<8} {:>5}",
-                "", "module", "tensor", "step"
-            );
-            for st in &stats {
-                let _ = write!(s, " {:>10}", st);
-            }
-            let _ = writeln!(s);
-            for row in &self.rows[lo..hi] {
-                let mark = if row.diverged {
-                    "DIVERG"
-                } else if row.exact {
-                    "exact"
-                } else {
-                    "ok"
-                };
-                let _ = write!(
-                    s,
-                    "  {:<6} {:<40} {:<8} {:>5}",
-                    mark,
-                    row.port_module,
-                    row.tensor,
-                    step_text(row.step)
-                );
-                for st in &stats {
-                    let v = row.drift.get(st).map_or("-".to_string(), pct);
-                    let _ = write!(s, " {:>10}", v);
-                }
-                if row.exceeded.iter().any(|e| e == "shape") {
-                    let _ = write!(
-                        s,
-                        "  shape {:?} vs {:?}",
-                        row.reference_shape, row.port_shape
-                    );
-                }
-                let _ = writeln!(s);
-            }
-        }
+        self.render_rows(&mut s);
         let rest: Vec<&Diagnostic> = self
             .diagnostics
             .iter()
-            .filter(|d| !shown_above(d, &self.signatures))
+            .filter(|d| !shown_above(d, &signatures) && !gone.contains(&d.code.as_str()))
             .collect();
         if !rest.is_empty() {
             let _ = writeln!(s, "\ndiagnostics:");
@@ -384,6 +370,69 @@ impl Report {
         }
         s
     }
+
+    /// The table of rows: every row of a small trace, the rows around the
+    /// first divergence of a big one. The step column is there only when a
+    /// row has a step; a row without one, beside rows with one, shows `-`,
+    /// which a line under the table explains.
+    fn render_rows(&self, s: &mut String) {
+        let stats: Vec<&String> = self.tolerances.keys().collect();
+        let first = self.rows.iter().position(|r| r.diverged);
+        let (lo, hi) = if self.rows.len() <= 80 {
+            (0, self.rows.len())
+        } else {
+            let f = first.unwrap_or(0);
+            (f.saturating_sub(5), (f + 6).min(self.rows.len()))
+        };
+        if hi <= lo {
+            return;
+        }
+        let rows = &self.rows[lo..hi];
+        let steps = rows.iter().any(|r| r.step.is_some());
+        let _ = write!(s, "\n  {:<6} {:<40} {:<8}", "", "module", "tensor");
+        if steps {
+            let _ = write!(s, " {:>5}", "step");
+        }
+        for st in &stats {
+            let _ = write!(s, " {:>10}", st);
+        }
+        let _ = writeln!(s);
+        for row in rows {
+            let mark = if row.diverged {
+                "DIVERG"
+            } else if row.exact {
+                "exact"
+            } else {
+                "ok"
+            };
+            let _ = write!(s, "  {:<6} {:<40} {:<8}", mark, row.port_module, row.tensor);
+            if steps {
+                let step = row.step.map_or("-".to_string(), |v| v.to_string());
+                let _ = write!(s, " {step:>5}");
+            }
+            for st in &stats {
+                let v = row.drift.get(st).map_or("-".to_string(), pct);
+                let _ = write!(s, " {:>10}", v);
+            }
+            if row.exceeded.iter().any(|e| e == "shape") {
+                let _ = write!(
+                    s,
+                    "  shape {} vs {}",
+                    shape_text(row.reference_shape.as_deref()),
+                    shape_text(row.port_shape.as_deref())
+                );
+            }
+            let _ = writeln!(s);
+        }
+        if steps && rows.iter().any(|r| r.step.is_none()) {
+            let _ = writeln!(s, "  (step -: the row has no step recorded)");
+        }
+    }
+}
+
+/// A shape, or the words for a shape the trace did not record.
+fn shape_text(shape: Option<&[u64]>) -> String {
+    shape.map_or("not recorded".to_string(), |v| format!("{v:?}"))
 }
 
 fn pct(d: f64) -> String {
@@ -392,8 +441,4 @@ fn pct(d: f64) -> String {
     } else {
         format!("{:.3}%", d * 100.0)
     }
-}
-
-fn step_text(s: Option<i64>) -> String {
-    s.map_or("null".to_string(), |v| v.to_string())
 }
