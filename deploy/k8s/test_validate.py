@@ -63,6 +63,8 @@ def turned_on(folder: Path, component: str) -> Path:
         # ... and be the only GPU count: a request beside the limit is a second one
         ("worker.yaml", "            limits:\n", "              nvidia.com/gpu: 8\n            limits:\n",
          "requests 8 GPUs beside its limit"),
+        # a resource kustomize cannot find: its refusal is reported
+        ("kustomization.yaml", "  - worker.yaml\n", "  - workers.yaml\n", "kubectl kustomize refused it"),
         # a patch kustomize cannot apply
         ("kustomization.yaml", "name: fvd-worker\n    patch", "name: fvd-workers\n    patch", "0 patch values set the GPUs"),
         ("kustomization.yaml", "path: /spec/template/spec/containers/0/resources/limits/nvidia.com~1gpu",
