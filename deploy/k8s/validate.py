@@ -466,13 +466,6 @@ def component_problems(folder: Path, namespace: str) -> tuple[int, list[str]]:
     and the result passes the schema, consistency and Pod Security checks;
     components/weights mounts a claim read-only at /weights in the worker."""
     count, problems = 0, []
-    optional_claims = set()
-    for path in sorted((folder / "optional").glob("*.yaml")):
-        try:
-            optional_claims |= {d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text())
-                                if isinstance(d, dict) and d.get("kind") == "PersistentVolumeClaim"}
-        except (yaml.YAMLError, KeyError, TypeError):
-            pass  # optional_problems reports it
     found = sorted(p.parent for p in (folder / "components").glob("*/kustomization.yaml"))
     if not found:
         problems.append(f"{folder}/components: no component (components/weights is the opt-in weights volume)")
@@ -492,11 +485,13 @@ def component_problems(folder: Path, namespace: str) -> tuple[int, list[str]]:
         problems += consistency_problems(docs, namespace, claims)
         problems += pod_security_problems(docs, namespace)
         if comp.name == "weights":
-            problems += weights_problems(docs, rel, optional_claims)
+            problems += weights_problems(docs, rel)
     return count, problems
 
 
-def weights_problems(docs, rel: str, optional_claims: set[str]) -> list[str]:
+def weights_problems(docs, rel: str) -> list[str]:
+    """The worker mounts a claim read-only at /weights (the operator's
+    claim: its name is theirs to set)."""
     problems = []
     for at, i, d in workloads(docs, "DaemonSet"):
         spec = d["spec"]["template"]["spec"]
@@ -512,9 +507,6 @@ def weights_problems(docs, rel: str, optional_claims: set[str]) -> list[str]:
                 continue
             if not (m.get("readOnly") and pvc.get("readOnly")):
                 problems.append(f"{at}: document {i}: the weights claim {pvc.get('claimName')} is not mounted read-only")
-            if optional_claims and pvc.get("claimName") not in optional_claims:
-                problems.append(f"{at}: document {i}: the weights claim {pvc.get('claimName')} is not the "
-                                f"example in optional/ ({sorted(optional_claims)})")
     return problems
 
 
