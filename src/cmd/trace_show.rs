@@ -29,7 +29,7 @@ pub struct ShowArgs {
 
 pub fn show(args: ShowArgs) -> anyhow::Result<Exit> {
     let rt = runtime()?;
-    let inv = rt.block_on(fetch(&args))?;
+    let inv = consistent(rt.block_on(fetch(&args))?);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&inv)?);
     } else {
@@ -43,7 +43,43 @@ async fn fetch(args: &ShowArgs) -> anyhow::Result<TraceInvestigation> {
     source.trace_report(&args.family, &args.component).await
 }
 
+/// The investigation as both views print it, so that the JSON says what
+/// the text says. Each stored report is settled: one stored before
+/// `fvd_trace::diag::PRECEDENCE` may hold findings another one explains,
+/// and those go. A drill-down that ended at a leaf offers no next trace:
+/// its last report's `drill_down` is the scope that step traced (that is
+/// how the trace actor knew it was done), so it is cleared there.
+pub fn consistent(mut inv: TraceInvestigation) -> TraceInvestigation {
+    let last = inv.steps.iter().rposition(|st| st.report.is_some());
+    for (i, st) in inv.steps.iter_mut().enumerate() {
+        let Some(value) = st.report.as_mut() else {
+            continue;
+        };
+        // A report that does not parse is shown as stored (the text says so).
+        let Ok(mut report) = serde_json::from_value::<fvd_trace::Report>(value.clone()) else {
+            continue;
+        };
+        report.settle();
+        if Some(i) == last && inv.outcome == TraceOutcome::Leaf {
+            report.drill_down = None;
+            report.drill_down_reference = None;
+        }
+        let settled = serde_json::to_value(&report).unwrap_or_default();
+        for key in [
+            "verdict",
+            "signatures",
+            "diagnostics",
+            "drill_down",
+            "drill_down_reference",
+        ] {
+            value[key] = settled[key].clone();
+        }
+    }
+    inv
+}
+
 /// The text view: headline, summary, drill path, then the last report.
+/// Expects [`consistent`]'s investigation.
 pub fn render(inv: &TraceInvestigation) -> String {
     let mut s = String::new();
     let outcome = match inv.outcome.as_str() {
@@ -75,10 +111,21 @@ pub fn render(inv: &TraceInvestigation) -> String {
         } else {
             format!("first divergence {}", st.first_module)
         };
+        // What was not recorded is left out, not printed empty.
+        let reference = if st.reference_layers.is_empty() {
+            String::new()
+        } else {
+            format!("  (reference {})", st.reference_layers)
+        };
+        let run = if st.job_id.is_empty() {
+            "run not queued yet".to_string()
+        } else {
+            format!("run {}", st.job_id)
+        };
         let _ = writeln!(
             s,
-            "  {}. FASTVIDEO_TRACE_LAYERS={}  (reference {})\n     run {}: {found}",
-            st.step, st.layers, st.reference_layers, st.job_id
+            "  {}. FASTVIDEO_TRACE_LAYERS={}{reference}\n     {run}: {found}",
+            st.step, st.layers
         );
         let t = &st.transport;
         if !t.compared_on.is_empty() {
@@ -99,11 +146,12 @@ pub fn render(inv: &TraceInvestigation) -> String {
             Ok(report) => {
                 let _ = writeln!(s, "\nreport of step {step}:");
                 s.push_str(&report.render_text());
-                // The report's own "next trace" is the scope just traced.
-                if inv.outcome == TraceOutcome::Leaf {
+                // Either the report offers a next trace or the drill-down is
+                // done: `consistent` cleared a leaf's, never both.
+                if inv.outcome == TraceOutcome::Leaf && report.drill_down.is_none() {
                     let _ = writeln!(
                         s,
-                        "(drill-down done: that scope was step {step}'s; nothing narrower to trace)"
+                        "\ndrill-down done: the first divergence is a leaf of step {step}'s scope; nothing narrower to trace"
                     );
                 }
             }
@@ -199,7 +247,148 @@ mod tests {
                 },
             ],
         };
-        insta::assert_snapshot!(render(&inv));
+        insta::assert_snapshot!(render(&consistent(inv)));
+    }
+
+    /// The tinylm bug case of `tests/fixtures/traces` (block 2's second
+    /// norm is broken) compared as a trace step of `layers` would be, in
+    /// reference names; a narrowed step gets what the trace actor adds.
+    fn fixture_report(layers: &str, narrowed: bool) -> serde_json::Value {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/traces");
+        let renames = [
+            r"^blocks\.(\d+)=>model.layers.$1",
+            r"\.norm1$=>.attn_norm",
+            r"\.norm2$=>.mlp_norm",
+            r"\.attn$=>.self_attn",
+            r"\.ffn(\.|$)=>.mlp$1",
+            r"\.fc_in$=>.up_proj",
+            r"\.fc_out$=>.down_proj",
+        ];
+        let mut r = fvd_trace::compare(
+            &[dir.join("official.jsonl")],
+            &[dir.join("port_bug.jsonl")],
+            &fvd_trace::CompareOptions {
+                rename: renames.iter().map(|r| r.to_string()).collect(),
+                layers: Some(layers.into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        if narrowed {
+            // As stored before the precedence rule: every finding kept.
+            r.diagnostics.push(fvd_trace::Diagnostic::new(
+                "narrowed_scope",
+                "this trace covers only ^blocks\\.2(\\.|$) (the previous step's first divergence was blocks.2, every module before it matched): diagnostics about inputs or the first block speak of this scope, not of the model",
+            ));
+        }
+        serde_json::to_value(&r).unwrap()
+    }
+
+    /// The drill-down of the bug case to its leaf, as `fvd trace show`
+    /// fetches it; step 2's report is `step2` (reference names).
+    fn bug_drill_down(step2: &str) -> TraceInvestigation {
+        let step = |n: u32, layers: &str, reference: &str, first: &str, report| TraceStep {
+            step: n,
+            layers: layers.into(),
+            reference_layers: reference.into(),
+            job_id: format!("tinylm.refiner#trace.{n}"),
+            first_module: first.into(),
+            report: Some(report),
+            ..TraceStep::default()
+        };
+        TraceInvestigation {
+            family: "tinylm".into(),
+            component: "refiner".into(),
+            job_id: "tinylm.refiner.1".into(),
+            outcome: TraceOutcome::Leaf,
+            steps: vec![
+                step(
+                    1,
+                    "^blocks\\.\\d+$",
+                    "^model\\.layers\\.\\d+$",
+                    "blocks.2",
+                    fixture_report("^model\\.layers\\.\\d+$", false),
+                ),
+                step(
+                    2,
+                    "^blocks\\.2(\\.|$)",
+                    "^model\\.layers\\.2(\\.|$)",
+                    "blocks.2.norm2",
+                    fixture_report(step2, true),
+                ),
+            ],
+            ..TraceInvestigation::default()
+        }
+    }
+
+    /// Issue 43 item 9: the leaf step's report listed `[inputs_differ]`,
+    /// `[early_divergence]` and `[narrowed_scope]`, offered `next trace:` and
+    /// then said `drill-down done`, and printed `step null`; text and JSON
+    /// now say one thing.
+    #[test]
+    fn a_finished_drill_down_says_one_thing() {
+        // Block 2 whole (its norm1 and attention match), and its MLP half
+        // (every row diverges): both gave contradicting findings.
+        for step2 in ["^model\\.layers\\.2(\\.|$)", "^model\\.layers\\.2\\.mlp"] {
+            let inv = consistent(bug_drill_down(step2));
+            let text = render(&inv);
+            let report_text = text
+                .split("report of step 2:")
+                .nth(1)
+                .unwrap_or_else(|| panic!("{text}"));
+            assert!(report_text.contains("[narrowed_scope]"), "{text}");
+            for gone in [
+                "[inputs_differ]",
+                "[early_divergence]",
+                "next trace:",
+                "null",
+                "None",
+            ] {
+                assert!(!report_text.contains(gone), "{gone} in:\n{text}");
+            }
+            assert!(text.contains("\ndrill-down done: "), "{text}");
+            assert!(
+                text.contains("first divergence: blocks.2.norm2 (reference model.layers.2.mlp_norm) tensor out: abs_mean"),
+                "{text}"
+            );
+            // The JSON says the same: one finding, no next trace at the leaf.
+            let json = serde_json::to_value(&inv).unwrap();
+            let last = &json["steps"][1]["report"];
+            let codes: Vec<&str> = last["diagnostics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d["code"].as_str().unwrap())
+                .collect();
+            assert!(codes.contains(&"narrowed_scope"), "{codes:?}");
+            assert!(
+                !codes.contains(&"inputs_differ") && !codes.contains(&"early_divergence"),
+                "{codes:?}"
+            );
+            assert!(
+                last["drill_down"].is_null() && last["drill_down_reference"].is_null(),
+                "{last}"
+            );
+            // Step 1's next trace was taken: it stays.
+            assert_eq!(
+                json["steps"][0]["report"]["drill_down"],
+                "^blocks\\.2(\\.|$)"
+            );
+        }
+    }
+
+    /// A drill-down still under way offers its next trace and is not done.
+    #[test]
+    fn a_drill_down_under_way_is_not_done() {
+        let mut inv = bug_drill_down("^model\\.layers\\.2(\\.|$)");
+        inv.outcome = TraceOutcome::default();
+        inv.steps.truncate(1);
+        let text = render(&consistent(inv));
+        assert!(
+            text.contains("next trace: FASTVIDEO_TRACE_LAYERS='^blocks\\.2(\\.|$)'"),
+            "{text}"
+        );
+        assert!(!text.contains("drill-down done"), "{text}");
     }
 
     #[test]
