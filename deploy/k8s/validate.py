@@ -88,7 +88,8 @@ def render(folder: Path, components: list[str] | None = None) -> tuple[list[tupl
         if components:
             path = copy / "kustomization.yaml"
             kust = yaml.safe_load(path.read_text()) or {}
-            kust["components"] = list(kust.get("components") or []) + list(components)
+            on = list(kust.get("components") or [])
+            kust["components"] = on + [c for c in components if c not in on]
             path.write_text(yaml.safe_dump(kust, sort_keys=False))
         run = subprocess.run([kubectl(), "kustomize", str(copy)], capture_output=True, text=True, timeout=120)
         err = " ".join(run.stderr.replace(str(copy), str(folder)).split())
