@@ -85,6 +85,9 @@ def turned_on(folder: Path, component: str) -> Path:
         ("orchestrator.yaml", "- key: auth.toml\n                path: auth.toml", "- key: auth.toml\n                path: creds.toml",
          "mounted without a key at auth.toml"),
         ("worker.yaml", "secretName: fvd-worker-token", "secretName: fvd-auth", "the orchestrator's credentials"),
+        # what the API server would refuse: a volume twice
+        ("worker.yaml", "      volumes:\n", "      volumes:\n        - name: shm\n          emptyDir: {}\n",
+         "volume shm is defined twice"),
         # the weights component must mount what it says
         ("components/weights/kustomization.yaml", "mountPath: /weights\n          readOnly: true",
          "mountPath: /weights", "is not mounted read-only"),

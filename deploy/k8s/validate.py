@@ -177,6 +177,15 @@ def consistency_problems(docs: list[tuple[str, int, dict]], namespace: str,
             for t in (doc.get("spec") or {}).get("volumeClaimTemplates") or []
         }
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        # The API server refuses a repeated volume name or mount path (a
+        # component applied twice, a patch that adds what exists).
+        names = [v["name"] for v in spec.get("volumes") or []]
+        for dup in sorted({n for n in names if names.count(n) > 1}):
+            problems.append(f"{at}: volume {dup} is defined twice")
+        for c in spec.get("containers") or []:
+            paths = [m["mountPath"] for m in c.get("volumeMounts") or []]
+            for dup in sorted({m for m in paths if paths.count(m) > 1}):
+                problems.append(f"{at}: container {c['name']} mounts two volumes at {dup}")
         for v in volumes.values():
             pvc = v.get("persistentVolumeClaim")
             if pvc and pvc["claimName"] not in claims:
