@@ -84,13 +84,8 @@ fn said_by(name: &str) -> String {
 }
 
 /// The span of a call that changes a port: who made it, as OpenTelemetry's
-/// `enduser.*` attributes, under the caller's trace when it sent one.
-fn change_span(
-    method: &str,
-    family: &str,
-    who: &Principal,
-    traceparent: Option<&str>,
-) -> tracing::Span {
+/// `enduser.*` attributes; its place in a trace is the caller's to set.
+fn change_span(method: &str, family: &str, who: &Principal) -> tracing::Span {
     let span = tracing::info_span!(
         "PortService",
         otel.name = %format!("fvd.v1.PortService/{method}"),
@@ -102,9 +97,6 @@ fn change_span(
         enduser.id = %who.name(),
         enduser.role = %who.role(),
     );
-    if let Some(tp) = traceparent {
-        fvd_telemetry::set_parent(&span, tp);
-    }
     span
 }
 
@@ -249,7 +241,20 @@ impl pb::port_service_server::PortService for PortApi {
         if r.family.is_empty() {
             return Err(Status::invalid_argument("family is empty"));
         }
-        let span = change_span("Submit", &r.family, &who, traceparent.as_deref());
+        // The Submit span belongs to the port's trace as an Answer's does:
+        // a resume continues the stored trace (linking a caller of another
+        // trace), a new port or a rerun starts under the caller. A caller
+        // that sends no context (a CLI that does not export) thus never
+        // leaves the span alone in a trace of its own, and the run hangs
+        // under it in every case.
+        let span = change_span("Submit", &r.family, &who);
+        let stored = query::port_traceparent(&self.store, &r.family)
+            .await
+            .ok()
+            .flatten();
+        fvd_telemetry::Continuation::decide(stored.as_deref(), traceparent.as_deref(), r.rerun)
+            .apply(&span);
+        let traceparent = fvd_telemetry::traceparent(&span).or(traceparent);
         let sub = Submission {
             family: r.family,
             repo: r.repo,
@@ -407,7 +412,7 @@ impl pb::port_service_server::PortService for PortApi {
         // An answer resumes the port: its span belongs to the port's trace
         // (linking the caller's, when that is another), and the resumed
         // run hangs under it, wherever the answer came from.
-        let span = change_span("Answer", &r.family, &who, None);
+        let span = change_span("Answer", &r.family, &who);
         let stored = query::port_traceparent(&self.store, &r.family)
             .await
             .ok()
@@ -507,7 +512,7 @@ impl pb::port_service_server::PortService for PortApi {
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let (who, caller) = changer(&request, "cancel")?;
         let family = request.into_inner().family;
-        let span = change_span("Cancel", &family, &who, None);
+        let span = change_span("Cancel", &family, &who);
         call(&self.store, &self.orchestrator, |reply| {
             OrchestratorMsg::Cancel {
                 family,
@@ -526,7 +531,7 @@ impl pb::port_service_server::PortService for PortApi {
     ) -> Result<Response<pb::ResetResponse>, Status> {
         let (who, caller) = changer(&request, "reset")?;
         let family = request.into_inner().family;
-        let span = change_span("Reset", &family, &who, None);
+        let span = change_span("Reset", &family, &who);
         call(&self.store, &self.orchestrator, |reply| {
             OrchestratorMsg::Reset {
                 family,

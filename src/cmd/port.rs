@@ -23,6 +23,7 @@ use fvd_store::model::{ComponentStatus, GateEventRow};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+use tracing::Instrument;
 
 use super::exit::Remote;
 use super::render::{self, Shown, say};
@@ -206,7 +207,6 @@ pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
     // or the caller's (an agent's `TRACEPARENT`).
     let span = tracing::info_span!(
         "submit",
-        otel.kind = "client",
         "fvd.family" = %args.family,
         "fvd.embedded" = args.target.orchestrator.is_none()
     );
@@ -380,7 +380,6 @@ pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
     // hangs under it.
     let span = tracing::info_span!(
         "answer",
-        otel.kind = "client",
         "fvd.family" = %args.family,
         "fvd.id" = %request.id,
         "fvd.embedded" = args.target.orchestrator.is_none()
@@ -469,9 +468,10 @@ fn continue_trace(span: &tracing::Span, stored: Option<String>, rerun: bool) {
 }
 
 async fn send_answer(client: &mut Client, request: pb::AnswerRequest) -> anyhow::Result<()> {
-    let r = client
-        .answer(traced(request))
-        .await
+    let span = rpc_span("Answer", &client.url);
+    let request = span.in_scope(|| traced(request));
+    let r = client.answer(request).instrument(span.clone()).await;
+    let r = rpc_ended(&span, r)
         .map_err(|e| client.fail(e))?
         .into_inner();
     let e = r
@@ -486,9 +486,10 @@ async fn send_answer(client: &mut Client, request: pb::AnswerRequest) -> anyhow:
 
 /// Submits and says whether the port started or resumed, and where.
 async fn send(client: &mut Client, request: pb::SubmitRequest, place: &str) -> anyhow::Result<()> {
-    let r = client
-        .submit(traced(request))
-        .await
+    let span = rpc_span("Submit", &client.url);
+    let request = span.in_scope(|| traced(request));
+    let r = client.submit(request).instrument(span.clone()).await;
+    let r = rpc_ended(&span, r)
         .map_err(|e| client.fail(e))?
         .into_inner();
     let verb = if r.rerun {
@@ -1220,6 +1221,48 @@ pub async fn client(
         grpc: PortServiceClient::with_interceptor(channel, ClientAuth::new(token)),
         url: url.to_string(),
     })
+}
+
+/// The client span of one call to the orchestrator's `PortService`, named
+/// and described as OpenTelemetry's RPC conventions say, so a trace shows
+/// which server the CLI called and how the call ended.
+fn rpc_span(method: &'static str, url: &str) -> tracing::Span {
+    let uri = url.parse::<tonic::codegen::http::Uri>().ok();
+    let host = uri
+        .as_ref()
+        .and_then(|u| u.host())
+        .unwrap_or_default()
+        .to_string();
+    let port = uri.as_ref().and_then(|u| u.port_u16()).map(i64::from);
+    tracing::info_span!(
+        "PortService",
+        otel.name = %format!("fvd.v1.PortService/{method}"),
+        otel.kind = "client",
+        rpc.system = "grpc",
+        rpc.service = "fvd.v1.PortService",
+        rpc.method = method,
+        server.address = %host,
+        server.port = port,
+        rpc.grpc.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
+/// Records how a call ended on its client span (gRPC's status code, and
+/// the span's error status when the call failed).
+fn rpc_ended<T>(
+    span: &tracing::Span,
+    r: Result<tonic::Response<T>, tonic::Status>,
+) -> Result<tonic::Response<T>, tonic::Status> {
+    let code = match &r {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    };
+    span.record("rpc.grpc.status_code", code as i64);
+    if code != tonic::Code::Ok {
+        span.record("otel.status_code", "ERROR");
+    }
+    r
 }
 
 /// A submit or answer call, carrying the trace context as W3C `traceparent`

@@ -546,21 +546,30 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     let port = one(&spans, "port span", |s| s.name == "port");
     assert_eq!(attr(port, "fvd.family"), "otelport");
     assert_eq!(port.service, "fvd-orchestrator");
-    // The port continues the caller's trace: caller → submit (CLI) → port.
+    // The port continues the caller's trace: caller → submit (the CLI's
+    // command) → its Submit call (client) → the orchestrator's side of it
+    // (server) → port.
     let cli = one(&spans, "submit span", |s| s.name == "submit");
     assert_eq!(cli.service, "fvd");
+    assert_eq!(cli.kind, "SPAN_KIND_INTERNAL");
     assert_eq!((cli.trace_id.as_str(), cli.parent.as_str()), caller);
-    assert_eq!(port.trace_id, caller.0);
-    assert_eq!(port.parent, cli.span_id);
+    let call = one(&spans, "Submit call's client span", |s| {
+        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_CLIENT"
+    });
+    assert_eq!(call.service, "fvd");
+    assert_eq!(call.parent, cli.span_id);
+    assert_eq!(attr(call, "rpc.system"), "grpc");
     // The orchestrator's side of the call says who made it.
     let rpc = one(&spans, "Submit call span", |s| {
-        s.name == "fvd.v1.PortService/Submit"
+        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_SERVER"
     });
     assert_eq!(rpc.service, "fvd-orchestrator");
     assert_eq!(
         (rpc.trace_id.as_str(), rpc.parent.as_str()),
-        (caller.0, cli.span_id.as_str())
+        (caller.0, call.span_id.as_str())
     );
+    assert_eq!(port.trace_id, caller.0);
+    assert_eq!(port.parent, rpc.span_id);
     assert_eq!(attr(rpc, "enduser.id"), "porter");
     assert_eq!(attr(rpc, "enduser.role"), "porter");
     assert_eq!(attr(rpc, "rpc.method"), "Submit");
@@ -1121,12 +1130,15 @@ fn one_port_is_one_trace_across_submit_answer_and_resume() {
     );
     // The orchestrator's side of the call, a server span under the CLI's,
     // and the resumed port under it.
-    let served = one(second, "the Answer call's server span", |s| {
-        s.name == "fvd.v1.PortService/Answer"
+    let call = one(second, "the Answer call's client span", |s| {
+        s.name == "fvd.v1.PortService/Answer" && s.kind == "SPAN_KIND_CLIENT"
     });
-    assert_eq!(served.parent, answer.span_id);
-    assert_eq!(served.kind, "SPAN_KIND_SERVER");
-    assert_eq!(answer.kind, "SPAN_KIND_CLIENT");
+    assert_eq!(call.parent, answer.span_id);
+    let served = one(second, "the Answer call's server span", |s| {
+        s.name == "fvd.v1.PortService/Answer" && s.kind == "SPAN_KIND_SERVER"
+    });
+    assert_eq!(served.parent, call.span_id);
+    assert_eq!(answer.kind, "SPAN_KIND_INTERNAL");
     let resumed = one(second, "resumed port span", |s| s.name == "port");
     assert_eq!(resumed.parent, served.span_id);
     for s in second {
@@ -1149,7 +1161,24 @@ fn one_port_is_one_trace_across_submit_answer_and_resume() {
         (trace.as_str(), port.span_id.as_str())
     );
     let again = one(third, "port span", |s| s.name == "port");
-    assert_eq!(again.parent, cli.span_id);
+    let served = one(third, "the Submit call's server span", |s| {
+        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_SERVER"
+    });
+    let call = one(third, "the Submit call's client span", |s| {
+        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_CLIENT"
+    });
+    assert_eq!(
+        [
+            again.parent.as_str(),
+            served.parent.as_str(),
+            call.parent.as_str()
+        ],
+        [
+            served.span_id.as_str(),
+            call.span_id.as_str(),
+            cli.span_id.as_str()
+        ]
+    );
     for s in third {
         assert_eq!(s.trace_id, trace, "{s:?}");
     }
@@ -1210,7 +1239,24 @@ fn a_caller_s_decision_not_to_sample_is_honoured() {
     assert_ne!(cli.trace_id, port.trace_id);
     assert_eq!(cli.links, [(port.trace_id.clone(), port.span_id.clone())]);
     let again = one(rerun, "rerun's port span", |s| s.name == "port");
-    assert_eq!(again.parent, cli.span_id);
+    let served = one(rerun, "rerun's Submit served", |s| {
+        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_SERVER"
+    });
+    let call = one(rerun, "rerun's Submit call", |s| {
+        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_CLIENT"
+    });
+    assert_eq!(
+        [
+            again.parent.as_str(),
+            served.parent.as_str(),
+            call.parent.as_str()
+        ],
+        [
+            served.span_id.as_str(),
+            call.span_id.as_str(),
+            cli.span_id.as_str()
+        ]
+    );
     submit(Some(&unsampled), false);
     submit(Some(&unsampled), true);
     let after = receiver.spans();
@@ -1368,9 +1414,9 @@ fn a_fleet_resume_continues_the_port_s_trace_and_links_its_caller() {
         let s = receiver.spans();
         s.iter().find(|g| g.name == "port").cloned()
     });
-    // Resubmitted from another trace (an agent's): the orchestrator's new
-    // run continues the port's trace and links the caller's CLI span,
-    // which could not know the port's context.
+    // Resubmitted from another trace (an agent's): the orchestrator's
+    // Submit span continues the port's trace and links the caller's call,
+    // which could not know the port's context; the new run hangs under it.
     let caller = "6bf92f3577b34da6a3ce929d0e0e4738";
     let tp = format!("00-{caller}-20f067aa0ba902b7-01");
     env.push(("TRACEPARENT", &tp));
@@ -1380,14 +1426,90 @@ fn a_fleet_resume_continues_the_port_s_trace_and_links_its_caller() {
     let cli = one(&spans, "second submit span", |s| {
         s.name == "submit" && s.trace_id == caller
     });
+    // The CLI's call is a client span under its command, with the RPC
+    // conventions' attributes.
+    let call = one(&spans, "second Submit call", |s| {
+        s.name == "fvd.v1.PortService/Submit" && s.trace_id == caller
+    });
+    assert_eq!(call.parent, cli.span_id);
+    assert_eq!(call.kind, "SPAN_KIND_CLIENT");
+    for (key, want) in [
+        ("rpc.system", "grpc"),
+        ("rpc.service", "fvd.v1.PortService"),
+        ("rpc.method", "Submit"),
+        ("server.address", "127.0.0.1"),
+        ("rpc.grpc.status_code", "0"),
+    ] {
+        assert_eq!(attr(call, key), want, "{call:?}");
+    }
+    let port: u16 = fleet.url.rsplit(':').next().unwrap().parse().unwrap();
+    assert_eq!(attr(call, "server.port"), port.to_string());
+    let served = one(&spans, "second Submit served", |s| {
+        s.name == "fvd.v1.PortService/Submit"
+            && s.kind == "SPAN_KIND_SERVER"
+            && s.links.iter().any(|(t, _)| t == caller)
+    });
+    assert_eq!(
+        (served.trace_id.as_str(), served.parent.as_str()),
+        (first.trace_id.as_str(), first.span_id.as_str())
+    );
+    assert_eq!(
+        served.links,
+        [(call.trace_id.clone(), call.span_id.clone())]
+    );
     let again = one(&spans, "resumed port span", |s| {
         s.name == "port" && s.span_id != first.span_id
     });
     assert_eq!(
         (again.trace_id.as_str(), again.parent.as_str()),
-        (first.trace_id.as_str(), first.span_id.as_str())
+        (first.trace_id.as_str(), served.span_id.as_str())
     );
-    assert_eq!(again.links, [(cli.trace_id.clone(), cli.span_id.clone())]);
+}
+
+/// A CLI that does not export sends no trace context: the orchestrator's
+/// Submit span is still part of the port's trace, with the run under it,
+/// on the first submit and on a resume, never a trace of one span.
+#[test]
+fn a_submit_from_a_cli_that_does_not_export_is_in_the_port_s_trace() {
+    let receiver = Receiver::start("127.0.0.1:0").expect("receiver");
+    let sb = Sandbox::new().with_auth();
+    sb.port("quietcli", &[TestComponent::new("solo", "pass")]);
+    let endpoint = receiver.endpoint();
+    let quick = [("OTEL_BSP_SCHEDULE_DELAY", "50")];
+    let mut fleet = Fleet::serve(&sb, &["--otlp-endpoint", &endpoint], &quick);
+    fleet.worker(&sb, "w1", &[]);
+    assert_eq!(submit(&fleet.url, "quietcli", &sb, &[]), Some(0));
+    let first_port = wait_for("the first port span", Duration::from_secs(20), || {
+        receiver.spans().into_iter().find(|g| g.name == "port")
+    });
+    assert_eq!(submit(&fleet.url, "quietcli", &sb, &[]), Some(0));
+    wait_for("two port spans", Duration::from_secs(20), || {
+        (receiver.spans().iter().filter(|g| g.name == "port").count() == 2).then_some(())
+    });
+    fleet.stop();
+    let spans = receiver.spans();
+    let served: Vec<&Got> = spans
+        .iter()
+        .filter(|s| s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_SERVER")
+        .collect();
+    assert_eq!(served.len(), 2, "{served:#?}");
+    for s in &served {
+        assert_eq!(s.trace_id, first_port.trace_id, "{s:?}");
+        assert!(
+            spans.iter().any(|c| c.parent == s.span_id),
+            "the Submit span has no child: {s:?}"
+        );
+    }
+    assert!(
+        spans.iter().all(|s| s.name != "submit"),
+        "the CLI exported nothing"
+    );
+    for port in spans.iter().filter(|s| s.name == "port") {
+        assert!(
+            served.iter().any(|s| s.span_id == port.parent),
+            "a run not under its Submit: {port:?}"
+        );
+    }
 }
 
 /// `fvd answer --orchestrator` from a shell with no trace of the port: the
@@ -1448,11 +1570,13 @@ fn a_fleet_answer_joins_its_port_s_trace() {
         receiver
             .spans()
             .into_iter()
-            .find(|g| g.name == "fvd.v1.PortService/Answer")
+            .find(|g| g.name == "fvd.v1.PortService/Answer" && g.kind == "SPAN_KIND_SERVER")
     });
     fleet.stop();
     let spans = receiver.spans();
-    let cli = one(&spans, "the CLI's answer span", |s| s.name == "answer");
+    let cli = one(&spans, "the CLI's Answer call", |s| {
+        s.name == "fvd.v1.PortService/Answer" && s.kind == "SPAN_KIND_CLIENT"
+    });
     assert_ne!(
         cli.trace_id, port.trace_id,
         "the CLI could not know the port's trace"

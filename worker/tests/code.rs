@@ -68,8 +68,7 @@ fn fetcher(
     repo: PathBuf,
     commit: String,
     asked: Asked,
-) -> impl FnMut(Vec<String>) -> std::future::Ready<Result<mpsc::UnboundedReceiver<Chunk>, String>>
-{
+) -> impl FnMut(Vec<String>) -> std::future::Ready<Result<mpsc::UnboundedReceiver<Chunk>, String>> {
     move |have| {
         let data = pack(&repo, &commit, &have);
         asked.lock().unwrap().push(have);
