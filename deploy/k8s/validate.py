@@ -16,7 +16,8 @@ components are applied by kustomize itself, not imitated here.
    dials the orchestrator Service's name, namespace and port, the preStop
    drain names the worker's --workspace, which is a mounted volume, every
    volume mount has its volume, every claim its PersistentVolumeClaim or
-   claim template, every Service targetPort a container port.
+   claim template, every Service targetPort a container port, and no
+   volume name or mount path is given twice.
 4. Every pod template meets the Pod Security level its namespace enforces
    (`pod-security.kubernetes.io/enforce`, pod_security.py).
 5. The examples in optional/ (not applied by kustomization.yaml) pass the
