@@ -118,7 +118,7 @@ pub fn render(inv: &TraceInvestigation) -> String {
             format!("  (reference {})", st.reference_layers)
         };
         let run = if st.job_id.is_empty() {
-            "run not queued yet".to_string()
+            "run not recorded".to_string()
         } else {
             format!("run {}", st.job_id)
         };

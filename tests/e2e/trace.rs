@@ -205,3 +205,57 @@ fn npy_folders_and_inputs_differ() {
     assert!(codes(&r).contains(&"inputs_differ".to_string()));
     assert_eq!(r["tensors"][1]["metrics"]["identical"], true);
 }
+
+/// One comparison says one thing (issue 43, item 9), through the binary:
+/// block 2's MLP half of the bug case diverges from its first row on, so
+/// the rows call the inputs different, and the divergence at that first
+/// row is not listed again as an early one; the tinylm traces have no
+/// steps, and no `null` stands in for one. Text and JSON list the same
+/// findings.
+#[test]
+fn a_scoped_comparison_lists_one_finding_and_no_null_step() {
+    let c = own();
+    let mut args: Vec<String> = vec![
+        "trace".into(),
+        "compare".into(),
+        "--reference".into(),
+        c.dir.join("official.jsonl").display().to_string(),
+        "--port".into(),
+        c.dir.join("port_bug.jsonl").display().to_string(),
+        "--layers".into(),
+        r"^model\.layers\.2\.mlp".into(),
+    ];
+    for r in RENAMES {
+        args.extend(["--rename".to_string(), r.to_string()]);
+    }
+    let out = run(&args);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.starts_with(
+            "first divergence: blocks.2.norm2 (reference model.layers.2.mlp_norm) tensor out: abs_mean "
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("\n  [inputs_differ] every compared row diverges"),
+        "{text}"
+    );
+    assert!(!text.contains("[early_divergence]"), "{text}");
+    assert!(!text.contains("null") && !text.contains("None"), "{text}");
+
+    args.push("--json".into());
+    let r: Value = serde_json::from_slice(&run(&args).stdout).unwrap();
+    let found = codes(&r);
+    assert!(found.contains(&"inputs_differ".to_string()), "{found:?}");
+    assert!(
+        !found.contains(&"early_divergence".to_string()),
+        "{found:?}"
+    );
+    for code in &found {
+        assert!(
+            text.contains(&format!("[{code}]")),
+            "{code} not in:\n{text}"
+        );
+    }
+}
