@@ -280,6 +280,18 @@ impl Store {
             .collect()
     }
 
+    /// Per worker id, the latest moment a run it held records (leased,
+    /// started or ended): when a worker that is gone was last seen at work.
+    pub async fn worker_last_runs(&self) -> Result<BTreeMap<String, i64>, StoreError> {
+        let rows = sqlx::query("SELECT worker_id, MAX(MAX(COALESCE(started_ms, 0), COALESCE(spawned_ms, 0), COALESCE(finished_ms, 0))) AS at FROM jobs WHERE worker_id != '' GROUP BY worker_id")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get("worker_id"), r.get::<i64, _>("at")))
+            .collect())
+    }
+
     /// Runs the store records as `running` (holding a lease), oldest first.
     pub async fn leased_jobs(&self) -> Result<Vec<LeasedJob>, StoreError> {
         let rows = sqlx::query("SELECT job_id, family, component, worker_id, lease_epoch, gpus, started_ms FROM jobs WHERE state = ? ORDER BY started_ms, job_id")
@@ -377,6 +389,9 @@ mod tests {
         assert!(reader.runs(other).await.unwrap().is_empty());
         let workers = reader.stored_workers().await.unwrap();
         assert_eq!(workers[0].gpus[0].name, "H100");
+        let seen = reader.worker_last_runs().await.unwrap();
+        assert_eq!(seen.keys().collect::<Vec<_>>(), ["w1"]);
+        assert!(seen["w1"] >= runs[0].started_ms.unwrap(), "{seen:?}");
         assert!(reader.port_times().await.unwrap()["p"].created_ms > 0);
         assert!(
             reader
