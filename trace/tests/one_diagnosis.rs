@@ -142,7 +142,10 @@ fn a_partial_rank_without_a_step_prints_no_none() {
             "{{\"module\":\"{m}\",\"tensor\":\"out\",\"step\":null,\"abs_mean\":1.0,\"shape\":[2]}}\n"
         )
     };
-    let (r0, r1) = (dir.path().join("rank0.jsonl"), dir.path().join("rank1.jsonl"));
+    let (r0, r1) = (
+        dir.path().join("rank0.jsonl"),
+        dir.path().join("rank1.jsonl"),
+    );
     std::fs::write(&r0, row("a") + &row("b")).unwrap();
     std::fs::write(&r1, row("a")).unwrap();
     let files = fvd_trace::read_side(&[r0, r1]).unwrap();
