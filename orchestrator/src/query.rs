@@ -645,6 +645,215 @@ pub async fn fleet(
     })
 }
 
+/// The fleet as a page shows it (issue #43): the workers that run now with
+/// the runs they hold, the workers that registered once and are gone, and
+/// the runs the store still records on a gone worker. Every `fvd submit`
+/// of embedded mode registers a worker of its own (`HOST-PID`) that ends
+/// with it, so without this split a state's page listed one worker per
+/// past submit, and a killed one as holding the run it cut short.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Roster {
+    /// The workers that run now: the scheduler's when one answered, else
+    /// the stored workers whose process this host still runs.
+    pub fleet: Fleet,
+    /// The workers that are not running now (or, read from the store, not
+    /// seen running on this host), the latest seen first.
+    pub gone: Vec<GoneWorker>,
+    /// Runs the store records as leased to a worker of `gone`: cut short.
+    /// No worker holds them; their port runs them again.
+    pub interrupted: Vec<Interrupted>,
+}
+
+/// A run of [`Roster::interrupted`] and the gone worker it was on.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Interrupted {
+    pub worker_id: String,
+    pub run: Lease,
+}
+
+/// A worker of [`Roster::gone`].
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct GoneWorker {
+    pub worker_id: String,
+    pub host: String,
+    /// Its registration or the latest time a run it held records, the
+    /// later of the two (0: unknown).
+    pub last_seen_ms: i64,
+}
+
+/// The fleet split into the workers that run and those that are gone
+/// ([`Roster`]).
+pub async fn roster(
+    store: &Store,
+    scheduler: Option<&ActorRef<SchedulerMsg>>,
+) -> Result<Roster, StoreError> {
+    let mut fleet = fleet(store, scheduler).await?;
+    let stored = store.stored_workers().await?;
+    let worked = store.worker_last_runs().await?;
+    let registered: BTreeMap<&str, i64> = stored
+        .iter()
+        .map(|w| (w.worker_id.as_str(), w.registered_ms))
+        .collect();
+    let gone: Vec<Worker> = if fleet.live {
+        // The scheduler's workers hold only live leases; the stored
+        // workers it does not know are gone, with the leases the store
+        // still gives them.
+        let live: Vec<&str> = fleet.workers.iter().map(|w| w.worker_id.as_str()).collect();
+        let held: Vec<&str> = fleet
+            .workers
+            .iter()
+            .flat_map(|w| w.jobs.iter().map(|j| j.job_id.as_str()))
+            .collect();
+        let stale = store_leases_off(store, &live, &held).await?;
+        let mut gone: Vec<Worker> = stored
+            .iter()
+            .filter(|w| !live.contains(&w.worker_id.as_str()))
+            .map(|w| Worker {
+                worker_id: w.worker_id.clone(),
+                host: w.host.clone(),
+                ..Worker::default()
+            })
+            .collect();
+        for (worker_id, lease) in stale {
+            match gone.iter_mut().find(|w| w.worker_id == worker_id) {
+                Some(w) => w.jobs.push(lease),
+                None => gone.push(Worker {
+                    worker_id,
+                    jobs: vec![lease],
+                    ..Worker::default()
+                }),
+            }
+        }
+        gone
+    } else {
+        let host = this_host();
+        let (running, left): (Vec<Worker>, Vec<Worker>) = std::mem::take(&mut fleet.workers)
+            .into_iter()
+            .partition(|w| {
+                registered
+                    .get(w.worker_id.as_str())
+                    .is_some_and(|at| runs_here(w, *at, host.as_deref()))
+            });
+        fleet.workers = running;
+        left
+    };
+    let mut roster = Roster {
+        fleet,
+        ..Roster::default()
+    };
+    for w in gone {
+        let last_seen_ms = registered
+            .get(w.worker_id.as_str())
+            .copied()
+            .max(worked.get(&w.worker_id).copied())
+            .unwrap_or(0);
+        for run in w.jobs {
+            roster.interrupted.push(Interrupted {
+                worker_id: w.worker_id.clone(),
+                run,
+            });
+        }
+        roster.gone.push(GoneWorker {
+            worker_id: w.worker_id,
+            host: w.host,
+            last_seen_ms,
+        });
+    }
+    roster
+        .gone
+        .sort_by(|a, b| (b.last_seen_ms, &a.worker_id).cmp(&(a.last_seen_ms, &b.worker_id)));
+    Ok(roster)
+}
+
+/// The leases the store records on a worker not in `live`, by worker,
+/// leaving out the runs in `held` (the scheduler holds them).
+async fn store_leases_off(
+    store: &Store,
+    live: &[&str],
+    held: &[&str],
+) -> Result<Vec<(String, Lease)>, StoreError> {
+    let leased = store.leased_jobs().await?;
+    if leased.is_empty() {
+        return Ok(Vec::new());
+    }
+    let runs = store
+        .runs(RunFilter {
+            since_ms: Some(i64::MAX),
+            ..RunFilter::default()
+        })
+        .await?;
+    let run_no: BTreeMap<&str, u32> = runs.iter().map(|r| (r.job_id.as_str(), r.run_no)).collect();
+    Ok(leased
+        .into_iter()
+        .filter(|j| !live.contains(&j.worker_id.as_str()) && !held.contains(&j.job_id.as_str()))
+        .map(|j| {
+            let lease = Lease {
+                run_no: run_no.get(j.job_id.as_str()).copied().unwrap_or(0),
+                job_id: j.job_id,
+                family: j.family,
+                component: j.component,
+                lease_epoch: j.lease_epoch,
+                gpus: j.gpus,
+                started_ms: j.started_ms,
+            };
+            (j.worker_id, lease)
+        })
+        .collect())
+}
+
+/// This host's name, as a worker started here announces it.
+fn this_host() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// Whether the stored worker `w`, registered at `registered_ms`, still
+/// runs: a worker of this host named `HOST-PID` (embedded mode's, and any
+/// `fvd worker` without `--worker-id`) whose process is alive and started
+/// before that registration (so not a later process that reuses the pid).
+/// A worker of another host, or named otherwise, cannot be seen from
+/// here: without a scheduler it does not count as running.
+fn runs_here(w: &Worker, registered_ms: i64, host: Option<&str>) -> bool {
+    if host != Some(w.host.as_str()) {
+        return false;
+    }
+    let Some(pid) = w
+        .worker_id
+        .strip_prefix(w.host.as_str())
+        .and_then(|r| r.strip_prefix('-'))
+        .and_then(|p| p.parse::<u32>().ok())
+    else {
+        return false;
+    };
+    process_started_ms(pid).is_some_and(|start| start <= registered_ms + PID_START_SLACK_MS)
+}
+
+/// How much later than its worker's registration a process may seem to
+/// have started (the boot time is in whole seconds, start times in ticks).
+const PID_START_SLACK_MS: i64 = 2_000;
+
+/// When process `pid` started (ms since the epoch), if it runs and is not
+/// a zombie.
+fn process_started_ms(pid: u32) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3 of proc(5), starttime field 22.
+    if matches!(fields.first(), Some(&"Z") | Some(&"X") | None) {
+        return None;
+    }
+    let ticks: i64 = fields.get(19)?.parse().ok()?;
+    let boot_s: i64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())?;
+    // Linux reports start times in USER_HZ, 100 a second on every
+    // architecture it exports them for.
+    Some(boot_s * 1000 + ticks * 10)
+}
+
 /// The runs waiting for a lease, and what each needs of a worker.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Queue {
@@ -827,6 +1036,37 @@ mod tests {
             actions: Vec::new(),
             agent_spend: None,
         }
+    }
+
+    /// Issue #43: read from the store, a worker runs while the process
+    /// it is named after (`HOST-PID`, this host) runs and started before
+    /// it registered; a later process with its pid, another host or
+    /// another name is not it.
+    #[test]
+    fn a_stored_worker_runs_while_its_process_does() {
+        let host = this_host().expect("a host name");
+        let me = Worker {
+            worker_id: format!("{host}-{}", std::process::id()),
+            host: host.clone(),
+            ..Worker::default()
+        };
+        let now = now_ms();
+        assert!(runs_here(&me, now, Some(&host)));
+        assert!(
+            !runs_here(&me, 1_000, Some(&host)),
+            "registered before this process started: a reused pid"
+        );
+        assert!(!runs_here(&me, now, Some("elsewhere")));
+        let named = Worker {
+            worker_id: "w1".into(),
+            ..me.clone()
+        };
+        assert!(!runs_here(&named, now, Some(&host)));
+        let gone = Worker {
+            worker_id: format!("{host}-{}", u32::MAX - 1),
+            ..me
+        };
+        assert!(!runs_here(&gone, now, Some(&host)));
     }
 
     /// Issue #43: a refusal a later submit went past is history; the

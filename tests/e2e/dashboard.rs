@@ -869,6 +869,22 @@ fn the_operator_sees_the_timeline_history_filters_and_searches_a_log() {
         json!(6),
         "the fleet's last hour holds the port's runs"
     );
+    // Both submits' workers are gone (issue #43): no card, one folded
+    // line that opens to list them.
+    let gone = js(
+        &rt,
+        &c,
+        "const d = document.querySelector('#workers details.gone'); return {cards: document.querySelectorAll('#workers article.worker').length, open: d && d.open, summary: d && d.querySelector('summary').textContent, listed: d && d.querySelectorAll('li[data-gone-worker]').length}",
+    );
+    assert_eq!(gone["cards"], 0, "{gone}");
+    assert_eq!(gone["open"], false, "folded: {gone}");
+    assert_eq!(gone["listed"], 2, "{gone}");
+    assert!(
+        gone["summary"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("2 earlier workers")),
+        "{gone}"
+    );
     std::fs::write(
         out.join("fleet-timeline.png"),
         rt.block_on(c.screenshot()).unwrap(),
@@ -1000,4 +1016,182 @@ fn a_browser_signed_in_as_a_porter_answers_without_a_token() {
         .unwrap()
         .clone();
     assert_eq!(e["answered_by"], "porter", "{e:#}");
+}
+
+/// `GET path` of the dashboard at `addr` as JSON (a twin under `/api`).
+fn get_json(addr: &str, path: &str) -> Value {
+    let (status, body) = http(addr, "GET", path, "");
+    assert!(status.contains("200"), "{path}: {status} {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
+/// Issue #43: an embedded state's `/workers` page after several `fvd
+/// submit`s, each of which registered a worker of its own that ended with
+/// it. Only the worker of the submit that runs now is a card (holding its
+/// run); the others fold into one line; a run whose submit was killed is
+/// interrupted, held by nobody; and every timeline lane names its worker
+/// (a run stopped by Ctrl-C, queued again, is listed apart).
+#[test]
+fn an_embedded_state_s_gone_workers_fold_away_and_hold_no_run() {
+    let sb = Sandbox::new();
+    let release = sb.repo().join("release");
+    let blocking = crate::port::blocks_until(&release);
+    sb.port(
+        "killed",
+        &[
+            TestComponent::new("quick", "assert True"),
+            TestComponent::new("stuck", &blocking),
+        ],
+    );
+    sb.port("stopped", &[TestComponent::new("stuck", &blocking)]);
+    sb.port("later", &[TestComponent::new("waits", &blocking)]);
+    let submit = |family: &str| {
+        Kill(
+            fvd()
+                .args(["submit", "--family", family, "--wait", "--repo"])
+                .arg(sb.repo())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let running = |family: &str, component: &str| {
+        wait_for(
+            &format!("{family}/{component} to run"),
+            Duration::from_secs(90),
+            || {
+                let s = sb.local_status(family)?;
+                s["components"]
+                    .as_array()?
+                    .iter()
+                    .any(|c| c["name"] == component && c["status"] == "running")
+                    .then_some(())
+            },
+        )
+    };
+    // Killed mid-run (kill -9): the store still gives `stuck` to its worker.
+    let killed = submit("killed");
+    let killed_pid = killed.0.id();
+    running("killed", "stuck");
+    drop(killed);
+    // Stopped mid-run (Ctrl-C): its run goes back to the queue.
+    let mut stopped = submit("stopped");
+    let stopped_pid = stopped.0.id();
+    running("stopped", "stuck");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(stopped_pid as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    wait_for("the stopped submit to end", Duration::from_secs(60), || {
+        stopped.0.try_wait().unwrap()
+    });
+    let (_d, addr) = read_only_dashboard(sb.repo());
+    let of =
+        |pid: u32| move |id: &Value| id.as_str().is_some_and(|s| s.ends_with(&format!("-{pid}")));
+
+    // No submit runs: no worker card, two earlier workers in one line,
+    // the killed submit's run interrupted and on no card.
+    let v = get_json(&addr, "/api/workers");
+    assert!(
+        v["fleet"]["workers"].as_array().unwrap().is_empty(),
+        "{v:#}"
+    );
+    let gone: Vec<&Value> = v["gone"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| &w["worker_id"])
+        .collect();
+    assert_eq!(gone.len(), 2, "{v:#}");
+    assert!(gone.iter().any(|w| of(killed_pid)(w)), "{v:#}");
+    assert!(gone.iter().any(|w| of(stopped_pid)(w)), "{v:#}");
+    let cut = v["interrupted"].as_array().unwrap();
+    assert!(
+        cut.iter().any(|i| i["run"]["family"] == "killed"
+            && i["run"]["component"] == "stuck"
+            && of(killed_pid)(&i["worker_id"])),
+        "the killed submit's run is interrupted: {v:#}"
+    );
+    let bars: Vec<&Value> = v["timeline"]["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| l["bars"].as_array().unwrap().iter())
+        .filter(|b| b["family"] == "killed" && b["component"] == "stuck")
+        .collect();
+    assert!(!bars.is_empty(), "{v:#}");
+    for b in bars {
+        assert_eq!(b["outcome"], "interrupted", "{b}");
+        assert_eq!(b["running"], false, "{b}");
+    }
+    // No lane without its worker's name, on the fleet's timeline or a
+    // port's.
+    for t in [
+        &v["timeline"],
+        &get_json(&addr, "/api/ports/stopped")["timeline"],
+    ] {
+        for l in t["lanes"].as_array().unwrap() {
+            let label = l["label"].as_str().unwrap();
+            assert!(
+                label
+                    .split(" · ")
+                    .next()
+                    .is_some_and(|w| !w.trim().is_empty()),
+                "a lane without a worker: {t:#}"
+            );
+        }
+    }
+    let (status, page) = http(&addr, "GET", "/workers", "");
+    assert!(status.contains("200"), "{status}");
+    assert!(!page.contains("<article class=\"worker\""), "{page}");
+    assert!(
+        page.contains("2 earlier workers") && page.contains("No worker running."),
+        "{page}"
+    );
+    let cut = page
+        .split("class=\"interrupted\"")
+        .nth(1)
+        .expect("an interrupted section");
+    assert!(
+        cut.contains(">killed<") && cut.contains("interrupted"),
+        "{page}"
+    );
+
+    // A submit runs: its worker is the one card, holding its run.
+    let later = submit("later");
+    let later_pid = later.0.id();
+    running("later", "waits");
+    let v = get_json(&addr, "/api/workers");
+    let workers = v["fleet"]["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 1, "only the running submit's worker: {v:#}");
+    assert!(of(later_pid)(&workers[0]["worker_id"]), "{v:#}");
+    assert_eq!(workers[0]["jobs"][0]["family"], "later", "{v:#}");
+    assert_eq!(v["gone"].as_array().unwrap().len(), 2, "{v:#}");
+    let (_, page) = http(&addr, "GET", "/workers", "");
+    assert_eq!(
+        page.matches("<article class=\"worker\"").count(),
+        1,
+        "{page}"
+    );
+    assert!(page.contains("2 earlier workers"), "{page}");
+
+    std::fs::write(&release, "").unwrap();
+    let mut later = later;
+    wait_for("the later submit to end", Duration::from_secs(90), || {
+        later.0.try_wait().unwrap()
+    });
+    let v = get_json(&addr, "/api/workers");
+    assert!(
+        v["fleet"]["workers"].as_array().unwrap().is_empty(),
+        "{v:#}"
+    );
+    assert_eq!(v["gone"].as_array().unwrap().len(), 3, "{v:#}");
+    let (_, page) = http(&addr, "GET", "/workers", "");
+    assert!(!page.contains("<article class=\"worker\""), "{page}");
+    assert!(
+        page.contains("3 earlier workers") && page.contains("No worker running."),
+        "{page}"
+    );
 }

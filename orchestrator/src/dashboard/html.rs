@@ -96,9 +96,10 @@ fn timeline(t: &TimelineView) -> Markup {
     let span = (t.t1_ms - t.t0_ms).max(1) as f64;
     let pct = |ms: i64| (ms - t.t0_ms) as f64 * 100.0 / span;
     html! {
-        @if t.lanes.is_empty() {
+        @if t.lanes.is_empty() && t.requeued.is_empty() {
             p.empty { "No run started yet." }
-        } @else {
+        }
+        @if !t.lanes.is_empty() {
             div.timeline data-t0-ms=(t.t0_ms) data-t1-ms=(t.t1_ms) {
                 p.axis { span.t { (time(t.t0_ms)) } " → " span.t { (time(t.t1_ms)) } " · " (duration((t.t1_ms - t.t0_ms) as u64)) }
                 @for lane in &t.lanes {
@@ -118,6 +119,16 @@ fn timeline(t: &TimelineView) -> Markup {
                             }
                         }
                     }
+                }
+            }
+        }
+        @if !t.requeued.is_empty() {
+            p.requeued {
+                "Queued again after losing their worker (on no lane: the store no longer names it): "
+                @for (i, b) in t.requeued.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    a href={ "/ports/" (seg(&b.family)) "/components/" (seg(&b.component)) "?run=" (b.run_no) } data-requeued=(b.job_id) { (b.component) " #" (b.run_no) }
+                    " (started " span.t { (time(b.start_ms)) } ")"
                 }
             }
         }
@@ -625,13 +636,57 @@ pub fn component_page(v: &ComponentPage, mode: &str) -> Markup {
 
 // ----- workers --------------------------------------------------------------
 
+/// The runs the store gives to a worker that is gone: nobody holds them.
+fn interrupted(v: &WorkersView) -> Markup {
+    html! {
+        @if !v.interrupted.is_empty() {
+            section.interrupted {
+                h3 { "Interrupted runs" }
+                p.note { "Their worker is gone, so nothing runs them now: their port runs them again when it resumes (an orchestrator gives a restarted worker a grace to claim them first)." }
+                table {
+                    thead { tr { th { "job" } th { "port" } th { "component" } th { "state" } th { "was on" } th { "started" } } }
+                    tbody { @for i in &v.interrupted { @let j = &i.run; tr data-job=(j.job_id) {
+                        td { a href={ "/ports/" (seg(&j.family)) "/components/" (seg(&j.component)) "?run=" (j.run_no) } { code { (j.job_id) } } }
+                        td { a href={ "/ports/" (seg(&j.family)) } { (j.family) } }
+                        td { (j.component) }
+                        td { (status("interrupted")) }
+                        td.w { (i.worker_id) " (gone)" }
+                        td.t { (time(j.started_ms.unwrap_or(0))) }
+                    } } }
+                }
+            }
+        }
+    }
+}
+
+/// The workers that registered once and are gone, folded into one line.
+fn gone_workers(v: &WorkersView) -> Markup {
+    let last = v.gone.iter().map(|w| w.last_seen_ms).max().unwrap_or(0);
+    html! {
+        @if !v.gone.is_empty() {
+            details.gone {
+                summary {
+                    (v.gone.len()) " earlier worker" @if v.gone.len() > 1 { "s" } " (not running now)"
+                    @if last > 0 { ", last seen " span.t { (time(last)) } }
+                }
+                ul { @for w in &v.gone {
+                    li data-gone-worker=(w.worker_id) {
+                        code { (w.worker_id) } @if !w.host.is_empty() { " on " (w.host) }
+                        @if w.last_seen_ms > 0 { " · last seen " span.t { (time(w.last_seen_ms)) } }
+                    }
+                } }
+            }
+        }
+    }
+}
+
 pub fn workers_sections(v: &WorkersView) -> Vec<Section> {
     let f = &v.fleet;
     let body = html! {
         @if !f.live {
-            p.note { "No live scheduler in this process: the workers as stored (what each announced when it last registered) and the leases the store records." }
+            p.note { "No live scheduler in this process: a stored worker counts as running while its process runs on this host (each embedded fvd submit has a worker of its own, gone when it ends)." }
         }
-        @if f.workers.is_empty() { p.empty { "No worker connected." } }
+        @if f.workers.is_empty() { p.empty { "No worker running." } }
         @for w in &f.workers {
             article.worker data-worker=(w.worker_id) {
                 h3 { (w.worker_id) " · " (w.host)
@@ -664,6 +719,8 @@ pub fn workers_sections(v: &WorkersView) -> Vec<Section> {
                 }
             }
         }
+        (interrupted(v))
+        (gone_workers(v))
     };
     vec![
         Section::new("workers", body),

@@ -74,6 +74,9 @@ pub struct TimelineView {
     pub t0_ms: i64,
     pub t1_ms: i64,
     pub lanes: Vec<LaneView>,
+    /// Runs that started on a worker, lost it and wait in the queue again:
+    /// the store no longer names that worker, so they are on no lane.
+    pub requeued: Vec<BarView>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -107,6 +110,7 @@ fn now_ms() -> i64 {
 pub fn timeline(runs: &[fvd_store::dashboard::RunRow], now: i64) -> TimelineView {
     let mut lanes: BTreeMap<(String, u32, u32), LaneView> = BTreeMap::new();
     let mut cpu_runs: Vec<(String, BarView)> = Vec::new();
+    let mut requeued: Vec<BarView> = Vec::new();
     let (mut t0, mut t1) = (i64::MAX, i64::MIN);
     for r in runs {
         let Some(start) = r.spawned_ms.or(r.started_ms) else {
@@ -122,8 +126,6 @@ pub fn timeline(runs: &[fvd_store::dashboard::RunRow], now: i64) -> TimelineView
             _ => start,
         }
         .max(start);
-        t0 = t0.min(start);
-        t1 = t1.max(end);
         let outcome = if r.verdict.is_empty() {
             r.state.to_string()
         } else {
@@ -139,6 +141,19 @@ pub fn timeline(runs: &[fvd_store::dashboard::RunRow], now: i64) -> TimelineView
             running,
             outcome,
         };
+        // A lane is a worker's: a run whose worker the store dropped
+        // (queued again after losing it) is listed apart, never on a lane
+        // without a name.
+        if r.worker_id.is_empty() {
+            requeued.push(BarView {
+                end_ms: start,
+                running: false,
+                ..bar
+            });
+            continue;
+        }
+        t0 = t0.min(start);
+        t1 = t1.max(end);
         // A GPU run is on the lane of each GPU it held; CPU runs go on
         // their worker's CPU lanes below (sorted after the GPUs).
         if r.gpus.is_empty() {
@@ -180,12 +195,41 @@ pub fn timeline(runs: &[fvd_store::dashboard::RunRow], now: i64) -> TimelineView
             .push(bar);
     }
     if lanes.is_empty() {
-        return TimelineView::default();
+        return TimelineView {
+            requeued,
+            ..TimelineView::default()
+        };
     }
     TimelineView {
         t0_ms: t0,
         t1_ms: t1.max(t0 + 1),
         lanes: lanes.into_values().collect(),
+        requeued,
+    }
+}
+
+impl TimelineView {
+    /// Ends the bars of the runs in `cut` (job id → when their worker was
+    /// last seen): their worker is gone, so they do not run up to now but
+    /// read `interrupted`, whatever the store says.
+    pub fn interrupt(&mut self, cut: &BTreeMap<String, i64>) {
+        for bar in self.lanes.iter_mut().flat_map(|l| l.bars.iter_mut()) {
+            if let Some(seen) = cut.get(&bar.job_id) {
+                bar.running = false;
+                bar.outcome = "interrupted".to_string();
+                bar.end_ms = (*seen).clamp(bar.start_ms, bar.end_ms);
+            }
+        }
+        // The axis ends with the last bar, no longer at now.
+        if let Some(end) = self
+            .lanes
+            .iter()
+            .flat_map(|l| &l.bars)
+            .map(|b| b.end_ms)
+            .max()
+        {
+            self.t1_ms = end.max(self.t0_ms + 1);
+        }
     }
 }
 
@@ -349,8 +393,13 @@ pub struct WorktreeView {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkersView {
-    /// Live from the scheduler of this process, else as stored.
+    /// The workers that run now: live from the scheduler of this process,
+    /// else the stored workers whose process still runs on this host.
     pub fleet: query::Fleet,
+    /// The workers that registered once and are gone, latest first.
+    pub gone: Vec<query::GoneWorker>,
+    /// Runs the store gives to a gone worker: cut short, held by no one.
+    pub interrupted: Vec<query::Interrupted>,
     /// Every port's runs of the last [`FLEET_TIMELINE_MS`] (and those still
     /// running), on lanes per worker and GPU.
     pub timeline: TimelineView,
@@ -609,9 +658,27 @@ pub async fn workers(
 ) -> Result<WorkersView, StoreError> {
     let now = now_ms();
     let runs = query::fleet_runs(store, now - FLEET_TIMELINE_MS).await?;
+    let roster = query::roster(store, scheduler).await?;
+    let mut timeline = timeline(&runs, now);
+    let seen: BTreeMap<&str, i64> = roster
+        .gone
+        .iter()
+        .map(|w| (w.worker_id.as_str(), w.last_seen_ms))
+        .collect();
+    let cut: BTreeMap<String, i64> = roster
+        .interrupted
+        .iter()
+        .map(|i| {
+            let at = seen.get(i.worker_id.as_str()).copied().unwrap_or(0);
+            (i.run.job_id.clone(), at)
+        })
+        .collect();
+    timeline.interrupt(&cut);
     Ok(WorkersView {
-        fleet: query::fleet(store, scheduler).await?,
-        timeline: timeline(&runs, now),
+        fleet: roster.fleet,
+        gone: roster.gone,
+        interrupted: roster.interrupted,
+        timeline,
     })
 }
 
@@ -697,6 +764,46 @@ mod tests {
         assert_eq!((t.t0_ms, t.t1_ms), (0, 500), "the running gang ends now");
         assert!(t.lanes[0].bars[0].running);
         assert_eq!(t.lanes[2].bars[0].end_ms, 100, "the worker's own duration");
+    }
+
+    /// Issue #43: a lane is a worker's. A run whose worker the store no
+    /// longer names (queued again after losing it) is on no lane but
+    /// listed apart; a run of a gone worker reads interrupted.
+    #[test]
+    fn every_lane_names_its_worker() {
+        use fvd_store::dashboard::RunRow;
+        let run = |c: &str, worker: &str, state| RunRow {
+            job_id: format!("p.{c}.1"),
+            family: "p".into(),
+            component: c.into(),
+            run_no: 1,
+            state,
+            worker_id: worker.into(),
+            spawned_ms: Some(10),
+            ..RunRow::default()
+        };
+        use fvd_store::model::JobState;
+        let mut t = timeline(
+            &[
+                run("lost", "", JobState::Queued),
+                run("cut", "w-1", JobState::Running),
+            ],
+            500,
+        );
+        let labels: Vec<&str> = t.lanes.iter().map(|l| l.label.as_str()).collect();
+        assert_eq!(labels, ["w-1 · CPU 1"]);
+        assert_eq!(t.requeued.len(), 1);
+        assert_eq!(
+            (t.requeued[0].component.as_str(), t.requeued[0].running),
+            ("lost", false)
+        );
+        assert!(t.lanes[0].bars[0].running);
+        t.interrupt(&BTreeMap::from([("p.cut.1".to_string(), 40)]));
+        let b = &t.lanes[0].bars[0];
+        assert_eq!(
+            (b.outcome.as_str(), b.running, b.end_ms),
+            ("interrupted", false, 40)
+        );
     }
 
     #[test]
