@@ -770,6 +770,58 @@ fn the_operator_sees_the_timeline_history_filters_and_searches_a_log() {
                     .is_some_and(|(n, _)| n.parse::<u32>().is_ok())),
         "{body}"
     );
+    // The page's search (issue #43): a page of the dashboard (its header
+    // and navigation), each hit among the lines around it and linked to
+    // its line of the run's output, and a way back; a plain form, so it
+    // works without the script.
+    let (status, comp) = http(&addr, "GET", "/ports/ops/components/red?run=2", "");
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        comp.contains("action=\"/ports/ops/components/red/search\""),
+        "the component's search form: {comp}"
+    );
+    let (status, found) = http(
+        &addr,
+        "GET",
+        "/ports/ops/components/red/search?run=2&q=NEEDLE-4711",
+        "",
+    );
+    assert!(status.contains("200"), "{status} {found}");
+    assert!(
+        found.contains("<header>") && found.contains("href=\"/workers\""),
+        "the dashboard's layout: {found}"
+    );
+    assert!(
+        found.contains("<mark>needle-4711</mark>"),
+        "the hit is marked: {found}"
+    );
+    let hit = found
+        .split("class=\"line hit\" data-line=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("a numbered hit: {found}"));
+    let context = found.matches("class=\"line\" data-line=").count();
+    assert!(context >= 2, "lines around the hit: {found}");
+    assert!(
+        found.contains(&format!("href=\"/ports/ops/components/red?run=2#L{hit}\"")),
+        "the hit links to its line: {found}"
+    );
+    assert!(
+        found.contains("class=\"back\" href=\"/ports/ops/components/red?run=2\""),
+        "a way back: {found}"
+    );
+    let line = comp
+        .split(&format!("<span id=\"L{hit}\">"))
+        .nth(1)
+        .and_then(|r| r.split("</span>").next())
+        .unwrap_or_else(|| panic!("line {hit} anchored on the run's page: {comp}"));
+    assert!(line.contains("needle-4711"), "{line}");
+    let twin = get_json(
+        &addr,
+        "/api/ports/ops/components/red/search?run=2&q=needle-4711",
+    );
+    assert_eq!(twin["matches"], hits.len(), "{twin}");
     let mut s = TcpStream::connect(&addr).unwrap();
     write!(
         s,
@@ -887,6 +939,80 @@ fn the_operator_sees_the_timeline_history_filters_and_searches_a_log() {
     );
     std::fs::write(
         out.join("fleet-timeline.png"),
+        rt.block_on(c.screenshot()).unwrap(),
+    )
+    .unwrap();
+
+    // The search from the run's page, in the browser: the hits open in
+    // the dashboard's layout, and a hit's line number opens the run's
+    // output at that line, in view.
+    rt.block_on(c.goto(&format!("{base}/ports/ops/components/red?run=2")))
+        .unwrap();
+    rt.block_on(async {
+        c.find(Locator::Css("form.search input[name=q]"))
+            .await?
+            .send_keys("needle-4711")
+            .await?;
+        c.find(Locator::Css("form.search button"))
+            .await?
+            .click()
+            .await
+    })
+    .unwrap();
+    wait_for("the search's page", Duration::from_secs(20), || {
+        js(
+            &rt,
+            &c,
+            "return !!document.getElementById('search-summary')",
+        )
+        .as_bool()
+        .unwrap_or(false)
+        .then_some(())
+    });
+    let url = rt.block_on(c.current_url()).unwrap();
+    assert!(
+        url.path().ends_with("/ports/ops/components/red/search"),
+        "{url}"
+    );
+    assert_eq!(
+        js(
+            &rt,
+            &c,
+            "return !!document.querySelector('header nav a[href=\"/workers\"]') && document.querySelectorAll('pre.hits .line.hit mark').length"
+        ),
+        json!(hits.len()),
+        "the dashboard's header and each hit marked"
+    );
+    std::fs::write(out.join("search.png"), rt.block_on(c.screenshot()).unwrap()).unwrap();
+    rt.block_on(async {
+        c.find(Locator::Css("pre.hits .line.hit a.ln"))
+            .await?
+            .click()
+            .await
+    })
+    .unwrap();
+    let seen = wait_for(
+        "the hit's line on the run's page",
+        Duration::from_secs(20),
+        || {
+            let v = js(
+                &rt,
+                &c,
+                "const id = location.hash.slice(1); const el = id && document.getElementById(id); const log = document.getElementById('log'); if (!el || !log) return null; const r = el.getBoundingClientRect(), p = log.getBoundingClientRect(); return {text: el.textContent, inside: r.top >= p.top - 1 && r.bottom <= p.bottom + 1 && r.bottom <= window.innerHeight, search: location.pathname + location.search};",
+            );
+            (!v.is_null()).then_some(v)
+        },
+    );
+    assert_eq!(seen["search"], "/ports/ops/components/red?run=2", "{seen}");
+    assert!(
+        seen["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("needle-4711")),
+        "{seen}"
+    );
+    assert_eq!(seen["inside"], true, "the line is in view: {seen}");
+    std::fs::write(
+        out.join("search-hit.png"),
         rt.block_on(c.screenshot()).unwrap(),
     )
     .unwrap();

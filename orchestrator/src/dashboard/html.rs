@@ -11,8 +11,8 @@ use fvd_store::traces::TraceInvestigation;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use super::views::{
-    ComponentPage, ComponentView, IndexView, LogView, PortView, QuestionView, TimelineView,
-    WorkersView,
+    ComponentPage, ComponentView, IndexView, LogView, PortView, QuestionView, SEARCH_CONTEXT,
+    SearchView, TimelineView, WorkersView,
 };
 
 /// What the pages may offer besides reading.
@@ -595,17 +595,108 @@ fn log(family: &str, component: &str, l: &Option<LogView>) -> Markup {
                     " · " a.download href={ (txt) "?run=" (l.run_no) "&download=1" } { "download" }
                     @if l.following { " · " span.following { "following" } }
                     @if l.cut { " · earlier output left out (" code { "fvd logs " (family) " " (component) " --run " (l.run_no) } ")" } }
-                form.search method="get" action=(txt) {
-                    input type="hidden" name="run" value=(l.run_no);
-                    input type="search" name="q" placeholder="search this run's output";
-                    " " button type="submit" { "search" }
-                }
+                (search_form(family, component, l.run_no, ""))
+                // Each line is anchored (`#L12`, numbered as in the whole
+                // output), so a search hit links to its place.
                 pre #log data-follow=[l.following.then(|| format!(
                     "/ports/{}/components/{}/log?run={}{}", seg(family), seg(component), l.run_no,
-                    l.last_seq.map(|s| format!("&after={s}")).unwrap_or_default()))] { (l.text) }
+                    l.last_seq.map(|s| format!("&after={s}")).unwrap_or_default()))] {
+                    @for (i, line) in l.text.split_inclusive('\n').enumerate() {
+                        span id={ "L" (l.first_line + i) } { (line) }
+                    }
+                }
             }
         }
     }
+}
+
+/// The form that searches a run's output: a page of its own (it works
+/// without the script), in the dashboard's layout.
+fn search_form(family: &str, component: &str, run: u32, q: &str) -> Markup {
+    html! {
+        form.search method="get" action={ "/ports/" (seg(family)) "/components/" (seg(component)) "/search" } {
+            input type="hidden" name="run" value=(run);
+            input type="search" name="q" value=(q) placeholder="search this run's output";
+            " " button type="submit" { "search" }
+        }
+    }
+}
+
+/// `line` with each occurrence of `needle` (ASCII, any case) marked; a
+/// needle with other characters marks nothing (the line is marked whole).
+fn marked(line: &str, needle: &str) -> Markup {
+    let n = needle.len();
+    let mut parts: Vec<(&str, bool)> = Vec::new();
+    let (b, mut from, mut i) = (line.as_bytes(), 0, 0);
+    if needle.is_ascii() && n > 0 {
+        while i + n <= b.len() {
+            if b[i..i + n].eq_ignore_ascii_case(needle.as_bytes()) {
+                parts.push((&line[from..i], false));
+                parts.push((&line[i..i + n], true));
+                i += n;
+                from = i;
+            } else {
+                i += 1;
+            }
+        }
+    }
+    parts.push((&line[from..], false));
+    html! { @for (t, m) in parts { @if m { mark { (t) } } @else { (t) } } }
+}
+
+/// The hits of a search of a run's output, each among the lines around
+/// it; every line links to its place on the component's page.
+pub fn search_page(v: &SearchView, mode: &str) -> Markup {
+    let base = format!("/ports/{}/components/{}", seg(&v.family), seg(&v.component));
+    let run = format!("{base}?run={}", v.run_no);
+    let txt = format!("{base}/log.txt?run={}", v.run_no);
+    let place = |n: usize| {
+        if n >= v.page_first_line {
+            format!("{run}#L{n}")
+        } else {
+            txt.clone()
+        }
+    };
+    let shown: usize = v.blocks.iter().flatten().filter(|l| l.hit).count();
+    layout(
+        &format!("search · {} run {}", v.component, v.run_no),
+        "",
+        mode,
+        html! {
+            p.crumbs {
+                a.back href=(run) { "← run " (v.run_no) " of " (v.component) }
+                " · " a href={ "/ports/" (seg(&v.family)) } { "port " (v.family) }
+            }
+            h1 { "Search run " (v.run_no) " of " (v.component) }
+            (search_form(&v.family, &v.component, v.run_no, &v.query))
+            @if v.query.is_empty() {
+                p.empty { "Type what to look for in this run's output." }
+            } @else if v.matches == 0 {
+                p.empty #search-summary { "No line of run " (v.run_no) " holds “" (v.query) "”." }
+            } @else {
+                p #search-summary {
+                    (v.matches) " line" @if v.matches > 1 { "s" } " hold “" (v.query) "”"
+                    @if shown < v.matches { " · the first " (shown) " shown" }
+                    " · each with " (SEARCH_CONTEXT) " lines around it; a line number opens it in the run's output"
+                }
+                @for b in &v.blocks {
+                    pre.hits {
+                        @for l in b {
+                            span class={ "line" @if l.hit { " hit" } } data-line=(l.number) {
+                                a.ln href=(place(l.number)) { (l.number) }
+                                " " @if l.hit { (marked(&l.text, &v.query)) } @else { (l.text) } "\n"
+                            }
+                        }
+                    }
+                }
+            }
+            p.twin {
+                a href=(run) { "back to the run's output" }
+                " · whole output: " a href=(txt) { "as text" } " · " a href={ (txt) "&download=1" } { "download" }
+                " · JSON: " a href={ "/api" (base) "/search?run=" (v.run_no) "&q=" (seg(&v.query)) } { "search" }
+            }
+        },
+    )
 }
 
 pub fn component_page(v: &ComponentPage, mode: &str) -> Markup {
@@ -819,6 +910,16 @@ mod tests {
         );
         let html = question("fam", "/work/repo", &q, Access::ReadOnly).into_string();
         assert!(html.contains("--option N --repo /work/repo<"), "{html}");
+    }
+
+    #[test]
+    fn a_hit_marks_each_occurrence_in_any_case_and_stays_escaped() {
+        let m = marked("<b> NeEdle-1 and needle-1", "needle-1").into_string();
+        assert_eq!(
+            m,
+            "&lt;b&gt; <mark>NeEdle-1</mark> and <mark>needle-1</mark>"
+        );
+        assert_eq!(marked("déjà vu", "déjà").into_string(), "déjà vu");
     }
 
     #[test]

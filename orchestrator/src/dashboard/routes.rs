@@ -66,6 +66,11 @@ pub fn router(dash: Dashboard) -> Router {
             "/ports/{family}/components/{component}/log.txt",
             get(log_text),
         )
+        .route("/ports/{family}/components/{component}/search", get(search))
+        .route(
+            "/api/ports/{family}/components/{component}/search",
+            get(api_search),
+        )
         .route("/workers", get(workers))
         .route("/api/workers", get(api_workers))
         .route("/workers/events", get(workers_events))
@@ -556,6 +561,51 @@ async fn log_follow(
     Sse::new(ReceiverStream::new(rx))
         .keep_alive(KeepAlive::new().interval(d.shield.keep_alive()))
         .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct SearchQuery {
+    /// The run (its latest that started when absent).
+    run: Option<u32>,
+    #[serde(default)]
+    q: Option<String>,
+}
+
+async fn search_view(
+    d: &Dashboard,
+    family: &str,
+    name: &str,
+    q: &SearchQuery,
+) -> Result<views::SearchView, Failure> {
+    let text = q.q.as_deref().unwrap_or_default();
+    views::search(&d.store, family, name, q.run, text)
+        .await?
+        .ok_or_else(|| {
+            let run = q.run.map_or("at all".to_string(), |n| n.to_string());
+            Failure::new(
+                StatusCode::NOT_FOUND,
+                format!("no run {run} of component {name} in port {family}"),
+            )
+        })
+}
+
+/// A search of a run's output as a page of the dashboard: the hits with
+/// the lines around them, each linked to its place in the run's output.
+async fn search(
+    State(d): State<Dashboard>,
+    Path((family, name)): Path<(String, String)>,
+    Query(q): Query<SearchQuery>,
+) -> Response {
+    let r = search_view(&d, &family, &name, &q).await;
+    page(&d, r.map(|v| html::search_page(&v, &d.mode)))
+}
+
+async fn api_search(
+    State(d): State<Dashboard>,
+    Path((family, name)): Path<(String, String)>,
+    Query(q): Query<SearchQuery>,
+) -> Response {
+    json(search_view(&d, &family, &name, &q).await)
 }
 
 #[derive(Debug, Deserialize)]

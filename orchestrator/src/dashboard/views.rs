@@ -381,8 +381,45 @@ pub struct LogView {
     pub last_seq: Option<u64>,
     /// Earlier output was left out to keep the page small.
     pub cut: bool,
+    /// The number of `text`'s first line in the run's whole output (1
+    /// unless `cut`): the page anchors each line as `#L<number>`.
+    pub first_line: usize,
     pub text: String,
 }
+
+/// A search of one run's output: the lines that hold the text, each with
+/// a few lines around it, numbered as in the whole output.
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchView {
+    pub family: String,
+    pub component: String,
+    pub run_no: u32,
+    pub job_id: String,
+    /// What was searched for (any case); empty: nothing yet.
+    pub query: String,
+    /// Lines that hold it.
+    pub matches: usize,
+    /// Hits with their context, overlapping ones merged; the first
+    /// [`SEARCH_HITS`] hits only.
+    pub blocks: Vec<Vec<SearchLine>>,
+    /// The first line the component's page carries (it keeps the last
+    /// [`LOG_PAGE_BYTES`]); a line before it is linked in the text.
+    pub page_first_line: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchLine {
+    /// 1-based, in the run's whole output.
+    pub number: usize,
+    pub text: String,
+    /// It holds what was searched for (else it is context).
+    pub hit: bool,
+}
+
+/// Hits a search page shows at most.
+pub const SEARCH_HITS: usize = 200;
+/// Lines of context before and after each hit.
+pub const SEARCH_CONTEXT: usize = 2;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct WorktreeView {
@@ -558,8 +595,17 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
 /// Keeps the last `max` bytes of `text`, cut at a line start when one is
 /// near; returns whether anything was cut.
 fn tail(text: String, max: usize) -> (String, bool) {
-    if text.len() <= max {
+    let start = tail_start(&text, max);
+    if start == 0 {
         return (text, false);
+    }
+    (text[start..].to_string(), true)
+}
+
+/// Where [`tail`] cuts `text`: 0 when it keeps all of it.
+fn tail_start(text: &str, max: usize) -> usize {
+    if text.len() <= max {
+        return 0;
     }
     let mut start = text.len() - max;
     while !text.is_char_boundary(start) {
@@ -568,7 +614,77 @@ fn tail(text: String, max: usize) -> (String, bool) {
     if let Some(nl) = text[start..].find('\n') {
         start += nl + 1;
     }
-    (text[start..].to_string(), true)
+    start
+}
+
+/// The number of the line of `text` that byte `at` is on (1-based).
+fn line_at(text: &str, at: usize) -> usize {
+    1 + text.as_bytes()[..at]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+}
+
+/// The lines of `text` (numbered as in `log.txt?q=`) that hold `needle`
+/// in any case, the first [`SEARCH_HITS`] with [`SEARCH_CONTEXT`] lines
+/// each side, overlapping blocks merged; and how many lines hold it.
+fn hits(text: &str, needle: &str) -> (usize, Vec<Vec<SearchLine>>) {
+    let needle = needle.to_lowercase();
+    let lines: Vec<&str> = text.lines().collect();
+    let found: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !needle.is_empty() && l.to_lowercase().contains(&needle))
+        .map(|(i, _)| i)
+        .collect();
+    let mut blocks: Vec<Vec<SearchLine>> = Vec::new();
+    let mut next = 0; // the first line no block holds yet
+    for &i in found.iter().take(SEARCH_HITS) {
+        let from = i.saturating_sub(SEARCH_CONTEXT).max(next);
+        let to = (i + SEARCH_CONTEXT + 1).min(lines.len());
+        let line = |n: usize| SearchLine {
+            number: n + 1,
+            text: lines[n].to_string(),
+            hit: found.binary_search(&n).is_ok(),
+        };
+        match blocks.last_mut() {
+            // Touching the previous block: it grows.
+            Some(b) if from == next && next > 0 => b.extend((from..to).map(line)),
+            _ => blocks.push((from..to).map(line).collect()),
+        }
+        next = to;
+    }
+    (found.len(), blocks)
+}
+
+/// Searches run `run` of a component (its latest that started when
+/// `None`) for `q`; `None` when there is no such run.
+pub async fn search(
+    store: &Store,
+    family: &str,
+    name: &str,
+    run: Option<u32>,
+    q: &str,
+) -> Result<Option<SearchView>, query::QueryError> {
+    let jobs = query::runs(store, family, Some(name)).await?;
+    let Some(job) = query::pick_run(&jobs, run) else {
+        return Ok(None);
+    };
+    let chunks = query::output(store, &job.job_id, None).await?;
+    let bytes: Vec<u8> = chunks.into_iter().flat_map(|(_, _, d)| d).collect();
+    let text = String::from_utf8_lossy(&bytes);
+    let query = q.trim().to_string();
+    let (matches, blocks) = hits(&text, &query);
+    Ok(Some(SearchView {
+        family: family.to_string(),
+        component: name.to_string(),
+        run_no: job.run_no,
+        job_id: job.job_id,
+        query,
+        matches,
+        blocks,
+        page_first_line: line_at(&text, tail_start(&text, LOG_PAGE_BYTES)),
+    }))
 }
 
 /// One component's page: runs, the output of run `run` (the latest when
@@ -600,13 +716,16 @@ pub async fn component(
             let chunks = query::output(store, &j.job_id, None).await?;
             let last_seq = chunks.last().map(|(seq, _, _)| *seq);
             let bytes: Vec<u8> = chunks.into_iter().flat_map(|(_, _, d)| d).collect();
-            let (text, cut) = tail(String::from_utf8_lossy(&bytes).into_owned(), LOG_PAGE_BYTES);
+            let whole = String::from_utf8_lossy(&bytes).into_owned();
+            let first_line = line_at(&whole, tail_start(&whole, LOG_PAGE_BYTES));
+            let (text, cut) = tail(whole, LOG_PAGE_BYTES);
             Some(LogView {
                 run_no: j.run_no,
                 job_id: j.job_id.clone(),
                 following: j.state.is_unfinished(),
                 last_seq,
                 cut,
+                first_line,
                 text,
             })
         }
@@ -804,6 +923,54 @@ mod tests {
             (b.outcome.as_str(), b.running, b.end_ms),
             ("interrupted", false, 40)
         );
+    }
+
+    /// A search's hits come with the lines around them, numbered as in
+    /// the whole output; blocks that touch merge.
+    #[test]
+    fn a_search_shows_each_hit_among_its_lines() {
+        let text: String = (1..=20)
+            .map(|i| {
+                format!(
+                    "line {i}{}\n",
+                    if [5, 7, 18].contains(&i) {
+                        " NEEDLE"
+                    } else {
+                        ""
+                    }
+                )
+            })
+            .collect();
+        let (n, blocks) = hits(&text, "needle");
+        assert_eq!(n, 3);
+        let numbers: Vec<Vec<(usize, bool)>> = blocks
+            .iter()
+            .map(|b| b.iter().map(|l| (l.number, l.hit)).collect())
+            .collect();
+        assert_eq!(
+            numbers,
+            [
+                vec![
+                    (3, false),
+                    (4, false),
+                    (5, true),
+                    (6, false),
+                    (7, true),
+                    (8, false),
+                    (9, false)
+                ],
+                vec![
+                    (16, false),
+                    (17, false),
+                    (18, true),
+                    (19, false),
+                    (20, false)
+                ],
+            ]
+        );
+        assert_eq!(hits(&text, "").0, 0);
+        assert_eq!(line_at("a\nb\nc", 4), 3);
+        assert_eq!(line_at("a\nb", 0), 1);
     }
 
     #[test]

@@ -46,7 +46,10 @@
   }
 
   const log = document.getElementById("log");
-  if (log) log.scrollTop = log.scrollHeight;
+  // A line asked for (`#L12`, a search hit's link) is shown; else the end.
+  const asked = location.hash.startsWith("#L") && document.getElementById(location.hash.slice(1));
+  if (log && asked && log.contains(asked)) asked.scrollIntoView({ block: "center" });
+  else if (log) log.scrollTop = log.scrollHeight;
   if (log && log.dataset.follow) {
     const ls = new EventSource(log.dataset.follow);
     ls.addEventListener("log", (e) => {
