@@ -223,10 +223,10 @@ pub fn submit(mut args: SubmitArgs) -> anyhow::Result<Exit> {
         match &args.target.orchestrator {
             Some(url) => {
                 let mut client = args.target.client(url).await?;
-                let since = history_end(&mut client, &args.family).await;
+                let before = history_end(&mut client, &args.family).await;
                 send(&mut client, request, &format!("on {url}")).await?;
                 if args.wait {
-                    watch(&mut client, &args.family, since, &args.target).await
+                    watch(&mut client, &args.family, before, &args.target).await
                 } else {
                     Ok(Exit::Success)
                 }
@@ -396,10 +396,10 @@ pub fn answer(mut args: AnswerArgs) -> anyhow::Result<Exit> {
         match &args.target.orchestrator {
             Some(url) => {
                 let mut client = args.target.client(url).await?;
-                let since = history_end(&mut client, &args.family).await;
+                let before = history_end(&mut client, &args.family).await;
                 send_answer(&mut client, request).await?;
                 if args.wait {
-                    watch(&mut client, &args.family, since, &args.target).await
+                    watch(&mut client, &args.family, before, &args.target).await
                 } else {
                     Ok(Exit::Success)
                 }
@@ -568,7 +568,7 @@ async fn embedded(
         super::embedded::RunFile::write(repo, &family, &embedded.url(), embedded.token())?;
     let mut client = client(&embedded.url(), Some(embedded.token().clone()), None).await?;
     let run = async {
-        let since = history_end(&mut client, &family).await;
+        let before = history_end(&mut client, &family).await;
         match action {
             Action::Submit(request) => {
                 let place = format!("(embedded, state in {})", db.display());
@@ -576,7 +576,7 @@ async fn embedded(
             }
             Action::Answer(request) => send_answer(&mut client, request).await?,
         }
-        watch(&mut client, &family, since, target).await
+        watch(&mut client, &family, before, target).await
     };
     let code = tokio::select! {
         code = run => code,
@@ -681,23 +681,61 @@ fn embedded_provides(
 /// Just after the port's last recorded gate decision, by the
 /// orchestrator's clock (0 for a port it does not know): what a watch
 /// replays from before is the port's history, not this run's.
-async fn history_end(client: &mut Client, family: &str) -> i64 {
+async fn history_end(client: &mut Client, family: &str) -> Before {
     let Ok(reply) = client
         .status(pb::StatusRequest {
             family: family.to_string(),
         })
         .await
     else {
-        return 0;
+        return Before::default();
     };
-    reply
+    let ports: Vec<pb::PortSnapshot> = reply
         .into_inner()
         .ports
-        .iter()
+        .into_iter()
         .filter(|p| p.family == family)
+        .collect();
+    let since = ports
+        .iter()
         .flat_map(|p| p.gate_events.iter().map(|g| g.at_ms + 1))
         .max()
-        .unwrap_or(0)
+        .unwrap_or(0);
+    let shown = ports
+        .into_iter()
+        .flat_map(|p| p.components)
+        .filter_map(|c| wire::from_component(c).ok())
+        .map(|c| (c.name.clone(), Line::of(&c)))
+        .collect();
+    Before { since, shown }
+}
+
+/// What a port showed before this command: its gate history's end (ms),
+/// and each component's line, which a resumed run announces again and the
+/// watch does not repeat.
+#[derive(Default)]
+struct Before {
+    since: i64,
+    shown: HashMap<String, Line>,
+}
+
+/// What a component's progress line says: a line equal to the last one
+/// shown for the component is not printed again.
+#[derive(PartialEq)]
+struct Line {
+    status: ComponentStatus,
+    runs: u32,
+    reason: String,
+}
+
+impl Line {
+    fn of(c: &ComponentSnapshot) -> Self {
+        Line {
+            status: c.status,
+            runs: c.runs,
+            reason: c.reason.clone(),
+        }
+    }
 }
 
 /// How long a watched port may have runs waiting with no worker connected
@@ -712,7 +750,7 @@ const NO_WORKER_AFTER: Duration = Duration::from_secs(2);
 async fn watch(
     client: &mut Client,
     family: &str,
-    since: i64,
+    before: Before,
     target: &Target,
 ) -> anyhow::Result<Exit> {
     let mut stream = client
@@ -722,7 +760,7 @@ async fn watch(
         .await
         .map_err(|e| client.fail(e))?
         .into_inner();
-    let progress = Progress::new(std::io::stderr().is_terminal(), super::color(), since);
+    let progress = Progress::new(std::io::stderr().is_terminal(), super::color(), before);
     let mut waiting: HashMap<String, bool> = HashMap::new();
     let mut told_no_worker = false;
     let mut check = tokio::time::interval(NO_WORKER_AFTER);
@@ -879,6 +917,9 @@ struct Progress {
     color: bool,
     /// Gate events before this (ms) are history, not this run's.
     since: i64,
+    /// The line last shown for each component (at first, the port's state
+    /// before this command).
+    shown: std::cell::RefCell<HashMap<String, Line>>,
     /// Reasons already printed (plain lines), by state and reason, with
     /// the component that said each first: a cause many components share
     /// is said once.
@@ -886,11 +927,12 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(tty: bool, color: bool, since: i64) -> Self {
+    fn new(tty: bool, color: bool, before: Before) -> Self {
         Self {
             bars: tty.then(|| (MultiProgress::new(), Default::default())),
             color,
-            since,
+            since: before.since,
+            shown: std::cell::RefCell::new(before.shown),
             said: Default::default(),
         }
     }
@@ -904,6 +946,12 @@ impl Progress {
     }
 
     fn component(&self, c: &ComponentSnapshot) {
+        // said already, by this watch or before it
+        let now = Line::of(c);
+        if self.shown.borrow().get(&c.name) == Some(&now) {
+            return;
+        }
+        self.shown.borrow_mut().insert(c.name.clone(), now);
         let mut line = c.status.as_str().to_string();
         if c.runs > 0 {
             line.push_str(&format!("  run {}", c.runs));
@@ -968,12 +1016,12 @@ impl Progress {
         }
         let why = match (g.outcome.as_str(), g.conditions.as_slice()) {
             (_, []) => String::new(),
-            // a refusal's reasons are listed once, in the summary below
-            ("refused", c) => format!(
-                " ({} reason{} below)",
-                c.len(),
-                if c.len() == 1 { "" } else { "s" }
-            ),
+            // a refusal's reasons are listed once, in the summary below,
+            // grouped as it lists them
+            ("refused", c) => {
+                let n = render::grouped_conditions(c).len();
+                format!(" ({n} reason{} below)", if n == 1 { "" } else { "s" })
+            }
             (_, c) => format!(": {}", c.join("; ")),
         };
         let line = format!("gate {} {}{why}", g.phase, g.outcome);

@@ -113,6 +113,38 @@ fn each_finding_and_cause_is_said_once_and_history_is_not_replayed() {
     assert!(!status(&[], &[("FVD_LOG", "debug"), ("NO_COLOR", "1")]).contains('\u{1b}'));
 }
 
+/// A blocked port submitted again: its components' lines are not replayed
+/// (the verdicts did not change), and the summary still says why it is
+/// blocked, where the resumed gate used to leave the refusal unsaid.
+#[test]
+fn a_resumed_blocked_port_says_its_refusal_and_replays_no_component() {
+    let sb = Sandbox::new();
+    sb.port(
+        "stuck",
+        &[
+            TestComponent::new("good", "assert True"),
+            TestComponent::new("bad", "assert 1 == 2, 'the epsilon differs'"),
+        ],
+    );
+    let repo = sb.repo();
+    let first = submit(repo, "stuck", &[]);
+    let text = out(&first);
+    assert_eq!(first.status.code(), Some(1), "{text}");
+    assert!(text.contains("gate P7 refused (1 reason below)"), "{text}");
+    assert!(text.contains("gate refused P7:"), "{text}");
+    let again = submit(repo, "stuck", &[]);
+    let text = out(&again);
+    assert_eq!(again.status.code(), Some(1), "{text}");
+    assert!(text.contains("gate refused P7:"), "the refusal went unsaid: {text}");
+    assert!(
+        text.contains("components bad") || text.contains("component bad"),
+        "{text}"
+    );
+    // each component once: in the summary, not also as a replayed line
+    assert_eq!(text.matches("the epsilon differs").count(), 1, "{text}");
+    assert_eq!(text.matches("  good ").count(), 1, "{text}");
+}
+
 #[test]
 fn logs_say_why_there_is_none_and_status_after_ctrl_c_says_interrupted() {
     let sb = Sandbox::new();
