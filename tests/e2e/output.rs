@@ -135,7 +135,10 @@ fn a_resumed_blocked_port_says_its_refusal_and_replays_no_component() {
     let again = submit(repo, "stuck", &[]);
     let text = out(&again);
     assert_eq!(again.status.code(), Some(1), "{text}");
-    assert!(text.contains("gate refused P7:"), "the refusal went unsaid: {text}");
+    assert!(
+        text.contains("gate refused P7:"),
+        "the refusal went unsaid: {text}"
+    );
     assert!(
         text.contains("components bad") || text.contains("component bad"),
         "{text}"
