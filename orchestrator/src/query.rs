@@ -671,6 +671,37 @@ pub struct Interrupted {
     pub run: Lease,
 }
 
+impl Roster {
+    /// Each interrupted run's job id → when its worker was last seen (0:
+    /// unknown): where its bar on a timeline ends.
+    pub fn cut(&self) -> BTreeMap<String, i64> {
+        let seen: BTreeMap<&str, i64> = self
+            .gone
+            .iter()
+            .map(|w| (w.worker_id.as_str(), w.last_seen_ms))
+            .collect();
+        self.interrupted
+            .iter()
+            .map(|i| {
+                let at = seen.get(i.worker_id.as_str()).copied().unwrap_or(0);
+                (i.run.job_id.clone(), at)
+            })
+            .collect()
+    }
+}
+
+/// [`Roster::cut`], with one read only when the store records no lease
+/// (then no run can be cut short): what a port's page needs of the fleet.
+pub async fn interrupted_runs(
+    store: &Store,
+    scheduler: Option<&ActorRef<SchedulerMsg>>,
+) -> Result<BTreeMap<String, i64>, StoreError> {
+    if store.leased_jobs().await?.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    Ok(roster(store, scheduler).await?.cut())
+}
+
 /// A worker of [`Roster::gone`].
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct GoneWorker {

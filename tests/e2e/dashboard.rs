@@ -1285,6 +1285,31 @@ fn an_embedded_state_s_gone_workers_fold_away_and_hold_no_run() {
         "{page}"
     );
 
+    // The port's page says the same: `stuck` is interrupted, not running
+    // on the killed submit's worker, and its output is not followed.
+    let port = get_json(&addr, "/api/ports/killed");
+    let stuck = port["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "stuck")
+        .unwrap();
+    assert_eq!(stuck["status"], "interrupted", "{port:#}");
+    let bars: Vec<&Value> = port["timeline"]["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| l["bars"].as_array().unwrap().iter())
+        .filter(|b| b["component"] == "stuck")
+        .collect();
+    assert!(
+        !bars.is_empty() && bars.iter().all(|b| b["outcome"] == "interrupted"),
+        "{port:#}"
+    );
+    let c = get_json(&addr, "/api/ports/killed/components/stuck");
+    assert_eq!(c["runs"][0]["state"], "interrupted", "{c:#}");
+    assert_eq!(c["log"]["following"], false, "{c:#}");
+
     // A submit runs: its worker is the one card, holding its run.
     let later = submit("later");
     let later_pid = later.0.id();

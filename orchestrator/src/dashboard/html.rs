@@ -954,6 +954,7 @@ mod tests {
             gpu_hours: 0.0,
             elapsed_ms: 0,
             trace_url: None,
+            interrupted: Vec::new(),
         };
         let s = port_sections(&v, Access::ReadOnly);
         let matrix = &s[2].html;

@@ -370,7 +370,7 @@ async fn index_events(
 }
 
 async fn port_view(d: &Dashboard, family: &str) -> Result<views::PortView, Failure> {
-    views::port(&d.store, family)
+    views::port(&d.store, d.scheduler.as_ref(), family)
         .await?
         .ok_or_else(|| no_port(family))
 }
@@ -405,7 +405,7 @@ async fn port_events(
     live::sections(d, slot, Some(family), PORT_TICK, move |d| {
         let f = f.clone();
         async move {
-            views::port(&d.store, &f)
+            views::port(&d.store, d.scheduler.as_ref(), &f)
                 .await
                 .ok()
                 .flatten()
@@ -426,7 +426,7 @@ async fn component_view(
     name: &str,
     run: Option<u32>,
 ) -> Result<views::ComponentPage, Failure> {
-    views::component(&d.store, family, name, run)
+    views::component(&d.store, d.scheduler.as_ref(), family, name, run)
         .await?
         .ok_or_else(|| {
             Failure::new(
@@ -466,7 +466,7 @@ async fn component_events(
     live::sections(d, slot, Some(family), PORT_TICK, move |d| {
         let (f, n) = (f.clone(), name.clone());
         async move {
-            views::component(&d.store, &f, &n, None)
+            views::component(&d.store, d.scheduler.as_ref(), &f, &n, None)
                 .await
                 .ok()
                 .flatten()

@@ -65,6 +65,9 @@ pub struct PortView {
     /// The port's trace in the tracing UI (`FVD_TRACE_URL_TEMPLATE` with
     /// `{trace_id}`), when both are known.
     pub trace_url: Option<String>,
+    /// Job ids of its runs the store gives to a worker that is gone: cut
+    /// short, nothing runs them.
+    pub interrupted: Vec<String>,
 }
 
 /// Runs on a time axis: one lane per worker and GPU (or the worker's CPU
@@ -491,11 +494,18 @@ fn phases(snap: &PortSnapshot) -> Vec<PhaseView> {
         .collect()
 }
 
-/// One port's page; `None` when there is no such port.
-pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, StoreError> {
+/// One port's page; `None` when there is no such port. A run the store
+/// gives to a worker that is gone (`scheduler` says which run, else the
+/// workers' processes) reads interrupted.
+pub async fn port(
+    store: &Store,
+    scheduler: Option<&ractor::ActorRef<SchedulerMsg>>,
+    family: &str,
+) -> Result<Option<PortView>, StoreError> {
     let Some(snap) = query::snapshot(store, family).await? else {
         return Ok(None);
     };
+    let cut = query::interrupted_runs(store, scheduler).await?;
     let times = query::port_times(store).await?;
     let mut ctimes = query::component_times(store, family).await?;
     let t = times.get(family).cloned().unwrap_or_default();
@@ -505,7 +515,7 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
         Err(query::QueryError::Store(e)) => return Err(e),
         Err(_) => Vec::new(),
     };
-    let components = snap
+    let mut components: Vec<ComponentView> = snap
         .components
         .iter()
         .map(|c| {
@@ -534,6 +544,9 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
             }
         })
         .collect();
+    interrupt_components(&mut components, &runs, &cut);
+    let mut timeline = timeline(&runs, now);
+    timeline.interrupt(&cut);
     let refusals = snap
         .current_gate()
         .iter()
@@ -587,9 +600,41 @@ pub async fn port(store: &Store, family: &str) -> Result<Option<PortView>, Store
             t.updated_ms - t.created_ms
         }
         .max(0),
-        timeline: timeline(&runs, now),
+        timeline,
+        interrupted: runs
+            .iter()
+            .filter(|r| cut.contains_key(&r.job_id))
+            .map(|r| r.job_id.clone())
+            .collect(),
         trace_url: trace_url(query::port_traceparent(store, family).await?.as_deref()),
     }))
+}
+
+/// A component whose latest run is in `cut` (its worker is gone) reads
+/// interrupted, whatever the store says, and its time ends with its
+/// worker.
+fn interrupt_components(
+    components: &mut [ComponentView],
+    runs: &[fvd_store::dashboard::RunRow],
+    cut: &BTreeMap<String, i64>,
+) {
+    for c in components {
+        let Some(r) = runs.iter().rev().find(|r| r.component == c.name) else {
+            continue;
+        };
+        let Some(seen) = cut.get(&r.job_id) else {
+            continue;
+        };
+        c.status = "interrupted".to_string();
+        c.job_state = "interrupted".to_string();
+        c.reason = format!(
+            "interrupted: run {} was on worker {}, which is gone; the port runs it again when it resumes",
+            r.run_no, r.worker_id
+        );
+        if let Some(start) = r.spawned_ms.or(r.started_ms) {
+            c.elapsed_ms = Some((seen - start).max(0));
+        }
+    }
 }
 
 /// Keeps the last `max` bytes of `text`, cut at a line start when one is
@@ -692,11 +737,12 @@ pub async fn search(
 /// when the port or the component does not exist.
 pub async fn component(
     store: &Store,
+    scheduler: Option<&ractor::ActorRef<SchedulerMsg>>,
     family: &str,
     name: &str,
     run: Option<u32>,
 ) -> Result<Option<ComponentPage>, StoreError> {
-    let Some(port) = port(store, family).await? else {
+    let Some(port) = port(store, scheduler, family).await? else {
         return Ok(None);
     };
     let Some(component) = port.components.into_iter().find(|c| c.name == name) else {
@@ -722,7 +768,7 @@ pub async fn component(
             Some(LogView {
                 run_no: j.run_no,
                 job_id: j.job_id.clone(),
-                following: j.state.is_unfinished(),
+                following: j.state.is_unfinished() && !port.interrupted.contains(&j.job_id),
                 last_seq,
                 cut,
                 first_line,
@@ -736,7 +782,11 @@ pub async fn component(
         .map(|j| RunView {
             run_no: j.run_no,
             job_id: j.job_id.clone(),
-            state: j.state.to_string(),
+            state: if port.interrupted.contains(&j.job_id) {
+                "interrupted".to_string()
+            } else {
+                j.state.to_string()
+            },
             verdict: j.verdict.to_string(),
             reason: j.reason.clone(),
             worker_id: j.worker_id.clone(),
@@ -779,20 +829,7 @@ pub async fn workers(
     let runs = query::fleet_runs(store, now - FLEET_TIMELINE_MS).await?;
     let roster = query::roster(store, scheduler).await?;
     let mut timeline = timeline(&runs, now);
-    let seen: BTreeMap<&str, i64> = roster
-        .gone
-        .iter()
-        .map(|w| (w.worker_id.as_str(), w.last_seen_ms))
-        .collect();
-    let cut: BTreeMap<String, i64> = roster
-        .interrupted
-        .iter()
-        .map(|i| {
-            let at = seen.get(i.worker_id.as_str()).copied().unwrap_or(0);
-            (i.run.job_id.clone(), at)
-        })
-        .collect();
-    timeline.interrupt(&cut);
+    timeline.interrupt(&roster.cut());
     Ok(WorkersView {
         fleet: roster.fleet,
         gone: roster.gone,
