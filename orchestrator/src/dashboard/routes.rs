@@ -1,7 +1,7 @@
 //! The routes: pages, their JSON twins, their event streams, a run's
-//! output as it grows, the drift plots, the answer form and the login of
-//! a viewer; every request first passes [`guard_request`] (its `Host`, and
-//! a reader's credential when one is required).
+//! output as it grows and searched, the drift plots, the answer form and
+//! the login of a viewer; every request first passes [`guard_request`]
+//! (its `Host`, and a reader's credential when one is required).
 
 use std::convert::Infallible;
 use std::time::Duration;
