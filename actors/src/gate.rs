@@ -671,29 +671,8 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
         refuse(st, Phase::PipelineStagesAndVariants, unmet).await?;
         return Ok(());
     }
-    for (phase, why) in [
-        (
-            Phase::PipelineStagesAndVariants,
-            "pipeline definition is not driven by fvd yet",
-        ),
-        (
-            Phase::PipelineConfigPresetsRegistryExamples,
-            "pipeline config, presets and registry are not driven by fvd yet",
-        ),
-        (
-            Phase::ParityActivationAndLocalVerification,
-            "ordered verification: conversion and component parity hold; pipeline smoke, pipeline parity and example are not driven by fvd yet",
-        ),
-        (
-            Phase::QualityRegression,
-            "quality regression is not driven by fvd yet",
-        ),
-        (
-            Phase::PostParityReviewAndHandoff,
-            "post-parity review and handoff need a person",
-        ),
-    ] {
-        record(st, phase, GateOutcome::Pending, vec![why.into()]).await?;
+    for (phase, why) in after_parity(&st.args.spec) {
+        record(st, phase, GateOutcome::Pending, vec![why]).await?;
     }
     st.args
         .store
@@ -704,6 +683,50 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
         )
         .await?;
     Ok(())
+}
+
+/// Why each phase after component parity waits, naming the tests the
+/// spec declares for it (`[pipeline]`, `[quality]`): fvd does not run them
+/// yet, and says so rather than read a declared test as a pass.
+pub fn after_parity(spec: &fvd_spec::PortSpec) -> Vec<(Phase, String)> {
+    let not_run = "declared in the spec; fvd does not run it yet";
+    let pipeline = spec.pipeline.as_ref();
+    let p7 = match pipeline.and_then(|p| p.parity_test.as_deref()) {
+        Some(t) => format!("pipeline parity test {t} {not_run}"),
+        None => {
+            "pipeline definition is not driven by fvd yet (no [pipeline] parity_test in the spec)"
+                .into()
+        }
+    };
+    let p9 = match pipeline.map(|p| p.steps()) {
+        Some(steps) => format!(
+            "ordered verification: conversion and component parity hold; then {}: {not_run}",
+            steps.join(", ")
+        ),
+        None => "ordered verification: conversion and component parity hold; pipeline smoke, pipeline parity and example are not driven by fvd yet (no [pipeline] in the spec)".into(),
+    };
+    let p10 = match &spec.quality {
+        Some(q) => format!("quality regression {} {not_run}", q.tests.join(", ")),
+        None => "quality regression is not driven by fvd yet (no [quality] in the spec)".into(),
+    };
+    vec![
+        (Phase::PipelineStagesAndVariants, p7),
+        (
+            Phase::PipelineConfigPresetsRegistryExamples,
+            "pipeline config, presets and registry are not driven by fvd yet".into(),
+        ),
+        (Phase::ParityActivationAndLocalVerification, p9),
+        (Phase::QualityRegression, p10),
+        (
+            Phase::PostParityReviewAndHandoff,
+            "post-parity review and handoff need a person".into(),
+        ),
+    ]
+}
+
+/// The number of a recorded phase id (`P7` → 7).
+fn phase_number(id: &str) -> Option<u8> {
+    id.strip_prefix('P')?.parse().ok()
 }
 
 /// Records a refusal and blocks the port at `phase`.
@@ -815,12 +838,22 @@ async fn record(
     if outcome == GateOutcome::Entered {
         st.phase_span = Some((phase.id(), span));
     }
+    // The same decision as this phase's last is not recorded again, unless
+    // the gate went back behind the phase since (a resume enters P6 again):
+    // then the decision is said anew, so the port's current refusal or
+    // pending reason is the one after its latest entered phase.
     let same = st
         .recorded
         .iter()
-        .rev()
-        .find(|e| e.phase == phase.id())
-        .is_some_and(|e| e.outcome == outcome && e.conditions == conditions);
+        .rposition(|e| e.phase == phase.id())
+        .is_some_and(|i| {
+            let e = &st.recorded[i];
+            let went_back = st.recorded[i + 1..].iter().any(|later| {
+                matches!(later.outcome, GateOutcome::Entered | GateOutcome::Reopened)
+                    && phase_number(&later.phase).is_some_and(|n| n < phase.number())
+            });
+            e.outcome == outcome && e.conditions == conditions && !went_back
+        });
     if same {
         return Ok(());
     }
@@ -835,4 +868,59 @@ async fn record(
         event: ev,
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "[prep]\nmodel_family = \"tiny\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = \"t/a.py\"\ncoverage_scope = \"both\"\n";
+
+    fn reasons(extra: &str) -> Vec<(String, String)> {
+        let spec =
+            fvd_spec::parse(std::path::Path::new("port.toml"), &format!("{BASE}{extra}")).unwrap();
+        after_parity(&spec)
+            .into_iter()
+            .map(|(p, why)| (p.id(), why))
+            .collect()
+    }
+
+    #[test]
+    fn the_phases_after_parity_name_the_declared_tests_and_never_pass() {
+        let declared = reasons(
+            "\n[pipeline]\nsmoke_test = \"t/smoke.py\"\nparity_test = \"t/parity.py\"\n\n[quality]\ntests = [\"t/ssim.py\"]\n",
+        );
+        let phases: Vec<&str> = declared.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(phases, ["P7", "P8", "P9", "P10", "P11"]);
+        assert_eq!(
+            declared[0].1,
+            "pipeline parity test t/parity.py declared in the spec; fvd does not run it yet"
+        );
+        assert!(
+            declared[2]
+                .1
+                .contains("then smoke test t/smoke.py, parity test t/parity.py:"),
+            "{}",
+            declared[2].1
+        );
+        assert!(
+            declared[3]
+                .1
+                .starts_with("quality regression t/ssim.py declared")
+        );
+        let bare = reasons("");
+        assert!(
+            bare[0].1.contains("no [pipeline] parity_test"),
+            "{}",
+            bare[0].1
+        );
+        assert!(bare[3].1.contains("no [quality]"), "{}", bare[3].1);
+    }
+
+    #[test]
+    fn recorded_phase_ids_read_back_as_numbers() {
+        assert_eq!(phase_number("P7"), Some(7));
+        assert_eq!(phase_number("P11"), Some(11));
+        assert_eq!(phase_number("7"), None);
+    }
 }

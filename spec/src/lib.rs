@@ -13,6 +13,7 @@ use toml::Spanned;
 pub mod agent_model;
 pub mod cleanup;
 pub mod init;
+pub mod later;
 pub mod preconditions;
 pub mod trace_spec;
 
@@ -98,6 +99,10 @@ pub struct PortSpec {
     pub components: Vec<ComponentSpec>,
     /// `[runner]`: how workers start the port's test processes.
     pub runner: RunnerSpec,
+    /// `[pipeline]`: P7's and P9's pipeline tests, when declared.
+    pub pipeline: Option<later::PipelineSpec>,
+    /// `[quality]`: P10's regression tests, when declared.
+    pub quality: Option<later::QualitySpec>,
 }
 
 /// `[runner] mode`: a fresh interpreter per run (`cold`, the default) or a
@@ -360,6 +365,8 @@ struct RawSpec {
     components: Vec<RawComponent>,
     agent: Option<RawAgent>,
     runner: Option<RawRunner>,
+    pipeline: Option<Spanned<later::RawPipeline>>,
+    quality: Option<later::RawQuality>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -565,6 +572,8 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         Some(a) => Some(agent_spec(a, text, path)?),
     };
     let runner = runner(raw.runner, text, path)?;
+    let pipeline = later::pipeline(raw.pipeline, text, path)?;
+    let quality = later::quality(raw.quality, text, path)?;
     let default_timeout = seconds(defaults.timeout_s.clone(), "defaults.timeout_s", text, path)?;
     for name in defaults.set_env.keys() {
         if !is_env_name(name) {
@@ -595,6 +604,8 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         prep_lines,
         components,
         runner,
+        pipeline,
+        quality,
     })
 }
 
@@ -1205,7 +1216,7 @@ fn decoded_for_scan(text: &str) -> String {
 }
 
 /// 1-based line and column of a byte offset.
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;

@@ -35,6 +35,7 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
     );
 
     let mut refused = print_gate(&spec, &repo);
+    print_after_parity(&spec, &repo);
     refused |= print_snapshot_preview(args, &repo, &spec)?;
     let shown = print_row_matches(&repo, &spec)?;
     print_recorded_diff(args, &repo, &spec, &shown)?;
@@ -59,6 +60,27 @@ fn print_gate(spec: &PortSpec, repo: &Path) -> bool {
         }
     }
     refused
+}
+
+/// Prints the plan past component parity (P7–P11) as the gate would
+/// record it, and which declared pipeline or quality test the checkout
+/// lacks.
+fn print_after_parity(spec: &PortSpec, repo: &Path) {
+    println!("after component parity (P6), the gate would record:");
+    for (phase, why) in fvd_actors::gate::after_parity(spec) {
+        println!("  gate {}: pending: {why}", phase.id());
+    }
+    let declared = spec
+        .pipeline
+        .iter()
+        .flat_map(|p| [p.smoke_test.as_ref(), p.parity_test.as_ref()])
+        .flatten()
+        .chain(spec.quality.iter().flat_map(|q| q.tests.iter()));
+    for t in declared {
+        if !repo.join(t).is_file() {
+            println!("  note: {t} is not in the checkout");
+        }
+    }
 }
 
 /// Prints what the snapshot would hold, and what submit would refuse; true

@@ -24,6 +24,7 @@ mod gc;
 mod git_escape;
 mod init;
 mod judge;
+mod later_phases;
 mod logging;
 mod output;
 mod port;

@@ -1,0 +1,238 @@
+//! `[pipeline]` and `[quality]`: the tests of the phases after component
+//! parity. P7 and P9 read the pipeline's smoke test, its parity test (and
+//! what that compares against) and its example command; P10 the quality
+//! regression tests. fvd records them and names them in the gate's
+//! reasons; it does not run them yet (issue #42): a declared test is never
+//! read as a pass.
+
+use std::path::{Component, Path};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::{SpecError, line_col};
+
+/// `[pipeline]` of a spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PipelineSpec {
+    /// The pipeline smoke test (P9's first pipeline step).
+    pub smoke_test: Option<String>,
+    /// The pipeline parity test (P7's loop, P9's second step).
+    pub parity_test: Option<String>,
+    /// What the parity test compares against (the official pipeline, a
+    /// reference output), in the porter's words.
+    pub comparison_target: Option<String>,
+    /// The basic example, as an argument vector (P9's last step).
+    pub example: Vec<String>,
+}
+
+/// `[quality]` of a spec: P10's regression tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QualitySpec {
+    pub tests: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPipeline {
+    smoke_test: Option<Spanned<String>>,
+    parity_test: Option<Spanned<String>>,
+    comparison_target: Option<Spanned<String>>,
+    #[serde(default)]
+    example: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawQuality {
+    tests: Spanned<Vec<Spanned<String>>>,
+}
+
+fn refused(path: &Path, text: &str, at: usize, message: String) -> SpecError {
+    let (line, column) = line_col(text, at);
+    SpecError::Syntax {
+        path: path.to_path_buf(),
+        line,
+        column,
+        message,
+    }
+}
+
+/// A test path as a spec names it: relative to the repository, inside it.
+fn test_path(v: Spanned<String>, key: &str, text: &str, path: &Path) -> Result<String, SpecError> {
+    let at = v.span().start;
+    let p = v.into_inner();
+    let inside = !p.trim().is_empty()
+        && Path::new(&p)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+    if inside {
+        Ok(p)
+    } else {
+        Err(refused(
+            path,
+            text,
+            at,
+            format!("{key} is {p:?}: it must be a test file relative to the repository, inside it"),
+        ))
+    }
+}
+
+/// Validates `[pipeline]`: at least one test, a comparison target only
+/// beside a parity test, an example that names a program.
+pub(crate) fn pipeline(
+    raw: Option<Spanned<RawPipeline>>,
+    text: &str,
+    path: &Path,
+) -> Result<Option<PipelineSpec>, SpecError> {
+    let Some(raw) = raw else { return Ok(None) };
+    let at = raw.span().start;
+    let r = raw.into_inner();
+    let smoke_test = r
+        .smoke_test
+        .map(|v| test_path(v, "pipeline.smoke_test", text, path))
+        .transpose()?;
+    let parity_test = r
+        .parity_test
+        .map(|v| test_path(v, "pipeline.parity_test", text, path))
+        .transpose()?;
+    if smoke_test.is_none() && parity_test.is_none() {
+        return Err(refused(
+            path,
+            text,
+            at,
+            "[pipeline] names no test: give smoke_test, parity_test or both".into(),
+        ));
+    }
+    if let Some(t) = &r.comparison_target
+        && parity_test.is_none()
+    {
+        return Err(refused(
+            path,
+            text,
+            t.span().start,
+            "pipeline.comparison_target needs a pipeline.parity_test that compares against it"
+                .into(),
+        ));
+    }
+    if let Some(first) = r.example.first()
+        && first.get_ref().trim().is_empty()
+    {
+        return Err(refused(
+            path,
+            text,
+            first.span().start,
+            "pipeline.example must start with the program to run".into(),
+        ));
+    }
+    Ok(Some(PipelineSpec {
+        smoke_test,
+        parity_test,
+        comparison_target: r.comparison_target.map(Spanned::into_inner),
+        example: r.example.into_iter().map(Spanned::into_inner).collect(),
+    }))
+}
+
+/// Validates `[quality]`: one test at least, each inside the repository.
+pub(crate) fn quality(
+    raw: Option<RawQuality>,
+    text: &str,
+    path: &Path,
+) -> Result<Option<QualitySpec>, SpecError> {
+    let Some(raw) = raw else { return Ok(None) };
+    let at = raw.tests.span().start;
+    let tests = raw
+        .tests
+        .into_inner()
+        .into_iter()
+        .map(|t| test_path(t, "quality.tests", text, path))
+        .collect::<Result<Vec<_>, _>>()?;
+    if tests.is_empty() {
+        return Err(refused(
+            path,
+            text,
+            at,
+            "quality.tests is empty: name the quality regression tests, or leave [quality] out"
+                .into(),
+        ));
+    }
+    Ok(Some(QualitySpec { tests }))
+}
+
+impl PipelineSpec {
+    /// The declared steps, in P9's order, for a plan or a reason.
+    pub fn steps(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(t) = &self.smoke_test {
+            out.push(format!("smoke test {t}"));
+        }
+        if let Some(t) = &self.parity_test {
+            match &self.comparison_target {
+                Some(against) => out.push(format!("parity test {t} (against {against})")),
+                None => out.push(format!("parity test {t}")),
+            }
+        }
+        if !self.example.is_empty() {
+            out.push(format!("example `{}`", self.example.join(" ")));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "[prep]\nmodel_family = \"tiny\"\n\n[[component]]\nname = \"a\"\ntype = \"generic\"\nparity_test = \"t/a.py\"\ncoverage_scope = \"both\"\n";
+
+    fn parse(extra: &str) -> Result<crate::PortSpec, SpecError> {
+        crate::parse(Path::new("port.toml"), &format!("{BASE}{extra}"))
+    }
+
+    #[test]
+    fn pipeline_and_quality_are_read_in_p9_order() {
+        let spec = parse(
+            "\n[pipeline]\nsmoke_test = \"t/test_tiny_pipeline_smoke.py\"\nparity_test = \"t/test_tiny_pipeline_parity.py\"\ncomparison_target = \"the official pipeline at seed 0\"\nexample = [\"python\", \"examples/tiny.py\"]\n\n[quality]\ntests = [\"t/ssim/test_tiny_similarity.py\"]\n",
+        )
+        .unwrap();
+        let p = spec.pipeline.expect("a pipeline");
+        assert_eq!(
+            p.steps(),
+            [
+                "smoke test t/test_tiny_pipeline_smoke.py",
+                "parity test t/test_tiny_pipeline_parity.py (against the official pipeline at seed 0)",
+                "example `python examples/tiny.py`",
+            ]
+        );
+        assert_eq!(
+            spec.quality.unwrap().tests,
+            ["t/ssim/test_tiny_similarity.py"]
+        );
+        let none = parse("").unwrap();
+        assert_eq!((none.pipeline, none.quality), (None, None));
+    }
+
+    #[test]
+    fn a_pipeline_without_a_test_or_outside_the_repository_is_refused_at_its_line() {
+        let e = parse("\n[pipeline]\nexample = [\"python\", \"x.py\"]\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "port.toml:10:1: [pipeline] names no test: give smoke_test, parity_test or both"
+        );
+        let e = parse("\n[pipeline]\nparity_test = \"../elsewhere/test_p.py\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("port.toml:11:15: pipeline.parity_test is \"../elsewhere/test_p.py\""),
+            "{e}"
+        );
+        let e = parse("\n[pipeline]\nsmoke_test = \"t/s.py\"\ncomparison_target = \"x\"\n")
+            .unwrap_err();
+        assert!(e.to_string().starts_with("port.toml:12:"), "{e}");
+        let e = parse("\n[quality]\ntests = []\n").unwrap_err();
+        assert!(e.to_string().contains("quality.tests is empty"), "{e}");
+        let e = parse("\n[quality]\ntests = [\"/abs/test_q.py\"]\n").unwrap_err();
+        assert!(e.to_string().contains("inside it"), "{e}");
+        let e = parse("\n[pipeline]\nsmoke_test = \"t/s.py\"\nagent = true\n").unwrap_err();
+        assert!(e.to_string().contains("agent"), "{e}");
+    }
+}
