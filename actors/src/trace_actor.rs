@@ -595,7 +595,7 @@ fn narrowed_scope(
     fvd_trace::Diagnostic::new(
         "narrowed_scope",
         format!(
-            "this trace covers only {} (the previous step's first divergence was {}, every module before it matched): diagnostics about inputs or the first block speak of this scope, not of the model",
+            "this trace covers only {} (the previous step's first divergence was {}, every module before it matched): where its rows start to diverge is this scope's start, not the model's inputs",
             tried.last().map(String::as_str).unwrap_or_default(),
             previous.port_module
         ),
