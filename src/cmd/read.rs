@@ -447,7 +447,7 @@ pub fn workers(args: WorkersArgs) -> anyhow::Result<Exit> {
 fn print_fleet(fleet: &Fleet) {
     if !fleet.live {
         say(format_args!(
-            "workers as the state last recorded them (no orchestrator answered: free slots unknown)"
+            "workers of this state whose process still runs (no orchestrator answered: free slots unknown; ended ones are on the dashboard's /workers)"
         ));
     }
     if fleet.workers.is_empty() {

@@ -271,11 +271,12 @@ impl Source {
         }
     }
 
-    /// The workers: the orchestrator's connected fleet, or the workers an
-    /// embedded state recorded.
+    /// The workers: the orchestrator's connected fleet, or those of the
+    /// workers an embedded state recorded whose process still runs here
+    /// (each past `fvd submit` registered one; they are not listed).
     pub async fn fleet(&mut self) -> anyhow::Result<Fleet> {
         match self {
-            Source::Local { store, .. } => Ok(query::fleet(store, None).await?),
+            Source::Local { store, .. } => Ok(query::roster(store, None).await?.fleet),
             Source::Remote(c) => {
                 let r = c
                     .workers(pb::WorkersRequest {})

@@ -102,6 +102,38 @@ fn a_killed_worker_s_test_dies_with_it_and_a_restart_ends_what_is_left() {
     );
 }
 
+/// An embedded state read after its submits ended lists no worker: each
+/// past `fvd submit` registered one, and none of them runs any more (it
+/// used to list one per past submit, as if connected).
+#[test]
+fn an_embedded_state_lists_no_worker_of_an_ended_submit() {
+    let sb = Sandbox::new();
+    sb.port("ended", &[TestComponent::new("solo", "assert True")]);
+    for _ in 0..2 {
+        let out = fvd()
+            .args(["submit", "--family", "ended", "--rerun", "--wait", "--repo"])
+            .arg(sb.repo())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+    let out = fvd()
+        .args(["workers", "--json", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["workers"], serde_json::json!([]), "{v}");
+    let out = fvd()
+        .args(["workers", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("no worker is connected"), "{text}");
+}
+
 #[test]
 fn drain_signals_nothing_when_the_pid_file_names_another_process() {
     let sb = Sandbox::new();
