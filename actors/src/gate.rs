@@ -86,6 +86,11 @@ pub struct GateState {
     /// Latest recorded event per phase, to keep resumes from repeating them.
     recorded: Vec<GateEventRow>,
     finals: std::collections::BTreeMap<String, ComponentRow>,
+    /// The phase whose components run now: P6 (every parity component),
+    /// then P7 (one pipeline step at a time).
+    phase: Phase,
+    /// The components whose finals that phase waits for.
+    wave: std::collections::BTreeSet<String>,
     /// Components waiting in `ask_user` for an answer.
     asking: std::collections::BTreeSet<String>,
     /// Components waiting for a worker with a working environment.
@@ -323,12 +328,19 @@ impl Actor for GateActor {
             // answer, a restart) continue this trace.
             args.store.set_port_traceparent(&args.family, &tp).await?;
         }
+        let wave = args
+            .spec
+            .parity_components()
+            .map(|c| c.name.clone())
+            .collect();
         Ok(GateState {
             restarts: Default::default(),
             fvd: Arc::new(FvdDir::new(Path::new(&args.repo), &args.family)),
             args,
             recorded,
             finals: Default::default(),
+            phase: Phase::ComponentParityDebug,
+            wave,
             asking: Default::default(),
             waiting_env: Default::default(),
             done: false,
@@ -378,13 +390,7 @@ impl Actor for GateActor {
         // placement waits until all are queued, so the policy (longest
         // expected GPU-time first, by default) orders all of them instead
         // of the first few to arrive taking the free GPUs.
-        let names: std::collections::BTreeSet<String> = st
-            .args
-            .spec
-            .components
-            .iter()
-            .map(|c| c.name.clone())
-            .collect();
+        let names = st.wave.clone();
         if names.len() > 1 {
             st.args.scheduler.cast(SchedulerMsg::HoldFamily {
                 family: st.args.family.clone(),
@@ -392,7 +398,9 @@ impl Actor for GateActor {
             })?;
             st.starting = Some(names);
         }
-        for c in st.args.spec.components.clone() {
+        let parity: Vec<fvd_spec::ComponentSpec> =
+            st.args.spec.parity_components().cloned().collect();
+        for c in parity {
             spawn_component(&myself, st, &c).await?;
         }
         Ok(())
@@ -411,12 +419,19 @@ impl Actor for GateActor {
             GateMsg::ComponentFinal(row) => {
                 st.asking.remove(&row.name);
                 st.waiting_env.remove(&row.name);
-                st.finals.insert(row.name.clone(), row);
-                if st.finals.len() == st.args.spec.components.len() {
-                    after_components(st).await?;
-                    finish(&myself, st).await?;
-                } else {
+                let name = row.name.clone();
+                st.finals.insert(name.clone(), row);
+                if !st.wave.iter().all(|n| st.finals.contains_key(n)) {
                     pause_if_only_questions_remain(st).await?;
+                } else if st.wave.contains(&name) {
+                    let ended = if st.phase == Phase::PipelineStagesAndVariants {
+                        after_step(&myself, st, &name).await?
+                    } else {
+                        after_components(&myself, st).await?
+                    };
+                    if ended {
+                        finish(&myself, st).await?;
+                    }
                 }
             }
             GateMsg::ComponentAsks(row) => {
@@ -433,11 +448,7 @@ impl Actor for GateActor {
                 if st.waiting_env.remove(&name) {
                     st.args
                         .store
-                        .set_port_state(
-                            &st.args.family,
-                            PortState::Running,
-                            &Phase::ComponentParityDebug.id(),
-                        )
+                        .set_port_state(&st.args.family, PortState::Running, &st.phase.id())
                         .await?;
                 }
             }
@@ -445,11 +456,7 @@ impl Actor for GateActor {
                 st.asking.remove(&component);
                 st.args
                     .store
-                    .set_port_state(
-                        &st.args.family,
-                        PortState::Running,
-                        &Phase::ComponentParityDebug.id(),
-                    )
+                    .set_port_state(&st.args.family, PortState::Running, &st.phase.id())
                     .await?;
                 match ractor::registry::where_is(actor_name(&st.args.family, &component)) {
                     Some(cell) => {
@@ -617,7 +624,12 @@ fn diagnoser_args(a: &GateArgs) -> crate::diagnosis::DiagnosisArgs {
 /// component, resumes it where it is.
 async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorProcessingErr> {
     let waiting = st.asking.len() + st.waiting_env.len();
-    if waiting == 0 || st.finals.len() + waiting < st.args.spec.components.len() {
+    let finals = st
+        .wave
+        .iter()
+        .filter(|n| st.finals.contains_key(*n))
+        .count();
+    if waiting == 0 || finals + waiting < st.wave.len() {
         return Ok(());
     }
     if let Err(why) = st.fvd.check() {
@@ -632,10 +644,10 @@ async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorP
     };
     st.args
         .store
-        .set_port_state(&st.args.family, state, &Phase::ComponentParityDebug.id())
+        .set_port_state(&st.args.family, state, &st.phase.id())
         .await?;
     // An embedded process ends here: its port span says where it stands.
-    spans::port_paused(&st.span, &Phase::ComponentParityDebug.id(), state.as_str());
+    spans::port_paused(&st.span, &st.phase.id(), state.as_str());
     match crate::port_status::write(&st.args.store, &st.args.family).await {
         Ok(written) => tracing::info!(%written, state = state.as_str(), "port paused"),
         Err(e) => {
@@ -648,7 +660,14 @@ async fn pause_if_only_questions_remain(st: &mut GateState) -> Result<(), ActorP
     Ok(())
 }
 
-async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> {
+/// P6's end once every component is final: P7 refused while one is not
+/// a pass; else the pipeline's first step is started (`Ok(false)`: the
+/// port goes on), or, without a `[pipeline]`, P7–P11 recorded pending
+/// (`Ok(true)`: the port ends here).
+async fn after_components(
+    myself: &ActorRef<GateMsg>,
+    st: &mut GateState,
+) -> Result<bool, ActorProcessingErr> {
     record(
         st,
         Phase::ComponentParityDebug,
@@ -659,8 +678,7 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
     let unmet: Vec<String> = st
         .args
         .spec
-        .components
-        .iter()
+        .parity_components()
         .filter_map(|c| {
             let row = &st.finals[&c.name];
             (row.status != ComponentStatus::NonSkipPass)
@@ -669,39 +687,115 @@ async fn after_components(st: &mut GateState) -> Result<(), ActorProcessingErr> 
         .collect();
     if !unmet.is_empty() {
         refuse(st, Phase::PipelineStagesAndVariants, unmet).await?;
-        return Ok(());
+        return Ok(true);
     }
-    for (phase, why) in after_parity(&st.args.spec) {
-        record(st, phase, GateOutcome::Pending, vec![why]).await?;
-    }
+    let first = st.args.spec.pipeline_steps().next().cloned();
+    let Some(first) = first else {
+        wait_after(st, Phase::PipelineStagesAndVariants).await?;
+        return Ok(true);
+    };
+    // P7: the pipeline's steps, one at a time in P9's order (a red smoke
+    // test stops before the parity test), each run as a component is.
     st.args
         .store
         .set_port_state(
             &st.args.family,
-            PortState::Waiting,
+            PortState::Running,
             &Phase::PipelineStagesAndVariants.id(),
         )
+        .await?;
+    record(
+        st,
+        Phase::PipelineStagesAndVariants,
+        GateOutcome::Entered,
+        vec![],
+    )
+    .await?;
+    st.phase = Phase::PipelineStagesAndVariants;
+    st.wave = [first.name.clone()].into();
+    spawn_component(myself, st, &first).await?;
+    Ok(false)
+}
+
+/// A pipeline step is final: the next one starts after a pass (`Ok(false)`);
+/// a step that is not a pass refuses P7 with its verdict, and the last
+/// step's pass passes P7 (`Ok(true)` either way: the port ends here).
+async fn after_step(
+    myself: &ActorRef<GateMsg>,
+    st: &mut GateState,
+    name: &str,
+) -> Result<bool, ActorProcessingErr> {
+    let steps: Vec<fvd_spec::ComponentSpec> = st.args.spec.pipeline_steps().cloned().collect();
+    let row = &st.finals[name];
+    let test = steps
+        .iter()
+        .find(|c| c.name == name)
+        .map(|c| c.parity_tests.join(" "))
+        .unwrap_or_default();
+    if row.status != ComponentStatus::NonSkipPass {
+        let why = format!("{name} ({test}) is {} ({})", row.status, row.reason);
+        refuse(st, Phase::PipelineStagesAndVariants, vec![why]).await?;
+        return Ok(true);
+    }
+    if let Some(next) = steps.iter().skip_while(|c| c.name != name).nth(1) {
+        st.wave = [next.name.clone()].into();
+        spawn_component(myself, st, next).await?;
+        return Ok(false);
+    }
+    let has_parity = steps.iter().any(|c| c.name == fvd_spec::later::PARITY_STEP);
+    if !has_parity {
+        record(
+            st,
+            Phase::PipelineStagesAndVariants,
+            GateOutcome::Pending,
+            vec!["the pipeline smoke test passes; P7 needs a pipeline parity test ([pipeline] parity_test)".into()],
+        )
+        .await?;
+        wait_after(st, Phase::PipelineStagesAndVariants).await?;
+        return Ok(true);
+    }
+    let passed: Vec<String> = steps
+        .iter()
+        .map(|c| format!("{} non_skip_pass", c.name))
+        .collect();
+    record(
+        st,
+        Phase::PipelineStagesAndVariants,
+        GateOutcome::Passed,
+        vec![passed.join(", ")],
+    )
+    .await?;
+    wait_after(st, Phase::PipelineConfigPresetsRegistryExamples).await?;
+    Ok(true)
+}
+
+/// Records the phases fvd does not drive, from `from` on, as pending with
+/// why, and leaves the port waiting at `from`.
+async fn wait_after(st: &mut GateState, from: Phase) -> Result<(), ActorProcessingErr> {
+    for (phase, why) in after_parity(&st.args.spec) {
+        if phase.number() >= from.number() {
+            record(st, phase, GateOutcome::Pending, vec![why]).await?;
+        }
+    }
+    st.args
+        .store
+        .set_port_state(&st.args.family, PortState::Waiting, &from.id())
         .await?;
     Ok(())
 }
 
-/// Why each phase after component parity waits, naming the tests the
-/// spec declares for it (`[pipeline]`, `[quality]`): fvd does not run them
-/// yet, and says so rather than read a declared test as a pass.
+/// Why each phase after component parity that fvd does not drive waits,
+/// naming the tests the spec declares for it (`[pipeline]`, `[quality]`)
+/// where fvd does not run them, rather than read a declared test as a
+/// pass. P7 is listed for a spec without pipeline steps; with them, P7
+/// runs them.
 pub fn after_parity(spec: &fvd_spec::PortSpec) -> Vec<(Phase, String)> {
     let not_run = "declared in the spec; fvd does not run it yet";
     let pipeline = spec.pipeline.as_ref();
-    let p7 = match pipeline.and_then(|p| p.parity_test.as_deref()) {
-        Some(t) => format!("pipeline parity test {t} {not_run}"),
-        None => {
-            "pipeline definition is not driven by fvd yet (no [pipeline] parity_test in the spec)"
-                .into()
-        }
-    };
-    let p9 = match pipeline.map(|p| p.steps()) {
-        Some(steps) => format!(
-            "ordered verification: conversion and component parity hold; then {}: {not_run}",
-            steps.join(", ")
+    let p9 = match pipeline {
+        Some(p) => format!(
+            "ordered verification at one final commit (component parity, then {}) is not driven by fvd yet; P7 runs the pipeline's tests",
+            p.steps().join(", ")
         ),
         None => "ordered verification: conversion and component parity hold; pipeline smoke, pipeline parity and example are not driven by fvd yet (no [pipeline] in the spec)".into(),
     };
@@ -709,8 +803,14 @@ pub fn after_parity(spec: &fvd_spec::PortSpec) -> Vec<(Phase, String)> {
         Some(q) => format!("quality regression {} {not_run}", q.tests.join(", ")),
         None => "quality regression is not driven by fvd yet (no [quality] in the spec)".into(),
     };
-    vec![
-        (Phase::PipelineStagesAndVariants, p7),
+    let mut out = Vec::new();
+    if spec.pipeline_steps().next().is_none() {
+        out.push((
+            Phase::PipelineStagesAndVariants,
+            "pipeline definition is not driven by fvd yet (no [pipeline] in the spec)".to_string(),
+        ));
+    }
+    out.extend([
         (
             Phase::PipelineConfigPresetsRegistryExamples,
             "pipeline config, presets and registry are not driven by fvd yet".into(),
@@ -721,7 +821,8 @@ pub fn after_parity(spec: &fvd_spec::PortSpec) -> Vec<(Phase, String)> {
             Phase::PostParityReviewAndHandoff,
             "post-parity review and handoff need a person".into(),
         ),
-    ]
+    ]);
+    out
 }
 
 /// The number of a recorded phase id (`P7` → 7).
@@ -890,30 +991,25 @@ mod tests {
         let declared = reasons(
             "\n[pipeline]\nsmoke_test = \"t/smoke.py\"\nparity_test = \"t/parity.py\"\n\n[quality]\ntests = [\"t/ssim.py\"]\n",
         );
+        // P7 runs the declared steps: it is not among the pending phases
         let phases: Vec<&str> = declared.iter().map(|(p, _)| p.as_str()).collect();
-        assert_eq!(phases, ["P7", "P8", "P9", "P10", "P11"]);
-        assert_eq!(
-            declared[0].1,
-            "pipeline parity test t/parity.py declared in the spec; fvd does not run it yet"
+        assert_eq!(phases, ["P8", "P9", "P10", "P11"]);
+        assert!(
+            declared[1].1.contains(
+                "(component parity, then smoke test t/smoke.py, parity test t/parity.py)"
+            ),
+            "{}",
+            declared[1].1
         );
         assert!(
             declared[2]
                 .1
-                .contains("then smoke test t/smoke.py, parity test t/parity.py:"),
-            "{}",
-            declared[2].1
-        );
-        assert!(
-            declared[3]
-                .1
                 .starts_with("quality regression t/ssim.py declared")
         );
         let bare = reasons("");
-        assert!(
-            bare[0].1.contains("no [pipeline] parity_test"),
-            "{}",
-            bare[0].1
-        );
+        let phases: Vec<&str> = bare.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(phases, ["P7", "P8", "P9", "P10", "P11"]);
+        assert!(bare[0].1.contains("no [pipeline]"), "{}", bare[0].1);
         assert!(bare[3].1.contains("no [quality]"), "{}", bare[3].1);
     }
 

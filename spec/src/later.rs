@@ -24,6 +24,10 @@ pub struct PipelineSpec {
     pub comparison_target: Option<String>,
     /// The basic example, as an argument vector (P9's last step).
     pub example: Vec<String>,
+    /// GPUs each pipeline step's run takes (0: a CPU slot, the default).
+    pub gpus: u32,
+    /// A step's timeout, over `[defaults] timeout_s`.
+    pub timeout_s: Option<u64>,
 }
 
 /// `[quality]` of a spec: P10's regression tests.
@@ -40,6 +44,9 @@ pub(crate) struct RawPipeline {
     comparison_target: Option<Spanned<String>>,
     #[serde(default)]
     example: Vec<Spanned<String>>,
+    #[serde(default)]
+    gpus: u32,
+    timeout_s: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -130,6 +137,8 @@ pub(crate) fn pipeline(
         parity_test,
         comparison_target: r.comparison_target.map(Spanned::into_inner),
         example: r.example.into_iter().map(Spanned::into_inner).collect(),
+        gpus: r.gpus,
+        timeout_s: r.timeout_s,
     }))
 }
 
@@ -159,7 +168,39 @@ pub(crate) fn quality(
     Ok(Some(QualitySpec { tests }))
 }
 
+/// The component names P7's steps run under.
+pub const SMOKE_STEP: &str = "pipeline_smoke";
+pub const PARITY_STEP: &str = "pipeline_parity";
+
 impl PipelineSpec {
+    /// The steps P7 runs, in order, as (component name, test file).
+    pub fn steps_to_run(&self) -> Vec<(&'static str, &str)> {
+        let mut out = Vec::new();
+        if let Some(t) = &self.smoke_test {
+            out.push((SMOKE_STEP, t.as_str()));
+        }
+        if let Some(t) = &self.parity_test {
+            out.push((PARITY_STEP, t.as_str()));
+        }
+        out
+    }
+
+    /// A step as the `[[component]]` it runs as: its test, the `[pipeline]`
+    /// GPUs and timeout, everything else from `[defaults]`.
+    pub(crate) fn step_toml(&self, name: &str, test: &str) -> String {
+        let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
+        let mut t = format!(
+            "name = {}\ntype = \"pipeline\"\nparity_test = {}\ncoverage_scope = \"pipeline\"\ngpus = {}\n",
+            quoted(name),
+            quoted(test),
+            self.gpus
+        );
+        if let Some(s) = self.timeout_s {
+            t.push_str(&format!("timeout_s = {s}\n"));
+        }
+        t
+    }
+
     /// The declared steps, in P9's order, for a plan or a reason.
     pub fn steps(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -210,6 +251,48 @@ mod tests {
         );
         let none = parse("").unwrap();
         assert_eq!((none.pipeline, none.quality), (None, None));
+    }
+
+    #[test]
+    fn the_pipeline_steps_run_as_components_after_the_parity_components() {
+        let spec = parse(
+            "\n[defaults]\ntimeout_s = 300\n\n[pipeline]\nsmoke_test = \"t/smoke.py\"\nparity_test = \"t/parity.py\"\ngpus = 1\n",
+        )
+        .unwrap();
+        let parity: Vec<&str> = spec.parity_components().map(|c| c.name.as_str()).collect();
+        assert_eq!(parity, ["a"]);
+        let steps: Vec<(&str, &str, u32, u64)> = spec
+            .pipeline_steps()
+            .map(|c| {
+                (
+                    c.name.as_str(),
+                    c.parity_tests[0].as_str(),
+                    c.gpus,
+                    c.timeout.as_secs(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                ("pipeline_smoke", "t/smoke.py", 1, 300),
+                ("pipeline_parity", "t/parity.py", 1, 300)
+            ]
+        );
+        assert_eq!(spec.components[1].lines.get("pipeline"), Some(&13));
+        // a component may not take a step's name
+        let e = crate::parse(
+            Path::new("port.toml"),
+            &format!(
+                "{}\n[pipeline]\nsmoke_test = \"t/s.py\"\n",
+                BASE.replace("name = \"a\"", "name = \"pipeline_smoke\"")
+            ),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("\"pipeline_smoke\" is listed twice"),
+            "{e}"
+        );
     }
 
     #[test]

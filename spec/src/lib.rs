@@ -126,6 +126,22 @@ pub struct RunnerSpec {
     pub preload_at: Vec<(usize, usize)>,
 }
 
+impl PortSpec {
+    /// The components P6 runs (every [`Stage::Component`]).
+    pub fn parity_components(&self) -> impl Iterator<Item = &ComponentSpec> {
+        self.components
+            .iter()
+            .filter(|c| c.stage == Stage::Component)
+    }
+
+    /// The pipeline's steps P7 runs, in order (smoke, then parity).
+    pub fn pipeline_steps(&self) -> impl Iterator<Item = &ComponentSpec> {
+        self.components
+            .iter()
+            .filter(|c| c.stage == Stage::Pipeline)
+    }
+}
+
 impl RunnerSpec {
     /// The modules a warm run's zygote preloads; `None` for a cold run.
     pub fn warm_preload(&self) -> Option<Vec<String>> {
@@ -133,10 +149,22 @@ impl RunnerSpec {
     }
 }
 
+/// Which phase runs a [`ComponentSpec`]: a component's parity test (P6),
+/// or a step of the pipeline's (P7: `[pipeline]`'s smoke, then parity
+/// test), run once every component holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Stage {
+    #[default]
+    Component,
+    Pipeline,
+}
+
 /// One component and how to run its parity test.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ComponentSpec {
     pub name: String,
+    /// A component's parity test, or a pipeline step (see [`Stage`]).
+    pub stage: Stage,
     pub component_type: String,
     /// Repo-relative paths of the parity test files (one or more); `{test}`
     /// in the command stands for all of them.
@@ -352,6 +380,7 @@ impl ComponentSpec {
             && self.trace == other.trace
             && self.component_type == other.component_type
             && self.coverage_scope == other.coverage_scope
+            && self.stage == other.stage
     }
 }
 
@@ -572,6 +601,11 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         Some(a) => Some(agent_spec(a, text, path)?),
     };
     let runner = runner(raw.runner, text, path)?;
+    let pipeline_lines: BTreeMap<String, usize> = raw
+        .pipeline
+        .as_ref()
+        .map(|p| [("pipeline".to_string(), line_col(text, p.span().start).0)].into())
+        .unwrap_or_default();
     let pipeline = later::pipeline(raw.pipeline, text, path)?;
     let quality = later::quality(raw.quality, text, path)?;
     let default_timeout = seconds(defaults.timeout_s.clone(), "defaults.timeout_s", text, path)?;
@@ -596,6 +630,19 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
     }
     if components.is_empty() {
         return Err(invalid("no [[component]] is listed".into()));
+    }
+    // The pipeline's steps run as components do (the same actor, verdict
+    // and ledger), after them: P7.
+    if let Some(p) = &pipeline {
+        for (name, test) in p.steps_to_run() {
+            let snippet = p.step_toml(name, test);
+            let raw: RawComponent = toml::from_str(&snippet)
+                .map_err(|e| invalid(format!("[pipeline] step {name}: {}", e.message())))?;
+            let mut step = component_spec(raw, &shared, &mut seen, &snippet, path)?;
+            step.stage = Stage::Pipeline;
+            step.lines = pipeline_lines.clone();
+            components.push(step);
+        }
     }
     Ok(PortSpec {
         family,
@@ -837,6 +884,7 @@ fn component_spec(
     let variants = variants(&name, c.variants, &env, text, &|m| invalid(m))?;
     Ok(ComponentSpec {
         name,
+        stage: Stage::Component,
         component_type: c.component_type.into_inner(),
         parity_tests,
         coverage_scope: c.coverage_scope.into_inner(),

@@ -55,7 +55,9 @@ pub fn prep_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
             spec.family
         ));
     }
-    for c in &spec.components {
+    // The parity contract's fields are the components' (a pipeline step
+    // is P7's, checked by the spec).
+    for c in spec.parity_components() {
         let line = |field: &str| at(c.lines.get(field).copied());
         for (field, value) in [
             ("type", c.component_type.as_str()),
@@ -267,7 +269,8 @@ pub fn scaffold_conditions(spec: &PortSpec, repo: &Path) -> Vec<String> {
             other.unwrap_or("missing")
         )),
     }
-    for c in &spec.components {
+    // The pipeline's tests are P7's: their files may come later.
+    for c in spec.parity_components() {
         for t in c.test_files() {
             match fvd_paths::join_under(repo, t) {
                 Err(e) => unmet.push(format!(

@@ -66,7 +66,17 @@ fn print_gate(spec: &PortSpec, repo: &Path) -> bool {
 /// record it, and which declared pipeline or quality test the checkout
 /// lacks.
 fn print_after_parity(spec: &PortSpec, repo: &Path) {
-    println!("after component parity (P6), the gate would record:");
+    println!("after component parity (P6):");
+    let steps: Vec<String> = spec
+        .pipeline_steps()
+        .map(|c| format!("{} ({})", c.name, c.parity_tests.join(" ")))
+        .collect();
+    if !steps.is_empty() {
+        println!(
+            "  gate P7: runs {}, each as a component (a red step stops the next)",
+            steps.join(", then ")
+        );
+    }
     for (phase, why) in fvd_actors::gate::after_parity(spec) {
         println!("  gate {}: pending: {why}", phase.id());
     }

@@ -1005,6 +1005,7 @@ mod tests {
     fn spec() -> ComponentSpec {
         ComponentSpec {
             name: "timestep_embed".into(),
+            stage: fvd_spec::Stage::Component,
             component_type: "generic".into(),
             parity_tests: vec!["tests/t.py".into()],
             coverage_scope: "implementation_subcomponent".into(),
