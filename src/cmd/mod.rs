@@ -38,15 +38,28 @@ pub fn find_state(repo: &std::path::Path) -> std::path::PathBuf {
 /// The repository of a family's port, found from `repo` or any folder
 /// below it, as git finds its top: the nearest of `repo` and its parents
 /// that holds `tests/local_tests/<family>/` (a run from inside the family
-/// folder, say). `repo` itself when none does, so the error names it.
+/// folder, say). When none does, the nearest that looks like a checkout
+/// (it holds `.git` or `tests/local_tests`), else `repo` itself, so the
+/// error names it. A `repo` that does not exist (a mistyped family folder)
+/// is searched from its nearest existing parent.
 pub fn find_repo(repo: &std::path::Path, family: &str) -> std::path::PathBuf {
-    let Ok(start) = repo.canonicalize() else {
+    let Some(start) = repo.ancestors().find_map(|d| {
+        let d = if d.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            d
+        };
+        d.canonicalize().ok()
+    }) else {
         return repo.to_path_buf();
     };
     let rel = std::path::Path::new("tests/local_tests").join(family);
+    let checkout =
+        |d: &std::path::Path| d.join(".git").exists() || d.join("tests/local_tests").is_dir();
     start
         .ancestors()
         .find(|d| d.join(&rel).is_dir())
+        .or_else(|| start.ancestors().find(|d| checkout(d)))
         .map_or(start.clone(), std::path::Path::to_path_buf)
 }
 

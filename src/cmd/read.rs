@@ -104,7 +104,58 @@ fn interrupted(source: &Source, ports: &[fvd_orchestrator::query::PortSnapshot])
         .collect()
 }
 
+/// Why a family has no port in the embedded state, when it never had a
+/// spec: its `port.toml` (named) does not exist, and `fvd init` writes it.
+/// `None` for a fleet, or where the spec exists (the error said enough).
+fn never_initialised(target: &Target, family: &str) -> Option<String> {
+    if target.orchestrator.is_some() {
+        return None;
+    }
+    let repo = target.repo_of(Some(family));
+    let dir = repo.join("tests/local_tests").join(family);
+    let spec = dir.join("port.toml");
+    if spec.is_file() {
+        return None;
+    }
+    let init = target.hint(&repo, &["init", "--family", family]);
+    let submit = target.hint(&repo, &["submit", "--family", family]);
+    Some(if dir.is_dir() {
+        format!(
+            "no port of family {family}: {} does not exist; `{init}` writes it, then `{submit}` starts the port",
+            spec.display()
+        )
+    } else {
+        format!(
+            "no port of family {family}: {} does not exist (no folder {}); a new port starts with `{init}` once that folder holds PORT_STATUS.md or its parity tests",
+            spec.display(),
+            dir.display()
+        )
+    })
+}
+
+/// `r`, or for a family that was never initialised, the error that names
+/// its missing `port.toml` and `fvd init`.
+fn or_uninitialised<T>(
+    r: anyhow::Result<T>,
+    target: &Target,
+    family: Option<&str>,
+) -> anyhow::Result<T> {
+    match (r, family) {
+        (Err(e), Some(f)) => match never_initialised(target, f) {
+            Some(why) => Err(anyhow::anyhow!(why)),
+            None => Err(e),
+        },
+        (r, _) => r,
+    }
+}
+
 pub fn status(args: StatusArgs) -> anyhow::Result<Exit> {
+    let family = args.family.clone();
+    let target = args.target.clone();
+    or_uninitialised(status_of(args), &target, family.as_deref())
+}
+
+fn status_of(args: StatusArgs) -> anyhow::Result<Exit> {
     runtime()?.block_on(async move {
         let mut source = Source::open(&args.target, args.family.as_deref()).await?;
         let ports = source.status(args.family.as_deref()).await?;
@@ -163,9 +214,13 @@ fn run_json(r: &RunRow) -> serde_json::Value {
 
 pub fn logs(args: LogsArgs) -> anyhow::Result<Exit> {
     runtime()?.block_on(async move {
-        let mut source = Source::open(&args.target, Some(&args.family)).await?;
+        let opened = async {
+            let mut source = Source::open(&args.target, Some(&args.family)).await?;
+            let runs = source.runs(&args.family, Some(&args.component)).await?;
+            anyhow::Ok((source, runs))
+        };
+        let (mut source, runs) = or_uninitialised(opened.await, &args.target, Some(&args.family))?;
         let repo = args.target.repo_of(Some(&args.family));
-        let runs = source.runs(&args.family, Some(&args.component)).await?;
         let Some(run) = fvd_orchestrator::query::pick_run(&runs, args.run) else {
             anyhow::bail!(
                 "no run {} of component {} in port {}",
@@ -286,8 +341,13 @@ fn no_output(target: &Target, repo: &std::path::Path, job: &RunRow, runs: &[RunR
 /// `fvd attempts`: the agent-attempt ledger of a component.
 pub fn attempts(args: AttemptsArgs) -> anyhow::Result<Exit> {
     runtime()?.block_on(async move {
-        let mut source = Source::open(&args.target, Some(&args.family)).await?;
-        let (worktree, ledger) = source.attempts(&args.family, &args.component).await?;
+        let opened = async {
+            let mut source = Source::open(&args.target, Some(&args.family)).await?;
+            let ledger = source.attempts(&args.family, &args.component).await?;
+            anyhow::Ok((source, ledger))
+        };
+        let (mut source, (worktree, ledger)) =
+            or_uninitialised(opened.await, &args.target, Some(&args.family))?;
         // The judge questions of the component: each attempt that changed
         // its judge shows what a person made of the change.
         let judged: Vec<EscapeRow> = source

@@ -302,6 +302,59 @@ fn submit_of_a_family_without_a_spec_says_how_to_write_one() {
     );
 }
 
+/// A never-initialised family in every reader (issue #41 item 5): `status`,
+/// `logs` and `attempts` name its missing `port.toml` and `fvd init`, with
+/// or without an embedded state, and a `--repo` that is a mistyped family
+/// folder is no raw `No such file or directory` for `submit` either.
+#[test]
+fn readers_of_a_never_initialised_family_name_its_spec_and_init() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = checkout(tmp.path());
+    let run = |args: &[&str]| {
+        let out = fvd().args(args).arg("--repo").arg(&repo).output().unwrap();
+        (out.status.code(), text(&out.stderr))
+    };
+    let readers: [&[&str]; 4] = [
+        &["status", "wren"],
+        &["logs", "wren", "transformer"],
+        &["attempts", "wren", "transformer"],
+        &["status", "wern"],
+    ];
+    // no embedded state yet, then one another family's submit left
+    for round in 0..2 {
+        for args in readers {
+            let (code, err) = run(args);
+            let family = args[1];
+            assert_ne!(code, Some(0), "{args:?}: {err}");
+            assert!(
+                err.contains(&format!(
+                    "tests/local_tests/{family}/port.toml does not exist"
+                )) && err.contains(&format!("fvd init --family {family}")),
+                "round {round}, {args:?}: {err}"
+            );
+            assert!(!err.contains("os error"), "{args:?}: {err}");
+        }
+        if round == 0 {
+            std::fs::create_dir_all(repo.join(".fvd")).unwrap();
+            let db = repo.join(".fvd/state.db");
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(fvd_store::Store::open_path(&db)).unwrap();
+        }
+    }
+    // a mistyped family folder as --repo
+    let out = fvd()
+        .args(["submit", "--family", "wern", "--repo"])
+        .arg(repo.join("tests/local_tests/wern"))
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        !err.contains("os error") && err.contains("fvd init --family wern"),
+        "{err}"
+    );
+}
+
 /// Issue #43: `fvd init` on the example port finds all seven components,
 /// `time_shift` too (named by no status row, its test filed by kind beside
 /// the family's folder), and takes a type from a test's kind folder.
