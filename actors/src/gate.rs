@@ -734,7 +734,24 @@ async fn after_step(
         .unwrap_or_default();
     if row.status != ComponentStatus::NonSkipPass {
         let why = format!("{name} ({test}) is {} ({})", row.status, row.reason);
-        refuse(st, Phase::PipelineStagesAndVariants, vec![why]).await?;
+        let module = match name == fvd_spec::later::PARITY_STEP {
+            true => first_divergent_module(st, name).await?,
+            false => None,
+        };
+        let owner = module
+            .as_deref()
+            .and_then(|m| st.args.spec.owner_of(m))
+            .map(|c| c.name.clone());
+        match (module, owner) {
+            (Some(module), Some(owner)) => back_to_component(st, why, &module, &owner).await?,
+            (Some(module), None) => {
+                let whose = format!(
+                    "its first divergence, {module}, is in no component's modules: the pipeline's own (its inputs, scheduler or glue), or a component's `modules` is missing it"
+                );
+                refuse(st, Phase::PipelineStagesAndVariants, vec![why, whose]).await?;
+            }
+            (None, _) => refuse(st, Phase::PipelineStagesAndVariants, vec![why]).await?,
+        }
         return Ok(true);
     }
     if let Some(next) = steps.iter().skip_while(|c| c.name != name).nth(1) {
@@ -767,6 +784,64 @@ async fn after_step(
     .await?;
     wait_after(st, Phase::PipelineConfigPresetsRegistryExamples).await?;
     Ok(true)
+}
+
+/// The first divergent module of the pipeline parity test's latest traced
+/// investigation (`[pipeline.trace]`), when it found one.
+async fn first_divergent_module(
+    st: &GateState,
+    step: &str,
+) -> Result<Option<String>, ActorProcessingErr> {
+    let inv = st.args.store.latest_trace(&st.args.family, step).await?;
+    Ok(inv.and_then(|i| {
+        i.steps
+            .iter()
+            .rev()
+            .map(|s| s.first_module.clone())
+            .find(|m| !m.is_empty())
+    }))
+}
+
+/// A red pipeline parity test whose first divergence lies in `owner`'s
+/// modules: the port goes back to P6 for that component, as the workflow
+/// asks, rather than patch around it in the pipeline. P6 is recorded
+/// reopened (before P7's refusal, so the refusal is the port's current
+/// reason) and the port is blocked at P6 until the component's code
+/// changes; its own parity test still passes, so no verdict of it moves.
+async fn back_to_component(
+    st: &mut GateState,
+    why: String,
+    module: &str,
+    owner: &str,
+) -> Result<(), ActorProcessingErr> {
+    record(
+        st,
+        Phase::ComponentParityDebug,
+        GateOutcome::Reopened,
+        vec![format!(
+            "component {owner}: the pipeline parity test diverges first at {module}, one of its modules, although its own parity test passes"
+        )],
+    )
+    .await?;
+    let whose = format!(
+        "its first divergence, {module}, is in component {owner}'s modules: back to P6 for {owner}"
+    );
+    record(
+        st,
+        Phase::PipelineStagesAndVariants,
+        GateOutcome::Refused,
+        vec![why, whose],
+    )
+    .await?;
+    st.args
+        .store
+        .set_port_state(
+            &st.args.family,
+            PortState::Blocked,
+            &Phase::ComponentParityDebug.id(),
+        )
+        .await?;
+    Ok(())
 }
 
 /// Records the phases fvd does not drive, from `from` on, as pending with

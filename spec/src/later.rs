@@ -13,7 +13,7 @@ use toml::Spanned;
 use crate::{SpecError, line_col};
 
 /// `[pipeline]` of a spec.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PipelineSpec {
     /// The pipeline smoke test (P9's first pipeline step).
     pub smoke_test: Option<String>,
@@ -28,6 +28,10 @@ pub struct PipelineSpec {
     pub gpus: u32,
     /// A step's timeout, over `[defaults] timeout_s`.
     pub timeout_s: Option<u64>,
+    /// `[pipeline.trace]`: a red parity test is drilled down as a
+    /// component's is, and its first divergent module names the component
+    /// that owns it.
+    pub trace: Option<crate::trace_spec::TraceSpec>,
 }
 
 /// `[quality]` of a spec: P10's regression tests.
@@ -47,6 +51,7 @@ pub(crate) struct RawPipeline {
     #[serde(default)]
     gpus: u32,
     timeout_s: Option<u64>,
+    trace: Option<crate::trace_spec::TraceSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -139,6 +144,7 @@ pub(crate) fn pipeline(
         example: r.example.into_iter().map(Spanned::into_inner).collect(),
         gpus: r.gpus,
         timeout_s: r.timeout_s,
+        trace: r.trace,
     }))
 }
 
@@ -293,6 +299,26 @@ mod tests {
             e.to_string().contains("\"pipeline_smoke\" is listed twice"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_module_belongs_to_the_component_with_its_longest_prefix() {
+        let spec = crate::parse(
+            Path::new("port.toml"),
+            &format!(
+                "{}modules = [\"blocks\"]\n\n[[component]]\nname = \"b\"\ntype = \"generic\"\nparity_test = \"t/b.py\"\ncoverage_scope = \"both\"\nmodules = [\"blocks.2\", \"head\"]\n",
+                BASE
+            ),
+        )
+        .unwrap();
+        let owner = |m: &str| spec.owner_of(m).map(|c| c.name.as_str());
+        assert_eq!(owner("blocks.2.norm"), Some("b"));
+        assert_eq!(owner("blocks.2"), Some("b"));
+        assert_eq!(owner("blocks.20.norm"), Some("a"));
+        assert_eq!(owner("blocks.1"), Some("a"));
+        assert_eq!(owner("head"), Some("b"));
+        assert_eq!(owner("headless"), None);
+        assert_eq!(owner("embed"), None);
     }
 
     #[test]

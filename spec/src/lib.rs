@@ -134,6 +134,28 @@ impl PortSpec {
             .filter(|c| c.stage == Stage::Component)
     }
 
+    /// The component that owns `module` of a traced pipeline run: the one
+    /// whose `modules` holds the longest prefix of it (a prefix owns the
+    /// module itself and those below it, `blocks.2` → `blocks.2.norm`).
+    pub fn owner_of(&self, module: &str) -> Option<&ComponentSpec> {
+        self.parity_components()
+            .filter_map(|c| {
+                c.modules
+                    .iter()
+                    .filter(|p| {
+                        module == p.as_str()
+                            || module
+                                .strip_prefix(p.as_str())
+                                .is_some_and(|rest| rest.starts_with('.'))
+                    })
+                    .map(|p| p.len())
+                    .max()
+                    .map(|n| (n, c))
+            })
+            .max_by_key(|(n, _)| *n)
+            .map(|(_, c)| c)
+    }
+
     /// The pipeline's steps P7 runs, in order (smoke, then parity).
     pub fn pipeline_steps(&self) -> impl Iterator<Item = &ComponentSpec> {
         self.components
@@ -179,6 +201,10 @@ pub struct ComponentSpec {
     /// test files and the `conftest.py` files above them changed; without
     /// any, any change of the tree reruns it.
     pub paths: Vec<String>,
+    /// Module names this component owns in a traced pipeline run
+    /// (`blocks.2` owns `blocks.2` and `blocks.2.norm`): how a red pipeline
+    /// parity test's first divergence is sent back to its component.
+    pub modules: Vec<String>,
     /// Literal, non-secret environment of the runs (`PYTHONPATH`); `{repo}`
     /// in a value stands for the checkout the run tests.
     pub set_env: BTreeMap<String, String>,
@@ -502,6 +528,9 @@ struct RawComponent {
     confirm_runs: Option<u32>,
     /// Validated while deserializing, so its errors carry line and column.
     trace: Option<crate::trace_spec::TraceSpec>,
+    /// Module name prefixes the component owns (see [`ComponentSpec::modules`]).
+    #[serde(default)]
+    modules: Vec<String>,
     #[serde(default, rename = "variant")]
     variants: Vec<Spanned<RawVariant>>,
 }
@@ -640,6 +669,9 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 .map_err(|e| invalid(format!("[pipeline] step {name}: {}", e.message())))?;
             let mut step = component_spec(raw, &shared, &mut seen, &snippet, path)?;
             step.stage = Stage::Pipeline;
+            if name == later::PARITY_STEP {
+                step.trace = p.trace.clone();
+            }
             step.lines = pipeline_lines.clone();
             components.push(step);
         }
@@ -912,6 +944,7 @@ fn component_spec(
         },
         confirm_runs,
         trace: c.trace,
+        modules: c.modules,
         variants,
         runner: shared.runner.clone(),
     })

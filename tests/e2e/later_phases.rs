@@ -165,3 +165,116 @@ fn a_red_pipeline_smoke_test_stops_before_the_parity_test() {
         "{parity}"
     );
 }
+
+/// A pipeline parity test that is red, and when traced writes both sides'
+/// activation stats: the port's drift from `blocks.1.norm` on, in the
+/// order modules run.
+const TRACED_PIPELINE: &str = r#"import json
+import os
+
+MODULES = ["embed", "blocks.0", "blocks.1.norm", "blocks.1", "head"]
+
+
+def write(path, drift):
+    with open(path, "w") as f:
+        for i, m in enumerate(MODULES):
+            v = 1.0 + i + (0.5 if drift and i >= 2 else 0.0)
+            f.write(json.dumps({"module": m, "tensor": "out", "step": None,
+                                "abs_mean": v, "sum": v * 8, "shape": [2, 4], "dtype": "float32"}) + "\n")
+
+
+def test_pipeline_parity():
+    if os.environ.get("FASTVIDEO_TRACE_ACTIVATIONS") == "1":
+        write(os.path.join(os.environ["FVD_TRACE_DIR"], "reference_rank0.jsonl"), False)
+        write(os.environ["FASTVIDEO_TRACE_OUTPUT"].replace("<rank>", "0"), True)
+    assert False, "the pipeline's video differs from the official one"
+"#;
+
+/// Every component passes its own test, the pipeline parity test is red:
+/// P7 drills it down, maps its first divergent module to the component
+/// that declares it (`modules`), and sends the port back to P6 for that
+/// component; a divergence in no component's modules stays the
+/// pipeline's.
+#[test]
+fn a_red_pipeline_is_traced_back_to_the_component_that_owns_its_first_divergence() {
+    let sb = Sandbox::new();
+    sb.port(
+        "routed",
+        &[
+            TestComponent::new("stem", "assert True"),
+            TestComponent::new("body", "assert True"),
+        ],
+    );
+    let spec = sb.repo().join("tests/local_tests/routed/port.toml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    // `body` owns the blocks, `stem` the embedding
+    let text = text.replacen(
+        "name = \"stem\"\n",
+        "name = \"stem\"\nmodules = [\"embed\"]\n",
+        1,
+    );
+    let text = text.replacen(
+        "name = \"body\"\n",
+        "name = \"body\"\nmodules = [\"blocks\"]\n",
+        1,
+    );
+    assert!(text.contains("modules = [\"blocks\"]"), "{text}");
+    let pipeline = "\n[pipeline]\nparity_test = \"tests/local_tests/routed/test_routed_pipeline_parity.py\"\n\n[pipeline.trace]\nlayers = '.*'\nreference = \"reference_rank*.jsonl\"\nport = \"port_rank*.jsonl\"\noutput = \"{dir}/port_rank<rank>.jsonl\"\nstats = \"abs_mean,sum\"\ndepth = 1\n";
+    std::fs::write(&spec, format!("{text}{pipeline}")).unwrap();
+    std::fs::write(
+        sb.repo()
+            .join("tests/local_tests/routed/test_routed_pipeline_parity.py"),
+        TRACED_PIPELINE,
+    )
+    .unwrap();
+
+    let run = submit(&sb, "routed");
+    let text = out(&run);
+    assert_eq!(run.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("its first divergence, blocks.1.norm, is in component body's modules: back to P6 for body"),
+        "{text}"
+    );
+    let json = status(&sb, "routed");
+    assert_eq!(
+        (&json["phase"], &json["state"]),
+        (&"P6".into(), &"blocked".into()),
+        "{json}"
+    );
+    let gate = json["gate"].as_array().unwrap();
+    let reopened = gate
+        .iter()
+        .rev()
+        .find(|g| g["phase"] == "P6" && g["outcome"] == "reopened")
+        .unwrap_or_else(|| panic!("P6 not reopened: {json}"));
+    assert!(
+        reopened["conditions"][0].as_str().unwrap().starts_with(
+            "component body: the pipeline parity test diverges first at blocks.1.norm"
+        ),
+        "{reopened}"
+    );
+    // the components' own verdicts do not move
+    for c in ["stem", "body"] {
+        assert_eq!(component(&json, c)["status"], "non_skip_pass", "{json}");
+    }
+
+    // resubmitted unchanged: the same decision, said again
+    let again = submit(&sb, "routed");
+    let text = out(&again);
+    assert_eq!(again.status.code(), Some(1), "{text}");
+    assert!(text.contains("back to P6 for body"), "{text}");
+
+    // with no component owning the blocks, the divergence is the pipeline's
+    let spec_text = std::fs::read_to_string(&spec)
+        .unwrap()
+        .replace("modules = [\"blocks\"]\n", "");
+    std::fs::write(&spec, spec_text).unwrap();
+    let third = submit(&sb, "routed");
+    let text = out(&third);
+    assert_eq!(third.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("its first divergence, blocks.1.norm, is in no component's modules"),
+        "{text}"
+    );
+    assert_eq!(status(&sb, "routed")["phase"], "P7");
+}

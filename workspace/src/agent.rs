@@ -1006,6 +1006,7 @@ mod tests {
         ComponentSpec {
             name: "timestep_embed".into(),
             stage: fvd_spec::Stage::Component,
+            modules: vec![],
             component_type: "generic".into(),
             parity_tests: vec!["tests/t.py".into()],
             coverage_scope: "implementation_subcomponent".into(),
