@@ -179,6 +179,59 @@ pub fn reads_as_affirmative(cell: &str) -> bool {
         })
 }
 
+/// Whether a cell says the port's output equals the reference's: `exact`,
+/// `bit-exact`, `identical` (`exact generated parity`), nothing negative.
+pub fn reads_as_exact(cell: &str) -> bool {
+    let t = tokens(cell);
+    !negative(&t)
+        && t.iter()
+            .any(|w| matches!(w.as_str(), "exact" | "identical"))
+}
+
+/// A table row of `cells` (`| a | b |`). In a padded table (a header or
+/// separator cell wider than its text and one blank each side) each cell
+/// is padded so that its closing pipe stands under the header's; a cell
+/// wider than its column pushes the rest on, and the next one that fits
+/// lines up again. Widths are counted in characters.
+pub fn aligned_row(header: &str, separator: &str, cells: &[String]) -> String {
+    let padded = [header, separator].iter().any(|l| {
+        l.trim_start().starts_with('|')
+            && crate::status_doc::cells(l)
+                .iter()
+                .any(|c| c.chars().count() > c.trim().chars().count() + 2)
+    });
+    let pipes: Vec<usize> = if padded && header.starts_with('|') {
+        header
+            .chars()
+            .enumerate()
+            .filter(|(_, c)| *c == '|')
+            .map(|(i, _)| i)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut line = String::from("|");
+    let mut width = 1;
+    for (k, c) in cells.iter().enumerate() {
+        let cell = if c.is_empty() {
+            "  ".to_owned()
+        } else {
+            format!(" {c} ")
+        };
+        width += cell.chars().count();
+        line.push_str(&cell);
+        if let Some(&at) = pipes.get(k + 1)
+            && at > width
+        {
+            line.push_str(&" ".repeat(at - width));
+            width = at;
+        }
+        line.push('|');
+        width += 1;
+    }
+    line
+}
+
 /// The run fvd recorded for a component.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Run {
@@ -1198,16 +1251,9 @@ impl<'a> Patcher<'a> {
                 row[i] = value.clone();
             }
         }
-        let line = format!(
-            "|{}",
-            row.iter()
-                .map(|c| if c.is_empty() {
-                    "  |".to_owned()
-                } else {
-                    format!(" {c} |")
-                })
-                .collect::<String>()
-        );
+        let header = self.doc.line(t.header_line).unwrap_or_default();
+        let separator = self.doc.line(t.header_line + 1).unwrap_or_default();
+        let line = aligned_row(header, separator, &row);
         self.doc.insert(t.append_at(), vec![line]);
     }
 
@@ -1967,6 +2013,31 @@ fn is_superseded_line(l: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn appended_rows_keep_a_padded_tables_columns() {
+        let cells = |v: &[&str]| v.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+        // a compact table stays compact
+        assert_eq!(
+            aligned_row("| A | B |", "|---|---|", &cells(&["xyz", ""])),
+            "| xyz |  |"
+        );
+        let header = "| Name      | Result | Notes |";
+        let sep = "| --------- | ------ | ----- |";
+        assert_eq!(
+            aligned_row(header, sep, &cells(&["vae", "pass", "ok"])),
+            "| vae       | pass   | ok    |"
+        );
+        // a wider cell pushes on; the next that fits lines up again
+        assert_eq!(
+            aligned_row(header, sep, &cells(&["text_encoder", "x", "ok"])),
+            "| text_encoder | x   | ok    |"
+        );
+        assert_eq!(
+            aligned_row(header, sep, &cells(&["é", "", "long notes here"])),
+            "| é         |        | long notes here |"
+        );
+    }
 
     #[test]
     fn issue_ids_come_and_go_without_touching_the_rest() {

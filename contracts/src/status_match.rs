@@ -36,9 +36,13 @@ pub enum Match {
     Command,
     /// Every word of a name or alias is a word of the label (`MMAudio
     /// transformer` for `transformer`, `Qwen3-VL encoder` for `qwen3_vl`;
-    /// a plural `s` aside): the weakest match, taken only by rows nothing
-    /// matched better.
+    /// a plural `s` aside), taken only by rows nothing matched better.
     Words,
+    /// Another cell of the row names a code file whose name holds a word
+    /// of the component and whose name and folder hold them all
+    /// (`fastvideo/models/audio/chirp_vae.py` for `audio_vae` in a row
+    /// labelled `44.1 kHz VAE`): the weakest match.
+    Path,
 }
 
 /// The label as a name: markdown emphasis and backticks stripped, the part
@@ -128,6 +132,46 @@ pub fn match_label(label: &str, who: &Identity<'_>) -> Option<Match> {
         .then_some(Match::Words)
 }
 
+/// How a row matches by the code files its other cells name (see
+/// [`Match::Path`]): a path is a word with a `/` that ends in a file name
+/// with an extension (`.py`), backticks and quotes aside.
+pub fn match_paths<'c>(
+    cells: impl IntoIterator<Item = &'c str>,
+    who: &Identity<'_>,
+) -> Option<Match> {
+    let names: Vec<Vec<String>> = who
+        .names()
+        .map(|n| word_set(&n))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let hit = cells
+        .into_iter()
+        .flat_map(|c| {
+            c.split(|ch: char| ch.is_whitespace() || matches!(ch, '`' | '\'' | '"' | ';' | ','))
+        })
+        .filter_map(code_file_words)
+        .any(|(file, folder)| {
+            names.iter().any(|want| {
+                want.iter().any(|w| file.contains(w))
+                    && want.iter().all(|w| file.contains(w) || folder.contains(w))
+            })
+        });
+    hit.then_some(Match::Path)
+}
+
+/// The words of a code file's name (its extension cut) and of the folder
+/// that holds it, for a word that is a path to a file; `None` otherwise.
+fn code_file_words(word: &str) -> Option<(Vec<String>, Vec<String>)> {
+    let word = word.trim_end_matches(['.', ':', ')']);
+    let (dir, file) = word.rsplit_once('/')?;
+    let (stem, ext) = file.rsplit_once('.')?;
+    if stem.is_empty() || ext.is_empty() || !ext.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return None;
+    }
+    let folder = dir.rsplit('/').next().unwrap_or_default();
+    Some((word_set(&squash(stem)), word_set(&squash(folder))))
+}
+
 /// The words of a normalised name, a plural `s` cut (`schedulers`).
 fn word_set(name: &str) -> Vec<String> {
     name.split(|c: char| !c.is_ascii_alphanumeric())
@@ -187,7 +231,13 @@ pub fn assign(
 ) -> Vec<Option<usize>> {
     let mut out = vec![None; components];
     let mut taken = vec![false; rows];
-    for level in [Match::Label, Match::Part, Match::Command, Match::Words] {
+    for level in [
+        Match::Label,
+        Match::Part,
+        Match::Command,
+        Match::Words,
+        Match::Path,
+    ] {
         for (c, slot) in out.iter_mut().enumerate() {
             if slot.is_some() {
                 continue;
@@ -277,6 +327,41 @@ mod tests {
             Some(Match::Words)
         );
         assert_eq!(match_label("", &vae), None);
+    }
+
+    #[test]
+    fn code_files_a_row_names_match_by_their_words() {
+        let none: Vec<String> = vec![];
+        let audio_vae = who("audio_vae", &none, &none);
+        let clip = who("clip", &none, &none);
+        let vae = who("vae", &none, &none);
+        let row = [
+            "44.1 kHz VAE",
+            "`fastvideo/models/audio/chirp_vae.py`",
+            "exact",
+        ];
+        assert_eq!(match_paths(row, &audio_vae), Some(Match::Path));
+        assert_eq!(match_paths(row, &vae), Some(Match::Path));
+        assert_eq!(match_paths(row, &clip), None);
+        let enc = [
+            "DFN text/vision",
+            "fastvideo/models/encoders/chirp_clip.py; shared core",
+        ];
+        assert_eq!(match_paths(enc, &clip), Some(Match::Path));
+        // a folder alone names no component, nor does a word inside a word
+        assert_eq!(
+            match_paths(["`fastvideo/models/vaes/wanvae2.py`"], &vae),
+            None
+        );
+        assert_eq!(match_paths(["fastvideo/models/vae/"], &vae), None);
+        assert_eq!(match_paths(["a vae/decoder split"], &vae), None);
+        // taken only by a component nothing else matched
+        let m = |c: usize, r: usize| match (c, r) {
+            (0, 0) => Some(Match::Path),
+            (1, 0) => Some(Match::Words),
+            _ => None,
+        };
+        assert_eq!(assign(2, 1, m), vec![None, Some(0)]);
     }
 
     #[test]

@@ -212,10 +212,21 @@ fn row_match(doc: &StatusDoc, t: &Table, line: usize, who: &Identity<'_>) -> Opt
         .command
         .and_then(|c| doc.cell(line, c))
         .unwrap_or_default();
-    match t.kind {
+    let by_name = match t.kind {
         Kind::Matrix => status_match::match_label(&label, who),
         _ => status_match::match_command_row(&label, &command, who),
-    }
+    };
+    by_name.or_else(|| {
+        // the code files the row's other cells name (its FastVideo
+        // implementation), its result aside
+        let l = doc.line(line)?;
+        let others = crate::status_doc::cells(l)
+            .into_iter()
+            .enumerate()
+            .filter(|(k, _)| *k != t.label && Some(*k) != t.result)
+            .map(|(_, c)| c);
+        status_match::match_paths(others, who)
+    })
 }
 
 /// Each component's rows in `tables`: one per table at most, each row for
@@ -343,7 +354,8 @@ fn mentions(text: &str, who: &Identity<'_>) -> bool {
 /// Whether a cell records a pass, read by its column: `Successful?` wants a
 /// yes; a Status, State or Result column also takes `complete` and
 /// `exact` (`exact`, `bit-exact`, `complete`); Parity and Last Result read
-/// as [`crate::coauthor::reads_as_pass`].
+/// as [`crate::coauthor::reads_as_pass`] or say the result is exact
+/// (`exact generated parity`, `bit-identical`).
 pub fn reads_as_pass_in(header: &str, cell: &str) -> bool {
     let h = header.trim().trim_end_matches('?').trim().to_lowercase();
     let t = cell.trim().trim_matches('`').to_lowercase();
@@ -351,7 +363,9 @@ pub fn reads_as_pass_in(header: &str, cell: &str) -> bool {
         return t.starts_with("yes");
     }
     let strict = matches!(h.as_str(), "parity" | "last result" | "");
-    crate::coauthor::reads_as_pass(cell) || (!strict && crate::coauthor::reads_as_affirmative(cell))
+    crate::coauthor::reads_as_pass(cell)
+        || (!strict && crate::coauthor::reads_as_affirmative(cell))
+        || crate::coauthor::reads_as_exact(cell)
 }
 
 #[cfg(test)]
@@ -436,7 +450,12 @@ mod tests {
             ("Real-weight result", "exact", true),
             ("Status", "PASS (A40, 2026-05-11)", true),
             ("Status", "pending", false),
-            ("Parity", "exact generated parity", false),
+            // an exact result is a pass in any column (issue #41)
+            ("Parity", "exact generated parity", true),
+            ("Parity", "bit-exact", true),
+            ("Parity", "not exact yet", false),
+            ("Parity", "covered by pipeline smoke", false),
+            ("Last Result", "complete", false),
             ("Last Result", "5 PASSED, no skips, GB200, 2026-07-15", true),
             (
                 "Last Result",
