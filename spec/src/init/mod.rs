@@ -326,6 +326,7 @@ impl Cx<'_> {
         // for tests anywhere in the checkout
         if let Some(readme) = self.input.readme {
             self.readme_commands(readme, &mut plan, &mut claimed_elsewhere);
+            readme_variables(readme, &mut plan);
         }
         for c in plan.cands.iter_mut().filter(|c| c.tests.is_empty()) {
             let by_name: Vec<String> = self
@@ -905,6 +906,37 @@ impl Cx<'_> {
 
 /// The lowercase words of a name, label or value (`Qwen3-VL text` gives
 /// `qwen3`, `vl`, `text`), without those every test file shares.
+/// The variables (`FASTVIDEO_ATTENTION_BACKEND=TORCH_SDPA`) of a README
+/// fenced pytest command that runs exactly a component's tests, for a
+/// component whose own command sets none: they are how the README runs
+/// it, so they become its `set_env`.
+fn readme_variables(readme: &str, plan: &mut Plan) {
+    for line in command::fenced_commands(readme) {
+        let Parsed::Pytest(p) = command::parse(&line) else {
+            continue;
+        };
+        if p.assignments.is_empty() || p.files.is_empty() {
+            continue;
+        }
+        let files: BTreeSet<String> = p.files.iter().map(|f| normalise_path(f)).collect();
+        let runs = |c: &Cand| c.tests.iter().cloned().collect::<BTreeSet<_>>() == files;
+        for c in plan.cands.iter_mut().filter(|c| runs(c)) {
+            match &mut c.cmd {
+                Some(cmd) if cmd.assignments.is_empty() => {
+                    cmd.assignments = p.assignments.clone();
+                    c.notes
+                        .push("README.md runs it with these variables".into());
+                }
+                Some(_) => {}
+                None => {
+                    c.cmd = Some(p.clone());
+                    c.from.push("README.md command running its tests".into());
+                }
+            }
+        }
+    }
+}
+
 fn words_of(s: &str) -> BTreeSet<String> {
     s.to_ascii_lowercase()
         .split(|c: char| !c.is_ascii_alphanumeric())

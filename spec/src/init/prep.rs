@@ -53,6 +53,86 @@ fn synonym(words: &str) -> Option<&'static str> {
 struct Found {
     value: String,
     source: String,
+    /// The text as written, prose and markdown included.
+    raw: String,
+}
+
+/// Fields that hold one word (an id, a path, a revision, a name): words
+/// after it are prose, not part of it.
+const ONE_WORD: &[&str] = &[
+    "official_ref",
+    "official_ref_dir",
+    "official_ref_commit",
+    "hf_weights_path",
+    "hf_revision",
+    "local_weights_dir",
+    "model_index_class",
+    "hf_token_env",
+];
+
+/// Fields that hold a path a worker reads: an absolute path on the
+/// porter's machine (`/mnt/…`) is none a worker has.
+const MACHINE_PATHS: &[&str] = &[
+    "official_ref",
+    "official_ref_dir",
+    "local_weights_dir",
+    "hf_weights_path",
+];
+
+/// The value a field's text gives, and the prose after it that is not
+/// part of it (`` `../Ref` relative to the checkout ``, `default; pin it
+/// before publishing`, `org/model (Diffusers layout)`); `Err` says why the
+/// text gives no value (an absolute path of the porter's machine).
+fn cleaned(key: &str, raw: &str) -> Result<(String, Option<String>), String> {
+    let v = strip_md(raw).trim().to_string();
+    let (value, prose) = if !ONE_WORD.contains(&key) || (key == "official_ref" && at_commit(&v)) {
+        (v, None)
+    } else {
+        let t = raw.trim();
+        // a value in backticks followed by words: the backticked part
+        let quoted = t
+            .strip_prefix('`')
+            .and_then(|r| r.split_once('`'))
+            .map(|(q, rest)| (q.trim().to_string(), strip_md(rest)));
+        let (head, rest) = match quoted {
+            Some((q, rest)) if !q.is_empty() => (q, rest),
+            _ => match v.find(|c: char| c.is_whitespace() || c == ';' || c == ',') {
+                Some(i) => (v[..i].to_string(), v[i..].to_string()),
+                None => (v.clone(), String::new()),
+            },
+        };
+        let more = rest.trim_start().strip_prefix(',').map(str::trim);
+        if let Some(more) =
+            more.filter(|m| m.split_whitespace().next().is_some_and(|w| w.contains('/')))
+        {
+            return Err(format!(
+                "several values ({}, {}); prep picks one",
+                head,
+                one_line(more, 80)
+            ));
+        }
+        let rest = rest
+            .trim()
+            .trim_start_matches([';', ',', '-', '—', ':'])
+            .trim()
+            .to_string();
+        (head, (!rest.is_empty()).then_some(rest))
+    };
+    if MACHINE_PATHS.contains(&key) && (value.starts_with('/') || value.starts_with('~')) {
+        return Err(format!(
+            "an absolute path of the porter's machine ({}) a worker does not have",
+            one_line(&value, 80)
+        ));
+    }
+    Ok((value, prose))
+}
+
+/// `URL at SHA`.
+fn at_commit(v: &str) -> bool {
+    v.rsplit_once(" at ").is_some_and(|(_, sha)| {
+        let sha = sha.trim().trim_matches('`');
+        sha.len() >= 7 && sha.chars().all(|c| c.is_ascii_hexdigit())
+    })
 }
 
 /// Values written as fields: `(prep field, value as written, where)`.
@@ -142,15 +222,55 @@ impl Cx<'_> {
                 }
             }
         }
+        let in_status = candidates
+            .iter()
+            .any(|(_, s)| s.starts_with("PORT_STATUS.md"));
+        if let Some(text) = self.input.status.filter(|_| !in_status) {
+            // `- key: value` lines of other sections (a `## Status` list)
+            for line in text.lines() {
+                let Some(l) = line.trim_start().strip_prefix(['-', '*']) else {
+                    continue;
+                };
+                if let Some((k, v)) = l.split_once(':')
+                    && synonym(&key_words(k)) == Some(key)
+                    && !candidates.iter().any(|(c, _)| c == v)
+                {
+                    let k = k.trim().trim_matches('`');
+                    candidates.push((v.to_string(), format!("PORT_STATUS.md `{k}:` line")));
+                }
+            }
+        }
+        // texts that give no value, grouped by why
+        let mut refused: Vec<(String, Vec<String>)> = Vec::new();
         for (v, source) in candidates {
             if is_gap(&v) {
                 gaps.push(source);
-            } else {
-                return Ok(Found {
-                    value: strip_md(&v),
-                    source,
-                });
+                continue;
             }
+            match cleaned(key, &v) {
+                Ok((value, prose)) => {
+                    let source = match prose {
+                        Some(p) => format!(
+                            "{source}; the words after it, {:?}, are not part of it",
+                            one_line(&p, 80)
+                        ),
+                        None => source,
+                    };
+                    return Ok(Found {
+                        value,
+                        source,
+                        raw: v,
+                    });
+                }
+                Err(why) => match refused.iter_mut().find(|(w, _)| *w == why) {
+                    Some((_, sources)) => sources.push(source),
+                    None => refused.push((why, vec![source])),
+                },
+            }
+        }
+        for (why, sources) in refused {
+            let verb = if sources.len() > 1 { "give" } else { "gives" };
+            gaps.push(format!("{} {verb} {why}, which", sources.join(" and ")));
         }
         Err(gaps)
     }
@@ -235,7 +355,7 @@ impl Cx<'_> {
                 }
                 "hf_weights_path" | "local_weights_dir" => self.weights(field),
                 "official_ref_commit" => self.official_ref_commit(field),
-                "hf_revision" => self.text_or_unknown(field),
+                "hf_revision" => self.hf_revision(),
                 "model_index_class" => self.model_index_class(),
                 "source_layout" => self.source_layout(),
                 "components_seen" => components_seen(plan),
@@ -293,6 +413,13 @@ impl Cx<'_> {
     /// give it, else from the README's download command, else to fill in.
     fn weights(&self, field: &str) -> Pv {
         match (self.find(field), self.download()) {
+            (Ok(f), _) if field == "hf_weights_path" && f.value.contains('@') => {
+                let (id, _) = f.value.split_once('@').unwrap_or_default();
+                Pv::Known {
+                    value: id.to_string(),
+                    source: format!("{} (its @revision is hf_revision)", f.source),
+                }
+            }
             (Ok(f), _) => Pv::Known {
                 value: f.value,
                 source: f.source,
@@ -317,6 +444,47 @@ impl Cx<'_> {
                 ),
             },
         }
+    }
+
+    /// `hf_revision`: as the texts give it, else the revision
+    /// `hf_weights_path` carries (`org/model@rev`, `org/model (revision
+    /// rev)`), else unknown.
+    fn hf_revision(&self) -> Pv {
+        let given = self.text_or_unknown("hf_revision");
+        let open = match &given {
+            Pv::Unknown { .. } => true,
+            Pv::Known { value, .. } => value.eq_ignore_ascii_case("unknown"),
+            _ => false,
+        };
+        match self.weights_revision() {
+            Some((_, rev, source)) if open => Pv::Known {
+                value: rev,
+                source: format!("{source}, the revision hf_weights_path names"),
+            },
+            _ => given,
+        }
+    }
+
+    /// The HF id and revision of `hf_weights_path` when its text names a
+    /// revision, and where.
+    fn weights_revision(&self) -> Option<(String, String, String)> {
+        let f = self.find("hf_weights_path").ok()?;
+        if let Some((id, rev)) = f.value.split_once('@')
+            && !rev.is_empty()
+        {
+            return Some((id.to_string(), rev.to_string(), f.source));
+        }
+        let words: Vec<&str> = f
+            .raw
+            .split(|c: char| c.is_whitespace() || matches!(c, '(' | ')' | ',' | ';' | '`'))
+            .filter(|w| !w.is_empty())
+            .collect();
+        let at = words.iter().position(|w| {
+            w.trim_end_matches([':', '='])
+                .eq_ignore_ascii_case("revision")
+        })?;
+        let rev = words.get(at + 1)?.trim_start_matches(['=', ':']);
+        (!rev.is_empty()).then(|| (f.value.clone(), rev.to_string(), f.source))
     }
 
     /// `official_ref_commit` (`field`): as the texts give it, else the
@@ -470,6 +638,7 @@ impl Cx<'_> {
             candidates.push(Found {
                 value: strip_md(v),
                 source: "PORT_STATUS.md Conversion State".into(),
+                raw: v.to_string(),
             });
         }
         for f in candidates {

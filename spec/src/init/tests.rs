@@ -809,7 +809,8 @@ fn a_status_file_of_its_own_shape_still_gives_components() {
     assert_eq!(p("needs_conversion"), "no");
     assert_eq!(p("source_layout"), "diffusers");
     assert_eq!(p("workload_types"), "T2I");
-    assert_eq!(p("official_ref"), "example/Kestrel-1 (Diffusers layout)");
+    // the id without the prose after it (issue #41)
+    assert_eq!(p("official_ref"), "example/Kestrel-1");
     // from the README's download command
     assert_eq!(p("hf_weights_path"), "example/Kestrel-1");
     assert_eq!(p("local_weights_dir"), "official_weights/Kestrel-1");
@@ -1128,6 +1129,99 @@ fn rows_labelled_with_the_templates_word_join_by_their_files_only() {
                 vec!["tests/local_tests/vaes/test_gear_vae_parity.py".to_string()]
             ),
         ],
+        "{}",
+        out.toml
+    );
+}
+
+/// A status file whose values carry prose, absolute paths of the porter's
+/// machine, a weights id with its revision, workloads in a list of its own
+/// section; a README that runs a test under a backend variable (issue #41
+/// item 6).
+const FINCH_STATUS: &str = "# Finch Port Status
+
+Official ref: example-org/Finch-1 (Diffusers layout)
+Last updated: 2026-09-01
+
+## Status
+
+- workloads: T2A, V2A
+- component parity: complete
+
+## Summary
+
+- official_ref_dir: `../FinchRef` relative to the FastVideo checkout
+- hf_weights_path: `example-org/Finch-1@0a1b2c3d`
+- hf_revision: unknown
+- local_weights_dir: `/mnt/scratch/porter/finch/weights`
+- official_ref_commit: `feedc0ffee12` (the last tag before the rewrite)
+- hf_token_env: `HF_TOKEN`; the gated base model needs it
+
+## Component Status
+
+| Component | Type | Parity test | Status | Notes |
+|---|---|---|---|---|
+| FinchDiT | DiT (ported) | tests/local_tests/finch/test_finch_dit_parity.py | PASS (L4, 2026-08-30) | |
+";
+
+const FINCH_README: &str = "# Finch Local Tests
+
+```bash
+FINCH_ATTENTION=SDPA \\
+pytest tests/local_tests/finch/test_finch_dit_parity.py -vs
+```
+";
+
+#[test]
+fn values_with_prose_absolute_paths_and_revisions_are_read_as_values_or_left_open() {
+    let repo = Repo::new(&[
+        ("tests/local_tests/finch/PORT_STATUS.md", FINCH_STATUS),
+        ("tests/local_tests/finch/README.md", FINCH_README),
+        (
+            "tests/local_tests/finch/test_finch_dit_parity.py",
+            TRANSFORMER_TEST,
+        ),
+    ]);
+    let out = repo.init("finch");
+    let spec = parsed(&out);
+    let prep = |k: &str| spec.prep.get(k).cloned().unwrap_or_default();
+    // the value, without the words after it
+    assert_eq!(prep("official_ref"), "example-org/Finch-1", "{}", out.toml);
+    assert_eq!(prep("official_ref_dir"), "../FinchRef");
+    assert_eq!(prep("official_ref_commit"), "feedc0ffee12");
+    assert_eq!(prep("hf_token_env"), "HF_TOKEN");
+    assert!(out.toml.contains("are not part of it"), "{}", out.toml);
+    // the revision the weights id carries is hf_revision
+    assert_eq!(prep("hf_weights_path"), "example-org/Finch-1");
+    assert_eq!(prep("hf_revision"), "0a1b2c3d");
+    // a path of the porter's machine is a placeholder that says why
+    assert!(
+        prep("local_weights_dir").starts_with("<fill in:"),
+        "{}",
+        out.toml
+    );
+    let why = out
+        .toml
+        .lines()
+        .find(|l| l.contains("/mnt/scratch/porter"))
+        .unwrap();
+    assert!(
+        why.starts_with('#') && why.contains("absolute path"),
+        "{why}"
+    );
+    assert!(
+        out.summary
+            .placeholders
+            .iter()
+            .any(|p| p.field == "prep.local_weights_dir")
+    );
+    // workloads of a list in another section
+    assert_eq!(prep("workload_types"), "T2A, V2A");
+    // the README's variable prefix becomes the component's set_env
+    let dit = component(&spec, "finchdit");
+    assert_eq!(
+        dit.set_env.get("FINCH_ATTENTION").map(String::as_str),
+        Some("SDPA"),
         "{}",
         out.toml
     );
