@@ -783,6 +783,7 @@ set_env = { PYTHONPATH = "{repo}" }
                 verdict: verdict.parse().unwrap(),
                 reason: (*reason).into(),
                 runs: 1,
+                last_run: 1,
                 worker_id: "w1".into(),
             })
             .collect();

@@ -131,6 +131,8 @@ pub struct ComponentSnapshot {
     pub verdict: RecordedVerdict,
     pub reason: String,
     pub runs: u32,
+    /// The number of its latest run (see `ComponentRow::last_run`).
+    pub last_run: u32,
     pub worker_id: String,
     pub variants: Vec<VariantRow>,
     pub agent_spend: Option<UsageTotals>,
@@ -149,6 +151,7 @@ impl From<ComponentRow> for ComponentSnapshot {
             verdict: c.verdict,
             reason: c.reason,
             runs: c.runs,
+            last_run: c.last_run,
             worker_id: c.worker_id,
             variants: Vec::new(),
             agent_spend: None,

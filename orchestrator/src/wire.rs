@@ -131,6 +131,7 @@ pub fn to_component(c: ComponentSnapshot) -> pb::ComponentSnapshot {
         verdict: c.verdict.as_str().to_string(),
         reason: c.reason,
         runs: c.runs,
+        last_run: c.last_run,
         worker_id: c.worker_id,
         variants: c.variants.into_iter().map(to_variant).collect(),
         agent_spend: c.agent_spend.as_ref().map(to_spend),
@@ -150,6 +151,7 @@ pub fn from_component(c: pb::ComponentSnapshot) -> Result<ComponentSnapshot, Wir
         name: c.name,
         reason: c.reason,
         runs: c.runs,
+        last_run: c.last_run,
         worker_id: c.worker_id,
         variants: c
             .variants
@@ -683,6 +685,7 @@ mod tests {
                 verdict: fvd_store::model::RecordedVerdict::DebugRed,
                 reason: "debug_red: off by one".into(),
                 runs: 2,
+                last_run: 3,
                 worker_id: "w1".into(),
                 updated_ms: 9,
                 run_started_ms: Some(3),

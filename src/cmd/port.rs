@@ -953,8 +953,9 @@ impl Progress {
         }
         self.shown.borrow_mut().insert(c.name.clone(), now);
         let mut line = c.status.as_str().to_string();
-        if c.runs > 0 {
-            line.push_str(&format!("  run {}", c.runs));
+        // the run's number, as the file and `fvd logs` name it
+        if c.last_run > 0 {
+            line.push_str(&format!("  run {}", c.last_run));
         }
         let running = c.status == ComponentStatus::Running;
         if !c.worker_id.is_empty() && running {

@@ -803,7 +803,7 @@ impl Store {
     /// [`StoreError::UnearnedPass`] naming the row, for every reader (the
     /// gate, `PORT_STATUS.md`, status, the dashboard).
     pub async fn components(&self, family: &str) -> Result<Vec<ComponentRow>, StoreError> {
-        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.error_kind, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN (?, ?) OR (j.state = ? AND j.spawned_ms IS NOT NULL))) AS runs, l.job_id AS last_job, l.verdict AS last_verdict, l.error_kind AS last_error_kind, CASE WHEN c.status = ? OR c.verdict = ? THEN l.junit_xml ELSE '' END AS last_junit, l.exit_code AS last_exit, l.signal AS last_signal FROM components c LEFT JOIN jobs l ON l.job_id = (SELECT k.job_id FROM jobs k WHERE k.family = c.family AND k.component = c.name AND k.state = ? ORDER BY k.run_no DESC LIMIT 1) WHERE c.family = ? ORDER BY c.rowid")
+        let rows = sqlx::query("SELECT c.name, c.status, c.verdict, c.error_kind, c.reason, c.worker_id, (SELECT COUNT(*) FROM jobs j WHERE j.family = c.family AND j.component = c.name AND (j.state IN (?, ?) OR (j.state = ? AND j.spawned_ms IS NOT NULL))) AS runs, (SELECT COALESCE(MAX(m.run_no), 0) FROM jobs m WHERE m.family = c.family AND m.component = c.name) AS last_run, l.job_id AS last_job, l.verdict AS last_verdict, l.error_kind AS last_error_kind, CASE WHEN c.status = ? OR c.verdict = ? THEN l.junit_xml ELSE '' END AS last_junit, l.exit_code AS last_exit, l.signal AS last_signal FROM components c LEFT JOIN jobs l ON l.job_id = (SELECT k.job_id FROM jobs k WHERE k.family = c.family AND k.component = c.name AND k.state = ? ORDER BY k.run_no DESC LIMIT 1) WHERE c.family = ? ORDER BY c.rowid")
             .bind(JobState::Running.as_str())
             .bind(JobState::Finished.as_str())
             .bind(JobState::Abandoned.as_str())
@@ -823,6 +823,7 @@ impl Store {
                     verdict: verdict(r, VERDICT, ("components.verdict", "components.error_kind"))?,
                     reason: r.get("reason"),
                     runs: r.get::<i64, _>("runs") as u32,
+                    last_run: r.get::<i64, _>("last_run") as u32,
                     worker_id: r.get("worker_id"),
                 };
                 if (row.status == ComponentStatus::NonSkipPass || row.verdict.is_pass())

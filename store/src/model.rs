@@ -37,6 +37,10 @@ pub struct ComponentRow {
     /// One line: the failing assertion, the skip reason, the collection error.
     pub reason: String,
     pub runs: u32,
+    /// The number of its latest run, whatever its state (queued, running,
+    /// ended, failed on its environment): the number `fvd logs --run` and
+    /// `PORT_STATUS.md` name it by; 0 before any.
+    pub last_run: u32,
     pub worker_id: String,
 }
 

@@ -866,3 +866,62 @@ fn says_blocked(text: &str, component: &str) -> bool {
             && l.split([' ', ',']).any(|w| w == component)
     })
 }
+
+/// The run number after an environment failure (issue #41 item 5): the
+/// console, `PORT_STATUS.md` and `fvd logs` name one run, the store's (the
+/// failed environment's run counts no verdict but keeps its number).
+#[test]
+fn the_console_the_file_and_logs_name_the_same_run() {
+    let original = std::fs::read_to_string(fixtures().join("status_shapes/contract.md")).unwrap();
+    let dir = repo(&original, &parts([&[], &[], &[], &[]]));
+    let root = dir.path();
+    let first = submit(root, &[]);
+    assert_eq!(first.status.code(), Some(1), "{}", out(&first));
+    std::fs::write(
+        root.join("pkg/vae.py"),
+        format!("import fvd_e2e_not_installed_pkg\n{VAE_FIXED}"),
+    )
+    .unwrap();
+    git(root, &["commit", "-qm", "fix the vae scale", "pkg/vae.py"]);
+    let env = submit(root, &[]);
+    assert_eq!(env.status.code(), Some(4), "{}", out(&env));
+    std::fs::write(root.join("pkg/vae.py"), VAE_FIXED).unwrap();
+    git(root, &["commit", "-qm", "drop the import", "pkg/vae.py"]);
+    let green = submit(root, &[]);
+    let text = out(&green);
+    // the console: the vae's last line names its run
+    let said = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("vae ") && l.contains("non_skip_pass"))
+        .filter_map(|l| l.split("  run ").nth(1))
+        .filter_map(|r| r.split_whitespace().next())
+        .next_back()
+        .unwrap_or_else(|| panic!("no run on the vae's line:\n{text}"))
+        .to_string();
+    // the file: the vae's evidence
+    let file = read(root);
+    let row = file
+        .lines()
+        .find(|l| l.starts_with("| vae |") && l.contains("[fvd "))
+        .unwrap_or_else(|| panic!("{file}"));
+    let written = row
+        .split(" run ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_default();
+    // fvd logs: the run it shows
+    let logs = fvd()
+        .args(["logs", FAMILY, "vae", "--json", "--repo"])
+        .arg(root)
+        .output()
+        .unwrap();
+    let first_line = String::from_utf8_lossy(&logs.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let v: serde_json::Value = serde_json::from_str(&first_line).unwrap_or_default();
+    let shown = v["run"]["run_no"].to_string();
+    assert_eq!(said, written, "console vs file:\n{text}\n{row}");
+    assert_eq!(written, shown, "file vs logs:\n{row}\n{first_line}");
+}
