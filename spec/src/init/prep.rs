@@ -865,14 +865,26 @@ impl Cx<'_> {
             })
             .filter(|r| !r.is_empty() && r != "none" && !r.contains(char::is_whitespace))
             .collect();
+        // the folders themselves, for a line that names one below the root
+        // (`official_weights/Model/`) or a parent of one
+        let folders: Vec<String> = wanted
+            .iter()
+            .filter(|w| !w.starts_with('/'))
+            .map(|w| w.trim_start_matches("./").trim_end_matches('/').to_string())
+            .filter(|w| !w.is_empty() && w != "none" && !w.contains(char::is_whitespace))
+            .collect();
         let mut items = Vec::new();
         for line in gi.lines() {
             let l = line.trim();
-            if l.starts_with('#') || l.is_empty() {
+            if l.starts_with('#') || l.is_empty() || l.starts_with('!') {
                 continue;
             }
             let bare = l.trim_start_matches('/').trim_end_matches('/');
-            if roots.contains(bare) && !items.contains(&l.to_string()) {
+            let names = roots.contains(bare)
+                || folders
+                    .iter()
+                    .any(|f| f == bare || f.starts_with(&format!("{bare}/")));
+            if names && !bare.is_empty() && !items.contains(&l.to_string()) {
                 items.push(l.to_string());
             }
         }

@@ -1226,3 +1226,33 @@ fn values_with_prose_absolute_paths_and_revisions_are_read_as_values_or_left_ope
         out.toml
     );
 }
+
+/// `.gitignore` lines that name the staged folders below their top folder
+/// (`official_weights/Finch-1/`) are the entries prep added (issue #41
+/// item 6); an unrelated line is not.
+#[test]
+fn gitignore_lines_naming_the_staged_folders_themselves_are_read() {
+    let status = "# Finch Port Status\n\n## Summary\n\n- official_ref_dir: `refs/FinchRef`\n- local_weights_dir: `official_weights/Finch-1`\n";
+    let repo = Repo::new(&[
+        ("tests/local_tests/finch/PORT_STATUS.md", status),
+        (
+            "tests/local_tests/finch/test_finch_dit_parity.py",
+            TRANSFORMER_TEST,
+        ),
+        (
+            ".gitignore",
+            "*.pyc\nofficial_weights/Finch-1/\n/refs/FinchRef\nofficial_weights/Other/\n",
+        ),
+    ]);
+    let out = repo.init("finch");
+    let line = out
+        .toml
+        .lines()
+        .find(|l| l.starts_with("gitignore_entries_added"))
+        .unwrap();
+    assert_eq!(
+        line, r#"gitignore_entries_added = ["official_weights/Finch-1/", "/refs/FinchRef"]"#,
+        "{}",
+        out.toml
+    );
+}
