@@ -187,13 +187,30 @@ pub fn status_conditions(
             continue;
         }
         let (a, b) = (norm(mine), norm(theirs));
-        let agree = match field {
-            // one sha may be written short
-            "official_ref_commit" => a.starts_with(&b) || b.starts_with(&a),
-            // `URL at SHA`: the reference is the part before ` at `
-            "official_ref" => a == b || b.rsplit_once(" at ").is_some_and(|(u, _)| norm(u) == a),
-            _ => a == b,
-        };
+        // a folder of the porter's machine (`../Ref`, `/mnt/…`) says where
+        // their checkout lies, not which reference it is: no disagreement
+        let reference = b.rsplit_once(" at ").map_or(b.as_str(), |(u, _)| u.trim());
+        if matches!(field, "official_ref" | "hf_weights_path")
+            && reference.starts_with(['/', '~', '.'])
+            && !a.starts_with(['/', '~', '.'])
+        {
+            continue;
+        }
+        // the value before prose the file writes after it (`org/model
+        // (Diffusers layout)`, `` `../Ref` relative to … ``)
+        let prose = b
+            .strip_prefix(a.as_str())
+            .is_some_and(|r| r.starts_with([' ', ';', ',', '(']) && !r.starts_with(" at "));
+        let agree = prose
+            || match field {
+                // one sha may be written short
+                "official_ref_commit" => a.starts_with(&b) || b.starts_with(&a),
+                // `URL at SHA`: the reference is the part before ` at `
+                "official_ref" => {
+                    a == b || b.rsplit_once(" at ").is_some_and(|(u, _)| norm(u) == a)
+                }
+                _ => a == b,
+            };
         if !agree {
             differ(field, mine, theirs, "PORT_STATUS.md Summary");
         }

@@ -1256,3 +1256,34 @@ fn gitignore_lines_naming_the_staged_folders_themselves_are_read() {
         out.toml
     );
 }
+
+/// P0 against a status file whose reference is a folder of the porter's
+/// machine (`../Wren at SHA`) and whose weights carry prose: the spec's URL
+/// and the id init read are no disagreement; another commit still is
+/// (issue #41 item 6).
+#[test]
+fn p0_takes_a_reference_folder_and_prose_in_the_status_file_as_no_disagreement() {
+    let status = "# Wren Port Status\n\n## Summary\n\n- model_family: `wren`\n- official_ref: `../Wren` at `abcdef1234567`\n- hf_weights_path: `example/Wren-1` (Diffusers layout)\n";
+    let out = Repo::new(&[
+        ("tests/local_tests/wren/PORT_STATUS.md", status),
+        (
+            "tests/local_tests/wren/test_wren_dit_parity.py",
+            TRANSFORMER_TEST,
+        ),
+    ])
+    .init("wren");
+    let mut spec = parsed(&out);
+    assert_eq!(
+        spec.prep["hf_weights_path"], "example/Wren-1",
+        "{}",
+        out.toml
+    );
+    spec.prep
+        .insert("official_ref".into(), "https://example.org/wren".into());
+    let unmet = crate::preconditions::status_conditions(&spec, status, &|f| format!("p:{f}"));
+    assert!(unmet.is_empty(), "{unmet:#?}");
+    spec.prep
+        .insert("official_ref_commit".into(), "0000000000000".into());
+    let unmet = crate::preconditions::status_conditions(&spec, status, &|f| format!("p:{f}"));
+    assert_eq!(unmet.len(), 1, "{unmet:#?}");
+}
