@@ -111,6 +111,12 @@ pub fn run(args: InitArgs) -> anyhow::Result<Exit> {
     for p in &s.placeholders {
         lines.push(format!("  {}:{}: {}", shown.display(), p.line, p.field));
     }
+    if !s.later.is_empty() {
+        lines.push(format!("pipeline and quality ({}):", s.later.len()));
+        for l in &s.later {
+            lines.push(format!("  {l}"));
+        }
+    }
     lines.push(format!("test files not used ({}):", s.unused_tests.len()));
     for u in &s.unused_tests {
         lines.push(format!("  {}: {}", u.what, u.reason));

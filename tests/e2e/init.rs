@@ -157,8 +157,15 @@ fn init_writes_the_spec_refuses_to_overwrite_and_force_rewrites() {
 
     // it parses, with the components the status names
     let spec = fvd_spec::parse(&spec_path, &written).expect("the spec parses");
-    let names: Vec<&str> = spec.components.iter().map(|c| c.name.as_str()).collect();
+    let names: Vec<&str> = spec.parity_components().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["transformer", "text_encoder"]);
+    // the family's pipeline smoke test is P7's
+    let steps: Vec<&str> = spec.pipeline_steps().map(|c| c.name.as_str()).collect();
+    assert_eq!(steps, ["pipeline_smoke"]);
+    assert!(
+        stdout.contains("pipeline and quality (1):\n  pipeline smoke: "),
+        "{stdout}"
+    );
     let t = &spec.components[0];
     assert_eq!(t.parity_tests.len(), 2);
     assert_eq!(t.coverage_scope, "both");
@@ -202,13 +209,14 @@ fn init_writes_the_spec_refuses_to_overwrite_and_force_rewrites() {
         );
     }
     // the test files no component runs, each with its reason
-    assert!(stdout.contains("test files not used (2):"), "{stdout}");
+    assert!(stdout.contains("test files not used (1):"), "{stdout}");
     assert!(
         stdout.contains("tests/local_tests/wren/test_wren_registry.py: registry check"),
         "{stdout}"
     );
     assert!(
-        stdout.contains("tests/local_tests/pipelines/test_wren_pipeline_smoke.py: pipeline smoke"),
+        stdout
+            .contains("  pipeline smoke: tests/local_tests/pipelines/test_wren_pipeline_smoke.py"),
         "{stdout}"
     );
     assert!(written.contains("#   Parity Commands row `demo`: does not run pytest on test files: python /tmp/wren_demo.py"));

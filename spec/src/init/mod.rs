@@ -76,6 +76,8 @@ pub struct Summary {
     pub unused_tests: Vec<Unused>,
     /// Rows and commands that are not components, with the reason.
     pub unused_rows: Vec<Unused>,
+    /// The pipeline's and quality's tests it wired (`pipeline parity: …`).
+    pub later: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,9 +138,11 @@ pub fn infer(
         dir: format!("tests/local_tests/{family}"),
         status: status.as_ref(),
     };
-    let plan = cx.components();
+    let mut plan = cx.components();
     let prep = cx.prep(&plan);
-    let toml = cx.render(&prep, &plan);
+    let mut toml = cx.render(&prep, &plan);
+    let later = cx.later_phases(&mut plan.unused_tests);
+    toml.text.push_str(&later.toml);
     let spec_path = format!("{}/port.toml", cx.dir);
     crate::parse(Path::new(&spec_path), &toml.text)?;
     let summary = Summary {
@@ -150,11 +154,63 @@ pub fn infer(
         placeholders: toml.placeholders,
         unused_tests: plan.unused_tests.clone(),
         unused_rows: plan.unused_rows.iter().map(|(u, _)| u.clone()).collect(),
+        later: later.lines,
     };
     Ok(Inferred {
         toml: toml.text,
         summary,
     })
+}
+
+/// The `[pipeline]` and `[quality]` tables `init` wrote, and their lines
+/// for the summary.
+struct Later {
+    toml: String,
+    lines: Vec<String>,
+}
+
+impl Cx<'_> {
+    /// The family's pipeline smoke and parity tests
+    /// (`test_<family>_pipeline_smoke.py`, `…_pipeline_parity.py`, among
+    /// the test files no component took) and its quality regression test
+    /// (`fastvideo/tests/ssim/test_<family>_similarity.py`, where FastVideo
+    /// keeps them): wired as `[pipeline]` and `[quality]`, and no longer
+    /// listed as unused.
+    fn later_phases(&self, unused: &mut Vec<Unused>) -> Later {
+        let family = self.input.family;
+        let mut take = |name: String| -> Option<String> {
+            let i = unused
+                .iter()
+                .position(|u| pyfile::file_name(&u.what) == name)?;
+            Some(unused.remove(i).what)
+        };
+        let smoke = take(format!("test_{family}_pipeline_smoke.py"));
+        let parity = take(format!("test_{family}_pipeline_parity.py"));
+        let ssim = format!("fastvideo/tests/ssim/test_{family}_similarity.py");
+        let quality = (self.read)(&ssim).map(|_| ssim);
+        let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
+        let mut toml = String::new();
+        let mut lines = Vec::new();
+        if smoke.is_some() || parity.is_some() {
+            toml.push_str(
+                "\n# P7 runs these once every component passes (docs/spec.md).\n[pipeline]\n",
+            );
+            for (key, t) in [("smoke_test", &smoke), ("parity_test", &parity)] {
+                if let Some(t) = t {
+                    toml.push_str(&format!("{key} = {}\n", quoted(t)));
+                    lines.push(format!("pipeline {}: {t}", key.trim_end_matches("_test")));
+                }
+            }
+        }
+        if let Some(q) = &quality {
+            toml.push_str(&format!(
+                "\n# P10's quality regression: read, not run yet.\n[quality]\ntests = [{}]\n",
+                quoted(q)
+            ));
+            lines.push(format!("quality: {q}"));
+        }
+        Later { toml, lines }
+    }
 }
 
 struct Cx<'a> {

@@ -305,7 +305,7 @@ fn a_complete_status_file_gives_a_spec_that_passes_p0() {
 fn components_join_matrix_rows_and_parity_commands() {
     let out = skylark().init("skylark");
     let spec = parsed(&out);
-    let names: Vec<&str> = spec.components.iter().map(|c| c.name.as_str()).collect();
+    let names: Vec<&str> = spec.parity_components().map(|c| c.name.as_str()).collect();
     assert_eq!(
         names,
         [
@@ -432,9 +432,23 @@ fn every_test_file_is_used_or_listed_with_its_reason() {
         reason("test_skylark_helpers.py").as_deref(),
         Some("defines no test function")
     );
+    // the family's pipeline smoke test is wired as [pipeline], P7's
     assert_eq!(
-        reason("tests/local_tests/pipelines/test_skylark_pipeline_smoke.py").as_deref(),
-        Some("pipeline smoke (Parity Commands row `pipeline_smoke`)")
+        reason("tests/local_tests/pipelines/test_skylark_pipeline_smoke.py"),
+        None
+    );
+    let spec = parsed(&out);
+    assert_eq!(
+        spec.pipeline.as_ref().and_then(|p| p.smoke_test.as_deref()),
+        Some("tests/local_tests/pipelines/test_skylark_pipeline_smoke.py")
+    );
+    assert!(
+        out.summary.later.contains(
+            &"pipeline smoke: tests/local_tests/pipelines/test_skylark_pipeline_smoke.py"
+                .to_string()
+        ),
+        "{:?}",
+        out.summary.later
     );
     // commands that are not pytest on test files, and the pipeline row
     let rows: Vec<(&str, &str)> = out
@@ -630,8 +644,7 @@ fn a_family_without_a_status_file_reads_the_readme_and_file_names() {
     let spec = parsed(&out);
     let d = "tests/local_tests/harrier";
     let got: Vec<(&str, &str, Vec<String>)> = spec
-        .components
-        .iter()
+        .parity_components()
         .map(|c| {
             (
                 c.name.as_str(),
@@ -692,9 +705,15 @@ fn a_family_without_a_status_file_reads_the_readme_and_file_names() {
             .find(|u| u.what == format!("{d}/{f}"))
             .map(|u| u.reason.as_str())
     };
+    // the pipeline smoke test is P7's, not an unused file
+    assert_eq!(reason("test_harrier_pipeline_smoke.py"), None);
     assert_eq!(
-        reason("test_harrier_pipeline_smoke.py"),
-        Some("pipeline smoke (README.md `Tests in this directory` row `pipeline (smoke)`)")
+        spec.pipeline.as_ref().and_then(|p| p.smoke_test.clone()),
+        Some(format!("{d}/test_harrier_pipeline_smoke.py"))
+    );
+    assert_eq!(
+        spec.pipeline.as_ref().and_then(|p| p.parity_test.clone()),
+        None
     );
     assert!(reason("test_harrier_registry.py").is_some_and(|r| r.starts_with("registry check")));
     assert_eq!(
@@ -1286,4 +1305,46 @@ fn p0_takes_a_reference_folder_and_prose_in_the_status_file_as_no_disagreement()
         .insert("official_ref_commit".into(), "0000000000000".into());
     let unmet = crate::preconditions::status_conditions(&spec, status, &|f| format!("p:{f}"));
     assert_eq!(unmet.len(), 1, "{unmet:#?}");
+}
+
+/// The family's pipeline parity test and its SSIM test (where FastVideo
+/// keeps them) are wired as `[pipeline]` and `[quality]` (issue #42),
+/// where init listed them as test files not used.
+#[test]
+fn the_pipeline_and_quality_tests_are_wired_for_p7_and_p10() {
+    let mut repo = harrier();
+    let d = "tests/local_tests/harrier";
+    repo.files.insert(
+        format!("{d}/test_harrier_pipeline_parity.py"),
+        PLAIN_TEST.into(),
+    );
+    repo.files.insert(
+        "fastvideo/tests/ssim/test_harrier_similarity.py".into(),
+        PLAIN_TEST.into(),
+    );
+    let out = repo.init("harrier");
+    let spec = parsed(&out);
+    let p = spec.pipeline.clone().expect("a [pipeline]");
+    assert_eq!(
+        (p.smoke_test.as_deref(), p.parity_test.as_deref()),
+        (
+            Some("tests/local_tests/harrier/test_harrier_pipeline_smoke.py"),
+            Some("tests/local_tests/harrier/test_harrier_pipeline_parity.py")
+        )
+    );
+    assert_eq!(
+        spec.quality.clone().expect("a [quality]").tests,
+        ["fastvideo/tests/ssim/test_harrier_similarity.py"]
+    );
+    let steps: Vec<&str> = spec.pipeline_steps().map(|c| c.name.as_str()).collect();
+    assert_eq!(steps, ["pipeline_smoke", "pipeline_parity"]);
+    assert!(
+        !out.summary
+            .unused_tests
+            .iter()
+            .any(|u| u.what.contains("pipeline_parity")),
+        "{:?}",
+        out.summary.unused_tests
+    );
+    assert_eq!(out.summary.later.len(), 3, "{:?}", out.summary.later);
 }
