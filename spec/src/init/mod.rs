@@ -178,16 +178,29 @@ impl Cx<'_> {
     /// listed as unused.
     fn later_phases(&self, unused: &mut Vec<Unused>) -> Later {
         let family = self.input.family;
-        let mut take = |name: String| -> Option<String> {
+        // `test_F_pipeline_parity.py`, or a variant's
+        // (`test_F_causal_fast_pipeline_parity.py`): the family's own name
+        // first, else the first variant.
+        let mut take = |suffix: &str| -> Option<String> {
+            let exact = format!("test_{family}_{suffix}");
+            let named = |u: &Unused, exact_only: bool| {
+                let n = pyfile::file_name(&u.what);
+                n == exact
+                    || (!exact_only
+                        && n.starts_with(&format!("test_{family}_"))
+                        && n.ends_with(&format!("_{suffix}")))
+            };
             let i = unused
                 .iter()
-                .position(|u| pyfile::file_name(&u.what) == name)?;
+                .position(|u| named(u, true))
+                .or_else(|| unused.iter().position(|u| named(u, false)))?;
             Some(unused.remove(i).what)
         };
-        let smoke = take(format!("test_{family}_pipeline_smoke.py"));
-        let parity = take(format!("test_{family}_pipeline_parity.py"));
+        let smoke = take("pipeline_smoke.py");
+        let parity = take("pipeline_parity.py");
+        // where FastVideo keeps it, or where a status row names it
         let ssim = format!("fastvideo/tests/ssim/test_{family}_similarity.py");
-        let quality = (self.read)(&ssim).map(|_| ssim);
+        let quality = take("similarity.py").or_else(|| (self.read)(&ssim).map(|_| ssim));
         let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
         let mut toml = String::new();
         let mut lines = Vec::new();
@@ -497,7 +510,7 @@ impl Cx<'_> {
                 plan.unused_rows.push((
                     Unused {
                         what: format!("{} row `{}`", table.heading, label.text),
-                        reason: "type pipeline: fvd records the pipeline phases, it does not run them as components".into(),
+                        reason: "type pipeline: the pipeline is P7's ([pipeline], its smoke and parity tests), not a component".into(),
                     },
                     None,
                 ));
@@ -664,7 +677,7 @@ impl Cx<'_> {
             Some(if c.name.is_empty() {
                 "its scope names no component".into()
             } else {
-                "the pipeline: fvd records the pipeline phases, it does not run them as components"
+                "the pipeline: the pipeline is P7's ([pipeline], its smoke and parity tests), not a component"
                     .into()
             })
         } else {
