@@ -22,6 +22,7 @@ use fvd_store::model::JobRecord;
 mod capacity;
 mod fits;
 mod fleet;
+mod gpus;
 mod leases;
 pub mod placement;
 mod registry;
@@ -30,6 +31,8 @@ mod writer;
 use capacity::{Capacity, ClassId, Free, labels_match};
 use fits::*;
 pub use fleet::{FleetJob, FleetView, FleetWorker};
+pub use gpus::{DEFAULT_GPU_HEADROOM_PCT, DEFAULT_GPU_SHARE_CAP, Sharing};
+use gpus::{GpuUses, share_of};
 use leases::*;
 pub use placement::{FairQueue, MAX_BYPASS, Policy};
 use registry::*;
@@ -137,6 +140,8 @@ pub struct SchedulerConfig {
     pub adopt_grace: Duration,
     /// How a port's queued jobs are ordered ([`Policy`]).
     pub placement: Policy,
+    /// How single-GPU runs with a known memory need share GPUs.
+    pub sharing: Sharing,
 }
 
 /// [`SchedulerConfig::max_output_bytes`] by default: 16 MiB, as workers.
@@ -154,6 +159,7 @@ impl Default for SchedulerConfig {
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             adopt_grace: Duration::from_secs(15),
             placement: Policy::default(),
+            sharing: Sharing::default(),
         }
     }
 }
@@ -430,7 +436,12 @@ struct WorkerSlot {
     /// Identifies this connection, so a stale disconnect of an older stream
     /// of the same worker id does not drop the new one.
     conn: u64,
+    /// GPUs with no run on them.
     free_gpus: BTreeSet<u32>,
+    /// The others: the runs and memory on each.
+    uses: GpuUses,
+    /// Where it sits in the capacity index's share pool (0: not there).
+    share_room: u64,
     free_cpu: u32,
     last_seen_ms: i64,
     /// Draining: slots freed by finished jobs are not offered again.
@@ -451,6 +462,31 @@ impl WorkerSlot {
         let new = Free::of(self.free_gpus.len(), self.free_cpu, self.draining);
         cap.set(&self.key, self.class, self.free, new);
         self.free = new;
+        let room = if self.draining {
+            0
+        } else {
+            self.uses.room(&self.info, cap.sharing)
+        };
+        cap.set_share(&self.key, self.class, self.share_room, room);
+        self.share_room = room;
+    }
+
+    /// A run's slots come back: its GPUs (`share_mib` of each where it
+    /// shared them, 0 where it held them alone) or a CPU slot. A GPU is
+    /// free again once its last run ends; a draining worker offers nothing
+    /// again.
+    fn give_back(&mut self, gpus: &[u32], share_mib: u64) {
+        if gpus.is_empty() {
+            if !self.draining {
+                self.free_cpu += 1;
+            }
+            return;
+        }
+        for g in gpus {
+            if self.uses.give_back(*g, share_mib) && !self.draining {
+                self.free_gpus.insert(*g);
+            }
+        }
     }
 }
 
@@ -459,6 +495,8 @@ struct Lease {
     worker_id: String,
     epoch: u64,
     gpus: Vec<u32>,
+    /// MiB it holds of its one shared GPU; 0 for GPUs held alone.
+    share_mib: u64,
     /// Its assignment went to the worker (its commit is done); until then
     /// the worker knows nothing of it.
     sent: bool,
@@ -693,6 +731,7 @@ impl Actor for SchedulerActor {
             }
         }
         let adopt_until_ms = args.clock.now_ms() + args.config.adopt_grace.as_millis() as i64;
+        let capacity = Capacity::new(args.config.sharing);
         let clock = args.clock.clone();
         myself.send_interval(args.config.tick, move || SchedulerMsg::TickSent {
             sent_ms: clock.now_ms(),
@@ -703,7 +742,7 @@ impl Actor for SchedulerActor {
             clock: args.clock,
             config: args.config,
             workers: HashMap::new(),
-            capacity: Capacity::default(),
+            capacity,
             last_seen: BTreeSet::new(),
             queue: FairQueue::default(),
             reservations: placement::Reservations::default(),
@@ -862,6 +901,7 @@ pub struct Planned {
     worker_id: String,
     epoch: u64,
     gpus: Vec<u32>,
+    share_mib: u64,
 }
 
 /// Most leases one round decides (one transaction); a round that reaches
@@ -914,23 +954,38 @@ impl placement::Fleet for FreeSlots<'_> {
             .map(|w| usable_gpus(&w.info, Some(&w.free_gpus), job.placement).len() as u32)
     }
 
-    fn take(&mut self, worker: &str, job: &placement::Job<'_>) -> Vec<u32> {
+    fn take(&mut self, worker: &str, job: &placement::Job<'_>) -> (Vec<u32>, u64) {
         let w = self.workers.get_mut(worker).expect("picked worker exists");
-        let gpus: Vec<u32> = if job.need == 0 {
+        let sharing = self.capacity.sharing;
+        let share = share_of(job.need, job.placement);
+        let packed = share.and_then(|mib| Some((w.uses.best_fit(&w.info, sharing, mib)?, mib)));
+        let taken = if job.need == 0 {
             w.free_cpu -= 1;
-            Vec::new()
+            (Vec::new(), 0)
+        } else if let Some((g, mib)) = packed {
+            w.uses.take(g, mib);
+            (vec![g], mib)
         } else {
             let g: Vec<u32> = usable_gpus(&w.info, Some(&w.free_gpus), job.placement)
                 .into_iter()
                 .take(job.need as usize)
                 .collect();
+            // A sharing run on a fresh GPU shares it only if it fits the
+            // budget; else it holds the GPU alone.
+            let mib = share
+                .filter(|mib| {
+                    let memory = w.info.gpus.iter().find(|x| Some(&x.index) == g.first());
+                    memory.is_some_and(|x| sharing.shares(*mib, x.memory_mib))
+                })
+                .unwrap_or(0);
             for x in &g {
                 w.free_gpus.remove(x);
+                w.uses.take(*x, mib);
             }
-            g
+            (g, mib)
         };
         w.refile(self.capacity);
-        gpus
+        taken
     }
 }
 
@@ -1006,6 +1061,7 @@ fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
                 worker_id: l.worker_id,
                 epoch,
                 gpus: l.gpus,
+                share_mib: l.share_mib,
             }
         })
         .collect();
@@ -1050,6 +1106,7 @@ fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             worker_id: p.worker_id.clone(),
             epoch: p.epoch,
             gpus: p.gpus.clone(),
+            share_mib: p.share_mib,
             sent: false,
             span,
             output_bytes: 0,

@@ -1077,3 +1077,199 @@ async fn no_gpu_is_ever_leased_twice_on_a_large_fleet_of_mixed_gangs() {
     assert_eq!(done.len(), total);
     assert_eq!(done.iter().collect::<BTreeSet<_>>().len(), total);
 }
+
+/// A single-GPU run of `mib` that may share its GPU (or not).
+fn shared(mib: u64, share: bool) -> Placement {
+    Placement {
+        gpu_memory_mib: mib,
+        gpu_share: share,
+        ..Placement::default()
+    }
+}
+
+/// The next `n` assignments of `rx`: job id → GPUs.
+async fn assigns(rx: &mut mpsc::Receiver<ToWorker>, n: usize) -> BTreeMap<String, Vec<u32>> {
+    let mut got = BTreeMap::new();
+    for _ in 0..n {
+        let (id, _, gpus) = next_assign(rx).await;
+        got.insert(id, gpus);
+    }
+    got
+}
+
+#[tokio::test]
+async fn sharing_runs_pack_onto_one_gpu_by_memory_and_keep_the_headroom() {
+    let mut h = Harness::new().await;
+    h.port("p", &["a", "b", "c", "d"]).await;
+    let mut w = h.worker_with("w", 2, 1, 10_000, &[]);
+    let mut ids = Vec::new();
+    for c in ["a", "b", "c"] {
+        ids.push(h.enqueue_with("p", c, 1, shared(3000, true)).await);
+    }
+    // 1000 MiB more would fit the card's 10000 but not its 9000 past the
+    // default 10% headroom: it opens the second GPU.
+    ids.push(h.enqueue_with("p", "d", 1, shared(1000, true)).await);
+    let got = assigns(&mut w, 4).await;
+    for id in &ids[..3] {
+        assert_eq!(got[id], vec![0], "the three 3000 MiB runs share GPU 0");
+    }
+    assert_eq!(
+        got[&ids[3]],
+        vec![1],
+        "the headroom keeps GPU 0 at 9000 MiB"
+    );
+}
+
+#[tokio::test]
+async fn a_shared_gpu_takes_at_most_the_cap_of_runs() {
+    let mut h = Harness::new().await;
+    h.port("p", &["a", "b", "c", "d", "e"]).await;
+    let mut w = h.worker_with("w", 1, 1, 80_000, &[]);
+    let mut ids = Vec::new();
+    for c in ["a", "b", "c", "d", "e"] {
+        ids.push(h.enqueue_with("p", c, 1, shared(1000, true)).await);
+    }
+    let mut epochs = BTreeMap::new();
+    for _ in 0..4 {
+        let (id, epoch, gpus) = next_assign(&mut w).await;
+        assert_eq!(gpus, vec![0]);
+        epochs.insert(id, epoch);
+    }
+    h.settle().await;
+    assert!(w.try_recv().is_err(), "a fifth run waits: the cap is 4");
+    assert!(!epochs.contains_key(&ids[4]));
+    let (first, epoch) = epochs.iter().next().unwrap();
+    h.finished("w", first, *epoch);
+    let (id, _, gpus) = next_assign(&mut w).await;
+    assert_eq!((id, gpus), (ids[4].clone(), vec![0]));
+}
+
+#[tokio::test]
+async fn a_gang_gets_whole_gpus_never_beside_a_shared_run() {
+    let mut h = Harness::new().await;
+    h.port("p", &["small", "gang"]).await;
+    let mut w = h.worker_with("w", 2, 1, 80_000, &[]);
+    let small = h.enqueue_with("p", "small", 1, shared(1000, true)).await;
+    let (id, epoch, gpus) = next_assign(&mut w).await;
+    assert_eq!((id.as_str(), gpus), (small.as_str(), vec![0]));
+    let gang = h.enqueue_with("p", "gang", 2, shared(1000, true)).await;
+    h.settle().await;
+    assert!(w.try_recv().is_err(), "GPU 0 is shared: the gang waits");
+    h.finished("w", &small, epoch);
+    let (id, _, gpus) = next_assign(&mut w).await;
+    assert_eq!((id, gpus), (gang, vec![0, 1]));
+}
+
+#[tokio::test]
+async fn a_run_that_must_be_alone_or_has_no_known_need_holds_its_gpu_alone() {
+    let mut h = Harness::new().await;
+    h.port("p", &["alone", "s1", "s2", "unknown"]).await;
+    let mut w = h.worker_with("w", 1, 1, 80_000, &[]);
+    let alone = h.enqueue_with("p", "alone", 1, shared(1000, false)).await;
+    let (id, epoch, _) = next_assign(&mut w).await;
+    assert_eq!(id, alone);
+    let s1 = h.enqueue_with("p", "s1", 1, shared(1000, true)).await;
+    h.settle().await;
+    assert!(
+        w.try_recv().is_err(),
+        "nothing goes beside gpu_share = false"
+    );
+    h.finished("w", &alone, epoch);
+    let (id, _, gpus) = next_assign(&mut w).await;
+    assert_eq!((id.as_str(), gpus), (s1.as_str(), vec![0]));
+    // A run without a known need waits for the GPU to be empty, while
+    // another sharing run packs beside the first.
+    let unknown = h.enqueue("p", "unknown", 1).await;
+    let s2 = h.enqueue_with("p", "s2", 1, shared(1000, true)).await;
+    let (id, _, gpus) = next_assign(&mut w).await;
+    assert_eq!((id.as_str(), gpus), (s2.as_str(), vec![0]));
+    h.settle().await;
+    assert!(
+        w.try_recv().is_err(),
+        "a whole-GPU run never goes beside a shared one"
+    );
+    let _ = unknown;
+}
+
+/// A run on a GPU in the randomized run: job, MiB, whether it shares.
+type OnGpu = (String, u64, bool);
+
+#[tokio::test]
+async fn shared_gpus_stay_within_memory_cap_and_alone_over_a_randomized_run() {
+    let mut h = Harness::new().await;
+    let names: Vec<String> = (0..200).map(|i| format!("c{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    h.port("p", &refs).await;
+    let mut rxs: Vec<(String, mpsc::Receiver<ToWorker>)> = (0..3)
+        .map(|i| {
+            let id = format!("w{i}");
+            let rx = h.worker_with(&id, 2, 1, 10_000, &[]);
+            (id, rx)
+        })
+        .collect();
+    let mut rng = Lcg(44);
+    let mut shape = BTreeMap::new();
+    let mut jobs = Vec::new();
+    for n in &names {
+        let (gpus, p) = match rng.next() % 5 {
+            0 => (1, Placement::default()),
+            1 => (1, shared(1000 + rng.next() % 6000, false)),
+            2 => (2, shared(1000, true)),
+            _ => (1, shared(500 + rng.next() % 4000, true)),
+        };
+        shape.insert(
+            n.clone(),
+            (
+                p.gpu_memory_mib,
+                gpus == 1 && p.gpu_share && p.gpu_memory_mib > 0,
+            ),
+        );
+        jobs.push((n.clone(), gpus, p, BTreeMap::new()));
+    }
+    let ids = h.enqueue_many("p", jobs).await;
+    let component: HashMap<String, String> =
+        ids.iter().cloned().zip(names.iter().cloned()).collect();
+    // (worker, gpu) → the runs on it: (job, mib, shares).
+    let mut on: HashMap<(String, u32), Vec<OnGpu>> = HashMap::new();
+    let mut running: Vec<(String, String, u64, Vec<u32>)> = Vec::new();
+    let mut done = 0;
+    while done < ids.len() {
+        h.settle().await;
+        for (wid, rx) in rxs.iter_mut() {
+            while let Ok(ToWorker::Assign(a)) = rx.try_recv() {
+                let (mib, shares) = shape[&component[&a.job_id]];
+                for g in &a.gpus {
+                    let runs = on.entry((wid.clone(), *g)).or_default();
+                    runs.push((a.job_id.clone(), mib, shares));
+                    let all_share = runs.iter().all(|r| r.2);
+                    assert!(
+                        runs.len() == 1 || all_share,
+                        "{wid} gpu {g}: a lone run beside another: {runs:?}"
+                    );
+                    assert!(runs.len() <= 4, "{wid} gpu {g}: past the cap: {runs:?}");
+                    if runs.len() > 1 {
+                        let sum: u64 = runs.iter().map(|r| r.1).sum();
+                        assert!(sum <= 9000, "{wid} gpu {g}: {sum} MiB past the headroom");
+                    }
+                }
+                running.push((wid.clone(), a.job_id, a.lease_epoch, a.gpus));
+            }
+        }
+        assert!(!running.is_empty(), "jobs remain but nothing runs");
+        let mut keep = Vec::new();
+        for r in running.drain(..) {
+            if rng.next().is_multiple_of(2) {
+                for g in &r.3 {
+                    on.get_mut(&(r.0.clone(), *g))
+                        .unwrap()
+                        .retain(|x| x.0 != r.1);
+                }
+                h.finished(&r.0, &r.1, r.2);
+                done += 1;
+            } else {
+                keep.push(r);
+            }
+        }
+        running = keep;
+    }
+}

@@ -523,6 +523,9 @@ pub struct Lease {
     pub lease_epoch: u64,
     pub gpus: Vec<u32>,
     pub started_ms: Option<i64>,
+    /// MiB it holds of its one shared GPU; 0 for GPUs held alone (or not
+    /// known: the store does not keep it).
+    pub share_mib: u64,
 }
 
 /// What the live scheduler of this process sees, if there is one and it
@@ -583,6 +586,7 @@ pub async fn fleet(
                             run_no: j.run_no,
                             lease_epoch: j.lease_epoch,
                             gpus: j.gpus,
+                            share_mib: j.share_mib,
                         })
                         .collect(),
                 })
@@ -631,6 +635,7 @@ pub async fn fleet(
             lease_epoch: j.lease_epoch,
             gpus: j.gpus.clone(),
             started_ms: j.started_ms,
+            share_mib: 0,
         };
         match workers.iter_mut().find(|w| w.worker_id == j.worker_id) {
             Some(w) => w.jobs.push(lease),
@@ -829,6 +834,7 @@ async fn store_leases_off(
                 lease_epoch: j.lease_epoch,
                 gpus: j.gpus,
                 started_ms: j.started_ms,
+                share_mib: 0,
             };
             (j.worker_id, lease)
         })

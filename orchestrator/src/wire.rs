@@ -563,6 +563,7 @@ pub fn to_fleet(f: Fleet) -> pb::WorkersResponse {
                         lease_epoch: j.lease_epoch,
                         gpus: j.gpus,
                         started_ms: j.started_ms.unwrap_or(0),
+                        share_mib: j.share_mib,
                     })
                     .collect(),
             })
@@ -607,6 +608,7 @@ pub fn from_fleet(r: pb::WorkersResponse) -> Fleet {
                         lease_epoch: j.lease_epoch,
                         gpus: j.gpus,
                         started_ms: opt_ms(j.started_ms),
+                        share_mib: j.share_mib,
                     })
                     .collect(),
             })

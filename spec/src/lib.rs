@@ -37,8 +37,15 @@ pub const DEFAULT_COMMAND: &[&str] = &[
 pub struct Placement {
     /// Higher is served first; ports of equal priority take turns.
     pub priority: i32,
-    /// Each leased GPU has at least this much memory.
+    /// Each leased GPU has at least this much memory; with `gpu_share`, it
+    /// is also what a single-GPU run is counted as using on a shared GPU.
     pub gpu_memory_mib: u64,
+    /// A single-GPU run with a known `gpu_memory_mib` may share its GPU
+    /// with other such runs (the spec's `gpu_share`, true unless the
+    /// component or `[defaults]` says false); false keeps the GPU whole.
+    /// `Placement::default()` does not share: a run fvd knows nothing of
+    /// gets whole GPUs.
+    pub gpu_share: bool,
     /// The worker carries every one of these labels with the same value.
     pub labels: BTreeMap<String, String>,
     /// Paths relative to the port folder that the worker must have for the
@@ -481,6 +488,9 @@ struct RawDefaults {
     /// have: `fvd worker --provide PATH=DIR`.
     #[serde(default)]
     worker_paths: Vec<String>,
+    /// Whether the port's single-GPU runs with a `gpu_memory_mib` may
+    /// share a GPU (true when unset).
+    gpu_share: Option<bool>,
 }
 
 /// `parity_test = "a.py"` or `parity_test = ["a.py", "b.py"]`.
@@ -517,6 +527,8 @@ struct RawComponent {
     agent: bool,
     /// Minimum memory of each GPU the test gets.
     gpu_memory_mib: Option<u64>,
+    /// `false`: the run has its GPU alone (see [`Placement::gpu_share`]).
+    gpu_share: Option<bool>,
     /// How long a run is expected to take, for placement until the store
     /// holds runs of the component.
     expected_s: Option<Spanned<u64>>,
@@ -937,6 +949,7 @@ fn component_spec(
         placement: crate::Placement {
             priority: defaults.priority.unwrap_or(0),
             gpu_memory_mib: c.gpu_memory_mib.unwrap_or(0),
+            gpu_share: c.gpu_share.or(defaults.gpu_share).unwrap_or(true),
             labels: c.labels.unwrap_or_default(),
             worker_paths,
             expected_ms: seconds(c.expected_s, "expected_s", text, path)?
@@ -1358,6 +1371,34 @@ env = ["HF_TOKEN"]
         );
         assert_eq!(p.labels.get("site").map(String::as_str), Some("a"));
         assert!(p.worker_paths.is_empty());
+    }
+
+    #[test]
+    fn gpu_share_defaults_to_true_and_follows_defaults_then_the_component() {
+        let s = parse(Path::new("port.toml"), GOOD).unwrap();
+        assert!(
+            s.components[0].placement.gpu_share,
+            "sharing is the default"
+        );
+        assert!(
+            !Placement::default().gpu_share,
+            "an unknown run keeps whole GPUs"
+        );
+        let off = GOOD.replace(
+            "[[component]]",
+            "[defaults]\ngpu_share = false\n\n[[component]]",
+        );
+        let s = parse(Path::new("port.toml"), &off).unwrap();
+        assert!(!s.components[0].placement.gpu_share);
+        let back = off.replace(
+            "env = [\"HF_TOKEN\"]",
+            "env = [\"HF_TOKEN\"]\ngpu_share = true",
+        );
+        let s = parse(Path::new("port.toml"), &back).unwrap();
+        assert!(
+            s.components[0].placement.gpu_share,
+            "the component's own key wins"
+        );
     }
 
     #[test]

@@ -164,6 +164,11 @@ pub struct ServeArgs {
     /// the first that fits goes first) or `fifo` (the first that fits).
     #[arg(long, default_value = "duration", value_name = "POLICY")]
     pub placement: fvd_actors::scheduler::Policy,
+    /// Most runs on one shared GPU: single-GPU runs with a gpu_memory_mib
+    /// (and gpu_share not false) share a GPU while their memory stays
+    /// within 90% of it; 1 gives every run whole GPUs.
+    #[arg(long, default_value_t = fvd_actors::scheduler::DEFAULT_GPU_SHARE_CAP, value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpu_share_cap: u32,
     /// The single shared token of earlier versions: every call that
     /// carries it is an admin named `admin` (also beside --auth).
     #[command(flatten)]
@@ -714,6 +719,7 @@ fn server_config(
     config.scheduler.max_output_bytes = args.max_output_mib * 1024 * 1024;
     config.scheduler.adopt_grace = Duration::from_secs_f64(args.adopt_grace);
     config.scheduler.placement = args.placement;
+    config.scheduler.sharing.cap = args.gpu_share_cap;
     Ok(config)
 }
 

@@ -482,3 +482,52 @@ fn the_no_worker_hint_on_a_team_orchestrator_asks_for_a_worker_credential() {
     let _ = waiting.kill();
     let _ = waiting.wait();
 }
+
+/// Two single-GPU components with a `gpu_memory_mib` run at the same time
+/// on one GPU (a fake `nvidia-smi` lists it), while a `gpu_share = false`
+/// one runs alone on it (issue #44). Each sharing run waits, bounded, for
+/// the other to run beside it; the lone one checks nothing runs beside it.
+#[test]
+fn two_sharing_runs_share_one_gpu_while_a_lone_run_has_it_alone() {
+    let mut sb = Sandbox::new();
+    let marks = sb.dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let d = marks.display().to_string();
+    let sharing = |me: &str, other: &str| {
+        format!(
+            "d = {d:?}\nassert os.environ['CUDA_VISIBLE_DEVICES'] == '0'\nopen(os.path.join(d, '{me}'), 'w').close()\nend = time.time() + 30\nwhile not os.path.exists(os.path.join(d, '{other}')):\n    assert time.time() < end, 'no run beside me'\n    time.sleep(0.05)\ntime.sleep(0.5)\nos.remove(os.path.join(d, '{me}'))"
+        )
+    };
+    let alone = format!(
+        "d = {d:?}\nassert os.environ['CUDA_VISIBLE_DEVICES'] == '0'\nopen(os.path.join(d, 'alone'), 'w').close()\nfor _ in range(20):\n    assert sorted(os.listdir(d)) == ['alone'], os.listdir(d)\n    time.sleep(0.05)\nos.remove(os.path.join(d, 'alone'))"
+    );
+    sb.port(
+        "share",
+        &[
+            TestComponent::new("a", &sharing("a", "b")),
+            TestComponent::new("b", &sharing("b", "a")),
+            TestComponent::new("lone", &alone),
+        ],
+    );
+    let spec = sb.repo().join("tests/local_tests/share/port.toml");
+    let mut text = std::fs::read_to_string(&spec).unwrap();
+    for (name, extra) in [("a", ""), ("b", ""), ("lone", "gpu_share = false\n")] {
+        let line = format!("name = \"{name}\"\n");
+        text = text.replace(
+            &line,
+            &format!("{line}gpus = 1\ngpu_memory_mib = 2000\n{extra}"),
+        );
+    }
+    std::fs::write(&spec, text).unwrap();
+    let bin = sb.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let smi = bin.join("nvidia-smi");
+    std::fs::write(&smi, "#!/bin/sh\necho '0, GPU-fake-0, Fake GPU, 10000'\n").unwrap();
+    let mut perm = std::fs::metadata(&smi).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&smi, perm).unwrap();
+    sb.serve();
+    sb.gpu_worker("gpu", 1, &bin);
+    let out = sb.submit_remote("share", &["--wait"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{}", sb.logs());
+}

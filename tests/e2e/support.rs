@@ -372,6 +372,17 @@ impl Sandbox {
         self.worker_cmd(url, id, slots, extra, &workspace)
     }
 
+    /// Starts `fvd worker` offering every GPU that the `nvidia-smi` in
+    /// `bin` (put first on its `PATH`: a fake one, say) lists.
+    pub fn gpu_worker(&mut self, id: &str, slots: u32, bin: &Path) {
+        let url = self.url.clone().expect("serve() first");
+        let workspace = self.dir.path().join(format!("ws-{id}"));
+        let path = std::env::var("PATH").unwrap_or_default();
+        let mut cmd = self.worker_cmd_gpus(&url, id, slots, &[], &workspace, "all");
+        cmd.env("PATH", format!("{}:{path}", bin.display()));
+        self.spawn_worker(id, cmd);
+    }
+
     fn worker_cmd(
         &self,
         url: &str,
@@ -380,6 +391,18 @@ impl Sandbox {
         extra: &[&str],
         workspace: &Path,
     ) -> Command {
+        self.worker_cmd_gpus(url, id, slots, extra, workspace, "none")
+    }
+
+    fn worker_cmd_gpus(
+        &self,
+        url: &str,
+        id: &str,
+        slots: u32,
+        extra: &[&str],
+        workspace: &Path,
+        gpus: &str,
+    ) -> Command {
         let mut cmd = fvd();
         cmd.args(&self.server_args)
             .args([
@@ -387,7 +410,7 @@ impl Sandbox {
                 "--orchestrator",
                 url,
                 "--gpus",
-                "none",
+                gpus,
                 "--worker-id",
                 id,
             ])

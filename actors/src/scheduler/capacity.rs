@@ -13,6 +13,11 @@
 //! differ in memory and a job asking for more than the smallest: its
 //! workers are tried one by one (bounded by the class, not the fleet).
 //!
+//! A worker with a shared GPU that has room for one more sharing run is
+//! also in its class's share pool, by the most memory such a GPU has left:
+//! a sharing run first takes the tightest fit there (packing), one look
+//! per class plus the workers it excludes, and only then a free GPU.
+//!
 //! Static questions (can any registered worker ever hold this job, which
 //! paths does no worker provide) are answered from the classes and a few
 //! counters, never from the workers one by one.
@@ -25,6 +30,8 @@ use std::sync::Arc;
 
 use fvd_spec::Placement;
 use fvd_store::messages::WorkerInfo;
+
+use super::gpus::{Sharing, share_of};
 
 /// Index of a class in [`Capacity::classes`].
 pub(super) type ClassId = usize;
@@ -112,6 +119,9 @@ struct Class {
     /// Registered members, draining ones included.
     members: usize,
     pool: Pool,
+    /// Members with a shared GPU that takes one more sharing run, by the
+    /// most MiB such a GPU has left, then id.
+    share: BTreeSet<(u64, Arc<str>)>,
 }
 
 impl Class {
@@ -149,6 +159,12 @@ pub(super) struct Capacity {
     gpu_counts: BTreeMap<usize, usize>,
     /// Registered workers.
     registered: usize,
+    /// How GPUs are shared.
+    pub(super) sharing: Sharing,
+    /// Workers in a share pool.
+    sharers: usize,
+    /// The smallest id, to start a share pool's range at a room.
+    no_id: Arc<str>,
 }
 
 /// Whether `w` carries every label the job asks for and provides every
@@ -159,6 +175,14 @@ pub(super) fn labels_match(w: &WorkerInfo, p: &Placement) -> bool {
 }
 
 impl Capacity {
+    /// An empty index whose GPUs are shared as `sharing` says.
+    pub(super) fn new(sharing: Sharing) -> Self {
+        Self {
+            sharing,
+            ..Self::default()
+        }
+    }
+
     /// A worker registered (without room yet: see [`Capacity::set`]).
     pub(super) fn add(&mut self, info: &WorkerInfo) -> ClassId {
         let mut provides = info.provides.clone();
@@ -176,6 +200,7 @@ impl Capacity {
                     memories,
                     members: 0,
                     pool: Pool::default(),
+                    share: BTreeSet::new(),
                 });
                 self.class_of.insert(key, id);
                 self.matching.clear();
@@ -230,9 +255,46 @@ impl Capacity {
         }
     }
 
-    /// No worker has a free slot.
+    /// Moves a worker of `class` from `old` to `new` MiB of room on a
+    /// shared GPU (0: in no share pool).
+    pub(super) fn set_share(&mut self, id: &Arc<str>, class: ClassId, old: u64, new: u64) {
+        if old == new {
+            return;
+        }
+        let share = &mut self.classes[class].share;
+        if old > 0 {
+            share.remove(&(old, id.clone()));
+            self.sharers -= 1;
+        }
+        if new > 0 {
+            share.insert((new, id.clone()));
+            self.sharers += 1;
+        }
+    }
+
+    /// No worker has a free slot nor room on a shared GPU.
     pub(super) fn is_full(&self) -> bool {
-        self.all.buckets.is_empty()
+        self.all.buckets.is_empty() && self.sharers == 0
+    }
+
+    /// The worker whose shared GPU holds `mib` more with the least room
+    /// to spare among classes `ids` (ties to the smallest id), that
+    /// `accept` takes.
+    fn tightest(&self, ids: &[ClassId], mib: u64, accept: &dyn Fn(&str) -> bool) -> Option<String> {
+        let mut best: Option<(u64, &str)> = None;
+        for cid in ids {
+            let from = (mib, self.no_id.clone());
+            let found = self.classes[*cid]
+                .share
+                .range(from..)
+                .find(|(_, id)| accept(id));
+            if let Some((room, id)) = found
+                && best.is_none_or(|(r, b)| (*room, &**id) < (r, b))
+            {
+                best = Some((*room, &**id));
+            }
+        }
+        best.map(|(_, id)| id.to_string())
     }
 
     /// Classes whose labels and paths `p` matches (cached per placement).
@@ -279,6 +341,12 @@ impl Capacity {
         }
         let mib = p.gpu_memory_mib;
         let ids = self.matching(p).to_vec();
+        if let Some(share) = share_of(need, p)
+            && self.sharers > 0
+            && let Some(id) = self.tightest(&ids, share, &accept)
+        {
+            return Some(id);
+        }
         let mut best: Option<(u32, &str)> = None;
         for cid in ids {
             let c = &self.classes[cid];

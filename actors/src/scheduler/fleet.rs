@@ -45,6 +45,8 @@ pub struct FleetJob {
     pub run_no: u32,
     pub lease_epoch: u64,
     pub gpus: Vec<u32>,
+    /// MiB it holds of its one shared GPU; 0 for GPUs held alone.
+    pub share_mib: u64,
 }
 
 pub(super) fn view(st: &SchedulerState) -> FleetView {
@@ -86,6 +88,7 @@ pub(super) fn view(st: &SchedulerState) -> FleetView {
                             run_no: e.job.record.run_no,
                             lease_epoch: lease.epoch,
                             gpus: lease.gpus.clone(),
+                            share_mib: lease.share_mib,
                         },
                     ));
                 }

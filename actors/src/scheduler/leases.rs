@@ -28,7 +28,7 @@ pub(super) struct Held {
 pub(super) async fn report_held(
     st: &mut SchedulerState,
     id: &str,
-    kept: &[(String, Vec<u32>)],
+    kept: &[(String, Vec<u32>, u64)],
     running: Vec<(String, u64)>,
 ) {
     let reported: HashSet<&str> = running.iter().map(|(j, _)| j.as_str()).collect();
@@ -51,7 +51,7 @@ pub(super) async fn report_held(
         return;
     };
     for (job, epoch) in running {
-        if kept.iter().any(|(k, _)| *k == job) {
+        if kept.iter().any(|(k, _, _)| *k == job) {
             continue;
         }
         let held = st
@@ -64,7 +64,9 @@ pub(super) async fn report_held(
             let gpus = h.gpus.clone();
             let waiter = h.waiter.take();
             if let Some(w) = st.workers.get_mut(id) {
-                take_slots(w, &gpus);
+                // Counted alone: what it shared is not stored, and a GPU
+                // held alone takes no new run until every run on it ends.
+                take_slots(w, &gpus, 0);
                 w.refile(&mut st.capacity);
             }
             tracing::info!(worker = %id, %job, epoch, "a run in flight before this start still runs on its worker");
@@ -178,6 +180,7 @@ pub(super) fn install(st: &mut SchedulerState, id: String, job: Box<QueuedJob>) 
                 worker_id: h.worker_id.clone(),
                 epoch: h.epoch,
                 gpus: h.gpus,
+                share_mib: 0,
                 sent: true,
                 span,
                 output_bytes: 0,
@@ -214,14 +217,8 @@ pub(super) async fn expire_held(st: &mut SchedulerState, now: i64) {
         }
         tracing::info!(%job, worker = %h.worker_id, "no component adopted a run still in flight; cancelling it");
         if let Some(w) = st.workers.get_mut(&h.worker_id) {
-            if !w.draining {
-                if h.gpus.is_empty() {
-                    w.free_cpu += 1;
-                } else {
-                    w.free_gpus.extend(h.gpus.iter().copied());
-                }
-                w.refile(&mut st.capacity);
-            }
+            w.give_back(&h.gpus, 0);
+            w.refile(&mut st.capacity);
             let _ =
                 w.tx.send(ToWorker::Cancel {
                     job_id: job,
@@ -415,14 +412,8 @@ pub(super) async fn cancel_family(st: &mut SchedulerState, family: &str) {
         if h.reported
             && let Some(w) = st.workers.get_mut(&h.worker_id)
         {
-            if !w.draining {
-                if h.gpus.is_empty() {
-                    w.free_cpu += 1;
-                } else {
-                    w.free_gpus.extend(h.gpus.iter().copied());
-                }
-                w.refile(&mut st.capacity);
-            }
+            w.give_back(&h.gpus, 0);
+            w.refile(&mut st.capacity);
             let _ =
                 w.tx.send(ToWorker::Cancel {
                     job_id: job,
@@ -538,14 +529,8 @@ pub(super) fn release(st: &mut SchedulerState, job_id: &str, entry: &Entry) {
         return;
     };
     w.leases.remove(job_id);
-    if !w.draining {
-        if lease.gpus.is_empty() {
-            w.free_cpu += 1;
-        } else {
-            w.free_gpus.extend(lease.gpus.iter().copied());
-        }
-        w.refile(&mut st.capacity);
-    }
+    w.give_back(&lease.gpus, lease.share_mib);
+    w.refile(&mut st.capacity);
 }
 
 /// Drops a worker and puts its leased jobs back at the front of the queue,
@@ -563,6 +548,7 @@ pub(super) async fn lose_worker(
         h.reported = false;
     }
     st.capacity.set(&w.key, w.class, w.free, None);
+    st.capacity.set_share(&w.key, w.class, w.share_room, 0);
     st.capacity.remove(w.class);
     st.last_seen.remove(&(w.last_seen_ms, w.key.clone()));
     let lost: Vec<String> = std::mem::take(&mut w.leases).into_iter().collect();

@@ -123,8 +123,9 @@ pub trait Fleet {
     /// left or drains.
     fn free_gpus(&self, worker: &str, job: &Job<'_>) -> Option<u32>;
     /// Takes `job`'s slots on `worker` (which [`Fleet::pick`] chose): its
-    /// GPUs, or none for a CPU slot.
-    fn take(&mut self, worker: &str, job: &Job<'_>) -> Vec<u32>;
+    /// GPUs, or none for a CPU slot, and the MiB it holds of a shared GPU
+    /// (0 for GPUs held alone).
+    fn take(&mut self, worker: &str, job: &Job<'_>) -> (Vec<u32>, u64);
 }
 
 /// A lease decided by [`place`]: not numbered, committed or sent yet.
@@ -133,6 +134,8 @@ pub struct Lease {
     pub job_id: String,
     pub worker_id: String,
     pub gpus: Vec<u32>,
+    /// MiB of its one GPU it shares; 0 for GPUs held alone.
+    pub share_mib: u64,
 }
 
 /// What one round decided.
@@ -253,8 +256,15 @@ impl Reservations {
     }
 }
 
-/// A constrained job's GPUs, GPU memory, labels and paths.
-type Shape<'a> = (u32, u64, &'a BTreeMap<String, String>, &'a Vec<String>);
+/// A constrained job's GPUs, GPU memory, whether it may share a GPU,
+/// labels and paths.
+type Shape<'a> = (
+    u32,
+    u64,
+    bool,
+    &'a BTreeMap<String, String>,
+    &'a Vec<String>,
+);
 
 /// What found no room in this round. Capacity only shrinks within a
 /// round, so a job of the same shape need not ask again: a job without
@@ -285,8 +295,13 @@ impl<'a> Misses<'a> {
                 self.gpus_from.is_some_and(|n| job.need >= n)
             }
         } else {
-            self.shapes
-                .contains(&(job.need, p.gpu_memory_mib, &p.labels, &p.worker_paths))
+            self.shapes.contains(&(
+                job.need,
+                p.gpu_memory_mib,
+                p.gpu_share,
+                &p.labels,
+                &p.worker_paths,
+            ))
         }
     }
 
@@ -302,8 +317,13 @@ impl<'a> Misses<'a> {
                 self.gpus_from = Some(self.gpus_from.map_or(job.need, |n| n.min(job.need)));
             }
         } else {
-            self.shapes
-                .insert((job.need, p.gpu_memory_mib, &p.labels, &p.worker_paths));
+            self.shapes.insert((
+                job.need,
+                p.gpu_memory_mib,
+                p.gpu_share,
+                &p.labels,
+                &p.worker_paths,
+            ));
         }
     }
 }
@@ -377,12 +397,13 @@ pub fn place<'j, F: Fleet, J: Jobs>(
         };
         let worker = pick.expect("take returns the job it found a worker for");
         let job = jobs.job(&id).expect("a job taken is queued");
-        let gpus = fleet.take(&worker, &job);
+        let (gpus, share_mib) = fleet.take(&worker, &job);
         reserved.placed(&job, &worker);
         round.leases.push(Lease {
             job_id: id,
             worker_id: worker,
             gpus,
+            share_mib,
         });
     }
     round
@@ -954,10 +975,10 @@ mod tests {
         fn free_gpus(&self, worker: &str, _: &Job<'_>) -> Option<u32> {
             self.free.get(worker).copied()
         }
-        fn take(&mut self, worker: &str, job: &Job<'_>) -> Vec<u32> {
+        fn take(&mut self, worker: &str, job: &Job<'_>) -> (Vec<u32>, u64) {
             let f = self.free.get_mut(worker).unwrap();
             *f -= job.need;
-            (0..job.need).collect()
+            ((0..job.need).collect(), 0)
         }
     }
 

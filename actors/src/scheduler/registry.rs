@@ -24,7 +24,7 @@ pub(super) async fn worker_connected(
     } = r;
     let id = info.worker_id.clone();
     let now = st.clock.now_ms();
-    let mut kept: Vec<(String, Vec<u32>)> = Vec::new();
+    let mut kept: Vec<(String, Vec<u32>, u64)> = Vec::new();
     if let Some(old) = st.workers.get_mut(&id) {
         let same = !incarnation.is_empty() && old.incarnation == incarnation;
         let alive =
@@ -47,7 +47,7 @@ pub(super) async fn worker_connected(
                 if let Some(l) = lease
                     && old.leases.remove(job)
                 {
-                    kept.push((job.clone(), l.gpus.clone()));
+                    kept.push((job.clone(), l.gpus.clone(), l.share_mib));
                 }
             }
             if !kept.is_empty() {
@@ -64,6 +64,8 @@ pub(super) async fn worker_connected(
     tracing::info!(worker = %info.worker_id, gpus = info.gpus.len(), cpu_slots = info.cpu_slots, "worker registered");
     let mut slot = WorkerSlot {
         free_gpus: info.gpus.iter().map(|g| g.index).collect(),
+        uses: GpuUses::default(),
+        share_room: 0,
         free_cpu: info.cpu_slots,
         last_seen_ms: now,
         draining: false,
@@ -76,8 +78,8 @@ pub(super) async fn worker_connected(
         incarnation,
         info,
     };
-    for (job, gpus) in &kept {
-        take_slots(&mut slot, gpus);
+    for (job, gpus, share_mib) in &kept {
+        take_slots(&mut slot, gpus, *share_mib);
         slot.leases.insert(job.clone());
     }
     slot.refile(&mut st.capacity);
@@ -101,13 +103,15 @@ pub(super) async fn worker_connected(
     Ok(Ok(()))
 }
 
-/// Marks a leased run's slots on `w` taken.
-pub(super) fn take_slots(w: &mut WorkerSlot, gpus: &[u32]) {
+/// Marks a leased run's slots on `w` taken: `share_mib` of each GPU where
+/// it shares them, or the GPUs alone for 0.
+pub(super) fn take_slots(w: &mut WorkerSlot, gpus: &[u32], share_mib: u64) {
     if gpus.is_empty() {
         w.free_cpu = w.free_cpu.saturating_sub(1);
     } else {
         for g in gpus {
             w.free_gpus.remove(g);
+            w.uses.take(*g, share_mib);
         }
     }
 }
