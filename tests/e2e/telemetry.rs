@@ -483,6 +483,23 @@ fn submit(url: &str, family: &str, sb: &Sandbox, env: &[(&str, &str)]) -> Option
     out.status.code()
 }
 
+/// Among `spans` (one submit's), the run hangs under the orchestrator's
+/// side of the Submit call, which hangs under the CLI's side of it, under
+/// the command span `cli`.
+fn submitted_under(spans: &[Got], cli: &Got) {
+    let port = one(spans, "port span", |s| s.name == "port");
+    let served = one(spans, "the Submit call's server span", |s| {
+        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_SERVER"
+    });
+    let call = one(spans, "the Submit call's client span", |s| {
+        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_CLIENT"
+    });
+    assert_eq!(
+        [&port.parent, &served.parent, &call.parent],
+        [&served.span_id, &call.span_id, &cli.span_id]
+    );
+}
+
 fn one<'a>(spans: &'a [Got], what: &str, f: impl Fn(&Got) -> bool) -> &'a Got {
     let found: Vec<&Got> = spans.iter().filter(|s| f(s)).collect();
     assert_eq!(found.len(), 1, "expected one {what}, got {found:#?}");
@@ -1160,25 +1177,7 @@ fn one_port_is_one_trace_across_submit_answer_and_resume() {
         (cli.trace_id.as_str(), cli.parent.as_str()),
         (trace.as_str(), port.span_id.as_str())
     );
-    let again = one(third, "port span", |s| s.name == "port");
-    let served = one(third, "the Submit call's server span", |s| {
-        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_SERVER"
-    });
-    let call = one(third, "the Submit call's client span", |s| {
-        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_CLIENT"
-    });
-    assert_eq!(
-        [
-            again.parent.as_str(),
-            served.parent.as_str(),
-            call.parent.as_str()
-        ],
-        [
-            served.span_id.as_str(),
-            call.span_id.as_str(),
-            cli.span_id.as_str()
-        ]
-    );
+    submitted_under(third, cli);
     for s in third {
         assert_eq!(s.trace_id, trace, "{s:?}");
     }
@@ -1238,25 +1237,7 @@ fn a_caller_s_decision_not_to_sample_is_honoured() {
     let cli = one(rerun, "rerun's submit span", |s| s.name == "submit");
     assert_ne!(cli.trace_id, port.trace_id);
     assert_eq!(cli.links, [(port.trace_id.clone(), port.span_id.clone())]);
-    let again = one(rerun, "rerun's port span", |s| s.name == "port");
-    let served = one(rerun, "rerun's Submit served", |s| {
-        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_SERVER"
-    });
-    let call = one(rerun, "rerun's Submit call", |s| {
-        s.name == "fvd.v1.PortService/Submit" && s.kind == "SPAN_KIND_CLIENT"
-    });
-    assert_eq!(
-        [
-            again.parent.as_str(),
-            served.parent.as_str(),
-            call.parent.as_str()
-        ],
-        [
-            served.span_id.as_str(),
-            call.span_id.as_str(),
-            cli.span_id.as_str()
-        ]
-    );
+    submitted_under(rerun, cli);
     submit(Some(&unsampled), false);
     submit(Some(&unsampled), true);
     let after = receiver.spans();

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use fvd_worker::code::{Chunk, CodeCache, JobCode, Mode, Provide};
+use fvd_worker::code::{
+    Chunk, CodeCache, DEFAULT_CACHE_BYTES, FETCH_TRIES_ON_LOST_STREAM, JobCode, Mode, Provide,
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -313,4 +315,90 @@ async fn a_fetch_that_fails_says_why() {
     j.commit = "HEAD".into();
     let err = cache.place(&j, refused, &cancel).await.unwrap_err();
     assert!(err.contains("not a full sha"), "{err}");
+}
+
+/// A repository with one commit holding `port/x.py`, and its sha.
+fn one_commit(dir: &Path) -> String {
+    std::fs::create_dir_all(dir.join("port")).unwrap();
+    std::fs::write(dir.join("port/x.py"), "x = 1\n").unwrap();
+    git(dir, &["init", "-q", "-b", "main"]);
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", "one"]);
+    git(dir, &["rev-parse", "HEAD"])
+}
+
+/// A stream that closes in the middle of a fetch (the orchestrator
+/// restarted) is no verdict on the commit: the fetch is asked again and
+/// the job is placed, where it used to end as an environment failure that
+/// a restarted orchestrator adopted.
+#[tokio::test]
+async fn a_fetch_cut_by_a_lost_stream_is_asked_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let sha = one_commit(&src);
+    let whole = pack(&src, &sha, &[]);
+    let cache = CodeCache::open(&tmp.path().join("ws"), DEFAULT_CACHE_BYTES, vec![])
+        .await
+        .unwrap();
+    let mut asked = 0;
+    let fetch = |_have: Vec<String>| {
+        asked += 1;
+        let (to, from) = mpsc::unbounded_channel();
+        // The first time half the pack, then the session ends.
+        let (data, last) = match asked {
+            1 => (whole[..whole.len() / 2].to_vec(), false),
+            _ => (whole.clone(), true),
+        };
+        to.send(Chunk {
+            data,
+            last,
+            error: String::new(),
+        })
+        .unwrap();
+        std::future::ready(Ok::<_, String>(from))
+    };
+    let job = JobCode {
+        worker_paths: vec![],
+        ..job(&tmp.path().join("nowhere"), &sha)
+    };
+    let placed = cache
+        .place(&job, fetch, &CancellationToken::new())
+        .await
+        .expect("placed after the fetch was asked again");
+    assert!(
+        placed.cwd.join("x.py").is_file(),
+        "{}",
+        placed.cwd.display()
+    );
+    assert_eq!(asked, 2);
+}
+
+/// A stream that keeps closing ends the job's placement with the cause
+/// after the bounded number of tries, not a wait without end.
+#[tokio::test]
+async fn a_stream_that_keeps_closing_ends_the_fetch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sha = one_commit(&tmp.path().join("src"));
+    let cache = CodeCache::open(&tmp.path().join("ws"), DEFAULT_CACHE_BYTES, vec![])
+        .await
+        .unwrap();
+    let mut asked = 0;
+    let fetch = |_have: Vec<String>| {
+        asked += 1;
+        let (_, from) = mpsc::unbounded_channel::<Chunk>();
+        std::future::ready(Ok::<_, String>(from))
+    };
+    let job = JobCode {
+        worker_paths: vec![],
+        ..job(&tmp.path().join("nowhere"), &sha)
+    };
+    let why = cache
+        .place(&job, fetch, &CancellationToken::new())
+        .await
+        .expect_err("no pack ever came");
+    assert!(
+        why.contains("the stream to the orchestrator closed"),
+        "{why}"
+    );
+    assert_eq!(asked, 1 + FETCH_TRIES_ON_LOST_STREAM);
 }
