@@ -87,6 +87,18 @@ pub struct ComponentArgs {
     /// The port's `REPO/.fvd`: nothing is recorded once it went away (the
     /// gate stops the port).
     pub fvd: std::sync::Arc<crate::fvd_dir::FvdDir>,
+    /// A passing component the pipeline sent back to P6: its agent's next
+    /// attempt starts from the pipeline's red run instead of its own.
+    pub reopen: Option<Reopen>,
+}
+
+/// Why a passing component is reopened: the red pipeline run whose first
+/// divergence lies in its modules, and that run's result as its agent is
+/// told it (the reason names the pipeline test and the module).
+#[derive(Debug, Clone)]
+pub struct Reopen {
+    pub job_id: String,
+    pub result: JobResult,
 }
 
 #[derive(Debug)]
@@ -164,6 +176,7 @@ impl Actor for ComponentSubagentActor {
             "fvd.family" = %args.family,
             "fvd.component" = %args.spec.name,
             "fvd.gpus_needed" = i64::from(args.spec.gpus),
+            "fvd.reopened" = Empty,
             "fvd.status" = Empty,
             "fvd.verdict" = Empty,
             "fvd.reason" = Empty,
@@ -660,6 +673,9 @@ async fn first_step(
     st: &mut ComponentState,
 ) -> Result<(), ActorProcessingErr> {
     let row = current(st).await?;
+    if let Some(r) = st.args.reopen.take() {
+        return reopened(myself, st, r).await;
+    }
     if row.is_final() {
         // Recorded verdicts are not rerun on resume.
         st.span.record("fvd.status", row.status.as_str());
@@ -684,6 +700,31 @@ async fn first_step(
         Some(job) => adopt(myself, st, job).await,
         None => enqueue(myself, st).await,
     }
+}
+
+/// Sent back by the pipeline: the component's agent starts from the
+/// pipeline's red run (its own parity test passes). A component without an
+/// agent is never reopened.
+async fn reopened(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    r: Reopen,
+) -> Result<(), ActorProcessingErr> {
+    if st.args.spec.agent.is_none() {
+        return Err(format!("component {} has no agent to reopen", st.args.spec.name).into());
+    }
+    {
+        let a = &st.args;
+        match AgentLoop::prepare(&a.store, &a.spec, &a.family, &a.repo, &a.code).await {
+            Ok(l) => st.agent = Some(l),
+            Err(e) => {
+                let reason = format!("error: agent loop cannot start: {e}");
+                return block(st, RecordedVerdict::Error(None), &reason, "").await;
+            }
+        }
+    }
+    st.span.record("fvd.reopened", true);
+    agent_attempt(myself, st, &r.job_id, &r.result, "", AttemptKind::Fix).await
 }
 
 /// The component's next run, before it is queued: an agent component's

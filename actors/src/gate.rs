@@ -111,12 +111,19 @@ pub struct GateState {
     /// scheduler holds the port's first placement (see
     /// [`SchedulerMsg::HoldFamily`]); `None` once released.
     starting: Option<std::collections::BTreeSet<String>>,
+    /// The commit P7's steps run at: the port's, with every agent
+    /// component's passing fix in it (`None` before P7).
+    pipeline_code: Option<fvd_store::model::PortCode>,
 }
 
 /// The longest the port's first placement waits for its components to
 /// queue their first runs (a component whose start fails never says it
 /// started).
 const FIRST_PLACEMENT_HOLD: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The longest the gate waits for a component's old actor to stop before
+/// it starts the component again.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How often the gate checks that the port's `REPO/.fvd` is still there.
 const FVD_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -348,6 +355,7 @@ impl Actor for GateActor {
             phase_span: None,
             diagnosers: Default::default(),
             starting: None,
+            pipeline_code: None,
         })
     }
 
@@ -577,16 +585,39 @@ async fn spawn_component(
     st: &GateState,
     c: &fvd_spec::ComponentSpec,
 ) -> Result<(), ActorProcessingErr> {
+    spawn_reopened(myself, st, c, None).await
+}
+
+/// [`spawn_component`], for a passing component the pipeline sent back
+/// (`reopen`); a pipeline step runs at the commit that holds the
+/// components' fixes.
+async fn spawn_reopened(
+    myself: &ActorRef<GateMsg>,
+    st: &GateState,
+    c: &fvd_spec::ComponentSpec,
+    reopen: Option<crate::component::Reopen>,
+) -> Result<(), ActorProcessingErr> {
     let parent = match &st.phase_span {
         Some((_, span)) => span.clone(),
         None => st.span.clone(),
+    };
+    // A component's actor stays after its verdict (answers reach it): one
+    // that runs again replaces it.
+    if let Some(cell) = ractor::registry::where_is(actor_name(&st.args.family, &c.name)) {
+        let _ = cell
+            .stop_and_wait(Some("it runs again".into()), Some(STOP_WAIT))
+            .await;
+    }
+    let code = match (&st.pipeline_code, c.stage) {
+        (Some(code), fvd_spec::Stage::Pipeline) => code.clone(),
+        _ => st.args.code.clone(),
     };
     let args = ComponentArgs {
         span: parent,
         family: st.args.family.clone(),
         spec: c.clone(),
         repo: st.args.repo.clone(),
-        code: st.args.code.clone(),
+        code,
         store: st.args.store.clone(),
         scheduler: st.args.scheduler.clone(),
         gate: myself.clone(),
@@ -594,6 +625,7 @@ async fn spawn_component(
         diagnosers: st.diagnosers.clone(),
         agents: st.args.agents.clone(),
         fvd: st.fvd.clone(),
+        reopen,
     };
     Actor::spawn_linked(
         Some(actor_name(&st.args.family, &c.name)),
@@ -694,6 +726,14 @@ async fn after_components(
         wait_after(st, Phase::PipelineStagesAndVariants).await?;
         return Ok(true);
     };
+    match fixes_together(st).await? {
+        Ok(code) => st.pipeline_code = Some(code),
+        Err(why) => {
+            refuse(st, Phase::PipelineStagesAndVariants, vec![why]).await?;
+            return Ok(true);
+        }
+    }
+    forget_steps_of_other_code(st).await?;
     // P7: the pipeline's steps, one at a time in P9's order (a red smoke
     // test stops before the parity test), each run as a component is.
     st.args
@@ -743,7 +783,18 @@ async fn after_step(
             .and_then(|m| st.args.spec.owner_of(m))
             .map(|c| c.name.clone());
         match (module, owner) {
-            (Some(module), Some(owner)) => back_to_component(st, why, &module, &owner).await?,
+            (Some(module), Some(owner)) => {
+                let reopened = back_to_component(st, why, &module, &owner).await?;
+                if let Some(reopen) = reopened {
+                    let c = st.args.spec.components.iter().find(|c| c.name == owner);
+                    let c = c.cloned().ok_or("the owner is a component of the spec")?;
+                    st.finals.remove(&owner);
+                    st.phase = Phase::ComponentParityDebug;
+                    st.wave = [owner.clone()].into();
+                    spawn_reopened(myself, st, &c, Some(reopen)).await?;
+                    return Ok(false);
+                }
+            }
             (Some(module), None) => {
                 let whose = format!(
                     "its first divergence, {module}, is in no component's modules: the pipeline's own (its inputs, scheduler or glue), or a component's `modules` is missing it"
@@ -804,28 +855,89 @@ async fn first_divergent_module(
 
 /// A red pipeline parity test whose first divergence lies in `owner`'s
 /// modules: the port goes back to P6 for that component, as the workflow
-/// asks, rather than patch around it in the pipeline. P6 is recorded
-/// reopened (before P7's refusal, so the refusal is the port's current
-/// reason) and the port is blocked at P6 until the component's code
-/// changes; its own parity test still passes, so no verdict of it moves.
+/// asks, rather than patch around it in the pipeline. With an agent, the
+/// component is reopened: P7 is recorded refused, then P6 reopened, the
+/// port runs at P6 again, and the [`Reopen`](crate::component::Reopen)
+/// returned starts its agent from the pipeline's red run. Without one, P6
+/// is recorded reopened (before P7's refusal, so the refusal is the port's
+/// current reason) and the port is blocked at P6 until the component's
+/// code changes; its own parity test still passes, so no verdict of it
+/// moves.
 async fn back_to_component(
     st: &mut GateState,
     why: String,
     module: &str,
     owner: &str,
-) -> Result<(), ActorProcessingErr> {
+) -> Result<Option<crate::component::Reopen>, ActorProcessingErr> {
+    let reopened = format!(
+        "component {owner}: the pipeline parity test diverges first at {module}, one of its modules, although its own parity test passes"
+    );
+    let whose = format!(
+        "its first divergence, {module}, is in component {owner}'s modules: back to P6 for {owner}"
+    );
+    let agent = st
+        .args
+        .spec
+        .components
+        .iter()
+        .any(|c| c.name == owner && c.agent.is_some());
+    if agent {
+        let red = st
+            .args
+            .store
+            .jobs_of(&st.args.family, fvd_spec::later::PARITY_STEP)
+            .await?
+            .into_iter()
+            .rev()
+            .find(|j| j.state == fvd_store::model::JobState::Finished);
+        let Some(red) = red else {
+            return Err("a red pipeline parity step has a finished run".into());
+        };
+        let result = fvd_store::model::JobResult {
+            verdict: red.verdict,
+            reason: format!(
+                "the pipeline parity test is red and its first divergence, {module}, is in {owner}'s modules, although {owner}'s own parity test passes: fix {owner} so that the pipeline matches (the pipeline's trace is below). The pipeline's run: {why}"
+            ),
+            output_tail: red.output_tail.clone(),
+            ..fvd_store::model::JobResult::default()
+        };
+        record(
+            st,
+            Phase::PipelineStagesAndVariants,
+            GateOutcome::Refused,
+            vec![
+                why,
+                format!("{whose}; its agent gets the pipeline's evidence"),
+            ],
+        )
+        .await?;
+        record(
+            st,
+            Phase::ComponentParityDebug,
+            GateOutcome::Reopened,
+            vec![reopened],
+        )
+        .await?;
+        st.args
+            .store
+            .set_port_state(
+                &st.args.family,
+                PortState::Running,
+                &Phase::ComponentParityDebug.id(),
+            )
+            .await?;
+        return Ok(Some(crate::component::Reopen {
+            job_id: red.job_id,
+            result,
+        }));
+    }
     record(
         st,
         Phase::ComponentParityDebug,
         GateOutcome::Reopened,
-        vec![format!(
-            "component {owner}: the pipeline parity test diverges first at {module}, one of its modules, although its own parity test passes"
-        )],
+        vec![reopened],
     )
     .await?;
-    let whose = format!(
-        "its first divergence, {module}, is in component {owner}'s modules: back to P6 for {owner}"
-    );
     record(
         st,
         Phase::PipelineStagesAndVariants,
@@ -841,6 +953,79 @@ async fn back_to_component(
             &Phase::ComponentParityDebug.id(),
         )
         .await?;
+    Ok(None)
+}
+
+/// The port's code with every agent component's passing fix in it: what
+/// P7's steps run at. `Err` names fixes that conflict.
+async fn fixes_together(
+    st: &GateState,
+) -> Result<Result<fvd_store::model::PortCode, String>, ActorProcessingErr> {
+    let code = st.args.code.clone();
+    if code.commit.is_empty() {
+        return Ok(Ok(code));
+    }
+    let mut fixes = Vec::new();
+    for c in st.args.spec.parity_components() {
+        if c.agent.is_none() {
+            continue;
+        }
+        let jobs = st.args.store.jobs_of(&st.args.family, &c.name).await?;
+        let passed = jobs
+            .iter()
+            .rev()
+            .find(|j| j.state == fvd_store::model::JobState::Finished);
+        if let Some(j) = passed.filter(|j| j.verdict.is_pass()) {
+            fixes.push(fvd_workspace::together::Fix {
+                component: c.name.clone(),
+                commit: j.commit.clone(),
+            });
+        }
+    }
+    let repo = Path::new(&st.args.repo);
+    match fvd_workspace::together::together(repo, &st.args.family, &code.commit, &fixes).await {
+        Ok(commit) => {
+            if commit != code.commit {
+                tracing::info!(family = %st.args.family, %commit, "P7 runs at the commit holding the components' fixes");
+            }
+            Ok(Ok(fvd_store::model::PortCode { commit, ..code }))
+        }
+        Err(e) => Ok(Err(e.to_string())),
+    }
+}
+
+/// A pipeline step whose recorded verdict is of other code than P7 runs
+/// now (a component was fixed since) runs again: its row goes back to
+/// pending.
+async fn forget_steps_of_other_code(st: &mut GateState) -> Result<(), ActorProcessingErr> {
+    let Some(code) = st.pipeline_code.clone() else {
+        return Ok(());
+    };
+    let rows = st.args.store.components(&st.args.family).await?;
+    let steps: Vec<String> = st
+        .args
+        .spec
+        .pipeline_steps()
+        .map(|c| c.name.clone())
+        .collect();
+    for name in steps {
+        let Some(row) = rows.iter().find(|r| r.name == name && r.is_final()) else {
+            continue;
+        };
+        let jobs = st.args.store.jobs_of(&st.args.family, &name).await?;
+        let last = jobs
+            .iter()
+            .rev()
+            .find(|j| j.state == fvd_store::model::JobState::Finished);
+        if last.is_some_and(|j| j.commit != code.commit) {
+            tracing::info!(family = %st.args.family, step = %row.name, "the pipeline step's verdict is of other code: it runs again");
+            st.args
+                .store
+                .reset_component(&st.args.family, &name)
+                .await?;
+            st.finals.remove(&name);
+        }
+    }
     Ok(())
 }
 

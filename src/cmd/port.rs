@@ -19,7 +19,7 @@ use fvd_proto::auth::{ClientAuth, Token};
 use fvd_proto::v1 as pb;
 use fvd_proto::v1::port_service_client::PortServiceClient;
 use fvd_store::Store;
-use fvd_store::model::{ComponentStatus, GateEventRow};
+use fvd_store::model::{ComponentStatus, GateEventRow, GateOutcome};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -808,6 +808,11 @@ async fn watch(
             None => {}
         }
     }
+    // No summary follows: a refusal held back is said in full.
+    if let Some(held) = progress.held.borrow_mut().take() {
+        progress.gate_line(&held, false);
+    }
+    progress.finish();
     bail!("the orchestrator closed the watch of {family} before the port ended")
 }
 
@@ -924,6 +929,11 @@ struct Progress {
     /// the component that said each first: a cause many components share
     /// is said once.
     said: std::cell::RefCell<std::collections::HashMap<(String, String), String>>,
+    /// The latest refusal, not printed yet: a later gate decision shows it
+    /// with its reasons (the summary may not list them then: a red
+    /// pipeline sent back to P6 whose fix passes); at the end it points to
+    /// the summary, which lists them.
+    held: std::cell::RefCell<Option<GateEventRow>>,
 }
 
 impl Progress {
@@ -934,6 +944,7 @@ impl Progress {
             since: before.since,
             shown: std::cell::RefCell::new(before.shown),
             said: Default::default(),
+            held: Default::default(),
         }
     }
 
@@ -1015,11 +1026,22 @@ impl Progress {
             // decided in an earlier run of the port: history
             return;
         }
+        if let Some(held) = self.held.borrow_mut().take() {
+            self.gate_line(&held, false);
+        }
+        if g.outcome == GateOutcome::Refused && !g.conditions.is_empty() {
+            *self.held.borrow_mut() = Some(g.clone());
+            return;
+        }
+        self.gate_line(g, false);
+    }
+
+    /// Prints gate decision `g`; a refusal's reasons are listed once, in
+    /// the summary, when it is the last decision (`last`).
+    fn gate_line(&self, g: &GateEventRow, last: bool) {
         let why = match (g.outcome.as_str(), g.conditions.as_slice()) {
             (_, []) => String::new(),
-            // a refusal's reasons are listed once, in the summary below,
-            // grouped as it lists them
-            ("refused", c) => {
+            ("refused", c) if last => {
                 let n = render::grouped_conditions(c).len();
                 format!(" ({n} reason{} below)", if n == 1 { "" } else { "s" })
             }
@@ -1035,6 +1057,9 @@ impl Progress {
     }
 
     fn finish(&self) {
+        if let Some(held) = self.held.borrow_mut().take() {
+            self.gate_line(&held, true);
+        }
         if let Some((_, bars)) = &self.bars {
             for b in bars.borrow().values() {
                 if !b.is_finished() {

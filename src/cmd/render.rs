@@ -331,11 +331,8 @@ pub fn grouped_conditions(conditions: &[String]) -> Vec<String> {
     let mut blocked: Vec<&str> = Vec::new();
     let mut others: Vec<String> = Vec::new();
     for c in conditions {
-        match c
-            .strip_prefix("component ")
-            .and_then(|r| r.split_once(" is blocked ("))
-        {
-            Some((name, _)) => blocked.push(name),
+        match blocked_component(c) {
+            Some(name) => blocked.push(name),
             None => others.push(c.clone()),
         }
     }
@@ -352,6 +349,14 @@ pub fn grouped_conditions(conditions: &[String]) -> Vec<String> {
     }
     out.extend(others);
     out
+}
+
+/// The component a gate condition says is blocked, if that is all it says.
+fn blocked_component(condition: &str) -> Option<&str> {
+    condition
+        .strip_prefix("component ")
+        .and_then(|r| r.split_once(" is blocked ("))
+        .map(|(name, _)| name)
 }
 
 /// One row of a component's variant table, under the component.

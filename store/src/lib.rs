@@ -1124,6 +1124,23 @@ impl Store {
         .await
     }
 
+    /// Resets one final component of a port to `pending` so its next start
+    /// runs it again (a pipeline step whose verdict is of other code); its
+    /// recorded runs stay as history.
+    pub async fn reset_component(&self, family: &str, name: &str) -> Result<(), StoreError> {
+        self.write("reset component", || async move {
+            sqlx::query("UPDATE components SET status = ?, verdict = '', error_kind = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ? AND name = ?")
+                .bind(ComponentStatus::Pending.as_str())
+                .bind(now_ms())
+                .bind(family)
+                .bind(name)
+                .execute(&self.writer)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Resets every component of a port to `pending` so the next start runs
     /// them all again; the recorded runs stay as history.
     pub async fn reset_components(&self, family: &str) -> Result<(), StoreError> {

@@ -278,3 +278,179 @@ fn a_red_pipeline_is_traced_back_to_the_component_that_owns_its_first_divergence
     );
     assert_eq!(status(&sb, "routed")["phase"], "P7");
 }
+
+/// A pipeline parity test that sees a weight-mapping bug no component's
+/// own test sees: the norm scale of block 1 is mapped from the wrong key
+/// (`fastvideo/mapping.py`), so the port drifts from `blocks.1.norm` on.
+const MAPPED_PIPELINE: &str = r#"import json
+import os
+
+MODULES = ["embed", "blocks.0", "blocks.1.norm", "blocks.1", "head"]
+
+
+def write(path, drift):
+    with open(path, "w") as f:
+        for i, m in enumerate(MODULES):
+            v = 1.0 + i + (0.5 if drift and i >= 2 else 0.0)
+            f.write(json.dumps({"module": m, "tensor": "out", "step": None,
+                                "abs_mean": v, "sum": v * 8, "shape": [2, 4], "dtype": "float32"}) + "\n")
+
+
+def test_pipeline_parity():
+    with open("fastvideo/mapping.py") as f:
+        drift = "blocks.1.ln" in f.read()
+    if os.environ.get("FASTVIDEO_TRACE_ACTIVATIONS") == "1":
+        write(os.path.join(os.environ["FVD_TRACE_DIR"], "reference_rank0.jsonl"), False)
+        write(os.environ["FASTVIDEO_TRACE_OUTPUT"].replace("<rank>", "0"), drift)
+    assert not drift, "the pipeline's video differs from the official one"
+"#;
+
+/// `body`'s recorded agent: its one attempt fixes the mapping, and it
+/// refuses to run unless its packet carries the pipeline's evidence.
+fn record_body_agent(sb: &Sandbox) {
+    let tools = sb.repo().join("tools");
+    std::fs::create_dir_all(tools.join("replay/body")).unwrap();
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/tinyport/tools/replay_agent.py"),
+        tools.join("replay_agent.py"),
+    )
+    .unwrap();
+    let patch = "diff --git a/fastvideo/mapping.py b/fastvideo/mapping.py\n--- a/fastvideo/mapping.py\n+++ b/fastvideo/mapping.py\n@@ -1 +1 @@\n-NORM_1 = \"blocks.1.ln\"\n+NORM_1 = \"blocks.1.norm.weight\"\n";
+    std::fs::write(tools.join("replay/body/0001.patch"), patch).unwrap();
+    std::fs::write(
+        tools.join("replay/body/0001.expect"),
+        "pipeline parity test\nblocks.1.norm\n",
+    )
+    .unwrap();
+    let handoff = "component: body\nmode: parity-debug\nfiles_changed: fastvideo/mapping.py\nofficial_files_used: official/body.py\nprototype_key_dumps: none\nport_state_file: tests/local_tests/mapped/PORT_STATUS.md\nconcerns_or_unknowns: none: block 1's norm scale was mapped from the wrong key\nparity_test: tests/local_tests/generic/test_mapped_body_parity.py\nparity_status: non_skip_pass\nproduction_loader_strictness: stateless\nstrict_load: not_run\npytest_output: 1 passed\nblocker: none\nconversion_retry_request: none\nreadme_updated: no\nnext_step: phase_6_continue\nescape_hatch: none\n";
+    std::fs::write(tools.join("replay/body/0001.handoff"), handoff).unwrap();
+    std::fs::create_dir_all(sb.repo().join("fastvideo")).unwrap();
+    std::fs::write(
+        sb.repo().join("fastvideo/mapping.py"),
+        "NORM_1 = \"blocks.1.ln\"\n",
+    )
+    .unwrap();
+}
+
+/// The issue's drill: every component passes its own test, the pipeline
+/// is red from a weight-mapping bug in `body`; P7 traces it to `body`'s
+/// modules, the port goes back to P6, `body`'s agent gets the pipeline's
+/// evidence and fixes it, and P7 passes at the fix's commit.
+#[test]
+fn a_component_the_pipeline_sends_back_is_fixed_by_its_agent_and_p7_passes_at_the_fix() {
+    let sb = Sandbox::new();
+    sb.port(
+        "mapped",
+        &[
+            TestComponent::new("stem", "assert True"),
+            TestComponent::new("body", "assert True"),
+        ],
+    );
+    let spec = sb.repo().join("tests/local_tests/mapped/port.toml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    let text = text.replacen(
+        "name = \"stem\"\n",
+        "name = \"stem\"\nmodules = [\"embed\"]\n",
+        1,
+    );
+    let text = text.replacen(
+        "name = \"body\"\n",
+        "name = \"body\"\nmodules = [\"blocks\"]\nagent = true\n",
+        1,
+    );
+    assert!(text.contains("agent = true"), "{text}");
+    let pipeline = "\n[pipeline]\nparity_test = \"tests/local_tests/mapped/test_mapped_pipeline_parity.py\"\n\n[pipeline.trace]\nlayers = '.*'\nreference = \"reference_rank*.jsonl\"\nport = \"port_rank*.jsonl\"\noutput = \"{dir}/port_rank<rank>.jsonl\"\nstats = \"abs_mean,sum\"\ndepth = 1\n\n[agent]\ncommand = [\"python3\", \"-B\", \"tools/replay_agent.py\", \"--patches\", \"tools/replay/{component}\", \"--attempt\", \"{attempt}\", \"--prompt\", \"{prompt_file}\", \"--handoff\", \"{handoff_file}\", \"--worktree\", \"{worktree}\"]\ntimeout_s = 60\nmax_attempts = 2\n";
+    std::fs::write(&spec, format!("{text}{pipeline}")).unwrap();
+    std::fs::write(
+        sb.repo()
+            .join("tests/local_tests/mapped/test_mapped_pipeline_parity.py"),
+        MAPPED_PIPELINE,
+    )
+    .unwrap();
+    record_body_agent(&sb);
+    let git = crate::agent::git;
+    git(sb.repo(), &["init", "-q", "-b", "main"]);
+    git(sb.repo(), &["add", "-A"]);
+    git(sb.repo(), &["commit", "-q", "-m", "base"]);
+    let base = git(sb.repo(), &["rev-parse", "HEAD"]);
+
+    let run = submit(&sb, "mapped");
+    let text = out(&run);
+    assert_eq!(run.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("its first divergence, blocks.1.norm, is in component body's modules: back to P6 for body; its agent gets the pipeline's evidence"),
+        "{text}"
+    );
+    let json = status(&sb, "mapped");
+    assert_eq!(
+        (&json["phase"], &json["state"]),
+        (&"P8".into(), &"waiting".into()),
+        "{json}"
+    );
+    let gate = json["gate"].as_array().unwrap();
+    let outcomes: Vec<String> = gate
+        .iter()
+        .map(|g| {
+            format!(
+                "{} {}",
+                g["phase"].as_str().unwrap(),
+                g["outcome"].as_str().unwrap()
+            )
+        })
+        .collect();
+    let at = |what: &str| {
+        outcomes
+            .iter()
+            .position(|o| o == what)
+            .unwrap_or_else(|| panic!("no {what} in {outcomes:?}"))
+    };
+    // P7 refused, P6 reopened and passed again, then P7 passed
+    let refused = at("P7 refused");
+    let reopened = at("P6 reopened");
+    let passed = outcomes.iter().rposition(|o| o == "P7 passed").unwrap();
+    assert!(refused < reopened && reopened < passed, "{outcomes:?}");
+    assert!(
+        outcomes[reopened..passed].iter().any(|o| o == "P6 passed"),
+        "{outcomes:?}"
+    );
+    // one attempt, whose packet carried the pipeline's evidence (the replay
+    // agent refuses without it)
+    let ledger = fvd()
+        .args(["attempts", "mapped", "body", "--json", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    let ledger: serde_json::Value =
+        serde_json::from_slice(&ledger.stdout).unwrap_or_else(|e| panic!("{e}: {}", out(&ledger)));
+    let attempts = ledger["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{ledger}");
+    // the pipeline's pass is of the fix's commit, not of the port's
+    let pipeline = component(&json, "pipeline_parity");
+    assert_eq!(pipeline["status"], "non_skip_pass", "{pipeline}");
+    let logs = fvd()
+        .args(["logs", "mapped", "pipeline_parity", "--json", "--repo"])
+        .arg(sb.repo())
+        .output()
+        .unwrap();
+    let first = String::from_utf8_lossy(&logs.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let logs: serde_json::Value =
+        serde_json::from_str(&first).unwrap_or_else(|e| panic!("{e}: {first}"));
+    let commit = logs["run"]["commit"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!commit.is_empty() && commit != base, "{logs}");
+    let fixed = git(
+        sb.repo(),
+        &["show", &format!("{commit}:fastvideo/mapping.py")],
+    );
+    assert!(fixed.contains("blocks.1.norm.weight"), "{fixed}");
+    // the porter's checkout is untouched: the fix waits on fvd's branch
+    let mapping = std::fs::read_to_string(sb.repo().join("fastvideo/mapping.py")).unwrap();
+    assert!(mapping.contains("blocks.1.ln"), "{mapping}");
+}

@@ -20,4 +20,5 @@ pub mod identity;
 pub mod judge;
 pub mod preset;
 pub mod session;
+pub mod together;
 pub mod worktree;

@@ -31,7 +31,13 @@ pub(super) async fn write(
         .await
         .unwrap_or(0);
     let next_escape = cx.store.next_escape_id(family, floor).await?;
-    let trace = cx.store.latest_trace_summary(family, &spec.name).await?;
+    // The trace of the run the attempt starts from: the component's own,
+    // or the pipeline's when the pipeline sent the component back.
+    let traced = match cx.store.job(&turn.job_id).await? {
+        Some(j) if j.component != spec.name => j.component,
+        _ => spec.name.clone(),
+    };
+    let trace = cx.store.latest_trace_summary(family, &traced).await?;
     // The variant table of exactly this red run, when it had one.
     let table = cx.store.variant_table(family, &spec.name).await?;
     let variants = (table.first().is_some_and(|r| r.red_job_id == turn.job_id))
