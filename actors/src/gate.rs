@@ -21,6 +21,8 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use crate::component::{ComponentArgs, ComponentSubagentActor};
+
+mod verify;
 use crate::fvd_dir::FvdDir;
 use crate::scheduler::SchedulerMsg;
 use fvd_spec::PortSpec;
@@ -432,10 +434,15 @@ impl Actor for GateActor {
                 if !st.wave.iter().all(|n| st.finals.contains_key(n)) {
                     pause_if_only_questions_remain(st).await?;
                 } else if st.wave.contains(&name) {
-                    let ended = if st.phase == Phase::PipelineStagesAndVariants {
-                        after_step(&myself, st, &name).await?
-                    } else {
-                        after_components(&myself, st).await?
+                    let ended = match st.phase {
+                        Phase::PipelineStagesAndVariants => after_step(&myself, st, &name).await?,
+                        Phase::ParityActivationAndLocalVerification => {
+                            verify::after_verification(&myself, st, &name).await?
+                        }
+                        Phase::QualityRegression => {
+                            verify::after_quality(&myself, st, &name).await?
+                        }
+                        _ => after_components(&myself, st).await?,
                     };
                     if ended {
                         finish(&myself, st).await?;
@@ -608,8 +615,15 @@ async fn spawn_reopened(
             .stop_and_wait(Some("it runs again".into()), Some(STOP_WAIT))
             .await;
     }
-    let code = match (&st.pipeline_code, c.stage) {
-        (Some(code), fvd_spec::Stage::Pipeline) => code.clone(),
+    // P7's steps and everything after run at the commit that holds the
+    // components' fixes, a component P9 runs again included.
+    let code = match &st.pipeline_code {
+        Some(code)
+            if c.stage != fvd_spec::Stage::Component
+                || st.phase == Phase::ParityActivationAndLocalVerification =>
+        {
+            code.clone()
+        }
         _ => st.args.code.clone(),
     };
     let args = ComponentArgs {
@@ -733,7 +747,13 @@ async fn after_components(
             return Ok(true);
         }
     }
-    forget_steps_of_other_code(st).await?;
+    let steps = st
+        .args
+        .spec
+        .pipeline_steps()
+        .map(|c| c.name.clone())
+        .collect();
+    forget_of_other_code(st, steps).await?;
     // P7: the pipeline's steps, one at a time in P9's order (a red smoke
     // test stops before the parity test), each run as a component is.
     st.args
@@ -833,8 +853,7 @@ async fn after_step(
         vec![passed.join(", ")],
     )
     .await?;
-    wait_after(st, Phase::PipelineConfigPresetsRegistryExamples).await?;
-    Ok(true)
+    verify::verification(myself, st).await
 }
 
 /// The first divergent module of the pipeline parity test's latest traced
@@ -994,31 +1013,28 @@ async fn fixes_together(
     }
 }
 
-/// A pipeline step whose recorded verdict is of other code than P7 runs
-/// now (a component was fixed since) runs again: its row goes back to
-/// pending.
-async fn forget_steps_of_other_code(st: &mut GateState) -> Result<(), ActorProcessingErr> {
+/// A step (of P7, P9 or P10) whose recorded verdict is of other code than
+/// the pipeline runs now (a component was fixed since) runs again: its row
+/// goes back to pending.
+async fn forget_of_other_code(
+    st: &mut GateState,
+    names: Vec<String>,
+) -> Result<(), ActorProcessingErr> {
     let Some(code) = st.pipeline_code.clone() else {
         return Ok(());
     };
     let rows = st.args.store.components(&st.args.family).await?;
-    let steps: Vec<String> = st
-        .args
-        .spec
-        .pipeline_steps()
-        .map(|c| c.name.clone())
-        .collect();
-    for name in steps {
-        let Some(row) = rows.iter().find(|r| r.name == name && r.is_final()) else {
+    for name in names {
+        if !rows.iter().any(|r| r.name == name && r.is_final()) {
             continue;
-        };
+        }
         let jobs = st.args.store.jobs_of(&st.args.family, &name).await?;
         let last = jobs
             .iter()
             .rev()
             .find(|j| j.state == fvd_store::model::JobState::Finished);
         if last.is_some_and(|j| j.commit != code.commit) {
-            tracing::info!(family = %st.args.family, step = %row.name, "the pipeline step's verdict is of other code: it runs again");
+            tracing::info!(family = %st.args.family, step = %name, "the step's verdict is of other code: it runs again");
             st.args
                 .store
                 .reset_component(&st.args.family, &name)
@@ -1050,18 +1066,17 @@ async fn wait_after(st: &mut GateState, from: Phase) -> Result<(), ActorProcessi
 /// pass. P7 is listed for a spec without pipeline steps; with them, P7
 /// runs them.
 pub fn after_parity(spec: &fvd_spec::PortSpec) -> Vec<(Phase, String)> {
-    let not_run = "declared in the spec; fvd does not run it yet";
     let pipeline = spec.pipeline.as_ref();
     let p9 = match pipeline {
         Some(p) => format!(
-            "ordered verification at one final commit (component parity, then {}) is not driven by fvd yet; P7 runs the pipeline's tests",
+            "ordered verification at the commit P7 passes at (component parity, then {}) runs once P7 passes",
             p.steps().join(", ")
         ),
-        None => "ordered verification: conversion and component parity hold; pipeline smoke, pipeline parity and example are not driven by fvd yet (no [pipeline] in the spec)".into(),
+        None => "ordered verification needs the pipeline's smoke and parity tests and its example (no [pipeline] in the spec)".into(),
     };
     let p10 = match &spec.quality {
-        Some(q) => format!("quality regression {} {not_run}", q.tests.join(", ")),
-        None => "quality regression is not driven by fvd yet (no [quality] in the spec)".into(),
+        Some(q) => format!("quality regression {} runs after P9", q.tests.join(", ")),
+        None => "no [quality] test in the spec: a video SSIM or an audio metric test, or a person's explicit deferral".into(),
     };
     let mut out = Vec::new();
     if spec.pipeline_steps().next().is_none() {
@@ -1073,7 +1088,7 @@ pub fn after_parity(spec: &fvd_spec::PortSpec) -> Vec<(Phase, String)> {
     out.extend([
         (
             Phase::PipelineConfigPresetsRegistryExamples,
-            "pipeline config, presets and registry are not driven by fvd yet".into(),
+            "pipeline config, presets and registry are a person's to accept (no pipeline handoff covers them)".into(),
         ),
         (Phase::ParityActivationAndLocalVerification, p9),
         (Phase::QualityRegression, p10),

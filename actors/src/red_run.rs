@@ -123,7 +123,13 @@ pub const TRACE_NOTE_CHARS: usize = 150;
 /// The verdict of a finished run of `spec` in the checkout at `repo`: the
 /// one classification of the component's run.
 pub fn classify(repo: &str, spec: &ComponentSpec, report: &JobReport) -> Verdict {
-    run_verdict::classify(report, &run_verdict::repo_modules(repo, spec))
+    let in_repo = run_verdict::repo_modules(repo, spec);
+    match spec.stage {
+        fvd_spec::Stage::Example => {
+            run_verdict::classify_exit(report, &in_repo, &spec.argv().join(" "))
+        }
+        _ => run_verdict::classify(report, &in_repo),
+    }
 }
 
 /// What a classified run leads to before anything is recorded.

@@ -47,6 +47,33 @@ pub fn classify(report: &JobReport, in_repo: &dyn Fn(&str) -> bool) -> Verdict {
     verdict::classify(&ev)
 }
 
+/// [`classify`] for a program judged by its exit status (P9's example,
+/// case `case`): no report is read; an environment signature in what it
+/// printed is still the environment's.
+pub fn classify_exit(report: &JobReport, in_repo: &dyn Fn(&str) -> bool, case: &str) -> Verdict {
+    if !report.preflight_error.is_empty() {
+        return Verdict::Environment {
+            cause: report.preflight_error.clone(),
+        };
+    }
+    let ev = RunEvidence {
+        junit: JunitEvidence::Missing { path: "junit.xml" },
+        timed_out: report.timed_out,
+        cancelled: report.cancelled,
+        exit_code: report.exit_code,
+        signal: report.signal,
+        output_tail: &report.output_tail,
+        worker_lost: false,
+        plugin: false,
+    };
+    if report.exit_code != Some(0)
+        && let Some(env) = verdict::environment_cause(&ev, &report.spawn_error, in_repo)
+    {
+        return env;
+    }
+    verdict::classify_exit(&ev, case)
+}
+
 /// Which top-level Python modules a component's runs find in the checkout:
 /// the repository's top-level folders and `.py` files, those of the
 /// folders its literal `PYTHONPATH` names inside the checkout, and those

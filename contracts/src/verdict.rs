@@ -666,6 +666,55 @@ pub struct RunEvidence<'a> {
     pub plugin: bool,
 }
 
+/// The component name P9's basic example runs under: the one run judged by
+/// its exit status ([`classify_exit`]) instead of a test report.
+pub const EXAMPLE_STEP: &str = "pipeline_example";
+
+/// The verdict of a program judged by its exit status alone (P9's basic
+/// example, `case`): exit 0 is its one case passing; another exit fails
+/// that case with the output's last line; a timeout, a cancel, a signal or
+/// an infrastructure marker in the output read as they do for a test run.
+pub fn classify_exit(ev: &RunEvidence<'_>, case: &str) -> Verdict {
+    if ev.worker_lost {
+        return Verdict::InfraError {
+            cause: "worker lost".to_string(),
+        };
+    }
+    if ev.timed_out {
+        return Verdict::Timeout;
+    }
+    if ev.cancelled {
+        return error(ErrorKind::Cancelled, "run cancelled before it finished");
+    }
+    match (ev.signal, ev.exit_code) {
+        (None, Some(0)) => Verdict::NonSkipPass {
+            passed: 1,
+            xpass_checked: true,
+        },
+        (Some(SIGKILL), _) => Verdict::InfraError {
+            cause: "killed by SIGKILL outside fvd's timeout (out of memory?)".into(),
+        },
+        (Some(sig), _) => error(ErrorKind::Crashed, &format!("killed by signal {sig}")),
+        (None, code) => {
+            if let Some(v) = infra_from_tail(ev) {
+                return v;
+            }
+            let code = code.map_or("without a status".to_string(), |c| c.to_string());
+            Verdict::DebugRed {
+                failures: vec![FailureInfo {
+                    case: case.to_string(),
+                    message: one_line(
+                        &format!("exited {code}: {}", last_line(ev.output_tail)),
+                        MAX_MESSAGE_CHARS,
+                    ),
+                }],
+                failed: 1,
+                passed: 0,
+            }
+        }
+    }
+}
+
 /// Classify one run. Precedence: lost worker, timeout, cancellation, a
 /// missing or unusable report, infrastructure markers, errors, failures,
 /// skips, then passes. Nothing that skipped, xfailed or xpassed is a pass.
@@ -1431,6 +1480,33 @@ mod tests {
             worker_lost: false,
             plugin: false,
         }
+    }
+
+    #[test]
+    fn a_program_judged_by_its_exit_status_passes_only_on_exit_0() {
+        let mut e = ev("");
+        e.junit = JunitEvidence::Missing { path: "junit.xml" };
+        e.output_tail = "loading\nwrote out.mp4\n";
+        assert_eq!(
+            classify_exit(&e, "python ex.py"),
+            Verdict::NonSkipPass {
+                passed: 1,
+                xpass_checked: true
+            }
+        );
+        e.exit_code = Some(2);
+        let v = classify_exit(&e, "python ex.py");
+        assert_eq!(v.status(), VerdictStatus::DebugRed);
+        assert_eq!(v.reason(), "python ex.py: exited 2: wrote out.mp4");
+        e.exit_code = None;
+        e.signal = Some(11);
+        assert_eq!(classify_exit(&e, "x").status(), VerdictStatus::Error);
+        e.signal = Some(SIGKILL);
+        assert_eq!(classify_exit(&e, "x").status(), VerdictStatus::InfraError);
+        e.signal = None;
+        e.exit_code = Some(0);
+        e.timed_out = true;
+        assert_eq!(classify_exit(&e, "x"), Verdict::Timeout);
     }
 
     fn suite(body: &str) -> String {

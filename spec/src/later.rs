@@ -177,6 +177,54 @@ pub(crate) fn quality(
 /// The component names P7's steps run under.
 pub const SMOKE_STEP: &str = "pipeline_smoke";
 pub const PARITY_STEP: &str = "pipeline_parity";
+/// The component name P9's example runs under.
+pub use fvd_contracts::verdict::EXAMPLE_STEP;
+/// The prefix of the component names P10's quality tests run under.
+pub const QUALITY_PREFIX: &str = "quality_";
+
+impl QualitySpec {
+    /// P10's steps, in order, as (component name, test file): the test's
+    /// file name without `test_` and `.py` after [`QUALITY_PREFIX`]
+    /// (`tests/ssim/test_x_similarity.py` runs as `quality_x_similarity`),
+    /// numbered where two would share a name.
+    pub fn steps_to_run(&self) -> Vec<(String, &str)> {
+        let mut out: Vec<(String, &str)> = Vec::new();
+        for t in &self.tests {
+            let file = t.split("::").next().unwrap_or(t);
+            let stem = Path::new(file)
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let stem = stem.strip_prefix("test_").unwrap_or(&stem);
+            let clean: String = stem
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let mut name = format!("{QUALITY_PREFIX}{clean}");
+            if out.iter().any(|(n, _)| *n == name) {
+                name = format!("{name}_{}", out.len() + 1);
+            }
+            out.push((name, t.as_str()));
+        }
+        out
+    }
+}
+
+/// A quality test as the `[[component]]` it runs as.
+pub(crate) fn quality_toml(name: &str, test: &str) -> String {
+    let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
+    format!(
+        "name = {}\ntype = \"quality\"\nparity_test = {}\ncoverage_scope = \"pipeline\"\n",
+        quoted(name),
+        quoted(test)
+    )
+}
 
 impl PipelineSpec {
     /// The steps P7 runs, in order, as (component name, test file).
@@ -205,6 +253,31 @@ impl PipelineSpec {
             t.push_str(&format!("timeout_s = {s}\n"));
         }
         t
+    }
+
+    /// The example as the `[[component]]` it runs as: its command is the
+    /// example's argument vector, judged by its exit status; its "test" is
+    /// the script it runs (the first `.py` argument, else the program).
+    pub(crate) fn example_toml(&self) -> Option<String> {
+        let program = self.example.first()?;
+        let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
+        let script = self
+            .example
+            .iter()
+            .find(|a| a.ends_with(".py"))
+            .unwrap_or(program);
+        let argv: Vec<String> = self.example.iter().map(|a| quoted(a)).collect();
+        let mut t = format!(
+            "name = {}\ntype = \"example\"\nparity_test = {}\ncoverage_scope = \"pipeline\"\ngpus = {}\ncommand = [{}]\n",
+            quoted(EXAMPLE_STEP),
+            quoted(script),
+            self.gpus,
+            argv.join(", ")
+        );
+        if let Some(s) = self.timeout_s {
+            t.push_str(&format!("timeout_s = {s}\n"));
+        }
+        Some(t)
     }
 
     /// The declared steps, in P9's order, for a plan or a reason.

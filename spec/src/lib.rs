@@ -169,6 +169,16 @@ impl PortSpec {
             .iter()
             .filter(|c| c.stage == Stage::Pipeline)
     }
+
+    /// The basic example P9 runs last (`[pipeline] example`).
+    pub fn example_step(&self) -> Option<&ComponentSpec> {
+        self.components.iter().find(|c| c.stage == Stage::Example)
+    }
+
+    /// The quality regression tests P10 runs, in order (`[quality]`).
+    pub fn quality_steps(&self) -> impl Iterator<Item = &ComponentSpec> {
+        self.components.iter().filter(|c| c.stage == Stage::Quality)
+    }
 }
 
 impl RunnerSpec {
@@ -186,6 +196,10 @@ pub enum Stage {
     #[default]
     Component,
     Pipeline,
+    /// P9's last step: the basic example, judged by its exit status.
+    Example,
+    /// P10: a quality regression test.
+    Quality,
 }
 
 /// One component and how to run its parity test.
@@ -685,6 +699,24 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
                 step.trace = p.trace.clone();
             }
             step.lines = pipeline_lines.clone();
+            components.push(step);
+        }
+        if let Some(snippet) = p.example_toml() {
+            let raw: RawComponent = toml::from_str(&snippet)
+                .map_err(|e| invalid(format!("[pipeline] example: {}", e.message())))?;
+            let mut step = component_spec(raw, &shared, &mut seen, &snippet, path)?;
+            step.stage = Stage::Example;
+            step.lines = pipeline_lines.clone();
+            components.push(step);
+        }
+    }
+    if let Some(q) = &quality {
+        for (name, test) in q.steps_to_run() {
+            let snippet = later::quality_toml(&name, test);
+            let raw: RawComponent = toml::from_str(&snippet)
+                .map_err(|e| invalid(format!("[quality] test {test}: {}", e.message())))?;
+            let mut step = component_spec(raw, &shared, &mut seen, &snippet, path)?;
+            step.stage = Stage::Quality;
             components.push(step);
         }
     }

@@ -77,8 +77,16 @@ fn print_after_parity(spec: &PortSpec, repo: &Path) {
             steps.join(", then ")
         );
     }
+    let driven = !steps.is_empty();
     for (phase, why) in fvd_actors::gate::after_parity(spec) {
+        let n = phase.number();
+        if driven && (n == 9 || (n == 10 && spec.quality.is_some())) {
+            continue;
+        }
         println!("  gate {}: pending: {why}", phase.id());
+        if driven && n == 8 {
+            print_verification(spec);
+        }
     }
     let declared = spec
         .pipeline
@@ -90,6 +98,38 @@ fn print_after_parity(spec: &PortSpec, repo: &Path) {
         if !repo.join(t).is_file() {
             println!("  note: {t} is not in the checkout");
         }
+    }
+}
+
+/// P9 and P10 as the gate runs them once P7 passes.
+fn print_verification(spec: &PortSpec) {
+    let components: Vec<&str> = spec.parity_components().map(|c| c.name.as_str()).collect();
+    let steps: Vec<&str> = spec.pipeline_steps().map(|c| c.name.as_str()).collect();
+    let conversion = match spec.prep.get("needs_conversion").map(String::as_str) {
+        Some("no") => "no conversion (needs_conversion: no)".to_string(),
+        other => format!(
+            "the conversion first (needs_conversion: {}; fvd does not run it: P9 waits for it)",
+            other.unwrap_or("missing")
+        ),
+    };
+    let example = match spec.example_step() {
+        Some(e) => format!("the example `{}` (its exit status)", e.argv().join(" ")),
+        None => "no example declared ([pipeline] example): P9 waits there".into(),
+    };
+    println!(
+        "  gate P9: at the commit P7 passes at, in order: {conversion}; {} (a pass of another commit runs again); {} (P7's runs); {example}; a failure stops it",
+        components.join(", "),
+        steps.join(", ")
+    );
+    let quality: Vec<String> = spec
+        .quality_steps()
+        .map(|c| format!("{} ({})", c.name, c.parity_tests.join(" ")))
+        .collect();
+    if !quality.is_empty() {
+        println!(
+            "  gate P10: runs {}; a skipped one (references not seeded) asks a person: seed and rerun, or defer",
+            quality.join(", then ")
+        );
     }
 }
 

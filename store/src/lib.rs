@@ -1896,6 +1896,40 @@ impl Store {
         .await
     }
 
+    /// Marks an answered escape hatch acted on (`resolved`) and, when the
+    /// answer runs `rerun` again (a quality test whose references were
+    /// seeded), resets that component to `pending` in the same
+    /// transaction: the answer is acted on once.
+    pub async fn resolve_escape(
+        &self,
+        family: &str,
+        id: &str,
+        rerun: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.write("resolve escape", || async move {
+            let mut tx = self.write_tx().await?;
+            steps::escape_in(&mut tx, family, id, EscapeStatus::Answered).await?;
+            sqlx::query("UPDATE escape_hatches SET status = ? WHERE family = ? AND id = ?")
+                .bind(EscapeStatus::Resolved.as_str())
+                .bind(family)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            if let Some(name) = rerun {
+                sqlx::query("UPDATE components SET status = ?, verdict = '', error_kind = '', reason = '', worker_id = '', updated_ms = ? WHERE family = ? AND name = ?")
+                    .bind(ComponentStatus::Pending.as_str())
+                    .bind(now_ms())
+                    .bind(family)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
+    }
+
     // ----- workers ---------------------------------------------------------
 
     pub async fn upsert_worker(
@@ -1986,7 +2020,13 @@ fn unearned(r: &sqlx::sqlite::SqliteRow) -> Result<Option<String>, StoreError> {
         // finding in the report still counts.
         plugin: false,
     };
-    let v = verdict::classify(&ev);
+    // The example is judged by its exit status: it has no report.
+    let name: String = r.get("name");
+    let v = if name == verdict::EXAMPLE_STEP {
+        verdict::classify_exit(&ev, &name)
+    } else {
+        verdict::classify(&ev)
+    };
     Ok((!v.is_pass()).then(|| format!("the report of its last run {job} reads {}", v.status())))
 }
 

@@ -19,7 +19,8 @@ fn out(o: &Output) -> String {
 }
 
 /// Declares a pipeline whose smoke test runs `smoke` and whose parity
-/// test passes; the quality test is declared and absent.
+/// test passes, its example and its quality test; the example and the
+/// quality test are written by [`write_example`] and [`write_quality`].
 fn declare_pipeline(sb: &Sandbox, family: &str, smoke: &str) {
     let spec = sb
         .repo()
@@ -38,6 +39,52 @@ fn declare_pipeline(sb: &Sandbox, family: &str, smoke: &str) {
         )
         .unwrap();
     }
+}
+
+/// The example: a program that exits with `code` (after writing its
+/// output).
+fn write_example(sb: &Sandbox, family: &str, code: i32) {
+    std::fs::create_dir_all(sb.repo().join("examples")).unwrap();
+    std::fs::write(
+        sb.repo().join(format!("examples/{family}.py")),
+        format!("import sys\nprint('wrote outputs/{family}.mp4')\nsys.exit({code})\n"),
+    )
+    .unwrap();
+}
+
+/// The quality test: `body` is its test function's body.
+fn write_quality(sb: &Sandbox, family: &str, body: &str) {
+    std::fs::create_dir_all(sb.repo().join("tests/ssim")).unwrap();
+    std::fs::write(
+        sb.repo()
+            .join(format!("tests/ssim/test_{family}_similarity.py")),
+        format!("import os, pytest\n\n\ndef test_similarity():\n    {body}\n"),
+    )
+    .unwrap();
+}
+
+fn answer(sb: &Sandbox, family: &str, id: &str, option: &str) -> Output {
+    fvd()
+        .args(["answer", family, id, "--option", option, "--repo"])
+        .arg(sb.repo())
+        .env_remove("FVD_LOG")
+        .output()
+        .unwrap()
+}
+
+fn gate_outcomes(json: &serde_json::Value) -> Vec<String> {
+    json["gate"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            format!(
+                "{} {}",
+                g["phase"].as_str().unwrap(),
+                g["outcome"].as_str().unwrap()
+            )
+        })
+        .collect()
 }
 
 fn submit(sb: &Sandbox, family: &str) -> Output {
@@ -68,7 +115,7 @@ fn component<'a>(json: &'a serde_json::Value, name: &str) -> &'a serde_json::Val
 }
 
 #[test]
-fn p7_runs_the_pipeline_after_the_components_and_names_what_it_does_not_run() {
+fn the_port_runs_p7_then_p9_in_order_then_p10_and_waits_for_the_review() {
     let sb = Sandbox::new();
     sb.port("piped", &[TestComponent::new("solo", "assert True")]);
     declare_pipeline(&sb, "piped", "assert True");
@@ -81,29 +128,64 @@ fn p7_runs_the_pipeline_after_the_components_and_names_what_it_does_not_run() {
     assert_eq!(dry.status.code(), Some(0), "{text}");
     for want in [
         "gate P7: runs pipeline_smoke (tests/local_tests/piped/test_piped_pipeline_smoke.py), then pipeline_parity (tests/local_tests/piped/test_piped_pipeline_parity.py)",
-        "gate P10: pending: quality regression tests/ssim/test_piped_similarity.py declared",
+        "gate P8: pending: pipeline config, presets and registry are a person's to accept",
+        "gate P9: at the commit P7 passes at, in order: no conversion (needs_conversion: no); solo (a pass of another commit runs again); pipeline_smoke, pipeline_parity (P7's runs); the example `python examples/piped.py` (its exit status)",
+        "gate P10: runs quality_piped_similarity (tests/ssim/test_piped_similarity.py)",
+        "gate P11: pending: post-parity review and handoff need a person",
         "note: tests/ssim/test_piped_similarity.py is not in the checkout",
     ] {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
+    write_example(&sb, "piped", 0);
+    write_quality(&sb, "piped", "assert True");
 
     let run = submit(&sb, "piped");
     let text = out(&run);
     assert_eq!(run.status.code(), Some(0), "{text}");
-    assert!(text.contains("gate P7 entered"), "{text}");
     assert!(
         text.contains(
             "gate P7 passed: pipeline_smoke non_skip_pass, pipeline_parity non_skip_pass"
         ),
         "{text}"
     );
+    assert!(
+        text.contains("gate P9 passed: at the checkout (not in git), in order: needs_conversion no; solo, pipeline_smoke, pipeline_parity non_skip_pass; the example `python examples/piped.py` exited 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("gate P10 passed: quality_piped_similarity non_skip_pass"),
+        "{text}"
+    );
     let json = status(&sb, "piped");
     assert_eq!(
         (&json["phase"], &json["state"]),
-        (&"P8".into(), &"waiting".into()),
+        (&"P11".into(), &"waiting".into()),
         "{json}"
     );
-    for step in ["pipeline_smoke", "pipeline_parity"] {
+    let outcomes = gate_outcomes(&json);
+    let order: Vec<usize> = [
+        "P6 passed",
+        "P7 passed",
+        "P8 pending",
+        "P9 passed",
+        "P10 passed",
+        "P11 pending",
+    ]
+    .iter()
+    .map(|w| {
+        outcomes
+            .iter()
+            .position(|o| o == w)
+            .unwrap_or_else(|| panic!("no {w} in {outcomes:?}"))
+    })
+    .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{outcomes:?}");
+    for step in [
+        "pipeline_smoke",
+        "pipeline_parity",
+        "pipeline_example",
+        "quality_piped_similarity",
+    ] {
         let c = component(&json, step);
         assert_eq!(
             (&c["status"], &c["runs"]),
@@ -111,32 +193,170 @@ fn p7_runs_the_pipeline_after_the_components_and_names_what_it_does_not_run() {
             "{c}"
         );
     }
-    // P7 ran after P6 had passed: its steps' runs started after every
-    // component's run ended
-    let solo_end = component(&json, "solo")["run_finished_ms"]
-        .as_i64()
-        .unwrap();
-    let smoke_start = component(&json, "pipeline_smoke")["run_started_ms"]
-        .as_i64()
-        .unwrap();
-    assert!(smoke_start >= solo_end, "{json}");
-    let gate = json["gate"].as_array().unwrap();
+    // each phase ran after the one before it ended
+    let ended = |name: &str| component(&json, name)["run_finished_ms"].as_i64().unwrap();
+    let started = |name: &str| component(&json, name)["run_started_ms"].as_i64().unwrap();
+    assert!(started("pipeline_smoke") >= ended("solo"), "{json}");
     assert!(
-        gate.iter()
-            .any(|g| g["phase"] == "P10" && g["outcome"] == "pending"),
+        started("pipeline_example") >= ended("pipeline_parity"),
         "{json}"
     );
     assert!(
-        !gate.iter().any(|g| g["outcome"] == "passed"
-            && ["P8", "P9", "P10", "P11"].contains(&g["phase"].as_str().unwrap())),
+        started("quality_piped_similarity") >= ended("pipeline_example"),
         "{json}"
     );
     // resubmitted: the verdicts hold, nothing runs again
     let again = submit(&sb, "piped");
     assert_eq!(again.status.code(), Some(0), "{}", out(&again));
     let json = status(&sb, "piped");
-    assert_eq!(component(&json, "pipeline_parity")["runs"], 1, "{json}");
-    assert_eq!(json["phase"], "P8", "{json}");
+    assert_eq!(
+        component(&json, "quality_piped_similarity")["runs"],
+        1,
+        "{json}"
+    );
+    assert_eq!(json["phase"], "P11", "{json}");
+}
+
+/// P9's example is its last step, judged by its exit status: a failing
+/// example stops P9 as the pipeline's own, and P10 does not run.
+#[test]
+fn a_failing_example_stops_p9_before_the_quality_tests() {
+    let sb = Sandbox::new();
+    sb.port("example", &[TestComponent::new("solo", "assert True")]);
+    declare_pipeline(&sb, "example", "assert True");
+    write_example(&sb, "example", 3);
+    write_quality(&sb, "example", "assert True");
+    let run = submit(&sb, "example");
+    let text = out(&run);
+    assert_eq!(run.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("the example `python examples/example.py` is blocked (debug_red"),
+        "{text}"
+    );
+    assert!(
+        text.contains("exited 3: wrote outputs/example.mp4"),
+        "{text}"
+    );
+    let json = status(&sb, "example");
+    assert_eq!(
+        (&json["phase"], &json["state"]),
+        (&"P9".into(), &"blocked".into()),
+        "{json}"
+    );
+    let quality = component(&json, "quality_example_similarity");
+    assert_eq!(
+        (&quality["status"], &quality["runs"]),
+        (&"pending".into(), &0.into()),
+        "{quality}"
+    );
+}
+
+/// A quality test that skips for want of its references is an escape
+/// hatch, never a pass: answered "seeded" it runs again (and asks again
+/// if it still skips), answered "defer" P10 stays pending under that
+/// answer and the port waits for the review.
+#[test]
+fn a_missing_quality_reference_is_an_escape_hatch_never_a_pass() {
+    let sb = Sandbox::new();
+    sb.port("seeded", &[TestComponent::new("solo", "assert True")]);
+    declare_pipeline(&sb, "seeded", "assert True");
+    write_example(&sb, "seeded", 0);
+    write_quality(
+        &sb,
+        "seeded",
+        "if not os.path.exists('reference.mp4'):\n        pytest.skip('reference video missing: seed it')",
+    );
+    let run = submit(&sb, "seeded");
+    let text = out(&run);
+    assert_eq!(run.status.code(), Some(3), "{text}");
+    assert!(text.contains("E001"), "{text}");
+    assert!(text.contains("reference outputs are not seeded"), "{text}");
+    let json = status(&sb, "seeded");
+    assert_eq!(
+        (&json["phase"], &json["state"]),
+        (&"P10".into(), &"ask_user".into()),
+        "{json}"
+    );
+    let status_md =
+        std::fs::read_to_string(sb.repo().join("tests/local_tests/seeded/PORT_STATUS.md")).unwrap();
+    assert!(status_md.contains("E001"), "{status_md}");
+
+    // "seeded" without seeding: it runs again, skips again, asks again
+    let second = answer(&sb, "seeded", "E001", "1");
+    let text = out(&second);
+    assert_eq!(second.status.code(), Some(3), "{text}");
+    assert!(text.contains("E002"), "{text}");
+    assert_eq!(
+        component(&status(&sb, "seeded"), "quality_seeded_similarity")["runs"],
+        2
+    );
+
+    // seeded for real: it passes
+    std::fs::write(sb.repo().join("reference.mp4"), "frames").unwrap();
+    let third = answer(&sb, "seeded", "E002", "1");
+    let text = out(&third);
+    assert_eq!(third.status.code(), Some(0), "{text}");
+    let json = status(&sb, "seeded");
+    assert_eq!(
+        (&json["phase"], &json["state"]),
+        (&"P11".into(), &"waiting".into()),
+        "{json}"
+    );
+    assert!(
+        gate_outcomes(&json).contains(&"P10 passed".to_string()),
+        "{json}"
+    );
+
+    // another port defers instead: P10 pending under the answer, no pass
+    sb.port("deferred", &[TestComponent::new("solo", "assert True")]);
+    declare_pipeline(&sb, "deferred", "assert True");
+    write_example(&sb, "deferred", 0);
+    write_quality(&sb, "deferred", "pytest.skip('reference video missing')");
+    let run = submit(&sb, "deferred");
+    assert_eq!(run.status.code(), Some(3), "{}", out(&run));
+    // escape ids are the port's own
+    let id = "E001";
+    assert!(out(&run).contains(id), "{}", out(&run));
+    let deferred = answer(&sb, "deferred", id, "2");
+    let text = out(&deferred);
+    // the quality test stays what it was, a skip: not a pass, exit 1
+    assert_eq!(deferred.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("quality_deferred_similarity blocked"),
+        "{text}"
+    );
+    let json = status(&sb, "deferred");
+    assert_eq!(
+        (&json["phase"], &json["state"]),
+        (&"P11".into(), &"waiting".into()),
+        "{json}"
+    );
+    let p10 = json["gate"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|g| g["phase"] == "P10")
+        .unwrap();
+    assert_eq!(p10["outcome"], "pending", "{json}");
+    assert!(
+        p10["conditions"][0]
+            .as_str()
+            .unwrap()
+            .contains("reference video missing); quality regression deferred by "),
+        "{p10}"
+    );
+    assert!(
+        p10["conditions"][0]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!(" in answer to {id}")),
+        "{p10}"
+    );
+    assert!(
+        !gate_outcomes(&json).contains(&"P10 passed".to_string()),
+        "{json}"
+    );
 }
 
 #[test]
@@ -360,7 +580,7 @@ fn a_component_the_pipeline_sends_back_is_fixed_by_its_agent_and_p7_passes_at_th
         1,
     );
     assert!(text.contains("agent = true"), "{text}");
-    let pipeline = "\n[pipeline]\nparity_test = \"tests/local_tests/mapped/test_mapped_pipeline_parity.py\"\n\n[pipeline.trace]\nlayers = '.*'\nreference = \"reference_rank*.jsonl\"\nport = \"port_rank*.jsonl\"\noutput = \"{dir}/port_rank<rank>.jsonl\"\nstats = \"abs_mean,sum\"\ndepth = 1\n\n[agent]\ncommand = [\"python3\", \"-B\", \"tools/replay_agent.py\", \"--patches\", \"tools/replay/{component}\", \"--attempt\", \"{attempt}\", \"--prompt\", \"{prompt_file}\", \"--handoff\", \"{handoff_file}\", \"--worktree\", \"{worktree}\"]\ntimeout_s = 60\nmax_attempts = 2\n";
+    let pipeline = "\n[pipeline]\nparity_test = \"tests/local_tests/mapped/test_mapped_pipeline_parity.py\"\nexample = [\"python\", \"examples/mapped.py\"]\n\n[quality]\ntests = [\"tests/ssim/test_mapped_similarity.py\"]\n\n[pipeline.trace]\nlayers = '.*'\nreference = \"reference_rank*.jsonl\"\nport = \"port_rank*.jsonl\"\noutput = \"{dir}/port_rank<rank>.jsonl\"\nstats = \"abs_mean,sum\"\ndepth = 1\n\n[agent]\ncommand = [\"python3\", \"-B\", \"tools/replay_agent.py\", \"--patches\", \"tools/replay/{component}\", \"--attempt\", \"{attempt}\", \"--prompt\", \"{prompt_file}\", \"--handoff\", \"{handoff_file}\", \"--worktree\", \"{worktree}\"]\ntimeout_s = 60\nmax_attempts = 2\n";
     std::fs::write(&spec, format!("{text}{pipeline}")).unwrap();
     std::fs::write(
         sb.repo()
@@ -369,6 +589,8 @@ fn a_component_the_pipeline_sends_back_is_fixed_by_its_agent_and_p7_passes_at_th
     )
     .unwrap();
     record_body_agent(&sb);
+    write_example(&sb, "mapped", 0);
+    write_quality(&sb, "mapped", "assert True");
     let git = crate::agent::git;
     git(sb.repo(), &["init", "-q", "-b", "main"]);
     git(sb.repo(), &["add", "-A"]);
@@ -385,8 +607,16 @@ fn a_component_the_pipeline_sends_back_is_fixed_by_its_agent_and_p7_passes_at_th
     let json = status(&sb, "mapped");
     assert_eq!(
         (&json["phase"], &json["state"]),
-        (&"P8".into(), &"waiting".into()),
+        (&"P11".into(), &"waiting".into()),
         "{json}"
+    );
+    // P9 ran `stem` again at the fix's commit (its pass was of the port's)
+    // and kept `body`'s (of that commit already)
+    assert_eq!(component(&json, "stem")["runs"], 2, "{json}");
+    assert!(text.contains("gate P9 passed: at "), "{text}");
+    assert!(
+        text.contains("gate P10 passed: quality_mapped_similarity non_skip_pass"),
+        "{text}"
     );
     let gate = json["gate"].as_array().unwrap();
     let outcomes: Vec<String> = gate
