@@ -1348,3 +1348,151 @@ fn the_pipeline_and_quality_tests_are_wired_for_p7_and_p10() {
     );
     assert_eq!(out.summary.later.len(), 3, "{:?}", out.summary.later);
 }
+
+/// One family of its own shape: only a status file (and a README, a
+/// `.gitignore`) and one parity test; `prep` of what init wrote.
+fn prep_of(status: &str, readme: Option<&str>, gitignore: Option<&str>) -> (Inferred, PortSpec) {
+    let mut files = vec![
+        ("tests/local_tests/heron/PORT_STATUS.md", status),
+        (
+            "tests/local_tests/heron/test_heron_dit_parity.py",
+            TRANSFORMER_TEST,
+        ),
+    ];
+    if let Some(r) = readme {
+        files.push(("tests/local_tests/heron/README.md", r));
+    }
+    if let Some(g) = gitignore {
+        files.push((".gitignore", g));
+    }
+    let out = Repo::new(&files).init("heron");
+    let spec = parsed(&out);
+    (out, spec)
+}
+
+/// Folders written through a stand-in for the checkout's root
+/// (`<repo_root>/HeronRef/src`) or as a variable with a default
+/// (`${HERON_REF:-$PWD/HeronRef}`) are repo-relative folders, so the
+/// `.gitignore` lines for them are found too; a variable without a
+/// default is a placeholder that says so (issue #41 item 6: zimage,
+/// minimax_h3).
+#[test]
+fn folders_under_a_stand_in_for_the_root_are_repo_relative() {
+    let status = "# Heron\n\n## Summary\n\n- official_ref_dir: `<repo_root>/HeronRef/src`\n- local_weights_dir: `<repo_root>/official_weights/Heron/`\n";
+    let (out, spec) = prep_of(status, None, Some("*.log\n/HeronRef/\nofficial_weights/\n"));
+    assert_eq!(
+        spec.prep["official_ref_dir"], "HeronRef/src",
+        "{}",
+        out.toml
+    );
+    assert_eq!(spec.prep["local_weights_dir"], "official_weights/Heron/");
+    let line = out
+        .toml
+        .lines()
+        .find(|l| l.starts_with("gitignore_entries_added"))
+        .unwrap();
+    assert_eq!(
+        line,
+        r#"gitignore_entries_added = ["/HeronRef/", "official_weights/"]"#
+    );
+
+    let status = "# Heron\n\n## Summary\n\n- official_ref_dir: `${HERON_REF:-$PWD/HeronRef}`\n- local_weights_dir: `$HERON_WEIGHTS/raw`\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["official_ref_dir"], "HeronRef", "{}", out.toml);
+    assert!(
+        spec.prep["local_weights_dir"].starts_with("<fill in:"),
+        "{}",
+        out.toml
+    );
+    let why = line_of(&out.toml, "local_weights_dir = ") - 2;
+    assert!(
+        out.toml
+            .lines()
+            .nth(why)
+            .unwrap()
+            .contains("shell variable"),
+        "{}",
+        out.toml
+    );
+}
+
+/// A README's `## Reference` list labels its values in words
+/// (`- Upstream implementation:`, `- Source checkout:`, `- Checkpoint:`):
+/// they are official_ref, official_ref_dir and hf_weights_path, where init
+/// left all three to fill in (issue #41 item 6: minimax_h3).
+#[test]
+fn a_readmes_labelled_reference_list_gives_the_reference_and_checkpoint() {
+    let status = "# Heron\n\n## State\n\n- workloads: T2V\n";
+    let readme = "# Heron checks\n\n## Reference\n\n- Reference implementation: `https://example.org/heron/pull/7`\n- Source checkout: `${HERON_SRC:-$PWD/HeronUpstream}`\n- Checkpoint: `example/Heron-2B`\n\nA note that mentions a checkpoint: not a field.\n";
+    let (out, spec) = prep_of(status, Some(readme), None);
+    assert_eq!(
+        spec.prep["official_ref"], "https://example.org/heron/pull/7",
+        "{}",
+        out.toml
+    );
+    assert_eq!(spec.prep["official_ref_dir"], "HeronUpstream");
+    assert_eq!(spec.prep["hf_weights_path"], "example/Heron-2B");
+}
+
+/// A status file whose reference is a folder of the porter's machine
+/// (`../HeronRef` at a commit) gives way to the URL its README records;
+/// the folder stays official_ref_dir's, the commit is kept (issue #41
+/// item 6: mmaudio).
+#[test]
+fn a_reference_folder_gives_way_to_the_readmes_url() {
+    let status = "# Heron\n\n## Summary\n\n- official_ref: `../HeronRef` at `0123456789abcdef`\n";
+    let readme = "# Heron\n\n| Field | Value |\n|---|---|\n| Official reference | `https://example.org/heron` |\n| Local reference dir | `../HeronRef` beside the checkout |\n";
+    let (out, spec) = prep_of(status, Some(readme), None);
+    assert_eq!(
+        spec.prep["official_ref"], "https://example.org/heron",
+        "{}",
+        out.toml
+    );
+    assert_eq!(spec.prep["official_ref_dir"], "../HeronRef");
+    assert_eq!(spec.prep["official_ref_commit"], "0123456789abcdef");
+    // without a URL anywhere, the folder is what the file says
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["official_ref"], "../HeronRef", "{}", out.toml);
+}
+
+/// A source layout written as a contract value and then words about it
+/// (`mixed official checkpoints and outside encoders`) is that value; a
+/// text whose first word is none stays unknown with what it said
+/// (issue #41 item 6: mmaudio).
+#[test]
+fn a_source_layout_followed_by_prose_is_its_first_word() {
+    let status = "# Heron\n\n## Summary\n\n- source_layout: mixed official checkpoints and outside encoders\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["source_layout"], "mixed", "{}", out.toml);
+    let status = "# Heron\n\n## Summary\n\n- source_layout: upstream-native package tree\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["source_layout"], "unknown", "{}", out.toml);
+    assert!(out.toml.contains("not a source_layout value"));
+}
+
+/// A status file that states its conversion in a section of its own
+/// (`## Weight Conversion` with `- Script: …py`) and its environment in
+/// a sentence (`The upstream code imports successfully … with no
+/// dependency changes.`) decides needs_conversion, dependency_changes,
+/// official_env_status and so next_step; a table row's resolution saying
+/// the same is not the port's statement (issue #41 item 6:
+/// lingbot_video).
+#[test]
+fn conversion_and_environment_stated_in_words_are_read() {
+    let status = "# Heron\n\n## Summary\n\n- model_family: `heron`\n\n## Weight Conversion\n\nThe upstream files need renaming before FastVideo loads them.\n\n- Script: `scripts/checkpoint_conversion/heron_to_diffusers.py`\n\n## Notes\n\n- The official code imports successfully in our venv with no dependency changes.\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["needs_conversion"], "yes", "{}", out.toml);
+    assert_eq!(spec.prep["dependency_changes"], "none");
+    assert_eq!(spec.prep["official_env_status"], "imports_ok");
+    assert_eq!(spec.prep["next_step"], "add-model");
+    // the same words only in an issue row's resolution decide nothing
+    let status = "# Heron\n\n## Issues\n\n| ID | Issue | Resolution |\n|---|---|---|\n| I1 | venv | No dependency changes were needed; official code imports successfully. |\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert!(
+        spec.prep["dependency_changes"].starts_with("<fill in:"),
+        "{}",
+        out.toml
+    );
+    assert!(spec.prep["official_env_status"].starts_with("<fill in:"));
+    assert!(spec.prep["needs_conversion"].starts_with("<fill in:"));
+}
