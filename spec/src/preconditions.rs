@@ -209,6 +209,18 @@ pub fn status_conditions(
                 "official_ref" => {
                     a == b || b.rsplit_once(" at ").is_some_and(|(u, _)| norm(u) == a)
                 }
+                // `org/model@rev`: the id, and the revision the spec's
+                // hf_revision gives
+                "hf_weights_path" => {
+                    a == b
+                        || b.split_once('@').is_some_and(|(id, rev)| {
+                            let mine = spec.prep.get("hf_revision").map(|r| norm(r));
+                            id == a
+                                && mine.is_some_and(|m| {
+                                    !m.is_empty() && (m.starts_with(rev) || rev.starts_with(&m))
+                                })
+                        })
+                }
                 _ => a == b,
             };
         if !agree {

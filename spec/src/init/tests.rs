@@ -1496,3 +1496,25 @@ fn conversion_and_environment_stated_in_words_are_read() {
     assert!(spec.prep["official_env_status"].starts_with("<fill in:"));
     assert!(spec.prep["needs_conversion"].starts_with("<fill in:"));
 }
+
+/// A status file's weights written `org/model@rev`: init splits them into
+/// hf_weights_path and hf_revision, and P0 takes the pair as agreeing with
+/// the file (it refused what init wrote: FastVideo's zimage); another
+/// revision still disagrees.
+#[test]
+fn p0_takes_weights_at_a_revision_as_the_id_and_hf_revision() {
+    let status = "# Heron\n\n## Summary\n\n- model_family: `heron`\n- hf_weights_path: `example/Heron-2B@a1b2c3d4e5`\n";
+    let (out, mut spec) = prep_of(status, None, None);
+    assert_eq!(
+        spec.prep["hf_weights_path"], "example/Heron-2B",
+        "{}",
+        out.toml
+    );
+    assert_eq!(spec.prep["hf_revision"], "a1b2c3d4e5");
+    let unmet = crate::preconditions::status_conditions(&spec, status, &|f| format!("p:{f}"));
+    assert!(unmet.is_empty(), "{unmet:#?}");
+    spec.prep.insert("hf_revision".into(), "ffff0000".into());
+    let unmet = crate::preconditions::status_conditions(&spec, status, &|f| format!("p:{f}"));
+    assert_eq!(unmet.len(), 1, "{unmet:#?}");
+    assert!(unmet[0].contains("hf_weights_path"), "{unmet:#?}");
+}
