@@ -405,7 +405,7 @@ impl Cx<'_> {
     }
 
     /// Every texts init reads, for searches across them.
-    fn all_texts(&self) -> Vec<(&'static str, &str)> {
+    pub(super) fn all_texts(&self) -> Vec<(&'static str, &str)> {
         let mut v = Vec::new();
         if let Some(s) = self.input.status {
             v.push(("PORT_STATUS.md", s));

@@ -1518,3 +1518,52 @@ fn p0_takes_weights_at_a_revision_as_the_id_and_hf_revision() {
     assert_eq!(unmet.len(), 1, "{unmet:#?}");
     assert!(unmet[0].contains("hf_weights_path"), "{unmet:#?}");
 }
+
+/// The basic example P9 ends with is wired as `[pipeline] example`: the
+/// family's own where FastVideo keeps examples, else its variant's (named
+/// like the pipeline tests, `basic_F_turbo.py` beside
+/// `test_F_turbo_pipeline_smoke.py`), else one the README runs; none when
+/// the checkout has none (init wired it in none of FastVideo's seven).
+#[test]
+fn the_basic_example_is_wired_as_the_pipelines_example() {
+    let example = |extra: &[(&str, &str)], readme: Option<&str>| {
+        let mut files = vec![
+            ("tests/local_tests/heron/PORT_STATUS.md", "# Heron\n"),
+            (
+                "tests/local_tests/heron/test_heron_dit_parity.py",
+                TRANSFORMER_TEST,
+            ),
+            (
+                "tests/local_tests/heron/test_heron_turbo_pipeline_smoke.py",
+                PLAIN_TEST,
+            ),
+        ];
+        files.extend_from_slice(extra);
+        if let Some(r) = readme {
+            files.push(("tests/local_tests/heron/README.md", r));
+        }
+        let out = Repo::new(&files).init("heron");
+        parsed(&out).pipeline.map(|p| p.example).unwrap_or_default()
+    };
+    let own = ("examples/inference/basic/basic_heron.py", "print(1)\n");
+    let variant = (
+        "examples/inference/basic/basic_heron_turbo.py",
+        "print(1)\n",
+    );
+    let named = ("examples/heron_demo/basic_heron_demo.py", "print(1)\n");
+    let readme = "# Heron\n\nRun `python examples/heron_demo/basic_heron_demo.py --steps 2`.\n";
+    assert_eq!(
+        example(&[own, variant], None),
+        ["python", "examples/inference/basic/basic_heron.py"]
+    );
+    assert_eq!(
+        example(&[variant, named], Some(readme)),
+        ["python", "examples/inference/basic/basic_heron_turbo.py"]
+    );
+    assert_eq!(
+        example(&[named], Some(readme)),
+        ["python", "examples/heron_demo/basic_heron_demo.py"]
+    );
+    // named by the README but not in the checkout: nothing to run
+    assert!(example(&[], Some(readme)).is_empty());
+}
