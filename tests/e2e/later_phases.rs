@@ -79,6 +79,17 @@ fn p7_runs_the_pipeline_after_the_components_and_names_what_it_does_not_run() {
         .unwrap();
     let text = out(&dry);
     assert_eq!(dry.status.code(), Some(0), "{text}");
+    // the whole plan, P0 to P11, in order
+    let at = |p: &str| {
+        text.find(&format!("gate {p}: "))
+            .unwrap_or_else(|| panic!("no gate {p} in:\n{text}"))
+    };
+    let phases: Vec<usize> = (0..=11).map(|i| at(&format!("P{i}"))).collect();
+    assert!(phases.is_sorted(), "{text}");
+    assert!(
+        text.contains("gate P6: runs the parity tests of "),
+        "{text}"
+    );
     for want in [
         "gate P7: runs pipeline_smoke (tests/local_tests/piped/test_piped_pipeline_smoke.py), then pipeline_parity (tests/local_tests/piped/test_piped_pipeline_parity.py)",
         "gate P10: pending: quality regression tests/ssim/test_piped_similarity.py declared",
