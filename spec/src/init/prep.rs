@@ -732,11 +732,61 @@ impl Cx<'_> {
                 }
             }
         }
+        if let Some(pv) = self.class_names() {
+            return pv;
+        }
         Pv::Unknown {
             searched: format!(
-                "{}; `model_index_class` anywhere in them",
+                "{}; `model_index_class` and `_class_name` anywhere in them",
                 self.searched(&[])
             ),
+        }
+    }
+
+    /// The pipeline class `model_index.json`'s `_class_name` names where
+    /// the texts quote it (`_class_name=ZPipeline`, `` `_class_name:
+    /// ZPipeline` ``): that class when they name one, a placeholder naming
+    /// them when several (one per variant).
+    fn class_names(&self) -> Option<Pv> {
+        let mut names: Vec<(String, &str)> = Vec::new();
+        for (file, text) in self.all_texts() {
+            for (at, _) in text.match_indices("_class_name") {
+                // `_class_name=X`, `_class_name: X`, `"_class_name": "X"`;
+                // not the word in prose (`_class_name` identities)
+                let Some(rest) = text[at + "_class_name".len()..]
+                    .trim_start_matches(['"', '\''])
+                    .trim_start()
+                    .strip_prefix(['=', ':'])
+                else {
+                    continue;
+                };
+                let rest = rest.trim_start_matches(['`', '"', '\'', ' ']);
+                let v: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if v.len() > 1 && !names.iter().any(|(n, _)| *n == v) {
+                    names.push((v, file));
+                }
+            }
+        }
+        match names.as_slice() {
+            [] => None,
+            [(one, file)] => Some(Pv::Known {
+                value: one.clone(),
+                source: format!("`_class_name` in {file}"),
+            }),
+            several => Some(Pv::Fill {
+                hint: "the pipeline class of the variant this port serves".into(),
+                from: format!(
+                    "the texts give several `_class_name`s ({}); prep picks one",
+                    several
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }),
         }
     }
 

@@ -1567,3 +1567,30 @@ fn the_basic_example_is_wired_as_the_pipelines_example() {
     // named by the README but not in the checkout: nothing to run
     assert!(example(&[], Some(readme)).is_empty());
 }
+
+/// The pipeline class a status file quotes from `model_index.json`
+/// (`_class_name=HeronPipeline`) is model_index_class, where init said
+/// unknown (FastVideo's zimage); two variants' classes are a placeholder
+/// naming both (lingbot_video), and the word in prose is neither.
+#[test]
+fn a_quoted_class_name_is_the_model_index_class() {
+    let status = "# Heron\n\n## Pipeline\n\n- model_index_contract: `_class_name=HeronPipeline`; modules `vae`, `transformer`\n- We keep distinct `_class_name` identities per variant.\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(
+        spec.prep["model_index_class"], "HeronPipeline",
+        "{}",
+        out.toml
+    );
+    let status = "# Heron\n\n## Notes\n\n- Base: its model index uses `_class_name: HeronBasePipeline`.\n- Large: its model index uses `_class_name: HeronLargePipeline`.\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert!(
+        spec.prep["model_index_class"].starts_with("<fill in:"),
+        "{}",
+        out.toml
+    );
+    assert!(out.toml.contains("HeronBasePipeline, HeronLargePipeline"));
+    let status =
+        "# Heron\n\n## Notes\n\n- We keep distinct `_class_name` identities per variant.\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["model_index_class"], "unknown", "{}", out.toml);
+}
