@@ -24,7 +24,9 @@ use fvd_contracts::port_status::{
 use fvd_contracts::status_guard;
 
 use fvd_spec::{self, ComponentSpec, PortSpec};
-use fvd_store::model::{ComponentRow, JobRecord, JobState, PortRow, PortState};
+use fvd_store::model::{
+    ComponentRow, ComponentStatus, JobRecord, JobState, PortRow, PortState, RecordedVerdict,
+};
 use fvd_store::states::{EscapeAbout, EscapeStatus};
 use fvd_store::{EscapeRow, Store, StoreError, now_ms};
 
@@ -458,6 +460,45 @@ pub fn component_input(
     gpus: &BTreeMap<String, String>,
 ) -> ComponentInput {
     let last = jobs.iter().rev().find(|j| j.state == JobState::Finished);
+    // A last run that did not test the code (its environment failed, it was
+    // cancelled) leaves the component where its last run that did left
+    // it: the file then says what it said, fvd's lines included.
+    let tested = jobs
+        .iter()
+        .rev()
+        .find(|j| j.state == JobState::Finished && coauthor::tests_the_code(j.verdict));
+    if let (Some(c), Some(j)) = (row, tested)
+        && !coauthor::tests_the_code(c.verdict)
+        && c.verdict != RecordedVerdict::None
+    {
+        let stood = ComponentRow {
+            status: if j.verdict == RecordedVerdict::NonSkipPass {
+                ComponentStatus::NonSkipPass
+            } else {
+                ComponentStatus::Blocked
+            },
+            verdict: j.verdict,
+            // as the component actor words it: a pass's reason bare, a
+            // block's after its verdict
+            reason: if j.verdict == RecordedVerdict::NonSkipPass
+                || j.reason.starts_with(&format!("{}:", j.verdict))
+            {
+                j.reason.clone()
+            } else {
+                format!("{}: {}", j.verdict, j.reason)
+            },
+            runs: j.run_no,
+            worker_id: j.worker_id.clone(),
+            ..c.clone()
+        };
+        return component_input(
+            family,
+            spec,
+            Some(&stood),
+            &jobs[..=position(jobs, j)],
+            gpus,
+        );
+    }
     let run = row.filter(|c| c.is_final()).map(|c| {
         let mut reason = c.reason.clone();
         // an agent's runs test its worktree's branch, not the checkout
@@ -486,6 +527,13 @@ pub fn component_input(
         command: display_command(spec),
         run,
     }
+}
+
+/// Where `j` is among `jobs`.
+fn position(jobs: &[JobRecord], j: &JobRecord) -> usize {
+    jobs.iter()
+        .position(|k| std::ptr::eq(k, j))
+        .unwrap_or(jobs.len() - 1)
 }
 
 /// ` by NAME` when a credential answered, else nothing.
@@ -714,7 +762,6 @@ fn today() -> String {
 mod tests {
     use super::*;
     use fvd_contracts::status_guard::owned_changes;
-    use fvd_store::model::{ComponentStatus, RecordedVerdict};
 
     /// A finished port's status file in the project's own words (shared
     /// with the contracts crate's tests).

@@ -209,6 +209,9 @@ pub fn status_conditions(
                 "official_ref" => {
                     a == b || b.rsplit_once(" at ").is_some_and(|(u, _)| norm(u) == a)
                 }
+                "hf_weights_path" => {
+                    a == b || at_revision(&a, &b, spec.prep.get("hf_revision").map(|r| norm(r)))
+                }
                 _ => a == b,
             };
         if !agree {
@@ -239,6 +242,17 @@ pub fn status_conditions(
         }
     }
     unmet
+}
+
+/// The file's `org/model@rev` against the spec's id `mine` and its
+/// hf_revision: the way init writes them, so they agree when the id is the
+/// same and one revision starts the other (a sha may be written short).
+fn at_revision(mine: &str, theirs: &str, revision: Option<String>) -> bool {
+    theirs.split_once('@').is_some_and(|(id, rev)| {
+        id == mine
+            && revision
+                .is_some_and(|m| !m.is_empty() && (m.starts_with(rev) || rev.starts_with(&m)))
+    })
 }
 
 /// Whether a `port_state_file` value is a relative path inside

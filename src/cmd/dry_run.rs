@@ -42,13 +42,18 @@ pub fn run(args: &SubmitArgs) -> anyhow::Result<Exit> {
     Ok(Exit::success_if(!refused))
 }
 
-/// Prints the gate's P0 and P2 conditions; true when it would refuse.
+/// Prints the gate's plan up to component parity: P0's and P2's
+/// conditions, what it records for P1 and P3 to P5, and P6's components;
+/// true when it would refuse.
 fn print_gate(spec: &PortSpec, repo: &Path) -> bool {
     let mut refused = false;
     for (phase, conditions) in [
         ("P0", prep_conditions(spec, repo)),
         ("P2", scaffold_conditions(spec, repo)),
     ] {
+        if phase == "P2" {
+            println!("gate P1: pending: the study of the reference is not driven by fvd");
+        }
         if conditions.is_empty() {
             println!("gate {phase}: passes");
         } else {
@@ -59,6 +64,26 @@ fn print_gate(spec: &PortSpec, repo: &Path) -> bool {
             }
         }
     }
+    println!("gate P3: pending: no reuse decision is recorded; every component runs");
+    println!("gate P4: pending: prototypes are not driven by fvd");
+    match spec.prep.get("needs_conversion").map(String::as_str) {
+        Some("no") => println!("gate P5: passes (needs_conversion: no)"),
+        other => println!(
+            "gate P5: pending: needs_conversion: {}; conversion is not driven by fvd",
+            other.unwrap_or("missing")
+        ),
+    }
+    let names: Vec<&str> = spec
+        .components
+        .iter()
+        .filter(|c| !spec.pipeline_steps().any(|p| p.name == c.name))
+        .map(|c| c.name.as_str())
+        .collect();
+    println!(
+        "gate P6: runs the parity tests of {} component(s): {}",
+        names.len(),
+        names.join(", ")
+    );
     refused
 }
 

@@ -126,6 +126,17 @@ fn the_port_runs_p7_then_p9_in_order_then_p10_and_waits_for_the_review() {
         .unwrap();
     let text = out(&dry);
     assert_eq!(dry.status.code(), Some(0), "{text}");
+    // the whole plan, P0 to P11, in order
+    let at = |p: &str| {
+        text.find(&format!("gate {p}: "))
+            .unwrap_or_else(|| panic!("no gate {p} in:\n{text}"))
+    };
+    let phases: Vec<usize> = (0..=11).map(|i| at(&format!("P{i}"))).collect();
+    assert!(phases.is_sorted(), "{text}");
+    assert!(
+        text.contains("gate P6: runs the parity tests of "),
+        "{text}"
+    );
     for want in [
         "gate P7: runs pipeline_smoke (tests/local_tests/piped/test_piped_pipeline_smoke.py), then pipeline_parity (tests/local_tests/piped/test_piped_pipeline_parity.py)",
         "gate P8: pending: pipeline config, presets and registry are a person's to accept",

@@ -659,7 +659,20 @@ fn signatures_in_a_red_test_s_source_are_the_component_s_failure() {
 /// bytes.
 #[test]
 fn an_environment_failure_during_a_regression_changes_nothing() {
-    let original = std::fs::read_to_string(fixtures().join("status_shapes/contract.md")).unwrap();
+    environment_failure_during_a_regression("contract.md");
+}
+
+/// The same in a file without Current Phase, where fvd's section carries
+/// the regression's line: the environment failure keeps it (it dropped
+/// it, as if the component had passed: FastVideo's flux, minimax_h3 and
+/// mmaudio).
+#[test]
+fn an_environment_failure_during_a_regression_keeps_fvds_section() {
+    environment_failure_during_a_regression("native_components.md");
+}
+
+fn environment_failure_during_a_regression(shape: &str) {
+    let original = std::fs::read_to_string(fixtures().join("status_shapes").join(shape)).unwrap();
     let dir = repo(&original, &parts([&[], &[], &[], &[]]));
     let root = dir.path();
     let first = submit(root, &[]);

@@ -201,10 +201,11 @@ impl Cx<'_> {
         // where FastVideo keeps it, or where a status row names it
         let ssim = format!("fastvideo/tests/ssim/test_{family}_similarity.py");
         let quality = take("similarity.py").or_else(|| (self.read)(&ssim).map(|_| ssim));
+        let example = self.example(&[&smoke, &parity]);
         let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
         let mut toml = String::new();
         let mut lines = Vec::new();
-        if smoke.is_some() || parity.is_some() {
+        if smoke.is_some() || parity.is_some() || example.is_some() {
             toml.push_str(
                 "\n# P7 runs these once every component passes (docs/spec.md).\n[pipeline]\n",
             );
@@ -213,6 +214,13 @@ impl Cx<'_> {
                     toml.push_str(&format!("{key} = {}\n", quoted(t)));
                     lines.push(format!("pipeline {}: {t}", key.trim_end_matches("_test")));
                 }
+            }
+            if let Some((path, from)) = &example {
+                toml.push_str(&format!(
+                    "# P9's last step, read, not run yet: {from}\nexample = [\"python\", {}]\n",
+                    quoted(path)
+                ));
+                lines.push(format!("pipeline example: python {path}"));
             }
         }
         if let Some(q) = &quality {
@@ -223,6 +231,44 @@ impl Cx<'_> {
             lines.push(format!("quality: {q}"));
         }
         Later { toml, lines }
+    }
+}
+
+impl Cx<'_> {
+    /// The family's basic example (P9's last step) and where it was found:
+    /// `examples/inference/basic/basic_<family>.py`, a variant's
+    /// (`basic_<family>_dev.py` beside `test_<family>_dev_pipeline_parity.py`),
+    /// or one the status file or README names, when the checkout has it.
+    fn example(&self, pipeline_tests: &[&Option<String>]) -> Option<(String, String)> {
+        const DIR: &str = "examples/inference/basic";
+        let family = self.input.family;
+        let mut tries = vec![(
+            format!("{DIR}/basic_{family}.py"),
+            "the family's example, where FastVideo keeps it".to_string(),
+        )];
+        for t in pipeline_tests.iter().copied().flatten() {
+            let name = pyfile::file_name(t);
+            let variant = name
+                .strip_prefix(&format!("test_{family}_"))
+                .and_then(|r| r.split_once("_pipeline_"))
+                .map(|(v, _)| v)
+                .filter(|v| !v.is_empty());
+            if let Some(v) = variant {
+                tries.push((
+                    format!("{DIR}/basic_{family}_{v}.py"),
+                    format!("the example of the variant {name} tests"),
+                ));
+            }
+        }
+        for (file, text) in self.all_texts() {
+            for w in text.split(|c: char| c.is_whitespace() || matches!(c, '`' | '(' | ')' | '"')) {
+                let named = pyfile::file_name(w).starts_with(&format!("basic_{family}"));
+                if w.starts_with("examples/") && w.ends_with(".py") && named {
+                    tries.push((w.to_string(), format!("the example {file} runs")));
+                }
+            }
+        }
+        tries.into_iter().find(|(p, _)| self.text(p).is_some())
     }
 }
 

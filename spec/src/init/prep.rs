@@ -26,15 +26,22 @@ fn synonym(words: &str) -> Option<&'static str> {
     Some(match words {
         "model family" => "model_family",
         "workload types" | "workload type" | "workload" | "workloads" => "workload_types",
-        "official reference" | "official ref" => "official_ref",
-        "official ref dir" | "local reference dir" | "reference dir" | "official reference dir" => {
-            "official_ref_dir"
-        }
+        "official reference"
+        | "official ref"
+        | "official implementation"
+        | "reference implementation"
+        | "diffusers implementation" => "official_ref",
+        "official ref dir"
+        | "local reference dir"
+        | "reference dir"
+        | "official reference dir"
+        | "source checkout"
+        | "reference checkout" => "official_ref_dir",
         "official ref commit"
         | "official commit version"
         | "official commit"
         | "official version" => "official_ref_commit",
-        "hf weights path" | "hf weights" => "hf_weights_path",
+        "hf weights path" | "hf weights" | "checkpoint" | "hf checkpoint" => "hf_weights_path",
         "hf revision" => "hf_revision",
         "local weights dir" | "local weights" | "raw weights" => "local_weights_dir",
         "source layout" => "source_layout",
@@ -118,6 +125,12 @@ fn cleaned(key: &str, raw: &str) -> Result<(String, Option<String>), String> {
             .to_string();
         (head, (!rest.is_empty()).then_some(rest))
     };
+    if MACHINE_PATHS.contains(&key) && value.contains('$') {
+        return Err(format!(
+            "a shell variable ({}) whose value each machine sets",
+            one_line(&value, 80)
+        ));
+    }
     if MACHINE_PATHS.contains(&key) && (value.starts_with('/') || value.starts_with('~')) {
         return Err(format!(
             "an absolute path of the porter's machine ({}) a worker does not have",
@@ -165,9 +178,72 @@ fn field_values(text: &str, file: &str) -> Vec<(String, String, String)> {
                 v.trim().to_string(),
                 format!("{file} `{k}:` line"),
             ));
+        } else if let Some(field) = synonym(&key_words(k)).filter(|_| bullet(line)) {
+            // `- Checkpoint: org/model` in a README's list
+            out.push((
+                field.to_string(),
+                v.trim().to_string(),
+                format!("{file} `{k}:` line"),
+            ));
         }
     }
     out
+}
+
+/// A markdown list item (`- x`, `* x`).
+fn bullet(line: &str) -> bool {
+    let t = line.trim_start();
+    t.starts_with("- ") || t.starts_with("* ")
+}
+
+/// A folder field written through a stand-in for the checkout's root
+/// (`<repo_root>/Ref/src`, `$PWD/Ref`) or as a variable with a default
+/// (`${REF_DIR:-$PWD/Ref}`): the text with the repo-relative path in its
+/// place, and how it was written. `None` for any other text.
+fn repo_relative(key: &str, raw: &str) -> Option<(String, String)> {
+    if !matches!(key, "official_ref_dir" | "local_weights_dir") {
+        return None;
+    }
+    let t = raw.trim();
+    let (path, rest) = match t.strip_prefix('`').and_then(|r| r.split_once('`')) {
+        Some((q, rest)) => (q.trim(), rest),
+        None => match t.split_once(char::is_whitespace) {
+            Some((q, rest)) => (q, rest),
+            None => (t, ""),
+        },
+    };
+    let mut p = path;
+    let mut defaulted = false;
+    if let Some(inner) = p.strip_prefix("${").and_then(|r| r.strip_suffix('}')) {
+        p = inner.split_once(":-")?.1;
+        defaulted = true;
+    }
+    let mut rooted = false;
+    for root in [
+        "<repo_root>/",
+        "<repo-root>/",
+        "<repo>/",
+        "$PWD/",
+        "${PWD}/",
+    ] {
+        if let Some(r) = p.strip_prefix(root) {
+            p = r;
+            rooted = true;
+            break;
+        }
+    }
+    let p = p.trim_start_matches("./");
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/');
+    if !(defaulted || rooted) || p.is_empty() || p.starts_with(['/', '.']) || !p.chars().all(plain)
+    {
+        return None;
+    }
+    let how = if defaulted {
+        format!("written {path}: its default, the checkout's root being the repository")
+    } else {
+        format!("written {path}, the checkout's root being the repository")
+    };
+    Some((format!("`{p}`{rest}"), how))
 }
 
 impl Cx<'_> {
@@ -243,6 +319,10 @@ impl Cx<'_> {
         // texts that give no value, grouped by why
         let mut refused: Vec<(String, Vec<String>)> = Vec::new();
         for (v, source) in candidates {
+            let (v, source) = match repo_relative(key, &v) {
+                Some((v, how)) => (v, format!("{source} ({how})")),
+                None => (v, source),
+            };
             if is_gap(&v) {
                 gaps.push(source);
                 continue;
@@ -314,15 +394,18 @@ impl Cx<'_> {
                     one_line(&f.value, 80)
                 ),
             },
-            Err(gaps) => Pv::Fill {
-                hint: expected.into(),
-                from: format!("prep decides it; searched {}", self.searched(&gaps)),
+            Err(gaps) => match stated(&self.all_texts(), key) {
+                Some((value, source)) => Pv::Known { value, source },
+                None => Pv::Fill {
+                    hint: expected.into(),
+                    from: format!("prep decides it; searched {}", self.searched(&gaps)),
+                },
             },
         }
     }
 
     /// Every texts init reads, for searches across them.
-    fn all_texts(&self) -> Vec<(&'static str, &str)> {
+    pub(super) fn all_texts(&self) -> Vec<(&'static str, &str)> {
         let mut v = Vec::new();
         if let Some(s) = self.input.status {
             v.push(("PORT_STATUS.md", s));
@@ -341,15 +424,7 @@ impl Cx<'_> {
                 "workload_types" => {
                     self.text_or_fill(field, "T2V, I2V, V2V, T2I or a shim with its rationale")
                 }
-                "official_ref" => match self.ref_at_commit() {
-                    // `URL at SHA`: the reference and, apart, its commit
-                    Some((url, _, source)) => Pv::Known {
-                        value: url,
-                        source: format!("{source} (the part before \"at <commit>\")"),
-                    },
-                    None => self
-                        .text_or_fill(field, "url or import path of the official implementation"),
-                },
+                "official_ref" => self.official_ref(),
                 "official_ref_dir" => {
                     self.text_or_fill(field, "the reference checkout's folder, or none")
                 }
@@ -558,6 +633,47 @@ impl Cx<'_> {
         None
     }
 
+    /// `official_ref`: as the texts give it (the part before "at <commit>"
+    /// of `URL at SHA`); a folder of the porter's machine (`../Ref`) gives
+    /// way to a URL another text gives, since the folder is
+    /// `official_ref_dir`'s.
+    fn official_ref(&self) -> Pv {
+        let given = match self.ref_at_commit() {
+            Some((url, _, source)) => Pv::Known {
+                value: url,
+                source: format!("{source} (the part before \"at <commit>\")"),
+            },
+            None => self.text_or_fill(
+                "official_ref",
+                "url or import path of the official implementation",
+            ),
+        };
+        let Pv::Known { value, source } = &given else {
+            return given;
+        };
+        if !value.starts_with(['.', '/', '~', '<', '$']) {
+            return given;
+        }
+        let url = self.input.readme.and_then(|r| {
+            field_values(r, "README.md")
+                .into_iter()
+                .filter(|(k, _, _)| k == "official_ref")
+                .find_map(|(_, v, src)| {
+                    let (v, _) = cleaned("official_ref", &v).ok()?;
+                    v.contains("://").then_some((v, src))
+                })
+        });
+        match url {
+            Some((url, src)) => Pv::Known {
+                value: url,
+                source: format!(
+                    "{src}; {source} gives the folder {value:?}, which is official_ref_dir's"
+                ),
+            },
+            None => given,
+        }
+    }
+
     /// `official_ref` written as `URL at SHA` (a commit glued to the
     /// reference): the reference, the commit and where it was read.
     fn ref_at_commit(&self) -> Option<(String, String, String)> {
@@ -616,11 +732,61 @@ impl Cx<'_> {
                 }
             }
         }
+        if let Some(pv) = self.class_names() {
+            return pv;
+        }
         Pv::Unknown {
             searched: format!(
-                "{}; `model_index_class` anywhere in them",
+                "{}; `model_index_class` and `_class_name` anywhere in them",
                 self.searched(&[])
             ),
+        }
+    }
+
+    /// The pipeline class `model_index.json`'s `_class_name` names where
+    /// the texts quote it (`_class_name=ZPipeline`, `` `_class_name:
+    /// ZPipeline` ``): that class when they name one, a placeholder naming
+    /// them when several (one per variant).
+    fn class_names(&self) -> Option<Pv> {
+        let mut names: Vec<(String, &str)> = Vec::new();
+        for (file, text) in self.all_texts() {
+            for (at, _) in text.match_indices("_class_name") {
+                // `_class_name=X`, `_class_name: X`, `"_class_name": "X"`;
+                // not the word in prose (`_class_name` identities)
+                let Some(rest) = text[at + "_class_name".len()..]
+                    .trim_start_matches(['"', '\''])
+                    .trim_start()
+                    .strip_prefix(['=', ':'])
+                else {
+                    continue;
+                };
+                let rest = rest.trim_start_matches(['`', '"', '\'', ' ']);
+                let v: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if v.len() > 1 && !names.iter().any(|(n, _)| *n == v) {
+                    names.push((v, file));
+                }
+            }
+        }
+        match names.as_slice() {
+            [] => None,
+            [(one, file)] => Some(Pv::Known {
+                value: one.clone(),
+                source: format!("`_class_name` in {file}"),
+            }),
+            several => Some(Pv::Fill {
+                hint: "the pipeline class of the variant this port serves".into(),
+                from: format!(
+                    "the texts give several `_class_name`s ({}); prep picks one",
+                    several
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }),
         }
     }
 
@@ -646,6 +812,21 @@ impl Cx<'_> {
                 return Pv::Known {
                     value: f.value.to_ascii_lowercase(),
                     source: f.source,
+                };
+            }
+            // `mixed raw checkpoints and …`: a contract value, then prose
+            let lower = f.value.to_ascii_lowercase();
+            if let Some((first, rest)) = lower.split_once(char::is_whitespace)
+                && first.parse::<SourceLayout>().is_ok()
+                && first != "unknown"
+            {
+                return Pv::Known {
+                    value: first.to_string(),
+                    source: format!(
+                        "{}; the words after it, {:?}, are not part of it",
+                        f.source,
+                        one_line(rest.trim(), 80)
+                    ),
                 };
             }
             said.push(format!("{} says {:?}", f.source, one_line(&f.value, 60)));
@@ -719,6 +900,15 @@ impl Cx<'_> {
                 };
             }
             let raw = self.input.status.unwrap_or_default();
+            if let Some(script) = sections_titled(raw, "conversion")
+                .iter()
+                .find_map(|s| conversion_script(s))
+            {
+                return Pv::Known {
+                    value: "yes".into(),
+                    source: format!("PORT_STATUS.md's conversion section (script {script})"),
+                };
+            }
             if sections_titled(raw, "conversion")
                 .iter()
                 .any(|s| says_no(s))
@@ -1005,6 +1195,59 @@ fn next_step(out: &[(&'static str, Pv)]) -> Pv {
             from: "follows official_env_status, which is not decided".into(),
         },
     }
+}
+
+/// The script a conversion section's `- Script: path.py` (`Converter:`,
+/// `Conversion script:`) line names.
+fn conversion_script(section: &str) -> Option<String> {
+    section.lines().find_map(|line| {
+        let l = line.trim_start().strip_prefix(['-', '*'])?;
+        let (k, v) = l.split_once(':')?;
+        let named = matches!(
+            key_words(k).as_str(),
+            "script" | "converter" | "conversion script" | "conversion_script"
+        );
+        let v = strip_md(v);
+        let path = v.split_whitespace().find(|w| w.ends_with(".py"))?;
+        named.then(|| path.to_string())
+    })
+}
+
+/// A sentence of the texts that states `field` in words (`Official
+/// source imports successfully … with no dependency changes.`): the
+/// contract value and the line, for a field no `key:` line gives.
+fn stated(texts: &[(&'static str, &str)], field: &str) -> Option<(String, String)> {
+    for (file, text) in texts {
+        // a table row is a record of its own (an issue's resolution), not
+        // the port's statement
+        for line in text.lines().filter(|l| !l.trim_start().starts_with('|')) {
+            let l = line.to_ascii_lowercase();
+            let value = match field {
+                "dependency_changes"
+                    if l.contains("no dependency changes")
+                        || l.contains("no dependency change was") =>
+                {
+                    "none"
+                }
+                "official_env_status"
+                    if l.contains("official")
+                        && (l.contains("imports successfully")
+                            || l.contains("imports cleanly"))
+                        && !l.contains("not ")
+                        && !l.contains("fail") =>
+                {
+                    "imports_ok"
+                }
+                _ => continue,
+            };
+            let said = strip_md(line.trim().trim_start_matches(['-', '*']).trim());
+            return Some((
+                value.to_string(),
+                format!("{file}, which says {:?}", one_line(&said, 100)),
+            ));
+        }
+    }
+    None
 }
 
 /// The bodies of the `## ` sections of `text` whose heading contains `word`

@@ -1348,3 +1348,249 @@ fn the_pipeline_and_quality_tests_are_wired_for_p7_and_p10() {
     );
     assert_eq!(out.summary.later.len(), 3, "{:?}", out.summary.later);
 }
+
+/// One family of its own shape: only a status file (and a README, a
+/// `.gitignore`) and one parity test; `prep` of what init wrote.
+fn prep_of(status: &str, readme: Option<&str>, gitignore: Option<&str>) -> (Inferred, PortSpec) {
+    let mut files = vec![
+        ("tests/local_tests/heron/PORT_STATUS.md", status),
+        (
+            "tests/local_tests/heron/test_heron_dit_parity.py",
+            TRANSFORMER_TEST,
+        ),
+    ];
+    if let Some(r) = readme {
+        files.push(("tests/local_tests/heron/README.md", r));
+    }
+    if let Some(g) = gitignore {
+        files.push((".gitignore", g));
+    }
+    let out = Repo::new(&files).init("heron");
+    let spec = parsed(&out);
+    (out, spec)
+}
+
+/// Folders written through a stand-in for the checkout's root
+/// (`<repo_root>/HeronRef/src`) or as a variable with a default
+/// (`${HERON_REF:-$PWD/HeronRef}`) are repo-relative folders, so the
+/// `.gitignore` lines for them are found too; a variable without a
+/// default is a placeholder that says so (issue #41 item 6: zimage,
+/// minimax_h3).
+#[test]
+fn folders_under_a_stand_in_for_the_root_are_repo_relative() {
+    let status = "# Heron\n\n## Summary\n\n- official_ref_dir: `<repo_root>/HeronRef/src`\n- local_weights_dir: `<repo_root>/official_weights/Heron/`\n";
+    let (out, spec) = prep_of(status, None, Some("*.log\n/HeronRef/\nofficial_weights/\n"));
+    assert_eq!(
+        spec.prep["official_ref_dir"], "HeronRef/src",
+        "{}",
+        out.toml
+    );
+    assert_eq!(spec.prep["local_weights_dir"], "official_weights/Heron/");
+    let line = out
+        .toml
+        .lines()
+        .find(|l| l.starts_with("gitignore_entries_added"))
+        .unwrap();
+    assert_eq!(
+        line,
+        r#"gitignore_entries_added = ["/HeronRef/", "official_weights/"]"#
+    );
+
+    let status = "# Heron\n\n## Summary\n\n- official_ref_dir: `${HERON_REF:-$PWD/HeronRef}`\n- local_weights_dir: `$HERON_WEIGHTS/raw`\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["official_ref_dir"], "HeronRef", "{}", out.toml);
+    assert!(
+        spec.prep["local_weights_dir"].starts_with("<fill in:"),
+        "{}",
+        out.toml
+    );
+    let why = line_of(&out.toml, "local_weights_dir = ") - 2;
+    assert!(
+        out.toml
+            .lines()
+            .nth(why)
+            .unwrap()
+            .contains("shell variable"),
+        "{}",
+        out.toml
+    );
+}
+
+/// A README's `## Reference` list labels its values in words
+/// (`- Upstream implementation:`, `- Source checkout:`, `- Checkpoint:`):
+/// they are official_ref, official_ref_dir and hf_weights_path, where init
+/// left all three to fill in (issue #41 item 6: minimax_h3).
+#[test]
+fn a_readmes_labelled_reference_list_gives_the_reference_and_checkpoint() {
+    let status = "# Heron\n\n## State\n\n- workloads: T2V\n";
+    let readme = "# Heron checks\n\n## Reference\n\n- Reference implementation: `https://example.org/heron/pull/7`\n- Source checkout: `${HERON_SRC:-$PWD/HeronUpstream}`\n- Checkpoint: `example/Heron-2B`\n\nA note that mentions a checkpoint: not a field.\n";
+    let (out, spec) = prep_of(status, Some(readme), None);
+    assert_eq!(
+        spec.prep["official_ref"], "https://example.org/heron/pull/7",
+        "{}",
+        out.toml
+    );
+    assert_eq!(spec.prep["official_ref_dir"], "HeronUpstream");
+    assert_eq!(spec.prep["hf_weights_path"], "example/Heron-2B");
+}
+
+/// A status file whose reference is a folder of the porter's machine
+/// (`../HeronRef` at a commit) gives way to the URL its README records;
+/// the folder stays official_ref_dir's, the commit is kept (issue #41
+/// item 6: mmaudio).
+#[test]
+fn a_reference_folder_gives_way_to_the_readmes_url() {
+    let status = "# Heron\n\n## Summary\n\n- official_ref: `../HeronRef` at `0123456789abcdef`\n";
+    let readme = "# Heron\n\n| Field | Value |\n|---|---|\n| Official reference | `https://example.org/heron` |\n| Local reference dir | `../HeronRef` beside the checkout |\n";
+    let (out, spec) = prep_of(status, Some(readme), None);
+    assert_eq!(
+        spec.prep["official_ref"], "https://example.org/heron",
+        "{}",
+        out.toml
+    );
+    assert_eq!(spec.prep["official_ref_dir"], "../HeronRef");
+    assert_eq!(spec.prep["official_ref_commit"], "0123456789abcdef");
+    // without a URL anywhere, the folder is what the file says
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["official_ref"], "../HeronRef", "{}", out.toml);
+}
+
+/// A source layout written as a contract value and then words about it
+/// (`mixed official checkpoints and outside encoders`) is that value; a
+/// text whose first word is none stays unknown with what it said
+/// (issue #41 item 6: mmaudio).
+#[test]
+fn a_source_layout_followed_by_prose_is_its_first_word() {
+    let status = "# Heron\n\n## Summary\n\n- source_layout: mixed official checkpoints and outside encoders\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["source_layout"], "mixed", "{}", out.toml);
+    let status = "# Heron\n\n## Summary\n\n- source_layout: upstream-native package tree\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["source_layout"], "unknown", "{}", out.toml);
+    assert!(out.toml.contains("not a source_layout value"));
+}
+
+/// A status file that states its conversion in a section of its own
+/// (`## Weight Conversion` with `- Script: …py`) and its environment in
+/// a sentence (`The upstream code imports successfully … with no
+/// dependency changes.`) decides needs_conversion, dependency_changes,
+/// official_env_status and so next_step; a table row's resolution saying
+/// the same is not the port's statement (issue #41 item 6:
+/// lingbot_video).
+#[test]
+fn conversion_and_environment_stated_in_words_are_read() {
+    let status = "# Heron\n\n## Summary\n\n- model_family: `heron`\n\n## Weight Conversion\n\nThe upstream files need renaming before FastVideo loads them.\n\n- Script: `scripts/checkpoint_conversion/heron_to_diffusers.py`\n\n## Notes\n\n- The official code imports successfully in our venv with no dependency changes.\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["needs_conversion"], "yes", "{}", out.toml);
+    assert_eq!(spec.prep["dependency_changes"], "none");
+    assert_eq!(spec.prep["official_env_status"], "imports_ok");
+    assert_eq!(spec.prep["next_step"], "add-model");
+    // the same words only in an issue row's resolution decide nothing
+    let status = "# Heron\n\n## Issues\n\n| ID | Issue | Resolution |\n|---|---|---|\n| I1 | venv | No dependency changes were needed; official code imports successfully. |\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert!(
+        spec.prep["dependency_changes"].starts_with("<fill in:"),
+        "{}",
+        out.toml
+    );
+    assert!(spec.prep["official_env_status"].starts_with("<fill in:"));
+    assert!(spec.prep["needs_conversion"].starts_with("<fill in:"));
+}
+
+/// A status file's weights written `org/model@rev`: init splits them into
+/// hf_weights_path and hf_revision, and P0 takes the pair as agreeing with
+/// the file (it refused what init wrote: FastVideo's zimage); another
+/// revision still disagrees.
+#[test]
+fn p0_takes_weights_at_a_revision_as_the_id_and_hf_revision() {
+    let status = "# Heron\n\n## Summary\n\n- model_family: `heron`\n- hf_weights_path: `example/Heron-2B@a1b2c3d4e5`\n";
+    let (out, mut spec) = prep_of(status, None, None);
+    assert_eq!(
+        spec.prep["hf_weights_path"], "example/Heron-2B",
+        "{}",
+        out.toml
+    );
+    assert_eq!(spec.prep["hf_revision"], "a1b2c3d4e5");
+    let unmet = crate::preconditions::status_conditions(&spec, status, &|f| format!("p:{f}"));
+    assert!(unmet.is_empty(), "{unmet:#?}");
+    spec.prep.insert("hf_revision".into(), "ffff0000".into());
+    let unmet = crate::preconditions::status_conditions(&spec, status, &|f| format!("p:{f}"));
+    assert_eq!(unmet.len(), 1, "{unmet:#?}");
+    assert!(unmet[0].contains("hf_weights_path"), "{unmet:#?}");
+}
+
+/// The basic example P9 ends with is wired as `[pipeline] example`: the
+/// family's own where FastVideo keeps examples, else its variant's (named
+/// like the pipeline tests, `basic_F_turbo.py` beside
+/// `test_F_turbo_pipeline_smoke.py`), else one the README runs; none when
+/// the checkout has none (init wired it in none of FastVideo's seven).
+#[test]
+fn the_basic_example_is_wired_as_the_pipelines_example() {
+    let example = |extra: &[(&str, &str)], readme: Option<&str>| {
+        let mut files = vec![
+            ("tests/local_tests/heron/PORT_STATUS.md", "# Heron\n"),
+            (
+                "tests/local_tests/heron/test_heron_dit_parity.py",
+                TRANSFORMER_TEST,
+            ),
+            (
+                "tests/local_tests/heron/test_heron_turbo_pipeline_smoke.py",
+                PLAIN_TEST,
+            ),
+        ];
+        files.extend_from_slice(extra);
+        if let Some(r) = readme {
+            files.push(("tests/local_tests/heron/README.md", r));
+        }
+        let out = Repo::new(&files).init("heron");
+        parsed(&out).pipeline.map(|p| p.example).unwrap_or_default()
+    };
+    let own = ("examples/inference/basic/basic_heron.py", "print(1)\n");
+    let variant = (
+        "examples/inference/basic/basic_heron_turbo.py",
+        "print(1)\n",
+    );
+    let named = ("examples/heron_demo/basic_heron_demo.py", "print(1)\n");
+    let readme = "# Heron\n\nRun `python examples/heron_demo/basic_heron_demo.py --steps 2`.\n";
+    assert_eq!(
+        example(&[own, variant], None),
+        ["python", "examples/inference/basic/basic_heron.py"]
+    );
+    assert_eq!(
+        example(&[variant, named], Some(readme)),
+        ["python", "examples/inference/basic/basic_heron_turbo.py"]
+    );
+    assert_eq!(
+        example(&[named], Some(readme)),
+        ["python", "examples/heron_demo/basic_heron_demo.py"]
+    );
+    // named by the README but not in the checkout: nothing to run
+    assert!(example(&[], Some(readme)).is_empty());
+}
+
+/// The pipeline class a status file quotes from `model_index.json`
+/// (`_class_name=HeronPipeline`) is model_index_class, where init said
+/// unknown (FastVideo's zimage); two variants' classes are a placeholder
+/// naming both (lingbot_video), and the word in prose is neither.
+#[test]
+fn a_quoted_class_name_is_the_model_index_class() {
+    let status = "# Heron\n\n## Pipeline\n\n- model_index_contract: `_class_name=HeronPipeline`; modules `vae`, `transformer`\n- We keep distinct `_class_name` identities per variant.\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(
+        spec.prep["model_index_class"], "HeronPipeline",
+        "{}",
+        out.toml
+    );
+    let status = "# Heron\n\n## Notes\n\n- Base: its model index uses `_class_name: HeronBasePipeline`.\n- Large: its model index uses `_class_name: HeronLargePipeline`.\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert!(
+        spec.prep["model_index_class"].starts_with("<fill in:"),
+        "{}",
+        out.toml
+    );
+    assert!(out.toml.contains("HeronBasePipeline, HeronLargePipeline"));
+    let status =
+        "# Heron\n\n## Notes\n\n- We keep distinct `_class_name` identities per variant.\n";
+    let (out, spec) = prep_of(status, None, None);
+    assert_eq!(spec.prep["model_index_class"], "unknown", "{}", out.toml);
+}
