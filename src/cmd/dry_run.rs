@@ -73,12 +73,7 @@ fn print_gate(spec: &PortSpec, repo: &Path) -> bool {
             other.unwrap_or("missing")
         ),
     }
-    let names: Vec<&str> = spec
-        .components
-        .iter()
-        .filter(|c| !spec.pipeline_steps().any(|p| p.name == c.name))
-        .map(|c| c.name.as_str())
-        .collect();
+    let names: Vec<&str> = spec.parity_components().map(|c| c.name.as_str()).collect();
     println!(
         "gate P6: runs the parity tests of {} component(s): {}",
         names.len(),
