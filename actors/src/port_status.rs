@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use fvd_contracts::coauthor::{self, ComponentInput, Input, Run};
+use fvd_contracts::coauthor::{self, BackToP6, ComponentInput, GateInput, Input, Run, Standing};
 use fvd_contracts::ids::IdKind;
 use fvd_contracts::phase::Phase;
 use fvd_contracts::port_status::{
@@ -25,9 +25,10 @@ use fvd_contracts::status_guard;
 
 use fvd_spec::{self, ComponentSpec, PortSpec};
 use fvd_store::model::{
-    ComponentRow, ComponentStatus, JobRecord, JobState, PortRow, PortState, RecordedVerdict,
+    ComponentRow, ComponentStatus, GateEventRow, JobRecord, JobState, PortRow, PortState,
+    RecordedVerdict,
 };
-use fvd_store::states::{EscapeAbout, EscapeStatus};
+use fvd_store::states::{EscapeAbout, EscapeStatus, GateOutcome};
 use fvd_store::{EscapeRow, Store, StoreError, now_ms};
 
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +132,7 @@ pub async fn plan(
         runs.push(store.jobs_of(family, &c.name).await?);
     }
     let escapes = store.escapes(family).await?;
+    let events = store.gate_events(family).await?;
     let by = store
         .port_origin(family)
         .await?
@@ -174,6 +176,7 @@ pub async fn plan(
         &gpus,
         &today(),
         &by,
+        &events,
     ) {
         Next::Text(t) => (Some(t), None),
         Next::Nothing(why) => (None, Some(why)),
@@ -521,6 +524,12 @@ pub fn component_input(
     });
     ComponentInput {
         name: spec.name.clone(),
+        stage: match spec.stage {
+            fvd_spec::Stage::Component => coauthor::Stage::Component,
+            fvd_spec::Stage::Pipeline => coauthor::Stage::Pipeline,
+            fvd_spec::Stage::Example => coauthor::Stage::Example,
+            fvd_spec::Stage::Quality => coauthor::Stage::Quality,
+        },
         aliases: spec.aliases.clone(),
         component_type: spec.component_type.clone(),
         parity_tests: spec.parity_tests.clone(),
@@ -613,12 +622,23 @@ pub fn next_text(
     date: &str,
 ) -> Next {
     next_text_by(
-        existing, port, spec, components, runs, escapes, variants, gpus, date, "",
+        existing,
+        port,
+        spec,
+        components,
+        runs,
+        escapes,
+        variants,
+        gpus,
+        date,
+        "",
+        &[],
     )
 }
 
 /// [`next_text`] for a port `by` submitted (a credential's name, in each
-/// evidence segment: `run N on W for NAME`).
+/// evidence segment: `run N on W for NAME`), with the gate's decisions
+/// `events` (where the port is after P6, and why).
 #[allow(clippy::too_many_arguments)]
 pub fn next_text_by(
     existing: Option<&str>,
@@ -631,6 +651,7 @@ pub fn next_text_by(
     gpus: &BTreeMap<String, String>,
     date: &str,
     by: &str,
+    events: &[GateEventRow],
 ) -> Next {
     // A gate refusal before any component ran says nothing about the code.
     let refused_before_runs = matches!(
@@ -660,6 +681,7 @@ pub fn next_text_by(
             })
             .collect(),
         escapes: escapes.iter().map(escape_row).collect(),
+        gate: gate_input(port, events, escapes),
     };
     match existing {
         Some(text) => Next::Text(coauthor::patch(text, &input)),
@@ -675,6 +697,77 @@ pub fn next_text_by(
             Next::Text(coauthor::create(&skeleton(port, spec, date), &input))
         }
     }
+}
+
+/// Where the gate has the port: the store's phase and state, the latest
+/// time a red pipeline sent it back to P6 for a component (P6's latest
+/// `reopened` whose conditions name the component and the module; fixed
+/// once P7 passed after it), and the escape hatch a deferred P10 names.
+pub fn gate_input(port: &PortRow, events: &[GateEventRow], escapes: &[EscapeRow]) -> GateInput {
+    let standing = match port.state {
+        PortState::Running => Standing::Running,
+        PortState::AskUser => Standing::AskUser,
+        PortState::Environment => Standing::Environment,
+        PortState::Waiting => Standing::Waiting,
+        PortState::Blocked => Standing::Blocked,
+        _ => Standing::Ended,
+    };
+    let p6 = Phase::ComponentParityDebug.id();
+    let p7 = Phase::PipelineStagesAndVariants.id();
+    let back_to_p6 = events
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, e)| e.outcome == GateOutcome::Reopened && e.phase == p6)
+        .find_map(|(k, e)| {
+            let (component, module) = e.conditions.iter().find_map(|c| pipeline_divergence(c))?;
+            let fixed = events[k + 1..]
+                .iter()
+                .any(|l| l.phase == p7 && l.outcome == GateOutcome::Passed);
+            Some(BackToP6 {
+                component,
+                module,
+                fixed,
+            })
+        });
+    let p10 = Phase::QualityRegression.id();
+    let quality_deferred = events
+        .iter()
+        .rev()
+        .find(|e| e.phase == p10)
+        .filter(|e| e.outcome == GateOutcome::Pending)
+        .and_then(|e| {
+            escapes
+                .iter()
+                .rev()
+                .filter(|x| x.phase == p10)
+                .find(|x| e.conditions.iter().any(|c| names_id(c, &x.id)))
+                .map(|x| x.id.clone())
+        });
+    GateInput {
+        phase: port.phase.parse().ok(),
+        standing,
+        back_to_p6,
+        quality_deferred,
+    }
+}
+
+/// The component and first divergent module a P6 reopening names when the
+/// pipeline sent the port back (`component C: the pipeline parity test
+/// diverges first at M, one of its modules, …`).
+fn pipeline_divergence(condition: &str) -> Option<(String, String)> {
+    let rest = condition.strip_prefix("component ")?;
+    let (component, rest) = rest.split_once(": the pipeline parity test diverges first at ")?;
+    let module = rest
+        .split_once(", one of its modules")
+        .map_or(rest, |(m, _)| m);
+    Some((component.to_string(), module.to_string()))
+}
+
+/// Whether `text` names the id `id` as a whole word.
+fn names_id(text: &str, id: &str) -> bool {
+    text.split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|w| w == id)
 }
 
 /// A new file: the contract's sections with what the spec knows.
@@ -1383,6 +1476,71 @@ set_env = { PYTHONPATH = "{repo}" }
                 .unwrap()
                 .contains("changed while fvd wrote it")
         );
+    }
+
+    /// The gate's decisions as the co-author reads them: where the port is,
+    /// the component a red pipeline sent it back to (fixed once P7 passed
+    /// after), and the escape hatch a deferred P10 names.
+    #[test]
+    fn the_gate_s_decisions_say_where_the_port_is_and_why() {
+        let ev = |phase: &str, outcome: GateOutcome, why: &str| GateEventRow {
+            phase: phase.into(),
+            outcome,
+            conditions: vec![why.into()],
+            at_ms: 0,
+        };
+        let mut events = vec![
+            ev("P6", GateOutcome::Passed, ""),
+            ev("P7", GateOutcome::Entered, ""),
+            ev(
+                "P7",
+                GateOutcome::Refused,
+                "pipeline_parity is debug_red; its first divergence, vae.decoder.up.0, is in component vae's modules: back to P6 for vae",
+            ),
+            ev(
+                "P6",
+                GateOutcome::Reopened,
+                "component vae: the pipeline parity test diverges first at vae.decoder.up.0, one of its modules, although its own parity test passes",
+            ),
+        ];
+        let g = gate_input(&port("running", "P6"), &events, &[]);
+        assert_eq!(g.phase, Some(Phase::ComponentParityDebug));
+        assert_eq!(g.standing, Standing::Running);
+        assert_eq!(
+            g.back_to_p6,
+            Some(BackToP6 {
+                component: "vae".into(),
+                module: "vae.decoder.up.0".into(),
+                fixed: false,
+            })
+        );
+        // a conversion retry reopens P5, not a pipeline's move back
+        assert!(
+            gate_input(&port("running", "P6"), &events[..3], &[])
+                .back_to_p6
+                .is_none()
+        );
+        events.push(ev("P6", GateOutcome::Passed, ""));
+        events.push(ev("P7", GateOutcome::Passed, ""));
+        events.push(ev(
+            "P10",
+            GateOutcome::Pending,
+            "quality_x_similarity (t.py) skipped (no refs); quality regression deferred by ana in answer to E002",
+        ));
+        let hatch = |id: &str| EscapeRow {
+            id: id.into(),
+            phase: "P10".into(),
+            ..EscapeRow::default()
+        };
+        let g = gate_input(
+            &port("waiting", "P11"),
+            &events,
+            &[hatch("E001"), hatch("E002")],
+        );
+        assert_eq!(g.phase, Some(Phase::PostParityReviewAndHandoff));
+        assert_eq!(g.standing, Standing::Waiting);
+        assert!(g.back_to_p6.is_some_and(|b| b.fixed));
+        assert_eq!(g.quality_deferred.as_deref(), Some("E002"));
     }
 
     #[test]

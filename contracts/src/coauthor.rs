@@ -253,10 +253,62 @@ pub struct Run {
     pub by: String,
 }
 
+/// What a spec entry is to the workflow: a component, or a step of a
+/// later phase that runs like one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Stage {
+    /// A P6 parity component: a row of the Component Matrix.
+    #[default]
+    Component,
+    /// A P7 step: the pipeline smoke or parity test.
+    Pipeline,
+    /// P9's basic example, judged by its exit status.
+    Example,
+    /// A P10 quality regression test.
+    Quality,
+}
+
+impl Stage {
+    /// Whether it is a component (and so has a Component Matrix row).
+    pub fn is_component(self) -> bool {
+        self == Stage::Component
+    }
+
+    /// The Parity Commands Scope of a row fvd adds for it; a component's
+    /// is its name.
+    fn scope(self, name: &str) -> String {
+        match self {
+            Stage::Component => name.to_owned(),
+            Stage::Pipeline | Stage::Example => "pipeline".to_owned(),
+            Stage::Quality => "quality".to_owned(),
+        }
+    }
+
+    /// The phase its issues belong to.
+    fn phase(self) -> Phase {
+        match self {
+            Stage::Component => Phase::ComponentParityDebug,
+            Stage::Pipeline => Phase::PipelineStagesAndVariants,
+            Stage::Example => Phase::ParityActivationAndLocalVerification,
+            Stage::Quality => Phase::QualityRegression,
+        }
+    }
+
+    /// The owner of its issues.
+    fn owner(self, name: &str) -> String {
+        match self {
+            Stage::Component => format!("component:{name}"),
+            _ => "pipeline".to_owned(),
+        }
+    }
+}
+
 /// A spec component and what fvd recorded for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ComponentInput {
     pub name: String,
+    /// A component, or a later phase's step (never a matrix row).
+    pub stage: Stage,
     pub aliases: Vec<String>,
     pub component_type: String,
     pub parity_tests: Vec<String>,
@@ -291,6 +343,51 @@ pub struct Input {
     pub components: Vec<ComponentInput>,
     /// The escape-hatch rows of the questions agents asked, by fvd's ids.
     pub escapes: Vec<EscapeHatchRow>,
+    /// Where the gate has the port.
+    pub gate: GateInput,
+}
+
+/// How the port stands, as the store records it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Standing {
+    /// The gate drives it.
+    #[default]
+    Running,
+    /// It waits for a person's answer to an escape hatch.
+    AskUser,
+    /// It waits for a worker whose environment can run it.
+    Environment,
+    /// It waits on a person's work (P8's acceptance, P11's review).
+    Waiting,
+    /// The gate refused its phase.
+    Blocked,
+    /// Cancelled or otherwise ended: Current Phase is not moved for it.
+    Ended,
+}
+
+/// Where the gate has the port, from the store's decisions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GateInput {
+    /// The phase the port is at; `None` when not known (Current Phase then
+    /// moves only as far as the components say).
+    pub phase: Option<Phase>,
+    pub standing: Standing,
+    /// The latest time a red pipeline parity test sent the port back to P6.
+    pub back_to_p6: Option<BackToP6>,
+    /// The escape hatch in answer to which a person deferred quality
+    /// regression (P10 pending).
+    pub quality_deferred: Option<String>,
+}
+
+/// A red pipeline parity test traced to a component's modules: P7
+/// refused, P6 reopened for the component.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackToP6 {
+    pub component: String,
+    /// The first divergent module.
+    pub module: String,
+    /// P7 passed since.
+    pub fixed: bool,
 }
 
 /// The rows a component matches, as `fvd submit --dry-run` prints them.
@@ -328,7 +425,8 @@ pub fn row_matches(text: &str, components: &[ComponentInput]) -> Vec<RowMatch> {
     found
         .iter()
         .zip(&ids)
-        .map(|(f, who)| {
+        .zip(components)
+        .map(|((f, who), c)| {
             let at = |kind: Kind, line: Option<usize>| {
                 let t = tables.iter().find(|t| t.kind == kind)?;
                 let line = line?;
@@ -336,7 +434,7 @@ pub fn row_matches(text: &str, components: &[ComponentInput]) -> Vec<RowMatch> {
             };
             let rec = status_read::recorded(&doc, &tables, f, who, &|c| human_part(c));
             RowMatch {
-                matrix: at(Kind::Matrix, f.matrix),
+                matrix: at(Kind::Matrix, f.matrix.filter(|_| c.stage.is_component())),
                 parity: at(Kind::Commands, f.commands),
                 other: f
                     .person
@@ -618,6 +716,122 @@ impl SectionRow {
 const SECTION_HEADER: &str = "| Component | Recorded in this file | fvd verdict | Run | Evidence |";
 const SECTION_SEPARATOR: &str = "|---|---|---|---|---|";
 
+/// P11's pre-handoff checklist: what fvd's records show ticked, the rest
+/// left to a person.
+fn checklist(input: &Input) -> Vec<String> {
+    let item = |done: bool, text: String| format!("- [{}] {text}", if done { 'x' } else { ' ' });
+    let of = |stage: Stage| -> Vec<&ComponentInput> {
+        input
+            .components
+            .iter()
+            .filter(|c| c.stage == stage)
+            .collect()
+    };
+    let names = |v: &[&ComponentInput]| {
+        v.iter()
+            .map(|c| format!("`{}`", one_line(&c.name)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let passed = |c: &&ComponentInput| c.outcome() == Outcome::Pass;
+    let mut out = vec![
+        "- P11 pre-handoff checklist (ticked from fvd's records; the rest is a person's):"
+            .to_owned(),
+    ];
+    let comps = of(Stage::Component);
+    let red: Vec<&ComponentInput> = comps.iter().copied().filter(|c| !passed(c)).collect();
+    out.push(if red.is_empty() {
+        item(
+            true,
+            format!(
+                "every required component has a non-skip parity pass ({})",
+                names(&comps)
+            ),
+        )
+    } else {
+        item(
+            false,
+            format!(
+                "every required component has a non-skip parity pass (not yet: {})",
+                names(&red)
+            ),
+        )
+    });
+    let steps = of(Stage::Pipeline);
+    for step in &steps {
+        out.push(item(
+            passed(step),
+            format!(
+                "pipeline step `{}` has a non-skip pass",
+                one_line(&step.name)
+            ),
+        ));
+    }
+    if steps.is_empty() {
+        out.push(item(
+            false,
+            "pipeline smoke and parity: a person's (the spec declares no pipeline test)".into(),
+        ));
+    }
+    let example = of(Stage::Example);
+    out.push(match example.first() {
+        Some(e) => item(
+            passed(e),
+            "the basic example ran to exit status 0 (whether its output is sound is a person's)"
+                .into(),
+        ),
+        None => item(
+            false,
+            "the basic example: a person's (the spec declares none)".into(),
+        ),
+    });
+    let quality = of(Stage::Quality);
+    out.push(match &input.gate.quality_deferred {
+        _ if !quality.is_empty() && quality.iter().all(passed) => item(
+            true,
+            format!("quality regression passed ({})", names(&quality)),
+        ),
+        Some(id) => item(
+            false,
+            format!("quality regression deferred in answer to {}", one_line(id)),
+        ),
+        None if quality.is_empty() => item(
+            false,
+            "quality regression: a person's (the spec declares no quality test)".into(),
+        ),
+        None => item(
+            false,
+            format!("quality regression has no pass yet ({})", names(&quality)),
+        ),
+    });
+    let open: Vec<&str> = input
+        .escapes
+        .iter()
+        .filter(|e| plain(&e.status) == "open")
+        .map(|e| e.id.as_str())
+        .collect();
+    out.push(if open.is_empty() {
+        item(true, "every escape hatch fvd raised is answered".into())
+    } else {
+        item(
+            false,
+            format!("every escape hatch answered (open: {})", open.join(", ")),
+        )
+    });
+    for person in [
+        "the prep handoff is complete, and no token value is committed",
+        "the converted weights (if any) load strictly with the real checkpoint",
+        "the local tests README lists every parity test, its command and status",
+        "every open question and issue in this file is resolved or named a blocker",
+        "production code imports no diffusers or transformers model classes",
+        "comments explain why; examples carry a user-story docstring",
+        "the hot-path review of the sampling loop is done",
+    ] {
+        out.push(item(false, format!("a person's: {person}")));
+    }
+    out
+}
+
 /// The lines of fvd's section in a doc: heading to end marker.
 fn fvd_section_range(doc: &StatusDoc) -> Option<std::ops::Range<usize>> {
     let lines = doc.lines();
@@ -658,6 +872,10 @@ struct Rows {
     commands: Option<usize>,
     /// The file keeps the component in a table of the porter's shape.
     person: bool,
+    /// A step without a Parity Commands row of its own whose test file a
+    /// row of another step's runs too (one porter's row for smoke and
+    /// parity): its evidence goes to fvd's section, not a row beside it.
+    shared: bool,
 }
 
 impl<'a> Patcher<'a> {
@@ -696,10 +914,15 @@ impl<'a> Patcher<'a> {
         };
         let rows: Vec<Rows> = found
             .iter()
-            .map(|f| Rows {
-                matrix: offset(Kind::Matrix, f.matrix),
+            .zip(&self.input.components)
+            .map(|(f, c)| Rows {
+                // a step is never a component's matrix row
+                matrix: offset(Kind::Matrix, f.matrix).filter(|_| c.stage.is_component()),
                 commands: offset(Kind::Commands, f.commands),
                 person: !f.person.is_empty(),
+                shared: f.commands.is_none()
+                    && !c.stage.is_component()
+                    && self.runs_test_of(&tables, c),
             })
             .collect();
         let mut tested_any = false;
@@ -714,10 +937,78 @@ impl<'a> Patcher<'a> {
         }
         self.phase(tested_any, &recorded);
         self.escapes();
-        if tested_any || !self.input.escapes.is_empty() {
+        self.gate_notes();
+        if tested_any || !self.input.escapes.is_empty() || !self.section_notes.is_empty() {
             self.write_section();
         }
         self.doc.render()
+    }
+
+    /// fvd's lines about the gate's later phases: why the pipeline sent the
+    /// port back to P6, what a waiting port waits for, and at P11 the
+    /// pre-handoff checklist.
+    fn gate_notes(&mut self) {
+        let g = &self.input.gate;
+        if let Some(b) = &g.back_to_p6 {
+            let mut line = format!(
+                "- back to P6: the pipeline parity test diverged first at `{}`, in component `{}`'s modules, and the port went back to P6 for it",
+                one_line(&b.module),
+                one_line(&b.component)
+            );
+            line.push_str(if b.fixed {
+                "; fixed: the latest P7 passed."
+            } else {
+                "."
+            });
+            self.section_notes.push(line);
+        }
+        let Some(phase) = g.phase else {
+            return;
+        };
+        let waits = match g.standing {
+            Standing::Waiting if phase == Phase::PostParityReviewAndHandoff => {
+                "waits for a person's review".to_owned()
+            }
+            Standing::Waiting => "waits on a person's work".to_owned(),
+            Standing::AskUser => {
+                let open: Vec<&str> = self
+                    .input
+                    .escapes
+                    .iter()
+                    .filter(|e| plain(&e.status) == "open")
+                    .map(|e| e.id.as_str())
+                    .collect();
+                format!("waits for a person's answer ({})", open.join(", "))
+            }
+            _ => String::new(),
+        };
+        if !waits.is_empty() && phase > Phase::ComponentParityDebug {
+            self.section_notes.push(format!(
+                "- the port is at {} ({}) and {waits}.",
+                phase.id(),
+                phase.name()
+            ));
+        }
+        if phase == Phase::PostParityReviewAndHandoff {
+            self.section_notes.extend(checklist(self.input));
+        }
+    }
+
+    /// Whether a Parity Commands row's command runs one of `c`'s test files.
+    fn runs_test_of(&self, tables: &[status_read::Table], c: &ComponentInput) -> bool {
+        let Some(t) = tables.iter().find(|t| t.kind == Kind::Commands) else {
+            return false;
+        };
+        let Some(col) = t.command else {
+            return false;
+        };
+        t.at.rows.clone().any(|line| {
+            self.doc.cell(line, col).is_some_and(|cmd| {
+                c.parity_tests
+                    .iter()
+                    .any(|test| status_match::command_runs(&cmd, test))
+            })
+        })
     }
 
     fn commands(&self) -> Option<TableAt> {
@@ -766,7 +1057,8 @@ impl<'a> Patcher<'a> {
         let verdict = run.verdict.as_str();
         let recorded = rec.records_pass();
         let regression = outcome == Outcome::Red && recorded;
-        self.regressed_now |= regression;
+        // a step's red moves no component back: the gate decides its phase
+        self.regressed_now |= regression && c.stage.is_component();
         let reason = evidence_reason(run);
         let short = self.short_segment(run, regression);
         let segment = self.segment(run, regression, &reason, None);
@@ -787,7 +1079,7 @@ impl<'a> Patcher<'a> {
                 _ if recorded => {}
                 _ => self.add_blocker(c, run, outcome, &reason, &segment, &mine),
             }
-        } else if regression {
+        } else if regression && c.stage.is_component() {
             self.regressions
                 .push((c.name.clone(), format!("see `## {FVD_SECTION_TITLE}`")));
         }
@@ -809,11 +1101,11 @@ impl<'a> Patcher<'a> {
         if let Some(r) = rows.commands {
             self.command_row(c, run, r, outcome, regression, &reason, &short);
         }
-        let unfound = !owned && !rows.person;
+        let unfound = !owned && !rows.person && !rows.shared;
         if unfound && (self.created || places.matrix || places.commands) {
             // a component the file does not know: a row in each contract
-            // table the file has
-            if self.created || places.matrix {
+            // table the file has (a step only in Parity Commands)
+            if c.stage.is_component() && (self.created || places.matrix) {
                 self.new_matrix_row(c, outcome.parity_cell(verdict));
             }
             if self.created || places.commands {
@@ -935,7 +1227,9 @@ impl<'a> Patcher<'a> {
             "regression: `debug_red` where this file records {}",
             one_line(&was)
         );
-        if let Some(id) = self.add_issue(c, "high", &issue, segment) {
+        if let Some(id) = self.add_issue(c, "high", &issue, segment)
+            && c.stage.is_component()
+        {
             self.regressions.push((c.name.clone(), id));
         }
     }
@@ -1022,10 +1316,10 @@ impl<'a> Patcher<'a> {
 
     /// A component of a created file that did not test: listed, nothing more.
     fn listed(&mut self, c: &ComponentInput, rows: &Rows) {
-        if rows.matrix.is_none() {
+        if rows.matrix.is_none() && c.stage.is_component() {
             self.add_matrix_row(c, "`not_started`", "none");
         }
-        if rows.commands.is_none() {
+        if rows.commands.is_none() && !rows.shared {
             self.add_command_row(c, "`not_run`", "");
         }
     }
@@ -1191,12 +1485,12 @@ impl<'a> Patcher<'a> {
             .to_string();
         let cells = [
             ("ID", next.clone()),
-            ("Phase", Phase::ComponentParityDebug.id()),
+            ("Phase", c.stage.phase().id()),
             ("Component", c.name.clone()),
             ("Severity", severity.to_owned()),
             ("Issue", one_line(issue)),
             ("Evidence", evidence.to_owned()),
-            ("Owner", format!("component:{}", c.name)),
+            ("Owner", c.stage.owner(&c.name)),
             ("Status", "open".to_owned()),
             ("Resolution", String::new()),
         ];
@@ -1223,7 +1517,7 @@ impl<'a> Patcher<'a> {
 
     fn add_command_row(&mut self, c: &ComponentInput, last: &str, notes: &str) {
         let cells = [
-            ("Scope", c.name.clone()),
+            ("Scope", c.stage.scope(&c.name)),
             (
                 "Command",
                 format!("`{}`", one_line(&c.command).replace('`', "'")),
@@ -1368,7 +1662,9 @@ impl<'a> Patcher<'a> {
                     .components
                     .iter()
                     .zip(recorded)
-                    .filter(|(c, r)| c.outcome() == Outcome::Red && r.records_pass())
+                    .filter(|(c, r)| {
+                        c.stage.is_component() && c.outcome() == Outcome::Red && r.records_pass()
+                    })
                     .map(|(c, _)| format!("`{}`", c.name))
                     .collect();
                 self.section_notes.push(format!(
@@ -1415,7 +1711,8 @@ impl<'a> Patcher<'a> {
             .collect();
         let mut blocked = false;
         let mut all_pass = true;
-        for (c, rec) in self.input.components.iter().zip(recorded) {
+        let components = self.input.components.iter().zip(recorded);
+        for (c, rec) in components.filter(|(c, _)| c.stage.is_component()) {
             let o = c.outcome();
             let rec_pass = rec.records_pass();
             let still_failing = open_fvd.contains(&status_match::normalise_label(&c.name));
@@ -1433,7 +1730,21 @@ impl<'a> Patcher<'a> {
         let status = value("status").unwrap_or_default();
         let mut changes: Vec<(&str, String)> = Vec::new();
         let before_p6 = recorded_phase.is_none_or(|p| p < p6);
-        if all_pass && recorded_phase.is_none_or(|p| p <= p6) {
+        // fvd moved the phase on before (its bullet keeps the porter's values)
+        let fvd_moved = self.forward_bullet().is_some();
+        let gate = self
+            .gate_target()
+            .filter(|_| all_pass && (recorded_phase.is_none_or(|p| p <= p6) || fvd_moved));
+        if let Some((phase, st, owner)) = gate {
+            // where the gate has the port, past P6 (or back at P6 for a
+            // component the pipeline traced to)
+            if phase > p6 {
+                self.record_forward(&date);
+            }
+            changes.push(("phase", format!("`{}`", phase.slug())));
+            changes.push(("status", format!("`{st}`")));
+            changes.push(("owner", format!("`{owner}`")));
+        } else if all_pass && recorded_phase.is_none_or(|p| p <= p6) {
             self.record_forward(&date);
             changes.push((
                 "phase",
@@ -1456,6 +1767,40 @@ impl<'a> Patcher<'a> {
         if changed {
             self.set_phase_field("last_updated", &format!("`{date}`"));
         }
+    }
+
+    /// The phase, status and owner the gate's decisions give the port: a
+    /// phase after P6, or P6 while a component the pipeline traced to is
+    /// reopened there; `None` otherwise (Current Phase then moves as the
+    /// components say). Status is the contract's word: `in_progress` while
+    /// the gate drives it or a person reviews it at P11, `blocked` while it
+    /// waits for an answer, a worker or a refusal to be fixed.
+    fn gate_target(&self) -> Option<(Phase, &'static str, String)> {
+        let g = &self.input.gate;
+        let p6 = Phase::ComponentParityDebug;
+        let phase = g.phase.filter(|p| *p >= p6)?;
+        let reopened = g.back_to_p6.as_ref().filter(|b| !b.fixed);
+        if phase == p6 && reopened.is_none() {
+            return None;
+        }
+        let status = match g.standing {
+            Standing::Running => "in_progress",
+            Standing::Waiting if phase == Phase::PostParityReviewAndHandoff => "in_progress",
+            Standing::AskUser | Standing::Environment | Standing::Waiting | Standing::Blocked => {
+                "blocked"
+            }
+            Standing::Ended => return None,
+        };
+        let owner = match phase {
+            Phase::ComponentParityDebug => reopened.map_or("orchestrator".to_owned(), |b| {
+                format!("component:{}", b.component)
+            }),
+            Phase::PipelineStagesAndVariants | Phase::PipelineConfigPresetsRegistryExamples => {
+                "pipeline".to_owned()
+            }
+            _ => "orchestrator".to_owned(),
+        };
+        Some((phase, status, owner))
     }
 
     /// Before every component's pass moves Current Phase on to P7: one

@@ -23,6 +23,7 @@ fn component(name: &str, tests: &[&str]) -> ComponentInput {
         .collect();
     ComponentInput {
         name: name.into(),
+        stage: Default::default(),
         aliases: Vec::new(),
         component_type: "generic".into(),
         command: format!(
@@ -83,6 +84,7 @@ fn with_runs(mut comps: Vec<ComponentInput>, runs: &[(&str, Option<Run>)]) -> In
         date: DATE.into(),
         components: comps,
         escapes: Vec::new(),
+        gate: Default::default(),
     }
 }
 
@@ -549,6 +551,7 @@ fn a_free_form_file_gets_one_fvd_section_and_nothing_else() {
         date: DATE.into(),
         components: vec![dit.clone()],
         escapes: Vec::new(),
+        gate: Default::default(),
     };
     let after = patch(FREEFORM, &input);
     let changes = assert_owned(FREEFORM, &after);
@@ -577,6 +580,7 @@ fn a_free_form_file_gets_one_fvd_section_and_nothing_else() {
         date: DATE.into(),
         components: vec![dit.clone()],
         escapes: Vec::new(),
+        gate: Default::default(),
     };
     let blocked = patch(&after, &red);
     assert_owned(&after, &blocked);
@@ -673,6 +677,7 @@ fn a_file_an_older_fvd_wrote_is_taken_over_without_doubles() {
         date: DATE.into(),
         components: vec![b],
         escapes: Vec::new(),
+        gate: Default::default(),
     };
     let after = patch(old, &input);
     assert_owned(old, &after);

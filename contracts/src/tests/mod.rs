@@ -5,6 +5,7 @@
 
 mod coauthor;
 mod examples;
+mod later_phases;
 mod port_status;
 mod roundtrip;
 mod rules;

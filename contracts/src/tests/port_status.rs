@@ -582,6 +582,7 @@ fn the_co_author_keeps_every_real_file_but_its_own_cells() {
             })
             .collect(),
         escapes: Vec::new(),
+        gate: Default::default(),
     };
     let names = [
         "transformer",
