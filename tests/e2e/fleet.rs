@@ -674,3 +674,62 @@ fn oom_run_logs(sb: &Sandbox) {
         "{second}"
     );
 }
+
+/// `fvd workers` while three sharing runs and nothing else hold the fake
+/// GPU: one line for the GPU with its runs and leased memory, and each run
+/// on it (issue #44). The runs end only once the test saw that line.
+#[test]
+fn fvd_workers_shows_several_runs_on_one_gpu_and_their_leased_memory() {
+    let mut sb = Sandbox::new();
+    let marks = sb.dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let body = format!(
+        "end = time.time() + 60\nwhile not os.path.exists({:?}):\n    assert time.time() < end, 'never released'\n    time.sleep(0.05)",
+        marks.join("release").display().to_string()
+    );
+    let names = ["a", "b", "c"];
+    let parts: Vec<TestComponent> = names.iter().map(|n| TestComponent::new(n, &body)).collect();
+    sb.port("seen", &parts);
+    on_one_gpu(&sb, "seen", &[("a", ""), ("b", ""), ("c", "")]);
+    let bin = fake_gpu(&sb);
+    sb.serve();
+    sb.gpu_worker("gpu", 1, &bin);
+    let url = sb.url.clone().unwrap();
+    let mut submit = crate::support::fvd()
+        .args([
+            "submit",
+            "--family",
+            "seen",
+            "--orchestrator",
+            &url,
+            "--wait",
+            "--repo",
+        ])
+        .arg(sb.repo())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let text = wait_for("three runs on GPU 0", Duration::from_secs(60), || {
+        let out = crate::support::fvd()
+            .args(["workers", "--orchestrator", &url])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.contains("GPU 0: 3 runs sharing it").then_some(text)
+    });
+    std::fs::write(marks.join("release"), "").unwrap();
+    assert!(
+        text.contains("  GPU 0: 3 runs sharing it, 6000 of 10000 MiB leased"),
+        "{text}"
+    );
+    for n in names {
+        assert!(text.contains(&format!("run 1 of seen {n} ")), "{n}: {text}");
+    }
+    let gpu_lines = text.lines().filter(|l| l.contains("GPU 0:")).count();
+    assert_eq!(gpu_lines, 1, "one line for the shared GPU: {text}");
+    let status = wait_for("the submit to end", Duration::from_secs(60), || {
+        submit.try_wait().unwrap()
+    });
+    assert!(status.success(), "{status:?}\n{}", sb.logs());
+}
