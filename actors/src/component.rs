@@ -42,7 +42,7 @@ use crate::attempt::{
 };
 use crate::gate::GateMsg;
 use crate::red_run::{self, AfterVerdict, Decision, Diagnosis, RedRun};
-use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg};
+use crate::scheduler::{JobEvent, QueuedJob, SchedulerMsg, SharedGpu};
 use fvd_spec::ComponentSpec;
 use fvd_store::messages::{JobReport, PortEvent};
 use fvd_store::model::{
@@ -57,6 +57,7 @@ pub use crate::red_run::MAX_INFRA_VERDICTS;
 
 mod agent_loop;
 mod judge;
+mod shared_oom;
 
 use agent_loop::{
     after_answer, agent_attempt, agent_plan, attempt_done, cleanup_findings, escapes_where,
@@ -158,6 +159,9 @@ pub struct ComponentState {
     /// The component waits for an environment (no worker without a failed
     /// environment can take its run); the gate knows.
     waiting_env: bool,
+    /// How its runs ask for GPU memory after an out-of-memory error under
+    /// sharing ([`shared_oom`]).
+    gpu: shared_oom::GpuAsk,
 }
 
 impl Actor for ComponentSubagentActor {
@@ -191,6 +195,7 @@ impl Actor for ComponentSubagentActor {
             agent: None,
             exclude: BTreeMap::new(),
             waiting_env: false,
+            gpu: shared_oom::GpuAsk::default(),
         })
     }
 
@@ -352,8 +357,12 @@ async fn job_event(
                 emit(st).await?;
             }
         }
-        JobEvent::Finished { report, worker_id } => {
-            run_finished(&myself, st, report, worker_id).await?;
+        JobEvent::Finished {
+            report,
+            worker_id,
+            shared,
+        } => {
+            run_finished(&myself, st, report, worker_id, shared).await?;
         }
         JobEvent::NotAdopted { job_id, reason } => {
             if st.job_id.as_deref() == Some(job_id.as_str()) {
@@ -364,19 +373,28 @@ async fn job_event(
     Ok(())
 }
 
-/// The component's run ended: its verdict is classified, once; a red run
-/// goes through its diagnosers first (it comes back as
+/// The component's run ended: its verdict is classified, once; a run that
+/// ran out of GPU memory while it `shared` its GPU runs again alone; a red
+/// run goes through its diagnosers first (it comes back as
 /// [`ComponentMsg::Diagnosis`]), any other is recorded now.
 async fn run_finished(
     myself: &ActorRef<ComponentMsg>,
     st: &mut ComponentState,
     report: JobReport,
     worker_id: String,
+    shared: Option<SharedGpu>,
 ) -> Result<(), ActorProcessingErr> {
     if st.job_id.as_deref() != Some(report.job_id.as_str()) {
         return Ok(());
     }
     let v = red_run::classify(&st.args.repo, &st.args.spec, &report);
+    if let Some(oom) = shared.and_then(|_| crate::run_verdict::out_of_memory(&report)) {
+        let run_no = run_no_of(st, &report.job_id).await?;
+        let estimate = st.gpu.estimate(&st.args.spec.placement);
+        if let Some(why) = shared_oom::under_sharing(&v, shared, Some(oom), run_no, estimate) {
+            return rerun_alone(myself, st, &report, &worker_id, why).await;
+        }
+    }
     match red_run::decide(&v, &st.args.spec, &st.args.diagnosers) {
         Decision::Environment(cause) => {
             environment_failure(myself, st, &report, &worker_id, &cause).await
@@ -409,7 +427,10 @@ async fn record_run(
     v: Verdict,
     note: &str,
 ) -> Result<(), ActorProcessingErr> {
-    let result = red_run::job_result((&v).into(), v.reason(), &report);
+    let mut result = red_run::job_result((&v).into(), v.reason(), &report);
+    if let Some(note) = st.gpu.note(&report.job_id) {
+        result.reason = format!("{}; {note}", result.reason);
+    }
     // What the verdict leads to is decided first, so that the verdict and
     // the component's next state are one commit: a crash between them
     // would test the same commit again.
@@ -636,6 +657,65 @@ async fn environment_failure(
         rebind_attempt(st, &old, &new).await?;
     }
     Ok(())
+}
+
+/// A run that ran out of GPU memory while it shared its GPU
+/// ([`shared_oom`]): recorded as `shared_oom` (no verdict, not counted, its
+/// reason says why), and queued again to take a GPU alone; the component's
+/// later runs ask for more memory.
+async fn rerun_alone(
+    myself: &ActorRef<ComponentMsg>,
+    st: &mut ComponentState,
+    report: &JobReport,
+    worker_id: &str,
+    why: shared_oom::OomUnderSharing,
+) -> Result<(), ActorProcessingErr> {
+    let reason = why.to_string();
+    let result = red_run::job_result(RecordedVerdict::InfraError, reason.clone(), report);
+    if !st
+        .args
+        .store
+        .finish_job_shared_oom(&report.job_id, report.lease_epoch, &result)
+        .await?
+    {
+        tracing::warn!(job = %report.job_id, "result for a job no longer running under this lease was rejected");
+        return Ok(());
+    }
+    tracing::info!(family = %st.args.family, component = %st.args.spec.name, worker = %worker_id, %reason, "out of memory under sharing: the run is not counted and runs again alone");
+    let attempt = std::mem::replace(&mut st.attempt, Span::none());
+    attempt.record("fvd.verdict", result.verdict.as_str());
+    attempt.record("fvd.reason", reason.as_str());
+    spans::failed(&attempt, &reason);
+    drop(attempt);
+    let old_job = st.job_id.take();
+    st.gpu.ran_out(why);
+    enqueue(myself, st).await?;
+    let (family, name) = (&st.args.family, &st.args.spec.name);
+    st.args
+        .store
+        .set_queued_reason(family, name, &reason)
+        .await?;
+    emit(st).await?;
+    // An agent attempt whose test run ran out of memory is tested by the
+    // alone run instead.
+    if let (Some(old), Some(new)) = (old_job, st.job_id.clone()) {
+        rebind_attempt(st, &old, &new).await?;
+    }
+    Ok(())
+}
+
+/// The run number of the component's run `job_id` (0 when the store has
+/// no such run).
+async fn run_no_of(st: &ComponentState, job_id: &str) -> Result<u32, ActorProcessingErr> {
+    let jobs = st
+        .args
+        .store
+        .jobs_of(&st.args.family, &st.args.spec.name)
+        .await?;
+    Ok(jobs
+        .iter()
+        .find(|j| j.job_id == job_id)
+        .map_or(0, |j| j.run_no))
 }
 
 /// The component's run was placed again after it waited for an
@@ -894,6 +974,7 @@ async fn scheduled(
     );
     metrics::attempt(&st.args.family, &spec.name);
     emit(st).await?;
+    let placement = st.gpu.placement(&st.args.spec.placement, &record.job_id);
     let spec = &st.args.spec;
     let env = crate::run_env::run_env(
         spec.set_env.clone(),
@@ -906,7 +987,7 @@ async fn scheduled(
         env,
         secret_env: spec.env.clone(),
         notify: myself.get_derived(),
-        placement: spec.placement.clone(),
+        placement,
         span: st.attempt.clone(),
         collect_env: None,
         compare: None,

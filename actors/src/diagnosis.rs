@@ -194,7 +194,9 @@ pub enum Rerun {
 /// that waits); the rest only the scheduler's log needs.
 pub fn rerun_event(ev: JobEvent, what: &str) -> Option<Rerun> {
     match ev {
-        JobEvent::Finished { report, worker_id } => Some(Rerun::Finished {
+        JobEvent::Finished {
+            report, worker_id, ..
+        } => Some(Rerun::Finished {
             report: Box::new(report),
             worker_id,
         }),

@@ -18,6 +18,21 @@ pub fn classify(report: &JobReport, in_repo: &dyn Fn(&str) -> bool) -> Verdict {
             cause: report.preflight_error.clone(),
         };
     }
+    let ev = evidence(report);
+    if let Some(env) = verdict::environment_cause(&ev, &report.spawn_error, in_repo) {
+        return env;
+    }
+    verdict::classify(&ev)
+}
+
+/// The CUDA out-of-memory error a run raised, if it raised one
+/// ([`verdict::out_of_memory`]).
+pub fn out_of_memory(report: &JobReport) -> Option<String> {
+    verdict::out_of_memory(&evidence(report))
+}
+
+/// What the classifier reads of a report.
+fn evidence(report: &JobReport) -> RunEvidence<'_> {
     let junit = match (&report.junit_xml, report.junit_status) {
         (Some(xml), _) => JunitEvidence::Xml(xml),
         (None, JunitStatus::Unreadable) => JunitEvidence::Unreadable {
@@ -29,7 +44,7 @@ pub fn classify(report: &JobReport, in_repo: &dyn Fn(&str) -> bool) -> Verdict {
             JunitEvidence::Missing { path: "junit.xml" }
         }
     };
-    let ev = RunEvidence {
+    RunEvidence {
         junit,
         timed_out: report.timed_out,
         cancelled: report.cancelled,
@@ -40,11 +55,7 @@ pub fn classify(report: &JobReport, in_repo: &dyn Fn(&str) -> bool) -> Verdict {
         // A worker loads fvd's pytest plugin for every run whose report
         // it collects (`fvd_worker::exec::prepare_pytest`).
         plugin: true,
-    };
-    if let Some(env) = verdict::environment_cause(&ev, &report.spawn_error, in_repo) {
-        return env;
     }
-    verdict::classify(&ev)
 }
 
 /// [`classify`] for a program judged by its exit status (P9's example,

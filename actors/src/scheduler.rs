@@ -31,7 +31,7 @@ mod writer;
 use capacity::{Capacity, ClassId, Free, labels_match};
 use fits::*;
 pub use fleet::{FleetJob, FleetView, FleetWorker};
-pub use gpus::{DEFAULT_GPU_HEADROOM_PCT, DEFAULT_GPU_SHARE_CAP, Sharing};
+pub use gpus::{DEFAULT_GPU_HEADROOM_PCT, DEFAULT_GPU_SHARE_CAP, SharedGpu, Sharing};
 use gpus::{GpuUses, share_of};
 use leases::*;
 pub use placement::{FairQueue, MAX_BYPASS, Policy};
@@ -61,10 +61,12 @@ pub enum JobEvent {
     },
     /// Its process started on the worker.
     Started { job_id: String, worker_id: String },
-    /// The worker reported its end.
+    /// The worker reported its end. `shared`: the GPU it shared with
+    /// another run while it ran, if it did.
     Finished {
         report: JobReport,
         worker_id: String,
+        shared: Option<SharedGpu>,
     },
     /// The queued job cannot be placed for now (`reason`), or can again
     /// (empty `reason`). `environment`: the only workers that could take it
@@ -497,6 +499,9 @@ struct Lease {
     gpus: Vec<u32>,
     /// MiB it holds of its one shared GPU; 0 for GPUs held alone.
     share_mib: u64,
+    /// Another lease held a share of the same GPU at some time during
+    /// this one.
+    beside: bool,
     /// Its assignment went to the worker (its commit is done); until then
     /// the worker knows nothing of it.
     sent: bool,
@@ -1107,16 +1112,53 @@ fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             epoch: p.epoch,
             gpus: p.gpus.clone(),
             share_mib: p.share_mib,
+            beside: false,
             sent: false,
             span,
             output_bytes: 0,
             output_capped: false,
         });
+        if p.share_mib > 0 {
+            mark_beside(st, &p.worker_id, &p.job_id);
+        }
     }
     if st.writer.send(Write::Leases(planned)).is_err() {
         return Err("the scheduler's writer stopped".into());
     }
     Ok(more)
+}
+
+/// A sharing lease of `job_id` was placed on `worker_id`: when another
+/// sharing lease holds its GPU, both ran beside another run (an out of
+/// memory error then says nothing of the code alone).
+fn mark_beside(st: &mut SchedulerState, worker_id: &str, job_id: &str) {
+    let Some(w) = st.workers.get(worker_id) else {
+        return;
+    };
+    let gpus = |j: &str| {
+        st.jobs
+            .get(j)
+            .and_then(|e| e.lease.as_ref())
+            .filter(|l| l.share_mib > 0)
+            .map(|l| l.gpus.clone())
+    };
+    let Some(mine) = gpus(job_id) else {
+        return;
+    };
+    if w.uses.on(mine[0]).runs < 2 {
+        return;
+    }
+    let beside: Vec<String> = w
+        .leases
+        .iter()
+        .filter(|j| gpus(j).is_some_and(|g| g == mine))
+        .cloned()
+        .collect();
+    for j in beside {
+        if let Some(l) = st.jobs.get_mut(&j).and_then(|e| e.lease.as_mut()) {
+            l.beside = true;
+        }
+    }
 }
 
 /// Committed leases: each job that still holds its lease (not cancelled,

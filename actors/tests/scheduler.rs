@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fvd_actors::scheduler::{
     HeartbeatBatch, JobEvent, Policy, QueuedJob, SchedulerActor, SchedulerArgs, SchedulerConfig,
-    SchedulerMsg,
+    SchedulerMsg, SharedGpu,
 };
 use fvd_spec::Placement;
 use fvd_store::Store;
@@ -1189,6 +1189,65 @@ async fn a_run_that_must_be_alone_or_has_no_known_need_holds_its_gpu_alone() {
         "a whole-GPU run never goes beside a shared one"
     );
     let _ = unknown;
+}
+
+/// The `shared` of each finished job's report, by job id, once `n` are in
+/// (bounded wait).
+async fn finished_shared(h: &mut Harness, n: usize) -> BTreeMap<String, Option<SharedGpu>> {
+    let mut got = BTreeMap::new();
+    while got.len() < n {
+        match tokio::time::timeout(Duration::from_secs(5), h.events.recv()).await {
+            Ok(Some(JobEvent::Finished { report, shared, .. })) => {
+                got.insert(report.job_id, shared);
+            }
+            Ok(Some(_)) => continue,
+            other => panic!("expected {n} finished jobs, got {got:?} then {other:?}"),
+        }
+    }
+    got
+}
+
+#[tokio::test]
+async fn a_finished_run_says_whether_another_run_shared_its_gpu_while_it_ran() {
+    let mut h = Harness::new().await;
+    h.port("p", &["a", "b", "c", "d", "e"]).await;
+    let mut w = h.worker_with("w", 1, 1, 10_000, &[]);
+    // `a` runs alone on the GPU, though it may share: nothing was beside it.
+    let a = h.enqueue_with("p", "a", 1, shared(2000, true)).await;
+    let (_, ea, _) = next_assign(&mut w).await;
+    h.finished("w", &a, ea);
+    assert_eq!(finished_shared(&mut h, 1).await[&a], None);
+    // `b` and `c` overlap: both shared it, though `b` ends before `d`
+    // comes, and `d` then has `c` beside it.
+    let b = h.enqueue_with("p", "b", 1, shared(2000, true)).await;
+    let c = h.enqueue_with("p", "c", 1, shared(3000, true)).await;
+    let mut epochs = BTreeMap::new();
+    for _ in 0..2 {
+        let (id, epoch, gpus) = next_assign(&mut w).await;
+        assert_eq!(gpus, vec![0], "both share GPU 0");
+        epochs.insert(id, epoch);
+    }
+    h.finished("w", &b, epochs[&b]);
+    let ended = finished_shared(&mut h, 1).await;
+    let gpu = |share_mib| {
+        Some(SharedGpu {
+            gpu: 0,
+            memory_mib: 10_000,
+            share_mib,
+        })
+    };
+    assert_eq!(ended[&b], gpu(2000));
+    let d = h.enqueue_with("p", "d", 1, shared(1000, true)).await;
+    let (_, ed, _) = next_assign(&mut w).await;
+    h.finished("w", &c, epochs[&c]);
+    h.finished("w", &d, ed);
+    let ended = finished_shared(&mut h, 2).await;
+    assert_eq!((ended[&c], ended[&d]), (gpu(3000), gpu(1000)));
+    // A run that must be alone never shared.
+    let e = h.enqueue_with("p", "e", 1, shared(1000, false)).await;
+    let (_, ee, _) = next_assign(&mut w).await;
+    h.finished("w", &e, ee);
+    assert_eq!(finished_shared(&mut h, 1).await[&e], None);
 }
 
 /// A run on a GPU in the randomized run: job, MiB, whether it shares.

@@ -826,6 +826,62 @@ pub fn environment_cause(
     None
 }
 
+/// What says a run ran out of GPU memory, in the exception it raised.
+const OUT_OF_MEMORY_MARKERS: &[&str] = &[
+    "torch.OutOfMemoryError",
+    "torch.cuda.OutOfMemoryError",
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+];
+
+/// The CUDA out-of-memory error a failed run raised, if one did: a line of
+/// a failing or erroring case's error ([`failure_error`]: its message and
+/// the lines pytest marks `E`, never the source it lists) that raises an
+/// exception (`Name: …`, an `AssertionError` about such a text excepted)
+/// and names an out-of-memory marker; without a usable report, such a line
+/// of the output of a run that exited non-zero. The line, bounded.
+pub fn out_of_memory(ev: &RunEvidence<'_>) -> Option<String> {
+    if ev.timed_out || ev.cancelled || ev.worker_lost {
+        return None;
+    }
+    let parsed = match ev.junit {
+        JunitEvidence::Xml(xml) => parse_junit(xml).ok(),
+        _ => None,
+    };
+    let raised = |text: &str| -> Option<String> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| raises(l))
+            .find(|l| OUT_OF_MEMORY_MARKERS.iter().any(|m| l.contains(m)))
+            .map(|l| one_line(l, MAX_MESSAGE_CHARS))
+    };
+    match &parsed {
+        Some(report) => report
+            .cases
+            .iter()
+            .filter(|c| matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::Error(_)))
+            .find_map(|c| raised(&failure_error(&c.message, &c.detail))),
+        None if ev.exit_code != Some(0) => raised(ev.output_tail),
+        None => None,
+    }
+}
+
+/// Whether `line` raises an exception (`torch.OutOfMemoryError: …`,
+/// `RuntimeError: …`) other than an assertion's.
+fn raises(line: &str) -> bool {
+    let Some((name, _)) = line.split_once(':') else {
+        return false;
+    };
+    let last = name.rsplit('.').next().unwrap_or(name);
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        && (last.ends_with("Error") || last.ends_with("Exception"))
+        && last != "AssertionError"
+}
+
 /// The module names of every `No module named 'x.y'` (or unquoted, as
 /// `python -m` prints it) in `text`, in order.
 fn missing_modules(text: &str) -> Vec<&str> {
@@ -1747,6 +1803,53 @@ E   {esc}</error></testcase>"#
         let mut e = ev(xml);
         e.exit_code = Some(1);
         environment_cause(&e, "", &in_repo).map(|v| v.reason())
+    }
+
+    #[test]
+    fn out_of_memory_is_read_from_the_raised_error_not_the_listing() {
+        let oom = |message: &str, detail: &str| {
+            let xml = failed_with(message, detail);
+            let mut e = ev(&xml);
+            e.exit_code = Some(1);
+            out_of_memory(&e)
+        };
+        let raised = "    def test_x():\n>       y = model(x)\nE       torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n\ntest_x.py:3: OutOfMemoryError";
+        assert_eq!(
+            oom(
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                raised
+            )
+            .as_deref(),
+            Some("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+        );
+        let cublas = "    def test_x():\n>       y = a @ b\nE       RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`\n\ntest_x.py:3: RuntimeError";
+        assert!(oom("RuntimeError: CUDA error", cublas).is_some());
+        // In the listing only, or asserted on: the numbers failed.
+        let listed = "    def test_x():\n        # CUDA out of memory here means the batch is too big\n        if False:\n            raise torch.cuda.OutOfMemoryError('CUDA out of memory')\n>       np.testing.assert_allclose(a, b, atol=1e-5)\nE       AssertionError: \nE       Not equal to tolerance rtol=1e-07, atol=1e-05\n\ntest_x.py:9: AssertionError";
+        assert_eq!(oom("AssertionError: Not equal to tolerance", listed), None);
+        let asserted = "    def test_x():\n>       assert 'CUDA out of memory' in str(err)\nE       AssertionError: assert 'CUDA out of memory' in 'boom'\n\ntest_x.py:2: AssertionError";
+        assert_eq!(
+            oom(
+                "AssertionError: assert 'CUDA out of memory' in 'boom'",
+                asserted
+            ),
+            None
+        );
+        // Without a report: the output of a run that failed.
+        let no_report = |tail: &'static str, code| RunEvidence {
+            junit: JunitEvidence::Missing { path: "junit.xml" },
+            exit_code: Some(code),
+            output_tail: tail,
+            ..ev("")
+        };
+        let tail =
+            "Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory.\n";
+        assert!(out_of_memory(&no_report(tail, 1)).is_some());
+        assert_eq!(out_of_memory(&no_report(tail, 0)), None);
+        // A timed-out run is a timeout, whatever it printed.
+        let mut timed_out = no_report(tail, 1);
+        timed_out.timed_out = true;
+        assert_eq!(out_of_memory(&timed_out), None);
     }
 
     #[test]

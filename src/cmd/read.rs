@@ -292,6 +292,10 @@ fn no_output(target: &Target, repo: &std::path::Path, job: &RunRow, runs: &[RunR
             },
             job.reason
         ),
+        JobState::SharedOom => format!(
+            "it ran out of GPU memory beside another run and ran again alone: {}",
+            job.reason
+        ),
         JobState::Queued => "it has not started".to_string(),
         JobState::Running => format!(
             "it has printed nothing yet (`{}` follows it)",

@@ -157,7 +157,8 @@ pub fn exit_status(ports: &[PortSnapshot]) -> Exit {
 
 /// What a run's end means for `fvd logs --follow`: 0 a pass, 4 a run that
 /// failed on its environment, 1 anything else that ended (a red run, a
-/// skip, an error, a cut-off or unplaceable run); `None` while it may
+/// skip, an error, a cut-off or unplaceable run, one that ran out of GPU
+/// memory beside another and runs again alone); `None` while it may
 /// still end.
 pub fn run_exit(run: &RunRow) -> Option<Exit> {
     match run.state {
@@ -166,7 +167,9 @@ pub fn run_exit(run: &RunRow) -> Option<Exit> {
             Some(Exit::Success)
         }
         JobState::Environment => Some(Exit::Environment),
-        JobState::Finished | JobState::Unplaced | JobState::Abandoned => Some(Exit::Findings),
+        JobState::Finished | JobState::SharedOom | JobState::Unplaced | JobState::Abandoned => {
+            Some(Exit::Findings)
+        }
     }
 }
 

@@ -1259,6 +1259,31 @@ impl Store {
         .await
     }
 
+    /// A running job that ran out of GPU memory while it shared its GPU
+    /// (`shared_oom`): no verdict and not counted, like an environment
+    /// failure; its component queues it again alone. False when the lease
+    /// is stale.
+    pub async fn finish_job_shared_oom(
+        &self,
+        job_id: &str,
+        epoch: u64,
+        result: &JobResult,
+    ) -> Result<bool, StoreError> {
+        self.write("finish job shared oom", || async move {
+            let mut conn = self.writer.acquire().await?;
+            finish_running_job(
+                &mut conn,
+                job_id,
+                epoch,
+                JobState::SharedOom,
+                result,
+                now_ms(),
+            )
+            .await
+        })
+        .await
+    }
+
     /// A queued job no worker can ever hold (embedded mode's machine lacks
     /// what it needs): it never started and never will.
     pub async fn unplace_job(&self, job_id: &str) -> Result<(), StoreError> {

@@ -132,6 +132,10 @@ stored_enum! {
         /// Ended on its worker's environment, not on the code: no verdict,
         /// not a run of the component; the evidence is kept for `fvd logs`.
         Environment = "environment",
+        /// Ran out of GPU memory while its GPU was shared with another
+        /// run: no verdict, not a run of the component; it runs again
+        /// alone, and the evidence is kept for `fvd logs`.
+        SharedOom = "shared_oom",
         /// No worker can ever hold it (embedded mode's machine lacks what
         /// it needs): it never started.
         Unplaced = "unplaced",
@@ -359,7 +363,7 @@ mod tests {
         );
         assert_eq!(
             texts(&JobState::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>()),
-            "queued running finished environment unplaced abandoned"
+            "queued running finished environment shared_oom unplaced abandoned"
         );
     }
 

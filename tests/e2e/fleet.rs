@@ -509,9 +509,26 @@ fn two_sharing_runs_share_one_gpu_while_a_lone_run_has_it_alone() {
             TestComponent::new("lone", &alone),
         ],
     );
-    let spec = sb.repo().join("tests/local_tests/share/port.toml");
+    on_one_gpu(
+        &sb,
+        "share",
+        &[("a", ""), ("b", ""), ("lone", "gpu_share = false\n")],
+    );
+    let bin = fake_gpu(&sb);
+    sb.serve();
+    sb.gpu_worker("gpu", 1, &bin);
+    let out = sb.submit_remote("share", &["--wait"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{}", sb.logs());
+}
+
+/// Gives each named component of `family`'s spec one GPU of 2000 MiB, and
+/// its extra spec lines.
+fn on_one_gpu(sb: &Sandbox, family: &str, components: &[(&str, &str)]) {
+    let spec = sb
+        .repo()
+        .join(format!("tests/local_tests/{family}/port.toml"));
     let mut text = std::fs::read_to_string(&spec).unwrap();
-    for (name, extra) in [("a", ""), ("b", ""), ("lone", "gpu_share = false\n")] {
+    for (name, extra) in components {
         let line = format!("name = \"{name}\"\n");
         text = text.replace(
             &line,
@@ -519,6 +536,10 @@ fn two_sharing_runs_share_one_gpu_while_a_lone_run_has_it_alone() {
         );
     }
     std::fs::write(&spec, text).unwrap();
+}
+
+/// A folder with a fake `nvidia-smi` that lists one GPU of 10000 MiB.
+fn fake_gpu(sb: &Sandbox) -> std::path::PathBuf {
     let bin = sb.dir.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let smi = bin.join("nvidia-smi");
@@ -526,8 +547,189 @@ fn two_sharing_runs_share_one_gpu_while_a_lone_run_has_it_alone() {
     let mut perm = std::fs::metadata(&smi).unwrap().permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
     std::fs::set_permissions(&smi, perm).unwrap();
+    bin
+}
+
+/// Issue #44: a run that raises CUDA out-of-memory while it shares its GPU
+/// is no verdict. `a` raises one on its first run, once `b` runs beside
+/// it; that run is recorded as `shared_oom`, not counted, and `a` runs
+/// again alone (nothing beside it), passes, and its record says why it
+/// ran alone. `c` fails its numbers beside them: a failure, not rerun.
+#[test]
+fn an_oom_under_sharing_is_rerun_alone_and_the_alone_run_is_the_verdict() {
+    let mut sb = Sandbox::new();
+    let marks = sb.dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let d = format!(
+        "d = {:?}\nmark = lambda n: os.path.join(d, n)\n",
+        marks.display().to_string()
+    );
+    let wait = |name: &str| {
+        format!(
+            "end = time.time() + 30\nwhile not os.path.exists(mark('{name}')):\n    assert time.time() < end, 'no {name}'\n    time.sleep(0.05)\n"
+        )
+    };
+    let a = format!(
+        "{d}first = not os.path.exists(mark('a-ran'))\nopen(mark('a-ran'), 'w').close()\nif first:\n{}    open(mark('a-oom'), 'w').close()\n    raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 9.77 GiB total capacity)')\nassert not os.path.exists(mark('b')), 'b runs beside the alone run'",
+        wait("b")
+            .lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    );
+    let b = format!(
+        "{d}open(mark('b'), 'w').close()\n{}{}os.remove(mark('b'))",
+        wait("a-ran"),
+        wait("a-oom")
+    );
+    let c = format!(
+        "{d}{}assert abs(1.0 - 1.5) < 1e-3, 'max abs diff 0.5'",
+        wait("a-ran")
+    );
+    sb.port(
+        "oom",
+        &[
+            TestComponent::new("a", &a),
+            TestComponent::new("b", &b),
+            TestComponent::new("c", &c),
+        ],
+    );
+    on_one_gpu(&sb, "oom", &[("a", ""), ("b", ""), ("c", "")]);
+    let bin = fake_gpu(&sb);
     sb.serve();
     sb.gpu_worker("gpu", 1, &bin);
-    let out = sb.submit_remote("share", &["--wait"]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}\n{}", sb.logs());
+    let out = sb.submit_remote("oom", &["--wait"]);
+    assert_ne!(out.status.code(), Some(0), "c is red: {out:?}");
+    let status = sb.remote_status("oom").expect("status");
+    let rows = components(&status);
+    let row = |n: &str| rows.iter().find(|r| r.0 == n).cloned().unwrap();
+    // (name, status, runs, worker): the out-of-memory run is not counted.
+    assert_eq!(row("a").1, "non_skip_pass", "{status}\n{}", sb.logs());
+    assert_eq!(row("a").2, 1, "{status}");
+    assert_eq!((row("b").1.as_str(), row("b").2), ("non_skip_pass", 1));
+    assert_eq!(
+        (row("c").1.as_str(), row("c").2),
+        ("blocked", 1),
+        "{status}"
+    );
+    let reason = |n: &str| {
+        status["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == n)
+            .map(|x| x["reason"].as_str().unwrap_or_default().to_string())
+            .unwrap()
+    };
+    let alone = "ran alone after cuda out of memory while sharing gpu 0 in run 1 (RuntimeError: CUDA out of memory.";
+    assert!(reason("a").contains(alone), "{}", reason("a"));
+    assert!(reason("c").starts_with("debug_red:"), "{}", reason("c"));
+    let record = std::fs::read_to_string(sb.repo().join("tests/local_tests/oom/PORT_STATUS.md"))
+        .expect("PORT_STATUS.md written");
+    assert!(record.contains(alone), "{record}");
+    oom_run_logs(&sb);
+}
+
+/// `fvd logs oom a` of its two runs: the first ran out of memory under
+/// sharing and says so; the second is the verdict.
+fn oom_run_logs(sb: &Sandbox) {
+    let url = sb.url.as_deref().unwrap();
+    let run = |n: &str| {
+        let out = crate::support::fvd()
+            .args([
+                "logs",
+                "oom",
+                "a",
+                "--run",
+                n,
+                "--json",
+                "--orchestrator",
+                url,
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let end = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find_map(|v| v.get("end").cloned())
+            .unwrap_or_else(|| panic!("no end line: {text}"));
+        (end, text)
+    };
+    let (first, text) = run("1");
+    assert_eq!(first["state"], "shared_oom", "{first}");
+    let why = first["reason"].as_str().unwrap();
+    assert!(
+        why.starts_with("cuda out of memory while sharing gpu 0 with another run (RuntimeError: CUDA out of memory.")
+            && why.ends_with("not a verdict; run 1 runs again alone, and later runs ask for 4000 mib"),
+        "{why}"
+    );
+    assert!(
+        text.contains("CUDA out of memory"),
+        "its output is kept: {text}"
+    );
+    let (second, _) = run("2");
+    assert_eq!(
+        (second["state"].as_str(), second["verdict"].as_str()),
+        (Some("finished"), Some("non_skip_pass")),
+        "{second}"
+    );
+}
+
+/// `fvd workers` while three sharing runs and nothing else hold the fake
+/// GPU: one line for the GPU with its runs and leased memory, and each run
+/// on it (issue #44). The runs end only once the test saw that line.
+#[test]
+fn fvd_workers_shows_several_runs_on_one_gpu_and_their_leased_memory() {
+    let mut sb = Sandbox::new();
+    let marks = sb.dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let body = format!(
+        "end = time.time() + 60\nwhile not os.path.exists({:?}):\n    assert time.time() < end, 'never released'\n    time.sleep(0.05)",
+        marks.join("release").display().to_string()
+    );
+    let names = ["a", "b", "c"];
+    let parts: Vec<TestComponent> = names.iter().map(|n| TestComponent::new(n, &body)).collect();
+    sb.port("seen", &parts);
+    on_one_gpu(&sb, "seen", &[("a", ""), ("b", ""), ("c", "")]);
+    let bin = fake_gpu(&sb);
+    sb.serve();
+    sb.gpu_worker("gpu", 1, &bin);
+    let url = sb.url.clone().unwrap();
+    let mut submit = crate::support::fvd()
+        .args([
+            "submit",
+            "--family",
+            "seen",
+            "--orchestrator",
+            &url,
+            "--wait",
+            "--repo",
+        ])
+        .arg(sb.repo())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let text = wait_for("three runs on GPU 0", Duration::from_secs(60), || {
+        let out = crate::support::fvd()
+            .args(["workers", "--orchestrator", &url])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.contains("GPU 0: 3 runs sharing it").then_some(text)
+    });
+    std::fs::write(marks.join("release"), "").unwrap();
+    assert!(
+        text.contains("  GPU 0: 3 runs sharing it, 6000 of 10000 MiB leased"),
+        "{text}"
+    );
+    for n in names {
+        assert!(text.contains(&format!("run 1 of seen {n} ")), "{n}: {text}");
+    }
+    let gpu_lines = text.lines().filter(|l| l.contains("GPU 0:")).count();
+    assert_eq!(gpu_lines, 1, "one line for the shared GPU: {text}");
+    let status = wait_for("the submit to end", Duration::from_secs(60), || {
+        submit.try_wait().unwrap()
+    });
+    assert!(status.success(), "{status:?}\n{}", sb.logs());
 }

@@ -326,12 +326,12 @@ impl Actor for AttemptWaiter {
                 st.attempts.leased(&job_id, &worker_id, epoch);
                 None
             }
-            JobEvent::Finished { report, worker_id } if report.job_id == st.job_id => {
-                Some(FleetEnd::Finished {
-                    report: Box::new(report),
-                    worker_id,
-                })
-            }
+            JobEvent::Finished {
+                report, worker_id, ..
+            } if report.job_id == st.job_id => Some(FleetEnd::Finished {
+                report: Box::new(report),
+                worker_id,
+            }),
             JobEvent::Unplaceable { job_id, reason } if job_id == st.job_id => {
                 Some(FleetEnd::Lost(format!("no worker can run it: {reason}")))
             }

@@ -61,6 +61,18 @@ pub fn share_of(need: u32, p: &Placement) -> Option<u64> {
     (need == 1 && p.gpu_share && p.gpu_memory_mib > 0).then_some(p.gpu_memory_mib)
 }
 
+/// The GPU a finished run shared with another run: some other lease was on
+/// it at some time while this run held its share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedGpu {
+    /// Its index on the worker.
+    pub gpu: u32,
+    /// The GPU's memory.
+    pub memory_mib: u64,
+    /// The MiB the run was leased of it.
+    pub share_mib: u64,
+}
+
 /// The runs on one GPU.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GpuUse {
@@ -137,7 +149,6 @@ impl GpuUses {
     }
 
     /// What is on `gpu` (nothing: the default).
-    #[cfg(test)]
     pub(super) fn on(&self, gpu: u32) -> GpuUse {
         self.0.get(&gpu).copied().unwrap_or_default()
     }

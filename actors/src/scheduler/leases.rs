@@ -181,6 +181,7 @@ pub(super) fn install(st: &mut SchedulerState, id: String, job: Box<QueuedJob>) 
                 epoch: h.epoch,
                 gpus: h.gpus,
                 share_mib: 0,
+                beside: false,
                 sent: true,
                 span,
                 output_bytes: 0,
@@ -387,13 +388,34 @@ pub(super) fn finished(st: &mut SchedulerState, worker_id: String, report: JobRe
         let r = &entry.job.record;
         fvd_telemetry::metrics::gpu_seconds(&r.family, &r.component, gpu_seconds);
     }
+    let shared = entry.lease.as_ref().and_then(|l| shared_gpu(st, l));
     release(st, &report.job_id, &entry);
     forget(st, &report.job_id, &entry);
     let _ = st.writer.send(Write::Notify(
         entry.job.notify.clone(),
-        Box::new(JobEvent::Finished { report, worker_id }),
+        Box::new(JobEvent::Finished {
+            report,
+            worker_id,
+            shared,
+        }),
     ));
     true
+}
+
+/// The GPU `lease` shared with another run, if another lease was on it
+/// while it ran.
+fn shared_gpu(st: &SchedulerState, lease: &Lease) -> Option<SharedGpu> {
+    let gpu = *lease.gpus.first().filter(|_| lease.beside)?;
+    let memory_mib = st
+        .workers
+        .get(&lease.worker_id)
+        .and_then(|w| w.info.gpus.iter().find(|g| g.index == gpu))
+        .map_or(0, |g| g.memory_mib);
+    Some(SharedGpu {
+        gpu,
+        memory_mib,
+        share_mib: lease.share_mib,
+    })
 }
 
 /// Every queued or running job of `family` is dropped; running ones are

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Issue #44 on a GPU: the four single-GPU `examples/gpuport` tests (embed,
+attention, mlp, encoder), warm runner, `fvd submit --rerun` on one worker
+owning the GPU(s), with GPU sharing (each component's `gpu_memory_mib` set,
+the orchestrator's default cap of 4 runs a GPU) against without (no
+`gpu_memory_mib`: every run takes a whole GPU, one after another on a
+one-GPU machine).
+
+  python3 bench/gpu_share.py --fvd FVD [--out DIR] [--reps 3] [--mib 4096]
+
+Two fleets (an orchestrator and one `--gpus all` worker each) stay up side
+by side; each gets one port per GPUPORT_REPEATS value (1: start-up bound,
+300: the GPU busy), submitted once to start its warm runner, then rerun
+--reps times, the two modes alternating, so both see the same machine.
+Per rerun: its wall time, each run's start-up (job start -> test body,
+the conftest's GPUPORT_BODY_LOG hook) and body, and the GPU memory
+`nvidia-smi` saw (sampled every ~0.2 s: the most any one process held, and
+the most the GPU held in all).
+
+Results: DIR/gpu_share.json, a summary on stdout and DIR/summary.txt.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_warm import PRELOAD, ROOT, Fleet, bench_env, log, sanitize, startups, with_set_env  # noqa: E402
+
+COMPONENTS = ["embed", "attention", "mlp", "encoder"]
+
+
+def spec_for(src_text, family, mode, repeats, body_log, mib):
+    """The gpuport spec as `family`: its four single-GPU components (no
+    tp_mlp), GPUPORT_REPEATS and the body log in set_env, the warm runner,
+    and, sharing, `gpu_memory_mib` on each component."""
+    head, _, rest = src_text.partition("[[component]]")
+    head = head.replace('model_family = "gpuport"', f'model_family = "{family}"').replace(
+        "tests/local_tests/gpuport/PORT_STATUS.md", f"tests/local_tests/{family}/PORT_STATUS.md")
+    head = with_set_env(head, {"GPUPORT_REPEATS": repeats, "GPUPORT_BODY_LOG": body_log})
+    blocks = ("[[component]]" + rest).split("[[component]]")[1:]
+    kept = [b for b in blocks if any(f'name = "{c}"\n' in b for c in COMPONENTS)]
+    assert len(kept) == 4, "the gpuport spec changed: four single-GPU components expected"
+    out = head
+    for b in kept:
+        b = b.rstrip("\n") + "\n"
+        if mode == "share":
+            b += f"gpu_memory_mib = {mib}\n"
+        out += "[[component]]" + b + "\n"
+    out += '[runner]\nmode = "warm"\npreload = [%s]\n' % ", ".join(f'"{m}"' for m in PRELOAD)
+    return out
+
+
+class Sampler:
+    """nvidia-smi every ~0.2 s while a submit runs: the most memory one
+    compute process held (MiB) and the most the GPU(s) held in all."""
+
+    def __init__(self):
+        self.stop = threading.Event()
+        self.per_pid = {}
+        self.total = 0
+        self.samples = 0
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                apps = subprocess.run(
+                    ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                    capture_output=True, text=True, timeout=5).stdout
+                used = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                break
+            for line in apps.splitlines():
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                    self.per_pid[parts[0]] = max(self.per_pid.get(parts[0], 0), int(parts[1]))
+            total = sum(int(x) for x in used.split() if x.strip().isdigit())
+            self.total = max(self.total, total)
+            self.samples += 1
+            self.stop.wait(0.2)
+
+    def done(self):
+        self.stop.set()
+        self.t.join(timeout=10)
+        return {"process_peaks_mib": sorted(self.per_pid.values(), reverse=True),
+                "gpu_peak_mib": self.total, "samples": self.samples}
+
+
+def submit(fleet, fvd, family, repo, extra, timeout):
+    s = Sampler()
+    try:
+        r = fleet.submit(fvd, family, repo, extra, timeout=timeout)
+    finally:
+        r_mem = s.done()
+    return {**r, **r_mem}
+
+
+def per_submit(subs, jobs):
+    """Each submit with its jobs (those spawned while it ran): start-up and
+    body per run."""
+    for s in subs:
+        lo, hi = s["t0"], s["t0"] + s["wall_s"]
+        mine = [j for j in jobs if lo <= j["spawned_ms"] / 1000.0 <= hi]
+        s["runs"] = [{"component": j["component"], "run": j["run"], "verdict": j["verdict"],
+                      "duration_s": (j["duration_ms"] or 0) / 1000.0,
+                      "startup_s": j.get("startup_s"), "body_s": j.get("body_s")} for j in mine]
+    return subs
+
+
+def bodies(jobs, body_log):
+    """startups() plus each run's body (t_end - t of its test body)."""
+    out = startups(jobs, body_log)
+    recs = []
+    if os.path.exists(body_log):
+        with open(body_log) as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+    for j in out:
+        prefix = sanitize(j["job_id"]) + "."
+        mine = [r for r in recs if "phase" not in r and r["job"].startswith(prefix) and r["rank"] == 0]
+        if mine:
+            j["body_s"] = sum(r["t_end"] - r["t"] for r in mine)
+    return out
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def summary(results, reps):
+    lines = []
+    for repeats in ("1", "300"):
+        row = {}
+        for mode in ("whole", "share"):
+            subs = results[mode][repeats]["reruns"]
+            walls = [round(s["wall_s"], 2) for s in subs]
+            runs = [r for s in subs for r in s["runs"]]
+            row[mode] = {
+                "walls_s": walls,
+                "median_s": med(walls),
+                "startup_median_s": med([r["startup_s"] for r in runs]),
+                "body_median_s": med([r["body_s"] for r in runs]),
+                "process_peak_mib": max((max(s["process_peaks_mib"], default=0) for s in subs), default=0),
+                "gpu_peak_mib": max((s["gpu_peak_mib"] for s in subs), default=0),
+                "exits": [s["exit"] for s in subs],
+            }
+        w, s = row["whole"]["median_s"], row["share"]["median_s"]
+        ratio = round(s / w, 3) if w and s else None
+        lines.append(f"GPUPORT_REPEATS={repeats}: whole {row['whole']['walls_s']} (median {w} s), "
+                     f"shared {row['share']['walls_s']} (median {s} s): {ratio}x")
+        for mode in ("whole", "share"):
+            r = row[mode]
+            lines.append(f"  {mode}: start-up median {r['startup_median_s']} s, body median "
+                         f"{r['body_median_s']} s, peak per process {r['process_peak_mib']} MiB, "
+                         f"GPU peak {r['gpu_peak_mib']} MiB, exits {r['exits']}")
+        results[f"summary_{repeats}"] = {**row, "ratio": ratio}
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fvd", required=True)
+    ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "bench", "out", "gpu_share")))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--mib", type=int, default=4096)
+    ap.add_argument("--timeout", type=int, default=150)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="gpu_share.")
+    env = bench_env(work)
+    gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.strip().splitlines()
+    log(f"{len(gpus)} GPUs: {gpus}")
+    t0 = time.time()
+    subprocess.run([sys.executable, "-c", "import torch, transformers.models.gpt2.modeling_gpt2"], check=False)
+    log(f"page cache filled: {time.time() - t0:.1f} s")
+    out = {"gpus": gpus, "mib": args.mib, "reps": args.reps}
+    os.environ.update(env)
+    with open(os.path.join(ROOT, "examples", "gpuport", "tests", "local_tests", "gpuport", "port.toml")) as f:
+        src = f.read()
+    fleets, ports = {}, {}
+    try:
+        for mode in ("whole", "share"):
+            body_log = os.path.join(work, f"body-{mode}.jsonl")
+            fleets[mode] = Fleet(args.fvd, work, mode, env)
+            out[mode] = {}
+            for repeats in ("1", "300"):
+                family = f"{mode}{repeats}"
+                repo = os.path.join(work, f"repo-{family}")
+                shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
+                os.makedirs(os.path.join(repo, "tests", "local_tests", family), exist_ok=True)
+                with open(os.path.join(repo, "tests", "local_tests", family, "port.toml"), "w") as f:
+                    f.write(spec_for(src, family, mode, repeats, body_log, args.mib))
+                ports[(mode, repeats)] = (family, repo, body_log)
+                first = submit(fleets[mode], args.fvd, family, repo, [], args.timeout)
+                out[mode][repeats] = {"first": first, "reruns": []}
+        for rep in range(args.reps):
+            for repeats in ("1", "300"):
+                for mode in (("whole", "share") if rep % 2 == 0 else ("share", "whole")):
+                    family, repo, _ = ports[(mode, repeats)]
+                    s = submit(fleets[mode], args.fvd, family, repo, ["--rerun"], args.timeout)
+                    out[mode][repeats]["reruns"].append(s)
+                    log(f"rep {rep} {mode} REPEATS={repeats}: {s['wall_s']:.2f} s, process peaks "
+                        f"{s['process_peaks_mib'][:4]} MiB, GPU {s['gpu_peak_mib']} MiB")
+        for mode in ("whole", "share"):
+            jobs = bodies(fleets[mode].jobs(), os.path.join(work, f"body-{mode}.jsonl"))
+            for repeats in ("1", "300"):
+                r = out[mode][repeats]
+                per_submit([r["first"]] + r["reruns"], jobs)
+        text = summary(out, args.reps)
+        print(text, flush=True)
+        with open(os.path.join(args.out, "summary.txt"), "w") as f:
+            f.write("\n".join(gpus) + "\n" + text + "\n")
+    finally:
+        for f in fleets.values():
+            f.stop()
+        with open(os.path.join(args.out, "gpu_share.json"), "w") as f:
+            json.dump(out, f, indent=1)
+        logs = []
+        for name in sorted(os.listdir(work)):
+            if name.endswith(".log"):
+                with open(os.path.join(work, name)) as f:
+                    logs.append(f"===== {name}\n{f.read()[-100000:]}")
+        with open(os.path.join(args.out, "logs.txt"), "w") as f:
+            f.write("\n".join(logs))
+    log("done")
+
+
+if __name__ == "__main__":
+    main()
