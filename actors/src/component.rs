@@ -993,7 +993,11 @@ async fn scheduled(
         compare: None,
         exclude: st.exclude.clone(),
         preflight: spec.preflight.clone(),
-        warm: spec.runner.warm_preload(),
+        // The example is a program, not a pytest run a zygote could fork.
+        warm: match spec.stage {
+            fvd_spec::Stage::Example => None,
+            _ => spec.runner.warm_preload(),
+        },
         agent: None,
         fvd_writes: st.args.code.fvd_writes.clone(),
     }))

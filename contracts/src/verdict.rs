@@ -667,7 +667,9 @@ pub struct RunEvidence<'a> {
 }
 
 /// The component name P9's basic example runs under: the one run judged by
-/// its exit status ([`classify_exit`]) instead of a test report.
+/// its exit status ([`classify_exit`]) instead of a test report, so no
+/// report is asked of it (its command gets no `--junitxml`) and the
+/// integrity check reads its exit status.
 pub const EXAMPLE_STEP: &str = "pipeline_example";
 
 /// The verdict of a program judged by its exit status alone (P9's basic

@@ -675,7 +675,9 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
                 cwd: a.cwd,
                 gpus: a.gpus,
                 timeout_ms: a.timeout_ms,
-                collect_junit: true,
+                // The example is judged by its exit status: no report is
+                // asked of it (no `--junitxml` appended to its command).
+                collect_junit: a.component != fvd_contracts::verdict::EXAMPLE_STEP,
                 traceparent: a.traceparent.unwrap_or_default(),
                 collect_env: a.collect_env.unwrap_or_default(),
                 preflight: a.preflight,

@@ -42,12 +42,16 @@ fn declare_pipeline(sb: &Sandbox, family: &str, smoke: &str) {
 }
 
 /// The example: a program that exits with `code` (after writing its
-/// output).
+/// output), and refuses arguments it does not know (so a `--junitxml`
+/// fvd added would fail it).
 fn write_example(sb: &Sandbox, family: &str, code: i32) {
     std::fs::create_dir_all(sb.repo().join("examples")).unwrap();
     std::fs::write(
         sb.repo().join(format!("examples/{family}.py")),
-        format!("import sys\nprint('wrote outputs/{family}.mp4')\nsys.exit({code})\n"),
+        // like a real example, it refuses arguments it does not know
+        format!(
+            "import argparse, sys\nargparse.ArgumentParser().parse_args()\nprint('wrote outputs/{family}.mp4')\nsys.exit({code})\n"
+        ),
     )
     .unwrap();
 }
@@ -691,6 +695,16 @@ fn a_component_the_pipeline_sends_back_is_fixed_by_its_agent_and_p7_passes_at_th
         &["show", &format!("{commit}:fastvideo/mapping.py")],
     );
     assert!(fixed.contains("blocks.1.norm.weight"), "{fixed}");
+    // the status file holds the steps and still reads as the contract's
+    let status_md = sb.repo().join("tests/local_tests/mapped/PORT_STATUS.md");
+    let check = fvd()
+        .args(["contracts", "check"])
+        .arg(&status_md)
+        .output()
+        .unwrap();
+    assert_eq!(check.status.code(), Some(0), "{}", out(&check));
+    let written = std::fs::read_to_string(&status_md).unwrap();
+    assert!(written.contains("pipeline_parity"), "{written}");
     // the porter's checkout is untouched: the fix waits on fvd's branch
     let mapping = std::fs::read_to_string(sb.repo().join("fastvideo/mapping.py")).unwrap();
     assert!(mapping.contains("blocks.1.ln"), "{mapping}");
