@@ -977,16 +977,32 @@ fn infra_fault(cases: &[TestCase], ev: &RunEvidence<'_>) -> Option<Verdict> {
     }
     for c in cases {
         if matches!(c.outcome, CaseOutcome::Failed | CaseOutcome::Error(_))
-            && let Some(m) = infra_marker(&c.message).or_else(|| infra_marker(&c.detail))
+            && let Some(m) = infra_raised(&format!("{}\n{}", c.message, c.detail))
         {
             return Some(Verdict::InfraError {
                 cause: format!("{m} in {}", c.id()),
             });
         }
     }
-    infra_marker(ev.output_tail).map(|m| Verdict::InfraError {
+    infra_raised(ev.output_tail).map(|m| Verdict::InfraError {
         cause: format!("{m} in the output"),
     })
+}
+
+/// An infrastructure marker in what a failure raised or the host printed,
+/// never in the test's source pytest lists (indented, or marked `>`: a
+/// comment or a branch not taken that names `CUDA out of memory` is no
+/// fault of the host), nor in an assertion's text (a test that checks such
+/// a message failed on its own).
+fn infra_raised(text: &str) -> Option<&'static str> {
+    text.lines()
+        .filter(|l| !l.starts_with(char::is_whitespace) && !l.starts_with('>'))
+        .map(|l| match l.strip_prefix("E ") {
+            Some(rest) => rest.trim(),
+            None => l.trim(),
+        })
+        .filter(|l| !l.starts_with("AssertionError") && !l.starts_with("assert "))
+        .find_map(infra_marker)
 }
 
 /// An error of `kind` naming the first case that errored in `phase`, with
@@ -1538,6 +1554,45 @@ mod tests {
             worker_lost: false,
             plugin: false,
         }
+    }
+
+    #[test]
+    fn an_infra_marker_in_the_listed_source_or_an_assertion_is_no_infra_fault() {
+        let classified = |message: &str, detail: &str, tail: &'static str| {
+            let xml = failed_with(message, detail);
+            let mut e = ev(&xml);
+            e.exit_code = Some(1);
+            e.output_tail = tail;
+            classify(&e).status()
+        };
+        let listed = "    def test_x():\n        # CUDA out of memory here means the batch is too big\n        if False:\n            raise torch.cuda.OutOfMemoryError('CUDA out of memory')\n>       np.testing.assert_allclose(a, b, atol=1e-5)\nE       AssertionError: \nE       Not equal to tolerance rtol=1e-07, atol=1e-05\n\ntest_x.py:9: AssertionError";
+        // the run's output lists the same source
+        let tail: &'static str = "________ test_x ________\n    def test_x():\n        # CUDA out of memory here means the batch is too big\n>       np.testing.assert_allclose(a, b, atol=1e-5)\nE       AssertionError: \n1 failed";
+        assert_eq!(
+            classified("AssertionError: Not equal to tolerance", listed, tail),
+            VerdictStatus::DebugRed
+        );
+        let asserted = ">       assert 'NCCL error' in str(err)\nE       AssertionError: assert 'NCCL error' in 'boom'";
+        assert_eq!(
+            classified(
+                "AssertionError: assert 'NCCL error' in 'boom'",
+                asserted,
+                ""
+            ),
+            VerdictStatus::DebugRed
+        );
+        let raised = ">       y = model(x)\nE       torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB";
+        assert_eq!(
+            classified("torch.OutOfMemoryError: CUDA out of memory.", raised, ""),
+            VerdictStatus::InfraError
+        );
+        // the host printed it, outside any listing
+        let log: &'static str =
+            "[rank0] NCCL error in: nccl.cpp:42, unhandled system error\n1 failed";
+        assert_eq!(
+            classified("AssertionError: Not equal to tolerance", listed, log),
+            VerdictStatus::InfraError
+        );
     }
 
     #[test]
