@@ -452,7 +452,7 @@ pub fn row_matches(text: &str, components: &[ComponentInput]) -> Vec<RowMatch> {
                     })
                     .collect(),
                 recorded_pass: rec.pass,
-                section: in_section(f, places),
+                section: in_section(f, places, c.stage) || shares_a_row(&doc, &tables, f, c),
             }
         })
         .collect()
@@ -465,13 +465,41 @@ fn places(tables: &[status_read::Table]) -> Places {
     }
 }
 
+/// Whether `c` is a step without a Parity Commands row of its own whose
+/// test file a row of another step's runs too (one porter's row for the
+/// pipeline's smoke and parity tests): its evidence goes to fvd's section.
+fn shares_a_row(
+    doc: &StatusDoc,
+    tables: &[status_read::Table],
+    f: &Found,
+    c: &ComponentInput,
+) -> bool {
+    let Some(t) = tables.iter().find(|t| t.kind == Kind::Commands) else {
+        return false;
+    };
+    let Some(col) = t.command else {
+        return false;
+    };
+    f.commands.is_none()
+        && !c.stage.is_component()
+        && t.at.rows.clone().any(|line| {
+            doc.cell(line, col).is_some_and(|cmd| {
+                c.parity_tests
+                    .iter()
+                    .any(|test| status_match::command_runs(&cmd, test))
+            })
+        })
+}
+
 /// Whether a component's evidence goes to fvd's section: no row of its own
 /// in the contract's tables, and either the file keeps it in a table of
-/// the porter's shape or has no contract table to add a row to.
-fn in_section(f: &Found, p: Places) -> bool {
-    f.matrix.is_none()
+/// the porter's shape or has no contract table to add a row to (a step's
+/// only table is Parity Commands: it never has a matrix row).
+fn in_section(f: &Found, p: Places, stage: Stage) -> bool {
+    let matrix = p.matrix && stage.is_component();
+    (f.matrix.is_none() || !stage.is_component())
         && f.commands.is_none()
-        && (!f.person.is_empty() || !(p.matrix || p.commands))
+        && (!f.person.is_empty() || !(matrix || p.commands))
 }
 
 /// A new status file: the contract skeleton (`status` with its summary,
@@ -920,9 +948,7 @@ impl<'a> Patcher<'a> {
                 matrix: offset(Kind::Matrix, f.matrix).filter(|_| c.stage.is_component()),
                 commands: offset(Kind::Commands, f.commands),
                 person: !f.person.is_empty(),
-                shared: f.commands.is_none()
-                    && !c.stage.is_component()
-                    && self.runs_test_of(&tables, c),
+                shared: shares_a_row(&self.doc, &tables, f, c),
             })
             .collect();
         let mut tested_any = false;
@@ -992,23 +1018,6 @@ impl<'a> Patcher<'a> {
         if phase == Phase::PostParityReviewAndHandoff {
             self.section_notes.extend(checklist(self.input));
         }
-    }
-
-    /// Whether a Parity Commands row's command runs one of `c`'s test files.
-    fn runs_test_of(&self, tables: &[status_read::Table], c: &ComponentInput) -> bool {
-        let Some(t) = tables.iter().find(|t| t.kind == Kind::Commands) else {
-            return false;
-        };
-        let Some(col) = t.command else {
-            return false;
-        };
-        t.at.rows.clone().any(|line| {
-            self.doc.cell(line, col).is_some_and(|cmd| {
-                c.parity_tests
-                    .iter()
-                    .any(|test| status_match::command_runs(&cmd, test))
-            })
-        })
     }
 
     fn commands(&self) -> Option<TableAt> {
@@ -1102,7 +1111,9 @@ impl<'a> Patcher<'a> {
             self.command_row(c, run, r, outcome, regression, &reason, &short);
         }
         let unfound = !owned && !rows.person && !rows.shared;
-        if unfound && (self.created || places.matrix || places.commands) {
+        // a step has no matrix row to add
+        let matrix = places.matrix && c.stage.is_component();
+        if unfound && (self.created || matrix || places.commands) {
             // a component the file does not know: a row in each contract
             // table the file has (a step only in Parity Commands)
             if c.stage.is_component() && (self.created || places.matrix) {

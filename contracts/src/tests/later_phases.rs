@@ -6,7 +6,7 @@
 
 use crate::coauthor::{
     BackToP6, ComponentInput, GateInput, Input, Run, Stage, Standing, parse_moved_back,
-    parse_moved_forward, patch,
+    parse_moved_forward, patch, row_matches,
 };
 use crate::phase::Phase;
 use crate::port_status::{EscapeHatchRow, import};
@@ -373,4 +373,33 @@ fn p11_gets_a_checklist_ticked_from_fvd_s_records() {
     // before P11 there is no checklist
     input.gate.phase = Some(Phase::QualityRegression);
     assert!(!patch(&before, &input).contains("pre-handoff checklist"));
+}
+
+#[test]
+fn a_step_s_evidence_without_a_commands_table_goes_to_fvd_s_section() {
+    // the matrix only: a step has no row to add there
+    let shape = shape();
+    let start = shape.find("## Parity Commands").unwrap();
+    let end = shape.find("## Open Questions").unwrap();
+    let before = format!("{}{}", &shape[..start], &shape[end..]);
+    let comps = widget("non_skip_pass");
+    let after = patch(&before, &input(comps.clone(), GateInput::default()));
+    owned_changes(&before, &after).unwrap();
+    assert!(!after.contains("| `pipeline_smoke` | `"), "{after}");
+    assert!(
+        after.contains("| `pipeline_parity` | no pass recorded |"),
+        "{after}"
+    );
+    let m = row_matches(&before, &comps);
+    assert!(m[2].matrix.is_none() && m[2].section, "{:?}", m[2]);
+    // the dry run's matches: a step never matches a matrix row; one whose
+    // test another step's row runs is said to go to fvd's section
+    let both = shape.replace(
+        "| pipeline | `python -m pytest tests/local_tests/pipelines/test_widget_pipeline_parity.py -v -s` |",
+        "| pipeline_smoke | `python -m pytest tests/local_tests/pipelines/test_widget_pipeline_smoke.py tests/local_tests/pipelines/test_widget_pipeline_parity.py` |",
+    );
+    let m = row_matches(&both, &comps);
+    assert!(m[2].parity.is_some() && !m[2].section, "{:?}", m[2]);
+    assert!(m[3].parity.is_none() && m[3].section, "{:?}", m[3]);
+    assert!(m.iter().skip(2).all(|r| r.matrix.is_none()), "{m:?}");
 }
