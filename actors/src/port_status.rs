@@ -720,7 +720,10 @@ pub fn gate_input(port: &PortRow, events: &[GateEventRow], escapes: &[EscapeRow]
         .rev()
         .filter(|(_, e)| e.outcome == GateOutcome::Reopened && e.phase == p6)
         .find_map(|(k, e)| {
-            let (component, module) = e.conditions.iter().find_map(|c| pipeline_divergence(c))?;
+            let (component, module) = e
+                .conditions
+                .iter()
+                .find_map(|c| crate::gate::pipeline_divergence(c))?;
             let fixed = events[k + 1..]
                 .iter()
                 .any(|l| l.phase == p7 && l.outcome == GateOutcome::Passed);
@@ -750,18 +753,6 @@ pub fn gate_input(port: &PortRow, events: &[GateEventRow], escapes: &[EscapeRow]
         back_to_p6,
         quality_deferred,
     }
-}
-
-/// The component and first divergent module a P6 reopening names when the
-/// pipeline sent the port back (`component C: the pipeline parity test
-/// diverges first at M, one of its modules, …`).
-fn pipeline_divergence(condition: &str) -> Option<(String, String)> {
-    let rest = condition.strip_prefix("component ")?;
-    let (component, rest) = rest.split_once(": the pipeline parity test diverges first at ")?;
-    let module = rest
-        .split_once(", one of its modules")
-        .map_or(rest, |(m, _)| m);
-    Some((component.to_string(), module.to_string()))
 }
 
 /// Whether `text` names the id `id` as a whole word.
