@@ -231,8 +231,15 @@ fn print_row_matches(repo: &Path, spec: &PortSpec) -> anyhow::Result<PathBuf> {
             Some((line, label)) => println!("      {what}: line {line}: {label}"),
             None => println!("      {what}: new row"),
         };
-        show("Component Matrix", &m.matrix);
+        // a step of P7, P9 or P10 is no component: it has no matrix row
+        match c.stage {
+            coauthor::Stage::Component => show("Component Matrix", &m.matrix),
+            _ => println!("      Component Matrix: none (a step past P6, not a component)"),
+        }
         show("Parity Commands", &m.parity);
+        if m.section {
+            println!("      fvd's section: its evidence");
+        }
     }
     Ok(shown)
 }

@@ -123,11 +123,13 @@ pub fn outcome(snap: &PortSnapshot) -> Exit {
     match snap.state {
         PortState::Environment => Exit::Environment,
         PortState::AskUser => Exit::AskUser,
+        // A port waiting for a person (P8's config, P9's conversion, P11's
+        // review) has steps the gate has not reached: pending, not findings.
         _ if !snap.components.is_empty()
-            && snap
-                .components
-                .iter()
-                .all(|c| c.status == ComponentStatus::NonSkipPass) =>
+            && snap.components.iter().all(|c| {
+                c.status == ComponentStatus::NonSkipPass
+                    || (snap.state == PortState::Waiting && c.status == ComponentStatus::Pending)
+            }) =>
         {
             Exit::Success
         }

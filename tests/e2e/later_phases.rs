@@ -709,3 +709,42 @@ fn a_component_the_pipeline_sends_back_is_fixed_by_its_agent_and_p7_passes_at_th
     let mapping = std::fs::read_to_string(sb.repo().join("fastvideo/mapping.py")).unwrap();
     assert!(mapping.contains("blocks.1.ln"), "{mapping}");
 }
+
+/// P9 starts with the conversion, which fvd does not run: a port that needs
+/// one waits there for a person once P7 passes, its example not run; a
+/// wait is no finding (exit 0), as at P8 or P11.
+#[test]
+fn a_port_that_needs_a_conversion_waits_at_p9_before_its_example() {
+    let sb = Sandbox::new();
+    sb.port("converts", &[TestComponent::new("solo", "assert True")]);
+    declare_pipeline(&sb, "converts", "assert True");
+    write_example(&sb, "converts", 0);
+    write_quality(&sb, "converts", "assert True");
+    let spec = sb.repo().join("tests/local_tests/converts/port.toml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    assert!(text.contains("needs_conversion = \"no\""), "{text}");
+    std::fs::write(
+        &spec,
+        text.replace("needs_conversion = \"no\"", "needs_conversion = \"yes\""),
+    )
+    .unwrap();
+    let run = submit(&sb, "converts");
+    let text = out(&run);
+    assert_eq!(run.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("gate P9 pending: needs_conversion: yes; P9 starts with the conversion, which fvd does not run"),
+        "{text}"
+    );
+    let json = status(&sb, "converts");
+    assert_eq!(
+        (&json["phase"], &json["state"]),
+        (&"P9".into(), &"waiting".into()),
+        "{json}"
+    );
+    let example = component(&json, "pipeline_example");
+    assert_eq!(
+        (&example["status"], &example["runs"]),
+        (&"pending".into(), &0.into()),
+        "{example}"
+    );
+}
