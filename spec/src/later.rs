@@ -310,6 +310,23 @@ mod tests {
     }
 
     #[test]
+    fn the_example_imports_the_checkout_first() {
+        let spec = parse("\n[pipeline]\nsmoke_test = \"t/s.py\"\nexample = [\"python\", \"ex/run.py\", \"--steps\", \"2\"]\n").unwrap();
+        let ex = spec.example_step().unwrap();
+        assert_eq!(ex.name, EXAMPLE_STEP);
+        assert_eq!(ex.argv(), ["python", "ex/run.py", "--steps", "2"]);
+        assert_eq!(ex.parity_tests, ["ex/run.py"]);
+        assert_eq!(ex.set_env["PYTHONPATH"], "{repo}");
+        let with = parse("\n[defaults]\nset_env = { PYTHONPATH = \"src\" }\n\n[pipeline]\nsmoke_test = \"t/s.py\"\nexample = [\"python\", \"ex/run.py\"]\n").unwrap();
+        assert_eq!(
+            with.example_step().unwrap().set_env["PYTHONPATH"],
+            "{repo}:src"
+        );
+        // the components keep theirs
+        assert_eq!(with.components[0].set_env["PYTHONPATH"], "src");
+    }
+
+    #[test]
     fn pipeline_and_quality_are_read_in_p9_order() {
         let spec = parse(
             "\n[pipeline]\nsmoke_test = \"t/test_tiny_pipeline_smoke.py\"\nparity_test = \"t/test_tiny_pipeline_parity.py\"\ncomparison_target = \"the official pipeline at seed 0\"\nexample = [\"python\", \"examples/tiny.py\"]\n\n[quality]\ntests = [\"t/ssim/test_tiny_similarity.py\"]\n",

@@ -707,6 +707,7 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
             let mut step = component_spec(raw, &shared, &mut seen, &snippet, path)?;
             step.stage = Stage::Example;
             step.lines = pipeline_lines.clone();
+            checkout_first(&mut step);
             components.push(step);
         }
     }
@@ -730,6 +731,23 @@ pub fn parse(path: &Path, text: &str) -> Result<PortSpec, SpecError> {
         pipeline,
         quality,
     })
+}
+
+/// The example runs the code of the commit P9 verifies, not a copy of the
+/// package installed elsewhere (an editable install points at the
+/// porter's checkout, not at the commit a worker runs): the checkout comes
+/// first on its `PYTHONPATH`, unless the spec passes that variable
+/// through.
+fn checkout_first(step: &mut ComponentSpec) {
+    if step.env.iter().any(|v| v == "PYTHONPATH") {
+        return;
+    }
+    let path = match step.set_env.get("PYTHONPATH") {
+        Some(p) if p.split(':').any(|x| x == "{repo}") => p.clone(),
+        Some(p) => format!("{{repo}}:{p}"),
+        None => "{repo}".to_string(),
+    };
+    step.set_env.insert("PYTHONPATH".into(), path);
 }
 
 /// Refuses a spec holding a token value, before anything is parsed or

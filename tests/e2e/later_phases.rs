@@ -604,7 +604,13 @@ fn a_component_the_pipeline_sends_back_is_fixed_by_its_agent_and_p7_passes_at_th
     )
     .unwrap();
     record_body_agent(&sb);
-    write_example(&sb, "mapped", 0);
+    // the example imports the port's code: it must be the fix's commit
+    std::fs::create_dir_all(sb.repo().join("examples")).unwrap();
+    std::fs::write(
+        sb.repo().join("examples/mapped.py"),
+        "from fastvideo import mapping\nassert mapping.NORM_1 == 'blocks.1.norm.weight', mapping.NORM_1\nprint('wrote outputs/mapped.mp4')\n",
+    )
+    .unwrap();
     write_quality(&sb, "mapped", "assert True");
     let git = crate::agent::git;
     git(sb.repo(), &["init", "-q", "-b", "main"]);
