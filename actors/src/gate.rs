@@ -888,7 +888,7 @@ async fn back_to_component(
     module: &str,
     owner: &str,
 ) -> Result<Option<crate::component::Reopen>, ActorProcessingErr> {
-    let reopened = reopened_by_pipeline(owner, module);
+    let reopened = crate::pipeline_words::reopened_by_pipeline(owner, module);
     let whose = format!(
         "its first divergence, {module}, is in component {owner}'s modules: back to P6 for {owner}"
     );
@@ -971,23 +971,6 @@ async fn back_to_component(
         )
         .await?;
     Ok(None)
-}
-
-/// The condition of P6's reopening by the pipeline: `owner` owns `module`,
-/// where the pipeline parity test diverges first. [`pipeline_divergence`]
-/// reads it back (`PORT_STATUS.md` explains the move with it).
-pub fn reopened_by_pipeline(owner: &str, module: &str) -> String {
-    format!(
-        "component {owner}: the pipeline parity test diverges first at {module}, one of its modules, although its own parity test passes"
-    )
-}
-
-/// The component and module of a [`reopened_by_pipeline`] condition.
-pub fn pipeline_divergence(condition: &str) -> Option<(String, String)> {
-    let rest = condition.strip_prefix("component ")?;
-    let (component, rest) = rest.split_once(": the pipeline parity test diverges first at ")?;
-    let (module, _) = rest.split_once(", one of its modules")?;
-    Some((component.to_string(), module.to_string()))
 }
 
 /// The port's code with every agent component's passing fix in it: what
@@ -1263,15 +1246,6 @@ async fn record(
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_pipeline_reopening_reads_back_its_component_and_module() {
-        let c = super::reopened_by_pipeline("vae", "vae.decoder.up.0");
-        assert_eq!(
-            super::pipeline_divergence(&c),
-            Some(("vae".into(), "vae.decoder.up.0".into()))
-        );
-        assert_eq!(super::pipeline_divergence("component vae is blocked"), None);
-    }
 
     use super::*;
 

@@ -25,7 +25,9 @@
 //!   [`attempt::AttemptDone`].
 //! * [`run_env`]: the variables a run gets (every run's, a traced rerun's).
 //! * [`judge_question`]: the question an attempt's judge change becomes
-//!   (text only; the component asks and acts on the answer).
+//!   (text only; the component asks and acts on the answer);
+//!   [`pipeline_words`]: the gate's condition when the pipeline sends a
+//!   component back to P6 (text only; `PORT_STATUS.md` reads it back).
 //! * [`run_verdict`]: the verdict of a finished job (or that its
 //!   environment failed it); [`port_status`]: the port's `PORT_STATUS.md`
 //!   from the store, through the contracts' co-author.
@@ -42,6 +44,7 @@ pub mod fvd_dir;
 pub mod gate;
 pub mod judge_question;
 pub mod orchestrator;
+pub mod pipeline_words;
 pub mod port_status;
 pub mod red_run;
 pub mod restarts;

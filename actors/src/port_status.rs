@@ -723,7 +723,7 @@ pub fn gate_input(port: &PortRow, events: &[GateEventRow], escapes: &[EscapeRow]
             let (component, module) = e
                 .conditions
                 .iter()
-                .find_map(|c| crate::gate::pipeline_divergence(c))?;
+                .find_map(|c| crate::pipeline_words::pipeline_divergence(c))?;
             let fixed = events[k + 1..]
                 .iter()
                 .any(|l| l.phase == p7 && l.outcome == GateOutcome::Passed);
