@@ -714,6 +714,27 @@ fn a_component_the_pipeline_sends_back_is_fixed_by_its_agent_and_p7_passes_at_th
     // the porter's checkout is untouched: the fix waits on fvd's branch
     let mapping = std::fs::read_to_string(sb.repo().join("fastvideo/mapping.py")).unwrap();
     assert!(mapping.contains("blocks.1.ln"), "{mapping}");
+
+    // resubmitted at the same commit: every verdict holds, nothing runs
+    let runs = |json: &serde_json::Value| -> Vec<(String, u64)> {
+        json["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_string(),
+                    c["runs"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let before = runs(&status(&sb, "mapped"));
+    let again = submit(&sb, "mapped");
+    assert_eq!(again.status.code(), Some(0), "{}", out(&again));
+    let json = status(&sb, "mapped");
+    assert_eq!(runs(&json), before, "{json}");
+    assert_eq!(json["phase"], "P11", "{json}");
 }
 
 /// P9 starts with the conversion, which fvd does not run: a port that needs
