@@ -775,3 +775,62 @@ fn a_port_that_needs_a_conversion_waits_at_p9_before_its_example() {
         "{example}"
     );
 }
+
+/// On a fleet, the port whose quality test asked a person ends for now
+/// (its gate stops); the answer over gRPC resumes it from the store and
+/// acts on it once.
+#[test]
+fn a_fleet_orchestrator_resumes_p10_on_the_answer() {
+    let mut sb = Sandbox::new();
+    sb.port("fleetq", &[TestComponent::new("solo", "assert True")]);
+    declare_pipeline(&sb, "fleetq", "assert True");
+    write_example(&sb, "fleetq", 0);
+    write_quality(
+        &sb,
+        "fleetq",
+        "if not os.path.exists('reference.mp4'):\n        pytest.skip('reference video missing: seed it')",
+    );
+    let url = sb.serve();
+    sb.worker("w1", 2);
+    let run = sb.submit_remote("fleetq", &["--wait"]);
+    assert_eq!(run.status.code(), Some(3), "{}\n{}", out(&run), sb.logs());
+    let json = sb.remote_status("fleetq").unwrap();
+    assert_eq!(
+        (&json["phase"], &json["state"]),
+        (&"P10".into(), &"ask_user".into()),
+        "{json}"
+    );
+    std::fs::write(sb.repo().join("reference.mp4"), "frames").unwrap();
+    let answered = fvd()
+        .args([
+            "answer",
+            "fleetq",
+            "E001",
+            "--option",
+            "1",
+            "--wait",
+            "--orchestrator",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        answered.status.code(),
+        Some(0),
+        "{}\n{}",
+        out(&answered),
+        sb.logs()
+    );
+    let json = sb.remote_status("fleetq").unwrap();
+    assert_eq!(
+        (&json["phase"], &json["state"]),
+        (&"P11".into(), &"waiting".into()),
+        "{json}"
+    );
+    assert_eq!(json["escapes"][0]["status"], "resolved", "{json}");
+    assert_eq!(
+        component(&json, "quality_fleetq_similarity")["runs"],
+        2,
+        "{json}"
+    );
+}
