@@ -32,6 +32,10 @@ pub struct PipelineSpec {
     /// component's is, and its first divergent module names the component
     /// that owns it.
     pub trace: Option<crate::trace_spec::TraceSpec>,
+    /// `agent = true`: the spec's `[agent]` works on the smoke and parity
+    /// steps between red runs, as the pipeline's own agent: its packet is a
+    /// `pipeline_context`, its handoff a `pipeline_handoff`.
+    pub agent: bool,
 }
 
 /// `[quality]` of a spec: P10's regression tests.
@@ -52,6 +56,8 @@ pub(crate) struct RawPipeline {
     gpus: u32,
     timeout_s: Option<u64>,
     trace: Option<crate::trace_spec::TraceSpec>,
+    #[serde(default)]
+    agent: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -145,6 +151,7 @@ pub(crate) fn pipeline(
         gpus: r.gpus,
         timeout_s: r.timeout_s,
         trace: r.trace,
+        agent: r.agent,
     }))
 }
 
@@ -251,6 +258,9 @@ impl PipelineSpec {
         );
         if let Some(s) = self.timeout_s {
             t.push_str(&format!("timeout_s = {s}\n"));
+        }
+        if self.agent {
+            t.push_str("agent = true\n");
         }
         t
     }
@@ -412,6 +422,29 @@ mod tests {
     }
 
     #[test]
+    fn the_pipeline_agent_works_on_the_smoke_and_parity_steps_never_on_the_example() {
+        let spec = parse("\n[pipeline]\nsmoke_test = \"t/s.py\"\nparity_test = \"t/p.py\"\nexample = [\"python\", \"ex.py\"]\nagent = true\n\n[agent]\ncommand = [\"agent\", \"{prompt_file}\"]\n").unwrap();
+        let with: Vec<(&str, bool)> = spec
+            .components
+            .iter()
+            .map(|c| (c.name.as_str(), c.agent.is_some()))
+            .collect();
+        assert_eq!(
+            with,
+            [
+                ("a", false),
+                (SMOKE_STEP, true),
+                (PARITY_STEP, true),
+                (EXAMPLE_STEP, false)
+            ]
+        );
+        let without =
+            parse("\n[pipeline]\nparity_test = \"t/p.py\"\n\n[agent]\ncommand = [\"agent\"]\n")
+                .unwrap();
+        assert!(without.components.iter().all(|c| c.agent.is_none()));
+    }
+
+    #[test]
     fn a_pipeline_without_a_test_or_outside_the_repository_is_refused_at_its_line() {
         let e = parse("\n[pipeline]\nexample = [\"python\", \"x.py\"]\n").unwrap_err();
         assert_eq!(
@@ -432,6 +465,11 @@ mod tests {
         let e = parse("\n[quality]\ntests = [\"/abs/test_q.py\"]\n").unwrap_err();
         assert!(e.to_string().contains("inside it"), "{e}");
         let e = parse("\n[pipeline]\nsmoke_test = \"t/s.py\"\nagent = true\n").unwrap_err();
-        assert!(e.to_string().contains("agent"), "{e}");
+        assert!(
+            e.to_string().contains(
+                "component pipeline_smoke: agent = true but the spec has no [agent] table"
+            ),
+            "{e}"
+        );
     }
 }
