@@ -29,6 +29,7 @@ use fvd_contracts::block::fenced_blocks;
 use fvd_contracts::component::{ComponentSkillHandoff, SkillNextStep};
 use fvd_contracts::escape_hatch::EscapeHatch;
 use fvd_contracts::fields::Slot;
+use fvd_contracts::pipeline::{PipelineHandoff, PipelineNextStep};
 use fvd_contracts::redactor::Redactor;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
@@ -257,6 +258,9 @@ pub struct Packet<'a> {
     /// The table of the red run's hypothesis variants (`[[component.variant]]`,
     /// one line each), when it has variants.
     pub variants: Option<&'a str>,
+    /// A pipeline step's facts of the port: the packet is then a
+    /// `pipeline_context` and asks for a `pipeline_handoff`.
+    pub pipeline: Option<&'a pipeline::PipelineFacts>,
 }
 
 /// The prompt of one attempt, written to `{prompt_file}`.
@@ -277,15 +281,25 @@ pub fn packet(p: &Packet<'_>) -> String {
         next_escape_id,
         trace,
         variants,
+        pipeline,
     } = p;
     let mut out = String::new();
+    let (mode, heading, context) = match pipeline {
+        Some(facts) => (
+            pipeline::mode(spec),
+            "Pipeline context",
+            pipeline::context(family, spec, prep, facts, last),
+        ),
+        None => (
+            "parity-debug",
+            "Component context",
+            component_context(family, spec, prep, last),
+        ),
+    };
     out.push_str(&format!(
-        "# fvd parity-debug: {family} / {} (attempt {attempt}; {budget_used} of {max_attempts} in the budget)\n\nWork in `{workdir}`: the port's folder in this component's own git worktree.\n\n",
+        "# fvd {mode}: {family} / {} (attempt {attempt}; {budget_used} of {max_attempts} in the budget)\n\nWork in `{workdir}`: the port's folder in this component's own git worktree.\n\n## {heading}\n\n```text\n{context}```\n\n",
         spec.name
     ));
-    out.push_str("## Component context\n\n```text\n");
-    out.push_str(&component_context(family, spec, prep, last));
-    out.push_str("```\n\n");
     out.push_str(&format!(
         "## Last verdict\n\nRun `{}`: **{}**. {}\n\nParity command (run from the worktree): `{}`\n\nTail of the pytest output:\n\n```text\n{}\n```\n\n",
         last.job_id,
@@ -331,6 +345,34 @@ pub fn packet(p: &Packet<'_>) -> String {
     if !ledger.is_empty() {
         out.push('\n');
     }
+    out.push_str(&decisions(answers, judge_decisions));
+    out.push_str(
+        "## Rules\n\n\
+- Change the port's code in this worktree until the parity test above is a non-skip pass; fvd commits your changes and reruns the test itself. Your own claim of a pass is not evidence: the rerun is.\n\
+- A skip is not a pass. Do not make the test skip, xfail or loosen its tolerance to turn it green.\n\
+- What judges this component is the port's, not yours: its parity test files, each `conftest.py` and pytest configuration on the way to them, the official reference, `port.toml` and `PORT_STATUS.md`. fvd runs your code with the port's own judge; a change you make there is not counted and becomes a person's question.\n\
+- Before a pass counts, the cleanup gate refuses untracked files, stash entries and debug hooks or breakpoints left in your diff.\n\
+- Never write a token or secret value anywhere (code, handoff, output); name environment variables instead.\n",
+    );
+    if pipeline.is_some() {
+        out.push_str(&pipeline::rules(spec, next_escape_id, handoff_file));
+        return out;
+    }
+    out.push_str(&format!(
+        "- If the mismatch comes from converted weights or the conversion mapping, do not edit conversion scripts or converted weights: return `next_step: phase_5_conversion_retry` with a `conversion_retry_request` naming the failing keys, shapes or prefixes.\n\
+- If you cannot make progress, return `next_step: blocked` with the exact `blocker`.\n\
+- If a decision needs a person (scope, an ambiguity between official sources, cost), return `next_step: ask_user` with an `escape_hatch` whose evidence cites {next_escape_id}; the rest of the port goes on while the question waits, and the answer comes back in your next packet.\n\n\
+## Handoff\n\n\
+When done, write a `component_skill_handoff` block (the contract's fields, `mode: parity-debug`, `component: {}`) to `{handoff_file}`, or print it as the last block of your output.\n",
+        spec.name
+    ));
+    out
+}
+
+/// The packet's sections on what people decided: the answers to the
+/// agent's questions and the judge changes they approved or rejected.
+fn decisions(answers: &[EscapeRow], judge_decisions: &[EscapeRow]) -> String {
+    let mut out = String::new();
     if !answers.is_empty() {
         out.push_str("## Answers to your questions\n\n");
         for e in answers.iter() {
@@ -364,20 +406,6 @@ pub fn packet(p: &Packet<'_>) -> String {
         }
         out.push('\n');
     }
-    out.push_str(&format!(
-        "## Rules\n\n\
-- Change the port's code in this worktree until the parity test above is a non-skip pass; fvd commits your changes and reruns the test itself. Your own claim of a pass is not evidence: the rerun is.\n\
-- A skip is not a pass. Do not make the test skip, xfail or loosen its tolerance to turn it green.\n\
-- What judges this component is the port's, not yours: its parity test files, each `conftest.py` and pytest configuration on the way to them, the official reference, `port.toml` and `PORT_STATUS.md`. fvd runs your code with the port's own judge; a change you make there is not counted and becomes a person's question.\n\
-- If the mismatch comes from converted weights or the conversion mapping, do not edit conversion scripts or converted weights: return `next_step: phase_5_conversion_retry` with a `conversion_retry_request` naming the failing keys, shapes or prefixes.\n\
-- If you cannot make progress, return `next_step: blocked` with the exact `blocker`.\n\
-- If a decision needs a person (scope, an ambiguity between official sources, cost), return `next_step: ask_user` with an `escape_hatch` whose evidence cites {next_escape_id}; the rest of the port goes on while the question waits, and the answer comes back in your next packet.\n\
-- Before a pass counts, the cleanup gate refuses untracked files, stash entries and debug hooks or breakpoints left in your diff.\n\
-- Never write a token or secret value anywhere (code, handoff, output); name environment variables instead.\n\n\
-## Handoff\n\n\
-When done, write a `component_skill_handoff` block (the contract's fields, `mode: parity-debug`, `component: {}`) to `{handoff_file}`, or print it as the last block of your output.\n",
-        spec.name
-    ));
     out
 }
 
@@ -688,6 +716,9 @@ pub struct HandoffRead {
     /// The block as returned; withheld when it holds a token-looking value.
     pub text: String,
     pub value: Option<ComponentSkillHandoff>,
+    /// The pipeline agent's valid `pipeline_handoff` (a pipeline step's
+    /// attempt; `value` is then `None`).
+    pub pipeline: Option<PipelineHandoff>,
     /// Where the block was read: `structured_output` (the CLI's), `file`
     /// (`{handoff_file}`), `output` (the last block the agent printed), or
     /// empty when there was none.
@@ -695,11 +726,39 @@ pub struct HandoffRead {
 }
 
 impl HandoffRead {
+    /// No block of `kind` came back.
+    fn missing(kind: &str) -> HandoffRead {
+        HandoffRead {
+            status: HandoffStatus::Missing,
+            summary: format!("the agent returned no {kind} block"),
+            text: String::new(),
+            value: None,
+            pipeline: None,
+            source: "",
+        }
+    }
+
+    /// The files the agent says it changed.
+    pub fn files_changed(&self) -> Vec<String> {
+        let files = match (&self.value, &self.pipeline) {
+            (Some(h), _) => &h.files_changed,
+            (None, Some(p)) => &p.files_changed,
+            (None, None) => return Vec::new(),
+        };
+        files.iter().map(|f| f.to_string()).collect()
+    }
+
     /// Why the loop must stop after this handoff, when the agent itself says
     /// it cannot go on (a blocker, a conversion retry, a question).
     /// The escape hatch of a valid `next_step: ask_user` handoff (the
     /// contract check already required one that asks).
     pub fn escape(&self) -> Option<&EscapeHatch> {
+        if let Some(p) = &self.pipeline {
+            return match (&p.next_step, &p.escape_hatch) {
+                (PipelineNextStep::AskUser, Slot::Block(e)) => Some(e),
+                _ => None,
+            };
+        }
         let h = self.value.as_ref()?;
         match (&h.next_step, &h.escape_hatch) {
             (SkillNextStep::AskUser, Slot::Block(e)) => Some(e),
@@ -719,6 +778,9 @@ impl HandoffRead {
     }
 
     pub fn stop_reason(&self) -> Option<String> {
+        if let Some(p) = &self.pipeline {
+            return pipeline::stop_reason(p);
+        }
         let h = self.value.as_ref()?;
         match h.next_step {
             SkillNextStep::Blocked => Some(format!("agent reports a blocker: {}", h.blocker)),
@@ -741,6 +803,21 @@ pub fn read_handoff(component: &str, file: Option<&str>, stdout: &str) -> Handof
     read_handoff_of(component, None, file, stdout)
 }
 
+/// The handoff of `spec`'s agent: a pipeline step's `pipeline_handoff`
+/// ([`pipeline::read_handoff_of`]), a component's
+/// `component_skill_handoff` ([`read_handoff_of`]).
+pub fn read_handoff_for(
+    spec: &ComponentSpec,
+    structured: Option<&str>,
+    file: Option<&str>,
+    text: &str,
+) -> HandoffRead {
+    match spec.stage {
+        fvd_spec::Stage::Pipeline => pipeline::read_handoff_of(structured, file, text),
+        _ => read_handoff_of(&spec.name, structured, file, text),
+    }
+}
+
 /// [`read_handoff`] for a CLI with structured output: the handoff it
 /// returned there comes first, then the handoff file, then the last block
 /// of `text` (its final answer).
@@ -750,30 +827,11 @@ pub fn read_handoff_of(
     file: Option<&str>,
     text: &str,
 ) -> HandoffRead {
-    let present = |t: Option<&str>| t.filter(|t| !t.trim().is_empty()).map(unfence);
-    let (block, source) = if let Some(b) = present(structured) {
-        (Some(b), "structured_output")
-    } else if let Some(b) = present(file) {
-        (Some(b), "file")
-    } else {
-        (last_block(text), "output")
-    };
-    let Some(block) = block else {
-        return HandoffRead {
-            status: HandoffStatus::Missing,
-            summary: "the agent returned no component_skill_handoff block".into(),
-            text: String::new(),
-            value: None,
-            source: "",
-        };
+    let Some((block, source)) = pick_block(structured, file, text, "component:") else {
+        return HandoffRead::missing("component_skill_handoff");
     };
     let checked = ComponentSkillHandoff::check(&block, 1);
-    let secret = !fvd_contracts::secrets::scan_text(&block, 1).is_empty();
-    let text = if secret {
-        "[withheld: the block holds a token-looking value]".to_string()
-    } else {
-        tail(&block, 16 * 1024).to_string()
-    };
+    let text = kept_text(&block);
     let mut findings: Vec<String> = checked.findings.iter().map(|f| f.to_string()).collect();
     if let Some(v) = &checked.value
         && v.component.to_string() != component
@@ -792,6 +850,7 @@ pub fn read_handoff_of(
             summary: one_line(&findings.join("; ")),
             text,
             value: None,
+            pipeline: None,
             source,
         };
     }
@@ -813,7 +872,37 @@ pub fn read_handoff_of(
         )),
         text,
         value: Some(v),
+        pipeline: None,
         source,
+    }
+}
+
+/// The block an agent handed back: its CLI's structured output, else the
+/// handoff file, else the last block of `text` that starts with `start`;
+/// with where it was read.
+fn pick_block(
+    structured: Option<&str>,
+    file: Option<&str>,
+    text: &str,
+    start: &str,
+) -> Option<(String, &'static str)> {
+    let present = |t: Option<&str>| t.filter(|t| !t.trim().is_empty()).map(unfence);
+    if let Some(b) = present(structured) {
+        Some((b, "structured_output"))
+    } else if let Some(b) = present(file) {
+        Some((b, "file"))
+    } else {
+        last_block(text, start).map(|b| (b, "output"))
+    }
+}
+
+/// A handoff block as fvd keeps it: its tail, or withheld whole when it
+/// holds a token-looking value.
+fn kept_text(block: &str) -> String {
+    if fvd_contracts::secrets::scan_text(block, 1).is_empty() {
+        tail(block, 16 * 1024).to_string()
+    } else {
+        "[withheld: the block holds a token-looking value]".to_string()
     }
 }
 
@@ -915,18 +1004,21 @@ fn unfence(text: &str) -> String {
     }
 }
 
-/// The last `component: …` block of an agent's output: from the last line
-/// that starts it to the first blank line or fence after it.
-fn last_block(stdout: &str) -> Option<String> {
+/// The last block of an agent's output that starts with `start`
+/// (`component:`, `pipeline_handoff:`): from the last line that starts it
+/// to the first blank line or fence after it.
+fn last_block(stdout: &str, start: &str) -> Option<String> {
     let lines: Vec<&str> = stdout.lines().collect();
-    let start = lines.iter().rposition(|l| l.starts_with("component:"))?;
-    let body: Vec<&str> = lines[start..]
+    let from = lines.iter().rposition(|l| l.starts_with(start))?;
+    let body: Vec<&str> = lines[from..]
         .iter()
         .take_while(|l| !l.trim().is_empty() && !l.trim_start().starts_with("```"))
         .copied()
         .collect();
     Some(body.join("\n"))
 }
+
+pub mod pipeline;
 
 #[cfg(test)]
 mod tests {
@@ -1080,6 +1172,7 @@ escape_hatch: none";
             next_escape_id: "E001",
             trace: Some("first divergence: blocks.2.norm max drift 0.542"),
             variants: Some("- eps_fix (EPS_FIX=1): non_skip_pass, passes"),
+            pipeline: None,
         });
         let block = fenced_blocks(&text)
             .into_iter()
