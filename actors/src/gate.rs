@@ -24,6 +24,7 @@ use crate::component::{ComponentArgs, ComponentSubagentActor};
 
 mod verify;
 use crate::fvd_dir::FvdDir;
+use crate::pipeline_words::Cause;
 use crate::scheduler::SchedulerMsg;
 use fvd_spec::PortSpec;
 use fvd_store::Store;
@@ -794,6 +795,19 @@ async fn after_step(
         .unwrap_or_default();
     if row.status != ComponentStatus::NonSkipPass {
         let why = format!("{name} ({test}) is {} ({})", row.status, row.reason);
+        if let Some((named, evidence)) = returned_to_p6(st, name).await? {
+            return match named {
+                Ok(owner) => {
+                    let cause = Cause::AgentReturned(&evidence);
+                    reopen(myself, st, name, why, cause, &owner).await
+                }
+                Err(whynot) => {
+                    let whynot = format!("the pipeline's agent returned to phase 6, but {whynot}");
+                    refuse(st, Phase::PipelineStagesAndVariants, vec![why, whynot]).await?;
+                    Ok(true)
+                }
+            };
+        }
         let module = match name == fvd_spec::later::PARITY_STEP {
             true => first_divergent_module(st, name).await?,
             false => None,
@@ -804,16 +818,8 @@ async fn after_step(
             .map(|c| c.name.clone());
         match (module, owner) {
             (Some(module), Some(owner)) => {
-                let reopened = back_to_component(st, why, &module, &owner).await?;
-                if let Some(reopen) = reopened {
-                    let c = st.args.spec.components.iter().find(|c| c.name == owner);
-                    let c = c.cloned().ok_or("the owner is a component of the spec")?;
-                    st.finals.remove(&owner);
-                    st.phase = Phase::ComponentParityDebug;
-                    st.wave = [owner.clone()].into();
-                    spawn_reopened(myself, st, &c, Some(reopen)).await?;
-                    return Ok(false);
-                }
+                let cause = Cause::Divergence(&module);
+                return reopen(myself, st, name, why, cause, &owner).await;
             }
             (Some(module), None) => {
                 let whose = format!(
@@ -825,6 +831,7 @@ async fn after_step(
         }
         return Ok(true);
     }
+    took_the_agents_fix(st, name).await?;
     if let Some(next) = steps.iter().skip_while(|c| c.name != name).nth(1) {
         st.wave = [next.name.clone()].into();
         spawn_component(myself, st, next).await?;
@@ -856,6 +863,88 @@ async fn after_step(
     verify::verification(myself, st).await
 }
 
+/// A pipeline step that passed at its agent's commit: the steps after it,
+/// P9 and P10 run at that commit (it descends from the one the step ran
+/// at, so it holds the components' fixes too).
+async fn took_the_agents_fix(st: &mut GateState, name: &str) -> Result<(), ActorProcessingErr> {
+    let jobs = st.args.store.jobs_of(&st.args.family, name).await?;
+    let passed = jobs
+        .iter()
+        .rev()
+        .find(|j| j.state == fvd_store::model::JobState::Finished)
+        .filter(|j| j.verdict.is_pass() && !j.commit.is_empty());
+    if let (Some(j), Some(code)) = (passed, st.pipeline_code.as_mut())
+        && j.commit != code.commit
+    {
+        tracing::info!(family = %st.args.family, step = %name, commit = %j.commit, "the pipeline's agent fixed the step: what follows runs at its commit");
+        code.commit = j.commit.clone();
+    }
+    Ok(())
+}
+
+/// Sends the port back to P6 for `owner` after pipeline step `step` was
+/// red for `cause` (`Ok(false)`: the owner's agent runs; `Ok(true)`: the
+/// port ends here, blocked at P6 until the owner's code changes).
+async fn reopen(
+    myself: &ActorRef<GateMsg>,
+    st: &mut GateState,
+    step: &str,
+    why: String,
+    cause: Cause<'_>,
+    owner: &str,
+) -> Result<bool, ActorProcessingErr> {
+    let Some(reopen) = back_to_component(st, step, why, cause, owner).await? else {
+        return Ok(true);
+    };
+    let c = st.args.spec.components.iter().find(|c| c.name == owner);
+    let c = c.cloned().ok_or("the owner is a component of the spec")?;
+    st.finals.remove(owner);
+    st.phase = Phase::ComponentParityDebug;
+    st.wave = [owner.to_string()].into();
+    spawn_reopened(myself, st, &c, Some(reopen)).await?;
+    Ok(false)
+}
+
+/// Whether pipeline step `step`'s agent ended its loop with
+/// `return_to_phase_6`: then the component its blockers name (`Err`: why
+/// none can be chosen) and the blockers, on one line.
+async fn returned_to_p6(
+    st: &GateState,
+    step: &str,
+) -> Result<Option<(Result<String, String>, String)>, ActorProcessingErr> {
+    use fvd_contracts::Contract;
+    use fvd_contracts::pipeline::{PipelineHandoff, PipelineNextStep};
+    use fvd_workspace::agent::pipeline;
+    let attempts = st.args.store.attempts(&st.args.family, step).await?;
+    let Some(last) = attempts.last() else {
+        return Ok(None);
+    };
+    // only an answer to the step's latest run: a return the port already
+    // went back for is not read again once the step ran since
+    let jobs = st.args.store.jobs_of(&st.args.family, step).await?;
+    let latest = jobs
+        .iter()
+        .rev()
+        .find(|j| j.state == fvd_store::model::JobState::Finished);
+    if latest.is_none_or(|j| j.job_id != last.job_before) {
+        return Ok(None);
+    }
+    let Ok(h) = PipelineHandoff::parse(&last.handoff_text) else {
+        return Ok(None);
+    };
+    if h.next_step != PipelineNextStep::ReturnToPhase6 {
+        return Ok(None);
+    }
+    let names: Vec<String> = st
+        .args
+        .spec
+        .parity_components()
+        .map(|c| c.name.clone())
+        .collect();
+    let named = pipeline::named_component(&h, &names).map(str::to_string);
+    Ok(Some((named, pipeline::blockers(&h))))
+}
+
 /// The first divergent module of the pipeline parity test's latest traced
 /// investigation (`[pipeline.trace]`), when it found one.
 async fn first_divergent_module(
@@ -884,14 +973,13 @@ async fn first_divergent_module(
 /// moves.
 async fn back_to_component(
     st: &mut GateState,
+    step: &str,
     why: String,
-    module: &str,
+    cause: Cause<'_>,
     owner: &str,
 ) -> Result<Option<crate::component::Reopen>, ActorProcessingErr> {
-    let reopened = crate::pipeline_words::reopened_by_pipeline(owner, module);
-    let whose = format!(
-        "its first divergence, {module}, is in component {owner}'s modules: back to P6 for {owner}"
-    );
+    let reopened = crate::pipeline_words::reopened_by_pipeline(owner, cause);
+    let whose = crate::pipeline_words::whose(owner, cause);
     let agent = st
         .args
         .spec
@@ -902,19 +990,17 @@ async fn back_to_component(
         let red = st
             .args
             .store
-            .jobs_of(&st.args.family, fvd_spec::later::PARITY_STEP)
+            .jobs_of(&st.args.family, step)
             .await?
             .into_iter()
             .rev()
             .find(|j| j.state == fvd_store::model::JobState::Finished);
         let Some(red) = red else {
-            return Err("a red pipeline parity step has a finished run".into());
+            return Err("a red pipeline step has a finished run".into());
         };
         let result = fvd_store::model::JobResult {
             verdict: red.verdict,
-            reason: format!(
-                "the pipeline parity test is red and its first divergence, {module}, is in {owner}'s modules, although {owner}'s own parity test passes: fix {owner} so that the pipeline matches (the pipeline's trace is below). The pipeline's run: {why}"
-            ),
+            reason: crate::pipeline_words::task(owner, cause, &why),
             output_tail: red.output_tail.clone(),
             ..fvd_store::model::JobResult::default()
         };
@@ -973,8 +1059,9 @@ async fn back_to_component(
     Ok(None)
 }
 
-/// The port's code with every agent component's passing fix in it: what
-/// P7's steps run at. `Err` names fixes that conflict.
+/// The port's code with every agent component's passing fix in it, and
+/// the pipeline agent's: what P7's steps run at. `Err` names fixes that
+/// conflict.
 async fn fixes_together(
     st: &GateState,
 ) -> Result<Result<fvd_store::model::PortCode, String>, ActorProcessingErr> {
@@ -983,7 +1070,9 @@ async fn fixes_together(
         return Ok(Ok(code));
     }
     let mut fixes = Vec::new();
-    for c in st.args.spec.parity_components() {
+    // the components' fixes, and a fix the pipeline's own agent made
+    let steps = st.args.spec.parity_components();
+    for c in steps.chain(st.args.spec.pipeline_steps()) {
         if c.agent.is_none() {
             continue;
         }

@@ -720,16 +720,16 @@ pub fn gate_input(port: &PortRow, events: &[GateEventRow], escapes: &[EscapeRow]
         .rev()
         .filter(|(_, e)| e.outcome == GateOutcome::Reopened && e.phase == p6)
         .find_map(|(k, e)| {
-            let (component, module) = e
+            let (component, reason) = e
                 .conditions
                 .iter()
-                .find_map(|c| crate::pipeline_words::pipeline_divergence(c))?;
+                .find_map(|c| crate::pipeline_words::moved_back(c))?;
             let fixed = events[k + 1..]
                 .iter()
                 .any(|l| l.phase == p7 && l.outcome == GateOutcome::Passed);
             Some(BackToP6 {
                 component,
-                module,
+                reason,
                 fixed,
             })
         });
@@ -1501,7 +1501,9 @@ set_env = { PYTHONPATH = "{repo}" }
             g.back_to_p6,
             Some(BackToP6 {
                 component: "vae".into(),
-                module: "vae.decoder.up.0".into(),
+                reason: coauthor::BackReason::Diverged {
+                    module: "vae.decoder.up.0".into()
+                },
                 fixed: false,
             })
         );

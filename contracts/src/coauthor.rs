@@ -379,15 +379,25 @@ pub struct GateInput {
     pub quality_deferred: Option<String>,
 }
 
-/// A red pipeline parity test traced to a component's modules: P7
-/// refused, P6 reopened for the component.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// A red pipeline step sent back to a component: P7 refused, P6 reopened
+/// for the component.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackToP6 {
     pub component: String,
-    /// The first divergent module.
-    pub module: String,
+    pub reason: BackReason,
     /// P7 passed since.
     pub fixed: bool,
+}
+
+/// Why the pipeline sent the port back to P6 for a component.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackReason {
+    /// The pipeline parity test's first divergent module is one of the
+    /// component's.
+    Diverged { module: String },
+    /// The pipeline's agent returned `return_to_phase_6` naming the
+    /// component, with this evidence.
+    AgentReturned { evidence: String },
 }
 
 /// The rows a component matches, as `fvd submit --dry-run` prints them.
@@ -976,11 +986,18 @@ impl<'a> Patcher<'a> {
     fn gate_notes(&mut self) {
         let g = &self.input.gate;
         if let Some(b) = &g.back_to_p6 {
-            let mut line = format!(
-                "- back to P6: the pipeline parity test diverged first at `{}`, in component `{}`'s modules, and the port went back to P6 for it",
-                one_line(&b.module),
-                one_line(&b.component)
-            );
+            let mut line = match &b.reason {
+                BackReason::Diverged { module } => format!(
+                    "- back to P6: the pipeline parity test diverged first at `{}`, in component `{}`'s modules, and the port went back to P6 for it",
+                    one_line(module),
+                    one_line(&b.component)
+                ),
+                BackReason::AgentReturned { evidence } => format!(
+                    "- back to P6: the pipeline's agent returned to phase 6 for component `{}` ({}), and the port went back to P6 for it",
+                    one_line(&b.component),
+                    one_line(evidence)
+                ),
+            };
             line.push_str(if b.fixed {
                 "; fixed: the latest P7 passed."
             } else {

@@ -268,7 +268,7 @@ async fn plain_agent(cx: &AttemptCtx, r: AgentCall<'_>) -> Result<AgentRan, Acto
     // The handoff is stored and may reach PORT_STATUS.md: redacted like
     // the agent's output.
     let handoff_text = handoff_text.map(|t| cx.agents.redactor(&a.env).text(&t));
-    let mut handoff = agent::read_handoff(&spec.name, handoff_text.as_deref(), &exit.stdout);
+    let mut handoff = agent::read_handoff_for(spec, None, handoff_text.as_deref(), &exit.stdout);
     if let Some(e) = &exit.spawn_error {
         handoff.summary = e.clone();
     }
@@ -352,7 +352,7 @@ async fn proxied_agent(
         proxy_ms,
         run_ms: clock.elapsed().as_millis() as u64,
         exit,
-        handoff: agent::read_handoff(&spec.name, None, ""),
+        handoff: agent::read_handoff_for(spec, None, None, ""),
         environment,
         head_before: head_before.clone(),
         fleet: None,
@@ -610,8 +610,8 @@ async fn metered_end(
         .as_ref()
         .and_then(|r| r.result.clone())
         .unwrap_or_else(|| exit.stdout.clone());
-    let mut handoff = agent::read_handoff_of(
-        &spec.name,
+    let mut handoff = agent::read_handoff_for(
+        spec,
         report
             .as_ref()
             .and_then(|r| r.structured_handoff.as_deref()),

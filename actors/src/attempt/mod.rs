@@ -60,6 +60,9 @@ pub struct AgentLoop {
     pub judge: Vec<String>,
     /// Where prompts, handoffs and agent output of each attempt are kept.
     pub dir: PathBuf,
+    /// A pipeline step's facts of the port (its packet is a
+    /// `pipeline_context`); `None` for a component.
+    pub pipeline: Option<agent::pipeline::PipelineFacts>,
 }
 
 /// Everything an attempt runs with, from its component.
@@ -267,9 +270,24 @@ impl AgentLoop {
         // A new worktree starts at the commit the port is pinned to.
         let base = Some(code.commit.as_str()).filter(|c| !c.is_empty());
         let clock = std::time::Instant::now();
-        let wt = worktree::ensure(repo, family, name, known, base)
+        let mut wt = worktree::ensure(repo, family, name, known, base)
             .await
             .map_err(|e| e.to_string())?;
+        // A pipeline step's agent works on the code P7 runs at now: a
+        // worktree left at earlier code (before a component was fixed)
+        // starts again from it. A pass of the step's agent is in that code
+        // already (the gate merges it with the components' fixes); an
+        // attempt that did not pass stays in the ledger.
+        if let Some(base) = base.filter(|_| spec.stage == fvd_spec::Stage::Pipeline) {
+            let head = worktree::head(&wt.path).await.map_err(|e| e.to_string())?;
+            if !fvd_workspace::judge::is_ancestor(&wt.path, base, &head).await {
+                tracing::info!(%family, component = %name, from = %head, to = %base, "the pipeline's code moved: the step's worktree starts again from it");
+                worktree::reset(&wt.path, base)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                wt.base_commit = base.to_string();
+            }
+        }
         tracing::info!(%family, component = %name, worktree_ms = clock.elapsed().as_millis() as u64, "agent worktree ready");
         store
             .record_worktree(family, name, &wt)
@@ -280,9 +298,11 @@ impl AgentLoop {
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("port {family} has no row in the store"))?;
-        let prep = fvd_spec::parse(Path::new(&port.spec_path), &port.spec_toml)
-            .map_err(|e| e.to_string())?
-            .prep;
+        let port_spec = fvd_spec::parse(Path::new(&port.spec_path), &port.spec_toml)
+            .map_err(|e| e.to_string())?;
+        let pipeline = (spec.stage == fvd_spec::Stage::Pipeline)
+            .then(|| agent::pipeline::PipelineFacts::of(&port_spec));
+        let prep = port_spec.prep;
         let dir = agent_dir(repo, family, name).map_err(|e| e.to_string())?;
         let tests: Vec<String> = spec.test_files().iter().map(|t| t.to_string()).collect();
         let mut more: Vec<String> = ["official_ref_dir", "port_state_file"]
@@ -299,6 +319,7 @@ impl AgentLoop {
             prep,
             judge,
             dir,
+            pipeline,
         })
     }
 }

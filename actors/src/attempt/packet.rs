@@ -79,6 +79,7 @@ pub(super) async fn write(
         next_escape_id: &next_escape,
         trace: trace.as_deref(),
         variants: variants.as_deref(),
+        pipeline: lp.pipeline.as_ref(),
     });
     std::fs::write(&prompt_file, text)
         .map_err(|e| format!("cannot write {}: {e}", prompt_file.display()))?;
@@ -98,11 +99,7 @@ pub(super) async fn question_handoff(
         .await
         .unwrap_or(0);
     let escape_id = cx.store.next_escape_id(family, floor).await?;
-    let files: Vec<String> = handoff
-        .value
-        .as_ref()
-        .map(|h| h.files_changed.iter().map(|f| f.to_string()).collect())
-        .unwrap_or_default();
+    let files = handoff.files_changed();
     let lp = &cx.lp;
     let port_state_file = lp
         .prep

@@ -526,7 +526,12 @@ pub(super) async fn after_agent(
             family: family.clone(),
             component: st.args.spec.name.clone(),
             attempt,
-            phase: fvd_contracts::phase::Phase::ComponentParityDebug.id(),
+            // the pipeline's own agent asks at P7
+            phase: match st.args.spec.stage {
+                fvd_spec::Stage::Pipeline => fvd_contracts::phase::Phase::PipelineStagesAndVariants,
+                _ => fvd_contracts::phase::Phase::ComponentParityDebug,
+            }
+            .id(),
             decision_type: hatch.decision_type.as_str().to_string(),
             question: hatch.question.to_string(),
             recommended: hatch.recommended_option.to_string(),

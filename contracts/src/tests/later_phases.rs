@@ -5,7 +5,7 @@
 //! that sent the port back to P6 is explained; P11 gets its checklist.
 
 use crate::coauthor::{
-    BackToP6, ComponentInput, GateInput, Input, Run, Stage, Standing, parse_moved_back,
+    BackReason, BackToP6, ComponentInput, GateInput, Input, Run, Stage, Standing, parse_moved_back,
     parse_moved_forward, patch, row_matches,
 };
 use crate::phase::Phase;
@@ -297,7 +297,9 @@ fn a_move_back_by_the_pipeline_is_explained_and_then_fixed() {
     let mut gate = at(Phase::ComponentParityDebug, Standing::Running);
     gate.back_to_p6 = Some(BackToP6 {
         component: "vae".into(),
-        module: "vae.decoder.up.0".into(),
+        reason: BackReason::Diverged {
+            module: "vae.decoder.up.0".into(),
+        },
         fixed: false,
     });
     let mut comps = widget("non_skip_pass");

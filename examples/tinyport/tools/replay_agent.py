@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A replay coding agent for tests and examples: attempt N applies the
 recorded patch NNNN.patch of a folder to the worktree and hands back the
-recorded NNNN.handoff (a component_skill_handoff block), as a real agent
+recorded NNNN.handoff (a component_skill_handoff block, or a pipeline step's
+pipeline_handoff), as a real agent
 would after reading its prompt and editing code. An attempt with a handoff
 but no patch changes nothing (an agent that only asks a question). When
 NNNN.expect exists, each of its lines must appear in the prompt, or the
@@ -42,8 +43,8 @@ def main():
         return 2
     # A real agent reads the packet; the replay agent at least checks that it
     # got one and shows what it was told, so the agent log tells the story.
-    if "component_context:" not in packet:
-        print(f"replay_agent: prompt {prompt} holds no component_context block", file=sys.stderr)
+    if "component_context:" not in packet and "pipeline_context:" not in packet:
+        print(f"replay_agent: prompt {prompt} holds no component_context or pipeline_context block", file=sys.stderr)
         return 2
     for line in packet.splitlines():
         if line.startswith("Run `"):
