@@ -10,7 +10,7 @@ use std::process::Output;
 
 use crate::support::{Sandbox, TestComponent, fvd};
 
-fn out(o: &Output) -> String {
+pub(crate) fn out(o: &Output) -> String {
     format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
@@ -57,7 +57,7 @@ fn write_example(sb: &Sandbox, family: &str, code: i32) {
 }
 
 /// The quality test: `body` is its test function's body.
-fn write_quality(sb: &Sandbox, family: &str, body: &str) {
+pub(crate) fn write_quality(sb: &Sandbox, family: &str, body: &str) {
     std::fs::create_dir_all(sb.repo().join("tests/ssim")).unwrap();
     std::fs::write(
         sb.repo()
@@ -76,7 +76,7 @@ fn answer(sb: &Sandbox, family: &str, id: &str, option: &str) -> Output {
         .unwrap()
 }
 
-fn gate_outcomes(json: &serde_json::Value) -> Vec<String> {
+pub(crate) fn gate_outcomes(json: &serde_json::Value) -> Vec<String> {
     json["gate"]
         .as_array()
         .unwrap()
@@ -91,7 +91,7 @@ fn gate_outcomes(json: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-fn submit(sb: &Sandbox, family: &str) -> Output {
+pub(crate) fn submit(sb: &Sandbox, family: &str) -> Output {
     fvd()
         .args(["submit", "--family", family, "--wait", "--repo"])
         .arg(sb.repo())
@@ -100,7 +100,7 @@ fn submit(sb: &Sandbox, family: &str) -> Output {
         .unwrap()
 }
 
-fn status(sb: &Sandbox, family: &str) -> serde_json::Value {
+pub(crate) fn status(sb: &Sandbox, family: &str) -> serde_json::Value {
     let out = fvd()
         .args(["status", family, "--json", "--repo"])
         .arg(sb.repo())
@@ -109,7 +109,7 @@ fn status(sb: &Sandbox, family: &str) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn component<'a>(json: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+pub(crate) fn component<'a>(json: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     json["components"]
         .as_array()
         .unwrap()

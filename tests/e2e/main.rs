@@ -27,6 +27,7 @@ mod judge;
 mod later_phases;
 mod logging;
 mod output;
+mod pipeline_agent;
 mod port;
 mod record;
 mod snapshot;
