@@ -44,14 +44,14 @@ def log(msg):
 
 
 class Fleet:
-    def __init__(self, fvd, work, name, env):
+    def __init__(self, fvd, work, name, env, serve_args=()):
         self.work, self.name = work, name
         self.procs = []
         db = os.path.join(work, f"{name}.db")
         self.db = db
         olog = open(os.path.join(work, f"{name}-orchestrator.log"), "w")
         o = subprocess.Popen(
-            [fvd, "orchestrator", "serve", "--listen", "127.0.0.1:0", "--db", f"sqlite://{db}"],
+            [fvd, "orchestrator", "serve", "--listen", "127.0.0.1:0", "--db", f"sqlite://{db}", *serve_args],
             stdout=subprocess.PIPE, stderr=olog, text=True,
         )
         self.procs.append(o)
