@@ -67,7 +67,7 @@ pub(crate) fn write_quality(sb: &Sandbox, family: &str, body: &str) {
     .unwrap();
 }
 
-fn answer(sb: &Sandbox, family: &str, id: &str, option: &str) -> Output {
+pub(crate) fn answer(sb: &Sandbox, family: &str, id: &str, option: &str) -> Output {
     fvd()
         .args(["answer", family, id, "--option", option, "--repo"])
         .arg(sb.repo())

@@ -8,7 +8,7 @@
 //! refuses a packet that lacks what its recording expects.
 
 use crate::agent::git;
-use crate::later_phases::{component, gate_outcomes, out, status, submit, write_quality};
+use crate::later_phases::{answer, component, gate_outcomes, out, status, submit, write_quality};
 use crate::support::{Sandbox, TestComponent, fvd};
 
 const AGENT: &str = "\n[agent]\ncommand = [\"python3\", \"-B\", \"tools/replay_agent.py\", \"--patches\", \"tools/replay/{component}\", \"--attempt\", \"{attempt}\", \"--prompt\", \"{prompt_file}\", \"--handoff\", \"{handoff_file}\", \"--worktree\", \"{worktree}\"]\ntimeout_s = 60\nmax_attempts = 2\n";
@@ -306,4 +306,60 @@ fn a_return_to_phase_6_that_names_no_component_refuses_p7_and_reopens_nothing() 
         "{json}"
     );
     assert_eq!(attempts(&sb, "body").len(), 0);
+}
+
+/// The pipeline's agent asks a person (`ask_user` with its escape hatch):
+/// the question is raised at P7 and the port pauses (exit 3); the answer
+/// reaches the agent's next packet, whose fix passes P7.
+#[test]
+fn the_pipeline_agents_question_is_asked_at_p7_and_its_answer_reaches_the_next_attempt() {
+    let sb = Sandbox::new();
+    glued(&sb, "3.0", "blocks.1.norm.weight");
+    let hatch = "escape_hatch:\n    needs_user_input: yes\n    decision_type: ambiguity\n    question: Which scheduler shift should the pipeline default to, the official 5.0 or the preset's 3.0?\n    recommended_option: 5.0, the official default the parity test compares against\n    options:\n      - 5.0, the official default the parity test compares against\n      - 3.0, the preset's (the parity test must then change)\n    safe_default: none\n    blocked_until_answered: yes\n    state_snapshot:\n      phase: P7\n      files_changed:\n        - none\n      command_or_test: python3 -m pytest tests/local_tests/glued/test_glued_pipeline_parity.py\n      evidence: E001; the shift 3.0 drifts from the official 5.0\n";
+    let ask = pipeline_handoff("ask_user", "none", "none")
+        .replace("  escape_hatch: none\n", &format!("  {hatch}"));
+    record(&sb, "pipeline_parity", 1, None, &ask, "pipeline_context:\n");
+    let patch = "diff --git a/fastvideo/pipeline.py b/fastvideo/pipeline.py\n--- a/fastvideo/pipeline.py\n+++ b/fastvideo/pipeline.py\n@@ -1 +1 @@\n-SHIFT = 3.0\n+SHIFT = 5.0\n";
+    let done = pipeline_handoff(
+        "phase_10_quality_regression",
+        "none",
+        "fastvideo/pipeline.py",
+    );
+    record(
+        &sb,
+        "pipeline_parity",
+        2,
+        Some(patch),
+        &done,
+        "5.0, the official default\n",
+    );
+    git(sb.repo(), &["add", "-A"]);
+    git(sb.repo(), &["commit", "-q", "-m", "the agent's recording"]);
+
+    let run = submit(&sb, "glued");
+    let text = out(&run);
+    assert_eq!(run.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("Which scheduler shift should the pipeline default to"),
+        "{text}"
+    );
+    let json = status(&sb, "glued");
+    let escapes = json["escapes"].as_array().cloned().unwrap_or_default();
+    let e = escapes
+        .iter()
+        .find(|e| e["id"] == "E001")
+        .unwrap_or_else(|| panic!("no E001 in {json}"));
+    assert_eq!(e["component"], "pipeline_parity", "{e}");
+
+    let answered = answer(&sb, "glued", "E001", "1");
+    let text = out(&answered);
+    assert_eq!(answered.status.code(), Some(0), "{text}");
+    let json = status(&sb, "glued");
+    assert_eq!(json["phase"], "P11", "{json}");
+    assert_eq!(attempts(&sb, "pipeline_parity").len(), 2);
+    assert_eq!(
+        component(&json, "pipeline_parity")["status"],
+        "non_skip_pass",
+        "{json}"
+    );
 }
