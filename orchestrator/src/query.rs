@@ -505,6 +505,59 @@ pub struct Worker {
     pub jobs: Vec<Lease>,
 }
 
+impl Worker {
+    /// Each of its GPUs with runs on it: how many, and what the runs
+    /// sharing it leased, or that one run holds it whole.
+    pub fn gpu_use(&self) -> Vec<GpuUse> {
+        let mut out = Vec::new();
+        for g in &self.gpus {
+            let on: Vec<u64> = self
+                .jobs
+                .iter()
+                .filter(|j| j.gpus.contains(&g.index))
+                .map(|j| j.share_mib)
+                .collect();
+            if on.is_empty() {
+                continue;
+            }
+            out.push(GpuUse {
+                index: g.index,
+                memory_mib: g.memory_mib,
+                runs: on.len(),
+                leased_mib: on.iter().all(|m| *m > 0).then(|| on.iter().sum()),
+            });
+        }
+        out
+    }
+}
+
+/// What the runs on one GPU of a worker hold of it ([`Worker::gpu_use`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuUse {
+    pub index: u32,
+    pub memory_mib: u64,
+    pub runs: usize,
+    /// The MiB the runs sharing it leased; `None`: a run holds it whole.
+    pub leased_mib: Option<u64>,
+}
+
+impl std::fmt::Display for GpuUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let runs = match self.runs {
+            1 => "1 run".to_string(),
+            n => format!("{n} runs"),
+        };
+        match self.leased_mib {
+            Some(leased) => write!(
+                f,
+                "GPU {}: {runs} sharing it, {leased} of {} MiB leased",
+                self.index, self.memory_mib
+            ),
+            None => write!(f, "GPU {}: {runs}, held whole", self.index),
+        }
+    }
+}
+
 /// A GPU a worker announced.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Gpu {

@@ -567,33 +567,9 @@ fn print_fleet(fleet: &Fleet) {
     }
 }
 
-/// One line per GPU of `w` with runs on it: how many, and the memory the
-/// runs sharing it leased, or that one run holds it whole.
+/// One line per GPU of `w` with runs on it ([`fvd_orchestrator::query::GpuUse`]).
 fn gpu_use(w: &fvd_orchestrator::query::Worker) -> Vec<String> {
-    let mut lines = Vec::new();
-    for g in &w.gpus {
-        let on: Vec<u64> = w
-            .jobs
-            .iter()
-            .filter(|j| j.gpus.contains(&g.index))
-            .map(|j| j.share_mib)
-            .collect();
-        let runs = match on.len() {
-            0 => continue,
-            1 => "1 run".to_string(),
-            n => format!("{n} runs"),
-        };
-        lines.push(if on.iter().all(|m| *m > 0) {
-            let leased: u64 = on.iter().sum();
-            format!(
-                "  GPU {}: {runs} sharing it, {leased} of {} MiB leased",
-                g.index, g.memory_mib
-            )
-        } else {
-            format!("  GPU {}: {runs}, held whole", g.index)
-        });
-    }
-    lines
+    w.gpu_use().iter().map(|u| format!("  {u}")).collect()
 }
 
 /// `fvd queue`: the runs waiting for a lease and why.

@@ -795,6 +795,7 @@ pub fn workers_sections(v: &WorkersView) -> Vec<Section> {
                     @for (k, val) in &w.labels { " · " code { (k) "=" (val) } }
                     @for p in &w.provides { " · provides " code { (p) } }
                 }
+                @for u in w.gpu_use() { p.gpu-use { (u.to_string()) } }
                 @if !w.jobs.is_empty() {
                     table {
                         thead { tr { th { "job" } th { "port" } th { "component" } th { "epoch" } th { "GPUs" } th { "started" } } }
@@ -928,6 +929,51 @@ mod tests {
         assert_eq!(time(1_000), "1970-01-01 00:00:01Z");
         assert_eq!(time(951_782_400_000), "2000-02-29 00:00:00Z");
         assert_eq!(time(1_735_689_599_000), "2024-12-31 23:59:59Z");
+    }
+
+    /// Issue #44: a GPU that runs share says how many and what they leased
+    /// of it; a GPU one run holds whole says so.
+    #[test]
+    fn a_worker_says_what_the_runs_on_each_gpu_hold_of_it() {
+        use crate::query::{Fleet, Gpu, Lease, Worker};
+        let gpu = |index| Gpu {
+            index,
+            name: "H200".into(),
+            memory_mib: 143_771,
+        };
+        let lease = |job: &str, gpus: Vec<u32>, share_mib| Lease {
+            job_id: job.into(),
+            gpus,
+            share_mib,
+            ..Lease::default()
+        };
+        let v = WorkersView {
+            fleet: Fleet {
+                live: true,
+                workers: vec![Worker {
+                    worker_id: "w".into(),
+                    gpus: vec![gpu(0), gpu(1), gpu(2)],
+                    free_gpus: Some(vec![2]),
+                    jobs: vec![
+                        lease("p.a.1", vec![0], 4096),
+                        lease("p.b.1", vec![0], 2048),
+                        lease("p.c.1", vec![1], 0),
+                    ],
+                    ..Worker::default()
+                }],
+                ..Fleet::default()
+            },
+            gone: Vec::new(),
+            interrupted: Vec::new(),
+            timeline: Default::default(),
+        };
+        let html = &workers_sections(&v)[0].html;
+        assert!(
+            html.contains("GPU 0: 2 runs sharing it, 6144 of 143771 MiB leased"),
+            "{html}"
+        );
+        assert!(html.contains("GPU 1: 1 run, held whole"), "{html}");
+        assert!(!html.contains("GPU 2:"), "{html}");
     }
 
     #[test]

@@ -111,8 +111,9 @@ fn now_ms() -> i64 {
 
 /// The runs that started, on lanes; `now` ends the running ones.
 pub fn timeline(runs: &[fvd_store::dashboard::RunRow], now: i64) -> TimelineView {
-    let mut lanes: BTreeMap<(String, u32, u32), LaneView> = BTreeMap::new();
+    let mut lanes: BTreeMap<(String, u32, u32, u32), LaneView> = BTreeMap::new();
     let mut cpu_runs: Vec<(String, BarView)> = Vec::new();
+    let mut gpu_runs: Vec<((String, u32), BarView)> = Vec::new();
     let mut requeued: Vec<BarView> = Vec::new();
     let (mut t0, mut t1) = (i64::MAX, i64::MIN);
     for r in runs {
@@ -164,32 +165,29 @@ pub fn timeline(runs: &[fvd_store::dashboard::RunRow], now: i64) -> TimelineView
             continue;
         }
         for gpu in &r.gpus {
-            lanes
-                .entry((r.worker_id.clone(), 0, *gpu))
-                .or_insert_with(|| LaneView {
-                    label: format!("{} · GPU {gpu}", r.worker_id),
-                    bars: Vec::new(),
-                })
-                .bars
-                .push(bar.clone());
+            gpu_runs.push(((r.worker_id.clone(), *gpu), bar.clone()));
         }
     }
-    // A worker's CPU runs overlap (it has several slots): each goes on the
-    // first of its CPU lanes free at its start, so no bar hides another.
-    cpu_runs.sort_by(|a, b| (&a.0, a.1.start_ms).cmp(&(&b.0, b.1.start_ms)));
-    let mut free_at: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for (worker, bar) in cpu_runs {
-        let slots = free_at.entry(worker.clone()).or_default();
-        let slot = match slots.iter().position(|end| *end <= bar.start_ms) {
-            Some(i) => i,
-            None => {
-                slots.push(i64::MIN);
-                slots.len() - 1
-            }
+    // Runs that share a GPU (issue #44) each get a lane inside it, the
+    // first free at their start, so no bar hides another.
+    for (slot, (worker, gpu), bar) in first_free(gpu_runs) {
+        let label = match slot {
+            0 => format!("{worker} · GPU {gpu}"),
+            n => format!("{worker} · GPU {gpu} · {}", n + 1),
         };
-        slots[slot] = bar.end_ms;
         lanes
-            .entry((worker.clone(), 1, slot as u32))
+            .entry((worker, 0, gpu, slot))
+            .or_insert_with(|| LaneView {
+                label,
+                bars: Vec::new(),
+            })
+            .bars
+            .push(bar);
+    }
+    // A worker's CPU runs overlap (it has several slots): likewise.
+    for (slot, worker, bar) in first_free(cpu_runs) {
+        lanes
+            .entry((worker.clone(), 1, slot, 0))
             .or_insert_with(|| LaneView {
                 label: format!("{worker} · CPU {}", slot + 1),
                 bars: Vec::new(),
@@ -209,6 +207,28 @@ pub fn timeline(runs: &[fvd_store::dashboard::RunRow], now: i64) -> TimelineView
         lanes: lanes.into_values().collect(),
         requeued,
     }
+}
+
+/// Each bar of `runs` with the lane it takes within its key (a worker's CPU,
+/// a worker's GPU): the first lane free at its start, in start order, so
+/// bars of one lane never overlap.
+fn first_free<K: Ord + Clone>(mut runs: Vec<(K, BarView)>) -> Vec<(u32, K, BarView)> {
+    runs.sort_by(|a, b| (&a.0, a.1.start_ms).cmp(&(&b.0, b.1.start_ms)));
+    let mut free_at: BTreeMap<K, Vec<i64>> = BTreeMap::new();
+    let mut out = Vec::with_capacity(runs.len());
+    for (key, bar) in runs {
+        let slots = free_at.entry(key.clone()).or_default();
+        let slot = match slots.iter().position(|end| *end <= bar.start_ms) {
+            Some(i) => i,
+            None => {
+                slots.push(i64::MIN);
+                slots.len() - 1
+            }
+        };
+        slots[slot] = bar.end_ms;
+        out.push((slot as u32, key, bar));
+    }
+    out
 }
 
 impl TimelineView {
@@ -867,7 +887,8 @@ mod tests {
     }
 
     /// Two concurrent CPU runs of a worker get a lane each, a GPU run is on
-    /// each GPU it held, and a running run ends now.
+    /// each GPU it held, runs sharing a GPU get a lane each inside it, and a
+    /// running run ends now.
     #[test]
     fn the_timeline_puts_overlapping_runs_on_lanes_of_their_own() {
         use fvd_store::dashboard::RunRow;
@@ -895,6 +916,8 @@ mod tests {
                 run("b", vec![], 50, Some(100)),
                 run("c", vec![], 100, Some(10)),
                 run("gang", vec![0, 1], 0, None),
+                run("shared", vec![1], 20, Some(30)),
+                run("after", vec![1], 60, Some(10)),
             ],
             500,
         );
@@ -913,13 +936,14 @@ mod tests {
             [
                 ("w · GPU 0", vec!["gang"]),
                 ("w · GPU 1", vec!["gang"]),
+                ("w · GPU 1 · 2", vec!["shared", "after"]),
                 ("w · CPU 1", vec!["a", "c"]),
                 ("w · CPU 2", vec!["b"]),
             ]
         );
         assert_eq!((t.t0_ms, t.t1_ms), (0, 500), "the running gang ends now");
         assert!(t.lanes[0].bars[0].running);
-        assert_eq!(t.lanes[2].bars[0].end_ms, 100, "the worker's own duration");
+        assert_eq!(t.lanes[3].bars[0].end_ms, 100, "the worker's own duration");
     }
 
     /// Issue #43: a lane is a worker's. A run whose worker the store no
