@@ -935,6 +935,9 @@ pub struct AskedAt<'a> {
     pub escape_id: &'a str,
     pub files_changed: &'a [String],
     pub port_state_file: &'a str,
+    /// A pipeline step's mode ([`pipeline::mode`]): the question goes into
+    /// a `pipeline_handoff`, at P7; `None` for a component.
+    pub pipeline_mode: Option<&'a str>,
 }
 
 /// The handoff with the question the agent asked as its escape hatch
@@ -953,16 +956,24 @@ pub fn with_question(read: &HandoffRead, q: &AskedQuestion, at: &AskedAt<'_>) ->
         out
     };
     let hatch = format!(
-        "next_step: ask_user\nescape_hatch:\n  needs_user_input: yes\n  decision_type: {}\n  question: {}\n  recommended_option: {}\n  options:{}  safe_default: {}\n  blocked_until_answered: yes\n  state_snapshot:\n    phase: P6\n    files_changed:{}    command_or_test: {}\n    evidence: {}\n",
+        "next_step: ask_user\nescape_hatch:\n  needs_user_input: yes\n  decision_type: {}\n  question: {}\n  recommended_option: {}\n  options:{}  safe_default: {}\n  blocked_until_answered: yes\n  state_snapshot:\n    phase: {}\n    files_changed:{}    command_or_test: {}\n    evidence: {}\n",
         one_line(&q.decision_type),
         one_line(&q.question),
         one_line(&q.recommended_option),
         list(&q.options, "    "),
         one_line(&q.safe_default),
+        if at.pipeline_mode.is_some() {
+            "P7"
+        } else {
+            "P6"
+        },
         list(at.files_changed, "      "),
         one_line(at.parity_test),
         one_line(&format!("{}; {}", at.escape_id, at.evidence)),
     );
+    if let Some(mode) = at.pipeline_mode {
+        return pipeline::with_question(read, &hatch, at, mode, &list(at.files_changed, "    "));
+    }
     let own = read.value.is_some() && read.status == HandoffStatus::Valid;
     let mut block = String::new();
     if own {
@@ -1043,6 +1054,7 @@ mod tests {
             escape_id: "E001",
             files_changed: files,
             port_state_file: "tests/local_tests/tinyport/PORT_STATUS.md",
+            pipeline_mode: None,
         }
     }
 

@@ -42,7 +42,7 @@ command = ["agent", "{prompt_file}"]
 "#;
 
 /// A `pipeline_handoff` with `next_step` and `blockers` as given.
-pub fn handoff(next_step: &str, blockers: &str) -> String {
+fn handoff(next_step: &str, blockers: &str) -> String {
     format!(
         "pipeline_handoff:
   model_family: mapped
@@ -206,4 +206,63 @@ fn a_return_to_phase_6_reopens_only_the_one_component_its_blockers_name() {
     );
     let many = named_component(&read("stem and body both drift"), &names).unwrap_err();
     assert!(many.contains("several components (stem, body)"), "{many}");
+}
+
+/// A question the pipeline's agent asked through its `ask_user` tool
+/// becomes the hatch of a `pipeline_handoff` at P7: of one fvd writes when
+/// the agent returned none, and of the agent's own, whose fields stay.
+#[test]
+fn a_question_asked_by_tool_in_a_pipeline_step_is_a_pipeline_handoffs_hatch_at_p7() {
+    let spec = fvd_spec::parse(Path::new("port.toml"), SPEC).unwrap();
+    let step = spec.pipeline_steps().nth(1).unwrap().clone();
+    let q = agent::AskedQuestion {
+        decision_type: "ambiguity".into(),
+        question: "Which scheduler shift?".into(),
+        recommended_option: "5.0".into(),
+        options: vec!["5.0".into(), "3.0".into()],
+        safe_default: "none".into(),
+    };
+    let files = vec!["fastvideo/pipeline.py".to_string()];
+    let at = agent::AskedAt {
+        component: &step.name,
+        parity_test: "tests/test_pipeline.py",
+        parity_status: "error",
+        evidence: "RuntimeError: the scheduler refused shift 3.0",
+        escape_id: "E002",
+        files_changed: &files,
+        port_state_file: "tests/local_tests/mapped/PORT_STATUS.md",
+        pipeline_mode: Some(agent::pipeline::mode(&step)),
+    };
+    let none = agent::read_handoff_for(&step, None, None, "");
+    for read in [
+        none,
+        agent::read_handoff_for(
+            &step,
+            None,
+            Some(&handoff("phase_10_quality_regression", "none")),
+            "",
+        ),
+    ] {
+        let own = read.pipeline.is_some();
+        let merged = agent::with_question(&read, &q, &at);
+        // the agent's own fields stay
+        assert_eq!(
+            merged.text.contains("official/pipeline.py"),
+            own,
+            "{}",
+            merged.text
+        );
+        assert_eq!(
+            merged.status,
+            HandoffStatus::Valid,
+            "{}\n{}",
+            merged.summary,
+            merged.text
+        );
+        assert!(merged.pipeline.is_some() && merged.value.is_none());
+        let e = merged.escape().expect("the hatch");
+        assert_eq!(e.question.to_string(), "Which scheduler shift?");
+        assert!(merged.text.contains("      phase: P7"), "{}", merged.text);
+        assert_eq!(merged.stop_reason(), None);
+    }
 }

@@ -123,6 +123,7 @@ pub(super) async fn question_handoff(
             escape_id: &escape_id,
             files_changed: &files,
             port_state_file: &port_state_file,
+            pipeline_mode: lp.pipeline.as_ref().map(|_| agent::pipeline::mode(spec)),
         },
     ))
 }

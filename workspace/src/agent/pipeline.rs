@@ -12,7 +12,7 @@ use fvd_contracts::pipeline::{PipelineHandoff, PipelineNextStep};
 use fvd_spec::ComponentSpec;
 use fvd_store::states::HandoffStatus;
 
-use super::{HandoffRead, LastRun, kept_text, one_line, pick_block};
+use super::{AskedAt, HandoffRead, LastRun, kept_text, one_line, pick_block};
 
 /// What a pipeline step's packet says of the rest of the port: the
 /// components the pipeline loads (all passing: P7 starts only then) and
@@ -287,4 +287,66 @@ pub fn named_component<'a>(h: &PipelineHandoff, names: &'a [String]) -> Result<&
             many.join(", ")
         )),
     }
+}
+
+/// [`super::with_question`] for a pipeline step: `hatch` (`next_step:
+/// ask_user` and its `escape_hatch`, at P7) replaces the agent's own next
+/// step and hatch in its `pipeline_handoff`; without a valid one of its
+/// own, the block is what fvd knows (the step's test and verdict, the files
+/// changed as `files`, nothing claimed passed).
+pub(super) fn with_question(
+    read: &HandoffRead,
+    hatch: &str,
+    at: &AskedAt<'_>,
+    mode: &str,
+    files: &str,
+) -> HandoffRead {
+    let mut block = String::new();
+    if read.pipeline.is_some() && read.status == HandoffStatus::Valid {
+        // the agent's block without its next step and hatch (a field of the
+        // root and the lines indented under it)
+        let mut skipping = false;
+        for line in read.text.lines() {
+            let depth = line.len() - line.trim_start().len();
+            if depth <= 2 {
+                let field = line.trim_start();
+                skipping = depth == 2
+                    && (field.starts_with("next_step:") || field.starts_with("escape_hatch:"));
+            }
+            if !skipping {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+    } else {
+        let smoke = at.component == fvd_spec::later::SMOKE_STEP;
+        let (smoke_path, parity_path) = match smoke {
+            true => (one_line(at.parity_test), "none".to_string()),
+            false => ("none".to_string(), one_line(at.parity_test)),
+        };
+        // the contract's words for the step's last verdict: a failure that
+        // is not a numeric one (an error, a timeout) is `blocked`
+        let parity = match at.parity_status {
+            v @ ("non_skip_pass" | "debug_red" | "scaffold_skip" | "blocked") => v,
+            _ => "blocked",
+        };
+        let smoke_status = match at.parity_status {
+            "non_skip_pass" => "non_skip_pass",
+            _ => "blocked",
+        };
+        block = format!(
+            "pipeline_handoff:\n  model_family: unknown\n  mode: {mode}\n  files_changed:{files}  official_files_used: none\n  required_config_modules:\n    emitted: unknown\n    model_index: unknown\n    status: blocked\n  pipeline_class_resolution:\n    model_index_class_name: unknown\n    entry_class_names: unknown\n    status: blocked\n  sampling_param:\n    fields_added: none\n    cli_fields_added: none\n    unknown_kwargs_checked: blocked\n  stage_chain: none\n  pipeline_config:\n    file: unknown\n    classes: unknown\n    official_defaults_checked: blocked\n  presets:\n    file: none\n    names: none\n    status: not_run\n  registry:\n    status: not_run\n    detectors: unknown\n  smoke_test:\n    path: {smoke_path}\n    status: {}\n    pytest_output: {evidence}\n  pipeline_parity:\n    path: {parity_path}\n    status: {}\n    pytest_output: {evidence}\n    comparison_target: unknown\n  example:\n    path: unknown\n    status: not_run\n    output: none\n  readme_updated: no\n  port_state_updated: no\n  blockers: none\n",
+            if smoke { smoke_status } else { "not_run" },
+            if smoke { "not_started" } else { parity },
+            evidence = one_line(at.evidence),
+        );
+    }
+    for line in hatch.lines() {
+        block.push_str("  ");
+        block.push_str(line);
+        block.push('\n');
+    }
+    let mut merged = read_handoff_of(None, Some(&block), "");
+    merged.source = "ask_user";
+    merged
 }
