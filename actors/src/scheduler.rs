@@ -1101,6 +1101,7 @@ fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             "fvd.queue_wait_ms" = queue_wait_ms,
             "fvd.gpu_seconds" = tracing::field::Empty,
             "fvd.duration_ms" = tracing::field::Empty,
+            "fvd.run.peak_gpu_mib" = tracing::field::Empty,
         );
         st.waiting.remove(&p.job_id);
         st.leased += 1;

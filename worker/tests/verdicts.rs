@@ -591,20 +591,17 @@ async fn the_plugin_reports_a_cuda_run_s_peak_and_nothing_without_cuda() {
         ("FAKE_TORCH_PEAK_MIB", "1000,3000"),
         ("FAKE_TORCH_IMPORTED", imported.to_str().unwrap()),
     ];
-    let run = |file: &'static str, plugin: bool| {
-        let env = env.clone();
-        async move {
-            let files = [file];
-            run_in(
-                cases_dir(),
-                &files,
-                &[],
-                Duration::from_secs(120),
-                plugin,
-                &env,
-            )
-            .await
-        }
+    let run = |file: &'static str, plugin: bool| async move {
+        let files = [file];
+        run_in(
+            cases_dir(),
+            &files,
+            &[],
+            Duration::from_secs(120),
+            plugin,
+            &env,
+        )
+        .await
     };
     let gpu = run("test_fake_cuda.py", true).await;
     assert!(gpu.verdict.is_pass(), "{:?}", gpu.verdict);
