@@ -57,7 +57,7 @@ pub use crate::red_run::MAX_INFRA_VERDICTS;
 
 mod agent_loop;
 mod judge;
-pub(crate) mod shared_oom;
+mod shared_oom;
 
 use agent_loop::{
     after_answer, agent_attempt, agent_plan, attempt_done, cleanup_findings, escapes_where,

@@ -204,7 +204,7 @@ pub fn after_verdict(v: &Verdict, infra_verdicts: u32, agent: bool) -> AfterVerd
 /// A run's result as the store records it: `verdict` and `reason` with
 /// what its report says of the process, its peak GPU memory and what that
 /// peak says later runs ask for
-/// (the component's `shared_oom::learned`).
+/// ([`crate::scheduler::learned`]).
 pub fn job_result(verdict: RecordedVerdict, reason: String, report: &JobReport) -> JobResult {
     JobResult {
         verdict,
@@ -217,7 +217,7 @@ pub fn job_result(verdict: RecordedVerdict, reason: String, report: &JobReport) 
         peak_gpu_mib: report.peak_gpu_mib,
         next_gpu_mib: report
             .peak_gpu_mib
-            .map(|p| crate::component::shared_oom::learned(p, report.gpu_memory_mib)),
+            .map(|p| crate::scheduler::learned(p, report.gpu_memory_mib)),
     }
 }
 

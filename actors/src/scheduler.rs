@@ -31,7 +31,10 @@ mod writer;
 use capacity::{Capacity, ClassId, Free, labels_match};
 use fits::*;
 pub use fleet::{FleetJob, FleetView, FleetWorker};
-pub use gpus::{DEFAULT_GPU_HEADROOM_PCT, DEFAULT_GPU_SHARE_CAP, SharedGpu, Sharing};
+pub use gpus::{
+    DEFAULT_GPU_HEADROOM_PCT, DEFAULT_GPU_SHARE_CAP, LEARNED_HEADROOM, LEARNED_ROUND_MIB,
+    SharedGpu, Sharing, learned,
+};
 use gpus::{GpuUses, share_of};
 use leases::*;
 pub use placement::{FairQueue, MAX_BYPASS, Policy};

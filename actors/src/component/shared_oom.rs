@@ -7,10 +7,10 @@
 //! ask for (`jobs.next_gpu_mib`), bounded by the GPU it ran on:
 //!
 //! - a finished run with a measured peak: the peak with headroom
-//!   ([`learned`]: × 1.25, rounded up to 64 MiB); the component asks for
-//!   the most of its last few such runs. Only when the spec gives no
-//!   `gpu_memory_mib`: the spec's value always wins, and with neither the
-//!   run takes a whole GPU, as before anything was measured.
+//!   ([`crate::scheduler::learned`]: × 1.25, rounded up to 64 MiB); the
+//!   component asks for the most of its last few such runs. Only when the
+//!   spec gives no `gpu_memory_mib`: the spec's value always wins, and with
+//!   neither the run takes a whole GPU, as before anything was measured.
 //! - a run that ran out of memory while it shared its GPU (`shared_oom`):
 //!   what it asked for, doubled ([`raised`]); the component asks for at
 //!   least the most any such run said, above the spec's value too, and
@@ -90,27 +90,6 @@ pub fn raised(mib: u64, memory_mib: u64) -> u64 {
     bounded.max(mib)
 }
 
-/// The headroom a learned ask adds to a measured peak: × 5 / 4.
-pub const HEADROOM: (u64, u64) = (5, 4);
-
-/// A learned ask is rounded up to a multiple of this.
-pub const ROUND_MIB: u64 = 64;
-
-/// What a run that peaked at `peak_mib` says its component's later runs
-/// ask for: the peak with [`HEADROOM`], rounded up to [`ROUND_MIB`], at
-/// most the `memory_mib` of the GPU it ran on (0: unknown, no bound), so
-/// a run that filled its GPU asks for that GPU, not for one no worker has.
-pub fn learned(peak_mib: u64, memory_mib: u64) -> u64 {
-    let (num, den) = HEADROOM;
-    let with_headroom = peak_mib.saturating_mul(num).div_ceil(den);
-    let rounded = with_headroom.div_ceil(ROUND_MIB).saturating_mul(ROUND_MIB);
-    if memory_mib > 0 {
-        rounded.min(memory_mib)
-    } else {
-        rounded
-    }
-}
-
 /// The memory a run asks for, of the `spec`'s and what the component's
 /// recorded runs say: the spec's value when it gives one, else the learned
 /// ask, else 0 (a whole GPU); at least the raise after an out-of-memory
@@ -187,6 +166,7 @@ impl GpuAsk {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::learned;
     use fvd_contracts::verdict::{ErrorKind, FailureInfo};
 
     const OOM: &str = "torch.OutOfMemoryError: CUDA out of memory.";

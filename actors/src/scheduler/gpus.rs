@@ -23,6 +23,30 @@ pub const DEFAULT_GPU_SHARE_CAP: u32 = 4;
 /// contexts, allocator caches).
 pub const DEFAULT_GPU_HEADROOM_PCT: u32 = 10;
 
+/// The headroom a learned ask adds to a measured peak: × 5 / 4.
+pub const LEARNED_HEADROOM: (u64, u64) = (5, 4);
+
+/// A learned ask is rounded up to a multiple of this.
+pub const LEARNED_ROUND_MIB: u64 = 64;
+
+/// What a run that peaked at `peak_mib` says its component's later runs
+/// ask for (issue #44): the peak with [`LEARNED_HEADROOM`], rounded up to
+/// [`LEARNED_ROUND_MIB`], at most the `memory_mib` of the GPU it ran on
+/// (0: unknown, no bound), so a run that filled its GPU asks for that GPU,
+/// not for one no worker has.
+pub fn learned(peak_mib: u64, memory_mib: u64) -> u64 {
+    let (num, den) = LEARNED_HEADROOM;
+    let with_headroom = peak_mib.saturating_mul(num).div_ceil(den);
+    let rounded = with_headroom
+        .div_ceil(LEARNED_ROUND_MIB)
+        .saturating_mul(LEARNED_ROUND_MIB);
+    if memory_mib > 0 {
+        rounded.min(memory_mib)
+    } else {
+        rounded
+    }
+}
+
 /// How GPUs are shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sharing {
