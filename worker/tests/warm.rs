@@ -232,6 +232,8 @@ async fn a_warm_child_sees_only_the_allow_listed_worker_variables() {
         "CUDA_VISIBLE_DEVICES",
         "FOO",
         "FVD_JOB_COOKIE",
+        // Where fvd's plugin reports the run's peak GPU memory.
+        "FVD_PEAK_GPU_FILE",
         "HOME",
         "PATH",
         "PYTEST_ADDOPTS",
