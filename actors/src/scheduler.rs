@@ -33,7 +33,7 @@ use fits::*;
 pub use fleet::{FleetJob, FleetView, FleetWorker};
 pub use gpus::{
     DEFAULT_GPU_HEADROOM_PCT, DEFAULT_GPU_SHARE_CAP, LEARNED_HEADROOM, LEARNED_ROUND_MIB,
-    SharedGpu, Sharing, learned,
+    SharedGpu, Sharing, ask_mib, learned,
 };
 use gpus::{GpuUses, share_of};
 use leases::*;

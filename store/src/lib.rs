@@ -1402,6 +1402,18 @@ impl Store {
             .collect())
     }
 
+    /// What the component's recorded runs say of the GPU memory its next
+    /// run needs, as a run queued now would read it
+    /// ([`model::JobRecord::gpu_history`]).
+    pub async fn gpu_history(
+        &self,
+        family: &str,
+        component: &str,
+    ) -> Result<model::GpuHistory, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        steps::gpu_history(&mut conn, family, component).await
+    }
+
     pub async fn job(&self, job_id: &str) -> Result<Option<JobRecord>, StoreError> {
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "{JOB_SELECT} WHERE job_id = ?"

@@ -449,7 +449,7 @@ fn mib_column(mib: u64) -> i64 {
 /// needs: the most its last [`crate::RECENT_RUNS`] finished runs with a
 /// known ask say, and the most its `shared_oom` runs say (those never
 /// fall: the raise outlives the runs after it).
-async fn gpu_history(
+pub(crate) async fn gpu_history(
     conn: &mut SqliteConnection,
     family: &str,
     component: &str,

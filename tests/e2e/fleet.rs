@@ -550,10 +550,11 @@ fn on_gpus(sb: &Sandbox, family: &str, components: &[(&str, String)]) {
 /// `worker/tests/fake_torch`, which peaks at 3000 MiB; fvd's plugin
 /// reports 3512 (the context's 512 MiB allowance added). The first submit
 /// knows nothing: each run takes the 10000 MiB GPU whole (each checks that
-/// nothing runs beside it). The orchestrator is then restarted, and the
-/// rerun asks for what the recorded peaks say (3512 × 1.25, rounded up to
-/// 4416 MiB), so both runs share the GPU: each waits, bounded, for the
-/// other beside it. `fvd logs --json` shows each run's peak.
+/// nothing runs beside it). The orchestrator is then restarted with no
+/// worker, and the rerun's queued runs ask (`fvd queue`) for what the
+/// recorded peaks say (3512 × 1.25, rounded up to 4416 MiB); a worker then
+/// runs both on the GPU at once: each waits, bounded, for the other beside
+/// it. `fvd logs --json` shows each run's peak.
 #[test]
 fn runs_without_a_memory_estimate_take_a_whole_gpu_then_share_by_their_learned_peaks() {
     let mut sb = Sandbox::new();
@@ -576,22 +577,68 @@ fn runs_without_a_memory_estimate_take_a_whole_gpu_then_share_by_their_learned_p
     );
     on_gpus(&sb, "learn", &[("a", String::new()), ("b", String::new())]);
     let bin = fake_gpu(&sb);
-    let url = sb.serve();
+    sb.serve();
     sb.gpu_worker("gpu", 1, &bin);
     let out = sb.submit_remote("learn", &["--wait"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}\n{}", sb.logs());
-    // The learned estimate is the store's: a restarted orchestrator asks
-    // for it.
-    sb.kill_worker("gpu");
-    sb.kill_orchestrator();
-    sb.serve_at(url.trim_start_matches("http://"), &[]);
+    // The learned estimate is the store's: a restarted orchestrator queues
+    // the reruns asking for it.
+    let asks = rerun_after_restart(&mut sb, "learn", 2);
+    assert_eq!(
+        asks,
+        [("a".into(), 4416), ("b".into(), 4416)].into(),
+        "{}",
+        sb.logs()
+    );
     sb.gpu_worker("gpu2", 1, &bin);
-    let out = sb.submit_remote("learn", &["--wait", "--rerun"]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}\n{}", sb.logs());
+    let status = wait_for("the rerun to end", Duration::from_secs(90), || {
+        let s = sb.remote_status("learn")?;
+        (s["state"] != "running").then_some(s)
+    });
+    let rows = components(&status);
+    assert!(
+        rows.iter()
+            .all(|r| (r.1.as_str(), r.2) == ("non_skip_pass", 2)),
+        "{status}\n{}",
+        sb.logs()
+    );
     for (component, run) in [("a", "1"), ("b", "1"), ("a", "2"), ("b", "2")] {
         let end = logs_end(&sb, "learn", component, run);
         assert_eq!(end["peak_gpu_mib"], 3512, "{component} run {run}: {end}");
     }
+}
+
+/// Restarts the orchestrator on its address and its database with the
+/// fake GPU's worker gone, reruns `family` and returns what each of its
+/// `runs` queued runs asks for (`fvd queue --json`'s `gpu_memory_mib`, by
+/// component) once all are queued.
+fn rerun_after_restart(
+    sb: &mut Sandbox,
+    family: &str,
+    runs: usize,
+) -> std::collections::BTreeMap<String, u64> {
+    let url = sb.url.clone().unwrap();
+    sb.kill_worker("gpu");
+    sb.kill_orchestrator();
+    sb.serve_at(url.trim_start_matches("http://"), &[]);
+    let out = sb.submit_remote(family, &["--rerun"]);
+    assert!(out.status.success(), "{out:?}\n{}", sb.logs());
+    wait_for("the reruns to be queued", Duration::from_secs(60), || {
+        let out = crate::support::fvd()
+            .args(["queue", family, "--json", "--orchestrator", &url])
+            .output()
+            .unwrap();
+        let q: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let asks: std::collections::BTreeMap<String, u64> = q["jobs"]
+            .as_array()?
+            .iter()
+            .filter_map(|j| {
+                let mib = j["needs"]["gpu_memory_mib"].as_u64()?;
+                Some((j["component"].as_str()?.to_string(), mib))
+            })
+            .collect();
+        (asks.len() == runs).then_some(asks)
+    })
 }
 
 /// The `end` line of `fvd logs FAMILY COMPONENT --run RUN --json`.
@@ -698,6 +745,11 @@ fn an_oom_under_sharing_is_rerun_alone_and_the_alone_run_is_the_verdict() {
         .expect("PORT_STATUS.md written");
     assert!(record.contains(alone), "{record}");
     oom_run_logs(&sb);
+    // The raise is the store's: a restarted orchestrator queues `a`'s
+    // next run asking for it, the others for their spec's.
+    let asks = rerun_after_restart(&mut sb, "oom", 3);
+    let want = [("a".into(), 4000), ("b".into(), 2000), ("c".into(), 2000)];
+    assert_eq!(asks, want.into(), "{}", sb.logs());
 }
 
 /// `fvd logs oom a` of its two runs: the first ran out of memory under

@@ -31,7 +31,7 @@ use fvd_contracts::verdict::Verdict;
 use fvd_spec::Placement;
 use fvd_store::model::GpuHistory;
 
-use crate::scheduler::SharedGpu;
+use crate::scheduler::{SharedGpu, ask_mib};
 
 /// An out-of-memory error of a run that shared its GPU: why the run is not
 /// the component's verdict, as its record and logs say.
@@ -90,22 +90,9 @@ pub fn raised(mib: u64, memory_mib: u64) -> u64 {
     bounded.max(mib)
 }
 
-/// The memory a run asks for, of the `spec`'s and what the component's
-/// recorded runs say: the spec's value when it gives one, else the learned
-/// ask, else 0 (a whole GPU); at least the raise after an out-of-memory
-/// error under sharing.
-pub fn ask_mib(spec: &Placement, history: &GpuHistory) -> u64 {
-    let base = if spec.gpu_memory_mib > 0 {
-        spec.gpu_memory_mib
-    } else {
-        history.learned_mib.unwrap_or(0)
-    };
-    history.raised_mib.map_or(base, |r| r.max(base))
-}
-
 /// How the component's runs ask for their GPU: by what its recorded runs
-/// say ([`ask_mib`]), and alone after an out-of-memory error under
-/// sharing.
+/// say ([`crate::scheduler::ask_mib`]), and alone after an out-of-memory
+/// error under sharing.
 #[derive(Debug, Default)]
 pub struct GpuAsk {
     /// What the latest queued run asked for; `None`: none was queued by
@@ -131,8 +118,8 @@ impl GpuAsk {
     }
 
     /// The placement of run `job_id`, queued with `history`: the spec's,
-    /// asking for [`ask_mib`], and alone while an error under sharing
-    /// waits for its alone run's verdict.
+    /// asking for [`crate::scheduler::ask_mib`], and alone while an error
+    /// under sharing waits for its alone run's verdict.
     pub fn placement(&mut self, spec: &Placement, history: &GpuHistory, job_id: &str) -> Placement {
         let mib = ask_mib(spec, history);
         self.mib = Some(mib);

@@ -47,6 +47,19 @@ pub fn learned(peak_mib: u64, memory_mib: u64) -> u64 {
     }
 }
 
+/// The memory a run asks for, of the `spec`'s and what the component's
+/// recorded runs say: the spec's value when it gives one, else the learned
+/// ask, else 0 (a whole GPU); at least the raise after an out-of-memory
+/// error under sharing.
+pub fn ask_mib(spec: &Placement, history: &fvd_store::model::GpuHistory) -> u64 {
+    let base = if spec.gpu_memory_mib > 0 {
+        spec.gpu_memory_mib
+    } else {
+        history.learned_mib.unwrap_or(0)
+    };
+    history.raised_mib.map_or(base, |r| r.max(base))
+}
+
 /// How GPUs are shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sharing {
