@@ -560,11 +560,10 @@ fn runs_without_a_memory_estimate_take_a_whole_gpu_then_share_by_their_learned_p
     let mut sb = Sandbox::new();
     let marks = sb.dir.path().join("marks");
     std::fs::create_dir_all(&marks).unwrap();
-    let fake = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("worker/tests/fake_torch");
     let body = |me: &str, other: &str| {
         format!(
-            "import sys\nsys.path.insert(0, {fake:?})\nimport torch\nos.environ['FAKE_TORCH_PEAK_MIB'] = '3000'\ntorch.cuda.init()\nassert os.environ['CUDA_VISIBLE_DEVICES'] == '0'\nmark = lambda n: os.path.join({d:?}, n)\nfirst = not os.path.exists(mark('{me}-ran'))\nopen(mark('{me}-ran'), 'w').close()\nopen(mark('{me}'), 'w').close()\nif first:\n    for _ in range(20):\n        assert not os.path.exists(mark('{other}')), 'a first run shares its gpu'\n        time.sleep(0.05)\nelse:\n    end = time.time() + 30\n    while not os.path.exists(mark('{other}')):\n        assert time.time() < end, 'no run beside me'\n        time.sleep(0.05)\n    time.sleep(0.5)\nos.remove(mark('{me}'))",
-            fake = fake.display().to_string(),
+            "{}assert os.environ['CUDA_VISIBLE_DEVICES'] == '0'\nmark = lambda n: os.path.join({d:?}, n)\nfirst = not os.path.exists(mark('{me}-ran'))\nopen(mark('{me}-ran'), 'w').close()\nopen(mark('{me}'), 'w').close()\nif first:\n    for _ in range(20):\n        assert not os.path.exists(mark('{other}')), 'a first run shares its gpu'\n        time.sleep(0.05)\nelse:\n    end = time.time() + 30\n    while not os.path.exists(mark('{other}')):\n        assert time.time() < end, 'no run beside me'\n        time.sleep(0.05)\n    time.sleep(0.5)\nos.remove(mark('{me}'))",
+            uses_cuda(3000),
             d = marks.display().to_string(),
         )
     };
@@ -606,6 +605,17 @@ fn runs_without_a_memory_estimate_take_a_whole_gpu_then_share_by_their_learned_p
         let end = logs_end(&sb, "learn", component, run);
         assert_eq!(end["peak_gpu_mib"], 3512, "{component} run {run}: {end}");
     }
+}
+
+/// Python lines of a parity test that uses CUDA through the stand-in
+/// torch of `worker/tests/fake_torch`, peaking at `peak_mib` (fvd's plugin
+/// reports 512 MiB more: the CUDA context's allowance).
+pub(crate) fn uses_cuda(peak_mib: u32) -> String {
+    let fake = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("worker/tests/fake_torch");
+    format!(
+        "import sys\nsys.path.insert(0, {:?})\nimport torch\nos.environ['FAKE_TORCH_PEAK_MIB'] = '{peak_mib}'\ntorch.cuda.init()\n",
+        fake.display().to_string()
+    )
 }
 
 /// Restarts the orchestrator on its address and its database with the
