@@ -308,9 +308,9 @@ pub enum ExecError {
 /// keeping the job's or else the worker's value), and points `junit` at
 /// `scratch/junit.xml` when no path was given, and names
 /// `scratch/peak_gpu_mib` in [`PEAK_GPU_ENV`] (the job's own value is
-/// replaced). The argv is left alone, so a
-/// wrapper script that runs pytest (or pytest-xdist workers) load the plugin
-/// too; only `{junitxml}` (or an appended `--junitxml`) must reach pytest.
+/// replaced). The argv is left alone, so a wrapper script that runs pytest
+/// (or pytest-xdist workers) load the plugin too; only `{junitxml}` (or an
+/// appended `--junitxml`) must reach pytest.
 pub async fn prepare_pytest(spec: &mut JobSpec, scratch: &Path) -> std::io::Result<()> {
     tokio::fs::create_dir_all(scratch).await?;
     tokio::fs::write(

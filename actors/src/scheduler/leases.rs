@@ -407,8 +407,6 @@ pub(super) fn finished(st: &mut SchedulerState, worker_id: String, mut report: J
     true
 }
 
-/// The GPU `lease` shared with another run, if another lease was on it
-/// while it ran.
 /// The memory of the smallest GPU `lease` holds, as its worker registered
 /// it: what bounds what the run's component later asks for (0: unknown).
 fn lease_gpu_mib(st: &SchedulerState, lease: &Lease) -> u64 {
@@ -424,6 +422,8 @@ fn lease_gpu_mib(st: &SchedulerState, lease: &Lease) -> u64 {
         .unwrap_or(0)
 }
 
+/// The GPU `lease` shared with another run, if another lease was on it
+/// while it ran.
 fn shared_gpu(st: &SchedulerState, lease: &Lease) -> Option<SharedGpu> {
     let gpu = *lease.gpus.first().filter(|_| lease.beside)?;
     let memory_mib = st
