@@ -18,12 +18,24 @@ the conftest's GPUPORT_BODY_LOG hook) and body, and the GPU memory
 the most the GPU held in all).
 
 Results: DIR/gpu_share.json, a summary on stdout and DIR/summary.txt.
+
+  python3 bench/gpu_share.py --fvd FVD --learned [--out DIR] [--reps 3]
+
+The learned estimate instead: one fleet, no `gpu_memory_mib` in the spec.
+The first submit knows nothing, so each run takes a whole GPU; fvd's
+pytest plugin measures each run's peak and the reruns ask for the most of
+the recorded peaks x 1.25. Per submit: wall time and nvidia-smi's memory
+as above; per run: the peak the plugin measured (`jobs.peak_gpu_mib`)
+beside nvidia-smi's peak of its process, and what it says later runs ask
+for (`jobs.next_gpu_mib`). Results: DIR/gpu_share_learned.json and
+DIR/summary_learned.txt.
 """
 
 import argparse
 import json
 import os
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -168,6 +180,63 @@ def summary(results, reps):
     return "\n".join(lines)
 
 
+def recorded_peaks(db):
+    """Each finished run's peak as fvd's plugin measured it and what it
+    says later runs ask for, by job id."""
+    con = sqlite3.connect(db)
+    rows = con.execute("SELECT job_id, peak_gpu_mib, next_gpu_mib FROM jobs WHERE state = 'finished'").fetchall()
+    con.close()
+    return {j: {"peak_gpu_mib": p, "next_gpu_mib": n} for j, p, n in rows}
+
+
+def learned(args, work, env, src):
+    """--learned: no gpu_memory_mib; the first submit against the reruns,
+    which ask for what the first one's runs peaked at."""
+    fleet = Fleet(args.fvd, work, "learned", env)
+    body_log = os.path.join(work, "body-learned.jsonl")
+    out = {}
+    try:
+        for repeats in ("1", "300"):
+            family = f"learned{repeats}"
+            repo = os.path.join(work, f"repo-{family}")
+            shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
+            os.makedirs(os.path.join(repo, "tests", "local_tests", family), exist_ok=True)
+            with open(os.path.join(repo, "tests", "local_tests", family, "port.toml"), "w") as f:
+                f.write(spec_for(src, family, "whole", repeats, body_log, 0))
+            first = submit(fleet, args.fvd, family, repo, [], args.timeout)
+            out[repeats] = {"first": first, "reruns": []}
+            for rep in range(args.reps):
+                s = submit(fleet, args.fvd, family, repo, ["--rerun"], args.timeout)
+                out[repeats]["reruns"].append(s)
+                log(f"learned rep {rep} REPEATS={repeats}: {s['wall_s']:.2f} s, process peaks "
+                    f"{s['process_peaks_mib'][:4]} MiB, GPU {s['gpu_peak_mib']} MiB")
+        jobs = bodies(fleet.jobs(), body_log)
+        peaks = recorded_peaks(fleet.db)
+        lines = []
+        for repeats in ("1", "300"):
+            r = out[repeats]
+            per_submit([r["first"]] + r["reruns"], jobs)
+            for s in [r["first"]] + r["reruns"]:
+                for run in s["runs"]:
+                    run.update(peaks.get(f"learned{repeats}.{run['component']}.{run['run']}", {}))
+            walls = [round(s["wall_s"], 2) for s in r["reruns"]]
+            first_peaks = {x["component"]: x.get("peak_gpu_mib") for x in r["first"]["runs"]}
+            asks = {x["component"]: x.get("next_gpu_mib") for x in r["first"]["runs"]}
+            lines.append(f"GPUPORT_REPEATS={repeats}: first (whole GPUs) {r['first']['wall_s']:.2f} s, "
+                         f"reruns (learned) {walls} (median {med(walls)} s)")
+            lines.append(f"  plugin peaks {first_peaks} MiB, learned asks {asks} MiB, nvidia-smi process "
+                         f"peaks {r['first']['process_peaks_mib'][:4]} MiB, GPU peak first "
+                         f"{r['first']['gpu_peak_mib']} / reruns {max(s['gpu_peak_mib'] for s in r['reruns'])} MiB")
+        text = "\n".join(lines)
+        print(text, flush=True)
+        with open(os.path.join(args.out, "summary_learned.txt"), "w") as f:
+            f.write(text + "\n")
+    finally:
+        fleet.stop()
+        with open(os.path.join(args.out, "gpu_share_learned.json"), "w") as f:
+            json.dump(out, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fvd", required=True)
@@ -175,6 +244,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--mib", type=int, default=4096)
     ap.add_argument("--timeout", type=int, default=150)
+    ap.add_argument("--learned", action="store_true",
+                    help="no gpu_memory_mib: the first submit (whole GPUs) against reruns that ask for the learned peaks")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="gpu_share.")
@@ -189,6 +260,10 @@ def main():
     os.environ.update(env)
     with open(os.path.join(ROOT, "examples", "gpuport", "tests", "local_tests", "gpuport", "port.toml")) as f:
         src = f.read()
+    if args.learned:
+        learned(args, work, env, src)
+        log("done")
+        return
     fleets, ports = {}, {}
     try:
         for mode in ("whole", "share"):

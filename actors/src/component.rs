@@ -671,7 +671,9 @@ async fn rerun_alone(
     why: shared_oom::OomUnderSharing,
 ) -> Result<(), ActorProcessingErr> {
     let reason = why.to_string();
-    let result = red_run::job_result(RecordedVerdict::InfraError, reason.clone(), report);
+    let mut result = red_run::job_result(RecordedVerdict::InfraError, reason.clone(), report);
+    // Its record says what later runs ask for, so a restart keeps it.
+    result.next_gpu_mib = Some(why.next_mib);
     if !st
         .args
         .store
@@ -974,7 +976,9 @@ async fn scheduled(
     );
     metrics::attempt(&st.args.family, &spec.name);
     emit(st).await?;
-    let placement = st.gpu.placement(&st.args.spec.placement, &record.job_id);
+    let placement = st
+        .gpu
+        .placement(&st.args.spec.placement, &record.gpu_history, &record.job_id);
     let spec = &st.args.spec;
     let env = crate::run_env::run_env(
         spec.set_env.clone(),

@@ -202,7 +202,9 @@ pub fn after_verdict(v: &Verdict, infra_verdicts: u32, agent: bool) -> AfterVerd
 }
 
 /// A run's result as the store records it: `verdict` and `reason` with
-/// what its report says of the process.
+/// what its report says of the process, its peak GPU memory and what that
+/// peak says later runs ask for
+/// ([`crate::scheduler::learned`]).
 pub fn job_result(verdict: RecordedVerdict, reason: String, report: &JobReport) -> JobResult {
     JobResult {
         verdict,
@@ -212,6 +214,10 @@ pub fn job_result(verdict: RecordedVerdict, reason: String, report: &JobReport) 
         duration_ms: report.duration_ms,
         junit_xml: report.junit_xml.clone().unwrap_or_default(),
         output_tail: report.output_tail.clone(),
+        peak_gpu_mib: report.peak_gpu_mib,
+        next_gpu_mib: report
+            .peak_gpu_mib
+            .map(|p| crate::scheduler::learned(p, report.gpu_memory_mib)),
     }
 }
 

@@ -31,7 +31,10 @@ mod writer;
 use capacity::{Capacity, ClassId, Free, labels_match};
 use fits::*;
 pub use fleet::{FleetJob, FleetView, FleetWorker};
-pub use gpus::{DEFAULT_GPU_HEADROOM_PCT, DEFAULT_GPU_SHARE_CAP, SharedGpu, Sharing};
+pub use gpus::{
+    DEFAULT_GPU_HEADROOM_PCT, DEFAULT_GPU_SHARE_CAP, LEARNED_HEADROOM, LEARNED_ROUND_MIB,
+    SharedGpu, Sharing, ask_mib, learned,
+};
 use gpus::{GpuUses, share_of};
 use leases::*;
 pub use placement::{FairQueue, MAX_BYPASS, Policy};
@@ -1101,6 +1104,7 @@ fn dispatch(st: &mut SchedulerState) -> Result<bool, ActorProcessingErr> {
             "fvd.queue_wait_ms" = queue_wait_ms,
             "fvd.gpu_seconds" = tracing::field::Empty,
             "fvd.duration_ms" = tracing::field::Empty,
+            "fvd.run.peak_gpu_mib" = tracing::field::Empty,
         );
         st.waiting.remove(&p.job_id);
         st.leased += 1;

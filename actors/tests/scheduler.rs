@@ -1194,17 +1194,51 @@ async fn a_run_that_must_be_alone_or_has_no_known_need_holds_its_gpu_alone() {
 /// The `shared` of each finished job's report, by job id, once `n` are in
 /// (bounded wait).
 async fn finished_shared(h: &mut Harness, n: usize) -> BTreeMap<String, Option<SharedGpu>> {
+    finished_reports(h, n)
+        .await
+        .into_iter()
+        .map(|(id, (_, shared))| (id, shared))
+        .collect()
+}
+
+/// Each finished job's report and `shared`, by job id, once `n` are in
+/// (bounded wait).
+async fn finished_reports(
+    h: &mut Harness,
+    n: usize,
+) -> BTreeMap<String, (JobReport, Option<SharedGpu>)> {
     let mut got = BTreeMap::new();
     while got.len() < n {
         match tokio::time::timeout(Duration::from_secs(5), h.events.recv()).await {
             Ok(Some(JobEvent::Finished { report, shared, .. })) => {
-                got.insert(report.job_id, shared);
+                got.insert(report.job_id.clone(), (report, shared));
             }
             Ok(Some(_)) => continue,
             other => panic!("expected {n} finished jobs, got {got:?} then {other:?}"),
         }
     }
     got
+}
+
+/// A finished run's report carries the memory of the GPU its lease held
+/// (what bounds the ask its measured peak teaches its component, issue
+/// #44); a CPU run's is 0, unknown.
+#[tokio::test]
+async fn a_finished_run_s_report_carries_the_memory_of_its_gpu() {
+    let mut h = Harness::new().await;
+    h.port("p", &["g", "c"]).await;
+    let mut w = h.worker_with("w", 1, 1, 10_000, &[]);
+    let g = h.enqueue("p", "g", 1).await;
+    let (id, epoch, _) = next_assign(&mut w).await;
+    assert_eq!(id, g);
+    h.finished("w", &g, epoch);
+    let c = h.enqueue("p", "c", 0).await;
+    let (id, epoch, _) = next_assign(&mut w).await;
+    assert_eq!(id, c);
+    h.finished("w", &c, epoch);
+    let got = finished_reports(&mut h, 2).await;
+    assert_eq!(got[&g].0.gpu_memory_mib, 10_000);
+    assert_eq!(got[&c].0.gpu_memory_mib, 0);
 }
 
 #[tokio::test]

@@ -977,7 +977,8 @@ pub struct Queued {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Needs {
     pub gpus: u32,
-    /// Each leased GPU has at least this much memory (0: any).
+    /// Each leased GPU has at least this much memory (0: any): the spec's
+    /// `gpu_memory_mib`, else what the component's recorded runs say.
     pub gpu_memory_mib: u64,
     pub labels: BTreeMap<String, String>,
     /// Port-relative paths the worker must provide.
@@ -1057,9 +1058,18 @@ pub async fn queue(
             .get(&r.family)
             .and_then(Option::as_ref)
             .and_then(|s| s.components.iter().find(|c| c.name == r.component));
+        // What the run asks for: the spec's, else what its component's
+        // recorded runs say (as the component read it when it queued).
+        let gpu_memory_mib = match spec {
+            Some(c) => {
+                let history = store.gpu_history(&r.family, &r.component).await?;
+                fvd_actors::scheduler::ask_mib(&c.placement, &history)
+            }
+            None => 0,
+        };
         let needs = Needs {
             gpus: r.gpus_needed,
-            gpu_memory_mib: spec.map_or(0, |c| c.placement.gpu_memory_mib),
+            gpu_memory_mib,
             labels: spec.map(|c| c.placement.labels.clone()).unwrap_or_default(),
             worker_paths: spec
                 .map(|c| c.placement.worker_paths.clone())

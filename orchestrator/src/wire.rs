@@ -342,6 +342,7 @@ pub fn to_run(r: RunRow) -> pb::RunInfo {
         finished_ms: r.finished_ms.unwrap_or(0),
         commit: r.commit,
         has_output: r.has_output,
+        peak_gpu_mib: r.peak_gpu_mib,
     }
 }
 
@@ -365,6 +366,7 @@ pub fn from_run(r: pb::RunInfo) -> Result<RunRow, WireError> {
         finished_ms: opt_ms(r.finished_ms),
         commit: r.commit,
         has_output: r.has_output,
+        peak_gpu_mib: r.peak_gpu_mib,
     })
 }
 
@@ -754,9 +756,15 @@ mod tests {
             started_ms: Some(5),
             finished_ms: Some(9),
             has_output: true,
+            peak_gpu_mib: Some(3520),
             ..RunRow::default()
         };
         assert_eq!(from_run(to_run(run.clone())).unwrap(), run);
+        let unknown = RunRow {
+            peak_gpu_mib: None,
+            ..run.clone()
+        };
+        assert_eq!(from_run(to_run(unknown.clone())).unwrap(), unknown);
         let fleet = Fleet {
             live: true,
             now_ms: 10,

@@ -814,6 +814,8 @@ fn from_wire(
                         error: text(g.error),
                         refused: String::new(),
                     }),
+                    peak_gpu_mib: f.peak_gpu_mib,
+                    gpu_memory_mib: 0,
                 }),
             }
         }
@@ -910,6 +912,24 @@ mod tests {
             Some(SchedulerMsg::Finished { report, .. }) => *report,
             other => panic!("not a result: {other:?}"),
         }
+    }
+
+    /// A run's peak GPU memory crosses the wire as sent; an older worker's
+    /// result, which has no such field, reads as unknown, never 0.
+    #[test]
+    fn a_run_s_peak_crosses_the_wire_and_an_older_worker_s_is_unknown() {
+        let through = |m: pb::WorkerMsg| {
+            let bytes = prost::Message::encode_to_vec(&m);
+            report(<pb::WorkerMsg as prost::Message>::decode(&bytes[..]).unwrap())
+        };
+        let mut m = finished(&[]);
+        if let Some(pb::worker_msg::Msg::JobFinished(f)) = &mut m.msg {
+            f.peak_gpu_mib = Some(3520);
+        }
+        assert_eq!(through(m).peak_gpu_mib, Some(3520));
+        let old = through(finished(&[]));
+        assert_eq!(old.peak_gpu_mib, None);
+        assert_eq!(old.gpu_memory_mib, 0, "set by the scheduler, not the wire");
     }
 
     #[test]

@@ -209,6 +209,7 @@ fn run_json(r: &RunRow) -> serde_json::Value {
         "started_ms": r.started_ms,
         "finished_ms": r.finished_ms,
         "commit": r.commit,
+        "peak_gpu_mib": r.peak_gpu_mib,
     })
 }
 

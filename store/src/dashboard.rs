@@ -99,6 +99,9 @@ pub struct RunRow {
     pub commit: String,
     /// Some output is stored for it (`fvd logs` has something to show).
     pub has_output: bool,
+    /// The most GPU memory it held, as measured on its worker; `None`:
+    /// unknown (no CUDA, not ended, an older worker).
+    pub peak_gpu_mib: Option<u64>,
 }
 
 /// Which runs [`Store::runs`] reads.
@@ -240,7 +243,7 @@ impl Store {
     /// The runs `filter` selects, in the order they were queued.
     pub async fn runs(&self, filter: RunFilter<'_>) -> Result<Vec<RunRow>, StoreError> {
         let rows = sqlx::query(
-            "SELECT j.job_id, j.family, j.component, j.run_no, j.state, j.worker_id, j.gpus_needed, j.gpus, j.verdict, j.reason, j.exit_code, j.duration_ms, j.queued_ms, j.started_ms, j.spawned_ms, j.finished_ms, j.commit_sha, (j.output_tail != '' OR EXISTS (SELECT 1 FROM job_logs l WHERE l.job_id = j.job_id)) AS has_output FROM jobs j WHERE (?1 IS NULL OR j.family = ?1) AND (?2 IS NULL OR j.component = ?2) AND (?3 IS NULL OR j.finished_ms IS NULL OR j.finished_ms >= ?3) ORDER BY j.queued_ms, j.family, j.component, j.run_no",
+            "SELECT j.job_id, j.family, j.component, j.run_no, j.state, j.worker_id, j.gpus_needed, j.gpus, j.verdict, j.reason, j.exit_code, j.duration_ms, j.queued_ms, j.started_ms, j.spawned_ms, j.finished_ms, j.commit_sha, j.peak_gpu_mib, (j.output_tail != '' OR EXISTS (SELECT 1 FROM job_logs l WHERE l.job_id = j.job_id)) AS has_output FROM jobs j WHERE (?1 IS NULL OR j.family = ?1) AND (?2 IS NULL OR j.component = ?2) AND (?3 IS NULL OR j.finished_ms IS NULL OR j.finished_ms >= ?3) ORDER BY j.queued_ms, j.family, j.component, j.run_no",
         )
         .bind(filter.family)
         .bind(filter.component)
@@ -275,6 +278,9 @@ impl Store {
                     finished_ms: r.get("finished_ms"),
                     commit: r.get("commit_sha"),
                     has_output: r.get::<bool, _>("has_output"),
+                    peak_gpu_mib: r
+                        .get::<Option<i64>, _>("peak_gpu_mib")
+                        .map(|m| m.max(0) as u64),
                 })
             })
             .collect()

@@ -189,6 +189,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (19, include_str!("../migrations/0019_attempt_judge.sql")),
     (20, include_str!("../migrations/0020_judge_questions.sql")),
     (21, include_str!("../migrations/0021_attempt_fleet_try.sql")),
+    (22, include_str!("../migrations/0022_run_gpu_memory.sql")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -1401,6 +1402,18 @@ impl Store {
             .collect())
     }
 
+    /// What the component's recorded runs say of the GPU memory its next
+    /// run needs, as a run queued now would read it
+    /// ([`model::JobRecord::gpu_history`]).
+    pub async fn gpu_history(
+        &self,
+        family: &str,
+        component: &str,
+    ) -> Result<model::GpuHistory, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        steps::gpu_history(&mut conn, family, component).await
+    }
+
     pub async fn job(&self, job_id: &str) -> Result<Option<JobRecord>, StoreError> {
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "{JOB_SELECT} WHERE job_id = ?"
@@ -1979,7 +1992,7 @@ impl Store {
     }
 }
 
-const JOB_SELECT: &str = "SELECT job_id, family, component, run_no, state, lease_epoch, worker_id, argv, cwd, gpus_needed, timeout_ms, verdict, error_kind, reason, exit_code, signal, duration_ms, output_tail, queued_ms, started_ms, finished_ms, commit_sha, code_prefix FROM jobs";
+const JOB_SELECT: &str = "SELECT job_id, family, component, run_no, state, lease_epoch, worker_id, argv, cwd, gpus_needed, timeout_ms, verdict, error_kind, reason, exit_code, signal, duration_ms, output_tail, queued_ms, started_ms, finished_ms, commit_sha, code_prefix, peak_gpu_mib FROM jobs";
 
 /// The state in column `name` of `r`, read through its one mapping;
 /// `column` names it in the error (`table.column`).
@@ -2098,6 +2111,10 @@ fn job_row(r: &sqlx::sqlite::SqliteRow) -> Result<JobRecord, StoreError> {
         commit: r.get("commit_sha"),
         code_prefix: r.get("code_prefix"),
         expected_ms: None,
+        peak_gpu_mib: r
+            .get::<Option<i64>, _>("peak_gpu_mib")
+            .map(|m| m.max(0) as u64),
+        gpu_history: model::GpuHistory::default(),
     })
 }
 
@@ -2421,6 +2438,81 @@ mod tests {
         assert_eq!(b.expected_ms, None, "another component's runs do not count");
     }
 
+    /// A run's peak GPU memory reads back as stored and unknown stays
+    /// unknown; a queued run reads what its component's runs ask for: the
+    /// most of its last finished runs with an ask, and the most of its
+    /// `shared_oom` runs, however long ago.
+    #[tokio::test]
+    async fn a_run_s_peak_round_trips_and_its_component_s_asks_are_read_when_queued() {
+        use crate::model::GpuHistory;
+        let (_dir, store) = crate::tests::temp_store().await;
+        store
+            .create_port(&port("p"), &["a".into(), "b".into()])
+            .await
+            .unwrap();
+        let mut epoch = 0;
+        let mut run = |peak: Option<u64>, next: Option<u64>, oom: bool| {
+            let store = store.clone();
+            epoch += 1;
+            let epoch = epoch;
+            async move {
+                let j = store.queue_job(&job("p", "a")).await.unwrap();
+                store.lease_job(&j.job_id, "w", epoch, &[0]).await.unwrap();
+                let r = JobResult {
+                    peak_gpu_mib: peak,
+                    next_gpu_mib: next,
+                    ..JobResult::default()
+                };
+                let done = if oom {
+                    store.finish_job_shared_oom(&j.job_id, epoch, &r).await
+                } else {
+                    store.finish_job(&j.job_id, epoch, &r).await
+                };
+                assert!(done.unwrap());
+                let read = store.job(&j.job_id).await.unwrap().unwrap();
+                assert_eq!(read.peak_gpu_mib, peak, "{}", j.job_id);
+                j.gpu_history
+            }
+        };
+        let none = GpuHistory::default();
+        assert_eq!(run(None, None, false).await, none, "nothing known yet");
+        assert_eq!(run(Some(1000), Some(1280), false).await, none);
+        let h = run(Some(0), Some(0), false).await;
+        assert_eq!(h.learned_mib, Some(1280));
+        // A shared_oom run's ask counts as a raise, not as a learned ask.
+        let h = run(Some(700), Some(2560), true).await;
+        assert_eq!(h.learned_mib, Some(1280));
+        let h = run(Some(3000), Some(3776), false).await;
+        assert_eq!(
+            h,
+            GpuHistory {
+                learned_mib: Some(1280),
+                raised_mib: Some(2560)
+            }
+        );
+        for _ in 0..4 {
+            run(Some(100), Some(128), false).await;
+        }
+        // Only the last five finished runs with an ask count (the 3776 one
+        // and four of 128), and the raise is kept.
+        let h = run(None, None, false).await;
+        assert_eq!(
+            h,
+            GpuHistory {
+                learned_mib: Some(3776),
+                raised_mib: Some(2560)
+            }
+        );
+        // A run with no peak is no evidence; one more with a peak is.
+        let h = run(Some(100), Some(128), false).await;
+        assert_eq!(h.learned_mib, Some(3776));
+        let h = run(None, None, false).await;
+        assert_eq!(h.learned_mib, Some(128), "the 3776 run is now six back");
+        let b = store.queue_job(&job("p", "b")).await.unwrap();
+        assert_eq!(b.gpu_history, none, "another component's runs do not count");
+        assert_eq!(b.peak_gpu_mib, None);
+    }
+
     /// Leases commit without an fsync, so a power cut may lose their rows;
     /// the reserved block (synced) still says which epochs were handed
     /// out, and a reopened store starts above it.
@@ -2694,6 +2786,7 @@ mod tests {
         );
         let job = store.job("p.a.1").await.unwrap().unwrap();
         assert_eq!(job.verdict, RecordedVerdict::Error(Some(K::Collection)));
+        assert_eq!(job.peak_gpu_mib, None, "a run from before 0022: unknown");
         let a = &store.attempts("p", "e").await.unwrap()[0];
         assert_eq!(
             (a.verdict_before, a.verdict_after, a.state, a.handoff_status),

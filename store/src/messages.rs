@@ -179,6 +179,14 @@ pub struct JobReport {
     pub wire_bytes: u64,
     /// An agent attempt's result ([`Assignment::agent`]).
     pub agent: Option<AgentOutcome>,
+    /// The most GPU memory the run held, as fvd's pytest plugin measured
+    /// it; `None`: unknown (no CUDA, no plugin, a worker older than the
+    /// field).
+    pub peak_gpu_mib: Option<u64>,
+    /// The memory of the smallest GPU the run's lease held, as its worker
+    /// registered it (0: unknown). Not on the wire: the scheduler sets it
+    /// when the report arrives.
+    pub gpu_memory_mib: u64,
 }
 
 /// What became of a job's JUnit report, as its worker said.

@@ -97,6 +97,27 @@ pub struct JobRecord {
     /// queued (`None` before the first). Not a column: [`crate::Store::queue_jobs`]
     /// reads it from those runs' rows.
     pub expected_ms: Option<u64>,
+    /// The most GPU memory the run held, as fvd's pytest plugin measured
+    /// it; `None`: unknown (no CUDA, no plugin, an older worker).
+    pub peak_gpu_mib: Option<u64>,
+    /// What the component's recorded runs say of the GPU memory this run
+    /// needs. Not a column: [`crate::Store::queue_jobs`] reads it when the
+    /// run is queued, like [`Self::expected_ms`].
+    pub gpu_history: GpuHistory,
+}
+
+/// What a component's recorded runs say of the GPU memory its next run
+/// needs (issue #44), read when the run is queued: each run's
+/// [`JobResult::next_gpu_mib`], already bounded by the GPU it ran on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuHistory {
+    /// The most any of the component's last [`crate::RECENT_RUNS`]
+    /// finished runs with a measured peak asks for (its peak with
+    /// headroom); `None` when none has one.
+    pub learned_mib: Option<u64>,
+    /// The most any of its runs that ran out of memory while sharing a
+    /// GPU (`shared_oom`) asks for (its ask doubled); `None` when none did.
+    pub raised_mib: Option<u64>,
 }
 
 /// The classified outcome of a run, as recorded.
@@ -109,6 +130,12 @@ pub struct JobResult {
     pub duration_ms: u64,
     pub junit_xml: String,
     pub output_tail: String,
+    /// The most GPU memory the run held ([`JobRecord::peak_gpu_mib`]);
+    /// `None`: unknown, never 0 for it.
+    pub peak_gpu_mib: Option<u64>,
+    /// What the component's later runs ask for after this one, bounded by
+    /// the GPU it ran on ([`GpuHistory`]); `None`: it says nothing.
+    pub next_gpu_mib: Option<u64>,
 }
 
 /// A component's git worktree (`fvd_workspace::worktree` makes and

@@ -12,7 +12,7 @@
 
 use sqlx::SqliteConnection;
 
-use crate::model::{JobRecord, JobResult};
+use crate::model::{GpuHistory, JobRecord, JobResult};
 use crate::states::{AttemptState, ComponentStatus, EscapeStatus, JobState, RecordedVerdict};
 use crate::{AttemptRow, EscapeRow, Store, StoreError, escape_id_after, now_ms};
 
@@ -340,7 +340,7 @@ pub(crate) async fn finish_running_job(
     result: &JobResult,
     now: i64,
 ) -> Result<bool, StoreError> {
-    let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, error_kind = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
+    let done = sqlx::query("UPDATE jobs SET state = ?, verdict = ?, error_kind = ?, reason = ?, exit_code = ?, signal = ?, duration_ms = ?, junit_xml = ?, output_tail = ?, peak_gpu_mib = ?, next_gpu_mib = ?, finished_ms = ? WHERE job_id = ? AND lease_epoch = ? AND state = ?")
         .bind(to.as_str())
         .bind(result.verdict.as_str())
         .bind(result.verdict.error_kind_str())
@@ -350,6 +350,8 @@ pub(crate) async fn finish_running_job(
         .bind(result.duration_ms as i64)
         .bind(&result.junit_xml)
         .bind(&result.output_tail)
+        .bind(result.peak_gpu_mib.map(mib_column))
+        .bind(result.next_gpu_mib.map(mib_column))
         .bind(now)
         .bind(job_id)
         .bind(epoch as i64)
@@ -433,7 +435,45 @@ pub(crate) async fn insert_job(
         state: JobState::Queued,
         queued_ms: now,
         expected_ms: median_ms(recent),
+        gpu_history: gpu_history(&mut *conn, &job.family, &job.component).await?,
         ..job.clone()
+    })
+}
+
+/// A MiB count as SQLite's signed integer (saturating).
+fn mib_column(mib: u64) -> i64 {
+    i64::try_from(mib).unwrap_or(i64::MAX)
+}
+
+/// What a component's recorded runs say of the GPU memory its next run
+/// needs: the most its last [`crate::RECENT_RUNS`] finished runs with a
+/// known ask say, and the most its `shared_oom` runs say (those never
+/// fall: the raise outlives the runs after it).
+pub(crate) async fn gpu_history(
+    conn: &mut SqliteConnection,
+    family: &str,
+    component: &str,
+) -> Result<GpuHistory, StoreError> {
+    let learned: Option<i64> = sqlx::query_scalar(
+        "SELECT MAX(next_gpu_mib) FROM (SELECT next_gpu_mib FROM jobs WHERE family = ? AND component = ? AND state = ? AND next_gpu_mib IS NOT NULL ORDER BY run_no DESC LIMIT ?)",
+    )
+    .bind(family)
+    .bind(component)
+    .bind(JobState::Finished.as_str())
+    .bind(crate::RECENT_RUNS as i64)
+    .fetch_one(&mut *conn)
+    .await?;
+    let raised: Option<i64> = sqlx::query_scalar(
+        "SELECT MAX(next_gpu_mib) FROM jobs WHERE family = ? AND component = ? AND state = ?",
+    )
+    .bind(family)
+    .bind(component)
+    .bind(JobState::SharedOom.as_str())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(GpuHistory {
+        learned_mib: learned.map(|m| m.max(0) as u64),
+        raised_mib: raised.map(|m| m.max(0) as u64),
     })
 }
 

@@ -522,7 +522,11 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
     sb.port(
         "otelport",
         &[
-            TestComponent::new("joined", &write_traceparent(&seen)),
+            // Uses CUDA (a stand-in torch): its job span carries its peak.
+            TestComponent::new(
+                "joined",
+                &(crate::fleet::uses_cuda(3000) + &write_traceparent(&seen)),
+            ),
             // Fails with the secret in its assertion: the worker redacts it
             // from the report, so the verdict's reason may be exported.
             TestComponent::new("leaky", &format!("assert False, os.environ['{TOKEN_ENV}']")),
@@ -693,6 +697,14 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
             } else {
                 assert!(!s.is_error(), "{} of {component}: {s:?}", s.name);
             }
+        }
+        // The run's measured peak GPU memory is an integer attribute of
+        // its job span; a run that used no CUDA has none (unknown).
+        if component == "joined" {
+            assert_eq!(attr(job, "fvd.run.peak_gpu_mib"), "3512", "{job:?}");
+            assert!(job.ints.contains("fvd.run.peak_gpu_mib"), "{job:?}");
+        } else {
+            assert!(!job.attrs.contains_key("fvd.run.peak_gpu_mib"), "{job:?}");
         }
         if component == "joined" {
             // And into pytest: TRACEPARENT names the worker's span.

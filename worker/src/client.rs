@@ -1173,6 +1173,7 @@ fn record_outcome(
             finished.duration_ms = o.duration.as_millis() as u64;
             finished.output_tail = o.output_tail;
             finished.survivors = o.survivors.iter().map(|p| p.pid as u32).collect();
+            finished.peak_gpu_mib = o.peak_gpu_mib;
             let status = match o.junit {
                 JunitFile::Read(xml) => {
                     finished.junit_xml = xml;

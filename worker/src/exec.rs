@@ -75,6 +75,10 @@ const CHUNK: usize = 64 * 1024;
 /// Module name of the embedded pytest plugin (`-p fvd_pytest_plugin`).
 pub const PYTEST_PLUGIN_MODULE: &str = "fvd_pytest_plugin";
 
+/// The variable that names the file fvd's pytest plugin appends the run's
+/// peak GPU memory to (MiB, one line per process: [`read_peak_gpu`]).
+pub const PEAK_GPU_ENV: &str = "FVD_PEAK_GPU_FILE";
+
 /// Source of the pytest plugin that records each test's real outcome (so a
 /// non-strict xpass is not mistaken for a pass).
 pub const PYTEST_PLUGIN_SOURCE: &str = include_str!("fvd_pytest_plugin.py");
@@ -226,6 +230,9 @@ pub struct JobOutcome {
     pub output_drained: bool,
     /// [`prepare_pytest`] loaded fvd's pytest plugin for the run.
     pub plugin: bool,
+    /// The most GPU memory the run held, as the plugin measured it
+    /// ([`read_peak_gpu`]); `None`: unknown.
+    pub peak_gpu_mib: Option<u64>,
 }
 
 impl JobOutcome {
@@ -281,6 +288,12 @@ pub enum ExecError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("job {job_id}: cannot prepare peak gpu memory file {path:?}: {source}")]
+    PeakFile {
+        job_id: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("job {job_id}: waiting for pid {pid} failed: {source}")]
     Wait {
         job_id: String,
@@ -293,9 +306,11 @@ pub enum ExecError {
 /// writes `scratch/fvd_pytest_plugin.py`, prepends `scratch` to the job's
 /// `PYTHONPATH` and `-p fvd_pytest_plugin` to its `PYTEST_ADDOPTS` (each
 /// keeping the job's or else the worker's value), and points `junit` at
-/// `scratch/junit.xml` when no path was given. The argv is left alone, so a
-/// wrapper script that runs pytest (or pytest-xdist workers) load the plugin
-/// too; only `{junitxml}` (or an appended `--junitxml`) must reach pytest.
+/// `scratch/junit.xml` when no path was given, and names
+/// `scratch/peak_gpu_mib` in [`PEAK_GPU_ENV`] (the job's own value is
+/// replaced). The argv is left alone, so a wrapper script that runs pytest
+/// (or pytest-xdist workers) load the plugin too; only `{junitxml}` (or an
+/// appended `--junitxml`) must reach pytest.
 pub async fn prepare_pytest(spec: &mut JobSpec, scratch: &Path) -> std::io::Result<()> {
     tokio::fs::create_dir_all(scratch).await?;
     tokio::fs::write(
@@ -313,7 +328,32 @@ pub async fn prepare_pytest(spec: &mut JobSpec, scratch: &Path) -> std::io::Resu
     if spec.junit.is_none() {
         spec.junit = Some(scratch.join("junit.xml"));
     }
+    spec.env.retain(|(k, _)| k != PEAK_GPU_ENV);
+    spec.env.push((
+        PEAK_GPU_ENV.into(),
+        scratch.join("peak_gpu_mib").to_string_lossy().into_owned(),
+    ));
     Ok(())
+}
+
+/// The file the run's plugin reports its peak GPU memory to, when
+/// [`prepare_pytest`] named one.
+fn peak_gpu_file(spec: &JobSpec) -> Option<PathBuf> {
+    spec.env
+        .iter()
+        .rfind(|(k, _)| k == PEAK_GPU_ENV)
+        .filter(|_| spec.loads_plugin())
+        .map(|(_, v)| PathBuf::from(v))
+}
+
+/// The run's peak GPU memory from the plugin's file: the largest of its
+/// lines (one per process of the run: ranks, xdist workers). `None` when
+/// no process wrote one (no CUDA) or nothing in it is a number.
+pub async fn read_peak_gpu(path: &Path) -> Option<u64> {
+    let text = tokio::fs::read_to_string(path).await.ok()?;
+    text.lines()
+        .filter_map(|l| l.trim().parse::<u64>().ok())
+        .max()
 }
 
 /// Set `name` in the spec's env to `value`, followed by `sep` and the value
@@ -395,6 +435,14 @@ pub async fn run_job_capped(
         return Err(ExecError::EmptyArgv { job_id });
     };
     let plugin = spec.loads_plugin();
+    let peak_file = peak_gpu_file(&spec);
+    if let Some(path) = &peak_file {
+        remove_stale(path).map_err(|source| ExecError::PeakFile {
+            job_id: job_id.clone(),
+            path: path.clone(),
+            source,
+        })?;
+    }
     if let Some(path) = &spec.junit {
         remove_stale(path).map_err(|source| ExecError::Junit {
             job_id: job_id.clone(),
@@ -459,6 +507,10 @@ pub async fn run_job_capped(
     }
     let (output_tail, output_bytes) = pump.await.unwrap_or_default();
     let junit = read_junit(spec.junit.as_deref(), &secrets).await;
+    let peak_gpu_mib = match &peak_file {
+        Some(path) => read_peak_gpu(path).await,
+        None => None,
+    };
 
     use std::os::unix::process::ExitStatusExt;
     let outcome = JobOutcome {
@@ -475,6 +527,7 @@ pub async fn run_job_capped(
         survivors,
         output_drained,
         plugin,
+        peak_gpu_mib,
     };
     tracing::info!(
         job_id = outcome.job_id,
@@ -1245,6 +1298,7 @@ mod tests {
             env: vec![
                 ("PYTHONPATH".into(), "/job/src".into()),
                 ("PYTEST_ADDOPTS".into(), "-x".into()),
+                (PEAK_GPU_ENV.into(), "/job/says".into()),
             ],
             secret_env_names: vec![],
             sandbox: JobSandbox {
@@ -1266,11 +1320,25 @@ mod tests {
             format!("{}:/job/src", dir.path().display())
         );
         assert_eq!(get("PYTEST_ADDOPTS"), "-p fvd_pytest_plugin -x");
-        assert_eq!(spec.env.len(), 2, "replaced, not duplicated");
+        // The peak's file is fvd's, whatever the job said.
+        let peak = dir.path().join("peak_gpu_mib");
+        assert_eq!(get(PEAK_GPU_ENV), peak.display().to_string());
+        assert_eq!(spec.env.len(), 3, "replaced, not duplicated");
         assert_eq!(spec.argv, vec!["pytest", "t.py"]);
         assert_eq!(spec.junit, Some(dir.path().join("junit.xml")));
         let plugin = std::fs::read_to_string(dir.path().join("fvd_pytest_plugin.py")).unwrap();
         assert_eq!(plugin, PYTEST_PLUGIN_SOURCE);
+    }
+
+    #[tokio::test]
+    async fn a_run_s_peak_is_its_largest_process_s_and_no_file_is_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("peak_gpu_mib");
+        assert_eq!(read_peak_gpu(&path).await, None);
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(read_peak_gpu(&path).await, None, "no process used cuda");
+        std::fs::write(&path, "1200\n9000\nnot a number\n700\n").unwrap();
+        assert_eq!(read_peak_gpu(&path).await, Some(9000));
     }
 
     #[test]

@@ -39,6 +39,20 @@ The wall is fvd's pinned judge and the jail. Nothing is imported here that
 the run would not import anyway: a library's helpers are looked at only
 once the run itself imported it.
 
+GPU memory (issue #44). At the end of the session, when the run itself
+imported ``torch`` and initialised CUDA (the plugin never imports torch: a
+CPU-only run pays nothing), the plugin appends the most GPU memory the
+process held, in MiB, as one line to the file named by ``FVD_PEAK_GPU_FILE``
+(each process of a run, rank or xdist worker, appends its own; the worker
+takes the largest). Per device it is ``torch.cuda.max_memory_reserved`` (the
+caching allocator's peak) plus the CUDA context's own memory, which the
+allocator does not see: NVML's count for this process less what the
+allocator holds now, when ``pynvml`` is importable and knows the process;
+otherwise a fixed allowance of ``CONTEXT_ALLOWANCE_MIB``. The largest over
+the devices is reported. Memory a library takes outside torch's allocator
+(cuBLAS workspaces are inside it; NCCL buffers, a custom kernel's own
+``cudaMalloc`` are not) is not counted.
+
 Loaded by the worker with ``-p fvd_pytest_plugin`` from a scratch directory
 put on PYTHONPATH, before any conftest or test module.
 """
@@ -50,6 +64,12 @@ import types
 import pytest
 
 OUTCOME = "fvd_outcome"
+PEAK_GPU_ENV = "FVD_PEAK_GPU_FILE"
+# What a CUDA context holds outside torch's allocator when NVML cannot say:
+# about what one takes on current data-centre GPUs with lazy module loading
+# (CUDA 11.7+), rounded up.
+CONTEXT_ALLOWANCE_MIB = 512
+MIB = 1 << 20
 XFAIL_REASON = "fvd_xfail_reason"
 INTEGRITY = "fvd_integrity"
 
@@ -493,10 +513,73 @@ def pytest_runtest_makereport(item, call):
         _check(item.config)
 
 
+def _peak_gpu_mib():
+    """The most GPU memory this process held on any device, in MiB
+    (rounded up), or None when the run never initialised CUDA through
+    torch. Never imports torch."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return None
+    peaks = []
+    for d in range(cuda.device_count()):
+        reserved = cuda.max_memory_reserved(d)
+        if reserved > 0:
+            peaks.append(reserved + _context_bytes(cuda, d))
+    if not peaks:
+        # CUDA is up but the allocator never held anything: the context.
+        peaks.append(_context_bytes(cuda, cuda.current_device()))
+    return -(-max(peaks) // MIB)
+
+
+def _context_bytes(cuda, d):
+    """What device `d`'s CUDA context of this process holds outside the
+    allocator: NVML's per-process count less the allocator's, or the
+    allowance when NVML is missing or does not list this process (another
+    PID namespace)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            uuid = str(cuda.get_device_properties(d).uuid)
+            handle = pynvml.nvmlDeviceGetHandleByUUID("GPU-" + uuid.removeprefix("GPU-"))
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if p.pid == os.getpid() and p.usedGpuMemory:
+                    return max(0, p.usedGpuMemory - cuda.memory_reserved(d))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: the allowance
+        pass
+    return CONTEXT_ALLOWANCE_MIB * MIB
+
+
+def _report_peak_gpu():
+    path = os.environ.get(PEAK_GPU_ENV)
+    if not path:
+        return
+    try:
+        mib = _peak_gpu_mib()
+    except Exception as e:  # noqa: BLE001 - unknown, never a wrong number
+        sys.stderr.write("fvd: cannot measure the run's peak gpu memory: %s: %s\n" % (type(e).__name__, e))
+        return
+    if mib is None:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, b"%d\n" % mib)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        sys.stderr.write("fvd: cannot report the run's peak gpu memory to %s: %s\n" % (path, e))
+
+
 # tryfirst: before the JUnit writer's own sessionfinish writes the file.
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session):
     config = session.config
+    _report_peak_gpu()
     _check(config)
     xml = _junit_writer(config)
     if xml is None:

@@ -96,6 +96,8 @@ pub(crate) struct Finished {
     pub collected_files: u32,
     pub compare_ms: u64,
     pub agent: Option<AgentResult>,
+    /// The most GPU memory the run held (MiB); `None`: unknown.
+    pub peak_gpu_mib: Option<u64>,
 }
 
 impl Finished {
@@ -203,6 +205,7 @@ pub(crate) fn finished_msg(f: Finished) -> pb::WorkerMsg {
             error: r.error,
             stdout: r.stdout,
         }),
+        peak_gpu_mib: f.peak_gpu_mib,
     }))
 }
 

@@ -575,3 +575,45 @@ async fn an_installed_plugin_is_no_finding_and_one_planted_in_the_repository_is(
         run.verdict
     );
 }
+
+/// A run that used CUDA through torch reports its peak GPU memory: the
+/// largest device's allocator peak plus the context's allowance (no NVML
+/// here). One that imported torch but never initialised CUDA reports none,
+/// and one that never imported torch reports none and the plugin did not
+/// import it either: unknown, never 0.
+#[tokio::test]
+async fn the_plugin_reports_a_cuda_run_s_peak_and_nothing_without_cuda() {
+    let fake = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_torch");
+    let marks = tempfile::tempdir().unwrap();
+    let imported = marks.path().join("imported");
+    let env = [
+        ("PYTHONPATH", fake.to_str().unwrap()),
+        ("FAKE_TORCH_PEAK_MIB", "1000,3000"),
+        ("FAKE_TORCH_IMPORTED", imported.to_str().unwrap()),
+    ];
+    let run = |file: &'static str, plugin: bool| async move {
+        let files = [file];
+        run_in(
+            cases_dir(),
+            &files,
+            &[],
+            Duration::from_secs(120),
+            plugin,
+            &env,
+        )
+        .await
+    };
+    let gpu = run("test_fake_cuda.py", true).await;
+    assert!(gpu.verdict.is_pass(), "{:?}", gpu.verdict);
+    assert_eq!(gpu.outcome.peak_gpu_mib, Some(3000 + 512));
+    let cpu = run("test_fake_torch_cpu.py", true).await;
+    assert!(cpu.verdict.is_pass(), "{:?}", cpu.verdict);
+    assert_eq!(cpu.outcome.peak_gpu_mib, None, "torch without cuda");
+    std::fs::remove_file(&imported).unwrap();
+    let plain = run("test_pass.py", true).await;
+    assert!(plain.verdict.is_pass(), "{:?}", plain.verdict);
+    assert_eq!(plain.outcome.peak_gpu_mib, None, "no torch");
+    assert!(!imported.exists(), "the plugin imported torch itself");
+    let unplugged = run("test_fake_cuda.py", false).await;
+    assert_eq!(unplugged.outcome.peak_gpu_mib, None, "no plugin: unknown");
+}

@@ -232,6 +232,8 @@ async fn a_warm_child_sees_only_the_allow_listed_worker_variables() {
         "CUDA_VISIBLE_DEVICES",
         "FOO",
         "FVD_JOB_COOKIE",
+        // Where fvd's plugin reports the run's peak GPU memory.
+        "FVD_PEAK_GPU_FILE",
         "HOME",
         "PATH",
         "PYTEST_ADDOPTS",
@@ -466,4 +468,36 @@ def test_leaves_work_for_the_exit():
     assert_eq!(read("thread.thread"), "joined\n");
     assert_eq!(read("thread.left"), "buffered\n");
     assert_eq!(read("thread.atexit"), "ran\n");
+}
+
+/// A warm run reports its peak GPU memory as a cold one does: torch is
+/// preloaded in the zygote (which never initialises CUDA), the forked
+/// child initialises it and reports; the next child, which does not use
+/// CUDA, reports none though the zygote imported torch.
+#[tokio::test]
+async fn a_warm_run_reports_its_peak_gpu_memory_and_one_without_cuda_none() {
+    let sb = Sandbox::new();
+    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_torch/torch");
+    std::fs::create_dir_all(sb.root.join("lib/torch")).unwrap();
+    std::fs::copy(
+        fake.join("__init__.py"),
+        sb.root.join("lib/torch/__init__.py"),
+    )
+    .unwrap();
+    std::fs::write(
+        sb.root.join("port/test_gpu.py"),
+        "import os\nimport torch\n\n\ndef test_gpu():\n    if os.environ.get('USE_CUDA'):\n        torch.cuda.init()\n",
+    )
+    .unwrap();
+    let preload: &[&str] = &["torch"];
+    for (job, use_cuda, want) in [("g1", "1", Some(2048 + 512)), ("g2", "", None)] {
+        let s = tempfile::tempdir().unwrap();
+        let env = [("FAKE_TORCH_PEAK_MIB", "2048"), ("USE_CUDA", use_cuda)];
+        let mut spec = sb.spec(job, Some(preload), &env, s.path()).await;
+        spec.argv[3] = "test_gpu.py".into();
+        let o = run(spec, CancellationToken::new()).await;
+        assert!(passed(&o), "{:?}\n{}", o.verdict(), o.output_tail);
+        assert!(!o.output_tail.contains(WARNING_PREFIX), "{}", o.output_tail);
+        assert_eq!(o.peak_gpu_mib, want, "{job}");
+    }
 }

@@ -1,17 +1,37 @@
-//! A run that ran out of GPU memory while it shared its GPU with another
-//! run (issue #44): its error may be the other run's doing, so it is no
-//! verdict of the code. It is recorded as `shared_oom` (never counted),
-//! the component's next run takes a GPU alone, and its later runs ask for
-//! more memory. The alone run's result is the verdict, and its reason says
-//! it ran alone after an out-of-memory error under sharing, so a pass is
-//! never made by retrying quietly. An out-of-memory error of a run that
-//! had its GPU alone stays what it was (an infrastructure error); a
-//! numeric failure of a shared run stays a failure.
+//! The GPU memory a component's runs ask for (issue #44), and what becomes
+//! of a run that ran out of it while it shared its GPU.
+//!
+//! What a run asks for is read from the store when it is queued
+//! ([`fvd_store::model::GpuHistory`]), so a restarted orchestrator asks
+//! for the same: each recorded run says what the component's later runs
+//! ask for (`jobs.next_gpu_mib`), bounded by the GPU it ran on:
+//!
+//! - a finished run with a measured peak: the peak with headroom
+//!   ([`crate::scheduler::learned`]: × 1.25, rounded up to 64 MiB); the
+//!   component asks for the most of its last few such runs. Only when the
+//!   spec gives no `gpu_memory_mib`: the spec's value always wins, and with
+//!   neither the run takes a whole GPU, as before anything was measured.
+//! - a run that ran out of memory while it shared its GPU (`shared_oom`):
+//!   what it asked for, doubled ([`raised`]); the component asks for at
+//!   least the most any such run said, above the spec's value too, and
+//!   never less later (a raise is no guess: the run needed more).
+//!
+//! That run's error may be the other run's doing, so it is no verdict of
+//! the code. It is recorded as `shared_oom` (never counted), and the
+//! component's next run takes a GPU alone (that decision is this process's:
+//! a restart between the two lets the next run share again, asking for the
+//! raised amount). The alone run's result is the verdict, and its reason
+//! says it ran alone after an out-of-memory error under sharing, so a pass
+//! is never made by retrying quietly. An out-of-memory error of a run that
+//! had its GPU alone stays what it was (an infrastructure error); a numeric
+//! failure of a shared run stays a failure. `gpu_share = false` keeps a
+//! run alone whatever it asks for.
 
 use fvd_contracts::verdict::Verdict;
 use fvd_spec::Placement;
+use fvd_store::model::GpuHistory;
 
-use crate::scheduler::SharedGpu;
+use crate::scheduler::{SharedGpu, ask_mib};
 
 /// An out-of-memory error of a run that shared its GPU: why the run is not
 /// the component's verdict, as its record and logs say.
@@ -70,11 +90,13 @@ pub fn raised(mib: u64, memory_mib: u64) -> u64 {
     bounded.max(mib)
 }
 
-/// How the component's runs ask for their GPU after out-of-memory errors
-/// under sharing.
+/// How the component's runs ask for their GPU: by what its recorded runs
+/// say ([`crate::scheduler::ask_mib`]), and alone after an out-of-memory
+/// error under sharing.
 #[derive(Debug, Default)]
 pub struct GpuAsk {
-    /// The raised memory estimate; `None`: the spec's.
+    /// What the latest queued run asked for; `None`: none was queued by
+    /// this process.
     mib: Option<u64>,
     /// The error its runs after are queued alone for, until one of them
     /// is recorded.
@@ -85,23 +107,24 @@ pub struct GpuAsk {
 
 impl GpuAsk {
     /// The component's runs ran out of memory under sharing: the next is
-    /// queued alone, and the later ones ask for more.
+    /// queued alone (the later ones ask for more: its record says so).
     pub fn ran_out(&mut self, oom: OomUnderSharing) {
-        self.mib = Some(oom.next_mib);
         self.alone = Some(oom);
     }
 
-    /// What the runs asked for so far, of `spec`'s.
+    /// What the latest run asked for, else the `spec`'s.
     pub fn estimate(&self, spec: &Placement) -> u64 {
         self.mib.unwrap_or(spec.gpu_memory_mib)
     }
 
-    /// The placement of run `job_id`: the spec's, with the raised
-    /// estimate, and alone while an error under sharing waits for its
-    /// alone run's verdict.
-    pub fn placement(&mut self, spec: &Placement, job_id: &str) -> Placement {
+    /// The placement of run `job_id`, queued with `history`: the spec's,
+    /// asking for [`crate::scheduler::ask_mib`], and alone while an error
+    /// under sharing waits for its alone run's verdict.
+    pub fn placement(&mut self, spec: &Placement, history: &GpuHistory, job_id: &str) -> Placement {
+        let mib = ask_mib(spec, history);
+        self.mib = Some(mib);
         let mut p = Placement {
-            gpu_memory_mib: self.estimate(spec),
+            gpu_memory_mib: mib,
             ..spec.clone()
         };
         if self.alone.is_some() {
@@ -130,6 +153,7 @@ impl GpuAsk {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::learned;
     use fvd_contracts::verdict::{ErrorKind, FailureInfo};
 
     const OOM: &str = "torch.OutOfMemoryError: CUDA out of memory.";
@@ -200,22 +224,64 @@ mod tests {
     }
 
     #[test]
-    fn the_runs_after_an_oom_go_alone_until_one_is_recorded_then_ask_for_more() {
+    fn a_learned_ask_is_the_peak_with_headroom_rounded_up_and_bounded_by_its_gpu() {
+        assert_eq!(learned(1000, 0), 1280, "1250 rounded up to 64");
+        assert_eq!(learned(1024, 81_559), 1280);
+        assert_eq!(learned(1, 0), 64);
+        assert_eq!(learned(0, 0), 0);
+        // A run that filled its GPU asks for that GPU, not for more.
+        assert_eq!(learned(80_000, 81_559), 81_559);
+        assert_eq!(learned(u64::MAX, 81_559), 81_559, "no overflow");
+    }
+
+    #[test]
+    fn the_spec_wins_then_the_learned_ask_then_a_whole_gpu_and_a_raise_lifts_any() {
+        let spec = |mib| Placement {
+            gpu_memory_mib: mib,
+            gpu_share: true,
+            ..Placement::default()
+        };
+        let h = |learned_mib, raised_mib| GpuHistory {
+            learned_mib,
+            raised_mib,
+        };
+        assert_eq!(ask_mib(&spec(0), &h(None, None)), 0, "a whole gpu");
+        assert_eq!(ask_mib(&spec(0), &h(Some(1280), None)), 1280);
+        assert_eq!(ask_mib(&spec(2000), &h(Some(1280), None)), 2000);
+        assert_eq!(ask_mib(&spec(2000), &h(Some(9000), None)), 2000);
+        // A raise recorded by a shared_oom run lifts the spec's and the
+        // learned ask, and never lowers either.
+        assert_eq!(ask_mib(&spec(2000), &h(None, Some(4000))), 4000);
+        assert_eq!(ask_mib(&spec(0), &h(Some(1280), Some(2560))), 2560);
+        assert_eq!(ask_mib(&spec(0), &h(Some(9000), Some(2560))), 9000);
+        assert_eq!(ask_mib(&spec(8000), &h(None, Some(4000))), 8000);
+    }
+
+    #[test]
+    fn the_runs_after_an_oom_go_alone_until_one_is_recorded_and_ask_what_the_store_says() {
         let spec = Placement {
             gpu_memory_mib: 2000,
             gpu_share: true,
             ..Placement::default()
         };
+        let none = GpuHistory::default();
         let mut ask = GpuAsk::default();
-        assert_eq!(ask.placement(&spec, "j1"), spec);
+        assert_eq!(ask.estimate(&spec), 2000, "nothing queued yet: the spec's");
+        assert_eq!(ask.placement(&spec, &none, "j1"), spec);
         assert_eq!(ask.note("j1"), None);
         let oom = under_sharing(&red(), shared(), Some(OOM.into()), 1, 2000).unwrap();
         ask.ran_out(oom);
-        let alone = ask.placement(&spec, "j2");
+        // The shared_oom run's record says 4000: the store reads it back.
+        let raised = GpuHistory {
+            raised_mib: Some(4000),
+            ..none
+        };
+        let alone = ask.placement(&spec, &raised, "j2");
         assert!(!alone.gpu_share);
         assert_eq!(alone.gpu_memory_mib, 4000);
+        assert_eq!(ask.estimate(&spec), 4000);
         // The alone run was lost and queued again: still alone.
-        assert!(!ask.placement(&spec, "j3").gpu_share);
+        assert!(!ask.placement(&spec, &raised, "j3").gpu_share);
         assert_eq!(ask.note("j2"), None, "not the run queued alone last");
         let note = ask.note("j3").unwrap();
         assert_eq!(
@@ -223,9 +289,11 @@ mod tests {
             format!("ran alone after cuda out of memory while sharing gpu 0 in run 1 ({OOM})")
         );
         assert_eq!(ask.note("j3"), None, "said once");
-        let later = ask.placement(&spec, "j4");
+        let later = ask.placement(&spec, &raised, "j4");
         assert!(later.gpu_share, "later runs share again");
         assert_eq!(later.gpu_memory_mib, 4000);
-        assert_eq!(ask.estimate(&spec), 4000);
+        // A restarted orchestrator (a new GpuAsk) asks for the same.
+        let restarted = GpuAsk::default().placement(&spec, &raised, "j5");
+        assert_eq!(restarted, later);
     }
 }

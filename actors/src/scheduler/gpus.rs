@@ -23,6 +23,43 @@ pub const DEFAULT_GPU_SHARE_CAP: u32 = 4;
 /// contexts, allocator caches).
 pub const DEFAULT_GPU_HEADROOM_PCT: u32 = 10;
 
+/// The headroom a learned ask adds to a measured peak: × 5 / 4.
+pub const LEARNED_HEADROOM: (u64, u64) = (5, 4);
+
+/// A learned ask is rounded up to a multiple of this.
+pub const LEARNED_ROUND_MIB: u64 = 64;
+
+/// What a run that peaked at `peak_mib` says its component's later runs
+/// ask for (issue #44): the peak with [`LEARNED_HEADROOM`], rounded up to
+/// [`LEARNED_ROUND_MIB`], at most the `memory_mib` of the GPU it ran on
+/// (0: unknown, no bound), so a run that filled its GPU asks for that GPU,
+/// not for one no worker has.
+pub fn learned(peak_mib: u64, memory_mib: u64) -> u64 {
+    let (num, den) = LEARNED_HEADROOM;
+    let with_headroom = peak_mib.saturating_mul(num).div_ceil(den);
+    let rounded = with_headroom
+        .div_ceil(LEARNED_ROUND_MIB)
+        .saturating_mul(LEARNED_ROUND_MIB);
+    if memory_mib > 0 {
+        rounded.min(memory_mib)
+    } else {
+        rounded
+    }
+}
+
+/// The memory a run asks for, of the `spec`'s and what the component's
+/// recorded runs say: the spec's value when it gives one, else the learned
+/// ask, else 0 (a whole GPU); at least the raise after an out-of-memory
+/// error under sharing.
+pub fn ask_mib(spec: &Placement, history: &fvd_store::model::GpuHistory) -> u64 {
+    let base = if spec.gpu_memory_mib > 0 {
+        spec.gpu_memory_mib
+    } else {
+        history.learned_mib.unwrap_or(0)
+    };
+    history.raised_mib.map_or(base, |r| r.max(base))
+}
+
 /// How GPUs are shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sharing {

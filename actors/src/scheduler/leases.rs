@@ -165,6 +165,7 @@ pub(super) fn install(st: &mut SchedulerState, id: String, job: Box<QueuedJob>) 
         "fvd.adopted" = true,
         "fvd.gpu_seconds" = tracing::field::Empty,
         "fvd.duration_ms" = tracing::field::Empty,
+        "fvd.run.peak_gpu_mib" = tracing::field::Empty,
     );
     tracing::info!(job = %id, worker = %h.worker_id, epoch = h.epoch, "adopted a run in flight: same job, same epoch");
     let _ = job.notify.send_message(JobEvent::Leased {
@@ -364,7 +365,7 @@ pub(super) fn started(
 /// A leased job ended: its slots are freed and the report goes to its
 /// owner (behind the job's output, through the writer). False for a stale
 /// report, which changes nothing.
-pub(super) fn finished(st: &mut SchedulerState, worker_id: String, report: JobReport) -> bool {
+pub(super) fn finished(st: &mut SchedulerState, worker_id: String, mut report: JobReport) -> bool {
     if held_by(st, &worker_id, &report.job_id, report.lease_epoch) {
         // Delivered once its component adopts it.
         if let Some(h) = st.held.get_mut(&report.job_id) {
@@ -384,6 +385,10 @@ pub(super) fn finished(st: &mut SchedulerState, worker_id: String, report: JobRe
         lease
             .span
             .record("fvd.duration_ms", report.duration_ms as i64);
+        if let Some(peak) = report.peak_gpu_mib {
+            lease.span.record("fvd.run.peak_gpu_mib", peak as i64);
+        }
+        report.gpu_memory_mib = lease_gpu_mib(st, lease);
         fvd_telemetry::spans::job_ended(&lease.span, &job_end(&report));
         let r = &entry.job.record;
         fvd_telemetry::metrics::gpu_seconds(&r.family, &r.component, gpu_seconds);
@@ -400,6 +405,21 @@ pub(super) fn finished(st: &mut SchedulerState, worker_id: String, report: JobRe
         }),
     ));
     true
+}
+
+/// The memory of the smallest GPU `lease` holds, as its worker registered
+/// it: what bounds what the run's component later asks for (0: unknown).
+fn lease_gpu_mib(st: &SchedulerState, lease: &Lease) -> u64 {
+    let Some(w) = st.workers.get(&lease.worker_id) else {
+        return 0;
+    };
+    w.info
+        .gpus
+        .iter()
+        .filter(|g| lease.gpus.contains(&g.index))
+        .map(|g| g.memory_mib)
+        .min()
+        .unwrap_or(0)
 }
 
 /// The GPU `lease` shared with another run, if another lease was on it
