@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """Issue #44 on a GPU: the four single-GPU `examples/gpuport` tests (embed,
 attention, mlp, encoder), warm runner, `fvd submit --rerun` on one worker
-owning the GPU(s), with GPU sharing (each component's `gpu_memory_mib` set,
-the orchestrator's default cap of 4 runs a GPU) against without (no
-`gpu_memory_mib`: every run takes a whole GPU, one after another on a
-one-GPU machine).
+owning the GPU(s), in three modes side by side: `whole` (`gpu_share =
+false`: every run takes a whole GPU, one after another on a one-GPU
+machine), `share` (each component's `gpu_memory_mib` set, the
+orchestrator's default cap of 4 runs a GPU) and `learned` (no
+`gpu_memory_mib`: the first submit's runs take whole GPUs, the reruns ask
+for what fvd's plugin measured them to peak at). Without `gpu_share =
+false`, a spec with no `gpu_memory_mib` is no whole-GPU baseline any more:
+its reruns share by their learned peaks.
 
   python3 bench/gpu_share.py --fvd FVD [--out DIR] [--reps 3] [--mib 4096]
 
-Two fleets (an orchestrator and one `--gpus all` worker each) stay up side
-by side; each gets one port per GPUPORT_REPEATS value (1: start-up bound,
-300: the GPU busy), submitted once to start its warm runner, then rerun
---reps times, the two modes alternating, so both see the same machine.
+Three fleets (an orchestrator and one `--gpus all` worker each) stay up
+side by side; each gets one port per GPUPORT_REPEATS value (1: start-up
+bound, 300: the GPU busy), submitted once to start its warm runner, then
+rerun --reps times, the modes in turn (rotating), so all see the same
+machine.
 Per rerun: its wall time, each run's start-up (job start -> test body,
 the conftest's GPUPORT_BODY_LOG hook) and body, and the GPU memory
 `nvidia-smi` saw (sampled every ~0.2 s: the most any one process held, and
@@ -47,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_warm import PRELOAD, ROOT, Fleet, bench_env, log, sanitize, startups, with_set_env  # noqa: E402
 
 COMPONENTS = ["embed", "attention", "mlp", "encoder"]
+MODES = ("whole", "share", "learned")
 
 
 def spec_for(src_text, family, mode, repeats, body_log, mib):
@@ -63,6 +69,8 @@ def spec_for(src_text, family, mode, repeats, body_log, mib):
     out = head
     for b in kept:
         b = b.rstrip("\n") + "\n"
+        if mode == "whole":
+            b += "gpu_share = false\n"
         if mode == "share":
             b += f"gpu_memory_mib = {mib}\n"
         out += "[[component]]" + b + "\n"
@@ -154,7 +162,7 @@ def summary(results, reps):
     lines = []
     for repeats in ("1", "300"):
         row = {}
-        for mode in ("whole", "share"):
+        for mode in MODES:
             subs = results[mode][repeats]["reruns"]
             walls = [round(s["wall_s"], 2) for s in subs]
             runs = [r for s in subs for r in s["runs"]]
@@ -167,16 +175,18 @@ def summary(results, reps):
                 "gpu_peak_mib": max((s["gpu_peak_mib"] for s in subs), default=0),
                 "exits": [s["exit"] for s in subs],
             }
-        w, s = row["whole"]["median_s"], row["share"]["median_s"]
+        w, s, le = (row[m]["median_s"] for m in MODES)
         ratio = round(s / w, 3) if w and s else None
+        learned_ratio = round(le / w, 3) if w and le else None
         lines.append(f"GPUPORT_REPEATS={repeats}: whole {row['whole']['walls_s']} (median {w} s), "
-                     f"shared {row['share']['walls_s']} (median {s} s): {ratio}x")
-        for mode in ("whole", "share"):
+                     f"shared {row['share']['walls_s']} (median {s} s): {ratio}x, "
+                     f"learned {row['learned']['walls_s']} (median {le} s): {learned_ratio}x")
+        for mode in MODES:
             r = row[mode]
             lines.append(f"  {mode}: start-up median {r['startup_median_s']} s, body median "
                          f"{r['body_median_s']} s, peak per process {r['process_peak_mib']} MiB, "
                          f"GPU peak {r['gpu_peak_mib']} MiB, exits {r['exits']}")
-        results[f"summary_{repeats}"] = {**row, "ratio": ratio}
+        results[f"summary_{repeats}"] = {**row, "ratio": ratio, "learned_ratio": learned_ratio}
     return "\n".join(lines)
 
 
@@ -202,7 +212,7 @@ def learned(args, work, env, src):
             shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
             os.makedirs(os.path.join(repo, "tests", "local_tests", family), exist_ok=True)
             with open(os.path.join(repo, "tests", "local_tests", family, "port.toml"), "w") as f:
-                f.write(spec_for(src, family, "whole", repeats, body_log, 0))
+                f.write(spec_for(src, family, "learned", repeats, body_log, 0))
             first = submit(fleet, args.fvd, family, repo, [], args.timeout)
             out[repeats] = {"first": first, "reruns": []}
             for rep in range(args.reps):
@@ -266,7 +276,7 @@ def main():
         return
     fleets, ports = {}, {}
     try:
-        for mode in ("whole", "share"):
+        for mode in MODES:
             body_log = os.path.join(work, f"body-{mode}.jsonl")
             fleets[mode] = Fleet(args.fvd, work, mode, env)
             out[mode] = {}
@@ -282,13 +292,14 @@ def main():
                 out[mode][repeats] = {"first": first, "reruns": []}
         for rep in range(args.reps):
             for repeats in ("1", "300"):
-                for mode in (("whole", "share") if rep % 2 == 0 else ("share", "whole")):
+                k = rep % len(MODES)
+                for mode in MODES[k:] + MODES[:k]:
                     family, repo, _ = ports[(mode, repeats)]
                     s = submit(fleets[mode], args.fvd, family, repo, ["--rerun"], args.timeout)
                     out[mode][repeats]["reruns"].append(s)
                     log(f"rep {rep} {mode} REPEATS={repeats}: {s['wall_s']:.2f} s, process peaks "
                         f"{s['process_peaks_mib'][:4]} MiB, GPU {s['gpu_peak_mib']} MiB")
-        for mode in ("whole", "share"):
+        for mode in MODES:
             jobs = bodies(fleets[mode].jobs(), os.path.join(work, f"body-{mode}.jsonl"))
             for repeats in ("1", "300"):
                 r = out[mode][repeats]
