@@ -16,6 +16,7 @@ mod contracts;
 mod dashboard;
 mod dashboard_guard;
 mod durability;
+mod example_pipeline;
 mod environment;
 mod fastvideo_checkout;
 mod fleet;
