@@ -137,6 +137,7 @@ async fn a_worker_is_ready_while_registered_and_alive_until_it_stops() {
         code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
         max_output_bytes: fvd_worker::exec::DEFAULT_MAX_OUTPUT_BYTES,
         jail: fvd_sandbox::Jail::off(),
+        mps: None,
     };
     let link = LinkReporter::default();
     let listener = HealthListener::bind("127.0.0.1:0").await.unwrap();
@@ -221,6 +222,7 @@ async fn a_stopping_worker_is_neither_ready_nor_alive() {
         code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
         max_output_bytes: fvd_worker::exec::DEFAULT_MAX_OUTPUT_BYTES,
         jail: fvd_sandbox::Jail::off(),
+        mps: None,
     };
     let link = LinkReporter::default();
     let listener = HealthListener::bind("127.0.0.1:0").await.unwrap();

@@ -325,6 +325,12 @@ pub struct WorkerArgs {
     /// Those found on PATH (or in FVD_AGENT_CLI_DIR) are offered anyway.
     #[arg(long = "agent-preset", value_name = "NAME", value_parser = parse_preset)]
     pub agent_presets: Vec<fvd_spec::agent_model::Preset>,
+    /// Run GPU jobs under CUDA MPS: the worker starts its own
+    /// `nvidia-cuda-mps-control` daemon for the GPUs it offers (folders in
+    /// WORKSPACE/mps), so runs sharing a GPU execute side by side instead of
+    /// taking turns, and stops it when it exits. Off by default.
+    #[arg(long)]
+    pub mps: bool,
 }
 
 fn parse_preset(s: &str) -> Result<fvd_spec::agent_model::Preset, String> {
@@ -610,6 +616,7 @@ pub async fn local_worker_config(
         code_cache_bytes: fvd_worker::code::DEFAULT_CACHE_BYTES,
         max_output_bytes: fvd_worker::exec::DEFAULT_MAX_OUTPUT_BYTES,
         jail: fvd_sandbox::Jail::off(),
+        mps: None,
     })
 }
 
@@ -846,14 +853,25 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         let mut hidden: Vec<PathBuf> = args.token.token_file.iter().cloned().collect();
         hidden.extend(args.job_hide.iter().cloned());
         config.jail = jail(args.job_sandbox, &hidden)?;
+        if args.mps {
+            let mps = fvd_worker::mps::Mps::start(&config.workspace, &config.gpus).await?;
+            config.labels.insert("mps".into(), "on".into());
+            config.mps = Some(mps);
+        }
         println!(
-            "fvd worker {} with {} GPU(s) and {} CPU slot(s) dialing {}; jobs: {}",
+            "fvd worker {} with {} GPU(s){} and {} CPU slot(s) dialing {}; jobs: {}",
             config.worker_id,
             config.gpus.len(),
+            if config.mps.is_some() {
+                " under CUDA MPS"
+            } else {
+                ""
+            },
             config.cpu_slots,
             config.orchestrator,
             config.jail.describe()
         );
+        let mps = config.mps.clone();
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         fvd_telemetry::spawn(async move {
@@ -886,6 +904,14 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         std::fs::write(&pid_path, std::process::id().to_string())
             .with_context(|| format!("cannot write {}", pid_path.display()))?;
         let result = fvd_worker::client::run_reporting(config, shutdown, drain, link).await;
+        if let Some(mps) = mps
+            && let Err(e) = mps.stop().await
+        {
+            super::say(
+                super::Said::Warning,
+                &format!("cannot stop the MPS daemon: {e}"),
+            );
+        }
         let _ = std::fs::remove_file(&pid_path);
         health_stop.cancel();
         if let Some(h) = health {

@@ -27,6 +27,7 @@ mod init;
 mod judge;
 mod later_phases;
 mod logging;
+mod mps;
 mod output;
 mod pipeline_agent;
 mod port;

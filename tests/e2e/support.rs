@@ -375,10 +375,15 @@ impl Sandbox {
     /// Starts `fvd worker` offering every GPU that the `nvidia-smi` in
     /// `bin` (put first on its `PATH`: a fake one, say) lists.
     pub fn gpu_worker(&mut self, id: &str, slots: u32, bin: &Path) {
+        self.gpu_worker_with(id, slots, bin, &[]);
+    }
+
+    /// [`Sandbox::gpu_worker`] with `extra` arguments.
+    pub fn gpu_worker_with(&mut self, id: &str, slots: u32, bin: &Path, extra: &[&str]) {
         let url = self.url.clone().expect("serve() first");
         let workspace = self.dir.path().join(format!("ws-{id}"));
         let path = std::env::var("PATH").unwrap_or_default();
-        let mut cmd = self.worker_cmd_gpus(&url, id, slots, &[], &workspace, "all");
+        let mut cmd = self.worker_cmd_gpus(&url, id, slots, extra, &workspace, "all");
         cmd.env("PATH", format!("{}:{path}", bin.display()));
         self.spawn_worker(id, cmd);
     }

@@ -56,6 +56,8 @@ pub struct WorkerConfig {
     /// Most bytes of a run's output sent to the orchestrator, head and
     /// tail kept (`--max-output-mib`, [`exec::DEFAULT_MAX_OUTPUT_BYTES`]).
     pub max_output_bytes: u64,
+    /// The CUDA MPS daemon GPU jobs connect to (`--mps`); none by default.
+    pub mps: Option<crate::mps::Mps>,
 }
 
 impl WorkerConfig {
@@ -71,6 +73,7 @@ impl WorkerConfig {
             base_env: fvd_sandbox::env::inherited(),
             secrets,
             jail: self.jail.clone(),
+            mps: self.mps.clone(),
         }
     }
 

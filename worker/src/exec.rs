@@ -138,6 +138,9 @@ pub struct JobSandbox {
     pub secrets: Redactor,
     /// The jail the job starts in (off: none).
     pub jail: fvd_sandbox::Jail,
+    /// The worker's CUDA MPS daemon (`--mps`), whose folders and GPU
+    /// names a GPU job's environment gets.
+    pub mps: Option<crate::mps::Mps>,
 }
 
 impl JobSandbox {
@@ -709,6 +712,9 @@ fn job_env(spec: &JobSpec, cookie: &str) -> std::collections::BTreeMap<String, S
         "CUDA_VISIBLE_DEVICES".into(),
         cuda_visible_devices(&spec.gpus),
     );
+    if let Some(mps) = &spec.sandbox.mps {
+        env.extend(mps.client_env(&spec.gpus));
+    }
     env.insert(JOB_COOKIE_ENV.into(), cookie.into());
     env
 }

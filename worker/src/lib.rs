@@ -10,5 +10,6 @@ pub mod exec;
 pub mod gpu;
 pub mod health;
 pub mod leftovers;
+pub mod mps;
 mod wire;
 pub mod zygote;
