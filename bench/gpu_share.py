@@ -52,6 +52,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_warm import PRELOAD, ROOT, Fleet, bench_env, log, sanitize, startups, with_set_env  # noqa: E402
 
 COMPONENTS = ["embed", "attention", "mlp", "encoder"]
+# whole: gpu_share = false; share: gpu_memory_mib; learned: neither (the
+# reruns ask for the measured peaks); mps: as share, the worker under
+# `--mps`. `--modes` picks (whole always first: the baseline).
 MODES = ("whole", "share", "learned")
 
 
@@ -71,7 +74,7 @@ def spec_for(src_text, family, mode, repeats, body_log, mib):
         b = b.rstrip("\n") + "\n"
         if mode == "whole":
             b += "gpu_share = false\n"
-        if mode == "share":
+        if mode in ("share", "mps"):
             b += f"gpu_memory_mib = {mib}\n"
         out += "[[component]]" + b + "\n"
     out += '[runner]\nmode = "warm"\npreload = [%s]\n' % ", ".join(f'"{m}"' for m in PRELOAD)
@@ -175,18 +178,17 @@ def summary(results, reps):
                 "gpu_peak_mib": max((s["gpu_peak_mib"] for s in subs), default=0),
                 "exits": [s["exit"] for s in subs],
             }
-        w, s, le = (row[m]["median_s"] for m in MODES)
-        ratio = round(s / w, 3) if w and s else None
-        learned_ratio = round(le / w, 3) if w and le else None
-        lines.append(f"GPUPORT_REPEATS={repeats}: whole {row['whole']['walls_s']} (median {w} s), "
-                     f"shared {row['share']['walls_s']} (median {s} s): {ratio}x, "
-                     f"learned {row['learned']['walls_s']} (median {le} s): {learned_ratio}x")
+        w = row["whole"]["median_s"]
+        ratios = {m: (round(row[m]["median_s"] / w, 3) if w and row[m]["median_s"] else None)
+                  for m in MODES if m != "whole"}
+        lines.append(f"GPUPORT_REPEATS={repeats}: whole {row['whole']['walls_s']} (median {w} s), " + ", ".join(
+            f"{m} {row[m]['walls_s']} (median {row[m]['median_s']} s): {ratios[m]}x" for m in ratios))
         for mode in MODES:
             r = row[mode]
             lines.append(f"  {mode}: start-up median {r['startup_median_s']} s, body median "
                          f"{r['body_median_s']} s, peak per process {r['process_peak_mib']} MiB, "
                          f"GPU peak {r['gpu_peak_mib']} MiB, exits {r['exits']}")
-        results[f"summary_{repeats}"] = {**row, "ratio": ratio, "learned_ratio": learned_ratio}
+        results[f"summary_{repeats}"] = {**row, "ratios": ratios}
     return "\n".join(lines)
 
 
@@ -248,6 +250,7 @@ def learned(args, work, env, src):
 
 
 def main():
+    global MODES
     ap = argparse.ArgumentParser()
     ap.add_argument("--fvd", required=True)
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "bench", "out", "gpu_share")))
@@ -256,7 +259,11 @@ def main():
     ap.add_argument("--timeout", type=int, default=150)
     ap.add_argument("--learned", action="store_true",
                     help="no gpu_memory_mib: the first submit (whole GPUs) against reruns that ask for the learned peaks")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="comma-separated, of whole, share, learned, mps (the worker under --mps)")
     args = ap.parse_args()
+    MODES = tuple(dict.fromkeys(["whole"] + [m for m in args.modes.split(",") if m]))
+    assert set(MODES) <= {"whole", "share", "learned", "mps"}, MODES
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="gpu_share.")
     env = bench_env(work)
@@ -278,7 +285,7 @@ def main():
     try:
         for mode in MODES:
             body_log = os.path.join(work, f"body-{mode}.jsonl")
-            fleets[mode] = Fleet(args.fvd, work, mode, env)
+            fleets[mode] = Fleet(args.fvd, work, mode, env, worker_args=["--mps"] if mode == "mps" else [])
             out[mode] = {}
             for repeats in ("1", "300"):
                 family = f"{mode}{repeats}"

@@ -44,7 +44,7 @@ def log(msg):
 
 
 class Fleet:
-    def __init__(self, fvd, work, name, env, serve_args=()):
+    def __init__(self, fvd, work, name, env, serve_args=(), worker_args=()):
         self.work, self.name = work, name
         self.procs = []
         db = os.path.join(work, f"{name}.db")
@@ -61,7 +61,7 @@ class Fleet:
         wlog = open(os.path.join(work, f"{name}-worker.log"), "w")
         w = subprocess.Popen(
             [fvd, "worker", "--orchestrator", self.url, "--workspace", os.path.join(work, f"ws-{name}"),
-             "--gpus", "all", "--cpu-slots", "1", "--worker-id", name],
+             "--gpus", "all", "--cpu-slots", "1", "--worker-id", name, *worker_args],
             stdout=subprocess.DEVNULL, stderr=wlog, env=env,
         )
         self.procs.append(w)
