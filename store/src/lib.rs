@@ -2482,12 +2482,14 @@ mod tests {
         // A shared_oom run's ask counts as a raise, not as a learned ask.
         let h = run(Some(700), Some(2560), true).await;
         assert_eq!(h.learned_mib, Some(1280));
+        // queued right after the shared_oom run (run 4): it runs alone
         let h = run(Some(3000), Some(3776), false).await;
         assert_eq!(
             h,
             GpuHistory {
                 learned_mib: Some(1280),
-                raised_mib: Some(2560)
+                raised_mib: Some(2560),
+                after_shared_oom: Some(4),
             }
         );
         for _ in 0..4 {
@@ -2500,7 +2502,8 @@ mod tests {
             h,
             GpuHistory {
                 learned_mib: Some(3776),
-                raised_mib: Some(2560)
+                raised_mib: Some(2560),
+                after_shared_oom: None,
             }
         );
         // A run with no peak is no evidence; one more with a peak is.

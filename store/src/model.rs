@@ -118,6 +118,10 @@ pub struct GpuHistory {
     /// The most any of its runs that ran out of memory while sharing a
     /// GPU (`shared_oom`) asks for (its ask doubled); `None` when none did.
     pub raised_mib: Option<u64>,
+    /// The run number of the component's latest recorded run when that run
+    /// ran out of memory while sharing (`shared_oom`): the run queued now
+    /// is the one that runs alone after it, whichever process queues it.
+    pub after_shared_oom: Option<u32>,
 }
 
 /// The classified outcome of a run, as recorded.

@@ -447,8 +447,9 @@ fn mib_column(mib: u64) -> i64 {
 
 /// What a component's recorded runs say of the GPU memory its next run
 /// needs: the most its last [`crate::RECENT_RUNS`] finished runs with a
-/// known ask say, and the most its `shared_oom` runs say (those never
-/// fall: the raise outlives the runs after it).
+/// known ask say, the most its `shared_oom` runs say (those never fall:
+/// the raise outlives the runs after it), and whether its latest recorded
+/// run is a `shared_oom` one (the next then runs alone).
 pub(crate) async fn gpu_history(
     conn: &mut SqliteConnection,
     family: &str,
@@ -471,9 +472,21 @@ pub(crate) async fn gpu_history(
     .bind(JobState::SharedOom.as_str())
     .fetch_one(&mut *conn)
     .await?;
+    let latest: Option<(i64, String)> = sqlx::query_as(
+        "SELECT run_no, state FROM jobs WHERE family = ? AND component = ? AND state IN (?, ?) ORDER BY run_no DESC LIMIT 1",
+    )
+    .bind(family)
+    .bind(component)
+    .bind(JobState::Finished.as_str())
+    .bind(JobState::SharedOom.as_str())
+    .fetch_optional(&mut *conn)
+    .await?;
     Ok(GpuHistory {
         learned_mib: learned.map(|m| m.max(0) as u64),
         raised_mib: raised.map(|m| m.max(0) as u64),
+        after_shared_oom: latest
+            .filter(|(_, state)| state == JobState::SharedOom.as_str())
+            .map(|(run_no, _)| u32::try_from(run_no).unwrap_or_default()),
     })
 }
 

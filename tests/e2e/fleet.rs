@@ -762,6 +762,74 @@ fn an_oom_under_sharing_is_rerun_alone_and_the_alone_run_is_the_verdict() {
     assert_eq!(asks, want.into(), "{}", sb.logs());
 }
 
+/// Issue #44: the run after a `shared_oom` one runs alone even when the
+/// orchestrator restarted in between. `a` runs out of memory beside `b`;
+/// its alone run is in flight when the worker and the orchestrator are
+/// killed; the restarted orchestrator queues `a` again, alone because the
+/// store's latest run of `a` is the `shared_oom` one, and its verdict says
+/// so.
+#[test]
+fn the_run_after_an_oom_under_sharing_runs_alone_after_a_restart_too() {
+    let mut sb = Sandbox::new();
+    let marks = sb.dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let d = format!(
+        "d = {:?}\nmark = lambda n: os.path.join(d, n)\n",
+        marks.display().to_string()
+    );
+    let wait = |name: &str, indent: &str| {
+        format!(
+            "{indent}end = time.time() + 60\n{indent}while not os.path.exists(mark('{name}')):\n{indent}    assert time.time() < end, 'no {name}'\n{indent}    time.sleep(0.05)\n"
+        )
+    };
+    // run 1 ran out of memory beside b; run 2 (alone) is cut by the kill
+    // (it waits for `release`, so the orphan ends); run 3 is the verdict
+    let a = format!(
+        "{d}first = not os.path.exists(mark('a-ran'))\nopen(mark('a-ran'), 'w').close()\nif first:\n{}    open(mark('a-oom'), 'w').close()\n    raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 9.77 GiB total capacity)')\nif not os.path.exists(mark('a-cut')):\n    open(mark('a-cut'), 'w').close()\n{}    raise SystemExit(3)\nassert not os.path.exists(mark('b')), 'b runs beside the alone run'",
+        wait("b", "    "),
+        wait("release", "    ")
+    );
+    let b = format!(
+        "{d}open(mark('b'), 'w').close()\n{}{}os.remove(mark('b'))",
+        wait("a-ran", ""),
+        wait("a-oom", "")
+    );
+    sb.port(
+        "cut",
+        &[TestComponent::new("a", &a), TestComponent::new("b", &b)],
+    );
+    on_one_gpu(&sb, "cut", &[("a", ""), ("b", "")]);
+    let bin = fake_gpu(&sb);
+    let url = sb.serve();
+    sb.gpu_worker("gpu", 1, &bin);
+    let out = sb.submit_remote("cut", &[]);
+    assert!(out.status.success(), "{out:?}\n{}", sb.logs());
+    wait_for("a's alone run", Duration::from_secs(60), || {
+        marks.join("a-cut").exists().then_some(())
+    });
+    sb.kill_worker("gpu");
+    sb.kill_orchestrator();
+    std::fs::write(marks.join("release"), "").unwrap();
+    sb.serve_at(url.trim_start_matches("http://"), &[]);
+    sb.gpu_worker("gpu", 1, &bin);
+    let out = sb.submit_remote("cut", &["--wait"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}\n{}", sb.logs());
+    let status = sb.remote_status("cut").expect("status");
+    let a = status["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == "a")
+        .cloned()
+        .unwrap();
+    assert_eq!(a["status"], "non_skip_pass", "{status}");
+    let why = a["reason"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("ran alone after cuda out of memory while sharing its gpu in run 1 (recorded before the orchestrator restarted)"),
+        "{why}"
+    );
+}
+
 /// `fvd logs oom a` of its two runs: the first ran out of memory under
 /// sharing and says so; the second is the verdict.
 fn oom_run_logs(sb: &Sandbox) {

@@ -18,11 +18,12 @@
 //!
 //! That run's error may be the other run's doing, so it is no verdict of
 //! the code. It is recorded as `shared_oom` (never counted), and the
-//! component's next run takes a GPU alone (that decision is this process's:
-//! a restart between the two lets the next run share again, asking for the
-//! raised amount). The alone run's result is the verdict, and its reason
-//! says it ran alone after an out-of-memory error under sharing, so a pass
-//! is never made by retrying quietly. An out-of-memory error of a run that
+//! component's next run takes a GPU alone: this process knows it, and a
+//! restarted one reads it from the store (the component's latest recorded
+//! run is that `shared_oom` one, [`GpuHistory::after_shared_oom`]). The
+//! alone run's result is the verdict, and its reason says it ran alone
+//! after an out-of-memory error under sharing, so a pass is never made by
+//! retrying quietly. An out-of-memory error of a run that
 //! had its GPU alone stays what it was (an infrastructure error); a numeric
 //! failure of a shared run stays a failure. `gpu_share = false` keeps a
 //! run alone whatever it asks for.
@@ -103,6 +104,10 @@ pub struct GpuAsk {
     alone: Option<OomUnderSharing>,
     /// The run queued alone last.
     alone_job: Option<String>,
+    /// The run queued alone because the store said the latest recorded
+    /// run was a `shared_oom` one this process did not see (it restarted
+    /// since), and that run's number.
+    alone_after_restart: Option<(String, u32)>,
 }
 
 impl GpuAsk {
@@ -130,6 +135,9 @@ impl GpuAsk {
         if self.alone.is_some() {
             p.gpu_share = false;
             self.alone_job = Some(job_id.to_string());
+        } else if let Some(run_no) = history.after_shared_oom {
+            p.gpu_share = false;
+            self.alone_after_restart = Some((job_id.to_string(), run_no));
         }
         p
     }
@@ -138,6 +146,11 @@ impl GpuAsk {
     /// alone after an out-of-memory error under sharing, when it is that
     /// run (it is then no longer pending).
     pub fn note(&mut self, job_id: &str) -> Option<String> {
+        if let Some((_, run_no)) = self.alone_after_restart.take_if(|(j, _)| j == job_id) {
+            return Some(format!(
+                "ran alone after cuda out of memory while sharing its gpu in run {run_no} (recorded before the orchestrator restarted)"
+            ));
+        }
         if self.alone_job.as_deref() != Some(job_id) {
             return None;
         }
@@ -244,6 +257,7 @@ mod tests {
         let h = |learned_mib, raised_mib| GpuHistory {
             learned_mib,
             raised_mib,
+            after_shared_oom: None,
         };
         assert_eq!(ask_mib(&spec(0), &h(None, None)), 0, "a whole gpu");
         assert_eq!(ask_mib(&spec(0), &h(Some(1280), None)), 1280);
@@ -295,5 +309,38 @@ mod tests {
         // A restarted orchestrator (a new GpuAsk) asks for the same.
         let restarted = GpuAsk::default().placement(&spec, &raised, "j5");
         assert_eq!(restarted, later);
+    }
+
+    #[test]
+    fn a_restarted_orchestrator_runs_the_run_after_a_shared_oom_alone_and_says_why() {
+        let spec = Placement {
+            gpu_memory_mib: 2000,
+            gpu_share: true,
+            ..Placement::default()
+        };
+        // The store: the latest recorded run, run 3, was a shared_oom one.
+        let after = GpuHistory {
+            raised_mib: Some(4000),
+            after_shared_oom: Some(3),
+            ..GpuHistory::default()
+        };
+        let mut ask = GpuAsk::default();
+        let alone = ask.placement(&spec, &after, "j4");
+        assert!(!alone.gpu_share);
+        assert_eq!(alone.gpu_memory_mib, 4000);
+        assert_eq!(ask.note("j9"), None, "another run");
+        assert_eq!(
+            ask.note("j4").as_deref(),
+            Some(
+                "ran alone after cuda out of memory while sharing its gpu in run 3 (recorded before the orchestrator restarted)"
+            )
+        );
+        assert_eq!(ask.note("j4"), None, "said once");
+        // Once a run after it is recorded, the store says no more.
+        let later = GpuHistory {
+            after_shared_oom: None,
+            ..after
+        };
+        assert!(ask.placement(&spec, &later, "j5").gpu_share);
     }
 }
