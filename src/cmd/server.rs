@@ -370,6 +370,27 @@ pub enum WorkerCmd {
     },
 }
 
+/// Labels `config` with the agent CLIs this worker has (found on `PATH`,
+/// or named by `--agent-preset`): an attempt of a preset goes only to a
+/// worker labelled with it (issue #32).
+fn label_agents(config: &mut WorkerConfig, presets: &[fvd_spec::agent_model::Preset]) {
+    let path = std::env::var_os("PATH");
+    let mut agents = Vec::new();
+    for p in fvd_spec::agent_model::Preset::ALL {
+        let found = fvd_workspace::preset::find_program(p, path.as_deref()).is_some();
+        if found || presets.contains(&p) {
+            config.labels.insert(
+                format!("{}{}", fvd_actors::attempt::AGENT_LABEL_PREFIX, p.name()),
+                "yes".into(),
+            );
+            agents.push(p.name());
+        }
+    }
+    if !agents.is_empty() {
+        tracing::info!(agents = ?agents, "agent CLIs this worker runs");
+    }
+}
+
 /// The file a running worker keeps its pid in, inside its workspace.
 fn pid_file(workspace: &std::path::Path) -> PathBuf {
     workspace.join("worker.pid")
@@ -830,23 +851,7 @@ pub fn worker(args: WorkerArgs) -> anyhow::Result<Exit> {
         )
         .await?;
         config.labels = args.labels.into_iter().collect();
-        // The agent CLIs this worker has: an attempt of a preset goes only
-        // to a worker labelled with it (issue #32).
-        let path = std::env::var_os("PATH");
-        let mut agents = Vec::new();
-        for p in fvd_spec::agent_model::Preset::ALL {
-            let found = fvd_workspace::preset::find_program(p, path.as_deref()).is_some();
-            if found || args.agent_presets.contains(&p) {
-                config.labels.insert(
-                    format!("{}{}", fvd_actors::attempt::AGENT_LABEL_PREFIX, p.name()),
-                    "yes".into(),
-                );
-                agents.push(p.name());
-            }
-        }
-        if !agents.is_empty() {
-            tracing::info!(agents = ?agents, "agent CLIs this worker runs");
-        }
+        label_agents(&mut config, &args.agent_presets);
         config.provides = args.provides;
         config.code_cache_bytes = args.code_cache_mib.saturating_mul(1024 * 1024);
         config.max_output_bytes = args.max_output_mib * 1024 * 1024;

@@ -699,12 +699,15 @@ fn one_trace_per_port_joins_orchestrator_worker_and_pytest() {
             }
         }
         // The run's measured peak GPU memory is an integer attribute of
-        // its job span; a run that used no CUDA has none (unknown).
-        if component == "joined" {
-            assert_eq!(attr(job, "fvd.run.peak_gpu_mib"), "3512", "{job:?}");
-            assert!(job.ints.contains("fvd.run.peak_gpu_mib"), "{job:?}");
-        } else {
-            assert!(!job.attrs.contains_key("fvd.run.peak_gpu_mib"), "{job:?}");
+        // its job span and of the worker's; a run that used no CUDA has
+        // none (unknown).
+        for s in [job, run] {
+            if component == "joined" {
+                assert_eq!(attr(s, "fvd.run.peak_gpu_mib"), "3512", "{s:?}");
+                assert!(s.ints.contains("fvd.run.peak_gpu_mib"), "{s:?}");
+            } else {
+                assert!(!s.attrs.contains_key("fvd.run.peak_gpu_mib"), "{s:?}");
+            }
         }
         if component == "joined" {
             // And into pytest: TRACEPARENT names the worker's span.

@@ -636,6 +636,7 @@ fn start_job(
         "fvd.gpu_uuids" = %gpu_uuids(&config, &a.gpus),
         "fvd.exit_code" = tracing::field::Empty,
         "fvd.duration_ms" = tracing::field::Empty,
+        "fvd.run.peak_gpu_mib" = tracing::field::Empty,
     );
     fvd_telemetry::set_parent(&span, &a.traceparent);
     let _entered = span.enter();
@@ -1169,6 +1170,12 @@ fn record_outcome(
                 span.record("fvd.exit_code", code);
             }
             span.record("fvd.duration_ms", o.duration.as_millis() as i64);
+            if let Some(mib) = o.peak_gpu_mib {
+                span.record(
+                    "fvd.run.peak_gpu_mib",
+                    i64::try_from(mib).unwrap_or(i64::MAX),
+                );
+            }
             finished.exit_code = o.exit_code;
             finished.signal = o.signal;
             finished.timed_out = o.timed_out;
