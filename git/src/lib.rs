@@ -457,8 +457,11 @@ pub async fn work_tree_id(layout: &Layout, objects: Objects<'_>) -> Result<Strin
     let envs = as_env(&envs);
     // The copied index lets git skip files whose stat data did not change;
     // without one (or if the copy is unusable: torn by a concurrent write,
-    // a split index) every file is hashed.
-    let copied = layout.index.is_file() && std::fs::copy(&layout.index, &tmp).is_ok();
+    // a split index) every file is hashed. The copy keeps the index's
+    // modification time: git re-hashes an entry whose file is as new as the
+    // index ("racily clean"), and a copy dated now would hide a same-size
+    // edit made in the second the index was written.
+    let copied = layout.index.is_file() && copy_keeping_mtime(&layout.index, &tmp).is_ok();
     let mut result = add_all(&layout.top, &envs).await;
     if result.is_err() && copied {
         let _ = std::fs::remove_file(&tmp);
@@ -466,6 +469,16 @@ pub async fn work_tree_id(layout: &Layout, objects: Objects<'_>) -> Result<Strin
     }
     let _ = std::fs::remove_file(&tmp);
     result
+}
+
+/// Copies `from` to `to` and dates the copy as `from`.
+fn copy_keeping_mtime(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::copy(from, to)?;
+    let modified = std::fs::metadata(from)?.modified()?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(to)?
+        .set_modified(modified)
 }
 
 async fn add_all(top: &Path, envs: &[(&str, &OsStr)]) -> Result<String, GitError> {
@@ -677,6 +690,53 @@ mod tests {
         );
         assert!(is_full_sha(&head));
         assert!(!is_full_sha("HEAD") && !is_full_sha(&head.to_uppercase()));
+    }
+
+    /// A same-size edit made in the second the index was written, asked
+    /// about in a later second: git must hash the file again (the entry is
+    /// "racily clean"), which it does only if the copied index keeps the
+    /// index's date. CI once saw the stale content under load.
+    #[tokio::test]
+    async fn a_same_size_edit_in_the_index_s_second_is_seen_later() {
+        use std::os::unix::fs::MetadataExt;
+        let scratch = tempfile::tempdir().unwrap();
+        // the edit must land in the same second as the index and the
+        // file's first write (a slow machine may need a few tries)
+        let (dir, head) = (0..20)
+            .find_map(|_| {
+                let dir = repo();
+                let top = dir.path();
+                std::fs::write(top.join("port/m.py"), "x = 3\n").unwrap();
+                let index = std::fs::metadata(top.join(".git/index")).unwrap();
+                let file = std::fs::metadata(top.join("port/m.py")).unwrap();
+                let same = file.ctime() == index.mtime() && file.mtime() == index.mtime();
+                let head = git(top, &["rev-parse", "HEAD"]);
+                same.then_some((dir, head))
+            })
+            .expect("an edit in the index's second");
+        let top = dir.path();
+        let snapshot = snapshot_of(top, &head);
+        // a later second: a copy dated now would make the entry look clean
+        let index_s = std::fs::metadata(top.join(".git/index")).unwrap().mtime();
+        while std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+            <= index_s
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let port = top.join("port");
+        assert!(
+            is_at_commit(&port, &snapshot, &[], scratch.path())
+                .await
+                .unwrap()
+        );
+        assert!(
+            !is_at_commit(&port, &head, &[], scratch.path())
+                .await
+                .unwrap()
+        );
     }
 
     /// Issue #38: a repository whose hooks folder, `core.hooksPath` and

@@ -295,7 +295,7 @@ impl Lab {
 
     /// `fvd agents check --json` with `key`.
     pub fn check_with_key(&self, key: &str) -> (Option<i32>, String) {
-        self.fvd_with_key(&["agents", "check", "--json"], key)
+        self.fvd_with_key(&["agents", "check", "--family", "tinyport", "--json"], key)
     }
 
     fn fvd_with_key(&self, args: &[&str], key: &str) -> (Option<i32>, String) {
