@@ -1199,6 +1199,7 @@ async fn assign(st: &mut SchedulerState, planned: Vec<Planned>) {
             fvd_writes: entry.job.fvd_writes.clone(),
             compare: entry.job.compare.as_deref().cloned(),
             agent: entry.job.agent.as_deref().cloned(),
+            share_mib: lease.share_mib,
         };
         let _ = entry.job.notify.send_message(JobEvent::Leased {
             job_id: p.job_id.clone(),

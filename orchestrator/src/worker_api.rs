@@ -709,6 +709,7 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
                     commit_message: g.commit_message,
                     tools: g.tools,
                 }),
+                gpu_memory_mib: a.share_mib,
             })
         }
         ToWorker::Cancel {

@@ -73,6 +73,9 @@ pub struct Assignment {
     pub compare: Option<TraceCompare>,
     /// Set when the job is an agent attempt ([`AgentJob`]).
     pub agent: Option<AgentJob>,
+    /// MiB of its one GPU the job shares, as placed; 0 when it holds its
+    /// GPUs alone.
+    pub share_mib: u64,
 }
 
 /// An agent attempt run as a fleet job (issue #32): the worker runs it in

@@ -4,7 +4,8 @@
 //! daemon for the GPUs it offers, a GPU run's environment names the
 //! daemon's folders and its GPU by UUID while a CPU run's has nothing of
 //! MPS, the daemon is told to quit when the worker stops, and one left by
-//! a killed worker is told to quit before the next one starts.
+//! a killed worker is told to quit before the next one starts; a run
+//! sharing its GPU is capped at the MiB it was placed by, one alone is not.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -69,19 +70,30 @@ fn a_worker_under_mps_runs_gpu_jobs_through_its_own_daemon_and_stops_it() {
         "assert os.environ['CUDA_MPS_PIPE_DIRECTORY'] == {:?}, os.environ\nassert os.path.isdir(os.environ['CUDA_MPS_LOG_DIRECTORY'])\nassert os.environ['CUDA_VISIBLE_DEVICES'] == 'GPU-fake-0', os.environ['CUDA_VISIBLE_DEVICES']",
         pipe.display().to_string()
     );
+    let capped = format!(
+        "{gpu}\nassert os.environ['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'] == '0=2000M', os.environ"
+    );
+    let alone = format!("{gpu}\nassert 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT' not in os.environ");
     let cpu = "assert not any(k.startswith('CUDA_MPS_') for k in os.environ), os.environ\nassert os.environ['CUDA_VISIBLE_DEVICES'] == ''";
     sb.port(
         "mps",
         &[
-            TestComponent::new("on_gpu", &gpu),
+            TestComponent::new("on_gpu", &capped),
+            TestComponent::new("alone", &alone),
             TestComponent::new("on_cpu", cpu),
         ],
     );
     let spec = sb.repo().join("tests/local_tests/mps/port.toml");
-    let text = std::fs::read_to_string(&spec).unwrap().replace(
-        "name = \"on_gpu\"\n",
-        "name = \"on_gpu\"\ngpus = 1\ngpu_memory_mib = 2000\n",
-    );
+    let text = std::fs::read_to_string(&spec)
+        .unwrap()
+        .replace(
+            "name = \"on_gpu\"\n",
+            "name = \"on_gpu\"\ngpus = 1\ngpu_memory_mib = 2000\n",
+        )
+        .replace(
+            "name = \"alone\"\n",
+            "name = \"alone\"\ngpus = 1\ngpu_memory_mib = 2000\ngpu_share = false\n",
+        );
     std::fs::write(&spec, text).unwrap();
     sb.serve();
     sb.gpu_worker_with("gpu", 1, &bin, &["--mps"]);

@@ -1075,6 +1075,11 @@ fn job_env(config: &WorkerConfig, a: &Assignment) -> Vec<(String, String)> {
         crate::leftovers::WORKER_ENV.to_string(),
         crate::leftovers::marker(&config.workspace),
     ));
+    // Under MPS, a run sharing its GPU is capped at its share (after the
+    // spec's own variables: the spec cannot lift it).
+    if let Some(mps) = &config.mps {
+        env.extend(mps.memory_limit(&a.gpus, a.share_mib));
+    }
     env
 }
 

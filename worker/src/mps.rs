@@ -11,10 +11,12 @@
 //! to quit first. A GPU job's environment then carries the daemon's
 //! folders; a CPU job's carries nothing of MPS.
 //!
-//! What it cannot do: a fatal GPU fault in one run reaches every run on
-//! that GPU's server, and a run's memory is not capped by MPS here (the
-//! lease is still fvd's bookkeeping, and an out-of-memory error while
-//! sharing is still rerun alone).
+//! A job that shares its GPU is capped at the MiB it was placed by
+//! (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`): past it the job itself runs out
+//! of memory, not the run beside it, and an out-of-memory error while
+//! sharing is rerun alone (uncapped) and raises the ask. A job that holds
+//! its GPU alone is not capped. What MPS cannot do: a fatal GPU fault in
+//! one run reaches every run on that GPU's server.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -120,6 +122,18 @@ impl Mps {
         ]
     }
 
+    /// The cap of a job's device memory: `share_mib` of its one GPU when
+    /// it shares that GPU (the job sees it as device 0); nothing for a job
+    /// that holds its GPUs alone or has none.
+    pub fn memory_limit(&self, gpus: &[u32], share_mib: u64) -> Option<(String, String)> {
+        (gpus.len() == 1 && share_mib > 0).then(|| {
+            (
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(),
+                format!("0={share_mib}M"),
+            )
+        })
+    }
+
     /// Tells the daemon (and the servers it started) to quit.
     pub async fn stop(&self) -> Result<(), MpsError> {
         self.ask("quit").await.map(|_| ())
@@ -222,6 +236,16 @@ mod tests {
         );
         assert_eq!(mps.client_env(&[2, 5])[2].1, "GPU-b,GPU-e");
         assert!(mps.client_env(&[]).is_empty());
+        // a run sharing its GPU is capped at its share; one alone is not
+        assert_eq!(
+            mps.memory_limit(&[5], 1280),
+            Some((
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(),
+                "0=1280M".to_string()
+            ))
+        );
+        assert_eq!(mps.memory_limit(&[5], 0), None);
+        assert_eq!(mps.memory_limit(&[], 1280), None);
     }
 
     #[tokio::test]

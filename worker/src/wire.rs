@@ -46,6 +46,8 @@ pub(crate) struct Assignment {
     pub preload: Vec<String>,
     /// An agent attempt's own part.
     pub agent: Option<AgentAssignment>,
+    /// MiB of its one GPU the job shares; 0: it holds its GPUs alone.
+    pub share_mib: u64,
 }
 
 /// What an agent attempt brings besides its command.
@@ -161,6 +163,7 @@ pub(crate) fn assignment(a: pb::AssignJob) -> Assignment {
             tools: g.tools,
             commit_message: g.commit_message,
         }),
+        share_mib: a.gpu_memory_mib,
     }
 }
 
