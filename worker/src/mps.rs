@@ -12,7 +12,8 @@
 //! folders; a CPU job's carries nothing of MPS.
 //!
 //! A job that shares its GPU is capped at the MiB it was placed by
-//! (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`): past it the job itself runs out
+//! (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, which counts the job's CUDA
+//! context, about 516 MiB on an H200): past it the job itself runs out
 //! of memory, not the run beside it, and an out-of-memory error while
 //! sharing is rerun alone (uncapped) and raises the ask. A job that holds
 //! its GPU alone is not capped. What MPS cannot do: a fatal GPU fault in
