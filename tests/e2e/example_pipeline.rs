@@ -8,7 +8,7 @@
 //! references, and the port waits at P11 for a person.
 
 use crate::agent::git;
-use crate::later_phases::{component, gate_outcomes, out, status, submit};
+use crate::later_phases::{component, first_outcome, gate_outcomes, out, status, submit};
 use crate::port::copy_tree;
 use crate::support::{Sandbox, fvd};
 
@@ -47,12 +47,7 @@ fn the_example_pipeline_is_traced_back_to_its_head_fixed_and_ends_at_p11() {
     );
     // P7 refused, P6 reopened for the head and passed, then P7, P9, P10
     let outcomes = gate_outcomes(&json);
-    let at = |what: &str| {
-        outcomes
-            .iter()
-            .position(|o| o == what)
-            .unwrap_or_else(|| panic!("no {what} in {outcomes:?}"))
-    };
+    let at = |what: &str| first_outcome(&outcomes, what);
     let (refused, reopened) = (at("P7 refused"), at("P6 reopened"));
     let p7 = outcomes.iter().rposition(|o| o == "P7 passed").unwrap();
     let (p9, p10) = (at("P9 passed"), at("P10 passed"));

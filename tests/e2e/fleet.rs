@@ -666,6 +666,26 @@ fn logs_end(sb: &Sandbox, family: &str, component: &str, run: &str) -> serde_jso
         .unwrap_or_else(|| panic!("no end line: {text}"))
 }
 
+/// A folder for the marks a port's tests leave for each other, and the
+/// Python lines that name it (`d`, `mark(name)`).
+fn marks(sb: &Sandbox) -> (std::path::PathBuf, String) {
+    let marks = sb.dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let d = format!(
+        "d = {:?}\nmark = lambda n: os.path.join(d, n)\n",
+        marks.display().to_string()
+    );
+    (marks, d)
+}
+
+/// Python lines, each indented by `indent`, that wait at most `limit_s`
+/// seconds for mark `name` (the test fails when it does not come).
+fn wait_mark(name: &str, indent: &str, limit_s: u32) -> String {
+    format!(
+        "{indent}end = time.time() + {limit_s}\n{indent}while not os.path.exists(mark('{name}')):\n{indent}    assert time.time() < end, 'no {name}'\n{indent}    time.sleep(0.05)\n"
+    )
+}
+
 /// A folder with a fake `nvidia-smi` that lists one GPU of 10000 MiB.
 fn fake_gpu(sb: &Sandbox) -> std::path::PathBuf {
     let bin = sb.dir.path().join("bin");
@@ -686,23 +706,11 @@ fn fake_gpu(sb: &Sandbox) -> std::path::PathBuf {
 #[test]
 fn an_oom_under_sharing_is_rerun_alone_and_the_alone_run_is_the_verdict() {
     let mut sb = Sandbox::new();
-    let marks = sb.dir.path().join("marks");
-    std::fs::create_dir_all(&marks).unwrap();
-    let d = format!(
-        "d = {:?}\nmark = lambda n: os.path.join(d, n)\n",
-        marks.display().to_string()
-    );
-    let wait = |name: &str| {
-        format!(
-            "end = time.time() + 30\nwhile not os.path.exists(mark('{name}')):\n    assert time.time() < end, 'no {name}'\n    time.sleep(0.05)\n"
-        )
-    };
+    let (_, d) = marks(&sb);
+    let wait = |name: &str| wait_mark(name, "", 30);
     let a = format!(
         "{d}first = not os.path.exists(mark('a-ran'))\nopen(mark('a-ran'), 'w').close()\nif first:\n{}    open(mark('a-oom'), 'w').close()\n    raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 9.77 GiB total capacity)')\nassert not os.path.exists(mark('b')), 'b runs beside the alone run'",
-        wait("b")
-            .lines()
-            .map(|l| format!("    {l}\n"))
-            .collect::<String>()
+        wait_mark("b", "    ", 30)
     );
     let b = format!(
         "{d}open(mark('b'), 'w').close()\n{}{}os.remove(mark('b'))",
@@ -771,17 +779,8 @@ fn an_oom_under_sharing_is_rerun_alone_and_the_alone_run_is_the_verdict() {
 #[test]
 fn the_run_after_an_oom_under_sharing_runs_alone_after_a_restart_too() {
     let mut sb = Sandbox::new();
-    let marks = sb.dir.path().join("marks");
-    std::fs::create_dir_all(&marks).unwrap();
-    let d = format!(
-        "d = {:?}\nmark = lambda n: os.path.join(d, n)\n",
-        marks.display().to_string()
-    );
-    let wait = |name: &str, indent: &str| {
-        format!(
-            "{indent}end = time.time() + 60\n{indent}while not os.path.exists(mark('{name}')):\n{indent}    assert time.time() < end, 'no {name}'\n{indent}    time.sleep(0.05)\n"
-        )
-    };
+    let (marks, d) = marks(&sb);
+    let wait = |name: &str, indent: &str| wait_mark(name, indent, 60);
     // run 1 ran out of memory beside b; run 2 (alone) is cut by the kill
     // (it waits for `release`, so the orphan ends); run 3 is the verdict
     let a = format!(

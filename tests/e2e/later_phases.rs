@@ -91,6 +91,15 @@ pub(crate) fn gate_outcomes(json: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// Where `what` first stands among the gate's `outcomes` (of
+/// [`gate_outcomes`]); a missing one fails the test, naming them all.
+pub(crate) fn first_outcome(outcomes: &[String], what: &str) -> usize {
+    outcomes
+        .iter()
+        .position(|o| o == what)
+        .unwrap_or_else(|| panic!("no {what} in {outcomes:?}"))
+}
+
 pub(crate) fn submit(sb: &Sandbox, family: &str) -> Output {
     fvd()
         .args(["submit", "--family", family, "--wait", "--repo"])
@@ -650,12 +659,7 @@ fn a_component_the_pipeline_sends_back_is_fixed_by_its_agent_and_p7_passes_at_th
             )
         })
         .collect();
-    let at = |what: &str| {
-        outcomes
-            .iter()
-            .position(|o| o == what)
-            .unwrap_or_else(|| panic!("no {what} in {outcomes:?}"))
-    };
+    let at = |what: &str| first_outcome(&outcomes, what);
     // P7 refused, P6 reopened and passed again, then P7 passed
     let refused = at("P7 refused");
     let reopened = at("P6 reopened");

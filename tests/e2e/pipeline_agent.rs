@@ -8,7 +8,9 @@
 //! refuses a packet that lacks what its recording expects.
 
 use crate::agent::git;
-use crate::later_phases::{answer, component, gate_outcomes, out, status, submit, write_quality};
+use crate::later_phases::{
+    answer, component, first_outcome, gate_outcomes, out, status, submit, write_quality,
+};
 use crate::support::{Sandbox, TestComponent, fvd};
 
 const AGENT: &str = "\n[agent]\ncommand = [\"python3\", \"-B\", \"tools/replay_agent.py\", \"--patches\", \"tools/replay/{component}\", \"--attempt\", \"{attempt}\", \"--prompt\", \"{prompt_file}\", \"--handoff\", \"{handoff_file}\", \"--worktree\", \"{worktree}\"]\ntimeout_s = 60\nmax_attempts = 2\n";
@@ -250,12 +252,7 @@ fn the_pipeline_agents_return_to_phase_6_reopens_the_component_it_names() {
         "{json}"
     );
     let outcomes = gate_outcomes(&json);
-    let at = |what: &str| {
-        outcomes
-            .iter()
-            .position(|o| o == what)
-            .unwrap_or_else(|| panic!("no {what} in {outcomes:?}"))
-    };
+    let at = |what: &str| first_outcome(&outcomes, what);
     let refused = at("P7 refused");
     let reopened = at("P6 reopened");
     let passed = outcomes.iter().rposition(|o| o == "P7 passed").unwrap();
