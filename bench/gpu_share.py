@@ -11,6 +11,12 @@ false`, a spec with no `gpu_memory_mib` is no whole-GPU baseline any more:
 its reruns share by their learned peaks.
 
   python3 bench/gpu_share.py --fvd FVD [--out DIR] [--reps 3] [--mib 4096]
+      [--modes share,learned,mps] [--repeats 1,300] [--copies 1]
+
+`--copies 2 --repeats 1000`: each test twice, the eight one-GPU runs of
+issue #33's 9-component case (its 2-GPU `tp_mlp` needs a second GPU), on
+the GPUs lent; the summary's bodies summed per whole-GPU rerun are, on one
+GPU, the bound of running them one after another.
 
 Three fleets (an orchestrator and one `--gpus all` worker each) stay up
 side by side; each gets one port per GPUPORT_REPEATS value (1: start-up
@@ -56,11 +62,13 @@ COMPONENTS = ["embed", "attention", "mlp", "encoder"]
 # reruns ask for the measured peaks); mps: as share, the worker under
 # `--mps`. `--modes` picks (whole always first: the baseline).
 MODES = ("whole", "share", "learned")
+REPEATS = ("1", "300")
 
 
-def spec_for(src_text, family, mode, repeats, body_log, mib):
+def spec_for(src_text, family, mode, repeats, body_log, mib, copies=1):
     """The gpuport spec as `family`: its four single-GPU components (no
-    tp_mlp), GPUPORT_REPEATS and the body log in set_env, the warm runner,
+    tp_mlp), each `copies` times (`embed_0`, `embed_1`, ... when more than
+    once), GPUPORT_REPEATS and the body log in set_env, the warm runner,
     and, sharing, `gpu_memory_mib` on each component."""
     head, _, rest = src_text.partition("[[component]]")
     head = head.replace('model_family = "gpuport"', f'model_family = "{family}"').replace(
@@ -69,6 +77,9 @@ def spec_for(src_text, family, mode, repeats, body_log, mib):
     blocks = ("[[component]]" + rest).split("[[component]]")[1:]
     kept = [b for b in blocks if any(f'name = "{c}"\n' in b for c in COMPONENTS)]
     assert len(kept) == 4, "the gpuport spec changed: four single-GPU components expected"
+    if copies > 1:
+        kept = [b.replace(f'name = "{c}"\n', f'name = "{c}_{i}"\n')
+                for i in range(copies) for b in kept for c in COMPONENTS if f'name = "{c}"\n' in b]
     out = head
     for b in kept:
         b = b.rstrip("\n") + "\n"
@@ -137,8 +148,36 @@ def per_submit(subs, jobs):
         mine = [j for j in jobs if lo <= j["spawned_ms"] / 1000.0 <= hi]
         s["runs"] = [{"component": j["component"], "run": j["run"], "verdict": j["verdict"],
                       "duration_s": (j["duration_ms"] or 0) / 1000.0,
-                      "startup_s": j.get("startup_s"), "body_s": j.get("body_s")} for j in mine]
+                      "startup_s": j.get("startup_s"), "body_s": j.get("body_s"),
+                      "phases_s": j.get("phases_s")} for j in mine]
+        if mine:
+            spawn = min(j["spawned_ms"] for j in mine) / 1000.0
+            recorded = max((j["finished_ms"] or 0) for j in mine) / 1000.0
+            s["before_first_spawn_s"] = round(spawn - lo, 3)
+            s["after_last_record_s"] = round(hi - recorded, 3) if recorded else None
     return subs
+
+
+# A run's time, in order: spawn -> test body (start), the body, body end ->
+# sessionfinish, -> unconfigure (reports), -> atexit, -> process exit,
+# -> result recorded by the orchestrator; from the conftest's body log
+# (GPUPORT_BODY_LOG) and the store.
+PHASES = ["start", "body", "finish", "report", "atexit", "exit", "record"]
+
+
+def phases(job, recs):
+    """`job`'s PHASES in seconds, None where a mark is missing."""
+    prefix = sanitize(job["job_id"]) + "."
+    mine = [r for r in recs if r["job"].startswith(prefix) and r["rank"] == 0]
+    body = [r for r in mine if "phase" not in r]
+    marks = {r["phase"]: r["t"] for r in mine if "phase" in r}
+    spawn = job["spawned_ms"] / 1000.0
+    exit_ = spawn + (job["duration_ms"] or 0) / 1000.0 if job["duration_ms"] is not None else None
+    rec = job["finished_ms"] / 1000.0 if job.get("finished_ms") else None
+    points = [spawn, min((b["t"] for b in body), default=None), max((b["t_end"] for b in body), default=None),
+              marks.get("sessionfinish"), marks.get("unconfigure"), marks.get("atexit"), exit_, rec]
+    return {name: (round(b - a, 4) if a is not None and b is not None else None)
+            for name, a, b in zip(PHASES, points, points[1:])}
 
 
 def bodies(jobs, body_log):
@@ -153,6 +192,7 @@ def bodies(jobs, body_log):
         mine = [r for r in recs if "phase" not in r and r["job"].startswith(prefix) and r["rank"] == 0]
         if mine:
             j["body_s"] = sum(r["t_end"] - r["t"] for r in mine)
+        j["phases_s"] = phases(j, recs)
     return out
 
 
@@ -162,8 +202,12 @@ def med(xs):
 
 
 def summary(results, reps):
+    """Per GPUPORT_REPEATS: each mode's walls and medians against whole
+    GPUs', and the sum of the whole-GPU reruns' test bodies (on one GPU,
+    the bound of running them one after another: every run its own
+    wave)."""
     lines = []
-    for repeats in ("1", "300"):
+    for repeats in REPEATS:
         row = {}
         for mode in MODES:
             subs = results[mode][repeats]["reruns"]
@@ -171,6 +215,7 @@ def summary(results, reps):
             runs = [r for s in subs for r in s["runs"]]
             row[mode] = {
                 "walls_s": walls,
+                "body_sum_median_s": med([sum(r["body_s"] or 0 for r in s["runs"]) for s in subs]),
                 "median_s": med(walls),
                 "startup_median_s": med([r["startup_s"] for r in runs]),
                 "body_median_s": med([r["body_s"] for r in runs]),
@@ -181,13 +226,23 @@ def summary(results, reps):
         w = row["whole"]["median_s"]
         ratios = {m: (round(row[m]["median_s"] / w, 3) if w and row[m]["median_s"] else None)
                   for m in MODES if m != "whole"}
+        for mode in MODES:
+            subs = results[mode][repeats]["reruns"]
+            runs = [r for s in subs for r in s["runs"]]
+            row[mode]["phase_medians_s"] = {
+                "before_first_spawn": med([s.get("before_first_spawn_s") for s in subs]),
+                **{p: med([(r.get("phases_s") or {}).get(p) for r in runs]) for p in PHASES},
+                "after_last_record": med([s.get("after_last_record_s") for s in subs]),
+            }
         lines.append(f"GPUPORT_REPEATS={repeats}: whole {row['whole']['walls_s']} (median {w} s), " + ", ".join(
             f"{m} {row[m]['walls_s']} (median {row[m]['median_s']} s): {ratios[m]}x" for m in ratios))
         for mode in MODES:
             r = row[mode]
             lines.append(f"  {mode}: start-up median {r['startup_median_s']} s, body median "
                          f"{r['body_median_s']} s, peak per process {r['process_peak_mib']} MiB, "
-                         f"GPU peak {r['gpu_peak_mib']} MiB, exits {r['exits']}")
+                         f"GPU peak {r['gpu_peak_mib']} MiB, exits {r['exits']}, bodies summed per rerun "
+                         f"{r['body_sum_median_s']} s")
+            lines.append(f"    medians (s): {r['phase_medians_s']}")
         results[f"summary_{repeats}"] = {**row, "ratios": ratios}
     return "\n".join(lines)
 
@@ -208,7 +263,7 @@ def learned(args, work, env, src):
     body_log = os.path.join(work, "body-learned.jsonl")
     out = {}
     try:
-        for repeats in ("1", "300"):
+        for repeats in REPEATS:
             family = f"learned{repeats}"
             repo = os.path.join(work, f"repo-{family}")
             shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
@@ -225,7 +280,7 @@ def learned(args, work, env, src):
         jobs = bodies(fleet.jobs(), body_log)
         peaks = recorded_peaks(fleet.db)
         lines = []
-        for repeats in ("1", "300"):
+        for repeats in REPEATS:
             r = out[repeats]
             per_submit([r["first"]] + r["reruns"], jobs)
             for s in [r["first"]] + r["reruns"]:
@@ -250,7 +305,7 @@ def learned(args, work, env, src):
 
 
 def main():
-    global MODES
+    global MODES, REPEATS
     ap = argparse.ArgumentParser()
     ap.add_argument("--fvd", required=True)
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "bench", "out", "gpu_share")))
@@ -259,10 +314,14 @@ def main():
     ap.add_argument("--timeout", type=int, default=150)
     ap.add_argument("--learned", action="store_true",
                     help="no gpu_memory_mib: the first submit (whole GPUs) against reruns that ask for the learned peaks")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="each of the four components this many times (2: the eight one-GPU runs of issue #33's case)")
+    ap.add_argument("--repeats", default="1,300", help="GPUPORT_REPEATS values, comma-separated")
     ap.add_argument("--modes", default=",".join(MODES),
                     help="comma-separated, of whole, share, learned, mps (the worker under --mps)")
     args = ap.parse_args()
     MODES = tuple(dict.fromkeys(["whole"] + [m for m in args.modes.split(",") if m]))
+    REPEATS = tuple(r for r in args.repeats.split(",") if r)
     assert set(MODES) <= {"whole", "share", "learned", "mps"}, MODES
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="gpu_share.")
@@ -287,18 +346,18 @@ def main():
             body_log = os.path.join(work, f"body-{mode}.jsonl")
             fleets[mode] = Fleet(args.fvd, work, mode, env, worker_args=["--mps"] if mode == "mps" else [])
             out[mode] = {}
-            for repeats in ("1", "300"):
+            for repeats in REPEATS:
                 family = f"{mode}{repeats}"
                 repo = os.path.join(work, f"repo-{family}")
                 shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
                 os.makedirs(os.path.join(repo, "tests", "local_tests", family), exist_ok=True)
                 with open(os.path.join(repo, "tests", "local_tests", family, "port.toml"), "w") as f:
-                    f.write(spec_for(src, family, mode, repeats, body_log, args.mib))
+                    f.write(spec_for(src, family, mode, repeats, body_log, args.mib, args.copies))
                 ports[(mode, repeats)] = (family, repo, body_log)
                 first = submit(fleets[mode], args.fvd, family, repo, [], args.timeout)
                 out[mode][repeats] = {"first": first, "reruns": []}
         for rep in range(args.reps):
-            for repeats in ("1", "300"):
+            for repeats in REPEATS:
                 k = rep % len(MODES)
                 for mode in MODES[k:] + MODES[:k]:
                     family, repo, _ = ports[(mode, repeats)]
@@ -308,7 +367,7 @@ def main():
                         f"{s['process_peaks_mib'][:4]} MiB, GPU {s['gpu_peak_mib']} MiB")
         for mode in MODES:
             jobs = bodies(fleets[mode].jobs(), os.path.join(work, f"body-{mode}.jsonl"))
-            for repeats in ("1", "300"):
+            for repeats in REPEATS:
                 r = out[mode][repeats]
                 per_submit([r["first"]] + r["reruns"], jobs)
         text = summary(out, args.reps)

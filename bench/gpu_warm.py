@@ -89,10 +89,10 @@ class Fleet:
     def jobs(self):
         db = sqlite3.connect(self.db)
         rows = db.execute(
-            "SELECT job_id, component, run_no, gpus_needed, spawned_ms, duration_ms, verdict FROM jobs "
+            "SELECT job_id, component, run_no, gpus_needed, spawned_ms, duration_ms, verdict, finished_ms FROM jobs "
             "WHERE spawned_ms IS NOT NULL ORDER BY spawned_ms").fetchall()
         db.close()
-        keys = ["job_id", "component", "run", "gpus", "spawned_ms", "duration_ms", "verdict"]
+        keys = ["job_id", "component", "run", "gpus", "spawned_ms", "duration_ms", "verdict", "finished_ms"]
         return [dict(zip(keys, r)) for r in rows]
 
     def stop(self):
