@@ -1168,6 +1168,7 @@ fn mark_beside(st: &mut SchedulerState, worker_id: &str, job_id: &str) {
 /// Committed leases: each job that still holds its lease (not cancelled,
 /// its worker not lost meanwhile) is assigned, and its owner told.
 async fn assign(st: &mut SchedulerState, planned: Vec<Planned>) {
+    let cap = st.capacity.sharing.cap;
     for p in planned {
         let Some(entry) = st.jobs.get_mut(&p.job_id) else {
             continue;
@@ -1200,6 +1201,7 @@ async fn assign(st: &mut SchedulerState, planned: Vec<Planned>) {
             compare: entry.job.compare.as_deref().cloned(),
             agent: entry.job.agent.as_deref().cloned(),
             share_mib: lease.share_mib,
+            share_cap: if lease.share_mib > 0 { cap } else { 0 },
         };
         let _ = entry.job.notify.send_message(JobEvent::Leased {
             job_id: p.job_id.clone(),

@@ -710,6 +710,7 @@ fn to_wire(m: ToWorker) -> pb::OrchestratorMsg {
                     tools: g.tools,
                 }),
                 gpu_memory_mib: a.share_mib,
+                gpu_share_cap: a.share_cap,
             })
         }
         ToWorker::Cancel {

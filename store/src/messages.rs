@@ -76,6 +76,9 @@ pub struct Assignment {
     /// MiB of its one GPU the job shares, as placed; 0 when it holds its
     /// GPUs alone.
     pub share_mib: u64,
+    /// With `share_mib`: the most runs its GPU may hold at once (the
+    /// scheduler's cap); 0 when it holds its GPUs alone.
+    pub share_cap: u32,
 }
 
 /// An agent attempt run as a fleet job (issue #32): the worker runs it in

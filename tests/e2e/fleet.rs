@@ -933,3 +933,112 @@ fn fvd_workers_shows_several_runs_on_one_gpu_and_their_leased_memory() {
     });
     assert!(status.success(), "{status:?}\n{}", sb.logs());
 }
+
+/// Issue #44: a run sharing its GPU gets its part of the host's cores as
+/// `OMP_NUM_THREADS` (cores ÷ the most runs the worker's one GPU may hold,
+/// 4 by default), said by `FVD_RUN_THREADS`; a spec's own count is kept and
+/// a run holding its GPU alone gets none. Warm, the zygote keeps torch's
+/// import-time pool and the forked run's is resized (a stand-in torch), so
+/// runs sharing a GPU and runs alone fork from one zygote.
+#[test]
+fn a_run_sharing_its_gpu_gets_its_part_of_the_cores() {
+    let mut sb = Sandbox::new();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // A count in this environment reaches every run instead (the worker's
+    // own environment wins, as a spec's does).
+    let inherited = std::env::var("OMP_NUM_THREADS").ok();
+    let chosen = (cores / 4).max(1).to_string();
+    let want = inherited.clone().unwrap_or(chosen.clone());
+    let fvd_set = if inherited.is_none() {
+        format!("{chosen:?}")
+    } else {
+        "None".into()
+    };
+    let shared = format!(
+        "assert os.environ.get('OMP_NUM_THREADS') == {want:?}, os.environ.get('OMP_NUM_THREADS')\nassert os.environ.get('FVD_RUN_THREADS') == {fvd_set}"
+    );
+    let alone = format!(
+        "assert os.environ.get('OMP_NUM_THREADS') == {:?}\nassert 'FVD_RUN_THREADS' not in os.environ",
+        inherited.clone().unwrap_or_default()
+    )
+    .replace("== \"\"", "is None");
+    let own = "assert os.environ.get('OMP_NUM_THREADS') == '3'\nassert 'FVD_RUN_THREADS' not in os.environ";
+    sb.port(
+        "threads",
+        &[
+            TestComponent::new("a", &shared),
+            TestComponent::new("b", own),
+            TestComponent::new("c", &alone),
+        ],
+    );
+    let on = |family: &str, parts: &[(&str, &str)]| {
+        let parts: Vec<(&str, String)> = parts.iter().map(|(n, x)| (*n, x.to_string())).collect();
+        on_gpus(&sb, family, &parts);
+    };
+    let share = "gpu_memory_mib = 2000\n";
+    on(
+        "threads",
+        &[
+            ("a", share),
+            (
+                "b",
+                "gpu_memory_mib = 2000\nset_env = { OMP_NUM_THREADS = \"3\" }\n",
+            ),
+            ("c", "gpu_share = false\n"),
+        ],
+    );
+    // Warm: the stand-in torch is preloaded by the zygote.
+    let marks = sb.dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let pid = |name: &str| {
+        format!(
+            "import torch\nassert torch.IMPORTED_PID != os.getpid(), 'not forked'\nopen({:?}, 'w').write(str(torch.IMPORTED_PID))",
+            marks.join(name).display().to_string()
+        )
+    };
+    let warm_shared = format!(
+        "{shared}\nimport torch\nassert torch.get_num_threads() == {want}, torch.get_num_threads()\n{}",
+        pid("a")
+    );
+    let warm_alone = format!(
+        "{alone}\nimport torch\nassert torch.get_num_threads() == torch.IMPORT_THREADS\n{}",
+        pid("c")
+    );
+    sb.port(
+        "threadsw",
+        &[
+            TestComponent::new("a", &warm_shared),
+            TestComponent::new("c", &warm_alone),
+        ],
+    );
+    on("threadsw", &[("a", share), ("c", "gpu_share = false\n")]);
+    let spec = sb.repo().join("tests/local_tests/threadsw/port.toml");
+    let fake = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("worker/tests/fake_torch");
+    let text = std::fs::read_to_string(&spec).unwrap().replace(
+        "[defaults]\n",
+        &format!(
+            "[defaults]\nset_env = {{ PYTHONPATH = {:?} }}\n",
+            fake.display().to_string()
+        ),
+    ) + "\n[runner]\nmode = \"warm\"\npreload = [\"torch\"]\n";
+    std::fs::write(&spec, text).unwrap();
+    let bin = fake_gpu(&sb);
+    sb.serve();
+    sb.gpu_worker("gpu", 1, &bin);
+    for family in ["threads", "threadsw"] {
+        let out = sb.submit_remote(family, &["--wait"]);
+        assert!(
+            out.status.success(),
+            "{family}: {}\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            sb.logs()
+        );
+    }
+    let read = |name: &str| std::fs::read_to_string(marks.join(name)).unwrap();
+    assert_eq!(
+        read("a"),
+        read("c"),
+        "one zygote for the shared and the alone run"
+    );
+}

@@ -480,8 +480,11 @@ def run_child(req, out_fd, err_fd):
         args = without_junit(args)
     threads = os.environ.get("OMP_NUM_THREADS", "")
     torch = sys.modules.get("torch")
-    if req.get("rank_env") and threads.isdigit() and int(threads) > 0 and torch is not None:
-        # torchrun's thread count: the zygote's import set the pool already.
+    chosen = req.get("rank_env") or os.environ.get("FVD_RUN_THREADS") == threads
+    if chosen and threads.isdigit() and int(threads) > 0 and torch is not None:
+        # The zygote's import sized torch's pool; torchrun's count for a
+        # rank and the worker's for a run sharing its GPU are no zygote
+        # keys, so the child applies them.
         torch.set_num_threads(int(threads))
     sys.argv = [os.path.join(os.path.dirname(pytest.__file__), "__main__.py")] + args
     try:

@@ -17,6 +17,28 @@ pub const NVIDIA_SMI_ARGS: &[&str] = &[
 /// A hung driver can make `nvidia-smi` block; the worker must still start.
 pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// The thread count CPU libraries read (torch's intra-op pool, OpenMP,
+/// and through OpenMP most BLAS builds).
+pub const THREADS_VAR: &str = "OMP_NUM_THREADS";
+
+/// Set beside [`THREADS_VAR`] when the worker chose the count: the warm
+/// runner then leaves it out of a zygote's key and sizes the forked run's
+/// pool instead (`fvd_zygote.py`), so runs that share a GPU and runs that
+/// hold one alone fork from the same zygote.
+pub const THREADS_SET_BY_FVD: &str = "FVD_RUN_THREADS";
+
+/// The CPU threads of a run sharing its GPU (issue #44): the host's `cores`
+/// split evenly among the most GPU runs the worker may hold at once, its
+/// `gpus` times the scheduler's `cap` per GPU; at least 1. Every process's
+/// pool otherwise has a thread per core: four runs on a 16-core host ran
+/// their CPU work (building a model) 4x slower than one alone
+/// (`bench/gpu_contention.py`). A run holding its GPUs alone keeps the
+/// libraries' default.
+pub fn shared_run_threads(cores: usize, gpus: usize, cap: u32) -> u32 {
+    let runs = gpus.max(1).saturating_mul(cap.max(1) as usize);
+    u32::try_from((cores / runs).max(1)).unwrap_or(u32::MAX)
+}
+
 /// One GPU of the host.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GpuInfo {
@@ -241,6 +263,19 @@ mod tests {
 
     const H100X2: &str = "0, GPU-3f1c2a9e-8d1b-4c52-9a7e-1b2c3d4e5f60, NVIDIA H100 80GB HBM3, 81559\n\
                           1, GPU-77aa0c1d-2e3f-4a5b-8c9d-0e1f2a3b4c5d, NVIDIA H100 80GB HBM3, 81559\n";
+
+    #[test]
+    fn a_shared_run_gets_its_part_of_the_cores() {
+        // 16 cores, 1 GPU, 4 runs on it at most: 4 threads each.
+        assert_eq!(shared_run_threads(16, 1, 4), 4);
+        assert_eq!(shared_run_threads(128, 8, 4), 4);
+        assert_eq!(shared_run_threads(2, 1, 4), 1);
+        assert_eq!(shared_run_threads(7, 2, 3), 1);
+        assert_eq!(shared_run_threads(64, 2, 3), 10);
+        // Never 0, whatever is reported.
+        assert_eq!(shared_run_threads(0, 0, 0), 1);
+        assert_eq!(shared_run_threads(16, 0, 0), 16);
+    }
 
     #[test]
     fn parses_canned_output() {

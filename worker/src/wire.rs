@@ -48,6 +48,8 @@ pub(crate) struct Assignment {
     pub agent: Option<AgentAssignment>,
     /// MiB of its one GPU the job shares; 0: it holds its GPUs alone.
     pub share_mib: u64,
+    /// With `share_mib`: the most runs its GPU may hold at once.
+    pub share_cap: u32,
 }
 
 /// What an agent attempt brings besides its command.
@@ -164,6 +166,7 @@ pub(crate) fn assignment(a: pb::AssignJob) -> Assignment {
             commit_message: g.commit_message,
         }),
         share_mib: a.gpu_memory_mib,
+        share_cap: a.gpu_share_cap,
     }
 }
 

@@ -10,7 +10,9 @@
 //! `LANG`, `LC_*`, `XDG_*`, `TORCH*`, `PYTORCH_*`, `TRANSFORMERS_*`,
 //! `DIFFUSERS_*`, `HF_*`, `TRITON_*`, `XFORMERS_*`, `OMP_*`, `MKL_*`,
 //! `OPENBLAS_*`, `NUMEXPR_*`, `CUDA_HOME`, `CUDA_PATH`, secrets excepted
-//! (passed-through variables never reach a zygote). Not keys:
+//! (passed-through variables never reach a zygote). Not keys: an
+//! `OMP_NUM_THREADS` the worker chose for a run sharing its GPU (the child
+//! resizes torch's pool to it, as it does for a torchrun rank),
 //! `CUDA_VISIBLE_DEVICES` (CUDA is initialised in the child, never in the
 //! zygote), `TRACEPARENT`, `FVD_*`, `FASTVIDEO_*` and the spec's other
 //! variables: the libraries a zygote imports are not the repository's, and
@@ -449,7 +451,9 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 /// The zygote's environment for a job's: its import-time variables, less
-/// secrets and the per-job `PYTHONPATH` entries.
+/// secrets, the per-job `PYTHONPATH` entries and a thread count the worker
+/// chose for the run ([`crate::gpu::THREADS_SET_BY_FVD`]: the child sizes
+/// its pool to it).
 pub fn zygote_env(
     env: &BTreeMap<String, String>,
     secrets: &[String],
@@ -466,6 +470,10 @@ pub fn zygote_env(
             .filter(|e| !e.is_empty() && !unkeyed.iter().any(|u| Path::new(e) == u))
             .collect();
         *pp = kept.join(":");
+    }
+    let threads = crate::gpu::THREADS_VAR;
+    if env.get(threads).is_some() && env.get(threads) == env.get(crate::gpu::THREADS_SET_BY_FVD) {
+        out.remove(threads);
     }
     out.insert("PYTHONUNBUFFERED".into(), "1".into());
     out
@@ -889,6 +897,23 @@ mod tests {
                 ("PYTHONUNBUFFERED", "1"),
                 ("TORCH_HOME", "/t"),
             ])
+        );
+        // A thread count the worker chose is no key (the child applies
+        // it); one the spec or the worker's environment sets is.
+        let chosen = env(&[("OMP_NUM_THREADS", "4"), ("FVD_RUN_THREADS", "4")]);
+        assert!(!zygote_env(&chosen, &[], &[]).contains_key("OMP_NUM_THREADS"));
+        let spec = env(&[("OMP_NUM_THREADS", "2"), ("FVD_RUN_THREADS", "4")]);
+        assert_eq!(
+            zygote_env(&spec, &[], &[])
+                .get("OMP_NUM_THREADS")
+                .map(String::as_str),
+            Some("2")
+        );
+        assert_eq!(
+            zygote_env(&env(&[("OMP_NUM_THREADS", "2")]), &[], &[])
+                .get("OMP_NUM_THREADS")
+                .map(String::as_str),
+            Some("2")
         );
     }
 }

@@ -4,7 +4,9 @@ chooses. ``FAKE_TORCH_PEAK_MIB``: the allocator's peak per device, comma
 separated (``1000,3000``: two devices); CUDA is initialised once a test
 calls ``torch.cuda.init()``, as a real run's first tensor on a GPU does.
 ``FAKE_TORCH_IMPORTED``: a file created when this module is imported, so a
-test can tell that nothing imported it."""
+test can tell that nothing imported it. ``set_num_threads`` and
+``get_num_threads``: the CPU pool's size, as a run sharing its GPU has it
+set."""
 
 import os
 import sys
@@ -54,3 +56,18 @@ cuda.current_device = current_device
 cuda.max_memory_reserved = max_memory_reserved
 cuda.memory_reserved = memory_reserved
 sys.modules["torch.cuda"] = cuda
+
+# The CPU thread pool: sized at import as torch sizes it (OMP_NUM_THREADS,
+# else a thread per core); IMPORTED_PID tells a forked run which process
+# imported it (a warm runner's zygote).
+IMPORT_THREADS = int(os.environ.get("OMP_NUM_THREADS") or 0) or (os.cpu_count() or 1)
+IMPORTED_PID = os.getpid()
+_threads = [IMPORT_THREADS]
+
+
+def set_num_threads(n):
+    _threads[0] = int(n)
+
+
+def get_num_threads():
+    return _threads[0]
