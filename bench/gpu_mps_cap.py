@@ -25,7 +25,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_share import spec_for  # noqa: E402
-from gpu_warm import ROOT, Fleet, bench_env, log  # noqa: E402
+from gpu_warm import ROOT, Fleet, bench_env, log, save_logs  # noqa: E402
 
 RAW = """
 import os, torch
@@ -97,13 +97,7 @@ def main():
         fleet.stop()
         with open(os.path.join(args.out, "gpu_mps_cap.json"), "w") as f:
             json.dump(result, f, indent=1)
-        logs = []
-        for name in sorted(os.listdir(work)):
-            if name.endswith(".log"):
-                with open(os.path.join(work, name)) as f:
-                    logs.append(f"===== {name}\n{f.read()[-60000:]}")
-        with open(os.path.join(args.out, "logs.txt"), "w") as f:
-            f.write("\n".join(logs))
+        save_logs(work, args.out, 60000)
     log("done")
 
 

@@ -55,7 +55,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_warm import PRELOAD, ROOT, Fleet, bench_env, log, sanitize, startups, with_set_env  # noqa: E402
+from gpu_warm import PRELOAD, ROOT, Fleet, bench_env, log, sanitize, save_logs, startups, with_set_env  # noqa: E402
 
 COMPONENTS = ["embed", "attention", "mlp", "encoder"]
 # whole: gpu_share = false; share: gpu_memory_mib; learned: neither (the
@@ -379,13 +379,7 @@ def main():
             f.stop()
         with open(os.path.join(args.out, "gpu_share.json"), "w") as f:
             json.dump(out, f, indent=1)
-        logs = []
-        for name in sorted(os.listdir(work)):
-            if name.endswith(".log"):
-                with open(os.path.join(work, name)) as f:
-                    logs.append(f"===== {name}\n{f.read()[-100000:]}")
-        with open(os.path.join(args.out, "logs.txt"), "w") as f:
-            f.write("\n".join(logs))
+        save_logs(work, args.out, 100000)
     log("done")
 
 

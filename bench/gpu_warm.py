@@ -43,6 +43,19 @@ def log(msg):
     print(f"[gpu_warm {time.strftime('%H:%M:%S', time.gmtime())}] {msg}", flush=True)
 
 
+def save_logs(work, out, keep):
+    """The last `keep` characters of each fleet log (`*.log`) in `work`,
+    one after another under its name, into OUT/logs.txt: what a device
+    run brings back of its orchestrators and workers."""
+    logs = []
+    for name in sorted(os.listdir(work)):
+        if name.endswith(".log"):
+            with open(os.path.join(work, name)) as f:
+                logs.append(f"===== {name}\n{f.read()[-keep:]}")
+    with open(os.path.join(out, "logs.txt"), "w") as f:
+        f.write("\n".join(logs))
+
+
 class Fleet:
     def __init__(self, fvd, work, name, env, serve_args=(), worker_args=()):
         self.work, self.name = work, name
@@ -283,13 +296,7 @@ def main():
     finally:
         with open(os.path.join(args.out, "gpu_warm.json"), "w") as f:
             json.dump(out, f, indent=1)
-        logs = []
-        for name in sorted(os.listdir(work)):
-            if name.endswith(".log"):
-                with open(os.path.join(work, name)) as f:
-                    logs.append(f"===== {name}\n{f.read()[-200000:]}")
-        with open(os.path.join(args.out, "logs.txt"), "w") as f:
-            f.write("\n".join(logs))
+        save_logs(work, args.out, 200000)
     log("done")
 
 
