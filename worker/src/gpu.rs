@@ -1,5 +1,6 @@
-//! GPU inventory of the worker's host, read from `nvidia-smi`, and the
-//! `--gpus all|none|0,1` selection of which of them the worker offers.
+//! GPU inventory of the worker's host, read from `nvidia-smi`, the
+//! `--gpus all|none|0,1` selection of which of them the worker offers, and
+//! the CPU threads of a run sharing one of them.
 //!
 //! A host without `nvidia-smi`, or where it fails, has no GPUs: the worker
 //! then offers CPU slots only instead of refusing to start.
