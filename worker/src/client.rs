@@ -1078,12 +1078,12 @@ fn job_env(config: &WorkerConfig, a: &Assignment) -> Vec<(String, String)> {
     // Under MPS, a run sharing its GPU is capped at its share (after the
     // spec's own variables: the spec cannot lift it).
     if let Some(mps) = &config.mps {
-        env.extend(mps.memory_limit(&a.gpus, a.share_mib));
+        env.extend(mps.memory_limit(a.shared_mib()));
     }
     // A run sharing its GPU gets its part of the host's cores, unless the
     // spec or this worker's own environment sets the count.
     let set = |name: &str| env.iter().any(|(k, _)| k == name) || std::env::var_os(name).is_some();
-    if a.gpus.len() == 1 && a.share_mib > 0 && !set(crate::gpu::THREADS_VAR) {
+    if a.shared_mib().is_some() && !set(crate::gpu::THREADS_VAR) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let n = crate::gpu::shared_run_threads(cores, config.gpus.len(), a.share_cap).to_string();
         env.push((crate::gpu::THREADS_VAR.to_string(), n.clone()));

@@ -123,14 +123,14 @@ impl Mps {
         ]
     }
 
-    /// The cap of a job's device memory: `share_mib` of its one GPU when
-    /// it shares that GPU (the job sees it as device 0); nothing for a job
-    /// that holds its GPUs alone or has none.
-    pub fn memory_limit(&self, gpus: &[u32], share_mib: u64) -> Option<(String, String)> {
-        (gpus.len() == 1 && share_mib > 0).then(|| {
+    /// The cap of a job's device memory: the MiB it shares of its one GPU
+    /// (`Assignment::shared_mib`; the job sees that GPU as device 0);
+    /// nothing for a job that holds its GPUs alone or has none.
+    pub fn memory_limit(&self, shared_mib: Option<u64>) -> Option<(String, String)> {
+        shared_mib.map(|mib| {
             (
                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(),
-                format!("0={share_mib}M"),
+                format!("0={mib}M"),
             )
         })
     }
@@ -239,14 +239,13 @@ mod tests {
         assert!(mps.client_env(&[]).is_empty());
         // a run sharing its GPU is capped at its share; one alone is not
         assert_eq!(
-            mps.memory_limit(&[5], 1280),
+            mps.memory_limit(Some(1280)),
             Some((
                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(),
                 "0=1280M".to_string()
             ))
         );
-        assert_eq!(mps.memory_limit(&[5], 0), None);
-        assert_eq!(mps.memory_limit(&[], 1280), None);
+        assert_eq!(mps.memory_limit(None), None);
     }
 
     #[tokio::test]

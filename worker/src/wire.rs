@@ -126,6 +126,15 @@ pub(crate) struct AgentResult {
     pub stdout: String,
 }
 
+impl Assignment {
+    /// The MiB of its one GPU the job shares (placed by memory, whether or
+    /// not another run is on it yet); `None` when it holds its GPUs alone
+    /// or has none. What MPS caps it at and what sizes its CPU threads.
+    pub fn shared_mib(&self) -> Option<u64> {
+        (self.gpus.len() == 1 && self.share_mib > 0).then_some(self.share_mib)
+    }
+}
+
 /// The assignment an `AssignJob` carries.
 pub(crate) fn assignment(a: pb::AssignJob) -> Assignment {
     Assignment {
@@ -265,6 +274,24 @@ pub(crate) fn msg(m: pb::worker_msg::Msg) -> pb::WorkerMsg {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-GPU job placed by memory shares it; one alone, one with
+    /// several GPUs or none does not.
+    #[test]
+    fn a_job_shares_its_gpu_only_when_placed_by_memory_on_one() {
+        let on = |gpus: Vec<u32>, mib| {
+            assignment(pb::AssignJob {
+                gpus,
+                gpu_memory_mib: mib,
+                ..Default::default()
+            })
+            .shared_mib()
+        };
+        assert_eq!(on(vec![5], 1280), Some(1280));
+        assert_eq!(on(vec![5], 0), None);
+        assert_eq!(on(vec![], 1280), None);
+        assert_eq!(on(vec![0, 1], 1280), None);
+    }
 
     /// Every field of an assignment and of a result crosses the edge.
     #[test]
