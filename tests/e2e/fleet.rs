@@ -611,11 +611,16 @@ fn runs_without_a_memory_estimate_take_a_whole_gpu_then_share_by_their_learned_p
 /// torch of `worker/tests/fake_torch`, peaking at `peak_mib` (fvd's plugin
 /// reports 512 MiB more: the CUDA context's allowance).
 pub(crate) fn uses_cuda(peak_mib: u32) -> String {
-    let fake = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("worker/tests/fake_torch");
+    let fake = fake_torch();
     format!(
         "import sys\nsys.path.insert(0, {:?})\nimport torch\nos.environ['FAKE_TORCH_PEAK_MIB'] = '{peak_mib}'\ntorch.cuda.init()\n",
         fake.display().to_string()
     )
+}
+
+/// The folder holding the stand-in torch (`worker/tests/fake_torch`).
+fn fake_torch() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("worker/tests/fake_torch")
 }
 
 /// Restarts the orchestrator on its address and its database with the
@@ -971,25 +976,15 @@ fn a_run_sharing_its_gpu_gets_its_part_of_the_cores() {
             TestComponent::new("c", &alone),
         ],
     );
-    let on = |family: &str, parts: &[(&str, &str)]| {
-        let parts: Vec<(&str, String)> = parts.iter().map(|(n, x)| (*n, x.to_string())).collect();
-        on_gpus(&sb, family, &parts);
-    };
-    let share = "gpu_memory_mib = 2000\n";
-    on(
+    let alone_gpu = [("c", "gpu_share = false\n".to_string())];
+    on_one_gpu(
+        &sb,
         "threads",
-        &[
-            ("a", share),
-            (
-                "b",
-                "gpu_memory_mib = 2000\nset_env = { OMP_NUM_THREADS = \"3\" }\n",
-            ),
-            ("c", "gpu_share = false\n"),
-        ],
+        &[("a", ""), ("b", "set_env = { OMP_NUM_THREADS = \"3\" }\n")],
     );
+    on_gpus(&sb, "threads", &alone_gpu);
     // Warm: the stand-in torch is preloaded by the zygote.
-    let marks = sb.dir.path().join("marks");
-    std::fs::create_dir_all(&marks).unwrap();
+    let (marks, _) = marks(&sb);
     let pid = |name: &str| {
         format!(
             "import torch\nassert torch.IMPORTED_PID != os.getpid(), 'not forked'\nopen({:?}, 'w').write(str(torch.IMPORTED_PID))",
@@ -1011,9 +1006,10 @@ fn a_run_sharing_its_gpu_gets_its_part_of_the_cores() {
             TestComponent::new("c", &warm_alone),
         ],
     );
-    on("threadsw", &[("a", share), ("c", "gpu_share = false\n")]);
+    on_one_gpu(&sb, "threadsw", &[("a", "")]);
+    on_gpus(&sb, "threadsw", &alone_gpu);
     let spec = sb.repo().join("tests/local_tests/threadsw/port.toml");
-    let fake = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("worker/tests/fake_torch");
+    let fake = fake_torch();
     let text = std::fs::read_to_string(&spec).unwrap().replace(
         "[defaults]\n",
         &format!(
