@@ -17,14 +17,13 @@ DIR/gpu_mps_cap.json and progress lines on stdout.
 import argparse
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_share import spec_for  # noqa: E402
+from gpu_share import port_copy, spec_for  # noqa: E402
 from gpu_warm import ROOT, Fleet, bench_env, log, save_logs  # noqa: E402
 
 RAW = """
@@ -74,11 +73,7 @@ def main():
     with open(os.path.join(ROOT, "examples", "gpuport", "tests", "local_tests", "gpuport", "port.toml")) as f:
         src = f.read()
     family = "capped"
-    repo = os.path.join(work, "repo")
-    shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
-    os.makedirs(os.path.join(repo, "tests", "local_tests", family), exist_ok=True)
-    with open(os.path.join(repo, "tests", "local_tests", family, "port.toml"), "w") as f:
-        f.write(spec_for(src, family, "share", "300", os.path.join(work, "body.jsonl"), args.mib))
+    repo = port_copy(work, "repo", family, spec_for(src, family, "share", "300", os.path.join(work, "body.jsonl"), args.mib))
     fleet = Fleet(args.fvd, work, "mps", env, worker_args=["--mps"])
     try:
         r = fleet.submit(args.fvd, family, repo, [], timeout=args.timeout)

@@ -92,6 +92,17 @@ def spec_for(src_text, family, mode, repeats, body_log, mib, copies=1):
     return out
 
 
+def port_copy(work, name, family, spec_text):
+    """A copy of `examples/gpuport` at WORK/NAME with `spec_text` as
+    `family`'s spec; its path."""
+    repo = os.path.join(work, name)
+    shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
+    os.makedirs(os.path.join(repo, "tests", "local_tests", family), exist_ok=True)
+    with open(os.path.join(repo, "tests", "local_tests", family, "port.toml"), "w") as f:
+        f.write(spec_text)
+    return repo
+
+
 class Sampler:
     """nvidia-smi every ~0.2 s while a submit runs: the most memory one
     compute process held (MiB) and the most the GPU(s) held in all."""
@@ -265,11 +276,7 @@ def learned(args, work, env, src):
     try:
         for repeats in REPEATS:
             family = f"learned{repeats}"
-            repo = os.path.join(work, f"repo-{family}")
-            shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
-            os.makedirs(os.path.join(repo, "tests", "local_tests", family), exist_ok=True)
-            with open(os.path.join(repo, "tests", "local_tests", family, "port.toml"), "w") as f:
-                f.write(spec_for(src, family, "learned", repeats, body_log, 0))
+            repo = port_copy(work, f"repo-{family}", family, spec_for(src, family, "learned", repeats, body_log, 0))
             first = submit(fleet, args.fvd, family, repo, [], args.timeout)
             out[repeats] = {"first": first, "reruns": []}
             for rep in range(args.reps):
@@ -348,11 +355,8 @@ def main():
             out[mode] = {}
             for repeats in REPEATS:
                 family = f"{mode}{repeats}"
-                repo = os.path.join(work, f"repo-{family}")
-                shutil.copytree(os.path.join(ROOT, "examples", "gpuport"), repo)
-                os.makedirs(os.path.join(repo, "tests", "local_tests", family), exist_ok=True)
-                with open(os.path.join(repo, "tests", "local_tests", family, "port.toml"), "w") as f:
-                    f.write(spec_for(src, family, mode, repeats, body_log, args.mib, args.copies))
+                spec = spec_for(src, family, mode, repeats, body_log, args.mib, args.copies)
+                repo = port_copy(work, f"repo-{family}", family, spec)
                 ports[(mode, repeats)] = (family, repo, body_log)
                 first = submit(fleets[mode], args.fvd, family, repo, [], args.timeout)
                 out[mode][repeats] = {"first": first, "reruns": []}
