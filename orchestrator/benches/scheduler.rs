@@ -16,6 +16,10 @@
 //!   fleet (heartbeats still flowing), enqueue → `AssignJob`, p50 and p99;
 //!   20,000 of them (`--probes N`), ten seconds: over two seconds the p99
 //!   was the 40 slowest probes, and one stall of the machine decided it;
+//! * CPU over the backlog by thread name (from `/proc/self/task`): the
+//!   runtime's pool, SQLite's threads and the driver, each as a share of
+//!   one core, with its busiest thread: what was busy while the rate was
+//!   measured;
 //! * peak RSS (`VmHWM`) of the orchestrator's process, and separately of the
 //!   simulated workers' process, and the size of the database (with its
 //!   WAL).
@@ -538,6 +542,74 @@ struct Backlog {
     stopped: bool,
     /// Milliseconds from each job's enqueue to its arrival, sorted.
     wait: Vec<f64>,
+    /// CPU seconds this process's threads spent over the backlog, by
+    /// thread name, busiest first ([`cpu_between`]).
+    cpu: Vec<ThreadCpu>,
+}
+
+/// CPU seconds (user + system) of each live thread of this process, by
+/// thread id: its name and its time so far.
+fn thread_cpu() -> HashMap<u64, (String, f64)> {
+    // USER_HZ: 100 on every Linux architecture we build for.
+    const TICKS: f64 = 100.0;
+    let mut out = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for t in dir.flatten() {
+        let Ok(tid) = t.file_name().to_string_lossy().parse::<u64>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        // The name is in parentheses and may hold spaces: fields after
+        // the last ')' are state, ppid, ...; utime and stime are the
+        // 12th and 13th of them.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let name = head.split_once('(').map_or("", |(_, n)| n).to_string();
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+        out.insert(tid, (name, (ticks(11) + ticks(12)) / TICKS));
+    }
+    out
+}
+
+/// What the threads of one name spent over a window.
+#[derive(Default)]
+struct ThreadCpu {
+    name: String,
+    threads: usize,
+    /// CPU seconds of them all.
+    secs: f64,
+    /// CPU seconds of the busiest one.
+    max: f64,
+}
+
+/// What each thread name spent between two [`thread_cpu`] readings,
+/// busiest first. Digits ending a name are dropped so a pool's threads
+/// add up under one name.
+fn cpu_between(
+    before: &HashMap<u64, (String, f64)>,
+    after: &HashMap<u64, (String, f64)>,
+) -> Vec<ThreadCpu> {
+    let mut by: BTreeMap<String, ThreadCpu> = BTreeMap::new();
+    for (tid, (name, secs)) in after {
+        let spent = secs - before.get(tid).map_or(0.0, |(_, s)| *s);
+        let key = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '-');
+        let e = by.entry(key.to_string()).or_insert_with(|| ThreadCpu {
+            name: key.to_string(),
+            ..ThreadCpu::default()
+        });
+        e.threads += 1;
+        e.secs += spent;
+        e.max = e.max.max(spent);
+    }
+    let mut v: Vec<_> = by.into_values().collect();
+    v.sort_by(|a, b| b.secs.total_cmp(&a.secs));
+    v
 }
 
 /// Stores `total` job rows in batches of 10,000, as ports' components
@@ -591,6 +663,7 @@ async fn run_backlog(
     queued: impl Fn(usize) -> SchedulerMsg,
 ) -> Backlog {
     let mut enqueued: Vec<(usize, u64)> = Vec::with_capacity(jobs);
+    let cpu_before = thread_cpu();
     let start = Instant::now();
     for i in 0..jobs {
         enqueued.push((i, now_ns()));
@@ -615,6 +688,7 @@ async fn run_backlog(
             .unwrap_or_else(Instant::now)
     };
     let secs = end.duration_since(start).as_secs_f64();
+    let cpu = cpu_between(&cpu_before, &thread_cpu());
     // A job's arrival is reported before its result, so every finished
     // job's arrival is in (or on its way through the pipe: waited for).
     let t = Instant::now();
@@ -633,6 +707,7 @@ async fn run_backlog(
         secs,
         stopped,
         wait,
+        cpu,
     }
 }
 
@@ -710,6 +785,7 @@ fn report(
         secs,
         stopped,
         ref wait,
+        ref cpu,
     } = *backlog;
     let rate = done as f64 / secs;
     println!(
@@ -721,6 +797,33 @@ fn report(
         println!("  stopped at the {} s deadline", deadline.as_secs());
     }
     println!("  {done} jobs in {secs:.2} s, {rate:.0} dispatches/s");
+    // Which threads of the orchestrator's process were busy: a pool at
+    // cores x 100% or one thread near 100% bounds the rate. The scheduler
+    // actor is a task that moves between the runtime's threads: its time
+    // is in the pool's total, never in one thread's.
+    let pct = |s: f64| 100.0 * s / secs;
+    let busy: Vec<&ThreadCpu> = cpu.iter().filter(|t| t.secs >= 0.01 * secs).collect();
+    let said: Vec<String> = busy
+        .iter()
+        .map(|t| {
+            format!(
+                "{} x{} {:.0}% (busiest {:.0}%)",
+                t.name,
+                t.threads,
+                pct(t.secs),
+                pct(t.max)
+            )
+        })
+        .collect();
+    println!("  CPU over the backlog, by thread: {}", said.join(", "));
+    for t in busy {
+        println!(
+            "RESULT cpu_pct_{} {:.0} {:.0}",
+            t.name,
+            pct(t.secs),
+            pct(t.max)
+        );
+    }
     println!(
         "  queue wait under the backlog (enqueue -> worker receives AssignJob): p50 {:.1} ms, p99 {:.1} ms",
         percentile(wait, 0.5),
