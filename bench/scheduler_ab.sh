@@ -9,19 +9,23 @@
 # BIN: a scheduler bench binary, e.g. one commit's
 #   cargo bench -p fvd-orchestrator --bench scheduler --no-run
 #   strip -o bench/out/sched_<name> target/release/deps/scheduler-<hash>
+# built in a clone of its own with its own target directory: worktrees
+# sharing one target directory write the same binary path, and cargo's
+# mtime check may then keep the other commit's binary (check with cmp).
 # Each run: BIN WORKERS 8 JOBS --deadline-s 40 --probes 2000 (JOBS = 5 ×
 # WORKERS × 8 as in the sweep), bounded by PER seconds (default 180).
 # Output under $OUT (default bench/out/scheduler_ab): each run's text and
 # summary.txt.
 set -euo pipefail
 if [ $# -lt 4 ]; then
-  sed -n '2,16p' "$0" >&2
+  sed -n '2,18p' "$0" >&2
   exit 2
 fi
 reps=$1 workers=$2 jobs=$3
 shift 3
 out=${OUT:-bench/out/scheduler_ab}
 mkdir -p "$out"
+: >"$out/summary.txt"
 for b in "$@"; do
   [ -x "$b" ] || { echo "scheduler_ab: $b is not an executable bench binary" >&2; exit 2; }
 done
